@@ -1,0 +1,3 @@
+from dlprof_profiler.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,33 @@
+"""Outputs appear whole or not at all: write to a temporary name beside the target, then rename."""
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def atomic_path(target: Path | str, suffix: str = ""):
+    """Yield a temporary path in the target's folder; rename it onto the target on success."""
+    target = Path(target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix + ".tmp", dir=target.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, target)
+    except BaseException:
+        tmp_path.unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(target: Path | str, text: str, encoding: str = "utf-8") -> None:
+    """Write a whole text file atomically."""
+    with atomic_path(target) as tmp:
+        tmp.write_text(text, encoding=encoding, newline="")
+
+
+def write_bytes_atomic(target: Path | str, data: bytes) -> None:
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(data)

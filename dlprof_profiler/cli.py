@@ -1,0 +1,243 @@
+"""Command line: `dlprof [options] <command>` profiles and analyses; `dlprof --database=FILE` analyses."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dlprof_profiler import __version__, log
+from dlprof_profiler.errors import DLProfError
+
+REPORT_NAMES = ("summary", "detail", "iteration", "kernel", "tensor", "op_type", "group_node",
+                "expert_systems", "all")
+FORMAT_NAMES = ("csv", "json")
+MODES = ("simple", "nvtx", "pytorch", "tensorflow1", "tensorflow2", "tensorrt")
+DEFAULT_REPORTS = ("summary", "detail", "expert_systems")
+
+_TRUE = {"true", "yes", "1", "on"}
+_FALSE = {"false", "no", "0", "off"}
+
+# Options taking a value; the splitter must know them to find where the user's command begins.
+_VALUE_OPTIONS = {
+    "--database", "--output_path", "--profile_name", "--base_name", "-v", "--verbosity", "-m", "--mode",
+    "--key_node", "--key_op", "--iter_start", "--iter_stop", "--nsys_opts", "--nsys_base_name",
+    "-y", "--delay", "-d", "--duration", "--domain",
+}
+# Options with an optional boolean value (`--force`, `--force=true`, `-f false`).
+_BOOL_OPTIONS = {"-f", "--force", "--dump_model_data", "--nsys_profile_range", "--detailed_mode"}
+# Options whose value may be a space-separated list ended by `--`.
+_LIST_OPTIONS = {"--reports": REPORT_NAMES, "--formats": FORMAT_NAMES, "--file_formats": FORMAT_NAMES}
+
+MODE_HELP = """\
+modes (-m/--mode; detected from the NVTX markers when not given):
+  simple       no op analysis: totals and the kernel report only (every kernel is an
+               unassociated op named after its launching API call)
+  nvtx         generic NVTX ranges: leaf ranges are ops, enclosing ranges their scope path
+  pytorch      PyTorch emit_nvtx / dlprof_profiler.pytorch markers: op types, direction
+               (fprop/bprop), shapes, stack traces; default key node the optimizer step or
+               ProfilerStep#N; when profiling, adds nsys --pytorch=autograd-nvtx if this nsys
+               supports it and --nsys_opts does not set --pytorch itself
+  tensorflow1  TensorFlow NVTX op ranges (`OpType: node`); default key node global_step
+  tensorflow2  same as tensorflow1
+  tensorrt     TensorRT layer ranges (domain TensorRT); key node ExecutionContext::execute
+"""
+
+
+def parse_bool(text: str) -> bool:
+    value = str(text).strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Split argv into dlprof's own options and the user's command (first non-option word onwards)."""
+    options: list[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return options, argv[i + 1:]
+        if not word.startswith("-") or word == "-":
+            return options, argv[i:]
+        name, has_value, _ = word.partition("=")
+        if name in _LIST_OPTIONS and not has_value:
+            allowed = _LIST_OPTIONS[name]
+            values = []
+            j = i + 1
+            while j < len(argv) and all(v.strip() in allowed for v in argv[j].split(",") if v.strip()) \
+                    and not argv[j].startswith("-"):
+                values.append(argv[j])
+                j += 1
+            if not values:
+                raise DLProfError(f"{name} needs a value: one or more of {', '.join(allowed)}")
+            options.append(f"{name}={','.join(values)}")
+            if j < len(argv) and argv[j] == "--" and len(values) > 0:
+                # `--reports a b --` ends the list; anything after it is the command
+                j += 1
+                return options, argv[j:]
+            i = j
+            continue
+        if name in _BOOL_OPTIONS and not has_value:
+            if i + 1 < len(argv) and argv[i + 1].lower() in _TRUE | _FALSE:
+                options.append(f"{name}={argv[i + 1]}")
+                i += 2
+            else:
+                options.append(f"{name}=true")
+                i += 1
+            continue
+        options.append(word)
+        if name in _VALUE_OPTIONS and not has_value:
+            if i + 1 >= len(argv):
+                raise DLProfError(f"option {name} needs a value")
+            options.append(argv[i + 1])
+            i += 2
+            continue
+        i += 1
+    return options, []
+
+
+def _list_value(allowed, default=None):
+    def parse(text: str):
+        values = [v.strip() for v in text.replace(" ", ",").split(",") if v.strip()]
+        bad = [v for v in values if v not in allowed]
+        if bad or not values:
+            raise argparse.ArgumentTypeError(
+                f"unknown value '{','.join(bad) or text}'; choose from {', '.join(allowed)}")
+        return values
+    return parse
+
+
+def _verbosity(text: str) -> int:
+    value = text.strip().lower()
+    if value in log.LEVELS:
+        return log.LEVELS[value]
+    if value.isdigit() and int(value) in range(4):
+        return int(value)
+    raise argparse.ArgumentTypeError("choose from quiet, minimal, info, detailed")
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got '{text}'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("expected seconds >= 0")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, non-zero exit, as every other input error
+        raise DLProfError(f"invalid arguments: {message}", exit_code=2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="dlprof",
+        usage="dlprof [options] <training command> [its arguments]\n       dlprof --database=FILE [options]",
+        description="Profile a deep-learning training run with Nsight Systems and report where the time "
+                    "of each iteration goes, per framework op and per GPU kernel.",
+        epilog=MODE_HELP + "\nlists such as --reports take a comma list (--reports=summary,detail) or "
+                           "space-separated words ended by -- (--reports summary detail --).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=True,
+    )
+    p.add_argument("-V", "--version", action="version", version=f"dlprof {__version__}")
+    p.add_argument("--database", metavar="FILE",
+                   help="analyse an existing Nsight Systems SQLite export or DLProf database instead of profiling")
+    p.add_argument("--output_path", metavar="DIR", default=".",
+                   help="folder for every output; created if missing (default: .)")
+    p.add_argument("--profile_name", metavar="NAME",
+                   help="name of the TensorBoard run and of the profile in the database (default: the base name)")
+    p.add_argument("--base_name", metavar="NAME", default="dlprof",
+                   help="prefix of the report and database file names (default: dlprof)")
+    p.add_argument("-f", "--force", type=parse_bool, default=False, metavar="BOOL",
+                   help="overwrite existing outputs (default: false)")
+    p.add_argument("-v", "--verbosity", type=_verbosity, default=log.INFO, metavar="LEVEL",
+                   help="quiet, minimal, info (default) or detailed")
+    p.add_argument("-m", "--mode", choices=MODES, help="framework mode (default: detected)")
+    p.add_argument("--reports", type=_list_value(REPORT_NAMES), metavar="LIST",
+                   help=f"reports to write: {', '.join(REPORT_NAMES)} (default: {','.join(DEFAULT_REPORTS)})")
+    p.add_argument("--formats", "--file_formats", dest="formats", type=_list_value(FORMAT_NAMES),
+                   metavar="LIST", help="report file formats: csv, json (default: csv)")
+    p.add_argument("--key_node", "--key_op", dest="key_node", metavar="NAME",
+                   help="op name, op label, Op ID or NVTX range text that marks the end of an iteration")
+    p.add_argument("--iter_start", type=_non_negative_int, metavar="N",
+                   help="first iteration to aggregate (default: 0)")
+    p.add_argument("--iter_stop", type=_non_negative_int, metavar="N",
+                   help="last iteration to aggregate, inclusive (default: the last)")
+    p.add_argument("--domain", metavar="NAME",
+                   help="NVTX domain whose ops the reports show (default: the default domain, else the "
+                        "domain with the most ranges); the database keeps every domain")
+    p.add_argument("--dump_model_data", type=parse_bool, default=False, metavar="BOOL",
+                   help="also write the op model (ops, instances, kernels) as JSON")
+    g = p.add_argument_group("profiling (ignored with --database)")
+    g.add_argument("--nsys_opts", metavar="OPTS", default="",
+                   help="extra options for nsys profile, in one quoted string; dlprof keeps the options "
+                        "it needs (-t cuda,nvtx, export to SQLite)")
+    g.add_argument("--nsys_base_name", metavar="NAME", default="nsys_profile",
+                   help="base name of the nsys report and its SQLite export (default: nsys_profile)")
+    g.add_argument("-y", "--delay", type=_seconds, metavar="SEC", help="start collecting after SEC seconds")
+    g.add_argument("-d", "--duration", type=_seconds, metavar="SEC", help="collect for SEC seconds")
+    g.add_argument("--nsys_profile_range", type=parse_bool, default=False, metavar="BOOL",
+                   help="collect only between cudaProfilerStart and cudaProfilerStop")
+    g.add_argument("--detailed_mode", type=parse_bool, default=False, metavar="BOOL",
+                   help="also collect CUDA backtraces and OS runtime calls (slower, more detail)")
+    return p
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Parse dlprof's options; `command` holds the user's command, untouched."""
+    option_words, command = split_command(argv)
+    args = build_parser().parse_args(option_words)
+    args.command = command
+    if args.reports is None:
+        args.reports = list(DEFAULT_REPORTS)
+    if "all" in args.reports:
+        args.reports = [r for r in REPORT_NAMES if r != "all"]
+    if args.formats is None:
+        args.formats = ["csv"]
+    if args.profile_name is None:
+        args.profile_name = args.base_name
+    if args.iter_start is not None and args.iter_stop is not None and args.iter_stop < args.iter_start:
+        raise DLProfError(f"--iter_stop {args.iter_stop} is below --iter_start {args.iter_start}", exit_code=2)
+    if args.database and command:
+        raise DLProfError("give either --database=FILE or a command to profile, not both", exit_code=2)
+    if not args.database and not command:
+        raise DLProfError("nothing to do: give a command to profile or --database=FILE (see dlprof --help)",
+                          exit_code=2)
+    for name in (args.base_name, args.profile_name, args.nsys_base_name):
+        if not name or "/" in name or name in (".", ".."):
+            raise DLProfError(f"invalid name '{name}': names may not be empty or contain '/'", exit_code=2)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `dlprof` console script; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parse_args(argv)
+        log.set_verbosity(args.verbosity)
+        if args.database:
+            from dlprof_profiler.pipeline import analyze_database
+            return analyze_database(args)
+        from dlprof_profiler.capture import profile_and_analyze
+        return profile_and_analyze(args)
+    except DLProfError as exc:
+        log.error(str(exc))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        log.error("interrupted")
+        return 130

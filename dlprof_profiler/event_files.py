@@ -1,0 +1,73 @@
+"""TensorBoard event files: one run directory per profile, tagged for the `dlprof` plugin, plus
+per-iteration scalars that show in the SCALARS tab. Written without TensorFlow."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
+from tensorboard.summary.writer.record_writer import RecordWriter
+
+
+PLUGIN_NAME = "dlprof"
+PROFILE_TAG = "dlprof/profile"
+EVENT_SUFFIX = ".dlprof"
+SCALAR_TAGS = {
+    "iteration_time_ms": "dlprof/iteration_time_ms",
+    "gpu_utilization_pct": "dlprof/gpu_utilization_pct",
+    "tc_kernel_time_ms": "dlprof/tc_kernel_time_per_gpu_ms",
+}
+
+
+def run_directory(output_path: Path, profile_name: str) -> Path:
+    return Path(output_path) / profile_name
+
+
+def existing_event_files(run_dir: Path) -> list[Path]:
+    """Event files an earlier dlprof run left in this run directory."""
+    if not run_dir.is_dir():
+        return []
+    return sorted(p for p in run_dir.iterdir() if "tfevents" in p.name and p.name.endswith(EVENT_SUFFIX))
+
+
+def _profile_summary(metadata: dict) -> summary_pb2.Summary.Value:
+    content = json.dumps(metadata, sort_keys=True).encode("utf-8")
+    meta = summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=content),
+        data_class=summary_pb2.DATA_CLASS_TENSOR,  # the data server keeps no samples of an unknown class
+    )
+    tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, tensor_shape=tensor_shape_pb2.TensorShapeProto(),
+                                    string_val=[content])
+    return summary_pb2.Summary.Value(tag=PROFILE_TAG, metadata=meta, tensor=tensor)
+
+
+def _scalar(tag: str, value: float) -> summary_pb2.Summary.Value:
+    meta = summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
+        data_class=summary_pb2.DATA_CLASS_SCALAR)
+    return summary_pb2.Summary.Value(tag=tag, metadata=meta, simple_value=float(value))
+
+
+def event_file_name() -> str:
+    return f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}{EVENT_SUFFIX}"
+
+
+def write_event_file(path: Path, metadata: dict, iterations) -> Path:
+    """Write a run's event file; `iterations` is the aggregation's iteration table (one scalar step each)."""
+    now = time.time()
+    with open(path, "wb") as fh:
+        writer = RecordWriter(fh)
+        writer.write(event_pb2.Event(wall_time=now, file_version="brain.Event:2").SerializeToString())
+        writer.write(event_pb2.Event(wall_time=now, step=0, summary=summary_pb2.Summary(
+            value=[_profile_summary(metadata)])).SerializeToString())
+        for row in iterations.itertuples(index=False):
+            values = [_scalar(SCALAR_TAGS["iteration_time_ms"], row.duration / 1e6),
+                      _scalar(SCALAR_TAGS["gpu_utilization_pct"], row.gpu_utilization),
+                      _scalar(SCALAR_TAGS["tc_kernel_time_ms"], row.tc_kernel_time_per_gpu / 1e6)]
+            writer.write(event_pb2.Event(wall_time=now, step=int(row.iteration),
+                                         summary=summary_pb2.Summary(value=values)).SerializeToString())
+        writer.flush()
+    return path

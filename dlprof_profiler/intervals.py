@@ -1,0 +1,127 @@
+"""Vectorized interval algebra on half-open [start, end) integer nanosecond intervals.
+
+Two ways to combine intervals are used throughout (DESIGN.md "Time"): *accumulate* (plain sums) and
+*flatten* (the union, overlaps counted once). Everything here works on whole arrays; nothing loops per
+interval in Python.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+
+def union_length_by_group(groups, starts, ends) -> pd.Series:
+    """Flattened length of the intervals of each group (index: group key, sorted)."""
+    frame = pd.DataFrame({"g": np.asarray(groups), "s": np.asarray(starts, dtype=np.int64),
+                          "e": np.asarray(ends, dtype=np.int64)})
+    if frame.empty:
+        return pd.Series(dtype=np.int64)
+    frame = frame.sort_values(["g", "s"], kind="stable")
+    # Sorted by start, an interval adds only what reaches past the furthest end seen before it.
+    reach = frame.groupby("g", sort=False)["e"].cummax()
+    prev_reach = reach.groupby(frame["g"], sort=False).shift(1)
+    floor = np.maximum(frame["s"].to_numpy(), prev_reach.fillna(np.iinfo(np.int64).min).to_numpy(np.int64))
+    added = np.clip(frame["e"].to_numpy() - floor, 0, None)
+    return pd.Series(added, index=frame["g"].to_numpy()).groupby(level=0).sum()
+
+
+def merge_intervals(starts, ends) -> tuple[np.ndarray, np.ndarray]:
+    """Union of intervals as sorted, disjoint, non-touching segments (starts, ends)."""
+    s = np.asarray(starts, dtype=np.int64)
+    e = np.asarray(ends, dtype=np.int64)
+    keep = e > s
+    s, e = s[keep], e[keep]
+    if s.size == 0:
+        return s, e
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    reach = np.maximum.accumulate(e)
+    # A new segment starts where an interval begins after everything before it has ended.
+    new_segment = np.empty(s.size, dtype=bool)
+    new_segment[0] = True
+    new_segment[1:] = s[1:] > reach[:-1]
+    seg_id = np.cumsum(new_segment) - 1
+    seg_start = s[new_segment]
+    seg_end = np.zeros(seg_start.size, dtype=np.int64)
+    np.maximum.at(seg_end, seg_id, e)
+    return seg_start, seg_end
+
+
+def covered_length(seg_start: np.ndarray, seg_end: np.ndarray, win_start, win_end) -> np.ndarray:
+    """Length of merged segments inside each window [win_start, win_end) (windows vectorized)."""
+    win_start = np.asarray(win_start, dtype=np.int64)
+    win_end = np.asarray(win_end, dtype=np.int64)
+    if seg_start.size == 0:
+        return np.zeros(win_start.shape, dtype=np.int64)
+    cum = np.concatenate([[0], np.cumsum(seg_end - seg_start)])
+
+    def covered_before(t):
+        # Covered time in (-inf, t): whole segments ending before t plus the part of the one containing t.
+        idx = np.searchsorted(seg_start, t, side="right")  # segments starting at or before t
+        full = cum[np.maximum(idx - 1, 0)]
+        last = np.maximum(idx - 1, 0)
+        partial = np.clip(np.minimum(t, seg_end[last]) - seg_start[last], 0, None)
+        return np.where(idx > 0, full + partial, 0)
+
+    return np.clip(covered_before(win_end) - covered_before(win_start), 0, None)
+
+
+def intersect_segments(a_start, a_end, b_start, b_end) -> tuple[np.ndarray, np.ndarray]:
+    """Clip merged segments a to one window [b_start, b_end)."""
+    s = np.maximum(a_start, b_start)
+    e = np.minimum(a_end, b_end)
+    keep = e > s
+    return s[keep], e[keep]
+
+
+class SparseMax:
+    """Range-maximum table over an array, answering "last position at or before p whose value is at
+    least t" for many queries at once in log2(n) vectorized steps."""
+
+    def __init__(self, values: np.ndarray):
+        self.values = np.asarray(values, dtype=np.int64)
+        self.levels = [self.values]
+        n = self.values.size
+        width = 1
+        while width * 2 <= n:
+            prev = self.levels[-1]
+            nxt = prev.copy()
+            nxt[width:] = np.maximum(prev[width:], prev[:-width])  # max over [i - 2*width + 1, i]
+            self.levels.append(nxt)
+            width *= 2
+
+    def last_at_least(self, pos, targets, lower) -> np.ndarray:
+        """Largest j with lower <= j <= pos and values[j] >= target; -1 where there is none."""
+        pos = np.asarray(pos, dtype=np.int64).copy()
+        targets = np.asarray(targets, dtype=np.int64)
+        lower = np.asarray(lower, dtype=np.int64)
+        if self.values.size == 0:
+            return np.full(pos.shape, -1, dtype=np.int64)
+        # Jump back over blocks whose maximum is below the target, largest blocks first.
+        for level in range(len(self.levels) - 1, -1, -1):
+            span = 1 << level
+            can_jump = (pos - span + 1 >= lower) & (pos >= 0)
+            safe = np.where(can_jump, pos, 0)
+            jump = can_jump & (self.levels[level][safe] < targets)
+            pos = np.where(jump, pos - span, pos)
+        ok = (pos >= lower) & (pos >= 0)
+        ok[ok] = self.values[pos[ok]] >= targets[ok]
+        return np.where(ok, pos, -1)
+
+
+def previous_at_least(values: np.ndarray, targets: np.ndarray, lower: np.ndarray) -> np.ndarray:
+    """For each i, the largest j < i with j >= lower[i] and values[j] >= targets[i]; -1 if none."""
+    n = np.asarray(values).size
+    return SparseMax(values).last_at_least(np.arange(n, dtype=np.int64) - 1, targets, lower)
+
+
+def segment_starts(keys: np.ndarray) -> np.ndarray:
+    """For sorted segment keys, the index where each element's segment begins."""
+    n = keys.size
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    first = np.empty(n, dtype=bool)
+    first[0] = True
+    first[1:] = keys[1:] != keys[:-1]
+    idx = np.where(first, np.arange(n), 0)
+    return np.maximum.accumulate(idx)

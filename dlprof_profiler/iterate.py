@@ -1,0 +1,152 @@
+"""Iterate: split the profile into iterations at the ends of the key node's instances (DESIGN.md)."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from dlprof_profiler import nvtx_markers as nm
+from dlprof_profiler.errors import DLProfError
+
+_NUMBER_SUFFIX = re.compile(r"#\d+$")
+_TF_GLOBAL_STEP = re.compile(r"(?:^|/)global_step(?:/|$)")
+
+
+@dataclass
+class Iterations:
+    """N key-node ends give N + 1 intervals [0, s1), [s1, s2), ..., [sN, profile end)."""
+
+    key_node: str | None      # what was looked for ('' when nothing could be looked for)
+    found: bool
+    source: str               # 'user', 'default' or 'none'
+    boundaries: np.ndarray    # s1 < s2 < ... < sN
+    profile_end: int
+
+    @property
+    def count(self) -> int:
+        return len(self.boundaries) + 1
+
+    @property
+    def starts(self) -> np.ndarray:
+        return np.concatenate([[0], self.boundaries]).astype(np.int64)
+
+    @property
+    def ends(self) -> np.ndarray:
+        last = max(self.profile_end, int(self.boundaries[-1]) if len(self.boundaries) else 0)
+        return np.concatenate([self.boundaries, [last]]).astype(np.int64)
+
+    def of(self, times) -> np.ndarray:
+        """Iteration number of each time (the interval containing it)."""
+        return np.searchsorted(self.boundaries, np.asarray(times, dtype=np.int64), side="right")
+
+
+def key_node_instances(ranges: pd.DataFrame, info: pd.DataFrame, key: str,
+                       op_instances: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Ranges (any domain, scopes included) whose text or label is the key node; else op instances whose
+    op name or Op ID is; else ranges whose label without its `#N` counter is."""
+    cols = ["start", "end", "pid", "global_tid"]
+    if len(ranges):
+        texts = ranges["text"].to_numpy(dtype=object)
+        labels = info["label"].to_numpy(dtype=object)
+        hit = (texts == key) | (labels == key)
+        if hit.any():
+            return _outermost(ranges.loc[hit, cols])
+    if op_instances is not None and len(op_instances):
+        hit = (op_instances["name"].to_numpy(dtype=object) == key) | \
+              (op_instances["op_id"].to_numpy(dtype=object) == key)
+        if hit.any():
+            return _outermost(op_instances.loc[hit, cols])
+    if len(ranges):
+        stripped = pd.Series(info["label"].to_numpy(dtype=object)).str.replace(_NUMBER_SUFFIX, "", regex=True)
+        hit = stripped.to_numpy(dtype=object) == _NUMBER_SUFFIX.sub("", key)
+        if hit.any():
+            return _outermost(ranges.loc[hit, cols])
+    return pd.DataFrame({c: pd.Series(dtype="int64") for c in cols})
+
+
+def _outermost(frame: pd.DataFrame) -> pd.DataFrame:
+    """Drop matches nested inside another match on the same thread (a key node counts once)."""
+    frame = frame.sort_values(["global_tid", "start", "end"], ascending=[True, True, False], kind="stable")
+    reach = frame.groupby("global_tid", sort=False)["end"].cummax()
+    prev = reach.groupby(frame["global_tid"], sort=False).shift(1)
+    nested = (frame["start"] < prev).fillna(False).to_numpy(dtype=bool)
+    return frame[~nested].reset_index(drop=True)
+
+
+def default_key_node(ranges: pd.DataFrame, info: pd.DataFrame, family: str | None) -> str | None:
+    """The framework's default key node present in the profile, if any."""
+    if len(ranges) == 0:
+        return None
+    labels = pd.Series(info["label"].to_numpy(dtype=object))
+    kinds = info["kind"].to_numpy()
+    if family == "pytorch":
+        for pattern in (r"^Optimizer\.step#", r"^ProfilerStep#\d+$"):
+            hit = labels.str.contains(pattern, regex=True).to_numpy(dtype=bool)
+            if hit.any():
+                return _most_frequent(labels[hit])
+        return None
+    if family == "tensorflow":
+        hit = (kinds == nm.TF_OP) & labels.str.contains(_TF_GLOBAL_STEP).to_numpy(dtype=bool)
+        return _most_frequent(labels[hit]) if hit.any() else None
+    if family == "tensorrt":
+        hit = labels.str.contains(r"^ExecutionContext::(?:execute|enqueue)", regex=True).to_numpy(dtype=bool)
+        return _most_frequent(labels[hit]) if hit.any() else None
+    return None
+
+
+def _most_frequent(values: pd.Series) -> str:
+    counts = values.value_counts()
+    top = counts[counts == counts.max()].index
+    return str(sorted(top)[0])
+
+
+def boundaries_from_instances(instances: pd.DataFrame, thread_device: dict, process_device: dict) -> np.ndarray:
+    """Multi-GPU rule: if every GPU has the same number N of key node instances, boundary k is the latest
+    end among the k-th instances over GPUs; otherwise every instance on any GPU is a boundary."""
+    if len(instances) == 0:
+        return np.zeros(0, dtype=np.int64)
+    device = pd.Series(instances["global_tid"].to_numpy()).map(thread_device)
+    device = device.fillna(pd.Series(instances["pid"].to_numpy()).map(process_device)).fillna(-1)
+    frame = pd.DataFrame({"dev": device.to_numpy(np.int64), "end": instances["end"].to_numpy(np.int64)})
+    counts = frame.groupby("dev").size()
+    if len(counts) > 1 and counts.nunique() == 1:
+        frame = frame.sort_values(["dev", "end"])
+        frame["k"] = frame.groupby("dev").cumcount()
+        ends = frame.groupby("k")["end"].max().to_numpy(np.int64)
+    else:
+        ends = frame["end"].to_numpy(np.int64)
+    return np.unique(ends)
+
+
+def split_iterations(ranges: pd.DataFrame, info: pd.DataFrame, family: str | None, key_node: str | None,
+                     thread_device: dict, process_device: dict, profile_end: int,
+                     op_instances: pd.DataFrame | None = None) -> Iterations:
+    """Iteration intervals for a user key node, else the framework default, else one iteration."""
+    if key_node:
+        source, key = "user", key_node
+    else:
+        key = default_key_node(ranges, info, family)
+        source = "default" if key else "none"
+    if not key:
+        return Iterations(key_node="", found=False, source="none", boundaries=np.zeros(0, dtype=np.int64),
+                          profile_end=profile_end)
+    found = key_node_instances(ranges, info, key, op_instances)
+    bounds = boundaries_from_instances(found, thread_device, process_device)
+    return Iterations(key_node=key, found=len(found) > 0, source=source, boundaries=bounds,
+                      profile_end=profile_end)
+
+
+def select_range(iterations: Iterations, iter_start: int | None, iter_stop: int | None,
+                 source_name: str) -> tuple[int, int]:
+    """The inclusive iteration range to aggregate; an error when it lies outside the profile."""
+    last = iterations.count - 1
+    start = 0 if iter_start is None else int(iter_start)
+    stop = last if iter_stop is None else int(iter_stop)
+    if stop < start:
+        raise DLProfError(f"--iter_stop {stop} is below --iter_start {start}", exit_code=2)
+    if start > last or stop > last:
+        raise DLProfError(f"{source_name}: iteration range {start}..{stop} is outside the profile, which has "
+                          f"iterations 0..{last} (key node '{iterations.key_node}')", exit_code=2)
+    return start, stop

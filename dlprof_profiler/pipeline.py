@@ -1,0 +1,270 @@
+"""The analysis run: ingest -> correlate -> iterate -> aggregate -> detect -> write, for an nsys SQLite
+export or a DLProf database (`dlprof --database`), and for a fresh capture."""
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import time
+from argparse import Namespace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dlprof_profiler import __version__, log
+from dlprof_profiler import correlate as corr_mod
+from dlprof_profiler import database, event_files, iterate, reports
+from dlprof_profiler.aggregate import aggregate
+from dlprof_profiler.errors import DLProfError
+from dlprof_profiler.outputs import Staging, prepare_output_dir, refuse_existing
+from dlprof_profiler.sqlite_source import check_sqlite_file
+
+
+def database_path(args: Namespace) -> Path:
+    return Path(args.output_path) / f"{args.base_name}_dldb.sqlite"
+
+
+def report_names(args: Namespace, mode: str | None = None) -> list[str]:
+    names = list(args.reports)
+    if mode == "simple" or getattr(args, "mode", None) == "simple":
+        names = [r for r in names if r in reports.SIMPLE_MODE_REPORTS]
+    return names
+
+
+def planned_outputs(args: Namespace) -> list[Path]:
+    """Every file the analysis will write for these arguments (existing ones need --force)."""
+    out = Path(args.output_path)
+    files = [database_path(args)]
+    files += reports.report_paths(out, args.base_name, report_names(args), args.formats)
+    if args.dump_model_data:
+        files.append(out / f"{args.base_name}_model_data.json")
+    files += event_files.existing_event_files(event_files.run_directory(out, args.profile_name))
+    return files
+
+
+def analyze_database(args: Namespace) -> int:
+    """`dlprof --database=FILE`: analyse an nsys export or re-aggregate a DLProf database."""
+    source = Path(args.database)
+    check_sqlite_file(source)
+    if database.is_dlprof_database(source):
+        return reaggregate_database(source, args)
+    return run_analysis(source, args)
+
+
+# ---------------------------------------------------------------------------- analysis of an nsys export
+
+def _choose_domain(corr, requested: str | None, source: Path) -> str:
+    names = list(corr.domains)
+    if requested and requested != "all":
+        if requested not in names:
+            raise DLProfError(f"{source}: NVTX domain '{requested}' not found (domains: {', '.join(names)})",
+                              exit_code=2)
+        return requested
+    if not names:
+        return "default"
+    counts = corr.range_counts
+    if counts.get("default", 0) > 0 or all(counts.get(n, 0) == 0 for n in names):
+        return "default" if "default" in names else names[0]
+    return max(names, key=lambda n: counts.get(n, 0))
+
+
+def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> int:
+    """Analyse an nsys SQLite export and write every output; returns the exit status (0)."""
+    started = time.perf_counter()
+    out_dir = prepare_output_dir(Path(args.output_path))
+    refuse_existing(planned_outputs(args), args.force)
+    with log.stage(f"Reading {source}"):
+        from dlprof_profiler.ingest_nsys import read_nsys_export
+        trace = read_nsys_export(source)
+    log.info(f"  {len(trace.ranges):,} NVTX ranges, {len(trace.api_calls):,} CUDA API calls, "
+             f"{len(trace.gpu):,} GPU activities, {len(trace.devices)} GPUs; nsys {trace.meta.get('nsys_version')}")
+    for text in trace.warnings:
+        log.warning(text)
+    with log.stage("Correlating NVTX ranges, CUDA API calls and GPU activities"):
+        classified = corr_mod.classify_trace(trace, args.mode)
+        info, mode, family, _config = classified
+        gpu_api = corr_mod.link_gpu_to_api(trace)
+        thread_dev, process_dev = corr_mod.work_devices(trace, gpu_api)
+        iterations = iterate.split_iterations(trace.ranges, info, family, args.key_node, thread_dev, process_dev,
+                                              trace.profile_end)
+        corr = corr_mod.correlate(trace, mode, iterations.boundaries, classified)
+    log.info(f"  mode {mode}; {sum(len(d.ops) for d in corr.domains.values()):,} ops, "
+             f"{sum(len(d.instances) for d in corr.domains.values()):,} op instances in {len(corr.domains)} "
+             "NVTX domain(s)")
+    if args.key_node and not iterations.found:
+        iterations = _key_node_from_ops(trace, corr, args.key_node, iterations)
+    primary = _choose_domain(corr, args.domain, source)
+    profile = _profile_info(args, source, trace, corr, mode, family, capture)
+    return _aggregate_and_write(args, out_dir, source, trace, corr, iterations, primary, profile, None, started)
+
+
+def _key_node_from_ops(trace, corr, key: str, iterations):
+    """A key node given as an op name or Op ID (they exist only once ops are built)."""
+    frames = []
+    for dm in corr.domains.values():
+        if len(dm.instances):
+            frames.append(dm.instances[["start", "end", "pid", "global_tid", "name", "op_index"]].merge(
+                dm.ops[["op_index", "op_id"]], on="op_index"))
+    ops = pd.concat(frames, ignore_index=True) if frames else None
+    found = iterate.key_node_instances(trace.ranges.iloc[:0], corr.range_info.iloc[:0], key, ops)
+    if len(found) == 0:
+        return iterations
+    bounds = iterate.boundaries_from_instances(found, corr.thread_device, corr.process_device)
+    return iterate.Iterations(key_node=key, found=True, source="user", boundaries=bounds,
+                              profile_end=iterations.profile_end)
+
+
+def _profile_info(args, source, trace, corr, mode, family, capture) -> dict:
+    info = {"profile_name": args.profile_name, "source_file": str(Path(source).resolve()),
+            "source_kind": "nsys_sqlite", "nsys_version": trace.meta.get("nsys_version"),
+            "schema_version": trace.meta.get("schema_version"), "mode": mode, "family": family or "",
+            "dlprof_version": __version__, "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "profile_end": trace.profile_end, "base_name": args.base_name}
+    if capture:
+        info["capture"] = capture
+    return info
+
+
+def _aggregate_and_write(args, out_dir: Path, source: Path, trace, corr, iterations, primary: str, profile: dict,
+                         existing_db: Path | None, started: float) -> int:
+    iter_start, iter_stop = iterate.select_range(iterations, args.iter_start, args.iter_stop, str(source))
+    if not iterations.found:
+        what = f"key node '{iterations.key_node}'" if iterations.key_node else "no key node"
+        log.warning(f"{source}: {what} found: the whole profile is one iteration "
+                    "(give --key_node=NAME to split it into iterations)")
+    else:
+        log.info(f"  key node '{iterations.key_node}' ({iterations.source}): {iterations.count} iterations; "
+                 f"aggregating {iter_start}..{iter_stop}")
+    aggregations = {}
+    with log.stage("Aggregating"):
+        for name, dm in corr.domains.items():
+            aggregations[name] = aggregate(trace, corr, dm, iterations, iter_start, iter_stop)
+    with log.stage("Running expert systems"):
+        from dlprof_profiler import expert_systems
+        findings = {name: expert_systems.detect(trace, corr, corr.domains[name], agg, iterations)
+                    for name, agg in aggregations.items()}
+    staging = Staging(out_dir)
+    try:
+        with log.stage("Writing the DLProf database, reports and event files"):
+            db_final = database_path(args)
+            db_staged = staging.path(db_final)
+            if existing_db is None:
+                domain_ids = database.create_database(db_staged, trace, corr, primary, profile)
+                offsets = database.op_index_offsets(corr)
+            else:
+                _copy_database(existing_db, db_staged)
+                domain_ids, offsets = profile["_domain_ids"], profile["_offsets"]
+            aggr_id = database.append_aggregation(db_staged, aggregations, domain_ids, offsets, iterations, findings,
+                                                  time.perf_counter() - started)
+            written_reports = _write_reports(args, out_dir, trace, corr, aggregations, findings, primary, staging)
+            if args.dump_model_data:
+                _dump_model(staging.path(out_dir / f"{args.base_name}_model_data.json"), corr)
+            run_dir = event_files.run_directory(out_dir, args.profile_name)
+            for old in event_files.existing_event_files(run_dir):
+                old.unlink()  # --force was given (checked above): this run replaces them
+            event_meta = {"database": _relative(db_final, run_dir), "profile_name": args.profile_name,
+                          "aggr_id": aggr_id, "mode": corr.mode, "primary_domain": primary,
+                          "nsys_version": trace.meta.get("nsys_version"), "dlprof_version": __version__,
+                          "source_file": str(source)}
+            event_files.write_event_file(staging.path(run_dir / event_files.event_file_name()), event_meta,
+                                         aggregations[primary].iterations)
+        staging.commit()
+    except BaseException:
+        staging.discard()
+        raise
+    _print_summary(aggregations[primary], db_final, written_reports)
+    log.info(f"Done in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+def _relative(target: Path, start: Path) -> str:
+    import os
+    return os.path.relpath(Path(target).resolve(), Path(start).resolve())
+
+
+def _copy_database(source: Path, target: Path) -> None:
+    """Copy a DLProf database (consistently, even while another process appends to it)."""
+    src = sqlite3.connect(f"{Path(source).resolve().as_uri()}?mode=ro", uri=True)
+    dst = sqlite3.connect(target)
+    try:
+        src.backup(dst)
+    finally:
+        src.close()
+        dst.close()
+
+
+def _write_reports(args, out_dir, trace, corr, aggregations, findings, primary, staging) -> list[Path]:
+    names = report_names(args, corr.mode)
+    if corr.mode == "simple":
+        skipped = [r for r in args.reports if r not in names]
+        if skipped:
+            log.warning(f"simple mode writes only the summary and kernel reports; skipped: {', '.join(skipped)}")
+    written = []
+    domains = list(corr.domains) if args.domain == "all" else [primary]
+    for name in domains:
+        suffix = "" if name == primary else "_" + _slug(name)
+        built = reports.build_reports(names, aggregations[name], corr.domains[name], trace, corr.config,
+                                      findings.get(name, []))
+        for report in built:
+            written += reports.write_report(report, out_dir, args.base_name, args.formats, suffix, staging.path)
+    return written
+
+
+def _slug(name: str) -> str:
+    import re
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "domain"
+
+
+def _dump_model(path: Path, corr) -> None:
+    doc = {}
+    for name, dm in corr.domains.items():
+        ops = dm.ops.drop(columns=[c for c in ("kind",) if c in dm.ops.columns])
+        inst = dm.instances[["instance_id", "op_index", "start", "end", "pid", "global_tid", "device_id", "cpu_time",
+                             "cpu_overhead", "gpu_time", "gpu_idle", "n_kernels"]]
+        doc[name] = {"ops": json.loads(ops.to_json(orient="records")),
+                     "instances": json.loads(inst.to_json(orient="split", index=False))}
+    path.write_text(json.dumps(doc), encoding="utf-8")
+
+
+def _print_summary(agg, db_path: Path, written: list[Path]) -> None:
+    s = agg.summary
+    log.info(f"Wall clock time {s['wall_time']:,} ns over {s['aggregated_iterations']} iteration(s); "
+             f"GPU utilization {s['gpu_utilization']:.1f} %, Tensor Core kernel utilization "
+             f"{s['tc_utilization']:.1f} %")
+    log.info(f"Database: {db_path}")
+    for path in written:
+        log.detail(f"Report: {path}")
+    if written:
+        log.info(f"{len(written)} report file(s) in {written[0].parent}")
+
+
+# ---------------------------------------------------------------------------- re-aggregation of a database
+
+def reaggregate_database(source: Path, args: Namespace) -> int:
+    """`dlprof --database=dlprof_dldb.sqlite`: a new aggregation (key node, iteration range) and new reports;
+    the input database is copied, never modified."""
+    started = time.perf_counter()
+    out_dir = prepare_output_dir(Path(args.output_path))
+    if database_path(args).resolve() == source.resolve():
+        raise DLProfError(f"{source}: the output database would replace the input; choose another --output_path "
+                          "or --base_name (the input is never modified)", exit_code=2)
+    refuse_existing(planned_outputs(args), args.force)
+    with log.stage(f"Reading DLProf database {source}"):
+        trace, corr, profile, domain_ids, offsets = database.load_model(source)
+    if args.mode and args.mode != corr.mode:
+        log.warning(f"--mode {args.mode} ignored: the database was built in {corr.mode} mode")
+    iterations = reaggregation_iterations(trace, corr, args.key_node, profile)
+    primary = _choose_domain(corr, args.domain, source) if args.domain else profile.get("primary_domain", "default")
+    profile = dict(profile, _domain_ids=domain_ids, _offsets=offsets)
+    return _aggregate_and_write(args, out_dir, source, trace, corr, iterations, primary, profile, source, started)
+
+
+def reaggregation_iterations(trace, corr, key_node: str | None, profile: dict):
+    """Iterations for a new aggregation of a loaded model: the given key node, else the original one."""
+    key = key_node or None
+    iterations = iterate.split_iterations(trace.ranges, corr.range_info, corr.family, key, corr.thread_device,
+                                          corr.process_device, int(profile.get("profile_end") or trace.profile_end))
+    if key and not iterations.found:
+        iterations = _key_node_from_ops(trace, corr, key, iterations)
+    return iterations

@@ -1,0 +1,68 @@
+"""The trace frames every ingest adapter produces and every later stage reads."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET = 0, 1, 2
+KIND_NAMES = {KIND_KERNEL: "kernel", KIND_MEMCPY: "memcpy", KIND_MEMSET: "memset"}
+
+DEFAULT_DOMAIN = "default"
+
+RANGE_COLUMNS = ["range_id", "domain", "text", "start", "end", "global_tid", "pid", "event_type", "unclosed"]
+API_COLUMNS = ["api_id", "name", "start", "end", "global_tid", "pid", "correlation_id", "event_class",
+               "return_value"]
+GPU_COLUMNS = ["activity_id", "kind", "name", "long_name", "start", "end", "device_id", "stream_id",
+               "context_id", "pid", "correlation_id", "grid_x", "grid_y", "grid_z", "block_x", "block_y",
+               "block_z", "registers", "static_smem", "dynamic_smem", "bytes", "copy_kind", "src_kind",
+               "dst_kind", "graph_node_id"]
+DEVICE_COLUMNS = ["device_id", "name", "compute_major", "compute_minor", "sm_count", "total_memory",
+                  "bus_location", "chip_name", "uuid"]
+
+
+def pid_of(global_ids) -> np.ndarray:
+    """Process id bits of nsys global thread/process ids."""
+    return (np.asarray(global_ids, dtype=np.int64) >> 24) & 0xFFFFFF
+
+
+def tid_of(global_ids) -> np.ndarray:
+    return np.asarray(global_ids, dtype=np.int64) & 0xFFFFFF
+
+
+def empty_frame(columns: list[str]) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype="int64") for c in columns})
+
+
+@dataclass
+class Trace:
+    """What a capture holds, in frames. Times are integer ns on the capture's session timeline."""
+
+    source: Path
+    meta: dict = field(default_factory=dict)          # exporter, schema version, export time ...
+    system: dict = field(default_factory=dict)        # CPU model, driver and CUDA versions, host ...
+    devices: pd.DataFrame = field(default_factory=lambda: empty_frame(DEVICE_COLUMNS))
+    processes: pd.DataFrame = field(default_factory=lambda: empty_frame(["pid", "name"]))
+    threads: pd.DataFrame = field(default_factory=lambda: empty_frame(["global_tid", "pid", "tid", "name"]))
+    ranges: pd.DataFrame = field(default_factory=lambda: empty_frame(RANGE_COLUMNS))
+    api_calls: pd.DataFrame = field(default_factory=lambda: empty_frame(API_COLUMNS))
+    gpu: pd.DataFrame = field(default_factory=lambda: empty_frame(GPU_COLUMNS))
+    syncs: pd.DataFrame = field(default_factory=lambda: empty_frame(
+        ["start", "end", "device_id", "stream_id", "pid", "correlation_id", "sync_type"]))
+    io_calls: pd.DataFrame = field(default_factory=lambda: empty_frame(
+        ["start", "end", "global_tid", "pid", "name"]))
+    config_marks: list = field(default_factory=list)  # run metadata from instrumentation (dicts)
+    warnings: list = field(default_factory=list)
+    has_cuda_tables: bool = False
+    has_nvtx: bool = False
+
+    @property
+    def profile_end(self) -> int:
+        """Latest end of any event: the end of the last iteration interval."""
+        ends = [0]
+        for frame in (self.ranges, self.api_calls, self.gpu):
+            if len(frame):
+                ends.append(int(frame["end"].max()))
+        return max(ends)

@@ -1,0 +1,4 @@
+"""Setuptools shim: the project is configured in pyproject.toml."""
+from setuptools import setup
+
+setup()
