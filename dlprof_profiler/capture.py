@@ -72,6 +72,9 @@ for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT"):
     signal.signal(getattr(signal, name), lambda *_: None)
 pid = os.fork()
 if pid == 0:
+    for name in ("SIGPIPE", "SIGXFSZ"):   # Python ignores these; an ignored signal would stay ignored
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
     try:
         os.execvp(command[0], command)
     except OSError as exc:
@@ -327,10 +330,12 @@ def nsys_output_paths(output_path: Path, base_name: str) -> list:
 # ----------------------------------------------------------------------------------- finding what nsys wrote
 
 def generated_paths(nsys_output: str) -> list:
-    """Absolute capture file paths named in nsys's console output ("Generated:", "Generating '...qdstrm'",
-    "Saved report file to ..."), e.g. /tmp/nsys-report-1a2b.nsys-rep when the target name was taken."""
+    """Absolute capture file paths named in nsys's console output, in order: quoted ones ("Generating
+    '/tmp/nsys-report-1a2b.qdstrm'", 'Saved report file to "..."') and the indented list after "Generated:"
+    (e.g. /tmp/nsys-report-1a2b.nsys-rep, where nsys 2022.4 writes when the target name is taken)."""
     suffixes = "|".join(re.escape(s) for s in NSYS_SUFFIXES)
-    return [Path(p) for p in re.findall(rf"""(/[^\s'"]+?(?:{suffixes}))(?=['"\s]|$)""", nsys_output or "")]
+    pattern = re.compile(rf"""['"](/[^'"\n]*?(?:{suffixes}))['"]|^[ \t]+(/[^\n]*?(?:{suffixes}))[ \t]*\r?$""", re.M)
+    return [Path(quoted or listed) for quoted, listed in pattern.findall(nsys_output or "")]
 
 
 def find_outputs(output_path, base_name: str, since: float | None = None, extra=()) -> dict:
@@ -354,8 +359,7 @@ def find_outputs(output_path, base_name: str, since: float | None = None, extra=
                 continue
         except OSError:
             continue
-        kind = "report" if path.suffix in REPORT_SUFFIXES or path.name.endswith(".nsys-rep") else \
-            "qdstrm" if path.suffix == ".qdstrm" else "sqlite"
+        kind = {".qdstrm": "qdstrm", ".sqlite": "sqlite"}.get(path.suffix, "report")
         if path not in found[kind]:
             found[kind].append(path)
 
@@ -375,7 +379,8 @@ def _run_tool(cmd: list, what: str) -> str:
     except OSError as exc:
         raise DLProfError(f"{what}: cannot run {cmd[0]}: {exc.strerror}") from None
     output = done.stdout + done.stderr
-    log.detail(output.replace("\r", "\n").strip())
+    if output.strip():
+        log.detail(collapse_progress(output).strip())
     if done.returncode != 0:
         raise DLProfError(f"{what} failed (exit status {done.returncode}): {_failure_text(output)}")
     return output
@@ -388,6 +393,7 @@ def import_qdstrm(qdstrm, report, nsys_info: NsysInfo, force: bool = False) -> P
         raise DLProfError(f"{qdstrm}: nsys left only this raw capture and QdstrmImporter was not found beside "
                           f"{nsys_info.path}")
     report = Path(report)
+    log.info(f"Nsight Systems left only {qdstrm}: importing it with {importer}")
     cmd = [importer, "-i", str(qdstrm), "-o", str(report)]
     if force or report.exists():
         cmd.append("-f")   # only reached with --force or after a stale-file check
@@ -400,6 +406,7 @@ def import_qdstrm(qdstrm, report, nsys_info: NsysInfo, force: bool = False) -> P
 def export_sqlite(report, sqlite_path, nsys_info: NsysInfo, force: bool = False) -> Path:
     """Export a report to SQLite with `nsys export --type sqlite`."""
     sqlite_path = Path(sqlite_path)
+    log.info(f"exporting {report} to {sqlite_path}")
     cmd = [nsys_info.path, "export", "--type", "sqlite", "-o", str(sqlite_path)]
     if force or sqlite_path.exists():
         cmd += ["--force-overwrite", "true"]
@@ -460,6 +467,19 @@ class NsysRun:
     returncode: int
     output: str
     signal: int | None = None       # first signal dlprof received (and forwarded) while nsys ran
+    announced: bool = False         # whether the command's end was already reported while nsys wrote
+
+
+def collapse_progress(text: str) -> str:
+    """Keep the last state of each line that nsys redraws with carriage returns (its progress bars)."""
+    return "\n".join(line.rstrip("\r").rsplit("\r", 1)[-1] for line in (text or "").split("\n"))
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _last_line(text: str) -> str:
@@ -507,18 +527,30 @@ def run_nsys(cmd: list, show_output: bool, pass_fds=(), status_file: Path | None
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True, pass_fds=tuple(pass_fds))
     chunks = []
+    # nsys redraws progress bars with carriage returns: fine on a terminal, hundreds of fragments per line
+    # in a log file, where only the last state of each line is kept.
+    collapse = not _isatty(sys.stdout)
 
     def pump():
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        pending = ""
         while True:
             data = os.read(proc.stdout.fileno(), 65536)
             if not data:
                 break
             text = decoder.decode(data)
             chunks.append(text)
-            if show_output:
+            if show_output and not collapse:
                 sys.stdout.write(text)
                 sys.stdout.flush()
+            elif show_output:
+                complete, newline, pending = (pending + text).rpartition("\n")
+                if newline:
+                    sys.stdout.write(collapse_progress(complete) + "\n")
+                    sys.stdout.flush()
+        if show_output and collapse and pending.strip():
+            sys.stdout.write(collapse_progress(pending) + "\n")
+            sys.stdout.flush()
     reader = threading.Thread(target=pump, name="nsys-output", daemon=True)
     reader.start()
 
@@ -574,7 +606,7 @@ def run_nsys(cmd: list, show_output: bool, pass_fds=(), status_file: Path | None
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         reader.join(timeout=5)   # a daemonised grandchild may hold the pipe open: do not wait for it
-    return NsysRun(returncode=returncode, output="".join(chunks), signal=state["signal"])
+    return NsysRun(returncode=returncode, output="".join(chunks), signal=state["signal"], announced=announced)
 
 
 def _read_status(path: Path) -> int | None:
@@ -623,7 +655,10 @@ def profile_and_analyze(args) -> int:
     base = getattr(args, "nsys_base_name", "nsys_profile") or "nsys_profile"
     force = bool(getattr(args, "force", False))
     check_output_path(out)
-    pipeline = _pipeline()
+    try:
+        pipeline = _pipeline()
+    except ImportError as exc:
+        raise DLProfError(f"the analysis engine cannot be loaded: {exc}") from None
     planned = [Path(p) for p in pipeline.planned_outputs(args)] + nsys_output_paths(out, base)
     check_existing(planned, force)
     resolve_command(args.command)
@@ -636,7 +671,9 @@ def profile_and_analyze(args) -> int:
         status_file = Path(tmp) / "exit_status"
         stdio = _stdio_fds()
         try:
-            cmd = build_nsys_command(args, nsys_info, launcher=launcher_command(status_file, stdio))
+            # The launcher goes right before the user's command, which ends the command line.
+            cmd = shown_cmd[:len(shown_cmd) - len(args.command)] + launcher_command(status_file, stdio) \
+                + list(args.command)
             run = run_nsys(cmd, show_output=log.verbosity() >= log.INFO,
                            pass_fds=[fd for fd in stdio if fd is not None], status_file=status_file)
         finally:
@@ -649,8 +686,8 @@ def profile_and_analyze(args) -> int:
         # The launcher did not finish (killed with SIGKILL, or nsys never started it): nsys's own status
         # is the best we have.
         status = run.returncode
-    if command_ran:
-        log.info(f"the command ended with {_describe_status(status)}")
+    if command_ran and not run.announced:
+        log.info(f"the command ended ({_describe_status(status)})")
     if command_ran and status - 128 == signal.SIGTERM and getattr(args, "duration", None):
         log.info("(nsys ends the command with SIGTERM when --duration has elapsed)")
 

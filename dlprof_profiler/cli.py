@@ -91,7 +91,7 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
         if name in _VALUE_OPTIONS and not has_value:
             if i + 1 >= len(argv):
                 raise DLProfError(f"option {name} needs a value")
-            options.append(argv[i + 1])
+            options[-1] = f"{name}={argv[i + 1]}"  # joined: argparse would read '--stats=true' as an option
             i += 2
             continue
         i += 1

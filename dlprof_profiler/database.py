@@ -34,32 +34,30 @@ CREATE TABLE read_only_threads (global_tid INTEGER PRIMARY KEY, pid INTEGER, tid
 CREATE TABLE read_only_domains (domain_id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, family TEXT,
     has_markers INTEGER, num_ranges INTEGER, is_primary INTEGER);
 CREATE TABLE read_only_ranges (range_id INTEGER PRIMARY KEY, domain_id INTEGER, text TEXT, start INTEGER,
-    "end" INTEGER, global_tid INTEGER, pid INTEGER, event_type INTEGER, unclosed INTEGER, kind INTEGER,
-    label TEXT, op_type TEXT, dataloader INTEGER);
+    "end" INTEGER, global_tid INTEGER, pid INTEGER, event_type INTEGER, unclosed INTEGER);
 CREATE TABLE read_only_cuda_calls (api_id INTEGER PRIMARY KEY, name TEXT, start INTEGER, "end" INTEGER,
     global_tid INTEGER, pid INTEGER, correlation_id INTEGER, event_class INTEGER, return_value INTEGER);
 CREATE TABLE read_only_gpu_activities (activity_id INTEGER PRIMARY KEY, kind INTEGER, name TEXT, long_name TEXT,
     start INTEGER, "end" INTEGER, device_id INTEGER, stream_id INTEGER, context_id INTEGER, pid INTEGER,
     correlation_id INTEGER, grid_x INTEGER, grid_y INTEGER, grid_z INTEGER, block_x INTEGER, block_y INTEGER,
     block_z INTEGER, registers INTEGER, static_smem INTEGER, dynamic_smem INTEGER, bytes INTEGER,
-    copy_kind INTEGER, src_kind INTEGER, dst_kind INTEGER, graph_node_id INTEGER, api_id INTEGER,
-    launch_time INTEGER, uses_tc INTEGER, tc_rule TEXT);
+    copy_kind INTEGER, src_kind INTEGER, dst_kind INTEGER, graph_node_id INTEGER);
+CREATE TABLE read_only_kernel_tc (name TEXT, long_name TEXT, uses_tc INTEGER, tc_rule TEXT,
+    PRIMARY KEY (name, long_name));
 CREATE TABLE read_only_cuda_syncs (start INTEGER, "end" INTEGER, device_id INTEGER, stream_id INTEGER, pid INTEGER,
     correlation_id INTEGER, sync_type INTEGER);
 CREATE TABLE read_only_io_calls (start INTEGER, "end" INTEGER, global_tid INTEGER, pid INTEGER, name TEXT);
 CREATE TABLE read_only_ops (op_index INTEGER PRIMARY KEY, domain_id INTEGER, op_id TEXT, op_name TEXT,
     direction TEXT, op_type TEXT, label TEXT, tc_eligible INTEGER, data_type TEXT, stack_trace TEXT,
     device_id INTEGER, first_start INTEGER, num_instances INTEGER, kind INTEGER);
-CREATE TABLE read_only_op_instances (instance_key INTEGER PRIMARY KEY, domain_id INTEGER, instance_id INTEGER,
-    op_index INTEGER, kind INTEGER, range_id INTEGER, api_id INTEGER, activity_id INTEGER, start INTEGER,
-    "end" INTEGER, pid INTEGER, global_tid INTEGER, device_id INTEGER, cpu_time INTEGER, cpu_overhead INTEGER,
-    gpu_time INTEGER, gpu_start INTEGER, gpu_end INTEGER, gpu_idle INTEGER, n_gpu INTEGER, n_kernels INTEGER,
-    seq INTEGER, label TEXT, data_type TEXT, input_shapes TEXT, output_shapes TEXT, parameters TEXT,
-    stack_trace TEXT);
+CREATE TABLE read_only_op_instances (domain_id INTEGER, instance_id INTEGER, op_index INTEGER, kind INTEGER,
+    source_id INTEGER, start INTEGER, "end" INTEGER, pid INTEGER, global_tid INTEGER, device_id INTEGER,
+    cpu_overhead INTEGER, gpu_time INTEGER, gpu_start INTEGER, gpu_end INTEGER, n_gpu INTEGER, n_kernels INTEGER,
+    PRIMARY KEY (domain_id, instance_id)) WITHOUT ROWID;
+CREATE TABLE read_only_op_instance_details (domain_id INTEGER, instance_id INTEGER, data_type TEXT,
+    input_shapes TEXT, output_shapes TEXT, parameters TEXT, stack_trace TEXT, PRIMARY KEY (domain_id, instance_id));
 CREATE TABLE read_only_activity_owners (domain_id INTEGER, activity_id INTEGER, instance_id INTEGER,
-    PRIMARY KEY (domain_id, activity_id)) WITHOUT ROWID;
-CREATE TABLE read_only_call_owners (domain_id INTEGER, api_id INTEGER, instance_id INTEGER,
-    PRIMARY KEY (domain_id, api_id)) WITHOUT ROWID;
+    launch_time INTEGER, PRIMARY KEY (domain_id, activity_id)) WITHOUT ROWID;
 
 CREATE TABLE aggregations (aggr_id INTEGER PRIMARY KEY, created_utc TEXT, key_node TEXT, key_source TEXT,
     key_found INTEGER, iter_start INTEGER, iter_stop INTEGER, total_iterations INTEGER, server_user_name TEXT,
@@ -119,11 +117,6 @@ CREATE TABLE group_ops (aggr_id INTEGER, domain_id INTEGER, name TEXT, level INT
 CREATE TABLE expert_systems_feedback (id INTEGER PRIMARY KEY, aggr_id INTEGER, domain_id INTEGER,
     exp_sys_id TEXT, severity TEXT, problem TEXT, recommendation TEXT, link TEXT, action TEXT, data TEXT);
 
-CREATE INDEX idx_ranges_domain_label ON read_only_ranges(domain_id, label);
-CREATE INDEX idx_gpu_launch ON read_only_gpu_activities(launch_time);
-CREATE INDEX idx_instances_op ON read_only_op_instances(domain_id, op_index, start);
-CREATE INDEX idx_instances_domain_start ON read_only_op_instances(domain_id, start);
-CREATE INDEX idx_owner_instance ON read_only_activity_owners(domain_id, instance_id);
 CREATE INDEX idx_op_nodes_gpu ON op_nodes(aggr_id, domain_id, gpu_total);
 CREATE INDEX idx_kernel_summaries ON kernel_summaries(aggr_id, domain_id, op_index);
 
@@ -187,17 +180,33 @@ def _insert(con: sqlite3.Connection, table: str, frame: pd.DataFrame, columns: l
                     _rows(frame, columns))
 
 
+RAW_INDEXES = """
+CREATE INDEX idx_instances_op ON read_only_op_instances(domain_id, op_index, start);
+CREATE INDEX idx_instances_start ON read_only_op_instances(domain_id, start);
+CREATE INDEX idx_owner_instance ON read_only_activity_owners(domain_id, instance_id);
+CREATE INDEX idx_owner_launch ON read_only_activity_owners(domain_id, launch_time);
+"""
+INSTANCE_COLUMNS = ["domain_id", "instance_id", "op_index", "kind", "source_id", "start", "end", "pid", "global_tid",
+                    "device_id", "cpu_overhead", "gpu_time", "gpu_start", "gpu_end", "n_gpu", "n_kernels"]
+DETAIL_COLUMNS = ["data_type", "input_shapes", "output_shapes", "parameters", "stack_trace"]
+
+
 def create_database(path: Path, trace: Trace, corr: Correlation, primary_domain: str, profile: dict) -> dict:
-    """Write the schema and every raw table; returns {domain name: domain_id}."""
+    """Write the schema, the raw tables (copied from the export inside SQLite) and the op model; returns
+    {domain name: domain_id}."""
+    from dlprof_profiler import export_copy
+    from dlprof_profiler.sqlite_source import SqliteSource
     con = sqlite3.connect(path)
+    src = SqliteSource(trace.source, immutable=True)
     try:
         con.execute("PRAGMA journal_mode=OFF")
         con.execute("PRAGMA synchronous=OFF")
         con.executescript(SCHEMA)
+        export_copy.attach(con, trace.source)
         con.execute("BEGIN")
         con.execute("INSERT INTO db_version VALUES (?, ?, ?)", (DB_SCHEMA_VERSION, DB_SCHEMA_VERSION,
                                                                f"dlprof {__version__}"))
-        info = {**{k: v for k, v in profile.items()}, "primary_domain": primary_domain}
+        info = {**profile, "primary_domain": primary_domain}
         con.executemany("INSERT INTO profile_info VALUES (?, ?)", [(k, _text(v)) for k, v in info.items()])
         system = dict(trace.system)
         system.update({f"nsys:{k}": v for k, v in trace.meta.items()})
@@ -209,64 +218,62 @@ def create_database(path: Path, trace: Trace, corr: Correlation, primary_domain:
         _insert(con, "read_only_processes", trace.processes, ["pid", "name"])
         _insert(con, "read_only_threads", trace.threads, ["global_tid", "pid", "tid", "name"])
         domain_ids = {name: i for i, name in enumerate(corr.domains)}
-        ranges = trace.ranges
-        counts = ranges["domain"].value_counts() if len(ranges) else pd.Series(dtype="int64")
         con.executemany("INSERT INTO read_only_domains VALUES (?, ?, ?, ?, ?, ?)", [
-            (i, name, corr.family, int(dm.has_markers), int(counts.get(name, 0)), int(name == primary_domain))
-            for name, i in domain_ids.items() for dm in [corr.domains[name]]])
-        if len(ranges):
-            info_cols = corr.range_info
-            rframe = pd.DataFrame({
-                "range_id": ranges["range_id"].to_numpy(), "domain_id": ranges["domain"].map(domain_ids).fillna(-1)
-                .astype(np.int64).to_numpy(), "text": ranges["text"].to_numpy(dtype=object),
-                "start": ranges["start"].to_numpy(), "end": ranges["end"].to_numpy(),
-                "global_tid": ranges["global_tid"].to_numpy(), "pid": ranges["pid"].to_numpy(),
-                "event_type": ranges["event_type"].to_numpy(), "unclosed": ranges["unclosed"].to_numpy(),
-                "kind": info_cols["kind"].to_numpy().astype(np.int64),
-                "label": info_cols["label"].to_numpy(dtype=object),
-                "op_type": info_cols["op_type"].to_numpy(dtype=object),
-                "dataloader": info_cols["dataloader"].to_numpy()})
-            _insert(con, "read_only_ranges", rframe, list(rframe.columns))
-        api = trace.api_calls
-        _insert(con, "read_only_cuda_calls", api.assign(api_id=np.arange(len(api))),
-                ["api_id", "name", "start", "end", "global_tid", "pid", "correlation_id", "event_class",
-                 "return_value"])
+            (i, name, corr.family, int(corr.domains[name].has_markers), int(corr.domains[name].n_ranges),
+             int(name == primary_domain)) for name, i in domain_ids.items()])
+        export_copy.copy_ranges(con, src, trace.meta.get("domain_map", {}), domain_ids,
+                                int(trace.meta.get("capture_end", trace.profile_end)))
+        export_copy.copy_api_calls(con, src)
+        export_copy.copy_gpu_activities(con, src)
         gpu = trace.gpu
         if len(gpu):
-            launch = gpu["start"].to_numpy(np.int64).copy()
-            has = corr.gpu_api >= 0
-            launch[has] = api["start"].to_numpy(np.int64)[corr.gpu_api[has]]
-            gframe = gpu.assign(api_id=corr.gpu_api, launch_time=launch, uses_tc=corr.uses_tc, tc_rule=corr.tc_rule)
-            _insert(con, "read_only_gpu_activities", gframe, GPU_COLUMNS + ["api_id", "launch_time", "uses_tc",
-                                                                            "tc_rule"])
+            pairs = pd.DataFrame({"name": gpu["name"].astype(object), "long_name": gpu["long_name"].astype(object),
+                                  "uses_tc": corr.uses_tc, "tc_rule": corr.tc_rule}).drop_duplicates(
+                ["name", "long_name"])
+            _insert(con, "read_only_kernel_tc", pairs, ["name", "long_name", "uses_tc", "tc_rule"])
         _insert(con, "read_only_cuda_syncs", trace.syncs, list(trace.syncs.columns))
         _insert(con, "read_only_io_calls", trace.io_calls, ["start", "end", "global_tid", "pid", "name"])
+        launch = launch_times(trace, corr.gpu_api)
         offset = 0
         for name, dm in corr.domains.items():
-            did = domain_ids[name]
-            ops = dm.ops.assign(domain_id=did, op_index=dm.ops["op_index"] + offset)
-            _insert(con, "read_only_ops", ops, ["op_index", "domain_id", "op_id", "name", "direction", "op_type",
-                                                "label", "tc_eligible", "data_type", "stack_trace", "device_id",
-                                                "first_start", "n_instances", "kind"],
-                    ["op_index", "domain_id", "op_id", "op_name", "direction", "op_type", "label", "tc_eligible",
-                     "data_type", "stack_trace", "device_id", "first_start", "num_instances", "kind"])
-            inst = dm.instances.assign(domain_id=did, op_index=dm.instances["op_index"] + offset)
-            icols = ["domain_id", "instance_id", "op_index", "kind", "range_id", "api_id", "activity_id", "start",
-                     "end", "pid", "global_tid", "device_id", "cpu_time", "cpu_overhead", "gpu_time", "gpu_start",
-                     "gpu_end", "gpu_idle", "n_gpu", "n_kernels", "seq", "label", "data_type", "input_shapes",
-                     "output_shapes", "parameters", "stack_trace"]
-            _insert(con, "read_only_op_instances", inst, icols)
-            owners = pd.DataFrame({"domain_id": did, "activity_id": np.arange(len(dm.gpu_instance)),
-                                   "instance_id": dm.gpu_instance})
-            _insert(con, "read_only_activity_owners", owners, list(owners.columns))
-            calls = pd.DataFrame({"domain_id": did, "api_id": np.arange(len(dm.api_instance)),
-                                  "instance_id": dm.api_instance})
-            _insert(con, "read_only_call_owners", calls, list(calls.columns))
+            _write_domain_model(con, domain_ids[name], offset, dm, launch)
             offset += len(dm.ops)
         con.execute("COMMIT")
+        con.executescript(RAW_INDEXES)
         return domain_ids
     finally:
+        src.close()
         con.close()
+
+
+def launch_times(trace: Trace, gpu_api: np.ndarray) -> np.ndarray:
+    """When each GPU activity was launched: its API call's start, else its own start."""
+    gpu, api = trace.gpu, trace.api_calls
+    launch = gpu["start"].to_numpy(np.int64).copy()
+    has = gpu_api >= 0
+    if has.any():
+        launch[has] = api["start"].to_numpy(np.int64)[gpu_api[has]]
+    return launch
+
+
+def _write_domain_model(con, domain_id: int, offset: int, dm: DomainModel, launch: np.ndarray) -> None:
+    ops = dm.ops.assign(domain_id=domain_id, op_index=dm.ops["op_index"] + offset)
+    _insert(con, "read_only_ops", ops, ["op_index", "domain_id", "op_id", "name", "direction", "op_type",
+                                        "label", "tc_eligible", "data_type", "stack_trace", "device_id",
+                                        "first_start", "n_instances", "kind"],
+            ["op_index", "domain_id", "op_id", "op_name", "direction", "op_type", "label", "tc_eligible",
+             "data_type", "stack_trace", "device_id", "first_start", "num_instances", "kind"])
+    inst = dm.instances
+    source = np.where(inst["range_id"] >= 0, inst["range_id"],
+                      np.where(inst["api_id"] >= 0, inst["api_id"], inst["activity_id"]))
+    frame = inst.assign(domain_id=domain_id, op_index=inst["op_index"] + offset, source_id=source)
+    _insert(con, "read_only_op_instances", frame, INSTANCE_COLUMNS)
+    details = inst[DETAIL_COLUMNS].notna().any(axis=1).to_numpy()
+    if details.any():
+        _insert(con, "read_only_op_instance_details", frame[details], ["domain_id", "instance_id"] + DETAIL_COLUMNS)
+    owners = pd.DataFrame({"domain_id": domain_id, "activity_id": np.arange(len(dm.gpu_instance)),
+                           "instance_id": dm.gpu_instance, "launch_time": launch})
+    _insert(con, "read_only_activity_owners", owners, list(owners.columns))
 
 
 def _text(value) -> str | None:
@@ -412,7 +419,9 @@ def is_dlprof_database(path: Path) -> bool:
 
 
 def load_model(path: Path):
-    """Rebuild (trace, correlation, profile info, domain ids, offsets) from a DLProf database."""
+    """Rebuild (trace, correlation, profile info, domain ids, op_index offsets) from a DLProf database."""
+    from dlprof_profiler.correlate import FAMILY_OF_MODE, link_gpu_to_api, work_devices
+    from dlprof_profiler.nvtx_markers import classify_ranges
     from dlprof_profiler.sqlite_source import SqliteSource
     src = SqliteSource(path, immutable=False)
     try:
@@ -422,7 +431,7 @@ def load_model(path: Path):
                               f"(schema {DB_SCHEMA_VERSION})")
         profile = dict(src.fetchall("SELECT name, value FROM profile_info"))
         system_rows = dict(src.fetchall("SELECT name, value FROM read_only_system_config"))
-        trace = Trace(source=Path(profile.get("source_file", str(path))))
+        trace = Trace(source=Path(profile.get("source_file") or path))
         trace.meta = {k[5:]: v for k, v in system_rows.items() if k.startswith("nsys:")}
         trace.system = {k: v for k, v in system_rows.items() if not k.startswith("nsys:")}
         devices = src.frame("SELECT device_id, name, compute_major, compute_minor, sm_count, total_memory, "
@@ -431,91 +440,117 @@ def load_model(path: Path):
                              "bus_location", "chip_name", "uuid"])
         for c in ("compute_major", "compute_minor", "sm_count", "total_memory"):
             devices[c] = pd.to_numeric(devices[c], errors="coerce").astype("Int64")
+        devices["device_id"] = devices["device_id"].astype(np.int64)
         trace.devices = devices
         trace.processes = src.frame("SELECT pid, name FROM read_only_processes", ["pid", "name"])
         trace.threads = src.frame("SELECT global_tid, pid, tid, name FROM read_only_threads",
                                   ["global_tid", "pid", "tid", "name"])
-        domains = src.frame("SELECT domain_id, name, family, has_markers, num_ranges FROM read_only_domains "
-                            "ORDER BY domain_id", ["domain_id", "name", "family", "has_markers", "num_ranges"])
-        id_to_name = dict(zip(domains["domain_id"], domains["name"]))
-        ranges = src.frame('SELECT range_id, domain_id, text, start, "end", global_tid, pid, event_type, unclosed, '
-                           'kind, label, op_type, dataloader FROM read_only_ranges ORDER BY start, range_id',
-                           ["range_id", "domain_id", "text", "start", "end", "global_tid", "pid", "event_type",
-                            "unclosed", "kind", "label", "op_type", "dataloader"])
-        ranges["domain"] = ranges["domain_id"].map(id_to_name).astype(object)
-        ranges["unclosed"] = ranges["unclosed"].astype(bool)
-        trace.ranges = ranges[["range_id", "domain", "text", "start", "end", "global_tid", "pid", "event_type",
-                               "unclosed"]].copy()
-        range_info = pd.DataFrame({"kind": ranges["kind"].astype(np.int8), "label": ranges["label"].astype(object),
-                                   "op_type": ranges["op_type"].astype(object),
-                                   "dataloader": ranges["dataloader"].astype(bool)})
-        api = src.frame('SELECT api_id, name, start, "end", global_tid, pid, correlation_id, event_class, '
-                        'return_value FROM read_only_cuda_calls ORDER BY api_id',
-                        ["api_id", "name", "start", "end", "global_tid", "pid", "correlation_id", "event_class",
-                         "return_value"])
-        api["name"] = api["name"].astype("category")
-        trace.api_calls = api
-        gcols = GPU_COLUMNS + ["api_id", "uses_tc", "tc_rule"]
-        gpu = src.frame(f"SELECT {', '.join(chr(34) + c + chr(34) for c in gcols)} FROM read_only_gpu_activities "
-                        "ORDER BY activity_id", gcols)
+        domains = src.fetchall("SELECT domain_id, name, family, has_markers, num_ranges FROM read_only_domains "
+                               "ORDER BY domain_id")
+        id_to_name = {d[0]: d[1] for d in domains}
+        rcols = src.int_columns('SELECT range_id, domain_id, start, "end", global_tid, pid, event_type, unclosed '
+                                "FROM read_only_ranges ORDER BY start, range_id",
+                                ["range_id", "domain_id", "start", "end", "global_tid", "pid", "event_type",
+                                 "unclosed"])
+        texts = src.text_column("SELECT text FROM read_only_ranges ORDER BY start, range_id")
+        domain_names = np.array([id_to_name.get(d, "default") for d in range(max(id_to_name, default=-1) + 1)],
+                                dtype=object)
+        trace.ranges = pd.DataFrame({
+            "range_id": rcols["range_id"], "domain": pd.Series(domain_names[rcols["domain_id"]] if len(texts) else
+                                                               np.zeros(0, dtype=object), dtype=object),
+            "text": pd.Series(texts, dtype=object), "start": rcols["start"], "end": rcols["end"],
+            "global_tid": rcols["global_tid"], "pid": rcols["pid"], "event_type": rcols["event_type"],
+            "unclosed": rcols["unclosed"].astype(bool)})
+        mode = profile.get("mode") or "nvtx"
+        family = FAMILY_OF_MODE.get(mode)
+        families = {family} if family else set()
+        range_info = classify_ranges(trace.ranges["text"], trace.ranges["domain"], families)
+        acols = src.int_columns('SELECT start, "end", global_tid, pid, correlation_id, event_class, return_value '
+                                "FROM read_only_cuda_calls ORDER BY api_id",
+                                ["start", "end", "global_tid", "pid", "correlation_id", "event_class",
+                                 "return_value"])
+        api_names = src.text_column("SELECT name FROM read_only_cuda_calls ORDER BY api_id")
+        trace.api_calls = pd.DataFrame({"api_id": np.arange(len(api_names), dtype=np.int64),
+                                        "name": pd.Categorical(api_names), **acols})[
+            ["api_id", "name", "start", "end", "global_tid", "pid", "correlation_id", "event_class", "return_value"]]
+        numeric = [c for c in GPU_COLUMNS if c not in ("name", "long_name")]
+        gcols = src.int_columns(f"SELECT {', '.join(chr(34) + c + chr(34) for c in numeric)} "
+                                "FROM read_only_gpu_activities ORDER BY activity_id", numeric)
+        gpu = pd.DataFrame(gcols)
         gpu["kind"] = gpu["kind"].astype(np.int8)
-        gpu_api = gpu["api_id"].to_numpy(np.int64) if len(gpu) else np.zeros(0, np.int64)
-        uses_tc = gpu["uses_tc"].to_numpy().astype(bool) if len(gpu) else np.zeros(0, bool)
-        tc_rule = gpu["tc_rule"].to_numpy(dtype=object) if len(gpu) else np.zeros(0, object)
-        gpu = gpu[GPU_COLUMNS].copy()
-        gpu["name"] = gpu["name"].astype("category")
-        gpu["long_name"] = gpu["long_name"].astype("category")
-        trace.gpu = gpu
+        gpu["name"] = pd.Categorical(src.text_column("SELECT name FROM read_only_gpu_activities ORDER BY activity_id"))
+        gpu["long_name"] = pd.Categorical(src.text_column(
+            "SELECT long_name FROM read_only_gpu_activities ORDER BY activity_id"))
+        trace.gpu = gpu[GPU_COLUMNS]
+        tc = src.frame("SELECT name, long_name, uses_tc, tc_rule FROM read_only_kernel_tc",
+                       ["name", "long_name", "uses_tc", "tc_rule"])
+        keys = pd.MultiIndex.from_arrays([gpu["name"].astype(object), gpu["long_name"].astype(object)])
+        tc_index = pd.MultiIndex.from_arrays([tc["name"].astype(object), tc["long_name"].astype(object)])
+        pos = tc_index.get_indexer(keys) if len(tc) else np.full(len(gpu), -1)
+        uses_tc = np.where(pos >= 0, tc["uses_tc"].to_numpy()[np.maximum(pos, 0)] if len(tc) else 0, 0).astype(bool)
+        tc_rule = np.where(pos >= 0, tc["tc_rule"].to_numpy(dtype=object)[np.maximum(pos, 0)] if len(tc) else "", "")
         trace.syncs = src.frame('SELECT start, "end", device_id, stream_id, pid, correlation_id, sync_type '
                                 'FROM read_only_cuda_syncs', ["start", "end", "device_id", "stream_id", "pid",
                                                               "correlation_id", "sync_type"])
         trace.io_calls = src.frame('SELECT start, "end", global_tid, pid, name FROM read_only_io_calls',
                                    ["start", "end", "global_tid", "pid", "name"])
-        trace.has_cuda_tables = len(api) > 0 or len(gpu) > 0
-        trace.has_nvtx = len(ranges) > 0
+        trace.has_cuda_tables = len(trace.api_calls) > 0 or len(gpu) > 0
+        trace.has_nvtx = len(trace.ranges) > 0
         config = {k: json.loads(v) for k, v in src.fetchall("SELECT name, value FROM read_only_model_config")}
-        from dlprof_profiler.correlate import link_gpu_to_api, work_devices  # noqa: F401 (same rule as ingest)
+        gpu_api = link_gpu_to_api(trace)
         thread_dev, process_dev = work_devices(trace, gpu_api)
-        corr = Correlation(gpu_api=gpu_api, uses_tc=uses_tc, tc_rule=tc_rule, range_info=range_info,
-                           mode=profile.get("mode", "nvtx"), family=profile.get("family") or None,
-                           thread_device=thread_dev, process_device=process_dev, config=config)
-        offsets = {}
-        domain_ids = {}
-        for did, name, family, has_markers, num_ranges in domains.itertuples(index=False):
+        corr = Correlation(gpu_api=gpu_api, uses_tc=uses_tc, tc_rule=tc_rule, range_info=range_info, mode=mode,
+                           family=family, thread_device=thread_dev, process_device=process_dev, config=config)
+        offsets, domain_ids = {}, {}
+        for did, name, fam, has_markers, num_ranges in domains:
             domain_ids[name] = int(did)
-            ops = src.frame("SELECT op_index, op_id, op_name, direction, op_type, label, tc_eligible, data_type, "
-                            "stack_trace, device_id, first_start, num_instances, kind FROM read_only_ops "
-                            "WHERE domain_id = ? ORDER BY op_index",
-                            ["op_index", "op_id", "name", "direction", "op_type", "label", "tc_eligible",
-                             "data_type", "stack_trace", "device_id", "first_start", "n_instances", "kind"], (did,))
-            offset = int(ops["op_index"].min()) if len(ops) else 0
-            offsets[name] = offset
-            ops["op_index"] = ops["op_index"] - offset
-            ops["domain"] = name
-            ops["tc_eligible"] = ops["tc_eligible"].astype(bool)
-            ops["direction"] = ops["direction"].fillna("").astype(object)
-            icols = ["instance_id", "op_index", "kind", "range_id", "api_id", "activity_id", "start", "end", "pid",
-                     "global_tid", "device_id", "cpu_time", "cpu_overhead", "gpu_time", "gpu_start", "gpu_end",
-                     "gpu_idle", "n_gpu", "n_kernels", "seq", "label", "data_type", "input_shapes", "output_shapes",
-                     "parameters", "stack_trace"]
-            inst = src.frame(f"SELECT {', '.join(chr(34) + c + chr(34) for c in icols)} FROM read_only_op_instances "
-                             "WHERE domain_id = ? ORDER BY instance_id", icols, (did,))
-            inst["op_index"] = inst["op_index"] - offset
-            inst["domain"] = name
-            meta = ops.set_index("op_index")
-            inst["name"] = inst["op_index"].map(meta["name"]).astype(object)
-            inst["direction"] = inst["op_index"].map(meta["direction"]).astype(object)
-            inst["op_type"] = inst["op_index"].map(meta["op_type"]).astype(object)
-            gpu_instance = src.frame("SELECT instance_id FROM read_only_activity_owners WHERE domain_id = ? "
-                                     "ORDER BY activity_id", ["i"], (did,))["i"].to_numpy(np.int64)
-            api_instance = src.frame("SELECT instance_id FROM read_only_call_owners WHERE domain_id = ? "
-                                     "ORDER BY api_id", ["i"], (did,))["i"].to_numpy(np.int64)
-            corr.domains[name] = DomainModel(domain=name, family=family or None, has_markers=bool(has_markers),
-                                             instances=inst, ops=ops, api_instance=api_instance,
-                                             gpu_instance=gpu_instance, n_ranges=int(num_ranges))
+            corr.domains[name], offsets[name] = _load_domain(src, int(did), name, fam, has_markers, num_ranges,
+                                                             len(gpu))
         return trace, corr, profile, domain_ids, offsets
     finally:
         src.close()
+
+
+def _load_domain(src, did: int, name: str, family, has_markers, num_ranges, n_gpu: int):
+    ops = src.frame("SELECT op_index, op_id, op_name, direction, op_type, label, tc_eligible, data_type, "
+                    "stack_trace, device_id, first_start, num_instances, kind FROM read_only_ops "
+                    "WHERE domain_id = ? ORDER BY op_index",
+                    ["op_index", "op_id", "name", "direction", "op_type", "label", "tc_eligible", "data_type",
+                     "stack_trace", "device_id", "first_start", "n_instances", "kind"], (did,))
+    offset = int(ops["op_index"].min()) if len(ops) else 0
+    ops["op_index"] = ops["op_index"].astype(np.int64) - offset
+    ops["domain"] = name
+    ops["tc_eligible"] = ops["tc_eligible"].astype(bool)
+    ops["direction"] = ops["direction"].fillna("").astype(object)
+    numeric = [c for c in INSTANCE_COLUMNS if c != "domain_id"]
+    cols = src.int_columns(f"SELECT {', '.join(chr(34) + c + chr(34) for c in numeric)} FROM read_only_op_instances "
+                           "WHERE domain_id = ? ORDER BY instance_id", numeric, (did,))
+    inst = pd.DataFrame(cols)
+    inst["op_index"] -= offset
+    kind = inst["kind"].to_numpy()
+    from dlprof_profiler.correlate import RANGE_OP, SCOPE_OP, UNASSOCIATED_API, UNASSOCIATED_GPU, BACKWARD_PASS
+    inst["range_id"] = np.where(np.isin(kind, (RANGE_OP, SCOPE_OP)), inst["source_id"], -1)
+    inst["api_id"] = np.where(kind == UNASSOCIATED_API, inst["source_id"], -1)
+    inst["activity_id"] = np.where(kind == UNASSOCIATED_GPU, inst["source_id"], -1)
+    inst["cpu_time"] = np.where(kind == UNASSOCIATED_GPU, 0, inst["end"] - inst["start"])
+    inst["gpu_idle"] = np.where(inst["n_gpu"] > 0, inst["gpu_end"] - inst["gpu_start"] - inst["gpu_time"], 0)
+    details = src.frame("SELECT instance_id, data_type, input_shapes, output_shapes, parameters, stack_trace "
+                        "FROM read_only_op_instance_details WHERE domain_id = ?", ["instance_id"] + DETAIL_COLUMNS,
+                        (did,))
+    for c in DETAIL_COLUMNS:
+        column = np.full(len(inst), None, dtype=object)
+        if len(details):
+            column[details["instance_id"].to_numpy(np.int64)] = details[c].to_numpy(dtype=object)
+        inst[c] = pd.Series(column, dtype=object)
+    meta = ops.set_index("op_index")
+    inst["domain"] = name
+    for c in ("name", "direction", "op_type", "label"):
+        inst[c] = pd.Series(inst["op_index"].map(meta[c]).to_numpy(dtype=object), dtype=object)
+    owners = src.int_columns("SELECT instance_id FROM read_only_activity_owners WHERE domain_id = ? "
+                             "ORDER BY activity_id", ["i"], (did,))["i"]
+    model = DomainModel(domain=name, family=family or None, has_markers=bool(has_markers), instances=inst, ops=ops,
+                        api_instance=np.zeros(0, dtype=np.int64), gpu_instance=owners, n_ranges=int(num_ranges))
+    return model, offset
 
 
 def instance_kind_name(kind: int) -> str:

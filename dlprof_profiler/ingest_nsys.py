@@ -88,7 +88,7 @@ def read_nsys_export(path: Path) -> Trace:
         trace.syncs = read_syncs(src)
         trace.io_calls = read_io_calls(src, strings)
         capture_end = _capture_end(src, trace)
-        trace.ranges = read_ranges(src, strings, capture_end)
+        trace.ranges, trace.domain_map = read_ranges(src, strings, capture_end)
         trace.devices = read_devices(src, trace.gpu)
         trace.meta["capture_end"] = int(capture_end)
         if not trace.has_cuda_tables:
@@ -179,21 +179,22 @@ def read_processes_threads(src: SqliteSource, strings: StringTable) -> tuple[pd.
 
 
 def read_api_calls(src: SqliteSource, strings: StringTable) -> pd.DataFrame:
+    """CUDA runtime and driver calls, in (start, rowid) order: api_id is the position in that order."""
     table = "CUPTI_ACTIVITY_KIND_RUNTIME"
-    columns = ["api_id", "start", "end", "global_tid", "correlation_id", "name_id", "event_class",
-               "return_value"]
-    if not src.has(table):
-        frame = pd.DataFrame({c: pd.Series(dtype="int64") for c in columns})
-    else:
-        frame = src.frame(
-            f"SELECT rowid, start, end, coalesce(globalTid, 0), coalesce(correlationId, -1), nameId, "
+    names = ["start", "end", "global_tid", "correlation_id", "name_id", "event_class", "return_value"]
+    if src.has(table):
+        cols = src.int_columns(
+            f"SELECT start, end, coalesce(globalTid, 0), coalesce(correlationId, -1), nameId, "
             f"coalesce(eventClass, 0), coalesce({src.col(table, 'returnValue', '0')}, 0) "
-            f"FROM {table} ORDER BY start", columns)
-    frame["pid"] = pid_of(frame["global_tid"])
-    frame["name"] = strings.categorical(frame["name_id"])
-    frame = frame.drop(columns="name_id").reset_index(drop=True)
-    return frame[["api_id", "name", "start", "end", "global_tid", "pid", "correlation_id", "event_class",
-                  "return_value"]]
+            f"FROM {table} ORDER BY start, rowid", names)
+    else:
+        cols = {n: np.zeros(0, dtype=np.int64) for n in names}
+    n = len(cols["start"])
+    return pd.DataFrame({
+        "api_id": np.arange(n, dtype=np.int64), "name": strings.categorical(cols["name_id"]),
+        "start": cols["start"], "end": cols["end"], "global_tid": cols["global_tid"],
+        "pid": pid_of(cols["global_tid"]), "correlation_id": cols["correlation_id"],
+        "event_class": cols["event_class"], "return_value": cols["return_value"]})
 
 
 def _int_col(src: SqliteSource, table: str, name: str, default: str = "-1") -> str:
@@ -202,78 +203,78 @@ def _int_col(src: SqliteSource, table: str, name: str, default: str = "-1") -> s
     return default
 
 
+KERNEL_SOURCE_COLUMNS = ["start", "end", "deviceId", "streamId", "contextId", "globalPid", "correlationId",
+                         "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ", "registersPerThread",
+                         "staticSharedMemory", "dynamicSharedMemory", "graphNodeId"]
+MEMORY_SOURCE_COLUMNS = ["start", "end", "deviceId", "streamId", "contextId", "globalPid", "correlationId",
+                         "graphNodeId", "bytes"]
+_GPU_FIELD = {"deviceId": "device_id", "streamId": "stream_id", "contextId": "context_id",
+              "correlationId": "correlation_id", "gridX": "grid_x", "gridY": "grid_y", "gridZ": "grid_z",
+              "blockX": "block_x", "blockY": "block_y", "blockZ": "block_z", "registersPerThread": "registers",
+              "staticSharedMemory": "static_smem", "dynamicSharedMemory": "dynamic_smem",
+              "graphNodeId": "graph_node_id", "start": "start", "end": "end", "bytes": "bytes",
+              "copyKind": "copy_kind", "srcKind": "src_kind", "dstKind": "dst_kind", "memKind": "dst_kind"}
+
+
 def read_gpu_activities(src: SqliteSource, strings: StringTable) -> pd.DataFrame:
-    """Kernels, memcpys and memsets in one frame (kind column), names as categoricals."""
+    """Kernels, memcpys and memsets in one frame ordered by (start, kind, source rowid); activity_id is
+    the position in that order."""
     parts = []
-    kt = "CUPTI_ACTIVITY_KIND_KERNEL"
+    kt, mt, st = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"
     if src.has(kt):
-        cols = ["start", "end", "deviceId", "streamId", "contextId", "globalPid", "correlationId",
-                "shortName", "demangledName", "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ",
-                "registersPerThread", "staticSharedMemory", "dynamicSharedMemory", "graphNodeId"]
-        frame = src.frame(
-            f"SELECT {', '.join(_int_col(src, kt, c) for c in cols)} FROM {kt}", cols)
-        names = strings.categorical(frame["shortName"])
-        # Some exporters leave shortName empty where the demangled name is known.
-        long_names = strings.categorical(frame["demangledName"])
-        part = pd.DataFrame({
-            "kind": np.full(len(frame), KIND_KERNEL, dtype=np.int8),
-            "name": pd.Series(names).astype(object).where(pd.Series(names).notna(),
-                                                          pd.Series(long_names).astype(object)).to_numpy(),
-            "long_name": np.asarray(pd.Series(long_names).astype(object)),
-            "start": frame["start"], "end": frame["end"], "device_id": frame["deviceId"],
-            "stream_id": frame["streamId"], "context_id": frame["contextId"],
-            "pid": pid_of(frame["globalPid"]), "correlation_id": frame["correlationId"],
-            "grid_x": frame["gridX"], "grid_y": frame["gridY"], "grid_z": frame["gridZ"],
-            "block_x": frame["blockX"], "block_y": frame["blockY"], "block_z": frame["blockZ"],
-            "registers": frame["registersPerThread"], "static_smem": frame["staticSharedMemory"],
-            "dynamic_smem": frame["dynamicSharedMemory"], "bytes": -1, "copy_kind": -1, "src_kind": -1,
-            "dst_kind": -1, "graph_node_id": frame["graphNodeId"],
-        })
-        parts.append(part)
-    mt = "CUPTI_ACTIVITY_KIND_MEMCPY"
+        cols = src.int_columns(
+            f"SELECT rowid, {', '.join(_int_col(src, kt, c) for c in KERNEL_SOURCE_COLUMNS)}, "
+            f"{_int_col(src, kt, 'shortName')}, {_int_col(src, kt, 'demangledName')} FROM {kt}",
+            ["rowid"] + KERNEL_SOURCE_COLUMNS + ["shortName", "demangledName"])
+        short = strings.lookup(cols["shortName"])
+        long = strings.lookup(cols["demangledName"])
+        # Some exporters leave one of the two names unknown; each stands in for the other.
+        short = np.where(pd.isna(short), long, short)
+        long = np.where(pd.isna(long), short, long)
+        short = np.where(pd.isna(short), "<unknown kernel>", short)
+        long = np.where(pd.isna(long), "<unknown kernel>", long)
+        parts.append(_gpu_part(cols, KIND_KERNEL, short, long))
     if src.has(mt):
-        cols = ["start", "end", "deviceId", "streamId", "contextId", "globalPid", "correlationId", "bytes",
-                "copyKind", "srcKind", "dstKind", "graphNodeId"]
-        frame = src.frame(f"SELECT {', '.join(_int_col(src, mt, c) for c in cols)} FROM {mt}", cols)
-        label = frame["copyKind"].map(COPY_KIND_LABELS).fillna("[CUDA memcpy Unknown]")
-        parts.append(_memory_part(frame, KIND_MEMCPY, label.to_numpy(dtype=object)))
-    st = "CUPTI_ACTIVITY_KIND_MEMSET"
+        cols = src.int_columns(
+            f"SELECT rowid, {', '.join(_int_col(src, mt, c) for c in MEMORY_SOURCE_COLUMNS)}, "
+            f"{_int_col(src, mt, 'copyKind', '0')}, {_int_col(src, mt, 'srcKind')}, {_int_col(src, mt, 'dstKind')} "
+            f"FROM {mt}", ["rowid"] + MEMORY_SOURCE_COLUMNS + ["copyKind", "srcKind", "dstKind"])
+        labels = pd.Series(cols["copyKind"]).map(COPY_KIND_LABELS).fillna(COPY_KIND_LABELS[0]).to_numpy(dtype=object)
+        parts.append(_gpu_part(cols, KIND_MEMCPY, labels, labels))
     if src.has(st):
-        cols = ["start", "end", "deviceId", "streamId", "contextId", "globalPid", "correlationId", "bytes",
-                "memKind", "graphNodeId"]
-        frame = src.frame(f"SELECT {', '.join(_int_col(src, st, c) for c in cols)} FROM {st}", cols)
-        frame["copyKind"] = -1
-        frame["srcKind"] = -1
-        frame["dstKind"] = frame["memKind"]
-        parts.append(_memory_part(frame, KIND_MEMSET, np.full(len(frame), MEMSET_LABEL, dtype=object)))
-    parts = [p for p in parts if len(p)]
+        cols = src.int_columns(
+            f"SELECT rowid, {', '.join(_int_col(src, st, c) for c in MEMORY_SOURCE_COLUMNS)}, "
+            f"{_int_col(src, st, 'memKind')} FROM {st}", ["rowid"] + MEMORY_SOURCE_COLUMNS + ["memKind"])
+        labels = np.full(len(cols["rowid"]), MEMSET_LABEL, dtype=object)
+        parts.append(_gpu_part(cols, KIND_MEMSET, labels, labels))
     if not parts:
-        empty = pd.DataFrame({c: pd.Series(dtype="int64") for c in GPU_COLUMNS})
-        empty["name"] = pd.Series(dtype="category")
-        empty["long_name"] = pd.Series(dtype="category")
-        return empty
-    gpu = pd.concat(parts, ignore_index=True)
-    gpu = gpu.sort_values("start", kind="stable").reset_index(drop=True)
-    gpu["activity_id"] = np.arange(len(gpu), dtype=np.int64)
-    gpu["name"] = gpu["name"].fillna("<unknown>").astype("category")
-    gpu["long_name"] = gpu["long_name"].fillna(gpu["name"].astype(object)).astype("category")
-    for c in GPU_COLUMNS:
-        if c not in ("name", "long_name", "kind") and gpu[c].dtype != np.int64:
-            gpu[c] = gpu[c].astype(np.int64)
-    return gpu[GPU_COLUMNS]
+        frame = pd.DataFrame({c: np.zeros(0, dtype=np.int64) for c in GPU_COLUMNS})
+        frame["kind"] = frame["kind"].astype(np.int8)
+        frame["name"] = pd.Categorical([])
+        frame["long_name"] = pd.Categorical([])
+        return frame[GPU_COLUMNS]
+    merged = {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
+    order = np.lexsort((merged["rowid"], merged["kind"], merged["start"]))
+    out = {c: v[order] for c, v in merged.items() if c != "rowid"}
+    out["activity_id"] = np.arange(order.size, dtype=np.int64)
+    out["name"] = pd.Categorical(out["name"])
+    out["long_name"] = pd.Categorical(out["long_name"])
+    return pd.DataFrame(out)[GPU_COLUMNS]
 
 
-def _memory_part(frame: pd.DataFrame, kind: int, labels: np.ndarray) -> pd.DataFrame:
-    n = len(frame)
-    return pd.DataFrame({
-        "kind": np.full(n, kind, dtype=np.int8), "name": labels, "long_name": labels,
-        "start": frame["start"], "end": frame["end"], "device_id": frame["deviceId"],
-        "stream_id": frame["streamId"], "context_id": frame["contextId"], "pid": pid_of(frame["globalPid"]),
-        "correlation_id": frame["correlationId"], "grid_x": -1, "grid_y": -1, "grid_z": -1, "block_x": -1,
-        "block_y": -1, "block_z": -1, "registers": -1, "static_smem": -1, "dynamic_smem": -1,
-        "bytes": frame["bytes"], "copy_kind": frame["copyKind"], "src_kind": frame["srcKind"],
-        "dst_kind": frame["dstKind"], "graph_node_id": frame["graphNodeId"],
-    })
+def _gpu_part(cols: dict, kind: int, names: np.ndarray, long_names: np.ndarray) -> dict:
+    n = len(cols["rowid"])
+    part = {c: np.full(n, -1, dtype=np.int64) for c in GPU_COLUMNS if c not in ("name", "long_name", "kind",
+                                                                                 "activity_id")}
+    for source, value in cols.items():
+        if source in _GPU_FIELD:
+            part[_GPU_FIELD[source]] = value
+    part["pid"] = pid_of(cols["globalPid"])
+    part["kind"] = np.full(n, kind, dtype=np.int8)
+    part["rowid"] = cols["rowid"]
+    part["name"] = np.asarray(names, dtype=object)
+    part["long_name"] = np.asarray(long_names, dtype=object)
+    return part
 
 
 def read_syncs(src: SqliteSource) -> pd.DataFrame:
@@ -322,39 +323,43 @@ def _capture_end(src: SqliteSource, trace: Trace) -> int:
 
 
 def read_ranges(src: SqliteSource, strings: StringTable, capture_end: int) -> pd.DataFrame:
-    """NVTX push/pop and start/end ranges with resolved text and domain names."""
+    """NVTX push/pop and start/end ranges with resolved text and domain names; range_id is the rowid."""
     t = "NVTX_EVENTS"
     out_cols = ["range_id", "domain", "text", "start", "end", "global_tid", "pid", "event_type", "unclosed"]
     if not src.has(t):
-        return _empty_ranges(out_cols)
-    text_id = _int_col(src, t, "textId")
-    domain_id = _int_col(src, t, "domainId", "0")
+        return _empty_ranges(out_cols), {}
     types = ",".join(map(str, NVTX_RANGE_TYPES + (NVTX_DOMAIN_CREATE,)))
-    rows = src.fetchall(
-        f"SELECT rowid, eventType, start, coalesce(end, -1), coalesce(globalTid, 0), {domain_id}, "
-        f"{src.col(t, 'text')}, {text_id} FROM {t} WHERE eventType IN ({types})")
-    frame = pd.DataFrame.from_records(rows, columns=["range_id", "event_type", "start", "end", "global_tid",
-                                                     "domain_id", "raw_text", "text_id"]) if rows else None
-    if frame is None:
-        return _empty_ranges(out_cols)
-    for c in ("range_id", "event_type", "start", "end", "global_tid", "domain_id", "text_id"):
-        frame[c] = frame[c].astype(np.int64)
-    registered = strings.lookup(frame["text_id"].to_numpy())
-    raw = frame["raw_text"].to_numpy(dtype=object)
+    where = f"FROM {t} WHERE eventType IN ({types}) ORDER BY rowid"
+    cols = src.int_columns(
+        f"SELECT rowid, eventType, start, coalesce(end, -1), coalesce(globalTid, 0), "
+        f"{_int_col(src, t, 'domainId', '0')}, {_int_col(src, t, 'textId')} {where}",
+        ["range_id", "event_type", "start", "end", "global_tid", "domain_id", "text_id"])
+    if len(cols["range_id"]) == 0:
+        return _empty_ranges(out_cols), {}
+    raw = src.text_column(f"SELECT {src.col(t, 'text')} {where}")
+    registered = strings.lookup(cols["text_id"])
     text = np.where(pd.isna(registered), raw, registered)
-    frame["text"] = pd.Series(text, index=frame.index).fillna("").astype(object)
-    frame["pid"] = pid_of(frame["global_tid"])
+    text = np.where(pd.isna(text), "", text).astype(object)
+    pid = pid_of(cols["global_tid"])
     # Domain handles are per process: (pid, domainId) -> name, from the domain-create rows.
-    creates = frame[frame["event_type"] == NVTX_DOMAIN_CREATE]
-    names = {(int(p), int(d)): str(n) for p, d, n in zip(creates["pid"], creates["domain_id"], creates["text"])}
-    frame = frame[frame["event_type"] != NVTX_DOMAIN_CREATE]
-    frame["domain"] = _domain_names(frame["pid"].to_numpy(), frame["domain_id"].to_numpy(), names)
-    unclosed = frame["end"].to_numpy() < 0
-    end = np.where(unclosed, np.maximum(capture_end, frame["start"].to_numpy()), frame["end"].to_numpy())
-    frame["end"] = end
-    frame["unclosed"] = unclosed
-    frame = frame[frame["end"] >= frame["start"]]
-    return frame[out_cols].sort_values(["start", "range_id"], kind="stable").reset_index(drop=True)
+    create = cols["event_type"] == NVTX_DOMAIN_CREATE
+    names = {(int(p), int(d)): str(n) for p, d, n in zip(pid[create], cols["domain_id"][create], text[create])}
+    keep = ~create
+    end = cols["end"][keep]
+    start = cols["start"][keep]
+    unclosed = end < 0
+    end = np.where(unclosed, np.maximum(capture_end, start), end)
+    valid = end >= start
+    frame = pd.DataFrame({
+        "range_id": cols["range_id"][keep][valid],
+        "domain": pd.Series(_domain_names(pid[keep][valid], cols["domain_id"][keep][valid], names), dtype=object),
+        "text": pd.Series(text[keep][valid], dtype=object), "start": start[valid], "end": end[valid],
+        "global_tid": cols["global_tid"][keep][valid], "pid": pid[keep][valid],
+        "event_type": cols["event_type"][keep][valid], "unclosed": unclosed[valid]})
+    order = np.lexsort((frame["range_id"].to_numpy(), frame["start"].to_numpy()))
+    all_pids, all_handles = pid[keep], cols["domain_id"][keep]
+    mapping = domain_name_map(*_distinct_pairs(all_pids, all_handles), names)
+    return frame.iloc[order].reset_index(drop=True), mapping
 
 
 def _empty_ranges(columns: list[str]) -> pd.DataFrame:
@@ -365,23 +370,37 @@ def _empty_ranges(columns: list[str]) -> pd.DataFrame:
     return frame
 
 
-def _domain_names(pids: np.ndarray, domain_ids: np.ndarray, names: dict) -> np.ndarray:
-    """Name per range: default domain for id 0, created name, or a synthetic `domain<id>`."""
-    keys = pd.MultiIndex.from_arrays([pids, domain_ids])
-    unique_keys = keys.unique()
+def _distinct_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if a.size == 0:
+        return a, b
+    pairs = np.unique(np.stack([a, b], axis=1), axis=0)
+    return pairs[:, 0], pairs[:, 1]
+
+
+def domain_name_map(pids: np.ndarray, domain_ids: np.ndarray, created: dict) -> dict:
+    """(pid, domain handle) -> domain name: default for handle 0, the created name, else `domain<id>`."""
     mapping = {}
-    used = {DEFAULT_DOMAIN}
-    for pid, did in unique_keys:  # one entry per (process, domain handle), not per range
+    for pid, did in set(zip(pids.tolist(), domain_ids.tolist())):  # one entry per (process, handle)
         if did == 0:
             mapping[(pid, did)] = DEFAULT_DOMAIN
             continue
-        name = names.get((pid, did)) or f"domain{did}"
-        if name == DEFAULT_DOMAIN:
-            name = f"{name} (named)"
-        mapping[(pid, did)] = name
-        used.add(name)
-    codes = keys.map(lambda k: mapping[k]) if len(unique_keys) else pd.Index([], dtype=object)
-    return np.asarray(codes, dtype=object)
+        name = created.get((pid, did)) or f"domain{did}"
+        mapping[(pid, did)] = f"{name} (named)" if name == DEFAULT_DOMAIN else name
+    return mapping
+
+
+def _domain_names(pids: np.ndarray, domain_ids: np.ndarray, created: dict) -> np.ndarray:
+    """Domain name per range, resolved once per distinct (process, domain handle)."""
+    if pids.size == 0:
+        return np.zeros(0, dtype=object)
+    dom_codes, dom_values = pd.factorize(domain_ids)
+    key = pids.astype(np.int64) * max(len(dom_values), 1) + dom_codes
+    codes, uniques = pd.factorize(key)
+    u_pid = uniques // max(len(dom_values), 1)
+    u_dom = np.asarray(dom_values)[uniques % max(len(dom_values), 1)]
+    mapping = domain_name_map(u_pid, u_dom, created)
+    names = np.array([mapping[(int(p), int(d))] for p, d in zip(u_pid, u_dom)], dtype=object)
+    return names[codes]
 
 
 def read_devices(src: SqliteSource, gpu: pd.DataFrame) -> pd.DataFrame:

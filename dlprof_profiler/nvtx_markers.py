@@ -35,8 +35,8 @@ _DATALOADER_LABEL = re.compile(r"^enumerate\(DataLoader\)#|DataLoaderIter.*__nex
                                re.IGNORECASE)
 _TF_DATALOADER_TYPES = {"IteratorGetNext", "IteratorGetNextSync", "MultiDeviceIteratorGetNextFromShard",
                         "IteratorGetNextAsOptional"}
-_CALLID = r"'callid': (-?\d+)"
-_FWD_CALLID = r"'fwdCallid': (-?\d+)"
+_CALLID = r"'callid': (?P<v>-?\d+)"
+_FWD_CALLID = r"'fwdCallid': (?P<v>-?\d+)"
 _CALLID_FIELDS = r", '(?:callid|fwdCallid)': -?\d+|'(?:callid|fwdCallid)': -?\d+, "
 
 COLUMNS = ["kind", "label", "op_type", "seq", "backward", "dataloader", "func_stack", "stack_trace",
@@ -45,14 +45,14 @@ COLUMNS = ["kind", "label", "op_type", "seq", "backward", "dataloader", "func_st
 
 def classify_ranges(texts, domains, families: set[str] | None = None) -> pd.DataFrame:
     """One row per range text: its kind and what it carries. `families` limits the marker families."""
-    texts = pd.Series(texts, dtype=object).fillna("").reset_index(drop=True)
-    domains = pd.Series(domains, dtype=object).reset_index(drop=True)
-    n = len(texts)
+    text = _object_array(texts)
+    domain = _object_array(domains)
+    n = text.size
     allowed = {FAMILY_PYTORCH, FAMILY_TENSORFLOW, FAMILY_TENSORRT} if families is None else families
-    out = pd.DataFrame({
+    cols = {
         "kind": np.full(n, SCOPE, dtype=np.int8),
-        "label": texts.to_numpy(dtype=object).copy(),
-        "op_type": texts.to_numpy(dtype=object).copy(),
+        "label": text.copy(),
+        "op_type": text.copy(),
         "seq": np.full(n, -1, dtype=np.int64),
         "backward": np.zeros(n, dtype=bool),
         "dataloader": np.zeros(n, dtype=bool),
@@ -65,81 +65,92 @@ def classify_ranges(texts, domains, families: set[str] | None = None) -> pd.Data
         "direction": np.full(n, None, dtype=object),
         "callid": np.full(n, -1, dtype=np.int64),
         "fwd_callid": np.full(n, -1, dtype=np.int64),
-    })
+    }
     config = []
-    if n == 0:
-        return out
-    arr = pa.array(texts.to_numpy(dtype=object), type=pa.string())
-    is_dict = np.asarray(pc.starts_with(arr, "{").to_numpy(zero_copy_only=False), dtype=bool)
-    if is_dict.any():
-        config = _classify_dicts(texts[is_dict], out, allowed)
-    plain = ~is_dict
-    if FAMILY_PYTORCH in allowed and plain.any():
-        _classify_pytorch(arr, plain, out)
-    if FAMILY_TENSORRT in allowed:
-        trt = plain & (domains.to_numpy(dtype=object) == "TensorRT") & (out["kind"].to_numpy() == SCOPE)
-        if trt.any():
-            _classify_tensorrt(texts, trt, out)
-    if FAMILY_TENSORFLOW in allowed:
-        candidates = plain & (out["kind"].to_numpy() == SCOPE)
-        if candidates.any():
-            _classify_tensorflow_text(arr, candidates, out)
-    scope = out["kind"].to_numpy() == SCOPE
-    labels = out["label"].to_numpy(dtype=object)
-    if scope.any():
-        out.loc[scope, "dataloader"] = pd.Series(labels[scope]).map(
-            _dataloader_lookup(labels[scope])).to_numpy(dtype=bool)
-    tf = out["kind"].to_numpy() == TF_OP
-    if tf.any():
-        out.loc[tf, "dataloader"] = out.loc[tf, "op_type"].isin(_TF_DATALOADER_TYPES).to_numpy()
+    if n:
+        arr = pa.array(text, type=pa.string())
+        is_dict = _bools(pc.starts_with(arr, "{"))
+        if is_dict.any():
+            config = _classify_dicts(np.flatnonzero(is_dict), arr, cols, allowed)
+        plain = ~is_dict
+        if FAMILY_PYTORCH in allowed and plain.any():
+            _classify_pytorch(arr, plain, cols)
+        if FAMILY_TENSORRT in allowed:
+            trt = plain & (domain == "TensorRT") & (cols["kind"] == SCOPE)
+            if trt.any():
+                _classify_tensorrt(text, trt, cols)
+        if FAMILY_TENSORFLOW in allowed:
+            candidates = plain & (cols["kind"] == SCOPE)
+            if candidates.any():
+                _classify_tensorflow_text(arr, candidates, cols)
+        scope = cols["kind"] == SCOPE
+        if scope.any():
+            cols["dataloader"][scope] = per_unique(cols["label"][scope], lambda t: bool(_DATALOADER_LABEL.search(t)),
+                                                   bool)
+        tf = cols["kind"] == TF_OP
+        if tf.any():
+            cols["dataloader"][tf] = per_unique(cols["op_type"][tf], lambda t: t in _TF_DATALOADER_TYPES, bool)
+    out = pd.DataFrame({k: (pd.Series(v, dtype=object) if v.dtype == object else v) for k, v in cols.items()})
     out.attrs["config"] = config
     return out
 
 
-def _dataloader_lookup(labels: np.ndarray) -> dict:
-    return {t: bool(_DATALOADER_LABEL.search(str(t))) for t in pd.unique(labels)}
+def _object_array(values) -> np.ndarray:
+    if isinstance(values, pd.Series):
+        values = values.to_numpy(dtype=object, na_value=None)
+    out = np.asarray(values, dtype=object)
+    if out.size and pd.isna(out).any():
+        out = np.where(pd.isna(out), "", out)
+    return out
+
+
+def _bools(array) -> np.ndarray:
+    return np.asarray(array.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _strings(array) -> np.ndarray:
+    return np.asarray(array.to_numpy(zero_copy_only=False), dtype=object)
+
+
+def per_unique(values: np.ndarray, fn, dtype=object) -> np.ndarray:
+    """fn applied once per distinct value, spread back over all values."""
+    codes, uniques = pd.factorize(np.asarray(values, dtype=object))
+    results = np.array([fn(u) for u in uniques], dtype=dtype) if len(uniques) else np.zeros(0, dtype=dtype)
+    return results[codes] if len(codes) else np.zeros(0, dtype=dtype)
 
 
 # ---------------------------------------------------------------- PyTorch emit_nvtx texts
 
-def _classify_pytorch(arr: pa.Array, mask: np.ndarray, out: pd.DataFrame) -> None:
+def _classify_pytorch(arr: pa.Array, mask: np.ndarray, cols: dict) -> None:
     idx = np.flatnonzero(mask)
-    sub = arr.take(pa.array(idx))
-    has_fields = np.asarray(pc.match_substring_regex(sub, r", (?:seq|op_id) = -?\d+")
-                            .to_numpy(zero_copy_only=False), dtype=bool)
-    names = np.asarray(pc.replace_substring_regex(sub, _PT_FIELDS, "").to_numpy(zero_copy_only=False),
-                       dtype=object)
-    seq_raw = pc.struct_field(pc.extract_regex(sub, r", seq = (?P<seq>-?\d+)"), [0]) if has_fields.any() \
-        else pa.nulls(len(sub), pa.string())
-    seq = pd.to_numeric(pd.Series(seq_raw.to_numpy(zero_copy_only=False), dtype=object),
-                        errors="coerce").fillna(-1).to_numpy(np.int64)
-    unique_names = pd.unique(names)
-    looks_op = {nm: bool(_PT_OP_LABEL.match(nm)) for nm in unique_names}
-    op_like = pd.Series(names).map(looks_op).to_numpy(dtype=bool)
-    aten_bare = pd.Series(names).str.startswith("aten::").to_numpy(dtype=bool)
-    is_pt = (has_fields | aten_bare)
+    sub = arr.take(pa.array(idx)) if idx.size < len(arr) else arr
+    has_fields = _bools(pc.match_substring_regex(sub, r", (?:seq|op_id) = -?\d+"))
+    names = _strings(pc.replace_substring_regex(sub, _PT_FIELDS, "")) if has_fields.any() else _strings(sub)
+    seq = np.full(idx.size, -1, dtype=np.int64)
+    if has_fields.any():
+        found = pc.struct_field(pc.extract_regex(sub, r", seq = (?P<seq>-?\d+)"), [0])
+        seq = np.asarray(pc.fill_null(pc.cast(found, pa.int64()), -1).to_numpy(zero_copy_only=False), dtype=np.int64)
+    aten_bare = _bools(pc.starts_with(sub, "aten::"))
+    op_like = per_unique(names, lambda nm: bool(_PT_OP_LABEL.match(nm)), bool)
+    is_pt = has_fields | aten_bare
     is_op = is_pt & (op_like | (seq >= 0))
     # Ranges in PyTorch's grammar that are not ops (ProfilerStep#N, Optimizer.step#..., user
     # record_function labels) are scopes, with their fields stripped from the label.
-    out_idx_pt = idx[is_pt]
-    out.loc[out_idx_pt, "label"] = names[is_pt]
-    out.loc[out_idx_pt, "op_type"] = names[is_pt]
-    out.loc[out_idx_pt, "seq"] = seq[is_pt]
-    op_idx = idx[is_op]
-    out.loc[op_idx, "kind"] = PT_OP
-    op_names = names[is_op]
-    inner = pd.Series(op_names).str.replace(_EVALUATE_FN, "", regex=False).to_numpy(dtype=object)
-    out.loc[op_idx, "label"] = inner
-    backward = pd.Series(inner).str.contains(_BACKWARD_LABEL).to_numpy(dtype=bool)
-    out.loc[op_idx, "backward"] = backward
-    out.loc[op_idx, "op_type"] = pd.Series(inner).map(pytorch_op_type).to_numpy(dtype=object)
-    has_sizes = np.asarray(pc.match_substring(sub, ", sizes = ").to_numpy(zero_copy_only=False), dtype=bool)
+    pt_rows = idx[is_pt]
+    cols["label"][pt_rows] = names[is_pt]
+    cols["op_type"][pt_rows] = names[is_pt]
+    cols["seq"][pt_rows] = seq[is_pt]
+    op_rows = idx[is_op]
+    cols["kind"][op_rows] = PT_OP
+    inner = per_unique(names[is_op], lambda nm: nm[len(_EVALUATE_FN):] if nm.startswith(_EVALUATE_FN) else nm)
+    cols["label"][op_rows] = inner
+    cols["backward"][op_rows] = per_unique(inner, lambda nm: bool(_BACKWARD_LABEL.search(nm)), bool)
+    cols["op_type"][op_rows] = per_unique(inner, pytorch_op_type)
+    has_sizes = _bools(pc.match_substring(sub, ", sizes = "))
     if has_sizes.any():
-        sizes = pc.struct_field(pc.extract_regex(sub.filter(pa.array(has_sizes)),
-                                                 r", sizes = (?P<sizes>\[\]|\[.*?\]\])"), [0])
-        sizes = np.asarray(sizes.to_numpy(zero_copy_only=False), dtype=object)
-        shapes = pd.Series(sizes).map(_shape_list_lookup(sizes)).to_numpy(dtype=object)
-        out.loc[idx[has_sizes], "input_shapes"] = shapes
+        sizes = _strings(pc.struct_field(pc.extract_regex(sub.filter(pa.array(has_sizes)),
+                                                          r", sizes = (?P<sizes>\[\]|\[.*?\]\])"), [0]))
+        cols["input_shapes"][idx[has_sizes]] = per_unique(sizes, _shape_text)
 
 
 def pytorch_op_type(label: str) -> str:
@@ -147,16 +158,13 @@ def pytorch_op_type(label: str) -> str:
     return label[6:] if label.startswith("aten::") else label
 
 
-def _shape_list_lookup(values: np.ndarray) -> dict:
-    lookup = {}
-    for text in pd.unique(values):
-        try:
-            shapes = json.loads(text) if text else []
-        except (TypeError, ValueError):
-            lookup[text] = None
-            continue
-        lookup[text] = format_shapes([s for s in shapes if isinstance(s, list) and s])
-    return lookup
+def _shape_text(text) -> str | None:
+    """`[[8, 3], [], [64]]` (emit_nvtx sizes) -> `<8, 3>; <64>`."""
+    try:
+        shapes = json.loads(text) if text else []
+    except (TypeError, ValueError):
+        return None
+    return format_shapes([s for s in shapes if isinstance(s, list) and s])
 
 
 def format_shapes(shapes: list, labels: list | None = None) -> str:
@@ -171,19 +179,17 @@ def format_shapes(shapes: list, labels: list | None = None) -> str:
 
 # ---------------------------------------------------------------- TensorFlow and TensorRT
 
-def _classify_tensorflow_text(arr: pa.Array, mask: np.ndarray, out: pd.DataFrame) -> None:
+def _classify_tensorflow_text(arr: pa.Array, mask: np.ndarray, cols: dict) -> None:
     idx = np.flatnonzero(mask)
     sub = arr.take(pa.array(idx))
     found = pc.extract_regex(sub, _TF_TEXT)
-    valid = np.asarray(pc.is_valid(found).to_numpy(zero_copy_only=False), dtype=bool)
+    valid = _bools(pc.is_valid(found))
     if not valid.any():
         return
-    op_types = np.asarray(pc.struct_field(found, [0]).to_numpy(zero_copy_only=False), dtype=object)[valid]
-    nodes = np.asarray(pc.struct_field(found, [1]).to_numpy(zero_copy_only=False), dtype=object)[valid]
     rows = idx[valid]
-    out.loc[rows, "kind"] = TF_OP
-    out.loc[rows, "label"] = nodes
-    out.loc[rows, "op_type"] = op_types
+    cols["kind"][rows] = TF_OP
+    cols["op_type"][rows] = _strings(pc.struct_field(found, [0]))[valid]
+    cols["label"][rows] = _strings(pc.struct_field(found, [1]))[valid]
 
 
 _TRT_SUFFIX = re.compile(r"(?:_clone)?_\d+$")
@@ -201,48 +207,39 @@ def tensorrt_layer_type(name: str) -> str:
     return "+".join(parts)
 
 
-def _classify_tensorrt(texts: pd.Series, mask: np.ndarray, out: pd.DataFrame) -> None:
-    names = texts[mask]
-    layer = ~names.str.startswith("ExecutionContext::").to_numpy(dtype=bool)
-    rows = np.flatnonzero(mask)[layer]
-    out.loc[rows, "kind"] = TRT_LAYER
-    layer_names = names.to_numpy(dtype=object)[layer]
-    types = {n: tensorrt_layer_type(n) for n in pd.unique(layer_names)}
-    out.loc[rows, "op_type"] = pd.Series(layer_names).map(types).to_numpy(dtype=object)
+def _classify_tensorrt(text: np.ndarray, mask: np.ndarray, cols: dict) -> None:
+    rows = np.flatnonzero(mask)
+    layer = ~per_unique(text[rows], lambda t: t.startswith("ExecutionContext::"), bool)
+    rows = rows[layer]
+    cols["kind"][rows] = TRT_LAYER
+    cols["op_type"][rows] = per_unique(text[rows], tensorrt_layer_type)
 
 
 # ---------------------------------------------------------------- dict markers (DLProf/PyProf, TF detailed)
 
-def _classify_dicts(texts: pd.Series, out: pd.DataFrame, allowed: set[str]) -> list[dict]:
+def _classify_dicts(idx: np.ndarray, arr: pa.Array, cols: dict, allowed: set[str]) -> list[dict]:
     """Parse each distinct dict text once; callids (unique per call) are read column-wise first."""
-    idx = texts.index.to_numpy()
-    arr = pa.array(texts.to_numpy(dtype=object), type=pa.string())
+    sub = arr.take(pa.array(idx))
     for column, pattern in (("callid", _CALLID), ("fwd_callid", _FWD_CALLID)):
-        raw = pc.struct_field(pc.extract_regex(arr, pattern.replace("(-?", "(?P<v>-?")), [0])
-        values = pd.to_numeric(pd.Series(raw.to_numpy(zero_copy_only=False), dtype=object), errors="coerce")
-        out.loc[idx, column] = values.fillna(-1).to_numpy(np.int64)
-    stripped = np.asarray(pc.replace_substring_regex(arr, _CALLID_FIELDS, "").to_numpy(zero_copy_only=False),
-                          dtype=object)
+        found = pc.struct_field(pc.extract_regex(sub, pattern), [0])
+        cols[column][idx] = np.asarray(pc.fill_null(pc.cast(found, pa.int64()), -1)
+                                       .to_numpy(zero_copy_only=False), dtype=np.int64)
+    stripped = _strings(pc.replace_substring_regex(sub, _CALLID_FIELDS, ""))
     codes, uniques = pd.factorize(stripped)
     parsed = [_parse_dict_text(t, allowed) for t in uniques]
-    config = []
     for field in ("kind", "label", "op_type", "func_stack", "stack_trace", "data_type", "input_shapes",
                   "output_shapes", "parameters", "direction", "dataloader"):
-        values = np.array([p.get(field) for p in parsed], dtype=object)
-        column = values[codes]
+        values = np.array([p.get(field) for p in parsed], dtype=object)[codes]
         if field == "kind":
-            out.loc[idx, "kind"] = column.astype(np.int8)
+            cols["kind"][idx] = values.astype(np.int8)
         elif field == "dataloader":
-            out.loc[idx, "dataloader"] = column.astype(bool)
+            cols["dataloader"][idx] = values.astype(bool)
         elif field in ("label", "op_type"):
-            keep = np.array([v is not None for v in column], dtype=bool)
-            out.loc[idx[keep], field] = column[keep]
+            keep = pd.notna(values)
+            cols[field][idx[keep]] = values[keep]
         else:
-            out.loc[idx, field] = column
-    for code in np.unique(codes):
-        if parsed[code].get("config") is not None:
-            config.append(parsed[code]["config"])
-    return config
+            cols[field][idx] = values
+    return [parsed[c]["config"] for c in np.unique(codes) if parsed[c].get("config") is not None]
 
 
 def _parse_dict_text(text: str, allowed: set[str]) -> dict:

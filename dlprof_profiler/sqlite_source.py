@@ -5,6 +5,7 @@ import os
 import sqlite3
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from dlprof_profiler.errors import DLProfError
@@ -103,6 +104,19 @@ class SqliteSource:
             raise self._damaged(exc) from None
         finally:
             self.con.text_factory = str
+
+    def int_columns(self, sql: str, names: list[str], params=()) -> dict:
+        """Integer columns of a query as numpy arrays (the query must not return NULLs: coalesce them)."""
+        rows = self.fetchall(sql, params)
+        matrix = np.array(rows, dtype=np.int64) if rows else np.zeros((0, len(names)), dtype=np.int64)
+        return {name: matrix[:, i] for i, name in enumerate(names)}
+
+    def text_column(self, sql: str, params=()) -> np.ndarray:
+        """One text column as an object array (None for NULL)."""
+        rows = self.fetchall(sql, params)
+        out = np.empty(len(rows), dtype=object)
+        out[:] = [r[0] for r in rows]
+        return out
 
     def frame(self, sql: str, columns: list[str], params=()) -> pd.DataFrame:
         rows = self.fetchall(sql, params)

@@ -53,7 +53,7 @@ class Trace:
         ["start", "end", "device_id", "stream_id", "pid", "correlation_id", "sync_type"]))
     io_calls: pd.DataFrame = field(default_factory=lambda: empty_frame(
         ["start", "end", "global_tid", "pid", "name"]))
-    config_marks: list = field(default_factory=list)  # run metadata from instrumentation (dicts)
+    domain_map: dict = field(default_factory=dict)   # (pid, NVTX domain handle) -> domain name
     warnings: list = field(default_factory=list)
     has_cuda_tables: bool = False
     has_nvtx: bool = False

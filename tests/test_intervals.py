@@ -1,0 +1,106 @@
+"""Interval algebra against brute force over integer time points (an independent oracle)."""
+import numpy as np
+import pytest
+
+from dlprof_profiler.intervals import (covered_length, merge_intervals, previous_at_least,
+                                       union_length_by_group)
+from dlprof_profiler.structure import RangeForest, ThreadTimeKeys, tree_depths
+
+
+def brute_union(intervals):
+    points = set()
+    for s, e in intervals:
+        points.update(range(s, e))
+    return len(points)
+
+
+def test_union_length_by_group_hand_case():
+    # group 1: [0,10) and [5,20) overlap -> 20; [30,31) -> 1; group 2: [3,4) twice -> 1
+    got = union_length_by_group([1, 1, 1, 2, 2], [0, 5, 30, 3, 3], [10, 20, 31, 4, 4])
+    assert got.to_dict() == {1: 21, 2: 1}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_union_and_merge_match_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 40))
+    s = rng.integers(0, 100, n)
+    e = s + rng.integers(0, 15, n)
+    g = rng.integers(0, 3, n)
+    got = union_length_by_group(g, s, e)
+    for key in np.unique(g):
+        assert got[key] == brute_union(list(zip(s[g == key], e[g == key])))
+    ms, me = merge_intervals(s, e)
+    assert (me > ms).all() and (ms[1:] > me[:-1]).all()  # disjoint, not touching
+    windows = [(0, 100), (10, 20), (55, 56), (90, 200)]
+    cov = covered_length(ms, me, [w[0] for w in windows], [w[1] for w in windows])
+    for (ws, we), c in zip(windows, cov):
+        clipped = [(max(a, ws), min(b, we)) for a, b in zip(s, e) if min(b, we) > max(a, ws)]
+        assert c == brute_union(clipped)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_previous_at_least(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 80))
+    v = rng.integers(0, 30, n)
+    t = rng.integers(0, 30, n)
+    lower = np.array([rng.integers(0, i + 1) for i in range(n)])
+    expected = [max([j for j in range(lower[i], i) if v[j] >= t[i]], default=-1) for i in range(n)]
+    assert previous_at_least(v, t, lower).tolist() == expected
+
+
+def brute_parent(tids, starts, ends, ids):
+    """Innermost container on the same thread: latest start, then smallest end, then latest push."""
+    parents = []
+    for i in range(len(tids)):
+        best = None
+        for j in range(len(tids)):
+            if i == j or tids[i] != tids[j]:
+                continue
+            contains = starts[j] <= starts[i] and ends[i] <= ends[j]
+            if starts[i] == ends[i]:  # empty range: only inside a range that goes past it
+                contains = contains and ends[j] > starts[i]
+            if (starts[j], -ends[j], ids[j]) > (starts[i], -ends[i], ids[i]):
+                contains = False  # identical intervals: the one pushed first is the parent
+            if contains and (best is None or (starts[j], -ends[j], ids[j]) > (starts[best], -ends[best], ids[best])):
+                best = j
+        parents.append(-1 if best is None else best)
+    return parents
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_range_forest_parents_and_probes(seed):
+    rng = np.random.default_rng(seed)
+    # Properly nested push/pop ranges on two threads, built from random stacks.
+    tids, starts, ends = [], [], []
+    for tid in (7, 9):
+        t, stack = 0, []
+        for _ in range(int(rng.integers(1, 25))):
+            if stack and rng.random() < 0.45:
+                i = stack.pop()
+                t += int(rng.integers(0, 3))
+                ends[i] = t
+            else:
+                t += int(rng.integers(0, 3))
+                tids.append(tid)
+                starts.append(t)
+                ends.append(None)
+                stack.append(len(starts) - 1)
+        while stack:
+            t += int(rng.integers(0, 3))
+            ends[stack.pop()] = t
+    ids = list(range(len(tids)))
+    forest = RangeForest(np.array(tids), np.array(starts), np.array(ends), np.array(ids))
+    assert forest.parent.tolist() == brute_parent(tids, starts, ends, ids)
+    depth = tree_depths(forest.parent)
+    for i, p in enumerate(forest.parent):
+        assert depth[i] == (0 if p < 0 else depth[p] + 1)
+    probes_t = rng.integers(0, max(ends) + 2, 30)
+    probes_tid = rng.choice([7, 9, 11], 30)
+    keys = ThreadTimeKeys([np.array(tids), probes_tid], [np.array(starts), np.array(ends), probes_t])
+    got = forest.innermost_at(keys, probes_tid, probes_t)
+    for k in range(30):
+        inside = [j for j in ids if tids[j] == probes_tid[k] and starts[j] <= probes_t[k] < ends[j]]
+        best = max(inside, key=lambda j: (starts[j], -ends[j], j), default=-1)
+        assert got[k] == best
