@@ -268,3 +268,25 @@ def reaggregation_iterations(trace, corr, key_node: str | None, profile: dict):
     if key and not iterations.found:
         iterations = _key_node_from_ops(trace, corr, key, iterations)
     return iterations
+
+
+def reaggregate_in_place(db_path: Path, key_node: str | None = None, iter_start: int | None = None,
+                         iter_stop: int | None = None) -> int:
+    """A new aggregation appended to a DLProf database in one transaction (the viewer's Reaggregate);
+    returns its aggr_id. Earlier aggregations are kept; a failure leaves the file as it was."""
+    started = time.perf_counter()
+    db_path = Path(db_path)
+    check_sqlite_file(db_path)
+    if not database.is_dlprof_database(db_path):
+        raise DLProfError(f"{db_path}: not a DLProf database")
+    trace, corr, profile, domain_ids, offsets = database.load_model(db_path)
+    iterations = reaggregation_iterations(trace, corr, key_node, profile)
+    if key_node and not iterations.found:
+        raise DLProfError(f"{db_path}: key node '{key_node}' not found", exit_code=2)
+    start, stop = iterate.select_range(iterations, iter_start, iter_stop, str(db_path))
+    from dlprof_profiler import expert_systems
+    aggregations = {name: aggregate(trace, corr, dm, iterations, start, stop) for name, dm in corr.domains.items()}
+    findings = {name: expert_systems.detect(trace, corr, corr.domains[name], agg, iterations)
+                for name, agg in aggregations.items()}
+    return database.append_aggregation(db_path, aggregations, domain_ids, offsets, iterations, findings,
+                                       time.perf_counter() - started)

@@ -1,0 +1,106 @@
+"""Named synthetic profiles with hand-computable figures, shared by engine, plugin and browser tests.
+
+`training_profile` is a small PyTorch emit_nvtx-style training run on one A100; its layout per iteration
+is documented next to the code so tests can derive every expected number by hand.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.nsys_builder import NsysExport
+
+PID = 100
+TC_CONV = "volta_fp16_s884cudnn_fp16_128x128_ldg8_relu_f2f_exp_small_nhwc_tn_v1"   # uses Tensor Cores
+RELU = "vectorized_elementwise_kernel"                                            # no TC
+SGEMM = "volta_sgemm_32x32_sliced1x4_tn"                                          # no TC (fp32 SIMT)
+TC_WGRAD = "volta_fp16_s884cudnn_fp16_256x64_ldg8_dgrad_f2f_exp_small_nhwc_tn_v1"  # uses Tensor Cores
+ADD = "multi_tensor_apply_kernel"                                                 # no TC
+
+ITERATION_SPAN = 100_000  # ns between iteration bases
+BASE = 1_000_000          # first iteration base
+
+
+def training_profile(path: Path, iterations: int = 3, schema: str = "2022.4") -> Path:
+    """A PyTorch training loop: per iteration (base T = BASE + i * ITERATION_SPAN, all times in ns):
+
+    main thread (tid 100)
+      [T+0,     T+5000)   enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__   (scope, dataloader)
+      [T+6000,  T+9000)   aten::to, seq                  -> cudaMemcpyAsync [T+6500,T+7500) -> memcpy HtoD [T+7000,T+8000)
+      [T+10000, T+20000)  aten::conv2d, seq=S           -> nested aten::convolution [T+11000,T+19000)
+                              cudaLaunchKernel [T+12000,T+13000) -> TC_CONV [T+14000,T+24000)
+      [T+21000, T+25000)  aten::relu, seq=S+1           -> cudaLaunchKernel [T+22000,T+23000) -> RELU [T+25000,T+27000)
+      [T+26000, T+36000)  aten::linear, seq=S+2         -> nested aten::t, seq=S+2 [T+26500,T+27500)
+                                                           nested aten::addmm, seq=S+3 [T+28000,T+35000)
+                              cudaLaunchKernel [T+29000,T+30000) -> SGEMM [T+37000,T+45000)
+      [T+70000, T+80000)  Optimizer.step#SGD.step       (scope; the default key node)
+                              nested aten::add_, seq  [T+71000,T+79000)
+                              cudaLaunchKernel [T+72000,T+73000) -> ADD [T+74000,T+76000)
+      [T+85000, T+90000)  cudaDeviceSynchronize outside every range (unassociated)
+    autograd thread (tid 101)
+      [T+50000, T+56000)  AddmmBackward0, seq=S+3       -> cudaLaunchKernel [T+51000,T+52000) -> SGEMM [T+53000,T+61000)
+      [T+57000, T+65000)  ConvolutionBackward0, seq=S   -> cudaLaunchKernel [T+58000,T+59000) -> TC_WGRAD [T+62000,T+68000)
+    """
+    exp = NsysExport(schema=schema)
+    exp.add_gpu(device_id=0, name="NVIDIA A100-SXM4-40GB", total_memory=42505273344, sm_count=108, compute=(8, 0))
+    exp.system_env("CpuDescription", "Test CPU @ 2.00GHz")
+    exp.system_env("NvDriverVersion", "535.104.05")
+    exp.system_env("CudaDriverVersion", "12020")
+    main = exp.add_thread(pid=PID, tid=PID, name="python", process_name="python")
+    grad = exp.add_thread(pid=PID, tid=PID + 1, name="pt_autograd_0", process_name="python")
+    op_id = 1
+    for i in range(iterations):
+        t = BASE + i * ITERATION_SPAN
+        s = 10 * i + 1  # autograd sequence numbers of this iteration
+
+        def rng(tid, a, b, label, seq=None):
+            nonlocal op_id
+            text = label + (f", seq = {seq}" if seq is not None else "") + f", op_id = {op_id}"
+            op_id += 1
+            exp.push_pop(tid, t + a, t + b, text)
+
+        rng(main, 0, 5000, "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__")
+        rng(main, 6000, 9000, "aten::to", s + 5)
+        corr = exp.runtime(main, t + 6500, t + 7500, name="cudaMemcpyAsync_v3020")
+        exp.memcpy(PID, corr, t + 7000, t + 8000, bytes=1 << 20, copy_kind=1)
+        rng(main, 10000, 20000, "aten::conv2d", s)
+        rng(main, 11000, 19000, "aten::convolution", s)
+        exp.launch(main, t + 12000, t + 13000, t + 14000, t + 24000, kernel=TC_CONV)
+        rng(main, 21000, 25000, "aten::relu", s + 1)
+        exp.launch(main, t + 22000, t + 23000, t + 25000, t + 27000, kernel=RELU)
+        rng(main, 26000, 36000, "aten::linear", s + 2)
+        rng(main, 26500, 27500, "aten::t", s + 2)
+        rng(main, 28000, 35000, "aten::addmm", s + 3)
+        exp.launch(main, t + 29000, t + 30000, t + 37000, t + 45000, kernel=SGEMM)
+        rng(grad, 50000, 56000, "AddmmBackward0", s + 3)
+        exp.launch(grad, t + 51000, t + 52000, t + 53000, t + 61000, kernel=SGEMM)
+        rng(grad, 57000, 65000, "ConvolutionBackward0", s)
+        exp.launch(grad, t + 58000, t + 59000, t + 62000, t + 68000, kernel=TC_WGRAD)
+        rng(main, 70000, 80000, "Optimizer.step#SGD.step")
+        rng(main, 71000, 79000, "aten::add_", s + 6)
+        exp.launch(main, t + 72000, t + 73000, t + 74000, t + 76000, kernel=ADD)
+        exp.runtime(main, t + 85000, t + 90000, name="cudaDeviceSynchronize_v3020")
+    exp.set_session(start_time=0)
+    return exp.write(path)
+
+
+def run_dlprof(*args: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """Run the dlprof CLI in a subprocess (as users do); returns the completed process."""
+    proc = subprocess.run([sys.executable, "-m", "dlprof_profiler", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"dlprof {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def make_logdir(root: Path, runs: dict[str, Path] | None = None) -> Path:
+    """A TensorBoard logdir with one dlprof run per {run name: nsys export}; default: the training profile
+    as run `training` (3 iterations, key node the optimizer step)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    if runs is None:
+        runs = {"training": training_profile(root.parent / f"{root.name}_training.sqlite")}
+    for name, export in runs.items():
+        run_dlprof(f"--database={export}", f"--output_path={root / name}", "--reports=summary", "-v", "quiet")
+    return root
