@@ -12,7 +12,7 @@ from dlprof_profiler.correlate import (BACKWARD_PASS, RANGE_OP, SCOPE_OP, UNASSO
                                        DomainModel)
 from dlprof_profiler.intervals import covered_length, merge_intervals, union_length_by_group
 from dlprof_profiler.iterate import Iterations
-from dlprof_profiler.trace import KIND_KERNEL, Trace
+from dlprof_profiler.trace import KIND_KERNEL, Trace, make_frame, obj
 
 CLASSES = ("tc", "non_tc", "memory", "dataloader", "io", "cpu", "other")
 COMPLETE_MODEL = "_CompleteModel_"
@@ -74,8 +74,8 @@ def aggregate(trace: Trace, corr: Correlation, dm: DomainModel, iterations: Iter
     agg.kernel_launches = launches[sel_act[kernel_mask]].reset_index(drop=True) if len(launches) else launches
     agg.ops = op_statistics(inst, dm, sel_inst, corr.uses_tc & kernel_mask, launches[sel_act[kernel_mask]])
     agg.op_types = op_type_statistics(inst[sel_inst], dm.ops)
-    agg.kernels = kernel_statistics(agg.kernel_launches)
-    agg.tensor_core = tensor_core_statistics(agg.ops, agg.kernel_launches)
+    agg.kernels = kernel_statistics(agg.kernel_launches, gpu)
+    agg.tensor_core = tensor_core_statistics(agg.ops, agg.kernel_launches, gpu)
     agg.groups = group_statistics(inst, inst_iter, sel_inst, dm, gpu, agg.ops)
     breakdown = time_breakdown(trace, corr, dm, iterations, window_start, window_end)
     agg.devices = breakdown["devices"]
@@ -105,13 +105,13 @@ def kernel_launch_frame(trace: Trace, corr: Correlation, dm: DomainModel, act_it
     has_api = api_row >= 0
     safe = np.maximum(api_row, 0)
     inst_row = dm.gpu_instance[kernels]
-    return pd.DataFrame({
+    return make_frame({
         "activity_id": gpu["activity_id"].to_numpy(np.int64)[kernels],
         "iteration": act_iter[kernels],
         "instance": inst_row,
         "op_index": dm.instances["op_index"].to_numpy(np.int64)[inst_row] if len(kernels) else np.zeros(0, np.int64),
-        "name": gpu["name"].to_numpy(dtype=object)[kernels],
-        "long_name": gpu["long_name"].to_numpy(dtype=object)[kernels],
+        "name_code": _codes(gpu["name"])[kernels],
+        "long_code": _codes(gpu["long_name"])[kernels],
         "device_id": gpu["device_id"].to_numpy(np.int64)[kernels],
         "gpu_start": gpu["start"].to_numpy(np.int64)[kernels],
         "gpu_duration": (gpu["end"] - gpu["start"]).to_numpy(np.int64)[kernels],
@@ -125,9 +125,25 @@ def kernel_launch_frame(trace: Trace, corr: Correlation, dm: DomainModel, act_it
     })
 
 
+def _codes(names: pd.Series) -> np.ndarray:
+    """Integer codes of a categorical name column (so grouping never hashes strings)."""
+    return names.cat.codes.to_numpy(np.int64) if isinstance(names.dtype, pd.CategoricalDtype) \
+        else pd.factorize(names.to_numpy(dtype=object))[0].astype(np.int64)
+
+
+def with_names(launches: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame:
+    """Kernel launch rows with their short and long kernel names as text columns."""
+    cats = gpu["name"].cat.categories.to_numpy(dtype=object) if len(gpu) else np.zeros(0, dtype=object)
+    long_cats = gpu["long_name"].cat.categories.to_numpy(dtype=object) if len(gpu) else np.zeros(0, dtype=object)
+    out = launches.copy()
+    out["name"] = obj(cats[launches["name_code"].to_numpy()] if len(launches) else [], out.index)
+    out["long_name"] = obj(long_cats[launches["long_code"].to_numpy()] if len(launches) else [], out.index)
+    return out
+
+
 def _stats(frame: pd.DataFrame, by, column: str, prefix: str) -> pd.DataFrame:
     g = frame.groupby(by, sort=False)[column]
-    out = pd.DataFrame({f"{prefix}_total": g.sum(), f"{prefix}_min": g.min(), f"{prefix}_max": g.max()})
+    out = make_frame({f"{prefix}_total": g.sum(), f"{prefix}_min": g.min(), f"{prefix}_max": g.max()})
     out[f"{prefix}_avg"] = out[f"{prefix}_total"] / g.size()
     return out
 
@@ -172,30 +188,31 @@ def op_type_statistics(chosen: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values("op_type", kind="stable").reset_index(drop=True)
 
 
-def kernel_statistics(launches: pd.DataFrame) -> pd.DataFrame:
+def kernel_statistics(launches: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame:
     """Per (kernel name, op): GPU time and launching-API time statistics."""
     if len(launches) == 0:
         return pd.DataFrame(columns=["name", "op_index", "uses_tc", "count"])
-    g = launches.groupby(["name", "op_index"], sort=False)
-    out = pd.DataFrame({
+    g = launches.groupby(["name_code", "op_index"], sort=False)
+    out = make_frame({
         "count": g.size(), "uses_tc": g["uses_tc"].any(),
         "gpu_total": g["gpu_duration"].sum(), "gpu_min": g["gpu_duration"].min(),
         "gpu_max": g["gpu_duration"].max(), "first_start": g["gpu_start"].min(),
-        "long_name": g["long_name"].first(),
+        "long_code": g["long_code"].first(),
     })
     out["gpu_avg"] = out["gpu_total"] / out["count"]
     with_api = launches[launches["api_row"] >= 0]
-    ga = with_api.groupby(["name", "op_index"], sort=False)["api_duration"]
-    api = pd.DataFrame({"api_total": ga.sum(), "api_min": ga.min(), "api_max": ga.max(), "api_count": ga.size()})
+    ga = with_api.groupby(["name_code", "op_index"], sort=False)["api_duration"]
+    api = make_frame({"api_total": ga.sum(), "api_min": ga.min(), "api_max": ga.max(), "api_count": ga.size()})
     out = out.join(api, how="left")
     out["api_avg"] = out["api_total"] / out["api_count"]
     for c in ("api_total", "api_min", "api_max", "api_count"):
         out[c] = out[c].fillna(0).astype(np.int64)
     out["api_avg"] = out["api_avg"].fillna(0.0)
-    return out.reset_index().sort_values(["first_start", "name"], kind="stable").reset_index(drop=True)
+    out = with_names(out.reset_index(), gpu)
+    return out.sort_values(["first_start", "name"], kind="stable").reset_index(drop=True)
 
 
-def tensor_core_statistics(ops: pd.DataFrame, launches: pd.DataFrame) -> pd.DataFrame:
+def tensor_core_statistics(ops: pd.DataFrame, launches: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame:
     """Per TC-eligible op: kernel time split into TC and non-TC kernels, counts of distinct names."""
     eligible = ops[ops["tc_eligible"]]
     rows = eligible[["op_index", "op_id", "name", "direction", "op_type", "using_tc", "first_start"]].copy()
@@ -204,8 +221,12 @@ def tensor_core_statistics(ops: pd.DataFrame, launches: pd.DataFrame) -> pd.Data
         total = k.groupby("op_index")["gpu_duration"].sum()
         tc = k[k["uses_tc"]].groupby("op_index")["gpu_duration"].sum()
 
+        cats = gpu["name"].cat.categories.to_numpy(dtype=object)
+
         def names(frame):
-            return frame.groupby("op_index")["name"].agg(lambda s: sorted(set(s)))
+            pairs = frame[["op_index", "name_code"]].drop_duplicates()
+            pairs = pairs.assign(name=cats[pairs["name_code"].to_numpy()])
+            return pairs.groupby("op_index")["name"].agg(lambda s: sorted(s))
         tc_names = names(k[k["uses_tc"]])
         other_names = names(k[~k["uses_tc"]])
     else:
@@ -248,7 +269,7 @@ def group_statistics(inst, inst_iter, sel_inst, dm: DomainModel, gpu: pd.DataFra
     gcodes, gnames = pd.factorize(membership["group"])
     membership["g"] = gcodes
     # instances x groups
-    ci = pd.DataFrame({"instance": chosen, "op_index": inst["op_index"].to_numpy()[chosen],
+    ci = make_frame({"instance": chosen, "op_index": inst["op_index"].to_numpy()[chosen],
                        "iter": inst_iter[chosen], "s": inst["start"].to_numpy()[chosen],
                        "e": inst["end"].to_numpy()[chosen],
                        "overhead": inst["cpu_overhead"].to_numpy()[chosen]})
@@ -266,19 +287,19 @@ def group_statistics(inst, inst_iter, sel_inst, dm: DomainModel, gpu: pd.DataFra
         in_chosen[chosen] = True
         act = np.flatnonzero(in_chosen[dm.gpu_instance])
         owner = dm.gpu_instance[act]
-        ga = pd.DataFrame({"op_index": inst["op_index"].to_numpy()[owner], "iter": inst_iter[owner],
+        ga = make_frame({"op_index": inst["op_index"].to_numpy()[owner], "iter": inst_iter[owner],
                            "s": gpu["start"].to_numpy()[act], "e": gpu["end"].to_numpy()[act]})
         gg = ga.merge(membership[["op_index", "g"]], on="op_index")
         gkey = gg["g"].to_numpy(np.int64) * n_iter + gg["iter"].to_numpy(np.int64)
         gpu_time = union_length_by_group(gkey, gg["s"].to_numpy(), gg["e"].to_numpy())
         span = pd.DataFrame({"s": gg["s"].to_numpy(), "e": gg["e"].to_numpy()}, index=gkey).groupby(level=0).agg(
             s=("s", "min"), e=("e", "max"))
-    per = pd.DataFrame({"cpu": cpu, "overhead": overhead, "calls": calls})
+    per = make_frame({"cpu": cpu, "overhead": overhead, "calls": calls})
     per["gpu"] = gpu_time.reindex(per.index).fillna(0).astype(np.int64)
     idle = (span["e"] - span["s"]).reindex(per.index).fillna(0).astype(np.int64) - per["gpu"]
     per["idle"] = idle.clip(lower=0)
     per["g"] = per.index.to_numpy() // n_iter
-    out = pd.DataFrame({"name": np.asarray(gnames, dtype=object)})
+    out = make_frame({"name": np.asarray(gnames, dtype=object)})
     g = per.groupby("g")
     for col, prefix in (("cpu", "cpu"), ("gpu", "gpu"), ("overhead", "overhead"), ("idle", "idle")):
         out[f"{prefix}_total"] = g[col].sum().reindex(out.index).to_numpy()
@@ -360,7 +381,7 @@ def time_breakdown(trace: Trace, corr: Correlation, dm: DomainModel, iterations:
     stack = np.stack(per_device)              # devices x windows x classes
     mean = stack.mean(axis=0)                 # average over visible GPUs
     length = np.maximum(win_e - win_s, 0)
-    dev_frame = pd.DataFrame({"device_id": [r[0] for r in rows]})
+    dev_frame = make_frame({"device_id": [r[0] for r in rows]})
     wl = max(window_end - window_start, 0)
     for c, name in enumerate(CLASSES):
         dev_frame[f"{name}_time"] = [int(r[1][c]) for r in rows]
@@ -376,7 +397,7 @@ def iteration_table(iterations: Iterations, act_iter, kernel_mask, uses_tc, gpu,
     """Every iteration: interval, kernels, Tensor Core kernels, GPU time per GPU, class times (GPU average)."""
     n = iterations.count
     starts, ends = iterations.starts, iterations.ends
-    frame = pd.DataFrame({"iteration": np.arange(n), "start": starts, "end": ends, "duration": ends - starts})
+    frame = make_frame({"iteration": np.arange(n), "start": starts, "end": ends, "duration": ends - starts})
     frame["aggregated"] = (frame["iteration"] >= iter_start) & (frame["iteration"] <= iter_stop)
     dur = (gpu["end"] - gpu["start"]).to_numpy(np.int64) if len(gpu) else np.zeros(0, np.int64)
     k = kernel_mask
@@ -430,6 +451,8 @@ def summary(agg: Aggregation, trace: Trace, corr: Correlation, sel_act, kernel_m
              "memory": all_rows[~kernel_mask[all_rows]],
              "other": all_rows[kernel_mask[all_rows] & ~corr.uses_tc[all_rows]]}
 
+    name_codes = _codes(gpu["name"]) if len(gpu) else np.zeros(0, dtype=np.int64)
+
     def kernel_row(rows):
         if rows.size == 0:
             return {"gpu_time": 0, "cpu_time": 0, "count": 0}
@@ -438,8 +461,7 @@ def summary(agg: Aggregation, trace: Trace, corr: Correlation, sel_act, kernel_m
         api_rows = api_rows[api_rows >= 0]
         api_time = int((api["end"].to_numpy(np.int64) - api["start"].to_numpy(np.int64))[api_rows].sum()) \
             if api_rows.size else 0
-        return {"gpu_time": int(dur.sum()), "cpu_time": api_time,
-                "count": int(pd.unique(gpu["name"].to_numpy(dtype=object)[rows]).size)}
+        return {"gpu_time": int(dur.sum()), "cpu_time": api_time, "count": int(np.unique(name_codes[rows]).size)}
     return {
         "wall_time": int(wall),
         "tc_utilization": 100.0 * elig_tc / elig_time if elig_time else 0.0,

@@ -47,8 +47,6 @@ _SHORT_OPTIONS = {"t": "trace", "s": "sample", "o": "output", "f": "force-overwr
                   "d": "duration", "c": "capture-range", "w": "show-output", "x": "stop-on-exit",
                   "b": "backtrace", "e": "env-var", "n": "inherit-environment", "p": "nvtx-capture",
                   "h": "help"}
-_SHORT_FORMS = {"trace": "-t", "sample": "-s", "output": "-o", "force-overwrite": "-f", "delay": "-y",
-                "duration": "-d", "capture-range": "-c"}
 _INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 # The launcher nsys starts instead of the command (run as `python -I -S -c LAUNCHER status fds cmd...`).
@@ -259,8 +257,9 @@ def _merge_list(required, user_values) -> str:
 
 def _whole_seconds(value, option: str) -> str:
     """nsys takes whole seconds for --delay/--duration; round a fraction up and say so."""
-    whole = int(-(-float(value) // 1))
-    if whole != float(value):
+    value = float(value)
+    whole = int(-(-value // 1))
+    if whole != value:
         log.warning(f"{option} {value:g}: Nsight Systems takes whole seconds, using {whole}")
     return str(whole)
 
@@ -396,7 +395,7 @@ def import_qdstrm(qdstrm, report, nsys_info: NsysInfo, force: bool = False) -> P
     log.info(f"Nsight Systems left only {qdstrm}: importing it with {importer}")
     cmd = [importer, "-i", str(qdstrm), "-o", str(report)]
     if force or report.exists():
-        cmd.append("-f")   # only reached with --force or after a stale-file check
+        cmd.append("-f")   # an existing name was refused before the capture unless --force: this one is ours
     _run_tool(cmd, f"importing {qdstrm}")
     if not report.is_file():
         raise DLProfError(f"{qdstrm}: QdstrmImporter wrote no report {report}")

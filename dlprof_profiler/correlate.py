@@ -18,7 +18,7 @@ from dlprof_profiler.intervals import covered_length, union_length_by_group
 from dlprof_profiler.structure import (RangeForest, ThreadTimeKeys, levels, nearest_flagged_ancestor,
                                        outermost_flagged)
 from dlprof_profiler.tensor_cores import kernel_uses_tc, op_tc_eligible
-from dlprof_profiler.trace import KIND_KERNEL, Trace
+from dlprof_profiler.trace import KIND_KERNEL, Trace, combined_codes, make_frame, obj, rank_within
 
 # Instance kinds
 RANGE_OP, SCOPE_OP, UNASSOCIATED_API, UNASSOCIATED_GPU, BACKWARD_PASS = range(5)
@@ -92,8 +92,7 @@ def classify_trace(trace: Trace, mode: str | None) -> tuple[pd.DataFrame, str, s
     if mode in FAMILY_OF_MODE:
         fam = FAMILY_OF_MODE[mode]
         families = {fam} if fam else set()
-    info = nm.classify_ranges(ranges["text"].to_numpy(dtype=object), ranges["domain"].to_numpy(dtype=object),
-                              families)
+    info = nm.classify_ranges(ranges["text"], ranges["domain"], families)
     config = {}
     for entry in info.attrs.get("config", []):
         config.update(entry)
@@ -110,6 +109,14 @@ def classify_trace(trace: Trace, mode: str | None) -> tuple[pd.DataFrame, str, s
     return info, mode, FAMILY_OF_MODE.get(mode), config
 
 
+def domain_order(trace: Trace, mode: str | None) -> list[str]:
+    """The NVTX domains that get an op model, in order of first appearance (just `default` when there
+    are no ranges or in simple mode)."""
+    if mode == "simple" or len(trace.ranges) == 0:
+        return ["default"]
+    return [str(d) for d in pd.unique(trace.ranges["domain"])]
+
+
 def link_gpu_to_api(trace: Trace) -> np.ndarray:
     """Row of the launching API call per GPU activity, keyed by (process, correlation id)."""
     gpu, api = trace.gpu, trace.api_calls
@@ -117,10 +124,10 @@ def link_gpu_to_api(trace: Trace) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     if len(api) == 0:
         return np.full(len(gpu), -1, dtype=np.int64)
-    lookup = pd.DataFrame({"pid": api["pid"].to_numpy(), "corr": api["correlation_id"].to_numpy(),
+    lookup = make_frame({"pid": api["pid"].to_numpy(), "corr": api["correlation_id"].to_numpy(),
                            "row": np.arange(len(api)), "start": api["start"].to_numpy()})
     lookup = lookup[lookup["corr"] >= 0].sort_values("start", kind="stable").drop_duplicates(["pid", "corr"])
-    keys = pd.DataFrame({"pid": gpu["pid"].to_numpy(), "corr": gpu["correlation_id"].to_numpy()})
+    keys = make_frame({"pid": gpu["pid"].to_numpy(), "corr": gpu["correlation_id"].to_numpy()})
     merged = keys.merge(lookup[["pid", "corr", "row"]], on=["pid", "corr"], how="left", sort=False)
     return merged["row"].fillna(-1).to_numpy(np.int64)
 
@@ -133,7 +140,7 @@ def work_devices(trace: Trace, gpu_api: np.ndarray) -> tuple[dict, dict]:
     dur = (gpu["end"] - gpu["start"]).to_numpy()
     has_api = gpu_api >= 0
     tids = np.where(has_api, trace.api_calls["global_tid"].to_numpy()[np.maximum(gpu_api, 0)], -1)
-    frame = pd.DataFrame({"tid": tids, "pid": gpu["pid"].to_numpy(), "dev": gpu["device_id"].to_numpy(),
+    frame = make_frame({"tid": tids, "pid": gpu["pid"].to_numpy(), "dev": gpu["device_id"].to_numpy(),
                           "dur": dur + 1})
 
     def mode_of(key):
@@ -155,10 +162,7 @@ def correlate(trace: Trace, mode: str | None = None, naming_bounds: np.ndarray |
     corr = Correlation(gpu_api=gpu_api, uses_tc=uses_tc, tc_rule=tc_rule, range_info=info, mode=mode,
                        family=family, thread_device=thread_dev, process_device=process_dev, config=config)
     ranges = trace.ranges
-    domain_names = [] if mode == "simple" or len(ranges) == 0 else list(pd.unique(ranges["domain"]))
-    if not domain_names:
-        domain_names = ["default"]
-    for domain in domain_names:
+    for domain in domain_order(trace, mode):
         if mode == "simple" or len(ranges) == 0:
             rows = np.zeros(0, dtype=np.int64)
         else:
@@ -186,8 +190,9 @@ def _kernel_tc_flags(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
 def build_domain(trace: Trace, corr: Correlation, domain: str, rows: np.ndarray,
                  bounds: np.ndarray) -> DomainModel:
     """Op instances and ops of one domain from its ranges (`rows` index trace.ranges)."""
-    ranges = trace.ranges.iloc[rows].reset_index(drop=True) if len(rows) else trace.ranges.iloc[:0]
-    info = corr.range_info.iloc[rows].reset_index(drop=True) if len(rows) else corr.range_info.iloc[:0]
+    everything = len(rows) == len(trace.ranges) and (len(rows) == 0 or rows[-1] == len(rows) - 1)
+    ranges = trace.ranges if everything else trace.ranges.iloc[rows].reset_index(drop=True)
+    info = corr.range_info if everything else corr.range_info.iloc[rows].reset_index(drop=True)
     api = trace.api_calls
     kinds = info["kind"].to_numpy().copy()
     has_markers = bool(np.isin(kinds, nm.OP_MARKERS).any())
@@ -284,7 +289,7 @@ def _range_names(trace, ranges, info, kinds, parent, depth, op_root, instance_ra
     func_stacks[has_trace] = fs[trace_anc[has_trace]]
     own_trace = (kinds == nm.DL_TRACE)
     func_stacks[own_trace] = fs[own_trace]
-    use_stack = (pd.Series(func_stacks, dtype=object).fillna("").str.len() > 0).to_numpy(dtype=bool) & naming
+    use_stack = pd.notna(func_stacks) & (func_stacks != "") & naming
     unique_stacks = pd.unique(func_stacks[use_stack])
     stack_paths = {f: func_stack_path(f) for f in unique_stacks}
     element = labels.copy()
@@ -293,17 +298,13 @@ def _range_names(trace, ranges, info, kinds, parent, depth, op_root, instance_ra
     starts = ranges["start"].to_numpy(np.int64)
     iteration = np.searchsorted(bounds, starts, side="right")
     group_parent = np.where(scope_parent >= 0, scope_parent, -1)
-    frame = pd.DataFrame({
-        "row": np.flatnonzero(numbered),
-        "parent": group_parent[numbered],
-        "tid": np.where(group_parent[numbered] >= 0, -1, ranges["global_tid"].to_numpy()[numbered]),
-        "iter": np.where(group_parent[numbered] >= 0, -1, iteration[numbered]),
-        "label": labels[numbered],
-        "start": starts[numbered],
-    }).sort_values(["start", "row"], kind="stable")
-    k = frame.groupby(["parent", "tid", "iter", "label"], sort=False).cumcount().to_numpy() + 1
+    rows = np.flatnonzero(numbered)
+    top = group_parent[rows] < 0
+    group = combined_codes(group_parent[rows], np.where(top, ranges["global_tid"].to_numpy()[rows], -1),
+                           np.where(top, iteration[rows], -1), labels[rows])
+    k = rank_within(group, [rows, starts[rows]]) + 1
     suffix = np.where(k >= 2, ("[" + pd.Series(k).astype(str) + "]").to_numpy(dtype=object), "")
-    element[frame["row"].to_numpy()] = (frame["label"].to_numpy(dtype=object) + suffix)
+    element[rows] = labels[rows] + suffix
     slash_led = use_stack | np.zeros(n, dtype=bool)
     for idx in levels(depth):
         idx = idx[naming[idx]]
@@ -338,7 +339,7 @@ def _range_instances(ranges, info, kinds, instance_range, scope_op, names, paren
     trace_rows = kinds[rows] == nm.DL_TRACE
     if trace_rows.any():
         op_type[trace_rows] = [str(f).rstrip("/").split("/")[-1] or "trace" for f in fs[trace_rows]]
-    return pd.DataFrame({
+    return make_frame({
         "op_index": -1, "kind": np.where(scope_op[rows], SCOPE_OP, RANGE_OP).astype(np.int8),
         "range_id": ranges["range_id"].to_numpy(np.int64)[rows], "api_id": -1, "activity_id": -1,
         "start": ranges["start"].to_numpy(np.int64)[rows], "end": ranges["end"].to_numpy(np.int64)[rows],
@@ -366,7 +367,7 @@ def _stack_traces(info, kinds, parent, depth) -> np.ndarray:
 def _unassociated_api_instances(api: pd.DataFrame, rows: np.ndarray, first_id: int) -> pd.DataFrame:
     names = api["name"].astype(object).to_numpy(dtype=object)[rows]
     names = np.where(pd.isna(names), "<unknown api>", names)
-    return pd.DataFrame({
+    return make_frame({
         "op_index": -1, "kind": np.full(rows.size, UNASSOCIATED_API, dtype=np.int8), "range_id": -1,
         "api_id": rows.astype(np.int64), "activity_id": -1,
         "start": api["start"].to_numpy(np.int64)[rows], "end": api["end"].to_numpy(np.int64)[rows],
@@ -379,7 +380,7 @@ def _unassociated_api_instances(api: pd.DataFrame, rows: np.ndarray, first_id: i
 
 def _unassociated_gpu_instances(gpu: pd.DataFrame, rows: np.ndarray, first_id: int) -> pd.DataFrame:
     names = gpu["name"].astype(object).to_numpy(dtype=object)[rows]
-    return pd.DataFrame({
+    return make_frame({
         "op_index": -1, "kind": np.full(rows.size, UNASSOCIATED_GPU, dtype=np.int8), "range_id": -1,
         "api_id": -1, "activity_id": rows.astype(np.int64),
         "start": gpu["start"].to_numpy(np.int64)[rows], "end": gpu["end"].to_numpy(np.int64)[rows],
@@ -411,7 +412,7 @@ def _backward_pass_instances(trace, corr, ranges, info, api_instance, bounds, fi
     if rows.size == 0:
         return None
     starts = api["start"].to_numpy(np.int64)[rows]
-    frame = pd.DataFrame({"row": rows, "tid": api["global_tid"].to_numpy()[rows],
+    frame = make_frame({"row": rows, "tid": api["global_tid"].to_numpy()[rows],
                           "iter": np.searchsorted(bounds, starts, side="right"), "start": starts,
                           "end": api["end"].to_numpy(np.int64)[rows], "pid": api["pid"].to_numpy()[rows]})
     groups = frame.groupby(["tid", "iter"], sort=True)
@@ -421,7 +422,7 @@ def _backward_pass_instances(trace, corr, ranges, info, api_instance, bounds, fi
     assigned = np.full(len(api), -1, dtype=np.int64)
     assigned[frame["row"].to_numpy()] = frame["instance"].to_numpy()
     m = len(summary)
-    instances = pd.DataFrame({
+    instances = make_frame({
         "op_index": -1, "kind": np.full(m, BACKWARD_PASS, dtype=np.int8), "range_id": -1, "api_id": -1,
         "activity_id": -1, "start": summary["start"].to_numpy(np.int64), "end": summary["end"].to_numpy(np.int64),
         "pid": summary["pid"].to_numpy(np.int64), "global_tid": summary["tid"].to_numpy(np.int64), "seq": -1,
@@ -446,7 +447,7 @@ def _instance_metrics(trace, corr, inst: pd.DataFrame, api_instance: np.ndarray,
         g_start = gpu["start"].to_numpy(np.int64)
         g_end = gpu["end"].to_numpy(np.int64)
         busy = union_length_by_group(gpu_instance, g_start, g_end)
-        frame = pd.DataFrame({"i": gpu_instance, "s": g_start, "e": g_end,
+        frame = make_frame({"i": gpu_instance, "s": g_start, "e": g_end,
                               "k": (gpu["kind"].to_numpy() == KIND_KERNEL).astype(np.int64),
                               "dev": gpu["device_id"].to_numpy(), "d": g_end - g_start + 1})
         agg = frame.groupby("i").agg(s=("s", "min"), e=("e", "max"), n=("s", "size"), k=("k", "sum"))
@@ -527,18 +528,18 @@ def _link_backward(inst: pd.DataFrame, info: pd.DataFrame, ranges: pd.DataFrame,
     # forward side: every PyTorch op range with a seq, folded into its op instance
     fwd = (kinds == nm.PT_OP) & (seq >= 0) & ~backward & (op_root >= 0)
     fwd_inst = row_to_inst[op_root[fwd]]
-    forward = pd.DataFrame({"pid": pid[fwd], "seq": seq[fwd], "start": start[fwd], "inst": fwd_inst})
+    forward = make_frame({"pid": pid[fwd], "seq": seq[fwd], "start": start[fwd], "inst": fwd_inst})
     forward = forward[forward["inst"] >= 0]
     # backward side: the seq of the instance's own marker, else of the backward node folded inside it
     bwd_rows = (kinds == nm.PT_OP) & backward & (op_root >= 0) & (seq >= 0)
-    node_seq = pd.DataFrame({"root": op_root[bwd_rows], "seq": seq[bwd_rows], "start": start[bwd_rows]})
+    node_seq = make_frame({"root": op_root[bwd_rows], "seq": seq[bwd_rows], "start": start[bwd_rows]})
     node_seq = node_seq.sort_values("start").drop_duplicates("root")
     inst_seq = np.full(len(inst), -1, dtype=np.int64)
     root_inst = row_to_inst[node_seq["root"].to_numpy()]
     ok = root_inst >= 0
     inst_seq[root_inst[ok]] = node_seq["seq"].to_numpy()[ok]
     is_bwd = (inst["direction"].to_numpy(dtype=object) == "bprop") & is_range
-    targets = pd.DataFrame({"inst": np.flatnonzero(is_bwd & (inst_seq >= 0)),
+    targets = make_frame({"inst": np.flatnonzero(is_bwd & (inst_seq >= 0)),
                             })
     names = inst["name"].to_numpy(dtype=object).copy()
     types = inst["op_type"].to_numpy(dtype=object).copy()
@@ -570,10 +571,10 @@ def _link_backward(inst: pd.DataFrame, info: pd.DataFrame, ranges: pd.DataFrame,
         b = row_to_inst[wants][ok]
         f = fwd_of[ok].astype(np.int64)
         names[b], types[b] = names[f], types[f]
-    inst["name"] = names
-    inst["op_type"] = types
-    inst["data_type"] = data_types
-    inst["stack_trace"] = stacks
+    inst["name"] = obj(names, inst.index)
+    inst["op_type"] = obj(types, inst.index)
+    inst["data_type"] = obj(data_types, inst.index)
+    inst["stack_trace"] = obj(stacks, inst.index)
 
 
 # ---------------------------------------------------------------------------- ops
@@ -586,13 +587,11 @@ def _op_table(inst: pd.DataFrame, domain: str, family: str | None) -> pd.DataFra
             empty[c] = pd.Series(dtype="int64")
         empty["tc_eligible"] = pd.Series(dtype=bool)
         return empty
-    key = pd.MultiIndex.from_arrays([inst["name"].to_numpy(dtype=object),
-                                     inst["direction"].fillna("").to_numpy(dtype=object)])
-    codes, _ = pd.factorize(key)
-    inst["op_index"] = codes
+    inst["op_index"] = combined_codes(inst["name"].to_numpy(dtype=object),
+                                      inst["direction"].fillna("").to_numpy(dtype=object))
     first = inst.sort_values(["start", "instance_id"], kind="stable").drop_duplicates("op_index")
     first = first.sort_values("op_index")
-    ops = pd.DataFrame({"op_index": first["op_index"].to_numpy(), "domain": domain,
+    ops = make_frame({"op_index": first["op_index"].to_numpy(), "domain": domain,
                         "name": first["name"].to_numpy(dtype=object),
                         "direction": first["direction"].fillna("").to_numpy(dtype=object),
                         "op_type": first["op_type"].to_numpy(dtype=object),
@@ -601,8 +600,9 @@ def _op_table(inst: pd.DataFrame, domain: str, family: str | None) -> pd.DataFra
                         "kind": first["kind"].to_numpy()})
     grouped = inst.groupby("op_index")
     ops["n_instances"] = grouped.size().reindex(ops["op_index"]).to_numpy()
-    ops["data_type"] = grouped["data_type"].first().reindex(ops["op_index"]).to_numpy(dtype=object)
-    ops["stack_trace"] = grouped["stack_trace"].first().reindex(ops["op_index"]).to_numpy(dtype=object)
+    ops["data_type"] = obj(grouped["data_type"].first().reindex(ops["op_index"]).to_numpy(dtype=object), ops.index)
+    ops["stack_trace"] = obj(grouped["stack_trace"].first().reindex(ops["op_index"]).to_numpy(dtype=object),
+                             ops.index)
     dev = inst[inst["device_id"] >= 0].groupby(["op_index", "device_id"]).size().reset_index(name="c")
     dev = dev.sort_values(["op_index", "c", "device_id"], ascending=[True, False, True]).drop_duplicates("op_index")
     ops["device_id"] = pd.Series(dev["device_id"].to_numpy(), index=dev["op_index"].to_numpy()).reindex(
@@ -617,7 +617,8 @@ def _op_table(inst: pd.DataFrame, domain: str, family: str | None) -> pd.DataFra
     type_key = by_time["op_type"].astype(str).map(_op_id_prefix)
     ordinal = by_time.groupby(type_key.to_numpy(), sort=False).cumcount().to_numpy() + 1
     ids = type_key.to_numpy(dtype=object) + "_" + pd.Series(ordinal).astype(str).to_numpy(dtype=object)
-    ops["op_id"] = pd.Series(ids, index=by_time.index).reindex(ops.index).to_numpy(dtype=object)
+    ops["op_id"] = obj(pd.Series(ids, index=by_time.index, dtype=object).reindex(ops.index).to_numpy(dtype=object),
+                       ops.index)
     return ops[OP_COLUMNS + ["label", "kind"]].reset_index(drop=True)
 
 

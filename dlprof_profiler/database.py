@@ -10,6 +10,7 @@ import getpass
 import json
 import socket
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -191,59 +192,111 @@ INSTANCE_COLUMNS = ["domain_id", "instance_id", "op_index", "kind", "source_id",
 DETAIL_COLUMNS = ["data_type", "input_shapes", "output_shapes", "parameters", "stack_trace"]
 
 
-def create_database(path: Path, trace: Trace, corr: Correlation, primary_domain: str, profile: dict) -> dict:
-    """Write the schema, the raw tables (copied from the export inside SQLite) and the op model; returns
-    {domain name: domain_id}."""
-    from dlprof_profiler import export_copy
-    from dlprof_profiler.sqlite_source import SqliteSource
-    con = sqlite3.connect(path)
-    src = SqliteSource(trace.source, immutable=True)
-    try:
-        con.execute("PRAGMA journal_mode=OFF")
-        con.execute("PRAGMA synchronous=OFF")
-        con.executescript(SCHEMA)
-        export_copy.attach(con, trace.source)
-        con.execute("BEGIN")
-        con.execute("INSERT INTO db_version VALUES (?, ?, ?)", (DB_SCHEMA_VERSION, DB_SCHEMA_VERSION,
-                                                               f"dlprof {__version__}"))
-        info = {**profile, "primary_domain": primary_domain}
-        con.executemany("INSERT INTO profile_info VALUES (?, ?)", [(k, _text(v)) for k, v in info.items()])
-        system = dict(trace.system)
-        system.update({f"nsys:{k}": v for k, v in trace.meta.items()})
-        con.executemany("INSERT INTO read_only_system_config VALUES (?, ?)",
-                        [(str(k), _text(v)) for k, v in system.items()])
-        con.executemany("INSERT INTO read_only_model_config VALUES (?, ?)",
-                        [(str(k), json.dumps(v)) for k, v in corr.config.items()])
-        _insert(con, "read_only_gpu_infos", trace.devices, list(trace.devices.columns))
-        _insert(con, "read_only_processes", trace.processes, ["pid", "name"])
-        _insert(con, "read_only_threads", trace.threads, ["global_tid", "pid", "tid", "name"])
-        domain_ids = {name: i for i, name in enumerate(corr.domains)}
-        con.executemany("INSERT INTO read_only_domains VALUES (?, ?, ?, ?, ?, ?)", [
-            (i, name, corr.family, int(corr.domains[name].has_markers), int(corr.domains[name].n_ranges),
-             int(name == primary_domain)) for name, i in domain_ids.items()])
-        export_copy.copy_ranges(con, src, trace.meta.get("domain_map", {}), domain_ids,
-                                int(trace.meta.get("capture_end", trace.profile_end)))
-        export_copy.copy_api_calls(con, src)
-        export_copy.copy_gpu_activities(con, src)
-        gpu = trace.gpu
-        if len(gpu):
-            pairs = pd.DataFrame({"name": gpu["name"].astype(object), "long_name": gpu["long_name"].astype(object),
-                                  "uses_tc": corr.uses_tc, "tc_rule": corr.tc_rule}).drop_duplicates(
-                ["name", "long_name"])
-            _insert(con, "read_only_kernel_tc", pairs, ["name", "long_name", "uses_tc", "tc_rule"])
-        _insert(con, "read_only_cuda_syncs", trace.syncs, list(trace.syncs.columns))
-        _insert(con, "read_only_io_calls", trace.io_calls, ["start", "end", "global_tid", "pid", "name"])
+class DatabaseWriter:
+    """Writes a new DLProf database. The raw tables are copied from the nsys export inside SQLite on a
+    background thread (sqlite3 releases the GIL while it works), so the copy overlaps correlation and
+    aggregation on the other core; `finish` then writes the op model and waits for nothing else."""
+
+    def __init__(self, path: Path, trace: Trace, domain_ids: dict):
+        self.path = Path(path)
+        self.trace = trace
+        self.domain_ids = domain_ids
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._copy_raw, name="dlprof-raw-copy", daemon=True)
+
+    def start(self) -> "DatabaseWriter":
+        self._thread.start()
+        return self
+
+    def _copy_raw(self) -> None:
+        from dlprof_profiler import export_copy
+        from dlprof_profiler.sqlite_source import SqliteSource
+        trace = self.trace
+        try:
+            con = sqlite3.connect(self.path)
+            src = SqliteSource(trace.source, immutable=True)
+            try:
+                con.execute("PRAGMA journal_mode=OFF")
+                con.execute("PRAGMA synchronous=OFF")
+                con.executescript(SCHEMA)
+                export_copy.attach(con, trace.source)
+                con.execute("BEGIN")
+                con.execute("INSERT INTO db_version VALUES (?, ?, ?)",
+                            (DB_SCHEMA_VERSION, DB_SCHEMA_VERSION, f"dlprof {__version__}"))
+                system = dict(trace.system)
+                system.update({f"nsys:{k}": v for k, v in trace.meta.items()})
+                con.executemany("INSERT INTO read_only_system_config VALUES (?, ?)",
+                                [(str(k), _text(v)) for k, v in system.items()])
+                _insert(con, "read_only_gpu_infos", trace.devices, list(trace.devices.columns))
+                _insert(con, "read_only_processes", trace.processes, ["pid", "name"])
+                _insert(con, "read_only_threads", trace.threads, ["global_tid", "pid", "tid", "name"])
+                export_copy.copy_ranges(con, src, trace.domain_map, self.domain_ids,
+                                        int(trace.meta.get("capture_end", trace.profile_end)))
+                export_copy.copy_api_calls(con, src)
+                export_copy.copy_gpu_activities(con, src)
+                _insert(con, "read_only_cuda_syncs", trace.syncs, list(trace.syncs.columns))
+                _insert(con, "read_only_io_calls", trace.io_calls, ["start", "end", "global_tid", "pid", "name"])
+                con.execute("COMMIT")
+                con.execute("DETACH DATABASE src")
+            finally:
+                src.close()
+                con.close()
+        except BaseException as exc:  # re-raised in finish() on the main thread
+            self._error = exc
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            if isinstance(self._error, sqlite3.Error):
+                raise DLProfError(f"{self.path}: could not write the database ({self._error})") from None
+            raise self._error
+
+    def finish(self, corr: Correlation, primary_domain: str, profile: dict) -> dict:
+        """Write the op model (ops, op instances, who owns each GPU activity) and the indexes."""
+        self.wait()
+        trace = self.trace
+        con = sqlite3.connect(self.path)
+        try:
+            con.execute("PRAGMA journal_mode=OFF")
+            con.execute("PRAGMA synchronous=OFF")
+            con.execute("BEGIN")
+            info = {**profile, "primary_domain": primary_domain}
+            con.executemany("INSERT INTO profile_info VALUES (?, ?)", [(k, _text(v)) for k, v in info.items()])
+            con.executemany("INSERT INTO read_only_model_config VALUES (?, ?)",
+                            [(str(k), json.dumps(v)) for k, v in corr.config.items()])
+            con.executemany("INSERT INTO read_only_domains VALUES (?, ?, ?, ?, ?, ?)", [
+                (i, name, corr.family, int(corr.domains[name].has_markers), int(corr.domains[name].n_ranges),
+                 int(name == primary_domain)) for name, i in self.domain_ids.items() if name in corr.domains])
+            gpu = trace.gpu
+            if len(gpu):
+                pairs = pd.DataFrame({"name": gpu["name"].astype(object), "long_name": gpu["long_name"].astype(object),
+                                      "uses_tc": corr.uses_tc, "tc_rule": corr.tc_rule}).drop_duplicates(
+                    ["name", "long_name"])
+                _insert(con, "read_only_kernel_tc", pairs, ["name", "long_name", "uses_tc", "tc_rule"])
+            con.execute("COMMIT")
+        finally:
+            con.close()
         launch = launch_times(trace, corr.gpu_api)
         offset = 0
         for name, dm in corr.domains.items():
-            _write_domain_model(con, domain_ids[name], offset, dm, launch)
+            _write_domain_model(self.path, self.domain_ids[name], offset, dm, launch)
             offset += len(dm.ops)
-        con.execute("COMMIT")
-        con.executescript(RAW_INDEXES)
-        return domain_ids
-    finally:
-        src.close()
-        con.close()
+        con = sqlite3.connect(self.path)
+        try:
+            con.executescript(RAW_INDEXES)
+        finally:
+            con.close()
+        return self.domain_ids
+
+
+def create_database(path: Path, trace: Trace, corr: Correlation, primary_domain: str, profile: dict) -> dict:
+    """Write a complete database in one go (the raw copy and the op model); returns {domain: domain_id}."""
+    return DatabaseWriter(path, trace, domain_ids_for(corr)).start().finish(corr, primary_domain, profile)
+
+
+def domain_ids_for(corr_or_names) -> dict:
+    names = list(corr_or_names.domains) if hasattr(corr_or_names, "domains") else list(corr_or_names)
+    return {name: i for i, name in enumerate(names)}
 
 
 def launch_times(trace: Trace, gpu_api: np.ndarray) -> np.ndarray:
@@ -256,24 +309,74 @@ def launch_times(trace: Trace, gpu_api: np.ndarray) -> np.ndarray:
     return launch
 
 
-def _write_domain_model(con, domain_id: int, offset: int, dm: DomainModel, launch: np.ndarray) -> None:
+def _write_domain_model(path: Path, domain_id: int, offset: int, dm: DomainModel, launch: np.ndarray) -> None:
     ops = dm.ops.assign(domain_id=domain_id, op_index=dm.ops["op_index"] + offset)
-    _insert(con, "read_only_ops", ops, ["op_index", "domain_id", "op_id", "name", "direction", "op_type",
-                                        "label", "tc_eligible", "data_type", "stack_trace", "device_id",
-                                        "first_start", "n_instances", "kind"],
-            ["op_index", "domain_id", "op_id", "op_name", "direction", "op_type", "label", "tc_eligible",
-             "data_type", "stack_trace", "device_id", "first_start", "num_instances", "kind"])
+    con = sqlite3.connect(path)
+    try:
+        con.execute("BEGIN")
+        _insert(con, "read_only_ops", ops, ["op_index", "domain_id", "op_id", "name", "direction", "op_type",
+                                            "label", "tc_eligible", "data_type", "stack_trace", "device_id",
+                                            "first_start", "n_instances", "kind"],
+                ["op_index", "domain_id", "op_id", "op_name", "direction", "op_type", "label", "tc_eligible",
+                 "data_type", "stack_trace", "device_id", "first_start", "num_instances", "kind"])
+        con.execute("COMMIT")
+    finally:
+        con.close()
     inst = dm.instances
+    n = len(inst)
     source = np.where(inst["range_id"] >= 0, inst["range_id"],
                       np.where(inst["api_id"] >= 0, inst["api_id"], inst["activity_id"]))
-    frame = inst.assign(domain_id=domain_id, op_index=inst["op_index"] + offset, source_id=source)
-    _insert(con, "read_only_op_instances", frame, INSTANCE_COLUMNS)
-    details = inst[DETAIL_COLUMNS].notna().any(axis=1).to_numpy()
-    if details.any():
-        _insert(con, "read_only_op_instance_details", frame[details], ["domain_id", "instance_id"] + DETAIL_COLUMNS)
-    owners = pd.DataFrame({"domain_id": domain_id, "activity_id": np.arange(len(dm.gpu_instance)),
-                           "instance_id": dm.gpu_instance, "launch_time": launch})
-    _insert(con, "read_only_activity_owners", owners, list(owners.columns))
+    columns = {c: inst[c].to_numpy(np.int64) for c in INSTANCE_COLUMNS if c in inst.columns and c != "op_index"}
+    columns.update(domain_id=np.full(n, domain_id, dtype=np.int64), source_id=source.astype(np.int64),
+                   op_index=inst["op_index"].to_numpy(np.int64) + offset)
+    bulk_insert(path, "read_only_op_instances", {c: columns[c] for c in INSTANCE_COLUMNS})
+    has_details = inst[DETAIL_COLUMNS].notna().any(axis=1).to_numpy()
+    if has_details.any():
+        rows = np.flatnonzero(has_details)
+        detail = {"domain_id": np.full(rows.size, domain_id, dtype=np.int64),
+                  "instance_id": inst["instance_id"].to_numpy(np.int64)[rows]}
+        detail.update({c: inst[c].to_numpy(dtype=object)[rows] for c in DETAIL_COLUMNS})
+        bulk_insert(path, "read_only_op_instance_details", detail)
+    bulk_insert(path, "read_only_activity_owners", {
+        "domain_id": np.full(len(dm.gpu_instance), domain_id, dtype=np.int64),
+        "activity_id": np.arange(len(dm.gpu_instance), dtype=np.int64),
+        "instance_id": np.asarray(dm.gpu_instance, dtype=np.int64), "launch_time": launch})
+
+
+def bulk_insert(path: Path, table: str, columns: dict) -> None:
+    """Append columns (numpy arrays of equal length) to a table: through ADBC's bulk ingest, in C, when
+    the driver is there; else through sqlite3's executemany."""
+    n = len(next(iter(columns.values()))) if columns else 0
+    if n == 0:
+        return
+    try:
+        import adbc_driver_sqlite.dbapi as adbc
+        import pyarrow as pa
+    except ImportError:
+        adbc = None
+    if adbc is not None:
+        arrays = {}
+        for name, values in columns.items():
+            values = np.asarray(values)
+            arrays[name] = pa.array(values, type=pa.string(), from_pandas=True) if values.dtype == object \
+                else pa.array(values)
+        con = adbc.connect(str(path))
+        try:
+            cursor = con.cursor()
+            cursor.adbc_ingest(table, pa.table(arrays), mode="append")
+            cursor.close()
+            con.commit()
+        finally:
+            con.close()
+        return
+    con = sqlite3.connect(path)
+    try:
+        con.execute("BEGIN")
+        _insert(con, table, pd.DataFrame({k: (pd.Series(v, dtype=object) if np.asarray(v).dtype == object else v)
+                                          for k, v in columns.items()}, copy=False), list(columns))
+        con.execute("COMMIT")
+    finally:
+        con.close()
 
 
 def _text(value) -> str | None:
@@ -452,13 +555,14 @@ def load_model(path: Path):
                                 "FROM read_only_ranges ORDER BY start, range_id",
                                 ["range_id", "domain_id", "start", "end", "global_tid", "pid", "event_type",
                                  "unclosed"])
-        texts = src.text_column("SELECT text FROM read_only_ranges ORDER BY start, range_id")
-        domain_names = np.array([id_to_name.get(d, "default") for d in range(max(id_to_name, default=-1) + 1)],
-                                dtype=object)
+        texts = src.arrow_text_column("SELECT text FROM read_only_ranges ORDER BY start, range_id")
+        # ranges of domains without an op model (simple mode) carry domain_id -1: the last entry
+        domain_names = np.array([id_to_name.get(d, "default") for d in range(max(id_to_name, default=-1) + 1)]
+                                + ["other"], dtype=object)
         trace.ranges = pd.DataFrame({
             "range_id": rcols["range_id"], "domain": pd.Series(domain_names[rcols["domain_id"]] if len(texts) else
                                                                np.zeros(0, dtype=object), dtype=object),
-            "text": pd.Series(texts, dtype=object), "start": rcols["start"], "end": rcols["end"],
+            "text": pd.Series(texts, dtype="str"), "start": rcols["start"], "end": rcols["end"],
             "global_tid": rcols["global_tid"], "pid": rcols["pid"], "event_type": rcols["event_type"],
             "unclosed": rcols["unclosed"].astype(bool)})
         mode = profile.get("mode") or "nvtx"

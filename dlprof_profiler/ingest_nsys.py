@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from dlprof_profiler import log
 from dlprof_profiler.errors import DLProfError
@@ -57,6 +59,12 @@ class StringTable:
 
     def categorical(self, id_array) -> pd.Categorical:
         return pd.Categorical.from_codes(self._codes_for(id_array), categories=self.categories)
+
+    def arrow(self, id_array):
+        """Strings for the ids as an Arrow array (null where an id is unknown)."""
+        codes = self._codes_for(id_array)
+        dictionary = pa.array(np.asarray(self.categories, dtype=object), type=pa.string())
+        return dictionary.take(pa.array(codes, mask=codes < 0))
 
     def lookup(self, id_array) -> np.ndarray:
         """Strings for the ids (None where an id is unknown)."""
@@ -194,7 +202,7 @@ def read_api_calls(src: SqliteSource, strings: StringTable) -> pd.DataFrame:
         "api_id": np.arange(n, dtype=np.int64), "name": strings.categorical(cols["name_id"]),
         "start": cols["start"], "end": cols["end"], "global_tid": cols["global_tid"],
         "pid": pid_of(cols["global_tid"]), "correlation_id": cols["correlation_id"],
-        "event_class": cols["event_class"], "return_value": cols["return_value"]})
+        "event_class": cols["event_class"], "return_value": cols["return_value"]}, copy=False)
 
 
 def _int_col(src: SqliteSource, table: str, name: str, default: str = "-1") -> str:
@@ -259,7 +267,7 @@ def read_gpu_activities(src: SqliteSource, strings: StringTable) -> pd.DataFrame
     out["activity_id"] = np.arange(order.size, dtype=np.int64)
     out["name"] = pd.Categorical(out["name"])
     out["long_name"] = pd.Categorical(out["long_name"])
-    return pd.DataFrame(out)[GPU_COLUMNS]
+    return pd.DataFrame({c: out[c] for c in GPU_COLUMNS}, copy=False)
 
 
 def _gpu_part(cols: dict, kind: int, names: np.ndarray, long_names: np.ndarray) -> dict:
@@ -323,7 +331,8 @@ def _capture_end(src: SqliteSource, trace: Trace) -> int:
 
 
 def read_ranges(src: SqliteSource, strings: StringTable, capture_end: int) -> pd.DataFrame:
-    """NVTX push/pop and start/end ranges with resolved text and domain names; range_id is the rowid."""
+    """NVTX push/pop and start/end ranges (in rowid order) with resolved text and domain names; range_id is
+    the rowid. Also returns the (pid, domain handle) -> domain name map."""
     t = "NVTX_EVENTS"
     out_cols = ["range_id", "domain", "text", "start", "end", "global_tid", "pid", "event_type", "unclosed"]
     if not src.has(t):
@@ -336,14 +345,13 @@ def read_ranges(src: SqliteSource, strings: StringTable, capture_end: int) -> pd
         ["range_id", "event_type", "start", "end", "global_tid", "domain_id", "text_id"])
     if len(cols["range_id"]) == 0:
         return _empty_ranges(out_cols), {}
-    raw = src.text_column(f"SELECT {src.col(t, 'text')} {where}")
-    registered = strings.lookup(cols["text_id"])
-    text = np.where(pd.isna(registered), raw, registered)
-    text = np.where(pd.isna(text), "", text).astype(object)
+    raw = src.arrow_text_column(f"SELECT {src.col(t, 'text')} {where}")
+    text = pc.coalesce(strings.arrow(cols["text_id"]), raw, pa.scalar(""))
     pid = pid_of(cols["global_tid"])
     # Domain handles are per process: (pid, domainId) -> name, from the domain-create rows.
     create = cols["event_type"] == NVTX_DOMAIN_CREATE
-    names = {(int(p), int(d)): str(n) for p, d, n in zip(pid[create], cols["domain_id"][create], text[create])}
+    created_names = text.filter(pa.array(create)).to_pylist()
+    names = {(int(p), int(d)): str(n) for p, d, n in zip(pid[create], cols["domain_id"][create], created_names)}
     keep = ~create
     end = cols["end"][keep]
     start = cols["start"][keep]
@@ -353,13 +361,20 @@ def read_ranges(src: SqliteSource, strings: StringTable, capture_end: int) -> pd
     frame = pd.DataFrame({
         "range_id": cols["range_id"][keep][valid],
         "domain": pd.Series(_domain_names(pid[keep][valid], cols["domain_id"][keep][valid], names), dtype=object),
-        "text": pd.Series(text[keep][valid], dtype=object), "start": start[valid], "end": end[valid],
+        "text": pd.Series(text.filter(pa.array(_positions_mask(keep, valid, len(text)))), dtype="str"),
+        "start": start[valid], "end": end[valid],
         "global_tid": cols["global_tid"][keep][valid], "pid": pid[keep][valid],
-        "event_type": cols["event_type"][keep][valid], "unclosed": unclosed[valid]})
-    order = np.lexsort((frame["range_id"].to_numpy(), frame["start"].to_numpy()))
+        "event_type": cols["event_type"][keep][valid].astype(np.int8), "unclosed": unclosed[valid]}, copy=False)
     all_pids, all_handles = pid[keep], cols["domain_id"][keep]
     mapping = domain_name_map(*_distinct_pairs(all_pids, all_handles), names)
-    return frame.iloc[order].reset_index(drop=True), mapping
+    return frame, mapping
+
+
+def _positions_mask(keep: np.ndarray, valid: np.ndarray, n: int) -> np.ndarray:
+    """Mask over all rows selecting the kept rows that are also valid (valid indexes the kept rows)."""
+    mask = np.zeros(n, dtype=bool)
+    mask[np.flatnonzero(keep)[valid]] = True
+    return mask
 
 
 def _empty_ranges(columns: list[str]) -> pd.DataFrame:
@@ -373,8 +388,10 @@ def _empty_ranges(columns: list[str]) -> pd.DataFrame:
 def _distinct_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if a.size == 0:
         return a, b
-    pairs = np.unique(np.stack([a, b], axis=1), axis=0)
-    return pairs[:, 0], pairs[:, 1]
+    codes_b, values_b = pd.factorize(b)
+    key = a.astype(np.int64) * len(values_b) + codes_b
+    uniques = pd.unique(key)
+    return uniques // len(values_b), np.asarray(values_b)[uniques % len(values_b)]
 
 
 def domain_name_map(pids: np.ndarray, domain_ids: np.ndarray, created: dict) -> dict:

@@ -74,47 +74,6 @@ def intersect_segments(a_start, a_end, b_start, b_end) -> tuple[np.ndarray, np.n
     return s[keep], e[keep]
 
 
-class SparseMax:
-    """Range-maximum table over an array, answering "last position at or before p whose value is at
-    least t" for many queries at once in log2(n) vectorized steps."""
-
-    def __init__(self, values: np.ndarray):
-        self.values = np.asarray(values, dtype=np.int64)
-        self.levels = [self.values]
-        n = self.values.size
-        width = 1
-        while width * 2 <= n:
-            prev = self.levels[-1]
-            nxt = prev.copy()
-            nxt[width:] = np.maximum(prev[width:], prev[:-width])  # max over [i - 2*width + 1, i]
-            self.levels.append(nxt)
-            width *= 2
-
-    def last_at_least(self, pos, targets, lower) -> np.ndarray:
-        """Largest j with lower <= j <= pos and values[j] >= target; -1 where there is none."""
-        pos = np.asarray(pos, dtype=np.int64).copy()
-        targets = np.asarray(targets, dtype=np.int64)
-        lower = np.asarray(lower, dtype=np.int64)
-        if self.values.size == 0:
-            return np.full(pos.shape, -1, dtype=np.int64)
-        # Jump back over blocks whose maximum is below the target, largest blocks first.
-        for level in range(len(self.levels) - 1, -1, -1):
-            span = 1 << level
-            can_jump = (pos - span + 1 >= lower) & (pos >= 0)
-            safe = np.where(can_jump, pos, 0)
-            jump = can_jump & (self.levels[level][safe] < targets)
-            pos = np.where(jump, pos - span, pos)
-        ok = (pos >= lower) & (pos >= 0)
-        ok[ok] = self.values[pos[ok]] >= targets[ok]
-        return np.where(ok, pos, -1)
-
-
-def previous_at_least(values: np.ndarray, targets: np.ndarray, lower: np.ndarray) -> np.ndarray:
-    """For each i, the largest j < i with j >= lower[i] and values[j] >= targets[i]; -1 if none."""
-    n = np.asarray(values).size
-    return SparseMax(values).last_at_least(np.arange(n, dtype=np.int64) - 1, targets, lower)
-
-
 def segment_starts(keys: np.ndarray) -> np.ndarray:
     """For sorted segment keys, the index where each element's segment begins."""
     n = keys.size

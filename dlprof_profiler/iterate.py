@@ -48,9 +48,7 @@ def key_node_instances(ranges: pd.DataFrame, info: pd.DataFrame, key: str,
     op name or Op ID is; else ranges whose label without its `#N` counter is."""
     cols = ["start", "end", "pid", "global_tid"]
     if len(ranges):
-        texts = ranges["text"].to_numpy(dtype=object)
-        labels = info["label"].to_numpy(dtype=object)
-        hit = (texts == key) | (labels == key)
+        hit = (ranges["text"] == key).to_numpy(dtype=bool) | (info["label"].to_numpy(dtype=object) == key)
         if hit.any():
             return _outermost(ranges.loc[hit, cols])
     if op_instances is not None and len(op_instances):

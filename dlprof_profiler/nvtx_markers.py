@@ -30,9 +30,9 @@ _PT_OP_LABEL = re.compile(r"^(?:[A-Za-z_]\w*::[\w.]+|\w+Backward\d*|\w+_backward
 _BACKWARD_LABEL = re.compile(r"(?:Backward\d*|_backward)$")
 _EVALUATE_FN = "autograd::engine::evaluate_function: "
 _TF_TEXT = r"^(?P<type>[A-Z][A-Za-z0-9_]*): (?P<node>\S*[A-Za-z_/]\S*)$"
-_DATALOADER_LABEL = re.compile(r"^enumerate\(DataLoader\)#|DataLoaderIter.*__next__|^DALI[ :]|"
-                               r"^IteratorGetNext|^MultiDeviceIteratorGetNextFromShard|^dataloader",
-                               re.IGNORECASE)
+_DATALOADER_PATTERN = (r"^enumerate\(DataLoader\)#|DataLoaderIter.*__next__|^DALI[ :]|^IteratorGetNext|"
+                       r"^MultiDeviceIteratorGetNextFromShard|^dataloader")
+_DATALOADER_LABEL = re.compile(_DATALOADER_PATTERN, re.IGNORECASE)
 _TF_DATALOADER_TYPES = {"IteratorGetNext", "IteratorGetNextSync", "MultiDeviceIteratorGetNextFromShard",
                         "IteratorGetNextAsOptional"}
 _CALLID = r"'callid': (?P<v>-?\d+)"
@@ -44,55 +44,102 @@ COLUMNS = ["kind", "label", "op_type", "seq", "backward", "dataloader", "func_st
 
 
 def classify_ranges(texts, domains, families: set[str] | None = None) -> pd.DataFrame:
-    """One row per range text: its kind and what it carries. `families` limits the marker families."""
-    text = _object_array(texts)
+    """One row per range text: its kind and what it carries. `families` limits the marker families.
+
+    Per-range work is columnar (Arrow kernels, numpy); Python touches each *distinct* text once, after
+    the per-call fields (seq, op_id, sizes, callids) are stripped, so string columns share their objects.
+    """
+    arr = _arrow_strings(texts)
     domain = _object_array(domains)
-    n = text.size
+    n = len(arr)
     allowed = {FAMILY_PYTORCH, FAMILY_TENSORFLOW, FAMILY_TENSORRT} if families is None else families
-    cols = {
-        "kind": np.full(n, SCOPE, dtype=np.int8),
-        "label": text.copy(),
-        "op_type": text.copy(),
-        "seq": np.full(n, -1, dtype=np.int64),
-        "backward": np.zeros(n, dtype=bool),
-        "dataloader": np.zeros(n, dtype=bool),
-        "func_stack": np.full(n, None, dtype=object),
-        "stack_trace": np.full(n, None, dtype=object),
-        "data_type": np.full(n, None, dtype=object),
-        "input_shapes": np.full(n, None, dtype=object),
-        "output_shapes": np.full(n, None, dtype=object),
-        "parameters": np.full(n, None, dtype=object),
-        "direction": np.full(n, None, dtype=object),
-        "callid": np.full(n, -1, dtype=np.int64),
-        "fwd_callid": np.full(n, -1, dtype=np.int64),
-    }
+    cols = _empty_columns(n)
+    if n == 0:
+        out = _frame(cols)
+        out.attrs["config"] = []
+        return out
+    is_dict = _bools(pc.starts_with(arr, "{"))
+    plain_stripped = pc.replace_substring_regex(arr, _PT_FIELDS, "")
+    dict_stripped = pc.replace_substring_regex(arr, _CALLID_FIELDS, "")
+    stripped = pc.if_else(pa.array(is_dict), dict_stripped, plain_stripped)
+    encoded = pc.dictionary_encode(stripped)
+    codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    uniq = encoded.dictionary
+    u_text = _strings(uniq)
+    u_dict = _bools(pc.starts_with(uniq, "{"))
+    # per distinct stripped text: the default (scope) reading
+    u_kind = np.full(len(u_text), SCOPE, dtype=np.int8)
+    u_label = u_text.copy()
+    u_type = u_text.copy()
     config = []
-    if n:
-        arr = pa.array(text, type=pa.string())
-        is_dict = _bools(pc.starts_with(arr, "{"))
+    u_fields = {}
+    if u_dict.any():
+        config = _parse_dict_uniques(np.flatnonzero(u_dict), u_text, u_kind, u_label, u_type, u_fields, allowed)
+    kind = u_kind[codes]
+    label = u_label[codes]
+    op_type = u_type[codes]
+    for field, values in u_fields.items():
+        cols[field] = values[codes]
+    cols["dataloader"] = u_fields.get("dataloader", np.zeros(len(u_text), dtype=bool))[codes]
+    plain = ~is_dict
+    if FAMILY_PYTORCH in allowed:
+        _pytorch(arr, plain, codes, uniq, u_text, kind, label, op_type, cols)
         if is_dict.any():
-            config = _classify_dicts(np.flatnonzero(is_dict), arr, cols, allowed)
-        plain = ~is_dict
-        if FAMILY_PYTORCH in allowed and plain.any():
-            _classify_pytorch(arr, plain, cols)
-        if FAMILY_TENSORRT in allowed:
-            trt = plain & (domain == "TensorRT") & (cols["kind"] == SCOPE)
-            if trt.any():
-                _classify_tensorrt(text, trt, cols)
-        if FAMILY_TENSORFLOW in allowed:
-            candidates = plain & (cols["kind"] == SCOPE)
-            if candidates.any():
-                _classify_tensorflow_text(arr, candidates, cols)
-        scope = cols["kind"] == SCOPE
-        if scope.any():
-            cols["dataloader"][scope] = per_unique(cols["label"][scope], lambda t: bool(_DATALOADER_LABEL.search(t)),
-                                                   bool)
-        tf = cols["kind"] == TF_OP
+            for column, pattern in (("callid", _CALLID), ("fwd_callid", _FWD_CALLID)):
+                cols[column] = _int_field(arr, pattern, is_dict)
+    if FAMILY_TENSORRT in allowed:
+        trt = plain & (domain == "TensorRT") & (kind == SCOPE)
+        if trt.any():
+            u_exec = _bools(pc.starts_with(uniq, "ExecutionContext::"))
+            layer = trt & ~u_exec[codes]
+            kind[layer] = TRT_LAYER
+            u_trt_type = _lazy_per_unique(tensorrt_layer_type, u_text)
+            op_type[layer] = u_trt_type(codes[layer])
+    if FAMILY_TENSORFLOW in allowed:
+        found = pc.extract_regex(uniq, _TF_TEXT)
+        u_tf = _bools(pc.is_valid(found))
+        tf = plain & (kind == SCOPE) & u_tf[codes]
         if tf.any():
-            cols["dataloader"][tf] = per_unique(cols["op_type"][tf], lambda t: t in _TF_DATALOADER_TYPES, bool)
-    out = pd.DataFrame({k: (pd.Series(v, dtype=object) if v.dtype == object else v) for k, v in cols.items()})
+            kind[tf] = TF_OP
+            op_type[tf] = _strings(pc.struct_field(found, [0]))[codes[tf]]
+            label[tf] = _strings(pc.struct_field(found, [1]))[codes[tf]]
+            cols["dataloader"][tf] = np.isin(op_type[tf], list(_TF_DATALOADER_TYPES))
+    scope = kind == SCOPE
+    if scope.any():
+        u_loader = _bools(pc.match_substring_regex(uniq, _DATALOADER_PATTERN, ignore_case=True))
+        cols["dataloader"][scope] = u_loader[codes[scope]]
+    cols["kind"], cols["label"], cols["op_type"] = kind, label, op_type
+    out = _frame(cols)
     out.attrs["config"] = config
     return out
+
+
+def _empty_columns(n: int) -> dict:
+    return {
+        "kind": np.full(n, SCOPE, dtype=np.int8), "label": np.full(n, None, dtype=object),
+        "op_type": np.full(n, None, dtype=object), "seq": np.full(n, -1, dtype=np.int64),
+        "backward": np.zeros(n, dtype=bool), "dataloader": np.zeros(n, dtype=bool),
+        "func_stack": np.full(n, None, dtype=object), "stack_trace": np.full(n, None, dtype=object),
+        "data_type": np.full(n, None, dtype=object), "input_shapes": np.full(n, None, dtype=object),
+        "output_shapes": np.full(n, None, dtype=object), "parameters": np.full(n, None, dtype=object),
+        "direction": np.full(n, None, dtype=object), "callid": np.full(n, -1, dtype=np.int64),
+        "fwd_callid": np.full(n, -1, dtype=np.int64),
+    }
+
+
+def _frame(cols: dict) -> pd.DataFrame:
+    return pd.DataFrame({k: (pd.Series(v, dtype=object) if v.dtype == object else v) for k, v in cols.items()},
+                        copy=False)
+
+
+def _arrow_strings(values) -> pa.Array:
+    """Texts as one Arrow string array (no copy when they already are Arrow-backed)."""
+    if isinstance(values, pd.Series) and isinstance(values.array, pd.arrays.ArrowStringArray):
+        data = values.array._pa_array
+        data = data.combine_chunks() if isinstance(data, pa.ChunkedArray) else data
+        return pc.fill_null(data, "")
+    obj_values = _object_array(values)
+    return pa.array(obj_values, type=pa.string()) if len(obj_values) else pa.array([], type=pa.string())
 
 
 def _object_array(values) -> np.ndarray:
@@ -105,11 +152,33 @@ def _object_array(values) -> np.ndarray:
 
 
 def _bools(array) -> np.ndarray:
-    return np.asarray(array.to_numpy(zero_copy_only=False), dtype=bool)
+    return np.asarray(pc.fill_null(array, False).to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def _strings(array) -> np.ndarray:
     return np.asarray(array.to_numpy(zero_copy_only=False), dtype=object)
+
+
+def _int_field(arr: pa.Array, pattern: str, mask: np.ndarray) -> np.ndarray:
+    """An integer captured by a named-group regex, -1 where absent or outside the mask."""
+    out = np.full(len(arr), -1, dtype=np.int64)
+    idx = np.flatnonzero(mask)
+    if idx.size:
+        sub = arr.take(pa.array(idx)) if idx.size < len(arr) else arr
+        found = pc.struct_field(pc.extract_regex(sub, pattern), [0])
+        out[idx] = np.asarray(pc.fill_null(pc.cast(found, pa.int64()), -1).to_numpy(zero_copy_only=False),
+                              dtype=np.int64)
+    return out
+
+
+def _lazy_per_unique(fn, u_text: np.ndarray):
+    """fn over the distinct texts actually asked for, spread back by their codes."""
+    def apply(codes: np.ndarray) -> np.ndarray:
+        wanted, inverse = np.unique(codes, return_inverse=True)
+        results = np.empty(wanted.size, dtype=object)
+        results[:] = [fn(u_text[c]) for c in wanted]
+        return results[inverse]
+    return apply
 
 
 def per_unique(values: np.ndarray, fn, dtype=object) -> np.ndarray:
@@ -121,41 +190,60 @@ def per_unique(values: np.ndarray, fn, dtype=object) -> np.ndarray:
 
 # ---------------------------------------------------------------- PyTorch emit_nvtx texts
 
-def _classify_pytorch(arr: pa.Array, mask: np.ndarray, cols: dict) -> None:
-    idx = np.flatnonzero(mask)
-    sub = arr.take(pa.array(idx)) if idx.size < len(arr) else arr
-    has_fields = _bools(pc.match_substring_regex(sub, r", (?:seq|op_id) = -?\d+"))
-    names = _strings(pc.replace_substring_regex(sub, _PT_FIELDS, "")) if has_fields.any() else _strings(sub)
-    seq = np.full(idx.size, -1, dtype=np.int64)
-    if has_fields.any():
-        found = pc.struct_field(pc.extract_regex(sub, r", seq = (?P<seq>-?\d+)"), [0])
-        seq = np.asarray(pc.fill_null(pc.cast(found, pa.int64()), -1).to_numpy(zero_copy_only=False), dtype=np.int64)
-    aten_bare = _bools(pc.starts_with(sub, "aten::"))
-    op_like = per_unique(names, lambda nm: bool(_PT_OP_LABEL.match(nm)), bool)
-    is_pt = has_fields | aten_bare
-    is_op = is_pt & (op_like | (seq >= 0))
-    # Ranges in PyTorch's grammar that are not ops (ProfilerStep#N, Optimizer.step#..., user
-    # record_function labels) are scopes, with their fields stripped from the label.
-    pt_rows = idx[is_pt]
-    cols["label"][pt_rows] = names[is_pt]
-    cols["op_type"][pt_rows] = names[is_pt]
-    cols["seq"][pt_rows] = seq[is_pt]
-    op_rows = idx[is_op]
-    cols["kind"][op_rows] = PT_OP
-    inner = per_unique(names[is_op], lambda nm: nm[len(_EVALUATE_FN):] if nm.startswith(_EVALUATE_FN) else nm)
-    cols["label"][op_rows] = inner
-    cols["backward"][op_rows] = per_unique(inner, lambda nm: bool(_BACKWARD_LABEL.search(nm)), bool)
-    cols["op_type"][op_rows] = per_unique(inner, pytorch_op_type)
-    has_sizes = _bools(pc.match_substring(sub, ", sizes = "))
+def _pytorch(arr, plain, codes, uniq, u_text, kind, label, op_type, cols) -> None:
+    """PyTorch op markers: texts in emit_nvtx's grammar whose label is an op (namespace::name, a backward
+    node, or any label with an autograd seq); other texts in that grammar are scopes (ProfilerStep#N,
+    Optimizer.step#..., user record_function labels)."""
+    has_fields = _bools(pc.match_substring_regex(arr, r", (?:seq|op_id) = -?\d+")) & plain
+    seq = _int_field(arr, r", seq = (?P<seq>-?\d+)", has_fields)
+    u_aten = _bools(pc.starts_with(uniq, "aten::"))
+    u_op_like = _bools(pc.match_substring_regex(uniq, _PT_OP_LABEL.pattern))
+    is_pt = has_fields | (u_aten[codes] & plain)
+    if not is_pt.any():
+        return
+    cols["seq"][is_pt] = seq[is_pt]
+    is_op = is_pt & (u_op_like[codes] | (seq >= 0))
+    kind[is_op] = PT_OP
+    u_inner = _strings(pc.replace_substring_regex(uniq, "^" + re.escape(_EVALUATE_FN), ""))
+    u_backward = _bools(pc.match_substring_regex(pa.array(u_inner, type=pa.string()), _BACKWARD_LABEL.pattern))
+    label[is_op] = u_inner[codes[is_op]]
+    cols["backward"][is_op] = u_backward[codes[is_op]]
+    op_type[is_op] = _lazy_per_unique(pytorch_op_type, u_inner)(codes[is_op])
+    has_sizes = _bools(pc.match_substring(arr, ", sizes = ")) & is_pt
     if has_sizes.any():
-        sizes = _strings(pc.struct_field(pc.extract_regex(sub.filter(pa.array(has_sizes)),
-                                                          r", sizes = (?P<sizes>\[\]|\[.*?\]\])"), [0]))
-        cols["input_shapes"][idx[has_sizes]] = per_unique(sizes, _shape_text)
+        sub = arr.filter(pa.array(has_sizes))
+        sizes = pc.struct_field(pc.extract_regex(sub, r", sizes = (?P<sizes>\[\]|\[.*?\]\])"), [0])
+        enc = pc.dictionary_encode(sizes)
+        shapes = np.array([_shape_text(t) for t in _strings(enc.dictionary)], dtype=object)
+        cols["input_shapes"][np.flatnonzero(has_sizes)] = shapes[np.asarray(
+            pc.fill_null(enc.indices, 0).to_numpy(zero_copy_only=False), dtype=np.int64)]
 
 
 def pytorch_op_type(label: str) -> str:
     """DLProf-style op type: the ATen name without its namespace, other labels as they are."""
     return label[6:] if label.startswith("aten::") else label
+
+
+# ---------------------------------------------------------------- dict markers (DLProf/PyProf, TF detailed)
+
+def _parse_dict_uniques(rows: np.ndarray, u_text, u_kind, u_label, u_type, u_fields, allowed) -> list[dict]:
+    """Parse each distinct dict text once (callids already stripped)."""
+    parsed = [_parse_dict_text(u_text[i], allowed) for i in rows]
+    size = len(u_text)
+    for field in ("func_stack", "stack_trace", "data_type", "input_shapes", "output_shapes", "parameters",
+                  "direction"):
+        values = np.full(size, None, dtype=object)
+        values[rows] = [p.get(field) for p in parsed]
+        u_fields[field] = values
+    loader = np.zeros(size, dtype=bool)
+    loader[rows] = [bool(p.get("dataloader")) for p in parsed]
+    u_fields["dataloader"] = loader
+    u_kind[rows] = [p["kind"] for p in parsed]
+    for target, field in ((u_label, "label"), (u_type, "op_type")):
+        values = [p.get(field) for p in parsed]
+        keep = np.array([v is not None for v in values], dtype=bool)
+        target[rows[keep]] = [v for v in values if v is not None]
+    return [p["config"] for p in parsed if p.get("config") is not None]
 
 
 def _shape_text(text) -> str | None:
@@ -179,19 +267,6 @@ def format_shapes(shapes: list, labels: list | None = None) -> str:
 
 # ---------------------------------------------------------------- TensorFlow and TensorRT
 
-def _classify_tensorflow_text(arr: pa.Array, mask: np.ndarray, cols: dict) -> None:
-    idx = np.flatnonzero(mask)
-    sub = arr.take(pa.array(idx))
-    found = pc.extract_regex(sub, _TF_TEXT)
-    valid = _bools(pc.is_valid(found))
-    if not valid.any():
-        return
-    rows = idx[valid]
-    cols["kind"][rows] = TF_OP
-    cols["op_type"][rows] = _strings(pc.struct_field(found, [0]))[valid]
-    cols["label"][rows] = _strings(pc.struct_field(found, [1]))[valid]
-
-
 _TRT_SUFFIX = re.compile(r"(?:_clone)?_\d+$")
 
 
@@ -205,41 +280,6 @@ def tensorrt_layer_type(name: str) -> str:
         part = _TRT_SUFFIX.sub("", part)
         parts.append(part or name)
     return "+".join(parts)
-
-
-def _classify_tensorrt(text: np.ndarray, mask: np.ndarray, cols: dict) -> None:
-    rows = np.flatnonzero(mask)
-    layer = ~per_unique(text[rows], lambda t: t.startswith("ExecutionContext::"), bool)
-    rows = rows[layer]
-    cols["kind"][rows] = TRT_LAYER
-    cols["op_type"][rows] = per_unique(text[rows], tensorrt_layer_type)
-
-
-# ---------------------------------------------------------------- dict markers (DLProf/PyProf, TF detailed)
-
-def _classify_dicts(idx: np.ndarray, arr: pa.Array, cols: dict, allowed: set[str]) -> list[dict]:
-    """Parse each distinct dict text once; callids (unique per call) are read column-wise first."""
-    sub = arr.take(pa.array(idx))
-    for column, pattern in (("callid", _CALLID), ("fwd_callid", _FWD_CALLID)):
-        found = pc.struct_field(pc.extract_regex(sub, pattern), [0])
-        cols[column][idx] = np.asarray(pc.fill_null(pc.cast(found, pa.int64()), -1)
-                                       .to_numpy(zero_copy_only=False), dtype=np.int64)
-    stripped = _strings(pc.replace_substring_regex(sub, _CALLID_FIELDS, ""))
-    codes, uniques = pd.factorize(stripped)
-    parsed = [_parse_dict_text(t, allowed) for t in uniques]
-    for field in ("kind", "label", "op_type", "func_stack", "stack_trace", "data_type", "input_shapes",
-                  "output_shapes", "parameters", "direction", "dataloader"):
-        values = np.array([p.get(field) for p in parsed], dtype=object)[codes]
-        if field == "kind":
-            cols["kind"][idx] = values.astype(np.int8)
-        elif field == "dataloader":
-            cols["dataloader"][idx] = values.astype(bool)
-        elif field in ("label", "op_type"):
-            keep = pd.notna(values)
-            cols[field][idx[keep]] = values[keep]
-        else:
-            cols[field][idx] = values
-    return [parsed[c]["config"] for c in np.unique(codes) if parsed[c].get("config") is not None]
 
 
 def _parse_dict_text(text: str, allowed: set[str]) -> dict:

@@ -47,7 +47,8 @@ class Staging:
         rel = Path(final).resolve().relative_to(self.output_dir.resolve())
         staged = self.root / rel
         staged.parent.mkdir(parents=True, exist_ok=True)
-        self.moves.append((staged, Path(final)))
+        if (staged, Path(final)) not in self.moves:
+            self.moves.append((staged, Path(final)))
         return staged
 
     def commit(self) -> list[Path]:
@@ -62,3 +63,12 @@ class Staging:
 
     def discard(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def discard_after(self, writer) -> None:
+        """Discard once a background database writer (if any) has stopped touching the staged files."""
+        if writer is not None:
+            try:
+                writer.wait()
+            except BaseException:  # the original error is the one to report
+                pass
+        self.discard()

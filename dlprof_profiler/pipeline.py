@@ -81,6 +81,18 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
              f"{len(trace.gpu):,} GPU activities, {len(trace.devices)} GPUs; nsys {trace.meta.get('nsys_version')}")
     for text in trace.warnings:
         log.warning(text)
+    staging = Staging(out_dir)
+    try:
+        mode_hint = args.mode
+        writer = database.DatabaseWriter(staging.path(database_path(args)), trace,
+                                         database.domain_ids_for(corr_mod.domain_order(trace, mode_hint))).start()
+        return _analyse(args, out_dir, source, trace, capture, staging, writer, started)
+    except BaseException:
+        staging.discard_after(writer if "writer" in locals() else None)
+        raise
+
+
+def _analyse(args, out_dir, source, trace, capture, staging, writer, started) -> int:
     with log.stage("Correlating NVTX ranges, CUDA API calls and GPU activities"):
         classified = corr_mod.classify_trace(trace, args.mode)
         info, mode, family, _config = classified
@@ -96,7 +108,8 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
         iterations = _key_node_from_ops(trace, corr, args.key_node, iterations)
     primary = _choose_domain(corr, args.domain, source)
     profile = _profile_info(args, source, trace, corr, mode, family, capture)
-    return _aggregate_and_write(args, out_dir, source, trace, corr, iterations, primary, profile, None, started)
+    return _aggregate_and_write(args, out_dir, source, trace, corr, iterations, primary, profile, None, started,
+                                staging, writer)
 
 
 def _key_node_from_ops(trace, corr, key: str, iterations):
@@ -127,7 +140,8 @@ def _profile_info(args, source, trace, corr, mode, family, capture) -> dict:
 
 
 def _aggregate_and_write(args, out_dir: Path, source: Path, trace, corr, iterations, primary: str, profile: dict,
-                         existing_db: Path | None, started: float) -> int:
+                         existing_db: Path | None, started: float, staging: Staging | None = None,
+                         writer=None) -> int:
     iter_start, iter_stop = iterate.select_range(iterations, args.iter_start, args.iter_stop, str(source))
     if not iterations.found:
         what = f"key node '{iterations.key_node}'" if iterations.key_node else "no key node"
@@ -144,13 +158,13 @@ def _aggregate_and_write(args, out_dir: Path, source: Path, trace, corr, iterati
         from dlprof_profiler import expert_systems
         findings = {name: expert_systems.detect(trace, corr, corr.domains[name], agg, iterations)
                     for name, agg in aggregations.items()}
-    staging = Staging(out_dir)
+    staging = staging or Staging(out_dir)
     try:
         with log.stage("Writing the DLProf database, reports and event files"):
             db_final = database_path(args)
             db_staged = staging.path(db_final)
             if existing_db is None:
-                domain_ids = database.create_database(db_staged, trace, corr, primary, profile)
+                domain_ids = writer.finish(corr, primary, profile)
                 offsets = database.op_index_offsets(corr)
             else:
                 _copy_database(existing_db, db_staged)
@@ -171,7 +185,7 @@ def _aggregate_and_write(args, out_dir: Path, source: Path, trace, corr, iterati
                                          aggregations[primary].iterations)
         staging.commit()
     except BaseException:
-        staging.discard()
+        staging.discard_after(writer)
         raise
     _print_summary(aggregations[primary], db_final, written_reports)
     log.info(f"Done in {time.perf_counter() - started:.1f} s")

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from dlprof_profiler import __version__
-from dlprof_profiler.aggregate import Aggregation
+from dlprof_profiler.aggregate import Aggregation, with_names
 from dlprof_profiler.atomic import write_text_atomic
 
 REPORT_FILES = {
@@ -239,8 +239,8 @@ def _op_columns(frame: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
     return frame.join(meta, on="op_index", rsuffix="_op")
 
 
-def iteration_report(agg: Aggregation, instances: pd.DataFrame, ops: pd.DataFrame) -> Report:
-    k = agg.kernel_launches
+def iteration_report(agg: Aggregation, instances: pd.DataFrame, ops: pd.DataFrame, gpu: pd.DataFrame) -> Report:
+    k = with_names(agg.kernel_launches, gpu) if len(agg.kernel_launches) else agg.kernel_launches
     columns = ["Iteration", "Op ID", "Op Name", "Direction", "Op Type", "Kernel Name", "Device ID",
                "GPU Start Time (ns)", "GPU Duration (ns)", "API Call Start (ns)", "API Call Time (ns)", "Uses TC",
                "Grid X", "Grid Y", "Grid Z", "Block X", "Block Y", "Block Z", "Data Types", "Input Shapes",
@@ -337,7 +337,7 @@ def build_reports(names: list[str], agg: Aggregation, dm, trace, config: dict, f
     builders = {
         "summary": lambda: summary_report(agg, trace.system, trace.meta, trace.devices, config),
         "detail": lambda: detailed_report(agg),
-        "iteration": lambda: iteration_report(agg, dm.instances, dm.ops),
+        "iteration": lambda: iteration_report(agg, dm.instances, dm.ops, trace.gpu),
         "kernel": lambda: kernel_report(agg, dm.ops),
         "tensor": lambda: tensor_core_report(agg),
         "op_type": lambda: op_type_report(agg),

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from dlprof_profiler.errors import DLProfError
 
@@ -50,6 +51,8 @@ def _lenient_text(raw: bytes) -> str:
 class SqliteSource:
     """A read-only connection to an input file, with table and column discovery."""
 
+    CHUNK = 262_144  # rows per fetch: bounds the memory of Python row tuples
+
     def __init__(self, path: Path | str, immutable: bool = True):
         self.path = Path(path)
         check_sqlite_file(self.path)
@@ -62,9 +65,14 @@ class SqliteSource:
         except sqlite3.DatabaseError as exc:
             raise DLProfError(f"{self.path}: unreadable SQLite file ({exc})") from None
         self._columns: dict[str, list[str]] = {}
+        self.immutable = immutable
+        self._adbc = None
 
     def close(self) -> None:
         self.con.close()
+        if self._adbc:
+            self._adbc.close()
+            self._adbc = None
 
     def has(self, table: str) -> bool:
         return table in self.tables
@@ -105,18 +113,86 @@ class SqliteSource:
         finally:
             self.con.text_factory = str
 
+
+    def _batches(self, sql: str, params, convert) -> list:
+        """convert(rows) for each batch of rows; text that is not valid UTF-8 is decoded with replacement
+        characters (the whole query is read again leniently, so no batch is seen twice)."""
+        for lenient in (False, True):
+            if lenient:
+                self.con.text_factory = _lenient_text
+            try:
+                cursor = self.con.execute(sql, params)
+                out = []
+                while True:
+                    rows = cursor.fetchmany(self.CHUNK)
+                    if not rows:
+                        return out
+                    out.append(convert(rows))
+            except sqlite3.OperationalError as exc:
+                if lenient or "decode" not in str(exc).lower():
+                    raise self._damaged(exc) from None
+            except sqlite3.DatabaseError as exc:
+                raise self._damaged(exc) from None
+            finally:
+                self.con.text_factory = str
+        return []
+
+    def _adbc_table(self, sql: str):
+        """The query's result as an Arrow table read by ADBC's SQLite driver (columnar, in C), or None
+        when the driver is missing or cannot read it (text that is not UTF-8, mixed column types)."""
+        if self._adbc is False:
+            return None
+        try:
+            if self._adbc is None:
+                import adbc_driver_sqlite.dbapi as adbc
+                flags = "mode=ro&immutable=1" if self.immutable else "mode=ro"
+                self._adbc = adbc.connect(f"{self.path.resolve().as_uri()}?{flags}")
+            cursor = self._adbc.cursor()
+            try:
+                cursor.execute(sql)
+                table = cursor.fetch_arrow_table()
+            finally:
+                cursor.close()
+            for column in table.columns:
+                if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+                    column.validate(full=True)
+            return table
+        except ImportError:
+            self._adbc = False
+            return None
+        except Exception:  # fall back to the sqlite3 module, which decodes leniently
+            return None
+
     def int_columns(self, sql: str, names: list[str], params=()) -> dict:
         """Integer columns of a query as numpy arrays (the query must not return NULLs: coalesce them)."""
-        rows = self.fetchall(sql, params)
-        matrix = np.array(rows, dtype=np.int64) if rows else np.zeros((0, len(names)), dtype=np.int64)
-        return {name: matrix[:, i] for i, name in enumerate(names)}
+        table = None if params else self._adbc_table(sql)
+        if table is not None and all(pa.types.is_integer(c.type) or c.null_count == len(c) for c in table.columns):
+            return {name: np.asarray(table.column(i).to_numpy(), dtype=np.int64) if table.num_rows
+                    else np.zeros(0, dtype=np.int64) for i, name in enumerate(names)}
+        parts = self._batches(sql, params, lambda rows: np.array(rows, dtype=np.int64))
+        matrix = np.concatenate(parts) if parts else np.zeros((0, len(names)), dtype=np.int64)
+        return {name: np.ascontiguousarray(matrix[:, i]) for i, name in enumerate(names)}
+
+    def arrow_text_column(self, sql: str, params=()):
+        """One text column as an Arrow string array (compact: no Python string object per row)."""
+        table = None if params else self._adbc_table(sql)
+        if table is not None and table.num_columns == 1:
+            column = table.column(0)
+            if pa.types.is_null(column.type) or column.null_count == len(column):
+                return pa.nulls(len(column), pa.string())
+            if pa.types.is_string(column.type):
+                return column.combine_chunks()
+        parts = self._batches(sql, params, lambda rows: pa.array([r[0] for r in rows], type=pa.string()))
+        return pa.chunked_array(parts, type=pa.string()).combine_chunks() if parts else pa.array([], pa.string())
 
     def text_column(self, sql: str, params=()) -> np.ndarray:
         """One text column as an object array (None for NULL)."""
-        rows = self.fetchall(sql, params)
-        out = np.empty(len(rows), dtype=object)
-        out[:] = [r[0] for r in rows]
-        return out
+        def convert(rows):
+            part = np.empty(len(rows), dtype=object)
+            part[:] = [r[0] for r in rows]
+            return part
+        parts = self._batches(sql, params, convert)
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=object)
 
     def frame(self, sql: str, columns: list[str], params=()) -> pd.DataFrame:
         rows = self.fetchall(sql, params)

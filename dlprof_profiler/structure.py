@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlprof_profiler.intervals import SparseMax, segment_starts
+from dlprof_profiler.intervals import segment_starts
 
 
 class ThreadTimeKeys:
@@ -32,6 +32,30 @@ class ThreadTimeKeys:
         return self.rank(tids) * self.span
 
 
+def previous_greater_or_equal(values: np.ndarray, targets: np.ndarray, lower: np.ndarray) -> np.ndarray:
+    """For each i, the largest j with lower[i] <= j < i and values[j] >= targets[i]; -1 if none.
+
+    Valid when targets[i] is values[i] or values[i] + 1 and `lower` is constant within each segment (the
+    range-tree case): then the candidate of i may jump to its candidate's candidate, because everything
+    jumped over is below targets[i]. Rounds of jumps run over all unresolved elements at once; memory is
+    O(n) (a range-maximum table would need O(n log n)).
+    """
+    n = values.size
+    cand = np.arange(n, dtype=np.int64) - 1
+    active = np.flatnonzero(cand >= lower)
+    cand[cand < lower] = -1
+    while active.size:
+        done = values[cand[active]] >= targets[active]
+        active = active[~done]
+        if not active.size:
+            break
+        jump = cand[cand[active]]
+        ok = jump >= lower[active]
+        cand[active] = np.where(ok, jump, -1)
+        active = active[ok]
+    return cand
+
+
 class RangeForest:
     """Ranges of one domain as per-thread trees (innermost container = parent)."""
 
@@ -44,13 +68,12 @@ class RangeForest:
         self.order = np.lexsort((np.asarray(ids), -ends, starts, tids))
         self.s_tid, self.s_start, self.s_end = tids[self.order], starts[self.order], ends[self.order]
         self.lower = segment_starts(self.s_tid)
-        self._max_end = SparseMax(self.s_end)
         # A zero-length range [t, t) is inside a range only if that range goes past t.
         target = np.where(self.s_end > self.s_start, self.s_end, self.s_end + 1)
-        parent_sorted = self._max_end.last_at_least(np.arange(n, dtype=np.int64) - 1, target, self.lower)
+        self.parent_sorted = previous_greater_or_equal(self.s_end, target, self.lower)
         self.parent = np.full(n, -1, dtype=np.int64)  # in the caller's row order
-        has = parent_sorted >= 0
-        self.parent[self.order[has]] = self.order[parent_sorted[has]]
+        has = self.parent_sorted >= 0
+        self.parent[self.order[has]] = self.order[self.parent_sorted[has]]
         self.depth = tree_depths(self.parent)
         self.n = n
 
@@ -60,11 +83,18 @@ class RangeForest:
         if self.n == 0 or times.size == 0:
             return np.full(times.shape, -1, dtype=np.int64)
         range_keys = keys.key(self.s_tid, self.s_start)
-        probe_keys = keys.key(tids, times)
-        pos = np.searchsorted(range_keys, probe_keys, side="right") - 1
+        pos = np.searchsorted(range_keys, keys.key(tids, times), side="right") - 1
         floor = np.searchsorted(range_keys, keys.thread_floor(tids), side="left")
-        found = self._max_end.last_at_least(pos, times + 1, floor)
-        return np.where(found >= 0, self.order[np.maximum(found, 0)], -1)
+        pos = np.where(pos >= floor, pos, -1)
+        # The last range starting at or before t either contains t or ended before it; in the latter
+        # case every range containing t is one of its ancestors: climb until one reaches past t.
+        active = np.flatnonzero(pos >= 0)
+        while active.size:
+            ended = self.s_end[pos[active]] <= times[active]
+            active = active[ended]
+            pos[active] = self.parent_sorted[pos[active]]
+            active = active[pos[active] >= 0]
+        return np.where(pos >= 0, self.order[np.maximum(pos, 0)], -1)
 
 
 def tree_depths(parent: np.ndarray) -> np.ndarray:

@@ -82,9 +82,11 @@ def kernel_uses_tc(names, long_names) -> tuple[np.ndarray, np.ndarray]:
     long_names = pd.Series(long_names, dtype=object).fillna("").reset_index(drop=True)
     if len(names) == 0:
         return np.zeros(0, dtype=bool), np.zeros(0, dtype=object)
-    pairs = pd.MultiIndex.from_arrays([names, long_names])
-    codes, uniques = pd.factorize(pairs)
-    rules = [kernel_tc_rule(n, ln) for n, ln in uniques]
+    name_codes, name_values = pd.factorize(names.to_numpy(dtype=object))
+    long_codes, long_values = pd.factorize(long_names.to_numpy(dtype=object))
+    codes, uniques = pd.factorize(name_codes.astype(np.int64) * max(len(long_values), 1) + long_codes)
+    width = max(len(long_values), 1)
+    rules = [kernel_tc_rule(name_values[u // width], long_values[u % width]) for u in uniques]
     decided = {rid: uses for rid, _, uses in RULES}
     uses = np.array([decided.get(r, False) if r else False for r in rules], dtype=bool)
     rule_ids = np.array([r or "" for r in rules], dtype=object)

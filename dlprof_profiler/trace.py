@@ -66,3 +66,41 @@ class Trace:
             if len(frame):
                 ends.append(int(frame["end"].max()))
         return max(ends)
+
+
+def make_frame(columns: dict) -> pd.DataFrame:
+    """A DataFrame from arrays that keeps object arrays as object columns (pandas 3 would infer its
+    Arrow-backed string dtype and copy every string)."""
+    return pd.DataFrame({k: (pd.Series(v, dtype=object) if isinstance(v, np.ndarray) and v.dtype == object else v)
+                         for k, v in columns.items()}, copy=False)
+
+
+def obj(values, index=None) -> pd.Series:
+    """An object-dtype Series (to assign string arrays to frame columns without a str conversion)."""
+    return pd.Series(np.asarray(values, dtype=object), index=index, dtype=object)
+
+
+def combined_codes(*arrays) -> np.ndarray:
+    """One dense int64 code per distinct tuple of values across the arrays (factorized stepwise, so the
+    mixed-radix products never overflow)."""
+    codes = None
+    for values in arrays:
+        c, uniques = pd.factorize(np.asarray(values))
+        if codes is None:
+            codes = c.astype(np.int64)
+        else:
+            codes, _ = pd.factorize(codes * max(len(uniques), 1) + c)
+            codes = codes.astype(np.int64)
+    return codes if codes is not None else np.zeros(0, dtype=np.int64)
+
+
+def rank_within(groups: np.ndarray, order_keys: list[np.ndarray]) -> np.ndarray:
+    """0-based rank of each element inside its group, by the order keys (last key sorts first... as lexsort)."""
+    order = np.lexsort(tuple(order_keys) + (groups,))
+    g = groups[order]
+    first = np.ones(g.size, dtype=bool)
+    first[1:] = g[1:] != g[:-1]
+    start_pos = np.maximum.accumulate(np.where(first, np.arange(g.size), 0))
+    ranks = np.empty(g.size, dtype=np.int64)
+    ranks[order] = np.arange(g.size) - start_pos
+    return ranks

@@ -2,9 +2,8 @@
 import numpy as np
 import pytest
 
-from dlprof_profiler.intervals import (covered_length, merge_intervals, previous_at_least,
-                                       union_length_by_group)
-from dlprof_profiler.structure import RangeForest, ThreadTimeKeys, tree_depths
+from dlprof_profiler.intervals import covered_length, merge_intervals, union_length_by_group
+from dlprof_profiler.structure import RangeForest, ThreadTimeKeys, previous_greater_or_equal, tree_depths
 
 
 def brute_union(intervals):
@@ -40,14 +39,16 @@ def test_union_and_merge_match_brute_force(seed):
 
 
 @pytest.mark.parametrize("seed", range(30))
-def test_previous_at_least(seed):
+def test_previous_greater_or_equal(seed):
+    # the range-tree case: targets are the values (or values + 1), lower bounds constant per segment
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 80))
     v = rng.integers(0, 30, n)
-    t = rng.integers(0, 30, n)
-    lower = np.array([rng.integers(0, i + 1) for i in range(n)])
+    t = v + rng.integers(0, 2, n)
+    segment = np.sort(rng.integers(0, 3, n))
+    lower = np.searchsorted(segment, segment, side="left")
     expected = [max([j for j in range(lower[i], i) if v[j] >= t[i]], default=-1) for i in range(n)]
-    assert previous_at_least(v, t, lower).tolist() == expected
+    assert previous_greater_or_equal(v, t, lower).tolist() == expected
 
 
 def brute_parent(tids, starts, ends, ids):
@@ -104,3 +105,23 @@ def test_range_forest_parents_and_probes(seed):
         inside = [j for j in ids if tids[j] == probes_tid[k] and starts[j] <= probes_t[k] < ends[j]]
         best = max(inside, key=lambda j: (starts[j], -ends[j], j), default=-1)
         assert got[k] == best
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_range_forest_with_overlapping_start_end_ranges(seed):
+    # start/end ranges may overlap without nesting; the innermost container is still well defined
+    rng = np.random.default_rng(100 + seed)
+    n = int(rng.integers(1, 40))
+    tids = rng.choice([1, 2], n)
+    starts = rng.integers(0, 50, n)
+    ends = starts + rng.integers(0, 20, n)
+    ids = np.arange(n)
+    forest = RangeForest(tids, starts, ends, ids)
+    assert forest.parent.tolist() == brute_parent(tids.tolist(), starts.tolist(), ends.tolist(), ids.tolist())
+    probes_t = rng.integers(0, 75, 40)
+    probes_tid = rng.choice([1, 2], 40)
+    keys = ThreadTimeKeys([tids, probes_tid], [starts, ends, probes_t])
+    got = forest.innermost_at(keys, probes_tid, probes_t)
+    for k in range(40):
+        inside = [j for j in range(n) if tids[j] == probes_tid[k] and starts[j] <= probes_t[k] < ends[j]]
+        assert got[k] == max(inside, key=lambda j: (starts[j], -ends[j], j), default=-1)
