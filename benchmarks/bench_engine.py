@@ -109,6 +109,11 @@ def run(path: Path, out_dir: Path, report_list: list[str]) -> list[tuple[str, fl
         stages.append((name, time.perf_counter() - started, peak_rss_mb()))
         return result
     trace = timed("ingest", lambda: read_nsys_export(path))
+    db = out_dir / "bench_dldb.sqlite"
+    db.unlink(missing_ok=True)
+    # as the pipeline does: the raw tables are copied into the database on a background thread while
+    # the main thread correlates and aggregates
+    writer = database.DatabaseWriter(db, trace, database.domain_ids_for(C.domain_order(trace, None))).start()
     classified = timed("classify", lambda: C.classify_trace(trace, None))
     info, mode, family, _ = classified
 
@@ -122,13 +127,11 @@ def run(path: Path, out_dir: Path, report_list: list[str]) -> list[tuple[str, fl
                                        for n, dm in corr.domains.items()})
     findings = timed("detect", lambda: {n: expert_systems.detect(trace, corr, corr.domains[n], a, iterations)
                                         for n, a in aggs.items()})
-    db = out_dir / "bench_dldb.sqlite"
-    db.unlink(missing_ok=True)
 
     def write_db():
-        ids = database.create_database(db, trace, corr, "default", {"profile_name": "bench"})
+        ids = writer.finish(corr, "default", {"profile_name": "bench", "mode": mode})
         database.append_aggregation(db, aggs, ids, database.op_index_offsets(corr), iterations, findings)
-    timed("write database", write_db)
+    timed("write database (after the background raw copy)", write_db)
 
     def write_reports():
         for name, agg in aggs.items():

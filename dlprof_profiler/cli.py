@@ -73,10 +73,8 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
             if not values:
                 raise DLProfError(f"{name} needs a value: one or more of {', '.join(allowed)}")
             options.append(f"{name}={','.join(values)}")
-            if j < len(argv) and argv[j] == "--" and len(values) > 0:
-                # `--reports a b --` ends the list; anything after it is the command
-                j += 1
-                return options, argv[j:]
+            if j < len(argv) and argv[j] == "--":
+                j += 1  # `--reports a b --` ends the list; options may follow, then the command
             i = j
             continue
         if name in _BOOL_OPTIONS and not has_value:

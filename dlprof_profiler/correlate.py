@@ -86,7 +86,8 @@ def classify_trace(trace: Trace, mode: str | None) -> tuple[pd.DataFrame, str, s
     """Classify every range; return (range_info, mode, family, run config from config markers)."""
     ranges = trace.ranges
     if mode == "simple" or len(ranges) == 0:
-        info = nm.classify_ranges([], [])
+        # no op analysis, but the ranges still say where data loading happens (summary breakdown)
+        info = nm.classify_ranges(ranges["text"], ranges["domain"], set())
         return info, (mode or "simple"), None, {}
     families = None
     if mode in FAMILY_OF_MODE:
@@ -398,11 +399,13 @@ def _backward_pass_instances(trace, corr, ranges, info, api_instance, bounds, fi
         return None
     kinds = info["kind"].to_numpy()
     marked = np.isin(kinds, (nm.PT_OP, nm.DL_ARG))
-    if not marked.any():
+    # Only DLProf/PyProf argument markers (recorded without emit_nvtx) leave the backward pass unmarked;
+    # a PyTorch emit_nvtx profile marks backward nodes itself, so its unmarked threads are not backward.
+    if not (kinds == nm.DL_ARG).any():
         return None
     has_backward_markers = (info["backward"].to_numpy(dtype=bool) | (info["direction"].to_numpy(dtype=object)
                                                                    == "bprop")) & marked
-    pids_with_markers = set(np.unique(ranges["pid"].to_numpy()[marked]).tolist())
+    pids_with_markers = set(np.unique(ranges["pid"].to_numpy()[kinds == nm.DL_ARG]).tolist())
     pids_with_backward = set(np.unique(ranges["pid"].to_numpy()[has_backward_markers]).tolist())
     marker_threads = set(np.unique(ranges["global_tid"].to_numpy()[marked]).tolist())
     api = trace.api_calls

@@ -80,10 +80,11 @@ def default_key_node(ranges: pd.DataFrame, info: pd.DataFrame, family: str | Non
     labels = pd.Series(info["label"].to_numpy(dtype=object))
     kinds = info["kind"].to_numpy()
     if family == "pytorch":
-        for pattern in (r"^Optimizer\.step#", r"^ProfilerStep#\d+$"):
-            hit = labels.str.contains(pattern, regex=True).to_numpy(dtype=bool)
-            if hit.any():
-                return _most_frequent(labels[hit])
+        hit = labels.str.contains(r"^Optimizer\.step#", regex=True).to_numpy(dtype=bool)
+        if hit.any():
+            return _most_frequent(labels[hit])
+        if labels.str.contains(r"^ProfilerStep#\d+$", regex=True).any():
+            return "ProfilerStep"  # matches every ProfilerStep#N through the counter-stripped label
         return None
     if family == "tensorflow":
         hit = (kinds == nm.TF_OP) & labels.str.contains(_TF_GLOBAL_STEP).to_numpy(dtype=bool)
@@ -142,9 +143,9 @@ def select_range(iterations: Iterations, iter_start: int | None, iter_stop: int 
     last = iterations.count - 1
     start = 0 if iter_start is None else int(iter_start)
     stop = last if iter_stop is None else int(iter_stop)
-    if stop < start:
-        raise DLProfError(f"--iter_stop {stop} is below --iter_start {start}", exit_code=2)
     if start > last or stop > last:
         raise DLProfError(f"{source_name}: iteration range {start}..{stop} is outside the profile, which has "
                           f"iterations 0..{last} (key node '{iterations.key_node}')", exit_code=2)
+    if stop < start:
+        raise DLProfError(f"--iter_stop {stop} is below --iter_start {start}", exit_code=2)
     return start, stop

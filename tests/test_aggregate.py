@@ -1,0 +1,109 @@
+"""Aggregation of the hand-computable training profile (tests/profiles.py: its docstring has the layout).
+
+Per iteration i (T = 1,000,000 + 100,000 i), GPU busy: memcpy [T+7000,T+8000); TC_CONV [T+14000,T+24000);
+RELU [T+25000,T+27000); SGEMM [T+37000,T+45000); SGEMM [T+53000,T+61000); TC_WGRAD [T+62000,T+68000);
+ADD [T+74000,T+76000). Key node: Optimizer.step#SGD.step ending at T+80000 -> boundaries 1.08M, 1.18M, 1.28M
+-> 4 iterations; the last holds only the final cudaDeviceSynchronize [1,285,000, 1,290,000).
+"""
+import pytest
+
+from tests import profiles
+from tests.analysis import analyze
+
+
+@pytest.fixture(scope="module")
+def training(tmp_path_factory):
+    return analyze(profiles.training_profile(tmp_path_factory.mktemp("t") / "t.sqlite"))
+
+
+def test_iterations(training):
+    it = training.iterations
+    assert it.key_node == "Optimizer.step#SGD.step" and it.source == "default"
+    assert it.boundaries.tolist() == [1_080_000, 1_180_000, 1_280_000]
+    table = training.agg().iterations
+    assert table["duration"].tolist() == [1_080_000, 100_000, 100_000, 10_000]
+    # kernels launched per iteration: 6 per training iteration (the memcpy is not a kernel)
+    assert table["kernels"].tolist() == [6, 6, 6, 0]
+    assert table["tc_kernels"].tolist() == [2, 2, 2, 0]
+    assert table["tc_kernel_time_per_gpu"].tolist() == [16_000, 16_000, 16_000, 0]
+
+
+def test_summary_time_breakdown(training):
+    s = training.agg().summary
+    wall = 1_290_000
+    assert s["wall_time"] == wall
+    # per training iteration: TC 10000 + 6000; non-TC 2000 + 8000 + 8000 + 2000; memory 1000;
+    # dataloader [T, T+5000); CPU = op ranges not covered by GPU work (2000 + 4000 + 1000 + 9000 + 3000
+    # + 1000 + 6000) plus the unassociated cudaDeviceSynchronize 5000
+    expected = {"tc": 3 * 16_000, "non_tc": 3 * 20_000, "memory": 3 * 1_000, "dataloader": 3 * 5_000, "io": 0,
+                "cpu": 3 * 31_000}
+    expected["other"] = wall - sum(expected.values())
+    for name, ns in expected.items():
+        assert s["pct"][name] == pytest.approx(100.0 * ns / wall), name
+    assert s["gpu_utilization"] == pytest.approx(100.0 * (48_000 + 60_000 + 3_000) / wall)
+    # TC kernel time over kernel time of eligible ops (conv2d and linear, both directions): 16000 / 32000
+    assert s["tc_utilization"] == pytest.approx(50.0)
+    assert s["avg_iteration_time"] == pytest.approx(wall / 4)
+
+
+def test_summary_ops_and_kernels_sections(training):
+    s = training.agg().summary
+    # using TC: conv2d fprop (3 x 10000 GPU, 3 x 10000 CPU) and bprop (3 x 6000, 3 x 8000)
+    assert s["ops"]["using_tc"] == {"gpu_time": 48_000, "cpu_time": 54_000, "count": 2}
+    # eligible but not using: linear fprop (8000 GPU, 10000 CPU) and bprop (8000 GPU, 6000 CPU)
+    assert s["ops"]["eligible_not_using"] == {"gpu_time": 48_000, "cpu_time": 48_000, "count": 2}
+    assert s["ops"]["all"]["count"] == 8
+    assert s["kernels"]["tc"] == {"gpu_time": 48_000, "cpu_time": 6 * 1000, "count": 2}
+    assert s["kernels"]["memory"] == {"gpu_time": 3_000, "cpu_time": 3_000, "count": 1}
+    assert s["kernels"]["other"] == {"gpu_time": 60_000, "cpu_time": 12 * 1000, "count": 3}
+    assert s["kernels"]["all"]["gpu_time"] == 111_000
+
+
+def test_op_table(training):
+    conv = training.op("/aten::conv2d", "fprop")
+    assert (conv["op_id"], conv["calls"], conv["cpu_total"], conv["gpu_total"], conv["overhead_avg"]) == \
+        ("CONV2D_1", 3, 30_000, 30_000, 9_000)
+    add = training.op("/Optimizer.step#SGD.step/aten::add_")
+    assert (add["op_id"], add["gpu_total"], add["tc_eligible"]) == ("ADD__1", 6_000, False)
+    sync = training.op("unassociated_cudaDeviceSynchronize_v3020")
+    assert (sync["calls"], sync["cpu_total"], sync["direction"]) == (3, 15_000, "")
+
+
+def test_tensor_core_and_kernel_reports(training):
+    tc = training.agg().tensor_core.set_index(["name", "direction"])
+    conv = tc.loc[("/aten::conv2d", "fprop")]
+    assert (conv["total_gpu_time"], conv["tc_gpu_time"], conv["tc_utilization"]) == (30_000, 30_000, 100.0)
+    assert conv["tc_kernel_names"] == [profiles.TC_CONV] and conv["non_tc_kernel_count"] == 0
+    linear = tc.loc[("/aten::linear", "bprop")]
+    assert (linear["total_gpu_time"], linear["tc_gpu_time"], linear["non_tc_kernel_names"]) == \
+        (24_000, 0, [profiles.SGEMM])
+    kernels = training.agg().kernels
+    sgemm = kernels[kernels["name"] == profiles.SGEMM]
+    assert len(sgemm) == 2 and set(sgemm["count"]) == {3}
+    assert set(sgemm["gpu_avg"]) == {8_000.0} and set(sgemm["api_total"]) == {3_000}
+
+
+def test_op_types_and_groups(training):
+    types = training.agg().op_types.set_index("op_type")
+    assert (types.loc["conv2d", "n_ops"], types.loc["conv2d", "calls"], types.loc["conv2d", "gpu_total"]) == \
+        (2, 6, 48_000)
+    groups = training.agg().groups.set_index("name")
+    # "/" holds the 7 named ops; per iteration their CPU ranges flatten to 49,000 ns
+    root = groups.loc["/"]
+    assert (root["calls"], root["cpu_total"], root["cpu_min"], root["cpu_max"]) == (21, 147_000, 49_000, 49_000)
+    assert root["n_tc_eligible"] == 4 and root["n_using_tc"] == 2
+    complete = groups.loc["_CompleteModel_"]
+    # iteration 0: 49,000; 1 and 2: 49,000 + the previous iteration's 5,000 ns sync; 3: the last sync
+    assert (complete["calls"], complete["cpu_total"], complete["cpu_min"], complete["cpu_max"]) == \
+        (24, 162_000, 5_000, 54_000)
+    assert list(training.agg().groups["name"])[-1] == "_CompleteModel_"
+
+
+def test_sub_range_aggregation(tmp_path):
+    a = analyze(profiles.training_profile(tmp_path / "t.sqlite"), iter_start=1, iter_stop=2)
+    s = a.agg().summary
+    # window [1,080,000, 1,279,000): the last item of iteration 2 is aten::add_ ending at T+79000
+    assert s["wall_time"] == 199_000
+    assert s["pct"]["tc"] == pytest.approx(100 * 32_000 / 199_000)
+    assert s["pct"]["cpu"] == pytest.approx(100 * 62_000 / 199_000)
+    assert a.op("/aten::conv2d", "fprop")["calls"] == 2

@@ -1,0 +1,159 @@
+"""`dlprof --database` from the command line: good runs, bad input, outputs that appear whole or not at all."""
+import hashlib
+import os
+import sqlite3
+
+import pytest
+
+from tests import profiles
+from tests.nsys_builder import NsysExport
+from tests.profiles import run_dlprof
+
+
+def sha(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def error_line(proc):
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "ERROR: " in lines[0] and lines[0].startswith("[DLProf-")
+    return lines[0]
+
+
+def assert_nothing_written(out_dir):
+    assert not out_dir.exists() or not [p for p in out_dir.rglob("*")], list(out_dir.rglob("*"))
+
+
+@pytest.fixture
+def export(tmp_path):
+    return profiles.training_profile(tmp_path / "t.sqlite")
+
+
+def test_version_and_help():
+    assert run_dlprof("--version").stdout.startswith("dlprof ")
+    helptext = run_dlprof("--help").stdout
+    for word in ("--database", "--key_node", "--iter_start", "--reports", "simple", "pytorch", "tensorflow1"):
+        assert word in helptext
+
+
+def test_input_is_never_modified(tmp_path, export):
+    before = (sha(export), os.stat(export).st_mtime_ns)
+    run_dlprof(f"--database={export}", "--reports=all", f"--output_path={tmp_path / 'o'}")
+    assert (sha(export), os.stat(export).st_mtime_ns) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o", "t.sqlite"]  # no journal left beside it
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "no such file"),
+    (b"", "empty file"),
+    (b"hello, this is not a database" * 10, "not an SQLite database"),
+])
+def test_unreadable_inputs(tmp_path, content, message):
+    path = tmp_path / "input.sqlite"
+    if content is not None:
+        path.write_bytes(content)
+    proc = run_dlprof(f"--database={path}", f"--output_path={tmp_path / 'o'}", check=False)
+    assert proc.returncode != 0
+    line = error_line(proc)
+    assert str(path) in line and message in line
+    assert_nothing_written(tmp_path / "o")
+
+
+def test_truncated_file(tmp_path, export):
+    data = export.read_bytes()
+    path = tmp_path / "cut.sqlite"
+    path.write_bytes(data[: len(data) // 2])
+    proc = run_dlprof(f"--database={path}", f"--output_path={tmp_path / 'o'}", check=False)
+    assert proc.returncode != 0
+    line = error_line(proc)
+    assert str(path) in line and "truncated" in line
+    assert_nothing_written(tmp_path / "o")
+
+
+def test_sqlite_that_is_not_an_export(tmp_path):
+    path = tmp_path / "other.sqlite"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE people (name TEXT)")
+    con.commit()
+    con.close()
+    proc = run_dlprof(f"--database={path}", f"--output_path={tmp_path / 'o'}", check=False)
+    assert proc.returncode != 0
+    assert "not an Nsight Systems export or DLProf database" in error_line(proc)
+
+
+def test_exports_without_cuda_or_nvtx_warn_and_still_report(tmp_path):
+    exp = NsysExport()
+    t = exp.add_thread(pid=1, tid=1, name="python", process_name="python")
+    exp.push_pop(t, 0, 100, "step")
+    no_cuda = exp.write(tmp_path / "no_cuda.sqlite")
+    proc = run_dlprof(f"--database={no_cuda}", f"--output_path={tmp_path / 'a'}")
+    assert "no CUDA trace tables" in proc.stderr and (tmp_path / "a" / "dlprof_summary.csv").is_file()
+    exp = NsysExport()
+    exp.add_gpu(device_id=0)
+    t = exp.add_thread(pid=1, tid=1, name="python", process_name="python")
+    exp.launch(t, 10, 20, 30, 40, kernel="k")
+    no_nvtx = exp.write(tmp_path / "no_nvtx.sqlite")
+    proc = run_dlprof(f"--database={no_nvtx}", "--reports=kernel", f"--output_path={tmp_path / 'b'}")
+    assert "no NVTX ranges" in proc.stderr
+    assert "unassociated_cudaLaunchKernel_v7000" in (tmp_path / "b" / "dlprof_kernel.csv").read_text()
+
+
+def test_key_node_not_found_warns_and_gives_one_iteration(tmp_path, export):
+    proc = run_dlprof(f"--database={export}", "--key_node=nope", "--reports=summary,expert_systems",
+                      f"--output_path={tmp_path / 'o'}")
+    assert "key node 'nope' found" in proc.stderr or "key node 'nope'" in proc.stderr
+    text = (tmp_path / "o" / "dlprof_summary.csv").read_text()
+    assert "Total Iterations,1" in text and "Start Iteration,0" in text and "Stop Iteration,0" in text
+    assert "key op nope not found" in (tmp_path / "o" / "dlprof_expert_systems.csv").read_text()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--iter_start=2", "--iter_stop=1"], "--iter_stop 1 is below --iter_start 2"),
+    (["--iter_start=7"], "outside the profile"),
+    (["--iter_start=-1"], "invalid arguments"),
+    (["--reports=summary,bogus"], "invalid arguments"),
+])
+def test_bad_iteration_ranges_and_options(tmp_path, export, args, message):
+    proc = run_dlprof(f"--database={export}", *args, f"--output_path={tmp_path / 'o'}", check=False)
+    assert proc.returncode == 2
+    assert message in error_line(proc)
+    assert_nothing_written(tmp_path / "o")
+
+
+def test_output_path_that_cannot_be_written(tmp_path, export):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    proc = run_dlprof(f"--database={export}", f"--output_path={blocker / 'sub'}", check=False)
+    assert proc.returncode != 0
+    assert str(blocker / "sub") in error_line(proc)
+
+
+def test_existing_outputs_need_force(tmp_path, export):
+    out = tmp_path / "o"
+    run_dlprof(f"--database={export}", "--reports=summary", f"--output_path={out}")
+    first = sha(out / "dlprof_dldb.sqlite")
+    proc = run_dlprof(f"--database={export}", "--reports=summary", f"--output_path={out}", check=False)
+    assert proc.returncode != 0
+    line = error_line(proc)
+    assert "output file exists" in line and "--force" in line
+    assert sha(out / "dlprof_dldb.sqlite") == first
+    run_dlprof(f"--database={export}", "--reports=summary", f"--output_path={out}", "-f", "true")
+    assert len(list((out / "dlprof").glob("events.out.tfevents.*"))) == 1  # the old event file was replaced
+    assert not list(out.glob(".dlprof-staging-*"))
+
+
+def test_a_failure_after_reading_leaves_no_partial_output(tmp_path, export):
+    out = tmp_path / "o"
+    proc = run_dlprof(f"--database={export}", "--key_node=Optimizer.step#SGD.step", "--iter_start=3",
+                      "--iter_stop=9", f"--output_path={out}", check=False)
+    assert proc.returncode == 2
+    assert list(out.iterdir()) == []  # the folder was created, nothing (not even staging) is left
+
+
+def test_dump_model_data(tmp_path, export):
+    import json
+    run_dlprof(f"--database={export}", "--dump_model_data=true", f"--output_path={tmp_path / 'o'}")
+    doc = json.loads((tmp_path / "o" / "dlprof_model_data.json").read_text())
+    names = {op["name"] for op in doc["default"]["ops"]}
+    assert "/aten::conv2d" in names and len(doc["default"]["instances"]["data"]) == 24

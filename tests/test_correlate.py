@@ -1,0 +1,296 @@
+"""Correlation on hand-built profiles: every expected value below is derived by hand from the layout."""
+import pytest
+
+from tests.analysis import analyze
+from tests.nsys_builder import NsysExport
+
+PID = 100
+
+
+def new_export(schema="2022.4"):
+    exp = NsysExport(schema=schema)
+    exp.add_gpu(device_id=0)
+    main = exp.add_thread(pid=PID, tid=PID, name="python", process_name="python")
+    return exp, main
+
+
+def test_design_naming_example(tmp_path):
+    # function a calls b twice, b runs conv1d twice -> four ops (DESIGN.md "Correlation")
+    exp, t = new_export()
+    exp.push_pop(t, 0, 1000, "a")
+    seq = 0
+    for b_start in (10, 500):
+        exp.push_pop(t, b_start, b_start + 400, "b")
+        for off in (10, 200):
+            s = b_start + off
+            seq += 1
+            exp.push_pop(t, s, s + 90, f"aten::conv1d, seq = {seq}, op_id = {seq}")
+            exp.launch(t, s + 10, s + 20, s + 30, s + 40, kernel="conv_kernel")
+    a = analyze(exp.write(tmp_path / "p.sqlite"))
+    assert a.op_names() == {"/a/b/aten::conv1d", "/a/b/aten::conv1d[2]", "/a/b[2]/aten::conv1d",
+                            "/a/b[2]/aten::conv1d[2]"}
+    for name in a.op_names():
+        op = a.op(name)
+        assert op["calls"] == 1 and op["gpu_total"] == 10 and op["op_type"] == "conv1d"
+
+
+def test_nested_markers_fold_into_the_outermost(tmp_path):
+    exp, t = new_export()
+    exp.push_pop(t, 0, 100, "aten::conv2d, seq = 1, op_id = 1")
+    exp.push_pop(t, 10, 90, "aten::convolution, seq = 1, op_id = 2")
+    exp.push_pop(t, 20, 80, "aten::_convolution, seq = 1, op_id = 3")
+    exp.launch(t, 30, 40, 50, 150, kernel="k")
+    a = analyze(exp.write(tmp_path / "p.sqlite"))
+    assert a.op_names() == {"/aten::conv2d"}
+    op = a.op("/aten::conv2d")
+    assert (op["calls"], op["cpu_total"], op["gpu_total"], op["overhead_total"]) == (1, 100, 100, 90)
+    assert op["op_type"] == "conv2d" and op["direction"] == "fprop" and op["tc_eligible"]
+
+
+def test_correlation_ids_repeat_across_processes(tmp_path):
+    exp, t1 = new_export()
+    t2 = exp.add_thread(pid=200, tid=200, name="python", process_name="python")
+    exp.push_pop(t1, 0, 100, "aten::mm, seq = 1, op_id = 1")
+    exp.push_pop(t2, 0, 100, "aten::relu, seq = 1, op_id = 1")
+    c1 = exp.runtime(t1, 10, 20, correlation_id=5)
+    c2 = exp.runtime(t2, 10, 20, correlation_id=5)
+    exp.kernel(PID, c1, 30, 40, "mm_kernel")          # 10 ns, belongs to process 100's call
+    exp.kernel(200, c2, 30, 70, "relu_kernel")        # 40 ns, belongs to process 200's call
+    a = analyze(exp.write(tmp_path / "p.sqlite"))
+    assert a.op("/aten::mm")["gpu_total"] == 10
+    assert a.op("/aten::relu")["gpu_total"] == 40
+
+
+def test_calls_outside_ranges_and_orphan_kernels_become_unassociated_ops(tmp_path):
+    exp, t = new_export()
+    other = exp.add_thread(pid=PID, tid=PID + 1, name="worker")
+    exp.push_pop(t, 0, 100, "aten::add, seq = 1, op_id = 1")
+    exp.launch(other, 10, 20, 30, 40, kernel="k_other_thread")      # inside the range's time, other thread
+    exp.runtime(t, 200, 260, name="cudaDeviceSynchronize_v3020")     # after every range
+    exp.kernel(PID, 999, 500, 530, "orphan_kernel")                  # no API call with that id
+    a = analyze(exp.write(tmp_path / "p.sqlite"))
+    launch = a.op("unassociated_cudaLaunchKernel_v7000")
+    assert (launch["calls"], launch["gpu_total"], launch["op_type"], launch["direction"]) == \
+        (1, 10, "cudaLaunchKernel_v7000", "")
+    sync = a.op("unassociated_cudaDeviceSynchronize_v3020")
+    assert (sync["cpu_total"], sync["op_id"]) == (60, "CUDADEVICESYNCHRONIZE_V3020_1")
+    orphan = a.op("unassociated_orphan_kernel")
+    assert (orphan["gpu_total"], orphan["cpu_total"]) == (30, 0)
+    assert a.op("/aten::add")["gpu_total"] == 0
+    # nothing is lost: every GPU activity belongs to exactly one instance
+    assert (a.domain().gpu_instance >= 0).all() and len(a.domain().gpu_instance) == 2
+
+
+def test_backward_ops_take_the_forward_name_by_sequence_number(tmp_path):
+    exp, t = new_export()
+    grad = exp.add_thread(pid=PID, tid=PID + 1, name="autograd")
+    exp.push_pop(t, 0, 100, "aten::linear, seq = 7, op_id = 1")
+    exp.push_pop(t, 10, 20, "aten::t, seq = 7, op_id = 2")
+    exp.push_pop(t, 30, 90, "aten::addmm, seq = 8, op_id = 3")
+    exp.launch(t, 40, 50, 60, 80, kernel="gemm")
+    exp.push_pop(grad, 200, 300, "AddmmBackward0, seq = 8, op_id = 4")
+    exp.launch(grad, 210, 220, 230, 270, kernel="gemm")
+    # the engine's evaluate_function wrapper carries no seq: the node inside it does
+    exp.push_pop(grad, 400, 500, "autograd::engine::evaluate_function: TBackward0, op_id = 5")
+    exp.push_pop(grad, 410, 490, "TBackward0, seq = 7, op_id = 6")
+    exp.launch(grad, 420, 430, 440, 445, kernel="transpose")
+    a = analyze(exp.write(tmp_path / "p.sqlite"))
+    assert a.op_names() == {"/aten::linear"}
+    fwd, bwd = a.op("/aten::linear", "fprop"), a.op("/aten::linear", "bprop")
+    assert (fwd["calls"], fwd["gpu_total"]) == (1, 20)
+    assert (bwd["calls"], bwd["gpu_total"], bwd["cpu_total"]) == (2, 45, 200)
+    assert bwd["op_type"] == "linear" and fwd["op_id"] == "LINEAR_1" and bwd["op_id"] == "LINEAR_2"
+
+
+def test_unlinked_backward_nodes_keep_their_own_names(tmp_path):
+    exp, t = new_export()
+    grad = exp.add_thread(pid=PID, tid=PID + 1, name="autograd")
+    exp.push_pop(grad, 0, 100, "MulBackward0, seq = 3, op_id = 1")
+    exp.launch(grad, 10, 20, 30, 40, kernel="k")
+    a = analyze(exp.write(tmp_path / "p.sqlite"))
+    op = a.op("/MulBackward0")
+    assert op["direction"] == "bprop" and op["op_type"] == "MulBackward0"
+
+
+def test_scope_range_launching_directly_is_an_op_too(tmp_path):
+    exp, t = new_export()
+    exp.push_pop(t, 0, 1000, "Optimizer.step#SGD.step, op_id = 1")
+    exp.launch(t, 10, 20, 30, 50, kernel="direct")                   # the scope's own call
+    exp.push_pop(t, 100, 200, "aten::add_, seq = 2, op_id = 2")
+    exp.launch(t, 110, 120, 130, 160, kernel="add")
+    a = analyze(exp.write(tmp_path / "p.sqlite"))
+    assert a.op_names() == {"/Optimizer.step#SGD.step", "/Optimizer.step#SGD.step/aten::add_"}
+    scope = a.op("/Optimizer.step#SGD.step")
+    assert (scope["gpu_total"], scope["cpu_total"]) == (20, 1000)
+    assert a.op("/Optimizer.step#SGD.step/aten::add_")["gpu_total"] == 30
+
+
+def test_domain_without_markers_makes_leaf_ranges_ops(tmp_path):
+    exp, t = new_export()
+    exp.push_pop(t, 0, 1000, "train")
+    exp.push_pop(t, 100, 400, "forward")
+    exp.launch(t, 110, 120, 130, 200, kernel="f")
+    exp.push_pop(t, 500, 900, "backward")
+    exp.launch(t, 510, 520, 530, 650, kernel="b")
+    exp.launch(t, 950, 960, 970, 980, kernel="stray")                 # in train, outside both leaves
+    a = analyze(exp.write(tmp_path / "p.sqlite"))
+    assert a.corr.mode == "nvtx"
+    assert a.op_names() == {"/train/forward", "/train/backward", "/train"}
+    assert a.op("/train/forward")["gpu_total"] == 70
+    assert a.op("/train/backward")["gpu_total"] == 120
+    assert a.op("/train")["gpu_total"] == 10
+    assert set(a.ops()["direction"]) == {""}
+
+
+def test_op_ids_count_per_type_in_execution_order(tmp_path):
+    exp, t = new_export()
+    labels = ["aten::conv2d", "aten::relu", "aten::conv2d", "aten::uniform_"]
+    for i, label in enumerate(labels):
+        exp.push_pop(t, i * 100, i * 100 + 50, f"{label}, seq = {i}, op_id = {i}")
+        exp.launch(t, i * 100 + 10, i * 100 + 20, i * 100 + 30, i * 100 + 40, kernel="k")
+    a = analyze(exp.write(tmp_path / "p.sqlite"))
+    ids = dict(zip(a.ops()["name"], a.ops()["op_id"]))
+    assert ids == {"/aten::conv2d": "CONV2D_1", "/aten::relu": "RELU_1", "/aten::conv2d[2]": "CONV2D_2",
+                   "/aten::uniform_": "UNIFORM__1"}
+
+
+def test_instance_metrics_flatten_overlaps(tmp_path):
+    exp, t = new_export()
+    exp.push_pop(t, 0, 1000, "aten::bmm, seq = 1, op_id = 1")
+    c1 = exp.runtime(t, 100, 200)
+    c2 = exp.runtime(t, 150, 300)       # overlaps the first call: API time flattened = 200
+    c3 = exp.runtime(t, 500, 600)       # + 100 -> 300, CPU overhead = 1000 - 300 = 700
+    exp.kernel(PID, c1, 1000, 1500, "a", stream_id=7)
+    exp.kernel(PID, c2, 1200, 1800, "b", stream_id=8)   # concurrent: busy [1000, 1800) = 800
+    exp.kernel(PID, c3, 2000, 2100, "c", stream_id=7)   # + 100 -> GPU time 900, span 1100 -> idle 200
+    a = analyze(exp.write(tmp_path / "p.sqlite"))
+    op = a.op("/aten::bmm")
+    assert (op["cpu_total"], op["overhead_total"], op["gpu_total"], op["idle_total"]) == (1000, 700, 900, 200)
+    # the All Kernels figure accumulates instead: 500 + 600 + 100
+    assert a.agg().summary["kernels"]["all"]["gpu_time"] == 1200
+
+
+def test_top_level_numbering_restarts_every_iteration(tmp_path):
+    exp, t = new_export()
+    for it in range(2):
+        base = it * 1000
+        for k in range(2):
+            s = base + k * 100
+            exp.push_pop(t, s, s + 50, f"aten::mul, seq = {it * 10 + k}, op_id = {it * 10 + k}")
+            exp.launch(t, s + 10, s + 20, s + 30, s + 40, kernel="mul")
+        exp.push_pop(t, base + 300, base + 400, "ProfilerStep#%d, op_id = 99" % it)
+    a = analyze(exp.write(tmp_path / "p.sqlite"))
+    assert a.iterations.key_node.startswith("ProfilerStep#")
+    assert a.op_names() == {"/aten::mul", "/aten::mul[2]"}
+    assert a.op("/aten::mul")["calls"] == 2 and a.op("/aten::mul[2]")["calls"] == 2
+
+
+def dlprof_marker_profile(tmp_path, with_backward_marker=False):
+    exp, t = new_export()
+    trace = ("{'traceMarker': ['train.py:57', 'model.py:30'], 'funcStack': "
+             "'/<module>/Net::_call_impl/Net::forward/Conv2d::_call_impl(2)/Conv2d::forward/conv2d'}")
+    args = ("{'mod': 'torch.nn.functional', 'op': 'conv2d', 'callid': 12, 'args': [{'name': '', 'type': 'tensor', "
+            "'shape': (8, 3, 64, 64), 'dtype': 'float16'}, {'name': '', 'type': 'tensor', 'shape': (16, 3, 3, 3), "
+            "'dtype': 'float16'}, {'name': 'stride', 'type': 'int', 'value': 1}]}")
+    exp.push_pop(t, 0, 1000, trace)
+    exp.push_pop(t, 10, 990, "{'mod': 'torch.nn.functional', 'strRepr': 'Conv2d(3, 16, kernel_size=(3, 3))'}")
+    exp.push_pop(t, 20, 980, args)
+    exp.push_pop(t, 30, 970, "aten::conv2d, seq = 4, op_id = 1")
+    exp.launch(t, 40, 50, 60, 260, kernel="volta_fp16_s884cudnn_fp16_128x128_ldg8_relu_f2f_exp_small_nhwc_tn_v1")
+    grad = exp.add_thread(pid=PID, tid=PID + 1, name="autograd")
+    if with_backward_marker:
+        exp.push_pop(grad, 2000, 3000, trace)
+        exp.push_pop(grad, 2010, 2990, "{'mod': 'torch.nn.functional', 'op': 'conv2d', 'dir': 'bprop', "
+                                       "'fwdCallid': 12, 'args': []}")
+    else:
+        exp.push_pop(grad, 2000, 3000, "ConvolutionBackward0, seq = 4, op_id = 2")
+    exp.launch(grad, 2100, 2110, 2200, 2300, kernel="wgrad")
+    return exp.write(tmp_path / "p.sqlite")
+
+
+@pytest.mark.parametrize("with_backward_marker", [False, True])
+def test_dlprof_dict_markers(tmp_path, with_backward_marker):
+    a = analyze(dlprof_marker_profile(tmp_path, with_backward_marker))
+    name = "/module/Net::_call_impl/Net::forward/Conv2d::_call_impl[2]/Conv2d::forward/conv2d"
+    assert a.op_names() == {name}
+    fwd, bwd = a.op(name, "fprop"), a.op(name, "bprop")
+    assert (fwd["op_type"], fwd["data_type"], fwd["stack_trace"]) == ("conv2d", "float16", "train.py:57\nmodel.py:30")
+    assert fwd["using_tc"] and fwd["tc_eligible"] and fwd["gpu_total"] == 200
+    assert bwd["gpu_total"] == 100 and bwd["op_type"] == "conv2d"
+    inst = a.domain().instances
+    row = inst[(inst["name"] == name) & (inst["direction"] == "fprop")].iloc[0]
+    assert row["input_shapes"] == "<N:8, C:3, H:64, W:64>; <K:16, C:3, R:3, S:3>"
+    assert row["output_shapes"] == "<N:8, K:16, P:62, Q:62>"
+    assert row["parameters"] == "stride=1"
+
+
+def test_dlprof_markers_without_backward_markers_make_one_backward_op(tmp_path):
+    exp, t = new_export()
+    grad = exp.add_thread(pid=PID, tid=PID + 1, name="autograd")
+    exp.push_pop(t, 0, 100, "{'traceMarker': ['train.py:1'], 'funcStack': '/<module>/linear'}")
+    exp.push_pop(t, 10, 90, "{'mod': 'torch.nn.functional', 'op': 'linear', 'args': []}")
+    exp.launch(t, 20, 30, 40, 60, kernel="gemm")
+    exp.launch(grad, 200, 210, 300, 340, kernel="gemm_bwd")
+    exp.launch(grad, 400, 410, 420, 430, kernel="gemm_bwd2")
+    a = analyze(exp.write(tmp_path / "p.sqlite"))
+    assert a.op_names() == {"/module/linear", "backward"}
+    bwd = a.op("backward")
+    assert (bwd["calls"], bwd["direction"], bwd["op_type"], bwd["gpu_total"], bwd["cpu_total"]) == \
+        (1, "bprop", "backward", 50, 210)
+
+
+def test_tensorflow_node_ranges(tmp_path):
+    exp, t = new_export()
+    exp.push_pop(t, 0, 100, "Conv2D: model/conv1/Conv2D")
+    exp.launch(t, 10, 20, 30, 80, kernel="implicit_convolve_sgemm")
+    exp.push_pop(t, 200, 300, "Conv2DBackpropInput: gradients/model/conv1/Conv2D_grad/Conv2DBackpropInput")
+    exp.launch(t, 210, 220, 230, 290, kernel="dgrad")
+    a = analyze(exp.write(tmp_path / "p.sqlite"))
+    assert a.corr.mode == "tensorflow2"
+    fwd = a.op("model/conv1/Conv2D")
+    assert (fwd["op_type"], fwd["direction"], fwd["tc_eligible"], fwd["using_tc"]) == ("Conv2D", "fprop", True, False)
+    bwd = a.op("gradients/model/conv1/Conv2D_grad/Conv2DBackpropInput")
+    assert (bwd["op_type"], bwd["direction"]) == ("Conv2DBackpropInput", "bprop")
+
+
+def test_tensorrt_layers_with_registered_names(tmp_path):
+    exp, t = new_export("2024.6")
+    exp.add_domain(t, domain_id=3, name="TensorRT", registered=True)
+    exp.push_pop(t, 0, 1000, "ExecutionContext::execute", domain_id=3, registered=True)
+    exp.push_pop(t, 10, 400, "onnx::Conv_239", domain_id=3, registered=True)
+    exp.launch(t, 20, 30, 40, 200, kernel="trt_ampere_h16816gemm_64x64_ldg8_relu_stages_64x5_tn_v1")
+    exp.push_pop(t, 500, 900, "onnx::Relu_240", domain_id=3, registered=True)
+    exp.launch(t, 510, 520, 530, 560, kernel="relu")
+    a = analyze(exp.write(tmp_path / "p.sqlite"))
+    assert a.corr.mode == "tensorrt" and list(a.corr.domains) == ["TensorRT"]
+    conv = a.op("/ExecutionContext::execute/onnx::Conv_239", domain="TensorRT")
+    assert (conv["op_type"], conv["using_tc"], conv["tc_eligible"]) == ("Conv", True, True)
+    relu = a.op("/ExecutionContext::execute/onnx::Relu_240", domain="TensorRT")
+    assert (relu["op_type"], relu["tc_eligible"]) == ("Relu", False)
+
+
+@pytest.mark.parametrize("registered", [False, True])
+def test_text_and_registered_strings_read_alike(tmp_path, registered):
+    exp, t = new_export()
+    exp.push_pop(t, 0, 100, "aten::mm, seq = 1, op_id = 1", registered=registered)
+    exp.launch(t, 10, 20, 30, 40, kernel="k")
+    a = analyze(exp.write(tmp_path / "p.sqlite"))
+    assert a.op_names() == {"/aten::mm"} and a.op("/aten::mm")["gpu_total"] == 10
+
+
+def test_domains_are_kept_apart(tmp_path):
+    exp, t = new_export("2026.2")
+    exp.add_domain(t, domain_id=1, name="NCCL")
+    exp.push_pop(t, 0, 1000, "c10d::allreduce_, op_id = 1")
+    exp.push_pop(t, 100, 900, "ncclAllReduce", domain_id=1)
+    exp.launch(t, 200, 210, 300, 700, kernel="ncclDevKernel_AllReduce_Sum_f32_RING_LL")
+    exp.push_pop(t, 2000, 2100, "ncclGroupEnd", domain_id=2)   # a handle with no create row
+    exp.launch(t, 2010, 2020, 2030, 2040, kernel="k")
+    a = analyze(exp.write(tmp_path / "p.sqlite"))
+    assert set(a.corr.domains) == {"default", "NCCL", "domain2"}
+    assert a.op("/c10d::allreduce_")["gpu_total"] == 400
+    assert a.op("/ncclAllReduce", domain="NCCL")["gpu_total"] == 400
+    assert a.op("/ncclGroupEnd", domain="domain2")["gpu_total"] == 10
+    # every domain accounts for every activity
+    for name in a.corr.domains:
+        assert a.agg(name).summary["kernels"]["all"]["gpu_time"] == 410
