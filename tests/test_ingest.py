@@ -1,0 +1,79 @@
+"""Ingest across nsys export schemas: the same capture written with each version's schema reads alike."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from dlprof_profiler.errors import DLProfError
+from dlprof_profiler.ingest_nsys import read_nsys_export
+from tests.nsys_builder import SCHEMA_VERSIONS, NsysExport
+
+
+def capture(schema, dlprof_modified=False, registered=False):
+    exp = NsysExport(schema=schema, dlprof_modified=dlprof_modified)
+    exp.add_gpu(device_id=0, name="NVIDIA A100-SXM4-40GB", sm_count=108, compute=(8, 0))
+    exp.system_env("CpuDescription", "Test CPU")
+    t = exp.add_thread(pid=7, tid=7, name="python", process_name="python")
+    exp.add_domain(t, domain_id=5, name="MyDomain", registered=registered)
+    exp.push_pop(t, 0, 500, "outer", registered=registered)
+    exp.push_pop(t, 10, 400, "inner", domain_id=5, registered=registered)
+    exp.start_end(t, 50, 700, "async", registered=registered)
+    exp.push_pop(t, 600, None, "never closed")
+    exp.launch(t, 20, 30, 40, 90, kernel="k1", demangled_name="void k1<float>(float*)")
+    corr = exp.runtime(t, 100, 120, name="cudaMemcpyAsync_v3020")
+    exp.memcpy(7, corr, 130, 150, bytes=4096, copy_kind=2)
+    corr = exp.runtime(t, 160, 170, name="cudaMemsetAsync_v3020")
+    exp.memset(7, corr, 180, 185, bytes=64)
+    exp.set_session(start_time=0, stop_time=1000)
+    return exp
+
+
+@pytest.mark.parametrize("schema", SCHEMA_VERSIONS)
+@pytest.mark.parametrize("variant", ["plain", "registered", "dlprof_modified"])
+def test_every_schema_reads_alike(tmp_path, schema, variant):
+    exp = capture(schema, dlprof_modified=variant == "dlprof_modified", registered=variant == "registered")
+    trace = read_nsys_export(exp.write(tmp_path / f"{schema}.sqlite"))
+    ranges = trace.ranges.sort_values("start").reset_index(drop=True)
+    assert ranges["text"].tolist() == ["outer", "inner", "async", "never closed"]
+    assert ranges["domain"].tolist() == ["default", "MyDomain", "default", "default"]
+    assert ranges["event_type"].tolist() == [59, 59, 60, 59]
+    # an unclosed range ends at the capture end (ANALYSIS_DETAILS stop, when the version has it)
+    capture_end = 1000 if schema != "2021.3" else 700
+    assert ranges["end"].tolist() == [500, 400, 700, capture_end] and ranges["unclosed"].tolist() == [0, 0, 0, 1]
+    gpu = trace.gpu
+    assert gpu["kind"].tolist() == [0, 1, 2]
+    assert gpu["name"].astype(str).tolist() == ["k1", "[CUDA memcpy DtoH]", "[CUDA memset]"]
+    assert gpu["long_name"].astype(str).tolist()[0] == "void k1<float>(float*)"
+    assert (gpu["end"] - gpu["start"]).tolist() == [50, 20, 5] and gpu["bytes"].tolist()[1:] == [4096, 64]
+    api = trace.api_calls
+    assert api["name"].astype(str).tolist() == ["cudaLaunchKernel_v7000", "cudaMemcpyAsync_v3020",
+                                                "cudaMemsetAsync_v3020"]
+    assert (api["pid"] == 7).all() and len(set(api["correlation_id"])) == 3
+    dev = trace.devices.iloc[0]
+    assert (dev["name"], dev["sm_count"], dev["compute_major"]) == ("NVIDIA A100-SXM4-40GB", 108, 8)
+    assert trace.system["CpuDescription"] == "Test CPU"
+    if schema != "2021.3":
+        assert trace.meta["nsys_version"].startswith(schema)
+
+
+def test_invalid_utf8_is_replaced_not_fatal(tmp_path):
+    exp = capture("2021.3")
+    exp.system_env("Weird", b"caf\xe9 \xff")
+    trace = read_nsys_export(exp.write(tmp_path / "bad.sqlite"))
+    assert trace.system["Weird"] == "caf\ufffd \ufffd"
+
+
+def test_kernel_device_not_listed_is_added(tmp_path):
+    exp = NsysExport()
+    exp.add_gpu(device_id=0)
+    t = exp.add_thread(pid=1, tid=1, name="python", process_name="python")
+    exp.launch(t, 0, 10, 20, 30, kernel="k", device_id=3)
+    trace = read_nsys_export(exp.write(tmp_path / "p.sqlite"))
+    assert trace.devices["device_id"].tolist() == [0, 3]
+
+
+def test_not_an_export(tmp_path):
+    import sqlite3
+    path = tmp_path / "x.sqlite"
+    sqlite3.connect(path).execute("CREATE TABLE t (a)").connection.close()
+    with pytest.raises(DLProfError, match="not an Nsight Systems export"):
+        read_nsys_export(path)
