@@ -1,0 +1,157 @@
+"""Re-aggregation jobs: `python -m dlprof_profiler.reaggregate` in a background subprocess, one per database.
+
+The request that starts a job returns at once; a watcher thread waits for the process and records its
+outcome (the engine prints one JSON line). State lives in memory, per database real path:
+idle -> running -> succeeded | failed. A second start while one runs raises `JobConflict` (HTTP 409).
+The engine appends the aggregation in one transaction, so a failure leaves earlier aggregations intact.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+JOB_TIMEOUT_S = 6 * 3600   # a job still running after this is killed and reported as failed
+MAX_MESSAGE = 2000
+
+
+class JobConflict(Exception):
+    pass
+
+
+def _utc(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+class Job:
+    def __init__(self, database: str, key_node, iter_start, iter_stop):
+        self.database = database
+        self.key_node, self.iter_start, self.iter_stop = key_node, iter_start, iter_stop
+        self.status = "running"
+        self.message = "re-aggregation running"
+        self.aggr_id = None
+        self.started = time.time()
+        self.finished = None
+        self.proc: subprocess.Popen | None = None
+
+    def to_json(self) -> dict:
+        return {"status": self.status, "message": self.message, "aggr_id": self.aggr_id,
+                "started": _utc(self.started), "finished": _utc(self.finished),
+                "elapsed_seconds": round((self.finished or time.time()) - self.started, 3),
+                "key_node": self.key_node, "iter_start": self.iter_start, "iter_stop": self.iter_stop}
+
+
+IDLE = {"status": "idle", "message": "", "aggr_id": None, "started": None, "finished": None,
+        "elapsed_seconds": None, "key_node": None, "iter_start": None, "iter_stop": None}
+
+
+def command(database: str, key_node, iter_start, iter_stop) -> list[str]:
+    cmd = [sys.executable, "-m", "dlprof_profiler.reaggregate", f"--database={database}"]
+    if key_node is not None:
+        cmd.append(f"--key_node={key_node}")   # joined: a key node may start with '-'
+    if iter_start is not None:
+        cmd.append(f"--iter_start={int(iter_start)}")
+    if iter_stop is not None:
+        cmd.append(f"--iter_stop={int(iter_stop)}")
+    return cmd
+
+
+class JobManager:
+    def __init__(self, on_finish=None):
+        self._lock = threading.Lock()
+        self._jobs: dict[str, Job] = {}
+        self._on_finish = on_finish
+
+    def status(self, database: str) -> dict:
+        with self._lock:
+            job = self._jobs.get(database)
+            return job.to_json() if job else dict(IDLE)
+
+    def running(self, database: str) -> bool:
+        with self._lock:
+            job = self._jobs.get(database)
+            return bool(job and job.status == "running")
+
+    def start(self, database: str, key_node=None, iter_start=None, iter_stop=None) -> dict:
+        with self._lock:
+            current = self._jobs.get(database)
+            if current and current.status == "running":
+                raise JobConflict(f"a re-aggregation of this database is already running (started "
+                                  f"{_utc(current.started)}); wait for it to finish")
+            job = Job(database, key_node, iter_start, iter_stop)
+            env = dict(os.environ, PYTHONUNBUFFERED="1")
+            try:
+                # own session: a Ctrl+C in the server's terminal does not interrupt the engine mid-write
+                job.proc = subprocess.Popen(command(database, key_node, iter_start, iter_stop),
+                                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True, env=env,
+                                            cwd=os.path.dirname(database) or None,
+                                            start_new_session=(os.name == "posix"))
+            except OSError as exc:
+                job.status, job.message, job.finished = "failed", f"could not start the re-aggregation: {exc}", \
+                    time.time()
+                self._jobs[database] = job
+                return job.to_json()
+            self._jobs[database] = job
+            threading.Thread(target=self._watch, args=(job,), name="dlprof-reaggregate", daemon=True).start()
+            return job.to_json()
+
+    def _watch(self, job: Job) -> None:
+        proc = job.proc
+        try:
+            out, err = proc.communicate(timeout=JOB_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            err = f"killed after {JOB_TIMEOUT_S} s\n" + (err or "")
+        result = None
+        for line in reversed((out or "").splitlines()):
+            line = line.strip()
+            if line.startswith("{"):
+                try:
+                    result = json.loads(line)
+                    break
+                except ValueError:
+                    continue
+        with self._lock:
+            job.finished = time.time()
+            if proc.returncode == 0 and result and result.get("status") == "succeeded":
+                job.status = "succeeded"
+                job.aggr_id = result.get("aggr_id")
+                job.message = f"aggregation {job.aggr_id} added"
+            else:
+                job.status = "failed"
+                if result and result.get("message"):
+                    message = str(result["message"])
+                else:
+                    tail = [ln for ln in (err or "").strip().splitlines() if ln.strip()][-3:]
+                    message = " | ".join(tail) or f"re-aggregation exited with status {proc.returncode}"
+                job.message = message[:MAX_MESSAGE]
+        if self._on_finish:
+            try:
+                self._on_finish(job)
+            except Exception:  # noqa: BLE001 - a callback must not kill the watcher
+                pass
+
+    def shutdown(self, timeout: float = 15.0) -> None:
+        """Stop running jobs (the viewer's exit): SIGINT, so the engine's transaction is rolled back cleanly
+        (a killed writer would leave a hot journal); kill only if it does not stop in time."""
+        with self._lock:
+            jobs = [j for j in self._jobs.values() if j.status == "running" and j.proc]
+        for job in jobs:
+            try:
+                job.proc.send_signal(signal.SIGINT if os.name == "posix" else signal.SIGTERM)
+            except OSError:
+                pass
+        deadline = time.monotonic() + timeout
+        for job in jobs:
+            try:
+                job.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                job.proc.kill()

@@ -1,0 +1,715 @@
+"""The HTTP API of http_api.md, independent of TensorBoard: `Service.handle(route, request, ctx, eid)`
+returns a `Reply`; the TensorBoard plugin and the standalone viewer wrap it in their WSGI apps."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import sqlite3
+import threading
+from dataclasses import dataclass, field
+
+from dlprof_plugin import export, tables
+from dlprof_plugin.db import NotADatabase, Registry, is_hot_journal_error
+from dlprof_plugin.jobs import JobConflict, JobManager
+from dlprof_plugin.runs import RunInfo
+from dlprof_plugin.tables import MAX_EXPORT_ROWS, MAX_PAGE, BadRequest, NotFound, Page, TooLarge
+
+log = logging.getLogger("dlprof_plugin")
+
+JSON = "application/json"
+MAX_BODY = 64 * 1024
+MAX_PARAM_LEN = 4096
+EXPORT_FORMATS = ("csv", "xlsx", "json_all")
+STATIC_TYPES = {".js": "text/javascript", ".mjs": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml",
+                ".html": "text/html", ".json": "application/json", ".map": "application/json",
+                ".png": "image/png", ".woff2": "font/woff2", ".woff": "font/woff", ".ico": "image/x-icon",
+                ".txt": "text/plain"}
+_STATIC_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+INLINE_RANGES = 200_000   # NVTX range labels are counted once per file; larger tables in the background
+# A range's label as the engine's key-node matching sees it: the text without PyTorch emit_nvtx per-call
+# fields (", seq = ...", ", op_id = ...", ", sizes = ...", ", input_op_ids = ..."; nvtx_markers._PT_FIELDS).
+_NO_CUT = 1 << 40
+_CUT = "min(" + ", ".join(f"coalesce(nullif(instr(text, ', {f} = '), 0), {_NO_CUT})"
+                          for f in ("seq", "op_id", "sizes", "input_op_ids")) + ")"
+RANGE_LABEL = f"(CASE WHEN text LIKE '{{%' OR {_CUT} = {_NO_CUT} THEN text ELSE substr(text, 1, {_CUT} - 1) END)"
+RANGE_LABELS_SQL = (f"SELECT domain_id, {RANGE_LABEL} AS text, count(*) AS num FROM read_only_ranges "
+                    f"GROUP BY 1, 2 HAVING count(*) >= 2")
+GUIDANCE_LINKS = {
+    "amp": "https://developer.nvidia.com/automatic-mixed-precision",
+    "tc": "https://docs.nvidia.com/deeplearning/performance/mixed-precision-training/index.html",
+    "dali": "https://developer.nvidia.com/DALI",
+    "perf": "https://docs.nvidia.com/deeplearning/performance/index.html",
+}
+
+
+@dataclass
+class Reply:
+    status: int
+    body: bytes | str
+    content_type: str = JSON
+    headers: list = field(default_factory=list)
+
+
+_HOT_JOURNAL = object()   # marker: a read failed on a hot journal (see Database.recover)
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str, extra: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.extra = status, message, extra or {}
+
+
+def _sanitize(value):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _sanitize(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_sanitize(v) for v in value]
+    return value
+
+
+def json_reply(doc, status: int = 200, headers=None, sanitize: bool = True) -> Reply:
+    body = json.dumps(_sanitize(doc) if sanitize else doc, separators=(",", ":"), allow_nan=False)
+    return Reply(status, body, JSON, list(headers or []))
+
+
+def error_reply(status: int, message: str, extra: dict | None = None) -> Reply:
+    return json_reply({"error": message, **(extra or {})}, status)
+
+
+def _clip(text, n: int = 80) -> str:
+    text = str(text)
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_.") or "dlprof"
+
+
+def _bool(v):
+    return None if v is None else bool(v)
+
+
+def _json_field(text):
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return text
+
+
+@dataclass
+class Scope:
+    """What a request is about: run, database, aggregation, domain."""
+    info: RunInfo
+    db: object
+    aggr_id: int | None
+    domain_id: int
+    domain: str
+    mode: str
+
+    @property
+    def pytorch(self) -> bool:
+        return self.mode == "pytorch"
+
+    def params(self) -> dict:
+        return {"aggr": self.aggr_id, "domain": self.domain_id}
+
+
+class Service:
+    """Routes of http_api.md over a run source (`runs(ctx, eid)`, `lookup(ctx, eid, run)`)."""
+
+    def __init__(self, run_source, static_dir=None, jobs: JobManager | None = None):
+        self.run_source = run_source
+        self.registry = Registry()
+        self.jobs = jobs or JobManager()
+        self.static_dir = static_dir
+        self._range_lock = threading.Lock()
+        self._range_jobs: dict = {}
+        self.routes = {
+            "runs": self.runs, "aggregations": self.aggregations, "domains": self.domains,
+            "dashboard": self.dashboard, "system": self.system, "gpus": self.gpus, "iterations": self.iterations,
+            "op": self.op, "expert_systems": self.expert_systems, "reaggregate": self.reaggregate,
+            "reaggregate_status": self.reaggregate_status,
+        }
+        self.tables = {
+            "ops": lambda s, a: tables.ops_table(s),
+            "kernels": self._kernels_table,
+            "op_types": lambda s, a: tables.op_types_table(s),
+            "tensor_core": lambda s, a: tables.tensor_core_table(s),
+            "group_ops": self._group_ops_table,
+            "iterations": lambda s, a: tables.iterations_table(s),
+            "iteration_kernels": self._iteration_kernels_table,
+            "iteration_ops": self._iteration_ops_table,
+            "iteration_op_kernels": self._iteration_op_kernels_table,
+            "key_nodes": self._key_nodes_table,
+            "expert_systems": lambda s, a: tables.expert_systems_table(s),
+        }
+
+    # ------------------------------------------------------------------ dispatch
+    def handle(self, route: str, request, ctx=None, eid: str = "") -> Reply:
+        """route: the path below the plugin's prefix ('runs', 'table/ops', 'index.js', ...)."""
+        route = route.strip("/")
+        reply = self._handle(route, request, ctx, eid)
+        if reply is _HOT_JOURNAL:
+            recovered = [db.path for db in self.registry.all() if db.recover()]
+            reply = self._handle(route, request, ctx, eid) if recovered else _HOT_JOURNAL
+            if reply is _HOT_JOURNAL:
+                return error_reply(503, "the database has an interrupted write that this server cannot roll "
+                                        "back (no write permission?); open it once with sqlite3 or dlprof")
+        return reply
+
+    def _handle(self, route: str, request, ctx, eid) -> Reply:
+        try:
+            if route.startswith("table/"):
+                self._method(request, ("GET", "HEAD"))
+                return self.table(route[len("table/"):], request, ctx, eid)
+            handler = self.routes.get(route)
+            if handler is None:
+                if route == "table":
+                    raise NotFound("table name missing: use table/<name>")
+                return self.static(route, request)
+            self._method(request, ("POST",) if route == "reaggregate" else ("GET", "HEAD"))
+            return handler(request, ctx, eid)
+        except HttpError as exc:
+            return error_reply(exc.status, exc.message, exc.extra)
+        except BadRequest as exc:
+            return error_reply(400, str(exc))
+        except NotFound as exc:
+            return error_reply(404, str(exc))
+        except TooLarge as exc:
+            return error_reply(413, str(exc))
+        except JobConflict as exc:
+            return error_reply(409, str(exc))
+        except NotADatabase as exc:
+            return error_reply(404, str(exc))
+        except sqlite3.OperationalError as exc:
+            if is_hot_journal_error(exc):
+                return _HOT_JOURNAL
+            if "locked" in str(exc) or "busy" in str(exc):
+                return Reply(503, json.dumps({"error": "the database is busy (a re-aggregation is being "
+                                                       "committed); retry"}), JSON, [("Retry-After", "1")])
+            log.exception("dlprof: query failed")
+            return error_reply(500, f"database query failed: {exc}")
+        except Exception as exc:  # noqa: BLE001 - reported as JSON, logged with its traceback
+            log.exception("dlprof: %s failed", route)
+            return error_reply(500, f"internal error: {type(exc).__name__}: {_clip(exc, 200)}")
+
+    @staticmethod
+    def _method(request, allowed) -> None:
+        if request.method not in allowed:
+            raise HttpError(405, f"method {request.method} not allowed; use {' or '.join(allowed)}")
+
+    # ------------------------------------------------------------------ parameters
+    @staticmethod
+    def _arg(request, name: str, default=None):
+        value = request.args.get(name, default)
+        if value is not None and len(value) > MAX_PARAM_LEN:
+            raise BadRequest(f"parameter '{name}' is too long")
+        return value
+
+    @staticmethod
+    def _check_name(value: str, what: str) -> None:
+        """Names of runs and domains are never paths: refuse path tricks outright (400)."""
+        if "\x00" in value or value.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:[\\/]", value) \
+                or any(part == ".." for part in re.split(r"[\\/]", value)):
+            raise BadRequest(f"invalid {what} '{_clip(value)}'")
+
+    def _int(self, request, name: str, default=None, minimum: int | None = 0, required: bool = False):
+        text = self._arg(request, name)
+        if text is None or text == "":
+            if required:
+                raise BadRequest(f"parameter '{name}' is required")
+            return default
+        if not re.fullmatch(r"\s*[-+]?\d{1,18}\s*", text):
+            raise BadRequest(f"parameter '{name}' must be an integer, got '{_clip(text)}'")
+        value = int(text)
+        if minimum is not None and value < minimum:
+            raise BadRequest(f"parameter '{name}' must be at least {minimum}")
+        return value
+
+    def _run(self, request, ctx, eid, run: str | None = None) -> RunInfo:
+        run = run if run is not None else self._arg(request, "run")
+        if run is None or run == "":
+            raise BadRequest("parameter 'run' is required")
+        if not isinstance(run, str):
+            raise BadRequest("'run' must be a string")
+        self._check_name(run, "run")
+        info = self.run_source.lookup(ctx, eid, run)
+        if info is None:
+            raise NotFound(f"unknown run '{_clip(run)}'")
+        return info
+
+    def _scope(self, request, ctx, eid, need_aggr: bool = True) -> Scope:
+        info = self._run(request, ctx, eid)
+        db = self.registry.get(info.database)
+        profile = db.profile_info()
+        domains = db.domains()
+        name = self._arg(request, "domain")
+        if name is None or name == "":
+            primary = profile.get("primary_domain") or info.meta.get("primary_domain")
+            dom = next((d for d in domains if d["name"] == primary), None) or \
+                next((d for d in domains if d["is_primary"]), None) or (domains[0] if domains else None)
+            if dom is None:
+                raise NotFound("the database has no NVTX domain")
+        else:
+            self._check_name(name, "domain")
+            dom = next((d for d in domains if d["name"] == name), None)
+            if dom is None:
+                raise NotFound(f"unknown domain '{_clip(name)}'")
+        aggr_id = None
+        if need_aggr:
+            aggrs = db.aggregations()
+            if not aggrs:
+                raise NotFound("the database has no aggregation")
+            aggr_id = self._int(request, "aggr", default=aggrs[-1]["aggr_id"], minimum=1)
+            if not any(a["aggr_id"] == aggr_id for a in aggrs):
+                raise NotFound(f"unknown aggregation {aggr_id}")
+            ok = db.cached(("has_summary", aggr_id, dom["domain_id"]), lambda: bool(db.query(
+                "SELECT 1 FROM model_summary WHERE aggr_id = ? AND domain_id = ?", (aggr_id, dom["domain_id"]))))
+            if not ok:
+                raise NotFound(f"aggregation {aggr_id} has no data for domain '{dom['name']}'")
+        return Scope(info, db, aggr_id, dom["domain_id"], dom["name"], profile.get("mode") or
+                     info.meta.get("mode") or "")
+
+    # ------------------------------------------------------------------ routes
+    def runs(self, request, ctx, eid) -> Reply:
+        out = []
+        for name, info in sorted(self.run_source.runs(ctx, eid).items()):
+            try:
+                try:
+                    profile = self.registry.get(info.database).profile_info()
+                except sqlite3.OperationalError as exc:
+                    if not (is_hot_journal_error(exc) and self.registry.get(info.database).recover()):
+                        raise
+                    profile = self.registry.get(info.database).profile_info()
+            except (NotADatabase, sqlite3.Error) as exc:
+                log.warning("dlprof: run %s: %s", name, exc)
+                continue
+            meta = info.meta
+            out.append({"run": name, "profile_name": profile.get("profile_name") or meta.get("profile_name"),
+                        "database": info.shown_database, "mode": profile.get("mode") or meta.get("mode"),
+                        "primary_domain": profile.get("primary_domain") or meta.get("primary_domain"),
+                        "nsys_version": profile.get("nsys_version") or meta.get("nsys_version"),
+                        "dlprof_version": profile.get("dlprof_version") or meta.get("dlprof_version"),
+                        "created_utc": profile.get("created_utc")})
+        return json_reply({"runs": out})
+
+    def _aggr_row(self, a: dict) -> dict:
+        keys = ("aggr_id", "created_utc", "key_node", "key_source", "key_found", "iter_start", "iter_stop",
+                "total_iterations", "elapsed_seconds")
+        row = {k: a.get(k) for k in keys}
+        row["key_found"] = _bool(row["key_found"])
+        return row
+
+    def aggregations(self, request, ctx, eid) -> Reply:
+        info = self._run(request, ctx, eid)
+        db = self.registry.get(info.database)
+        rows = [self._aggr_row(a) for a in db.aggregations()]
+        return json_reply({"aggregations": rows, "newest": rows[-1]["aggr_id"] if rows else None,
+                           "job": self.jobs.status(info.database)})
+
+    def domains(self, request, ctx, eid) -> Reply:
+        info = self._run(request, ctx, eid)
+        db = self.registry.get(info.database)
+        rows = [dict(d, has_markers=_bool(d["has_markers"]), is_primary=_bool(d["is_primary"]))
+                for d in db.domains()]
+        return json_reply({"domains": rows})
+
+    def _iterations(self, s: Scope) -> list[dict]:
+        def compute():
+            rows = s.db.query_dicts(
+                "SELECT iter_value AS iteration, start_time AS start, stop_time AS \"end\", duration, aggregated, "
+                "kernels, tc_kernels, kernel_time_per_gpu, tc_kernel_time_per_gpu, tc_time, non_tc_time, "
+                "memory_time, dataloader_time, io_time, cpu_time, other_time, gpu_utilization "
+                "FROM iteration_summary WHERE aggr_id = ? AND domain_id = ? ORDER BY iter_value",
+                (s.aggr_id, s.domain_id))
+            for r in rows:
+                r["aggregated"] = _bool(r["aggregated"])
+            return rows
+        return s.db.cached(("iterations", s.aggr_id, s.domain_id), compute)
+
+    def iterations(self, request, ctx, eid) -> Reply:
+        s = self._scope(request, ctx, eid)
+        a = next(x for x in s.db.aggregations() if x["aggr_id"] == s.aggr_id)
+        return json_reply({"iterations": self._iterations(s), "iter_start": a["iter_start"],
+                           "iter_stop": a["iter_stop"], "key_node": a["key_node"]})
+
+    def _system(self, db) -> dict:
+        def compute():
+            system = {k: v for k, v in db.query("SELECT name, value FROM read_only_system_config")}
+            config = db.model_config()
+            profile = db.profile_info()
+            names = [r[0] or "" for r in db.query("SELECT name FROM read_only_gpu_infos ORDER BY device_id")]
+            if config.get("torch_version"):
+                framework = f"PyTorch {config['torch_version']}"
+            else:
+                framework = {"pytorch": "PyTorch", "tensorflow": "TensorFlow", "tensorrt": "TensorRT"}.get(
+                    profile.get("family") or "", "Unknown")
+            raw = str(system.get("CudaDriverVersion", "") or "")
+            if config.get("cuda_version"):
+                cuda = str(config["cuda_version"])
+            elif raw.isdigit():
+                cuda = f"{int(raw) // 1000}.{(int(raw) % 1000) // 10}"
+            else:
+                cuda = raw or "Unknown"
+            return {"gpu_count": len(names), "gpu_names": "; ".join(sorted(set(names))),
+                    "cpu_model": system.get("CpuDescription") or "Unknown",
+                    "driver_version": system.get("NvDriverVersion") or "Unknown", "framework": framework,
+                    "cuda_version": cuda, "nsys_version": profile.get("nsys_version") or "unknown",
+                    "dlprof_version": profile.get("dlprof_version")}
+        return db.cached("system_summary", compute)
+
+    def _findings(self, s: Scope) -> list[dict]:
+        rows = s.db.query_dicts(
+            "SELECT id, exp_sys_id, severity, problem, recommendation, link, action, data "
+            f"FROM expert_systems_feedback e WHERE aggr_id = ? AND domain_id = ? ORDER BY {tables._SEVERITY}, id",
+            (s.aggr_id, s.domain_id))
+        for r in rows:
+            r["action"], r["data"] = _json_field(r["action"]), _json_field(r["data"])
+        return rows
+
+    def dashboard(self, request, ctx, eid) -> Reply:
+        s = self._scope(request, ctx, eid)
+        return json_reply(s.db.cached(("dashboard", s.aggr_id, s.domain_id), lambda: self._dashboard(s)),
+                          sanitize=False)
+
+    def _dashboard(self, s: Scope) -> dict:
+        db = s.db
+        ms = db.one("SELECT * FROM model_summary WHERE aggr_id = ? AND domain_id = ?", (s.aggr_id, s.domain_id))
+        aggr = next(self._aggr_row(a) for a in db.aggregations() if a["aggr_id"] == s.aggr_id)
+        summary_keys = ("wall_time", "tc_utilization", "gpu_utilization", "tc_duration_pct", "non_tc_duration_pct",
+                        "memory_duration_pct", "dataloader_duration_pct", "io_duration_pct", "cpu_duration_pct",
+                        "other_duration_pct", "iter_total", "iter_aggregated", "iter_start", "iter_stop",
+                        "avg_iteration_time", "iteration_time_std_dev", "key_node", "key_found", "n_visible_gpus")
+        summary = {k: ms.get(k) for k in summary_keys}
+        summary["key_found"] = _bool(summary["key_found"])
+
+        def trio(prefix):
+            return {"gpu_time": ms.get(f"{prefix}_gpu"), "cpu_time": ms.get(f"{prefix}_cpu"),
+                    "count": ms.get(f"{prefix}_count")}
+        op_summary = {"all": trio("ops_all"), "using_tc": trio("ops_tc"), "eligible_not_using": trio("ops_eligible"),
+                      "other": trio("ops_other")}
+        kernel_summary = {k: trio(f"kernels_{k}") for k in ("all", "tc", "memory", "other")}
+        counts = db.query("SELECT coalesce(sum(tc_eligible != 0), 0), coalesce(sum(using_tc != 0), 0), "
+                          "coalesce(sum(tc_eligible != 0 AND using_tc = 0), 0) FROM op_nodes "
+                          "WHERE aggr_id = ? AND domain_id = ?", (s.aggr_id, s.domain_id))[0]
+        tensor_core = {"tc_utilization": ms.get("tc_utilization"), "eligible_ops": counts[0],
+                       "using_tc_ops": counts[1], "eligible_not_using_ops": counts[2]}
+        top = db.query_dicts(
+            "SELECT n.op_index, o.op_id, o.op_name, o.direction, o.op_type, n.num_calls, n.gpu_total, n.cpu_total, "
+            "n.using_tc FROM op_nodes n JOIN read_only_ops o ON o.op_index = n.op_index "
+            "WHERE n.aggr_id = ? AND n.domain_id = ? ORDER BY n.gpu_total DESC, n.op_index LIMIT 10",
+            (s.aggr_id, s.domain_id))
+        for r in top:
+            r["using_tc"] = _bool(r["using_tc"])
+        findings = self._findings(s)
+        doc = {"aggregation": aggr, "domain": s.domain, "mode": s.mode, "summary": summary,
+               "op_summary": op_summary, "kernel_summary": kernel_summary, "tensor_core": tensor_core,
+               "iterations": self._iterations(s), "top_ops": top, "system": self._system(db),
+               "findings": findings, "guidance": self._guidance(summary, tensor_core, s)}
+        return _sanitize(doc)
+
+    @staticmethod
+    def _guidance(summary: dict, tc: dict, s: Scope) -> list[dict]:
+        out = []
+        pct = lambda k: summary.get(k) or 0.0  # noqa: E731
+        if not summary.get("key_found"):
+            out.append({"title": "Set a key node", "text": "No key node was found, so the whole profile is one "
+                        "iteration. Choose an op or NVTX range that runs once per training step in Reaggregate "
+                        "(or pass --key_node) to get per-iteration statistics.", "link": ""})
+        if tc.get("eligible_not_using_ops"):
+            out.append({"title": "Use Tensor Cores", "text": f"{tc['eligible_not_using_ops']} op(s) could use "
+                        "Tensor Cores but do not. Enable automatic mixed precision (FP16/BF16) and keep tensor "
+                        "dimensions multiples of 8.", "link": GUIDANCE_LINKS["amp"]})
+        if pct("gpu_utilization") < 50:
+            out.append({"title": "Keep the GPU busy", "text": f"The GPU is busy {pct('gpu_utilization'):.1f} % of "
+                        "the time. Look at the CPU and idle gaps of the top ops; larger batches, fewer "
+                        "synchronizations and CUDA graphs reduce launch overhead.", "link": GUIDANCE_LINKS["perf"]})
+        if pct("dataloader_duration_pct") > 10:
+            out.append({"title": "Speed up data loading", "text": f"Data loading takes "
+                        f"{pct('dataloader_duration_pct'):.1f} % of the time. Use more DataLoader workers, pinned "
+                        "memory or NVIDIA DALI.", "link": GUIDANCE_LINKS["dali"]})
+        if not out:
+            out.append({"title": "Performance guide", "text": "The profile shows no obvious problem; the deep "
+                        "learning performance guide lists further optimizations.", "link": GUIDANCE_LINKS["perf"]})
+        return out
+
+    def system(self, request, ctx, eid) -> Reply:
+        info = self._run(request, ctx, eid)
+        db = self.registry.get(info.database)
+
+        def compute():
+            gpus = db.query_dicts("SELECT * FROM read_only_gpu_infos ORDER BY device_id")
+            for g in gpus:
+                g["compute_capability"] = (f"{g['compute_major']}.{g['compute_minor']}"
+                                           if g.get("compute_major") is not None else None)
+            system = {k: v for k, v in db.query("SELECT name, value FROM read_only_system_config ORDER BY name")}
+            return {"gpus": gpus, "system": system, "model_config": db.model_config(),
+                    "profile": db.profile_info(), "summary": self._system(db)}
+        return json_reply(db.cached("system_route", compute))
+
+    def gpus(self, request, ctx, eid) -> Reply:
+        s = self._scope(request, ctx, eid)
+        rows = s.db.query_dicts(
+            "SELECT g.device_id, g.name, g.compute_major, g.compute_minor, g.sm_count, g.total_memory, "
+            "u.gpu_utilization, u.tc_pct, u.non_tc_pct, u.memory_pct, u.dataloader_pct, u.io_pct, u.cpu_pct, "
+            "u.other_pct FROM read_only_gpu_infos g LEFT JOIN device_utilization u ON u.device_id = g.device_id "
+            "AND u.aggr_id = ? AND u.domain_id = ? ORDER BY g.device_id", (s.aggr_id, s.domain_id))
+        for r in rows:
+            major, minor = r.pop("compute_major"), r.pop("compute_minor")
+            r["compute_capability"] = f"{major}.{minor}" if major is not None else None
+        return json_reply({"gpus": rows})
+
+    def op(self, request, ctx, eid) -> Reply:
+        s = self._scope(request, ctx, eid)
+        op_index = self._int(request, "op_index", required=True)
+        self._check_op(s, op_index)
+        tq = tables.ops_table(Scope(s.info, s.db, s.aggr_id, s.domain_id, s.domain, "pytorch"))
+        cols = tq.columns
+        with s.db.connect() as con:
+            row = con.execute(f"SELECT {', '.join(c.sql for c in cols)} FROM {tq.source} WHERE "
+                              f"{' AND '.join(tq.where)} AND n.op_index = :op_index",
+                              dict(tq.params, op_index=op_index)).fetchone()
+            base = con.execute("SELECT op_index, op_id, op_name, direction, op_type, tc_eligible, data_type, "
+                               "stack_trace, label, device_id, num_instances FROM read_only_ops "
+                               "WHERE op_index = ?", (op_index,)).fetchone()
+        if row is not None:
+            rows = [list(row)]
+            tables._clean(rows, cols)
+            doc = dict(zip([c.key for c in cols], rows[0]))
+        else:   # the op has no call in this aggregation
+            doc = {c.key: None for c in cols}
+            doc.update(num_calls=0)
+        keys = ("op_index", "op_id", "op_name", "direction", "op_type", "tc_eligible", "data_type", "stack_trace",
+                "label", "device_id", "instances")
+        facts = dict(zip(keys, base))
+        facts["tc_eligible"] = _bool(facts["tc_eligible"])
+        for k, v in facts.items():
+            if doc.get(k) is None:
+                doc[k] = v
+        doc["instances"] = facts["instances"]
+        doc["label"] = facts["label"]
+        ktq = tables.kernels_table(s, op_index)
+        result = tables.run_query(s.db, ktq, Page("gpu_total", "desc", 0, MAX_PAGE * 10, None, {}))
+        doc["kernel_columns"] = [c.meta() for c in ktq.columns]
+        doc["kernels"] = [dict(zip([c.key for c in ktq.columns], r)) for r in result["rows"]]
+        return json_reply(doc)
+
+    def expert_systems(self, request, ctx, eid) -> Reply:
+        s = self._scope(request, ctx, eid)
+        return json_reply({"findings": self._findings(s)})
+
+    def reaggregate_status(self, request, ctx, eid) -> Reply:
+        info = self._run(request, ctx, eid)
+        return json_reply({"job": self.jobs.status(info.database)})
+
+    def reaggregate(self, request, ctx, eid) -> Reply:
+        raw = request.get_data(cache=False, as_text=False)
+        if len(raw) > MAX_BODY:
+            raise TooLarge("request body too large")
+        try:
+            body = json.loads(raw.decode("utf-8")) if raw.strip() else None
+        except (UnicodeDecodeError, ValueError):
+            raise BadRequest("the body must be a JSON object") from None
+        if not isinstance(body, dict):
+            raise BadRequest('the body must be a JSON object {"run", "key_node", "iter_start", "iter_stop"}')
+        unknown = set(body) - {"run", "key_node", "iter_start", "iter_stop", "aggr", "domain"}
+        if unknown:
+            raise BadRequest(f"unknown field(s): {', '.join(sorted(map(str, unknown)))[:200]}")
+        run = body.get("run")
+        if not isinstance(run, str) or not run:
+            raise BadRequest("'run' (a string) is required")
+        key_node = body.get("key_node")
+        if key_node is not None:
+            if not isinstance(key_node, str):
+                raise BadRequest("'key_node' must be a string or null")
+            key_node = key_node.strip()
+            if len(key_node) > 2000 or re.search(r"[\x00-\x1f\x7f]", key_node):
+                raise BadRequest("'key_node' must be one line of at most 2000 characters")
+            key_node = key_node or None
+        bounds = {}
+        for name in ("iter_start", "iter_stop"):
+            v = body.get(name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0 or v > 10 ** 12):
+                raise BadRequest(f"'{name}' must be a non-negative integer or null")
+            bounds[name] = v
+        if bounds["iter_start"] is not None and bounds["iter_stop"] is not None \
+                and bounds["iter_start"] > bounds["iter_stop"]:
+            raise BadRequest("'iter_start' must not be greater than 'iter_stop'")
+        info = self._run(request, ctx, eid, run=run)
+        self.registry.get(info.database).profile_info()   # a DLProf database (404 otherwise)
+        try:
+            job = self.jobs.start(info.database, key_node, bounds["iter_start"], bounds["iter_stop"])
+        except JobConflict as exc:
+            return error_reply(409, str(exc), {"job": self.jobs.status(info.database)})
+        return json_reply({"job": job}, status=202)
+
+    # ------------------------------------------------------------------ tables
+    def _check_op(self, s: Scope, op_index: int) -> None:
+        ok = s.db.query("SELECT 1 FROM read_only_ops WHERE op_index = ? AND domain_id = ?", (op_index, s.domain_id))
+        if not ok:
+            raise NotFound(f"unknown op_index {op_index} in domain '{s.domain}'")
+
+    def _iteration(self, s: Scope, request) -> tuple[int, tuple[int, int]]:
+        iteration = self._int(request, "iteration", required=True)
+        row = s.db.query("SELECT start_time, stop_time FROM iteration_list WHERE aggr_id = ? AND iter_value = ?",
+                         (s.aggr_id, iteration))
+        if not row:
+            raise NotFound(f"unknown iteration {iteration} in aggregation {s.aggr_id}")
+        return iteration, (int(row[0][0]), int(row[0][1]))
+
+    def _kernels_table(self, s, request):
+        op_index = self._int(request, "op_index")
+        if op_index is not None:
+            self._check_op(s, op_index)
+        return tables.kernels_table(s, op_index)
+
+    def _group_ops_table(self, s, request):
+        parent = self._arg(request, "parent")
+        return tables.group_ops_table(s, parent)
+
+    def _iteration_kernels_table(self, s, request):
+        iteration, bounds = self._iteration(s, request)
+        return tables.iteration_kernels_table(s, iteration, bounds)
+
+    def _iteration_ops_table(self, s, request):
+        iteration, bounds = self._iteration(s, request)
+        return tables.iteration_ops_table(s, iteration, bounds)
+
+    def _iteration_op_kernels_table(self, s, request):
+        iteration, bounds = self._iteration(s, request)
+        op_index = self._int(request, "op_index", required=True)
+        self._check_op(s, op_index)
+        return tables.iteration_op_kernels_table(s, iteration, bounds, op_index)
+
+    def _key_nodes_table(self, s, request):
+        source, params, partial = self._range_texts(s.db)
+        tq = tables.key_nodes_table(s, source)
+        tq.params.update(params)
+        if partial:
+            tq.extra = {"partial": True, "message": "NVTX ranges are still being counted; only ops are "
+                                                    "listed. Retry in a few seconds."}
+        return tq
+
+    def _range_texts(self, db) -> tuple[str, dict, bool]:
+        """A SELECT of (domain_id, text, num): NVTX range labels seen at least twice, its parameters, and
+        whether it is still incomplete. The labels are counted once per file (raw tables never change): small
+        range tables while the first request waits, large ones in the background (partial answers meanwhile)."""
+        tables_in_db = db.cached("table_names", lambda: {r[0] for r in db.query(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")})
+        if "read_only_range_labels" in tables_in_db:   # if the engine ever stores them precounted
+            return ("SELECT domain_id, label AS text, num_ranges AS num FROM read_only_range_labels "
+                    "WHERE num_ranges >= 2", {}, False)
+        n = db.cached("range_count", lambda: db.query("SELECT max(rowid) FROM read_only_ranges")[0][0] or 0)
+        values = self._range_label_values(db, wait=n <= INLINE_RANGES)
+        # the counted rows are bound as one JSON parameter and unpacked by SQLite
+        return ("SELECT json_extract(value, '$[0]') AS domain_id, json_extract(value, '$[1]') AS text, "
+                "json_extract(value, '$[2]') AS num FROM json_each(:range_labels)"), \
+            {"range_labels": json.dumps(values or [])}, values is None
+
+    def _range_label_values(self, db, wait: bool = False):
+        key = (db.path, db.state()[2:])
+        with self._range_lock:
+            job = self._range_jobs.get(key)
+            if job is None:
+                job = {"done": threading.Event(), "values": None}
+                self._range_jobs[key] = job
+
+                def work():
+                    try:
+                        job["values"] = [list(r) for r in db.query(
+                            f"SELECT * FROM ({RANGE_LABELS_SQL}) ORDER BY num DESC LIMIT 100000")]
+                    except Exception:  # noqa: BLE001
+                        log.exception("dlprof: counting NVTX range labels failed")
+                        job["values"] = []
+                    job["done"].set()
+                threading.Thread(target=work, name="dlprof-range-labels", daemon=True).start()
+        job["done"].wait(60 if wait else 0.01)
+        return job["values"] if job["done"].is_set() else None
+
+    def _page(self, request, tq) -> tuple[Page, str]:
+        fmt = self._arg(request, "format", "json") or "json"
+        if fmt not in ("json",) + EXPORT_FORMATS:
+            raise BadRequest(f"unknown format '{_clip(fmt)}'; use json, csv, xlsx or json_all")
+        export_all = fmt in EXPORT_FORMATS
+        offset = self._int(request, "offset", default=0, minimum=0)
+        limit_given = self._arg(request, "limit") not in (None, "")
+        limit = self._int(request, "limit", default=25, minimum=-1)
+        if limit == -1 and not export_all:
+            raise BadRequest("limit=-1 needs format=csv, xlsx or json_all")
+        if limit > MAX_PAGE and not export_all:
+            raise TooLarge(f"limit {limit} is larger than the maximum page of {MAX_PAGE} rows")
+        if export_all and not limit_given:
+            limit = -1
+        sort = self._arg(request, "sort")
+        order = self._arg(request, "order")
+        if sort in (None, ""):
+            sort, default_order = tq.default_sort
+            order = order or default_order
+        else:
+            col = tq.col(sort)
+            if col is None:
+                raise BadRequest(f"unknown sort key '{_clip(sort)}' for table {tq.name}")
+            if not col.sortable:
+                raise BadRequest(f"column '{sort}' cannot be sorted")
+            order = order or ("asc" if col.type in tables.TEXT_TYPES else "desc")
+        if order not in ("asc", "desc"):
+            raise BadRequest(f"order must be asc or desc, got '{_clip(order)}'")
+        filters = {}
+        for name in request.args:
+            if name.startswith("col."):
+                filters[name[4:]] = self._arg(request, name)
+        q = self._arg(request, "q")
+        return Page(sort, order, offset, limit, q or None, filters), fmt
+
+    def table(self, name: str, request, ctx, eid) -> Reply:
+        builder = self.tables.get(name)
+        if builder is None:
+            raise NotFound(f"unknown table '{_clip(name)}'")
+        s = self._scope(request, ctx, eid)
+        tq = builder(s, request)
+        page, fmt = self._page(request, tq)
+        result = tables.run_query(s.db, tq, page, max_rows=MAX_EXPORT_ROWS if fmt in EXPORT_FORMATS else None)
+        columns = [c.meta() for c in tq.columns]
+        doc = {"table": tq.name, "columns": columns, "total": result["total"], "filtered": result["filtered"],
+               "offset": page.offset, "limit": page.limit, "sort": page.sort, "order": page.order,
+               "rows": result["rows"], **tq.extra}
+        if fmt == "json":
+            return json_reply(doc, sanitize=False)
+        base = f"{_slug(s.info.run)}_{name}"
+        if fmt == "csv":
+            body, ctype, ext = export.to_csv(columns, result["rows"]), "text/csv; charset=utf-8", "csv"
+        elif fmt == "xlsx":
+            if len(result["rows"]) > export.XLSX_MAX_ROWS:
+                raise TooLarge(f"{len(result['rows'])} rows do not fit in one worksheet; filter the table")
+            body, ctype, ext = export.to_xlsx(columns, result["rows"], name), export.XLSX_TYPE, "xlsx"
+        else:
+            body, ctype, ext = export.to_json(doc), JSON, "json"
+        return Reply(200, body, ctype, [("Content-Disposition", f'attachment; filename="{base}.{ext}"')])
+
+    # ------------------------------------------------------------------ static files
+    def static(self, route: str, request) -> Reply:
+        if request.method not in ("GET", "HEAD"):
+            raise HttpError(405, "method not allowed")
+        parts = route.split("/") if route else []
+        ext = os.path.splitext(route)[1].lower()
+        if not parts or self.static_dir is None or ext not in STATIC_TYPES \
+                or not all(_STATIC_PART.match(p) for p in parts):
+            raise NotFound(f"unknown route '{_clip(route)}'")
+        node = self.static_dir
+        for p in parts:
+            node = node.joinpath(p)
+        try:
+            if not node.is_file():
+                raise NotFound(f"unknown route '{_clip(route)}'")
+            data = node.read_bytes()
+        except OSError:
+            raise NotFound(f"unknown route '{_clip(route)}'") from None
+        return Reply(200, data, STATIC_TYPES[ext])
+

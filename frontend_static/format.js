@@ -1,0 +1,104 @@
+// Number and unit formatting. Fixed en-US locale so the UI reads the same everywhere (and tests can predict it).
+
+const LOCALE = "en-US";
+const intFmt = new Intl.NumberFormat(LOCALE, {maximumFractionDigits: 0});
+const fmt2 = new Intl.NumberFormat(LOCALE, {maximumFractionDigits: 2});
+const fmt1 = new Intl.NumberFormat(LOCALE, {minimumFractionDigits: 1, maximumFractionDigits: 1});
+
+export const DASH = "—";
+
+function isMissing(v) {
+  return v === null || v === undefined || v === "" || (typeof v === "number" && !Number.isFinite(v));
+}
+
+/** 1234567 -> "1,234,567" */
+export function fmtInt(v) {
+  if (isMissing(v)) return DASH;
+  const n = Number(v);
+  return Number.isFinite(n) ? intFmt.format(n) : String(v);
+}
+
+/** 1234.5678 -> "1,234.57" */
+export function fmtNum(v) {
+  if (isMissing(v)) return DASH;
+  const n = Number(v);
+  return Number.isFinite(n) ? fmt2.format(n) : String(v);
+}
+
+const UNITS = [[1e9, "s"], [1e6, "ms"], [1e3, "µs"]];
+
+/** A duration in ns in the most readable unit: 950 -> "950 ns", 30000 -> "30 µs", 1290000 -> "1.29 ms". */
+export function fmtNs(v) {
+  if (isMissing(v)) return DASH;
+  const n = Number(v);
+  if (!Number.isFinite(n)) return String(v);
+  const a = Math.abs(n);
+  for (const [scale, unit] of UNITS) {
+    if (a >= scale) return `${fmt2.format(n / scale)} ${unit}`;
+  }
+  return `${fmt2.format(n)} ns`;
+}
+
+/** The exact value, for tooltips: "1,290,000 ns". */
+export function fmtNsExact(v) {
+  if (isMissing(v)) return "";
+  return `${fmtNum(v)} ns`;
+}
+
+/** 8.6046 -> "8.6 %" */
+export function fmtPct(v) {
+  if (isMissing(v)) return DASH;
+  const n = Number(v);
+  return Number.isFinite(n) ? `${fmt1.format(n)} %` : String(v);
+}
+
+export function fmtBytes(v) {
+  if (isMissing(v)) return DASH;
+  let n = Number(v);
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (Math.abs(n) >= 1024 && i < units.length - 1) {
+    n /= 1024;
+    i += 1;
+  }
+  return `${fmt2.format(n)} ${units[i]}`;
+}
+
+export function fmtBool(v) {
+  if (isMissing(v)) return DASH;
+  if (v === true || v === 1 || v === "1" || String(v).toLowerCase() === "yes" || String(v).toLowerCase() === "true") return "Yes";
+  return "No";
+}
+
+export function truthy(v) {
+  return fmtBool(v) === "Yes";
+}
+
+/** Format a cell by column type; returns {text, title}. */
+export function formatCell(type, v) {
+  switch (type) {
+    case "ns":
+      return {text: fmtNs(v), title: fmtNsExact(v)};
+    case "int":
+      return {text: fmtInt(v), title: ""};
+    case "float":
+      return {text: fmtNum(v), title: ""};
+    case "pct":
+      return {text: fmtPct(v), title: ""};
+    case "bool":
+      return {text: fmtBool(v), title: ""};
+    default:
+      return {text: isMissing(v) ? "" : String(v), title: ""};
+  }
+}
+
+export function isNumericType(type) {
+  return type === "ns" || type === "int" || type === "float" || type === "pct";
+}
+
+/** Plain value for exports (clipboard TSV, print view). */
+export function plainCell(type, v) {
+  if (v === null || v === undefined) return "";
+  if (type === "bool") return fmtBool(v);
+  return String(v);
+}

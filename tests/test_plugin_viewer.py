@@ -1,0 +1,136 @@
+"""`dlprofviewer` over HTTP: the same routes and checks as the TensorBoard plugin, served without TensorBoard
+at /data/plugin/dlprof/<route> and at /<route>, plus the page at / that loads the frontend module."""
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import test_plugin_checks as checks
+from tests.profiles import make_logdir, training_profile
+
+RUN = "dlprof_dldb"
+
+
+def _viewer() -> list[str]:
+    exe = Path(sys.executable).parent / "dlprofviewer"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "dlprof_plugin.viewer"]
+
+
+@pytest.fixture(scope="module")
+def viewer(tmp_path_factory):
+    base = tmp_path_factory.mktemp("plugin_viewer")
+    root = make_logdir(base / "out", {"viewer": training_profile(base / "training.sqlite")})
+    db = root / "viewer" / "dlprof_dldb.sqlite"
+    port = checks.free_port()
+    log_path = base / "viewer.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen(_viewer() + [str(db), f"--port={port}", "--host=127.0.0.1", "--quiet"],
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    api = checks.Api(f"http://127.0.0.1:{port}")
+    try:
+        checks.wait_until(lambda: api.raw(api.url("runs"), timeout=5)[0] == 200, 30, "dlprofviewer to start", proc)
+        yield {"api": api, "db": db, "log": log_path}
+    finally:
+        checks.stop(proc)
+        log.close()
+
+
+def test_page_loads_the_frontend_module(viewer):
+    api = viewer["api"]
+    status, headers, body = api.raw(f"{api.base}/")
+    page = body.decode()
+    assert status == 200 and headers["Content-Type"].startswith("text/html")
+    assert '<base href="data/plugin/dlprof/">' in page and 'import("./index.js")' in page and "m.render()" in page
+    csp = headers["Content-Security-Policy"]
+    assert "default-src 'self'" in csp and "'sha256-" in csp      # only this inline script may run
+
+
+def test_routes_at_both_prefixes(viewer):
+    api = viewer["api"]
+    bare = checks.Api(api.base, prefix="/")
+    assert api.get("runs") == bare.get("runs")
+    assert api.get("dashboard", run=RUN, aggr=1) == bare.get("dashboard", run=RUN, aggr=1)
+    assert bare.table("ops", run=RUN, aggr=1)[0]["total"] == checks.N_OPS
+    status, headers, body = bare.raw(bare.url("index.js"))
+    assert status == 200 and headers["Content-Type"].startswith("text/javascript")
+
+
+def test_runs(viewer):
+    checks.check_runs(viewer["api"], {RUN: viewer["db"]})
+
+
+def test_metadata_routes(viewer):
+    checks.check_metadata_routes(viewer["api"], RUN, viewer["db"])
+
+
+def test_dashboard(viewer):
+    checks.check_dashboard(viewer["api"], RUN, viewer["db"])
+
+
+def test_tables(viewer):
+    checks.check_tables(viewer["api"], RUN, viewer["db"])
+
+
+def test_exports(viewer):
+    checks.check_exports(viewer["api"], RUN)
+
+
+def test_bad_requests(viewer):
+    checks.check_bad_requests(viewer["api"], RUN)
+
+
+def test_static_files(viewer):
+    checks.check_static(viewer["api"])
+
+
+def test_concurrent_requests(viewer):
+    checks.check_concurrency(viewer["api"], RUN)
+
+
+def test_reaggregation(viewer, tmp_path):
+    checks.check_reaggregation(viewer["api"], RUN, viewer["db"], tmp_path)
+
+
+def test_refuses_what_is_not_a_dlprof_database(tmp_path):
+    plain = tmp_path / "plain.sqlite"
+    sqlite3.connect(plain).execute("CREATE TABLE t (x)").connection.close()
+    for args in ([str(tmp_path / "missing.sqlite")], [str(plain)]):
+        proc = subprocess.run(_viewer() + args + ["--port=0"], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and "dlprofviewer:" in proc.stderr, (proc.returncode, proc.stderr)
+
+
+def test_viewer_json_errors_are_json(viewer):
+    api = viewer["api"]
+    status, headers, body = api.raw(f"{api.base}/data/plugin/dlprof/table/ops?run=nope")
+    assert status == 404 and json.loads(body) == {"error": "unknown run 'nope'"}
+
+
+def test_recovers_from_an_interrupted_write(viewer):
+    """A writer killed mid-transaction leaves a hot journal that read-only connections cannot roll back;
+    the server rolls it back once (as any read-write SQLite connection would) and answers as before."""
+    api, db = viewer["api"], viewer["db"]
+    before = api.get("dashboard", run=RUN, aggr=1)["summary"]
+    writer = subprocess.Popen([sys.executable, "-c", (
+        "import sqlite3, sys, time\n"
+        f"con = sqlite3.connect({str(db)!r})\n"
+        "con.execute('PRAGMA cache_size = 1')\n"
+        "con.execute('BEGIN IMMEDIATE')\n"
+        "con.execute('UPDATE model_summary SET wall_time = wall_time + 1')\n"
+        "con.execute('UPDATE read_only_gpu_activities SET start = start + 1')\n"
+        "print('written', flush=True)\n"
+        "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "written"
+    finally:
+        writer.kill()
+        writer.wait(timeout=10)
+    journal = Path(str(db) + "-journal")
+    assert journal.exists() and journal.stat().st_size > 0
+    assert api.get("dashboard", run=RUN, aggr=1)["summary"] == before
+    assert not journal.exists()
+    assert api.table("ops", run=RUN, aggr=1)[0]["total"] == checks.N_OPS
