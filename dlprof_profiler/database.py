@@ -21,7 +21,7 @@ from dlprof_profiler import DB_SCHEMA_VERSION, __version__
 from dlprof_profiler.aggregate import CLASSES, Aggregation
 from dlprof_profiler.correlate import INSTANCE_KIND_NAMES, Correlation, DomainModel
 from dlprof_profiler.errors import DLProfError
-from dlprof_profiler.trace import GPU_COLUMNS, Trace
+from dlprof_profiler.trace import GPU_COLUMNS, Trace, combined_codes
 
 SCHEMA = """
 CREATE TABLE db_version (current_version TEXT NOT NULL, original_version TEXT NOT NULL, created_by TEXT);
@@ -57,6 +57,7 @@ CREATE TABLE read_only_op_instances (domain_id INTEGER, instance_id INTEGER, op_
     PRIMARY KEY (domain_id, instance_id)) WITHOUT ROWID;
 CREATE TABLE read_only_op_instance_details (domain_id INTEGER, instance_id INTEGER, data_type TEXT,
     input_shapes TEXT, output_shapes TEXT, parameters TEXT, stack_trace TEXT, PRIMARY KEY (domain_id, instance_id));
+CREATE TABLE read_only_range_labels (domain_id INTEGER, label TEXT, kind INTEGER, num_ranges INTEGER);
 CREATE TABLE read_only_activity_owners (domain_id INTEGER, activity_id INTEGER, instance_id INTEGER,
     launch_time INTEGER, PRIMARY KEY (domain_id, activity_id)) WITHOUT ROWID;
 
@@ -120,6 +121,7 @@ CREATE TABLE expert_systems_feedback (id INTEGER PRIMARY KEY, aggr_id INTEGER, d
 
 CREATE INDEX idx_op_nodes_gpu ON op_nodes(aggr_id, domain_id, gpu_total);
 CREATE INDEX idx_kernel_summaries ON kernel_summaries(aggr_id, domain_id, op_index);
+CREATE INDEX idx_group_ops ON group_ops(aggr_id, domain_id, level, name);
 
 CREATE VIEW view_aggregations AS SELECT * FROM aggregations;
 CREATE VIEW view_domains AS SELECT * FROM read_only_domains;
@@ -276,6 +278,7 @@ class DatabaseWriter:
             con.execute("COMMIT")
         finally:
             con.close()
+        self._write_range_labels(corr)
         launch = launch_times(trace, corr.gpu_api)
         offset = 0
         for name, dm in corr.domains.items():
@@ -287,6 +290,22 @@ class DatabaseWriter:
         finally:
             con.close()
         return self.domain_ids
+
+
+    def _write_range_labels(self, corr: Correlation) -> None:
+        """Distinct NVTX range labels per domain with their counts (the viewer's key node picker)."""
+        ranges = self.trace.ranges
+        if len(ranges) == 0:
+            return
+        domain = ranges["domain"].map(self.domain_ids).fillna(-1).to_numpy(np.int64)
+        labels = corr.range_info["label"].to_numpy(dtype=object)
+        codes = combined_codes(domain, labels)
+        counts = np.bincount(codes)
+        first = np.full(counts.size, -1, dtype=np.int64)
+        first[codes[::-1]] = np.arange(codes.size - 1, -1, -1)  # first row of each (domain, label)
+        bulk_insert(self.path, "read_only_range_labels", {
+            "domain_id": domain[first], "label": labels[first],
+            "kind": corr.range_info["kind"].to_numpy().astype(np.int64)[first], "num_ranges": counts})
 
 
 def create_database(path: Path, trace: Trace, corr: Correlation, primary_domain: str, profile: dict) -> dict:
