@@ -258,62 +258,85 @@ def group_prefixes(name: str) -> list[str]:
 
 def group_statistics(inst, inst_iter, sel_inst, dm: DomainModel, gpu: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
     """Per group node (and _CompleteModel_): times flattened over its ops per iteration, then statistics
-    over the aggregated iterations."""
+    over the aggregated iterations. Computed one tree level at a time: at each level an instance belongs
+    to at most one node, so memory stays linear in the instances whatever the depth."""
     chosen = np.flatnonzero(sel_inst)
     if chosen.size == 0:
         return pd.DataFrame(columns=["name", "level"])
-    op_names = dm.ops.set_index("op_index")["name"]
-    used_ops = np.unique(inst["op_index"].to_numpy()[chosen])
-    pairs = [(op, g) for op in used_ops for g in group_prefixes(str(op_names.get(op, ""))) + [COMPLETE_MODEL]]
-    membership = pd.DataFrame(pairs, columns=["op_index", "group"])
-    gcodes, gnames = pd.factorize(membership["group"])
-    membership["g"] = gcodes
-    # instances x groups
-    ci = make_frame({"instance": chosen, "op_index": inst["op_index"].to_numpy()[chosen],
-                       "iter": inst_iter[chosen], "s": inst["start"].to_numpy()[chosen],
-                       "e": inst["end"].to_numpy()[chosen],
-                       "overhead": inst["cpu_overhead"].to_numpy()[chosen]})
-    ig = ci.merge(membership[["op_index", "g"]], on="op_index")
+    op_names = dm.ops["name"].to_numpy(dtype=object)
+    n_ops = len(op_names)
+    prefixes = [group_prefixes(str(name)) for name in op_names]  # per op, not per instance
+    depth = max((len(p) for p in prefixes), default=0)
+    group_names: list[str] = []
+    group_index: dict[str, int] = {}
+    # prefix_code[level][op] = the op's group node at that level (-1: none); the last level is the complete model
+    prefix_code = np.full((depth + 1, n_ops), -1, dtype=np.int64)
+    for op, groups in enumerate(prefixes):
+        for level, name in enumerate(groups):
+            prefix_code[level, op] = group_index.setdefault(name, len(group_index))
+    for name in group_index:
+        group_names.append(name)
+    group_names.append(COMPLETE_MODEL)
+    prefix_code[depth, :] = len(group_names) - 1
     n_iter = int(inst_iter.max()) + 2
-    key = ig["g"].to_numpy(np.int64) * n_iter + ig["iter"].to_numpy(np.int64)
-    cpu = union_length_by_group(key, ig["s"].to_numpy(), ig["e"].to_numpy())
-    overhead = pd.Series(ig["overhead"].to_numpy(), index=key).groupby(level=0).sum()
-    calls = pd.Series(1, index=key).groupby(level=0).sum()
-    # GPU activities of the chosen instances, per group and iteration of their instance
-    gpu_time = pd.Series(dtype="int64")
-    span = pd.DataFrame(columns=["s", "e"])
+    inst_op = inst["op_index"].to_numpy()[chosen]
+    it = inst_iter[chosen]
+    s, e = inst["start"].to_numpy()[chosen], inst["end"].to_numpy()[chosen]
+    overhead = inst["cpu_overhead"].to_numpy()[chosen]
     if len(gpu):
         in_chosen = np.zeros(len(inst), dtype=bool)
         in_chosen[chosen] = True
         act = np.flatnonzero(in_chosen[dm.gpu_instance])
         owner = dm.gpu_instance[act]
-        ga = make_frame({"op_index": inst["op_index"].to_numpy()[owner], "iter": inst_iter[owner],
-                           "s": gpu["start"].to_numpy()[act], "e": gpu["end"].to_numpy()[act]})
-        gg = ga.merge(membership[["op_index", "g"]], on="op_index")
-        gkey = gg["g"].to_numpy(np.int64) * n_iter + gg["iter"].to_numpy(np.int64)
-        gpu_time = union_length_by_group(gkey, gg["s"].to_numpy(), gg["e"].to_numpy())
-        span = pd.DataFrame({"s": gg["s"].to_numpy(), "e": gg["e"].to_numpy()}, index=gkey).groupby(level=0).agg(
-            s=("s", "min"), e=("e", "max"))
-    per = make_frame({"cpu": cpu, "overhead": overhead, "calls": calls})
-    per["gpu"] = gpu_time.reindex(per.index).fillna(0).astype(np.int64)
-    idle = (span["e"] - span["s"]).reindex(per.index).fillna(0).astype(np.int64) - per["gpu"]
-    per["idle"] = idle.clip(lower=0)
-    per["g"] = per.index.to_numpy() // n_iter
-    out = make_frame({"name": np.asarray(gnames, dtype=object)})
+        act_op, act_it = inst["op_index"].to_numpy()[owner], inst_iter[owner]
+        gs, ge = gpu["start"].to_numpy()[act], gpu["end"].to_numpy()[act]
+    parts = []
+    for level in range(depth + 1):
+        g = prefix_code[level][inst_op]
+        on = g >= 0
+        key = g[on] * n_iter + it[on]
+        per = make_frame({"cpu": union_length_by_group(key, s[on], e[on]),
+                          "overhead": pd.Series(overhead[on], index=key).groupby(level=0).sum(),
+                          "calls": pd.Series(1, index=key).groupby(level=0).sum()})
+        per["gpu"] = 0
+        per["idle"] = 0
+        if len(gpu) and act.size:
+            ga = prefix_code[level][act_op]
+            aon = ga >= 0
+            gkey = ga[aon] * n_iter + act_it[aon]
+            busy = union_length_by_group(gkey, gs[aon], ge[aon])
+            span = pd.DataFrame({"s": gs[aon], "e": ge[aon]}, index=gkey).groupby(level=0).agg(s=("s", "min"),
+                                                                                                e=("e", "max"))
+            per["gpu"] = busy.reindex(per.index).fillna(0).astype(np.int64)
+            per["idle"] = ((span["e"] - span["s"]).reindex(per.index).fillna(0).astype(np.int64)
+                           - per["gpu"]).clip(lower=0)
+        per["g"] = per.index.to_numpy() // n_iter
+        parts.append(per)
+    per = pd.concat(parts)
+    out = make_frame({"name": np.asarray(group_names, dtype=object)})
     g = per.groupby("g")
-    for col, prefix in (("cpu", "cpu"), ("gpu", "gpu"), ("overhead", "overhead"), ("idle", "idle")):
-        out[f"{prefix}_total"] = g[col].sum().reindex(out.index).to_numpy()
-        out[f"{prefix}_avg"] = g[col].mean().reindex(out.index).to_numpy()
-        out[f"{prefix}_min"] = g[col].min().reindex(out.index).to_numpy()
-        out[f"{prefix}_max"] = g[col].max().reindex(out.index).to_numpy()
+    for col in ("cpu", "gpu", "overhead", "idle"):
+        out[f"{col}_total"] = g[col].sum().reindex(out.index).to_numpy()
+        out[f"{col}_avg"] = g[col].mean().reindex(out.index).to_numpy()
+        out[f"{col}_min"] = g[col].min().reindex(out.index).to_numpy()
+        out[f"{col}_max"] = g[col].max().reindex(out.index).to_numpy()
     out["calls"] = g["calls"].sum().reindex(out.index).to_numpy()
-    op_flags = ops.set_index("op_index")[["tc_eligible", "using_tc"]]
-    mem = membership.join(op_flags, on="op_index")
-    out["n_tc_eligible"] = mem[mem["tc_eligible"].fillna(False).astype(bool)].groupby("g")["op_index"].nunique() \
-        .reindex(out.index).fillna(0).astype(np.int64).to_numpy()
-    out["n_using_tc"] = mem[mem["using_tc"].fillna(False).astype(bool)].groupby("g")["op_index"].nunique() \
-        .reindex(out.index).fillna(0).astype(np.int64).to_numpy()
-    out["n_ops"] = mem.groupby("g")["op_index"].nunique().reindex(out.index).fillna(0).astype(np.int64).to_numpy()
+    # distinct ops under each node, among the ops with calls in the aggregation
+    flags = ops.set_index("op_index")[["tc_eligible", "using_tc"]].reindex(np.arange(n_ops))
+    used = np.zeros(n_ops, dtype=bool)
+    used[np.unique(inst_op)] = True
+    eligible = flags["tc_eligible"].fillna(False).to_numpy(dtype=bool) & used
+    using = flags["using_tc"].fillna(False).to_numpy(dtype=bool) & used
+    counts = {name: np.zeros(len(group_names), dtype=np.int64) for name in ("n_ops", "n_tc_eligible", "n_using_tc")}
+    for level in range(depth + 1):
+        codes = prefix_code[level]
+        for name, mask in (("n_ops", used), ("n_tc_eligible", eligible), ("n_using_tc", using)):
+            hit = (codes >= 0) & mask
+            counts[name] += np.bincount(codes[hit], minlength=len(group_names))
+    for name, values in counts.items():
+        out[name] = values
+    out = out[out["calls"].notna()]
+    out["calls"] = out["calls"].astype(np.int64)
     out["level"] = [-1 if n == COMPLETE_MODEL else n.count("/") - (1 if n.startswith("/") else 0) for n in out["name"]]
     complete = out["name"] == COMPLETE_MODEL
     return pd.concat([out[~complete].sort_values("name", kind="stable"), out[complete]], ignore_index=True)

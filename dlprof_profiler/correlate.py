@@ -27,7 +27,7 @@ INSTANCE_KIND_NAMES = {RANGE_OP: "op", SCOPE_OP: "scope", UNASSOCIATED_API: "una
 
 INSTANCE_COLUMNS = ["instance_id", "op_index", "domain", "kind", "range_id", "api_id", "activity_id", "start",
                     "end", "pid", "global_tid", "device_id", "cpu_time", "cpu_overhead", "gpu_time",
-                    "gpu_start", "gpu_end", "gpu_idle", "n_gpu", "n_kernels", "seq", "data_type",
+                    "gpu_start", "gpu_end", "gpu_idle", "n_gpu", "n_kernels", "data_type",
                     "input_shapes", "output_shapes", "parameters", "stack_trace"]
 OP_COLUMNS = ["op_index", "domain", "op_id", "name", "direction", "op_type", "tc_eligible", "data_type",
               "stack_trace", "device_id", "first_start", "n_instances"]
@@ -216,6 +216,7 @@ def build_domain(trace: Trace, corr: Correlation, domain: str, rows: np.ndarray,
 
     # API call -> innermost enclosing range on its thread -> op instance range
     innermost = forest.innermost_at(keys, api["global_tid"].to_numpy(np.int64), api["start"].to_numpy(np.int64))
+    del forest, keys  # only the parent links and depths are needed from here on
     owner = np.full(len(api), -1, dtype=np.int64)
     inside = innermost >= 0
     root_of = take(op_root, innermost, -1)
@@ -261,6 +262,8 @@ def build_domain(trace: Trace, corr: Correlation, domain: str, rows: np.ndarray,
 
 # ---------------------------------------------------------------------------- naming
 
+FPROP, BPROP = "fprop", "bprop"
+_TF_GRADIENT = re.compile(r"(?:^|/)(?:gradients|gradient_tape)(?:_\d+)?/")
 _ANGLE = re.compile(r"<([^<>/]*)>")
 _REPEAT = re.compile(r"\((\d+)\)(?=/|$)")
 
@@ -273,7 +276,10 @@ def func_stack_path(func_stack: str) -> str:
 
 
 def _range_names(trace, ranges, info, kinds, parent, depth, op_root, instance_range, bounds, family):
-    """Full op names of instance ranges (and of the scopes above them): scope path + '/' + label[k]."""
+    """Full op names of instance ranges (and of the scopes above them): scope path + '/' + label[k].
+
+    Names are built as integer codes into a table of distinct strings, level by level down the range
+    trees, so millions of instances share a few thousand string objects."""
     n = len(ranges)
     names = np.full(n, None, dtype=object)
     if n == 0:
@@ -282,57 +288,98 @@ def _range_names(trace, ranges, info, kinds, parent, depth, op_root, instance_ra
     naming = is_scope | instance_range
     scope_parent = nearest_flagged_ancestor(parent, depth, is_scope)
     trace_anc = nearest_flagged_ancestor(parent, depth, kinds == nm.DL_TRACE)
-    labels = info["label"].to_numpy(dtype=object).copy()
-    func_stacks = np.full(n, None, dtype=object)
+    label_code, label_text = pd.factorize(info["label"].to_numpy(dtype=object))
     # DLProf markers: the trace marker around an argument marker names the op by its funcStack.
+    fs_code, fs_text = pd.factorize(info["func_stack"].to_numpy(dtype=object))  # None -> -1
+    stack = np.full(n, -1, dtype=np.int64)
     has_trace = (kinds == nm.DL_ARG) & (trace_anc >= 0)
-    fs = info["func_stack"].to_numpy(dtype=object)
-    func_stacks[has_trace] = fs[trace_anc[has_trace]]
-    own_trace = (kinds == nm.DL_TRACE)
-    func_stacks[own_trace] = fs[own_trace]
-    use_stack = pd.notna(func_stacks) & (func_stacks != "") & naming
-    unique_stacks = pd.unique(func_stacks[use_stack])
-    stack_paths = {f: func_stack_path(f) for f in unique_stacks}
-    element = labels.copy()
-    element[use_stack] = pd.Series(func_stacks[use_stack]).map(stack_paths).to_numpy(dtype=object)
+    stack[has_trace] = fs_code[trace_anc[has_trace]]
+    own_trace = kinds == nm.DL_TRACE
+    stack[own_trace] = fs_code[own_trace]
+    fs_text = np.asarray(fs_text, dtype=object)
+    if fs_text.size:
+        stack[(stack >= 0) & (fs_text[np.maximum(stack, 0)] == "")] = -1
+    use_stack = (stack >= 0) & naming
     numbered = naming & ~use_stack & (kinds != nm.TF_OP)
     starts = ranges["start"].to_numpy(np.int64)
-    iteration = np.searchsorted(bounds, starts, side="right")
-    group_parent = np.where(scope_parent >= 0, scope_parent, -1)
+    k = np.zeros(n, dtype=np.int64)
     rows = np.flatnonzero(numbered)
-    top = group_parent[rows] < 0
-    group = combined_codes(group_parent[rows], np.where(top, ranges["global_tid"].to_numpy()[rows], -1),
-                           np.where(top, iteration[rows], -1), labels[rows])
-    k = rank_within(group, [rows, starts[rows]]) + 1
-    suffix = np.where(k >= 2, ("[" + pd.Series(k).astype(str) + "]").to_numpy(dtype=object), "")
-    element[rows] = labels[rows] + suffix
-    slash_led = use_stack | np.zeros(n, dtype=bool)
+    if rows.size:
+        top = scope_parent[rows] < 0
+        group = combined_codes(scope_parent[rows], np.where(top, ranges["global_tid"].to_numpy()[rows], -1),
+                               np.where(top, np.searchsorted(bounds, starts[rows], side="right"), -1),
+                               label_code[rows])
+        rank = rank_within(group, [rows, starts[rows]]) + 1
+        k[rows] = np.where(rank >= 2, rank, 0)
+    label_text = np.asarray(label_text, dtype=object)
+    # element of a name: a funcStack path, or a label with its [k] repeat number
+    element_code = combined_codes(np.where(use_stack, stack, -1), np.where(use_stack, -1, label_code),
+                                  np.where(use_stack, 0, k))
+    element_text = _distinct_texts(element_code, lambda i: func_stack_path(fs_text[stack[i]]) if use_stack[i]
+                                   else (f"{label_text[label_code[i]]}[{k[i]}]" if k[i] else label_text[label_code[i]]))
+    slash_led = use_stack | ((kinds == nm.TF_OP) & (scope_parent < 0))
+    name_code = np.full(n, -1, dtype=np.int64)
+    table: list[str] = []
     for idx in levels(depth):
         idx = idx[naming[idx]]
         if idx.size == 0:
             continue
         sp = scope_parent[idx]
-        base = np.where(sp >= 0, names[np.maximum(sp, 0)], "")
-        base = np.where(pd.isna(base), "", base).astype(object)
-        sep = np.where(slash_led[idx] | ((kinds[idx] == nm.TF_OP) & (sp < 0)), "", "/")
-        names[idx] = base + sep + element[idx].astype(object)
+        base = np.where(sp >= 0, name_code[np.maximum(sp, 0)], -1)
+        pair = combined_codes(base, slash_led[idx], element_code[idx])
+        first = _first_rows(pair)
+        offset = len(table)
+        table.extend((table[base[i]] if base[i] >= 0 else "") + ("" if slash_led[idx[i]] else "/")
+                     + element_text[element_code[idx[i]]] for i in first)
+        name_code[idx] = offset + pair
+    table_array = np.empty(len(table), dtype=object)
+    table_array[:] = table
+    named = name_code >= 0
+    names[named] = table_array[name_code[named]]
     return names
+
+
+def _first_rows(codes: np.ndarray) -> np.ndarray:
+    """Index of the first element of each code (codes are dense 0..m-1)."""
+    first = np.full(int(codes.max()) + 1 if codes.size else 0, -1, dtype=np.int64)
+    first[codes[::-1]] = np.arange(codes.size - 1, -1, -1)
+    return first
+
+
+def _distinct_texts(codes: np.ndarray, text_of_row) -> np.ndarray:
+    """Strings per dense code, computed from one representative row each."""
+    out = np.empty(int(codes.max()) + 1 if codes.size else 0, dtype=object)
+    out[:] = [text_of_row(i) for i in _first_rows(codes)]
+    return out
+
+
+def concat_distinct(*columns_and_fn) -> np.ndarray:
+    """fn(*values) once per distinct tuple of the columns, spread back: rows that get the same string
+    share one object (millions of instances, a few thousand distinct names)."""
+    *columns, fn = columns_and_fn
+    codes = combined_codes(*columns)
+    if codes.size == 0:
+        return np.zeros(0, dtype=object)
+    return _distinct_texts(codes, lambda i: fn(*(np.asarray(c)[i] for c in columns)))[codes]
 
 
 def _range_instances(ranges, info, kinds, instance_range, scope_op, names, parent, depth, family):
     rows = np.flatnonzero(instance_range)
     n = rows.size
-    direction = np.full(n, "", dtype=object)
+    direction = np.full(n, "", dtype=object)  # shared string objects, not one per instance
     if family == "pytorch":
         marker_dir = info["direction"].to_numpy(dtype=object)[rows]
-        back = info["backward"].to_numpy(dtype=bool)[rows]
-        is_op = np.isin(kinds[rows], nm.OP_MARKERS)
-        direction = np.where(back, "bprop", np.where(is_op, "fprop", ""))
-        direction = np.where(pd.notna(marker_dir), marker_dir, direction).astype(object)
+        direction[np.isin(kinds[rows], nm.OP_MARKERS)] = FPROP
+        direction[info["backward"].to_numpy(dtype=bool)[rows]] = BPROP
+        given = pd.notna(marker_dir)
+        direction[given & (marker_dir == "bprop")] = BPROP
+        direction[given & (marker_dir == "fprop")] = FPROP
     elif family == "tensorflow":
         lbl = info["label"].to_numpy(dtype=object)[rows]
-        grad = pd.Series(lbl).str.contains(r"(?:^|/)(?:gradients|gradient_tape)(?:_\d+)?/", regex=True)
-        direction = np.where(kinds[rows] == nm.TF_OP, np.where(grad.to_numpy(dtype=bool), "bprop", "fprop"), "")
+        grad = nm.per_unique(lbl, lambda t: bool(_TF_GRADIENT.search(str(t))), bool)
+        tf = kinds[rows] == nm.TF_OP
+        direction[tf] = FPROP
+        direction[tf & grad] = BPROP
     op_type = info["op_type"].to_numpy(dtype=object)[rows].copy()
     labels = info["label"].to_numpy(dtype=object)[rows]
     # A DLProf trace marker standing in as an op: its funcStack's last frame is the op.
@@ -345,7 +392,6 @@ def _range_instances(ranges, info, kinds, instance_range, scope_op, names, paren
         "range_id": ranges["range_id"].to_numpy(np.int64)[rows], "api_id": -1, "activity_id": -1,
         "start": ranges["start"].to_numpy(np.int64)[rows], "end": ranges["end"].to_numpy(np.int64)[rows],
         "pid": ranges["pid"].to_numpy(np.int64)[rows], "global_tid": ranges["global_tid"].to_numpy(np.int64)[rows],
-        "seq": info["seq"].to_numpy(np.int64)[rows],
         "data_type": info["data_type"].to_numpy(dtype=object)[rows],
         "input_shapes": info["input_shapes"].to_numpy(dtype=object)[rows],
         "output_shapes": info["output_shapes"].to_numpy(dtype=object)[rows],
@@ -373,8 +419,8 @@ def _unassociated_api_instances(api: pd.DataFrame, rows: np.ndarray, first_id: i
         "api_id": rows.astype(np.int64), "activity_id": -1,
         "start": api["start"].to_numpy(np.int64)[rows], "end": api["end"].to_numpy(np.int64)[rows],
         "pid": api["pid"].to_numpy(np.int64)[rows], "global_tid": api["global_tid"].to_numpy(np.int64)[rows],
-        "seq": -1, "data_type": None, "input_shapes": None, "output_shapes": None, "parameters": None,
-        "stack_trace": None, "name": "unassociated_" + pd.Series(names, dtype=object),
+        "data_type": None, "input_shapes": None, "output_shapes": None, "parameters": None,
+        "stack_trace": None, "name": concat_distinct(names, lambda name: f"unassociated_{name}"),
         "label": names, "op_type": names, "direction": "", "range_row": -1,
     })
 
@@ -386,8 +432,8 @@ def _unassociated_gpu_instances(gpu: pd.DataFrame, rows: np.ndarray, first_id: i
         "api_id": -1, "activity_id": rows.astype(np.int64),
         "start": gpu["start"].to_numpy(np.int64)[rows], "end": gpu["end"].to_numpy(np.int64)[rows],
         "pid": gpu["pid"].to_numpy(np.int64)[rows], "global_tid": np.full(rows.size, -1, dtype=np.int64),
-        "seq": -1, "data_type": None, "input_shapes": None, "output_shapes": None, "parameters": None,
-        "stack_trace": None, "name": "unassociated_" + pd.Series(names, dtype=object),
+        "data_type": None, "input_shapes": None, "output_shapes": None, "parameters": None,
+        "stack_trace": None, "name": concat_distinct(names, lambda name: f"unassociated_{name}"),
         "label": names, "op_type": names, "direction": "", "range_row": -1,
     })
 
@@ -428,7 +474,7 @@ def _backward_pass_instances(trace, corr, ranges, info, api_instance, bounds, fi
     instances = make_frame({
         "op_index": -1, "kind": np.full(m, BACKWARD_PASS, dtype=np.int8), "range_id": -1, "api_id": -1,
         "activity_id": -1, "start": summary["start"].to_numpy(np.int64), "end": summary["end"].to_numpy(np.int64),
-        "pid": summary["pid"].to_numpy(np.int64), "global_tid": summary["tid"].to_numpy(np.int64), "seq": -1,
+        "pid": summary["pid"].to_numpy(np.int64), "global_tid": summary["tid"].to_numpy(np.int64),
         "data_type": None, "input_shapes": None, "output_shapes": None, "parameters": None, "stack_trace": None,
         "name": "backward", "label": "backward", "op_type": "backward", "direction": "bprop", "range_row": -1,
     })
@@ -590,23 +636,23 @@ def _op_table(inst: pd.DataFrame, domain: str, family: str | None) -> pd.DataFra
             empty[c] = pd.Series(dtype="int64")
         empty["tc_eligible"] = pd.Series(dtype=bool)
         return empty
-    inst["op_index"] = combined_codes(inst["name"].to_numpy(dtype=object),
-                                      inst["direction"].fillna("").to_numpy(dtype=object))
-    first = inst.sort_values(["start", "instance_id"], kind="stable").drop_duplicates("op_index")
-    first = first.sort_values("op_index")
-    ops = make_frame({"op_index": first["op_index"].to_numpy(), "domain": domain,
-                        "name": first["name"].to_numpy(dtype=object),
-                        "direction": first["direction"].fillna("").to_numpy(dtype=object),
-                        "op_type": first["op_type"].to_numpy(dtype=object),
-                        "label": first["label"].to_numpy(dtype=object),
-                        "first_start": first["start"].to_numpy(np.int64),
-                        "kind": first["kind"].to_numpy()})
-    grouped = inst.groupby("op_index")
-    ops["n_instances"] = grouped.size().reindex(ops["op_index"]).to_numpy()
-    ops["data_type"] = obj(grouped["data_type"].first().reindex(ops["op_index"]).to_numpy(dtype=object), ops.index)
-    ops["stack_trace"] = obj(grouped["stack_trace"].first().reindex(ops["op_index"]).to_numpy(dtype=object),
-                             ops.index)
-    dev = inst[inst["device_id"] >= 0].groupby(["op_index", "device_id"]).size().reset_index(name="c")
+    op_index = combined_codes(inst["name"].to_numpy(dtype=object), inst["direction"].fillna("").to_numpy(dtype=object))
+    inst["op_index"] = op_index
+    # the first instance of each op in time, without sorting the whole instance frame
+    by_time = np.lexsort((inst["instance_id"].to_numpy(), inst["start"].to_numpy()))
+    first = by_time[_first_rows(op_index[by_time])]
+    ops = make_frame({"op_index": np.arange(first.size, dtype=np.int64), "domain": domain,
+                      "name": inst["name"].to_numpy(dtype=object)[first],
+                      "direction": inst["direction"].fillna("").to_numpy(dtype=object)[first],
+                      "op_type": inst["op_type"].to_numpy(dtype=object)[first],
+                      "label": inst["label"].to_numpy(dtype=object)[first],
+                      "first_start": inst["start"].to_numpy(np.int64)[first],
+                      "kind": inst["kind"].to_numpy()[first],
+                      "n_instances": np.bincount(op_index, minlength=first.size),
+                      "data_type": _first_given(inst["data_type"].to_numpy(dtype=object), op_index, first.size),
+                      "stack_trace": _first_given(inst["stack_trace"].to_numpy(dtype=object), op_index, first.size)})
+    dev = pd.DataFrame({"op_index": op_index, "device_id": inst["device_id"].to_numpy()})
+    dev = dev[dev["device_id"] >= 0].groupby(["op_index", "device_id"]).size().reset_index(name="c")
     dev = dev.sort_values(["op_index", "c", "device_id"], ascending=[True, False, True]).drop_duplicates("op_index")
     ops["device_id"] = pd.Series(dev["device_id"].to_numpy(), index=dev["op_index"].to_numpy()).reindex(
         ops["op_index"]).fillna(-1).to_numpy(np.int64)
@@ -623,6 +669,17 @@ def _op_table(inst: pd.DataFrame, domain: str, family: str | None) -> pd.DataFra
     ops["op_id"] = obj(pd.Series(ids, index=by_time.index, dtype=object).reindex(ops.index).to_numpy(dtype=object),
                        ops.index)
     return ops[OP_COLUMNS + ["label", "kind"]].reset_index(drop=True)
+
+
+def _first_given(values: np.ndarray, groups: np.ndarray, n_groups: int) -> np.ndarray:
+    """Per group, the first value (in row order) that is not missing; None where there is none."""
+    out = np.full(n_groups, None, dtype=object)
+    given = np.flatnonzero(pd.notna(values))
+    if given.size:
+        first = _first_rows(groups[given])
+        has = first >= 0
+        out[np.flatnonzero(has)] = values[given[first[has]]]
+    return out
 
 
 _NON_ID = re.compile(r"[^A-Z0-9_]+")

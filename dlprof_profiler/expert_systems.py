@@ -1,15 +1,10 @@
-"""Detect: expert-system detectors over an aggregation -> problems with recommendations."""
+"""Detect: expert-system detectors over an aggregation -> problems with recommendations.
+
+The detectors live in `dlprof_profiler.experts` (one module per group); this module is the engine's entry
+point. See docs/expert_systems.md for every detector's inputs, thresholds and texts.
+"""
 from __future__ import annotations
 
+from dlprof_profiler.experts import DB_PLACEHOLDER, DETECTORS, detect, render_command
 
-def detect(trace, corr, dm, agg, iterations) -> list[dict]:
-    """Findings for one aggregation of one domain (dicts: id, severity, problem, recommendation, link, action)."""
-    findings = []
-    if not iterations.found:
-        key = iterations.key_node or ""
-        findings.append({
-            "id": "no_iterations_detector", "severity": "warning",
-            "problem": f"Unable to split profile into training iterations: key op {key} not found",
-            "recommendation": "Specify key op by setting the --key_node argument",
-            "link": "", "action": None, "data": {"key_node": key}})
-    return findings
+__all__ = ["detect", "DETECTORS", "DB_PLACEHOLDER", "render_command"]

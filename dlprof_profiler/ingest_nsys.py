@@ -57,6 +57,13 @@ class StringTable:
         pos = np.clip(np.searchsorted(self.ids, id_array), 0, self.ids.size - 1)
         return np.where(self.ids[pos] == id_array, self.codes[pos], -1)
 
+    def codes_for(self, id_array) -> np.ndarray:
+        """Positions of the ids' strings in the table's distinct values (-1 where an id is unknown)."""
+        return self._codes_for(id_array)
+
+    def text_of_code(self, code: int) -> str:
+        return self.categories[code]
+
     def categorical(self, id_array) -> pd.Categorical:
         return pd.Categorical.from_codes(self._codes_for(id_array), categories=self.categories)
 
@@ -226,62 +233,87 @@ _GPU_FIELD = {"deviceId": "device_id", "streamId": "stream_id", "contextId": "co
 
 def read_gpu_activities(src: SqliteSource, strings: StringTable) -> pd.DataFrame:
     """Kernels, memcpys and memsets in one frame ordered by (start, kind, source rowid); activity_id is
-    the position in that order."""
+    the position in that order. Names are categoricals built from integer codes (no string per row)."""
     parts = []
     kt, mt, st = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"
+    labels = list(COPY_KIND_LABELS.values()) + [MEMSET_LABEL, UNKNOWN_KERNEL]
+    label_code = {text: i for i, text in enumerate(labels)}
     if src.has(kt):
         cols = src.int_columns(
             f"SELECT rowid, {', '.join(_int_col(src, kt, c) for c in KERNEL_SOURCE_COLUMNS)}, "
             f"{_int_col(src, kt, 'shortName')}, {_int_col(src, kt, 'demangledName')} FROM {kt}",
             ["rowid"] + KERNEL_SOURCE_COLUMNS + ["shortName", "demangledName"])
-        short = strings.lookup(cols["shortName"])
-        long = strings.lookup(cols["demangledName"])
-        # Some exporters leave one of the two names unknown; each stands in for the other.
-        short = np.where(pd.isna(short), long, short)
-        long = np.where(pd.isna(long), short, long)
-        short = np.where(pd.isna(short), "<unknown kernel>", short)
-        long = np.where(pd.isna(long), "<unknown kernel>", long)
-        parts.append(_gpu_part(cols, KIND_KERNEL, short, long))
+        short = strings.codes_for(cols.pop("shortName"))
+        long = strings.codes_for(cols.pop("demangledName"))
+        # Some exporters leave one of the two names unknown; each stands in for the other. Codes >= 0
+        # index the string table; the fixed labels get negative codes.
+        short, long = np.where(short >= 0, short, long), np.where(long >= 0, long, short)
+        unknown = -1 - label_code[UNKNOWN_KERNEL]
+        parts.append(_gpu_part(cols, KIND_KERNEL, np.where(short >= 0, short, unknown),
+                               np.where(long >= 0, long, unknown)))
     if src.has(mt):
         cols = src.int_columns(
             f"SELECT rowid, {', '.join(_int_col(src, mt, c) for c in MEMORY_SOURCE_COLUMNS)}, "
             f"{_int_col(src, mt, 'copyKind', '0')}, {_int_col(src, mt, 'srcKind')}, {_int_col(src, mt, 'dstKind')} "
             f"FROM {mt}", ["rowid"] + MEMORY_SOURCE_COLUMNS + ["copyKind", "srcKind", "dstKind"])
-        labels = pd.Series(cols["copyKind"]).map(COPY_KIND_LABELS).fillna(COPY_KIND_LABELS[0]).to_numpy(dtype=object)
-        parts.append(_gpu_part(cols, KIND_MEMCPY, labels, labels))
+        kind_codes = np.where(np.isin(cols["copyKind"], list(COPY_KIND_LABELS)), cols["copyKind"], 0)
+        codes = -1 - kind_codes  # COPY_KIND_LABELS keys are 0..13, their position in `labels`
+        parts.append(_gpu_part(cols, KIND_MEMCPY, codes, codes))
     if src.has(st):
         cols = src.int_columns(
             f"SELECT rowid, {', '.join(_int_col(src, st, c) for c in MEMORY_SOURCE_COLUMNS)}, "
             f"{_int_col(src, st, 'memKind')} FROM {st}", ["rowid"] + MEMORY_SOURCE_COLUMNS + ["memKind"])
-        labels = np.full(len(cols["rowid"]), MEMSET_LABEL, dtype=object)
-        parts.append(_gpu_part(cols, KIND_MEMSET, labels, labels))
+        codes = np.full(len(cols["rowid"]), -1 - label_code[MEMSET_LABEL], dtype=np.int64)
+        parts.append(_gpu_part(cols, KIND_MEMSET, codes, codes))
     if not parts:
         frame = pd.DataFrame({c: np.zeros(0, dtype=np.int64) for c in GPU_COLUMNS})
         frame["kind"] = frame["kind"].astype(np.int8)
         frame["name"] = pd.Categorical([])
         frame["long_name"] = pd.Categorical([])
         return frame[GPU_COLUMNS]
-    merged = {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
-    order = np.lexsort((merged["rowid"], merged["kind"], merged["start"]))
-    out = {c: v[order] for c, v in merged.items() if c != "rowid"}
+
+    def column(name):
+        return np.concatenate([p.pop(name) for p in parts]) if len(parts) > 1 else parts[0].pop(name)
+    starts = np.concatenate([p["start"] for p in parts]) if len(parts) > 1 else parts[0]["start"]
+    order = np.lexsort((column("rowid"), np.concatenate([p["kind"] for p in parts]), starts))
+    in_order = bool((order[1:] > order[:-1]).all()) if order.size > 1 else True
+    del starts
+    out = {}
+    for name in list(parts[0]):  # one column at a time, each source array released once moved
+        values = column(name)
+        out[name] = values if in_order else values[order]
+        del values
     out["activity_id"] = np.arange(order.size, dtype=np.int64)
-    out["name"] = pd.Categorical(out["name"])
-    out["long_name"] = pd.Categorical(out["long_name"])
+    out["name"] = _categorical(out.pop("name_code"), strings, labels)
+    out["long_name"] = _categorical(out.pop("long_code"), strings, labels)
     return pd.DataFrame({c: out[c] for c in GPU_COLUMNS}, copy=False)
 
 
-def _gpu_part(cols: dict, kind: int, names: np.ndarray, long_names: np.ndarray) -> dict:
+UNKNOWN_KERNEL = "<unknown kernel>"
+
+
+def _categorical(codes: np.ndarray, strings: StringTable, labels: list[str]) -> pd.Categorical:
+    """Codes >= 0 index the string table, codes < 0 the fixed labels (-1 - position)."""
+    used, inverse = np.unique(codes, return_inverse=True)
+    names = np.array([strings.text_of_code(int(c)) if c >= 0 else labels[-1 - int(c)] for c in used], dtype=object)
+    unique_names, remap = np.unique(names, return_inverse=True)  # distinct codes may share a text
+    return pd.Categorical.from_codes(remap[inverse], categories=pd.Index(unique_names, dtype=object))
+
+
+def _gpu_part(cols: dict, kind: int, name_codes: np.ndarray, long_codes: np.ndarray) -> dict:
     n = len(cols["rowid"])
-    part = {c: np.full(n, -1, dtype=np.int64) for c in GPU_COLUMNS if c not in ("name", "long_name", "kind",
-                                                                                 "activity_id")}
+    part = {}
     for source, value in cols.items():
         if source in _GPU_FIELD:
             part[_GPU_FIELD[source]] = value
+    for c in GPU_COLUMNS:
+        if c not in part and c not in ("name", "long_name", "kind", "activity_id"):
+            part[c] = np.full(n, -1, dtype=np.int64)
     part["pid"] = pid_of(cols["globalPid"])
     part["kind"] = np.full(n, kind, dtype=np.int8)
     part["rowid"] = cols["rowid"]
-    part["name"] = np.asarray(names, dtype=object)
-    part["long_name"] = np.asarray(long_names, dtype=object)
+    part["name_code"] = np.asarray(name_codes, dtype=np.int64)
+    part["long_code"] = np.asarray(long_codes, dtype=np.int64)
     return part
 
 
@@ -345,36 +377,34 @@ def read_ranges(src: SqliteSource, strings: StringTable, capture_end: int) -> pd
         ["range_id", "event_type", "start", "end", "global_tid", "domain_id", "text_id"])
     if len(cols["range_id"]) == 0:
         return _empty_ranges(out_cols), {}
-    raw = src.arrow_text_column(f"SELECT {src.col(t, 'text')} {where}")
-    text = pc.coalesce(strings.arrow(cols["text_id"]), raw, pa.scalar(""))
+    text = src.arrow_text_column(f"SELECT {src.col(t, 'text')} {where}")
+    text_id = cols.pop("text_id")
+    if (text_id >= 0).any():  # registered strings (textId) take precedence over inline text
+        text = pc.coalesce(strings.arrow(text_id), text)
+    del text_id
+    text = pc.fill_null(text, "")
     pid = pid_of(cols["global_tid"])
     # Domain handles are per process: (pid, domainId) -> name, from the domain-create rows.
     create = cols["event_type"] == NVTX_DOMAIN_CREATE
-    created_names = text.filter(pa.array(create)).to_pylist()
+    created_names = text.filter(pa.array(create)).to_pylist() if create.any() else []
     names = {(int(p), int(d)): str(n) for p, d, n in zip(pid[create], cols["domain_id"][create], created_names)}
-    keep = ~create
-    end = cols["end"][keep]
-    start = cols["start"][keep]
+    mapping = domain_name_map(*_distinct_pairs(pid[~create], cols["domain_id"][~create]), names)
+    end, start = cols["end"], cols["start"]
     unclosed = end < 0
     end = np.where(unclosed, np.maximum(capture_end, start), end)
-    valid = end >= start
+    keep = ~create & (end >= start)
+    everything = bool(keep.all())
+    sel = None if everything else np.flatnonzero(keep)
+
+    def take(values):
+        return values if everything else values[sel]
     frame = pd.DataFrame({
-        "range_id": cols["range_id"][keep][valid],
-        "domain": pd.Series(_domain_names(pid[keep][valid], cols["domain_id"][keep][valid], names), dtype=object),
-        "text": pd.Series(text.filter(pa.array(_positions_mask(keep, valid, len(text)))), dtype="str"),
-        "start": start[valid], "end": end[valid],
-        "global_tid": cols["global_tid"][keep][valid], "pid": pid[keep][valid],
-        "event_type": cols["event_type"][keep][valid].astype(np.int8), "unclosed": unclosed[valid]}, copy=False)
-    all_pids, all_handles = pid[keep], cols["domain_id"][keep]
-    mapping = domain_name_map(*_distinct_pairs(all_pids, all_handles), names)
+        "range_id": take(cols["range_id"]),
+        "domain": pd.Series(_domain_names(take(pid), take(cols["domain_id"]), names), dtype=object),
+        "text": pd.Series(text if everything else text.take(pa.array(sel)), dtype="str"),
+        "start": take(start), "end": take(end), "global_tid": take(cols["global_tid"]), "pid": take(pid),
+        "event_type": take(cols["event_type"]).astype(np.int8), "unclosed": take(unclosed)}, copy=False)
     return frame, mapping
-
-
-def _positions_mask(keep: np.ndarray, valid: np.ndarray, n: int) -> np.ndarray:
-    """Mask over all rows selecting the kept rows that are also valid (valid indexes the kept rows)."""
-    mask = np.zeros(n, dtype=bool)
-    mask[np.flatnonzero(keep)[valid]] = True
-    return mask
 
 
 def _empty_ranges(columns: list[str]) -> pd.DataFrame:

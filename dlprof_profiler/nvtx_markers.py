@@ -59,12 +59,16 @@ def classify_ranges(texts, domains, families: set[str] | None = None) -> pd.Data
         out.attrs["config"] = []
         return out
     is_dict = _bools(pc.starts_with(arr, "{"))
-    plain_stripped = pc.replace_substring_regex(arr, _PT_FIELDS, "")
-    dict_stripped = pc.replace_substring_regex(arr, _CALLID_FIELDS, "")
-    stripped = pc.if_else(pa.array(is_dict), dict_stripped, plain_stripped)
+    stripped = pc.replace_substring_regex(arr, _PT_FIELDS, "")
+    if is_dict.any():
+        dict_stripped = pc.replace_substring_regex(arr, _CALLID_FIELDS, "")
+        stripped = pc.if_else(pa.array(is_dict), dict_stripped, stripped)
+        del dict_stripped
     encoded = pc.dictionary_encode(stripped)
+    del stripped  # the distinct texts and one code per range are all that is kept
     codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
     uniq = encoded.dictionary
+    del encoded
     u_text = _strings(uniq)
     u_dict = _bools(pc.starts_with(uniq, "{"))
     # per distinct stripped text: the default (scope) reading
@@ -136,8 +140,9 @@ def _arrow_strings(values) -> pa.Array:
     """Texts as one Arrow string array (no copy when they already are Arrow-backed)."""
     if isinstance(values, pd.Series) and isinstance(values.array, pd.arrays.ArrowStringArray):
         data = values.array._pa_array
-        data = data.combine_chunks() if isinstance(data, pa.ChunkedArray) else data
-        return pc.fill_null(data, "")
+        if isinstance(data, pa.ChunkedArray):
+            data = data.chunk(0) if data.num_chunks == 1 else data.combine_chunks()
+        return pc.fill_null(data, "") if data.null_count else data
     obj_values = _object_array(values)
     return pa.array(obj_values, type=pa.string()) if len(obj_values) else pa.array([], type=pa.string())
 

@@ -149,6 +149,8 @@ class SqliteSource:
                 self._adbc = adbc.connect(f"{self.path.resolve().as_uri()}?{flags}")
             cursor = self._adbc.cursor()
             try:
+                # large batches: integer columns then come back as single chunks numpy can share
+                cursor.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": "1048576"})
                 cursor.execute(sql)
                 table = cursor.fetch_arrow_table()
             finally:

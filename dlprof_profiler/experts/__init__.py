@@ -1,0 +1,69 @@
+"""Expert-system detectors, one module per group; `detect` runs them all over one aggregation of one domain.
+
+Each detector documents its inputs and thresholds in its docstring and module constants (and in
+docs/expert_systems.md). Findings are dicts: id, severity (error | warning | info), problem (with the figures
+that triggered it), recommendation, link (https), action (None or a dict the viewer/CLI can apply), data.
+"""
+from __future__ import annotations
+
+import shlex
+
+from dlprof_profiler import log
+from dlprof_profiler.experts.base import Context
+from dlprof_profiler.experts.framework import (batch_size_detector, cudnn_benchmark_detector, emit_nvtx_detector,
+                                               slow_api_detector)
+from dlprof_profiler.experts.gaps import gpu_gap_detector
+from dlprof_profiler.experts.iterations import bad_iteration_range_detector, no_iterations_detector
+from dlprof_profiler.experts.tensor_cores import amp_detector, bad_tensor_shape_detector
+from dlprof_profiler.experts.transfers import pageable_memcpy_detector, sync_api_detector, sync_memcpy_detector
+from dlprof_profiler.experts.utilization import (dataloader_detector, imbalanced_gpus_detector, no_fusion_detector,
+                                                 underutilized_gpu_detector)
+
+# Run order = order of the findings (the viewer sorts by severity, then by this order).
+DETECTORS = {
+    "no_iterations_detector": no_iterations_detector,
+    "bad_iteration_range_detector": bad_iteration_range_detector,
+    "slow_api_detector": slow_api_detector,
+    "underutilized_gpu_detector": underutilized_gpu_detector,
+    "imbalanced_gpus_detector": imbalanced_gpus_detector,
+    "gpu_gap_detector": gpu_gap_detector,
+    "dataloader_detector": dataloader_detector,
+    "amp_detector": amp_detector,
+    "bad_tensor_shape_detector": bad_tensor_shape_detector,
+    "no_fusion_detector": no_fusion_detector,
+    "cudnn_benchmark_detector": cudnn_benchmark_detector,
+    "emit_nvtx_detector": emit_nvtx_detector,
+    "batch_size_detector": batch_size_detector,
+    "pageable_memcpy_detector": pageable_memcpy_detector,
+    "sync_memcpy_detector": sync_memcpy_detector,
+    "sync_api_detector": sync_api_detector,
+}
+
+DB_PLACEHOLDER = "<db>"
+
+
+def detect(trace, corr, dm, agg, iterations, strict: bool = False, only=None) -> list[dict]:
+    """Findings for one aggregation of one domain. A detector that fails is reported as a warning and
+    skipped (the analysis goes on), unless `strict`. `only`: ids of the detectors to run (default all)."""
+    ctx = Context(trace, corr, dm, agg, iterations)
+    findings = []
+    for exp_sys_id, detector in DETECTORS.items():
+        if only is not None and exp_sys_id not in only:
+            continue
+        try:
+            findings += detector(ctx)
+        except Exception as exc:  # noqa: BLE001 - one broken rule must not cost the user the whole analysis
+            if strict:
+                raise
+            log.warning(f"expert system {exp_sys_id} failed on domain '{dm.domain}': {type(exc).__name__}: {exc}")
+    where = f" (domain '{dm.domain}')" if len(getattr(corr, "domains", {}) or {}) > 1 else ""
+    for exp_sys_id, fact in ctx.silent:
+        log.detail(f"Expert systems{where}: {exp_sys_id} stayed silent: unknown {fact}")
+    return findings
+
+
+def render_command(action: dict | None, database) -> str | None:
+    """The CLI command of a finding's action with the DLProf database path in place of `<db>`."""
+    if not action or not action.get("command"):
+        return None
+    return action["command"].replace(f"--database={DB_PLACEHOLDER}", f"--database={shlex.quote(str(database))}")
