@@ -111,7 +111,6 @@ def kernel_launch_frame(trace: Trace, corr: Correlation, dm: DomainModel, act_it
         "instance": inst_row,
         "op_index": dm.instances["op_index"].to_numpy(np.int64)[inst_row] if len(kernels) else np.zeros(0, np.int64),
         "name_code": _codes(gpu["name"])[kernels],
-        "long_code": _codes(gpu["long_name"])[kernels],
         "device_id": gpu["device_id"].to_numpy(np.int64)[kernels],
         "gpu_start": gpu["start"].to_numpy(np.int64)[kernels],
         "gpu_duration": (gpu["end"] - gpu["start"]).to_numpy(np.int64)[kernels],
@@ -119,9 +118,6 @@ def kernel_launch_frame(trace: Trace, corr: Correlation, dm: DomainModel, act_it
         "api_start": np.where(has_api, api["start"].to_numpy(np.int64)[safe] if len(api) else 0, -1),
         "api_duration": np.where(has_api, (api["end"] - api["start"]).to_numpy(np.int64)[safe] if len(api) else 0, -1),
         "uses_tc": corr.uses_tc[kernels],
-        "grid_x": gpu["grid_x"].to_numpy()[kernels], "grid_y": gpu["grid_y"].to_numpy()[kernels],
-        "grid_z": gpu["grid_z"].to_numpy()[kernels], "block_x": gpu["block_x"].to_numpy()[kernels],
-        "block_y": gpu["block_y"].to_numpy()[kernels], "block_z": gpu["block_z"].to_numpy()[kernels],
     })
 
 
@@ -137,7 +133,19 @@ def with_names(launches: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame:
     long_cats = gpu["long_name"].cat.categories.to_numpy(dtype=object) if len(gpu) else np.zeros(0, dtype=object)
     out = launches.copy()
     out["name"] = obj(cats[launches["name_code"].to_numpy()] if len(launches) else [], out.index)
-    out["long_name"] = obj(long_cats[launches["long_code"].to_numpy()] if len(launches) else [], out.index)
+    if "long_code" in launches:
+        out["long_name"] = obj(long_cats[launches["long_code"].to_numpy()] if len(launches) else [], out.index)
+    return out
+
+
+def with_launch_details(launches: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame:
+    """Kernel launch rows with names, long names and grid/block sizes (for the iteration report)."""
+    out = with_names(launches, gpu)
+    rows = launches["activity_id"].to_numpy() if len(launches) else np.zeros(0, dtype=np.int64)
+    long_cats = gpu["long_name"].cat.categories.to_numpy(dtype=object) if len(gpu) else np.zeros(0, dtype=object)
+    out["long_name"] = obj(long_cats[gpu["long_name"].cat.codes.to_numpy()[rows]] if len(rows) else [], out.index)
+    for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"):
+        out[c] = gpu[c].to_numpy()[rows]
     return out
 
 
@@ -197,7 +205,7 @@ def kernel_statistics(launches: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame
         "count": g.size(), "uses_tc": g["uses_tc"].any(),
         "gpu_total": g["gpu_duration"].sum(), "gpu_min": g["gpu_duration"].min(),
         "gpu_max": g["gpu_duration"].max(), "first_start": g["gpu_start"].min(),
-        "long_code": g["long_code"].first(),
+        "first_activity": g["activity_id"].min(),
     })
     out["gpu_avg"] = out["gpu_total"] / out["count"]
     with_api = launches[launches["api_row"] >= 0]
@@ -209,6 +217,9 @@ def kernel_statistics(launches: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame
         out[c] = out[c].fillna(0).astype(np.int64)
     out["api_avg"] = out["api_avg"].fillna(0.0)
     out = with_names(out.reset_index(), gpu)
+    long_cats = gpu["long_name"].cat.categories.to_numpy(dtype=object)
+    out["long_name"] = obj(long_cats[gpu["long_name"].cat.codes.to_numpy()[out["first_activity"].to_numpy()]],
+                           out.index)
     return out.sort_values(["first_start", "name"], kind="stable").reset_index(drop=True)
 
 

@@ -61,6 +61,7 @@ class Correlation:
     process_device: dict
     domains: dict[str, DomainModel] = field(default_factory=dict)
     config: dict = field(default_factory=dict)
+    range_labels: pd.DataFrame | None = None  # per (domain, label): kind and number of ranges
 
     @property
     def range_counts(self) -> dict:
@@ -118,6 +119,24 @@ def domain_order(trace: Trace, mode: str | None) -> list[str]:
     return [str(d) for d in pd.unique(trace.ranges["domain"])]
 
 
+def range_label_counts(ranges: pd.DataFrame, info: pd.DataFrame) -> pd.DataFrame:
+    """How many ranges carry each label, per domain (counted on integer codes: labels are shared)."""
+    if len(ranges) == 0:
+        return pd.DataFrame({"domain": [], "label": [], "kind": [], "num_ranges": []})
+    domain_code, domain_names = pd.factorize(ranges["domain"].to_numpy(dtype=object))
+    text_code = info["text_code"].to_numpy() if "text_code" in info else \
+        pd.factorize(info["label"].to_numpy(dtype=object))[0]
+    codes = combined_codes(domain_code, text_code)
+    counts = np.bincount(codes)
+    first = np.full(counts.size, -1, dtype=np.int64)
+    first[codes[::-1]] = np.arange(codes.size - 1, -1, -1)
+    table = pd.DataFrame({"domain": np.asarray(domain_names, dtype=object)[domain_code[first]],
+                          "label": info["label"].to_numpy(dtype=object)[first],
+                          "kind": info["kind"].to_numpy().astype(np.int64)[first], "num_ranges": counts})
+    return table.groupby(["domain", "label"], sort=False, as_index=False).agg(
+        kind=("kind", "first"), num_ranges=("num_ranges", "sum"))
+
+
 def link_gpu_to_api(trace: Trace) -> np.ndarray:
     """Row of the launching API call per GPU activity, keyed by (process, correlation id)."""
     gpu, api = trace.gpu, trace.api_calls
@@ -161,7 +180,8 @@ def correlate(trace: Trace, mode: str | None = None, naming_bounds: np.ndarray |
     thread_dev, process_dev = work_devices(trace, gpu_api)
     bounds = np.zeros(0, dtype=np.int64) if naming_bounds is None else np.asarray(naming_bounds, np.int64)
     corr = Correlation(gpu_api=gpu_api, uses_tc=uses_tc, tc_rule=tc_rule, range_info=info, mode=mode,
-                       family=family, thread_device=thread_dev, process_device=process_dev, config=config)
+                       family=family, thread_device=thread_dev, process_device=process_dev, config=config,
+                       range_labels=range_label_counts(trace.ranges, info))
     ranges = trace.ranges
     for domain in domain_order(trace, mode):
         if mode == "simple" or len(ranges) == 0:

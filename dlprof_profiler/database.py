@@ -294,18 +294,13 @@ class DatabaseWriter:
 
     def _write_range_labels(self, corr: Correlation) -> None:
         """Distinct NVTX range labels per domain with their counts (the viewer's key node picker)."""
-        ranges = self.trace.ranges
-        if len(ranges) == 0:
+        labels = corr.range_labels
+        if labels is None or len(labels) == 0:
             return
-        domain = ranges["domain"].map(self.domain_ids).fillna(-1).to_numpy(np.int64)
-        labels = corr.range_info["label"].to_numpy(dtype=object)
-        codes = combined_codes(domain, labels)
-        counts = np.bincount(codes)
-        first = np.full(counts.size, -1, dtype=np.int64)
-        first[codes[::-1]] = np.arange(codes.size - 1, -1, -1)  # first row of each (domain, label)
         bulk_insert(self.path, "read_only_range_labels", {
-            "domain_id": domain[first], "label": labels[first],
-            "kind": corr.range_info["kind"].to_numpy().astype(np.int64)[first], "num_ranges": counts})
+            "domain_id": labels["domain"].map(self.domain_ids).fillna(-1).to_numpy(np.int64),
+            "label": labels["label"].to_numpy(dtype=object), "kind": labels["kind"].to_numpy(np.int64),
+            "num_ranges": labels["num_ranges"].to_numpy(np.int64)})
 
 
 def create_database(path: Path, trace: Trace, corr: Correlation, primary_domain: str, profile: dict) -> dict:

@@ -400,7 +400,7 @@ def read_ranges(src: SqliteSource, strings: StringTable, capture_end: int) -> pd
         return values if everything else values[sel]
     frame = pd.DataFrame({
         "range_id": take(cols["range_id"]),
-        "domain": pd.Series(_domain_names(take(pid), take(cols["domain_id"]), names), dtype=object),
+        "domain": pd.Series(_domain_names(take(pid), take(cols["domain_id"]), names), dtype=object, copy=False),
         "text": pd.Series(text if everything else text.take(pa.array(sel)), dtype="str"),
         "start": take(start), "end": take(end), "global_tid": take(cols["global_tid"]), "pid": take(pid),
         "event_type": take(cols["event_type"]).astype(np.int8), "unclosed": take(unclosed)}, copy=False)

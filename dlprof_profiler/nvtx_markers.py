@@ -55,6 +55,7 @@ def classify_ranges(texts, domains, families: set[str] | None = None) -> pd.Data
     allowed = {FAMILY_PYTORCH, FAMILY_TENSORFLOW, FAMILY_TENSORRT} if families is None else families
     cols = _empty_columns(n)
     if n == 0:
+        cols["text_code"] = np.zeros(0, dtype=np.int32)
         out = _frame(cols)
         out.attrs["config"] = []
         return out
@@ -113,27 +114,32 @@ def classify_ranges(texts, domains, families: set[str] | None = None) -> pd.Data
         u_loader = _bools(pc.match_substring_regex(uniq, _DATALOADER_PATTERN, ignore_case=True))
         cols["dataloader"][scope] = u_loader[codes[scope]]
     cols["kind"], cols["label"], cols["op_type"] = kind, label, op_type
+    cols["text_code"] = codes.astype(np.int32)  # ranges with equal codes have equal texts (fields stripped)
     out = _frame(cols)
     out.attrs["config"] = config
     return out
 
 
+SPARSE_COLUMNS = ("func_stack", "stack_trace", "data_type", "input_shapes", "output_shapes", "parameters",
+                  "direction")
+
+
 def _empty_columns(n: int) -> dict:
-    return {
+    # The marker-only columns are empty in most profiles: they share one all-None array until written.
+    nothing = np.full(n, None, dtype=object)
+    cols = {
         "kind": np.full(n, SCOPE, dtype=np.int8), "label": np.full(n, None, dtype=object),
         "op_type": np.full(n, None, dtype=object), "seq": np.full(n, -1, dtype=np.int64),
         "backward": np.zeros(n, dtype=bool), "dataloader": np.zeros(n, dtype=bool),
-        "func_stack": np.full(n, None, dtype=object), "stack_trace": np.full(n, None, dtype=object),
-        "data_type": np.full(n, None, dtype=object), "input_shapes": np.full(n, None, dtype=object),
-        "output_shapes": np.full(n, None, dtype=object), "parameters": np.full(n, None, dtype=object),
-        "direction": np.full(n, None, dtype=object), "callid": np.full(n, -1, dtype=np.int64),
-        "fwd_callid": np.full(n, -1, dtype=np.int64),
+        "callid": np.full(n, -1, dtype=np.int64), "fwd_callid": np.full(n, -1, dtype=np.int64),
     }
+    cols.update({name: nothing for name in SPARSE_COLUMNS})
+    return cols
 
 
 def _frame(cols: dict) -> pd.DataFrame:
-    return pd.DataFrame({k: (pd.Series(v, dtype=object) if v.dtype == object else v) for k, v in cols.items()},
-                        copy=False)
+    return pd.DataFrame({k: (pd.Series(v, dtype=object, copy=False) if v.dtype == object else v)
+                         for k, v in cols.items()}, copy=False)
 
 
 def _arrow_strings(values) -> pa.Array:
@@ -220,6 +226,8 @@ def _pytorch(arr, plain, codes, uniq, u_text, kind, label, op_type, cols) -> Non
         sizes = pc.struct_field(pc.extract_regex(sub, r", sizes = (?P<sizes>\[\]|\[.*?\]\])"), [0])
         enc = pc.dictionary_encode(sizes)
         shapes = np.array([_shape_text(t) for t in _strings(enc.dictionary)], dtype=object)
+        if any(cols["input_shapes"] is cols[other] for other in SPARSE_COLUMNS if other != "input_shapes"):
+            cols["input_shapes"] = cols["input_shapes"].copy()  # stop sharing before writing
         cols["input_shapes"][np.flatnonzero(has_sizes)] = shapes[np.asarray(
             pc.fill_null(enc.indices, 0).to_numpy(zero_copy_only=False), dtype=np.int64)]
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from dlprof_profiler import __version__
-from dlprof_profiler.aggregate import Aggregation, with_names
+from dlprof_profiler.aggregate import Aggregation, with_launch_details
 from dlprof_profiler.atomic import write_text_atomic
 
 REPORT_FILES = {
@@ -240,7 +240,7 @@ def _op_columns(frame: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
 
 
 def iteration_report(agg: Aggregation, instances: pd.DataFrame, ops: pd.DataFrame, gpu: pd.DataFrame) -> Report:
-    k = with_names(agg.kernel_launches, gpu) if len(agg.kernel_launches) else agg.kernel_launches
+    k = with_launch_details(agg.kernel_launches, gpu) if len(agg.kernel_launches) else agg.kernel_launches
     columns = ["Iteration", "Op ID", "Op Name", "Direction", "Op Type", "Kernel Name", "Device ID",
                "GPU Start Time (ns)", "GPU Duration (ns)", "API Call Start (ns)", "API Call Time (ns)", "Uses TC",
                "Grid X", "Grid Y", "Grid Z", "Block X", "Block Y", "Block Z", "Data Types", "Input Shapes",

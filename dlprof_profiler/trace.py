@@ -71,13 +71,14 @@ class Trace:
 def make_frame(columns: dict) -> pd.DataFrame:
     """A DataFrame from arrays that keeps object arrays as object columns (pandas 3 would infer its
     Arrow-backed string dtype and copy every string)."""
-    return pd.DataFrame({k: (pd.Series(v, dtype=object) if isinstance(v, np.ndarray) and v.dtype == object else v)
+    return pd.DataFrame({k: (pd.Series(v, dtype=object, copy=False)
+                             if isinstance(v, np.ndarray) and v.dtype == object else v)
                          for k, v in columns.items()}, copy=False)
 
 
 def obj(values, index=None) -> pd.Series:
     """An object-dtype Series (to assign string arrays to frame columns without a str conversion)."""
-    return pd.Series(np.asarray(values, dtype=object), index=index, dtype=object)
+    return pd.Series(np.asarray(values, dtype=object), index=index, dtype=object, copy=False)
 
 
 def combined_codes(*arrays) -> np.ndarray:
