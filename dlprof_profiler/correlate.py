@@ -175,6 +175,9 @@ def correlate(trace: Trace, mode: str | None = None, naming_bounds: np.ndarray |
     """Build the op model of every domain. `naming_bounds` are iteration boundaries used only to number
     top-level ops per iteration (so the k-th call of an op in each iteration is the same op)."""
     info, mode, family, config = classified or classify_trace(trace, mode)
+    if "gpu_peak_memory" in trace.meta and not any(k in config for k in ("max_memory_reserved",
+                                                                        "max_memory_allocated")):
+        config = {**config, "peak_memory": int(trace.meta["gpu_peak_memory"])}  # nsys memory-usage events
     gpu_api = link_gpu_to_api(trace)
     uses_tc, tc_rule = _kernel_tc_flags(trace)
     thread_dev, process_dev = work_devices(trace, gpu_api)

@@ -105,6 +105,9 @@ def read_nsys_export(path: Path) -> Trace:
         capture_end = _capture_end(src, trace)
         trace.ranges, trace.domain_map = read_ranges(src, strings, capture_end)
         trace.devices = read_devices(src, trace.gpu)
+        peak = read_peak_memory(src)
+        if peak is not None:
+            trace.meta["gpu_peak_memory"] = peak
         trace.meta["capture_end"] = int(capture_end)
         if not trace.has_cuda_tables:
             trace.warnings.append(f"{path}: no CUDA trace tables (CUPTI_ACTIVITY_KIND_*): the capture holds no "
@@ -315,6 +318,22 @@ def _gpu_part(cols: dict, kind: int, name_codes: np.ndarray, long_codes: np.ndar
     part["name_code"] = np.asarray(name_codes, dtype=np.int64)
     part["long_code"] = np.asarray(long_codes, dtype=np.int64)
     return part
+
+
+def read_peak_memory(src: SqliteSource) -> int | None:
+    """Highest device memory in use on any GPU, from CUDA memory-usage events (captured only with
+    `nsys profile --cuda-memory-usage=true`); None when the export has none."""
+    t = "CUDA_GPU_MEMORY_USAGE_EVENTS"
+    if not src.has(t) or not {"bytes", "memoryOperationType", "start"} <= set(src.columns(t)):
+        return None
+    cols = src.int_columns(f"SELECT start, {_int_col(src, t, 'deviceId', '0')}, bytes, memoryOperationType "
+                           f"FROM {t} ORDER BY start", ["start", "device", "bytes", "op"])
+    if len(cols["start"]) == 0:
+        return None
+    delta = np.where(cols["op"] == 0, cols["bytes"], -cols["bytes"])  # 0 allocation, 1 free
+    frame = pd.DataFrame({"device": cols["device"], "delta": delta})
+    in_use = frame.groupby("device")["delta"].cumsum()
+    return int(max(in_use.max(), 0))
 
 
 def read_syncs(src: SqliteSource) -> pd.DataFrame:

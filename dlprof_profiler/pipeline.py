@@ -188,6 +188,7 @@ def _aggregate_and_write(args, out_dir: Path, source: Path, trace, corr, iterati
         staging.discard_after(writer)
         raise
     _print_summary(aggregations[primary], db_final, written_reports)
+    _print_findings(findings.get(primary, []), db_final)
     log.info(f"Done in {time.perf_counter() - started:.1f} s")
     return 0
 
@@ -239,6 +240,21 @@ def _dump_model(path: Path, corr) -> None:
         doc[name] = {"ops": json.loads(ops.to_json(orient="records")),
                      "instances": json.loads(inst.to_json(orient="split", index=False))}
     path.write_text(json.dumps(doc), encoding="utf-8")
+
+
+def _print_findings(findings: list[dict], db_path: Path) -> None:
+    """The expert systems' problems and what to change, with the command that applies a proposal."""
+    from dlprof_profiler.expert_systems import render_command
+    if not findings:
+        log.info("Expert systems: no problems found")
+        return
+    log.info(f"Expert systems: {len(findings)} finding(s)")
+    for f in findings:
+        log.info(f"  [{f.get('severity', 'info')}] {f.get('problem', '')}")
+        log.info(f"      -> {f.get('recommendation', '')}")
+        command = render_command(f.get("action"), db_path)
+        if command:
+            log.info(f"      apply with: {command}")
 
 
 def _print_summary(agg, db_path: Path, written: list[Path]) -> None:

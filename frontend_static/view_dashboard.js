@@ -1,5 +1,6 @@
 // Dashboard: the ten panels of DLProf's viewer, all from the `dashboard` route.
 
+import {actionControls} from "./actions.js";
 import {tryGet} from "./api.js";
 import {COLORS, donut, iterationBars, legend} from "./charts.js";
 import {showOp} from "./details.js";
@@ -178,6 +179,7 @@ function findingsPanel(findings) {
   body.appendChild(h("ul", {class: "findings"}, findings.map((f) => h("li", {class: `finding sev-${String(f.severity || "info").toLowerCase()}`, dataset: {expSys: f.exp_sys_id || ""}},
     h("div", {class: "finding-head"}, h("span", {class: "badge"}, f.severity || "info"), h("span", {class: "finding-problem"}, f.problem)),
     h("div", {class: "finding-rec"}, linkify(f.recommendation)),
+    actionControls(f.action),
     f.link ? h("a", {href: f.link, target: "_blank", rel: "noopener noreferrer", class: "finding-link"}, "Learn more") : null))));
   return c;
 }

@@ -6,6 +6,7 @@ import {COLORS, iterationBars, iterationSegments, legend} from "./charts.js";
 import {confirmDialog, modal} from "./dialogs.js";
 import {card, clear, h, loading, placeholder, replace} from "./dom.js";
 import {fmtInt, fmtNs, fmtPct} from "./format.js";
+import {applyAction} from "./actions.js";
 import {startReaggregation} from "./jobs.js";
 import {definition} from "./metrics.js";
 import {currentAggregation, scope, state, subscribe} from "./state.js";
@@ -98,6 +99,7 @@ export function mount(el) {
   const goBtn = h("button", {type: "button", class: "primary", id: "reaggregate"}, "Reaggregate");
   const validation = h("div", {class: "validation", "aria-live": "polite"});
   const status = h("div", {id: "reaggregate-status", class: "job-status", role: "status", "aria-live": "polite", dataset: {status: "idle"}});
+  const proposal = h("div", {id: "range-proposal", class: "proposal", hidden: true});
   const formCard = card("Re-aggregate", {wide: true, id: "reaggregate-form",
     tooltip: "Compute a new aggregation over another iteration range or key node. It runs in the background; earlier aggregations stay available in the Aggregation selector."});
   formCard.body.append(
@@ -106,7 +108,7 @@ export function mount(el) {
       h("div", {class: "field"}, h("label", {for: "iter-stop", title: definition("iter_stop")}, "Select Iter Stop"), stopInput),
       h("div", {class: "field grow"}, h("label", {for: "key-node", title: definition("key_node")}, "Key node"), h("div", {class: "input-group"}, keyInput, pickBtn)),
       h("div", {class: "field"}, h("span", {class: "field-label", "aria-hidden": "true"}, " "), goBtn)),
-    validation, status);
+    proposal, validation, status);
 
   el.append(chartCard.card, formCard.card);
   chartBox.appendChild(loading("Loading iterations…"));
@@ -248,6 +250,25 @@ export function mount(el) {
     el.dataset.ready = "1";
   });
   renderStatus();
+
+  // the expert systems' steady-range proposal, applied with one click
+  tryGet("expert_systems", scope()).then((d) => {
+    if (!alive || !d) return;
+    const f = (d.findings || []).find((x) => x.action && x.action.type === "reaggregate");
+    if (!f) return;
+    const a = f.action;
+    proposal.hidden = false;
+    replace(proposal,
+      h("span", {class: "proposal-text"}, `Expert systems propose iterations ${a.iter_start}–${a.iter_stop}: `, h("span", {class: "muted"}, f.problem)),
+      h("button", {type: "button", class: "primary small", id: "apply-proposal", onClick: async () => {
+        startInput.value = String(a.iter_start);
+        stopInput.value = String(a.iter_stop);
+        if (a.key_node) keyInput.value = a.key_node;
+        validate();
+        drawChart();
+        await applyAction(a);
+      }}, `Apply proposal (iterations ${a.iter_start}–${a.iter_stop})`));
+  });
 
   return () => {
     alive = false;

@@ -82,7 +82,7 @@ def big_profile(path: Path, n: int = BIG_OPS) -> Path:
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("views")
     training = training_profile(root / "training.sqlite")
-    logdir = make_logdir(root / "logdir", runs={"training": training, "reagg": training,
+    logdir = make_logdir(root / "logdir", runs={"training": training, "reagg": training, "proposal": training,
                                                 "stack": stack_profile(root / "stack.sqlite"),
                                                 "big": big_profile(root / "big.sqlite")})
     run_dlprof(f"--database={training}", f"--output_path={logdir / 'plain'}", "--reports=summary", "-v", "quiet",
@@ -670,3 +670,26 @@ def test_iterations_view_and_reaggregation(env, tmp_path):
     assert "failed" in failed.text and "no_such_node_xyz" in failed.text and "unchanged" in failed.text
     assert [o.get_attribute("value") for o in b.all("#aggr-select option")] == ["1", str(new_id)]
     assert aggr_id(db) == new_id
+
+
+def test_expert_system_proposal_applies_with_one_click(env):
+    """The bad iteration range detector proposes the steady iterations 1-2 of the training profile (iteration 0
+    starts at the session start, iteration 3 holds only the last sync): the Dashboard shows the proposal with
+    its command, and the Iterations view applies it with one click (after the confirmation)."""
+    b, db = env.b, env.db("proposal")
+    select_run(b, "proposal/dlprof")
+    goto(b, "dashboard")
+    finding = b.wait_css("#panel-recommendations li[data-exp-sys=bad_iteration_range_detector]", 20)
+    assert "Apply: aggregate iterations 1–2" in finding.text
+    assert "dlprof --database=<db> --iter_start 1 --iter_stop 2" in finding.text
+    goto(b, "iterations")
+    button = b.wait_css("#apply-proposal", 20, visible=True)
+    assert "iterations 1–2" in button.text
+    button.click()
+    confirm = b.wait_css("#confirm-dialog", visible=True)
+    assert "iterations 1–2" in confirm.text
+    confirm.find_element("css selector", "button.dialog-ok").click()
+    b.wait_css("#reaggregate-status[data-status=succeeded]", timeout=120)
+    assert query(db, "SELECT iter_start, iter_stop FROM aggregations ORDER BY aggr_id DESC LIMIT 1") == [(1, 2)]
+    assert query(db, "SELECT wall_time FROM model_summary ORDER BY aggr_id DESC LIMIT 1") == [(199_000,)]
+    b.wait_text("#iterations-chart .range-label", "Aggregated: iterations 1–2")

@@ -77,3 +77,33 @@ def test_not_an_export(tmp_path):
     sqlite3.connect(path).execute("CREATE TABLE t (a)").connection.close()
     with pytest.raises(DLProfError, match="not an Nsight Systems export"):
         read_nsys_export(path)
+
+
+def test_peak_gpu_memory_from_cuda_memory_usage_events(tmp_path):
+    import sqlite3
+    exp = NsysExport()
+    exp.add_gpu(device_id=0, total_memory=40 << 30)
+    t = exp.add_thread(pid=1, tid=1, name="python", process_name="python")
+    exp.launch(t, 0, 10, 20, 30, kernel="k")
+    path = exp.write(tmp_path / "p.sqlite")
+    con = sqlite3.connect(path)
+    # the columns nsys writes with --cuda-memory-usage=true (subset the reader uses)
+    con.execute("CREATE TABLE CUDA_GPU_MEMORY_USAGE_EVENTS (start INTEGER NOT NULL, globalPid INTEGER, "
+                "deviceId INTEGER, address INTEGER, bytes INTEGER, memKind INTEGER, memoryOperationType INTEGER, "
+                "correlationId INTEGER)")
+    gib = 1 << 30
+    events = [(10, 0, 4 * gib, 0), (20, 0, 2 * gib, 0), (30, 0, 4 * gib, 1), (40, 0, 1 * gib, 0),
+              (15, 1, 1 * gib, 0)]
+    con.executemany("INSERT INTO CUDA_GPU_MEMORY_USAGE_EVENTS (start, deviceId, bytes, memoryOperationType) "
+                    "VALUES (?, ?, ?, ?)", events)
+    con.commit()
+    con.close()
+    trace = read_nsys_export(path)
+    assert trace.meta["gpu_peak_memory"] == 6 * gib   # 4 + 2 GiB before the first free on GPU 0
+    from tests.analysis import analyze
+    from dlprof_profiler import expert_systems
+    a = analyze(path)
+    assert a.corr.config["peak_memory"] == 6 * gib
+    findings = expert_systems.detect(a.trace, a.corr, a.domain(), a.agg(), a.iterations)
+    batch = [f for f in findings if f["id"] == "batch_size_detector"]
+    assert batch and batch[0]["problem"].startswith("GPU Memory is underutilized: Only 15.0% of GPU Memory is used")

@@ -124,9 +124,12 @@ def bad_iteration_range_detector(ctx: Context) -> list[dict]:
             return f"iteration {i} is empty (the profile ends with the key node)"
         return f"iteration {i} took {fmt_time(dur[i])} ({ratio[i]:.2f}x the median)"
     shown = ", ".join(describe(i) for i in edges[:5]) + (f" and {len(edges) - 5} more" if len(edges) > 5 else "")
-    names = " and ".join(str(i) for i in edges) if len(edges) <= 2 else f"{len(edges)} iterations"
-    problem = (f"Iteration{'s' if len(edges) > 1 else ''} {names} of the aggregated range {start}..{stop} "
-               f"{'are' if len(edges) > 1 else 'is'} not steady (median iteration time {fmt_time(median)}): {shown}")
+    if len(edges) <= 2:
+        subject = f"Iteration{'s' if len(edges) > 1 else ''} {' and '.join(str(i) for i in edges)}"
+    else:
+        subject = f"{len(edges)} iterations"
+    problem = (f"{subject} of the aggregated range {start}..{stop} {'are' if len(edges) > 1 else 'is'} not "
+               f"steady (median iteration time {fmt_time(median)}): {shown}")
     if inner:
         problem += (f"; inside the proposed range, {', '.join(describe(i) for i in inner[:3])}"
                     + (f" and {len(inner) - 3} more deviate" if len(inner) > 3 else ""))

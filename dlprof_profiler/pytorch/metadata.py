@@ -147,6 +147,10 @@ class ModelConfig:
                 updates["gpu_total_memory"] = self.values["gpu_total_memory"]
                 updates["gpu_name"] = self.values["gpu_name"]
                 updates["num_gpus"] = self.values["num_gpus"]
+            if self._cuda_available and torch.cuda.is_initialized():
+                # peaks only grow: after the first steps no new marker is emitted (batch size detector)
+                updates["max_memory_reserved"] = int(torch.cuda.max_memory_reserved())
+                updates["max_memory_allocated"] = int(torch.cuda.max_memory_allocated())
             self.set(**updates)
         except Exception:  # pragma: no cover
             pass
