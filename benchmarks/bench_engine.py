@@ -15,7 +15,6 @@ import sqlite3
 import sys
 import tempfile
 import time
-from argparse import Namespace
 from pathlib import Path
 
 import numpy as np

@@ -53,7 +53,6 @@ def aggregate(trace: Trace, corr: Correlation, dm: DomainModel, iterations: Iter
     """Compute every table of one aggregation of one domain."""
     inst = dm.instances
     gpu = trace.gpu
-    api = trace.api_calls
     inst_iter = iterations.of(inst["start"].to_numpy(np.int64))
     act_iter = activity_iterations(trace, corr, iterations)
     sel_inst = (inst_iter >= iter_start) & (inst_iter <= iter_stop)

@@ -21,7 +21,7 @@ from dlprof_profiler import DB_SCHEMA_VERSION, __version__
 from dlprof_profiler.aggregate import CLASSES, Aggregation
 from dlprof_profiler.correlate import INSTANCE_KIND_NAMES, Correlation, DomainModel
 from dlprof_profiler.errors import DLProfError
-from dlprof_profiler.trace import GPU_COLUMNS, Trace, combined_codes
+from dlprof_profiler.trace import GPU_COLUMNS, Trace
 
 SCHEMA = """
 CREATE TABLE db_version (current_version TEXT NOT NULL, original_version TEXT NOT NULL, created_by TEXT);
@@ -646,7 +646,7 @@ def _load_domain(src, did: int, name: str, family, has_markers, num_ranges, n_gp
     inst = pd.DataFrame(cols)
     inst["op_index"] -= offset
     kind = inst["kind"].to_numpy()
-    from dlprof_profiler.correlate import RANGE_OP, SCOPE_OP, UNASSOCIATED_API, UNASSOCIATED_GPU, BACKWARD_PASS
+    from dlprof_profiler.correlate import RANGE_OP, SCOPE_OP, UNASSOCIATED_API, UNASSOCIATED_GPU
     inst["range_id"] = np.where(np.isin(kind, (RANGE_OP, SCOPE_OP)), inst["source_id"], -1)
     inst["api_id"] = np.where(kind == UNASSOCIATED_API, inst["source_id"], -1)
     inst["activity_id"] = np.where(kind == UNASSOCIATED_GPU, inst["source_id"], -1)

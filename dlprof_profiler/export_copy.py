@@ -33,7 +33,7 @@ def copy_ranges(con: sqlite3.Connection, src: SqliteSource, domain_map: dict, do
                 "PRIMARY KEY (pid, handle))")
     con.executemany("INSERT INTO temp.domain_map VALUES (?, ?, ?)",
                     [(p, h, domain_ids.get(name, -1)) for (p, h), name in domain_map.items()])
-    text = f"coalesce(s.value, t.text, '')" if "textId" in src.columns(t) and "text" in src.columns(t) else \
+    text = "coalesce(s.value, t.text, '')" if "textId" in src.columns(t) and "text" in src.columns(t) else \
         ("coalesce(s.value, '')" if "textId" in src.columns(t) else "coalesce(t.text, '')")
     join = f"LEFT JOIN {SRC}.StringIds s ON s.id = t.textId" if "textId" in src.columns(t) else ""
     end = f"coalesce(t.end, max({int(capture_end)}, t.start))"

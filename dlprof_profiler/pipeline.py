@@ -3,13 +3,11 @@ export or a DLProf database (`dlprof --database`), and for a fresh capture."""
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
 import time
 from argparse import Namespace
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from dlprof_profiler import __version__, log

@@ -81,30 +81,26 @@ def build(path: Path, iterations: int = 12, seed: int = 7) -> Path:
         gpu += 120_000
         rng_range(main, t, t + 12_000, f"aten::to, seq = {seq}")
         t += 15_000
+        def op(thread, start, cpu, text, kernel, dur_us):
+            """An op range launching one kernel a third of the way in; returns where the op ends."""
+            nonlocal gpu
+            rng_range(thread, start, start + cpu, text)
+            call = start + cpu // 3
+            launch_start = max(gpu, call + 6_000)  # the kernel queues behind the previous one
+            run = int(dur_us * 1000 * slow * rng.uniform(0.95, 1.05))
+            exp.launch(thread, call, call + 5_000, launch_start, launch_start + run, kernel=kernel)
+            gpu = launch_start + run
+            return start + cpu + 2_000
+
         fwd_seqs = []
         for label, kernel, dur, _bk, _bd in LAYERS:
             seq += 1
             fwd_seqs.append((label, seq))
-            start = t
-            cpu = int(rng.integers(25_000, 45_000))
-            rng_range(main, start, start + cpu, f"{label}, seq = {seq}")
-            call = start + cpu // 3
-            launch_start = max(gpu, call + 6_000)
-            run = int(dur * 1000 * slow * rng.uniform(0.95, 1.05))
-            exp.launch(main, call, call + 5_000, launch_start, launch_start + run, kernel=kernel)
-            gpu = launch_start + run
-            t = start + cpu + 2_000
+            t = op(main, t, int(rng.integers(25_000, 45_000)), f"{label}, seq = {seq}", kernel, dur)
         # backward on the autograd thread, in reverse order, linked by sequence number
         bt = t + 10_000
         for (label, s), (_l, _k, _d, bkernel, bdur) in zip(reversed(fwd_seqs), reversed(LAYERS)):
-            cpu = int(rng.integers(20_000, 35_000))
-            rng_range(grad, bt, bt + cpu, f"{BACKWARD_NODES[label]}, seq = {s}")
-            call = bt + cpu // 3
-            launch_start = max(gpu, call + 6_000)
-            run = int(bdur * 1000 * slow * rng.uniform(0.95, 1.05))
-            exp.launch(grad, call, call + 5_000, launch_start, launch_start + run, kernel=bkernel)
-            gpu = launch_start + run
-            bt += cpu + 2_000
+            bt = op(grad, bt, int(rng.integers(20_000, 35_000)), f"{BACKWARD_NODES[label]}, seq = {s}", bkernel, bdur)
         t = max(bt, gpu - 200_000) + 5_000
         step = 60_000
         rng_range(main, t, t + step, "Optimizer.step#SGD.step")

@@ -308,3 +308,13 @@ class Browser:
             frame = d.find_element("css selector", "iframe[src*='plugin_entry.html?name=dlprof']")
             d.switch_to.frame(frame)
         return path
+
+
+def query(db, sql: str, args=()):
+    """Rows of a read-only query on a DLProf database (the tests' independent view of the figures)."""
+    import sqlite3
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return con.execute(sql, args).fetchall()
+    finally:
+        con.close()

@@ -16,7 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.browser import ARTIFACTS, Browser, TensorBoard, fmt_int, fmt_ns, fmt_pct, free_port, requires_browser
+from tests.browser import (ARTIFACTS, Browser, TensorBoard, fmt_int, fmt_ns, fmt_pct, free_port, query,
+                           requires_browser)
 from tests.profiles import make_logdir
 
 pytestmark = [pytest.mark.browser, requires_browser]
@@ -27,13 +28,6 @@ PANELS = ["panel-gpu-utilization", "panel-performance", "panel-tensor-core", "pa
           "panel-guidance"]
 SCREENSHOT_LIMIT = 1_000_000   # bytes: a full-page PNG; the committed copy in docs/ is reduced by hand
 
-
-def query(db: Path, sql: str, args=()):
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        return con.execute(sql, args).fetchall()
-    finally:
-        con.close()
 
 
 @pytest.fixture(scope="module")

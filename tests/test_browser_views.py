@@ -6,7 +6,6 @@ import csv
 import json
 import os
 import re
-import sqlite3
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tests.browser import ARTIFACTS, Browser, TensorBoard, fmt_int, fmt_ns, fmt_pct, requires_browser
+from tests.browser import ARTIFACTS, Browser, TensorBoard, fmt_int, fmt_ns, fmt_pct, query, requires_browser
 from tests.nsys_builder import NsysExport
 from tests.profiles import make_logdir, run_dlprof, training_profile
 
@@ -95,13 +94,6 @@ def env(tmp_path_factory):
 
 
 # ---------------------------------------------------------------------------- helpers
-
-def query(db: Path, sql: str, args=()):
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        return con.execute(sql, args).fetchall()
-    finally:
-        con.close()
 
 
 def select_run(b, run: str):

@@ -1,7 +1,6 @@
 """The DLProf database: versioned schema, re-aggregation in place, earlier aggregations kept."""
 import hashlib
 import json
-import shutil
 import sqlite3
 import subprocess
 import sys

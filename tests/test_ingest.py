@@ -1,6 +1,4 @@
 """Ingest across nsys export schemas: the same capture written with each version's schema reads alike."""
-import numpy as np
-import pandas as pd
 import pytest
 
 from dlprof_profiler.errors import DLProfError
