@@ -2,8 +2,10 @@
 and JSON. Tables are formatted column by column, never row by row in Python."""
 from __future__ import annotations
 
+import io
 import json
 import re
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import pandas as pd
 
 from dlprof_profiler import __version__
 from dlprof_profiler.aggregate import Aggregation, with_launch_details
-from dlprof_profiler.atomic import write_text_atomic
+from dlprof_profiler.atomic import atomic_path
 
 REPORT_FILES = {
     "summary": "summary", "detail": "detailed", "iteration": "iteration", "kernel": "kernel",
@@ -73,17 +75,32 @@ def _format_column(values, fmt: str, bare: bool) -> pd.Series:
     return out.astype(object)
 
 
-def table_to_csv(table: Table) -> str:
-    lines = [table.title]
+CHUNK_ROWS = 100_000  # rows formatted at a time: a per-launch report of 10^6 rows stays in bounded memory
+
+
+def _slice(table: Table, lo: int, hi: int) -> dict:
+    return {c: pd.Series(table.data[c]).iloc[lo:hi] for c in table.columns}
+
+
+def write_table_csv(fh, table: Table) -> None:
+    """One titled section; rows are formatted column-wise, a chunk of rows at a time."""
+    fh.write(table.title + "\n")
     if table.header_prefix is not None:
-        lines.append(table.header_prefix + ",".join(_format_column(pd.Series(table.columns, dtype=object), "t", True)))
-    if table.n_rows:
-        cols = [_format_column(table.data[c], f, table.bare) for c, f in zip(table.columns, table.formats)]
+        fh.write(table.header_prefix + ",".join(_format_column(pd.Series(table.columns, dtype=object), "t", True))
+                 + "\n")
+    for lo in range(0, table.n_rows, CHUNK_ROWS):
+        data = _slice(table, lo, lo + CHUNK_ROWS)
+        cols = [_format_column(data[c], f, table.bare) for c, f in zip(table.columns, table.formats)]
         joined = cols[0]
         for col in cols[1:]:
             joined = joined + "," + col
-        lines.append("\n".join(joined.tolist()))
-    return "\n".join(lines) + "\n"
+        fh.write("\n".join(joined.tolist()) + "\n")
+
+
+def table_to_csv(table: Table) -> str:
+    buffer = io.StringIO()
+    write_table_csv(buffer, table)
+    return buffer.getvalue()
 
 
 def _json_value_column(values, fmt: str) -> list:
@@ -97,10 +114,25 @@ def _json_value_column(values, fmt: str) -> list:
     return s.astype(object).where(s.notna(), "").astype(str).tolist()
 
 
+def write_table_json(fh, table: Table) -> None:
+    """{"title", "columns", "rows"} with the rows streamed a chunk at a time."""
+    fh.write('{"title": ' + json.dumps(table.title) + ', "columns": ' + json.dumps(table.columns)
+             + ', "rows": [')
+    first = True
+    for lo in range(0, table.n_rows, CHUNK_ROWS):
+        data = _slice(table, lo, lo + CHUNK_ROWS)
+        cols = [_json_value_column(data[c], f) for c, f in zip(table.columns, table.formats)]
+        rows = json.dumps(list(zip(*cols)), default=_json_default)[1:-1]  # tuples dump as arrays, in C
+        if rows:
+            fh.write(("" if first else ",") + rows)
+            first = False
+    fh.write("]}")
+
+
 def table_to_json(table: Table) -> dict:
-    cols = [_json_value_column(table.data[c], f) for c, f in zip(table.columns, table.formats)]
-    rows = [list(r) for r in zip(*cols)] if table.n_rows else []
-    return {"title": table.title, "columns": table.columns, "rows": rows}
+    buffer = io.StringIO()
+    write_table_json(buffer, table)
+    return json.loads(buffer.getvalue())
 
 
 def write_report(report: Report, out_dir: Path, base_name: str, formats: list[str], suffix: str = "",
@@ -110,16 +142,21 @@ def write_report(report: Report, out_dir: Path, base_name: str, formats: list[st
     written = []
     for fmt in formats:
         final = out_dir / f"{stem}.{fmt}"
-        if fmt == "csv":
-            text = "\n".join(table_to_csv(t) for t in report.sections)
-        else:
-            doc = {"report": report.name, "dlprof_version": __version__,
-                   "sections": [table_to_json(t) for t in report.sections]}
-            text = json.dumps(doc, indent=1, default=_json_default)
-        if place is None:
-            write_text_atomic(final, text)
-        else:
-            place(final).write_text(text, encoding="utf-8", newline="")
+        target_ctx = atomic_path(final) if place is None else nullcontext(place(final))
+        with target_ctx as target, open(target, "w", encoding="utf-8", newline="") as fh:
+            if fmt == "csv":
+                for i, table in enumerate(report.sections):
+                    if i:
+                        fh.write("\n")
+                    write_table_csv(fh, table)
+            else:
+                fh.write('{"report": ' + json.dumps(report.name) + ', "dlprof_version": '
+                         + json.dumps(__version__) + ', "sections": [')
+                for i, table in enumerate(report.sections):
+                    if i:
+                        fh.write(",\n")
+                    write_table_json(fh, table)
+                fh.write("]}\n")
         written.append(final)
     return written
 
