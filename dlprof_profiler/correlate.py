@@ -22,8 +22,6 @@ from dlprof_profiler.trace import KIND_KERNEL, Trace, combined_codes, make_frame
 
 # Instance kinds
 RANGE_OP, SCOPE_OP, UNASSOCIATED_API, UNASSOCIATED_GPU, BACKWARD_PASS = range(5)
-INSTANCE_KIND_NAMES = {RANGE_OP: "op", SCOPE_OP: "scope", UNASSOCIATED_API: "unassociated_api",
-                       UNASSOCIATED_GPU: "unassociated_gpu", BACKWARD_PASS: "backward"}
 
 INSTANCE_COLUMNS = ["instance_id", "op_index", "domain", "kind", "range_id", "api_id", "activity_id", "start",
                     "end", "pid", "global_tid", "device_id", "cpu_time", "cpu_overhead", "gpu_time",

@@ -19,7 +19,7 @@ import pandas as pd
 
 from dlprof_profiler import DB_SCHEMA_VERSION, __version__
 from dlprof_profiler.aggregate import CLASSES, Aggregation
-from dlprof_profiler.correlate import INSTANCE_KIND_NAMES, Correlation, DomainModel
+from dlprof_profiler.correlate import Correlation, DomainModel
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.trace import GPU_COLUMNS, Trace
 
@@ -301,11 +301,6 @@ class DatabaseWriter:
             "domain_id": labels["domain"].map(self.domain_ids).fillna(-1).to_numpy(np.int64),
             "label": labels["label"].to_numpy(dtype=object), "kind": labels["kind"].to_numpy(np.int64),
             "num_ranges": labels["num_ranges"].to_numpy(np.int64)})
-
-
-def create_database(path: Path, trace: Trace, corr: Correlation, primary_domain: str, profile: dict) -> dict:
-    """Write a complete database in one go (the raw copy and the op model); returns {domain: domain_id}."""
-    return DatabaseWriter(path, trace, domain_ids_for(corr)).start().finish(corr, primary_domain, profile)
 
 
 def domain_ids_for(corr_or_names) -> dict:
@@ -669,7 +664,3 @@ def _load_domain(src, did: int, name: str, family, has_markers, num_ranges, n_gp
     model = DomainModel(domain=name, family=family or None, has_markers=bool(has_markers), instances=inst, ops=ops,
                         api_instance=np.zeros(0, dtype=np.int64), gpu_instance=owners, n_ranges=int(num_ranges))
     return model, offset
-
-
-def instance_kind_name(kind: int) -> str:
-    return INSTANCE_KIND_NAMES.get(int(kind), "op")

@@ -66,14 +66,6 @@ def covered_length(seg_start: np.ndarray, seg_end: np.ndarray, win_start, win_en
     return np.clip(covered_before(win_end) - covered_before(win_start), 0, None)
 
 
-def intersect_segments(a_start, a_end, b_start, b_end) -> tuple[np.ndarray, np.ndarray]:
-    """Clip merged segments a to one window [b_start, b_end)."""
-    s = np.maximum(a_start, b_start)
-    e = np.minimum(a_end, b_end)
-    keep = e > s
-    return s[keep], e[keep]
-
-
 def segment_starts(keys: np.ndarray) -> np.ndarray:
     """For sorted segment keys, the index where each element's segment begins."""
     n = keys.size

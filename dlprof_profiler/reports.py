@@ -2,7 +2,6 @@
 and JSON. Tables are formatted column by column, never row by row in Python."""
 from __future__ import annotations
 
-import io
 import json
 import re
 from contextlib import nullcontext
@@ -97,12 +96,6 @@ def write_table_csv(fh, table: Table) -> None:
         fh.write("\n".join(joined.tolist()) + "\n")
 
 
-def table_to_csv(table: Table) -> str:
-    buffer = io.StringIO()
-    write_table_csv(buffer, table)
-    return buffer.getvalue()
-
-
 def _json_value_column(values, fmt: str) -> list:
     s = pd.Series(values).reset_index(drop=True)
     if fmt == "i":
@@ -127,12 +120,6 @@ def write_table_json(fh, table: Table) -> None:
             fh.write(("" if first else ",") + rows)
             first = False
     fh.write("]}")
-
-
-def table_to_json(table: Table) -> dict:
-    buffer = io.StringIO()
-    write_table_json(buffer, table)
-    return json.loads(buffer.getvalue())
 
 
 def write_report(report: Report, out_dir: Path, base_name: str, formats: list[str], suffix: str = "",

@@ -8,7 +8,6 @@ import numpy as np
 import pandas as pd
 
 KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET = 0, 1, 2
-KIND_NAMES = {KIND_KERNEL: "kernel", KIND_MEMCPY: "memcpy", KIND_MEMSET: "memset"}
 
 DEFAULT_DOMAIN = "default"
 
