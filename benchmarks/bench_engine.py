@@ -116,12 +116,11 @@ def run(path: Path, out_dir: Path, report_list: list[str]) -> list[tuple[str, fl
     classified = timed("classify", lambda: C.classify_trace(trace, None))
     info, mode, family, _ = classified
 
-    def split():
-        gpu_api = C.link_gpu_to_api(trace)
-        td, pd_ = C.work_devices(trace, gpu_api)
-        return iterate.split_iterations(trace.ranges, info, family, None, td, pd_, trace.profile_end)
-    iterations = timed("iterate", split)
-    corr = timed("correlate", lambda: C.correlate(trace, mode, iterations.boundaries, classified))
+    links = timed("link launches", lambda: C.launch_links(trace))
+    _gpu_api, td, pd_ = links
+    iterations = timed("iterate", lambda: iterate.split_iterations(trace.ranges, info, family, None, td, pd_,
+                                                                   trace.profile_end))
+    corr = timed("correlate", lambda: C.correlate(trace, mode, iterations.boundaries, classified, links))
     aggs = timed("aggregate", lambda: {n: aggregate(trace, corr, dm, iterations, 0, iterations.count - 1)
                                        for n, dm in corr.domains.items()})
     findings = timed("detect", lambda: {n: expert_systems.detect(trace, corr, corr.domains[n], a, iterations)

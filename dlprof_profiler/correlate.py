@@ -168,17 +168,25 @@ def work_devices(trace: Trace, gpu_api: np.ndarray) -> tuple[dict, dict]:
     return mode_of("tid"), mode_of("pid")
 
 
+def launch_links(trace: Trace) -> tuple[np.ndarray, dict, dict]:
+    """GPU activity -> launching API call, and the device each thread and process launches most work on
+    (computed once: iterations need them before correlation does)."""
+    gpu_api = link_gpu_to_api(trace)
+    thread_dev, process_dev = work_devices(trace, gpu_api)
+    return gpu_api, thread_dev, process_dev
+
+
 def correlate(trace: Trace, mode: str | None = None, naming_bounds: np.ndarray | None = None,
-              classified: tuple | None = None) -> Correlation:
+              classified: tuple | None = None, links: tuple | None = None) -> Correlation:
     """Build the op model of every domain. `naming_bounds` are iteration boundaries used only to number
-    top-level ops per iteration (so the k-th call of an op in each iteration is the same op)."""
+    top-level ops per iteration (so the k-th call of an op in each iteration is the same op); `links` are
+    launch_links(trace) when the caller already has them."""
     info, mode, family, config = classified or classify_trace(trace, mode)
     if "gpu_peak_memory" in trace.meta and not any(k in config for k in ("max_memory_reserved",
                                                                         "max_memory_allocated")):
         config = {**config, "peak_memory": int(trace.meta["gpu_peak_memory"])}  # nsys memory-usage events
-    gpu_api = link_gpu_to_api(trace)
+    gpu_api, thread_dev, process_dev = links or launch_links(trace)
     uses_tc, tc_rule = _kernel_tc_flags(trace)
-    thread_dev, process_dev = work_devices(trace, gpu_api)
     bounds = np.zeros(0, dtype=np.int64) if naming_bounds is None else np.asarray(naming_bounds, np.int64)
     corr = Correlation(gpu_api=gpu_api, uses_tc=uses_tc, tc_rule=tc_rule, range_info=info, mode=mode,
                        family=family, thread_device=thread_dev, process_device=process_dev, config=config,

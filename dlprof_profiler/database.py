@@ -532,7 +532,7 @@ def is_dlprof_database(path: Path) -> bool:
 
 def load_model(path: Path):
     """Rebuild (trace, correlation, profile info, domain ids, op_index offsets) from a DLProf database."""
-    from dlprof_profiler.correlate import FAMILY_OF_MODE, link_gpu_to_api, work_devices
+    from dlprof_profiler.correlate import FAMILY_OF_MODE, launch_links
     from dlprof_profiler.nvtx_markers import classify_ranges
     from dlprof_profiler.sqlite_source import SqliteSource
     src = SqliteSource(path, immutable=False)
@@ -610,8 +610,7 @@ def load_model(path: Path):
         trace.has_cuda_tables = len(trace.api_calls) > 0 or len(gpu) > 0
         trace.has_nvtx = len(trace.ranges) > 0
         config = {k: json.loads(v) for k, v in src.fetchall("SELECT name, value FROM read_only_model_config")}
-        gpu_api = link_gpu_to_api(trace)
-        thread_dev, process_dev = work_devices(trace, gpu_api)
+        gpu_api, thread_dev, process_dev = launch_links(trace)
         corr = Correlation(gpu_api=gpu_api, uses_tc=uses_tc, tc_rule=tc_rule, range_info=range_info, mode=mode,
                            family=family, thread_device=thread_dev, process_device=process_dev, config=config)
         offsets, domain_ids = {}, {}

@@ -94,11 +94,11 @@ def _analyse(args, out_dir, source, trace, capture, staging, writer, started) ->
     with log.stage("Correlating NVTX ranges, CUDA API calls and GPU activities"):
         classified = corr_mod.classify_trace(trace, args.mode)
         info, mode, family, _config = classified
-        gpu_api = corr_mod.link_gpu_to_api(trace)
-        thread_dev, process_dev = corr_mod.work_devices(trace, gpu_api)
+        links = corr_mod.launch_links(trace)
+        _gpu_api, thread_dev, process_dev = links
         iterations = iterate.split_iterations(trace.ranges, info, family, args.key_node, thread_dev, process_dev,
                                               trace.profile_end)
-        corr = corr_mod.correlate(trace, mode, iterations.boundaries, classified)
+        corr = corr_mod.correlate(trace, mode, iterations.boundaries, classified, links)
     log.info(f"  mode {mode}; {sum(len(d.ops) for d in corr.domains.values()):,} ops, "
              f"{sum(len(d.instances) for d in corr.domains.values()):,} op instances in {len(corr.domains)} "
              "NVTX domain(s)")

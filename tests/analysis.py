@@ -46,11 +46,11 @@ def analyze(path: Path, key_node: str | None = None, mode: str | None = None, it
     trace = read_nsys_export(Path(path))
     classified = C.classify_trace(trace, mode)
     info, mode, family, _ = classified
-    gpu_api = C.link_gpu_to_api(trace)
-    thread_dev, process_dev = C.work_devices(trace, gpu_api)
+    links = C.launch_links(trace)
+    _gpu_api, thread_dev, process_dev = links
     iterations = iterate.split_iterations(trace.ranges, info, family, key_node, thread_dev, process_dev,
                                           trace.profile_end)
-    corr = C.correlate(trace, mode, iterations.boundaries, classified)
+    corr = C.correlate(trace, mode, iterations.boundaries, classified, links)
     if key_node and not iterations.found:
         from dlprof_profiler.pipeline import _key_node_from_ops
         iterations = _key_node_from_ops(trace, corr, key_node, iterations)
