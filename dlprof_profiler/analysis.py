@@ -244,7 +244,12 @@ def analyze_store(store, config: AnalysisConfig = AnalysisConfig(), source_name:
     aggregations = stages.run("Aggregating", lambda: {
         d: aggregate_model(StoreModel(sa, dm, mode, device_ids, device_pids, trace.io_calls), iterations, iter_start,
                            iter_stop, cuts, keep_launches=False) for d, dm in models.items()})
-    findings = {d: [] for d in models}
+    from dlprof_profiler import expert_systems
+    from dlprof_profiler.experts.data import StoreData
+    findings = stages.run("Running expert systems", lambda: {
+        d: expert_systems.detect(trace, corr, models[d], agg, iterations,
+                                 data=StoreData(sa, models[d], agg, iterations)) if detect else []
+        for d, agg in aggregations.items()})
     return Analysis(trace=trace, corr=corr, iterations=iterations, aggregations=aggregations, findings=findings,
                     primary=primary, timings=stages.timings)
 

@@ -119,21 +119,30 @@ def domain_order(trace: Trace, mode: str | None) -> list[str]:
 
 
 def range_label_counts(ranges: pd.DataFrame, info: pd.DataFrame) -> pd.DataFrame:
-    """How many ranges carry each label, per domain (counted on integer codes: labels are shared)."""
+    """Ranges per (domain, label): kind (of the first), count, data loading, total duration (counted on
+    integer codes: labels are shared)."""
     if len(ranges) == 0:
-        return pd.DataFrame({"domain": [], "label": [], "kind": [], "num_ranges": []})
+        return pd.DataFrame({"domain": [], "label": [], "kind": [], "num_ranges": [], "dataloader": [],
+                             "total_time": []})
     domain_code, domain_names = pd.factorize(ranges["domain"].to_numpy(dtype=object))
     text_code = info["text_code"].to_numpy() if "text_code" in info else \
         pd.factorize(info["label"].to_numpy(dtype=object))[0]
     codes = combined_codes(domain_code, text_code)
     counts = np.bincount(codes)
+    duration = (ranges["end"].to_numpy(np.int64) - ranges["start"].to_numpy(np.int64)).astype(np.float64)
+    total = np.bincount(codes, weights=duration)
+    loader = np.bincount(codes, weights=info["dataloader"].to_numpy(dtype=bool).astype(np.float64)) > 0
     first = np.full(counts.size, -1, dtype=np.int64)
     first[codes[::-1]] = np.arange(codes.size - 1, -1, -1)
     table = pd.DataFrame({"domain": np.asarray(domain_names, dtype=object)[domain_code[first]],
                           "label": info["label"].to_numpy(dtype=object)[first],
-                          "kind": info["kind"].to_numpy().astype(np.int64)[first], "num_ranges": counts})
-    return table.groupby(["domain", "label"], sort=False, as_index=False).agg(
-        kind=("kind", "first"), num_ranges=("num_ranges", "sum"))
+                          "kind": info["kind"].to_numpy().astype(np.int64)[first], "num_ranges": counts,
+                          "dataloader": loader, "total_time": total})
+    out = table.groupby(["domain", "label"], sort=False, as_index=False).agg(
+        kind=("kind", "first"), num_ranges=("num_ranges", "sum"), dataloader=("dataloader", "any"),
+        total_time=("total_time", "sum"))
+    out["total_time"] = out["total_time"].round().astype(np.int64)
+    return out
 
 
 def link_gpu_to_api(trace: Trace) -> np.ndarray:

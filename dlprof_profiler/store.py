@@ -42,10 +42,9 @@ class TraceStore:
         tmp = self.workdir / "spill"
         tmp.mkdir(exist_ok=True)
         self.con = duckdb.connect(str(self.path))
-        self.con.execute(f"SET memory_limit = '{memory_limit}'")
-        self.con.execute(f"SET threads = {int(threads)}")
-        self.con.execute(f"SET temp_directory = '{tmp}'")
-        self.con.execute("SET preserve_insertion_order = false")
+        for setting in (f"SET memory_limit = '{memory_limit}'", f"SET threads = {int(threads)}",
+                        f"SET temp_directory = '{tmp}'", "SET preserve_insertion_order = false"):
+            self.con.execute(setting).fetchall()
         self.trace: Trace | None = None
         self.counts: dict = {}
         self.gpu_short: np.ndarray = np.zeros(0, dtype=object)  # short kernel name per name code
@@ -61,6 +60,10 @@ class TraceStore:
 
     def sql(self, query: str, params=None):
         return self.con.execute(query, params) if params is not None else self.con.execute(query)
+
+    def run(self, statement: str, params=None) -> None:
+        """A statement whose result is not needed (DDL, INSERT), run to completion."""
+        self.sql(statement, params).fetchall()
 
     def scalar(self, query: str, params=None):
         rows = self.sql(query, params).fetchall()
@@ -107,7 +110,7 @@ class TraceStore:
             capture_end = self._capture_end(src, trace.meta)
             with log.stage("Staging NVTX ranges"):
                 trace.domain_map = self._stage_ranges(src, capture_end)
-            used = self.scalar("SELECT DISTINCT device_id FROM gpu").fetchall()
+            used = self.sql("SELECT DISTINCT device_id FROM gpu").fetchall()
             trace.devices = nsys.read_devices(
                 src, pd.DataFrame({"device_id": np.array([r[0] for r in used], dtype=np.int64)})
             )
@@ -117,7 +120,7 @@ class TraceStore:
             trace.meta["capture_end"] = int(capture_end)
         finally:
             src.close()
-        self.counts = {t: int(self.sql(f"SELECT count(*) FROM {t}")) for t in ("ranges", "api", "gpu")}
+        self.counts = {t: int(self.scalar(f"SELECT count(*) FROM {t}")) for t in ("ranges", "api", "gpu")}
         self._profile_end = int(
             self.scalar(
                 'SELECT greatest(coalesce((SELECT max("end") FROM ranges), 0), '
@@ -139,12 +142,12 @@ class TraceStore:
     def _insert(self, table: str, src: SqliteSource, query: str | None, schema: pa.Schema) -> None:
         """Stream a query of the export into a new DuckDB table (empty when `query` is None)."""
         cols = ", ".join(f'"{f.name}" {_duck_type(f.type)}' for f in schema)
-        self.sql(f"CREATE OR REPLACE TABLE {table} ({cols})")
+        self.run(f"CREATE OR REPLACE TABLE {table} ({cols})")
         if query is None:
             return
         for batch in src.record_batches(query, schema):
             self.con.register("_batch", batch)
-            self.sql(f"INSERT INTO {table} SELECT * FROM _batch")
+            self.run(f"INSERT INTO {table} SELECT * FROM _batch")
             self.con.unregister("_batch")
 
     def _stage_api(self, src: SqliteSource) -> None:
@@ -176,7 +179,7 @@ class TraceStore:
             "_api_name_codes",
             pd.DataFrame({"name_id": code.index.to_numpy(np.int64), "name_code": code.to_numpy(np.int64)}),
         )
-        self.scalar("""
+        self.run("""
             CREATE OR REPLACE TABLE api AS
             SELECT (row_number() OVER (ORDER BY r.start, r.rowid) - 1)::BIGINT AS api_id,
                    coalesce(c.name_code, -1)::BIGINT AS name_code, r.start, r."end", r.global_tid,
@@ -184,7 +187,7 @@ class TraceStore:
             FROM raw_api r LEFT JOIN _api_name_codes c ON c.name_id = r.name_id
             ORDER BY r.start, r.rowid""")
         self.con.unregister("_api_name_codes")
-        self.sql("DROP TABLE raw_api")
+        self.run("DROP TABLE raw_api")
 
     def _stage_gpu(self, src: SqliteSource) -> None:
         kt, mt, st = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"
@@ -282,9 +285,9 @@ class TraceStore:
         if not selects:
             self._empty_gpu()
             return
-        self.sql(f"CREATE OR REPLACE TABLE gpu_named AS {' UNION ALL '.join(selects)}")
+        self.run(f"CREATE OR REPLACE TABLE gpu_named AS {' UNION ALL '.join(selects)}")
         for table, _ in parts:
-            self.sql(f"DROP TABLE {table}")
+            self.run(f"DROP TABLE {table}")
         short = self.frame("SELECT DISTINCT name FROM gpu_named ORDER BY name")["name"].to_numpy(dtype=object)
         long = self.frame("SELECT DISTINCT long_name FROM gpu_named ORDER BY long_name")["long_name"].to_numpy(
             dtype=object
@@ -294,7 +297,7 @@ class TraceStore:
         self.con.register(
             "_long", pd.DataFrame({"long_name": self.gpu_long, "long_code": np.arange(len(self.gpu_long))})
         )
-        self.sql("""
+        self.run("""
             CREATE OR REPLACE TABLE gpu AS
             SELECT (row_number() OVER (ORDER BY g.start, g.kind, g.rowid) - 1)::BIGINT AS activity_id, g.kind,
                    s.name_code::BIGINT AS name_code, l.long_code::BIGINT AS long_code, g.start, g."end",
@@ -305,7 +308,7 @@ class TraceStore:
             ORDER BY g.start, g.kind, g.rowid""")
         self.con.unregister("_short")
         self.con.unregister("_long")
-        self.sql("DROP TABLE gpu_named")
+        self.run("DROP TABLE gpu_named")
 
     def _empty_gpu(self) -> None:
         cols = ", ".join(
@@ -338,12 +341,12 @@ class TraceStore:
                 "graph_node_id",
             )
         )
-        self.sql(f"CREATE OR REPLACE TABLE gpu ({cols})")
+        self.run(f"CREATE OR REPLACE TABLE gpu ({cols})")
 
     def _capture_end(self, src: SqliteSource, meta: dict) -> int:
         ends = [0]
         for table in ("api", "gpu"):
-            value = self.sql(f'SELECT max("end") FROM {table}')
+            value = self.scalar(f'SELECT max("end") FROM {table}')
             if value is not None:
                 ends.append(int(value))
         if src.has("NVTX_EVENTS"):
@@ -398,7 +401,7 @@ class TraceStore:
             ),
         )
         end = f'CASE WHEN r."end" < 0 THEN greatest({int(capture_end)}, r.start) ELSE r."end" END'
-        self.scalar(f"""
+        self.run(f"""
             CREATE OR REPLACE TABLE ranges AS
             SELECT r.range_id, d.domain_code, coalesce(s.value, r.text, '') AS text, r.start, {end} AS "end",
                    r.global_tid, ((r.global_tid >> 24) & 16777215)::BIGINT AS pid, r.event_type::TINYINT AS event_type,
@@ -409,7 +412,7 @@ class TraceStore:
             WHERE r.event_type <> {nsys.NVTX_DOMAIN_CREATE} AND {end} >= r.start
             ORDER BY r.start, r.range_id""")
         self.con.unregister("_domains")
-        self.sql("DROP TABLE raw_ranges")
+        self.run("DROP TABLE raw_ranges")
         return mapping
 
     def _warnings(self, trace: Trace) -> list[str]:
@@ -427,7 +430,7 @@ class TraceStore:
                 f"{path}: no NVTX ranges: ops cannot be named, every GPU activity is reported under the API "
                 "call that launched it"
             )
-        unclosed = int(self.sql("SELECT count(*) FROM ranges WHERE unclosed"))
+        unclosed = int(self.scalar("SELECT count(*) FROM ranges WHERE unclosed"))
         if unclosed:
             out.append(f"{path}: {unclosed} NVTX ranges were never closed; they end at the capture end")
         return out

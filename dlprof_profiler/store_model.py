@@ -154,19 +154,17 @@ class StoreAnalysis:
         return mode, corr_mod.FAMILY_OF_MODE.get(mode), config
 
     def range_labels(self) -> pd.DataFrame:
-        """Ranges per (domain, label): the label table of the key node picker (correlate.range_label_counts)."""
+        """Ranges per (domain, label) (correlate.range_label_counts)."""
         f = self.store.frame("""
-            SELECT r.domain_code, i.label_code, arg_min(i.kind, r.range_id) AS kind, count(*) AS num_ranges
+            SELECT r.domain_code, i.label_code, arg_min(i.kind, r.range_id) AS kind, count(*) AS num_ranges,
+                   bool_or(i.dataloader = 1) AS dataloader, sum(r."end" - r.start) AS total_time
             FROM ranges r JOIN range_info i USING (range_id) GROUP BY ALL ORDER BY min(r.range_id)""")
         domains = np.array(self.store.domains, dtype=object)
-        return pd.DataFrame(
-            {
-                "domain": domains[f["domain_code"].to_numpy(np.int64)] if len(f) else [],
-                "label": self.pool.decode(f["label_code"].to_numpy(np.int64)),
-                "kind": f["kind"].to_numpy(np.int64),
-                "num_ranges": f["num_ranges"].to_numpy(np.int64),
-            }
-        )
+        return pd.DataFrame({"domain": domains[f["domain_code"].to_numpy(np.int64)] if len(f) else [],
+                             "label": self.pool.decode(f["label_code"].to_numpy(np.int64)),
+                             "kind": f["kind"].to_numpy(np.int64), "num_ranges": f["num_ranges"].to_numpy(np.int64),
+                             "dataloader": f["dataloader"].to_numpy(dtype=bool),
+                             "total_time": f["total_time"].to_numpy(np.int64)})
 
     def domain_facts(self, domain: str, mode: str | None) -> DomainFacts:
         if mode == "simple" or domain not in self.store.domains:
