@@ -12,7 +12,7 @@ import pandas as pd
 
 from dlprof_profiler import __version__, log
 from dlprof_profiler import correlate as corr_mod
-from dlprof_profiler import database, event_files, iterate, reports
+from dlprof_profiler import database, event_files, graph_events, iterate, reports
 from dlprof_profiler.aggregate import aggregate
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.outputs import Staging, prepare_output_dir, refuse_existing
@@ -180,7 +180,8 @@ def _aggregate_and_write(args, out_dir: Path, source: Path, trace, corr, iterati
                           "nsys_version": trace.meta.get("nsys_version"), "dlprof_version": __version__,
                           "source_file": str(source)}
             event_files.write_event_file(staging.path(run_dir / event_files.event_file_name()), event_meta,
-                                         aggregations[primary].iterations)
+                                         aggregations[primary].iterations,
+                                         graph=graph_events.op_graph(corr.domains[primary], aggregations[primary]))
         staging.commit()
     except BaseException:
         staging.discard_after(writer)
