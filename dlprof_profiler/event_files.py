@@ -60,7 +60,7 @@ def event_file_name() -> str:
 
 def write_event_file(path: Path, metadata: dict, iterations, graph=None) -> Path:
     """Write a run's event file; `iterations` is the aggregation's iteration table (one scalar step each);
-    `graph` an optional (GraphDef, RunMetadata) pair (graph_events.op_graph) for the GRAPHS tab."""
+    `graph` an optional pair of serialized GraphDef and RunMetadata (graph_events.op_graph) for the GRAPHS tab."""
     now = time.time()
     if graph is not None:
         metadata = dict(metadata, graph=True)   # the viewer names the GRAPHS node of an op
@@ -69,9 +69,8 @@ def write_event_file(path: Path, metadata: dict, iterations, graph=None) -> Path
         writer.write(event_pb2.Event(wall_time=now, file_version="brain.Event:2").SerializeToString())
         if graph is not None:
             graph_def, run_metadata = graph
-            writer.write(event_pb2.Event(wall_time=now, step=0, graph_def=graph_def.SerializeToString())
-                         .SerializeToString())
-            tagged = event_pb2.TaggedRunMetadata(tag=RUN_METADATA_TAG, run_metadata=run_metadata.SerializeToString())
+            writer.write(event_pb2.Event(wall_time=now, step=0, graph_def=graph_def).SerializeToString())
+            tagged = event_pb2.TaggedRunMetadata(tag=RUN_METADATA_TAG, run_metadata=run_metadata)
             writer.write(event_pb2.Event(wall_time=now, step=0, tagged_run_metadata=tagged).SerializeToString())
         writer.write(event_pb2.Event(wall_time=now, step=0, summary=summary_pb2.Summary(
             value=[_profile_summary(metadata)])).SerializeToString())

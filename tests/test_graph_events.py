@@ -238,3 +238,41 @@ def test_tensorboard_shows_graphs_beside_dlprof(training, load_fast, tmp_path):
             proc.kill()
             proc.wait(timeout=10)
         log.close()
+
+
+def test_the_wire_encoding_is_protobufs():
+    """graph_events serializes the messages itself (10^5 nodes through the protobuf API take many seconds): its
+    varints are protobuf's, and its messages parse back into what the protobuf API builds."""
+    from google.protobuf.internal.encoder import _VarintBytes
+    from tensorboard.compat.proto import attr_value_pb2, tensor_shape_pb2
+    values = [0, 1, 127, 128, 300, 16383, 16384, 2 ** 35, 2 ** 63 - 1]
+    assert graph_events._varints(values).to_pylist() == [_VarintBytes(v) for v in values]
+    import pandas as pd
+    table = pd.DataFrame({"op_index": [0, 1], "op_id": ["CONV2D_1", "X_1"], "name": ["/net/conv", "/x"],
+                          "direction": ["bprop", None], "op_type": ["conv2d", None], "data_type": ["float16", None],
+                          "device_id": [1, -1], "calls": [2, 0], "gpu_total": [5000, 0], "cpu_total": [7, -3],
+                          "input_shapes": ["<N:8, C:3>", None], "output_shapes": ["<8, 0>", None]})
+    graph = graph_pb2.GraphDef.FromString(graph_events.graph_def(table))
+    expected = graph_pb2.GraphDef()
+    node = expected.node.add(name="net/conv (bprop)", op="conv2d", device="/device:GPU:1")
+    AV = attr_value_pb2.AttrValue
+    for key, value in {"op_name": AV(s=b"/net/conv"), "op_id": AV(s=b"CONV2D_1"), "calls": AV(i=2),
+                       "gpu_time_ns": AV(i=5000), "cpu_time_ns": AV(i=7), "direction": AV(s=b"bprop"),
+                       "data_type": AV(s=b"float16"), "T": AV(type=types_pb2.DT_HALF),
+                       "input_shapes": AV(s=b"<N:8, C:3>"), "output_shapes": AV(s=b"<8, 0>"),
+                       "_output_shapes": AV(list=AV.ListValue(shape=[tensor_shape_pb2.TensorShapeProto(dim=[
+                           tensor_shape_pb2.TensorShapeProto.Dim(size=8),
+                           tensor_shape_pb2.TensorShapeProto.Dim(size=0)])]))}.items():
+        node.attr[key].CopyFrom(value)
+    node = expected.node.add(name="x", op="op", device="/device:CPU:0")
+    for key, value in {"op_name": AV(s=b"/x"), "op_id": AV(s=b"X_1"), "calls": AV(i=0), "gpu_time_ns": AV(i=0),
+                       "cpu_time_ns": AV(i=-3)}.items():
+        node.attr[key].CopyFrom(value)
+    expected.versions.producer = 1
+    assert graph == expected
+    # a oneof member is written even when zero: TensorBoard shows "calls: 0", not an empty value
+    assert graph.node[1].attr["calls"].WhichOneof("value") == "i"
+    meta = config_pb2.RunMetadata.FromString(graph_events.run_metadata(table))
+    (gpu,) = [d for d in meta.step_stats.dev_stats if d.device == "/device:GPU:1"]
+    assert [(s.node_name, s.all_start_micros, s.all_end_rel_micros, s.all_end_rel_nanos) for s in gpu.node_stats] == \
+        [("net/conv (bprop)", 1, 5, 5000)]
