@@ -236,6 +236,7 @@ export function mount(el) {
     keyBefore = keyInput.value.trim();
   });
   keyInput.addEventListener("change", keyChanged);
+  keyInput.addEventListener("input", () => validate());
   pickBtn.addEventListener("click", async () => {
     keyBefore = keyInput.value.trim();
     const name = await pickKeyNode();
