@@ -115,6 +115,12 @@ def _base(aggr_domain_alias: str) -> list[str]:
 
 # ---------------------------------------------------------------------------- table definitions
 
+# the op's first call (as the detailed report's Input Shapes): one step down the (domain, op, start) index
+_FIRST_CALL_SHAPES = ("(SELECT d.input_shapes FROM read_only_op_instances i LEFT JOIN read_only_op_instance_details d "
+                      "ON d.domain_id = i.domain_id AND d.instance_id = i.instance_id WHERE i.domain_id = n.domain_id "
+                      "AND i.op_index = n.op_index ORDER BY i.start, i.instance_id LIMIT 1)")
+
+
 def ops_table(ctx) -> TableQuery:
     pt = ctx.pytorch
     cols = [Col("op_index", "Op Index", "int", "n.op_index", "Row key", hidden=True)]
@@ -125,6 +131,7 @@ def ops_table(ctx) -> TableQuery:
              Col("kernel_calls", "Kernel Calls", "int", "n.kernel_calls", "GPU kernels launched", hidden=True)]
     cols += _op_stats("n")
     cols.append(Col("data_type", "Data Type", "text", "o.data_type", "Data type of the op's tensors"))
+    cols.append(Col("input_shapes", "Input Shapes", "text", _FIRST_CALL_SHAPES, "Input tensor shapes of the op's first call"))
     if pt:
         cols.append(Col("stack_trace", "Stack Trace", "multiline", "o.stack_trace", "Python frames, script first"))
     cols.append(Col("is_bad_data_type", "Bad Data Type", "bool", "n.is_bad_data_type",

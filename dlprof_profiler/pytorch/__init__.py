@@ -28,6 +28,7 @@ marker and ``{'mod': ..., 'op': ..., 'dir': 'bprop', 'fwdCallid': 12, 'node': 'C
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, Iterator, Optional
 
 from .backend import NullBackend, NvtxBackend, RecordingBackend, Range, profiler_attached, resolve_backend
@@ -56,7 +57,20 @@ _user_enabled = True
 
 
 def _update_active() -> None:
-    STATE.active = bool(STATE.installed and _user_enabled and getattr(STATE.backend, "enabled", False))
+    STATE.active = bool(STATE.installed and _user_enabled and not STATE.forked_child
+                        and getattr(STATE.backend, "enabled", False))
+
+
+def _after_fork_in_child() -> None:
+    """A fork() child (DataLoader workers, multiprocessing with the fork start method) inherits the
+    instrumentation, but Nsight Systems records it only with ``--trace-fork-before-exec=true``: annotation
+    stops there, so workers spend nothing on markers nobody records. :func:`enable` turns it back on."""
+    STATE.forked_child = True
+    _update_active()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def init(enable_function_stack: Optional[bool] = None, record_shapes: Optional[bool] = None, *,
@@ -185,14 +199,17 @@ def is_installed() -> bool:
 
 
 def is_active() -> bool:
-    """True when wrappers build and send markers (installed, enabled, backend enabled)."""
+    """True when wrappers build and send markers: installed, enabled, backend enabled, and not in a fork()
+    child (where nothing is recorded unless :func:`enable` was called there)."""
     return STATE.active
 
 
 def enable() -> None:
-    """Resume annotation after :func:`disable` (e.g. to profile only some iterations)."""
+    """Resume annotation after :func:`disable` (e.g. to profile only some iterations). In a fork() child it
+    switches annotation on (for ``nsys profile --trace-fork-before-exec=true``)."""
     global _user_enabled
     _user_enabled = True
+    STATE.forked_child = False
     _update_active()
     if STATE.active and STATE.config is not None:
         STATE.config.emit()
