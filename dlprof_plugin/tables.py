@@ -131,7 +131,8 @@ def ops_table(ctx) -> TableQuery:
              Col("kernel_calls", "Kernel Calls", "int", "n.kernel_calls", "GPU kernels launched", hidden=True)]
     cols += _op_stats("n")
     cols.append(Col("data_type", "Data Type", "text", "o.data_type", "Data type of the op's tensors"))
-    cols.append(Col("input_shapes", "Input Shapes", "text", _FIRST_CALL_SHAPES, "Input tensor shapes of the op's first call"))
+    cols.append(Col("input_shapes", "Input Shapes", "text", _FIRST_CALL_SHAPES,
+                    "Input tensor shapes of the op's first call"))
     if pt:
         cols.append(Col("stack_trace", "Stack Trace", "multiline", "o.stack_trace", "Python frames, script first"))
     cols.append(Col("is_bad_data_type", "Bad Data Type", "bool", "n.is_bad_data_type",

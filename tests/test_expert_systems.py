@@ -269,12 +269,14 @@ def test_bad_iteration_range(baseline, make):
                            "command": "dlprof --database=<db> --iter_start 1 --iter_stop 4"}
     # rendered for a run: its database, its folder (so the run is updated), paths quoted for the shell
     assert render_command(f["action"], Path("out dir/dlprof_dldb.sqlite")) == \
-        "dlprof --database='out dir/dlprof_dldb.sqlite' --output_path='out dir' --force=true --iter_start 1 --iter_stop 4"
+        "dlprof --database='out dir/dlprof_dldb.sqlite' --output_path='out dir' --force=true " \
+        "--iter_start 1 --iter_stop 4"
     assert render_command(f["action"], Path("/r/exp1_dldb.sqlite"), "trial") == \
         "dlprof --database=/r/exp1_dldb.sqlite --output_path=/r --base_name=exp1 --profile_name=trial --force=true " \
         "--iter_start 1 --iter_stop 4"
     assert render_command(f["action"], Path("/r/exp1_dldb.sqlite"), "exp1") == \
-        "dlprof --database=/r/exp1_dldb.sqlite --output_path=/r --base_name=exp1 --force=true --iter_start 1 --iter_stop 4"
+        "dlprof --database=/r/exp1_dldb.sqlite --output_path=/r --base_name=exp1 --force=true " \
+        "--iter_start 1 --iter_stop 4"
     # the proposal applied: steady, silent
     assert not only(run(path, iter_start=1, iter_stop=4), "bad_iteration_range_detector")
     # a key node given by the user is repeated in the command

@@ -126,7 +126,7 @@ def test_forward_names_hierarchy_and_numbering(rec):
     assert [r["mod"] for r in fwd] == ["torch.nn.functional"] * 4 + ["torch", "torch.nn.functional"]
     me = sys._getframe().f_code.co_name
     stacks = [r["funcStack"] for r in fwd]
-    prefix = "/%s/model/" % me  # the root module by the variable that holds it, submodules by attribute
+    prefix = f"/{me}/model/"  # the root module by the variable that holds it, submodules by attribute
     assert stacks == [
         prefix + "conv1/conv2d",
         prefix + "relu",
@@ -168,7 +168,7 @@ def test_same_call_site_keeps_name_two_call_sites_get_numbers(rec):
     model(x)
     model(x)
     assert [r["funcStack"] for r in ops(rec, "fprop", "linear")] == [
-        "/%s/model(2)/fc/linear" % me, "/%s/model(3)/fc/linear" % me, "/%s/model(4)/fc/linear" % me]
+        f"/{me}/model(2)/fc/linear", f"/{me}/model(3)/fc/linear", f"/{me}/model(4)/fc/linear"]
 
 
 def test_names_do_not_depend_on_module_hooks(rec):
@@ -232,13 +232,13 @@ def test_transformer_encoder_layers_have_attribute_paths(rec):
     fwd = ops(rec, "fprop")
     by_op: dict = {}
     for r in fwd:
-        by_op.setdefault(r["op"], []).append(r["funcStack"][len("/%s/" % me):])
+        by_op.setdefault(r["op"], []).append(r["funcStack"][len(f"/{me}/"):])
     assert by_op["linear"] == ["model/encoder/layers.0/linear1/linear", "model/encoder/layers.0/linear2/linear",
                                "model/encoder/layers.1/linear1/linear", "model/encoder/layers.1/linear2/linear",
                                "model/head/linear"]
     assert by_op["multi_head_attention_forward"] == [
-        "model/encoder/layers.%d/self_attn/multi_head_attention_forward" % i for i in (0, 1)]
-    assert by_op["layer_norm"] == ["model/encoder/layers.%d/norm%d/layer_norm" % (i, n) for i in (0, 1) for n in (1, 2)]
+        f"model/encoder/layers.{i}/self_attn/multi_head_attention_forward" for i in (0, 1)]
+    assert by_op["layer_norm"] == [f"model/encoder/layers.{i}/norm{n}/layer_norm" for i in (0, 1) for n in (1, 2)]
     # each op of one forward pass has a name of its own: nothing merges the two layers
     names = [r["funcStack"] for r in fwd]
     assert len(set(names)) == len(names)
@@ -274,14 +274,34 @@ def test_root_module_names(rec):
     nn.Linear(2, 2)(x)  # held by nothing: its class
     me = sys._getframe().f_code.co_name
     got = [r["funcStack"] for r in ops(rec, "fprop") if r["op"] in ("mse_loss", "linear")]
-    assert got == ["/%s/criterion/mse_loss" % me, "/%s/_Trainer::step/net/linear" % me, "/%s/Linear/linear" % me]
+    assert got == [f"/{me}/criterion/mse_loss", f"/{me}/_Trainer::step/net/linear", f"/{me}/Linear/linear"]
     rec.clear()
     Net()
     built = [r["funcStack"] for r in ops(rec, "fprop")]
-    assert built and all(f.startswith("/%s/Net::__init__/" % me) for f in built)
+    assert built and all(f.startswith(f"/{me}/Net::__init__/") for f in built)
     # (Conv2d.__init__ runs _ConvNd.__init__ on the same object: the runtime class names both frames)
-    assert ("/%s/Net::__init__/Conv2d::__init__/Conv2d::__init__/Conv2d::reset_parameters/kaiming_uniform_/uniform_"
-            % me) in built
+    assert f"/{me}/Net::__init__/Conv2d::__init__/Conv2d::__init__/Conv2d::reset_parameters/kaiming_uniform_/uniform_" \
+        in built
+
+
+class _Unhashable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(2, 2)
+
+    def __eq__(self, other):  # without __hash__: instances are unhashable (named_modules() fails on them)
+        return self is other
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def test_unhashable_modules_are_named(rec):
+    m = _Unhashable()
+    x = torch.randn(1, 2)
+    rec.clear()
+    m(x)
+    assert [tail(r["funcStack"], 3) for r in ops(rec, "fprop")] == ["m/inner/linear"]
 
 
 def test_stack_trace_user_frames_script_first(rec):
@@ -504,7 +524,7 @@ def test_foreach_optimizers_and_clip_grad_norm_are_annotated(rec):
         rec.clear()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
         opt.step()
-        step = "Optimizer.step#%s.step" % type(opt).__name__
+        step = f"Optimizer.step#{type(opt).__name__}.step"
         recs = ops(rec)
         in_step = [r for r in recs if step in [a.text for a in r["range"].ancestors()]]
         clip = [r for r in recs if "/clip_grad_norm_/" in r["funcStack"]]
@@ -1028,7 +1048,7 @@ def test_models_under_nsys_markers(models_capture):
     for layer in (0, 1):
         for name in ("self_attn/multi_head_attention_forward", "linear1/linear", "linear2/linear",
                      "norm1/layer_norm", "norm2/layer_norm"):
-            assert prefix + "model/encoder/layers.%d/%s" % (layer, name) in stacks
+            assert f"{prefix}model/encoder/layers.{layer}/{name}" in stacks
     assert {prefix + "seq/0/linear", prefix + "seq/1/linear", prefix + "model/head/linear"} <= stacks
     # foreach optimizers and clip_grad_norm_ are annotated inside their step / clip frames
     args = [ast.literal_eval(t) for _, t in texts if t.startswith("{'mod'") and "'op'" in t]
@@ -1067,7 +1087,7 @@ def test_models_under_nsys_detail_report_and_viewer(models_capture):
     table = _detail_rows(models_capture.out)
     linears = {r["Op Name"]: r for r in table if r["Op Type"] == "linear" and r["Direction"] == "fprop"}
     base = "/module/main/"
-    assert set(linears) == {base + "model/encoder/layers.%d/linear%d/linear" % (i, n) for i in (0, 1) for n in (1, 2)} \
+    assert set(linears) == {f"{base}model/encoder/layers.{i}/linear{n}/linear" for i in (0, 1) for n in (1, 2)} \
         | {base + "model/head/linear", base + "seq/0/linear", base + "seq/1/linear"}
     assert {r["Op Name"] for r in table if r["Op Type"] == "linear" and r["Direction"] == "bprop"} == set(linears)
     # shapes: batch 4, sequence 5, d_model 16, feed-forward 32; Sequential 8 -> 8 -> 2 (DLProf labels 2-D linears)

@@ -31,7 +31,7 @@ class TinyTransformer(nn.Module):
 def report_worker(path: str):
     def init(worker_id: int) -> None:
         with open(path, "w") as out:
-            out.write("%d %d\n" % (os.getpid(), dlprof_pytorch.is_active()))
+            out.write(f"{os.getpid()} {int(dlprof_pytorch.is_active())}\n")
     return init
 
 
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
         torch.nn.utils.clip_grad_norm_(seq.parameters(), 1.0)
         sgd.step()
     torch.linalg.matrix_norm(seq[0].weight.detach())
-    print("pid %d annotations %s" % (os.getpid(), "on" if dlprof_pytorch.is_active() else "off"))
+    print(f"pid {os.getpid()} annotations {'on' if dlprof_pytorch.is_active() else 'off'}")
     return 0
 
 

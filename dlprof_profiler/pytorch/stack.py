@@ -61,7 +61,7 @@ _MAX_INSTANCES_PER_SITE = 256
 # nn.Module call plumbing left out of funcStack (torch/nn/modules/module.py only): the wrapper PyTorch 2.x
 # puts around _call_impl, and the closure _call_impl runs through when hooks are registered.
 _SKIPPED_NAMES = frozenset(("_wrapped_call_impl", "inner"))
-_MAX_ROOT_NAMES = 4096  # cached (module, call site) -> name entries before dead modules are purged
+_MAX_CACHED = 4096  # cached module name entries before those of dead modules are purged
 
 
 def _norm_dir(path: str) -> str:
@@ -109,8 +109,8 @@ class StackCapture:
         self._skip_files: Dict[str, bool] = {}
         self._root = _Node("", ())
         self._lock = threading.RLock()
-        # module -> {id(submodule): qualified attribute name or None}
-        self._paths: weakref.WeakKeyDictionary[Any, dict[int, str | None]] = weakref.WeakKeyDictionary()
+        # id(module) -> (weak reference to it, {id(submodule): qualified attribute name or None})
+        self._paths: dict[int, tuple[Any, dict[int, str | None]]] = {}
         # (id(module), caller code, caller line) -> (weak reference to the module, name)
         self._roots: dict[tuple, tuple[Any, str]] = {}
 
@@ -206,9 +206,9 @@ class StackCapture:
     def _attribute_path(self, parent: Any, child: Any) -> str | None:
         """Qualified attribute name of ``child`` inside ``parent`` (``layers.0``), None when it is not one of
         its submodules. The names of a parent are read once (again when a module is met that was not there)."""
-        names = self._paths.get(parent)
-        if names is not None:
-            found = names.get(id(child), _UNKNOWN)
+        entry = self._paths.get(id(parent))
+        if entry is not None and entry[0]() is parent:
+            found = entry[1].get(id(child), _UNKNOWN)
             if found is not _UNKNOWN:
                 return found
         with self._lock:
@@ -218,10 +218,10 @@ class StackCapture:
                 names = {}
             if id(child) not in names:
                 names[id(child)] = None  # not a submodule: remembered, so a plain list of modules costs one scan
-            try:
-                self._paths[parent] = names
-            except TypeError:  # a module class that is not weak-referenceable
-                pass
+            if len(self._paths) >= _MAX_CACHED:
+                self._paths = {k: v for k, v in self._paths.items() if v[0]() is not None}
+            # keyed by id with a weak reference (modules may be unhashable: __eq__ without __hash__)
+            self._paths[id(parent)] = (weakref.ref(parent), names)
         return names[id(child)]
 
     def _outside_name(self, frame, module: Any) -> str:
@@ -243,12 +243,9 @@ class StackCapture:
             return cached[1]
         name = _holder_name(caller, module) or type(module).__name__
         with self._lock:
-            if len(self._roots) >= _MAX_ROOT_NAMES:
+            if len(self._roots) >= _MAX_CACHED:
                 self._roots = {k: v for k, v in self._roots.items() if v[0]() is not None}
-            try:
-                self._roots[key] = (weakref.ref(module), name)
-            except TypeError:
-                pass
+            self._roots[key] = (weakref.ref(module), name)
         return name
 
     def _module_element(self, enclosing: Any, module: Any, frame) -> tuple[str, Any]:
