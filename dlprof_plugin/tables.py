@@ -42,6 +42,7 @@ class Col:
     sortable: bool = True
     filterable: bool = True
     sort_sql: str | None = None   # expression used for ORDER BY when it differs from the value
+    searchable: bool = True       # part of the table-wide search `q` (text columns)
 
     def meta(self) -> dict:
         out = {"key": self.key, "label": self.label, "type": self.type, "tooltip": self.tooltip}
@@ -131,8 +132,10 @@ def ops_table(ctx) -> TableQuery:
              Col("kernel_calls", "Kernel Calls", "int", "n.kernel_calls", "GPU kernels launched", hidden=True)]
     cols += _op_stats("n")
     cols.append(Col("data_type", "Data Type", "text", "o.data_type", "Data type of the op's tensors"))
+    # a lookup per row: sorting or filtering by it reads every op's first call, so the table-wide search,
+    # which runs on every keystroke, leaves it out
     cols.append(Col("input_shapes", "Input Shapes", "text", _FIRST_CALL_SHAPES,
-                    "Input tensor shapes of the op's first call"))
+                    "Input tensor shapes of the op's first call", searchable=False))
     if pt:
         cols.append(Col("stack_trace", "Stack Trace", "multiline", "o.stack_trace", "Python frames, script first"))
     cols.append(Col("is_bad_data_type", "Bad Data Type", "bool", "n.is_bad_data_type",
@@ -524,7 +527,7 @@ def build_conditions(tq: TableQuery, page: Page) -> tuple[list[str], dict]:
         if len(page.q) > MAX_FILTER_LEN:
             raise BadRequest("search text is too long")
         params["q"] = _like(page.q)
-        texts = [c for c in tq.columns if c.type in TEXT_TYPES and c.filterable]
+        texts = [c for c in tq.columns if c.type in TEXT_TYPES and c.filterable and c.searchable]
         if texts:
             conds.append("(" + " OR ".join(f"({c.sql}) LIKE :q ESCAPE '\\'" for c in texts) + ")")
         else:
