@@ -319,14 +319,11 @@ def _holder_name(frame, module: Any) -> str | None:
     owner = local.get("self")
     attrs = getattr(owner, "__dict__", None)
     if isinstance(attrs, dict):
-        for key, value in list(attrs.items()):
-            if value is module and isinstance(key, str):
-                return key
         children = attrs.get("_modules")  # a module's submodules live in _modules, not in __dict__
-        if isinstance(children, dict):
-            for key, value in list(children.items()):
+        for items in (attrs, children if isinstance(children, dict) else {}):
+            for key, value in list(items.items()):
                 if value is module and isinstance(key, str):
-                    return key.replace("/", "_")
+                    return key.replace("/", "_")  # '/' separates funcStack elements
     return None
 
 
