@@ -244,18 +244,38 @@ def _headerless(table: Table) -> Table:
     return table
 
 
-def detailed_report(agg: Aggregation) -> Report:
+def detailed_report(agg: Aggregation, instances: pd.DataFrame | None = None) -> Report:
+    """DLProf 1.8's columns, then Input Shapes (the input shapes of each op's first call; needs `instances`)."""
     ops = agg.ops.sort_values("op_id", kind="stable") if len(agg.ops) else agg.ops
     columns = (["Op ID", "Op Name", "Direction", "Op Type", "No. Calls", "TC Eligible", "Using TC"]
                + _stat_columns("CPU Time") + _stat_columns("GPU Time") + _stat_columns("CPU Overhead")
-               + _stat_columns("GPU Idle") + ["Data Type", "Stack Trace"])
-    formats = ["q", "q", "t", "q", "i", "y", "y"] + ["i", "a", "i", "i"] * 4 + ["t", "q"]
+               + _stat_columns("GPU Idle") + ["Data Type", "Stack Trace", "Input Shapes"])
+    formats = ["q", "q", "t", "q", "i", "y", "y"] + ["i", "a", "i", "i"] * 4 + ["t", "q", "q"]
     data = {"Op ID": ops["op_id"], "Op Name": ops["name"], "Direction": ops["direction"],
             "Op Type": ops["op_type"], "No. Calls": ops["calls"], "TC Eligible": ops["tc_eligible"],
             "Using TC": ops["using_tc"], **_stats_data(ops, "cpu", "CPU Time"), **_stats_data(ops, "gpu", "GPU Time"),
             **_stats_data(ops, "overhead", "CPU Overhead"), **_stats_data(ops, "idle", "GPU Idle"),
-            "Data Type": ops["data_type"], "Stack Trace": ops["stack_trace"]}
+            "Data Type": ops["data_type"], "Stack Trace": ops["stack_trace"],
+            "Input Shapes": first_call_values(instances, "input_shapes", ops["op_index"] if len(ops) else [])}
     return Report("detail", [Table(aggregation_title(agg), columns, formats, data)])
+
+
+def first_call_values(instances: pd.DataFrame | None, column: str, op_index) -> np.ndarray:
+    """Per op of `op_index`, `column` of its first call (earliest start, then lowest instance id); None where
+    the op has no instance or the call has no value."""
+    op_index = np.asarray(op_index, dtype=np.int64)
+    out = np.full(op_index.size, None, dtype=object)
+    if instances is None or len(instances) == 0 or column not in instances or op_index.size == 0:
+        return out
+    ops = instances["op_index"].to_numpy(np.int64)
+    order = np.lexsort((instances["instance_id"].to_numpy(np.int64), instances["start"].to_numpy(np.int64)))
+    ops_in_order = ops[order]
+    first_of_op, first_pos = np.unique(ops_in_order, return_index=True)  # unique keeps the first occurrence
+    values = instances[column].to_numpy(dtype=object)[order[first_pos]]
+    where = np.searchsorted(first_of_op, op_index)
+    found = (where < first_of_op.size) & (first_of_op[np.minimum(where, first_of_op.size - 1)] == op_index)
+    out[found] = values[where[found]]
+    return out
 
 
 def _op_columns(frame: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
@@ -360,7 +380,7 @@ def build_reports(names: list[str], agg: Aggregation, dm, trace, config: dict, f
     """The requested reports of one aggregation of one domain."""
     builders = {
         "summary": lambda: summary_report(agg, trace.system, trace.meta, trace.devices, config),
-        "detail": lambda: detailed_report(agg),
+        "detail": lambda: detailed_report(agg, dm.instances),
         "iteration": lambda: iteration_report(agg, dm.instances, dm.ops, trace.gpu),
         "kernel": lambda: kernel_report(agg, dm.ops),
         "tensor": lambda: tensor_core_report(agg),

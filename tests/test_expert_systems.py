@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -266,8 +267,16 @@ def test_bad_iteration_range(baseline, make):
                                    "or apply this proposal in the Iterations view")
     assert f["action"] == {"type": "reaggregate", "iter_start": 1, "iter_stop": 4,
                            "command": "dlprof --database=<db> --iter_start 1 --iter_stop 4"}
+    # rendered for a run: its database, its folder (so the run is updated), paths quoted for the shell
     assert render_command(f["action"], Path("out dir/dlprof_dldb.sqlite")) == \
-        "dlprof --database='out dir/dlprof_dldb.sqlite' --iter_start 1 --iter_stop 4"
+        "dlprof --database='out dir/dlprof_dldb.sqlite' --output_path='out dir' --force=true " \
+        "--iter_start 1 --iter_stop 4"
+    assert render_command(f["action"], Path("/r/exp1_dldb.sqlite"), "trial") == \
+        "dlprof --database=/r/exp1_dldb.sqlite --output_path=/r --base_name=exp1 --profile_name=trial --force=true " \
+        "--iter_start 1 --iter_stop 4"
+    assert render_command(f["action"], Path("/r/exp1_dldb.sqlite"), "exp1") == \
+        "dlprof --database=/r/exp1_dldb.sqlite --output_path=/r --base_name=exp1 --force=true " \
+        "--iter_start 1 --iter_stop 4"
     # the proposal applied: steady, silent
     assert not only(run(path, iter_start=1, iter_stop=4), "bad_iteration_range_detector")
     # a key node given by the user is repeated in the command
@@ -486,3 +495,44 @@ def test_docs_cover_every_detector():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "expert_systems.md").read_text(encoding="utf-8")
     for exp_sys_id in DETECTORS:
         assert f"`{exp_sys_id}`" in doc, exp_sys_id
+
+
+@pytest.mark.parametrize("names", [(), ("--base_name=exp1", "--profile_name=trial")])
+def test_printed_command_updates_the_run(make, tmp_path, names):
+    """The `apply with:` command, run as printed from the folder it was printed in, updates that run: the
+    run's database gains the proposed aggregation (the first one is kept), the run's event file points at it,
+    its reports (the same ones) cover the proposed range; no other file is written."""
+    import shlex
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tests.profiles import run_dlprof
+
+    path = make(start=5 * MS, n_iter=5)  # iteration 0 is not steady: the proposal is 1..4
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = run_dlprof(f"--database={path}", "--output_path=run dir", "--reports=summary", *names, cwd=work)
+    line = next(text for text in proc.stdout.splitlines() if "apply with: " in text)
+    argv = shlex.split(line.split("apply with: ", 1)[1])
+    base, run_name = ("exp1", "trial") if names else ("dlprof", "dlprof")
+    assert argv[:3] == ["dlprof", f"--database=run dir/{base}_dldb.sqlite", "--output_path=run dir"]
+    assert argv[-4:] == ["--iter_start", "1", "--iter_stop", "4"]
+    assert "--force=true" in argv and "--reports=summary" in argv  # the run's own reports, replaced
+    before = sorted(p.relative_to(work) for p in work.rglob("*") if "tfevents" not in p.name)
+    run_dlprof(*argv[1:], cwd=work)
+    run_dir = work / "run dir"
+    assert sorted(p.relative_to(work) for p in work.rglob("*") if "tfevents" not in p.name) == before
+    con = sqlite3.connect(run_dir / f"{base}_dldb.sqlite")
+    try:
+        assert con.execute("SELECT aggr_id, iter_start, iter_stop FROM aggregations ORDER BY aggr_id").fetchall() \
+            == [(1, 0, 4), (2, 1, 4)]
+    finally:
+        con.close()
+    events = list((run_dir / run_name).glob("*tfevents*"))
+    assert len(events) == 1
+    acc = EventAccumulator(str(run_dir / run_name), size_guidance={"tensors": 0})
+    acc.Reload()
+    meta = json.loads(acc.Tensors("dlprof/profile")[0].tensor_proto.string_val[0])
+    assert meta["aggr_id"] == 2 and meta["database"] == f"../{base}_dldb.sqlite"
+    summary = (run_dir / f"{base}_summary.csv").read_text()
+    assert "Start Iteration,1" in summary and "Stop Iteration,4" in summary and "Aggregated Iterations,4" in summary

@@ -56,9 +56,10 @@ def test_detailed_report_layout_and_quoting(out):
                         "Avg. CPU Time (ns),Min CPU Time (ns),Max CPU Time (ns),Total GPU Time (ns),Avg. GPU Time (ns),"
                         "Min GPU Time (ns),Max GPU Time (ns),Total CPU Overhead (ns),Avg. CPU Overhead (ns),"
                         "Min CPU Overhead (ns),Max CPU Overhead (ns),Total GPU Idle (ns),Avg. GPU Idle (ns),"
-                        "Min GPU Idle (ns),Max GPU Idle (ns),Data Type,Stack Trace")
+                        "Min GPU Idle (ns),Max GPU Idle (ns),Data Type,Stack Trace,"
+                        "Input Shapes")  # DLProf 1.8's columns, then ours
     assert ('"CONV2D_1","/aten::conv2d",fprop,"conv2d",3,yes,yes,30000,10000.0,10000,10000,30000,10000.0,10000,'
-            '10000,27000,9000.0,9000,9000,0,0.0,0,0,,""') in lines
+            '10000,27000,9000.0,9000,9000,0,0.0,0,0,,"",""') in lines  # emit_nvtx without sizes: no shapes
     assert any(line.startswith('"CUDADEVICESYNCHRONIZE_V3020_1","unassociated_cudaDeviceSynchronize_v3020",,'
                                '"cudaDeviceSynchronize_v3020",3,no,no,15000,5000.0') for line in lines)
     ids = [row[0] for row in csv.reader(io.StringIO("\n".join(lines[2:])))]
