@@ -261,13 +261,16 @@ class Accumulator:
 # ---------------------------------------------------------------------------- op statistics
 
 def _op_partial(chosen: pd.DataFrame) -> pd.DataFrame:
-    """Per op: calls, kernel calls and total/min/max of the four instance metrics of some instances."""
-    g = chosen.groupby("op_index", sort=False)
-    cols = {"calls": g.size(), "kernel_calls": g["n_kernels"].sum()}
+    """Per op: calls, kernel calls and total/min/max of the four call metrics of some instances (a call is
+    one instance, or the autograd nodes of one forward call: see correlate.call_metrics)."""
+    calls = chosen[chosen["is_call"].to_numpy(dtype=bool)] if "is_call" in chosen else chosen
+    prefix_col = "call_" if "call_cpu_time" in calls else ""
+    g = calls.groupby("op_index", sort=False)
+    cols = {"calls": g.size(), "kernel_calls": g[f"{prefix_col}n_kernels"].sum()}
     for column, prefix in METRICS:
-        cols[f"{prefix}_total"] = g[column].sum()
-        cols[f"{prefix}_min"] = g[column].min()
-        cols[f"{prefix}_max"] = g[column].max()
+        cols[f"{prefix}_total"] = g[f"{prefix_col}{column}"].sum()
+        cols[f"{prefix}_min"] = g[f"{prefix_col}{column}"].min()
+        cols[f"{prefix}_max"] = g[f"{prefix_col}{column}"].max()
     return pd.DataFrame(cols)
 
 
@@ -484,15 +487,17 @@ class GroupUnions:
         s, e = chosen["start"].to_numpy(np.int64), chosen["end"].to_numpy(np.int64)
         overhead = chosen["cpu_overhead"].to_numpy(np.int64)
         self.used_ops.update(np.unique(ops).tolist())
-        keys, over = [], []
+        is_call = chosen["is_call"].to_numpy(dtype=bool) if "is_call" in chosen else np.ones(len(chosen), dtype=bool)
+        keys, over, calls = [], [], []
         for level in range(self.depth + 1):
             on, key = self._keys(level, ops, iteration)
             self.cpu.add(key, s[on], e[on])
             keys.append(key)
             over.append(overhead[on])
+            calls.append(is_call[on].astype(np.int64))
         keys = np.concatenate(keys)
         self.overhead = _add_series(self.overhead, pd.Series(np.concatenate(over), index=keys).groupby(level=0).sum())
-        self.calls = _add_series(self.calls, pd.Series(1, index=keys).groupby(level=0).sum())
+        self.calls = _add_series(self.calls, pd.Series(np.concatenate(calls), index=keys).groupby(level=0).sum())
 
     def add_activities(self, ops: np.ndarray, iteration: np.ndarray, s: np.ndarray, e: np.ndarray) -> None:
         keys, ss, ee = [], [], []

@@ -19,7 +19,7 @@ from dlprof_profiler.model_chunks import TIME_MAX
 from dlprof_profiler.naming import NamingCarry, distinct_texts, first_rows, range_names
 from dlprof_profiler.structure import RangeForest, ThreadTimeKeys, nearest_flagged_ancestor, outermost_flagged
 from dlprof_profiler.tensor_cores import kernel_uses_tc, op_tc_eligible
-from dlprof_profiler.trace import KIND_KERNEL, Trace, combined_codes, make_frame, obj
+from dlprof_profiler.trace import KIND_KERNEL, Trace, combined_codes, make_frame, obj, rank_within
 
 # Instance kinds
 RANGE_OP, SCOPE_OP, UNASSOCIATED_API, UNASSOCIATED_GPU, BACKWARD_PASS = range(5)
@@ -319,6 +319,7 @@ class DomainCorrelator:
         self.kind_of: dict = {}           # instance id -> its kind, when only its last segment can tell
         self.forward = _empty_forward()
         self.callids = _empty_callids()
+        self.backward_calls = _empty_backward_calls()
 
     # -- one segment -----------------------------------------------------------------------------------
     def add(self, seg: Segment, rows: np.ndarray) -> None:
@@ -416,6 +417,7 @@ class DomainCorrelator:
 
         instances = pd.concat([f for f in frames if len(f)] or [frames[0]], ignore_index=True)
         instances["domain"] = self.domain
+        instances["call_id"] = instances["instance_id"].to_numpy(np.int64)
         instance_metrics(instances, api, seg.gpu, gpu_instance, self.thread_device, self.process_device)
         self._link_backward(instances, info, ranges, op_root, row_instance, hi)
         self._remember_open(instances, hi)
@@ -435,8 +437,9 @@ class DomainCorrelator:
         rid = instances["range_id"].to_numpy(np.int64)
         rows = np.flatnonzero((rid >= 0) & (instances["end"].to_numpy(np.int64) > hi))
         cols = [instances[c].to_numpy(dtype=object) for c in ("name", "op_type", "data_type", "stack_trace")]
+        ids = instances["instance_id"].to_numpy(np.int64)
         for row in rows:
-            self.open_attrs[int(rid[row])] = tuple(c[row] for c in cols)
+            self.open_attrs[int(rid[row])] = tuple(c[row] for c in cols) + (int(ids[row]),)
 
     def _backward_pass(self, seg: Segment, api: pd.DataFrame, api_instance: np.ndarray):
         """Without markers that link backward ops to forward ops, API calls of the autograd threads (threads
@@ -513,7 +516,9 @@ class DomainCorrelator:
         fwd_rows = np.flatnonzero(fwd)
         fwd_inst = take(row_to_inst, op_root[fwd_rows], -1)
         ok = fwd_inst >= 0
-        attrs = [names[fwd_inst[ok]], types[fwd_inst[ok]], data_types[fwd_inst[ok]], stacks[fwd_inst[ok]]]
+        inst_ids = inst["instance_id"].to_numpy(np.int64)
+        attrs = [names[fwd_inst[ok]], types[fwd_inst[ok]], data_types[fwd_inst[ok]], stacks[fwd_inst[ok]],
+                 inst_ids[fwd_inst[ok]]]
         rows_with_attrs = fwd_rows[ok]
         # forward markers inside an instance that began in an earlier segment take its remembered names
         outer = fwd_rows[~ok]
@@ -522,12 +527,12 @@ class DomainCorrelator:
             known = np.array([c is not None for c in carried], dtype=bool)
             if known.any():
                 found = [c for c in carried if c is not None]
-                attrs = [np.concatenate([a, np.array([c[i] for c in found], dtype=object)])
+                attrs = [np.concatenate([a, np.array([c[i] for c in found], dtype=a.dtype)])
                          for i, a in enumerate(attrs)]
                 rows_with_attrs = np.concatenate([rows_with_attrs, outer[known]])
         local_forward = make_frame({"pid": pid[rows_with_attrs], "seq": seq[rows_with_attrs],
                                     "start": start[rows_with_attrs], "name": attrs[0], "op_type": attrs[1],
-                                    "data_type": attrs[2], "stack_trace": attrs[3]})
+                                    "data_type": attrs[2], "stack_trace": attrs[3], "fwd_id": attrs[4]})
         forward = pd.concat([self.forward, local_forward], ignore_index=True) if len(self.forward) else local_forward
         # backward side: the seq of the instance's own marker, else of the backward node folded inside it
         bwd_rows = (kinds == nm.PT_OP) & backward & (op_root >= 0) & (seq >= 0)
@@ -553,6 +558,8 @@ class DomainCorrelator:
             f_st = linked["stack_trace"].to_numpy(dtype=object)
             data_types[b] = np.where(pd.isna(data_types[b]), f_dt, data_types[b])
             stacks[b] = np.where(pd.isna(stacks[b]), f_st, stacks[b])
+            # the autograd nodes of one forward call are one backward call
+            self._group_calls(inst, b, linked["fwd_id"].to_numpy(np.int64))
         # dlprof_profiler.pytorch markers link explicitly: fwdCallid of a bprop marker = callid of the forward one
         callid = info["callid"].to_numpy(np.int64)
         fwd_callid = info["fwd_callid"].to_numpy(np.int64)
@@ -569,6 +576,12 @@ class DomainCorrelator:
             b = row_to_inst[wants][ok]
             names[b] = found["name"].to_numpy(dtype=object)[ok]
             types[b] = found["op_type"].to_numpy(dtype=object)[ok]
+            # markers carry the backward call's id (one per forward call and backward pass): its nodes are one call
+            own = callid[wants][ok]
+            has_own = own >= 0
+            if has_own.any():
+                keys = -1 - ((pid[wants][ok][has_own] << 40) | own[has_own])
+                self._group_calls(inst, b[has_own], keys)
         inst["name"] = obj(names, inst.index)
         inst["op_type"] = obj(types, inst.index)
         inst["data_type"] = obj(data_types, inst.index)
@@ -579,7 +592,31 @@ class DomainCorrelator:
             if it_hi >= 2:
                 keep_from = int(self.bounds[it_hi - 2])
                 forward, calls = forward[forward["start"] >= keep_from], calls[calls["start"] >= keep_from]
+                self.backward_calls = self.backward_calls[self.backward_calls["start"] >= keep_from]
             self.forward, self.callids = forward, calls
+
+    def _group_calls(self, inst: pd.DataFrame, rows: np.ndarray, keys: np.ndarray) -> None:
+        """Backward instances with the same key (the forward call they belong to) share one call id: the
+        instance id of the first of them in time, also across segments."""
+        if rows.size == 0:
+            return
+        ids = inst["instance_id"].to_numpy(np.int64)
+        starts = inst["start"].to_numpy(np.int64)
+        frame = pd.DataFrame({"row": rows, "key": keys, "start": starts[rows], "id": ids[rows]})
+        frame = frame.sort_values(["start", "id"], kind="stable")
+        first = frame.drop_duplicates("key")
+        known = self.backward_calls.drop_duplicates("key").set_index("key")["call"]
+        call = known.reindex(first["key"].to_numpy()).to_numpy()
+        call = np.where(pd.isna(call), first["id"].to_numpy(), call).astype(np.int64)
+        by_key = pd.Series(call, index=first["key"].to_numpy())
+        call_id = inst["call_id"].to_numpy(np.int64).copy()
+        call_id[frame["row"].to_numpy()] = by_key.reindex(frame["key"].to_numpy()).to_numpy(np.int64)
+        inst["call_id"] = call_id
+        fresh = ~first["key"].isin(known.index).to_numpy()
+        if fresh.any():
+            self.backward_calls = pd.concat([self.backward_calls, pd.DataFrame({
+                "key": first["key"].to_numpy()[fresh], "call": call[fresh],
+                "start": first["start"].to_numpy()[fresh]})], ignore_index=True)
 
     # -- the whole domain ------------------------------------------------------------------------------
     def finish(self, trace: Trace, gpu_api: np.ndarray) -> DomainModel:
@@ -593,7 +630,7 @@ class DomainCorrelator:
             kinds = instances["kind"].to_numpy().copy()
             kinds[ids] = np.fromiter(self.kind_of.values(), dtype=np.int64)
             instances["kind"] = kinds
-        ops = op_table(instances, self.domain, self.family)
+        ops = op_table(instances, self.domain, self.family, self.bounds)
         return DomainModel(domain=self.domain, family=self.family, has_markers=self.facts.has_markers,
                            instances=instances, ops=ops, api_instance=self.api_instance,
                            gpu_instance=self.gpu_instance, n_ranges=self.facts.n_ranges)
@@ -633,7 +670,11 @@ def new_mask_of(rows: np.ndarray, n: int) -> np.ndarray:
 def _empty_forward() -> pd.DataFrame:
     return make_frame({"pid": np.zeros(0, np.int64), "seq": np.zeros(0, np.int64), "start": np.zeros(0, np.int64),
                        "name": np.zeros(0, object), "op_type": np.zeros(0, object), "data_type": np.zeros(0, object),
-                       "stack_trace": np.zeros(0, object)})
+                       "stack_trace": np.zeros(0, object), "fwd_id": np.zeros(0, np.int64)})
+
+
+def _empty_backward_calls() -> pd.DataFrame:
+    return pd.DataFrame({"key": np.zeros(0, np.int64), "call": np.zeros(0, np.int64), "start": np.zeros(0, np.int64)})
 
 
 def _empty_callids() -> pd.DataFrame:
@@ -824,43 +865,79 @@ def _api_time_inside(api: pd.DataFrame, inst: pd.DataFrame) -> np.ndarray:
 
 # ---------------------------------------------------------------------------- direction links
 
-def op_table(inst: pd.DataFrame, domain: str, family: str | None) -> pd.DataFrame:
-    """Ops = instances sharing (name, direction); sets each instance's op_index (see `finish_op_table`)."""
+def op_table(inst: pd.DataFrame, domain: str, family: str | None, bounds=None) -> pd.DataFrame:
+    """Ops, as in DLProf 1.8: the n-th instance of a (name, direction) within an iteration on its thread is
+    the same op in every iteration (`bounds`: the iteration boundaries the names were given with). Sets
+    each instance's op_index (see `finish_op_table`)."""
     if len(inst) == 0:
         empty = pd.DataFrame({c: pd.Series(dtype=object) for c in OP_COLUMNS + ["label"]})
         for c in ("op_index", "device_id", "first_start", "n_instances", "kind"):
             empty[c] = pd.Series(dtype="int64")
         empty["tc_eligible"] = pd.Series(dtype=bool)
         return empty
-    names = inst["name"].to_numpy(dtype=object)
-    directions = inst["direction"].fillna("").to_numpy(dtype=object)
-    codes = combined_codes(names, directions)
-    by_time = np.lexsort((inst["instance_id"].to_numpy(), inst["start"].to_numpy()))
-    first = by_time[first_rows(codes[by_time])]           # per code: its first instance in time
+    if "call_id" not in inst:
+        inst["call_id"] = inst["instance_id"].to_numpy(np.int64)
+    call_metrics(inst)
+    # ops are made of calls: the first instance of each call stands for it (backward nodes of one forward
+    # call are one call)
+    calls = np.flatnonzero(inst["is_call"].to_numpy(dtype=bool))
+    head = inst.iloc[calls]
+    names = head["name"].to_numpy(dtype=object)
+    directions = head["direction"].fillna("").to_numpy(dtype=object)
+    start = head["start"].to_numpy(np.int64)
+    ids = head["instance_id"].to_numpy(np.int64)
+    iteration = np.searchsorted(np.zeros(0, np.int64) if bounds is None else np.asarray(bounds, np.int64), start,
+                                side="right")
+    name_codes = combined_codes(names, directions)
+    nth = rank_within(combined_codes(iteration, head["global_tid"].to_numpy(np.int64), name_codes),
+                      [ids, start]) + 1
+    codes = combined_codes(name_codes, nth)
+    by_time = np.lexsort((ids, start))
+    first = by_time[first_rows(codes[by_time])]           # per code: its first call in time
     n = first.size
-    dev = pd.DataFrame({"code": codes, "device_id": inst["device_id"].to_numpy()})
+    dev = pd.DataFrame({"code": codes, "device_id": head["device_id"].to_numpy()})
     dev = dev[dev["device_id"] >= 0].groupby(["code", "device_id"]).size().reset_index(name="c")
     dev = dev.sort_values(["code", "c", "device_id"], ascending=[True, False, True]).drop_duplicates("code")
     groups = make_frame({
-        "name": names[first], "direction": directions[first],
-        "op_type": inst["op_type"].to_numpy(dtype=object)[first],
-        "label": inst["label"].to_numpy(dtype=object)[first],
-        "first_start": inst["start"].to_numpy(np.int64)[first], "kind": inst["kind"].to_numpy()[first],
+        "name": names[first], "direction": directions[first], "nth": nth[first],
+        "op_type": head["op_type"].to_numpy(dtype=object)[first],
+        "label": head["label"].to_numpy(dtype=object)[first],
+        "first_start": start[first], "kind": head["kind"].to_numpy()[first],
         "n_instances": np.bincount(codes, minlength=n),
-        "data_type": _first_given(inst["data_type"].to_numpy(dtype=object), codes, by_time, n),
-        "stack_trace": _first_given(inst["stack_trace"].to_numpy(dtype=object), codes, by_time, n),
+        "data_type": _first_given(head["data_type"].to_numpy(dtype=object), codes, by_time, n),
+        "stack_trace": _first_given(head["stack_trace"].to_numpy(dtype=object), codes, by_time, n),
         "device_id": pd.Series(dev["device_id"].to_numpy(), index=dev["code"].to_numpy()).reindex(
             np.arange(n)).fillna(-1).to_numpy(np.int64)})
     ops, op_index_of_group = finish_op_table(groups, domain, family)
-    inst["op_index"] = op_index_of_group[codes]
+    op_of_call = pd.Series(op_index_of_group[codes], index=ids)
+    inst["op_index"] = op_of_call.reindex(inst["call_id"].to_numpy(np.int64)).to_numpy(np.int64)
     return ops
 
 
+CALL_METRICS = ("cpu_time", "cpu_overhead", "gpu_time", "gpu_idle", "n_kernels")
+
+
+def call_metrics(inst: pd.DataFrame) -> None:
+    """`is_call` (the instance opens a call) and `call_<metric>`: the call's metrics summed over its
+    instances (the autograd nodes of one forward call form one backward call); 0 on the other instances."""
+    ids = inst["instance_id"].to_numpy(np.int64)
+    call = inst["call_id"].to_numpy(np.int64)
+    primary = call == ids
+    inst["is_call"] = primary
+    if primary.all():
+        for m in CALL_METRICS:
+            inst[f"call_{m}"] = inst[m].to_numpy()
+        return
+    sums = inst.groupby("call_id")[list(CALL_METRICS)].sum()
+    for m in CALL_METRICS:
+        inst[f"call_{m}"] = np.where(primary, sums[m].reindex(ids).fillna(0).to_numpy(np.int64), 0)
+
+
 def finish_op_table(groups: pd.DataFrame, domain: str, family: str | None) -> tuple[pd.DataFrame, np.ndarray]:
-    """The op table from one row per (name, direction) (first start, type, label, kind, instances, data type,
-    stack trace, device): op_index orders ops by first execution (then name, direction); Op IDs count per
-    type in execution order. Returns (ops, op_index of each row of `groups`)."""
-    order = np.lexsort((groups["direction"].to_numpy(dtype=object).astype(str),
+    """The op table from one row per op (name, direction, nth; first start, type, label, kind, instances, data
+    type, stack trace, device): op_index orders ops by first execution (then name, direction, nth); Op IDs
+    count per type in execution order. Returns (ops, op_index of each row of `groups`)."""
+    order = np.lexsort((groups["nth"].to_numpy(np.int64), groups["direction"].to_numpy(dtype=object).astype(str),
                         groups["name"].to_numpy(dtype=object).astype(str),
                         groups["first_start"].to_numpy(np.int64)))
     rank = np.empty(order.size, dtype=np.int64)

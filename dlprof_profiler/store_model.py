@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from dlprof_profiler import correlate as corr_mod
 from dlprof_profiler import nvtx_markers as nm
@@ -436,7 +435,7 @@ class StoreSink:
                 ),
                 ["kind"],
             )
-        ops = self._op_table(c.domain, c.family)
+        ops = self._op_table(c.domain, c.family, c.bounds)
         self.a.run(
             f"CREATE OR REPLACE TABLE inst_sorted_{self.d} AS SELECT * FROM {self.inst} ORDER BY start, instance_id"
         )
@@ -539,29 +538,37 @@ class StoreSink:
         )
         self._update(out, [c for c in out.columns if c != "instance_id"])
 
-    def _op_table(self, domain: str, family: str | None) -> pd.DataFrame:
-        """The op table (correlate.op_table) computed in the store: one row per (name, direction)."""
+    def _op_table(self, domain: str, family: str | None, bounds: np.ndarray) -> pd.DataFrame:
+        """The op table (correlate.op_table) computed in the store: one row per (name, direction, nth)."""
         store, pool = self.a.store, self.a.pool
         inst = self.inst
+        store.con.register("_bounds", pd.DataFrame({"t": np.asarray(bounds, dtype=np.int64),
+                                                    "k": np.arange(1, len(bounds) + 1, dtype=np.int64)}))
+        self.a.run(f"""
+            CREATE OR REPLACE TABLE {inst} AS
+            SELECT i.*, row_number() OVER (PARTITION BY coalesce(b.k, 0), i.global_tid, i.name_code, i.direction_code
+                                           ORDER BY i.start, i.instance_id) AS nth
+            FROM {inst} i ASOF LEFT JOIN _bounds b ON i.start >= b.t""")
+        store.con.unregister("_bounds")
         first = store.frame(f"""
-            SELECT DISTINCT ON (name_code, direction_code) name_code, direction_code, op_type_code, label_code, kind,
-                   start AS first_start
-            FROM {inst} ORDER BY name_code, direction_code, start, instance_id""")
+            SELECT DISTINCT ON (name_code, direction_code, nth) name_code, direction_code, nth, op_type_code,
+                   label_code, kind, start AS first_start
+            FROM {inst} ORDER BY name_code, direction_code, nth, start, instance_id""")
         if len(first) == 0:
             from dlprof_profiler.correlate import op_table
 
             return op_table(pd.DataFrame(), domain, family)
-        keys = ["name_code", "direction_code"]
-        counts = store.frame(f"SELECT name_code, direction_code, count(*) AS n FROM {inst} GROUP BY ALL")
+        keys = ["name_code", "direction_code", "nth"]
+        counts = store.frame(f"SELECT name_code, direction_code, nth, count(*) AS n FROM {inst} GROUP BY ALL")
         given = {}
         for column in ("data_type", "stack_trace"):
             given[column] = store.frame(f"""
-                SELECT DISTINCT ON (name_code, direction_code) name_code, direction_code, {column}_code AS v
-                FROM {inst} WHERE {column}_code >= 0 ORDER BY name_code, direction_code, start, instance_id""")
+                SELECT DISTINCT ON (name_code, direction_code, nth) name_code, direction_code, nth, {column}_code AS v
+                FROM {inst} WHERE {column}_code >= 0 ORDER BY name_code, direction_code, nth, start, instance_id""")
         dev = store.frame(f"""
-            SELECT DISTINCT ON (name_code, direction_code) name_code, direction_code, device_id FROM (
-                SELECT name_code, direction_code, device_id, count(*) AS c FROM {inst} WHERE device_id >= 0
-                GROUP BY ALL) ORDER BY name_code, direction_code, c DESC, device_id""")
+            SELECT DISTINCT ON (name_code, direction_code, nth) name_code, direction_code, nth, device_id FROM (
+                SELECT name_code, direction_code, nth, device_id, count(*) AS c FROM {inst} WHERE device_id >= 0
+                GROUP BY ALL) ORDER BY name_code, direction_code, nth, c DESC, device_id""")
         g = first.merge(counts, on=keys, how="left")
         for column, frame in given.items():
             g = g.merge(frame.rename(columns={"v": column}), on=keys, how="left")
@@ -570,6 +577,7 @@ class StoreSink:
             {
                 "name": pool.decode(g["name_code"]),
                 "direction": pool.decode(g["direction_code"]),
+                "nth": g["nth"].to_numpy(np.int64),
                 "op_type": pool.decode(g["op_type_code"]),
                 "label": pool.decode(g["label_code"]),
                 "first_start": g["first_start"].to_numpy(np.int64),
@@ -584,20 +592,11 @@ class StoreSink:
         from dlprof_profiler.correlate import finish_op_table
 
         ops, op_index = finish_op_table(groups, domain, family)
-        self.a.store.con.register(
-            "_ops",
-            pd.DataFrame(
-                {
-                    "name_code": g["name_code"].to_numpy(np.int64),
-                    "direction_code": g["direction_code"].to_numpy(np.int64),
-                    "op_index": op_index,
-                }
-            ),
-        )
-        self.a.run(
-            f"UPDATE {inst} SET op_index = o.op_index FROM _ops o "
-            f"WHERE {inst}.name_code = o.name_code AND {inst}.direction_code = o.direction_code"
-        )
+        self.a.store.con.register("_ops", pd.DataFrame({"name_code": g["name_code"].to_numpy(np.int64),
+                                                        "direction_code": g["direction_code"].to_numpy(np.int64),
+                                                        "nth": g["nth"].to_numpy(np.int64), "op_index": op_index}))
+        self.a.run(f"UPDATE {inst} SET op_index = o.op_index FROM _ops o WHERE {inst}.name_code = o.name_code "
+                   f"AND {inst}.direction_code = o.direction_code AND {inst}.nth = o.nth")
         self.a.store.con.unregister("_ops")
         return ops
 
