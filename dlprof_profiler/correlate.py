@@ -136,18 +136,39 @@ def range_label_counts(ranges: pd.DataFrame, info: pd.DataFrame) -> pd.DataFrame
 
 
 def link_gpu_to_api(trace: Trace) -> np.ndarray:
-    """Row of the launching API call per GPU activity, keyed by (process, correlation id)."""
+    """Row of the launching API call per GPU activity, keyed by (process, correlation id), -1 if none.
+    When a process reuses a correlation id, an activity takes the nearest call of that key starting at or
+    before its own start (as nsys attributes them), else the key's earliest call; equal starts: the later row."""
     gpu, api = trace.gpu, trace.api_calls
-    if len(gpu) == 0:
-        return np.zeros(0, dtype=np.int64)
-    if len(api) == 0:
-        return np.full(len(gpu), -1, dtype=np.int64)
-    lookup = make_frame({"pid": api["pid"].to_numpy(), "corr": api["correlation_id"].to_numpy(),
-                           "row": np.arange(len(api)), "start": api["start"].to_numpy()})
-    lookup = lookup[lookup["corr"] >= 0].sort_values("start", kind="stable").drop_duplicates(["pid", "corr"])
-    keys = make_frame({"pid": gpu["pid"].to_numpy(), "corr": gpu["correlation_id"].to_numpy()})
-    merged = keys.merge(lookup[["pid", "corr", "row"]], on=["pid", "corr"], how="left", sort=False)
-    return merged["row"].fillna(-1).to_numpy(np.int64)
+    out = np.full(len(gpu), -1, dtype=np.int64)
+    if len(gpu) == 0 or len(api) == 0:
+        return out
+    api_corr, gpu_corr = api["correlation_id"].to_numpy(np.int64), gpu["correlation_id"].to_numpy(np.int64)
+    calls, acts = np.flatnonzero(api_corr >= 0), np.flatnonzero(gpu_corr >= 0)
+    if calls.size == 0 or acts.size == 0:
+        return out
+    keys = combined_codes(np.concatenate([api["pid"].to_numpy(np.int64)[calls], gpu["pid"].to_numpy(np.int64)[acts]]),
+                          np.concatenate([api_corr[calls], gpu_corr[acts]]))
+    times = np.concatenate([api["start"].to_numpy(np.int64)[calls], gpu["start"].to_numpy(np.int64)[acts]])
+    is_act = np.concatenate([np.zeros(calls.size, np.int8), np.ones(acts.size, np.int8)])
+    # one sweep over (key, time), calls before activities at equal times: each activity sees the last call
+    # at or before it and the next one after it; either counts only within the activity's own key
+    order = np.lexsort((is_act, times, keys))
+    sorted_keys = keys[order]
+    pos = np.arange(order.size)
+    is_call = is_act[order] == 0
+    before = np.maximum.accumulate(np.where(is_call, pos, -1))
+    after = np.minimum.accumulate(np.where(is_call, pos, order.size)[::-1])[::-1]
+    act_pos = np.flatnonzero(~is_call)
+    prev, nxt = before[act_pos], after[act_pos]
+    own_key = sorted_keys[act_pos]
+    prev_ok = (prev >= 0) & (sorted_keys[np.maximum(prev, 0)] == own_key)
+    next_ok = (nxt < order.size) & (sorted_keys[np.minimum(nxt, order.size - 1)] == own_key)
+    chosen = np.where(prev_ok, prev, np.where(next_ok, nxt, -1))
+    found = chosen >= 0
+    act_rows = acts[order[act_pos] - calls.size]
+    out[act_rows[found]] = calls[order[chosen[found]]]
+    return out
 
 
 def work_devices(trace: Trace, gpu_api: np.ndarray) -> tuple[dict, dict]:

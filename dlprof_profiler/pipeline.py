@@ -16,6 +16,7 @@ from dlprof_profiler import database, event_files, iterate, reports
 from dlprof_profiler.aggregate import aggregate
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.outputs import Staging, prepare_output_dir, refuse_existing
+from dlprof_profiler.sanitize import sanitize_trace
 from dlprof_profiler.sqlite_source import check_sqlite_file
 
 
@@ -74,7 +75,7 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
     refuse_existing(planned_outputs(args), args.force)
     with log.stage(f"Reading {source}"):
         from dlprof_profiler.ingest_nsys import read_nsys_export
-        trace = read_nsys_export(source)
+        trace = sanitize_trace(read_nsys_export(source))   # the one place rows of impossible times are dropped
     log.info(f"  {len(trace.ranges):,} NVTX ranges, {len(trace.api_calls):,} CUDA API calls, "
              f"{len(trace.gpu):,} GPU activities, {len(trace.devices)} GPUs; nsys {trace.meta.get('nsys_version')}")
     for text in trace.warnings:
@@ -142,8 +143,8 @@ def _aggregate_and_write(args, out_dir: Path, source: Path, trace, corr, iterati
                          writer=None) -> int:
     iter_start, iter_stop = iterate.select_range(iterations, args.iter_start, args.iter_stop, str(source))
     if not iterations.found:
-        what = f"key node '{iterations.key_node}'" if iterations.key_node else "no key node"
-        log.warning(f"{source}: {what} found: the whole profile is one iteration "
+        what = f"key node '{iterations.key_node}' not found" if iterations.key_node else "no key node found"
+        log.warning(f"{source}: {what}: the whole profile is one iteration "
                     "(give --key_node=NAME to split it into iterations)")
     else:
         log.info(f"  key node '{iterations.key_node}' ({iterations.source}): {iterations.count} iterations; "

@@ -10,6 +10,7 @@ from dlprof_profiler import correlate as C
 from dlprof_profiler import iterate
 from dlprof_profiler.aggregate import Aggregation, aggregate
 from dlprof_profiler.ingest_nsys import read_nsys_export
+from dlprof_profiler.sanitize import sanitize_trace
 from dlprof_profiler.trace import Trace
 
 
@@ -43,7 +44,7 @@ class Analysis:
 def analyze(path: Path, key_node: str | None = None, mode: str | None = None, iter_start: int | None = None,
             iter_stop: int | None = None) -> Analysis:
     """ingest -> correlate -> iterate -> aggregate, as the pipeline runs them."""
-    trace = read_nsys_export(Path(path))
+    trace = sanitize_trace(read_nsys_export(Path(path)))
     classified = C.classify_trace(trace, mode)
     info, mode, family, _ = classified
     links = C.launch_links(trace)
