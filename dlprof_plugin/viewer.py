@@ -3,6 +3,7 @@
 One run per database, named after the file (`dlprof_dldb.sqlite` -> run `dlprof_dldb`). `/` serves a page
 that, like TensorBoard's plugin iframe, has `<base href="data/plugin/dlprof/">`, imports `./index.js` and
 calls its `render()`; the API answers at `/data/plugin/dlprof/<route>` and, for convenience, at `/<route>`.
+Every request passes security.py's checks first (Host names, cross-site requests; `--allowed_hosts`).
 """
 from __future__ import annotations
 
