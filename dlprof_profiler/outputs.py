@@ -31,6 +31,11 @@ def prepare_output_dir(path: Path) -> Path:
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise DLProfError(f"{path}: output path exists and is not a directory")
+    parent = path.parent
+    while not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    if not path.exists() and not parent.is_dir():
+        raise DLProfError(f"{path}: cannot create the output directory: {parent} is not a folder")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
