@@ -208,7 +208,7 @@ def read_api_calls(src: SqliteSource, strings: StringTable) -> pd.DataFrame:
     if src.has(table):
         cols = src.int_columns(
             f"SELECT coalesce(start, {MISSING_TIME}), coalesce(end, {MISSING_TIME}), coalesce(globalTid, 0), "
-            f"coalesce(correlationId, -1), nameId, "
+            f"coalesce(correlationId, -1), coalesce(nameId, -1), "
             f"coalesce(eventClass, 0), coalesce({src.col(table, 'returnValue', '0')}, 0) "
             f"FROM {table} ORDER BY start, rowid", names)
     else:
