@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from dlprof_profiler.errors import DLProfError
-from dlprof_profiler.trace import MISSING_TIME, Trace
+from dlprof_profiler.trace import MISSING_TIME, Trace, combined_codes
 
 # (frame attribute, what its rows are, positional id column or None)
 TIMED_FRAMES = (
@@ -94,10 +94,18 @@ def shared_correlation_ids(api_calls: pd.DataFrame) -> tuple[int, int]:
         return 0, 0
     corr = api_calls["correlation_id"].to_numpy(np.int64)
     valid = corr >= 0
-    keys = pd.DataFrame({"pid": api_calls["pid"].to_numpy(np.int64)[valid], "corr": corr[valid]})
-    counts = keys.value_counts(sort=False)
-    shared = counts[counts > 1]
-    return len(shared), int(shared.sum())
+    corr, pid = corr[valid], api_calls["pid"].to_numpy(np.int64)[valid]
+    if corr.size == 0:
+        return 0, 0
+    if 0 <= pid.min() and pid.max() < 1 << 24 and corr.max() < 1 << 38:
+        keys = np.sort((pid << 38) | corr)
+    else:
+        keys = np.sort(combined_codes(pid, corr))
+    first = np.ones(keys.size, dtype=bool)
+    first[1:] = keys[1:] != keys[:-1]
+    sizes = np.diff(np.append(np.flatnonzero(first), keys.size))
+    shared = sizes[sizes > 1]
+    return int(shared.size), int(shared.sum())
 
 
 def sanitize_trace(trace: Trace) -> Trace:
