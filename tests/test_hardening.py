@@ -291,8 +291,8 @@ CASES = [
         f"UPDATE NVTX_EVENTS SET \"end\" = start - 1 WHERE start = {T0 + 21000}",
         f"UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET start = \"end\" + 500 WHERE start = {T0 + 22000}",
         f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET \"end\" = start - 2000 WHERE start = {T0 + 25000}"), 0,
-        ("1 NVTX ranges (1 ending before they start); 1 CUDA API calls (1 ending before they start); "
-         "1 GPU activities (1 ending before they start)",),
+        (("1 NVTX ranges (1 ending before they start); 1 CUDA API calls (1 ending before they start); "
+          "1 GPU activities (1 ending before they start)"),),
         _gpu_utilization(f"{100 * (3 * BUSY_PER_ITERATION - 2000) / WALL:.1f}")),
     Case("every-timestamp-missing", _damaged(*(f"UPDATE {t} SET start = NULL" for t in NOT_NULL_TABLES),
                                              nullable=NOT_NULL_TABLES), 1,
@@ -434,7 +434,7 @@ def test_cli_kill_9_while_writing_then_the_next_run_cleans_up(base, tmp_path):
     proc.wait(timeout=30)
     left = sorted(p.name for p in out.iterdir())
     assert len(left) == 2 and LOCK_NAME in left, left
-    assert [n for n in left if n != LOCK_NAME][0].startswith(f"{STAGING_PREFIX}{proc.pid}@"), left
+    assert next(n for n in left if n != LOCK_NAME).startswith(f"{STAGING_PREFIX}{proc.pid}@"), left
     assert sha256(export) == before
     code, stderr = run_cli(f"--database={export}", f"--output_path={out}", "--reports=summary")
     assert code == 0, stderr

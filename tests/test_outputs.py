@@ -20,10 +20,9 @@ def dead_pid() -> int:
 
 def test_created_folders_are_removed_when_left_empty(tmp_path):
     out = tmp_path / "a" / "b" / "c"
-    with pytest.raises(RuntimeError):
-        with OutputFolder(out):
-            assert out.is_dir() and (out / LOCK_NAME).is_file()
-            raise RuntimeError("the run failed")
+    with pytest.raises(RuntimeError), OutputFolder(out):
+        assert out.is_dir() and (out / LOCK_NAME).is_file()
+        raise RuntimeError("the run failed")
     assert not (tmp_path / "a").exists()
     with OutputFolder(out):
         (out / "report.csv").write_text("x")
@@ -39,9 +38,8 @@ def test_an_existing_folder_is_kept(tmp_path):
 def test_a_second_run_into_a_locked_folder_fails_at_once_naming_the_folder_and_pid(tmp_path):
     with OutputFolder(tmp_path):
         started = time.monotonic()
-        with pytest.raises(DLProfError) as err:
-            with OutputFolder(tmp_path):
-                pass
+        with pytest.raises(DLProfError) as err, OutputFolder(tmp_path):
+            pass
         assert time.monotonic() - started < 5
         assert str(err.value).startswith(f"{tmp_path}: another dlprof run (pid {os.getpid()})")
     with OutputFolder(tmp_path):   # released

@@ -54,8 +54,8 @@ def test_warning_counts_per_frame_and_nothing_usable_is_one_error(tmp_path):
     trace.ranges = pd.DataFrame({"range_id": [1, 2], "start": [0, M], "end": [10, 5]})
     trace.gpu = pd.DataFrame({"activity_id": [0, 1], "start": [5, 9], "end": [4, 12], "correlation_id": [1, 2]})
     out = sanitize_trace(trace)
-    assert out.warnings == [f"{trace.source}: dropped rows with impossible timestamps: 1 NVTX ranges (1 without a "
-                            "start or end time); 1 GPU activities (1 ending before they start)"]
+    assert out.warnings == [(f"{trace.source}: dropped rows with impossible timestamps: 1 NVTX ranges (1 without a "
+                             "start or end time); 1 GPU activities (1 ending before they start)")]
     assert len(out.ranges) == 1 and out.gpu["activity_id"].tolist() == [0] and out.gpu["start"].tolist() == [9]
     trace.ranges = pd.DataFrame({"range_id": [1], "start": [M], "end": [5]})
     trace.gpu = pd.DataFrame({"activity_id": [0], "start": [5], "end": [4], "correlation_id": [1]})
