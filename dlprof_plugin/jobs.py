@@ -87,9 +87,12 @@ class JobManager:
 
     def _committed_by(self, job: Job):
         """The aggregation a job's engine added (it was killed after committing, before saying so), or None."""
+        since = _utc(job.started - 1)   # created by this job: not before it started (ISO strings compare)
         for row in reversed(self._rows(job.database) or []):
             if job.aggr_before is not None and row["aggr_id"] <= job.aggr_before:
                 break
+            if str(row.get("created_utc") or "") < since:
+                continue
             if all(want is None or row.get(name) == want for name, want in (
                     ("key_node", job.key_node), ("iter_start", job.iter_start), ("iter_stop", job.iter_stop))):
                 return row["aggr_id"]
