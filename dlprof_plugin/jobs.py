@@ -53,6 +53,19 @@ IDLE = {"status": "idle", "message": "", "aggr_id": None, "started": None, "fini
         "elapsed_seconds": None, "key_node": None, "iter_start": None, "iter_stop": None}
 
 
+def without_paths(message: str, database: str) -> str:
+    """The engine's message as a browser may see it: the database's absolute path (and its directory) become
+    its file name, so the server's file layout is not disclosed."""
+    name = os.path.basename(database)
+    for path in sorted({database, os.path.realpath(database), os.path.abspath(database)}, key=len, reverse=True):
+        message = message.replace(path, name)
+    for folder in sorted({os.path.dirname(database), os.path.dirname(os.path.realpath(database))}, key=len,
+                         reverse=True):
+        if len(folder) > 1:
+            message = message.replace(folder + os.sep, "").replace(folder, ".")
+    return message
+
+
 def command(database: str, key_node, iter_start, iter_stop) -> list[str]:
     cmd = [sys.executable, "-m", "dlprof_profiler.reaggregate", f"--database={database}"]
     if key_node is not None:
@@ -169,7 +182,7 @@ class JobManager:
                 else:
                     tail = [ln for ln in (err or "").strip().splitlines() if ln.strip()][-3:]
                     message = " | ".join(tail) or f"re-aggregation exited with status {proc.returncode}"
-                job.message = message[:MAX_MESSAGE]
+                job.message = without_paths(message, job.database)[:MAX_MESSAGE]
         if self._on_finish:
             try:
                 self._on_finish(job)

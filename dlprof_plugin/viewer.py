@@ -18,7 +18,8 @@ from pathlib import Path
 ENTRY_SCRIPT = 'import("./index.js").then((m) => void m.render());'
 PAGE = """<!DOCTYPE html>
 <html lang="en">
-<head><meta charset="utf-8"><title>DLProf Viewer</title><base href="data/plugin/dlprof/"></head>
+<head><meta charset="utf-8"><title>DLProf Viewer</title><base href="data/plugin/dlprof/">
+<link rel="icon" type="image/svg+xml" href="logo.svg"></head>
 <body><script type="module">{script}</script></body>
 </html>
 """
@@ -69,7 +70,9 @@ def build_app(databases: list[str], policy=None):
         path = request.path
         if path in ("/", "/index.html"):
             return http_util.Respond(request, page, "text/html", csp_scripts_sha256s=[script_sha])
-        if path.startswith(ROUTE_PREFIX):
+        if path == "/favicon.ico":   # asked for by browsers whatever the page links
+            route = "logo.svg"
+        elif path.startswith(ROUTE_PREFIX):
             route = path[len(ROUTE_PREFIX):]
         else:
             route = path.lstrip("/")

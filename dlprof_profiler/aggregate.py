@@ -23,8 +23,8 @@ CLASSES = ("tc", "non_tc", "memory", "dataloader", "io", "cpu", "other")
 COMPLETE_MODEL = "_CompleteModel_"
 CPU_KINDS = (RANGE_OP, SCOPE_OP, BACKWARD_PASS, UNASSOCIATED_API)
 METRICS = (("cpu_time", "cpu"), ("gpu_time", "gpu"), ("cpu_overhead", "overhead"), ("gpu_idle", "idle"))
-# Below this length a kernel is launch latency, whatever it waits for (CUDA_LAUNCH_BLOCKING evidence).
-LAUNCH_BLOCKING_MIN_KERNEL_NS = 50_000
+# Kernels at least this long that end before their launch call returns are CUDA_LAUNCH_BLOCKING evidence.
+LAUNCH_BLOCKING_MIN_KERNEL_NS = 20_000
 
 
 @dataclass

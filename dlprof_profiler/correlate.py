@@ -119,21 +119,30 @@ def domain_order(trace: Trace, mode: str | None) -> list[str]:
 
 
 def range_label_counts(ranges: pd.DataFrame, info: pd.DataFrame) -> pd.DataFrame:
-    """How many ranges carry each label, per domain (counted on integer codes: labels are shared)."""
+    """Ranges per (domain, label): kind (of the first), count, data loading, total duration (counted on
+    integer codes: labels are shared)."""
     if len(ranges) == 0:
-        return pd.DataFrame({"domain": [], "label": [], "kind": [], "num_ranges": []})
+        return pd.DataFrame({"domain": [], "label": [], "kind": [], "num_ranges": [], "dataloader": [],
+                             "total_time": []})
     domain_code, domain_names = pd.factorize(ranges["domain"].to_numpy(dtype=object))
     text_code = info["text_code"].to_numpy() if "text_code" in info else \
         pd.factorize(info["label"].to_numpy(dtype=object))[0]
     codes = combined_codes(domain_code, text_code)
     counts = np.bincount(codes)
+    duration = (ranges["end"].to_numpy(np.int64) - ranges["start"].to_numpy(np.int64)).astype(np.float64)
+    total = np.bincount(codes, weights=duration)
+    loader = np.bincount(codes, weights=info["dataloader"].to_numpy(dtype=bool).astype(np.float64)) > 0
     first = np.full(counts.size, -1, dtype=np.int64)
     first[codes[::-1]] = np.arange(codes.size - 1, -1, -1)
     table = pd.DataFrame({"domain": np.asarray(domain_names, dtype=object)[domain_code[first]],
                           "label": info["label"].to_numpy(dtype=object)[first],
-                          "kind": info["kind"].to_numpy().astype(np.int64)[first], "num_ranges": counts})
-    return table.groupby(["domain", "label"], sort=False, as_index=False).agg(
-        kind=("kind", "first"), num_ranges=("num_ranges", "sum"))
+                          "kind": info["kind"].to_numpy().astype(np.int64)[first], "num_ranges": counts,
+                          "dataloader": loader, "total_time": total})
+    out = table.groupby(["domain", "label"], sort=False, as_index=False).agg(
+        kind=("kind", "first"), num_ranges=("num_ranges", "sum"), dataloader=("dataloader", "any"),
+        total_time=("total_time", "sum"))
+    out["total_time"] = out["total_time"].round().astype(np.int64)
+    return out
 
 
 def link_gpu_to_api(trace: Trace) -> np.ndarray:
@@ -338,11 +347,12 @@ class DomainCorrelator:
     segment boundary is *partial*: its metrics are recomputed over the whole trace in `finish`."""
 
     def __init__(self, domain: str, family: str | None, facts: DomainFacts, bounds: np.ndarray, thread_device: dict,
-                 process_device: dict, n_api: int, n_gpu: int):
+                 process_device: dict, n_api: int, n_gpu: int, sink=None):
         self.domain, self.family, self.facts, self.bounds = domain, family, facts, bounds
         self.thread_device, self.process_device = thread_device, process_device
-        self.api_instance = np.full(n_api, -1, dtype=np.int64)
-        self.gpu_instance = np.full(n_gpu, -1, dtype=np.int64)
+        self.sink = sink   # None: the model is kept in memory; else written out segment by segment
+        self.api_instance = np.full(n_api if sink is None else 0, -1, dtype=np.int64)
+        self.gpu_instance = np.full(n_gpu if sink is None else 0, -1, dtype=np.int64)
         self.chunks: list[pd.DataFrame] = []
         self.next_id = 0
         self.naming = NamingCarry()
@@ -454,6 +464,10 @@ class DomainCorrelator:
         instance_metrics(instances, api, seg.gpu, gpu_instance, self.thread_device, self.process_device)
         self._link_backward(instances, info, ranges, op_root, row_instance, hi)
         self._remember_open(instances, hi)
+        if self.sink is not None:
+            self.sink.add(instances, api["api_id"].to_numpy(np.int64), api_instance,
+                          seg.gpu["activity_id"].to_numpy(np.int64), gpu_instance)
+            return
         self.chunks.append(instances)
         self.api_instance[api["api_id"].to_numpy(np.int64)] = api_instance
         self.gpu_instance[seg.gpu["activity_id"].to_numpy(np.int64)] = gpu_instance
@@ -856,9 +870,7 @@ def _api_time_inside(api: pd.DataFrame, inst: pd.DataFrame) -> np.ndarray:
 # ---------------------------------------------------------------------------- direction links
 
 def op_table(inst: pd.DataFrame, domain: str, family: str | None) -> pd.DataFrame:
-    """Ops = instances sharing (name, direction). op_index orders ops by first execution (then name,
-    direction); an op's label, type and kind come from its first instance in time, its data type and stack
-    trace from the first that has one; Op IDs count per type in execution order."""
+    """Ops = instances sharing (name, direction); sets each instance's op_index (see `finish_op_table`)."""
     if len(inst) == 0:
         empty = pd.DataFrame({c: pd.Series(dtype=object) for c in OP_COLUMNS + ["label"]})
         for c in ("op_index", "device_id", "first_start", "n_instances", "kind"):
@@ -870,29 +882,37 @@ def op_table(inst: pd.DataFrame, domain: str, family: str | None) -> pd.DataFram
     codes = combined_codes(names, directions)
     by_time = np.lexsort((inst["instance_id"].to_numpy(), inst["start"].to_numpy()))
     first = by_time[first_rows(codes[by_time])]           # per code: its first instance in time
-    order = np.lexsort((directions[first].astype(str), names[first].astype(str),
-                        inst["start"].to_numpy(np.int64)[first]))
+    n = first.size
+    dev = pd.DataFrame({"code": codes, "device_id": inst["device_id"].to_numpy()})
+    dev = dev[dev["device_id"] >= 0].groupby(["code", "device_id"]).size().reset_index(name="c")
+    dev = dev.sort_values(["code", "c", "device_id"], ascending=[True, False, True]).drop_duplicates("code")
+    groups = make_frame({
+        "name": names[first], "direction": directions[first],
+        "op_type": inst["op_type"].to_numpy(dtype=object)[first],
+        "label": inst["label"].to_numpy(dtype=object)[first],
+        "first_start": inst["start"].to_numpy(np.int64)[first], "kind": inst["kind"].to_numpy()[first],
+        "n_instances": np.bincount(codes, minlength=n),
+        "data_type": _first_given(inst["data_type"].to_numpy(dtype=object), codes, by_time, n),
+        "stack_trace": _first_given(inst["stack_trace"].to_numpy(dtype=object), codes, by_time, n),
+        "device_id": pd.Series(dev["device_id"].to_numpy(), index=dev["code"].to_numpy()).reindex(
+            np.arange(n)).fillna(-1).to_numpy(np.int64)})
+    ops, op_index_of_group = finish_op_table(groups, domain, family)
+    inst["op_index"] = op_index_of_group[codes]
+    return ops
+
+
+def finish_op_table(groups: pd.DataFrame, domain: str, family: str | None) -> tuple[pd.DataFrame, np.ndarray]:
+    """The op table from one row per (name, direction) (first start, type, label, kind, instances, data type,
+    stack trace, device): op_index orders ops by first execution (then name, direction); Op IDs count per
+    type in execution order. Returns (ops, op_index of each row of `groups`)."""
+    order = np.lexsort((groups["direction"].to_numpy(dtype=object).astype(str),
+                        groups["name"].to_numpy(dtype=object).astype(str),
+                        groups["first_start"].to_numpy(np.int64)))
     rank = np.empty(order.size, dtype=np.int64)
     rank[order] = np.arange(order.size)
-    op_index = rank[codes]
-    inst["op_index"] = op_index
-    first = first[order]
-    ops = make_frame({"op_index": np.arange(first.size, dtype=np.int64), "domain": domain,
-                      "name": names[first], "direction": directions[first],
-                      "op_type": inst["op_type"].to_numpy(dtype=object)[first],
-                      "label": inst["label"].to_numpy(dtype=object)[first],
-                      "first_start": inst["start"].to_numpy(np.int64)[first],
-                      "kind": inst["kind"].to_numpy()[first],
-                      "n_instances": np.bincount(op_index, minlength=first.size),
-                      "data_type": _first_given(inst["data_type"].to_numpy(dtype=object), op_index, by_time,
-                                                first.size),
-                      "stack_trace": _first_given(inst["stack_trace"].to_numpy(dtype=object), op_index, by_time,
-                                                  first.size)})
-    dev = pd.DataFrame({"op_index": op_index, "device_id": inst["device_id"].to_numpy()})
-    dev = dev[dev["device_id"] >= 0].groupby(["op_index", "device_id"]).size().reset_index(name="c")
-    dev = dev.sort_values(["op_index", "c", "device_id"], ascending=[True, False, True]).drop_duplicates("op_index")
-    ops["device_id"] = pd.Series(dev["device_id"].to_numpy(), index=dev["op_index"].to_numpy()).reindex(
-        ops["op_index"]).fillna(-1).to_numpy(np.int64)
+    ops = groups.iloc[order].reset_index(drop=True)
+    ops.insert(0, "op_index", np.arange(len(ops), dtype=np.int64))
+    ops.insert(1, "domain", domain)
     unassociated = ops["kind"].isin([UNASSOCIATED_API, UNASSOCIATED_GPU]).to_numpy()
     eligible = {(t, lb): op_tc_eligible(str(t), str(lb), family) for t, lb in
                 set(zip(ops["op_type"].to_numpy(dtype=object), ops["label"].to_numpy(dtype=object)))}
@@ -903,7 +923,7 @@ def op_table(inst: pd.DataFrame, domain: str, family: str | None) -> pd.DataFram
     ordinal = ops.groupby(type_key.to_numpy(), sort=False).cumcount().to_numpy() + 1
     ops["op_id"] = obj(type_key.to_numpy(dtype=object) + "_" + pd.Series(ordinal).astype(str).to_numpy(dtype=object),
                        ops.index)
-    return ops[OP_COLUMNS + ["label", "kind"]].reset_index(drop=True)
+    return ops[OP_COLUMNS + ["label", "kind"]].reset_index(drop=True), rank
 
 
 def _first_given(values: np.ndarray, groups: np.ndarray, by_time: np.ndarray, n_groups: int) -> np.ndarray:

@@ -10,7 +10,7 @@ import pandas as pd
 from dlprof_profiler import nvtx_markers as nm
 from dlprof_profiler.errors import DLProfError
 
-_NUMBER_SUFFIX = re.compile(r"#\d+$")
+NUMBER_SUFFIX = re.compile(r"#\d+$")
 _TF_GLOBAL_STEP = re.compile(r"(?:^|/)global_step(?:/|$)")
 
 
@@ -50,21 +50,21 @@ def key_node_instances(ranges: pd.DataFrame, info: pd.DataFrame, key: str,
     if len(ranges):
         hit = (ranges["text"] == key).to_numpy(dtype=bool) | (info["label"].to_numpy(dtype=object) == key)
         if hit.any():
-            return _outermost(ranges.loc[hit, cols])
+            return outermost(ranges.loc[hit, cols])
     if op_instances is not None and len(op_instances):
         hit = (op_instances["name"].to_numpy(dtype=object) == key) | \
               (op_instances["op_id"].to_numpy(dtype=object) == key)
         if hit.any():
-            return _outermost(op_instances.loc[hit, cols])
+            return outermost(op_instances.loc[hit, cols])
     if len(ranges):
-        stripped = pd.Series(info["label"].to_numpy(dtype=object)).str.replace(_NUMBER_SUFFIX, "", regex=True)
-        hit = stripped.to_numpy(dtype=object) == _NUMBER_SUFFIX.sub("", key)
+        stripped = pd.Series(info["label"].to_numpy(dtype=object)).str.replace(NUMBER_SUFFIX, "", regex=True)
+        hit = stripped.to_numpy(dtype=object) == NUMBER_SUFFIX.sub("", key)
         if hit.any():
-            return _outermost(ranges.loc[hit, cols])
+            return outermost(ranges.loc[hit, cols])
     return pd.DataFrame({c: pd.Series(dtype="int64") for c in cols})
 
 
-def _outermost(frame: pd.DataFrame) -> pd.DataFrame:
+def outermost(frame: pd.DataFrame) -> pd.DataFrame:
     """Drop matches nested inside another match on the same thread (a key node counts once)."""
     frame = frame.sort_values(["global_tid", "start", "end"], ascending=[True, True, False], kind="stable")
     reach = frame.groupby("global_tid", sort=False)["end"].cummax()
@@ -77,28 +77,37 @@ def default_key_node(ranges: pd.DataFrame, info: pd.DataFrame, family: str | Non
     """The framework's default key node present in the profile, if any."""
     if len(ranges) == 0:
         return None
-    labels = pd.Series(info["label"].to_numpy(dtype=object))
-    kinds = info["kind"].to_numpy()
+    labels = pd.DataFrame({"label": info["label"].to_numpy(dtype=object), "kind": info["kind"].to_numpy()})
+    counts = labels.groupby(["label", "kind"], dropna=True).size().reset_index(name="num_ranges")
+    return default_key_node_of_labels(counts, family)
+
+
+def default_key_node_of_labels(labels: pd.DataFrame, family: str | None) -> str | None:
+    """The default key node from a table of range labels (label, kind, num_ranges)."""
+    if len(labels) == 0:
+        return None
+    counts = labels.groupby(["label", "kind"], dropna=True)["num_ranges"].sum().reset_index()
+    text = counts["label"].astype(str)
+    kinds = counts["kind"].to_numpy()
+
+    def most_frequent(mask) -> str:
+        per_label = counts[mask].groupby("label")["num_ranges"].sum()
+        top = per_label[per_label == per_label.max()].index
+        return str(sorted(top)[0])
     if family == "pytorch":
-        hit = labels.str.contains(r"^Optimizer\.step#", regex=True).to_numpy(dtype=bool)
+        hit = text.str.contains(r"^Optimizer\.step#", regex=True).to_numpy(dtype=bool)
         if hit.any():
-            return _most_frequent(labels[hit])
-        if labels.str.contains(r"^ProfilerStep#\d+$", regex=True).any():
+            return most_frequent(hit)
+        if text.str.contains(r"^ProfilerStep#\d+$", regex=True).any():
             return "ProfilerStep"  # matches every ProfilerStep#N through the counter-stripped label
         return None
     if family == "tensorflow":
-        hit = (kinds == nm.TF_OP) & labels.str.contains(_TF_GLOBAL_STEP).to_numpy(dtype=bool)
-        return _most_frequent(labels[hit]) if hit.any() else None
+        hit = (kinds == nm.TF_OP) & text.str.contains(_TF_GLOBAL_STEP).to_numpy(dtype=bool)
+        return most_frequent(hit) if hit.any() else None
     if family == "tensorrt":
-        hit = labels.str.contains(r"^ExecutionContext::(?:execute|enqueue)", regex=True).to_numpy(dtype=bool)
-        return _most_frequent(labels[hit]) if hit.any() else None
+        hit = text.str.contains(r"^ExecutionContext::(?:execute|enqueue)", regex=True).to_numpy(dtype=bool)
+        return most_frequent(hit) if hit.any() else None
     return None
-
-
-def _most_frequent(values: pd.Series) -> str:
-    counts = values.value_counts()
-    top = counts[counts == counts.max()].index
-    return str(sorted(top)[0])
 
 
 def boundaries_from_instances(instances: pd.DataFrame, thread_device: dict, process_device: dict) -> np.ndarray:

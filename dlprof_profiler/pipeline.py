@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dlprof_profiler import __version__, log
 from dlprof_profiler import correlate as corr_mod
-from dlprof_profiler import database, event_files, reports
+from dlprof_profiler import database, event_files, graph_events, reports
 from dlprof_profiler.analysis import (Analysis, AnalysisConfig, analyze, key_node_from_ops, reaggregation_iterations,
                                       reanalyze)
 from dlprof_profiler.errors import DLProfError
@@ -122,7 +122,8 @@ def _write_outputs(args, out_dir: Path, source: Path, result: Analysis, profile:
                           "nsys_version": trace.meta.get("nsys_version"), "dlprof_version": __version__,
                           "source_file": str(source)}
             event_files.write_event_file(staging.path(run_dir / event_files.event_file_name()), event_meta,
-                                         aggregations[primary].iterations)
+                                         aggregations[primary].iterations,
+                                         graph=graph_events.op_graph(corr.domains[primary], aggregations[primary]))
         staging.commit()
     except BaseException:
         staging.discard_after(writer)

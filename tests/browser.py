@@ -72,6 +72,18 @@ def fmt_ns(ns) -> str:
     return f"{_round_text(v, 2)} ns"
 
 
+def fmt_offset_ns(ns) -> str:
+    """format.js fmtOffsetNs: every nanosecond, '+950 ns', '+12.345 µs', '+1.234567 ms', '+2.000000001 s'."""
+    if ns is None:
+        return "—"
+    n = int(round(ns))
+    sign, a = ("−" if n < 0 else "+"), abs(n)
+    for scale, unit, digits in ((10 ** 9, "s", 9), (10 ** 6, "ms", 6), (10 ** 3, "µs", 3)):
+        if a >= scale:
+            return f"{sign}{a // scale:,}.{a % scale:0{digits}d} {unit}"
+    return f"{sign}{a} ns"
+
+
 def fmt_pct(v) -> str:
     """format.js fmtPct: one decimal, '8.6 %'."""
     return "—" if v is None else f"{_round_text(v, 1, keep_zeros=True)} %"

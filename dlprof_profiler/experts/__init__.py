@@ -42,10 +42,11 @@ DETECTORS = {
 DB_PLACEHOLDER = "<db>"
 
 
-def detect(trace, corr, dm, agg, iterations, strict: bool = False, only=None) -> list[dict]:
+def detect(trace, corr, dm, agg, iterations, strict: bool = False, only=None, data=None) -> list[dict]:
     """Findings for one aggregation of one domain. A detector that fails is reported as a warning and
-    skipped (the analysis goes on), unless `strict`. `only`: ids of the detectors to run (default all)."""
-    ctx = Context(trace, corr, dm, agg, iterations)
+    skipped (the analysis goes on), unless `strict`. `only`: ids of the detectors to run (default all);
+    `data`: the detectors' reads (experts/data.py; default: from the in-memory trace)."""
+    ctx = Context(trace, corr, dm, agg, iterations, data)
     findings = []
     for exp_sys_id, detector in DETECTORS.items():
         if only is not None and exp_sys_id not in only:

@@ -61,23 +61,16 @@ def no_iterations_detector(ctx: Context) -> list[dict]:
 def key_node_candidates(ctx: Context, limit: int = 3) -> list[dict]:
     """Scope range labels (without `#N` counters) repeated >= CANDIDATE_MIN_COUNT times that are neither
     framework ops, data loading nor run metadata; step-like names first, then by total duration."""
-    ranges, info = ctx.trace.ranges, ctx.corr.range_info
-    if len(ranges) == 0 or len(info) != len(ranges):
+    labels = ctx.range_labels
+    if len(labels) == 0:
         return []
-    kind = info["kind"].to_numpy()
-    keep = (kind == nm.SCOPE) & ~info["dataloader"].to_numpy(dtype=bool)
+    keep = (labels["kind"].to_numpy() == nm.SCOPE) & ~labels["dataloader"].to_numpy(dtype=bool)
     if not keep.any():
         return []
-    labels = info["label"].to_numpy(dtype=object)[keep]
-    texts = ranges["text"].to_numpy(dtype=object)[keep]
-    labels = np.where(pd.isna(labels), texts, labels)
-    codes, uniques = pd.factorize(labels)
-    dur = (ranges["end"].to_numpy(np.int64) - ranges["start"].to_numpy(np.int64))[keep]
-    ok = codes >= 0
-    count = np.bincount(codes[ok], minlength=len(uniques))
-    total = np.bincount(codes[ok], weights=dur[ok].astype(np.float64), minlength=len(uniques))
-    stripped = pd.Series([_COUNTER.sub("", str(u)) for u in uniques], dtype=object)
-    frame = pd.DataFrame({"name": stripped, "count": count, "total": total})
+    sub = labels[keep]
+    stripped = pd.Series([_COUNTER.sub("", str(u)) for u in sub["label"]], dtype=object)
+    frame = pd.DataFrame({"name": stripped, "count": sub["num_ranges"].to_numpy(np.int64),
+                          "total": sub["total_time"].to_numpy(np.float64)})
     frame = frame.groupby("name", sort=False).agg(count=("count", "sum"), total=("total", "sum")).reset_index()
     frame = frame[(frame["count"] >= CANDIDATE_MIN_COUNT) & (frame["name"].str.len().between(1, 200))
                   & ~frame["name"].str.contains(_OP_LIKE)]

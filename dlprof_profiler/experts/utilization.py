@@ -110,17 +110,13 @@ def imbalanced_gpus_detector(ctx: Context) -> list[dict]:
 
 
 def _dali_used(ctx: Context) -> bool:
-    ranges, info = ctx.trace.ranges, ctx.corr.range_info
-    if len(ranges) == 0:
+    labels = ctx.range_labels
+    if len(labels) == 0:
         return False
-    domains = pd.unique(ranges["domain"].to_numpy(dtype=object))
-    if any(str(d).upper().startswith("DALI") for d in domains):
+    if any(str(d).upper().startswith("DALI") for d in pd.unique(labels["domain"].to_numpy(dtype=object))):
         return True
-    loader = info["dataloader"].to_numpy(dtype=bool) if len(info) == len(ranges) else np.zeros(0, bool)
-    if not loader.any():
-        return False
-    labels = pd.unique(info["label"].to_numpy(dtype=object)[loader])
-    return any(str(label).upper().startswith("DALI") for label in labels)
+    loader = labels[labels["dataloader"].to_numpy(dtype=bool)]
+    return any(str(label).upper().startswith("DALI") for label in loader["label"])
 
 
 def dataloader_detector(ctx: Context) -> list[dict]:
@@ -152,25 +148,21 @@ def no_fusion_detector(ctx: Context) -> list[dict]:
     """Inputs: kernel launches of the aggregation (names, durations). Unfused elementwise kernels: names
     matching ELEMENTWISE_KERNEL and not FUSED_KERNEL. Thresholds: >= FUSION_SHARE_PCT (30%) of the kernel
     time and >= FUSION_MIN_PER_ITERATION (20) launches per iteration."""
-    k = ctx.agg.kernel_launches
-    codes, cats = ctx.gpu_names
-    if k is None or len(k) == 0 or cats.size == 0 or ctx.kernel_time == 0:
+    k = ctx.kernels
+    if len(k) == 0 or ctx.kernel_time == 0:
         return []
-    elementwise = np.array([bool(ELEMENTWISE_KERNEL.search(str(c))) and not FUSED_KERNEL.search(str(c))
-                            for c in cats], dtype=bool)
-    name_code = k["name_code"].to_numpy(np.int64)
-    hit = elementwise[name_code]
-    n = int(hit.sum())
+    hit = ctx.kernel_name_flags(lambda name: ELEMENTWISE_KERNEL.search(name) and not FUSED_KERNEL.search(name))
+    n = int(k["count"].to_numpy(np.int64)[hit].sum())
     if n == 0:
         return []
-    time = int(k["gpu_duration"].to_numpy(np.int64)[hit].sum())
+    time = int(k["gpu_total"].to_numpy(np.int64)[hit].sum())
     share = 100.0 * time / ctx.kernel_time
     per_iteration = n / max(ctx.n_iterations, 1)
     if share < FUSION_SHARE_PCT or per_iteration < FUSION_MIN_PER_ITERATION:
         return []
-    by_name = pd.Series(k["gpu_duration"].to_numpy(np.int64)[hit]).groupby(name_code[hit]).sum()
-    top = by_name.sort_values(ascending=False).head(3)
-    top_text = ", ".join(f"{short(cats[c], 50)} ({fmt_time(v)})" for c, v in top.items())
+    by_name = k[hit].groupby("name", sort=False)["gpu_total"].sum()
+    top = by_name.sort_values(ascending=False, kind="stable").head(3)
+    top_text = ", ".join(f"{short(name, 50)} ({fmt_time(v)})" for name, v in top.items())
     problem = (f"{per_iteration:.0f} unfused elementwise kernels per iteration take {fmt_time(time)}, "
                f"{fmt_pct(share)} of the GPU kernel time (average {fmt_time(time / n)} each): {top_text}")
     if ctx.corr.family == "tensorflow":
@@ -183,4 +175,4 @@ def no_fusion_detector(ctx: Context) -> list[dict]:
         link = "https://pytorch.org/docs/stable/generated/torch.compile.html"
     return [finding("no_fusion_detector", "warning" if share >= 50.0 else "info", problem, recommendation, link,
                     {"kernels": n, "per_iteration": per_iteration, "kernel_time": time, "share_pct": share,
-                     "top_kernels": [str(cats[c]) for c in top.index]})]
+                     "top_kernels": [str(name) for name in top.index]})]
