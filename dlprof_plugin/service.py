@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass, field
 
 from dlprof_plugin import export, tables
-from dlprof_plugin.db import NotADatabase, Registry, is_hot_journal_error
+from dlprof_plugin.db import NotADatabase, Registry, is_decode_error, is_hot_journal_error
 from dlprof_plugin.jobs import JobConflict, JobManager
 from dlprof_plugin.runs import RunInfo
 from dlprof_plugin.tables import MAX_EXPORT_ROWS, MAX_PAGE, BadRequest, NotFound, Page, TooLarge
@@ -64,6 +64,7 @@ class Reply:
 
 
 _HOT_JOURNAL = object()   # marker: a read failed on a hot journal (see Database.recover)
+_NOT_UTF8 = object()      # marker: a text value was not UTF-8 (see Database.lenient)
 
 
 class HttpError(Exception):
@@ -137,7 +138,7 @@ class Service:
     def __init__(self, run_source, static_dir=None, jobs: JobManager | None = None):
         self.run_source = run_source
         self.registry = Registry()
-        self.jobs = jobs or JobManager()
+        self.jobs = jobs or JobManager(aggregations=lambda database: self.registry.get(database).aggregations())
         self.static_dir = static_dir
         self._range_lock = threading.Lock()
         self._range_jobs: dict = {}
@@ -165,13 +166,24 @@ class Service:
     def handle(self, route: str, request, ctx=None, eid: str = "") -> Reply:
         """route: the path below the plugin's prefix ('runs', 'table/ops', 'index.js', ...)."""
         route = route.strip("/")
-        reply = self._handle(route, request, ctx, eid)
+        lenient = recovered = False
+        while True:   # each kind of retry at most once
+            reply = self._handle(route, request, ctx, eid)
+            if reply is _NOT_UTF8 and not lenient:
+                lenient = True
+                for db in self.registry.all():
+                    db.lenient = True
+                continue
+            if reply is _HOT_JOURNAL and not recovered:
+                recovered = True
+                if [db.path for db in self.registry.all() if db.recover()]:
+                    continue
+            break
         if reply is _HOT_JOURNAL:
-            recovered = [db.path for db in self.registry.all() if db.recover()]
-            reply = self._handle(route, request, ctx, eid) if recovered else _HOT_JOURNAL
-            if reply is _HOT_JOURNAL:
-                return error_reply(503, "the database has an interrupted write that this server cannot roll "
-                                        "back (no write permission?); open it once with sqlite3 or dlprof")
+            return error_reply(503, "the database has an interrupted write that this server cannot roll "
+                                    "back (no write permission?); open it once with sqlite3 or dlprof")
+        if reply is _NOT_UTF8:
+            return error_reply(500, "the database holds text that cannot be decoded")
         return reply
 
     def _handle(self, route: str, request, ctx, eid) -> Reply:
@@ -201,6 +213,8 @@ class Service:
         except sqlite3.OperationalError as exc:
             if is_hot_journal_error(exc):
                 return _HOT_JOURNAL
+            if is_decode_error(exc):
+                return _NOT_UTF8
             if "locked" in str(exc) or "busy" in str(exc):
                 return Reply(503, json.dumps({"error": "the database is busy (a re-aggregation is being "
                                                        "committed); retry"}), JSON, [("Retry-After", "1")])
@@ -540,7 +554,7 @@ class Service:
             raise TooLarge("request body too large")
         try:
             body = json.loads(raw.decode("utf-8")) if raw.strip() else None
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):   # RecursionError: nested too deeply
             raise BadRequest("the body must be a JSON object") from None
         if not isinstance(body, dict):
             raise BadRequest('the body must be a JSON object {"run", "key_node", "iter_start", "iter_stop"}')

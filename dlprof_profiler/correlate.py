@@ -146,18 +146,63 @@ def range_label_counts(ranges: pd.DataFrame, info: pd.DataFrame) -> pd.DataFrame
 
 
 def link_gpu_to_api(trace: Trace) -> np.ndarray:
-    """Row of the launching API call per GPU activity, keyed by (process, correlation id)."""
+    """Row of the launching API call per GPU activity, keyed by (process, correlation id), -1 if none.
+    When a process reuses a correlation id, an activity takes the nearest call of that key starting at or
+    before its own start (as nsys attributes them), else the key's earliest call; equal starts: the later row."""
     gpu, api = trace.gpu, trace.api_calls
-    if len(gpu) == 0:
-        return np.zeros(0, dtype=np.int64)
-    if len(api) == 0:
-        return np.full(len(gpu), -1, dtype=np.int64)
-    lookup = make_frame({"pid": api["pid"].to_numpy(), "corr": api["correlation_id"].to_numpy(),
-                           "row": np.arange(len(api)), "start": api["start"].to_numpy()})
-    lookup = lookup[lookup["corr"] >= 0].sort_values("start", kind="stable").drop_duplicates(["pid", "corr"])
-    keys = make_frame({"pid": gpu["pid"].to_numpy(), "corr": gpu["correlation_id"].to_numpy()})
-    merged = keys.merge(lookup[["pid", "corr", "row"]], on=["pid", "corr"], how="left", sort=False)
-    return merged["row"].fillna(-1).to_numpy(np.int64)
+    out = np.full(len(gpu), -1, dtype=np.int64)
+    if len(gpu) == 0 or len(api) == 0:
+        return out
+    api_corr, gpu_corr = api["correlation_id"].to_numpy(np.int64), gpu["correlation_id"].to_numpy(np.int64)
+    api_pid, gpu_pid = api["pid"].to_numpy(np.int64), gpu["pid"].to_numpy(np.int64)
+    if max(api_pid.max(), gpu_pid.max()) < 1 << 24 and min(api_pid.min(), gpu_pid.min()) >= 0 \
+            and max(api_corr.max(), gpu_corr.max()) < 1 << 38:
+        api_key, gpu_key = (api_pid << 38) | np.maximum(api_corr, 0), (gpu_pid << 38) | np.maximum(gpu_corr, 0)
+    else:   # ids beyond the packed range: dense codes of the pairs
+        codes = combined_codes(np.concatenate([api_pid, gpu_pid]), np.concatenate([api_corr, gpu_corr]))
+        api_key, gpu_key = codes[:len(api)], codes[len(api):]
+    api_key = np.where(api_corr >= 0, api_key, -1)   # no correlation id: never linked
+    api_start = api["start"].to_numpy(np.int64)
+    order = np.argsort(api_key, kind="stable")
+    sorted_keys = api_key[order]
+    first = np.ones(sorted_keys.size, dtype=bool)
+    first[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    group_start = np.flatnonzero(first)
+    group_calls = np.diff(np.append(group_start, sorted_keys.size))
+    group = pd.Index(sorted_keys[group_start]).get_indexer(gpu_key)   # hashed: no binary search per activity
+    calls = np.where(group >= 0, group_calls[np.maximum(group, 0)], 0)
+    linkable = gpu_corr >= 0
+    single = linkable & (calls == 1)                  # the usual case: one call per key
+    out[single] = order[group_start[group[single]]]
+    shared = np.flatnonzero(linkable & (calls > 1))
+    if shared.size:
+        in_shared = np.isin(api_key, np.unique(gpu_key[shared])) & (api_corr >= 0)
+        rows = np.flatnonzero(in_shared)
+        pick = _nearest_call(api_key[rows], api_start[rows], gpu_key[shared], gpu["start"].to_numpy(np.int64)[shared])
+        out[shared] = np.where(pick >= 0, rows[np.maximum(pick, 0)], -1)
+    return out
+
+
+def _nearest_call(call_keys, call_times, act_keys, act_times) -> np.ndarray:
+    """Per activity: index of the last call with its key at or before its time, else the key's first call,
+    else -1. One sweep over (key, time) with calls before activities at equal times; ties: the later call."""
+    n_calls = call_keys.size
+    keys = np.concatenate([call_keys, act_keys])
+    is_act = np.concatenate([np.zeros(n_calls, np.int8), np.ones(act_keys.size, np.int8)])
+    order = np.lexsort((is_act, np.concatenate([call_times, act_times]), keys))
+    sorted_keys, is_call = keys[order], is_act[order] == 0
+    pos = np.arange(order.size)
+    before = np.maximum.accumulate(np.where(is_call, pos, -1))
+    after = np.minimum.accumulate(np.where(is_call, pos, order.size)[::-1])[::-1]
+    act_pos = np.flatnonzero(~is_call)
+    prev, nxt, own = before[act_pos], after[act_pos], sorted_keys[act_pos]
+    prev_ok = (prev >= 0) & (sorted_keys[np.maximum(prev, 0)] == own)
+    next_ok = (nxt < order.size) & (sorted_keys[np.minimum(nxt, order.size - 1)] == own)
+    chosen = np.where(prev_ok, prev, np.where(next_ok, nxt, -1))
+    result = np.full(act_keys.size, -1, dtype=np.int64)
+    found = chosen >= 0
+    result[order[act_pos[found]] - n_calls] = order[chosen[found]]
+    return result
 
 
 def work_devices(trace: Trace, gpu_api: np.ndarray) -> tuple[dict, dict]:

@@ -16,6 +16,7 @@ from dlprof_profiler.analysis import (Analysis, AnalysisConfig, analyze, key_nod
                                       reanalyze)
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.outputs import Staging, prepare_output_dir, refuse_existing
+from dlprof_profiler.sanitize import sanitize_trace
 from dlprof_profiler.sqlite_source import check_sqlite_file
 
 
@@ -59,7 +60,7 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
     refuse_existing(planned_outputs(args), args.force)
     with log.stage(f"Reading {source}"):
         from dlprof_profiler.ingest_nsys import read_nsys_export
-        trace = read_nsys_export(source)
+        trace = sanitize_trace(read_nsys_export(source))   # the one place rows of impossible times are dropped
     log.info(f"  {len(trace.ranges):,} NVTX ranges, {len(trace.api_calls):,} CUDA API calls, "
              f"{len(trace.gpu):,} GPU activities, {len(trace.devices)} GPUs; nsys {trace.meta.get('nsys_version')}")
     for text in trace.warnings:

@@ -11,6 +11,10 @@ KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET = 0, 1, 2
 
 DEFAULT_DOMAIN = "default"
 
+# A start or end time the source did not record (NULL in an export): ingest adapters write it so that
+# sanitize.py can find and drop such rows; no later stage ever sees it.
+MISSING_TIME = -(2 ** 63)
+
 RANGE_COLUMNS = ["range_id", "domain", "text", "start", "end", "global_tid", "pid", "event_type", "unclosed"]
 API_COLUMNS = ["api_id", "name", "start", "end", "global_tid", "pid", "correlation_id", "event_class",
                "return_value"]
