@@ -108,6 +108,24 @@ def shared_correlation_ids(api_calls: pd.DataFrame) -> tuple[int, int]:
     return int(shared.size), int(shared.sum())
 
 
+def drop_warnings(source, drops: list[Dropped], core_before: int, core_after: int, shared: tuple[int, int]) -> list:
+    """The warnings about dropped rows and shared correlation ids; a one-line DLProfError when rows were
+    dropped and no NVTX range, API call or GPU activity is left (`core_*`: their rows before and after)."""
+    warnings = []
+    if drops:
+        detail = "; ".join(d.describe() for d in drops)
+        if core_before and not core_after:
+            raise DLProfError(f"{source}: no usable events: every NVTX range, CUDA API call and GPU "
+                              f"activity has a missing or reversed timestamp ({detail})")
+        warnings.append(f"{source}: dropped rows with impossible timestamps: {detail}")
+    ids, calls = shared
+    if ids:
+        warnings.append(f"{source}: {ids:,} correlation id(s) are used by more than one CUDA API call of "
+                        f"the same process ({calls:,} calls); each GPU activity is attributed to the nearest "
+                        "such call starting before it")
+    return warnings
+
+
 def sanitize_trace(trace: Trace) -> Trace:
     """The trace without rows of impossible times, its warnings extended with one line saying what was
     dropped per frame (and one about correlation ids shared within a process). Raises a one-line
@@ -119,18 +137,8 @@ def sanitize_trace(trace: Trace) -> Trace:
         if dropped.total:
             changes[name] = cleaned
             drops.append(dropped)
-    warnings = list(trace.warnings)
-    if drops:
-        detail = "; ".join(d.describe() for d in drops)
-        before = sum(len(getattr(trace, f)) for f in CORE_FRAMES)
-        after = sum(len(changes.get(f, getattr(trace, f))) for f in CORE_FRAMES)
-        if before and not after:
-            raise DLProfError(f"{trace.source}: no usable events: every NVTX range, CUDA API call and GPU "
-                              f"activity has a missing or reversed timestamp ({detail})")
-        warnings.append(f"{trace.source}: dropped rows with impossible timestamps: {detail}")
-    ids, calls = shared_correlation_ids(changes.get("api_calls", trace.api_calls))
-    if ids:
-        warnings.append(f"{trace.source}: {ids:,} correlation id(s) are used by more than one CUDA API call of "
-                        f"the same process ({calls:,} calls); each GPU activity is attributed to the nearest "
-                        "such call starting before it")
+    before = sum(len(getattr(trace, f)) for f in CORE_FRAMES)
+    after = sum(len(changes.get(f, getattr(trace, f))) for f in CORE_FRAMES)
+    warnings = list(trace.warnings) + drop_warnings(trace.source, drops, before, after,
+                                                    shared_correlation_ids(changes.get("api_calls", trace.api_calls)))
     return dataclasses.replace(trace, warnings=warnings, **changes)

@@ -51,6 +51,11 @@ class TraceStore:
         self.gpu_long: np.ndarray = np.zeros(0, dtype=object)  # long kernel name per long code
         self.api_names: np.ndarray = np.zeros(0, dtype=object)  # API name per name code
         self.domains: list[str] = []
+        self.drops: dict = {}     # frame -> rows dropped for impossible timestamps (sanitize.py)
+        self.before: dict = {}    # frame -> rows staged before the drop
+        self.unclosed = 0
+        self.raw_end: dict = {}   # table -> latest end among the rows as exported (the capture end)
+        self.raw_devices: list = []   # devices of the GPU activities as exported
 
     def close(self) -> None:
         try:
@@ -105,12 +110,14 @@ class TraceStore:
                 self._stage_api(src)
             with log.stage("Staging GPU activities"):
                 self._stage_gpu(src)
-            trace.syncs = nsys.read_syncs(src)
-            trace.io_calls = nsys.read_io_calls(src, strings or _NoStrings(self))
+            from dlprof_profiler.sanitize import drop_invalid_times
+            trace.syncs, self.drops["syncs"] = drop_invalid_times(nsys.read_syncs(src), "GPU synchronizations", "syncs")
+            trace.io_calls, self.drops["io_calls"] = drop_invalid_times(
+                nsys.read_io_calls(src, strings or _NoStrings(self)), "I/O calls", "io_calls")
             capture_end = self._capture_end(src, trace.meta)
             with log.stage("Staging NVTX ranges"):
                 trace.domain_map = self._stage_ranges(src, capture_end)
-            used = self.sql("SELECT DISTINCT device_id FROM gpu").fetchall()
+            used = [(d,) for d in self.raw_devices]
             trace.devices = nsys.read_devices(
                 src, pd.DataFrame({"device_id": np.array([r[0] for r in used], dtype=np.int64)})
             )
@@ -185,8 +192,11 @@ class TraceStore:
                    coalesce(c.name_code, -1)::BIGINT AS name_code, r.start, r."end", r.global_tid,
                    ((r.global_tid >> 24) & 16777215)::BIGINT AS pid, r.correlation_id, r.event_class, r.return_value
             FROM raw_api r LEFT JOIN _api_name_codes c ON c.name_id = r.name_id
+            WHERE r.start IS NOT NULL AND r."end" IS NOT NULL AND r."end" >= r.start
             ORDER BY r.start, r.rowid""")
         self.con.unregister("_api_name_codes")
+        self._count_drops("api_calls", "CUDA API calls", "raw_api")
+        self.raw_end["api"] = self.scalar('SELECT max("end") FROM raw_api')
         self.run("DROP TABLE raw_api")
 
     def _stage_gpu(self, src: SqliteSource) -> None:
@@ -253,7 +263,10 @@ class TraceStore:
             for f in fields[1:]:
                 source = columns.get(f)
                 default = "0" if (f == "copy_kind" and kind == KIND_MEMCPY) else "-1"
-                exprs.append(nsys._int_col(src, table, source, default) if source else "-1")
+                if f in ("start", "end"):
+                    exprs.append(f'"{source}"')   # NULL stays NULL: damage, dropped and counted below
+                else:
+                    exprs.append(nsys._int_col(src, table, source, default) if source else "-1")
             name = f"raw_gpu_{kind}"
             self._insert(name, src, f"SELECT {', '.join(exprs)} FROM {table}", schema)
             parts.append((name, kind))
@@ -286,6 +299,10 @@ class TraceStore:
             self._empty_gpu()
             return
         self.run(f"CREATE OR REPLACE TABLE gpu_named AS {' UNION ALL '.join(selects)}")
+        self._count_drops("gpu", "GPU activities", "gpu_named")
+        self.raw_end["gpu"] = self.scalar('SELECT max("end") FROM gpu_named')
+        self.raw_devices = [r[0] for r in self.sql("SELECT DISTINCT device_id FROM gpu_named").fetchall()]
+        self.run('DELETE FROM gpu_named WHERE start IS NULL OR "end" IS NULL OR "end" < start')
         for table, _ in parts:
             self.run(f"DROP TABLE {table}")
         short = self.frame("SELECT DISTINCT name FROM gpu_named ORDER BY name")["name"].to_numpy(dtype=object)
@@ -346,7 +363,7 @@ class TraceStore:
     def _capture_end(self, src: SqliteSource, meta: dict) -> int:
         ends = [0]
         for table in ("api", "gpu"):
-            value = self.scalar(f'SELECT max("end") FROM {table}')
+            value = self.raw_end.get(table)
             if value is not None:
                 ends.append(int(value))
         if src.has("NVTX_EVENTS"):
@@ -409,31 +426,53 @@ class TraceStore:
             FROM raw_ranges r
             JOIN _domains d ON d.pid = ((r.global_tid >> 24) & 16777215) AND d.domain_id = r.domain_id
             LEFT JOIN strings s ON s.id = r.text_id
-            WHERE r.event_type <> {nsys.NVTX_DOMAIN_CREATE} AND {end} >= r.start
+            WHERE r.event_type <> {nsys.NVTX_DOMAIN_CREATE} AND r.start IS NOT NULL AND {end} >= r.start
             ORDER BY r.start, r.range_id""")
         self.con.unregister("_domains")
+        self.unclosed = int(self.scalar(f'SELECT count(*) FROM raw_ranges WHERE "end" < 0 '
+                                        f"AND event_type <> {nsys.NVTX_DOMAIN_CREATE}"))
+        self._count_drops("ranges", "NVTX ranges", "raw_ranges", unclosed_end=-1,
+                          where=f"event_type <> {nsys.NVTX_DOMAIN_CREATE}")
         self.run("DROP TABLE raw_ranges")
         return mapping
 
+    def _count_drops(self, frame: str, what: str, table: str, unclosed_end: int | None = None,
+                     where: str = "true") -> None:
+        """Rows of a staged table with a missing start or end, or ending before they start (sanitize.py)."""
+        from dlprof_profiler.sanitize import Dropped
+        end_missing = 'r."end" IS NULL' if unclosed_end is None else "false"
+        reversed_ = 'r."end" < r.start' if unclosed_end is None else f'r."end" <> {unclosed_end} AND r."end" < r.start'
+        missing, rev, total = self.sql(f"""
+            SELECT count(*) FILTER (WHERE r.start IS NULL OR {end_missing}),
+                   count(*) FILTER (WHERE r.start IS NOT NULL AND NOT ({end_missing}) AND {reversed_}),
+                   count(*)
+            FROM {table} r WHERE {where}""").fetchall()[0]
+        self.before[frame] = int(total)
+        self.drops[frame] = Dropped(frame, what, int(missing), int(rev))
+
     def _warnings(self, trace: Trace) -> list[str]:
+        """The ingest's warnings (counts as staged) and sanitize.py's (rows dropped, shared correlation ids)."""
+        from dlprof_profiler.sanitize import CORE_FRAMES, TIMED_FRAMES, drop_warnings
         path = self.export
         out = []
         if not trace.has_cuda_tables:
-            out.append(
-                f"{path}: no CUDA trace tables (CUPTI_ACTIVITY_KIND_*): the capture holds no CUDA API calls "
-                "or GPU activities, so every GPU figure is zero"
-            )
-        elif self.counts["gpu"] == 0:
+            out.append(f"{path}: no CUDA trace tables (CUPTI_ACTIVITY_KIND_*): the capture holds no CUDA API calls "
+                       "or GPU activities, so every GPU figure is zero")
+        elif self.before.get("gpu", 0) == 0:
             out.append(f"{path}: no GPU activities (kernels, memcpys, memsets) were captured")
-        if not trace.has_nvtx or self.counts["ranges"] == 0:
-            out.append(
-                f"{path}: no NVTX ranges: ops cannot be named, every GPU activity is reported under the API "
-                "call that launched it"
-            )
-        unclosed = int(self.scalar("SELECT count(*) FROM ranges WHERE unclosed"))
-        if unclosed:
-            out.append(f"{path}: {unclosed} NVTX ranges were never closed; they end at the capture end")
-        return out
+        if not trace.has_nvtx or self.before.get("ranges", 0) == 0:
+            out.append(f"{path}: no NVTX ranges: ops cannot be named, every GPU activity is reported under the API "
+                       "call that launched it")
+        if self.unclosed:
+            out.append(f"{path}: {self.unclosed} NVTX ranges were never closed; they end at the capture end")
+        drops = [self.drops[name] for name, _, _ in TIMED_FRAMES if name in self.drops and self.drops[name].total]
+        table = {"ranges": "ranges", "api_calls": "api", "gpu": "gpu"}
+        before = sum(self.before.get(f, 0) for f in CORE_FRAMES)
+        after = sum(self.counts[table[f]] for f in CORE_FRAMES)
+        shared = self.sql("""SELECT count(*), coalesce(sum(n), 0) FROM (
+                                 SELECT count(*) AS n FROM api WHERE correlation_id >= 0
+                                 GROUP BY pid, correlation_id HAVING count(*) > 1)""").fetchall()[0]
+        return out + drop_warnings(path, drops, before, after, (int(shared[0]), int(shared[1])))
 
     # -- frames, as ingest_nsys builds them (for slices of the timeline) --------------------------------
     def ranges_frame(self, where: str = "true", params=None) -> pd.DataFrame:

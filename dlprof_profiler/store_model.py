@@ -203,7 +203,8 @@ class StoreAnalysis:
 
     # -- launches ---------------------------------------------------------------------------------------
     def link_launches(self) -> tuple[dict, dict]:
-        """Each GPU activity's launching API call (same process and correlation id; the earliest such call),
+        """Each GPU activity's launching API call (same process and correlation id: the nearest call at or
+        before it, else the first; correlate.link_gpu_to_api),
         launch time and call duration, Tensor Core use; the device each thread and process launches most
         GPU time on."""
         pairs = self.store.frame("SELECT DISTINCT name_code, long_code FROM gpu WHERE kind = 0")
@@ -215,14 +216,19 @@ class StoreAnalysis:
         self.store.con.register("_tc", self.tc_pairs[["name_code", "long_code", "uses_tc"]])
         self.run("""
             CREATE OR REPLACE TABLE gpu_launch AS
-            WITH first_call AS (
-                SELECT pid, correlation_id, min(api_id) AS api_id FROM api WHERE correlation_id >= 0 GROUP BY ALL)
-            SELECT g.activity_id, coalesce(f.api_id, -1) AS api_id, coalesce(a.start, g.start) AS launch,
+            WITH calls AS (SELECT pid, correlation_id, start, max(api_id) AS api_id FROM api
+                           WHERE correlation_id >= 0 GROUP BY ALL),
+                 first_call AS (SELECT pid, correlation_id, min(api_id) AS api_id FROM api
+                                WHERE correlation_id >= 0 GROUP BY ALL),
+                 nearest AS (SELECT g.activity_id, c.api_id FROM gpu g ASOF LEFT JOIN calls c
+                             ON g.pid = c.pid AND g.correlation_id = c.correlation_id AND g.start >= c.start)
+            SELECT g.activity_id, coalesce(n.api_id, f.api_id, -1) AS api_id, coalesce(a.start, g.start) AS launch,
                    coalesce(a."end" - a.start, -1) AS api_duration, coalesce(a.global_tid, -1) AS api_tid,
                    (g.kind = 0 AND coalesce(t.uses_tc, false)) AS uses_tc
             FROM gpu g
+            JOIN nearest n USING (activity_id)
             LEFT JOIN first_call f ON f.pid = g.pid AND f.correlation_id = g.correlation_id
-            LEFT JOIN api a ON a.api_id = f.api_id
+            LEFT JOIN api a ON a.api_id = coalesce(n.api_id, f.api_id)
             LEFT JOIN _tc t ON t.name_code = g.name_code AND t.long_code = g.long_code""")
         self.store.con.unregister("_tc")
         self.run("""

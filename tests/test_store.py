@@ -6,8 +6,9 @@ import pytest
 
 from dlprof_profiler.analysis import AnalysisConfig, analyze, analyze_store
 from dlprof_profiler.ingest_nsys import read_nsys_export
+from dlprof_profiler.sanitize import sanitize_trace
 from dlprof_profiler.store import TraceStore
-from tests import profiles
+from tests import damage, profiles
 from tests.test_aggregate import _same_dict
 from tests.test_fixtures import FIXTURES
 
@@ -19,14 +20,30 @@ def training(tmp_path_factory):
     return profiles.training_profile(tmp_path_factory.mktemp("store") / "training.sqlite")
 
 
-def _path(name, training):
-    return training if name == "training" else FIXTURES / name
+@pytest.fixture(scope="module")
+def damaged(tmp_path_factory, training):
+    """The training profile with missing and reversed times in every table and a reused correlation id."""
+    d = tmp_path_factory.mktemp("damaged")
+    return damage.damaged_copy(
+        training, d / "damaged.sqlite",
+        "UPDATE NVTX_EVENTS SET start = NULL WHERE rowid = 3",
+        "UPDATE NVTX_EVENTS SET \"end\" = start - 10 WHERE rowid = 7",
+        "UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET \"end\" = NULL WHERE rowid = 2",
+        "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = NULL WHERE rowid = 4",
+        "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET \"end\" = start - 5 WHERE rowid = 9",
+        "UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET correlationId = "
+        "(SELECT correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE rowid = 5) WHERE rowid = 12",
+        nullable=("NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL"))
 
 
-@pytest.mark.parametrize("name", ["training"] + FIXTURE_NAMES)
-def test_staged_frames_equal_the_in_memory_ingest(name, training, tmp_path):
-    path = _path(name, training)
-    expected = read_nsys_export(path)
+def _path(name, training, damaged=None):
+    return {"training": training, "damaged": damaged}.get(name) or FIXTURES / name
+
+
+@pytest.mark.parametrize("name", ["training", "damaged"] + FIXTURE_NAMES)
+def test_staged_frames_equal_the_in_memory_ingest(name, training, damaged, tmp_path):
+    path = _path(name, training, damaged)
+    expected = sanitize_trace(read_nsys_export(path))
     store = TraceStore(path, tmp_path / "store")
     try:
         store.load()
@@ -37,15 +54,21 @@ def test_staged_frames_equal_the_in_memory_ingest(name, training, tmp_path):
                                           check_categorical=False, obj=frame)
         for attr in ("meta", "system", "domain_map", "warnings", "has_cuda_tables", "has_nvtx"):
             assert getattr(expected, attr) == getattr(staged, attr), attr
+        if name == "damaged":   # the damage is there: 2 ranges, 1 API call, 2 kernels dropped; one id shared
+            text = " ".join(staged.warnings)
+            assert "2 NVTX ranges (1 without a start or end time, 1 ending before they start)" in text
+            assert "1 CUDA API calls (1 without a start or end time)" in text
+            assert "2 GPU activities (1 without a start or end time, 1 ending before they start)" in text
+            assert "1 correlation id(s) are used by more than one CUDA API call" in text
     finally:
         store.close()
     assert not (tmp_path / "store").exists()
 
 
-@pytest.mark.parametrize("name", ["training"] + FIXTURE_NAMES)
-def test_out_of_core_analysis_equals_the_in_memory_one(name, training, tmp_path):
-    path = _path(name, training)
-    expected = analyze(read_nsys_export(path), AnalysisConfig())
+@pytest.mark.parametrize("name", ["training", "damaged"] + FIXTURE_NAMES)
+def test_out_of_core_analysis_equals_the_in_memory_one(name, training, damaged, tmp_path):
+    path = _path(name, training, damaged)
+    expected = analyze(sanitize_trace(read_nsys_export(path)), AnalysisConfig())
     for events_per_segment in (10**9, 2000):
         store = TraceStore(path, tmp_path / f"store{events_per_segment}")
         try:
