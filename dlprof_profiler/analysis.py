@@ -82,7 +82,7 @@ def analyze(trace: Trace, config: AnalysisConfig = AnalysisConfig(), source_name
     links = stages.run("Linking GPU activities to their launches", lambda: corr_mod.launch_links(trace), quiet=True)
     _gpu_api, thread_dev, process_dev = links
     iterations = iterate.split_iterations(trace.ranges, info, family, config.key_node, thread_dev, process_dev,
-                                          trace.profile_end)
+                                          trace.profile_end, trace.profile_start)
     corr = stages.run("Correlating NVTX ranges, CUDA API calls and GPU activities",
                       lambda: corr_mod.correlate(trace, mode, iterations.boundaries, classified, links, config.cuts))
     log.info(f"  mode {corr.mode}; {sum(len(d.ops) for d in corr.domains.values()):,} ops, "
@@ -159,14 +159,16 @@ def key_node_from_ops(corr: Correlation, key: str, iterations: iterate.Iteration
         return iterations
     bounds = iterate.boundaries_from_instances(found, corr.thread_device, corr.process_device)
     return iterate.Iterations(key_node=key, found=True, source="user", boundaries=bounds,
-                              profile_end=iterations.profile_end)
+                              profile_end=iterations.profile_end, profile_start=iterations.profile_start)
 
 
 def reaggregation_iterations(trace: Trace, corr: Correlation, key_node: str | None, profile: dict):
     """Iterations for a new aggregation of a loaded model: the given key node, else the original one."""
     key = key_node or None
+    start = profile.get("profile_start")
     iterations = iterate.split_iterations(trace.ranges, corr.range_info, corr.family, key, corr.thread_device,
-                                          corr.process_device, int(profile.get("profile_end") or trace.profile_end))
+                                          corr.process_device, int(profile.get("profile_end") or trace.profile_end),
+                                          int(start) if start not in (None, "") else trace.profile_start)
     if key and not iterations.found:
         iterations = key_node_from_ops(corr, key, iterations)
     return iterations
@@ -216,7 +218,8 @@ def analyze_store(store, config: AnalysisConfig = AnalysisConfig(), source_name:
         run_config = {**run_config, "peak_memory": int(trace.meta["gpu_peak_memory"])}
     thread_dev, process_dev = stages.run("Linking GPU activities to their launches", sa.link_launches)
     labels = sa.range_labels()
-    iterations = _store_iterations(sa, labels, family, config.key_node, thread_dev, process_dev, store.profile_end)
+    iterations = _store_iterations(sa, labels, family, config.key_node, thread_dev, process_dev, store.profile_end,
+                                   store.profile_start)
     cuts = config.cuts if config.cuts is not None else tuple(sa.plan_cuts(iterations.boundaries, events_per_segment))
     domains = sa.domain_order(mode)
     correlators = {d: DomainCorrelator(d, family, sa.domain_facts(d, mode), iterations.boundaries, thread_dev,
@@ -254,7 +257,8 @@ def analyze_store(store, config: AnalysisConfig = AnalysisConfig(), source_name:
                     primary=primary, timings=stages.timings)
 
 
-def _store_iterations(sa, labels: pd.DataFrame, family, key_node, thread_dev, process_dev, profile_end: int):
+def _store_iterations(sa, labels: pd.DataFrame, family, key_node, thread_dev, process_dev, profile_end: int,
+                      profile_start: int):
     """iterate.split_iterations over the store's range labels."""
     if key_node:
         source, key = "user", key_node
@@ -263,7 +267,7 @@ def _store_iterations(sa, labels: pd.DataFrame, family, key_node, thread_dev, pr
         source = "default" if key else "none"
     if not key:
         return iterate.Iterations(key_node="", found=False, source="none", boundaries=np.zeros(0, dtype=np.int64),
-                                  profile_end=profile_end)
+                                  profile_end=profile_end, profile_start=profile_start)
     found = sa.key_node_ranges(key, labels, stripped=False)
     if len(found):
         found = iterate.outermost(found)
@@ -272,7 +276,7 @@ def _store_iterations(sa, labels: pd.DataFrame, family, key_node, thread_dev, pr
         found = iterate.outermost(found) if len(found) else found
     bounds = iterate.boundaries_from_instances(found, thread_dev, process_dev)
     return iterate.Iterations(key_node=key, found=len(found) > 0, source=source, boundaries=bounds,
-                              profile_end=profile_end)
+                              profile_end=profile_end, profile_start=profile_start)
 
 
 def _store_key_node_from_ops(sa, corr: Correlation, key: str, iterations: iterate.Iterations) -> iterate.Iterations:
@@ -287,4 +291,4 @@ def _store_key_node_from_ops(sa, corr: Correlation, key: str, iterations: iterat
     found = iterate.outermost(pd.concat(frames, ignore_index=True))
     bounds = iterate.boundaries_from_instances(found, corr.thread_device, corr.process_device)
     return iterate.Iterations(key_node=key, found=True, source="user", boundaries=bounds,
-                              profile_end=iterations.profile_end)
+                              profile_end=iterations.profile_end, profile_start=iterations.profile_start)

@@ -16,13 +16,15 @@ _TF_GLOBAL_STEP = re.compile(r"(?:^|/)global_step(?:/|$)")
 
 @dataclass
 class Iterations:
-    """N key-node ends give N + 1 intervals [0, s1), [s1, s2), ..., [sN, profile end)."""
+    """N key-node ends give N + 1 intervals [t0, s1), [s1, s2), ..., [sN, profile end), t0 being the first
+    recorded event (the start of data collection, not the session's start: DESIGN.md "Iterations")."""
 
     key_node: str | None      # what was looked for ('' when nothing could be looked for)
     found: bool
     source: str               # 'user', 'default' or 'none'
     boundaries: np.ndarray    # s1 < s2 < ... < sN
     profile_end: int
+    profile_start: int = 0
 
     @property
     def count(self) -> int:
@@ -30,7 +32,8 @@ class Iterations:
 
     @property
     def starts(self) -> np.ndarray:
-        return np.concatenate([[0], self.boundaries]).astype(np.int64)
+        first = min(self.profile_start, int(self.boundaries[0])) if len(self.boundaries) else self.profile_start
+        return np.concatenate([[first], self.boundaries]).astype(np.int64)
 
     @property
     def ends(self) -> np.ndarray:
@@ -129,7 +132,7 @@ def boundaries_from_instances(instances: pd.DataFrame, thread_device: dict, proc
 
 
 def split_iterations(ranges: pd.DataFrame, info: pd.DataFrame, family: str | None, key_node: str | None,
-                     thread_device: dict, process_device: dict, profile_end: int,
+                     thread_device: dict, process_device: dict, profile_end: int, profile_start: int = 0,
                      op_instances: pd.DataFrame | None = None) -> Iterations:
     """Iteration intervals for a user key node, else the framework default, else one iteration."""
     if key_node:
@@ -139,11 +142,11 @@ def split_iterations(ranges: pd.DataFrame, info: pd.DataFrame, family: str | Non
         source = "default" if key else "none"
     if not key:
         return Iterations(key_node="", found=False, source="none", boundaries=np.zeros(0, dtype=np.int64),
-                          profile_end=profile_end)
+                          profile_end=profile_end, profile_start=profile_start)
     found = key_node_instances(ranges, info, key, op_instances)
     bounds = boundaries_from_instances(found, thread_device, process_device)
     return Iterations(key_node=key, found=len(found) > 0, source=source, boundaries=bounds,
-                      profile_end=profile_end)
+                      profile_end=profile_end, profile_start=profile_start)
 
 
 def select_range(iterations: Iterations, iter_start: int | None, iter_stop: int | None,

@@ -88,7 +88,7 @@ def _profile_info(args, source, trace, corr, capture) -> dict:
             "source_kind": "nsys_sqlite", "nsys_version": trace.meta.get("nsys_version"),
             "schema_version": trace.meta.get("schema_version"), "mode": corr.mode, "family": corr.family or "",
             "dlprof_version": __version__, "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "profile_end": trace.profile_end, "base_name": args.base_name}
+            "profile_start": trace.profile_start, "profile_end": trace.profile_end, "base_name": args.base_name}
     if capture:
         info["capture"] = capture
     return info

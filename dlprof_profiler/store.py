@@ -142,6 +142,13 @@ class TraceStore:
     def profile_end(self) -> int:
         return self._profile_end
 
+    @property
+    def profile_start(self) -> int:
+        """Start of the first recorded event (Trace.profile_start)."""
+        starts = [self.scalar(f"SELECT min(start) FROM {t}") for t in ("ranges", "api", "gpu")]
+        starts = [int(v) for v in starts if v is not None]
+        return min(starts) if starts else 0
+
     def _stage_strings(self, src: SqliteSource) -> None:
         schema = pa.schema([("id", I64), ("value", pa.string())])
         self._insert("strings", src, "SELECT id, value FROM StringIds" if src.has("StringIds") else None, schema)

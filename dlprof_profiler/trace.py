@@ -62,6 +62,15 @@ class Trace:
     has_nvtx: bool = False
 
     @property
+    def profile_start(self) -> int:
+        """Start of the first recorded event: where data collection began (the first iteration's start)."""
+        starts = []
+        for frame in (self.ranges, self.api_calls, self.gpu):
+            if len(frame):
+                starts.append(int(frame["start"].min()))
+        return min(starts) if starts else 0
+
+    @property
     def profile_end(self) -> int:
         """Latest end of any event: the end of the last iteration interval."""
         ends = [0]

@@ -21,7 +21,9 @@ def test_iterations(training):
     assert it.key_node == "Optimizer.step#SGD.step" and it.source == "default"
     assert it.boundaries.tolist() == [1_080_000, 1_180_000, 1_280_000]
     table = training.agg().iterations
-    assert table["duration"].tolist() == [1_080_000, 100_000, 100_000, 10_000]
+    # iteration 0 starts at the first recorded event (the DataLoader range at 1,000,000), not at 0
+    assert table["start"].tolist() == [1_000_000, 1_080_000, 1_180_000, 1_280_000]
+    assert table["duration"].tolist() == [80_000, 100_000, 100_000, 10_000]
     # kernels launched per iteration: 6 per training iteration (the memcpy is not a kernel)
     assert table["kernels"].tolist() == [6, 6, 6, 0]
     assert table["tc_kernels"].tolist() == [2, 2, 2, 0]
@@ -30,7 +32,7 @@ def test_iterations(training):
 
 def test_summary_time_breakdown(training):
     s = training.agg().summary
-    wall = 1_290_000
+    wall = 290_000   # from the first recorded event (1,000,000) to the last end (1,290,000)
     assert s["wall_time"] == wall
     # per training iteration: TC 10000 + 6000; non-TC 2000 + 8000 + 8000 + 2000; memory 1000;
     # dataloader [T, T+5000); CPU = op ranges not covered by GPU work (2000 + 4000 + 1000 + 9000 + 3000

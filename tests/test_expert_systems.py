@@ -37,10 +37,12 @@ def loop_profile(path: Path, *, n_iter: int = 4, start: int = 0, span: int = ITE
                  stall_apis: tuple = (), stall_io: tuple = (), sync: int = 0, elementwise: int = 0,
                  elementwise_kernel: str = ELEMENTWISE, devices: tuple = (0,), scale: dict | None = None,
                  idle_gpus: tuple = (), blocking_launches: bool = False, backward_markers: bool = True,
-                 outer: str | None = None, stall_pieces: int = 1) -> Path:
+                 outer: str | None = None, stall_pieces: int = 1, setup: bool = True) -> Path:
     """A PyTorch training loop, one process per device in `devices`, n_iter iterations of `span` + `stall` ns
     from `start`; every iteration but the last ends with an `Optimizer.step#SGD.step` range (the default key
-    node), so all n_iter iteration intervals are equally long (iteration 0 is longer by `start`).
+    node), so all n_iter iteration intervals are equally long (iteration 0 is longer by `start`: with `setup`,
+    a `model setup` range [0, start) on each main thread is the start-up the capture saw; without it, the
+    capture just started late and iteration 0 starts at its first event).
 
     Per iteration (T = start + i x (span + stall), S = T + stall; main thread unless said):
       [T, S+span)             `outer` range around the whole iteration (when given)
@@ -65,6 +67,8 @@ def loop_profile(path: Path, *, n_iter: int = 4, start: int = 0, span: int = ITE
         main = exp.add_thread(pid=pid, tid=pid, name="python", process_name="python")
         grad = exp.add_thread(pid=pid, tid=pid + 1, name="pt_autograd_0", process_name="python")
         factor = (scale or {}).get(dev, 1.0)
+        if setup and start > 0:
+            exp.push_pop(main, 0, start, "model setup")
         if config is not None:
             exp.push_pop(main, start, start, json.dumps({"model_config": config}))
 
