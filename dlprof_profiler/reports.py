@@ -168,7 +168,13 @@ ITERATION_COLUMNS = ["Iteration", "Op ID", "Op Name", "Direction", "Op Type", "K
 ITERATION_FORMATS = ["i", "q", "q", "t", "q", "q", "i", "i", "i", "i", "i", "y", "i", "i", "i", "i", "i", "i", "t",
                      "q", "q", "q", "q"]
 
-# A chunk of kernel-launch rows: integer columns and codes (-1 = none) into LaunchDictionaries.
+# A chunk of kernel-launch rows, one row per kernel launch in report order, every column an integer (or
+# bool) array of the chunk's length (NumPy or Arrow):
+#   iteration, device_id; gpu_start, gpu_duration (ns); api_start, api_duration (ns, -1 without a launching
+#   API call); uses_tc (bool); grid_x .. block_z;
+#   codes into LaunchDictionaries (-1 or null = none, written as an empty text): op_index (the op columns),
+#   kernel_name, long_kernel_name, and the launching op instance's data_type, input_shapes, parameters,
+#   output_shapes.
 LAUNCH_CODES = ("op_index", "kernel_name", "long_kernel_name", "data_type", "input_shapes", "parameters",
                 "output_shapes")
 LAUNCH_NUMBERS = ("iteration", "device_id", "gpu_start", "gpu_duration", "api_start", "api_duration", "uses_tc",
