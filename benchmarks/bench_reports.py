@@ -69,11 +69,11 @@ def analyse(path: Path):
     return trace, corr, aggs, findings
 
 
-def load_writer(ref: str):
+def load_writer(ref: str, folder: Path):
     """reports.py as it was at `ref`, imported under another name."""
     source = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:dlprof_profiler/reports.py"], check=True,
                             capture_output=True, text=True).stdout
-    folder = Path(tempfile.mkdtemp(prefix="dlprof-old-reports-"))
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / "reports_at_ref.py").write_text(source, encoding="utf-8")
     spec = importlib.util.spec_from_file_location("reports_at_ref", folder / "reports_at_ref.py")
     module = importlib.util.module_from_spec(spec)
@@ -102,7 +102,7 @@ def same_output(old: Path, new: Path) -> tuple[bool, str]:
 
 def stage(analysis, baseline: str, formats: list[str], repeat: int, work: Path) -> None:
     from dlprof_profiler import reports as current
-    old = load_writer(baseline)
+    old = load_writer(baseline, work / "writer")
     runs = {"before": [], "after": []}
     for _ in range(repeat):
         for label, module in (("before", old), ("after", current)):
