@@ -505,10 +505,12 @@ def test_every_report_matches_the_old_writer_byte_for_byte(profile_files, old_wr
             where = tmp_path / domain / new_report.name
             new = write(new_report, where / "new")
             assert new == old_write(old_writer, new_report, where / "old"), (domain, new_report.name)
+            compared += 1
+            if new_report.name == "detail":   # gained its Input Shapes column after the old builders' commit
+                continue
             (where / "old_builders").mkdir()
             old_report_files = old_reports.write_report(old_report, where / "old_builders", "t", ["csv", "json"])
             assert new == {p.suffix[1:]: p.read_bytes() for p in old_report_files}, (domain, new_report.name)
-            compared += 1
     assert compared == 8 * len(a.aggs)
 
 
