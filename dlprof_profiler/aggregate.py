@@ -254,7 +254,8 @@ class Accumulator:
                     "eligible_not_using": op_row(elig & ~using), "other": op_row(~elig & ~using)},
             "kernels": {k: kernel_row(v) for k, v in self.kernel_rows.items()},
             "key_node": agg.key_node, "key_found": bool(agg.key_found),
-            "n_visible_gpus": int(breakdown["n_devices"]),
+            "n_visible_gpus": int(breakdown["n_devices"]),   # the GPUs used, which the figures average over
+            "n_listed_gpus": int(breakdown["n_listed"]),
         }
 
 
@@ -571,7 +572,10 @@ class Breakdown:
         self.win_e = np.concatenate([[window_end], iterations.ends]).astype(np.int64)
         self.devices = model.device_ids()
         self.device_pids = model.device_pids()
-        self.targets = self.devices if self.devices else [None]
+        # averaged over the GPUs the profiled processes used; the machine's other GPUs are listed as idle
+        self.used = [d for d in self.devices if d in self.device_pids]
+        # no GPU ran anything: the averages are the host view (every process's CPU, data loading, I/O)
+        self.targets = self.devices + ([None] if not self.used else [])
         self.times = {dev: np.zeros((self.win_s.size, len(CLASSES)), dtype=np.int64) for dev in self.targets}
         self.carry: dict = {}
 
@@ -624,18 +628,21 @@ class Breakdown:
             times[:, -1] += np.maximum(win_e - win_s, 0) - covered_prev
 
     def result(self) -> dict:
-        rows = [(dev if dev is not None else -1, self.times[dev][0]) for dev in self.targets]
-        stack = np.stack([self.times[dev] for dev in self.targets])   # devices x windows x classes
-        mean = stack.mean(axis=0)                                    # average over visible GPUs
+        listed = self.devices if self.devices else [None]
+        rows = [(dev if dev is not None else -1, self.times[dev][0]) for dev in listed]
+        averaged = self.used if self.used else [None]
+        stack = np.stack([self.times[dev] for dev in averaged])      # devices x windows x classes
+        mean = stack.mean(axis=0)                                    # average over the GPUs used
         dev_frame = make_frame({"device_id": [r[0] for r in rows]})
         wl = max(int(self.win_e[0] - self.win_s[0]), 0)
         for c, name in enumerate(CLASSES):
             dev_frame[f"{name}_time"] = [int(r[1][c]) for r in rows]
             dev_frame[f"{name}_pct"] = [100.0 * r[1][c] / wl if wl else 0.0 for r in rows]
         dev_frame["gpu_utilization"] = dev_frame[["tc_pct", "non_tc_pct", "memory_pct"]].sum(axis=1)
+        dev_frame["used"] = [r[0] in self.device_pids for r in rows]
         if not self.devices:
             dev_frame["gpu_utilization"] = 0.0
-        return {"mean": mean, "devices": dev_frame, "n_devices": len(self.devices)}
+        return {"mean": mean, "devices": dev_frame, "n_devices": len(self.used), "n_listed": len(self.devices)}
 
 
 def _add_series(a: pd.Series, b: pd.Series) -> pd.Series:

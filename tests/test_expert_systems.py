@@ -540,3 +540,23 @@ def test_printed_command_updates_the_run(make, tmp_path, names):
     assert meta["aggr_id"] == 2 and meta["database"] == f"../{base}_dldb.sqlite"
     summary = (run_dir / f"{base}_summary.csv").read_text()
     assert "Start Iteration,1" in summary and "Stop Iteration,4" in summary and "Aggregated Iterations,4" in summary
+
+
+def test_no_gpu_advice_without_gpu_activity(tmp_path):
+    """A capture with a GPU listed, ranges, data loading and CUDA API calls but no GPU activity gets no GPU
+    advice (it would otherwise read as 0% GPU utilization, 100% data loading)."""
+    exp = NsysExport(schema="2022.4")
+    exp.add_gpu(device_id=0, name="NVIDIA A100-SXM4-40GB", total_memory=A100_MEMORY)
+    main = exp.add_thread(pid=100, tid=100, name="python", process_name="python")
+    for i in range(4):
+        t = i * 10 * MS
+        exp.push_pop(main, t, t + 8 * MS, LOADER)
+        exp.push_pop(main, t + 8 * MS, t + 9 * MS, f"aten::mm, seq = {i}, op_id = {i}")
+        exp.runtime(main, t + 9 * MS, t + 9 * MS + 100, name="cudaGetDevice_v3020")
+        exp.push_pop(main, t + 9 * MS, t + 10 * MS, "Optimizer.step#SGD.step")
+    exp.push_pop(main, 0, 0, json.dumps({"model_config": {"num_workers": 0, "max_memory_reserved": 1 << 20}}))
+    findings = run(exp.write(tmp_path / "cpu.sqlite"))
+    gpu_advice = {"underutilized_gpu_detector", "imbalanced_gpus_detector", "dataloader_detector", "amp_detector",
+                  "bad_tensor_shape_detector", "pageable_memcpy_detector", "batch_size_detector", "no_fusion_detector",
+                  "cudnn_benchmark_detector", "gpu_gap_detector"}
+    assert not {f["id"] for f in findings} & gpu_advice

@@ -205,6 +205,9 @@ class MemoryData:
     def has_ranges_or_gpu(self) -> bool:
         return len(self.trace.ranges) > 0 or len(self.trace.gpu) > 0
 
+    def has_gpu_work(self) -> bool:
+        return len(self.trace.gpu) > 0
+
 
 class StoreData:
     """The detectors' reads over a model in the out-of-core store (SQL; only selected rows come back)."""
@@ -320,3 +323,6 @@ class StoreData:
 
     def has_ranges_or_gpu(self) -> bool:
         return self.store.counts["ranges"] > 0 or self.store.counts["gpu"] > 0
+
+    def has_gpu_work(self) -> bool:
+        return self.store.counts["gpu"] > 0

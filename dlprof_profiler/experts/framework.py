@@ -179,6 +179,8 @@ def batch_size_detector(ctx: Context) -> list[dict]:
     memory (model_config gpu_total_memory, else TARGET_INFO_GPU totalMemory of the GPU used), batch_size.
     Threshold: peak use < MEMORY_UNDERUSE_PCT (50%) of the memory. Proposes the largest power-of-two factor
     K with K x peak <= memory."""
+    if int((ctx.agg.summary or {}).get("n_visible_gpus", 0)) == 0 and not ctx.data.has_gpu_work():
+        return []   # no GPU ran anything: no GPU advice
     used = ctx.cfg(*PEAK_MEMORY_KEYS)
     total = ctx.cfg("gpu_total_memory")
     if total is None:

@@ -45,8 +45,7 @@ def underutilized_gpu_detector(ctx: Context) -> list[dict]:
     summary = ctx.agg.summary or {}
     n_gpus = int(summary.get("n_visible_gpus", 0))
     if n_gpus == 0:
-        ctx.unknown("underutilized_gpu_detector", "the profiled GPUs (the export has no TARGET_INFO_GPU rows)")
-        return []
+        return []   # no GPU ran anything: no GPU advice
     out = []
     devices = ctx.agg.devices
     if devices is not None and len(devices) > 1:
@@ -122,7 +121,10 @@ def _dali_used(ctx: Context) -> bool:
 def dataloader_detector(ctx: Context) -> list[dict]:
     """Inputs: summary Dataloader Duration % (data loading ranges active while no GPU class is), DALI ranges,
     run metadata num_workers and pin_memory. Threshold: >= DATALOADER_PCT (10%) of the wall clock time."""
-    pct = float((ctx.agg.summary or {}).get("pct", {}).get("dataloader", 0.0))
+    summary = ctx.agg.summary or {}
+    if int(summary.get("n_visible_gpus", 0)) == 0:
+        return []   # no GPU ran anything: data loading cannot starve it
+    pct = float(summary.get("pct", {}).get("dataloader", 0.0))
     if pct < DATALOADER_PCT:
         return []
     figures = f"data loading takes {pct:.1f}% of the profiled time while the GPU is idle"
