@@ -111,10 +111,10 @@ def _aggregate_and_detect(trace, corr, iterations, primary, config, source_name,
     if not iterations.found:
         if iterations.key_node:
             log.warning(f"{source_name}: key node '{iterations.key_node}' not found: the whole profile is one "
-                        "iteration (give --key_node=NAME with an op name, Op ID or NVTX range text)")
+                        "iteration (give --key_op=NAME with an op name, Op ID or NVTX range text)")
         else:
             log.warning(f"{source_name}: no key node found: the whole profile is one iteration "
-                        "(give --key_node=NAME to split it into iterations)")
+                        "(give --key_op=NAME to split it into iterations)")
     else:
         log.info(f"  key node '{iterations.key_node}' ({iterations.source}): {iterations.count} iterations; "
                  f"aggregating {iter_start}..{iter_stop}")

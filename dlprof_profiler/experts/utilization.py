@@ -120,16 +120,19 @@ def _dali_used(ctx: Context) -> bool:
 
 def dataloader_detector(ctx: Context) -> list[dict]:
     """Inputs: summary Dataloader Duration % (data loading ranges active while no GPU class is), DALI ranges,
-    run metadata num_workers and pin_memory. Threshold: >= DATALOADER_PCT (10%) of the wall clock time."""
+    run metadata num_workers and pin_memory. As DLProf did, a profile with GPU work and no DALI gets "No DALI
+    ops detected" (info); a warning with the figures when data loading takes >= DATALOADER_PCT (10%) of the
+    wall clock time (with DALI too)."""
     summary = ctx.agg.summary or {}
     if int(summary.get("n_visible_gpus", 0)) == 0:
         return []   # no GPU ran anything: data loading cannot starve it
     pct = float(summary.get("pct", {}).get("dataloader", 0.0))
-    if pct < DATALOADER_PCT:
-        return []
+    slow = pct >= DATALOADER_PCT
     figures = f"data loading takes {pct:.1f}% of the profiled time while the GPU is idle"
     data = {"dataloader_pct": pct, "threshold_pct": DATALOADER_PCT}
     if _dali_used(ctx):
+        if not slow:
+            return []
         return [finding("dataloader_detector", "warning", f"DALI is used, but {figures}",
                         "Move more of the input pipeline to the GPU (DALI GPU operators, mixed image decoding), "
                         "and raise the pipeline's num_threads and prefetch_queue_depth",
@@ -137,12 +140,14 @@ def dataloader_detector(ctx: Context) -> list[dict]:
     recommendation = ("Consider using NVIDIA DALI, a library that is a high performance alternative to built-in "
                       "data loaders and data iterators. Learn more here: https://developer.nvidia.com/DALI")
     workers, pin = ctx.cfg("num_workers"), ctx.cfg_bool("pin_memory")
-    if workers is not None and int(workers) == 0:
+    if slow and workers is not None and int(workers) == 0:
         recommendation += (". The PyTorch DataLoader loads in the training process (num_workers=0): give it "
                            "worker processes (num_workers > 0)")
-    if pin is False:
+    if slow and pin is False:
         recommendation += ". Set pin_memory=True so batches are copied to the GPU asynchronously"
-    return [finding("dataloader_detector", "warning", f"No DALI ops detected; {figures}", recommendation,
+    problem = f"No DALI ops detected; {figures}" if slow else \
+        f"No DALI ops detected (data loading takes {pct:.1f}% of the profiled time while the GPU is idle)"
+    return [finding("dataloader_detector", "warning" if slow else "info", problem, recommendation,
                     "https://developer.nvidia.com/DALI", dict(data, dali=False, num_workers=workers, pin_memory=pin))]
 
 
