@@ -17,9 +17,11 @@ import pandas as pd
 from dlprof_profiler.correlate import BACKWARD_PASS, RANGE_OP, SCOPE_OP, UNASSOCIATED_API, Correlation, DomainModel
 from dlprof_profiler.intervals import StreamingUnion, covered_length, merge_intervals
 from dlprof_profiler.iterate import Iterations
+from dlprof_profiler.tensor_cores import precision_by_op
 from dlprof_profiler.trace import KIND_KERNEL, Trace, make_frame, obj
 
 CLASSES = ("tc", "non_tc", "memory", "dataloader", "io", "cpu", "other")
+HALF_PRECISION = ("float16", "half", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 COMPLETE_MODEL = "_CompleteModel_"
 CPU_KINDS = (RANGE_OP, SCOPE_OP, BACKWARD_PASS, UNASSOCIATED_API)
 METRICS = (("cpu_time", "cpu"), ("gpu_time", "gpu"), ("cpu_overhead", "overhead"), ("gpu_idle", "idle"))
@@ -182,6 +184,12 @@ class Accumulator:
         agg.ops = op_table(model.ops, self.op_parts, self.tc_parts)
         agg.op_types = op_type_statistics(agg.ops)
         agg.kernels = kernel_table(self.kernel_parts, model.kernel_names())
+        # the data type the kernels' names show, for ops whose markers carry none (expert systems)
+        shown = precision_by_op(agg.kernels)
+        agg.ops["kernel_data_type"] = obj(agg.ops["op_index"].map(shown).to_numpy(dtype=object), agg.ops.index)
+        known = agg.ops["data_type"].where(agg.ops["data_type"].notna(), agg.ops["kernel_data_type"])
+        agg.ops["is_bad_data_type"] = agg.ops["tc_eligible"] & ~agg.ops["using_tc"] & \
+            ~known.fillna("").isin(HALF_PRECISION)
         agg.tensor_core = tensor_core_table(agg.ops, self.tc_parts, self.tc_names, model.kernel_names()[0])
         agg.groups = self.groups.table(agg.ops, len(model.ops))
         breakdown = self.breakdown.result()
@@ -300,8 +308,7 @@ def op_table(ops_meta: pd.DataFrame, parts: list[pd.DataFrame], tc_parts: list[p
     stats = stats.reset_index()
     ops = ops_meta.merge(stats, on="op_index", how="inner")
     ops["using_tc"] = ops["using_tc"].astype(bool)
-    ops["is_bad_data_type"] = ops["tc_eligible"] & ~ops["using_tc"] & \
-        ~ops["data_type"].fillna("").isin(["float16", "half", "bfloat16", "float8_e4m3fn", "float8_e5m2"])
+    ops["is_bad_data_type"] = ops["tc_eligible"] & ~ops["using_tc"] & ~ops["data_type"].fillna("").isin(HALF_PRECISION)
     kernel_time = pd.concat([p["kernel_time"] for p in tc_parts]).groupby(level=0).sum() if tc_parts \
         else pd.Series(dtype="int64")
     ops["kernel_time"] = ops["op_index"].map(kernel_time).fillna(0).astype(np.int64)
@@ -473,8 +480,8 @@ class GroupUnions:
         self.n_iter = int(n_iterations) + 1
         self.cpu = StreamingUnion()
         self.gpu = StreamingUnion()
-        self.span = pd.DataFrame({"s": pd.Series(dtype="int64"), "e": pd.Series(dtype="int64")})
         self.overhead = pd.Series(dtype="int64")
+        self.idle = pd.Series(dtype="int64")
         self.calls = pd.Series(dtype="int64")
         self.used_ops: set = set()
 
@@ -487,31 +494,27 @@ class GroupUnions:
         ops = chosen["op_index"].to_numpy(np.int64)
         s, e = chosen["start"].to_numpy(np.int64), chosen["end"].to_numpy(np.int64)
         overhead = chosen["cpu_overhead"].to_numpy(np.int64)
+        idle = chosen["gpu_idle"].to_numpy(np.int64)
         self.used_ops.update(np.unique(ops).tolist())
         is_call = chosen["is_call"].to_numpy(dtype=bool) if "is_call" in chosen else np.ones(len(chosen), dtype=bool)
-        keys, over, calls = [], [], []
+        keys, over, idles, calls = [], [], [], []
         for level in range(self.depth + 1):
             on, key = self._keys(level, ops, iteration)
             self.cpu.add(key, s[on], e[on])
             keys.append(key)
             over.append(overhead[on])
+            idles.append(idle[on])
             calls.append(is_call[on].astype(np.int64))
         keys = np.concatenate(keys)
         self.overhead = _add_series(self.overhead, pd.Series(np.concatenate(over), index=keys).groupby(level=0).sum())
+        # a group node's GPU idle is the sum of its member ops' (DLProf 1.8), not its span minus its busy time
+        self.idle = _add_series(self.idle, pd.Series(np.concatenate(idles), index=keys).groupby(level=0).sum())
         self.calls = _add_series(self.calls, pd.Series(np.concatenate(calls), index=keys).groupby(level=0).sum())
 
     def add_activities(self, ops: np.ndarray, iteration: np.ndarray, s: np.ndarray, e: np.ndarray) -> None:
-        keys, ss, ee = [], [], []
         for level in range(self.depth + 1):
             on, key = self._keys(level, ops, iteration)
             self.gpu.add(key, s[on], e[on])
-            keys.append(key)
-            ss.append(s[on])
-            ee.append(e[on])
-        keys = np.concatenate(keys)
-        if keys.size:
-            span = pd.DataFrame({"s": np.concatenate(ss), "e": np.concatenate(ee)}, index=keys)
-            self.span = pd.concat([self.span, span]).groupby(level=0).agg(s=("s", "min"), e=("e", "max"))
 
     def flush(self, cut: int) -> None:
         """Everything still to come starts at or after `cut` (instances by start, activities by launch)."""
@@ -527,8 +530,7 @@ class GroupUnions:
                           "calls": calls})
         busy = self.gpu.totals()
         per["gpu"] = busy.reindex(per.index).fillna(0).astype(np.int64)
-        length = (self.span["e"] - self.span["s"]).reindex(per.index).fillna(0).astype(np.int64)
-        per["idle"] = (length - per["gpu"]).clip(lower=0)
+        per["idle"] = self.idle.reindex(per.index).fillna(0).astype(np.int64)
         per["g"] = per.index.to_numpy() // self.n_iter
         out = make_frame({"name": np.asarray(self.names, dtype=object)})
         g = per.groupby("g")

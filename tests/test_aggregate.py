@@ -197,3 +197,35 @@ def test_a_capture_without_nvtx_gets_a_wall_clock_and_a_full_breakdown():
     last = max(int(a.trace.api_calls["end"].max()), int(a.trace.gpu["end"].max()))
     assert s["wall_time"] == last - first > 0
     assert sum(s["pct"].values()) == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize("name,dtype", [
+    ("volta_sgemm_128x64_nn", "float32"), ("volta_scudnn_128x64_relu_interior_nn_v1", "float32"),
+    ("volta_fp16_s884cudnn_fp16_128x128_ldg8_relu_f2f_exp_small_nhwc_tn_v1", "float16"),
+    ("sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x32", "bfloat16"),
+    ("turing_h1688gemm_128x128_ldg8_tn", "float16"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "float32"),
+    ("ampere_int8_i16832gemm_int8_128x128", "int8"), ("volta_dgemm_64x64_nn", "float64"),
+    ("multi_tensor_apply_kernel", None)])
+def test_kernel_names_show_their_precision(name, dtype):
+    from dlprof_profiler.tensor_cores import kernel_precision
+    assert kernel_precision(name) == dtype
+
+
+def test_group_gpu_idle_is_the_sum_of_its_ops_idle(tmp_path):
+    """Scope `a` holds op x (kernels [100, 200) and [300, 400): 100 ns idle) and op y (kernel [1000, 1100):
+    no idle). DLProf 1.8: the group's GPU idle is 100 + 0, not its GPU span minus busy (1000 - 300)."""
+    from tests.nsys_builder import NsysExport
+    exp = NsysExport()
+    exp.add_gpu(device_id=0)
+    t = exp.add_thread(pid=1, tid=1, name="python", process_name="python")
+    exp.push_pop(t, 0, 900, "a")
+    exp.push_pop(t, 10, 90, "aten::x, seq = 1, op_id = 1")
+    exp.launch(t, 20, 30, 100, 200, kernel="k1")
+    exp.launch(t, 40, 50, 300, 400, kernel="k2")
+    exp.push_pop(t, 500, 600, "aten::y, seq = 2, op_id = 2")
+    exp.launch(t, 510, 520, 1000, 1100, kernel="k3")
+    a = analyze(exp.write(tmp_path / "p.sqlite"))
+    assert (a.op("/a/aten::x")["idle_total"], a.op("/a/aten::y")["idle_total"]) == (100, 0)
+    groups = a.agg().groups.set_index("name")
+    assert groups.loc["/a/", "idle_total"] == 100 and groups.loc["/a/", "gpu_total"] == 300
