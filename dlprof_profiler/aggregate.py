@@ -160,7 +160,13 @@ class Accumulator:
                 "other": sel_act & kernel & ~uses_tc}
         api_id = acts["api_id"].to_numpy(np.int64)
         api_dur = acts["api_duration"].to_numpy(np.int64)
-        codes = acts["name_code"].to_numpy(np.int64)
+        # `# Kernels` counts distinct kernel names, and for memory operations distinct memory API names
+        # (cudaMemcpyAsync, cudaMemcpy, cudaMemsetAsync: 3), as DLProf 1.8 did; an operation without an API
+        # call counts by its own name
+        names = acts["name_code"].to_numpy(np.int64)
+        api_names = acts["api_name"].to_numpy(np.int64) if "api_name" in acts else np.full(len(acts), -1)
+        memory_key = np.where(api_names >= 0, (1 << 40) + api_names, (1 << 41) + names)
+        codes = np.where(kernel, names, memory_key)
         for key, mask in rows.items():
             if not mask.any():
                 continue

@@ -229,3 +229,25 @@ def test_group_gpu_idle_is_the_sum_of_its_ops_idle(tmp_path):
     assert (a.op("/a/aten::x")["idle_total"], a.op("/a/aten::y")["idle_total"]) == (100, 0)
     groups = a.agg().groups.set_index("name")
     assert groups.loc["/a/", "idle_total"] == 100 and groups.loc["/a/", "gpu_total"] == 300
+
+
+def test_memory_kernels_count_distinct_memory_api_names(tmp_path):
+    """Four memory operations from three APIs (two cudaMemcpyAsync copies in opposite directions, one
+    cudaMemcpy, one cudaMemsetAsync): `# Kernels` of the Memory row is 3, as DLProf 1.8 counted; two kernels
+    of one name add 1 to All kernels."""
+    from tests.nsys_builder import NsysExport
+    exp = NsysExport()
+    exp.add_gpu(device_id=0)
+    t = exp.add_thread(pid=1, tid=1, name="python", process_name="python")
+    for start, api, kind in ((0, "cudaMemcpyAsync_v3020", 1), (1000, "cudaMemcpyAsync_v3020", 2),
+                             (2000, "cudaMemcpy_v3020", 1)):
+        corr = exp.runtime(t, start, start + 100, name=api)
+        exp.memcpy(1, corr, start + 200, start + 300, bytes=64, copy_kind=kind)
+    corr = exp.runtime(t, 3000, 3100, name="cudaMemsetAsync_v3020")
+    exp.memset(1, corr, 3200, 3300, bytes=64)
+    exp.launch(t, 4000, 4100, 4200, 4300, kernel="k")
+    exp.launch(t, 5000, 5100, 5200, 5300, kernel="k")
+    kernels = analyze(exp.write(tmp_path / "m.sqlite")).agg().summary["kernels"]
+    assert kernels["memory"] == {"gpu_time": 400, "cpu_time": 400, "count": 3}
+    assert kernels["other"] == {"gpu_time": 200, "cpu_time": 200, "count": 1}
+    assert kernels["all"]["count"] == 4
