@@ -65,6 +65,8 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
              f"{len(trace.gpu):,} GPU activities, {len(trace.devices)} GPUs; nsys {trace.meta.get('nsys_version')}")
     for text in trace.warnings:
         log.warning(text)
+    if capture and capture.get("nsys_build"):
+        trace.meta["nsys_build"] = capture["nsys_build"]   # the nsys that captured it, with its build suffix
     staging = Staging(out_dir)
     writer = None
     try:

@@ -75,10 +75,12 @@ def aggregation_title(agg: Aggregation) -> str:
 
 
 def _framework_text(agg: Aggregation, config: dict) -> str:
-    if config.get("torch_version"):
-        return f"PyTorch {config['torch_version']}"
-    return {"pytorch": "PyTorch", "tensorflow": "TensorFlow", "tensorrt": "TensorRT"}.get(agg.family or "",
-                                                                                          "Unknown")
+    name = {"pytorch": "PyTorch", "tensorflow": "TensorFlow", "tensorrt": "TensorRT"}.get(agg.family or "")
+    version = config.get("torch_version") if agg.family in (None, "pytorch") else None
+    version = version or config.get("framework_version")
+    if version:
+        return f"{name or 'PyTorch'} {version}"
+    return name or "Unknown"
 
 
 def _cuda_version(system: dict, config: dict) -> str:
@@ -91,18 +93,45 @@ def _cuda_version(system: dict, config: dict) -> str:
     return raw or "Unknown"
 
 
+def driver_version(raw) -> str:
+    """NVIDIA's driver version as people write it: nsys stores 515.43.04 as the integer 5154304."""
+    text = str(raw or "").strip()
+    if text.isdigit() and len(text) >= 5:
+        return f"{int(text[:-4])}.{text[-4:-2]}.{text[-2:]}"
+    return text or "Unknown"
+
+
+def cudnn_version(raw) -> str | None:
+    """cuDNN's version from torch.backends.cudnn.version() (8902 -> 8.9.2, 90100 -> 9.1.0)."""
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        return str(raw) if raw else None
+    if value <= 0:
+        return None
+    if value >= 10000:
+        return f"{value // 10000}.{(value % 10000) // 100}.{value % 100}"
+    return f"{value // 1000}.{(value % 1000) // 100}.{value % 100}"
+
+
 def summary_report(agg: Aggregation, trace_system: dict, trace_meta: dict, devices: pd.DataFrame,
                    config: dict) -> Report:
     s = agg.summary
     names = devices["name"].fillna("").astype(str).tolist() if len(devices) else []
+    dlprof_info = trace_system.get("dlprof_system_info") or {}   # DLProf 1.8's SystemInfo table, if any
+    rows = [("GPU Count", str(len(devices))), ("GPU Name(s)", "; ".join(sorted(set(names))) if names else ""),
+            ("CPU Model", str(trace_system.get("CpuDescription", "") or "Unknown")),
+            ("GPU Driver Version", driver_version(trace_system.get("NvDriverVersion"))),
+            ("Framework", _framework_text(agg, config)), ("CUDA Version", _cuda_version(trace_system, config))]
+    cudnn = cudnn_version(config.get("cudnn_version"))
+    if cudnn:
+        rows.append(("cuDNN Version", cudnn))
+    rows += [("NSys Version", str(trace_meta.get("nsys_build") or trace_meta.get("nsys_version", "unknown"))),
+             ("DLProf Version", f"v{__version__}"), ("DLProf Build", f"dlprof_profiler {__version__}")]
+    rows = [(label, str(dlprof_info.get(label) or value) if value in ("Unknown", "unknown", "") else value)
+            for label, value in rows]
     system = Table("System Config", ["name", "value"], ["t", "t"], {
-        "name": ["GPU Count", "GPU Name(s)", "CPU Model", "GPU Driver Version", "Framework", "CUDA Version",
-                 "NSys Version", "DLProf Version", "DLProf Build"],
-        "value": [str(len(devices)), "; ".join(sorted(set(names))) if names else "",
-                  str(trace_system.get("CpuDescription", "") or "Unknown"),
-                  str(trace_system.get("NvDriverVersion", "") or "Unknown"), _framework_text(agg, config),
-                  _cuda_version(trace_system, config), str(trace_meta.get("nsys_version", "unknown")),
-                  f"v{__version__}", f"dlprof_profiler {__version__}"]}, bare=True)
+        "name": [r[0] for r in rows], "value": [r[1] for r in rows]}, bare=True)
     pct = s["pct"]
     summary = Table("Summary Report", ["name", "value"], ["t", "t"], {
         "name": ["Wall Clock Time (ns)", "Tensor Core Kernel Utilization %", "GPU Utilization %",

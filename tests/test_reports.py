@@ -19,6 +19,7 @@ from dlprof_profiler import reports as current
 from dlprof_profiler.report_format import Table
 from tests import profiles
 from tests.analysis import analyze
+from tests.nsys_builder import NsysExport
 from tests.profiles import run_dlprof
 
 ALL_FILES = ["summary", "detailed", "iteration", "kernel", "tensor_core", "op_type", "group_op", "expert_systems"]
@@ -506,7 +507,9 @@ def test_every_report_matches_the_old_writer_byte_for_byte(profile_files, old_wr
             new = write(new_report, where / "new")
             assert new == old_write(old_writer, new_report, where / "old"), (domain, new_report.name)
             compared += 1
-            if new_report.name == "detail":   # gained its Input Shapes column after the old builders' commit
+            # changed on purpose after the old builders' commit: the detailed report's Input Shapes column, the
+            # summary's System Config (driver version as written, cuDNN version)
+            if new_report.name in ("detail", "summary"):
                 continue
             (where / "old_builders").mkdir()
             old_report_files = old_reports.write_report(old_report, where / "old_builders", "t", ["csv", "json"])
@@ -516,3 +519,32 @@ def test_every_report_matches_the_old_writer_byte_for_byte(profile_files, old_wr
 
 def current_names() -> list[str]:
     return ["summary", "detail", "iteration", "kernel", "tensor", "op_type", "group_node", "expert_systems"]
+
+
+def test_system_config_versions_as_dlprof_wrote_them(tmp_path):
+    """Driver 515.43.04 stored as the integer 5154304; PyTorch and cuDNN versions from the run metadata;
+    nsys with its build suffix when dlprof captured it; DLProf 1.8's SystemInfo table fills what is unknown."""
+    import json as _json
+
+    from dlprof_profiler.reports import cudnn_version, driver_version
+    assert driver_version("5154304") == "515.43.04" and driver_version("5206105") == "520.61.05"
+    assert driver_version("535.104.05") == "535.104.05" and driver_version(None) == "Unknown"
+    assert cudnn_version(8902) == "8.9.2" and cudnn_version(90100) == "9.1.0" and cudnn_version(None) is None
+    exp = NsysExport()
+    exp.add_gpu(device_id=0, name="NVIDIA A100-SXM4-40GB")
+    exp.system_env("NvDriverVersion", "5154304")
+    t = exp.add_thread(pid=1, tid=1, name="python", process_name="python")
+    exp.push_pop(t, 0, 0, _json.dumps({"model_config": {"torch_version": "2.3.1", "cudnn_version": 8902}}))
+    exp.push_pop(t, 10, 100, "aten::mm, seq = 1, op_id = 1")
+    exp.launch(t, 20, 30, 40, 50, kernel="k")
+    path = exp.write(tmp_path / "p.sqlite")
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE SystemInfo (name TEXT, value TEXT)")
+    con.execute("INSERT INTO SystemInfo VALUES ('CPU Model', 'AMD EPYC 7742 64-Core Processor')")
+    con.commit()
+    con.close()
+    run_dlprof(f"--database={path}", f"--output_path={tmp_path / 'o'}", "--reports=summary", "-v", "quiet")
+    lines = (tmp_path / "o" / "dlprof_summary.csv").read_text().splitlines()
+    assert "GPU Driver Version,515.43.04" in lines and "Framework,PyTorch 2.3.1" in lines
+    assert "cuDNN Version,8.9.2" in lines and "CPU Model,AMD EPYC 7742 64-Core Processor" in lines
+    assert lines.index("cuDNN Version,8.9.2") == lines.index("CUDA Version,Unknown") + 1
