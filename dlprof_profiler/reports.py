@@ -214,7 +214,8 @@ ITERATION_COLUMNS = ["Iteration", "Op ID", "Op Name", "Direction", "Op Type", "K
                      "GPU Start Time (ns)", "GPU Duration (ns)", "API Call Start (ns)", "API Call Time (ns)",
                      "Uses TC", "Grid X", "Grid Y", "Grid Z", "Block X", "Block Y", "Block Z", "Data Types",
                      "Input Shapes", "Parameters", "Output Shapes", "Long Kernel Name"]
-ITERATION_FORMATS = ["i", "q", "q", "t", "q", "q", "i", "i", "i", "i", "i", "y", "i", "i", "i", "i", "i", "i", "t",
+# API Call Start/Time are blank for a kernel without a launching API call (not DLProf's -1 placeholder)
+ITERATION_FORMATS = ["i", "q", "q", "t", "q", "q", "i", "i", "i", "n", "n", "y", "i", "i", "i", "i", "i", "i", "t",
                      "q", "q", "q", "q"]
 
 # A chunk of kernel-launch rows, one row per kernel launch in report order, every column an integer (or
@@ -257,6 +258,16 @@ def _codes_array(values) -> pa.Array:
     return pa.array(codes, mask=negative if negative.any() else None)
 
 
+def _without_launch_call(values) -> pa.Array:
+    """API times with -1 (no launching API call) as missing."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    ints = values.to_numpy(zero_copy_only=False) if isinstance(values, pa.Array) else np.asarray(values)
+    ints = np.asarray(ints).astype(np.int64, copy=False)
+    missing = ints < 0
+    return pa.array(ints, mask=missing if missing.any() else None)
+
+
 def launch_report_columns(chunk, dicts: LaunchDictionaries) -> dict:
     """One chunk of kernel-launch rows (a dict of arrays or an Arrow RecordBatch with LAUNCH_COLUMNS, in
     report row order) -> the iteration report's columns: numbers as given, text as dictionary arrays over
@@ -276,7 +287,8 @@ def launch_report_columns(chunk, dicts: LaunchDictionaries) -> dict:
         "Direction": coded(op, dicts.direction), "Op Type": coded(op, dicts.op_type),
         "Kernel Name": coded(text["kernel_name"], dicts.kernel_name), "Device ID": chunk["device_id"],
         "GPU Start Time (ns)": chunk["gpu_start"], "GPU Duration (ns)": chunk["gpu_duration"],
-        "API Call Start (ns)": chunk["api_start"], "API Call Time (ns)": chunk["api_duration"],
+        "API Call Start (ns)": _without_launch_call(chunk["api_start"]),
+        "API Call Time (ns)": _without_launch_call(chunk["api_duration"]),
         "Uses TC": chunk["uses_tc"], "Grid X": chunk["grid_x"], "Grid Y": chunk["grid_y"],
         "Grid Z": chunk["grid_z"], "Block X": chunk["block_x"], "Block Y": chunk["block_y"],
         "Block Z": chunk["block_z"], "Data Types": coded(text["data_type"], dicts.data_type),
@@ -388,9 +400,16 @@ def kernel_report(agg: Aggregation, ops: pd.DataFrame) -> Report:
     columns = ["Kernel Name", "Op ID", "Op Name", "Direction", "Uses TC", "Total GPU Time (ns)", "Avg GPU Time (ns)",
                "Min GPU Time (ns)", "Max GPU Time (ns)", "Total API Time (ns)", "Avg API Time (ns)",
                "Min API Time (ns)", "Max API Time (ns)"]
-    formats = ["q", "q", "q", "t", "y", "i", "a", "i", "i", "i", "a", "i", "i"]
+    # API figures are blank for kernels no API call launched (0 would read as an instant launch)
+    formats = ["q", "q", "q", "t", "y", "i", "a", "i", "i", "n", "m", "n", "n"]
     if len(k):
         k = _op_columns(k, ops).sort_values(["first_start_op", "name", "first_start"], kind="stable")
+        if "api_count" in k:
+            none = k["api_count"].to_numpy() == 0
+            if none.any():
+                k = k.copy()
+                for c in ("api_total", "api_avg", "api_min", "api_max"):
+                    k[c] = k[c].astype(np.float64).where(~none, np.nan)
     data = {"Kernel Name": k.get("name", []), "Op ID": k.get("op_id", []), "Op Name": k.get("name_op", []),
             "Direction": k.get("direction", []), "Uses TC": k.get("uses_tc", []),
             "Total GPU Time (ns)": k.get("gpu_total", []), "Avg GPU Time (ns)": k.get("gpu_avg", []),
