@@ -81,8 +81,11 @@ def aggregate_model(model, iterations: Iterations, iter_start: int, iter_stop: i
                       iter_start=iter_start, iter_stop=iter_stop, total_iterations=iterations.count,
                       window_start=window_start, window_end=window_end)
     acc = Accumulator(model, iterations, agg, keep_launches)
-    for chunk in model.chunks(cuts):
+    from dlprof_profiler.log import Progress
+    progress = Progress(f"time chunks aggregated (domain {model.domain})", len(cuts or ()) + 1)
+    for n, chunk in enumerate(model.chunks(cuts), 1):
         acc.add(chunk)
+        progress.update(n)
     acc.finish()
     return agg
 
