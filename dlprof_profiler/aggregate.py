@@ -9,6 +9,7 @@ intervals still open at a chunk's end carried into the next. A single chunk give
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +23,9 @@ from dlprof_profiler.trace import KIND_KERNEL, Trace, make_frame, obj
 
 CLASSES = ("tc", "non_tc", "memory", "dataloader", "io", "cpu", "other")
 HALF_PRECISION = ("float16", "half", "bfloat16", "float8_e4m3fn", "float8_e5m2")
+# Collective communication kernels (NCCL, RCCL, PyTorch c10d and the collectives' own names)
+COMMUNICATION_KERNEL = re.compile(r"nccl|rccl|c10d|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|"
+                                  r"broadcast|sendrecv", re.IGNORECASE)
 COMPLETE_MODEL = "_CompleteModel_"
 CPU_KINDS = (RANGE_OP, SCOPE_OP, BACKWARD_PASS, UNASSOCIATED_API)
 METRICS = (("cpu_time", "cpu"), ("gpu_time", "gpu"), ("cpu_overhead", "overhead"), ("gpu_idle", "idle"))
@@ -271,6 +275,9 @@ class Accumulator:
                     "eligible_not_using": op_row(elig & ~using), "other": op_row(~elig & ~using)},
             "kernels": {k: kernel_row(v) for k, v in self.kernel_rows.items()},
             "key_node": agg.key_node, "key_found": bool(agg.key_found),
+            "communication_time": int(agg.devices["communication_time"].sum()) if len(agg.devices) else 0,
+            "overlapped_communication_time": int(agg.devices["overlapped_communication_time"].sum())
+            if len(agg.devices) else 0,
             "n_visible_gpus": int(breakdown["n_devices"]),   # the GPUs used, which the figures average over
             "n_listed_gpus": int(breakdown["n_listed"]),
         }
@@ -589,6 +596,11 @@ class Breakdown:
         self.targets = self.devices + ([None] if not self.used else [])
         self.times = {dev: np.zeros((self.win_s.size, len(CLASSES)), dtype=np.int64) for dev in self.targets}
         self.carry: dict = {}
+        short, _ = model.kernel_names()
+        self.comm_codes = np.array([bool(COMMUNICATION_KERNEL.search(str(n))) for n in short] + [False], dtype=bool)
+        # per GPU, in the aggregation window: communication kernel time and the part of it overlapped by
+        # compute kernels on the same GPU (both flattened)
+        self.comm = {dev: [0, 0] for dev in self.targets}
 
     def _carried(self, name: str, frame: dict, hi: int) -> dict:
         """The chunk's intervals plus those carried from earlier chunks; what reaches past `hi` is kept."""
@@ -602,10 +614,13 @@ class Breakdown:
     def add(self, chunk) -> None:
         lo, hi = chunk.lo, chunk.hi
         run = chunk.running
+        codes = run["name_code"].to_numpy(np.int64) if "name_code" in run else np.full(len(run), -1)
         gpu = self._carried("gpu", {"start": run["start"].to_numpy(np.int64), "end": run["end"].to_numpy(np.int64),
                                     "device": run["device_id"].to_numpy(np.int64),
                                     "kernel": run["kind"].to_numpy() == KIND_KERNEL,
-                                    "tc": run["uses_tc"].to_numpy(dtype=bool)}, hi)
+                                    "tc": run["uses_tc"].to_numpy(dtype=bool),
+                                    "comm": self.comm_codes[np.where(codes >= 0, codes, self.comm_codes.size - 1)]},
+                            hi)
         loader = self._carried("loader", _interval_cols(chunk.loader), hi)
         io = self._carried("io", _interval_cols(chunk.io), hi)
         inst = chunk.inst
@@ -623,6 +638,8 @@ class Breakdown:
                 s, e = gpu["start"], gpu["end"]
                 classes = (on & gpu["kernel"] & gpu["tc"], on & gpu["kernel"] & ~gpu["tc"], on & ~gpu["kernel"])
                 gpu_classes = [(s[m], e[m]) for m in classes]
+                self._communication(dev, s, e, on & gpu["kernel"] & gpu["comm"], on & gpu["kernel"] & ~gpu["comm"],
+                                    max(lo, int(self.win_s[0])), min(hi, int(self.win_e[0])))
 
             def of_pids(frame):
                 m = np.ones(frame["start"].size, dtype=bool) if pids is None else np.isin(frame["pid"], list(pids))
@@ -637,6 +654,18 @@ class Breakdown:
                 times[:, c] += covered - covered_prev
                 covered_prev = covered
             times[:, -1] += np.maximum(win_e - win_s, 0) - covered_prev
+
+    def _communication(self, dev, s, e, comm, compute, lo: int, hi: int) -> None:
+        if hi <= lo or not comm.any():
+            return
+        window_s, window_e = np.array([lo]), np.array([hi])
+
+        def flat(mask):
+            return covered_length(*merge_intervals(np.clip(s[mask], lo, hi), np.clip(e[mask], lo, hi)),
+                                  window_s, window_e)[0]
+        comm_time, compute_time, both = flat(comm), flat(compute), flat(comm | compute)
+        self.comm[dev][0] += int(comm_time)
+        self.comm[dev][1] += int(comm_time + compute_time - both)
 
     def result(self) -> dict:
         listed = self.devices if self.devices else [None]
@@ -653,6 +682,9 @@ class Breakdown:
         dev_frame["used"] = [r[0] in self.device_pids for r in rows]
         if not self.devices:
             dev_frame["gpu_utilization"] = 0.0
+        dev_frame["communication_time"] = [self.comm.get(r[0] if r[0] >= 0 else None, [0, 0])[0] for r in rows]
+        dev_frame["overlapped_communication_time"] = [self.comm.get(r[0] if r[0] >= 0 else None, [0, 0])[1]
+                                                      for r in rows]
         return {"mean": mean, "devices": dev_frame, "n_devices": len(self.used), "n_listed": len(self.devices)}
 
 

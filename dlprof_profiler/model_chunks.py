@@ -161,6 +161,6 @@ class InMemoryModel:
 
     @staticmethod
     def _running(acts: pd.DataFrame) -> pd.DataFrame:
-        return acts[["start", "end", "device_id", "kind", "uses_tc"]]
+        return acts[["start", "end", "device_id", "kind", "uses_tc", "name_code"]]
 
 

@@ -710,7 +710,7 @@ class StoreModel:
             )
             acts = self._acts("launch >= $1 AND launch < $2", params)
             running = store.frame(
-                """SELECT g.start, g."end", g.device_id, g.kind, l.uses_tc FROM gpu g
+                """SELECT g.start, g."end", g.device_id, g.kind, l.uses_tc, g.name_code FROM gpu g
                                      JOIN gpu_launch l USING (activity_id) WHERE g.start >= $1 AND g.start < $2""",
                 params,
             )

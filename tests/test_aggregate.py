@@ -251,3 +251,17 @@ def test_memory_kernels_count_distinct_memory_api_names(tmp_path):
     assert kernels["memory"] == {"gpu_time": 400, "cpu_time": 400, "count": 3}
     assert kernels["other"] == {"gpu_time": 200, "cpu_time": 200, "count": 1}
     assert kernels["all"]["count"] == 4
+
+
+def test_communication_time_and_its_overlap_with_compute(tmp_path):
+    """GPU 0: an NCCL all-reduce [1000, 3000) while a compute kernel runs [2000, 2500) and another [2800,
+    4000): 2000 ns of communication, 500 + 200 overlapped by compute. Clipped to the aggregation window."""
+    from tests.nsys_builder import NsysExport
+    exp = NsysExport()
+    exp.add_gpu(device_id=0)
+    t = exp.add_thread(pid=1, tid=1, name="python", process_name="python")
+    exp.launch(t, 0, 100, 1000, 3000, kernel="ncclDevKernel_AllReduce_Sum_f32_RING_LL", stream_id=8)
+    exp.launch(t, 200, 300, 2000, 2500, kernel="gemm")
+    exp.launch(t, 400, 500, 2800, 4000, kernel="relu")
+    s = analyze(exp.write(tmp_path / "c.sqlite")).agg().summary
+    assert (s["communication_time"], s["overlapped_communication_time"]) == (2000, 700)
