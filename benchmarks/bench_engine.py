@@ -110,9 +110,11 @@ def run(path: Path, out_dir: Path, report_list: list[str]) -> list[tuple[str, fl
     trace = timed("ingest", lambda: read_nsys_export(path))
     db = out_dir / "bench_dldb.sqlite"
     db.unlink(missing_ok=True)
-    # as the pipeline does: the raw tables are copied into the database on a background thread while
+    # as the pipeline does: the raw tables are written into the database on a background thread while
     # the main thread correlates and aggregates
-    writer = database.DatabaseWriter(db, trace, database.domain_ids_for(C.domain_order(trace, None))).start()
+    header = database.Header.from_trace(trace, database.domain_ids_for(C.domain_order(trace, None)))
+    writer = database.DatabaseWriter(db, header)
+    writer.add_raw(trace)
     classified = timed("classify", lambda: C.classify_trace(trace, None))
     info, mode, family, _ = classified
 
@@ -121,15 +123,16 @@ def run(path: Path, out_dir: Path, report_list: list[str]) -> list[tuple[str, fl
     iterations = timed("iterate", lambda: iterate.split_iterations(trace.ranges, info, family, None, td, pd_,
                                                                    trace.profile_end))
     corr = timed("correlate", lambda: C.correlate(trace, mode, iterations.boundaries, classified, links))
+    database.write_correlation(writer, trace, corr)
     aggs = timed("aggregate", lambda: {n: aggregate(trace, corr, dm, iterations, 0, iterations.count - 1)
                                        for n, dm in corr.domains.items()})
     findings = timed("detect", lambda: {n: expert_systems.detect(trace, corr, corr.domains[n], a, iterations)
                                         for n, a in aggs.items()})
 
     def write_db():
-        ids = writer.finish(corr, "default", {"profile_name": "bench", "mode": mode})
-        database.append_aggregation(db, aggs, ids, database.op_index_offsets(corr), iterations, findings)
-    timed("write database (after the background raw copy)", write_db)
+        ids = database.finish_analysis(writer, trace, corr, "default", {"profile_name": "bench", "mode": mode})
+        database.append_aggregation(db, aggs, ids, writer.op_index_maps(), iterations, findings)
+    timed("write database (after the background writer)", write_db)
 
     def write_reports():
         for name, agg in aggs.items():

@@ -82,8 +82,9 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
     staging = Staging(out_dir)
     try:
         mode_hint = args.mode
-        writer = database.DatabaseWriter(staging.path(database_path(args)), trace,
-                                         database.domain_ids_for(corr_mod.domain_order(trace, mode_hint))).start()
+        header = database.Header.from_trace(trace, database.domain_ids_for(corr_mod.domain_order(trace, mode_hint)))
+        writer = database.DatabaseWriter(staging.path(database_path(args)), header)
+        writer.add_raw(trace)   # written on the writer's thread while the analysis goes on
         return _analyse(args, out_dir, source, trace, capture, staging, writer, started)
     except BaseException:
         staging.discard_after(writer if "writer" in locals() else None)
@@ -99,6 +100,7 @@ def _analyse(args, out_dir, source, trace, capture, staging, writer, started) ->
         iterations = iterate.split_iterations(trace.ranges, info, family, args.key_node, thread_dev, process_dev,
                                               trace.profile_end)
         corr = corr_mod.correlate(trace, mode, iterations.boundaries, classified, links)
+    database.write_correlation(writer, trace, corr)
     log.info(f"  mode {mode}; {sum(len(d.ops) for d in corr.domains.values()):,} ops, "
              f"{sum(len(d.instances) for d in corr.domains.values()):,} op instances in {len(corr.domains)} "
              "NVTX domain(s)")
@@ -162,8 +164,8 @@ def _aggregate_and_write(args, out_dir: Path, source: Path, trace, corr, iterati
             db_final = database_path(args)
             db_staged = staging.path(db_final)
             if existing_db is None:
-                domain_ids = writer.finish(corr, primary, profile)
-                offsets = database.op_index_offsets(corr)
+                domain_ids = database.finish_analysis(writer, trace, corr, primary, profile)
+                offsets = writer.op_index_maps()
             else:
                 _copy_database(existing_db, db_staged)
                 domain_ids, offsets = profile["_domain_ids"], profile["_offsets"]
