@@ -14,6 +14,7 @@ Secondary indexes are built once, after the last row. Databases of schema 2.0 ar
 """
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import queue
@@ -58,7 +59,7 @@ class Header:
     domain_ids: dict = field(default_factory=dict)  # NVTX domain name -> domain_id, for the op-model domains
 
     @classmethod
-    def from_trace(cls, trace: Trace, domain_ids: dict, rank: int = 0) -> "Header":
+    def from_trace(cls, trace: Trace, domain_ids: dict, rank: int = 0) -> Header:
         system = dict(trace.system)
         system.update({f"nsys:{k}": v for k, v in trace.meta.items()})
         return cls(rank=rank, system=system, devices=trace.devices, processes=trace.processes,
@@ -93,7 +94,7 @@ class DatabaseWriter:
         self._thread.start()
         self._submit(self._header_rows)
 
-    def start(self) -> "DatabaseWriter":
+    def start(self) -> DatabaseWriter:
         """Kept for callers of the 2.0 writer: the thread starts with the writer."""
         return self
 
@@ -204,17 +205,15 @@ class DatabaseWriter:
                     cursor.execute("BEGIN")
                 self.stats["seconds_busy"] += time.perf_counter() - started
             cursor.execute("COMMIT")
-        except BaseException as exc:  # re-raised on the producer's thread
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the producer's thread
             self._error = exc
             while self._queue.get() is not None:   # let the producer's puts and close() go through
                 pass
         finally:
             for handle in (cursor, con):
-                try:
-                    if handle is not None:
+                if handle is not None:
+                    with contextlib.suppress(Exception):   # closing after an error: the error is what matters
                         handle.close()
-                except Exception:  # noqa: BLE001 - closing after an error; the error is what matters
-                    pass
 
     def _header_rows(self):
         h, rank = self.header, self.rank

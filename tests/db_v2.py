@@ -152,8 +152,9 @@ def write_v2_database(path: Path, trace, corr, primary: str, profile: dict) -> d
     con = sqlite3.connect(path)
     con.executescript(SCHEMA_2_0)
     domain_ids = {name: i for i, name in enumerate(corr.domains)}
-    ins = lambda table, rows, n: con.executemany(  # noqa: E731
-        f"INSERT INTO {table} VALUES ({', '.join('?' * n)})", rows)
+
+    def ins(table: str, rows: list, n: int) -> None:
+        con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * n)})", rows)
     ins("db_version", [("2.0.0", "2.0.0", "dlprof 2.0.0")], 3)
     ins("profile_info", [(k, v if isinstance(v, str) or v is None else json.dumps(v))
                          for k, v in {**profile, "primary_domain": primary}.items()], 2)

@@ -95,16 +95,16 @@ def test_a_2_0_database_is_reaggregated_in_its_own_layout(v2, tmp_path):
 @pytest.fixture(scope="module")
 def v2_viewer(v2):
     port = checks.free_port()
-    log = open(v2["base"] / "viewer.log", "w")
-    proc = subprocess.Popen(_viewer() + [str(v2["v2"]), f"--port={port}", "--host=127.0.0.1", "--quiet"],
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    api = checks.Api(f"http://127.0.0.1:{port}")
-    try:
-        checks.wait_until(lambda: api.raw(api.url("runs"), timeout=5)[0] == 200, 30, "dlprofviewer to start", proc)
-        yield api
-    finally:
-        checks.stop(proc)
-        log.close()
+    with open(v2["base"] / "viewer.log", "w") as log:
+        proc = subprocess.Popen(_viewer() + [str(v2["v2"]), f"--port={port}", "--host=127.0.0.1", "--quiet"],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        api = checks.Api(f"http://127.0.0.1:{port}")
+        try:
+            checks.wait_until(lambda: api.raw(api.url("runs"), timeout=5)[0] == 200, 30, "dlprofviewer to start",
+                              proc)
+            yield api
+        finally:
+            checks.stop(proc)
 
 
 def test_the_viewer_serves_a_2_0_database(v2, v2_viewer):
