@@ -41,7 +41,8 @@ DB_SCHEMA_VERSION = K.DB_SCHEMA_VERSION
 PRIMARY_REPORT_ORDER = ("default",)
 QUEUE_SEGMENTS = 4          # frames waiting for the writer thread at most (each holds its segment alive)
 CHUNK_ROWS = 1 << 18        # rows encoded and inserted at a time: bounds the writer's own memory
-SORT_CACHE_KIB = 64 << 10   # page cache while the indexes are sorted (KiB)
+INSERT_CACHE_KIB = 8 << 10  # page cache while rows are appended (they touch the last pages only), KiB
+SORT_CACHE_KIB = 64 << 10   # page cache, and so sorter memory, while the indexes are built, KiB
 PAGE_SIZE = 16384           # bulk appends a quarter faster than SQLite's 4 KiB default, the same file size
 
 
@@ -168,7 +169,7 @@ class DatabaseWriter:
             import adbc_driver_sqlite.dbapi as adbc
             con = adbc.connect(str(self.path), autocommit=True)
             cursor = con.cursor()
-            for pragma in ("journal_mode=OFF", "synchronous=OFF", f"cache_size=-{SORT_CACHE_KIB}"):
+            for pragma in ("journal_mode=OFF", "synchronous=OFF", f"cache_size=-{INSERT_CACHE_KIB}"):
                 cursor.execute(f"PRAGMA {pragma}")
                 if cursor.description:
                     cursor.fetchall()
@@ -199,8 +200,10 @@ class DatabaseWriter:
                 if fn == self._final_rows:
                     cursor.execute("COMMIT")
                     cpu = time.thread_time()
+                    cursor.execute(f"PRAGMA cache_size=-{SORT_CACHE_KIB}")
                     for statement in filter(None, (s.strip() for s in RAW_INDEXES.split(";"))):
                         cursor.execute(statement)
+                    cursor.execute(f"PRAGMA cache_size=-{INSERT_CACHE_KIB}")
                     self.stats["index_cpu"] += time.thread_time() - cpu
                     cursor.execute("BEGIN")
                 self.stats["seconds_busy"] += time.perf_counter() - started

@@ -18,7 +18,6 @@ from dlprof_profiler.trace import combined_codes, pid_of, tid_of
 
 # PyTorch's per-call fields, stored as integers when written as Python writes integers (so they round-trip)
 _SEQ, _OP_ID = ", seq = ", ", op_id = "
-_CANONICAL_INT = r"^(?:0|-?[1-9][0-9]{0,17})$"
 
 
 # ---------------------------------------------------------------------------- column helpers
@@ -241,7 +240,9 @@ def _pieces(data: np.ndarray, start: np.ndarray, stop: np.ndarray) -> pa.Array:
     counts[0:-1:2] = start - np.concatenate([[0], stop[:-1]])   # bytes skipped before each span
     counts[1::2] = length
     counts[-1] = data.size - (stop[-1] if n else 0)
-    keep = np.repeat(np.resize(np.array([False, True]), 2 * n + 1), counts)
+    take = np.zeros(2 * n + 1, dtype=bool)
+    take[1::2] = True
+    keep = np.repeat(take, counts)
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(length, out=offsets[1:])
     return pa.Array.from_buffers(pa.large_string(), n, [None, pa.py_buffer(offsets),
@@ -249,9 +250,16 @@ def _pieces(data: np.ndarray, start: np.ndarray, stop: np.ndarray) -> pa.Array:
 
 
 def _canonical_ints(pieces: pa.Array, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(value, ok) per piece: ok where wanted and the piece is an integer as Python writes it."""
-    ok = wanted & np.asarray(pc.fill_null(pc.match_substring_regex(pieces, _CANONICAL_INT), False)
-                             .to_numpy(zero_copy_only=False), dtype=bool)
+    """(value, ok) per piece: ok where wanted and the piece is an integer as Python writes it (ASCII digits,
+    no leading zero, no '+' and no '-0', at most 18 digits)."""
+    def flags(array) -> np.ndarray:
+        return np.asarray(pc.fill_null(array, False).to_numpy(zero_copy_only=False), dtype=bool)
+    negative = flags(pc.starts_with(pieces, "-"))
+    digits = pc.if_else(pa.array(negative), pc.utf8_slice_codeunits(pieces, 1), pieces)
+    length = np.asarray(pc.binary_length(digits).to_numpy(zero_copy_only=False), dtype=np.int64)
+    leading_zero = flags(pc.starts_with(digits, "0"))
+    ok = wanted & flags(pc.ascii_is_decimal(digits)) & (length >= 1) & (length <= 18) \
+        & ~(leading_zero & ((length > 1) | negative))
     values = pc.cast(pc.if_else(pa.array(ok), pieces, pa.scalar("0", pa.large_string())), pa.int64())
     return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.int64), ok
 

@@ -123,6 +123,11 @@ class _V3:
             self._strings = table
         return self._strings
 
+    @property
+    def arrow_strings(self) -> pa.Array:
+        """Every string as an Arrow array indexed by id."""
+        return pa.array(self.strings, type=pa.string())
+
     def names(self, ids: np.ndarray) -> np.ndarray:
         """Strings of ids (-1 -> None) as an object array."""
         ids = np.asarray(ids, dtype=np.int64)
@@ -143,7 +148,7 @@ class _V3:
                                          categories=pd.Index(categories, dtype=object))
 
     def _ints(self, sql: str, names: list[str], params=()) -> dict:
-        return self.src.int_columns(sql, names, params)
+        return _int_columns(self.src, sql, names, params)
 
     # small tables ----------------------------------------------------------
     def profile(self) -> dict:
@@ -211,7 +216,7 @@ class _V3:
             ["range_id", "domain_id", "thread_id", "event_type", "start", "duration", "text_id", "seq", "no_seq",
              "op_id", "no_op_id", "unclosed"], (self.rank,))
         n = cols["range_id"].size
-        shared = pa.array(self.names(cols["text_id"]), type=pa.string()) if n else pa.array([], pa.string())
+        shared = self.arrow_strings.take(pa.array(cols["text_id"])) if n else pa.array([], pa.string())
         seq = pa.array(cols["seq"], mask=cols["no_seq"].astype(bool))
         op_id = pa.array(cols["op_id"], mask=cols["no_op_id"].astype(bool))
         texts = join_call_fields(shared, seq, op_id) if n else shared
@@ -349,7 +354,7 @@ class _V3:
             "cpu_overhead": cols["cpu_overhead"], "gpu_time": cols["gpu_time"], "gpu_start": gpu_start,
             "gpu_end": np.where(has_gpu, gpu_start + cols["gpu_span"], -1), "n_gpu": cols["n_gpu"],
             "n_kernels": cols["n_kernels"]})
-        details = self.src.int_columns(
+        details = self._ints(
             "SELECT instance_id, " + ", ".join(f"coalesce({c}_id, -1)" for c in DETAIL_COLUMNS)
             + f" FROM {K.RAW_OP_INSTANCE_DETAILS} WHERE instance_id BETWEEN ? AND ?", ["instance_id"] + DETAIL_COLUMNS,
             _key_range(did))
@@ -362,6 +367,15 @@ class _V3:
         keys = self._ints(f"SELECT instance_id FROM {K.RAW_ACTIVITY_OWNERS} WHERE owner_id BETWEEN ? AND ? "
                           "ORDER BY owner_id", ["i"], _key_range(did))["i"]
         return keys - K.db_id(did, 0)
+
+
+def _int_columns(src: SqliteSource, sql: str, names: list[str], params=()) -> dict:
+    """Integer columns of a query whose parameters are integers: they are written into the SQL, so ADBC reads
+    the columns in C (a parameterized query goes through Python rows)."""
+    parts = sql.split("?")
+    values = [str(int(p)) for p in params] + [""]
+    assert len(parts) == len(values), sql
+    return src.int_columns("".join(part + value for part, value in zip(parts, values)), names)
 
 
 def _typed_devices(devices: pd.DataFrame) -> pd.DataFrame:
@@ -475,9 +489,8 @@ class _V2:
 
     def instances(self, did: int, name: str, ops: pd.DataFrame, offset: int) -> pd.DataFrame:
         numeric = [c for c in _STORED_INSTANCE_COLUMNS if c != "domain_id"]
-        cols = self.src.int_columns(f"SELECT {', '.join(chr(34) + c + chr(34) for c in numeric)} "
-                                    "FROM read_only_op_instances WHERE domain_id = ? ORDER BY instance_id", numeric,
-                                    (did,))
+        cols = _int_columns(self.src, f"SELECT {', '.join(chr(34) + c + chr(34) for c in numeric)} "
+                            "FROM read_only_op_instances WHERE domain_id = ? ORDER BY instance_id", numeric, (did,))
         inst = pd.DataFrame(cols)
         inst["op_index"] -= offset
         details = self.src.frame("SELECT instance_id, data_type, input_shapes, output_shapes, parameters, stack_trace "
@@ -486,6 +499,6 @@ class _V2:
         return _finish_instances(inst, ops, name, details)
 
     def owners(self, did: int) -> np.ndarray:
-        return self.src.int_columns("SELECT instance_id FROM read_only_activity_owners WHERE domain_id = ? "
-                                    "ORDER BY activity_id", ["i"], (did,))["i"]
+        return _int_columns(self.src, "SELECT instance_id FROM read_only_activity_owners WHERE domain_id = ? "
+                            "ORDER BY activity_id", ["i"], (did,))["i"]
 
