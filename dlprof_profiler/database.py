@@ -105,10 +105,10 @@ class DatabaseWriter:
         `.syncs`, `.io_calls` (trace frames; any may be missing or empty)."""
         self._submit(self._raw_rows, frames)
 
-    def add_domain_model(self, domain: str, instances: pd.DataFrame, owners: pd.DataFrame | None = None) -> None:
+    def add_domain_model(self, domain: str, instances: pd.DataFrame, owners=None) -> None:
         """Op instances of one NVTX domain (correlate.INSTANCE_COLUMNS; op_index = the domain's op index) and
-        the owner of each GPU activity (columns activity_id, instance_id, api_id (-1: no launching call),
-        launch_time)."""
+        the owner of each GPU activity: a frame (or an iterable of frames, consumed on the writer's thread) with
+        columns activity_id, instance_id, api_id (-1: no launching call), launch_time."""
         self.written_models.add(domain)
         self._submit(self._model_rows, domain, instances, owners)
 
@@ -300,9 +300,13 @@ class DatabaseWriter:
                                       "created_by": [f"{K.CREATED_BY_PREFIX} {__version__}"]})
 
 
-def _chunks(frame: pd.DataFrame | None):
-    """Row slices of a frame, CHUNK_ROWS at a time (views: nothing is copied)."""
+def _chunks(frame):
+    """Row slices of a frame, CHUNK_ROWS at a time (views: nothing is copied); an iterable of frames (built
+    lazily on the writer's thread) is passed through."""
     if frame is None:
+        return
+    if not isinstance(frame, pd.DataFrame):
+        yield from frame
         return
     for first in range(0, len(frame), CHUNK_ROWS):
         yield frame.iloc[first:first + CHUNK_ROWS]
@@ -340,20 +344,29 @@ def launch_times(trace: Trace, gpu_api: np.ndarray) -> np.ndarray:
     return launch
 
 
+def _owner_chunks(trace: Trace, gpu_api: np.ndarray, gpu_instance: np.ndarray):
+    """A domain's activity owners, CHUNK_ROWS at a time, from arrays the analysis holds anyway."""
+    activity = trace.gpu["activity_id"].to_numpy(np.int64)
+    gpu_start = trace.gpu["start"].to_numpy(np.int64)
+    api = trace.api_calls
+    api_ids = api["api_id"].to_numpy(np.int64) if len(api) else np.zeros(1, dtype=np.int64)
+    api_start = api["start"].to_numpy(np.int64) if len(api) else np.zeros(1, dtype=np.int64)
+    for first in range(0, activity.size, CHUNK_ROWS):
+        part = slice(first, first + CHUNK_ROWS)
+        row = np.asarray(gpu_api[part], dtype=np.int64)
+        has = row >= 0
+        yield pd.DataFrame({"activity_id": activity[part], "instance_id": np.asarray(gpu_instance[part], np.int64),
+                            "api_id": np.where(has, api_ids[np.maximum(row, 0)], -1),
+                            "launch_time": np.where(has, api_start[np.maximum(row, 0)], gpu_start[part])}, copy=False)
+
+
 def write_correlation(writer: DatabaseWriter, trace: Trace, corr) -> None:
     """Queue every domain's op model of a whole-trace correlation (instances, activity owners, ops)."""
-    gpu_api = np.asarray(corr.gpu_api, dtype=np.int64)
-    api_ids = trace.api_calls["api_id"].to_numpy(np.int64) if len(trace.api_calls) else np.zeros(0, np.int64)
-    api_id = np.where(gpu_api >= 0, api_ids[np.maximum(gpu_api, 0)] if api_ids.size else -1, -1)
-    launch = launch_times(trace, gpu_api) if len(trace.gpu) else np.zeros(0, dtype=np.int64)
-    activity = trace.gpu["activity_id"].to_numpy(np.int64) if len(trace.gpu) else np.zeros(0, np.int64)
     for name, dm in corr.domains.items():
         if name in writer.written_models:
             continue
-        owners = pd.DataFrame({"activity_id": activity, "instance_id": np.asarray(dm.gpu_instance, dtype=np.int64),
-                               "api_id": api_id, "launch_time": launch}, copy=False)
         writer.add_ops(name, dm.ops)   # first: the domain's ops get consecutive database op indexes
-        writer.add_domain_model(name, dm.instances, owners)
+        writer.add_domain_model(name, dm.instances, _owner_chunks(trace, corr.gpu_api, dm.gpu_instance))
 
 
 def kernel_tc_pairs(trace: Trace, corr) -> pd.DataFrame:
