@@ -9,7 +9,8 @@ Writing: `DatabaseWriter(path, header)`, then per time segment `add_raw(frames)`
 only queue their frames: a background thread turns them into Arrow tables (names as string ids) and
 bulk-inserts them through ADBC, so the writing runs on the second core while the analysis goes on; the
 queue is bounded, so a writer that falls behind holds back the producer instead of piling up memory.
-Secondary indexes are built once, after the last row. Databases of schema 2.0 are still read
+Secondary indexes exist from the start: rows arrive nearly in their order, so keeping them costs little and
+finish() has nothing left to sort. Databases of schema 2.0 are still read
 (db_load.py) and appended to (`append_aggregation`).
 """
 from __future__ import annotations
@@ -41,8 +42,7 @@ DB_SCHEMA_VERSION = K.DB_SCHEMA_VERSION
 PRIMARY_REPORT_ORDER = ("default",)
 QUEUE_SEGMENTS = 4          # frames waiting for the writer thread at most (each holds its segment alive)
 CHUNK_ROWS = 1 << 18        # rows encoded and inserted at a time: bounds the writer's own memory
-INSERT_CACHE_KIB = 8 << 10  # page cache while rows are appended (they touch the last pages only), KiB
-SORT_CACHE_KIB = 64 << 10   # page cache, and so sorter memory, while the indexes are built, KiB
+INSERT_CACHE_KIB = 16 << 10  # page cache, KiB: appended rows and index entries touch the last pages only
 PAGE_SIZE = 16384           # bulk appends a quarter faster than SQLite's 4 KiB default, the same file size
 
 
@@ -76,8 +76,9 @@ class DatabaseWriter:
         self.rank = int(header.rank)
         self.registry = E.Registry(header.domain_ids)
         self.written_models: set[str] = set()
-        # the writer thread's work: rows inserted, wall seconds busy, CPU seconds encoding / inserting / indexing
-        self.stats = {"rows": 0, "seconds_busy": 0.0, "encode_cpu": 0.0, "insert_cpu": 0.0, "index_cpu": 0.0}
+        # the writer thread's work: rows inserted, wall seconds busy, CPU seconds encoding / inserting (the
+        # secondary indexes are kept up to date while rows are appended: they arrive nearly in index order)
+        self.stats = {"rows": 0, "seconds_busy": 0.0, "encode_cpu": 0.0, "insert_cpu": 0.0}
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, queue_size))
         self._error: BaseException | None = None
         self._aborted = False
@@ -86,7 +87,7 @@ class DatabaseWriter:
             con = sqlite3.connect(self.path)
             try:
                 con.execute(f"PRAGMA page_size = {PAGE_SIZE}")
-                con.executescript(SCHEMA)
+                con.executescript(SCHEMA + RAW_INDEXES)
             finally:
                 con.close()
         except sqlite3.Error as exc:
@@ -197,15 +198,6 @@ class DatabaseWriter:
                 pending = self.registry.strings.pending()
                 if pending is not None:
                     cursor.adbc_ingest(K.STRINGS, pending, mode="append")
-                if fn == self._final_rows:
-                    cursor.execute("COMMIT")
-                    cpu = time.thread_time()
-                    cursor.execute(f"PRAGMA cache_size=-{SORT_CACHE_KIB}")
-                    for statement in filter(None, (s.strip() for s in RAW_INDEXES.split(";"))):
-                        cursor.execute(statement)
-                    cursor.execute(f"PRAGMA cache_size=-{INSERT_CACHE_KIB}")
-                    self.stats["index_cpu"] += time.thread_time() - cpu
-                    cursor.execute("BEGIN")
                 self.stats["seconds_busy"] += time.perf_counter() - started
             cursor.execute("COMMIT")
         except BaseException as exc:  # noqa: BLE001 - re-raised on the producer's thread

@@ -241,7 +241,8 @@ CREATE VIEW view_expert_systems AS SELECT * FROM {K.EXPERT_SYSTEMS_FEEDBACK};
 
 SCHEMA = RAW_TABLES + DERIVED_TABLES + COMPAT_VIEWS
 
-# Secondary indexes on raw tables, built once after the last row (one sort each), only for viewer queries:
+# Secondary indexes on raw tables, only for viewer queries; created with the tables (rows arrive nearly in
+# index order: each insert appends):
 #  - idx_instances_start: iteration_ops (instances starting in an iteration) and iteration_op_kernels (an
 #    op's instances in an iteration, filtered on op_index inside the index);
 #  - idx_owner_instance: the GPU activities of those instances (iteration_op_kernels);
