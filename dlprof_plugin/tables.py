@@ -356,6 +356,8 @@ def iteration_op_kernels_table(ctx, iteration: int, bounds: tuple[int, int], op_
                   "ON g.activity_id = w.activity_id " + _LAUNCH_JOINS)
     where = ["i.domain_id = :domain", "i.op_index = :op_index", "i.start >= :istart", "i.start < :istop",
              f"g.kind = {KIND_KERNEL}"]
+    if ctx.db.v3:
+        where.append("i.n_gpu > 0")   # instances with GPU work: the condition of 3.0's index on (domain, op, start)
     params = dict(ctx.params(), iteration=iteration, istart=bounds[0], istop=bounds[1], op_index=op_index)
     params.pop("aggr")
     return TableQuery("iteration_op_kernels", _launch_columns(ctx, ":iteration"), source, where, params,

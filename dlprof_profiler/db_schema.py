@@ -243,12 +243,15 @@ SCHEMA = RAW_TABLES + DERIVED_TABLES + COMPAT_VIEWS
 
 # Secondary indexes on raw tables, only for viewer queries; created with the tables (rows arrive nearly in
 # index order: each insert appends):
-#  - idx_instances_start: iteration_ops (instances starting in an iteration) and iteration_op_kernels (an
-#    op's instances in an iteration, filtered on op_index inside the index);
+#  - idx_instances_start: the op instances starting in an iteration (iteration_ops);
+#  - idx_instances_op: one op's instances in an iteration (iteration_op_kernels), only those with GPU work
+#    (instances without any, such as aten::empty or views, launch nothing: the index leaves them out);
 #  - idx_owner_instance: the GPU activities of those instances (iteration_op_kernels);
 #  - idx_owner_launch: the launches of an iteration (iteration_kernels).
+GPU_INSTANCES = "n_gpu > 0"
 RAW_INDEXES = f"""
-CREATE INDEX idx_instances_start ON {K.RAW_OP_INSTANCES}(domain_id, start, op_index);
+CREATE INDEX idx_instances_start ON {K.RAW_OP_INSTANCES}(domain_id, start);
+CREATE INDEX idx_instances_op ON {K.RAW_OP_INSTANCES}(domain_id, op_index, start) WHERE {GPU_INSTANCES};
 CREATE INDEX idx_owner_instance ON {K.RAW_ACTIVITY_OWNERS}(instance_id);
 CREATE INDEX idx_owner_launch ON {K.RAW_ACTIVITY_OWNERS}(domain_id, launch_time);
 """

@@ -194,8 +194,11 @@ def test_schema_and_first_aggregation(db):
 
 def test_viewer_indexes_only(db):
     indexes = {r[0] for r in query(db, "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")}
-    assert indexes == {"idx_instances_start", "idx_owner_instance", "idx_owner_launch", "idx_op_nodes_gpu",
-                       "idx_kernel_summaries", "idx_group_ops"}
+    assert indexes == {"idx_instances_start", "idx_instances_op", "idx_owner_instance", "idx_owner_launch",
+                       "idx_op_nodes_gpu", "idx_kernel_summaries", "idx_group_ops"}
+    # the op index holds only instances with GPU work (the training profile's 36 ranges give 24 op instances,
+    # 3 iterations x 7 of them with kernels or copies)
+    assert query(db, "SELECT count(*) FROM raw_op_instances INDEXED BY idx_instances_op WHERE n_gpu > 0") == [(21,)]
 
 
 @pytest.mark.parametrize("text", [
