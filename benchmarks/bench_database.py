@@ -124,8 +124,9 @@ def main() -> int:
           f"= {size / source:.2f}x the input")
     st = stats_alone
     print(f"writer alone: {alone:.1f} s wall; its thread busy {st['seconds_busy']:.1f} s, CPU: encoding "
-          f"{st['encode_cpu']:.1f} s, inserting (indexes included) {st['insert_cpu']:.1f} s ({st['rows']:,} rows); "
-          f"peak memory +{mem.peak - mem.start:.0f} MB over the trace ({mem.start:.0f} MB before)")
+          f"{st['encode_cpu']:.1f} s, inserting (in-order indexes included) {st['insert_cpu']:.1f} s ({st['rows']:,} "
+          f"rows), final index {st['index_cpu']:.1f} s; peak memory +{mem.peak - mem.start:.0f} MB over the trace "
+          f"({mem.start:.0f} MB before)")
     print(f"overlapped: analysis thread waited {fg:.1f} s in the writer's calls (finish {finish_wait:.1f} s); "
           f"append_aggregation {append:.1f} s; run {total:.1f} s")
     print("largest tables and indexes (MB):")

@@ -9,8 +9,8 @@ Writing: `DatabaseWriter(path, header)`, then per time segment `add_raw(frames)`
 only queue their frames: a background thread turns them into Arrow tables (names as string ids) and
 bulk-inserts them through ADBC, so the writing runs on the second core while the analysis goes on; the
 queue is bounded, so a writer that falls behind holds back the producer instead of piling up memory.
-Secondary indexes exist from the start: rows arrive nearly in their order, so keeping them costs little and
-finish() has nothing left to sort. Databases of schema 2.0 are still read
+Secondary indexes whose keys arrive in order exist from the start (keeping them costs little); the one with
+random keys is sorted once in finish(). Databases of schema 2.0 are still read
 (db_load.py) and appended to (`append_aggregation`).
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ from dlprof_profiler import __version__
 from dlprof_profiler import contract as K
 from dlprof_profiler import db_encode as E
 from dlprof_profiler.aggregate import CLASSES, Aggregation
-from dlprof_profiler.db_schema import RAW_INDEXES, SCHEMA
+from dlprof_profiler.db_schema import FINAL_INDEXES, RAW_INDEXES, SCHEMA
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.trace import DEVICE_COLUMNS, Trace
 
@@ -43,6 +43,7 @@ PRIMARY_REPORT_ORDER = ("default",)
 QUEUE_SEGMENTS = 4          # frames waiting for the writer thread at most (each holds its segment alive)
 CHUNK_ROWS = 1 << 18        # rows encoded and inserted at a time: bounds the writer's own memory
 INSERT_CACHE_KIB = 16 << 10  # page cache, KiB: appended rows and index entries touch the last pages only
+SORT_CACHE_KIB = 64 << 10    # page cache, and so sorter memory, while the final indexes are built, KiB
 PAGE_SIZE = 16384           # bulk appends a quarter faster than SQLite's 4 KiB default, the same file size
 
 
@@ -76,9 +77,9 @@ class DatabaseWriter:
         self.rank = int(header.rank)
         self.registry = E.Registry(header.domain_ids)
         self.written_models: set[str] = set()
-        # the writer thread's work: rows inserted, wall seconds busy, CPU seconds encoding / inserting (the
-        # secondary indexes are kept up to date while rows are appended: they arrive nearly in index order)
-        self.stats = {"rows": 0, "seconds_busy": 0.0, "encode_cpu": 0.0, "insert_cpu": 0.0}
+        # the writer thread's work: rows inserted, wall seconds busy, CPU seconds encoding / inserting (indexes
+        # whose keys arrive in order are kept up to date meanwhile) / building the final indexes
+        self.stats = {"rows": 0, "seconds_busy": 0.0, "encode_cpu": 0.0, "insert_cpu": 0.0, "index_cpu": 0.0}
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, queue_size))
         self._error: BaseException | None = None
         self._aborted = False
@@ -95,10 +96,6 @@ class DatabaseWriter:
         self._thread = threading.Thread(target=self._run, name="dlprof-db-writer", daemon=True)
         self._thread.start()
         self._submit(self._header_rows)
-
-    def start(self) -> DatabaseWriter:
-        """Kept for callers of the 2.0 writer: the thread starts with the writer."""
-        return self
 
     # ------------------------------------------------------------------ producer side (the analysis thread)
     def add_raw(self, frames) -> None:
@@ -120,7 +117,7 @@ class DatabaseWriter:
 
     def finish(self, profile: dict, primary_domain: str, domains: dict | None = None, config: dict | None = None,
                range_labels: pd.DataFrame | None = None, kernel_tc: pd.DataFrame | None = None) -> dict:
-        """Write the remaining facts, build the indexes, close the file; returns {domain name: domain_id} of
+        """Write the remaining facts, build the last index, close the file; returns {domain name: domain_id} of
         the op-model domains. `domains`: name -> dict(family, has_markers, num_ranges) of every domain with an
         op model; `range_labels`: domain, label, kind, num_ranges; `kernel_tc`: name, long_name, uses_tc,
         tc_rule per distinct kernel name pair."""
@@ -130,7 +127,8 @@ class DatabaseWriter:
         return {name: self.registry.domains[name] for name in (domains or {}) if name in self.registry.domains}
 
     def op_index_maps(self) -> dict:
-        """Per op-model domain: the database op_index of each of its ops (index = the domain's op index)."""
+        """Per op-model domain: the database op_index of each of its ops (index = the domain's op index);
+        complete once finish() returned."""
         return {name: mapping.copy() for name, mapping in self.registry.op_maps.items()}
 
     def wait(self) -> None:
@@ -166,6 +164,7 @@ class DatabaseWriter:
     # ------------------------------------------------------------------ writer thread
     def _run(self) -> None:
         con = cursor = None
+        closed = False   # the producer's end-of-work mark was taken from the queue
         try:
             import adbc_driver_sqlite.dbapi as adbc
             con = adbc.connect(str(self.path), autocommit=True)
@@ -178,6 +177,7 @@ class DatabaseWriter:
             while True:
                 item = self._queue.get()
                 if item is None:
+                    closed = True
                     break
                 if self._aborted or self._error is not None:
                     continue
@@ -198,12 +198,19 @@ class DatabaseWriter:
                 pending = self.registry.strings.pending()
                 if pending is not None:
                     cursor.adbc_ingest(K.STRINGS, pending, mode="append")
+                if fn == self._final_rows:
+                    cpu = time.thread_time()
+                    cursor.execute(f"PRAGMA cache_size=-{SORT_CACHE_KIB}")
+                    for statement in filter(None, (s.strip() for s in FINAL_INDEXES.split(";"))):
+                        cursor.execute(statement)
+                    cursor.execute(f"PRAGMA cache_size=-{INSERT_CACHE_KIB}")
+                    self.stats["index_cpu"] += time.thread_time() - cpu
                 self.stats["seconds_busy"] += time.perf_counter() - started
             cursor.execute("COMMIT")
         except BaseException as exc:  # noqa: BLE001 - re-raised on the producer's thread
             self._error = exc
-            while self._queue.get() is not None:   # let the producer's puts and close() go through
-                pass
+            while not closed:   # let the producer's puts and close() go through
+                closed = self._queue.get() is None
         finally:
             for handle in (cursor, con):
                 if handle is not None:
