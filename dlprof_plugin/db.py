@@ -17,11 +17,13 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
 
+from dlprof_profiler import contract as K
+
 BUSY_TIMEOUT_S = 10.0   # readers wait at most this long for a writer's commit
 POOL_IDLE = 8           # idle connections kept per database
 CACHE_ENTRIES = 256     # cached results per database
 MMAP_BYTES = 1 << 34    # map up to 16 GiB of the file (address space only; pages come from the OS cache)
-SUPPORTED_MAJOR = "2"   # DB_SCHEMA_VERSION major this reader understands
+SUPPORTED_MAJORS = K.READABLE_SCHEMA_MAJORS   # DB_SCHEMA_VERSION majors this reader understands
 
 log = logging.getLogger("dlprof_plugin")
 
@@ -32,17 +34,18 @@ def is_hot_journal_error(exc: BaseException) -> bool:
         "readonly database" in str(exc)
 
 
-def is_decode_error(exc: BaseException) -> bool:
-    """A text value is not valid UTF-8 (names copied verbatim from an export with such bytes)."""
-    return "decode" in str(exc).lower()
-
-
-def _lenient_text(raw: bytes) -> str:
-    return raw.decode("utf-8", errors="replace")
-
-
 class NotADatabase(Exception):
     """The file is missing, unreadable or not a DLProf database."""
+
+
+def lenient_text(raw: bytes) -> str:
+    """TEXT that is not valid UTF-8 (schema 2.0 copied names from the export byte for byte), with U+FFFD."""
+    return raw.decode("utf-8", "replace")
+
+
+def is_decode_error(exc: BaseException) -> bool:
+    """A text value is not valid UTF-8 (names copied verbatim from an export with such bytes)."""
+    return "decode" in str(exc).lower() and "utf" in str(exc).lower()
 
 
 def _state(path: str) -> tuple:
@@ -59,9 +62,8 @@ class Database:
         self._cache: OrderedDict = OrderedDict()
         self._identity = None   # (inode, device) the pooled connections were opened on
         self._checked_identity = None
-        # decode text with replacement characters (as the reports do) once a value was not UTF-8; the
-        # default decoder is faster, so it is used until then
-        self.lenient = False
+        self.schema_major = None    # "2" or "3", known once a connection checked the file
+        self.lenient = False       # decode TEXT leniently (every 2.0 file; a 3.0 file once it failed)
 
     # ------------------------------------------------------------------ connections
     def state(self) -> tuple:
@@ -78,6 +80,8 @@ class Database:
             con.execute("PRAGMA query_only = 1")
             con.execute("PRAGMA temp_store = MEMORY")
             con.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")   # random B-tree probes without read() calls
+            if self.lenient:
+                con.text_factory = lenient_text
         except sqlite3.Error as exc:
             raise NotADatabase(f"cannot open the database: {exc}") from None
         return con
@@ -109,7 +113,7 @@ class Database:
             con = self._pool.get_nowait()
         except queue.Empty:
             con = self._open()
-        con.text_factory = _lenient_text if self.lenient else str
+        con.text_factory = lenient_text if self.lenient else str
         if self._checked_identity != identity:
             self._check_schema(con)
             self._checked_identity = identity
@@ -118,6 +122,11 @@ class Database:
             yield con
         except sqlite3.DatabaseError as exc:
             broken = "malformed" in str(exc) or "not a database" in str(exc)
+            if is_decode_error(exc) and not self.lenient:
+                # a 3.0 writer stores valid UTF-8 only; should a file hold other bytes, decode it leniently from
+                # the next request on
+                self.lenient = broken = True
+                self._drain()
             raise
         finally:
             if con.in_transaction:
@@ -140,17 +149,22 @@ class Database:
     def _check_schema(self, con: sqlite3.Connection) -> None:
         try:
             tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
-            if not {"db_version", "read_only_ops", "aggregations", "model_summary"} <= tables:
+            if not set(K.VIEWER_REQUIRED) <= tables:
                 raise NotADatabase("not a DLProf database")
             row = con.execute("SELECT current_version, created_by FROM db_version").fetchone()
         except sqlite3.Error as exc:
             if is_hot_journal_error(exc):
                 raise
             raise NotADatabase(f"not a DLProf database ({exc})") from None
-        if not row or not str(row[1] or "").startswith("dlprof"):
+        if not row or not str(row[1] or "").startswith(K.CREATED_BY_PREFIX):
             raise NotADatabase("not a DLProf database")
-        if str(row[0]).split(".")[0] != SUPPORTED_MAJOR:
+        major = K.schema_major(row[0])
+        if major not in SUPPORTED_MAJORS:
             raise NotADatabase(f"DLProf database schema {row[0]} is not supported by this viewer")
+        self.schema_major = major
+        if major == "2" and not self.lenient:
+            self.lenient = True
+            con.text_factory = lenient_text
 
     def close(self) -> None:
         with self._lock:
@@ -213,9 +227,22 @@ class Database:
             "SELECT name, value FROM profile_info")})
 
     def domains(self) -> list[dict]:
-        return self.cached("domains", lambda: self.query_dicts(
-            "SELECT domain_id, name, family, has_markers, num_ranges, is_primary FROM read_only_domains "
-            "ORDER BY domain_id"))
+        """The NVTX domains with an op model (of the shown rank in a 3.0 file)."""
+        def compute():
+            with self.connect():   # knows the schema version from here on
+                pass
+            rank = f"WHERE rank = {int(K.DEFAULT_RANK)} " if self.schema_major != "2" else ""
+            return self.query_dicts("SELECT domain_id, name, family, has_markers, num_ranges, is_primary "
+                                    f"FROM {K.READ_ONLY_DOMAINS} {rank}ORDER BY domain_id")
+        return self.cached("domains", compute)
+
+    @property
+    def v3(self) -> bool:
+        """Whether the file has schema 3.0's raw tables (raw_*, strings), else 2.0's read_only_* tables."""
+        if self.schema_major is None:
+            with self.connect():
+                pass
+        return self.schema_major != "2"
 
     def aggregations(self) -> list[dict]:
         return self.cached("aggregations", lambda: self.query_dicts(

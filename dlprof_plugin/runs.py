@@ -14,8 +14,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-PLUGIN_NAME = "dlprof"
-PROFILE_TAG = "dlprof/profile"
+from dlprof_profiler.contract import PLUGIN_NAME, PROFILE_TAG
+
 CACHE_SECONDS = 5.0      # how long a run listing is reused
 MISS_REFRESH_S = 1.0     # an unknown run triggers a refresh at most this often
 

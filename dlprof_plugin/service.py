@@ -641,7 +641,7 @@ class Service:
         whether it is still incomplete. The labels are counted once per file (raw tables never change): small
         range tables while the first request waits, large ones in the background (partial answers meanwhile)."""
         tables_in_db = db.cached("table_names", lambda: {r[0] for r in db.query(
-            "SELECT name FROM sqlite_master WHERE type = 'table'")})
+            "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")})
         if "read_only_range_labels" in tables_in_db:   # if the engine ever stores them precounted
             return ("SELECT domain_id, label AS text, num_ranges AS num FROM read_only_range_labels "
                     "WHERE num_ranges >= 2", {}, False)

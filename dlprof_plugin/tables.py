@@ -9,14 +9,16 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from dlprof_profiler import contract as K
+
 TEXT_TYPES = ("text", "multiline")
 NUMERIC_TYPES = ("int", "ns", "float", "pct")
 MAX_PAGE = 1000
 MAX_EXPORT_ROWS = 1_000_000
 MAX_FILTER_LEN = 1000
 
-KIND_KERNEL = 0          # read_only_gpu_activities.kind of a compute kernel
-UNASSOCIATED_GPU = 3     # read_only_op_instances.kind of a GPU activity outside every op (no CPU time)
+KIND_KERNEL = K.KIND_KERNEL            # gpu activity kind of a compute kernel
+UNASSOCIATED_GPU = K.UNASSOCIATED_GPU  # op instance kind of a GPU activity outside every op (no CPU time)
 
 
 class BadRequest(Exception):
@@ -116,10 +118,17 @@ def _base(aggr_domain_alias: str) -> list[str]:
 
 # ---------------------------------------------------------------------------- table definitions
 
-# the op's first call (as the detailed report's Input Shapes): one step down the (domain, op, start) index
-_FIRST_CALL_SHAPES = ("(SELECT d.input_shapes FROM read_only_op_instances i LEFT JOIN read_only_op_instance_details d "
-                      "ON d.domain_id = i.domain_id AND d.instance_id = i.instance_id WHERE i.domain_id = n.domain_id "
-                      "AND i.op_index = n.op_index ORDER BY i.start, i.instance_id LIMIT 1)")
+# the op's first call (as the detailed report's Input Shapes). 2.0: one step down the (domain, op, start) index;
+# 3.0: the instances starting at the op's first start (the (domain, start) index), since its op index holds
+# only instances with GPU work
+_FIRST_CALL_SHAPES = {
+    "2": ("(SELECT d.input_shapes FROM read_only_op_instances i LEFT JOIN read_only_op_instance_details d "
+          "ON d.domain_id = i.domain_id AND d.instance_id = i.instance_id WHERE i.domain_id = n.domain_id "
+          "AND i.op_index = n.op_index ORDER BY i.start, i.instance_id LIMIT 1)"),
+    "3": (f"(SELECT (SELECT value FROM {K.STRINGS} WHERE id = d.input_shapes_id) FROM {K.RAW_OP_INSTANCES} i "
+          f"LEFT JOIN {K.RAW_OP_INSTANCE_DETAILS} d ON d.instance_id = i.instance_id WHERE i.domain_id = n.domain_id "
+          "AND i.start = o.first_start AND i.op_index = n.op_index ORDER BY i.instance_id LIMIT 1)"),
+}
 
 
 def ops_table(ctx) -> TableQuery:
@@ -134,7 +143,7 @@ def ops_table(ctx) -> TableQuery:
     cols.append(Col("data_type", "Data Type", "text", "o.data_type", "Data type of the op's tensors"))
     # a lookup per row: sorting or filtering by it reads every op's first call, so the table-wide search,
     # which runs on every keystroke, leaves it out
-    cols.append(Col("input_shapes", "Input Shapes", "text", _FIRST_CALL_SHAPES,
+    cols.append(Col("input_shapes", "Input Shapes", "text", _FIRST_CALL_SHAPES["3" if ctx.db.v3 else "2"],
                     "Input tensor shapes of the op's first call", searchable=False))
     if pt:
         cols.append(Col("stack_trace", "Stack Trace", "multiline", "o.stack_trace", "Python frames, script first"))
@@ -264,18 +273,36 @@ def iterations_table(ctx) -> TableQuery:
                       "s.iter_value", key="s.rowid", range=("s", "iteration_summary"), indexed_sorts=("iteration",))
 
 
+def _name(id_sql: str) -> str:
+    """Schema 3.0: the text of a string id."""
+    return f"(SELECT value FROM {K.STRINGS} WHERE id = {id_sql})"
+
+
+# Launch columns whose SQL differs between the schemas (2.0: read_only_* tables; 3.0: raw tables, names by id)
+_LAUNCH_SQL = {
+    "2": {"kernel_name": "g.name", "gpu_duration": 'g."end" - g.start', "data_type": "coalesce(d.data_type, o.data_type)",
+          "input_shapes": "d.input_shapes", "parameters": "d.parameters", "output_shapes": "d.output_shapes",
+          "long_name": "g.long_name"},
+    "3": {"kernel_name": _name("g.name_id"), "gpu_duration": "g.duration",
+          "data_type": f"coalesce({_name('d.data_type_id')}, o.data_type)", "input_shapes": _name("d.input_shapes_id"),
+          "parameters": _name("d.parameters_id"), "output_shapes": _name("d.output_shapes_id"),
+          "long_name": _name("coalesce(g.long_name_id, g.name_id)")},
+}
+
+
 def _launch_columns(ctx, iteration_sql: str) -> list[Col]:
+    sql = _LAUNCH_SQL["3" if ctx.db.v3 else "2"]
     cols = [Col("activity_id", "Activity", "int", "g.activity_id", "Row key", hidden=True),
             Col("iteration", "Iteration", "int", iteration_sql, "Iteration of the launch", sortable=False,
                 filterable=False),
             Col("op_index", "Op Index", "int", "i.op_index", "Op of the launch", hidden=True)]
     cols += _op_identity("o", ctx.pytorch)
-    cols += [Col("kernel_name", "Kernel Name", "text", "g.name", "Short kernel name"),
+    cols += [Col("kernel_name", "Kernel Name", "text", sql["kernel_name"], "Short kernel name"),
              Col("device_id", "Device ID", "int", "g.device_id", "GPU"),
              Col("gpu_start", "GPU Start Time (ns)", "ns", "g.start", "Kernel start on the GPU"),
              Col("gpu_start_offset", "GPU Start in Iteration (ns)", "ns", "g.start - :istart",
                  "Kernel start on the GPU, from the start of the iteration"),
-             Col("gpu_duration", "GPU Duration (ns)", "ns", 'g."end" - g.start', "Kernel duration"),
+             Col("gpu_duration", "GPU Duration (ns)", "ns", sql["gpu_duration"], "Kernel duration"),
              Col("api_start", "API Call Start (ns)", "ns", "w.launch_time", "Start of the launching API call"),
              Col("api_start_offset", "API Call Start in Iteration (ns)", "ns", "w.launch_time - :istart",
                  "Start of the launching API call, from the start of the iteration"),
@@ -288,11 +315,11 @@ def _launch_columns(ctx, iteration_sql: str) -> list[Col]:
              Col("block_x", "Block X", "int", "g.block_x", "Block size"),
              Col("block_y", "Block Y", "int", "g.block_y", "Block size"),
              Col("block_z", "Block Z", "int", "g.block_z", "Block size"),
-             Col("data_type", "Data Types", "text", "coalesce(d.data_type, o.data_type)", "Tensor data types"),
-             Col("input_shapes", "Input Shapes", "text", "d.input_shapes", "Input tensor shapes"),
-             Col("parameters", "Parameters", "text", "d.parameters", "Op parameters"),
-             Col("output_shapes", "Output Shapes", "text", "d.output_shapes", "Output tensor shapes"),
-             Col("long_name", "Long Kernel Name", "text", "g.long_name", "Demangled kernel signature"),
+             Col("data_type", "Data Types", "text", sql["data_type"], "Tensor data types"),
+             Col("input_shapes", "Input Shapes", "text", sql["input_shapes"], "Input tensor shapes"),
+             Col("parameters", "Parameters", "text", sql["parameters"], "Op parameters"),
+             Col("output_shapes", "Output Shapes", "text", sql["output_shapes"], "Output tensor shapes"),
+             Col("long_name", "Long Kernel Name", "text", sql["long_name"], "Demangled kernel signature"),
              Col("stream_id", "Stream", "int", "g.stream_id", "CUDA stream", hidden=True)]
     return cols
 
@@ -301,18 +328,36 @@ _LAUNCH_JOINS = ("JOIN read_only_ops o ON o.op_index = i.op_index "
                  "LEFT JOIN read_only_kernel_tc t ON t.name = g.name AND t.long_name = g.long_name "
                  "LEFT JOIN read_only_op_instance_details d ON d.domain_id = i.domain_id "
                  "AND d.instance_id = i.instance_id")
+# Schema 3.0 keys are database-wide (contract.ID_BITS): every join below is a rowid lookup
+_LAUNCH_JOINS_V3 = (f"JOIN {K.READ_ONLY_OPS} o ON o.op_index = i.op_index "
+                    f"LEFT JOIN {K.RAW_KERNEL_TC} t ON t.rank = g.rank AND t.name_id = g.name_id "
+                    "AND t.long_name_id = coalesce(g.long_name_id, g.name_id) "
+                    f"LEFT JOIN {K.RAW_OP_INSTANCE_DETAILS} d ON d.instance_id = i.instance_id")
+_OWNER_GPU_V3 = f"CROSS JOIN {K.RAW_GPU_ACTIVITIES} g ON g.activity_id = w.activity_id "
+
+
+def _api_time_post(ctx):
+    """The page filler of the API call column (3.0 finds the calls through the domain's owner rows)."""
+    if not ctx.db.v3:
+        return fill_api_time
+    domain = ctx.domain_id
+    return lambda db, rows, columns: fill_api_time(db, rows, columns, domain)
 
 
 def iteration_kernels_table(ctx, iteration: int, bounds: tuple[int, int]) -> TableQuery:
     # CROSS JOIN: the iteration's launches (index on launch_time) drive the query whatever the filters
-    source = ("read_only_activity_owners w CROSS JOIN read_only_gpu_activities g ON g.activity_id = w.activity_id "
-              "CROSS JOIN read_only_op_instances i ON i.domain_id = w.domain_id AND i.instance_id = w.instance_id "
-              + _LAUNCH_JOINS)
+    if ctx.db.v3:
+        source = (f"{K.RAW_ACTIVITY_OWNERS} w {_OWNER_GPU_V3}CROSS JOIN {K.RAW_OP_INSTANCES} i "
+                  "ON i.instance_id = w.instance_id " + _LAUNCH_JOINS_V3)
+    else:
+        source = ("read_only_activity_owners w CROSS JOIN read_only_gpu_activities g ON g.activity_id = w.activity_id "
+                  "CROSS JOIN read_only_op_instances i ON i.domain_id = w.domain_id AND i.instance_id = w.instance_id "
+                  + _LAUNCH_JOINS)
     where = ["w.domain_id = :domain", "w.launch_time >= :istart", "w.launch_time < :istop", f"g.kind = {KIND_KERNEL}"]
     params = dict(ctx.params(), iteration=iteration, istart=bounds[0], istop=bounds[1])
     params.pop("aggr")
     return TableQuery("iteration_kernels", _launch_columns(ctx, ":iteration"), source, where, params,
-                      ("gpu_start", "asc"), "g.activity_id", post=fill_api_time, key="g.activity_id")
+                      ("gpu_start", "asc"), "g.activity_id", post=_api_time_post(ctx), key="g.activity_id")
 
 
 def iteration_op_kernels_table(ctx, iteration: int, bounds: tuple[int, int], op_index: int) -> TableQuery:
@@ -320,24 +365,34 @@ def iteration_op_kernels_table(ctx, iteration: int, bounds: tuple[int, int], op_
     # the query; otherwise the planner may scan every activity owner of the domain
     # and the owners are found through their instance index (without statistics the planner prefers a scan of
     # the domain's primary-key range); index names come from sqlite_master, never from the request
-    index = ctx.db.index_on("read_only_activity_owners", ("domain_id", "instance_id"))
+    owners, key = ((K.RAW_ACTIVITY_OWNERS, ("instance_id",)) if ctx.db.v3 else
+                   ("read_only_activity_owners", ("domain_id", "instance_id")))
+    index = ctx.db.index_on(owners, key)
     indexed = f' INDEXED BY "{index}"' if index and re.fullmatch(r"\w+", index) else ""
-    source = (f"read_only_op_instances i CROSS JOIN read_only_activity_owners w{indexed} "
-              "ON w.domain_id = i.domain_id AND w.instance_id = i.instance_id CROSS JOIN read_only_gpu_activities g "
-              "ON g.activity_id = w.activity_id " + _LAUNCH_JOINS)
+    if ctx.db.v3:
+        source = (f"{K.RAW_OP_INSTANCES} i CROSS JOIN {owners} w{indexed} ON w.instance_id = i.instance_id "
+                  + _OWNER_GPU_V3 + _LAUNCH_JOINS_V3)
+    else:
+        source = (f"read_only_op_instances i CROSS JOIN {owners} w{indexed} "
+                  "ON w.domain_id = i.domain_id AND w.instance_id = i.instance_id CROSS JOIN read_only_gpu_activities g "
+                  "ON g.activity_id = w.activity_id " + _LAUNCH_JOINS)
     where = ["i.domain_id = :domain", "i.op_index = :op_index", "i.start >= :istart", "i.start < :istop",
              f"g.kind = {KIND_KERNEL}"]
+    if ctx.db.v3:
+        where.append("i.n_gpu > 0")   # instances with GPU work: the condition of 3.0's index on (domain, op, start)
     params = dict(ctx.params(), iteration=iteration, istart=bounds[0], istop=bounds[1], op_index=op_index)
     params.pop("aggr")
     return TableQuery("iteration_op_kernels", _launch_columns(ctx, ":iteration"), source, where, params,
-                      ("gpu_start", "asc"), "g.activity_id", post=fill_api_time, key="g.activity_id")
+                      ("gpu_start", "asc"), "g.activity_id", post=_api_time_post(ctx), key="g.activity_id")
 
 
 def iteration_ops_table(ctx, iteration: int, bounds: tuple[int, int]) -> TableQuery:
+    instances, duration = (K.RAW_OP_INSTANCES, "i.duration") if ctx.db.v3 else \
+        ("read_only_op_instances", 'i."end" - i.start')
     source = (f"(SELECT i.op_index AS op_index, count(*) AS calls, "
-              f"sum(CASE WHEN i.kind = {UNASSOCIATED_GPU} THEN 0 ELSE i.\"end\" - i.start END) AS cpu_time, "
+              f"sum(CASE WHEN i.kind = {UNASSOCIATED_GPU} THEN 0 ELSE {duration} END) AS cpu_time, "
               f"sum(i.gpu_time) AS gpu_time, sum(i.cpu_overhead) AS cpu_overhead, sum(i.n_kernels) AS kernels, "
-              f"min(i.start) AS first_start FROM read_only_op_instances i WHERE i.domain_id = :domain "
+              f"min(i.start) AS first_start FROM {instances} i WHERE i.domain_id = :domain "
               f"AND i.start >= :istart AND i.start < :istop GROUP BY i.op_index) s "
               f"JOIN read_only_ops o ON o.op_index = s.op_index")
     cols = [Col("op_index", "Op Index", "int", "s.op_index", "Row key", hidden=True),
@@ -375,8 +430,8 @@ def key_nodes_table(ctx, range_source: str) -> TableQuery:
     return TableQuery("key_nodes", cols, source, [], params, ("instances", "desc"), "k.kind, k.name")
 
 
-_SEVERITY = ("CASE lower(e.severity) WHEN 'error' THEN 0 WHEN 'high' THEN 0 WHEN 'warning' THEN 1 "
-             "WHEN 'medium' THEN 1 WHEN 'info' THEN 2 WHEN 'low' THEN 2 ELSE 3 END")
+_SEVERITY = ("CASE lower(e.severity) " + " ".join(f"WHEN '{k}' THEN {v}" for k, v in K.SEVERITY_ORDER.items())
+             + f" ELSE {len(K.SEVERITIES)} END")
 
 
 def expert_systems_table(ctx) -> TableQuery:
@@ -392,10 +447,11 @@ def expert_systems_table(ctx) -> TableQuery:
 
 # ---------------------------------------------------------------------------- computed columns
 
-def fill_api_time(db, rows: list[list], columns: list[Col]) -> None:
-    """API call durations of one page of launches. With an index on read_only_cuda_calls(pid, correlation_id)
-    one indexed join; without it, each launch's call is found by binary search on api_id, which the engine
-    assigns in start order (read_only_activity_owners.launch_time is the call's start)."""
+def fill_api_time(db, rows: list[list], columns: list[Col], domain: int | None = None) -> None:
+    """API call durations of one page of launches. Schema 3.0: the owner rows of the launches (in `domain`)
+    name their calls. Schema 2.0: with an index on read_only_cuda_calls(pid, correlation_id) one indexed join;
+    without it, each launch's call is found by binary search on api_id, which the engine assigns in start order
+    (read_only_activity_owners.launch_time is the call's start)."""
     keys = [c.key for c in columns]
     if "api_time" not in keys or not rows:
         return
@@ -404,7 +460,12 @@ def fill_api_time(db, rows: list[list], columns: list[Col]) -> None:
     marks = ",".join("?" * len(ids))
     by_id: dict = {}
     with db.snapshot() as con:
-        if db.has_index("read_only_cuda_calls", ("pid", "correlation_id")):
+        if domain is not None:   # owner rows are keyed (domain_id << ID_BITS) | the activity's own id
+            owner_keys = [K.db_id(domain, i & K.ID_MASK) for i in ids]
+            by_id = dict(con.execute(
+                f"SELECT w.activity_id, c.duration FROM {K.RAW_ACTIVITY_OWNERS} w JOIN {K.RAW_API_CALLS} c "
+                f"ON c.api_id = w.api_id WHERE w.owner_id IN ({marks})", owner_keys).fetchall())
+        elif db.has_index("read_only_cuda_calls", ("pid", "correlation_id")):
             by_id = dict(con.execute(
                 f'SELECT g.activity_id, c."end" - c.start FROM read_only_gpu_activities g '
                 f"JOIN read_only_cuda_calls c ON c.pid = g.pid AND c.correlation_id = g.correlation_id "

@@ -12,17 +12,8 @@ from pathlib import Path
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
 
+from dlprof_profiler.contract import EVENT_SUFFIX, PLUGIN_NAME, PROFILE_TAG, SCALAR_TAGS
 from dlprof_profiler.graph_events import RUN_METADATA_TAG
-
-
-PLUGIN_NAME = "dlprof"
-PROFILE_TAG = "dlprof/profile"
-EVENT_SUFFIX = ".dlprof"
-SCALAR_TAGS = {
-    "iteration_time_ms": "dlprof/iteration_time_ms",
-    "gpu_utilization_pct": "dlprof/gpu_utilization_pct",
-    "tc_kernel_time_ms": "dlprof/tc_kernel_time_per_gpu_ms",
-}
 
 
 def run_directory(output_path: Path, profile_name: str) -> Path:

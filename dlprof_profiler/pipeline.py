@@ -91,8 +91,9 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
     staging = Staging(out_dir)
     writer = None
     try:
-        writer = database.DatabaseWriter(staging.path(database_path(args)), trace,
-                                         database.domain_ids_for(corr_mod.domain_order(trace, args.mode))).start()
+        header = database.Header.from_trace(trace, database.domain_ids_for(corr_mod.domain_order(trace, args.mode)))
+        writer = database.DatabaseWriter(staging.path(database_path(args)), header)
+        writer.add_raw(trace)   # written on the writer's thread while the analysis goes on
         result = analyze(trace, AnalysisConfig.from_args(args), str(source))
         profile = _profile_info(args, source, trace, result.corr, capture)
         return _write_outputs(args, out_dir, source, result, profile, None, started, staging, writer)
@@ -127,8 +128,8 @@ def _write_outputs(args, out_dir: Path, source: Path, result: Analysis, profile:
             db_final = database_path(args)
             db_staged = staging.path(db_final)
             if existing_db is None:
-                domain_ids = writer.finish(corr, primary, profile)
-                offsets = database.op_index_offsets(corr)
+                domain_ids = database.finish_analysis(writer, trace, corr, primary, profile)
+                offsets = writer.op_index_maps()
             else:
                 _copy_database(existing_db, db_staged)
                 domain_ids, offsets = profile["_domain_ids"], profile["_offsets"]
@@ -256,8 +257,13 @@ def reaggregate_database(source: Path, args: Namespace) -> int:
     aggregation appended."""
     started = time.perf_counter()
     out_dir = prepare_output_dir(Path(args.output_path))
+    in_place = database_path(args).resolve() == source.resolve()
+    if in_place and not args.force:
+        raise DLProfError(f"{source}: the output database would replace the input: add --force=true to update "
+                          "this run in place (a new aggregation; its reports and event file are replaced), or "
+                          "choose another --output_path or --base_name", exit_code=2)
     refuse_existing(planned_outputs(args), args.force)
-    if database_path(args).resolve() == source.resolve():
+    if in_place:
         # the run's own folder and names (the command the expert systems propose): update that run
         log.info(f"{source}: updating this run: its database gets a new aggregation (earlier ones are kept); "
                  "its reports and event file are replaced")

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET = 0, 1, 2
+from dlprof_profiler.contract import KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET  # noqa: F401 - GPU activity kinds
 
 DEFAULT_DOMAIN = "default"
 

@@ -441,9 +441,9 @@ def test_reaggregate_form(env):
     assert aggregations(db) == [(1, "Optimizer.step#SGD.step", 0, 3)]
     # the expert systems' proposal, applied once ...
     b.click("#apply-proposal")
-    assert "iterations 1–2" in dialog_ok(b, "confirm-dialog")
+    assert "iterations 0–2" in dialog_ok(b, "confirm-dialog")
     b.wait_css("#reaggregate-status[data-status=succeeded]", timeout=120)
-    assert aggregations(db)[-1] == (2, "Optimizer.step#SGD.step", 1, 2)
+    assert aggregations(db)[-1] == (2, "Optimizer.step#SGD.step", 0, 2)
     ready(b, "2")
     # ... and twice, from aggregation 1: the one it made is offered
     from selenium.webdriver.support.ui import Select
@@ -451,7 +451,7 @@ def test_reaggregate_form(env):
     b.wait_css("#iterations-chart g.bar")
     b.wait_css("#apply-proposal", visible=True)
     b.click("#apply-proposal")
-    assert "Aggregation #2 already covers iterations 1–2" in dialog_ok(b, "existing-aggregation-dialog")
+    assert "Aggregation #2 already covers iterations 0–2" in dialog_ok(b, "existing-aggregation-dialog")
     b.wait(lambda d: b.js("return document.getElementById('aggr-select').value") == "2", what="aggregation 2 shown")
     assert len(aggregations(db)) == 2
     # the chosen aggregation is in the URL too

@@ -325,7 +325,7 @@ def test_gpus_view(env):
     row = b.css("#gpu-properties tbody tr[data-device='0']").text
     assert name in row and f"{major}.{minor}" in row and str(sms) in row and "39.59 GiB" in row
     util = query(db, "SELECT gpu_utilization FROM device_utilization WHERE aggr_id = ?", (aggr_id(db),))[0][0]
-    assert b.css("#gpu-utilization .gpu-row[data-device='0'] .gpu-util").text == fmt_pct(util) == "8.6 %"
+    assert b.css("#gpu-utilization .gpu-row[data-device='0'] .gpu-util").text == fmt_pct(util) == "38.3 %"
     segments = b.all("#gpu-utilization .gpu-row[data-device='0'] .hstack-seg")
     assert {s.get_attribute("data-key") for s in segments} >= {"tc", "non_tc", "other"}
 
@@ -653,10 +653,10 @@ def test_iterations_view_and_reaggregation(env, tmp_path):
     assert metric("iter_aggregated") == engine["Aggregated Iterations"] == "2"
     assert metric("iter_range") == f"{engine['Start Iteration']} – {engine['Stop Iteration']}" == "1 – 2"
     assert metric("avg_iteration_time") == fmt_ns(float(engine["Average Iteration Time (ns)"]))
-    assert metric("wall_time") != "1.29 ms"
+    assert metric("wall_time") != "290 µs"
     # earlier aggregations stay: switching back shows the old figures
     Select(b.css("#aggr-select")).select_by_value("1")
-    b.wait(lambda d: metric("wall_time") == "1.29 ms", what="aggregation 1 on the dashboard")
+    b.wait(lambda d: metric("wall_time") == "290 µs", what="aggregation 1 on the dashboard")
     assert metric("iter_aggregated") == "4"
 
     # a failing re-aggregation is shown and leaves the aggregations intact
@@ -671,23 +671,25 @@ def test_iterations_view_and_reaggregation(env, tmp_path):
 
 
 def test_expert_system_proposal_applies_with_one_click(env):
-    """The bad iteration range detector proposes the steady iterations 1-2 of the training profile (iteration 0
-    starts at the session start, iteration 3 holds only the last sync): the Dashboard shows the proposal with
-    its command, and the Iterations view applies it with one click (after the confirmation)."""
+    """The bad iteration range detector proposes the steady iterations 0-2 of the training profile (iteration 3
+    holds only the last sync; iteration 0 starts at the first recorded event, so it is a full step): the
+    Dashboard shows the proposal with its command, and the Iterations view applies it with one click (after the
+    confirmation)."""
     b, db = env.b, env.db("proposal")
     select_run(b, "proposal/dlprof")
     goto(b, "dashboard")
     finding = b.wait_css("#panel-recommendations li[data-exp-sys=bad_iteration_range_detector]", 20)
-    assert "Apply: aggregate iterations 1–2" in finding.text
-    assert "dlprof --database=<db> --iter_start 1 --iter_stop 2" in finding.text
+    assert "Apply: aggregate iterations 0–2" in finding.text
+    assert "dlprof --database=<db> --iter_start 0 --iter_stop 2" in finding.text
     goto(b, "iterations")
     button = b.wait_css("#apply-proposal", 20, visible=True)
-    assert "iterations 1–2" in button.text
+    assert "iterations 0–2" in button.text
     button.click()
     confirm = b.wait_css("#confirm-dialog", visible=True)
-    assert "iterations 1–2" in confirm.text
+    assert "iterations 0–2" in confirm.text
     confirm.find_element("css selector", "button.dialog-ok").click()
     b.wait_css("#reaggregate-status[data-status=succeeded]", timeout=120)
-    assert query(db, "SELECT iter_start, iter_stop FROM aggregations ORDER BY aggr_id DESC LIMIT 1") == [(1, 2)]
-    assert query(db, "SELECT wall_time FROM model_summary ORDER BY aggr_id DESC LIMIT 1") == [(199_000,)]
-    b.wait_text("#iterations-chart .range-label", "Aggregated: iterations 1–2")
+    assert query(db, "SELECT iter_start, iter_stop FROM aggregations ORDER BY aggr_id DESC LIMIT 1") == [(0, 2)]
+    # from the first event (1_000_000) to the end of iteration 2's last op, aten::add_ (1_200_000 + 79_000)
+    assert query(db, "SELECT wall_time FROM model_summary ORDER BY aggr_id DESC LIMIT 1") == [(279_000,)]
+    b.wait_text("#iterations-chart .range-label", "Aggregated: iterations 0–2")

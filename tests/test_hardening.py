@@ -40,7 +40,7 @@ from tests.test_plugin_checks import free_port, stop, wait_until
 
 T0 = profiles.BASE                     # training_profile: iteration i starts at T0 + i * 100_000
 BUSY_PER_ITERATION = 37_000            # its GPU busy time per iteration (no overlaps), 3 iterations
-WALL = 1_290_000
+WALL = 290_000                         # first recorded event (T0) to the last sync's end (T0 + 290_000)
 ROOT = Path(__file__).resolve().parents[1]
 HTML_OP = '<img src=x onerror="window.__xss=1">'
 HTML_KERNEL = "<script>window.__xss=2</script>"
@@ -272,21 +272,21 @@ CASES = [
          ("input.sqlite: damaged Nsight Systems export", "StringIds")),
     Case("dlprof-db-missing-iteration_list", _damaged("DROP TABLE iteration_list", source="db"), 1,
          ("input.sqlite: damaged DLProf database: table iteration_list missing",)),
-    Case("dlprof-db-missing-raw-table", _damaged("DROP TABLE read_only_gpu_activities", source="db"), 1,
-         ("input.sqlite: damaged DLProf database: table read_only_gpu_activities missing",)),
+    Case("dlprof-db-missing-raw-table", _damaged("DROP TABLE raw_gpu_activities", source="db"), 1,
+         ("input.sqlite: damaged DLProf database: table raw_gpu_activities missing",)),
     Case("dlprof-db-newer-schema", _damaged("UPDATE db_version SET current_version = '9.0'", source="db"), 1,
          ("input.sqlite: DLProf database schema 9.0 is not supported",)),
     Case("nvtx-start-null", _damaged(f"UPDATE NVTX_EVENTS SET start = NULL WHERE start IN ({T0 + 6000}, {T0 + 21000})",
                                      nullable=NOT_NULL_TABLES), 0,
          ("dropped rows with impossible timestamps: 2 NVTX ranges (2 without a start or end time)",),
-         _gpu_utilization("8.6")),
+         _gpu_utilization(f"{100 * 3 * BUSY_PER_ITERATION / WALL:.1f}")),
     Case("runtime-start-and-end-null", _damaged(
         f"UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET start = NULL WHERE start = {T0 + 12000}",
         f"UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET \"end\" = NULL WHERE start = {T0 + 22000}", nullable=NOT_NULL_TABLES),
-        0, ("2 CUDA API calls (2 without a start or end time)",), _gpu_utilization("8.6")),
-    # busy time without the first TC_CONV kernel: 3 * 37_000 - 10_000 = 101_000 of 1_290_000 ns = 7.83 %
+        0, ("2 CUDA API calls (2 without a start or end time)",), _gpu_utilization(f"{100 * 3 * BUSY_PER_ITERATION / WALL:.1f}")),
+    # busy time without the first TC_CONV kernel: 3 * 37_000 - 10_000 = 101_000 of 290_000 ns = 34.83 %
     Case("kernel-start-null", _damaged(KERNEL_NULL.format(T0 + 14000), nullable=NOT_NULL_TABLES), 0,
-         ("1 GPU activities (1 without a start or end time)",), _gpu_utilization("7.8")),
+         ("1 GPU activities (1 without a start or end time)",), _gpu_utilization("34.8")),
     Case("reversed-times", _damaged(
         f"UPDATE NVTX_EVENTS SET \"end\" = start - 1 WHERE start = {T0 + 21000}",
         f"UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET start = \"end\" + 500 WHERE start = {T0 + 22000}",
@@ -368,7 +368,7 @@ def test_cli_dropped_rows_are_left_out_of_the_database_too(base, tmp_path):
     assert gpu == (3 * 7 - 1, 0, 3 * 7 - 2, 1000) and api == (3 * 8 - 1, 3 * 8 - 2, 1000)
     assert run_cli(f"--database={db}", f"--output_path={tmp_path / 'b'}", "--reports=summary")[0] == 0
     assert summary_value(tmp_path / "b", "GPU Utilization %") == summary_value(tmp_path / "a", "GPU Utilization %") \
-        == "7.8"
+        == "34.8"
 
 
 def test_cli_report_write_failure_is_one_line_without_output(base, tmp_path, monkeypatch):

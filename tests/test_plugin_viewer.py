@@ -121,7 +121,7 @@ def test_recovers_from_an_interrupted_write(viewer):
         "con.execute('PRAGMA cache_size = 1')\n"
         "con.execute('BEGIN IMMEDIATE')\n"
         "con.execute('UPDATE model_summary SET wall_time = wall_time + 1')\n"
-        "con.execute('UPDATE read_only_gpu_activities SET start = start + 1')\n"
+        "con.execute('UPDATE raw_gpu_activities SET start = start + 1')\n"
         "print('written', flush=True)\n"
         "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
     try:

@@ -788,6 +788,8 @@ def marker_profile(path: Path) -> Path:
 
     main thread: [0, 1000) old conv2d marker set -> kernel [60, 260)
                  [2000, 3000) new linear call, batch 8, callid 12 -> kernel [2100, 2300)
+                 [3200, 3400) Optimizer.step#SGD.step: the end of iteration 0 (so the two linear calls are
+                 one op called twice, once per iteration, not two ops of one iteration)
                  [4000, 5000) the same call site, batch 4, callid 14 -> kernel [4100, 4200)
     autograd thread: the backward of callid 12, AddmmBackward0 [6000, 6500) and TBackward0 [7000, 7200),
                  one backward call (callid 20), each node inside its trace marker."""
@@ -804,6 +806,7 @@ def marker_profile(path: Path) -> Path:
     modules = [("model", "TinyTransformer"), ("encoder", "TransformerEncoder"),
                ("layers.1", "TransformerEncoderLayer"), ("linear1", "Linear")]
     trace = repr({"traceMarker": ["train.py:9", "model.py:20"], "funcStack": NEW_STACK, "modules": modules})
+    exp.push_pop(main, 3200, 3400, "Optimizer.step#SGD.step")
     for start, callid, batch in ((2000, 12, 8), (4000, 14, 4)):
         exp.push_pop(main, start, start + 1000, trace)
         exp.push_pop(main, start + 10, start + 990, repr({
@@ -1095,7 +1098,16 @@ def test_models_under_nsys_detail_report_and_viewer(models_capture):
     assert linears[base + "model/encoder/layers.1/linear2/linear"]["Input Shapes"] == "<4, 5, 32>; <16, 32>; <16>"
     assert linears[base + "seq/0/linear"]["Input Shapes"] == "<N:4, K:8>; <M:8, K:8>; <8>"
     assert linears[base + "seq/1/linear"]["Input Shapes"] == "<N:4, K:8>; <M:2, K:8>; <2>"
-    assert all(r["Data Type"] == "float32" and r["No. Calls"] == "2" for r in linears.values())
+    # the key node is AdamW's step (the first optimizer): the transformer runs once in each of its two
+    # iterations (one op, two calls); the Sequential's two SGD steps both fall in the last iteration, so each
+    # of its linears is two ops of one call (an op is the n-th call of a name within an iteration)
+    fprop = [r for r in table if r["Op Type"] == "linear" and r["Direction"] == "fprop"]
+    calls = sorted((r["Op Name"], r["No. Calls"]) for r in fprop)
+    assert calls == sorted([(f"{base}model/encoder/layers.{i}/linear{n}/linear", "2") for i in (0, 1) for n in (1, 2)]
+                           + [(base + "model/head/linear", "2")]
+                           + [(base + f"seq/{i}/linear", "1") for i in (0, 1) for _ in range(2)])
+    assert len({r["Op ID"] for r in fprop}) == len(fprop)
+    assert all(r["Data Type"] == "float32" for r in fprop)
     types_seen = {r["Op Type"] for r in table}
     assert {"_foreach_lerp_", "_foreach_addcdiv_", "_foreach_norm", "linalg_vector_norm"} <= types_seen
     # the viewer's ops table shows the same shapes for every op

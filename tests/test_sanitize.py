@@ -71,7 +71,7 @@ def test_shared_correlation_ids_are_counted_per_process():
 
 # ---------------------------------------------------------------------------- damaged profiles, by hand
 # training_profile: per iteration T = 1_000_000 + i * 100_000 (i = 0..2), GPU busy 37_000 ns without overlaps
-# (memcpy 1000, TC_CONV 10000, RELU 2000, SGEMM 8000 + 8000, TC_WGRAD 6000, ADD 2000); wall clock 1_290_000.
+# (memcpy 1000, TC_CONV 10000, RELU 2000, SGEMM 8000 + 8000, TC_WGRAD 6000, ADD 2000); wall clock 290_000 (first event at 1_000_000, last end 1_290_000).
 T0 = profiles.BASE
 
 
@@ -87,7 +87,7 @@ def test_a_kernel_without_a_start_is_dropped_not_stretched(tmp_path, export):
                         nullable=["CUPTI_ACTIVITY_KIND_KERNEL"])
     a = analyze(path)
     assert len(a.trace.gpu) == 3 * 7 - 1
-    assert a.aggs["default"].summary["gpu_utilization"] == pytest.approx(100 * (3 * 37_000 - 10_000) / 1_290_000)
+    assert a.aggs["default"].summary["gpu_utilization"] == pytest.approx(100 * (3 * 37_000 - 10_000) / 290_000)
     assert a.op("/aten::conv2d", "fprop")["gpu_total"] == 20_000
     assert any("1 GPU activities (1 without a start or end time)" in w for w in a.trace.warnings)
 
@@ -97,7 +97,7 @@ def test_a_reversed_launch_call_is_dropped_and_its_kernel_kept_unassociated(tmp_
     path = damaged_copy(export, tmp_path / "r.sqlite",
                         f"UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET start = {T0 + 13500} WHERE start = {T0 + 12000}")
     a = analyze(path)
-    assert a.aggs["default"].summary["gpu_utilization"] == pytest.approx(100 * 3 * 37_000 / 1_290_000)
+    assert a.aggs["default"].summary["gpu_utilization"] == pytest.approx(100 * 3 * 37_000 / 290_000)
     assert a.op("/aten::conv2d", "fprop")["gpu_total"] == 20_000
     orphan = a.op(f"unassociated_{profiles.TC_CONV}")
     assert (orphan["gpu_total"], orphan["cpu_total"]) == (10_000, 0)

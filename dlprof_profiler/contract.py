@@ -1,0 +1,115 @@
+"""What the engine and the viewer plugin agree on: plugin and event-file names, the DLProf database's schema
+version, the table and column names the plugin reads, and the integer codes stored in them.
+
+Standard library only (nothing is imported): `dlprof_plugin` imports it without pulling in the engine, as
+TensorBoard's `plugins/*/metadata.py` modules do.
+"""
+
+# ---------------------------------------------------------------------------- TensorBoard
+
+PLUGIN_NAME = "dlprof"                 # TensorBoard plugin name, route prefix /data/plugin/dlprof/
+PROFILE_TAG = "dlprof/profile"         # the event-file tensor holding a run's metadata (database path ...)
+EVENT_SUFFIX = ".dlprof"               # suffix of the event files dlprof writes
+SCALAR_TAGS = {
+    "iteration_time_ms": "dlprof/iteration_time_ms",
+    "gpu_utilization_pct": "dlprof/gpu_utilization_pct",
+    "tc_kernel_time_ms": "dlprof/tc_kernel_time_per_gpu_ms",
+}
+
+# ---------------------------------------------------------------------------- database versions
+
+DB_SCHEMA_VERSION = "3.0.0"            # written by this dlprof (db_version.current_version)
+READABLE_SCHEMA_MAJORS = ("2", "3")    # schema majors the engine and the viewer open
+CREATED_BY_PREFIX = "dlprof"           # db_version.created_by starts with it in every DLProf database
+
+
+def schema_major(version) -> str:
+    """Major part of a schema version text ('3.0.0' -> '3')."""
+    return str(version).split(".")[0]
+
+
+# ---------------------------------------------------------------------------- codes stored in the database
+
+# raw_gpu_activities.kind (read_only_gpu_activities.kind)
+KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET = 0, 1, 2
+
+# raw_op_instances.kind: what an op instance stands for (its source_id names a range, an API call or a GPU
+# activity, or nothing for a backward-pass instance)
+RANGE_OP, SCOPE_OP, UNASSOCIATED_API, UNASSOCIATED_GPU, BACKWARD_PASS = range(5)
+INSTANCE_KINDS_FROM_RANGES = (RANGE_OP, SCOPE_OP)
+
+# expert_systems_feedback.severity, most severe first; older spellings sort with their equivalent
+SEVERITIES = ("error", "warning", "info")
+SEVERITY_ORDER = {"error": 0, "high": 0, "warning": 1, "medium": 1, "info": 2, "low": 2}
+
+# ---------------------------------------------------------------------------- schema 3.0 tables
+
+# Row keys of the large raw tables are database-wide integers: (scope << ID_BITS) | the engine's id, the scope
+# being the rank (API calls, GPU activities) or the domain_id (op instances, activity owners). Rank 0 and
+# domain 0 keep the engine's ids; every join is a rowid lookup.
+ID_BITS = 40
+ID_MASK = (1 << ID_BITS) - 1
+
+
+def db_id(scope: int, local: int) -> int:
+    """Database-wide key of an engine id within a rank or domain."""
+    return (int(scope) << ID_BITS) | int(local)
+
+
+
+STRINGS = "strings"                    # (id, value): every repeated name, referenced by *_id columns
+RANKS = "ranks"                        # one row per profile (rank); a single-file analysis is rank 0
+RAW_SYSTEM_CONFIG = "raw_system_config"
+RAW_MODEL_CONFIG = "raw_model_config"
+RAW_GPU_INFOS = "raw_gpu_infos"
+RAW_PROCESSES = "raw_processes"
+RAW_THREADS = "raw_threads"
+RAW_DOMAINS = "raw_domains"
+RAW_RANGES = "raw_ranges"
+RAW_API_CALLS = "raw_api_calls"
+RAW_GPU_ACTIVITIES = "raw_gpu_activities"
+RAW_KERNEL_TC = "raw_kernel_tc"
+RAW_SYNCS = "raw_syncs"
+RAW_IO_CALLS = "raw_io_calls"
+RAW_OPS = "raw_ops"
+RAW_OP_INSTANCES = "raw_op_instances"
+RAW_OP_INSTANCE_DETAILS = "raw_op_instance_details"
+RAW_ACTIVITY_OWNERS = "raw_activity_owners"
+RAW_RANGE_LABELS = "raw_range_labels"
+
+# Views with the readable layout of schema 2.0 (names joined from `strings`, end times, pids), over every
+# rank (each has a `rank` column). In a 2.0 database these names are the tables themselves, so SQL written
+# against them reads both schema versions.
+READ_ONLY_OPS = "read_only_ops"
+READ_ONLY_DOMAINS = "read_only_domains"
+READ_ONLY_GPU_INFOS = "read_only_gpu_infos"
+READ_ONLY_SYSTEM_CONFIG = "read_only_system_config"
+READ_ONLY_MODEL_CONFIG = "read_only_model_config"
+READ_ONLY_RANGES = "read_only_ranges"
+READ_ONLY_RANGE_LABELS = "read_only_range_labels"
+READ_ONLY_GPU_ACTIVITIES = "read_only_gpu_activities"
+READ_ONLY_CUDA_CALLS = "read_only_cuda_calls"
+READ_ONLY_OP_INSTANCES = "read_only_op_instances"
+READ_ONLY_OP_INSTANCE_DETAILS = "read_only_op_instance_details"
+READ_ONLY_ACTIVITY_OWNERS = "read_only_activity_owners"
+READ_ONLY_KERNEL_TC = "read_only_kernel_tc"
+
+# Derived (aggregation) tables: one row set per aggregation, rank and domain
+AGGREGATIONS = "aggregations"
+ITERATION_LIST = "iteration_list"
+ITERATION_SUMMARY = "iteration_summary"
+MODEL_SUMMARY = "model_summary"
+DEVICE_UTILIZATION = "device_utilization"
+OP_NODES = "op_nodes"
+OP_TYPE_METRICS = "op_type_metrics"
+KERNEL_SUMMARIES = "kernel_summaries"
+TENSOR_CORE_SUMMARY = "tensor_core_summary"
+GROUP_OPS = "group_ops"
+EXPERT_SYSTEMS_FEEDBACK = "expert_systems_feedback"
+
+# The tables (or views) whose presence makes a file a DLProf database the viewer can open
+VIEWER_REQUIRED = ("db_version", READ_ONLY_OPS, AGGREGATIONS, MODEL_SUMMARY)
+ENGINE_REQUIRED = ("db_version", READ_ONLY_OPS, READ_ONLY_OP_INSTANCES)
+
+# The rank the viewer shows until it has a rank selector
+DEFAULT_RANK = 0
