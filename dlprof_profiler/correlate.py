@@ -93,6 +93,7 @@ def classify_trace(trace: Trace, mode: str | None) -> tuple[pd.DataFrame, str, s
         fam = FAMILY_OF_MODE[mode]
         families = {fam} if fam else set()
     info = nm.classify_ranges(ranges["text"], ranges["domain"], families)
+    _adopt_range_details(info, ranges)
     config = {}
     for entry in info.attrs.get("config", []):
         config.update(entry)
@@ -107,6 +108,19 @@ def classify_trace(trace: Trace, mode: str | None) -> tuple[pd.DataFrame, str, s
         else:
             mode = "nvtx"
     return info, mode, FAMILY_OF_MODE.get(mode), config
+
+
+RANGE_DETAIL_COLUMNS = ("data_type", "input_shapes", "stack_trace")
+
+
+def _adopt_range_details(info: pd.DataFrame, ranges: pd.DataFrame) -> None:
+    """Details an adapter pre-parsed for ranges (Kineto: input types, shapes, call stacks) fill what the
+    range texts do not say."""
+    for column in RANGE_DETAIL_COLUMNS:
+        if column in ranges.columns:
+            given = ranges[column].to_numpy(dtype=object)
+            current = info[column].to_numpy(dtype=object)
+            info[column] = obj(np.where(pd.isna(current), given, current), info.index)
 
 
 def domain_order(trace: Trace, mode: str | None) -> list[str]:
@@ -317,7 +331,7 @@ def _range_names(trace, ranges, info, kinds, parent, depth, op_root, instance_ra
     naming = is_scope | instance_range
     scope_parent = nearest_flagged_ancestor(parent, depth, is_scope)
     trace_anc = nearest_flagged_ancestor(parent, depth, kinds == nm.DL_TRACE)
-    label_code, label_text = pd.factorize(info["label"].to_numpy(dtype=object))
+    label_code, label_text = pd.factorize(_scope_labels(info["label"].to_numpy(dtype=object), is_scope))
     # DLProf markers: the trace marker around an argument marker names the op by its funcStack.
     fs_code, fs_text = pd.factorize(info["func_stack"].to_numpy(dtype=object))  # None -> -1
     stack = np.full(n, -1, dtype=np.int64)
@@ -366,6 +380,19 @@ def _range_names(trace, ranges, info, kinds, parent, depth, op_root, instance_ra
     named = name_code >= 0
     names[named] = table_array[name_code[named]]
     return names
+
+
+_STEP_COUNTER = re.compile(r"#\d+$")
+
+
+def _scope_labels(labels: np.ndarray, is_scope: np.ndarray) -> np.ndarray:
+    """Scope labels without a trailing `#N` counter (ProfilerStep#5 -> ProfilerStep): the counter changes
+    every iteration, so the names of the ops under it would never match across iterations."""
+    if not is_scope.any():
+        return labels
+    out = labels.copy()
+    out[is_scope] = nm.per_unique(labels[is_scope], lambda t: _STEP_COUNTER.sub("", t) if isinstance(t, str) else t)
+    return out
 
 
 def _first_rows(codes: np.ndarray) -> np.ndarray:

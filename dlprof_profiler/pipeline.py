@@ -12,7 +12,7 @@ import pandas as pd
 
 from dlprof_profiler import __version__, log
 from dlprof_profiler import correlate as corr_mod
-from dlprof_profiler import database, event_files, iterate, reports
+from dlprof_profiler import database, event_files, ingest, iterate, reports
 from dlprof_profiler.aggregate import aggregate
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.outputs import Staging, prepare_output_dir, refuse_existing
@@ -42,11 +42,12 @@ def planned_outputs(args: Namespace) -> list[Path]:
 
 
 def analyze_database(args: Namespace) -> int:
-    """`dlprof --database=FILE`: analyse an nsys export or re-aggregate a DLProf database."""
+    """`dlprof --database=FILE`: analyse an nsys export or Kineto trace, or re-aggregate a DLProf database."""
     source = Path(args.database)
-    check_sqlite_file(source)
-    if database.is_dlprof_database(source):
-        return reaggregate_database(source, args)
+    if ingest.trace_format(source) == ingest.SQLITE:
+        check_sqlite_file(source)
+        if database.is_dlprof_database(source):
+            return reaggregate_database(source, args)
     return run_analysis(source, args)
 
 
@@ -73,17 +74,21 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
     out_dir = prepare_output_dir(Path(args.output_path))
     refuse_existing(planned_outputs(args), args.force)
     with log.stage(f"Reading {source}"):
-        from dlprof_profiler.ingest_nsys import read_nsys_export
-        trace = read_nsys_export(source)
-    log.info(f"  {len(trace.ranges):,} NVTX ranges, {len(trace.api_calls):,} CUDA API calls, "
-             f"{len(trace.gpu):,} GPU activities, {len(trace.devices)} GPUs; nsys {trace.meta.get('nsys_version')}")
+        trace = ingest.read_trace(source)
+    kineto = trace.meta.get("source_format") == "kineto"
+    log.info(f"  {len(trace.ranges):,} {'op and annotation' if kineto else 'NVTX'} ranges, "
+             f"{len(trace.api_calls):,} CUDA API calls, {len(trace.gpu):,} GPU activities, {len(trace.devices)} "
+             f"GPUs; {'Kineto trace (torch.profiler)' if kineto else 'nsys ' + str(trace.meta.get('nsys_version'))}")
     for text in trace.warnings:
         log.warning(text)
     staging = Staging(out_dir)
     try:
         mode_hint = args.mode
-        writer = database.DatabaseWriter(staging.path(database_path(args)), trace,
-                                         database.domain_ids_for(corr_mod.domain_order(trace, mode_hint))).start()
+        writer_class = database.DatabaseWriter
+        if kineto:  # no SQLite file to copy raw tables from (until the frames-fed writer lands on main)
+            from dlprof_profiler.database_frames import FramesDatabaseWriter as writer_class
+        writer = writer_class(staging.path(database_path(args)), trace,
+                              database.domain_ids_for(corr_mod.domain_order(trace, mode_hint))).start()
         return _analyse(args, out_dir, source, trace, capture, staging, writer, started)
     except BaseException:
         staging.discard_after(writer if "writer" in locals() else None)
@@ -97,8 +102,10 @@ def _analyse(args, out_dir, source, trace, capture, staging, writer, started) ->
         links = corr_mod.launch_links(trace)
         _gpu_api, thread_dev, process_dev = links
         iterations = iterate.split_iterations(trace.ranges, info, family, args.key_node, thread_dev, process_dev,
-                                              trace.profile_end)
-        corr = corr_mod.correlate(trace, mode, iterations.boundaries, classified, links)
+                                              trace.profile_end, preferred=trace.meta.get("key_node_default"))
+        naming = iterate.naming_iterations(iterations, trace.ranges, info, family, thread_dev, process_dev,
+                                           trace.profile_end, preferred=trace.meta.get("key_node_default"))
+        corr = corr_mod.correlate(trace, mode, naming.boundaries, classified, links)
     log.info(f"  mode {mode}; {sum(len(d.ops) for d in corr.domains.values()):,} ops, "
              f"{sum(len(d.instances) for d in corr.domains.values()):,} op instances in {len(corr.domains)} "
              "NVTX domain(s)")
@@ -128,7 +135,8 @@ def _key_node_from_ops(trace, corr, key: str, iterations):
 
 def _profile_info(args, source, trace, corr, mode, family, capture) -> dict:
     info = {"profile_name": args.profile_name, "source_file": str(Path(source).resolve()),
-            "source_kind": "nsys_sqlite", "nsys_version": trace.meta.get("nsys_version"),
+            "source_kind": {"kineto": "kineto_json"}.get(trace.meta.get("source_format"), "nsys_sqlite"),
+            "nsys_version": trace.meta.get("nsys_version"), "key_node_default": trace.meta.get("key_node_default"),
             "schema_version": trace.meta.get("schema_version"), "mode": mode, "family": family or "",
             "dlprof_version": __version__, "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "profile_end": trace.profile_end, "base_name": args.base_name}
@@ -292,7 +300,8 @@ def reaggregation_iterations(trace, corr, key_node: str | None, profile: dict):
     """Iterations for a new aggregation of a loaded model: the given key node, else the original one."""
     key = key_node or None
     iterations = iterate.split_iterations(trace.ranges, corr.range_info, corr.family, key, corr.thread_device,
-                                          corr.process_device, int(profile.get("profile_end") or trace.profile_end))
+                                          corr.process_device, int(profile.get("profile_end") or trace.profile_end),
+                                          preferred=profile.get("key_node_default") or None)
     if key and not iterations.found:
         iterations = _key_node_from_ops(trace, corr, key, iterations)
     return iterations

@@ -9,7 +9,7 @@ import pandas as pd
 from dlprof_profiler import correlate as C
 from dlprof_profiler import iterate
 from dlprof_profiler.aggregate import Aggregation, aggregate
-from dlprof_profiler.ingest_nsys import read_nsys_export
+from dlprof_profiler.ingest import read_trace
 from dlprof_profiler.trace import Trace
 
 
@@ -42,15 +42,18 @@ class Analysis:
 
 def analyze(path: Path, key_node: str | None = None, mode: str | None = None, iter_start: int | None = None,
             iter_stop: int | None = None) -> Analysis:
-    """ingest -> correlate -> iterate -> aggregate, as the pipeline runs them."""
-    trace = read_nsys_export(Path(path))
+    """ingest (any format) -> correlate -> iterate -> aggregate, as the pipeline runs them."""
+    trace = read_trace(Path(path))
     classified = C.classify_trace(trace, mode)
     info, mode, family, _ = classified
     links = C.launch_links(trace)
     _gpu_api, thread_dev, process_dev = links
+    preferred = trace.meta.get("key_node_default")
     iterations = iterate.split_iterations(trace.ranges, info, family, key_node, thread_dev, process_dev,
-                                          trace.profile_end)
-    corr = C.correlate(trace, mode, iterations.boundaries, classified, links)
+                                          trace.profile_end, preferred=preferred)
+    naming = iterate.naming_iterations(iterations, trace.ranges, info, family, thread_dev, process_dev,
+                                       trace.profile_end, preferred=preferred)
+    corr = C.correlate(trace, mode, naming.boundaries, classified, links)
     if key_node and not iterations.found:
         from dlprof_profiler.pipeline import _key_node_from_ops
         iterations = _key_node_from_ops(trace, corr, key_node, iterations)

@@ -1,0 +1,45 @@
+"""Ingest, format-neutral: choose the adapter by the file's content (never by its name) and read it into
+trace frames. Nsight Systems SQLite exports go to `ingest_nsys`, Kineto / Chrome-trace JSON (gzipped or
+not) to `ingest_kineto`; DLProf databases are SQLite too and are told apart by the pipeline."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dlprof_profiler.errors import DLProfError
+from dlprof_profiler.sqlite_source import SQLITE_MAGIC
+from dlprof_profiler.trace import Trace
+
+SQLITE, KINETO = "sqlite", "kineto"
+
+
+def trace_format(path: Path) -> str:
+    """`sqlite` or `kineto`, from the first bytes of the file; a one-line error for anything else."""
+    path = Path(path)
+    if not path.exists():
+        raise DLProfError(f"{path}: no such file")
+    if path.is_dir():
+        raise DLProfError(f"{path}: is a directory, not a profile file")
+    if not os.access(path, os.R_OK):
+        raise DLProfError(f"{path}: not readable (permission denied)")
+    with open(path, "rb") as fh:
+        head = fh.read(len(SQLITE_MAGIC))
+    if not head:
+        raise DLProfError(f"{path}: empty file, not a profile")
+    if head.startswith(SQLITE_MAGIC):
+        return SQLITE
+    from dlprof_profiler.ingest_kineto import is_kineto_trace
+    if is_kineto_trace(path):
+        return KINETO
+    raise DLProfError(f"{path}: not an Nsight Systems SQLite export, DLProf database or Kineto trace "
+                      "(torch.profiler JSON, optionally gzipped)")
+
+
+def read_trace(path: Path) -> Trace:
+    """Read a capture of any supported format into trace frames."""
+    path = Path(path)
+    if trace_format(path) == KINETO:
+        from dlprof_profiler.ingest_kineto import read_kineto_trace
+        return read_kineto_trace(path)
+    from dlprof_profiler.ingest_nsys import read_nsys_export
+    return read_nsys_export(path)
