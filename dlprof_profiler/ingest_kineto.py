@@ -335,7 +335,8 @@ def _shapes(raw: str) -> str | None:
 
 # ---------------------------------------------------------------------------- stack traces
 
-_NOT_USER_FRAME = re.compile(r"^<|^nn\.Module: |^torch/|/site-packages/|/dist-packages/|/lib/python\d")
+_NOT_USER_FRAME = re.compile(r"^<|^nn\.Module: |^torch/|/site-packages/|/dist-packages/|/lib/python\d|"
+                             r"(?:^|/)dlprof_profiler/|^sitecustomize\.py\(")
 
 
 def _user_frames(frames: list[str]) -> list[str]:
@@ -661,3 +662,62 @@ def _peak_device_memory(ev: _Events) -> int | None:
     frame = pd.DataFrame({"dev": c.args["device_id"][mem], "ts": c.ts[mem], "b": c.args["alloc_bytes"][mem]})
     frame = frame.sort_values("ts", kind="stable")
     return int(max(frame.groupby("dev")["b"].cumsum().max(), 0))
+
+
+# ---------------------------------------------------------------------------- several processes
+
+def merge_traces(traces: list[Trace], source: Path) -> Trace:
+    """One Trace from the Kineto traces of several processes (one file per process or rank), on a common
+    clock: each trace's times are shifted by the difference of its absolute start to the earliest."""
+    if len(traces) == 1:
+        return traces[0]
+    origin = min(int(t.meta["session_start_ns"]) for t in traces)
+    shifts = [int(t.meta["session_start_ns"]) - origin for t in traces]
+
+    def stacked(name, time_columns):
+        frames = []
+        for t, shift in zip(traces, shifts):
+            frame = getattr(t, name).copy()
+            for column in time_columns:
+                frame[column] = frame[column] + shift
+            frames.append(frame)
+        return frames
+    merged = Trace(source=Path(source))
+    ranges = pd.concat(stacked("ranges", ("start", "end")), ignore_index=True)
+    ranges["range_id"] = np.arange(1, len(ranges) + 1, dtype=np.int64)
+    merged.ranges = ranges
+    merged.api_calls = _renumber(stacked("api_calls", ("start", "end")), ["name"], "api_id", ["start"])
+    merged.gpu = _renumber(stacked("gpu", ("start", "end")), ["name", "long_name"], "activity_id",
+                           ["start", "kind"])
+    merged.syncs = pd.concat(stacked("syncs", ("start", "end")), ignore_index=True)
+    devices = pd.concat([t.devices for t in traces if len(t.devices)] or [traces[0].devices], ignore_index=True)
+    merged.devices = devices.drop_duplicates("device_id").sort_values("device_id").reset_index(drop=True)
+    merged.processes = pd.concat([t.processes for t in traces], ignore_index=True).drop_duplicates("pid")
+    merged.threads = pd.concat([t.threads for t in traces], ignore_index=True).drop_duplicates("global_tid")
+    merged.has_cuda_tables = any(t.has_cuda_tables for t in traces)
+    merged.has_nvtx = any(t.has_nvtx for t in traces)
+    merged.warnings = [w for t in traces for w in t.warnings]
+    meta = dict(traces[0].meta)
+    meta.update(session_start_ns=origin, capture_end=int(merged.profile_end), processes=len(traces))
+    meta.pop("distributed_rank", None)
+    peaks = [t.meta["gpu_peak_memory"] for t in traces if "gpu_peak_memory" in t.meta]
+    if peaks:
+        meta["gpu_peak_memory"] = max(peaks)
+    if any(t.meta.get("key_node_default") for t in traces):
+        meta["key_node_default"] = "ProfilerStep"
+    merged.meta = meta
+    merged.system = dict(traces[0].system)
+    return merged
+
+
+def _renumber(frames: list[pd.DataFrame], categorical: list[str], id_column: str, order: list[str]) -> pd.DataFrame:
+    """Concatenated frames with united categoricals, in `order`, ids = positions."""
+    from pandas.api.types import union_categoricals
+    columns = list(frames[0].columns)
+    united = {c: union_categoricals([pd.Categorical(f[c]) for f in frames], ignore_order=True) for c in categorical}
+    frame = pd.concat([f.drop(columns=categorical) for f in frames], ignore_index=True)
+    for c in categorical:
+        frame[c] = united[c]
+    frame = frame.sort_values(order, kind="stable").reset_index(drop=True)
+    frame[id_column] = np.arange(len(frame), dtype=np.int64)
+    return frame[columns]
