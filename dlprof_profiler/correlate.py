@@ -120,7 +120,7 @@ def _adopt_range_details(info: pd.DataFrame, ranges: pd.DataFrame) -> None:
         if column in ranges.columns:
             given = ranges[column].to_numpy(dtype=object)
             current = info[column].to_numpy(dtype=object)
-            info[column] = obj(np.where(pd.isna(current), given, current), info.index)
+            info[column] = obj(np.where(np.equal(current, None), given, current), info.index)
 
 
 def domain_order(trace: Trace, mode: str | None) -> list[str]:

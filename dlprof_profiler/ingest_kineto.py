@@ -276,7 +276,6 @@ def _range_texts(ev: _Events, rows: np.ndarray, op: np.ndarray, module: np.ndarr
     label = dictionary.take(pa.array(np.where(name_codes >= 0, name_codes, len(names))))
     seq = c.args["seq"][rows]
     ext = c.args["external_id"][rows]
-    ext = np.where(ext >= 0, ext, c.args["external_id_2021"][rows])
     seq_part = pc.binary_join_element_wise(", seq = ", pa.array(seq, mask=~(op & (seq >= 0))).cast(pa.string()), "")
     op_id = np.where(ext >= 0, ext, rows)
     id_part = pc.binary_join_element_wise(", op_id = ", pa.array(op_id, mask=~op).cast(pa.string()), "")

@@ -57,8 +57,10 @@ def key_node_instances(ranges: pd.DataFrame, info: pd.DataFrame, key: str,
         if hit.any():
             return _outermost(op_instances.loc[hit, cols])
     if len(ranges):
-        stripped = pd.Series(info["label"].to_numpy(dtype=object)).str.replace(_NUMBER_SUFFIX, "", regex=True)
-        hit = stripped.to_numpy(dtype=object) == _NUMBER_SUFFIX.sub("", key)
+        # per distinct label: the labels of millions of ranges share a few thousand string objects
+        stripped = nm.per_unique(info["label"].to_numpy(dtype=object),
+                                 lambda t: _NUMBER_SUFFIX.sub("", t) if isinstance(t, str) else t)
+        hit = stripped == _NUMBER_SUFFIX.sub("", key)
         if hit.any():
             return _outermost(ranges.loc[hit, cols])
     return pd.DataFrame({c: pd.Series(dtype="int64") for c in cols})

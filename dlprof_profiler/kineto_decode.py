@@ -17,13 +17,13 @@ struct fields are read with C-level `map(attrgetter(...))`.
 """
 from __future__ import annotations
 
-import gzip
+import os
 import re
 import zlib
 from dataclasses import dataclass, field
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from pathlib import Path
-from typing import Union
+from typing import Literal, Union
 
 import msgspec
 import numpy as np
@@ -46,7 +46,6 @@ class EventArgs(msgspec.Struct, gc=False):
     """The `args` fields dlprof reads (every other field is skipped by the decoder)."""
 
     external_id: Scalar = msgspec.field(default=None, name="External id")
-    external_id_2021: Scalar = msgspec.field(default=None, name="external id")
     seq: Scalar = msgspec.field(default=None, name="Sequence number")
     fwd_tid: Scalar = msgspec.field(default=None, name="Fwd thread id")
     input_dims: msgspec.Raw = msgspec.field(default=EMPTY, name="Input Dims")
@@ -83,6 +82,23 @@ class Event(msgspec.Struct, gc=False):
     args: EventArgs | None = None
 
 
+PHASES = tuple(chr(c) for c in range(33, 127))          # every one-character Chrome trace phase
+KNOWN_CATEGORIES = ("cpu_op", "Operator", "user_annotation", "python_function", "cuda_runtime", "Runtime",
+                    "cuda_driver", "kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset", "ac2g",
+                    "async", "async_cpu_to_gpu", "fwdbwd", "Trace", "gpu_user_annotation", "cpu_instant_event",
+                    "overhead", "cuda_sync", "mtia_runtime", "mtia_ccp_events", "xpu_runtime", "xpu_driver",
+                    "privateuse1_runtime", "privateuse1_driver", "cuda_profiler_range", "external_correlation",
+                    "collective_comm", "gpu_pm_counter", "glow_runtime")
+
+
+class FastEvent(Event, gc=False):
+    """Event whose phase and category decode to shared string objects (no string per event): used when
+    every category of a chunk is a known one."""
+
+    ph: Literal[PHASES] | None = None
+    cat: Literal[KNOWN_CATEGORIES] | None = None
+
+
 NO_ARGS = EventArgs()
 
 # Event groups by category (Kineto's names from 2021 to 2026, compared lower-cased; ROCm and other devices
@@ -111,8 +127,7 @@ GPU_GROUPS = (KERNEL, MEMCPY, MEMSET)
 # Numeric args (int64, -1 when absent or not a number), text args (codes into the string table) and raw
 # JSON args (codes into the raw-text table), with the groups that read each.
 INT_ARGS = {
-    "external_id": (OP, ANNOTATION, API, KERNEL, MEMCPY, MEMSET),
-    "external_id_2021": (API, KERNEL, MEMCPY, MEMSET),
+    "external_id": (OP,),
     "seq": (OP,), "fwd_tid": (OP,),
     "correlation": (API, KERNEL, MEMCPY, MEMSET, SYNC),
     "device": (KERNEL, MEMCPY, MEMSET, SYNC), "stream": (KERNEL, MEMCPY, MEMSET, SYNC),
@@ -169,23 +184,53 @@ class Decoded:
 
 # ---------------------------------------------------------------------------- reading the file
 
-def read_bytes(path: Path) -> bytes:
-    """The file's JSON text (gunzipped when it is gzip), or a one-line error naming the file."""
+def read_bytes(path: Path) -> bytearray:
+    """The file's JSON text (gunzipped when it is gzip) in one mutable buffer (the decoder cuts it into
+    chunks in place), or a one-line error naming the file."""
     path = Path(path)
     if not path.exists():
         raise DLProfError(f"{path}: no such file")
     if path.is_dir():
         raise DLProfError(f"{path}: is a directory, not a trace file")
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as fh:
+            data = bytearray(os.fstat(fh.fileno()).st_size)
+            size = fh.readinto(data)
+            del data[size:]
     except OSError as exc:
         raise DLProfError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     if data.startswith(GZIP_MAGIC):
         try:
-            data = gzip.decompress(data)
+            data = _gunzip(data)
         except (EOFError, OSError, zlib.error) as exc:
             raise DLProfError(f"{path}: damaged or truncated gzip data ({exc})") from None
     return data
+
+
+def _gunzip(packed: bytearray) -> bytearray:
+    """Inflate gzip members into one buffer sized from the gzip trailer (no second copy of the text)."""
+    guess = int.from_bytes(packed[-4:], "little") if len(packed) >= 18 else 0   # size mod 2**32
+    out = bytearray(max(guess, 1))
+    filled = 0
+    view = memoryview(packed)
+    while view:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        pending = view
+        while pending:
+            piece = inflater.decompress(pending, 64 << 20)
+            pending = inflater.unconsumed_tail
+            if filled + len(piece) > len(out):
+                out.extend(bytes(filled + len(piece) - len(out)))
+            out[filled:filled + len(piece)] = piece
+            filled += len(piece)
+            if inflater.eof:
+                break
+        if not inflater.eof:
+            raise EOFError("compressed file ended before the end-of-stream marker was reached")
+        rest = inflater.unused_data.lstrip(b"\0")
+        view = memoryview(rest) if rest.startswith(GZIP_MAGIC) else memoryview(b"")   # another member
+    del out[filled:]
+    return out
 
 
 def looks_like_trace(path: Path) -> bool:
@@ -208,6 +253,7 @@ def looks_like_trace(path: Path) -> bool:
 
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _EVENTS = msgspec.json.Decoder(list[Event])
+_FAST_EVENTS = msgspec.json.Decoder(list[FastEvent])
 _BETWEEN_EVENTS = re.compile(rb"\}\s*,\s*\{")
 
 
@@ -215,7 +261,7 @@ def decode(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Decoded:
     """Decode a Kineto trace file; raises DLProfError with a one-line reason naming the file."""
     path = Path(path)
     data = read_bytes(path)
-    if not data.strip():
+    if not data or data.isspace():
         raise DLProfError(f"{path}: empty file, not a Kineto trace")
     try:
         top = _TOP.decode(data)   # validates the whole document; values stay undecoded
@@ -225,23 +271,49 @@ def decode(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Decoded:
         raise DLProfError(f"{path}: not valid JSON ({exc})") from None
     if "traceEvents" not in top:
         raise DLProfError(f"{path}: not a Kineto trace (no traceEvents in the JSON object)")
-    body = memoryview(top.pop("traceEvents")).cast("B")
+    events_raw = memoryview(top.pop("traceEvents"))
     meta = {key: msgspec.json.decode(value) for key, value in top.items()}
     del top
-    if bytes(body[:1]) != b"[":
+    if bytes(events_raw[:1]) != b"[":
         raise DLProfError(f"{path}: not a Kineto trace (traceEvents is not an array)")
+    first = _offset_in(events_raw, data)
+    end = first + len(events_raw) - 1        # the array's closing bracket
+    del events_raw
     builder = _ColumnBuilder()
-    end = len(body) - 1                     # the closing bracket
-    start = 1
+    for events in _chunks(data, first, end, chunk_bytes, path, builder):
+        builder.add(events)
+        del events
+    del data
+    return Decoded(path=path, meta=meta, columns=builder.finish())
+
+
+def _offset_in(part: memoryview, whole: bytearray) -> int:
+    """Where a msgspec Raw value lies in the buffer it was decoded from."""
+    address = np.frombuffer(part, dtype=np.uint8).ctypes.data if len(part) else 0
+    base = np.frombuffer(whole, dtype=np.uint8).ctypes.data
+    offset = address - base
+    if not 0 <= offset <= len(whole) - len(part) or whole[offset:offset + 1] != b"[":
+        raise AssertionError("msgspec returned a copy of the traceEvents text")   # pragma: no cover
+    return offset
+
+
+def _chunks(data: bytearray, first: int, end: int, chunk_bytes: int, path: Path, builder):
+    """The events of data[first:end + 1] (the traceEvents array) as lists of structs, about chunk_bytes of
+    JSON at a time. A chunk is decoded in place: the separators around it (the array's own bracket or
+    the `,` and spaces between two events) are overwritten with `[` and `]` while it decodes."""
+    view = memoryview(data)
+    start = first + 1
     while start < end:
         # Cut after about chunk_bytes at a "}, {" between two events; a match inside a JSON string is
         # caught because the text before it then ends inside the string and does not decode.
         cut = start + chunk_bytes
         while True:
-            match = _BETWEEN_EVENTS.search(body, cut, end) if cut < end else None
+            match = _BETWEEN_EVENTS.search(data, cut, end) if cut < end else None
             stop = match.start() + 1 if match else end
+            opening, closing = data[start - 1], data[stop]
+            data[start - 1], data[stop] = 0x5B, 0x5D          # "[", "]"
             try:
-                events = _EVENTS.decode(b"[" + bytes(body[start:stop]) + b"]")
+                events = _decode_events(view[start - 1:stop + 1])
             except msgspec.ValidationError as exc:
                 raise DLProfError(f"{path}: unexpected event content "
                                   f"({_shift_path(str(exc), builder.count)})") from None
@@ -250,12 +322,20 @@ def decode(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Decoded:
                     raise DLProfError(f"{path}: traceEvents could not be decoded") from None
                 cut = match.start() + 1
                 continue
+            finally:
+                data[start - 1], data[stop] = opening, closing
             break
         start = match.end() - 1 if match else end
-        builder.add(events)
-        del events
-    del body, data
-    return Decoded(path=path, meta=meta, columns=builder.finish())
+        yield events
+
+
+def _decode_events(text) -> list:
+    """Structs for a JSON array of events: phases and categories as shared objects when all are known
+    ones, else (an unknown category) as plain strings."""
+    try:
+        return _FAST_EVENTS.decode(text)
+    except msgspec.ValidationError:
+        return _EVENTS.decode(text)
 
 
 def _shift_path(message: str, offset: int) -> str:
@@ -271,6 +351,23 @@ class _TextTable:
     def __init__(self):
         self.values: list = []
         self.index: dict = {}
+        self.few: dict = {None: -1}
+
+    def few_codes(self, values: list) -> np.ndarray:
+        """Global codes (int32) for a list of texts with few distinct values (phases, categories): one
+        dict lookup per value (the decoder gives them as shared objects, whose hashes are cached)."""
+        lookup = self.few.__getitem__
+        try:
+            return np.fromiter(map(lookup, values), dtype=np.int32, count=len(values))
+        except (KeyError, TypeError):
+            try:
+                distinct = set(values)
+            except TypeError:           # an array or object where a text was expected
+                distinct = set(map(_hashable, values))
+            for value in distinct:
+                if value not in self.few:
+                    self.few[value] = -1 if value is None else int(self.codes([value])[0])
+            return np.fromiter(map(lookup, map(_hashable, values)), dtype=np.int32, count=len(values))
 
     def codes(self, values: list) -> np.ndarray:
         """Global codes (int32) for a list of texts; None -> -1. Hashing runs in Arrow, and Python
@@ -305,36 +402,33 @@ class _ColumnBuilder:
     def add(self, events: list) -> None:
         n = len(events)
         part = {}
-        for name in ("ph", "cat", "name"):
-            part[name] = self.strings.codes(list(map(attrgetter(name), events)))
+        for name in ("ph", "cat"):
+            part[name] = self.strings.few_codes(list(map(attrgetter(name), events)))
+        part["name"] = self.strings.codes(list(map(attrgetter("name"), events)))
         part["group"] = group = self._groups(part["ph"], part["cat"], part["name"])
         for name in ("pid", "tid"):
-            part[name], part[name + "_numeric"] = self._ids(_field(events, name))
+            part[name], part[name + "_numeric"] = self._ids(list(map(attrgetter(name), events)))
         part["ts"], part["ts_ok"] = decimal_ns(list(map(attrgetter("ts"), events)))
         part["dur"], part["dur_ok"] = decimal_ns(list(map(attrgetter("dur"), events)))
         part["flow_id"] = np.full(n, -1, dtype=np.int64)
         flows = np.flatnonzero(group == FLOW)
         if flows.size:
-            part["flow_id"][flows] = to_int(_field(_take(events, flows), "id"))
-        args = _field(events, "args")
+            part["flow_id"][flows] = to_int(list(map(attrgetter("id"), _take(events, flows))))
+        args = list(map(attrgetter("args"), events))
         members = {g: np.flatnonzero(group == g) for g in np.unique(group).tolist()}
         subsets = {}
         for table, kind in ((INT_ARGS, "int"), (TEXT_ARGS, "text"), (RAW_ARGS, "raw")):
             for name, groups in table.items():
-                rows = np.concatenate([members.get(g, np.zeros(0, np.int64)) for g in groups])
+                key = tuple(groups)
+                if key not in subsets:
+                    rows = np.sort(np.concatenate([members.get(g, np.zeros(0, np.int64)) for g in groups]))
+                    subsets[key] = (rows, _present(_take(args, rows)))
+                rows, sub = subsets[key]
                 column = np.full(n, -1, dtype=np.int64 if kind == "int" else np.int32)
                 if rows.size:
-                    key = tuple(groups)
-                    if key not in subsets:
-                        sub = args[np.sort(rows)]
-                        missing = pd.isna(sub)
-                        if missing.any():
-                            sub[missing] = NO_ARGS
-                        subsets[key] = (np.sort(rows), sub)
-                    rows, sub = subsets[key]
                     values = list(map(attrgetter(name), sub))
                     if kind == "int":
-                        column[rows] = to_int(_objects(values))
+                        column[rows] = to_int(values)
                     elif kind == "text":
                         column[rows] = self.strings.codes(values)
                     else:
@@ -359,14 +453,14 @@ class _ColumnBuilder:
             out[(name == memory_code) & (out != METADATA)] = MEMORY
         return out
 
-    def _ids(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _ids(self, values: list) -> tuple[np.ndarray, np.ndarray]:
         """Numeric ids as int64 (Kineto writes truncated thread ids, so they may be negative) with a mask;
         text ids ("Spans", "stream 7") get the code of their text and a False mask."""
         lowest = np.iinfo(np.int64).min
         out = to_int(values, default=lowest)
         text = out == lowest
         if text.any():
-            out[text] = self.strings.codes(values[text].tolist())
+            out[text] = self.strings.codes([values[i] for i in np.flatnonzero(text)])   # rare: device rows
         return out, ~text
 
     def finish(self) -> Columns:
@@ -394,19 +488,24 @@ def _group(ph: str, cat: str) -> int:
     return CATEGORY_GROUPS.get(cat.lower(), UNKNOWN)
 
 
-def _field(items, name: str) -> np.ndarray:
-    """One attribute of every struct, as an object array (C-level iteration)."""
-    return _objects(list(map(attrgetter(name), items)))
-
-
-def _objects(values: list) -> np.ndarray:
-    out = np.empty(len(values), dtype=object)
-    out[:] = values
-    return out
-
-
 def _take(items: list, rows: np.ndarray) -> list:
-    return list(map(items.__getitem__, rows.tolist()))
+    """items[rows] for a list (C-level gather)."""
+    if rows.size == 0:
+        return []
+    if rows.size == 1:
+        return [items[int(rows[0])]]
+    return list(itemgetter(*rows.tolist())(items))
+
+
+def _hashable(value):
+    return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
+
+
+def _present(args: list) -> list:
+    """args with a missing `args` object replaced by an empty one."""
+    if None in args:
+        return [NO_ARGS if a is None else a for a in args]   # rare: an event of these kinds without args
+    return args
 
 
 def to_int(values, default: int = -1) -> np.ndarray:
