@@ -96,8 +96,8 @@ def bare_scan(path: Path) -> float:
 
 def run(path: Path, out_dir: Path, report_list: list[str]) -> list[tuple[str, float, float]]:
     from dlprof_profiler import correlate as C
-    from dlprof_profiler import database, expert_systems, iterate, log, reports
-    from dlprof_profiler.aggregate import aggregate
+    from dlprof_profiler import database, log, reports
+    from dlprof_profiler.analysis import AnalysisConfig, analyze
     from dlprof_profiler.ingest_nsys import read_nsys_export
     log.set_verbosity(log.MINIMAL)
     stages = []
@@ -110,31 +110,22 @@ def run(path: Path, out_dir: Path, report_list: list[str]) -> list[tuple[str, fl
     trace = timed("ingest", lambda: read_nsys_export(path))
     db = out_dir / "bench_dldb.sqlite"
     db.unlink(missing_ok=True)
-    # as the pipeline does: the raw tables are copied into the database on a background thread while
-    # the main thread correlates and aggregates
+    # as the pipeline does: the raw tables are written on a background thread while the analysis runs
     writer = database.DatabaseWriter(db, trace, database.domain_ids_for(C.domain_order(trace, None))).start()
-    classified = timed("classify", lambda: C.classify_trace(trace, None))
-    info, mode, family, _ = classified
-
-    links = timed("link launches", lambda: C.launch_links(trace))
-    _gpu_api, td, pd_ = links
-    iterations = timed("iterate", lambda: iterate.split_iterations(trace.ranges, info, family, None, td, pd_,
-                                                                   trace.profile_end))
-    corr = timed("correlate", lambda: C.correlate(trace, mode, iterations.boundaries, classified, links))
-    aggs = timed("aggregate", lambda: {n: aggregate(trace, corr, dm, iterations, 0, iterations.count - 1)
-                                       for n, dm in corr.domains.items()})
-    findings = timed("detect", lambda: {n: expert_systems.detect(trace, corr, corr.domains[n], a, iterations)
-                                        for n, a in aggs.items()})
+    result = timed("analyze (correlate, iterate, aggregate, detect)", lambda: analyze(trace, AnalysisConfig()))
+    for name, seconds in result.timings.items():
+        print(f"  {name}: {seconds:.2f} s")
 
     def write_db():
-        ids = writer.finish(corr, "default", {"profile_name": "bench", "mode": mode})
-        database.append_aggregation(db, aggs, ids, database.op_index_offsets(corr), iterations, findings)
+        ids = writer.finish(result.corr, result.primary, {"profile_name": "bench", "mode": result.mode})
+        database.append_aggregation(db, result.aggregations, ids, database.op_index_offsets(result.corr),
+                                    result.iterations, result.findings)
     timed("write database (after the background raw copy)", write_db)
 
     def write_reports():
-        for name, agg in aggs.items():
-            for rep in reports.build_reports(report_list, agg, corr.domains[name], trace, corr.config,
-                                             findings[name]):
+        for name, agg in result.aggregations.items():
+            for rep in reports.build_reports(report_list, agg, result.corr.domains[name], trace, result.corr.config,
+                                             result.findings[name]):
                 reports.write_report(rep, out_dir, "bench", ["csv"])
     timed(f"write reports ({','.join(report_list)})", write_reports)
     return stages

@@ -15,10 +15,11 @@ import pandas as pd
 
 from dlprof_profiler import nvtx_markers as nm
 from dlprof_profiler.intervals import covered_length, union_length_by_group
-from dlprof_profiler.structure import (RangeForest, ThreadTimeKeys, levels, nearest_flagged_ancestor,
-                                       outermost_flagged)
+from dlprof_profiler.model_chunks import TIME_MAX
+from dlprof_profiler.naming import NamingCarry, distinct_texts, first_rows, range_names
+from dlprof_profiler.structure import RangeForest, ThreadTimeKeys, nearest_flagged_ancestor, outermost_flagged
 from dlprof_profiler.tensor_cores import kernel_uses_tc, op_tc_eligible
-from dlprof_profiler.trace import KIND_KERNEL, Trace, combined_codes, make_frame, obj, rank_within
+from dlprof_profiler.trace import KIND_KERNEL, Trace, combined_codes, make_frame, obj
 
 # Instance kinds
 RANGE_OP, SCOPE_OP, UNASSOCIATED_API, UNASSOCIATED_GPU, BACKWARD_PASS = range(5)
@@ -40,8 +41,8 @@ class DomainModel:
     has_markers: bool
     instances: pd.DataFrame
     ops: pd.DataFrame
-    api_instance: np.ndarray   # per API call: row in instances
-    gpu_instance: np.ndarray   # per GPU activity: row in instances
+    api_instance: np.ndarray   # per API call: instance id (= row in instances)
+    gpu_instance: np.ndarray   # per GPU activity: instance id (= row in instances)
     n_ranges: int = 0
 
 
@@ -190,11 +191,56 @@ def launch_links(trace: Trace) -> tuple[np.ndarray, dict, dict]:
     return gpu_api, thread_dev, process_dev
 
 
+@dataclass
+class Segment:
+    """The part of a trace that one correlation step sees: the ranges starting in [lo, hi) plus the ranges
+    still open at `lo` (context: `context` is True), the API calls starting in [lo, hi) and the GPU
+    activities launched in [lo, hi) (`gpu_api`: row in `api` of each one's launching call, -1 if none)."""
+
+    lo: int
+    hi: int
+    ranges: pd.DataFrame
+    info: pd.DataFrame
+    api: pd.DataFrame
+    gpu: pd.DataFrame
+    gpu_api: np.ndarray
+
+
+def trace_segments(trace: Trace, info: pd.DataFrame, gpu_api: np.ndarray, cuts=None):
+    """Segments of an in-memory trace split at `cuts` (one segment when none)."""
+    from dlprof_profiler.model_chunks import chunk_bounds, launch_times
+    bounds = chunk_bounds(cuts)
+    ranges, api, gpu = trace.ranges, trace.api_calls, trace.gpu
+    if len(bounds) == 1:
+        lo, hi = bounds[0]
+        context = np.zeros(len(ranges), dtype=bool)
+        yield Segment(lo, hi, ranges.assign(context=context), info, api, gpu, np.asarray(gpu_api, dtype=np.int64))
+        return
+    r_start, r_end = ranges["start"].to_numpy(np.int64), ranges["end"].to_numpy(np.int64)
+    a_start = api["start"].to_numpy(np.int64)
+    launch = launch_times(trace, gpu_api) if len(gpu) else np.zeros(0, np.int64)
+    for lo, hi in bounds:
+        own = (r_start >= lo) & (r_start < hi)
+        context = (r_start < lo) & (r_end > lo)
+        rows = np.flatnonzero(own | context)
+        a_rows = np.flatnonzero((a_start >= lo) & (a_start < hi))
+        g_rows = np.flatnonzero((launch >= lo) & (launch < hi))
+        seg_ranges = ranges.iloc[rows].reset_index(drop=True).assign(context=context[rows])
+        g_api = np.asarray(gpu_api, dtype=np.int64)[g_rows]
+        local = np.searchsorted(a_rows, g_api)
+        ok = (g_api >= 0) & (local < a_rows.size)
+        ok[ok] = a_rows[local[ok]] == g_api[ok]
+        yield Segment(lo, hi, seg_ranges, info.iloc[rows].reset_index(drop=True),
+                      api.iloc[a_rows].reset_index(drop=True), gpu.iloc[g_rows].reset_index(drop=True),
+                      np.where(ok, local, -1).astype(np.int64))
+
+
 def correlate(trace: Trace, mode: str | None = None, naming_bounds: np.ndarray | None = None,
-              classified: tuple | None = None, links: tuple | None = None) -> Correlation:
+              classified: tuple | None = None, links: tuple | None = None, cuts=None) -> Correlation:
     """Build the op model of every domain. `naming_bounds` are iteration boundaries used only to number
     top-level ops per iteration (so the k-th call of an op in each iteration is the same op); `links` are
-    launch_links(trace) when the caller already has them."""
+    launch_links(trace) when the caller already has them; `cuts` split the work into time segments (the
+    model does not depend on them)."""
     info, mode, family, config = classified or classify_trace(trace, mode)
     if "gpu_peak_memory" in trace.meta and not any(k in config for k in ("max_memory_reserved",
                                                                         "max_memory_allocated")):
@@ -205,15 +251,394 @@ def correlate(trace: Trace, mode: str | None = None, naming_bounds: np.ndarray |
     corr = Correlation(gpu_api=gpu_api, uses_tc=uses_tc, tc_rule=tc_rule, range_info=info, mode=mode,
                        family=family, thread_device=thread_dev, process_device=process_dev, config=config,
                        range_labels=range_label_counts(trace.ranges, info))
-    ranges = trace.ranges
-    for domain in domain_order(trace, mode):
-        if mode == "simple" or len(ranges) == 0:
-            rows = np.zeros(0, dtype=np.int64)
-        else:
-            rows = np.flatnonzero((ranges["domain"].to_numpy(dtype=object) == domain)
-                                  & (info["kind"].to_numpy() != nm.CONFIG))
-        corr.domains[domain] = build_domain(trace, corr, domain, rows, bounds)
+    correlators = {domain: DomainCorrelator(domain, family, domain_facts(trace.ranges, info, domain, mode), bounds,
+                                            thread_dev, process_dev, len(trace.api_calls), len(trace.gpu))
+                   for domain in domain_order(trace, mode)}
+    for segment in trace_segments(trace, info, gpu_api, cuts):
+        for domain, c in correlators.items():
+            c.add(segment, segment_rows(segment, domain, mode))
+    for domain, c in correlators.items():
+        corr.domains[domain] = c.finish(trace, gpu_api)
     return corr
+
+
+def segment_rows(segment: Segment, domain: str, mode: str | None) -> np.ndarray:
+    """Rows of a segment's ranges that belong to a domain's op model."""
+    ranges, info = segment.ranges, segment.info
+    if mode == "simple" or len(ranges) == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero((ranges["domain"].to_numpy(dtype=object) == domain)
+                          & (info["kind"].to_numpy() != nm.CONFIG))
+
+
+@dataclass
+class DomainFacts:
+    """Whole-profile facts about one domain that every segment's correlation needs."""
+
+    n_ranges: int
+    has_markers: bool
+    dl_args: bool                 # DLProf/PyProf argument markers present
+    unmarked_backward_pids: set   # processes with argument markers but no backward markers
+    marker_threads: set           # threads carrying op markers
+
+
+def domain_facts(ranges: pd.DataFrame, info: pd.DataFrame, domain: str, mode: str | None) -> DomainFacts:
+    if mode == "simple" or len(ranges) == 0:
+        return DomainFacts(0, False, False, set(), set())
+    rows = np.flatnonzero((ranges["domain"].to_numpy(dtype=object) == domain) & (info["kind"].to_numpy() != nm.CONFIG))
+    kinds = info["kind"].to_numpy()[rows]
+    pids = ranges["pid"].to_numpy()[rows]
+    marked = np.isin(kinds, (nm.PT_OP, nm.DL_ARG))
+    has_backward = (info["backward"].to_numpy(dtype=bool)[rows]
+                    | (info["direction"].to_numpy(dtype=object)[rows] == "bprop")) & marked
+    return DomainFacts(
+        n_ranges=int(rows.size), has_markers=bool(np.isin(kinds, nm.OP_MARKERS).any()),
+        dl_args=bool((kinds == nm.DL_ARG).any()),
+        unmarked_backward_pids=set(np.unique(pids[kinds == nm.DL_ARG]).tolist())
+        - set(np.unique(pids[has_backward]).tolist()),
+        marker_threads=set(np.unique(ranges["global_tid"].to_numpy()[rows][marked]).tolist()))
+
+
+class DomainCorrelator:
+    """Op instances of one domain, built one time segment at a time.
+
+    Instance ids are global and dense (allocated as instances appear). A range still open at a segment's
+    end keeps its instance id and name for the next segments; an instance whose range or API calls cross a
+    segment boundary is *partial*: its metrics are recomputed over the whole trace in `finish`."""
+
+    def __init__(self, domain: str, family: str | None, facts: DomainFacts, bounds: np.ndarray, thread_device: dict,
+                 process_device: dict, n_api: int, n_gpu: int):
+        self.domain, self.family, self.facts, self.bounds = domain, family, facts, bounds
+        self.thread_device, self.process_device = thread_device, process_device
+        self.api_instance = np.full(n_api, -1, dtype=np.int64)
+        self.gpu_instance = np.full(n_gpu, -1, dtype=np.int64)
+        self.chunks: list[pd.DataFrame] = []
+        self.next_id = 0
+        self.naming = NamingCarry()
+        self.open_instance: dict = {}     # range_id -> (instance id, range end)
+        self.open_attrs: dict = {}        # range_id -> (name, op type, data type, stack) of an open instance
+        self.open_child: dict = {}        # range_id -> (has a child range, range end): leaves decided at their end
+        self.backward_groups: dict = {}   # (thread, iteration) -> instance id of the backward pass
+        self.partial: set = set()
+        self.kind_of: dict = {}           # instance id -> its kind, when only its last segment can tell
+        self.forward = _empty_forward()
+        self.callids = _empty_callids()
+
+    # -- one segment -----------------------------------------------------------------------------------
+    def add(self, seg: Segment, rows: np.ndarray) -> None:
+        lo, hi = seg.lo, seg.hi
+        everything = len(rows) == len(seg.ranges) and (len(rows) == 0 or rows[-1] == len(rows) - 1)
+        ranges = seg.ranges if everything else seg.ranges.iloc[rows].reset_index(drop=True)
+        info = seg.info if everything else seg.info.iloc[rows].reset_index(drop=True)
+        api = seg.api
+        n = len(ranges)
+        kinds = info["kind"].to_numpy().copy()
+        if not self.facts.has_markers:
+            kinds[np.isin(kinds, nm.WRAPPERS)] = nm.SCOPE  # wrappers without ops inside are plain scopes
+        context = ranges["context"].to_numpy(dtype=bool)
+        range_id = ranges["range_id"].to_numpy(np.int64)
+        ends = ranges["end"].to_numpy(np.int64)
+        still_open = ends > hi
+        tids = ranges["global_tid"].to_numpy(np.int64)
+        keys = ThreadTimeKeys([tids, api["global_tid"].to_numpy(np.int64)],
+                              [ranges["start"].to_numpy(np.int64), ends, api["start"].to_numpy(np.int64)])
+        forest = RangeForest(tids, ranges["start"].to_numpy(), ends, range_id)
+        parent, depth = forest.parent, forest.depth
+        is_marker = np.isin(kinds, nm.OP_MARKERS)
+        op_root = outermost_flagged(parent, depth, is_marker)
+        if self.facts.has_markers:
+            is_instance = is_marker & (op_root == np.arange(n))
+        else:
+            # a leaf range is an op; a range open across segments is a leaf only if no segment saw a child
+            has_child = np.bincount(parent[parent >= 0], minlength=n) > 0
+            if self.open_child:
+                has_child |= np.array([self.open_child.get(int(r), (False, 0))[0] for r in range_id], dtype=bool) \
+                    & context
+            candidate = ~has_child & (kinds == nm.SCOPE)
+            is_instance = candidate & ~still_open
+            self.open_child = {r: v for r, v in self.open_child.items() if v[1] > hi}
+            for row in np.flatnonzero((kinds == nm.SCOPE) & still_open):
+                self.open_child[int(range_id[row])] = (bool(has_child[row]), int(ends[row]))
+
+        # API call -> innermost enclosing range on its thread -> op instance range
+        innermost = forest.innermost_at(keys, api["global_tid"].to_numpy(np.int64), api["start"].to_numpy(np.int64))
+        del forest, keys
+        owner = np.full(len(api), -1, dtype=np.int64)
+        inside = innermost >= 0
+        root_of = take(op_root, innermost, -1)
+        owner[inside] = np.where(root_of[inside] >= 0, root_of[inside], innermost[inside])
+        scope_op = np.zeros(n, dtype=bool)
+        direct = owner[inside & (root_of < 0)]
+        scope_op[direct[~is_instance[direct]]] = True  # scope ranges launching API calls directly
+        instance_range = is_instance | scope_op
+
+        # instance ids: ranges that already have one keep it; new instances get the next ids
+        row_instance = np.full(n, -1, dtype=np.int64)
+        if self.open_instance:
+            row_instance[context] = [self.open_instance.get(int(r), (-1, 0))[0] for r in range_id[context]]
+        new_rows = np.flatnonzero(instance_range & (row_instance < 0))
+        row_instance[new_rows] = self.next_id + np.arange(new_rows.size)
+        self.next_id += new_rows.size
+        if not self.facts.has_markers:
+            # a range that launched API calls before it was known to be a leaf is a leaf op after all
+            closing = np.flatnonzero(context & ~still_open & (row_instance >= 0) & ~new_mask_of(new_rows, n))
+            for row in closing:
+                self.kind_of[int(row_instance[row])] = RANGE_OP if is_instance[row] else SCOPE_OP
+        self.open_instance = {r: v for r, v in self.open_instance.items() if v[1] > hi}
+        for row in np.flatnonzero(instance_range & still_open):
+            self.open_instance[int(range_id[row])] = (int(row_instance[row]), int(ends[row]))
+        # instances crossing the segment's bounds get their metrics from the whole trace at the end
+        spans = instance_range & (context | still_open)
+        self.partial.update(row_instance[spans].tolist())
+
+        names = range_names(ranges, info, kinds, parent, depth, op_root, instance_range, self.bounds, context,
+                            lo, hi, self.naming)
+        new_mask = new_mask_of(new_rows, n)
+        frames = [_range_instances(ranges, info, kinds, new_mask, scope_op, names, parent, depth, self.family)]
+        frames[0]["instance_id"] = row_instance[new_rows]
+
+        api_instance = take(row_instance, owner, -1)
+        backward = self._backward_pass(seg, api, api_instance)
+        if backward is not None:
+            frame, assigned = backward
+            api_instance = np.where(assigned >= 0, assigned, api_instance)
+            frames.append(frame)
+        unassoc_api = np.flatnonzero(api_instance < 0)
+        frame = _unassociated_api_instances(api, unassoc_api)
+        frame["instance_id"] = self.next_id + np.arange(unassoc_api.size)
+        api_instance[unassoc_api] = frame["instance_id"].to_numpy()
+        self.next_id += unassoc_api.size
+        frames.append(frame)
+
+        gpu_instance = take(api_instance, seg.gpu_api, -1)
+        orphan = np.flatnonzero(gpu_instance < 0)
+        frame = _unassociated_gpu_instances(seg.gpu, orphan)
+        frame["instance_id"] = self.next_id + np.arange(orphan.size)
+        gpu_instance[orphan] = frame["instance_id"].to_numpy()
+        self.next_id += orphan.size
+        frames.append(frame)
+
+        instances = pd.concat([f for f in frames if len(f)] or [frames[0]], ignore_index=True)
+        instances["domain"] = self.domain
+        instance_metrics(instances, api, seg.gpu, gpu_instance, self.thread_device, self.process_device)
+        self._link_backward(instances, info, ranges, op_root, row_instance, hi)
+        self._remember_open(instances, hi)
+        self.chunks.append(instances)
+        self.api_instance[api["api_id"].to_numpy(np.int64)] = api_instance
+        self.gpu_instance[seg.gpu["activity_id"].to_numpy(np.int64)] = gpu_instance
+
+    def _remember_open(self, instances: pd.DataFrame, hi: int) -> None:
+        """Names and types of the range instances still open after this segment (forward ops for linking)."""
+        self.open_attrs = {r: v for r, v in self.open_attrs.items() if r in self.open_instance}
+        if hi >= TIME_MAX:
+            return
+        rid = instances["range_id"].to_numpy(np.int64)
+        rows = np.flatnonzero((rid >= 0) & (instances["end"].to_numpy(np.int64) > hi))
+        cols = [instances[c].to_numpy(dtype=object) for c in ("name", "op_type", "data_type", "stack_trace")]
+        for row in rows:
+            self.open_attrs[int(rid[row])] = tuple(c[row] for c in cols)
+
+    def _backward_pass(self, seg: Segment, api: pd.DataFrame, api_instance: np.ndarray):
+        """Without markers that link backward ops to forward ops, API calls of the autograd threads (threads
+        of a marked process with no marker of their own) form one `backward` op per thread and iteration."""
+        facts = self.facts
+        # Only DLProf/PyProf argument markers (recorded without emit_nvtx) leave the backward pass unmarked;
+        # a PyTorch emit_nvtx profile marks backward nodes itself, so its unmarked threads are not backward.
+        if self.family != "pytorch" or not facts.dl_args or not facts.unmarked_backward_pids:
+            return None
+        candidates = (api_instance < 0) & api["pid"].isin(facts.unmarked_backward_pids).to_numpy() \
+            & ~api["global_tid"].isin(facts.marker_threads).to_numpy()
+        rows = np.flatnonzero(candidates)
+        if rows.size == 0:
+            return None
+        starts = api["start"].to_numpy(np.int64)[rows]
+        frame = make_frame({"row": rows, "tid": api["global_tid"].to_numpy()[rows],
+                            "iter": np.searchsorted(self.bounds, starts, side="right"), "start": starts,
+                            "end": api["end"].to_numpy(np.int64)[rows], "pid": api["pid"].to_numpy()[rows]})
+        summary = frame.groupby(["tid", "iter"], sort=True).agg(start=("start", "min"), end=("end", "max"),
+                                                                 pid=("pid", "first")).reset_index()
+        known = [self.backward_groups.get((int(t), int(i)), -1) for t, i in zip(summary["tid"], summary["iter"])]
+        summary["instance"] = np.asarray(known, dtype=np.int64)
+        fresh = summary["instance"].to_numpy() < 0
+        summary.loc[fresh, "instance"] = self.next_id + np.arange(int(fresh.sum()))
+        self.next_id += int(fresh.sum())
+        # a backward pass may go on in the next segment: its span and metrics are completed at the end
+        hi_iteration = int(np.searchsorted(self.bounds, seg.hi, side="right"))
+        for t, i, inst, is_fresh in zip(summary["tid"], summary["iter"], summary["instance"], fresh):
+            if not is_fresh or (i >= hi_iteration and seg.hi < TIME_MAX):
+                self.backward_groups[(int(t), int(i))] = int(inst)
+                self.partial.add(int(inst))
+        self.backward_groups = {k: v for k, v in self.backward_groups.items() if k[1] >= hi_iteration}
+        frame = frame.merge(summary[["tid", "iter", "instance"]], on=["tid", "iter"], how="left")
+        assigned = np.full(len(api), -1, dtype=np.int64)
+        assigned[frame["row"].to_numpy()] = frame["instance"].to_numpy()
+        summary = summary[fresh]
+        m = len(summary)
+        instances = make_frame({
+            "instance_id": summary["instance"].to_numpy(np.int64),
+            "op_index": -1, "kind": np.full(m, BACKWARD_PASS, dtype=np.int8), "range_id": -1, "api_id": -1,
+            "activity_id": -1, "start": summary["start"].to_numpy(np.int64),
+            "end": summary["end"].to_numpy(np.int64), "pid": summary["pid"].to_numpy(np.int64),
+            "global_tid": summary["tid"].to_numpy(np.int64),
+            "data_type": None, "input_shapes": None, "output_shapes": None, "parameters": None, "stack_trace": None,
+            "name": "backward", "label": "backward", "op_type": "backward", "direction": "bprop", "range_row": -1,
+        })
+        return instances, assigned
+
+    # -- direction links -------------------------------------------------------------------------------
+    def _link_backward(self, inst: pd.DataFrame, info: pd.DataFrame, ranges: pd.DataFrame, op_root: np.ndarray,
+                       row_instance: np.ndarray, hi: int) -> None:
+        """Backward ops take the name and type of the forward op that created them (PyTorch seq numbers, or
+        the callids of dlprof_profiler.pytorch markers), differing only in direction. Forward ops of earlier
+        segments are remembered for the current and the previous iteration."""
+        if self.family != "pytorch" or len(ranges) == 0:
+            return
+        rr = inst["range_row"].to_numpy(np.int64)
+        is_range = rr >= 0
+        # rows of this segment's new instances (context ranges' instances were built in earlier segments)
+        row_to_inst = np.full(len(ranges), -1, dtype=np.int64)
+        row_to_inst[rr[is_range]] = np.flatnonzero(is_range)
+        kinds = info["kind"].to_numpy()
+        seq = info["seq"].to_numpy(np.int64)
+        backward = info["backward"].to_numpy(dtype=bool)
+        pid = ranges["pid"].to_numpy(np.int64)
+        start = ranges["start"].to_numpy(np.int64)
+        context = ranges["context"].to_numpy(dtype=bool)
+        names = inst["name"].to_numpy(dtype=object).copy()
+        types = inst["op_type"].to_numpy(dtype=object).copy()
+        data_types = inst["data_type"].to_numpy(dtype=object).copy()
+        stacks = inst["stack_trace"].to_numpy(dtype=object).copy()
+        # forward side: every PyTorch op range with a seq, folded into its op instance
+        fwd = (kinds == nm.PT_OP) & (seq >= 0) & ~backward & (op_root >= 0) & ~context
+        fwd_rows = np.flatnonzero(fwd)
+        fwd_inst = take(row_to_inst, op_root[fwd_rows], -1)
+        ok = fwd_inst >= 0
+        attrs = [names[fwd_inst[ok]], types[fwd_inst[ok]], data_types[fwd_inst[ok]], stacks[fwd_inst[ok]]]
+        rows_with_attrs = fwd_rows[ok]
+        # forward markers inside an instance that began in an earlier segment take its remembered names
+        outer = fwd_rows[~ok]
+        if outer.size and self.open_attrs:
+            carried = [self.open_attrs.get(int(r)) for r in ranges["range_id"].to_numpy(np.int64)[op_root[outer]]]
+            known = np.array([c is not None for c in carried], dtype=bool)
+            if known.any():
+                found = [c for c in carried if c is not None]
+                attrs = [np.concatenate([a, np.array([c[i] for c in found], dtype=object)])
+                         for i, a in enumerate(attrs)]
+                rows_with_attrs = np.concatenate([rows_with_attrs, outer[known]])
+        local_forward = make_frame({"pid": pid[rows_with_attrs], "seq": seq[rows_with_attrs],
+                                    "start": start[rows_with_attrs], "name": attrs[0], "op_type": attrs[1],
+                                    "data_type": attrs[2], "stack_trace": attrs[3]})
+        forward = pd.concat([self.forward, local_forward], ignore_index=True) if len(self.forward) else local_forward
+        # backward side: the seq of the instance's own marker, else of the backward node folded inside it
+        bwd_rows = (kinds == nm.PT_OP) & backward & (op_root >= 0) & (seq >= 0)
+        node_seq = make_frame({"root": op_root[bwd_rows], "seq": seq[bwd_rows], "start": start[bwd_rows]})
+        node_seq = node_seq.sort_values("start").drop_duplicates("root")
+        inst_seq = np.full(len(inst), -1, dtype=np.int64)
+        root_inst = row_to_inst[node_seq["root"].to_numpy()]
+        good = root_inst >= 0
+        inst_seq[root_inst[good]] = node_seq["seq"].to_numpy()[good]
+        is_bwd = (inst["direction"].to_numpy(dtype=object) == "bprop") & is_range
+        targets = make_frame({"inst": np.flatnonzero(is_bwd & (inst_seq >= 0))})
+        if len(targets) and len(forward):
+            targets["pid"] = inst["pid"].to_numpy(np.int64)[targets["inst"]]
+            targets["seq"] = inst_seq[targets["inst"]]
+            targets["start"] = inst["start"].to_numpy(np.int64)[targets["inst"]]
+            linked = pd.merge_asof(targets.sort_values("start"), forward.sort_values("start", kind="stable"),
+                                   on="start", by=["pid", "seq"], direction="backward")
+            linked = linked.dropna(subset=["name"])
+            b = linked["inst"].to_numpy(np.int64)
+            names[b] = linked["name"].to_numpy(dtype=object)
+            types[b] = linked["op_type"].to_numpy(dtype=object)
+            f_dt = linked["data_type"].to_numpy(dtype=object)
+            f_st = linked["stack_trace"].to_numpy(dtype=object)
+            data_types[b] = np.where(pd.isna(data_types[b]), f_dt, data_types[b])
+            stacks[b] = np.where(pd.isna(stacks[b]), f_st, stacks[b])
+        # dlprof_profiler.pytorch markers link explicitly: fwdCallid of a bprop marker = callid of the forward one
+        callid = info["callid"].to_numpy(np.int64)
+        fwd_callid = info["fwd_callid"].to_numpy(np.int64)
+        has_call = (kinds == nm.DL_ARG) & (callid >= 0) & (row_to_inst >= 0)
+        local_calls = make_frame({"pid": pid[has_call], "callid": callid[has_call],
+                                  "name": names[row_to_inst[has_call]], "op_type": types[row_to_inst[has_call]],
+                                  "start": start[has_call]})
+        calls = pd.concat([self.callids, local_calls], ignore_index=True) if len(self.callids) else local_calls
+        wants = (kinds == nm.DL_ARG) & (fwd_callid >= 0) & (row_to_inst >= 0)
+        if len(calls) and wants.any():
+            by_callid = calls.drop_duplicates(["pid", "callid"], keep="last").set_index(["pid", "callid"])
+            found = by_callid.reindex(pd.MultiIndex.from_arrays([pid[wants], fwd_callid[wants]]))
+            ok = found["name"].notna().to_numpy()
+            b = row_to_inst[wants][ok]
+            names[b] = found["name"].to_numpy(dtype=object)[ok]
+            types[b] = found["op_type"].to_numpy(dtype=object)[ok]
+        inst["name"] = obj(names, inst.index)
+        inst["op_type"] = obj(types, inst.index)
+        inst["data_type"] = obj(data_types, inst.index)
+        inst["stack_trace"] = obj(stacks, inst.index)
+        # remember the forward ops of the current and the previous iteration for the next segments
+        if hi < TIME_MAX:
+            it_hi = int(np.searchsorted(self.bounds, hi, side="right"))
+            if it_hi >= 2:
+                keep_from = int(self.bounds[it_hi - 2])
+                forward, calls = forward[forward["start"] >= keep_from], calls[calls["start"] >= keep_from]
+            self.forward, self.callids = forward, calls
+
+    # -- the whole domain ------------------------------------------------------------------------------
+    def finish(self, trace: Trace, gpu_api: np.ndarray) -> DomainModel:
+        """Concatenate the segments' instances, complete the partial ones, build the op table."""
+        instances = pd.concat(self.chunks, ignore_index=True) if len(self.chunks) > 1 else self.chunks[0]
+        instances = instances.sort_values("instance_id", kind="stable").reset_index(drop=True)
+        if self.partial:
+            self._complete(instances, trace, gpu_api)
+        if self.kind_of:
+            ids = np.fromiter(self.kind_of, dtype=np.int64)
+            kinds = instances["kind"].to_numpy().copy()
+            kinds[ids] = np.fromiter(self.kind_of.values(), dtype=np.int64)
+            instances["kind"] = kinds
+        ops = op_table(instances, self.domain, self.family)
+        return DomainModel(domain=self.domain, family=self.family, has_markers=self.facts.has_markers,
+                           instances=instances, ops=ops, api_instance=self.api_instance,
+                           gpu_instance=self.gpu_instance, n_ranges=self.facts.n_ranges)
+
+    def _complete(self, instances: pd.DataFrame, trace: Trace, gpu_api: np.ndarray) -> None:
+        """Metrics of the instances that crossed segment bounds, over all their API calls and activities."""
+        ids = np.array(sorted(self.partial), dtype=np.int64)
+        rows = ids  # instance ids are dense row numbers
+        part = instances.iloc[rows].copy()
+        backward = part["kind"].to_numpy() == BACKWARD_PASS
+        if backward.any():
+            api = trace.api_calls
+            owned = pd.DataFrame({"i": self.api_instance, "s": api["start"].to_numpy(np.int64),
+                                  "e": api["end"].to_numpy(np.int64)})
+            span = owned[owned["i"].isin(set(ids[backward].tolist()))].groupby("i").agg(s=("s", "min"), e=("e", "max"))
+            b_ids = ids[backward]
+            part.loc[backward, "start"] = span["s"].reindex(b_ids).to_numpy(np.int64)
+            part.loc[backward, "end"] = span["e"].reindex(b_ids).to_numpy(np.int64)
+        g_rows = np.flatnonzero(np.isin(self.gpu_instance, ids))
+        gpu = trace.gpu.iloc[g_rows].reset_index(drop=True)
+        part = part.reset_index(drop=True)
+        instance_metrics(part, trace.api_calls, gpu, self.gpu_instance[g_rows], self.thread_device,
+                         self.process_device)
+        for column in ("start", "end", "cpu_time", "cpu_overhead", "gpu_time", "gpu_start", "gpu_end", "gpu_idle",
+                       "n_gpu", "n_kernels", "device_id"):
+            values = instances[column].to_numpy().copy()
+            values[rows] = part[column].to_numpy()
+            instances[column] = values
+
+
+def new_mask_of(rows: np.ndarray, n: int) -> np.ndarray:
+    mask = np.zeros(n, dtype=bool)
+    mask[rows] = True
+    return mask
+
+
+def _empty_forward() -> pd.DataFrame:
+    return make_frame({"pid": np.zeros(0, np.int64), "seq": np.zeros(0, np.int64), "start": np.zeros(0, np.int64),
+                       "name": np.zeros(0, object), "op_type": np.zeros(0, object), "data_type": np.zeros(0, object),
+                       "stack_trace": np.zeros(0, object)})
+
+
+def _empty_callids() -> pd.DataFrame:
+    return make_frame({"pid": np.zeros(0, np.int64), "callid": np.zeros(0, np.int64), "name": np.zeros(0, object),
+                       "op_type": np.zeros(0, object), "start": np.zeros(0, np.int64)})
 
 
 def _kernel_tc_flags(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
@@ -229,184 +654,11 @@ def _kernel_tc_flags(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     return uses, rules
 
 
-# ---------------------------------------------------------------------------- one domain
 
-def build_domain(trace: Trace, corr: Correlation, domain: str, rows: np.ndarray,
-                 bounds: np.ndarray) -> DomainModel:
-    """Op instances and ops of one domain from its ranges (`rows` index trace.ranges)."""
-    everything = len(rows) == len(trace.ranges) and (len(rows) == 0 or rows[-1] == len(rows) - 1)
-    ranges = trace.ranges if everything else trace.ranges.iloc[rows].reset_index(drop=True)
-    info = corr.range_info if everything else corr.range_info.iloc[rows].reset_index(drop=True)
-    api = trace.api_calls
-    kinds = info["kind"].to_numpy().copy()
-    has_markers = bool(np.isin(kinds, nm.OP_MARKERS).any())
-    if not has_markers:
-        kinds[np.isin(kinds, nm.WRAPPERS)] = nm.SCOPE  # wrappers without ops inside are plain scopes
-    tids = ranges["global_tid"].to_numpy(np.int64)
-    keys = ThreadTimeKeys([tids, api["global_tid"].to_numpy(np.int64)],
-                          [ranges["start"].to_numpy(np.int64), ranges["end"].to_numpy(np.int64),
-                           api["start"].to_numpy(np.int64)])
-    forest = RangeForest(tids, ranges["start"].to_numpy(), ranges["end"].to_numpy(),
-                         ranges["range_id"].to_numpy())
-    parent, depth = forest.parent, forest.depth
-    is_marker = np.isin(kinds, nm.OP_MARKERS)
-    op_root = outermost_flagged(parent, depth, is_marker)
-    n_children = np.bincount(parent[parent >= 0], minlength=len(ranges))
-    if has_markers:
-        is_instance = is_marker & (op_root == np.arange(len(ranges)))
-    else:
-        is_instance = (n_children == 0) & (kinds == nm.SCOPE)
-
-    # API call -> innermost enclosing range on its thread -> op instance range
-    innermost = forest.innermost_at(keys, api["global_tid"].to_numpy(np.int64), api["start"].to_numpy(np.int64))
-    del forest, keys  # only the parent links and depths are needed from here on
-    owner = np.full(len(api), -1, dtype=np.int64)
-    inside = innermost >= 0
-    root_of = take(op_root, innermost, -1)
-    owner[inside] = np.where(root_of[inside] >= 0, root_of[inside], innermost[inside])
-    scope_op = np.zeros(len(ranges), dtype=bool)
-    direct = owner[inside & (root_of < 0)]
-    scope_op[direct[~is_instance[direct]]] = True  # scope ranges launching API calls directly
-    instance_range = is_instance | scope_op
-
-    names = _range_names(trace, ranges, info, kinds, parent, depth, op_root, instance_range, bounds, corr.family)
-    frames = [_range_instances(ranges, info, kinds, instance_range, scope_op, names, parent, depth, corr.family)]
-    range_row_to_instance = np.full(len(ranges), -1, dtype=np.int64)
-    range_row_to_instance[np.flatnonzero(instance_range)] = np.arange(int(instance_range.sum()))
-
-    api_instance = take(range_row_to_instance, owner, -1)
-    next_id = int(instance_range.sum())
-    backward = _backward_pass_instances(trace, corr, ranges, info, api_instance, bounds, next_id)
-    if backward is not None:
-        frame, assigned = backward
-        api_instance = np.where(assigned >= 0, assigned, api_instance)
-        frames.append(frame)
-        next_id += len(frame)
-    unassoc_api = np.flatnonzero(api_instance < 0)
-    frames.append(_unassociated_api_instances(api, unassoc_api, next_id))
-    api_instance[unassoc_api] = next_id + np.arange(unassoc_api.size)
-    next_id += unassoc_api.size
-
-    gpu_api = corr.gpu_api
-    gpu_instance = take(api_instance, gpu_api, -1)
-    orphan = np.flatnonzero(gpu_instance < 0)
-    frames.append(_unassociated_gpu_instances(trace.gpu, orphan, next_id))
-    gpu_instance[orphan] = next_id + np.arange(orphan.size)
-
-    instances = pd.concat([f for f in frames if len(f)] or [frames[0]], ignore_index=True)
-    instances["instance_id"] = np.arange(len(instances), dtype=np.int64)
-    instances["domain"] = domain
-    _instance_metrics(trace, corr, instances, api_instance, gpu_instance)
-    _link_backward(instances, info, ranges, op_root, instance_range, corr.family)
-    ops = _op_table(instances, domain, corr.family)
-    return DomainModel(domain=domain, family=corr.family, has_markers=has_markers, instances=instances,
-                       ops=ops, api_instance=api_instance, gpu_instance=gpu_instance, n_ranges=len(ranges))
-
-
-# ---------------------------------------------------------------------------- naming
+# ---------------------------------------------------------------------------- instances
 
 FPROP, BPROP = "fprop", "bprop"
 _TF_GRADIENT = re.compile(r"(?:^|/)(?:gradients|gradient_tape)(?:_\d+)?/")
-_ANGLE = re.compile(r"<([^<>/]*)>")
-_REPEAT = re.compile(r"\((\d+)\)(?=/|$)")
-
-
-def func_stack_path(func_stack: str) -> str:
-    """DLProf's op name from a funcStack: `<module>` -> `module`, `(N)` -> `[N]`."""
-    text = _ANGLE.sub(r"\1", func_stack)
-    text = _REPEAT.sub(r"[\1]", text)
-    return text if text.startswith("/") else "/" + text
-
-
-def _range_names(trace, ranges, info, kinds, parent, depth, op_root, instance_range, bounds, family):
-    """Full op names of instance ranges (and of the scopes above them): scope path + '/' + label[k].
-
-    Names are built as integer codes into a table of distinct strings, level by level down the range
-    trees, so millions of instances share a few thousand string objects."""
-    n = len(ranges)
-    names = np.full(n, None, dtype=object)
-    if n == 0:
-        return names
-    is_scope = (kinds == nm.SCOPE) & (op_root < 0)
-    naming = is_scope | instance_range
-    scope_parent = nearest_flagged_ancestor(parent, depth, is_scope)
-    trace_anc = nearest_flagged_ancestor(parent, depth, kinds == nm.DL_TRACE)
-    label_code, label_text = pd.factorize(_scope_labels(info["label"].to_numpy(dtype=object), is_scope))
-    # DLProf markers: the trace marker around an argument marker names the op by its funcStack.
-    fs_code, fs_text = pd.factorize(info["func_stack"].to_numpy(dtype=object))  # None -> -1
-    stack = np.full(n, -1, dtype=np.int64)
-    has_trace = (kinds == nm.DL_ARG) & (trace_anc >= 0)
-    stack[has_trace] = fs_code[trace_anc[has_trace]]
-    own_trace = kinds == nm.DL_TRACE
-    stack[own_trace] = fs_code[own_trace]
-    fs_text = np.asarray(fs_text, dtype=object)
-    if fs_text.size:
-        stack[(stack >= 0) & (fs_text[np.maximum(stack, 0)] == "")] = -1
-    use_stack = (stack >= 0) & naming
-    numbered = naming & ~use_stack & (kinds != nm.TF_OP)
-    starts = ranges["start"].to_numpy(np.int64)
-    k = np.zeros(n, dtype=np.int64)
-    rows = np.flatnonzero(numbered)
-    if rows.size:
-        top = scope_parent[rows] < 0
-        group = combined_codes(scope_parent[rows], np.where(top, ranges["global_tid"].to_numpy()[rows], -1),
-                               np.where(top, np.searchsorted(bounds, starts[rows], side="right"), -1),
-                               label_code[rows])
-        rank = rank_within(group, [rows, starts[rows]]) + 1
-        k[rows] = np.where(rank >= 2, rank, 0)
-    label_text = np.asarray(label_text, dtype=object)
-    # element of a name: a funcStack path, or a label with its [k] repeat number
-    element_code = combined_codes(np.where(use_stack, stack, -1), np.where(use_stack, -1, label_code),
-                                  np.where(use_stack, 0, k))
-    element_text = _distinct_texts(element_code, lambda i: func_stack_path(fs_text[stack[i]]) if use_stack[i]
-                                   else (f"{label_text[label_code[i]]}[{k[i]}]" if k[i] else label_text[label_code[i]]))
-    slash_led = use_stack | ((kinds == nm.TF_OP) & (scope_parent < 0))
-    name_code = np.full(n, -1, dtype=np.int64)
-    table: list[str] = []
-    for idx in levels(depth):
-        idx = idx[naming[idx]]
-        if idx.size == 0:
-            continue
-        sp = scope_parent[idx]
-        base = np.where(sp >= 0, name_code[np.maximum(sp, 0)], -1)
-        pair = combined_codes(base, slash_led[idx], element_code[idx])
-        first = _first_rows(pair)
-        offset = len(table)
-        table.extend((table[base[i]] if base[i] >= 0 else "") + ("" if slash_led[idx[i]] else "/")
-                     + element_text[element_code[idx[i]]] for i in first)
-        name_code[idx] = offset + pair
-    table_array = np.empty(len(table), dtype=object)
-    table_array[:] = table
-    named = name_code >= 0
-    names[named] = table_array[name_code[named]]
-    return names
-
-
-_STEP_COUNTER = re.compile(r"#\d+$")
-
-
-def _scope_labels(labels: np.ndarray, is_scope: np.ndarray) -> np.ndarray:
-    """Scope labels without a trailing `#N` counter (ProfilerStep#5 -> ProfilerStep): the counter changes
-    every iteration, so the names of the ops under it would never match across iterations."""
-    if not is_scope.any():
-        return labels
-    out = labels.copy()
-    out[is_scope] = nm.per_unique(labels[is_scope], lambda t: _STEP_COUNTER.sub("", t) if isinstance(t, str) else t)
-    return out
-
-
-def _first_rows(codes: np.ndarray) -> np.ndarray:
-    """Index of the first element of each code (codes are dense 0..m-1)."""
-    first = np.full(int(codes.max()) + 1 if codes.size else 0, -1, dtype=np.int64)
-    first[codes[::-1]] = np.arange(codes.size - 1, -1, -1)
-    return first
-
-
-def _distinct_texts(codes: np.ndarray, text_of_row) -> np.ndarray:
-    """Strings per dense code, computed from one representative row each."""
-    out = np.empty(int(codes.max()) + 1 if codes.size else 0, dtype=object)
-    out[:] = [text_of_row(i) for i in _first_rows(codes)]
-    return out
 
 
 def concat_distinct(*columns_and_fn) -> np.ndarray:
@@ -416,7 +668,7 @@ def concat_distinct(*columns_and_fn) -> np.ndarray:
     codes = combined_codes(*columns)
     if codes.size == 0:
         return np.zeros(0, dtype=object)
-    return _distinct_texts(codes, lambda i: fn(*(np.asarray(c)[i] for c in columns)))[codes]
+    return distinct_texts(codes, lambda i: fn(*(np.asarray(c)[i] for c in columns)))[codes]
 
 
 def _range_instances(ranges, info, kinds, instance_range, scope_op, names, parent, depth, family):
@@ -467,12 +719,12 @@ def _stack_traces(info, kinds, parent, depth) -> np.ndarray:
     return out
 
 
-def _unassociated_api_instances(api: pd.DataFrame, rows: np.ndarray, first_id: int) -> pd.DataFrame:
+def _unassociated_api_instances(api: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
     names = api["name"].astype(object).to_numpy(dtype=object)[rows]
     names = np.where(pd.isna(names), "<unknown api>", names)
     return make_frame({
         "op_index": -1, "kind": np.full(rows.size, UNASSOCIATED_API, dtype=np.int8), "range_id": -1,
-        "api_id": rows.astype(np.int64), "activity_id": -1,
+        "api_id": api["api_id"].to_numpy(np.int64)[rows], "activity_id": -1,
         "start": api["start"].to_numpy(np.int64)[rows], "end": api["end"].to_numpy(np.int64)[rows],
         "pid": api["pid"].to_numpy(np.int64)[rows], "global_tid": api["global_tid"].to_numpy(np.int64)[rows],
         "data_type": None, "input_shapes": None, "output_shapes": None, "parameters": None,
@@ -481,11 +733,11 @@ def _unassociated_api_instances(api: pd.DataFrame, rows: np.ndarray, first_id: i
     })
 
 
-def _unassociated_gpu_instances(gpu: pd.DataFrame, rows: np.ndarray, first_id: int) -> pd.DataFrame:
+def _unassociated_gpu_instances(gpu: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
     names = gpu["name"].astype(object).to_numpy(dtype=object)[rows]
     return make_frame({
         "op_index": -1, "kind": np.full(rows.size, UNASSOCIATED_GPU, dtype=np.int8), "range_id": -1,
-        "api_id": -1, "activity_id": rows.astype(np.int64),
+        "api_id": -1, "activity_id": gpu["activity_id"].to_numpy(np.int64)[rows],
         "start": gpu["start"].to_numpy(np.int64)[rows], "end": gpu["end"].to_numpy(np.int64)[rows],
         "pid": gpu["pid"].to_numpy(np.int64)[rows], "global_tid": np.full(rows.size, -1, dtype=np.int64),
         "data_type": None, "input_shapes": None, "output_shapes": None, "parameters": None,
@@ -494,94 +746,51 @@ def _unassociated_gpu_instances(gpu: pd.DataFrame, rows: np.ndarray, first_id: i
     })
 
 
-def _backward_pass_instances(trace, corr, ranges, info, api_instance, bounds, first_id):
-    """Without markers that link backward ops to forward ops, API calls of the autograd threads (threads
-    of a marked process with no marker of their own) form one `backward` op per thread and iteration."""
-    if corr.family != "pytorch" or len(ranges) == 0:
-        return None
-    kinds = info["kind"].to_numpy()
-    marked = np.isin(kinds, (nm.PT_OP, nm.DL_ARG))
-    # Only DLProf/PyProf argument markers (recorded without emit_nvtx) leave the backward pass unmarked;
-    # a PyTorch emit_nvtx profile marks backward nodes itself, so its unmarked threads are not backward.
-    if not (kinds == nm.DL_ARG).any():
-        return None
-    has_backward_markers = (info["backward"].to_numpy(dtype=bool) | (info["direction"].to_numpy(dtype=object)
-                                                                   == "bprop")) & marked
-    pids_with_markers = set(np.unique(ranges["pid"].to_numpy()[kinds == nm.DL_ARG]).tolist())
-    pids_with_backward = set(np.unique(ranges["pid"].to_numpy()[has_backward_markers]).tolist())
-    marker_threads = set(np.unique(ranges["global_tid"].to_numpy()[marked]).tolist())
-    api = trace.api_calls
-    candidates = (api_instance < 0) & api["pid"].isin(pids_with_markers - pids_with_backward).to_numpy() \
-        & ~api["global_tid"].isin(marker_threads).to_numpy()
-    rows = np.flatnonzero(candidates)
-    if rows.size == 0:
-        return None
-    starts = api["start"].to_numpy(np.int64)[rows]
-    frame = make_frame({"row": rows, "tid": api["global_tid"].to_numpy()[rows],
-                          "iter": np.searchsorted(bounds, starts, side="right"), "start": starts,
-                          "end": api["end"].to_numpy(np.int64)[rows], "pid": api["pid"].to_numpy()[rows]})
-    groups = frame.groupby(["tid", "iter"], sort=True)
-    summary = groups.agg(start=("start", "min"), end=("end", "max"), pid=("pid", "first")).reset_index()
-    summary["instance"] = first_id + np.arange(len(summary))
-    frame = frame.merge(summary[["tid", "iter", "instance"]], on=["tid", "iter"], how="left")
-    assigned = np.full(len(api), -1, dtype=np.int64)
-    assigned[frame["row"].to_numpy()] = frame["instance"].to_numpy()
-    m = len(summary)
-    instances = make_frame({
-        "op_index": -1, "kind": np.full(m, BACKWARD_PASS, dtype=np.int8), "range_id": -1, "api_id": -1,
-        "activity_id": -1, "start": summary["start"].to_numpy(np.int64), "end": summary["end"].to_numpy(np.int64),
-        "pid": summary["pid"].to_numpy(np.int64), "global_tid": summary["tid"].to_numpy(np.int64),
-        "data_type": None, "input_shapes": None, "output_shapes": None, "parameters": None, "stack_trace": None,
-        "name": "backward", "label": "backward", "op_type": "backward", "direction": "bprop", "range_row": -1,
-    })
-    return instances, assigned
-
-
-# ---------------------------------------------------------------------------- metrics
-
-def _instance_metrics(trace, corr, inst: pd.DataFrame, api_instance: np.ndarray, gpu_instance: np.ndarray):
-    """CPU time, CPU overhead, GPU time (flattened), GPU idle and device of every instance."""
+def instance_metrics(inst: pd.DataFrame, api: pd.DataFrame, gpu: pd.DataFrame, gpu_owner: np.ndarray,
+                     thread_device: dict, process_device: dict) -> None:
+    """CPU time, CPU overhead, GPU time (flattened), GPU idle and device of every instance of `inst`, from
+    the API calls on their threads and the GPU activities they own (`gpu_owner`: instance id per row of
+    `gpu`; activities of instances outside `inst` are ignored)."""
     n = len(inst)
     start = inst["start"].to_numpy(np.int64)
     end = inst["end"].to_numpy(np.int64)
     kind = inst["kind"].to_numpy()
     inst["cpu_time"] = np.where(kind == UNASSOCIATED_GPU, 0, end - start)
-    inst["cpu_overhead"] = inst["cpu_time"].to_numpy() - _api_time_inside(trace.api_calls, inst)
-    gpu = trace.gpu
-    if len(gpu):
-        g_start = gpu["start"].to_numpy(np.int64)
-        g_end = gpu["end"].to_numpy(np.int64)
-        busy = union_length_by_group(gpu_instance, g_start, g_end)
-        frame = make_frame({"i": gpu_instance, "s": g_start, "e": g_end,
-                              "k": (gpu["kind"].to_numpy() == KIND_KERNEL).astype(np.int64),
-                              "dev": gpu["device_id"].to_numpy(), "d": g_end - g_start + 1})
-        agg = frame.groupby("i").agg(s=("s", "min"), e=("e", "max"), n=("s", "size"), k=("k", "sum"))
-        dev_time = frame.groupby(["i", "dev"])["d"].sum().reset_index()
-        dev = dev_time.sort_values(["i", "d", "dev"], ascending=[True, False, True]).drop_duplicates("i")
-        gpu_time = np.zeros(n, dtype=np.int64)
-        gpu_time[busy.index.to_numpy()] = busy.to_numpy()
-        gs = np.full(n, -1, dtype=np.int64)
-        ge = np.full(n, -1, dtype=np.int64)
-        ng = np.zeros(n, dtype=np.int64)
-        nk = np.zeros(n, dtype=np.int64)
-        gs[agg.index.to_numpy()] = agg["s"].to_numpy()
-        ge[agg.index.to_numpy()] = agg["e"].to_numpy()
-        ng[agg.index.to_numpy()] = agg["n"].to_numpy()
-        nk[agg.index.to_numpy()] = agg["k"].to_numpy()
-        device = np.full(n, -1, dtype=np.int64)
-        device[dev["i"].to_numpy()] = dev["dev"].to_numpy()
-    else:
-        gpu_time = np.zeros(n, dtype=np.int64)
-        gs = np.full(n, -1, dtype=np.int64)
-        ge = np.full(n, -1, dtype=np.int64)
-        ng = np.zeros(n, dtype=np.int64)
-        nk = np.zeros(n, dtype=np.int64)
-        device = np.full(n, -1, dtype=np.int64)
+    inst["cpu_overhead"] = inst["cpu_time"].to_numpy() - _api_time_inside(api, inst)
+    gpu_time = np.zeros(n, dtype=np.int64)
+    gs = np.full(n, -1, dtype=np.int64)
+    ge = np.full(n, -1, dtype=np.int64)
+    ng = np.zeros(n, dtype=np.int64)
+    nk = np.zeros(n, dtype=np.int64)
+    device = np.full(n, -1, dtype=np.int64)
+    if len(gpu) and n:
+        ids = inst["instance_id"].to_numpy(np.int64)
+        order = np.argsort(ids, kind="stable")
+        pos = np.clip(np.searchsorted(ids[order], gpu_owner), 0, max(n - 1, 0))
+        found = ids[order][pos] == gpu_owner
+        owner = np.where(found, order[pos], -1)
+        mine = owner >= 0
+        owner = owner[mine]
+        g_start = gpu["start"].to_numpy(np.int64)[mine]
+        g_end = gpu["end"].to_numpy(np.int64)[mine]
+        if owner.size:
+            busy = union_length_by_group(owner, g_start, g_end)
+            frame = make_frame({"i": owner, "s": g_start, "e": g_end,
+                                "k": (gpu["kind"].to_numpy()[mine] == KIND_KERNEL).astype(np.int64),
+                                "dev": gpu["device_id"].to_numpy()[mine], "d": g_end - g_start + 1})
+            agg = frame.groupby("i").agg(s=("s", "min"), e=("e", "max"), n=("s", "size"), k=("k", "sum"))
+            dev_time = frame.groupby(["i", "dev"])["d"].sum().reset_index()
+            dev = dev_time.sort_values(["i", "d", "dev"], ascending=[True, False, True]).drop_duplicates("i")
+            gpu_time[busy.index.to_numpy()] = busy.to_numpy()
+            idx = agg.index.to_numpy()
+            gs[idx], ge[idx] = agg["s"].to_numpy(), agg["e"].to_numpy()
+            ng[idx], nk[idx] = agg["n"].to_numpy(), agg["k"].to_numpy()
+            device[dev["i"].to_numpy()] = dev["dev"].to_numpy()
     # Ranges without GPU work take the device their thread, else their process, launches most work on.
     missing = device < 0
     if missing.any():
-        by_thread = pd.Series(inst["global_tid"].to_numpy()[missing]).map(corr.thread_device)
-        by_process = pd.Series(inst["pid"].to_numpy()[missing]).map(corr.process_device)
+        by_thread = pd.Series(inst["global_tid"].to_numpy()[missing]).map(thread_device)
+        by_process = pd.Series(inst["pid"].to_numpy()[missing]).map(process_device)
         device[missing] = by_thread.fillna(by_process).fillna(-1).to_numpy(np.int64)
     inst["gpu_time"] = gpu_time
     inst["gpu_start"] = gs
@@ -615,126 +824,65 @@ def _api_time_inside(api: pd.DataFrame, inst: pd.DataFrame) -> np.ndarray:
 
 # ---------------------------------------------------------------------------- direction links
 
-def _link_backward(inst: pd.DataFrame, info: pd.DataFrame, ranges: pd.DataFrame, op_root: np.ndarray,
-                   instance_range: np.ndarray, family: str | None) -> None:
-    """Backward ops take the name and type of the forward op that created them (PyTorch seq numbers, or
-    the callids of dlprof_profiler.pytorch markers), differing only in direction."""
-    if family != "pytorch" or len(ranges) == 0:
-        return
-    rr = inst["range_row"].to_numpy(np.int64)
-    is_range = rr >= 0
-    row_to_inst = np.full(len(ranges), -1, dtype=np.int64)
-    row_to_inst[rr[is_range]] = np.flatnonzero(is_range)
-    kinds = info["kind"].to_numpy()
-    seq = info["seq"].to_numpy(np.int64)
-    backward = info["backward"].to_numpy(dtype=bool)
-    pid = ranges["pid"].to_numpy(np.int64)
-    start = ranges["start"].to_numpy(np.int64)
-    # forward side: every PyTorch op range with a seq, folded into its op instance
-    fwd = (kinds == nm.PT_OP) & (seq >= 0) & ~backward & (op_root >= 0)
-    fwd_inst = row_to_inst[op_root[fwd]]
-    forward = make_frame({"pid": pid[fwd], "seq": seq[fwd], "start": start[fwd], "inst": fwd_inst})
-    forward = forward[forward["inst"] >= 0]
-    # backward side: the seq of the instance's own marker, else of the backward node folded inside it
-    bwd_rows = (kinds == nm.PT_OP) & backward & (op_root >= 0) & (seq >= 0)
-    node_seq = make_frame({"root": op_root[bwd_rows], "seq": seq[bwd_rows], "start": start[bwd_rows]})
-    node_seq = node_seq.sort_values("start").drop_duplicates("root")
-    inst_seq = np.full(len(inst), -1, dtype=np.int64)
-    root_inst = row_to_inst[node_seq["root"].to_numpy()]
-    ok = root_inst >= 0
-    inst_seq[root_inst[ok]] = node_seq["seq"].to_numpy()[ok]
-    is_bwd = (inst["direction"].to_numpy(dtype=object) == "bprop") & is_range
-    targets = make_frame({"inst": np.flatnonzero(is_bwd & (inst_seq >= 0)),
-                            })
-    names = inst["name"].to_numpy(dtype=object).copy()
-    types = inst["op_type"].to_numpy(dtype=object).copy()
-    data_types = inst["data_type"].to_numpy(dtype=object).copy()
-    stacks = inst["stack_trace"].to_numpy(dtype=object).copy()
-    if len(targets) and len(forward):
-        targets["pid"] = inst["pid"].to_numpy(np.int64)[targets["inst"]]
-        targets["seq"] = inst_seq[targets["inst"]]
-        targets["start"] = inst["start"].to_numpy(np.int64)[targets["inst"]]
-        linked = pd.merge_asof(targets.sort_values("start"), forward.sort_values("start").rename(
-            columns={"inst": "fwd"}), on="start", by=["pid", "seq"], direction="backward")
-        linked = linked.dropna(subset=["fwd"])
-        b = linked["inst"].to_numpy(np.int64)
-        f = linked["fwd"].to_numpy(np.int64)
-        names[b], types[b] = names[f], types[f]
-        data_types[b] = np.where(pd.isna(data_types[b]), data_types[f], data_types[b])
-        stacks[b] = np.where(pd.isna(stacks[b]), stacks[f], stacks[b])
-    # dlprof_profiler.pytorch markers link explicitly: fwdCallid of a bprop marker = callid of the forward one
-    callid = info["callid"].to_numpy(np.int64)
-    fwd_callid = info["fwd_callid"].to_numpy(np.int64)
-    has_call = (kinds == nm.DL_ARG) & (callid >= 0) & (row_to_inst >= 0)
-    wants = (kinds == nm.DL_ARG) & (fwd_callid >= 0) & (row_to_inst >= 0)
-    if has_call.any() and wants.any():
-        by_callid = pd.Series(row_to_inst[has_call], index=pd.MultiIndex.from_arrays([pid[has_call], callid[has_call]]))
-        by_callid = by_callid[~by_callid.index.duplicated(keep="last")]
-        keys = pd.MultiIndex.from_arrays([pid[wants], fwd_callid[wants]])
-        fwd_of = by_callid.reindex(keys).to_numpy()
-        ok = ~pd.isna(fwd_of)
-        b = row_to_inst[wants][ok]
-        f = fwd_of[ok].astype(np.int64)
-        names[b], types[b] = names[f], types[f]
-    inst["name"] = obj(names, inst.index)
-    inst["op_type"] = obj(types, inst.index)
-    inst["data_type"] = obj(data_types, inst.index)
-    inst["stack_trace"] = obj(stacks, inst.index)
-
-
-# ---------------------------------------------------------------------------- ops
-
-def _op_table(inst: pd.DataFrame, domain: str, family: str | None) -> pd.DataFrame:
-    """Ops = instances sharing (name, direction); Op IDs per type in order of first execution."""
+def op_table(inst: pd.DataFrame, domain: str, family: str | None) -> pd.DataFrame:
+    """Ops = instances sharing (name, direction). op_index orders ops by first execution (then name,
+    direction); an op's label, type and kind come from its first instance in time, its data type and stack
+    trace from the first that has one; Op IDs count per type in execution order."""
     if len(inst) == 0:
         empty = pd.DataFrame({c: pd.Series(dtype=object) for c in OP_COLUMNS + ["label"]})
         for c in ("op_index", "device_id", "first_start", "n_instances", "kind"):
             empty[c] = pd.Series(dtype="int64")
         empty["tc_eligible"] = pd.Series(dtype=bool)
         return empty
-    op_index = combined_codes(inst["name"].to_numpy(dtype=object), inst["direction"].fillna("").to_numpy(dtype=object))
-    inst["op_index"] = op_index
-    # the first instance of each op in time, without sorting the whole instance frame
+    names = inst["name"].to_numpy(dtype=object)
+    directions = inst["direction"].fillna("").to_numpy(dtype=object)
+    codes = combined_codes(names, directions)
     by_time = np.lexsort((inst["instance_id"].to_numpy(), inst["start"].to_numpy()))
-    first = by_time[_first_rows(op_index[by_time])]
+    first = by_time[first_rows(codes[by_time])]           # per code: its first instance in time
+    order = np.lexsort((directions[first].astype(str), names[first].astype(str),
+                        inst["start"].to_numpy(np.int64)[first]))
+    rank = np.empty(order.size, dtype=np.int64)
+    rank[order] = np.arange(order.size)
+    op_index = rank[codes]
+    inst["op_index"] = op_index
+    first = first[order]
     ops = make_frame({"op_index": np.arange(first.size, dtype=np.int64), "domain": domain,
-                      "name": inst["name"].to_numpy(dtype=object)[first],
-                      "direction": inst["direction"].fillna("").to_numpy(dtype=object)[first],
+                      "name": names[first], "direction": directions[first],
                       "op_type": inst["op_type"].to_numpy(dtype=object)[first],
                       "label": inst["label"].to_numpy(dtype=object)[first],
                       "first_start": inst["start"].to_numpy(np.int64)[first],
                       "kind": inst["kind"].to_numpy()[first],
                       "n_instances": np.bincount(op_index, minlength=first.size),
-                      "data_type": _first_given(inst["data_type"].to_numpy(dtype=object), op_index, first.size),
-                      "stack_trace": _first_given(inst["stack_trace"].to_numpy(dtype=object), op_index, first.size)})
+                      "data_type": _first_given(inst["data_type"].to_numpy(dtype=object), op_index, by_time,
+                                                first.size),
+                      "stack_trace": _first_given(inst["stack_trace"].to_numpy(dtype=object), op_index, by_time,
+                                                  first.size)})
     dev = pd.DataFrame({"op_index": op_index, "device_id": inst["device_id"].to_numpy()})
     dev = dev[dev["device_id"] >= 0].groupby(["op_index", "device_id"]).size().reset_index(name="c")
     dev = dev.sort_values(["op_index", "c", "device_id"], ascending=[True, False, True]).drop_duplicates("op_index")
     ops["device_id"] = pd.Series(dev["device_id"].to_numpy(), index=dev["op_index"].to_numpy()).reindex(
         ops["op_index"]).fillna(-1).to_numpy(np.int64)
     unassociated = ops["kind"].isin([UNASSOCIATED_API, UNASSOCIATED_GPU]).to_numpy()
-    eligible = {(t, l): op_tc_eligible(str(t), str(l), family) for t, l in
+    eligible = {(t, lb): op_tc_eligible(str(t), str(lb), family) for t, lb in
                 set(zip(ops["op_type"].to_numpy(dtype=object), ops["label"].to_numpy(dtype=object)))}
-    ops["tc_eligible"] = [eligible[(t, l)] for t, l in zip(ops["op_type"], ops["label"])]
+    ops["tc_eligible"] = [eligible[(t, lb)] for t, lb in zip(ops["op_type"], ops["label"])]
     ops.loc[unassociated, "tc_eligible"] = False
     # Op IDs as DLProf wrote them: upper-cased type and an ordinal per type in execution order.
-    by_time = ops.sort_values(["first_start", "op_index"], kind="stable")
-    type_key = by_time["op_type"].astype(str).map(_op_id_prefix)
-    ordinal = by_time.groupby(type_key.to_numpy(), sort=False).cumcount().to_numpy() + 1
-    ids = type_key.to_numpy(dtype=object) + "_" + pd.Series(ordinal).astype(str).to_numpy(dtype=object)
-    ops["op_id"] = obj(pd.Series(ids, index=by_time.index, dtype=object).reindex(ops.index).to_numpy(dtype=object),
+    type_key = ops["op_type"].astype(str).map(_op_id_prefix)
+    ordinal = ops.groupby(type_key.to_numpy(), sort=False).cumcount().to_numpy() + 1
+    ops["op_id"] = obj(type_key.to_numpy(dtype=object) + "_" + pd.Series(ordinal).astype(str).to_numpy(dtype=object),
                        ops.index)
     return ops[OP_COLUMNS + ["label", "kind"]].reset_index(drop=True)
 
 
-def _first_given(values: np.ndarray, groups: np.ndarray, n_groups: int) -> np.ndarray:
-    """Per group, the first value (in row order) that is not missing; None where there is none."""
+def _first_given(values: np.ndarray, groups: np.ndarray, by_time: np.ndarray, n_groups: int) -> np.ndarray:
+    """Per group, the first value in time that is not missing; None where there is none."""
     out = np.full(n_groups, None, dtype=object)
-    given = np.flatnonzero(pd.notna(values))
-    if given.size:
-        first = _first_rows(groups[given])
+    ordered = by_time[pd.notna(values[by_time])]
+    if ordered.size:
+        first = first_rows(groups[ordered])
         has = first >= 0
-        out[np.flatnonzero(has)] = values[given[first[has]]]
+        out[np.flatnonzero(has)] = values[ordered[first[has]]]
     return out
 
 

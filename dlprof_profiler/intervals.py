@@ -76,3 +76,57 @@ def segment_starts(keys: np.ndarray) -> np.ndarray:
     first[1:] = keys[1:] != keys[:-1]
     idx = np.where(first, np.arange(n), 0)
     return np.maximum.accumulate(idx)
+
+
+class StreamingUnion:
+    """Flattened length per key of intervals that arrive chunk by chunk.
+
+    `flush(cut)` declares that every interval still to come starts at or after `cut`: merged segments that
+    end by then are final and only their lengths are kept, so memory holds just the segments still open at
+    the cut. An interval that arrives starting before the last flush point is clipped to it (it cannot
+    overlap finalized time twice)."""
+
+    def __init__(self):
+        self._keys: list[np.ndarray] = []
+        self._s: list[np.ndarray] = []
+        self._e: list[np.ndarray] = []
+        self._floor: int | None = None
+        self._totals = pd.Series(dtype=np.int64)
+
+    def add(self, keys, starts, ends) -> None:
+        keys = np.asarray(keys, dtype=np.int64)
+        s = np.asarray(starts, dtype=np.int64)
+        e = np.asarray(ends, dtype=np.int64)
+        if self._floor is not None:
+            s = np.maximum(s, self._floor)
+        keep = e > s
+        if not keep.all():
+            keys, s, e = keys[keep], s[keep], e[keep]
+        if keys.size:
+            self._keys.append(keys)
+            self._s.append(s)
+            self._e.append(e)
+
+    def flush(self, cut: int) -> None:
+        self._floor = cut if self._floor is None else max(self._floor, cut)
+        if not self._keys:
+            return
+        keys, s, e = (np.concatenate(x) for x in (self._keys, self._s, self._e))
+        order = np.lexsort((s, keys))
+        keys, s, e = keys[order], s[order], e[order]
+        reach = pd.Series(e).groupby(keys).cummax().to_numpy(np.int64)
+        new = np.ones(keys.size, dtype=bool)
+        new[1:] = (keys[1:] != keys[:-1]) | (s[1:] > reach[:-1])
+        first = np.flatnonzero(new)
+        seg_k, seg_s = keys[first], s[first]
+        seg_e = np.maximum.reduceat(e, first)
+        final = seg_e <= cut
+        if final.any():
+            done = pd.Series(seg_e[final] - seg_s[final], index=seg_k[final]).groupby(level=0).sum()
+            self._totals = done if len(self._totals) == 0 else self._totals.add(done, fill_value=0)
+        self._keys, self._s, self._e = [seg_k[~final]], [seg_s[~final]], [seg_e[~final]]
+
+    def totals(self) -> pd.Series:
+        """Flattened length per key of everything added (index: key, sorted)."""
+        self.flush(np.iinfo(np.int64).max)
+        return self._totals.astype(np.int64).sort_index()

@@ -8,12 +8,12 @@ import time
 from argparse import Namespace
 from pathlib import Path
 
-import pandas as pd
 
 from dlprof_profiler import __version__, log
 from dlprof_profiler import correlate as corr_mod
-from dlprof_profiler import database, event_files, ingest, iterate, reports
-from dlprof_profiler.aggregate import aggregate
+from dlprof_profiler import database, event_files, ingest, reports
+from dlprof_profiler.analysis import (Analysis, AnalysisConfig, analyze, key_node_from_ops, reaggregation_iterations,
+                                      reanalyze)
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.outputs import Staging, prepare_output_dir, refuse_existing
 from dlprof_profiler.sqlite_source import check_sqlite_file
@@ -53,21 +53,6 @@ def analyze_database(args: Namespace) -> int:
 
 # ---------------------------------------------------------------------------- analysis of an nsys export
 
-def _choose_domain(corr, requested: str | None, source: Path) -> str:
-    names = list(corr.domains)
-    if requested and requested != "all":
-        if requested not in names:
-            raise DLProfError(f"{source}: NVTX domain '{requested}' not found (domains: {', '.join(names)})",
-                              exit_code=2)
-        return requested
-    if not names:
-        return "default"
-    counts = corr.range_counts
-    if counts.get("default", 0) > 0 or all(counts.get(n, 0) == 0 for n in names):
-        return "default" if "default" in names else names[0]
-    return max(names, key=lambda n: counts.get(n, 0))
-
-
 def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> int:
     """Analyse an nsys SQLite export and write every output; returns the exit status (0)."""
     started = time.perf_counter()
@@ -82,62 +67,31 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
     for text in trace.warnings:
         log.warning(text)
     staging = Staging(out_dir)
+    writer = None
     try:
-        mode_hint = args.mode
         writer_class = database.DatabaseWriter
         if kineto:  # no SQLite file to copy raw tables from (until the frames-fed writer lands on main)
             from dlprof_profiler.database_frames import FramesDatabaseWriter as writer_class
         writer = writer_class(staging.path(database_path(args)), trace,
-                              database.domain_ids_for(corr_mod.domain_order(trace, mode_hint))).start()
-        return _analyse(args, out_dir, source, trace, capture, staging, writer, started)
+                              database.domain_ids_for(corr_mod.domain_order(trace, args.mode))).start()
+        result = analyze(trace, AnalysisConfig.from_args(args), str(source))
+        profile = _profile_info(args, source, trace, result.corr, capture)
+        return _write_outputs(args, out_dir, source, result, profile, None, started, staging, writer)
     except BaseException:
-        staging.discard_after(writer if "writer" in locals() else None)
+        staging.discard_after(writer)
         raise
 
 
-def _analyse(args, out_dir, source, trace, capture, staging, writer, started) -> int:
-    with log.stage("Correlating NVTX ranges, CUDA API calls and GPU activities"):
-        classified = corr_mod.classify_trace(trace, args.mode)
-        info, mode, family, _config = classified
-        links = corr_mod.launch_links(trace)
-        _gpu_api, thread_dev, process_dev = links
-        iterations = iterate.split_iterations(trace.ranges, info, family, args.key_node, thread_dev, process_dev,
-                                              trace.profile_end, preferred=trace.meta.get("key_node_default"))
-        naming = iterate.naming_iterations(iterations, trace.ranges, info, family, thread_dev, process_dev,
-                                           trace.profile_end, preferred=trace.meta.get("key_node_default"))
-        corr = corr_mod.correlate(trace, mode, naming.boundaries, classified, links)
-    log.info(f"  mode {mode}; {sum(len(d.ops) for d in corr.domains.values()):,} ops, "
-             f"{sum(len(d.instances) for d in corr.domains.values()):,} op instances in {len(corr.domains)} "
-             "NVTX domain(s)")
-    if args.key_node and not iterations.found:
-        iterations = _key_node_from_ops(trace, corr, args.key_node, iterations)
-    primary = _choose_domain(corr, args.domain, source)
-    profile = _profile_info(args, source, trace, corr, mode, family, capture)
-    return _aggregate_and_write(args, out_dir, source, trace, corr, iterations, primary, profile, None, started,
-                                staging, writer)
-
-
 def _key_node_from_ops(trace, corr, key: str, iterations):
-    """A key node given as an op name or Op ID (they exist only once ops are built)."""
-    frames = []
-    for dm in corr.domains.values():
-        if len(dm.instances):
-            frames.append(dm.instances[["start", "end", "pid", "global_tid", "name", "op_index"]].merge(
-                dm.ops[["op_index", "op_id"]], on="op_index"))
-    ops = pd.concat(frames, ignore_index=True) if frames else None
-    found = iterate.key_node_instances(trace.ranges.iloc[:0], corr.range_info.iloc[:0], key, ops)
-    if len(found) == 0:
-        return iterations
-    bounds = iterate.boundaries_from_instances(found, corr.thread_device, corr.process_device)
-    return iterate.Iterations(key_node=key, found=True, source="user", boundaries=bounds,
-                              profile_end=iterations.profile_end)
+    """A key node given as an op name or Op ID (kept for callers of the old entry point)."""
+    return key_node_from_ops(corr, key, iterations)
 
 
-def _profile_info(args, source, trace, corr, mode, family, capture) -> dict:
+def _profile_info(args, source, trace, corr, capture) -> dict:
     info = {"profile_name": args.profile_name, "source_file": str(Path(source).resolve()),
             "source_kind": {"kineto": "kineto_json"}.get(trace.meta.get("source_format"), "nsys_sqlite"),
             "nsys_version": trace.meta.get("nsys_version"), "key_node_default": trace.meta.get("key_node_default"),
-            "schema_version": trace.meta.get("schema_version"), "mode": mode, "family": family or "",
+            "schema_version": trace.meta.get("schema_version"), "mode": corr.mode, "family": corr.family or "",
             "dlprof_version": __version__, "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "profile_end": trace.profile_end, "base_name": args.base_name}
     if capture:
@@ -145,25 +99,10 @@ def _profile_info(args, source, trace, corr, mode, family, capture) -> dict:
     return info
 
 
-def _aggregate_and_write(args, out_dir: Path, source: Path, trace, corr, iterations, primary: str, profile: dict,
-                         existing_db: Path | None, started: float, staging: Staging | None = None,
-                         writer=None) -> int:
-    iter_start, iter_stop = iterate.select_range(iterations, args.iter_start, args.iter_stop, str(source))
-    if not iterations.found:
-        what = f"key node '{iterations.key_node}'" if iterations.key_node else "no key node"
-        log.warning(f"{source}: {what} found: the whole profile is one iteration "
-                    "(give --key_node=NAME to split it into iterations)")
-    else:
-        log.info(f"  key node '{iterations.key_node}' ({iterations.source}): {iterations.count} iterations; "
-                 f"aggregating {iter_start}..{iter_stop}")
-    aggregations = {}
-    with log.stage("Aggregating"):
-        for name, dm in corr.domains.items():
-            aggregations[name] = aggregate(trace, corr, dm, iterations, iter_start, iter_stop)
-    with log.stage("Running expert systems"):
-        from dlprof_profiler import expert_systems
-        findings = {name: expert_systems.detect(trace, corr, corr.domains[name], agg, iterations)
-                    for name, agg in aggregations.items()}
+def _write_outputs(args, out_dir: Path, source: Path, result: Analysis, profile: dict, existing_db: Path | None,
+                   started: float, staging: Staging | None = None, writer=None) -> int:
+    trace, corr, aggregations, findings = result.trace, result.corr, result.aggregations, result.findings
+    primary = result.primary
     staging = staging or Staging(out_dir)
     try:
         with log.stage("Writing the DLProf database, reports and event files"):
@@ -175,8 +114,8 @@ def _aggregate_and_write(args, out_dir: Path, source: Path, trace, corr, iterati
             else:
                 _copy_database(existing_db, db_staged)
                 domain_ids, offsets = profile["_domain_ids"], profile["_offsets"]
-            aggr_id = database.append_aggregation(db_staged, aggregations, domain_ids, offsets, iterations, findings,
-                                                  time.perf_counter() - started)
+            aggr_id = database.append_aggregation(db_staged, aggregations, domain_ids, offsets, result.iterations,
+                                                  findings, time.perf_counter() - started)
             written_reports = _write_reports(args, out_dir, trace, corr, aggregations, findings, primary, staging)
             if args.dump_model_data:
                 _dump_model(staging.path(out_dir / f"{args.base_name}_model_data.json"), corr)
@@ -290,21 +229,9 @@ def reaggregate_database(source: Path, args: Namespace) -> int:
         trace, corr, profile, domain_ids, offsets = database.load_model(source)
     if args.mode and args.mode != corr.mode:
         log.warning(f"--mode {args.mode} ignored: the database was built in {corr.mode} mode")
-    iterations = reaggregation_iterations(trace, corr, args.key_node, profile)
-    primary = _choose_domain(corr, args.domain, source) if args.domain else profile.get("primary_domain", "default")
+    result = reanalyze(trace, corr, profile, AnalysisConfig.from_args(args), str(source))
     profile = dict(profile, _domain_ids=domain_ids, _offsets=offsets)
-    return _aggregate_and_write(args, out_dir, source, trace, corr, iterations, primary, profile, source, started)
-
-
-def reaggregation_iterations(trace, corr, key_node: str | None, profile: dict):
-    """Iterations for a new aggregation of a loaded model: the given key node, else the original one."""
-    key = key_node or None
-    iterations = iterate.split_iterations(trace.ranges, corr.range_info, corr.family, key, corr.thread_device,
-                                          corr.process_device, int(profile.get("profile_end") or trace.profile_end),
-                                          preferred=profile.get("key_node_default") or None)
-    if key and not iterations.found:
-        iterations = _key_node_from_ops(trace, corr, key, iterations)
-    return iterations
+    return _write_outputs(args, out_dir, source, result, profile, source, started)
 
 
 def reaggregate_in_place(db_path: Path, key_node: str | None = None, iter_start: int | None = None,
@@ -317,13 +244,11 @@ def reaggregate_in_place(db_path: Path, key_node: str | None = None, iter_start:
     if not database.is_dlprof_database(db_path):
         raise DLProfError(f"{db_path}: not a DLProf database")
     trace, corr, profile, domain_ids, offsets = database.load_model(db_path)
+    config = AnalysisConfig(key_node=key_node, iter_start=iter_start, iter_stop=iter_stop)
     iterations = reaggregation_iterations(trace, corr, key_node, profile)
     if key_node and not iterations.found:
         raise DLProfError(f"{db_path}: key node '{key_node}' not found", exit_code=2)
-    start, stop = iterate.select_range(iterations, iter_start, iter_stop, str(db_path))
-    from dlprof_profiler import expert_systems
-    aggregations = {name: aggregate(trace, corr, dm, iterations, start, stop) for name, dm in corr.domains.items()}
-    findings = {name: expert_systems.detect(trace, corr, corr.domains[name], agg, iterations)
-                for name, agg in aggregations.items()}
-    return database.append_aggregation(db_path, aggregations, domain_ids, offsets, iterations, findings,
-                                       time.perf_counter() - started)
+    result = reanalyze(trace, corr, profile, config, str(db_path), primary=profile.get("primary_domain", "default"),
+                       iterations=iterations)
+    return database.append_aggregation(db_path, result.aggregations, domain_ids, offsets, result.iterations,
+                                       result.findings, time.perf_counter() - started)

@@ -1,4 +1,4 @@
-"""Run the engine's stages in-process on an export and give tests the frames to check."""
+"""Run the engine in-process on an export and give tests the frames to check."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,7 +8,9 @@ import pandas as pd
 
 from dlprof_profiler import correlate as C
 from dlprof_profiler import iterate
-from dlprof_profiler.aggregate import Aggregation, aggregate
+from dlprof_profiler.aggregate import Aggregation
+from dlprof_profiler.analysis import AnalysisConfig
+from dlprof_profiler.analysis import analyze as engine_analyze
 from dlprof_profiler.ingest import read_trace
 from dlprof_profiler.trace import Trace
 
@@ -42,21 +44,8 @@ class Analysis:
 
 def analyze(path: Path, key_node: str | None = None, mode: str | None = None, iter_start: int | None = None,
             iter_stop: int | None = None) -> Analysis:
-    """ingest (any format) -> correlate -> iterate -> aggregate, as the pipeline runs them."""
+    """ingest (any format) -> correlate -> iterate -> aggregate, through the engine's façade."""
     trace = read_trace(Path(path))
-    classified = C.classify_trace(trace, mode)
-    info, mode, family, _ = classified
-    links = C.launch_links(trace)
-    _gpu_api, thread_dev, process_dev = links
-    preferred = trace.meta.get("key_node_default")
-    iterations = iterate.split_iterations(trace.ranges, info, family, key_node, thread_dev, process_dev,
-                                          trace.profile_end, preferred=preferred)
-    naming = iterate.naming_iterations(iterations, trace.ranges, info, family, thread_dev, process_dev,
-                                       trace.profile_end, preferred=preferred)
-    corr = C.correlate(trace, mode, naming.boundaries, classified, links)
-    if key_node and not iterations.found:
-        from dlprof_profiler.pipeline import _key_node_from_ops
-        iterations = _key_node_from_ops(trace, corr, key_node, iterations)
-    start, stop = iterate.select_range(iterations, iter_start, iter_stop, str(path))
-    aggs = {name: aggregate(trace, corr, dm, iterations, start, stop) for name, dm in corr.domains.items()}
-    return Analysis(trace=trace, corr=corr, iterations=iterations, aggs=aggs)
+    config = AnalysisConfig(mode=mode, key_node=key_node, iter_start=iter_start, iter_stop=iter_stop)
+    result = engine_analyze(trace, config, str(path))
+    return Analysis(trace=trace, corr=result.corr, iterations=result.iterations, aggs=result.aggregations)

@@ -107,3 +107,51 @@ def test_sub_range_aggregation(tmp_path):
     assert s["pct"]["tc"] == pytest.approx(100 * 32_000 / 199_000)
     assert s["pct"]["cpu"] == pytest.approx(100 * 62_000 / 199_000)
     assert a.op("/aten::conv2d", "fprop")["calls"] == 2
+
+
+def _assert_same_aggregation(a, b):
+    import pandas as pd
+    assert (a.window_start, a.window_end) == (b.window_start, b.window_end)
+    _same_dict(a.summary, b.summary)
+    for name in ("ops", "op_types", "kernels", "tensor_core", "groups", "devices", "iterations", "kernel_launches"):
+        x, y = getattr(a, name), getattr(b, name)
+        if name == "kernel_launches":
+            x = x.sort_values("activity_id").reset_index(drop=True)
+            y = y.sort_values("activity_id").reset_index(drop=True)
+        pd.testing.assert_frame_equal(x.reset_index(drop=True), y.reset_index(drop=True), check_dtype=False,
+                                      obj=name)
+
+
+def _same_dict(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], dict):
+            _same_dict(a[k], b[k])
+        else:
+            assert a[k] == pytest.approx(b[k]), k
+    return True
+
+
+def _cut_points(analysis, n_random=12, seed=1):
+    import numpy as np
+    trace = analysis.trace
+    times = np.concatenate([trace.gpu["start"].to_numpy(), trace.ranges["start"].to_numpy(),
+                            trace.api_calls["start"].to_numpy()]) if len(trace.gpu) else trace.ranges["start"].to_numpy()
+    rng = np.random.default_rng(seed)
+    lo, hi = int(times.min()), int(times.max())
+    random_cuts = rng.integers(lo, hi + 1, n_random).tolist()
+    return sorted(set(random_cuts + analysis.iterations.boundaries.tolist() + [lo, hi]))
+
+
+@pytest.mark.parametrize("fixture", ["training", "pytorch_2gpu_nccl_nsys2026.2_before.sqlite",
+                                     "nvfuser_8xh100_nsys2024.6.sqlite", "cuda_app_no_nvtx_nsys2021.3.sqlite"])
+def test_aggregation_does_not_depend_on_chunks(training, fixture):
+    """Any split of the timeline into chunks gives the same tables as one chunk (unions carried across)."""
+    from dlprof_profiler.aggregate import aggregate
+    from tests.test_fixtures import FIXTURES
+    a = training if fixture == "training" else analyze(FIXTURES / fixture)
+    cuts = _cut_points(a)
+    for name, dm in a.corr.domains.items():
+        whole = a.aggs[name]
+        split = aggregate(a.trace, a.corr, dm, a.iterations, whole.iter_start, whole.iter_stop, cuts=cuts)
+        _assert_same_aggregation(whole, split)

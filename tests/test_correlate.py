@@ -294,3 +294,78 @@ def test_domains_are_kept_apart(tmp_path):
     # every domain accounts for every activity
     for name in a.corr.domains:
         assert a.agg(name).summary["kernels"]["all"]["gpu_time"] == 410
+
+
+def _instance_key_frame(dm):
+    inst = dm.instances.copy()
+    inst["op_name"] = dm.ops.set_index("op_index")["name"].reindex(inst["op_index"]).to_numpy()
+    keys = ["kind", "range_id", "api_id", "activity_id"]
+    cols = keys + ["start", "end", "pid", "global_tid", "device_id", "cpu_time", "cpu_overhead", "gpu_time",
+                   "gpu_start", "gpu_end", "gpu_idle", "n_gpu", "n_kernels", "name", "direction", "op_type",
+                   "data_type", "op_name", "op_index"]
+    return inst[cols].sort_values(keys).reset_index(drop=True)
+
+
+def _owner_keys(dm, owners):
+    inst = dm.instances.set_index("instance_id")
+    frame = inst.reindex(owners)[["kind", "range_id", "api_id", "activity_id"]].reset_index(drop=True)
+    return frame
+
+
+def correlation_with_cuts(a, cuts):
+    from dlprof_profiler import correlate as C
+    classified = (a.corr.range_info, a.corr.mode, a.corr.family, dict(a.corr.config))
+    links = (a.corr.gpu_api, a.corr.thread_device, a.corr.process_device)
+    return C.correlate(a.trace, a.corr.mode, a.iterations.boundaries, classified, links, cuts=cuts)
+
+
+@pytest.mark.parametrize("profile", ["training", "naming", "dlprof", "dlprof_backward_pass",
+                                     "pytorch_2gpu_nccl_nsys2026.2_before.sqlite", "nvfuser_h200_nsys2025.1.sqlite",
+                                     "cuda_app_no_nvtx_nsys2021.3.sqlite"])
+def test_correlation_does_not_depend_on_segments(tmp_path, profile):
+    """Correlating segment by segment (ranges still open carried across) gives the model of one pass."""
+    import numpy as np
+    import pandas as pd
+
+    from tests import profiles
+    from tests.test_aggregate import _cut_points
+    from tests.test_fixtures import FIXTURES
+    if profile == "training":
+        path = profiles.training_profile(tmp_path / "t.sqlite")
+    elif profile == "naming":
+        exp, t = new_export()
+        exp.push_pop(t, 0, 1000, "a")
+        seq = 0
+        for b_start in (10, 500):
+            exp.push_pop(t, b_start, b_start + 400, "b")
+            for off in (10, 200):
+                s = b_start + off
+                seq += 1
+                exp.push_pop(t, s, s + 90, f"aten::conv1d, seq = {seq}, op_id = {seq}")
+                exp.launch(t, s + 10, s + 20, s + 30, s + 40, kernel="conv_kernel")
+        path = exp.write(tmp_path / "p.sqlite")
+    elif profile == "dlprof":
+        path = dlprof_marker_profile(tmp_path, with_backward_marker=True)
+    elif profile == "dlprof_backward_pass":
+        exp, t = new_export()
+        grad = exp.add_thread(pid=PID, tid=PID + 1, name="autograd")
+        exp.push_pop(t, 0, 100, "{'traceMarker': ['train.py:1'], 'funcStack': '/<module>/linear'}")
+        exp.push_pop(t, 10, 90, "{'mod': 'torch.nn.functional', 'op': 'linear', 'args': []}")
+        exp.launch(t, 20, 30, 40, 60, kernel="gemm")
+        exp.launch(grad, 200, 210, 300, 340, kernel="gemm_bwd")
+        exp.launch(grad, 400, 410, 420, 430, kernel="gemm_bwd2")
+        path = exp.write(tmp_path / "p.sqlite")
+    else:
+        path = FIXTURES / profile
+    a = analyze(path)
+    for seed in (1, 2, 3):
+        cuts = _cut_points(a, n_random=15, seed=seed)
+        split = correlation_with_cuts(a, cuts)
+        for name, dm in a.corr.domains.items():
+            other = split.domains[name]
+            pd.testing.assert_frame_equal(dm.ops, other.ops, check_dtype=False)
+            pd.testing.assert_frame_equal(_instance_key_frame(dm), _instance_key_frame(other), check_dtype=False)
+            for attr in ("api_instance", "gpu_instance"):
+                pd.testing.assert_frame_equal(_owner_keys(dm, getattr(dm, attr)),
+                                              _owner_keys(other, getattr(other, attr)), check_dtype=False)
+            assert np.array_equal(np.sort(other.instances["instance_id"].to_numpy()), np.arange(len(other.instances)))

@@ -226,7 +226,7 @@ def test_unknown_facts_are_named_at_detailed_verbosity(make, capsys, verbosity):
     path = make(conv_kernel=FP32_CONV, linear_kernel=FP32_GEMM, bwd_kernels=(FP32_WGRAD, FP32_GEMM))
     verbosity(log.INFO)
     findings = run(path)
-    assert capsys.readouterr().out == ""
+    assert "stayed silent" not in capsys.readouterr().out
     verbosity(log.DETAILED)
     assert run(path) == findings
     out = capsys.readouterr().out

@@ -1,0 +1,198 @@
+"""The engine's façade: `analyze(trace, config) -> Analysis` runs correlate -> iterate -> aggregate -> detect
+in their order (with the key node retried against op names once ops exist); `reanalyze` does the same for
+an op model read back from a DLProf database. Writing the outputs is `pipeline.py`'s job."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from dlprof_profiler import correlate as corr_mod
+from dlprof_profiler import iterate, log
+from dlprof_profiler.aggregate import Aggregation, aggregate
+from dlprof_profiler.correlate import Correlation
+from dlprof_profiler.errors import DLProfError
+from dlprof_profiler.trace import Trace
+
+
+@dataclass(frozen=True)
+class AnalysisConfig:
+    """What the analysis is asked (the CLI's and the viewer's options)."""
+
+    mode: str | None = None          # framework mode; None: detected from the markers
+    key_node: str | None = None      # None: the framework default
+    iter_start: int | None = None
+    iter_stop: int | None = None
+    domain: str | None = None        # primary domain of the reports; None: default / busiest; 'all'
+    cuts: tuple | None = None        # time segments of the work (None: one); the results do not depend on them
+
+    @classmethod
+    def from_args(cls, args) -> "AnalysisConfig":
+        return cls(mode=getattr(args, "mode", None), key_node=getattr(args, "key_node", None) or None,
+                   iter_start=getattr(args, "iter_start", None), iter_stop=getattr(args, "iter_stop", None),
+                   domain=getattr(args, "domain", None))
+
+
+@dataclass
+class Analysis:
+    """Everything the outputs are written from."""
+
+    trace: Trace
+    corr: Correlation
+    iterations: iterate.Iterations
+    aggregations: dict[str, Aggregation]
+    findings: dict[str, list]
+    primary: str
+    timings: dict = field(default_factory=dict)   # stage -> seconds
+
+    @property
+    def mode(self) -> str:
+        return self.corr.mode
+
+    @property
+    def family(self) -> str | None:
+        return self.corr.family
+
+
+class _Stages:
+    """Times the stages (for the benchmark) and shows them as progress."""
+
+    def __init__(self):
+        self.timings: dict = {}
+
+    def run(self, name: str, fn, quiet: bool = False):
+        started = time.perf_counter()
+        if quiet:
+            result = fn()
+        else:
+            with log.stage(name):
+                result = fn()
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - started
+        return result
+
+
+def analyze(trace: Trace, config: AnalysisConfig = AnalysisConfig(), source_name: str | None = None) -> Analysis:
+    """Correlate, iterate, aggregate and detect on a trace (raises DLProfError with a one-line reason)."""
+    source_name = source_name or str(trace.source)
+    stages = _Stages()
+    classified = stages.run("Classifying NVTX ranges", lambda: corr_mod.classify_trace(trace, config.mode), quiet=True)
+    info, mode, family, _ = classified
+    links = stages.run("Linking GPU activities to their launches", lambda: corr_mod.launch_links(trace), quiet=True)
+    _gpu_api, thread_dev, process_dev = links
+    preferred = trace.meta.get("key_node_default")     # an input format's own iteration marker (ProfilerStep)
+    iterations = iterate.split_iterations(trace.ranges, info, family, config.key_node, thread_dev, process_dev,
+                                          trace.profile_end, preferred=preferred)
+    naming = iterate.naming_iterations(iterations, trace.ranges, info, family, thread_dev, process_dev,
+                                       trace.profile_end, preferred=preferred)
+    corr = stages.run("Correlating NVTX ranges, CUDA API calls and GPU activities",
+                      lambda: corr_mod.correlate(trace, mode, naming.boundaries, classified, links, config.cuts))
+    log.info(f"  mode {corr.mode}; {sum(len(d.ops) for d in corr.domains.values()):,} ops, "
+             f"{sum(len(d.instances) for d in corr.domains.values()):,} op instances in {len(corr.domains)} "
+             "NVTX domain(s)")
+    if config.key_node and not iterations.found:
+        iterations = key_node_from_ops(corr, config.key_node, iterations)
+    primary = choose_domain(corr, config.domain, source_name)
+    return _aggregate_and_detect(trace, corr, iterations, primary, config, source_name, stages)
+
+
+def reanalyze(trace: Trace, corr: Correlation, profile: dict, config: AnalysisConfig, source_name: str,
+              primary: str | None = None, iterations: iterate.Iterations | None = None) -> Analysis:
+    """A new aggregation of an op model read back from a DLProf database (names stay as first given)."""
+    stages = _Stages()
+    if iterations is None:
+        iterations = reaggregation_iterations(trace, corr, config.key_node, profile)
+    if primary is None:
+        primary = choose_domain(corr, config.domain, source_name) if config.domain \
+            else profile.get("primary_domain", "default")
+    return _aggregate_and_detect(trace, corr, iterations, primary, config, source_name, stages)
+
+
+def _aggregate_and_detect(trace, corr, iterations, primary, config, source_name, stages) -> Analysis:
+    iter_start, iter_stop = iterate.select_range(iterations, config.iter_start, config.iter_stop, source_name)
+    if not iterations.found:
+        if iterations.key_node:
+            log.warning(f"{source_name}: key node '{iterations.key_node}' not found: the whole profile is one "
+                        "iteration (give --key_node=NAME with an op name, Op ID or NVTX range text)")
+        else:
+            log.warning(f"{source_name}: no key node found: the whole profile is one iteration "
+                        "(give --key_node=NAME to split it into iterations)")
+    else:
+        log.info(f"  key node '{iterations.key_node}' ({iterations.source}): {iterations.count} iterations; "
+                 f"aggregating {iter_start}..{iter_stop}")
+    aggregations = stages.run("Aggregating", lambda: {
+        name: aggregate(trace, corr, dm, iterations, iter_start, iter_stop, cuts=config.cuts)
+        for name, dm in corr.domains.items()})
+    from dlprof_profiler import expert_systems
+    findings = stages.run("Running expert systems", lambda: {
+        name: expert_systems.detect(trace, corr, corr.domains[name], agg, iterations)
+        for name, agg in aggregations.items()})
+    return Analysis(trace=trace, corr=corr, iterations=iterations, aggregations=aggregations, findings=findings,
+                    primary=primary, timings=stages.timings)
+
+
+def choose_domain(corr: Correlation, requested: str | None, source_name: str) -> str:
+    """The primary domain: the requested one, else the default domain, else the one with the most ranges."""
+    names = list(corr.domains)
+    if requested and requested != "all":
+        if requested not in names:
+            raise DLProfError(f"{source_name}: NVTX domain '{requested}' not found (domains: {', '.join(names)})",
+                              exit_code=2)
+        return requested
+    if not names:
+        return "default"
+    counts = corr.range_counts
+    if counts.get("default", 0) > 0 or all(counts.get(n, 0) == 0 for n in names):
+        return "default" if "default" in names else names[0]
+    return max(names, key=lambda n: counts.get(n, 0))
+
+
+def key_node_from_ops(corr: Correlation, key: str, iterations: iterate.Iterations) -> iterate.Iterations:
+    """A key node given as an op name or Op ID (they exist only once ops are built)."""
+    frames = []
+    for dm in corr.domains.values():
+        if len(dm.instances):
+            frames.append(dm.instances[["start", "end", "pid", "global_tid", "name", "op_index"]].merge(
+                dm.ops[["op_index", "op_id"]], on="op_index"))
+    ops = pd.concat(frames, ignore_index=True) if frames else None
+    empty = pd.DataFrame({c: pd.Series(dtype="int64") for c in ("start", "end", "pid", "global_tid")})
+    found = iterate.key_node_instances(empty, pd.DataFrame({"label": pd.Series(dtype=object)}), key, ops)
+    if len(found) == 0:
+        return iterations
+    bounds = iterate.boundaries_from_instances(found, corr.thread_device, corr.process_device)
+    return iterate.Iterations(key_node=key, found=True, source="user", boundaries=bounds,
+                              profile_end=iterations.profile_end)
+
+
+def reaggregation_iterations(trace: Trace, corr: Correlation, key_node: str | None, profile: dict):
+    """Iterations for a new aggregation of a loaded model: the given key node, else the original one."""
+    key = key_node or None
+    iterations = iterate.split_iterations(trace.ranges, corr.range_info, corr.family, key, corr.thread_device,
+                                          corr.process_device, int(profile.get("profile_end") or trace.profile_end),
+                                          preferred=profile.get("key_node_default") or None)
+    if key and not iterations.found:
+        iterations = key_node_from_ops(corr, key, iterations)
+    return iterations
+
+
+def segment_cuts(iterations: iterate.Iterations, times: np.ndarray, events_per_segment: int) -> tuple:
+    """Cut times that split the work into segments of about `events_per_segment` events (sorted `times`),
+    at iteration boundaries when iterations are small enough, else inside them."""
+    if times.size <= events_per_segment:
+        return ()
+    cuts = []
+    last = 0
+    bounds = iterations.boundaries
+    b_pos = np.searchsorted(times, bounds)
+    for pos in b_pos.tolist():
+        if pos - last >= events_per_segment:
+            cuts.append(int(times[pos]))
+            last = pos
+    # iterations larger than a segment are cut inside
+    edges = [0] + [int(np.searchsorted(times, c)) for c in cuts] + [times.size]
+    extra = []
+    for a, b in zip(edges[:-1], edges[1:]):
+        for p in range(a + events_per_segment, b - events_per_segment // 2, events_per_segment):
+            extra.append(int(times[p]))
+    return tuple(sorted(set(cuts + extra)))
