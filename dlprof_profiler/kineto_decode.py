@@ -23,7 +23,7 @@ import zlib
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
 from pathlib import Path
-from typing import Literal, Union
+from typing import Literal, Optional, Union
 
 import msgspec
 import numpy as np
@@ -79,7 +79,7 @@ class Event(msgspec.Struct, gc=False):
     ts: msgspec.Raw = EMPTY
     dur: msgspec.Raw = EMPTY
     id: Scalar = None
-    args: EventArgs | None = None
+    args: Optional[EventArgs] = None   # Optional: msgspec evaluates it, also on Python 3.9
 
 
 PHASES = tuple(chr(c) for c in range(33, 127))          # every one-character Chrome trace phase
@@ -95,8 +95,8 @@ class FastEvent(Event, gc=False):
     """Event whose phase and category decode to shared string objects (no string per event): used when
     every category of a chunk is a known one."""
 
-    ph: Literal[PHASES] | None = None
-    cat: Literal[KNOWN_CATEGORIES] | None = None
+    ph: Optional[Literal[PHASES]] = None
+    cat: Optional[Literal[KNOWN_CATEGORIES]] = None
 
 
 NO_ARGS = EventArgs()
