@@ -468,3 +468,35 @@ def test_short_kernel_names():
                              "(cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4::Params)") == "Kernel"
     assert short_kernel_name("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)") \
         == "ncclKernel_AllReduce_RING_LL_Sum_float"
+
+
+# ---------------------------------------------------------------------------- the command line
+
+@pytest.mark.parametrize("name", NAMES)
+def test_cli_writes_every_report_and_the_database(fixture_copies, tmp_path, name):
+    """`dlprof --database=TRACE` writes all reports and the database; the database's GPU activities
+    match the direct sums over the JSON, and the database re-aggregates with another key node."""
+    import sqlite3
+
+    from tests.profiles import run_dlprof
+    path = fixture_copies / name
+    out = tmp_path / "out"
+    run_dlprof(f"--database={path}", f"--output_path={out}", "--reports=all", "--formats=csv,json", "-v", "quiet")
+    for report in ("summary", "detailed", "iteration", "kernel", "tensor_core", "op_type", "group_op",
+                   "expert_systems"):
+        assert (out / f"dlprof_{report}.csv").exists() and (out / f"dlprof_{report}.json").exists(), report
+    assert list((out / "dlprof").glob("events.out.tfevents.*"))
+    db = out / "dlprof_dldb.sqlite"
+    con = sqlite3.connect(db)
+    try:
+        rows = con.execute('SELECT kind, long_name, device_id, count(*), sum("end" - start) '
+                           "FROM read_only_gpu_activities GROUP BY 1, 2, 3").fetchall()
+        profile = dict(con.execute("SELECT name, value FROM profile_info").fetchall())
+    finally:
+        con.close()
+    want = expected_sums(load_json(path))
+    assert {(k, n, d): (c, t) for k, n, d, c, t in rows} == want["gpu"]
+    assert profile["source_kind"] == "kineto_json"
+    again = tmp_path / "again"
+    run_dlprof(f"--database={db}", f"--output_path={again}", "--key_node=Optimizer.step", "-v", "quiet")
+    assert (again / "dlprof_summary.csv").exists()
