@@ -35,8 +35,8 @@ def trace_format(path: Path) -> str:
     from dlprof_profiler.ingest_kineto import is_kineto_trace
     if is_kineto_trace(path):
         return KINETO
-    raise DLProfError(f"{path}: not an Nsight Systems SQLite export, DLProf database or Kineto trace "
-                      "(torch.profiler JSON, optionally gzipped)")
+    raise DLProfError(f"{path}: not an SQLite database (Nsight Systems export, DLProf database) nor a Kineto "
+                      "trace (torch.profiler JSON, optionally gzipped)")
 
 
 def kineto_files(folder: Path) -> list[Path]:

@@ -397,9 +397,9 @@ def test_malformed_events_are_skipped_with_warnings(tmp_path):
     (b'{"traceEvents": {"a": 1}}', "traceEvents is not an array"),
     (b'{"traceEvents": []}', "holds no events"),
     (b'{"traceEvents": [{"ph": "X", "args": [1, 2]}]}', "unexpected event content"),
-    (b'{"schemaVersion": 1}', "not an Nsight Systems SQLite export, DLProf database or Kineto trace"),
-    (b"[1, 2, 3]", "not an Nsight Systems SQLite export, DLProf database or Kineto trace"),
-    (b"garbage", "not an Nsight Systems SQLite export, DLProf database or Kineto trace"),
+    (b'{"schemaVersion": 1}', "not an SQLite database (Nsight Systems export, DLProf database) nor a Kineto trace"),
+    (b"[1, 2, 3]", "not an SQLite database (Nsight Systems export, DLProf database) nor a Kineto trace"),
+    (b"garbage", "not an SQLite database (Nsight Systems export, DLProf database) nor a Kineto trace"),
 ])
 def test_bad_files_give_one_line_errors(tmp_path, content, message):
     path = tmp_path / "bad.json"
@@ -418,7 +418,7 @@ def test_truncated_and_damaged_gzip(tmp_path):
         ingest.read_trace(truncated)
     damaged = tmp_path / "d.json.gz"
     damaged.write_bytes(data[:10] + b"\x00" * 50 + data[60:])
-    with pytest.raises(DLProfError, match="damaged or truncated gzip|not an Nsight"):
+    with pytest.raises(DLProfError, match="damaged or truncated gzip|not an SQLite database"):
         ingest.read_trace(damaged)
 
 
@@ -500,3 +500,21 @@ def test_cli_writes_every_report_and_the_database(fixture_copies, tmp_path, name
     again = tmp_path / "again"
     run_dlprof(f"--database={db}", f"--output_path={again}", "--key_node=Optimizer.step", "-v", "quiet")
     assert (again / "dlprof_summary.csv").exists()
+
+
+def test_other_devices_map_like_cuda(tmp_path):
+    """MTIA (and other privateuse devices) write their runtime calls and device activities under their own
+    categories; they map to API calls and kernels like CUDA's."""
+    k = KinetoTrace()
+    k.cpu_op(MAIN, 0, 10_000, "aten::mm", seq=1)
+    k.raw('{"ph": "X", "cat": "mtia_runtime", "name": "mtiaLaunchKernel", "pid": 4242, "tid": 10, '
+          '"ts": 1.000, "dur": 2.000, "args": {"correlation": 77}}')
+    k.raw('{"ph": "X", "cat": "mtia_ccp_events", "name": "mm_kernel", "pid": 1, "tid": 3, '
+          '"ts": 4.000, "dur": 3.500, "args": {"correlation": 77, "device": 1, "stream": 3}}')
+    k.raw('{"ph": "X", "cat": "privateuse1_runtime", "name": "npuMalloc", "pid": 4242, "tid": 10, '
+          '"ts": 8.000, "dur": 1.000, "args": {"correlation": 78}}')
+    a = analyze(k.write(tmp_path / "mtia.json"))
+    assert a.trace.api_calls["name"].astype(str).tolist() == ["mtiaLaunchKernel", "npuMalloc"]
+    gpu = a.trace.gpu
+    assert gpu["name"].astype(str).tolist() == ["mm_kernel"] and gpu["device_id"].tolist() == [1]
+    assert a.op("/aten::mm", "fprop")["gpu_total"] == 3500
