@@ -17,6 +17,7 @@ struct fields are read with C-level `map(attrgetter(...))`.
 """
 from __future__ import annotations
 
+import mmap
 import os
 import re
 import zlib
@@ -128,7 +129,7 @@ GPU_GROUPS = (KERNEL, MEMCPY, MEMSET)
 # JSON args (codes into the raw-text table), with the groups that read each.
 INT_ARGS = {
     "external_id": (OP,),
-    "seq": (OP,), "fwd_tid": (OP,),
+    "seq": (OP,),
     "correlation": (API, KERNEL, MEMCPY, MEMSET, SYNC),
     "device": (KERNEL, MEMCPY, MEMSET, SYNC), "stream": (KERNEL, MEMCPY, MEMSET, SYNC),
     "context": (KERNEL, MEMCPY, MEMSET), "registers": (KERNEL,), "shared_memory": (KERNEL,),
@@ -184,9 +185,10 @@ class Decoded:
 
 # ---------------------------------------------------------------------------- reading the file
 
-def read_bytes(path: Path) -> bytearray:
-    """The file's JSON text (gunzipped when it is gzip) in one mutable buffer (the decoder cuts it into
-    chunks in place), or a one-line error naming the file."""
+def read_bytes(path: Path):
+    """The file's JSON text in one writable buffer (the decoder cuts it into chunks in place): the file
+    mapped copy-on-write (nothing is copied, the file is never changed), or its gunzipped text. A
+    one-line error naming the file when it cannot be read."""
     path = Path(path)
     if not path.exists():
         raise DLProfError(f"{path}: no such file")
@@ -194,17 +196,21 @@ def read_bytes(path: Path) -> bytearray:
         raise DLProfError(f"{path}: is a directory, not a trace file")
     try:
         with open(path, "rb") as fh:
-            data = bytearray(os.fstat(fh.fileno()).st_size)
-            size = fh.readinto(data)
-            del data[size:]
-    except OSError as exc:
-        raise DLProfError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    if data.startswith(GZIP_MAGIC):
-        try:
-            data = _gunzip(data)
-        except (EOFError, OSError, zlib.error) as exc:
-            raise DLProfError(f"{path}: damaged or truncated gzip data ({exc})") from None
-    return data
+            head = fh.read(2)
+            if head == GZIP_MAGIC:
+                fh.seek(0)
+                packed = bytearray(os.fstat(fh.fileno()).st_size)
+                del packed[fh.readinto(packed):]
+            elif os.fstat(fh.fileno()).st_size == 0:
+                return bytearray()
+            else:
+                return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+    except (OSError, ValueError) as exc:
+        raise DLProfError(f"{path}: cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
+    try:
+        return _gunzip(packed)
+    except (EOFError, OSError, zlib.error) as exc:
+        raise DLProfError(f"{path}: damaged or truncated gzip data ({exc})") from None
 
 
 def _gunzip(packed: bytearray) -> bytearray:
@@ -255,13 +261,14 @@ _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _EVENTS = msgspec.json.Decoder(list[Event])
 _FAST_EVENTS = msgspec.json.Decoder(list[FastEvent])
 _BETWEEN_EVENTS = re.compile(rb"\}\s*,\s*\{")
+_NOT_SPACE = re.compile(rb"\S")
 
 
 def decode(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Decoded:
     """Decode a Kineto trace file; raises DLProfError with a one-line reason naming the file."""
     path = Path(path)
     data = read_bytes(path)
-    if not data or data.isspace():
+    if not _NOT_SPACE.search(data):
         raise DLProfError(f"{path}: empty file, not a Kineto trace")
     try:
         top = _TOP.decode(data)   # validates the whole document; values stay undecoded
@@ -283,11 +290,16 @@ def decode(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Decoded:
     for events in _chunks(data, first, end, chunk_bytes, path, builder):
         builder.add(events)
         del events
+    if isinstance(data, mmap.mmap):
+        try:
+            data.close()
+        except BufferError:      # a view is still alive somewhere: the mapping goes with it
+            pass
     del data
     return Decoded(path=path, meta=meta, columns=builder.finish())
 
 
-def _offset_in(part: memoryview, whole: bytearray) -> int:
+def _offset_in(part: memoryview, whole) -> int:
     """Where a msgspec Raw value lies in the buffer it was decoded from."""
     address = np.frombuffer(part, dtype=np.uint8).ctypes.data if len(part) else 0
     base = np.frombuffer(whole, dtype=np.uint8).ctypes.data
@@ -297,7 +309,7 @@ def _offset_in(part: memoryview, whole: bytearray) -> int:
     return offset
 
 
-def _chunks(data: bytearray, first: int, end: int, chunk_bytes: int, path: Path, builder):
+def _chunks(data, first: int, end: int, chunk_bytes: int, path: Path, builder):
     """The events of data[first:end + 1] (the traceEvents array) as lists of structs, about chunk_bytes of
     JSON at a time. A chunk is decoded in place: the separators around it (the array's own bracket or
     the `,` and spaces between two events) are overwritten with `[` and `]` while it decodes."""
@@ -510,6 +522,11 @@ def _present(args: list) -> list:
 
 def to_int(values, default: int = -1) -> np.ndarray:
     """Integers from an object array of JSON scalars (ints, floats, numeric text); others -> default."""
+    if isinstance(values, list):
+        try:
+            return np.fromiter(values, dtype=np.int64, count=len(values))   # all plain integers
+        except (TypeError, ValueError, OverflowError):
+            pass
     values = np.asarray(values, dtype=object)
     if values.size == 0:
         return np.zeros(0, dtype=np.int64)
@@ -542,6 +559,14 @@ def raw_texts(raws: list) -> np.ndarray:
 # ---------------------------------------------------------------------------- exact decimal parsing
 
 _POW10 = np.array([10 ** k for k in range(19)], dtype=np.int64)
+# character classes: 0 other, 1 digit, 2 '.', 3 'e'/'E', 4 '-', 5 '+', 6 the separator
+_CLASS = np.zeros(256, dtype=np.uint8)
+_CLASS[ord("0"):ord("9") + 1] = 1
+_CLASS[ord(".")] = 2
+_CLASS[[ord("e"), ord("E")]] = 3
+_CLASS[ord("-")] = 4
+_CLASS[ord("+")] = 5
+_CLASS[RAW_SEPARATOR[0]] = 6
 
 
 def decimal_ns(raws: list, scale: int = 3) -> tuple[np.ndarray, np.ndarray]:
@@ -556,40 +581,38 @@ def decimal_ns(raws: list, scale: int = 3) -> tuple[np.ndarray, np.ndarray]:
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
     buf = np.frombuffer(RAW_SEPARATOR.join(raws) + RAW_SEPARATOR, dtype=np.uint8)
-    is_sep = buf == RAW_SEPARATOR[0]
-    ends = np.flatnonzero(is_sep)                    # one separator after each value
+    klass = _CLASS[buf]
+    ends = np.flatnonzero(klass == 6)                # one separator after each value
     starts = np.empty(n, dtype=np.int64)
     starts[0] = 0
     starts[1:] = ends[:-1] + 1
-    digit = buf - np.uint8(48)                       # wraps above 9 for every other character
-    is_digit = digit < 10
-    is_e = (buf | np.uint8(0x20)) == ord("e")
-    is_dot = buf == ord(".")
-    number_char = is_digit | is_e | is_dot | (buf == ord("-")) | (buf == ord("+")) | is_sep
-    valid = ~np.logical_or.reduceat(~number_char, starts) & np.logical_or.reduceat(is_digit, starts)
-    valid &= ends > starts
-    lengths = ends - starts + 1
-    index = np.arange(buf.size, dtype=np.int64)
+    is_digit = klass == 1
+    valid = ~np.logical_or.reduceat(klass == 0, starts) & np.logical_or.reduceat(is_digit, starts)
+    lengths = (ends - starts + 1).astype(np.int32)
+    index = np.arange(buf.size, dtype=np.int32)
+    digit = buf.astype(np.int64) - 48
     # the mantissa ends at the 'e' (else at the separator); its decimal point is there when it has none
-    mantissa_end = ends.copy()
-    exponent = np.zeros(n, dtype=np.int64)
+    mantissa_end = ends.astype(np.int32)
+    shift = np.full(n, scale, dtype=np.int32)
+    is_e = klass == 3
     if is_e.any():
-        e_at = np.flatnonzero(is_e)
+        e_at = np.flatnonzero(is_e).astype(np.int32)
         mantissa_end[np.searchsorted(ends, e_at)] = e_at
         in_exponent = index > np.repeat(mantissa_end, lengths)
         exp_digit = is_digit & in_exponent
-        places = np.repeat(ends, lengths) - index - 1
+        places = np.repeat(ends.astype(np.int32), lengths) - index - 1
         exponent = np.add.reduceat(np.where(exp_digit & (places < 4), digit * _POW10[np.clip(places, 0, 3)], 0),
                                    starts)
         valid &= ~np.logical_or.reduceat(exp_digit & (places >= 4), starts)    # |exponent| > 9999
         negative_exp = buf[np.minimum(mantissa_end + 1, buf.size - 1)] == ord("-")
         exponent = np.where(negative_exp & (mantissa_end < ends), -exponent, exponent)
+        shift = (shift + exponent).astype(np.int32)
         is_digit = is_digit & ~in_exponent
     point = mantissa_end.copy()
-    dots = np.flatnonzero(is_dot)
+    dots = np.flatnonzero(klass == 2).astype(np.int32)
     point[np.searchsorted(ends, dots)] = dots
     ref = np.repeat(point, lengths)
-    place = ref - index - (index < ref) + np.repeat(exponent + scale, lengths)
+    place = ref - index - (index < ref) + np.repeat(shift, lengths)
     kept = is_digit & (place >= 0) & (place <= 18)
     magnitude = np.add.reduceat(np.where(kept, digit * _POW10[np.clip(place, 0, 18)], 0), starts)
     round_up = np.logical_or.reduceat(is_digit & (place == -1) & (digit >= 5), starts)
