@@ -99,6 +99,7 @@ def run(path: Path, out_dir: Path, report_list: list[str]) -> list[tuple[str, fl
     from dlprof_profiler import database, log, reports
     from dlprof_profiler.analysis import AnalysisConfig, analyze
     from dlprof_profiler.ingest_nsys import read_nsys_export
+    from dlprof_profiler.sanitize import sanitize_trace
     log.set_verbosity(log.MINIMAL)
     stages = []
 
@@ -108,6 +109,7 @@ def run(path: Path, out_dir: Path, report_list: list[str]) -> list[tuple[str, fl
         stages.append((name, time.perf_counter() - started, peak_rss_mb()))
         return result
     trace = timed("ingest", lambda: read_nsys_export(path))
+    trace = timed("sanitize", lambda: sanitize_trace(trace))
     db = out_dir / "bench_dldb.sqlite"
     db.unlink(missing_ok=True)
     # as the pipeline does: the raw tables are written on a background thread while the analysis runs

@@ -32,6 +32,15 @@ def is_hot_journal_error(exc: BaseException) -> bool:
         "readonly database" in str(exc)
 
 
+def is_decode_error(exc: BaseException) -> bool:
+    """A text value is not valid UTF-8 (names copied verbatim from an export with such bytes)."""
+    return "decode" in str(exc).lower()
+
+
+def _lenient_text(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace")
+
+
 class NotADatabase(Exception):
     """The file is missing, unreadable or not a DLProf database."""
 
@@ -50,6 +59,9 @@ class Database:
         self._cache: OrderedDict = OrderedDict()
         self._identity = None   # (inode, device) the pooled connections were opened on
         self._checked_identity = None
+        # decode text with replacement characters (as the reports do) once a value was not UTF-8; the
+        # default decoder is faster, so it is used until then
+        self.lenient = False
 
     # ------------------------------------------------------------------ connections
     def state(self) -> tuple:
@@ -97,6 +109,7 @@ class Database:
             con = self._pool.get_nowait()
         except queue.Empty:
             con = self._open()
+        con.text_factory = _lenient_text if self.lenient else str
         if self._checked_identity != identity:
             self._check_schema(con)
             self._checked_identity = identity

@@ -3,7 +3,8 @@
 The request that starts a job returns at once; a watcher thread waits for the process and records its
 outcome (the engine prints one JSON line). State lives in memory, per database real path:
 idle -> running -> succeeded | failed. A second start while one runs raises `JobConflict` (HTTP 409).
-The engine appends the aggregation in one transaction, so a failure leaves earlier aggregations intact.
+The engine appends the aggregation in one transaction, so a failure leaves earlier aggregations intact; a
+process that ends without its result line (killed) succeeded if the database holds its new aggregation.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ class Job:
         self.started = time.time()
         self.finished = None
         self.proc: subprocess.Popen | None = None
+        self.aggr_before = None   # newest aggregation id when the job started
 
     def to_json(self) -> dict:
         return {"status": self.status, "message": self.message, "aggr_id": self.aggr_id,
@@ -49,6 +51,19 @@ class Job:
 
 IDLE = {"status": "idle", "message": "", "aggr_id": None, "started": None, "finished": None,
         "elapsed_seconds": None, "key_node": None, "iter_start": None, "iter_stop": None}
+
+
+def without_paths(message: str, database: str) -> str:
+    """The engine's message as a browser may see it: the database's absolute path (and its directory) become
+    its file name, so the server's file layout is not disclosed."""
+    name = os.path.basename(database)
+    for path in sorted({database, os.path.realpath(database), os.path.abspath(database)}, key=len, reverse=True):
+        message = message.replace(path, name)
+    for folder in sorted({os.path.dirname(database), os.path.dirname(os.path.realpath(database))}, key=len,
+                         reverse=True):
+        if len(folder) > 1:
+            message = message.replace(folder + os.sep, "").replace(folder, ".")
+    return message
 
 
 def command(database: str, key_node, iter_start, iter_stop) -> list[str]:
@@ -63,10 +78,38 @@ def command(database: str, key_node, iter_start, iter_stop) -> list[str]:
 
 
 class JobManager:
-    def __init__(self, on_finish=None):
+    def __init__(self, on_finish=None, aggregations=None):
+        """aggregations(database) -> its aggregations rows (aggr_id, key_node, iter_start, iter_stop), to
+        recognize the work of an engine process that was killed after its commit."""
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
         self._on_finish = on_finish
+        self._aggregations = aggregations
+
+    def _newest_id(self, database: str):
+        rows = self._rows(database)
+        return max((r["aggr_id"] for r in rows), default=None) if rows is not None else None
+
+    def _rows(self, database: str):
+        if self._aggregations is None:
+            return None
+        try:
+            return list(self._aggregations(database))
+        except Exception:  # noqa: BLE001 - unreadable now (a hot journal, say): nothing to recognize
+            return None
+
+    def _committed_by(self, job: Job):
+        """The aggregation a job's engine added (it was killed after committing, before saying so), or None."""
+        since = _utc(job.started - 1)   # created by this job: not before it started (ISO strings compare)
+        for row in reversed(self._rows(job.database) or []):
+            if job.aggr_before is not None and row["aggr_id"] <= job.aggr_before:
+                break
+            if str(row.get("created_utc") or "") < since:
+                continue
+            if all(want is None or row.get(name) == want for name, want in (
+                    ("key_node", job.key_node), ("iter_start", job.iter_start), ("iter_stop", job.iter_stop))):
+                return row["aggr_id"]
+        return None
 
     def status(self, database: str) -> dict:
         with self._lock:
@@ -85,6 +128,7 @@ class JobManager:
                 raise JobConflict(f"a re-aggregation of this database is already running (started "
                                   f"{_utc(current.started)}); wait for it to finish")
             job = Job(database, key_node, iter_start, iter_stop)
+            job.aggr_before = self._newest_id(database)
             env = dict(os.environ, PYTHONUNBUFFERED="1")
             try:
                 # own session: a Ctrl+C in the server's terminal does not interrupt the engine mid-write
@@ -119,12 +163,18 @@ class JobManager:
                     break
                 except ValueError:
                     continue
+        committed = None if result else self._committed_by(job)
         with self._lock:
             job.finished = time.time()
             if proc.returncode == 0 and result and result.get("status") == "succeeded":
                 job.status = "succeeded"
                 job.aggr_id = result.get("aggr_id")
                 job.message = f"aggregation {job.aggr_id} added"
+            elif committed is not None:
+                job.status = "succeeded"
+                job.aggr_id = committed
+                job.message = (f"aggregation {committed} added (the engine process ended with status "
+                               f"{proc.returncode} after committing it)")
             else:
                 job.status = "failed"
                 if result and result.get("message"):
@@ -132,7 +182,7 @@ class JobManager:
                 else:
                     tail = [ln for ln in (err or "").strip().splitlines() if ln.strip()][-3:]
                     message = " | ".join(tail) or f"re-aggregation exited with status {proc.returncode}"
-                job.message = message[:MAX_MESSAGE]
+                job.message = without_paths(message, job.database)[:MAX_MESSAGE]
         if self._on_finish:
             try:
                 self._on_finish(job)

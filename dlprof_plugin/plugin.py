@@ -12,8 +12,9 @@ from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
+from dlprof_plugin import security
 from dlprof_plugin.runs import PLUGIN_NAME, ProviderRuns
-from dlprof_plugin.service import Service
+from dlprof_plugin.service import Service, error_reply
 
 log = logging.getLogger("dlprof_plugin")
 ROUTE_PREFIX = f"/data/plugin/{PLUGIN_NAME}/"
@@ -42,6 +43,10 @@ class DLProfPlugin(base_plugin.TBPlugin):
         self._context = context
         self._runs = ProviderRuns(context.data_provider, context.logdir)
         self._service = Service(self._runs, static_dir=static_dir())
+        flags = getattr(context, "flags", None)
+        self._policy = security.policy_for_bind(getattr(flags, "host", None), bool(getattr(flags, "bind_all", False)),
+                                                getattr(flags, "dlprof_allowed_hosts", None),
+                                                flag="--dlprof_allowed_hosts")
         self._active = False
         self._active_lock = threading.Lock()
         self._refresher = None
@@ -85,5 +90,6 @@ class DLProfPlugin(base_plugin.TBPlugin):
         from tensorboard import plugin_util
         ctx = plugin_util.context(request.environ)
         eid = plugin_util.experiment_id(request.environ)
-        reply = self._service.handle(route_of(request.path), request, ctx, eid)
+        reason = security.check_request(request, self._policy)
+        reply = error_reply(403, reason) if reason else self._service.handle(route_of(request.path), request, ctx, eid)
         return http_util.Respond(request, reply.body, reply.content_type, code=reply.status, headers=reply.headers)

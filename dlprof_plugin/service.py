@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass, field
 
 from dlprof_plugin import export, tables
-from dlprof_plugin.db import NotADatabase, Registry, is_hot_journal_error
+from dlprof_plugin.db import NotADatabase, Registry, is_decode_error, is_hot_journal_error
 from dlprof_plugin.jobs import JobConflict, JobManager
 from dlprof_plugin.runs import RunInfo
 from dlprof_plugin.tables import MAX_EXPORT_ROWS, MAX_PAGE, BadRequest, NotFound, Page, TooLarge
@@ -45,6 +45,16 @@ GUIDANCE_LINKS = {
 }
 
 
+def viewer_versions() -> dict:
+    """Versions of the software serving the viewer (the profile's own come from the database)."""
+    from dlprof_profiler import __version__ as plugin_version
+    try:
+        from tensorboard.version import VERSION as tensorboard_version
+    except ImportError:
+        tensorboard_version = None
+    return {"plugin_version": plugin_version, "tensorboard_version": tensorboard_version}
+
+
 @dataclass
 class Reply:
     status: int
@@ -54,6 +64,7 @@ class Reply:
 
 
 _HOT_JOURNAL = object()   # marker: a read failed on a hot journal (see Database.recover)
+_NOT_UTF8 = object()      # marker: a text value was not UTF-8 (see Database.lenient)
 
 
 class HttpError(Exception):
@@ -127,7 +138,7 @@ class Service:
     def __init__(self, run_source, static_dir=None, jobs: JobManager | None = None):
         self.run_source = run_source
         self.registry = Registry()
-        self.jobs = jobs or JobManager()
+        self.jobs = jobs or JobManager(aggregations=lambda database: self.registry.get(database).aggregations())
         self.static_dir = static_dir
         self._range_lock = threading.Lock()
         self._range_jobs: dict = {}
@@ -155,13 +166,24 @@ class Service:
     def handle(self, route: str, request, ctx=None, eid: str = "") -> Reply:
         """route: the path below the plugin's prefix ('runs', 'table/ops', 'index.js', ...)."""
         route = route.strip("/")
-        reply = self._handle(route, request, ctx, eid)
+        lenient = recovered = False
+        while True:   # each kind of retry at most once
+            reply = self._handle(route, request, ctx, eid)
+            if reply is _NOT_UTF8 and not lenient:
+                lenient = True
+                for db in self.registry.all():
+                    db.lenient = True
+                continue
+            if reply is _HOT_JOURNAL and not recovered:
+                recovered = True
+                if [db.path for db in self.registry.all() if db.recover()]:
+                    continue
+            break
         if reply is _HOT_JOURNAL:
-            recovered = [db.path for db in self.registry.all() if db.recover()]
-            reply = self._handle(route, request, ctx, eid) if recovered else _HOT_JOURNAL
-            if reply is _HOT_JOURNAL:
-                return error_reply(503, "the database has an interrupted write that this server cannot roll "
-                                        "back (no write permission?); open it once with sqlite3 or dlprof")
+            return error_reply(503, "the database has an interrupted write that this server cannot roll "
+                                    "back (no write permission?); open it once with sqlite3 or dlprof")
+        if reply is _NOT_UTF8:
+            return error_reply(500, "the database holds text that cannot be decoded")
         return reply
 
     def _handle(self, route: str, request, ctx, eid) -> Reply:
@@ -191,6 +213,8 @@ class Service:
         except sqlite3.OperationalError as exc:
             if is_hot_journal_error(exc):
                 return _HOT_JOURNAL
+            if is_decode_error(exc):
+                return _NOT_UTF8
             if "locked" in str(exc) or "busy" in str(exc):
                 return Reply(503, json.dumps({"error": "the database is busy (a re-aggregation is being "
                                                        "committed); retry"}), JSON, [("Retry-After", "1")])
@@ -362,7 +386,7 @@ class Service:
                     "cpu_model": system.get("CpuDescription") or "Unknown",
                     "driver_version": system.get("NvDriverVersion") or "Unknown", "framework": framework,
                     "cuda_version": cuda, "nsys_version": profile.get("nsys_version") or "unknown",
-                    "dlprof_version": profile.get("dlprof_version")}
+                    "dlprof_version": profile.get("dlprof_version"), **viewer_versions()}
         return db.cached("system_summary", compute)
 
     def _findings(self, s: Scope) -> list[dict]:
@@ -403,11 +427,11 @@ class Service:
                        "using_tc_ops": counts[1], "eligible_not_using_ops": counts[2]}
         top = db.query_dicts(
             "SELECT n.op_index, o.op_id, o.op_name, o.direction, o.op_type, n.num_calls, n.gpu_total, n.cpu_total, "
-            "n.using_tc FROM op_nodes n JOIN read_only_ops o ON o.op_index = n.op_index "
+            "n.tc_eligible, n.using_tc FROM op_nodes n JOIN read_only_ops o ON o.op_index = n.op_index "
             "WHERE n.aggr_id = ? AND n.domain_id = ? ORDER BY n.gpu_total DESC, n.op_index LIMIT 10",
             (s.aggr_id, s.domain_id))
         for r in top:
-            r["using_tc"] = _bool(r["using_tc"])
+            r["tc_eligible"], r["using_tc"] = _bool(r["tc_eligible"]), _bool(r["using_tc"])
         findings = self._findings(s)
         doc = {"aggregation": aggr, "domain": s.domain, "mode": s.mode, "summary": summary,
                "op_summary": op_summary, "kernel_summary": kernel_summary, "tensor_core": tensor_core,
@@ -495,11 +519,26 @@ class Service:
                 doc[k] = v
         doc["instances"] = facts["instances"]
         doc["label"] = facts["label"]
+        doc["graph_node"] = self._graph_node(s, op_index)
         ktq = tables.kernels_table(s, op_index)
         result = tables.run_query(s.db, ktq, Page("gpu_total", "desc", 0, MAX_PAGE * 10, None, {}))
         doc["kernel_columns"] = [c.meta() for c in ktq.columns]
         doc["kernels"] = [dict(zip([c.key for c in ktq.columns], r)) for r in result["rows"]]
         return json_reply(doc)
+
+    def _graph_node(self, s: Scope, op_index: int) -> str | None:
+        """The name of the op's node in the GRAPHS tab: runs whose event file holds the graph
+        (graph_events) show the ops of their primary domain; None otherwise."""
+        primary = s.db.profile_info().get("primary_domain") or s.info.meta.get("primary_domain")
+        if not s.info.meta.get("graph") or s.domain != primary:
+            return None
+
+        def compute():
+            from dlprof_profiler.graph_events import node_names
+            rows = s.db.query("SELECT op_index, op_name, direction FROM read_only_ops WHERE domain_id = ? "
+                              "ORDER BY op_index", (s.domain_id,))
+            return dict(zip((r[0] for r in rows), node_names([r[1] for r in rows], [r[2] for r in rows])))
+        return s.db.cached(("graph_nodes", s.domain_id), compute).get(op_index)
 
     def expert_systems(self, request, ctx, eid) -> Reply:
         s = self._scope(request, ctx, eid)
@@ -515,7 +554,7 @@ class Service:
             raise TooLarge("request body too large")
         try:
             body = json.loads(raw.decode("utf-8")) if raw.strip() else None
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):   # RecursionError: nested too deeply
             raise BadRequest("the body must be a JSON object") from None
         if not isinstance(body, dict):
             raise BadRequest('the body must be a JSON object {"run", "key_node", "iter_start", "iter_stop"}')

@@ -42,6 +42,7 @@ class Col:
     sortable: bool = True
     filterable: bool = True
     sort_sql: str | None = None   # expression used for ORDER BY when it differs from the value
+    searchable: bool = True       # part of the table-wide search `q` (text columns)
 
     def meta(self) -> dict:
         out = {"key": self.key, "label": self.label, "type": self.type, "tooltip": self.tooltip}
@@ -115,6 +116,12 @@ def _base(aggr_domain_alias: str) -> list[str]:
 
 # ---------------------------------------------------------------------------- table definitions
 
+# the op's first call (as the detailed report's Input Shapes): one step down the (domain, op, start) index
+_FIRST_CALL_SHAPES = ("(SELECT d.input_shapes FROM read_only_op_instances i LEFT JOIN read_only_op_instance_details d "
+                      "ON d.domain_id = i.domain_id AND d.instance_id = i.instance_id WHERE i.domain_id = n.domain_id "
+                      "AND i.op_index = n.op_index ORDER BY i.start, i.instance_id LIMIT 1)")
+
+
 def ops_table(ctx) -> TableQuery:
     pt = ctx.pytorch
     cols = [Col("op_index", "Op Index", "int", "n.op_index", "Row key", hidden=True)]
@@ -125,6 +132,10 @@ def ops_table(ctx) -> TableQuery:
              Col("kernel_calls", "Kernel Calls", "int", "n.kernel_calls", "GPU kernels launched", hidden=True)]
     cols += _op_stats("n")
     cols.append(Col("data_type", "Data Type", "text", "o.data_type", "Data type of the op's tensors"))
+    # a lookup per row: sorting or filtering by it reads every op's first call, so the table-wide search,
+    # which runs on every keystroke, leaves it out
+    cols.append(Col("input_shapes", "Input Shapes", "text", _FIRST_CALL_SHAPES,
+                    "Input tensor shapes of the op's first call", searchable=False))
     if pt:
         cols.append(Col("stack_trace", "Stack Trace", "multiline", "o.stack_trace", "Python frames, script first"))
     cols.append(Col("is_bad_data_type", "Bad Data Type", "bool", "n.is_bad_data_type",
@@ -262,8 +273,12 @@ def _launch_columns(ctx, iteration_sql: str) -> list[Col]:
     cols += [Col("kernel_name", "Kernel Name", "text", "g.name", "Short kernel name"),
              Col("device_id", "Device ID", "int", "g.device_id", "GPU"),
              Col("gpu_start", "GPU Start Time (ns)", "ns", "g.start", "Kernel start on the GPU"),
+             Col("gpu_start_offset", "GPU Start in Iteration (ns)", "ns", "g.start - :istart",
+                 "Kernel start on the GPU, from the start of the iteration"),
              Col("gpu_duration", "GPU Duration (ns)", "ns", 'g."end" - g.start', "Kernel duration"),
              Col("api_start", "API Call Start (ns)", "ns", "w.launch_time", "Start of the launching API call"),
+             Col("api_start_offset", "API Call Start in Iteration (ns)", "ns", "w.launch_time - :istart",
+                 "Start of the launching API call, from the start of the iteration"),
              Col("api_time", "API Call Time (ns)", "ns", "NULL", "Duration of the launching API call",
                  sortable=False, filterable=False),
              Col("uses_tc", "Uses TC", "bool", "coalesce(t.uses_tc, 0)", "The kernel uses Tensor Cores"),
@@ -516,7 +531,7 @@ def build_conditions(tq: TableQuery, page: Page) -> tuple[list[str], dict]:
         if len(page.q) > MAX_FILTER_LEN:
             raise BadRequest("search text is too long")
         params["q"] = _like(page.q)
-        texts = [c for c in tq.columns if c.type in TEXT_TYPES and c.filterable]
+        texts = [c for c in tq.columns if c.type in TEXT_TYPES and c.filterable and c.searchable]
         if texts:
             conds.append("(" + " OR ".join(f"({c.sql}) LIKE :q ESCAPE '\\'" for c in texts) + ")")
         else:

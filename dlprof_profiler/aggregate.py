@@ -23,8 +23,8 @@ CLASSES = ("tc", "non_tc", "memory", "dataloader", "io", "cpu", "other")
 COMPLETE_MODEL = "_CompleteModel_"
 CPU_KINDS = (RANGE_OP, SCOPE_OP, BACKWARD_PASS, UNASSOCIATED_API)
 METRICS = (("cpu_time", "cpu"), ("gpu_time", "gpu"), ("cpu_overhead", "overhead"), ("gpu_idle", "idle"))
-# Below this length a kernel is launch latency, whatever it waits for (CUDA_LAUNCH_BLOCKING evidence).
-LAUNCH_BLOCKING_MIN_KERNEL_NS = 50_000
+# Kernels at least this long that end before their launch call returns are CUDA_LAUNCH_BLOCKING evidence.
+LAUNCH_BLOCKING_MIN_KERNEL_NS = 20_000
 
 
 @dataclass
@@ -254,20 +254,24 @@ class Accumulator:
                     "eligible_not_using": op_row(elig & ~using), "other": op_row(~elig & ~using)},
             "kernels": {k: kernel_row(v) for k, v in self.kernel_rows.items()},
             "key_node": agg.key_node, "key_found": bool(agg.key_found),
-            "n_visible_gpus": int(breakdown["n_devices"]),
+            "n_visible_gpus": int(breakdown["n_devices"]),   # the GPUs used, which the figures average over
+            "n_listed_gpus": int(breakdown["n_listed"]),
         }
 
 
 # ---------------------------------------------------------------------------- op statistics
 
 def _op_partial(chosen: pd.DataFrame) -> pd.DataFrame:
-    """Per op: calls, kernel calls and total/min/max of the four instance metrics of some instances."""
-    g = chosen.groupby("op_index", sort=False)
-    cols = {"calls": g.size(), "kernel_calls": g["n_kernels"].sum()}
+    """Per op: calls, kernel calls and total/min/max of the four call metrics of some instances (a call is
+    one instance, or the autograd nodes of one forward call: see correlate.call_metrics)."""
+    calls = chosen[chosen["is_call"].to_numpy(dtype=bool)] if "is_call" in chosen else chosen
+    prefix_col = "call_" if "call_cpu_time" in calls else ""
+    g = calls.groupby("op_index", sort=False)
+    cols = {"calls": g.size(), "kernel_calls": g[f"{prefix_col}n_kernels"].sum()}
     for column, prefix in METRICS:
-        cols[f"{prefix}_total"] = g[column].sum()
-        cols[f"{prefix}_min"] = g[column].min()
-        cols[f"{prefix}_max"] = g[column].max()
+        cols[f"{prefix}_total"] = g[f"{prefix_col}{column}"].sum()
+        cols[f"{prefix}_min"] = g[f"{prefix_col}{column}"].min()
+        cols[f"{prefix}_max"] = g[f"{prefix_col}{column}"].max()
     return pd.DataFrame(cols)
 
 
@@ -484,15 +488,17 @@ class GroupUnions:
         s, e = chosen["start"].to_numpy(np.int64), chosen["end"].to_numpy(np.int64)
         overhead = chosen["cpu_overhead"].to_numpy(np.int64)
         self.used_ops.update(np.unique(ops).tolist())
-        keys, over = [], []
+        is_call = chosen["is_call"].to_numpy(dtype=bool) if "is_call" in chosen else np.ones(len(chosen), dtype=bool)
+        keys, over, calls = [], [], []
         for level in range(self.depth + 1):
             on, key = self._keys(level, ops, iteration)
             self.cpu.add(key, s[on], e[on])
             keys.append(key)
             over.append(overhead[on])
+            calls.append(is_call[on].astype(np.int64))
         keys = np.concatenate(keys)
         self.overhead = _add_series(self.overhead, pd.Series(np.concatenate(over), index=keys).groupby(level=0).sum())
-        self.calls = _add_series(self.calls, pd.Series(1, index=keys).groupby(level=0).sum())
+        self.calls = _add_series(self.calls, pd.Series(np.concatenate(calls), index=keys).groupby(level=0).sum())
 
     def add_activities(self, ops: np.ndarray, iteration: np.ndarray, s: np.ndarray, e: np.ndarray) -> None:
         keys, ss, ee = [], [], []
@@ -566,7 +572,10 @@ class Breakdown:
         self.win_e = np.concatenate([[window_end], iterations.ends]).astype(np.int64)
         self.devices = model.device_ids()
         self.device_pids = model.device_pids()
-        self.targets = self.devices if self.devices else [None]
+        # averaged over the GPUs the profiled processes used; the machine's other GPUs are listed as idle
+        self.used = [d for d in self.devices if d in self.device_pids]
+        # no GPU ran anything: the averages are the host view (every process's CPU, data loading, I/O)
+        self.targets = self.devices + ([None] if not self.used else [])
         self.times = {dev: np.zeros((self.win_s.size, len(CLASSES)), dtype=np.int64) for dev in self.targets}
         self.carry: dict = {}
 
@@ -619,18 +628,21 @@ class Breakdown:
             times[:, -1] += np.maximum(win_e - win_s, 0) - covered_prev
 
     def result(self) -> dict:
-        rows = [(dev if dev is not None else -1, self.times[dev][0]) for dev in self.targets]
-        stack = np.stack([self.times[dev] for dev in self.targets])   # devices x windows x classes
-        mean = stack.mean(axis=0)                                    # average over visible GPUs
+        listed = self.devices if self.devices else [None]
+        rows = [(dev if dev is not None else -1, self.times[dev][0]) for dev in listed]
+        averaged = self.used if self.used else [None]
+        stack = np.stack([self.times[dev] for dev in averaged])      # devices x windows x classes
+        mean = stack.mean(axis=0)                                    # average over the GPUs used
         dev_frame = make_frame({"device_id": [r[0] for r in rows]})
         wl = max(int(self.win_e[0] - self.win_s[0]), 0)
         for c, name in enumerate(CLASSES):
             dev_frame[f"{name}_time"] = [int(r[1][c]) for r in rows]
             dev_frame[f"{name}_pct"] = [100.0 * r[1][c] / wl if wl else 0.0 for r in rows]
         dev_frame["gpu_utilization"] = dev_frame[["tc_pct", "non_tc_pct", "memory_pct"]].sum(axis=1)
+        dev_frame["used"] = [r[0] in self.device_pids for r in rows]
         if not self.devices:
             dev_frame["gpu_utilization"] = 0.0
-        return {"mean": mean, "devices": dev_frame, "n_devices": len(self.devices)}
+        return {"mean": mean, "devices": dev_frame, "n_devices": len(self.used), "n_listed": len(self.devices)}
 
 
 def _add_series(a: pd.Series, b: pd.Series) -> pd.Series:

@@ -83,9 +83,9 @@ def analyze(trace: Trace, config: AnalysisConfig = AnalysisConfig(), source_name
     _gpu_api, thread_dev, process_dev = links
     preferred = trace.meta.get("key_node_default")     # an input format's own iteration marker (ProfilerStep)
     iterations = iterate.split_iterations(trace.ranges, info, family, config.key_node, thread_dev, process_dev,
-                                          trace.profile_end, preferred=preferred)
+                                          trace.profile_end, trace.profile_start, preferred=preferred)
     naming = iterate.naming_iterations(iterations, trace.ranges, info, family, thread_dev, process_dev,
-                                       trace.profile_end, preferred=preferred)
+                                       trace.profile_end, trace.profile_start, preferred=preferred)
     corr = stages.run("Correlating NVTX ranges, CUDA API calls and GPU activities",
                       lambda: corr_mod.correlate(trace, mode, naming.boundaries, classified, links, config.cuts))
     log.info(f"  mode {corr.mode}; {sum(len(d.ops) for d in corr.domains.values()):,} ops, "
@@ -114,10 +114,10 @@ def _aggregate_and_detect(trace, corr, iterations, primary, config, source_name,
     if not iterations.found:
         if iterations.key_node:
             log.warning(f"{source_name}: key node '{iterations.key_node}' not found: the whole profile is one "
-                        "iteration (give --key_node=NAME with an op name, Op ID or NVTX range text)")
+                        "iteration (give --key_op=NAME with an op name, Op ID or NVTX range text)")
         else:
             log.warning(f"{source_name}: no key node found: the whole profile is one iteration "
-                        "(give --key_node=NAME to split it into iterations)")
+                        "(give --key_op=NAME to split it into iterations)")
     else:
         log.info(f"  key node '{iterations.key_node}' ({iterations.source}): {iterations.count} iterations; "
                  f"aggregating {iter_start}..{iter_stop}")
@@ -162,14 +162,16 @@ def key_node_from_ops(corr: Correlation, key: str, iterations: iterate.Iteration
         return iterations
     bounds = iterate.boundaries_from_instances(found, corr.thread_device, corr.process_device)
     return iterate.Iterations(key_node=key, found=True, source="user", boundaries=bounds,
-                              profile_end=iterations.profile_end)
+                              profile_end=iterations.profile_end, profile_start=iterations.profile_start)
 
 
 def reaggregation_iterations(trace: Trace, corr: Correlation, key_node: str | None, profile: dict):
     """Iterations for a new aggregation of a loaded model: the given key node, else the original one."""
     key = key_node or None
+    start = profile.get("profile_start")
     iterations = iterate.split_iterations(trace.ranges, corr.range_info, corr.family, key, corr.thread_device,
                                           corr.process_device, int(profile.get("profile_end") or trace.profile_end),
+                                          int(start) if start not in (None, "") else trace.profile_start,
                                           preferred=profile.get("key_node_default") or None)
     if key and not iterations.found:
         iterations = key_node_from_ops(corr, key, iterations)
@@ -196,3 +198,101 @@ def segment_cuts(iterations: iterate.Iterations, times: np.ndarray, events_per_s
         for p in range(a + events_per_segment, b - events_per_segment // 2, events_per_segment):
             extra.append(int(times[p]))
     return tuple(sorted(set(cuts + extra)))
+
+
+# ---------------------------------------------------------------------------- out of core
+
+EVENTS_PER_SEGMENT = 2_000_000
+
+
+def analyze_store(store, config: AnalysisConfig = AnalysisConfig(), source_name: str | None = None,
+                  events_per_segment: int = EVENTS_PER_SEGMENT, detect: bool = True) -> Analysis:
+    """The same analysis over a TraceStore, segment by segment: memory is bounded by a segment, not the
+    profile (see store_model.py)."""
+    from dlprof_profiler.aggregate import aggregate_model
+    from dlprof_profiler.correlate import DomainCorrelator, segment_rows
+    from dlprof_profiler.store_model import StoreAnalysis, StoreModel, StoreSink
+    source_name = source_name or str(store.export)
+    stages = _Stages()
+    sa = StoreAnalysis(store)
+    mode, family, run_config = stages.run("Classifying NVTX ranges", lambda: sa.classify(config.mode))
+    trace = store.trace
+    if "gpu_peak_memory" in trace.meta and not any(k in run_config for k in ("max_memory_reserved",
+                                                                            "max_memory_allocated")):
+        run_config = {**run_config, "peak_memory": int(trace.meta["gpu_peak_memory"])}
+    thread_dev, process_dev = stages.run("Linking GPU activities to their launches", sa.link_launches)
+    labels = sa.range_labels()
+    iterations = _store_iterations(sa, labels, family, config.key_node, thread_dev, process_dev, store.profile_end,
+                                   store.profile_start)
+    cuts = config.cuts if config.cuts is not None else tuple(sa.plan_cuts(iterations.boundaries, events_per_segment))
+    domains = sa.domain_order(mode)
+    correlators = {d: DomainCorrelator(d, family, sa.domain_facts(d, mode), iterations.boundaries, thread_dev,
+                                       process_dev, 0, 0, sink=StoreSink(sa, i)) for i, d in enumerate(domains)}
+
+    def correlate_all():
+        n = 0
+        for seg in sa.segments(list(cuts)):
+            for d, c in correlators.items():
+                c.add(seg, segment_rows(seg, d, mode))
+            n += 1
+            log.detail(f"  segment {n}/{len(cuts) + 1} [{seg.lo}, {seg.hi}) correlated")
+        return {d: c.sink.finish(c) for d, c in correlators.items()}
+    models = stages.run(f"Correlating in {len(cuts) + 1} time segment(s)", correlate_all)
+    corr = Correlation(gpu_api=None, uses_tc=None, tc_rule=None, range_info=None, mode=mode, family=family,
+                       thread_device=thread_dev, process_device=process_dev, domains=models, config=run_config,
+                       range_labels=labels)
+    corr.store = sa
+    if config.key_node and not iterations.found:
+        iterations = _store_key_node_from_ops(sa, corr, config.key_node, iterations)
+    primary = choose_domain(corr, config.domain, source_name)
+    iter_start, iter_stop = iterate.select_range(iterations, config.iter_start, config.iter_stop, source_name)
+    device_ids = trace.devices["device_id"].to_numpy(np.int64).tolist() if len(trace.devices) else []
+    device_pids = sa.device_pids()
+    aggregations = stages.run("Aggregating", lambda: {
+        d: aggregate_model(StoreModel(sa, dm, mode, device_ids, device_pids, trace.io_calls), iterations, iter_start,
+                           iter_stop, cuts, keep_launches=False) for d, dm in models.items()})
+    from dlprof_profiler import expert_systems
+    from dlprof_profiler.experts.data import StoreData
+    findings = stages.run("Running expert systems", lambda: {
+        d: expert_systems.detect(trace, corr, models[d], agg, iterations,
+                                 data=StoreData(sa, models[d], agg, iterations)) if detect else []
+        for d, agg in aggregations.items()})
+    return Analysis(trace=trace, corr=corr, iterations=iterations, aggregations=aggregations, findings=findings,
+                    primary=primary, timings=stages.timings)
+
+
+def _store_iterations(sa, labels: pd.DataFrame, family, key_node, thread_dev, process_dev, profile_end: int,
+                      profile_start: int):
+    """iterate.split_iterations over the store's range labels."""
+    if key_node:
+        source, key = "user", key_node
+    else:
+        key = iterate.default_key_node_of_labels(labels, family)
+        source = "default" if key else "none"
+    if not key:
+        return iterate.Iterations(key_node="", found=False, source="none", boundaries=np.zeros(0, dtype=np.int64),
+                                  profile_end=profile_end, profile_start=profile_start)
+    found = sa.key_node_ranges(key, labels, stripped=False)
+    if len(found):
+        found = iterate.outermost(found)
+    else:
+        found = sa.key_node_ranges(key, labels, stripped=True)
+        found = iterate.outermost(found) if len(found) else found
+    bounds = iterate.boundaries_from_instances(found, thread_dev, process_dev)
+    return iterate.Iterations(key_node=key, found=len(found) > 0, source=source, boundaries=bounds,
+                              profile_end=profile_end, profile_start=profile_start)
+
+
+def _store_key_node_from_ops(sa, corr: Correlation, key: str, iterations: iterate.Iterations) -> iterate.Iterations:
+    frames = []
+    for dm in corr.domains.values():
+        hit = dm.ops[(dm.ops["name"] == key) | (dm.ops["op_id"] == key)]
+        if len(hit):
+            idx = ",".join(str(int(i)) for i in hit["op_index"])
+            frames.append(dm.instances_where(f"op_index IN ({idx})")[["start", "end", "pid", "global_tid"]])
+    if not frames:
+        return iterations
+    found = iterate.outermost(pd.concat(frames, ignore_index=True))
+    bounds = iterate.boundaries_from_instances(found, corr.thread_device, corr.process_device)
+    return iterate.Iterations(key_node=key, found=True, source="user", boundaries=bounds,
+                              profile_end=iterations.profile_end, profile_start=iterations.profile_start)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+from pathlib import Path
 
 from dlprof_profiler import __version__, log
 from dlprof_profiler.errors import DLProfError
@@ -96,6 +97,15 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
             continue
         i += 1
     return options, []
+
+
+def _list_cut_short(argv: list[str], command: list[str]) -> str | None:
+    """The list option (`--reports`) whose space-separated values ended where the command begins, i.e. at a
+    word that is not one of its values (`--reports summary bogus --`); None otherwise."""
+    j = len(argv) - len(command) - 1
+    while j >= 0 and not argv[j].startswith("-"):
+        j -= 1
+    return argv[j] if j >= 0 and argv[j] in _LIST_OPTIONS else None
 
 
 def _list_value(allowed, default=None):
@@ -227,7 +237,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.iter_start is not None and args.iter_stop is not None and args.iter_stop < args.iter_start:
         raise DLProfError(f"--iter_stop {args.iter_stop} is below --iter_start {args.iter_start}", exit_code=2)
     if args.database and command:
-        raise DLProfError("give either --database=FILE or a command to profile, not both", exit_code=2)
+        option = _list_cut_short(argv, command)
+        if option:
+            raise DLProfError(f"invalid arguments: {option}: unknown value '{command[0]}'; choose from "
+                              f"{', '.join(_LIST_OPTIONS[option])}", exit_code=2)
+        raise DLProfError(f"unexpected argument '{command[0]}': give either --database=FILE or a command to "
+                          "profile, not both", exit_code=2)
     if not args.database and not command:
         raise DLProfError("nothing to do: give a command to profile or --database=FILE (see dlprof --help)",
                           exit_code=2)
@@ -249,23 +264,29 @@ def choose_backend(requested: str | None) -> tuple[str, str]:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `dlprof` console script; returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
+    from dlprof_profiler.outputs import OutputFolder, unstaged
     try:
         args = parse_args(argv)
         log.set_verbosity(args.verbosity)
-        if args.database:
-            from dlprof_profiler.pipeline import analyze_database
-            return analyze_database(args)
-        backend, reason = choose_backend(args.backend)
-        if backend == "torch":
-            from dlprof_profiler.capture_torch import profile_and_analyze_torch
-            return profile_and_analyze_torch(args, reason)
-        from dlprof_profiler.capture import profile_and_analyze
-        if reason:
-            log.info(f"Backend: Nsight Systems{reason}")
-        return profile_and_analyze(args)
+        with OutputFolder(Path(args.output_path)):   # one run at a time; removed again if left empty
+            if args.database:
+                from dlprof_profiler.pipeline import analyze_database
+                return analyze_database(args)
+            backend, reason = choose_backend(args.backend)
+            if backend == "torch":
+                from dlprof_profiler.capture_torch import profile_and_analyze_torch
+                return profile_and_analyze_torch(args, reason)
+            from dlprof_profiler.capture import profile_and_analyze
+            if reason:
+                log.info(f"Backend: Nsight Systems{reason}")
+            return profile_and_analyze(args)
     except DLProfError as exc:
-        log.error(str(exc))
+        log.error(unstaged(str(exc)))
         return exc.exit_code
+    except OSError as exc:   # an output that cannot be written mid-run (disk full, file too large, permissions)
+        where = f"{unstaged(str(exc.filename))}: " if exc.filename else ""
+        log.error(f"{where}{exc.strerror or exc}")
+        return 1
     except KeyboardInterrupt:
         log.error("interrupted")
         return 130

@@ -19,7 +19,7 @@ from dlprof_profiler.model_chunks import TIME_MAX
 from dlprof_profiler.naming import NamingCarry, distinct_texts, first_rows, range_names
 from dlprof_profiler.structure import RangeForest, ThreadTimeKeys, nearest_flagged_ancestor, outermost_flagged
 from dlprof_profiler.tensor_cores import kernel_uses_tc, op_tc_eligible
-from dlprof_profiler.trace import KIND_KERNEL, Trace, combined_codes, make_frame, obj
+from dlprof_profiler.trace import KIND_KERNEL, Trace, combined_codes, make_frame, obj, rank_within
 
 # Instance kinds
 RANGE_OP, SCOPE_OP, UNASSOCIATED_API, UNASSOCIATED_GPU, BACKWARD_PASS = range(5)
@@ -133,36 +133,90 @@ def domain_order(trace: Trace, mode: str | None) -> list[str]:
 
 
 def range_label_counts(ranges: pd.DataFrame, info: pd.DataFrame) -> pd.DataFrame:
-    """How many ranges carry each label, per domain (counted on integer codes: labels are shared)."""
+    """Ranges per (domain, label): kind (of the first), count, data loading, total duration (counted on
+    integer codes: labels are shared)."""
     if len(ranges) == 0:
-        return pd.DataFrame({"domain": [], "label": [], "kind": [], "num_ranges": []})
+        return pd.DataFrame({"domain": [], "label": [], "kind": [], "num_ranges": [], "dataloader": [],
+                             "total_time": []})
     domain_code, domain_names = pd.factorize(ranges["domain"].to_numpy(dtype=object))
     text_code = info["text_code"].to_numpy() if "text_code" in info else \
         pd.factorize(info["label"].to_numpy(dtype=object))[0]
     codes = combined_codes(domain_code, text_code)
     counts = np.bincount(codes)
+    duration = (ranges["end"].to_numpy(np.int64) - ranges["start"].to_numpy(np.int64)).astype(np.float64)
+    total = np.bincount(codes, weights=duration)
+    loader = np.bincount(codes, weights=info["dataloader"].to_numpy(dtype=bool).astype(np.float64)) > 0
     first = np.full(counts.size, -1, dtype=np.int64)
     first[codes[::-1]] = np.arange(codes.size - 1, -1, -1)
     table = pd.DataFrame({"domain": np.asarray(domain_names, dtype=object)[domain_code[first]],
                           "label": info["label"].to_numpy(dtype=object)[first],
-                          "kind": info["kind"].to_numpy().astype(np.int64)[first], "num_ranges": counts})
-    return table.groupby(["domain", "label"], sort=False, as_index=False).agg(
-        kind=("kind", "first"), num_ranges=("num_ranges", "sum"))
+                          "kind": info["kind"].to_numpy().astype(np.int64)[first], "num_ranges": counts,
+                          "dataloader": loader, "total_time": total})
+    out = table.groupby(["domain", "label"], sort=False, as_index=False).agg(
+        kind=("kind", "first"), num_ranges=("num_ranges", "sum"), dataloader=("dataloader", "any"),
+        total_time=("total_time", "sum"))
+    out["total_time"] = out["total_time"].round().astype(np.int64)
+    return out
 
 
 def link_gpu_to_api(trace: Trace) -> np.ndarray:
-    """Row of the launching API call per GPU activity, keyed by (process, correlation id)."""
+    """Row of the launching API call per GPU activity, keyed by (process, correlation id), -1 if none.
+    When a process reuses a correlation id, an activity takes the nearest call of that key starting at or
+    before its own start (as nsys attributes them), else the key's earliest call; equal starts: the later row."""
     gpu, api = trace.gpu, trace.api_calls
-    if len(gpu) == 0:
-        return np.zeros(0, dtype=np.int64)
-    if len(api) == 0:
-        return np.full(len(gpu), -1, dtype=np.int64)
-    lookup = make_frame({"pid": api["pid"].to_numpy(), "corr": api["correlation_id"].to_numpy(),
-                           "row": np.arange(len(api)), "start": api["start"].to_numpy()})
-    lookup = lookup[lookup["corr"] >= 0].sort_values("start", kind="stable").drop_duplicates(["pid", "corr"])
-    keys = make_frame({"pid": gpu["pid"].to_numpy(), "corr": gpu["correlation_id"].to_numpy()})
-    merged = keys.merge(lookup[["pid", "corr", "row"]], on=["pid", "corr"], how="left", sort=False)
-    return merged["row"].fillna(-1).to_numpy(np.int64)
+    out = np.full(len(gpu), -1, dtype=np.int64)
+    if len(gpu) == 0 or len(api) == 0:
+        return out
+    api_corr, gpu_corr = api["correlation_id"].to_numpy(np.int64), gpu["correlation_id"].to_numpy(np.int64)
+    api_pid, gpu_pid = api["pid"].to_numpy(np.int64), gpu["pid"].to_numpy(np.int64)
+    if max(api_pid.max(), gpu_pid.max()) < 1 << 24 and min(api_pid.min(), gpu_pid.min()) >= 0 \
+            and max(api_corr.max(), gpu_corr.max()) < 1 << 38:
+        api_key, gpu_key = (api_pid << 38) | np.maximum(api_corr, 0), (gpu_pid << 38) | np.maximum(gpu_corr, 0)
+    else:   # ids beyond the packed range: dense codes of the pairs
+        codes = combined_codes(np.concatenate([api_pid, gpu_pid]), np.concatenate([api_corr, gpu_corr]))
+        api_key, gpu_key = codes[:len(api)], codes[len(api):]
+    api_key = np.where(api_corr >= 0, api_key, -1)   # no correlation id: never linked
+    api_start = api["start"].to_numpy(np.int64)
+    order = np.argsort(api_key, kind="stable")
+    sorted_keys = api_key[order]
+    first = np.ones(sorted_keys.size, dtype=bool)
+    first[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    group_start = np.flatnonzero(first)
+    group_calls = np.diff(np.append(group_start, sorted_keys.size))
+    group = pd.Index(sorted_keys[group_start]).get_indexer(gpu_key)   # hashed: no binary search per activity
+    calls = np.where(group >= 0, group_calls[np.maximum(group, 0)], 0)
+    linkable = gpu_corr >= 0
+    single = linkable & (calls == 1)                  # the usual case: one call per key
+    out[single] = order[group_start[group[single]]]
+    shared = np.flatnonzero(linkable & (calls > 1))
+    if shared.size:
+        in_shared = np.isin(api_key, np.unique(gpu_key[shared])) & (api_corr >= 0)
+        rows = np.flatnonzero(in_shared)
+        pick = _nearest_call(api_key[rows], api_start[rows], gpu_key[shared], gpu["start"].to_numpy(np.int64)[shared])
+        out[shared] = np.where(pick >= 0, rows[np.maximum(pick, 0)], -1)
+    return out
+
+
+def _nearest_call(call_keys, call_times, act_keys, act_times) -> np.ndarray:
+    """Per activity: index of the last call with its key at or before its time, else the key's first call,
+    else -1. One sweep over (key, time) with calls before activities at equal times; ties: the later call."""
+    n_calls = call_keys.size
+    keys = np.concatenate([call_keys, act_keys])
+    is_act = np.concatenate([np.zeros(n_calls, np.int8), np.ones(act_keys.size, np.int8)])
+    order = np.lexsort((is_act, np.concatenate([call_times, act_times]), keys))
+    sorted_keys, is_call = keys[order], is_act[order] == 0
+    pos = np.arange(order.size)
+    before = np.maximum.accumulate(np.where(is_call, pos, -1))
+    after = np.minimum.accumulate(np.where(is_call, pos, order.size)[::-1])[::-1]
+    act_pos = np.flatnonzero(~is_call)
+    prev, nxt, own = before[act_pos], after[act_pos], sorted_keys[act_pos]
+    prev_ok = (prev >= 0) & (sorted_keys[np.maximum(prev, 0)] == own)
+    next_ok = (nxt < order.size) & (sorted_keys[np.minimum(nxt, order.size - 1)] == own)
+    chosen = np.where(prev_ok, prev, np.where(next_ok, nxt, -1))
+    result = np.full(act_keys.size, -1, dtype=np.int64)
+    found = chosen >= 0
+    result[order[act_pos[found]] - n_calls] = order[chosen[found]]
+    return result
 
 
 def work_devices(trace: Trace, gpu_api: np.ndarray) -> tuple[dict, dict]:
@@ -307,11 +361,12 @@ class DomainCorrelator:
     segment boundary is *partial*: its metrics are recomputed over the whole trace in `finish`."""
 
     def __init__(self, domain: str, family: str | None, facts: DomainFacts, bounds: np.ndarray, thread_device: dict,
-                 process_device: dict, n_api: int, n_gpu: int):
+                 process_device: dict, n_api: int, n_gpu: int, sink=None):
         self.domain, self.family, self.facts, self.bounds = domain, family, facts, bounds
         self.thread_device, self.process_device = thread_device, process_device
-        self.api_instance = np.full(n_api, -1, dtype=np.int64)
-        self.gpu_instance = np.full(n_gpu, -1, dtype=np.int64)
+        self.sink = sink   # None: the model is kept in memory; else written out segment by segment
+        self.api_instance = np.full(n_api if sink is None else 0, -1, dtype=np.int64)
+        self.gpu_instance = np.full(n_gpu if sink is None else 0, -1, dtype=np.int64)
         self.chunks: list[pd.DataFrame] = []
         self.next_id = 0
         self.naming = NamingCarry()
@@ -323,6 +378,7 @@ class DomainCorrelator:
         self.kind_of: dict = {}           # instance id -> its kind, when only its last segment can tell
         self.forward = _empty_forward()
         self.callids = _empty_callids()
+        self.backward_calls = _empty_backward_calls()
 
     # -- one segment -----------------------------------------------------------------------------------
     def add(self, seg: Segment, rows: np.ndarray) -> None:
@@ -420,9 +476,14 @@ class DomainCorrelator:
 
         instances = pd.concat([f for f in frames if len(f)] or [frames[0]], ignore_index=True)
         instances["domain"] = self.domain
+        instances["call_id"] = instances["instance_id"].to_numpy(np.int64)
         instance_metrics(instances, api, seg.gpu, gpu_instance, self.thread_device, self.process_device)
         self._link_backward(instances, info, ranges, op_root, row_instance, hi)
         self._remember_open(instances, hi)
+        if self.sink is not None:
+            self.sink.add(instances, api["api_id"].to_numpy(np.int64), api_instance,
+                          seg.gpu["activity_id"].to_numpy(np.int64), gpu_instance)
+            return
         self.chunks.append(instances)
         self.api_instance[api["api_id"].to_numpy(np.int64)] = api_instance
         self.gpu_instance[seg.gpu["activity_id"].to_numpy(np.int64)] = gpu_instance
@@ -435,8 +496,9 @@ class DomainCorrelator:
         rid = instances["range_id"].to_numpy(np.int64)
         rows = np.flatnonzero((rid >= 0) & (instances["end"].to_numpy(np.int64) > hi))
         cols = [instances[c].to_numpy(dtype=object) for c in ("name", "op_type", "data_type", "stack_trace")]
+        ids = instances["instance_id"].to_numpy(np.int64)
         for row in rows:
-            self.open_attrs[int(rid[row])] = tuple(c[row] for c in cols)
+            self.open_attrs[int(rid[row])] = tuple(c[row] for c in cols) + (int(ids[row]),)
 
     def _backward_pass(self, seg: Segment, api: pd.DataFrame, api_instance: np.ndarray):
         """Without markers that link backward ops to forward ops, API calls of the autograd threads (threads
@@ -513,7 +575,9 @@ class DomainCorrelator:
         fwd_rows = np.flatnonzero(fwd)
         fwd_inst = take(row_to_inst, op_root[fwd_rows], -1)
         ok = fwd_inst >= 0
-        attrs = [names[fwd_inst[ok]], types[fwd_inst[ok]], data_types[fwd_inst[ok]], stacks[fwd_inst[ok]]]
+        inst_ids = inst["instance_id"].to_numpy(np.int64)
+        attrs = [names[fwd_inst[ok]], types[fwd_inst[ok]], data_types[fwd_inst[ok]], stacks[fwd_inst[ok]],
+                 inst_ids[fwd_inst[ok]]]
         rows_with_attrs = fwd_rows[ok]
         # forward markers inside an instance that began in an earlier segment take its remembered names
         outer = fwd_rows[~ok]
@@ -522,12 +586,12 @@ class DomainCorrelator:
             known = np.array([c is not None for c in carried], dtype=bool)
             if known.any():
                 found = [c for c in carried if c is not None]
-                attrs = [np.concatenate([a, np.array([c[i] for c in found], dtype=object)])
+                attrs = [np.concatenate([a, np.array([c[i] for c in found], dtype=a.dtype)])
                          for i, a in enumerate(attrs)]
                 rows_with_attrs = np.concatenate([rows_with_attrs, outer[known]])
         local_forward = make_frame({"pid": pid[rows_with_attrs], "seq": seq[rows_with_attrs],
                                     "start": start[rows_with_attrs], "name": attrs[0], "op_type": attrs[1],
-                                    "data_type": attrs[2], "stack_trace": attrs[3]})
+                                    "data_type": attrs[2], "stack_trace": attrs[3], "fwd_id": attrs[4]})
         forward = pd.concat([self.forward, local_forward], ignore_index=True) if len(self.forward) else local_forward
         # backward side: the seq of the instance's own marker, else of the backward node folded inside it
         bwd_rows = (kinds == nm.PT_OP) & backward & (op_root >= 0) & (seq >= 0)
@@ -553,6 +617,8 @@ class DomainCorrelator:
             f_st = linked["stack_trace"].to_numpy(dtype=object)
             data_types[b] = np.where(pd.isna(data_types[b]), f_dt, data_types[b])
             stacks[b] = np.where(pd.isna(stacks[b]), f_st, stacks[b])
+            # the autograd nodes of one forward call are one backward call
+            self._group_calls(inst, b, linked["fwd_id"].to_numpy(np.int64))
         # dlprof_profiler.pytorch markers link explicitly: fwdCallid of a bprop marker = callid of the forward one
         callid = info["callid"].to_numpy(np.int64)
         fwd_callid = info["fwd_callid"].to_numpy(np.int64)
@@ -569,6 +635,12 @@ class DomainCorrelator:
             b = row_to_inst[wants][ok]
             names[b] = found["name"].to_numpy(dtype=object)[ok]
             types[b] = found["op_type"].to_numpy(dtype=object)[ok]
+            # markers carry the backward call's id (one per forward call and backward pass): its nodes are one call
+            own = callid[wants][ok]
+            has_own = own >= 0
+            if has_own.any():
+                keys = -1 - ((pid[wants][ok][has_own] << 40) | own[has_own])
+                self._group_calls(inst, b[has_own], keys)
         inst["name"] = obj(names, inst.index)
         inst["op_type"] = obj(types, inst.index)
         inst["data_type"] = obj(data_types, inst.index)
@@ -579,7 +651,31 @@ class DomainCorrelator:
             if it_hi >= 2:
                 keep_from = int(self.bounds[it_hi - 2])
                 forward, calls = forward[forward["start"] >= keep_from], calls[calls["start"] >= keep_from]
+                self.backward_calls = self.backward_calls[self.backward_calls["start"] >= keep_from]
             self.forward, self.callids = forward, calls
+
+    def _group_calls(self, inst: pd.DataFrame, rows: np.ndarray, keys: np.ndarray) -> None:
+        """Backward instances with the same key (the forward call they belong to) share one call id: the
+        instance id of the first of them in time, also across segments."""
+        if rows.size == 0:
+            return
+        ids = inst["instance_id"].to_numpy(np.int64)
+        starts = inst["start"].to_numpy(np.int64)
+        frame = pd.DataFrame({"row": rows, "key": keys, "start": starts[rows], "id": ids[rows]})
+        frame = frame.sort_values(["start", "id"], kind="stable")
+        first = frame.drop_duplicates("key")
+        known = self.backward_calls.drop_duplicates("key").set_index("key")["call"]
+        call = known.reindex(first["key"].to_numpy()).to_numpy()
+        call = np.where(pd.isna(call), first["id"].to_numpy(), call).astype(np.int64)
+        by_key = pd.Series(call, index=first["key"].to_numpy())
+        call_id = inst["call_id"].to_numpy(np.int64).copy()
+        call_id[frame["row"].to_numpy()] = by_key.reindex(frame["key"].to_numpy()).to_numpy(np.int64)
+        inst["call_id"] = call_id
+        fresh = ~first["key"].isin(known.index).to_numpy()
+        if fresh.any():
+            self.backward_calls = pd.concat([self.backward_calls, pd.DataFrame({
+                "key": first["key"].to_numpy()[fresh], "call": call[fresh],
+                "start": first["start"].to_numpy()[fresh]})], ignore_index=True)
 
     # -- the whole domain ------------------------------------------------------------------------------
     def finish(self, trace: Trace, gpu_api: np.ndarray) -> DomainModel:
@@ -593,7 +689,7 @@ class DomainCorrelator:
             kinds = instances["kind"].to_numpy().copy()
             kinds[ids] = np.fromiter(self.kind_of.values(), dtype=np.int64)
             instances["kind"] = kinds
-        ops = op_table(instances, self.domain, self.family)
+        ops = op_table(instances, self.domain, self.family, self.bounds)
         return DomainModel(domain=self.domain, family=self.family, has_markers=self.facts.has_markers,
                            instances=instances, ops=ops, api_instance=self.api_instance,
                            gpu_instance=self.gpu_instance, n_ranges=self.facts.n_ranges)
@@ -633,7 +729,11 @@ def new_mask_of(rows: np.ndarray, n: int) -> np.ndarray:
 def _empty_forward() -> pd.DataFrame:
     return make_frame({"pid": np.zeros(0, np.int64), "seq": np.zeros(0, np.int64), "start": np.zeros(0, np.int64),
                        "name": np.zeros(0, object), "op_type": np.zeros(0, object), "data_type": np.zeros(0, object),
-                       "stack_trace": np.zeros(0, object)})
+                       "stack_trace": np.zeros(0, object), "fwd_id": np.zeros(0, np.int64)})
+
+
+def _empty_backward_calls() -> pd.DataFrame:
+    return pd.DataFrame({"key": np.zeros(0, np.int64), "call": np.zeros(0, np.int64), "start": np.zeros(0, np.int64)})
 
 
 def _empty_callids() -> pd.DataFrame:
@@ -824,44 +924,86 @@ def _api_time_inside(api: pd.DataFrame, inst: pd.DataFrame) -> np.ndarray:
 
 # ---------------------------------------------------------------------------- direction links
 
-def op_table(inst: pd.DataFrame, domain: str, family: str | None) -> pd.DataFrame:
-    """Ops = instances sharing (name, direction). op_index orders ops by first execution (then name,
-    direction); an op's label, type and kind come from its first instance in time, its data type and stack
-    trace from the first that has one; Op IDs count per type in execution order."""
+def op_table(inst: pd.DataFrame, domain: str, family: str | None, bounds=None) -> pd.DataFrame:
+    """Ops, as in DLProf 1.8: the n-th instance of a (name, direction) within an iteration on its thread is
+    the same op in every iteration (`bounds`: the iteration boundaries the names were given with). Sets
+    each instance's op_index (see `finish_op_table`)."""
     if len(inst) == 0:
         empty = pd.DataFrame({c: pd.Series(dtype=object) for c in OP_COLUMNS + ["label"]})
         for c in ("op_index", "device_id", "first_start", "n_instances", "kind"):
             empty[c] = pd.Series(dtype="int64")
         empty["tc_eligible"] = pd.Series(dtype=bool)
         return empty
-    names = inst["name"].to_numpy(dtype=object)
-    directions = inst["direction"].fillna("").to_numpy(dtype=object)
-    codes = combined_codes(names, directions)
-    by_time = np.lexsort((inst["instance_id"].to_numpy(), inst["start"].to_numpy()))
-    first = by_time[first_rows(codes[by_time])]           # per code: its first instance in time
-    order = np.lexsort((directions[first].astype(str), names[first].astype(str),
-                        inst["start"].to_numpy(np.int64)[first]))
+    if "call_id" not in inst:
+        inst["call_id"] = inst["instance_id"].to_numpy(np.int64)
+    call_metrics(inst)
+    # ops are made of calls: the first instance of each call stands for it (backward nodes of one forward
+    # call are one call)
+    calls = np.flatnonzero(inst["is_call"].to_numpy(dtype=bool))
+    head = inst.iloc[calls]
+    names = head["name"].to_numpy(dtype=object)
+    directions = head["direction"].fillna("").to_numpy(dtype=object)
+    start = head["start"].to_numpy(np.int64)
+    ids = head["instance_id"].to_numpy(np.int64)
+    iteration = np.searchsorted(np.zeros(0, np.int64) if bounds is None else np.asarray(bounds, np.int64), start,
+                                side="right")
+    name_codes = combined_codes(names, directions)
+    nth = rank_within(combined_codes(iteration, head["global_tid"].to_numpy(np.int64), name_codes),
+                      [ids, start]) + 1
+    codes = combined_codes(name_codes, nth)
+    by_time = np.lexsort((ids, start))
+    first = by_time[first_rows(codes[by_time])]           # per code: its first call in time
+    n = first.size
+    dev = pd.DataFrame({"code": codes, "device_id": head["device_id"].to_numpy()})
+    dev = dev[dev["device_id"] >= 0].groupby(["code", "device_id"]).size().reset_index(name="c")
+    dev = dev.sort_values(["code", "c", "device_id"], ascending=[True, False, True]).drop_duplicates("code")
+    groups = make_frame({
+        "name": names[first], "direction": directions[first], "nth": nth[first],
+        "op_type": head["op_type"].to_numpy(dtype=object)[first],
+        "label": head["label"].to_numpy(dtype=object)[first],
+        "first_start": start[first], "kind": head["kind"].to_numpy()[first],
+        "n_instances": np.bincount(codes, minlength=n),
+        "data_type": _first_given(head["data_type"].to_numpy(dtype=object), codes, by_time, n),
+        "stack_trace": _first_given(head["stack_trace"].to_numpy(dtype=object), codes, by_time, n),
+        "device_id": pd.Series(dev["device_id"].to_numpy(), index=dev["code"].to_numpy()).reindex(
+            np.arange(n)).fillna(-1).to_numpy(np.int64)})
+    ops, op_index_of_group = finish_op_table(groups, domain, family)
+    op_of_call = pd.Series(op_index_of_group[codes], index=ids)
+    inst["op_index"] = op_of_call.reindex(inst["call_id"].to_numpy(np.int64)).to_numpy(np.int64)
+    return ops
+
+
+CALL_METRICS = ("cpu_time", "cpu_overhead", "gpu_time", "gpu_idle", "n_kernels")
+
+
+def call_metrics(inst: pd.DataFrame) -> None:
+    """`is_call` (the instance opens a call) and `call_<metric>`: the call's metrics summed over its
+    instances (the autograd nodes of one forward call form one backward call); 0 on the other instances."""
+    ids = inst["instance_id"].to_numpy(np.int64)
+    call = inst["call_id"].to_numpy(np.int64)
+    primary = call == ids
+    inst["is_call"] = primary
+    if primary.all():
+        for m in CALL_METRICS:
+            inst[f"call_{m}"] = inst[m].to_numpy()
+        return
+    sums = inst.groupby("call_id")[list(CALL_METRICS)].sum()
+    for m in CALL_METRICS:
+        inst[f"call_{m}"] = np.where(primary, sums[m].reindex(ids).fillna(0).to_numpy(np.int64), 0)
+
+
+def finish_op_table(groups: pd.DataFrame, domain: str, family: str | None) -> tuple[pd.DataFrame, np.ndarray]:
+    """The op table from one row per op (name, direction, nth; first start, type, label, kind, instances, data
+    type, stack trace, device): op_index orders ops by first execution (then name, direction, nth); Op IDs
+    count per type in execution order. Returns (ops, op_index of each row of `groups`)."""
+    order = np.lexsort((groups["nth"].to_numpy(np.int64), groups["direction"].to_numpy(dtype=object).astype(str),
+                        groups["name"].to_numpy(dtype=object).astype(str),
+                        groups["first_start"].to_numpy(np.int64)))
     rank = np.empty(order.size, dtype=np.int64)
     rank[order] = np.arange(order.size)
-    op_index = rank[codes]
-    inst["op_index"] = op_index
-    first = first[order]
-    ops = make_frame({"op_index": np.arange(first.size, dtype=np.int64), "domain": domain,
-                      "name": names[first], "direction": directions[first],
-                      "op_type": inst["op_type"].to_numpy(dtype=object)[first],
-                      "label": inst["label"].to_numpy(dtype=object)[first],
-                      "first_start": inst["start"].to_numpy(np.int64)[first],
-                      "kind": inst["kind"].to_numpy()[first],
-                      "n_instances": np.bincount(op_index, minlength=first.size),
-                      "data_type": _first_given(inst["data_type"].to_numpy(dtype=object), op_index, by_time,
-                                                first.size),
-                      "stack_trace": _first_given(inst["stack_trace"].to_numpy(dtype=object), op_index, by_time,
-                                                  first.size)})
-    dev = pd.DataFrame({"op_index": op_index, "device_id": inst["device_id"].to_numpy()})
-    dev = dev[dev["device_id"] >= 0].groupby(["op_index", "device_id"]).size().reset_index(name="c")
-    dev = dev.sort_values(["op_index", "c", "device_id"], ascending=[True, False, True]).drop_duplicates("op_index")
-    ops["device_id"] = pd.Series(dev["device_id"].to_numpy(), index=dev["op_index"].to_numpy()).reindex(
-        ops["op_index"]).fillna(-1).to_numpy(np.int64)
+    ops = groups.iloc[order].reset_index(drop=True)
+    ops.insert(0, "op_index", np.arange(len(ops), dtype=np.int64))
+    ops.insert(1, "domain", domain)
     unassociated = ops["kind"].isin([UNASSOCIATED_API, UNASSOCIATED_GPU]).to_numpy()
     eligible = {(t, lb): op_tc_eligible(str(t), str(lb), family) for t, lb in
                 set(zip(ops["op_type"].to_numpy(dtype=object), ops["label"].to_numpy(dtype=object)))}
@@ -872,7 +1014,7 @@ def op_table(inst: pd.DataFrame, domain: str, family: str | None) -> pd.DataFram
     ordinal = ops.groupby(type_key.to_numpy(), sort=False).cumcount().to_numpy() + 1
     ops["op_id"] = obj(type_key.to_numpy(dtype=object) + "_" + pd.Series(ordinal).astype(str).to_numpy(dtype=object),
                        ops.index)
-    return ops[OP_COLUMNS + ["label", "kind"]].reset_index(drop=True)
+    return ops[OP_COLUMNS + ["label", "kind"]].reset_index(drop=True), rank
 
 
 def _first_given(values: np.ndarray, groups: np.ndarray, by_time: np.ndarray, n_groups: int) -> np.ndarray:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import re
 import socket
 import sqlite3
 import threading
@@ -182,6 +183,8 @@ def _insert(con: sqlite3.Connection, table: str, frame: pd.DataFrame, columns: l
     con.executemany(f'INSERT INTO {table} ({quoted}) VALUES ({", ".join("?" * len(names))})',
                     _rows(frame, columns))
 
+
+OPTIONAL_TABLES = {"read_only_range_labels"}   # databases written before it existed still load
 
 RAW_INDEXES = """
 CREATE INDEX idx_instances_op ON read_only_op_instances(domain_id, op_index, start);
@@ -537,6 +540,10 @@ def load_model(path: Path):
     from dlprof_profiler.sqlite_source import SqliteSource
     src = SqliteSource(path, immutable=False)
     try:
+        missing = sorted(set(re.findall(r"CREATE TABLE (\w+)", SCHEMA)) - OPTIONAL_TABLES - src.tables)
+        if missing:
+            raise DLProfError(f"{path}: damaged DLProf database: table{'s' if len(missing) > 1 else ''} "
+                              f"{', '.join(missing)} missing")
         version = src.query_scalar("SELECT current_version FROM db_version")
         if str(version).split(".")[0] != DB_SCHEMA_VERSION.split(".")[0]:
             raise DLProfError(f"{path}: DLProf database schema {version} is not supported by this dlprof "

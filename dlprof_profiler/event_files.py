@@ -1,5 +1,6 @@
 """TensorBoard event files: one run directory per profile, tagged for the `dlprof` plugin, plus
-per-iteration scalars that show in the SCALARS tab. Written without TensorFlow."""
+per-iteration scalars that show in the SCALARS tab and the op hierarchy as a graph with its op times for the
+GRAPHS tab (graph_events). Written without TensorFlow."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,8 @@ from pathlib import Path
 
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
+
+from dlprof_profiler.graph_events import RUN_METADATA_TAG
 
 
 PLUGIN_NAME = "dlprof"
@@ -55,12 +58,20 @@ def event_file_name() -> str:
     return f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}{EVENT_SUFFIX}"
 
 
-def write_event_file(path: Path, metadata: dict, iterations) -> Path:
-    """Write a run's event file; `iterations` is the aggregation's iteration table (one scalar step each)."""
+def write_event_file(path: Path, metadata: dict, iterations, graph=None) -> Path:
+    """Write a run's event file; `iterations` is the aggregation's iteration table (one scalar step each);
+    `graph` an optional pair of serialized GraphDef and RunMetadata (graph_events.op_graph) for the GRAPHS tab."""
     now = time.time()
+    if graph is not None:
+        metadata = dict(metadata, graph=True)   # the viewer names the GRAPHS node of an op
     with open(path, "wb") as fh:
         writer = RecordWriter(fh)
         writer.write(event_pb2.Event(wall_time=now, file_version="brain.Event:2").SerializeToString())
+        if graph is not None:
+            graph_def, run_metadata = graph
+            writer.write(event_pb2.Event(wall_time=now, step=0, graph_def=graph_def).SerializeToString())
+            tagged = event_pb2.TaggedRunMetadata(tag=RUN_METADATA_TAG, run_metadata=run_metadata)
+            writer.write(event_pb2.Event(wall_time=now, step=0, tagged_run_metadata=tagged).SerializeToString())
         writer.write(event_pb2.Event(wall_time=now, step=0, summary=summary_pb2.Summary(
             value=[_profile_summary(metadata)])).SerializeToString())
         for row in iterations.itertuples(index=False):

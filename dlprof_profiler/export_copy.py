@@ -19,6 +19,10 @@ def _col(src: SqliteSource, table: str, name: str, default: str = "-1", alias: s
     return f'coalesce({alias}."{name}", {default})' if name in src.columns(table) else default
 
 
+# Rows sanitize.py drops (a time missing, or the end before the start) are not copied either, so ids match.
+VALID_TIMES = "t.start IS NOT NULL AND t.end IS NOT NULL AND t.end >= t.start"
+
+
 def attach(con: sqlite3.Connection, export: Path) -> None:
     con.execute(f"ATTACH DATABASE ? AS {SRC}", (f"{Path(export).resolve().as_uri()}?mode=ro&immutable=1",))
 
@@ -57,7 +61,7 @@ def copy_api_calls(con: sqlite3.Connection, src: SqliteSource) -> None:
         SELECT ROW_NUMBER() OVER (ORDER BY t.start, t.rowid) - 1, s.value, t.start, t.end, coalesce(t.globalTid, 0),
                {PID.format(g='t.globalTid')}, coalesce(t.correlationId, -1), coalesce(t.eventClass, 0),
                {_col(src, t, 'returnValue', '0')}
-        FROM {SRC}.{t} t LEFT JOIN {SRC}.StringIds s ON s.id = t.nameId""")
+        FROM {SRC}.{t} t LEFT JOIN {SRC}.StringIds s ON s.id = t.nameId WHERE {VALID_TIMES}""")
 
 
 def copy_gpu_activities(con: sqlite3.Connection, src: SqliteSource) -> None:
@@ -93,16 +97,16 @@ def copy_gpu_activities(con: sqlite3.Connection, src: SqliteSource) -> None:
         name = f"coalesce({'ss.value, ' if short else ''}{'sl.value, ' if long else ''}'<unknown kernel>')"
         long_name = f"coalesce({'sl.value, ' if long else ''}{'ss.value, ' if short else ''}'<unknown kernel>')"
         selects.append(f"SELECT {fields(kt, KERNEL_SOURCE_COLUMNS, KIND_KERNEL, name, long_name)} "
-                       f"FROM {SRC}.{kt} t {joins}")
+                       f"FROM {SRC}.{kt} t {joins} WHERE {VALID_TIMES}")
     if src.has(mt):
         cases = " ".join(f"WHEN {k} THEN '{v}'" for k, v in COPY_KIND_LABELS.items())
         label = f"CASE {_col(src, mt, 'copyKind', '0')} {cases} ELSE '{COPY_KIND_LABELS[0]}' END"
         selects.append(f"SELECT {fields(mt, MEMORY_SOURCE_COLUMNS + ['copyKind', 'srcKind', 'dstKind'], KIND_MEMCPY, label, label)} "
-                       f"FROM {SRC}.{mt} t")
+                       f"FROM {SRC}.{mt} t WHERE {VALID_TIMES}")
     if src.has(st):
         label = f"'{MEMSET_LABEL}'"
         selects.append(f"SELECT {fields(st, MEMORY_SOURCE_COLUMNS + ['memKind'], KIND_MEMSET, label, label)} "
-                       f"FROM {SRC}.{st} t")
+                       f"FROM {SRC}.{st} t WHERE {VALID_TIMES}")
     if not selects:
         return
     columns = [c for c in GPU_COLUMNS if c != "activity_id"]

@@ -16,8 +16,8 @@ import pyarrow.compute as pc
 from dlprof_profiler import log
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.sqlite_source import SqliteSource
-from dlprof_profiler.trace import (DEFAULT_DOMAIN, GPU_COLUMNS, KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, Trace,
-                                   pid_of, tid_of)
+from dlprof_profiler.trace import (DEFAULT_DOMAIN, GPU_COLUMNS, KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, MISSING_TIME,
+                                   Trace, pid_of, tid_of)
 
 NVTX_RANGE_TYPES = (59, 60, 70, 71)
 NVTX_DOMAIN_CREATE = 75
@@ -35,6 +35,8 @@ IO_CALLS = ("read", "write", "fread", "fwrite", "pread", "pread64", "pwrite", "p
             "fopen", "fclose", "fopen64")
 KNOWN_NSYS_TABLES = ("StringIds", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL",
                      "TARGET_INFO_GPU", "ThreadNames", "TARGET_INFO_SYSTEM_ENV")
+
+NAMED_BY_STRING_IDS = ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL")
 
 
 class StringTable:
@@ -89,6 +91,9 @@ def read_nsys_export(path: Path) -> Trace:
         if not any(src.has(t) for t in KNOWN_NSYS_TABLES):
             raise DLProfError(f"{path}: not an Nsight Systems export or DLProf database "
                               "(none of the nsys tables StringIds, NVTX_EVENTS, CUPTI_ACTIVITY_KIND_* found)")
+        if not src.has("StringIds") and any(src.has(t) for t in NAMED_BY_STRING_IDS):
+            raise DLProfError(f"{path}: damaged Nsight Systems export: the StringIds table, which names its "
+                              "events, is missing")
         strings = StringTable(src)
         trace = Trace(source=Path(path))
         trace.meta = read_meta(src)
@@ -202,7 +207,8 @@ def read_api_calls(src: SqliteSource, strings: StringTable) -> pd.DataFrame:
     names = ["start", "end", "global_tid", "correlation_id", "name_id", "event_class", "return_value"]
     if src.has(table):
         cols = src.int_columns(
-            f"SELECT start, end, coalesce(globalTid, 0), coalesce(correlationId, -1), nameId, "
+            f"SELECT coalesce(start, {MISSING_TIME}), coalesce(end, {MISSING_TIME}), coalesce(globalTid, 0), "
+            f"coalesce(correlationId, -1), coalesce(nameId, -1), "
             f"coalesce(eventClass, 0), coalesce({src.col(table, 'returnValue', '0')}, 0) "
             f"FROM {table} ORDER BY start, rowid", names)
     else:
@@ -216,6 +222,8 @@ def read_api_calls(src: SqliteSource, strings: StringTable) -> pd.DataFrame:
 
 
 def _int_col(src: SqliteSource, table: str, name: str, default: str = "-1") -> str:
+    if name in ("start", "end"):
+        default = str(MISSING_TIME)   # a NULL time is damage, dropped by sanitize.py
     if name in src.columns(table):
         return f'coalesce("{name}", {default})'
     return default
@@ -391,7 +399,7 @@ def read_ranges(src: SqliteSource, strings: StringTable, capture_end: int) -> pd
     types = ",".join(map(str, NVTX_RANGE_TYPES + (NVTX_DOMAIN_CREATE,)))
     where = f"FROM {t} WHERE eventType IN ({types}) ORDER BY rowid"
     cols = src.int_columns(
-        f"SELECT rowid, eventType, start, coalesce(end, -1), coalesce(globalTid, 0), "
+        f"SELECT rowid, eventType, coalesce(start, {MISSING_TIME}), coalesce(end, -1), coalesce(globalTid, 0), "
         f"{_int_col(src, t, 'domainId', '0')}, {_int_col(src, t, 'textId')} {where}",
         ["range_id", "event_type", "start", "end", "global_tid", "domain_id", "text_id"])
     if len(cols["range_id"]) == 0:
@@ -411,7 +419,7 @@ def read_ranges(src: SqliteSource, strings: StringTable, capture_end: int) -> pd
     end, start = cols["end"], cols["start"]
     unclosed = end < 0
     end = np.where(unclosed, np.maximum(capture_end, start), end)
-    keep = ~create & (end >= start)
+    keep = ~create   # ranges ending before they start are dropped (and counted) by sanitize.py
     everything = bool(keep.all())
     sel = None if everything else np.flatnonzero(keep)
 

@@ -10,19 +10,21 @@ import pandas as pd
 from dlprof_profiler import nvtx_markers as nm
 from dlprof_profiler.errors import DLProfError
 
-_NUMBER_SUFFIX = re.compile(r"#\d+$")
+NUMBER_SUFFIX = re.compile(r"#\d+$")
 _TF_GLOBAL_STEP = re.compile(r"(?:^|/)global_step(?:/|$)")
 
 
 @dataclass
 class Iterations:
-    """N key-node ends give N + 1 intervals [0, s1), [s1, s2), ..., [sN, profile end)."""
+    """N key-node ends give N + 1 intervals [t0, s1), [s1, s2), ..., [sN, profile end), t0 being the first
+    recorded event (the start of data collection, not the session's start: DESIGN.md "Iterations")."""
 
     key_node: str | None      # what was looked for ('' when nothing could be looked for)
     found: bool
     source: str               # 'user', 'default' or 'none'
     boundaries: np.ndarray    # s1 < s2 < ... < sN
     profile_end: int
+    profile_start: int = 0
 
     @property
     def count(self) -> int:
@@ -30,7 +32,8 @@ class Iterations:
 
     @property
     def starts(self) -> np.ndarray:
-        return np.concatenate([[0], self.boundaries]).astype(np.int64)
+        first = min(self.profile_start, int(self.boundaries[0])) if len(self.boundaries) else self.profile_start
+        return np.concatenate([[first], self.boundaries]).astype(np.int64)
 
     @property
     def ends(self) -> np.ndarray:
@@ -50,23 +53,23 @@ def key_node_instances(ranges: pd.DataFrame, info: pd.DataFrame, key: str,
     if len(ranges):
         hit = (ranges["text"] == key).to_numpy(dtype=bool) | (info["label"].to_numpy(dtype=object) == key)
         if hit.any():
-            return _outermost(ranges.loc[hit, cols])
+            return outermost(ranges.loc[hit, cols])
     if op_instances is not None and len(op_instances):
         hit = (op_instances["name"].to_numpy(dtype=object) == key) | \
               (op_instances["op_id"].to_numpy(dtype=object) == key)
         if hit.any():
-            return _outermost(op_instances.loc[hit, cols])
+            return outermost(op_instances.loc[hit, cols])
     if len(ranges):
         # per distinct label: the labels of millions of ranges share a few thousand string objects
         stripped = nm.per_unique(info["label"].to_numpy(dtype=object),
-                                 lambda t: _NUMBER_SUFFIX.sub("", t) if isinstance(t, str) else t)
-        hit = stripped == _NUMBER_SUFFIX.sub("", key)
+                                 lambda t: NUMBER_SUFFIX.sub("", t) if isinstance(t, str) else t)
+        hit = stripped == NUMBER_SUFFIX.sub("", key)
         if hit.any():
-            return _outermost(ranges.loc[hit, cols])
+            return outermost(ranges.loc[hit, cols])
     return pd.DataFrame({c: pd.Series(dtype="int64") for c in cols})
 
 
-def _outermost(frame: pd.DataFrame) -> pd.DataFrame:
+def outermost(frame: pd.DataFrame) -> pd.DataFrame:
     """Drop matches nested inside another match on the same thread (a key node counts once)."""
     frame = frame.sort_values(["global_tid", "start", "end"], ascending=[True, True, False], kind="stable")
     reach = frame.groupby("global_tid", sort=False)["end"].cummax()
@@ -79,28 +82,37 @@ def default_key_node(ranges: pd.DataFrame, info: pd.DataFrame, family: str | Non
     """The framework's default key node present in the profile, if any."""
     if len(ranges) == 0:
         return None
-    labels = pd.Series(info["label"].to_numpy(dtype=object))
-    kinds = info["kind"].to_numpy()
+    labels = pd.DataFrame({"label": info["label"].to_numpy(dtype=object), "kind": info["kind"].to_numpy()})
+    counts = labels.groupby(["label", "kind"], dropna=True).size().reset_index(name="num_ranges")
+    return default_key_node_of_labels(counts, family)
+
+
+def default_key_node_of_labels(labels: pd.DataFrame, family: str | None) -> str | None:
+    """The default key node from a table of range labels (label, kind, num_ranges)."""
+    if len(labels) == 0:
+        return None
+    counts = labels.groupby(["label", "kind"], dropna=True)["num_ranges"].sum().reset_index()
+    text = counts["label"].astype(str)
+    kinds = counts["kind"].to_numpy()
+
+    def most_frequent(mask) -> str:
+        per_label = counts[mask].groupby("label")["num_ranges"].sum()
+        top = per_label[per_label == per_label.max()].index
+        return str(sorted(top)[0])
     if family == "pytorch":
-        hit = labels.str.contains(r"^Optimizer\.step#", regex=True).to_numpy(dtype=bool)
+        hit = text.str.contains(r"^Optimizer\.step#", regex=True).to_numpy(dtype=bool)
         if hit.any():
-            return _most_frequent(labels[hit])
-        if labels.str.contains(r"^ProfilerStep#\d+$", regex=True).any():
+            return most_frequent(hit)
+        if text.str.contains(r"^ProfilerStep#\d+$", regex=True).any():
             return "ProfilerStep"  # matches every ProfilerStep#N through the counter-stripped label
         return None
     if family == "tensorflow":
-        hit = (kinds == nm.TF_OP) & labels.str.contains(_TF_GLOBAL_STEP).to_numpy(dtype=bool)
-        return _most_frequent(labels[hit]) if hit.any() else None
+        hit = (kinds == nm.TF_OP) & text.str.contains(_TF_GLOBAL_STEP).to_numpy(dtype=bool)
+        return most_frequent(hit) if hit.any() else None
     if family == "tensorrt":
-        hit = labels.str.contains(r"^ExecutionContext::(?:execute|enqueue)", regex=True).to_numpy(dtype=bool)
-        return _most_frequent(labels[hit]) if hit.any() else None
+        hit = text.str.contains(r"^ExecutionContext::(?:execute|enqueue)", regex=True).to_numpy(dtype=bool)
+        return most_frequent(hit) if hit.any() else None
     return None
-
-
-def _most_frequent(values: pd.Series) -> str:
-    counts = values.value_counts()
-    top = counts[counts == counts.max()].index
-    return str(sorted(top)[0])
 
 
 def boundaries_from_instances(instances: pd.DataFrame, thread_device: dict, process_device: dict) -> np.ndarray:
@@ -122,7 +134,7 @@ def boundaries_from_instances(instances: pd.DataFrame, thread_device: dict, proc
 
 
 def split_iterations(ranges: pd.DataFrame, info: pd.DataFrame, family: str | None, key_node: str | None,
-                     thread_device: dict, process_device: dict, profile_end: int,
+                     thread_device: dict, process_device: dict, profile_end: int, profile_start: int = 0,
                      op_instances: pd.DataFrame | None = None, preferred: str | None = None) -> Iterations:
     """Iteration intervals for a user key node, else the default the input format prefers (`preferred`:
     ProfilerStep for torch.profiler traces, whose steps the user marked), else the framework default,
@@ -134,22 +146,22 @@ def split_iterations(ranges: pd.DataFrame, info: pd.DataFrame, family: str | Non
         source = "default" if key else "none"
     if not key:
         return Iterations(key_node="", found=False, source="none", boundaries=np.zeros(0, dtype=np.int64),
-                          profile_end=profile_end)
+                          profile_end=profile_end, profile_start=profile_start)
     found = key_node_instances(ranges, info, key, op_instances)
     bounds = boundaries_from_instances(found, thread_device, process_device)
     return Iterations(key_node=key, found=len(found) > 0, source=source, boundaries=bounds,
-                      profile_end=profile_end)
+                      profile_end=profile_end, profile_start=profile_start)
 
 
 def naming_iterations(iterations: Iterations, ranges: pd.DataFrame, info: pd.DataFrame, family: str | None,
-                      thread_device: dict, process_device: dict, profile_end: int,
+                      thread_device: dict, process_device: dict, profile_end: int, profile_start: int = 0,
                       preferred: str | None = None) -> Iterations:
     """The iterations top-level op names are numbered by: the key node's, else the default key node's (a
     key node given as an op name or Op ID exists only once ops are named)."""
     if iterations.found or iterations.source != "user":
         return iterations
     return split_iterations(ranges, info, family, None, thread_device, process_device, profile_end,
-                            preferred=preferred)
+                            profile_start, preferred=preferred)
 
 
 def select_range(iterations: Iterations, iter_start: int | None, iter_stop: int | None,

@@ -18,7 +18,8 @@ TIME_MIN = -(1 << 62)
 TIME_MAX = 1 << 62
 
 INSTANCE_FIELDS = ["instance_id", "op_index", "kind", "start", "end", "pid", "global_tid", "device_id", "cpu_time",
-                   "cpu_overhead", "gpu_time", "gpu_idle", "n_kernels"]
+                   "cpu_overhead", "gpu_time", "gpu_idle", "n_kernels", "is_call", "call_cpu_time", "call_cpu_overhead",
+                   "call_gpu_time", "call_gpu_idle", "call_n_kernels"]
 ACTIVITY_FIELDS = ["activity_id", "kind", "name_code", "start", "end", "device_id", "pid", "launch", "api_id",
                    "api_duration", "uses_tc", "owner", "owner_op", "owner_start"]
 

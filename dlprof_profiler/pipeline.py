@@ -11,11 +11,12 @@ from pathlib import Path
 
 from dlprof_profiler import __version__, log
 from dlprof_profiler import correlate as corr_mod
-from dlprof_profiler import database, event_files, ingest, reports
+from dlprof_profiler import database, event_files, graph_events, ingest, reports
 from dlprof_profiler.analysis import (Analysis, AnalysisConfig, analyze, key_node_from_ops, reaggregation_iterations,
                                       reanalyze)
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.outputs import Staging, prepare_output_dir, refuse_existing
+from dlprof_profiler.sanitize import sanitize_trace
 from dlprof_profiler.sqlite_source import check_sqlite_file
 
 
@@ -59,7 +60,7 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
     out_dir = prepare_output_dir(Path(args.output_path))
     refuse_existing(planned_outputs(args), args.force)
     with log.stage(f"Reading {source}"):
-        trace = ingest.read_trace(source)
+        trace = sanitize_trace(ingest.read_trace(source))   # the one place rows of impossible times are dropped
     kineto = trace.meta.get("source_format") == "kineto"
     log.info(f"  {len(trace.ranges):,} {'op and annotation' if kineto else 'NVTX'} ranges, "
              f"{len(trace.api_calls):,} CUDA API calls, {len(trace.gpu):,} GPU activities, {len(trace.devices)} "
@@ -93,7 +94,7 @@ def _profile_info(args, source, trace, corr, capture) -> dict:
             "nsys_version": trace.meta.get("nsys_version"), "key_node_default": trace.meta.get("key_node_default"),
             "schema_version": trace.meta.get("schema_version"), "mode": corr.mode, "family": corr.family or "",
             "dlprof_version": __version__, "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "profile_end": trace.profile_end, "base_name": args.base_name}
+            "profile_start": trace.profile_start, "profile_end": trace.profile_end, "base_name": args.base_name}
     if capture:
         info["capture"] = capture
     return info
@@ -127,13 +128,14 @@ def _write_outputs(args, out_dir: Path, source: Path, result: Analysis, profile:
                           "nsys_version": trace.meta.get("nsys_version"), "dlprof_version": __version__,
                           "source_file": str(source)}
             event_files.write_event_file(staging.path(run_dir / event_files.event_file_name()), event_meta,
-                                         aggregations[primary].iterations)
+                                         aggregations[primary].iterations,
+                                         graph=graph_events.op_graph(corr.domains[primary], aggregations[primary]))
         staging.commit()
     except BaseException:
         staging.discard_after(writer)
         raise
     _print_summary(aggregations[primary], db_final, written_reports)
-    _print_findings(findings.get(primary, []), db_final)
+    _print_findings(findings.get(primary, []), db_final, args.profile_name, _run_options(args))
     log.info(f"Done in {time.perf_counter() - started:.1f} s")
     return 0
 
@@ -187,7 +189,21 @@ def _dump_model(path: Path, corr) -> None:
     path.write_text(json.dumps(doc), encoding="utf-8")
 
 
-def _print_findings(findings: list[dict], db_path: Path) -> None:
+def _run_options(args) -> list[str]:
+    """The options of this run that a command updating it must repeat (its reports, formats, domain)."""
+    from dlprof_profiler.cli import DEFAULT_REPORTS
+    options = []
+    if list(args.reports) != list(DEFAULT_REPORTS):
+        options.append("--reports=" + ",".join(args.reports))
+    if list(args.formats) != ["csv"]:
+        options.append("--formats=" + ",".join(args.formats))
+    if args.domain:
+        options.append(f"--domain={args.domain}")
+    return options
+
+
+def _print_findings(findings: list[dict], db_path: Path, profile_name: str | None = None,
+                    options: tuple | list = ()) -> None:
     """The expert systems' problems and what to change, with the command that applies a proposal."""
     from dlprof_profiler.expert_systems import render_command
     if not findings:
@@ -197,7 +213,7 @@ def _print_findings(findings: list[dict], db_path: Path) -> None:
     for f in findings:
         log.info(f"  [{f.get('severity', 'info')}] {f.get('problem', '')}")
         log.info(f"      -> {f.get('recommendation', '')}")
-        command = render_command(f.get("action"), db_path)
+        command = render_command(f.get("action"), db_path, profile_name, options)
         if command:
             log.info(f"      apply with: {command}")
 
@@ -218,13 +234,16 @@ def _print_summary(agg, db_path: Path, written: list[Path]) -> None:
 
 def reaggregate_database(source: Path, args: Namespace) -> int:
     """`dlprof --database=dlprof_dldb.sqlite`: a new aggregation (key node, iteration range) and new reports;
-    the input database is copied, never modified."""
+    the input database is copied, never modified, except when the output database is the input (the run's
+    own folder, with --force): that run is updated, its database replaced by the copy with the new
+    aggregation appended."""
     started = time.perf_counter()
     out_dir = prepare_output_dir(Path(args.output_path))
-    if database_path(args).resolve() == source.resolve():
-        raise DLProfError(f"{source}: the output database would replace the input; choose another --output_path "
-                          "or --base_name (the input is never modified)", exit_code=2)
     refuse_existing(planned_outputs(args), args.force)
+    if database_path(args).resolve() == source.resolve():
+        # the run's own folder and names (the command the expert systems propose): update that run
+        log.info(f"{source}: updating this run: its database gets a new aggregation (earlier ones are kept); "
+                 "its reports and event file are replaced")
     with log.stage(f"Reading DLProf database {source}"):
         trace, corr, profile, domain_ids, offsets = database.load_model(source)
     if args.mode and args.mode != corr.mode:

@@ -1,19 +1,22 @@
 """Reports in DLProf 1.8's files, sections, columns and value formats (reference/dlprof_outputs.md), as CSV
-and JSON. Tables are formatted column by column, never row by row in Python."""
+and JSON: the layout of each report. Values are formatted and written by `report_format`, column by column
+and a chunk of rows at a time; the per-launch iteration report is built chunk by chunk from kernel-launch
+rows (integer columns and codes into string dictionaries), so it can be streamed in final row order."""
 from __future__ import annotations
 
-import json
-import re
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from dlprof_profiler import __version__
-from dlprof_profiler.aggregate import Aggregation, with_launch_details
+from dlprof_profiler import __version__, report_format
+from dlprof_profiler.aggregate import Aggregation
 from dlprof_profiler.atomic import atomic_path
+from dlprof_profiler.report_format import SectionWriters, Table
 
 REPORT_FILES = {
     "summary": "summary", "detail": "detailed", "iteration": "iteration", "kernel": "kernel",
@@ -21,23 +24,7 @@ REPORT_FILES = {
 }
 SIMPLE_MODE_REPORTS = ("summary", "kernel")
 
-# Column formats: q = always-quoted text, t = bare text (quoted only when CSV needs it), i = integer,
-# a = average (one decimal), p = percentage (one decimal), y = yes/no.
 STAT_HEADERS = ["Total {m} (ns)", "Avg. {m} (ns)", "Min {m} (ns)", "Max {m} (ns)"]
-
-
-@dataclass
-class Table:
-    title: str
-    columns: list[str]
-    formats: list[str]
-    data: dict                        # column name -> array-like
-    header_prefix: str = ""           # the summary's `,GPU Time (ns),...` headers start with an empty cell
-    bare: bool = False                # summary: nothing quoted
-
-    @property
-    def n_rows(self) -> int:
-        return len(next(iter(self.data.values()))) if self.data else 0
 
 
 @dataclass
@@ -46,114 +33,23 @@ class Report:
     sections: list[Table] = field(default_factory=list)
 
 
-# ---------------------------------------------------------------------------- value formatting
-
-_NEEDS_QUOTES = re.compile(r'[",\n\r]')
-
-
-def _quote(values: pd.Series) -> pd.Series:
-    return '"' + values.str.replace('"', '""', regex=False) + '"'
-
-
-def _format_column(values, fmt: str, bare: bool) -> pd.Series:
-    s = pd.Series(values).reset_index(drop=True)
-    if fmt == "i":
-        out = pd.Series(pd.to_numeric(s, errors="coerce").fillna(0).round().astype(np.int64).astype(str))
-    elif fmt in ("a", "p"):
-        nums = pd.to_numeric(s, errors="coerce").fillna(0.0).astype(np.float64).round(1)
-        out = nums.map("{:.1f}".format)
-    elif fmt == "y":
-        out = pd.Series(np.where(s.fillna(False).astype(bool).to_numpy(), "yes", "no"))
-    else:
-        text = s.astype(object).where(s.notna(), "").astype(str)
-        if fmt == "q" and not bare:
-            out = _quote(text)
-        else:
-            needs = text.str.contains(_NEEDS_QUOTES)
-            out = text.where(~needs, _quote(text))
-    return out.astype(object)
-
-
-CHUNK_ROWS = 100_000  # rows formatted at a time: a per-launch report of 10^6 rows stays in bounded memory
-
-
-def _slice(table: Table, lo: int, hi: int) -> dict:
-    return {c: pd.Series(table.data[c]).iloc[lo:hi] for c in table.columns}
-
-
-def write_table_csv(fh, table: Table) -> None:
-    """One titled section; rows are formatted column-wise, a chunk of rows at a time."""
-    fh.write(table.title + "\n")
-    if table.header_prefix is not None:
-        fh.write(table.header_prefix + ",".join(_format_column(pd.Series(table.columns, dtype=object), "t", True))
-                 + "\n")
-    for lo in range(0, table.n_rows, CHUNK_ROWS):
-        data = _slice(table, lo, lo + CHUNK_ROWS)
-        cols = [_format_column(data[c], f, table.bare) for c, f in zip(table.columns, table.formats)]
-        joined = cols[0]
-        for col in cols[1:]:
-            joined = joined + "," + col
-        fh.write("\n".join(joined.tolist()) + "\n")
-
-
-def _json_value_column(values, fmt: str) -> list:
-    s = pd.Series(values).reset_index(drop=True)
-    if fmt == "i":
-        return pd.to_numeric(s, errors="coerce").fillna(0).round().astype(np.int64).tolist()
-    if fmt in ("a", "p"):
-        return pd.to_numeric(s, errors="coerce").fillna(0.0).astype(np.float64).round(1).tolist()
-    if fmt == "y":
-        return np.where(s.fillna(False).astype(bool).to_numpy(), "yes", "no").tolist()
-    return s.astype(object).where(s.notna(), "").astype(str).tolist()
-
-
-def write_table_json(fh, table: Table) -> None:
-    """{"title", "columns", "rows"} with the rows streamed a chunk at a time."""
-    fh.write('{"title": ' + json.dumps(table.title) + ', "columns": ' + json.dumps(table.columns)
-             + ', "rows": [')
-    first = True
-    for lo in range(0, table.n_rows, CHUNK_ROWS):
-        data = _slice(table, lo, lo + CHUNK_ROWS)
-        cols = [_json_value_column(data[c], f) for c, f in zip(table.columns, table.formats)]
-        rows = json.dumps(list(zip(*cols)), default=_json_default)[1:-1]  # tuples dump as arrays, in C
-        if rows:
-            fh.write(("" if first else ",") + rows)
-            first = False
-    fh.write("]}")
-
-
 def write_report(report: Report, out_dir: Path, base_name: str, formats: list[str], suffix: str = "",
                  place=None) -> list[Path]:
-    """Write one report in each format; `place(final_path)` gives where to write (staging), default in place."""
+    """Write one report in each format, every format in one pass over the rows; `place(final_path)` gives
+    where to write (staging), default a temporary file renamed into place."""
     stem = f"{base_name}_{REPORT_FILES[report.name]}{suffix}"
-    written = []
-    for fmt in formats:
-        final = out_dir / f"{stem}.{fmt}"
-        target_ctx = atomic_path(final) if place is None else nullcontext(place(final))
-        with target_ctx as target, open(target, "w", encoding="utf-8", newline="") as fh:
-            if fmt == "csv":
-                for i, table in enumerate(report.sections):
-                    if i:
-                        fh.write("\n")
-                    write_table_csv(fh, table)
-            else:
-                fh.write('{"report": ' + json.dumps(report.name) + ', "dlprof_version": '
-                         + json.dumps(__version__) + ', "sections": [')
-                for i, table in enumerate(report.sections):
-                    if i:
-                        fh.write(",\n")
-                    write_table_json(fh, table)
-                fh.write("]}\n")
-        written.append(final)
-    return written
-
-
-def _json_default(value):
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.floating,)):
-        return float(value)
-    return str(value)
+    finals = {fmt: out_dir / f"{stem}.{fmt}" for fmt in formats}
+    with ExitStack() as stack:
+        files = {}
+        for fmt, final in finals.items():
+            target = stack.enter_context(atomic_path(final) if place is None else nullcontext(place(final)))
+            files[fmt] = stack.enter_context(open(target, "wb"))
+        out = SectionWriters(files, report.name, __version__)
+        out.begin()
+        for table in report.sections:
+            out.table(table)
+        out.end()
+    return list(finals.values())
 
 
 def report_paths(out_dir: Path, base_name: str, reports: list[str], formats: list[str], suffix: str = "") -> list[Path]:
@@ -244,49 +140,218 @@ def _headerless(table: Table) -> Table:
     return table
 
 
-def detailed_report(agg: Aggregation) -> Report:
+def detailed_report(agg: Aggregation, instances: pd.DataFrame | None = None) -> Report:
+    """DLProf 1.8's columns, then Input Shapes (the input shapes of each op's first call; needs `instances`)."""
     ops = agg.ops.sort_values("op_id", kind="stable") if len(agg.ops) else agg.ops
     columns = (["Op ID", "Op Name", "Direction", "Op Type", "No. Calls", "TC Eligible", "Using TC"]
                + _stat_columns("CPU Time") + _stat_columns("GPU Time") + _stat_columns("CPU Overhead")
-               + _stat_columns("GPU Idle") + ["Data Type", "Stack Trace"])
-    formats = ["q", "q", "t", "q", "i", "y", "y"] + ["i", "a", "i", "i"] * 4 + ["t", "q"]
+               + _stat_columns("GPU Idle") + ["Data Type", "Stack Trace", "Input Shapes"])
+    formats = ["q", "q", "t", "q", "i", "y", "y"] + ["i", "a", "i", "i"] * 4 + ["t", "q", "q"]
     data = {"Op ID": ops["op_id"], "Op Name": ops["name"], "Direction": ops["direction"],
             "Op Type": ops["op_type"], "No. Calls": ops["calls"], "TC Eligible": ops["tc_eligible"],
             "Using TC": ops["using_tc"], **_stats_data(ops, "cpu", "CPU Time"), **_stats_data(ops, "gpu", "GPU Time"),
             **_stats_data(ops, "overhead", "CPU Overhead"), **_stats_data(ops, "idle", "GPU Idle"),
-            "Data Type": ops["data_type"], "Stack Trace": ops["stack_trace"]}
+            "Data Type": ops["data_type"], "Stack Trace": ops["stack_trace"],
+            "Input Shapes": first_call_values(instances, "input_shapes", ops["op_index"] if len(ops) else [])}
     return Report("detail", [Table(aggregation_title(agg), columns, formats, data)])
+
+
+def first_call_values(instances: pd.DataFrame | None, column: str, op_index) -> np.ndarray:
+    """Per op of `op_index`, `column` of its first call (earliest start, then lowest instance id); None where
+    the op has no instance or the call has no value."""
+    op_index = np.asarray(op_index, dtype=np.int64)
+    out = np.full(op_index.size, None, dtype=object)
+    if instances is None or len(instances) == 0 or column not in instances or op_index.size == 0:
+        return out
+    ops = instances["op_index"].to_numpy(np.int64)
+    order = np.lexsort((instances["instance_id"].to_numpy(np.int64), instances["start"].to_numpy(np.int64)))
+    ops_in_order = ops[order]
+    first_of_op, first_pos = np.unique(ops_in_order, return_index=True)  # unique keeps the first occurrence
+    values = instances[column].to_numpy(dtype=object)[order[first_pos]]
+    where = np.searchsorted(first_of_op, op_index)
+    found = (where < first_of_op.size) & (first_of_op[np.minimum(where, first_of_op.size - 1)] == op_index)
+    out[found] = values[where[found]]
+    return out
 
 
 def _op_columns(frame: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
     meta = ops.set_index("op_index")[["op_id", "name", "direction", "op_type", "first_start", "data_type"]]
-    return frame.join(meta, on="op_index", rsuffix="_op")
+    return frame.join(meta.rename(columns={c: c + "_op" for c in meta.columns if c in frame.columns}), on="op_index")
+
+
+# ---------------------------------------------------------------------------- the iteration report
+
+ITERATION_COLUMNS = ["Iteration", "Op ID", "Op Name", "Direction", "Op Type", "Kernel Name", "Device ID",
+                     "GPU Start Time (ns)", "GPU Duration (ns)", "API Call Start (ns)", "API Call Time (ns)",
+                     "Uses TC", "Grid X", "Grid Y", "Grid Z", "Block X", "Block Y", "Block Z", "Data Types",
+                     "Input Shapes", "Parameters", "Output Shapes", "Long Kernel Name"]
+ITERATION_FORMATS = ["i", "q", "q", "t", "q", "q", "i", "i", "i", "i", "i", "y", "i", "i", "i", "i", "i", "i", "t",
+                     "q", "q", "q", "q"]
+
+# A chunk of kernel-launch rows, one row per kernel launch in report order, every column an integer (or
+# bool) array of the chunk's length (NumPy or Arrow):
+#   iteration, device_id; gpu_start, gpu_duration (ns); api_start, api_duration (ns, -1 without a launching
+#   API call); uses_tc (bool); grid_x .. block_z;
+#   codes into LaunchDictionaries (-1 or null = none, written as an empty text): op_index (the op columns),
+#   kernel_name, long_kernel_name, and the launching op instance's data_type, input_shapes, parameters,
+#   output_shapes.
+LAUNCH_CODES = ("op_index", "kernel_name", "long_kernel_name", "data_type", "input_shapes", "parameters",
+                "output_shapes")
+LAUNCH_NUMBERS = ("iteration", "device_id", "gpu_start", "gpu_duration", "api_start", "api_duration", "uses_tc",
+                  "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
+LAUNCH_COLUMNS = LAUNCH_NUMBERS + LAUNCH_CODES
+
+
+@dataclass
+class LaunchDictionaries:
+    """The strings the codes of kernel-launch rows point into (Arrow string arrays; several fields may be
+    the same array, e.g. one string table of the engine). Op fields are indexed by op_index."""
+
+    op_id: pa.Array
+    op_name: pa.Array
+    direction: pa.Array
+    op_type: pa.Array
+    kernel_name: pa.Array
+    long_kernel_name: pa.Array
+    data_type: pa.Array
+    input_shapes: pa.Array
+    parameters: pa.Array
+    output_shapes: pa.Array
+
+
+def _codes_array(values) -> pa.Array:
+    """Arrow indices for codes where -1 (or any negative, or null) means none."""
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        values = pc.fill_null(values, -1).to_numpy(zero_copy_only=False)
+    codes = np.asarray(values).astype(np.int64, copy=False)
+    negative = codes < 0
+    return pa.array(codes, mask=negative if negative.any() else None)
+
+
+def launch_report_columns(chunk, dicts: LaunchDictionaries) -> dict:
+    """One chunk of kernel-launch rows (a dict of arrays or an Arrow RecordBatch with LAUNCH_COLUMNS, in
+    report row order) -> the iteration report's columns: numbers as given, text as dictionary arrays over
+    the shared dictionaries (the four op columns share one indices array: formatted once per op)."""
+    if isinstance(chunk, pa.RecordBatch):
+        chunk = {name: chunk.column(name) for name in chunk.schema.names}
+    missing = [c for c in LAUNCH_COLUMNS if c not in chunk]
+    if missing:
+        raise KeyError(f"kernel-launch chunk without column(s) {missing}")
+
+    def coded(indices: pa.Array, dictionary: pa.Array) -> pa.DictionaryArray:
+        return pa.DictionaryArray.from_arrays(indices, dictionary)
+    op = _codes_array(chunk["op_index"])
+    text = {c: _codes_array(chunk[c]) for c in LAUNCH_CODES if c != "op_index"}
+    return {
+        "Iteration": chunk["iteration"], "Op ID": coded(op, dicts.op_id), "Op Name": coded(op, dicts.op_name),
+        "Direction": coded(op, dicts.direction), "Op Type": coded(op, dicts.op_type),
+        "Kernel Name": coded(text["kernel_name"], dicts.kernel_name), "Device ID": chunk["device_id"],
+        "GPU Start Time (ns)": chunk["gpu_start"], "GPU Duration (ns)": chunk["gpu_duration"],
+        "API Call Start (ns)": chunk["api_start"], "API Call Time (ns)": chunk["api_duration"],
+        "Uses TC": chunk["uses_tc"], "Grid X": chunk["grid_x"], "Grid Y": chunk["grid_y"],
+        "Grid Z": chunk["grid_z"], "Block X": chunk["block_x"], "Block Y": chunk["block_y"],
+        "Block Z": chunk["block_z"], "Data Types": coded(text["data_type"], dicts.data_type),
+        "Input Shapes": coded(text["input_shapes"], dicts.input_shapes),
+        "Parameters": coded(text["parameters"], dicts.parameters),
+        "Output Shapes": coded(text["output_shapes"], dicts.output_shapes),
+        "Long Kernel Name": coded(text["long_kernel_name"], dicts.long_kernel_name),
+    }
+
+
+def iteration_report_from_chunks(chunks, dicts: LaunchDictionaries) -> Report:
+    """The iteration report streamed from kernel-launch chunks already in report row order (iteration, op
+    first start, kernel name, GPU start). `chunks`: an iterable of chunks, or a function returning one
+    (then the report can be written more than once)."""
+    def report_chunks():
+        source = chunks() if callable(chunks) else chunks
+        return (launch_report_columns(chunk, dicts) for chunk in source)
+    return Report("iteration", [Table("Iteration Report", ITERATION_COLUMNS, ITERATION_FORMATS,
+                                      chunks=report_chunks if callable(chunks) else report_chunks())])
+
+
+def _string_array(values) -> pa.Array:
+    """Arrow strings of an object array (None/NaN -> null; other non-strings -> their text)."""
+    s = pd.Series(values, dtype=object)
+    s = s.where(s.notna(), None)
+    if pd.api.types.infer_dtype(s.to_numpy(dtype=object), skipna=True) not in ("string", "empty"):
+        s = s.map(lambda v: v if v is None else str(v))
+    return pa.array(s.to_numpy(dtype=object), type=pa.string(), from_pandas=True)
+
+
+def _by_position(index: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
+    out = np.full(size, None, dtype=object)
+    out[index] = values
+    return out
+
+
+def launch_rows(agg: Aggregation, instances: pd.DataFrame, ops: pd.DataFrame, gpu: pd.DataFrame):
+    """Today's frames -> (LaunchDictionaries, number of launch rows, rows_between(lo, hi) giving the
+    kernel-launch chunk of rows lo..hi in report order). Rows are ordered by iteration, the op's first start,
+    the kernel name and the GPU start, ties in launch order; chunks are taken from the frames when asked."""
+    launches = agg.kernel_launches
+    n_ops = int(ops["op_index"].max()) + 1 if len(ops) else 0
+    op_pos = ops["op_index"].to_numpy(np.int64)
+    names = gpu["name"].cat.categories.to_numpy(dtype=object) if len(gpu) else np.zeros(0, dtype=object)
+    long_names = gpu["long_name"].cat.categories.to_numpy(dtype=object) if len(gpu) else np.zeros(0, dtype=object)
+    by_launch = {}     # per launch row, in launch order
+    by_activity = {}   # per gpu activity row
+    instance_text = {}
+    order = np.zeros(0, dtype=np.int64)
+    activity = np.zeros(0, dtype=np.int64)
+    if len(launches):
+        activity = launches["activity_id"].to_numpy(np.int64)  # the gpu row of each launch
+        inst = launches["instance"].to_numpy(np.int64)
+        for c in ("data_type", "input_shapes", "parameters", "output_shapes"):
+            codes, instance_text[c] = pd.factorize(instances[c].to_numpy(dtype=object)[inst], use_na_sentinel=True)
+            by_launch[c] = codes.astype(np.int64)
+        by_activity["long_kernel_name"] = gpu["long_name"].cat.codes.to_numpy(np.int64)
+        for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"):
+            by_activity[c] = gpu[c].to_numpy()
+        by_launch["kernel_name"] = launches["name_code"].to_numpy(np.int64)
+        for c in ("iteration", "op_index", "device_id", "gpu_start", "gpu_duration", "api_start", "api_duration",
+                  "uses_tc"):
+            by_launch[c] = launches[c].to_numpy()
+        order = _report_order(by_launch, ops, n_ops, names)
+    dicts = LaunchDictionaries(
+        op_id=_string_array(_by_position(op_pos, ops["op_id"].to_numpy(dtype=object), n_ops)),
+        op_name=_string_array(_by_position(op_pos, ops["name"].to_numpy(dtype=object), n_ops)),
+        direction=_string_array(_by_position(op_pos, ops["direction"].to_numpy(dtype=object), n_ops)),
+        op_type=_string_array(_by_position(op_pos, ops["op_type"].to_numpy(dtype=object), n_ops)),
+        kernel_name=_string_array(names), long_kernel_name=_string_array(long_names),
+        **{c: _string_array(instance_text.get(c, np.zeros(0, dtype=object)))
+           for c in ("data_type", "input_shapes", "parameters", "output_shapes")})
+
+    def rows_between(lo: int, hi: int) -> dict:
+        take = order[lo:hi]
+        rows = activity[take]
+        return {**{c: v[take] for c, v in by_launch.items()}, **{c: v[rows] for c, v in by_activity.items()}}
+    return dicts, order.size, rows_between
+
+
+def _report_order(columns: dict, ops: pd.DataFrame, n_ops: int, names: np.ndarray) -> np.ndarray:
+    """Launch rows by iteration, op first start, kernel name (as text), GPU start; stable."""
+    first_start = np.full(n_ops, np.iinfo(np.int64).max, dtype=np.int64)  # ops without a row sort last
+    first_start[ops["op_index"].to_numpy(np.int64)] = ops["first_start"].to_numpy(np.int64)
+    op_rank = np.unique(first_start, return_inverse=True)[1].reshape(-1)  # equal starts, equal ranks
+    name_rank = np.empty(len(names), dtype=np.int64)
+    name_rank[np.argsort(names, kind="stable")] = np.arange(len(names))
+    iteration = columns["iteration"].astype(np.int64)
+    keys = [iteration - iteration.min(), op_rank[columns["op_index"]], name_rank[columns["kernel_name"]]]
+    sizes = [int(k.max()) + 1 for k in keys]
+    if sizes[0] * sizes[1] * sizes[2] < 2 ** 62:  # one mixed-radix key: a two-key sort instead of four
+        return np.lexsort((columns["gpu_start"], (keys[0] * sizes[1] + keys[1]) * sizes[2] + keys[2]))
+    return np.lexsort((columns["gpu_start"], keys[2], keys[1], keys[0]))
 
 
 def iteration_report(agg: Aggregation, instances: pd.DataFrame, ops: pd.DataFrame, gpu: pd.DataFrame) -> Report:
-    k = with_launch_details(agg.kernel_launches, gpu) if len(agg.kernel_launches) else agg.kernel_launches
-    columns = ["Iteration", "Op ID", "Op Name", "Direction", "Op Type", "Kernel Name", "Device ID",
-               "GPU Start Time (ns)", "GPU Duration (ns)", "API Call Start (ns)", "API Call Time (ns)", "Uses TC",
-               "Grid X", "Grid Y", "Grid Z", "Block X", "Block Y", "Block Z", "Data Types", "Input Shapes",
-               "Parameters", "Output Shapes", "Long Kernel Name"]
-    formats = ["i", "q", "q", "t", "q", "q", "i", "i", "i", "i", "i", "y", "i", "i", "i", "i", "i", "i", "t", "q",
-               "q", "q", "q"]
-    if len(k):
-        k = _op_columns(k, ops)
-        inst = instances[["data_type", "input_shapes", "parameters", "output_shapes"]]
-        k = k.join(inst, on="instance", rsuffix="_inst")
-        k = k.sort_values(["iteration", "first_start", "name", "gpu_start"], kind="stable")
-    data = {"Iteration": k["iteration"] if len(k) else [], "Op ID": k.get("op_id", []), "Op Name": k.get("name_op", []),
-            "Direction": k.get("direction", []), "Op Type": k.get("op_type", []), "Kernel Name": k.get("name", []),
-            "Device ID": k.get("device_id", []), "GPU Start Time (ns)": k.get("gpu_start", []),
-            "GPU Duration (ns)": k.get("gpu_duration", []), "API Call Start (ns)": k.get("api_start", []),
-            "API Call Time (ns)": k.get("api_duration", []), "Uses TC": k.get("uses_tc", []),
-            "Grid X": k.get("grid_x", []), "Grid Y": k.get("grid_y", []), "Grid Z": k.get("grid_z", []),
-            "Block X": k.get("block_x", []), "Block Y": k.get("block_y", []), "Block Z": k.get("block_z", []),
-            "Data Types": k.get("data_type_inst", []), "Input Shapes": k.get("input_shapes", []),
-            "Parameters": k.get("parameters", []), "Output Shapes": k.get("output_shapes", []),
-            "Long Kernel Name": k.get("long_name", [])}
-    return Report("iteration", [Table("Iteration Report", columns, formats, data)])
+    """One row per kernel launch of the aggregation, streamed: the launch rows are ordered when the report
+    is written, then formatted a chunk at a time."""
+    def chunks():
+        dicts, n, rows_between = launch_rows(agg, instances, ops, gpu)
+        step = report_format.CHUNK_ROWS
+        for lo in range(0, n, step):
+            yield launch_report_columns(rows_between(lo, lo + step), dicts)
+    return Report("iteration", [Table("Iteration Report", ITERATION_COLUMNS, ITERATION_FORMATS, chunks=chunks)])
 
 
 def kernel_report(agg: Aggregation, ops: pd.DataFrame) -> Report:
@@ -360,7 +425,7 @@ def build_reports(names: list[str], agg: Aggregation, dm, trace, config: dict, f
     """The requested reports of one aggregation of one domain."""
     builders = {
         "summary": lambda: summary_report(agg, trace.system, trace.meta, trace.devices, config),
-        "detail": lambda: detailed_report(agg),
+        "detail": lambda: detailed_report(agg, dm.instances),
         "iteration": lambda: iteration_report(agg, dm.instances, dm.ops, trace.gpu),
         "kernel": lambda: kernel_report(agg, dm.ops),
         "tensor": lambda: tensor_core_report(agg),

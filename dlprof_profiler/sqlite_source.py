@@ -165,6 +165,61 @@ class SqliteSource:
         except Exception:  # fall back to the sqlite3 module, which decodes leniently
             return None
 
+    def record_batches(self, sql: str, schema: pa.Schema, rows_per_batch: int = 1 << 20):
+        """The query's rows as Arrow record batches of `schema`, streamed (bounded memory): through ADBC's
+        SQLite driver, else (text that is not UTF-8) through the sqlite3 module with lenient decoding."""
+        try:
+            import adbc_driver_sqlite.dbapi as adbc
+            flags = "mode=ro&immutable=1" if self.immutable else "mode=ro"
+            con = adbc.connect(f"{self.path.resolve().as_uri()}?{flags}")
+        except ImportError:
+            con = None
+        done = 0  # rows already yielded: a lenient re-read skips them (same query, same order)
+        if con is not None:
+            try:
+                cursor = con.cursor()
+                cursor.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(rows_per_batch)})
+                cursor.execute(sql)
+                for batch in cursor.fetch_record_batch():
+                    for column in batch.columns:
+                        if pa.types.is_string(column.type):
+                            column.validate(full=True)
+                    batch = batch.cast(schema) if batch.schema != schema else batch
+                    yield batch
+                    done += batch.num_rows
+                cursor.close()
+                return
+            except Exception:  # noqa: BLE001 - undecodable text or mixed types: read it leniently below
+                pass
+            finally:
+                con.close()
+        for lenient in (False, True):
+            if lenient:
+                self.con.text_factory = _lenient_text
+            try:
+                cursor = self.con.execute(sql)
+                skip = done
+                while True:
+                    rows = cursor.fetchmany(self.CHUNK)
+                    if not rows:
+                        return
+                    if skip:
+                        cut = min(skip, len(rows))
+                        rows, skip = rows[cut:], skip - cut
+                        if not rows:
+                            continue
+                    columns = list(zip(*rows))
+                    batch = pa.record_batch([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)
+                    yield batch
+                    done += batch.num_rows
+            except sqlite3.OperationalError as exc:
+                if lenient or "decode" not in str(exc).lower():
+                    raise self._damaged(exc) from None
+            except sqlite3.DatabaseError as exc:
+                raise self._damaged(exc) from None
+            finally:
+                self.con.text_factory = str
+
     def int_columns(self, sql: str, names: list[str], params=()) -> dict:
         """Integer columns of a query as numpy arrays (the query must not return NULLs: coalesce them)."""
         table = None if params else self._adbc_table(sql)

@@ -11,6 +11,10 @@ KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET = 0, 1, 2
 
 DEFAULT_DOMAIN = "default"
 
+# A start or end time the source did not record (NULL in an export): ingest adapters write it so that
+# sanitize.py can find and drop such rows; no later stage ever sees it.
+MISSING_TIME = -(2 ** 63)
+
 RANGE_COLUMNS = ["range_id", "domain", "text", "start", "end", "global_tid", "pid", "event_type", "unclosed"]
 API_COLUMNS = ["api_id", "name", "start", "end", "global_tid", "pid", "correlation_id", "event_class",
                "return_value"]
@@ -56,6 +60,15 @@ class Trace:
     warnings: list = field(default_factory=list)
     has_cuda_tables: bool = False
     has_nvtx: bool = False
+
+    @property
+    def profile_start(self) -> int:
+        """Start of the first recorded event: where data collection began (the first iteration's start)."""
+        starts = []
+        for frame in (self.ranges, self.api_calls, self.gpu):
+            if len(frame):
+                starts.append(int(frame["start"].min()))
+        return min(starts) if starts else 0
 
     @property
     def profile_end(self) -> int:

@@ -65,13 +65,17 @@ export async function getJSON(route, params = {}, {signal} = {}) {
   }
 }
 
+// Sent with every request that changes state: the server refuses those without it (403), and a web page of
+// another site can neither set it in a form nor, without a CORS preflight the server never grants, in a fetch.
+export const REQUEST_HEADER = "X-DLProf-Request";
+
 /** POST a JSON body; returns {status, body}. Throws ApiError for 4xx/5xx. */
 export async function postJSON(route, body) {
   let resp;
   try {
     resp = await fetch(routeUrl(route), {
       method: "POST",
-      headers: {"Content-Type": "application/json", Accept: "application/json"},
+      headers: {"Content-Type": "application/json", Accept: "application/json", [REQUEST_HEADER]: "1"},
       body: JSON.stringify(body),
     });
   } catch (err) {

@@ -72,18 +72,37 @@ function niceStep(max, ticks) {
   return step * mag;
 }
 
-/** Split an iteration into stacked bar segments. */
+/** The summary's time classes, in stacking order (DESIGN.md "Summary time breakdown"). */
+export const TIME_CLASSES = [
+  {key: "tc", field: "tc_time", label: "Tensor Core kernels"},
+  {key: "non_tc", field: "non_tc_time", label: "Non-Tensor Core kernels"},
+  {key: "memory", field: "memory_time", label: "Memory"},
+  {key: "dataloader", field: "dataloader_time", label: "Dataloader"},
+  {key: "io", field: "io_time", label: "I/O"},
+  {key: "cpu", field: "cpu_time", label: "CPU", def: "cpu_time_class"},
+  {key: "other", field: "other_time", label: "Other"},
+];
+
+/** Split an iteration into stacked bar segments: its seven time classes (they partition the iteration);
+ * iterations outside the aggregation are one grey segment. */
 export function iterationSegments(it) {
   const duration = Math.max(0, Number(it.duration) || 0);
   if (!it.aggregated) return [{key: "outside", value: duration}];
-  const tc = Math.max(0, Number(it.tc_time) || 0);
-  const nonTc = Math.max(0, Number(it.non_tc_time) || 0);
-  const other = Math.max(0, duration - tc - nonTc);
-  return [{key: "tc", value: tc}, {key: "non_tc", value: nonTc}, {key: "other", value: other}];
+  return TIME_CLASSES.map((c) => ({key: c.key, value: Math.max(0, Number(it[c.field]) || 0)}));
+}
+
+/** Legend entries of the iteration charts: the classes present in these iterations, then the grey. */
+export function iterationLegend(iterations, definition) {
+  const present = new Set();
+  for (const it of iterations) for (const seg of iterationSegments(it)) if (seg.value > 0) present.add(seg.key);
+  const items = TIME_CLASSES.filter((c) => present.has(c.key) || c.key === "tc" || c.key === "non_tc" || c.key === "other")
+    .map((c) => ({key: c.key, label: c.label, title: definition(c.def || c.field)}));
+  items.push({key: "outside", label: "Outside the aggregation", title: definition("outside")});
+  return items;
 }
 
 /**
- * Per-iteration stacked bars (TC / non-TC / other; iterations outside the aggregation in grey).
+ * Per-iteration stacked bars (the seven time classes; iterations outside the aggregation in grey).
  * opts: {range: [a, b] aggregated range to shade, markers: {start, stop} selected boundaries,
  *        onHover(it|null, event), onClick(it), height}
  */
@@ -162,8 +181,8 @@ export function iterationBars(iterations, opts = {}) {
 
 /** Chart legend from [{key, label, title}]. */
 export function legend(items) {
-  return h("ul", {class: "legend inline"}, items.map((it) => h("li", {title: it.title || ""},
-    h("span", {class: "swatch", style: {background: COLORS[it.key] || it.color}}),
+  return h("ul", {class: "legend inline"}, items.map((it) => h("li", {title: it.title || "", dataset: {key: it.key}},
+    h("span", {class: "swatch", dataset: {key: it.key}, style: {background: COLORS[it.key] || it.color}}),
     h("span", {class: "legend-label"}, it.label))));
 }
 

@@ -1,11 +1,13 @@
-// The details pane: op details (every statistic, data type, stack trace, its kernels) and kernel details.
+// The details pane: op details (every statistic, data type, stack trace, its GRAPHS node, its kernels) and
+// kernel details, in a drawer on the right of the window: it opens where it is seen whatever the page's scroll,
+// and nothing in it is wider than the drawer (wide tables scroll inside it).
 
 import {tryGet} from "./api.js";
 import {card, clear, h, loading, placeholder} from "./dom.js";
 import {fmtBool, fmtInt, fmtNs, fmtNsExact, formatCell} from "./format.js";
 import {definition} from "./metrics.js";
-import {isPyTorch, scope} from "./state.js";
-import {DataTable, collapsible, displayLabel} from "./table.js";
+import {isPyTorch, scope, state, update} from "./state.js";
+import {DataTable, collapsible, copyText, displayLabel} from "./table.js";
 
 let pane = null;
 let opSlot = null;
@@ -14,6 +16,10 @@ let seq = 0;
 
 export function initDetails(el) {
   pane = el;
+  pane.setAttribute("role", "complementary");
+  pane.addEventListener("keydown", (ev) => {
+    if (ev.key === "Escape") clearDetails();
+  });
   clearDetails();
 }
 
@@ -22,15 +28,34 @@ export function clearDetails() {
   seq += 1;
   clear(pane);
   pane.hidden = true;
+  document.documentElement.classList.remove("details-open");
+  if (state.op !== null) update({op: null});
+}
+
+function open() {
+  const wasHidden = pane.hidden;
+  pane.hidden = false;
+  document.documentElement.classList.add("details-open");
+  if (wasHidden) pane.scrollTop = 0;
 }
 
 function ensureLayout() {
   if (opSlot && pane.contains(opSlot)) return;
   clear(pane);
-  const close = h("button", {type: "button", class: "icon-button", "aria-label": "Close details", title: "Close details", onClick: clearDetails}, "×");
+  const close = h("button", {type: "button", class: "icon-button", "aria-label": "Close details", title: "Close details (Esc)", onClick: clearDetails}, "×");
   opSlot = h("div", {class: "details-op"});
   kernelSlot = h("div", {class: "details-kernel"});
-  pane.append(h("div", {class: "details-head"}, h("h2", {}, "Details"), close), h("div", {class: "details-grid"}, opSlot, kernelSlot));
+  pane.append(h("div", {class: "details-head"}, h("h2", {tabindex: -1}, "Details"), close), h("div", {class: "details-grid"}, opSlot, kernelSlot));
+}
+
+/** The op's node in TensorBoard's GRAPHS tab, with a button copying the name (for GRAPHS' node search). */
+function graphNode(name) {
+  const status = h("span", {class: "muted copy-status", role: "status"});
+  const copy = h("button", {type: "button", class: "secondary small copy-node", title: "Copy the node name (paste it in GRAPHS' “Search nodes”)",
+    onClick: async () => {
+      status.textContent = (await copyText(name)) ? "Copied" : "Could not copy";
+    }}, "Copy");
+  return h("span", {class: "graph-node"}, h("code", {class: "mono"}, name), " ", copy, " ", status);
 }
 
 const STAT_ROWS = [
@@ -55,17 +80,18 @@ function field(label, value, {title = "", key} = {}) {
 
 /** Show an op (by op_index). opts.withKernels: also list its kernels (when the view does not already). */
 export async function showOp(opIndex, {withKernels = true} = {}) {
-  if (!pane) return;
+  if (!pane) return null;
   const my = ++seq;
-  pane.hidden = false;
+  open();
   ensureLayout();
+  if (state.op !== opIndex) update({op: opIndex});
   clear(kernelSlot);
   clear(opSlot).appendChild(loading("Loading op…"));
   const op = await tryGet("op", {...scope(), op_index: opIndex});
-  if (my !== seq) return;
+  if (my !== seq) return null;
   if (!op) {
     replaceWith(opSlot, placeholder("Could not load the op."));
-    return;
+    return null;
   }
   const {card: c, body} = card(`Op: ${op.op_id || op.op_name || opIndex}`, {id: "op-details"});
   const dl = h("dl", {class: "kv"},
@@ -77,7 +103,9 @@ export async function showOp(opIndex, {withKernels = true} = {}) {
     field("TC Eligible", fmtBool(op.tc_eligible), {key: "tc_eligible", title: definition("eligible_ops")}),
     field("Using TC", fmtBool(op.using_tc), {key: "using_tc", title: definition("using_tc_ops")}),
     op.data_type ? field("Data Type", op.data_type, {key: "data_type"}) : null,
-    op.kernel_calls !== undefined ? field("Kernel Calls", fmtInt(op.kernel_calls), {key: "kernel_calls"}) : null);
+    op.kernel_calls !== undefined ? field("Kernel Calls", fmtInt(op.kernel_calls), {key: "kernel_calls"}) : null,
+    op.graph_node ? field("GRAPHS node", graphNode(op.graph_node), {key: "graph_node",
+      title: "The op's node in TensorBoard's GRAPHS tab (its name scopes are the op name's / parts); choose the run's dlprof/op_time tag there to colour nodes by compute time."}) : null);
   body.append(dl, statsTable(op));
   if (isPyTorch() && op.stack_trace) {
     body.append(h("h3", {class: "sub"}, "Stack Trace"), h("div", {class: "stack"}, collapsible(String(op.stack_trace), 120)));
@@ -91,6 +119,7 @@ export async function showOp(opIndex, {withKernels = true} = {}) {
     body.append(kernels.el);
   }
   replaceWith(opSlot, c);
+  return op;
 }
 
 function replaceWith(slot, node) {
@@ -100,7 +129,7 @@ function replaceWith(slot, node) {
 /** Show one kernel row (an object keyed by column) with the table's columns for labels and types. */
 export function showKernel(row, columns) {
   if (!pane) return;
-  pane.hidden = false;
+  open();
   ensureLayout();
   const {card: c, body} = card(`Kernel: ${row.kernel_name || row.name || ""}`, {id: "kernel-details"});
   const dl = h("dl", {class: "kv"});

@@ -102,3 +102,23 @@ export function plainCell(type, v) {
   if (type === "bool") return fmtBool(v);
   return String(v);
 }
+
+const OFFSET_UNITS = [[1e9, "s", 9], [1e6, "ms", 6], [1e3, "µs", 3]];
+
+/** A time offset in ns (a kernel's start from its iteration's start) with every nanosecond shown, so offsets
+ * order as the numbers do: 950 -> "+950 ns", 12345 -> "+12.345 µs", 1234567 -> "+1.234567 ms". */
+export function fmtOffsetNs(v) {
+  if (isMissing(v)) return DASH;
+  const n = Math.round(Number(v));
+  if (!Number.isFinite(n)) return String(v);
+  const sign = n < 0 ? "−" : "+";
+  const a = Math.abs(n);
+  for (const [scale, unit, digits] of OFFSET_UNITS) {
+    if (a >= scale) {
+      const whole = Math.floor(a / scale);
+      const frac = String(a - whole * scale).padStart(digits, "0");
+      return `${sign}${intFmt.format(whole)}.${frac} ${unit}`;
+    }
+  }
+  return `${sign}${a} ns`;
+}

@@ -3,9 +3,11 @@
 
 import {getJSON, setErrorSink} from "./api.js";
 import {clear, h, loading, placeholder} from "./dom.js";
-import {clearDetails, initDetails} from "./details.js";
+import {clearDetails, initDetails, showOp} from "./details.js";
 import {poll, setAggregationReloader} from "./jobs.js";
 import {VIEWS, currentAggregation, currentRun, state, subscribe, update} from "./state.js";
+import {initTheme} from "./theme.js";
+import {URL_KEYS, readUrlState, writeUrlState} from "./urlstate.js";
 import * as dashboard from "./view_dashboard.js";
 import * as opTypes from "./view_op_types.js";
 import * as opsKernels from "./view_ops_kernels.js";
@@ -121,7 +123,13 @@ async function loadAggregations(selectId) {
   return data;
 }
 
-async function selectRun(run) {
+function asIndex(value) {
+  const n = Number(value);
+  return value !== null && value !== undefined && value !== "" && Number.isInteger(n) && n >= 0 ? n : null;
+}
+
+/** Load a run; `wanted` (from the URL) picks its aggregation, domain, view and selection when they exist. */
+async function selectRun(run, wanted = {}) {
   clearDetails();
   // While a run loads, state changes only re-render the navigation; the view is mounted once at the end.
   ui.switchingRun = true;
@@ -132,10 +140,14 @@ async function selectRun(run) {
     if (state.run !== run) return;   // another run was selected meanwhile
     const domains = domainData.domains || [];
     const primary = domains.find((d) => d.is_primary) || domains[0];
+    const domain = domains.find((d) => d.name === wanted.domain) || primary;
     const aggregations = (aggrData.aggregations || []).slice().sort((a, b) => Number(a.aggr_id) - Number(b.aggr_id));
     state.newest = aggrData.newest;
-    const aggr = aggrData.newest ?? (aggregations.length ? aggregations[aggregations.length - 1].aggr_id : null);
-    update({domains, domain: primary ? primary.name : null, aggregations, aggr: aggr === null ? null : String(aggr)});
+    let aggr = aggrData.newest ?? (aggregations.length ? aggregations[aggregations.length - 1].aggr_id : null);
+    if (aggregations.some((a) => String(a.aggr_id) === String(wanted.aggr))) aggr = wanted.aggr;
+    const view = VIEWS.some((v) => v.id === wanted.view) ? wanted.view : state.view;
+    update({domains, domain: domain ? domain.name : null, aggregations, aggr: aggr === null ? null : String(aggr), view,
+      op: asIndex(wanted.op), iteration: asIndex(wanted.iteration)});
     if (aggrData.job && aggrData.job.status === "running") {
       update({job: {...aggrData.job, run}});
       poll(run);
@@ -150,6 +162,12 @@ async function selectRun(run) {
   }
   renderNav();
   mountView();
+  ui.ready = true;
+  saveUrl();
+}
+
+function saveUrl() {
+  if (ui.ready) writeUrlState(Object.fromEntries(URL_KEYS.map((k) => [k, state[k]])));
 }
 
 // ---- views -------------------------------------------------------------------------------------------------------
@@ -174,16 +192,22 @@ function mountView() {
   }
   const container = h("div", {class: `view view-${info.id}`});
   ui.view.appendChild(container);
-  const cleanup = VIEW_MODULES[info.id].mount(container);
+  const module = VIEW_MODULES[info.id];
+  const op = state.op;
+  const cleanup = module.mount(container);
   unmountView = typeof cleanup === "function" ? cleanup : null;
+  // a selection from the URL: views that list ops restore it themselves, the others show it in the details pane
+  if (op !== null && !module.restoresSelection) showOp(op);
 }
 
 function onStateChange(changed) {
   if (changed.has("job")) renderJobBadge();
+  if (URL_KEYS.some((k) => changed.has(k)) && !ui.switchingRun) saveUrl();
   if (ui.switchingRun) {
     renderNav();
   } else if (["view", "aggr", "domain"].some((k) => changed.has(k)) && state.run && state.aggregations.length) {
     clearDetails();
+    update({iteration: null});
     renderNav();
     mountView();
   } else if (["runs", "run", "aggregations", "domains"].some((k) => changed.has(k))) {
@@ -193,6 +217,7 @@ function onStateChange(changed) {
 
 // ---- entry point -----------------------------------------------------------------------------------------------
 export async function render() {
+  initTheme();
   loadStylesheet();
   document.title = "DLProf";
   document.documentElement.lang = "en";
@@ -224,6 +249,7 @@ export async function render() {
     clear(ui.view).appendChild(placeholder(`Could not list runs: ${err.message}`));
     return;
   }
+  const wanted = readUrlState();
   update({runs});
   if (!runs.length) {
     clear(ui.view).appendChild(h("div", {class: "empty-state"},
@@ -233,7 +259,7 @@ export async function render() {
     renderNav();
     return;
   }
-  await selectRun(runs[0].run);
+  await selectRun(runs.some((r) => r.run === wanted.run) ? wanted.run : runs[0].run, wanted);
 }
 
 

@@ -45,7 +45,11 @@ export const DEFINITIONS = {
   tc_kernel_time_per_gpu: "Tensor Core kernel time per GPU in the iteration; the bar shows its share of the iteration's kernel time.",
   tc_time: "Time with a Tensor Core kernel active.",
   non_tc_time: "Time with another kernel active and no Tensor Core kernel.",
-  other_time: "Rest of the iteration: memory operations, data loading, I/O, CPU and idle time.",
+  memory_time: "Time with a memory operation (memcpy / memset) active and no kernel.",
+  dataloader_time: "Time in data-loading ranges with no GPU work.",
+  io_time: "Time in OS read/write calls (when traced) with no GPU work or data loading.",
+  cpu_time_class: "Time with an op range of the process driving the GPU (every process without a GPU) active and nothing above.",
+  other_time: "Time with none of the classes above active (idle).",
   outside: "Iteration outside the aggregation's range.",
 };
 

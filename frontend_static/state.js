@@ -22,6 +22,8 @@ export const state = {
   aggr: null,        // selected aggregation id (null: newest)
   newest: null,      // newest aggregation id of the run
   job: null,         // re-aggregation job status (jobs.js)
+  op: null,          // op_index shown in the details pane (a selection kept in the URL)
+  iteration: null,   // iteration selected in the kernel views (kept in the URL)
 };
 
 const listeners = new Set();

@@ -33,11 +33,28 @@ function filterPlaceholder(type) {
   return "Search";
 }
 
+// The per-column search grammar of http_api.md, checked before asking the server.
+const NUM = String.raw`[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?`;
+const NUM_FILTER = new RegExp(String.raw`^\s*(?:(?:>=|<=|>|<|=)?\s*${NUM}|${NUM}\s*\.\.\s*${NUM})\s*$`);
+const BOOL_FILTER = /^\s*(?:1|0|yes|no|true|false)\s*$/i;
+
+/** Why a per-column search text is not valid for a column type ("" when it is). */
+export function filterProblem(type, value) {
+  if (!value) return "";
+  if (type === "bool") return BOOL_FILTER.test(value) ? "" : "Use yes or no (1 or 0).";
+  if (isNumericType(type)) {
+    if (NUM_FILTER.test(value)) return "";
+    return `Use a number: N, >N, <N, >=N, <=N or N..M${type === "ns" ? " (in ns)" : type === "pct" ? " (in %)" : ""}.`;
+  }
+  return "";
+}
+
 export class DataTable {
   /**
    * opts: {route: "table/ops", scope: () => ({run, aggr, domain}), extra: {op_index: 3} | null,
    *        title, pageSize, selectable, onSelect(rowObject), renderers: {key: (value, row, col) => Node|string},
-   *        hidden: [keys], labels: {key: "display label"}, exportName, emptyText, rowKey, caption}
+   *        hidden: [keys], labels: {key: "display label"}, order: [keys shown first, in this order],
+   *        exportName, emptyText, rowKey, caption}
    */
   constructor(opts) {
     this.opts = {pageSize: 10, selectable: false, renderers: {}, hidden: [], labels: {}, emptyText: "No data.", ...opts};
@@ -123,7 +140,11 @@ export class DataTable {
   }
 
   visibleColumns() {
-    return (this.columns || []).filter((c) => !c.hidden && !this.opts.hidden.includes(c.key));
+    const cols = (this.columns || []).filter((c) => !c.hidden && !this.opts.hidden.includes(c.key));
+    const order = this.opts.order || [];
+    if (!order.length) return cols;
+    const rank = (c, i) => (order.includes(c.key) ? order.indexOf(c.key) : order.length + i);
+    return cols.map((c, i) => [rank(c, i), c]).sort((a, b) => a[0] - b[0]).map(([, c]) => c);
   }
 
   // ---- data ---------------------------------------------------------------------------------------------
@@ -151,6 +172,14 @@ export class DataTable {
     } catch (err) {
       if (seq !== this.seq) return;
       this.el.classList.remove("dt-busy");
+      const column = err.status === 400 ? this.filterColumnOf(err.message) : null;
+      if (column !== null) {
+        // a search the server refused: said at its filter; the last rows stay
+        this.showFilterError(column, err.message);
+        delete this.cols[column];
+        this.el.dataset.state = this.answer ? "ready" : "error";
+        if (this.answer) return;
+      }
       this.el.dataset.state = "error";
       clear(this.body).appendChild(h("tr", {class: "dt-empty dt-error"}, h("td", {colspan: Math.max(1, this.visibleColumns().length)}, `Could not load: ${err.message}`)));
       this.info.textContent = "";
@@ -197,17 +226,53 @@ export class DataTable {
         filters.appendChild(h("th", {}));
         continue;
       }
+      const errorId = `${this.id}-f-${col.key}`;
       const input = h("input", {type: "search", class: "dt-col-search", placeholder: filterPlaceholder(col.type), "aria-label": `Search ${label}`,
         title: col.type === "ns" ? "Nanoseconds: N, >N, <N, >=N, <=N or N..M" : "", value: this.cols[col.key] || "", dataset: {key: col.key}});
       input.addEventListener("input", debounce(() => {
-        this.cols[col.key] = input.value.trim();
+        const value = input.value.trim();
+        const problem = filterProblem(col.type, value);
+        if (problem) {
+          this.showFilterError(col.key, problem);   // the rows of the last valid search stay
+          return;
+        }
+        this.showFilterError(col.key, "");
+        if ((this.cols[col.key] || "") === value) return;
+        this.cols[col.key] = value;
         this.offset = 0;
         this.reload();
       }, 250));
-      filters.appendChild(h("th", {}, input));
+      filters.appendChild(h("th", {dataset: {key: col.key}}, input,
+        h("div", {class: "dt-filter-error", id: errorId, role: "alert", hidden: true})));
     }
     this.head.append(titles, filters);
     this.updateSortIndicators();
+  }
+
+  /** Show (or clear, with "") the reason a column's search is not applied, under its input. */
+  showFilterError(key, message) {
+    const th = this.head.querySelector(`tr.dt-filters th[data-key="${CSS.escape(key)}"]`);
+    if (!th) return;
+    const input = th.querySelector("input");
+    const box = th.querySelector(".dt-filter-error");
+    box.textContent = message;
+    box.hidden = !message;
+    if (message) {
+      input.setAttribute("aria-invalid", "true");
+      input.setAttribute("aria-describedby", box.id);
+    } else {
+      input.removeAttribute("aria-invalid");
+      input.removeAttribute("aria-describedby");
+    }
+    const invalid = [...this.head.querySelectorAll(".dt-col-search[aria-invalid=true]")].map((el) => el.dataset.key);
+    if (invalid.length) this.el.dataset.invalid = invalid.join(" ");
+    else delete this.el.dataset.invalid;
+  }
+
+  /** The column a server message about a per-column search names ("filter on 'gpu_total' ..."), or null. */
+  filterColumnOf(message) {
+    const m = /filter on '([^']+)'/.exec(String(message || ""));
+    return m && this.columns && this.columns.some((c) => c.key === m[1]) ? m[1] : null;
   }
 
   updateSortIndicators() {

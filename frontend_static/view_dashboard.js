@@ -2,12 +2,13 @@
 
 import {actionControls} from "./actions.js";
 import {tryGet} from "./api.js";
-import {COLORS, donut, iterationBars, legend} from "./charts.js";
+import {COLORS, donut, iterationBars, iterationLegend, legend} from "./charts.js";
 import {showOp} from "./details.js";
 import {card, h, loading, placeholder, replace} from "./dom.js";
 import {fmtBool, fmtInt, fmtNs, fmtNsExact, fmtPct} from "./format.js";
 import {definition} from "./metrics.js";
-import {isPyTorch, scope} from "./state.js";
+import {isPyTorch, scope, state} from "./state.js";
+import {tensorBoardBody} from "./theme.js";
 
 export const BREAKDOWN = [
   {key: "tc", field: "tc_duration_pct", label: "Tensor Core kernels"},
@@ -86,19 +87,14 @@ function performancePanel(sm) {
 function iterationPanel(data) {
   const sm = data.summary || {};
   const {card: c, body} = card("Iteration Summary", {id: "panel-iterations", wide: true,
-    tooltip: "Per iteration: time with Tensor Core kernels, other kernels and everything else; the aggregated range is shaded."});
+    tooltip: "Per iteration: the time breakdown's classes (Tensor Core kernels, other kernels, memory, data loading, I/O, CPU, other); the aggregated range is shaded."});
   const its = data.iterations || [];
   if (!its.length) {
     body.appendChild(placeholder("No iterations."));
     return c;
   }
   body.appendChild(iterationBars(its, {range: [sm.iter_start, sm.iter_stop], height: 220, ariaLabel: "Iteration summary"}));
-  body.appendChild(legend([
-    {key: "tc", label: "Tensor Core kernels", title: definition("tc_time")},
-    {key: "non_tc", label: "Non-Tensor Core kernels", title: definition("non_tc_time")},
-    {key: "other", label: "Other", title: definition("other_time")},
-    {key: "outside", label: "Outside the aggregation", title: definition("outside")},
-  ]));
+  body.appendChild(legend(iterationLegend(its, definition)));
   return c;
 }
 
@@ -112,9 +108,11 @@ function topOpsPanel(data) {
   const pt = isPyTorch();
   const cols = [
     ["op_id", "Op ID", ""], ["op_name", "Op Name", ""], pt ? ["direction", "Direction", ""] : null, ["op_type", "Op Type", ""],
-    ["num_calls", "No. Calls", "num"], ["gpu_total", "GPU Time", "ns"], ["cpu_total", "CPU Time", "ns"], ["using_tc", "Using TC", "bool"],
+    ["num_calls", "No. Calls", "num"], ["gpu_total", "GPU Time", "ns"], ["cpu_total", "CPU Time", "ns"],
+    ["tc_eligible", "TC Eligible", "bool"], ["using_tc", "Using TC", "bool"],
   ].filter(Boolean);
-  const tips = {gpu_total: definition("gpu_time"), cpu_total: definition("cpu_time"), using_tc: definition("using_tc_ops")};
+  const tips = {gpu_total: definition("gpu_time"), cpu_total: definition("cpu_time"), tc_eligible: definition("eligible_ops"),
+    using_tc: definition("using_tc_ops")};
   const maxGpu = Math.max(1, ...ops.map((o) => Number(o.gpu_total) || 0));
   const table = h("table", {class: "dt selectable top-ops"},
     h("thead", {}, h("tr", {}, h("th", {class: "num"}, "#"), cols.map(([k, label, t]) => h("th", {class: t === "num" || t === "ns" ? "num" : "", title: tips[k] || ""}, label)))),
@@ -137,6 +135,7 @@ function topOpsPanel(data) {
         tr.classList.add("selected");
         showOp(op.op_index);
       };
+      if (state.op !== null && Number(op.op_index) === Number(state.op)) tr.classList.add("selected");
       tr.addEventListener("click", pick);
       tr.addEventListener("keydown", (ev) => {
         if (ev.key === "Enter" || ev.key === " ") {
@@ -156,9 +155,14 @@ function systemPanel(sys) {
     ["GPU Count", fmtInt(sys.gpu_count)],
     ["GPU Name(s)", Array.isArray(sys.gpu_names) ? sys.gpu_names.join(", ") : sys.gpu_names],
     ["CPU Model", sys.cpu_model], ["GPU Driver Version", sys.driver_version], ["Framework", sys.framework],
-    ["CUDA Version", sys.cuda_version], ["Nsight Systems Version", sys.nsys_version], ["DLProf Version", sys.dlprof_version],
+    ["CUDA Version", sys.cuda_version], ["Nsight Systems Version", sys.nsys_version], ["DLProf Version", sys.dlprof_version, "dlprof_version"],
+    ["DLProf Plugin Version", sys.plugin_version, "plugin_version"],
+    ["TensorBoard Version", sys.tensorboard_version, "tensorboard_version"],
   ];
-  body.appendChild(h("dl", {class: "kv"}, rows.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v === null || v === undefined || v === "" ? "—" : String(v))])));
+  const tips = {dlprof_version: "The dlprof that analysed this profile", plugin_version: "The DLProf plugin serving this page",
+    tensorboard_version: tensorBoardBody() ? "The TensorBoard serving this page" : "The TensorBoard installed with dlprofviewer (which serves this page)"};
+  body.appendChild(h("dl", {class: "kv"}, rows.map(([k, v, key]) => [h("dt", {title: tips[key] || ""}, k),
+    h("dd", {dataset: {field: key || ""}}, v === null || v === undefined || v === "" ? "—" : String(v))])));
   return c;
 }
 

@@ -1,13 +1,14 @@
 // Iterations: bars per iteration, all vs profiled, hover details, Start / Stop spinners with boundary
-// markers, a key node picker, and Reaggregate (runs in the background; see jobs.js).
+// markers, a key node picker, and Reaggregate (runs in the background; see jobs.js). Start and Stop are checked
+// against the iterations of the key node's split before anything is sent; a new key node clears them (all
+// iterations of its split); an aggregation that exists already is offered instead of a duplicate (actions.js).
 
 import {tryGet} from "./api.js";
-import {COLORS, iterationBars, iterationSegments, legend} from "./charts.js";
-import {confirmDialog, modal} from "./dialogs.js";
+import {COLORS, TIME_CLASSES, iterationBars, iterationLegend, iterationSegments, legend} from "./charts.js";
+import {modal} from "./dialogs.js";
 import {card, clear, h, loading, placeholder, replace} from "./dom.js";
 import {fmtInt, fmtNs, fmtPct} from "./format.js";
-import {applyAction} from "./actions.js";
-import {startReaggregation} from "./jobs.js";
+import {applyAction, requestReaggregation} from "./actions.js";
 import {definition} from "./metrics.js";
 import {currentAggregation, scope, state, subscribe} from "./state.js";
 import {DataTable} from "./table.js";
@@ -21,11 +22,8 @@ function tooltipContent(it) {
     h("div", {class: "tip-title"}, `Iteration ${it.iteration}`, it.aggregated ? null : h("span", {class: "badge muted"}, "outside the aggregation")),
     row("Start", fmtNs(it.start)),
     row("Duration", fmtNs(it.duration)),
-    it.aggregated ? [
-      row("Tensor Core kernels", fmtNs(seg.tc), COLORS.tc),
-      row("Non-TC kernels", fmtNs(seg.non_tc), COLORS.non_tc),
-      row("Other", fmtNs(seg.other), COLORS.other),
-    ] : null,
+    it.aggregated ? TIME_CLASSES.filter((c) => seg[c.key] > 0 || c.key === "tc" || c.key === "non_tc")
+      .map((c) => row(c.label, fmtNs(seg[c.key]), COLORS[c.key])) : null,
     row("Kernels", `${fmtInt(it.kernels)} (${fmtInt(it.tc_kernels)} TC)`),
     it.gpu_utilization !== undefined ? row("GPU utilization", fmtPct(it.gpu_utilization)) : null,
   ];
@@ -74,30 +72,26 @@ export function mount(el) {
   const aggregation = currentAggregation() || {};
 
   const chartCard = card("Iterations", {wide: true, id: "iterations-chart",
-    tooltip: "Per iteration: Tensor Core kernel time, other kernel time and the rest; iterations outside the aggregation in grey. Hover a bar for details; click to set Start, shift-click to set Stop."});
+    tooltip: "Per iteration: the time breakdown's classes (Tensor Core kernels, other kernels, memory, data loading, I/O, CPU, other); iterations outside the aggregation in grey. Hover a bar for details; click to set Start, shift-click to set Stop."});
   const chartBox = h("div", {class: "chart-box"});
   const tip = h("div", {class: "chart-tip", role: "tooltip", hidden: true});
   const allBtn = h("button", {type: "button", class: "seg-btn", id: "iters-all", "aria-pressed": "true"}, "All iterations");
   const profBtn = h("button", {type: "button", class: "seg-btn", id: "iters-profiled", "aria-pressed": "false"}, "Profiled only");
   const chartInfo = h("div", {class: "muted chart-info"});
+  const legendBox = h("div", {class: "chart-legend"});
   chartCard.body.append(
     h("div", {class: "chart-toolbar"}, h("div", {class: "segmented", role: "group", "aria-label": "Iterations shown"}, allBtn, profBtn), chartInfo),
     h("div", {class: "chart-wrap"}, chartBox, tip),
-    legend([
-      {key: "tc", label: "Tensor Core kernels", title: definition("tc_time")},
-      {key: "non_tc", label: "Non-Tensor Core kernels", title: definition("non_tc_time")},
-      {key: "other", label: "Other", title: definition("other_time")},
-      {key: "outside", label: "Outside the aggregation", title: definition("outside")},
-      {key: "marker", label: "Selected Start / Stop", title: "Boundaries chosen with Select Iter Start / Stop"},
-    ]));
+    legendBox);
 
   // ---- re-aggregation form ----
-  const startInput = h("input", {type: "number", id: "iter-start", min: 0, step: 1, inputmode: "numeric"});
-  const stopInput = h("input", {type: "number", id: "iter-stop", min: 0, step: 1, inputmode: "numeric"});
+  const startInput = h("input", {type: "number", id: "iter-start", min: 0, step: 1, inputmode: "numeric", placeholder: "first"});
+  const stopInput = h("input", {type: "number", id: "iter-stop", min: 0, step: 1, inputmode: "numeric", placeholder: "last"});
   const keyInput = h("input", {type: "text", id: "key-node", class: "mono", placeholder: "default key node", autocomplete: "off"});
   const pickBtn = h("button", {type: "button", class: "secondary", id: "pick-key-node", title: "Choose the key node from every op and NVTX range"}, "Choose…");
   const goBtn = h("button", {type: "button", class: "primary", id: "reaggregate"}, "Reaggregate");
   const validation = h("div", {class: "validation", "aria-live": "polite"});
+  const hint = h("div", {class: "muted range-hint", "aria-live": "polite"});
   const status = h("div", {id: "reaggregate-status", class: "job-status", role: "status", "aria-live": "polite", dataset: {status: "idle"}});
   const proposal = h("div", {id: "range-proposal", class: "proposal", hidden: true});
   const formCard = card("Re-aggregate", {wide: true, id: "reaggregate-form",
@@ -108,20 +102,32 @@ export function mount(el) {
       h("div", {class: "field"}, h("label", {for: "iter-stop", title: definition("iter_stop")}, "Select Iter Stop"), stopInput),
       h("div", {class: "field grow"}, h("label", {for: "key-node", title: definition("key_node")}, "Key node"), h("div", {class: "input-group"}, keyInput, pickBtn)),
       h("div", {class: "field"}, h("span", {class: "field-label", "aria-hidden": "true"}, " "), goBtn)),
-    proposal, validation, status);
+    proposal, validation, hint, status);
 
   el.append(chartCard.card, formCard.card);
   chartBox.appendChild(loading("Loading iterations…"));
 
   const num = (input) => (input.value.trim() === "" ? null : Number(input.value));
+  let rangeKey = null;   // the key node whose split Start / Stop refer to (the chart's)
+
+  /** Iterations in the split of the key node typed in the form: known for the chart's key node only. */
+  function iterationCount() {
+    if (!data || keyInput.value.trim() !== (rangeKey || "")) return null;
+    return (data.iterations || []).length;
+  }
 
   function validate() {
     const a = num(startInput);
     const b = num(stopInput);
+    const count = iterationCount();
     let msg = "";
     if ((a !== null && (!Number.isInteger(a) || a < 0)) || (b !== null && (!Number.isInteger(b) || b < 0))) msg = "Iterations are whole numbers from 0.";
-    else if (a !== null && b !== null && a > b) msg = "Start must not be after Stop.";
+    else if (count !== null && ((a !== null && a > count - 1) || (b !== null && b > count - 1))) {
+      msg = `This split has ${fmtInt(count)} iteration${count === 1 ? "" : "s"}: Start and Stop must be within 0–${fmtInt(count - 1)}.`;
+    } else if (a !== null && b !== null && a > b) msg = "Start must not be after Stop.";
     validation.textContent = msg;
+    hint.textContent = count === null && keyInput.value.trim() !== (rangeKey || "")
+      ? "New key node: its iterations are known once it is aggregated; empty Start / Stop take all of them." : "";
     const running = state.job && state.job.status === "running" && state.job.run === state.run;
     goBtn.disabled = !!msg || running;
     return !msg;
@@ -134,13 +140,16 @@ export function mount(el) {
     allBtn.setAttribute("aria-pressed", String(showAll));
     profBtn.setAttribute("aria-pressed", String(!showAll));
     chartInfo.textContent = `${fmtInt(its.length)} of ${fmtInt(all.length)} iterations shown · aggregated ${data.iter_start}–${data.iter_stop}`;
+    replace(legendBox, legend([...iterationLegend(all, definition),
+      {key: "marker", label: "Selected Start / Stop", title: "Boundaries chosen with Select Iter Start / Stop"}]));
     if (!its.length) {
       replace(chartBox, placeholder("No iterations to show."));
       return;
     }
+    const sameSplit = keyInput.value.trim() === (rangeKey || "");
     const svg = iterationBars(its, {
       range: [data.iter_start, data.iter_stop],
-      markers: {start: num(startInput), stop: num(stopInput)},
+      markers: sameSplit ? {start: num(startInput) ?? 0, stop: num(stopInput) ?? all.length - 1} : {},
       height: 280,
       ariaLabel: "Iterations",
       onHover: (it, ev) => {
@@ -159,6 +168,7 @@ export function mount(el) {
         tip.dataset.iteration = it.iteration;
       },
       onClick: (it) => {
+        keyInput.value = rangeKey || "";   // the bars are the chart's split
         (window.event && window.event.shiftKey ? stopInput : startInput).value = String(it.iteration);
         validate();
         drawChart();
@@ -209,23 +219,39 @@ export function mount(el) {
     validate();
     drawChart();
   });
+  let keyBefore = "";
+  /** A key node other than the one Start / Stop were chosen for: they no longer apply; empty = all. */
+  function keyChanged() {
+    const key = keyInput.value.trim();
+    if (key === keyBefore) return;
+    keyBefore = key;
+    if (key !== (rangeKey || "")) {
+      startInput.value = "";
+      stopInput.value = "";
+    }
+    validate();
+    drawChart();
+  }
+  keyInput.addEventListener("focus", () => {
+    keyBefore = keyInput.value.trim();
+  });
+  keyInput.addEventListener("change", keyChanged);
+  keyInput.addEventListener("input", () => validate());
   pickBtn.addEventListener("click", async () => {
+    keyBefore = keyInput.value.trim();
     const name = await pickKeyNode();
-    if (name !== null && name !== undefined) keyInput.value = String(name);
+    if (name !== null && name !== undefined) {
+      keyInput.value = String(name);
+      keyChanged();
+    }
   });
   goBtn.addEventListener("click", async () => {
     if (!validate()) return;
     const iterStart = num(startInput);
     const iterStop = num(stopInput);
     const keyNode = keyInput.value.trim() || null;
-    const range = iterStart === null && iterStop === null ? "all iterations"
-      : `iterations ${iterStart ?? "first"}–${iterStop ?? "last"}`;
-    const ok = await confirmDialog("Reaggregate?",
-      h("div", {}, h("p", {}, `Compute a new aggregation of run “${state.run}” over ${range} with key node `, h("code", {}, keyNode || "(default)"), "?"),
-        h("p", {class: "muted"}, "It runs in the background and is added to the Aggregation selector; earlier aggregations are kept.")),
-      {okLabel: "Reaggregate"});
-    if (!ok || !alive) return;
-    await startReaggregation({keyNode, iterStart, iterStop});
+    if (!alive) return;
+    await requestReaggregation({keyNode, iterStart, iterStop});
   });
 
   const unsubscribe = subscribe((changed) => {
@@ -244,7 +270,9 @@ export function mount(el) {
     for (const input of [startInput, stopInput]) input.max = String(last);
     startInput.value = String(data.iter_start ?? aggregation.iter_start ?? 0);
     stopInput.value = String(data.iter_stop ?? aggregation.iter_stop ?? last);
-    keyInput.value = data.key_node ?? aggregation.key_node ?? "";
+    rangeKey = data.key_node ?? aggregation.key_node ?? "";
+    keyInput.value = rangeKey;
+    keyBefore = rangeKey;
     validate();
     drawChart();
     el.dataset.ready = "1";
@@ -263,7 +291,7 @@ export function mount(el) {
       h("button", {type: "button", class: "primary small", id: "apply-proposal", onClick: async () => {
         startInput.value = String(a.iter_start);
         stopInput.value = String(a.iter_stop);
-        if (a.key_node) keyInput.value = a.key_node;
+        keyInput.value = a.key_node || rangeKey || "";
         validate();
         drawChart();
         await applyAction(a);

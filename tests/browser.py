@@ -72,6 +72,18 @@ def fmt_ns(ns) -> str:
     return f"{_round_text(v, 2)} ns"
 
 
+def fmt_offset_ns(ns) -> str:
+    """format.js fmtOffsetNs: every nanosecond, '+950 ns', '+12.345 µs', '+1.234567 ms', '+2.000000001 s'."""
+    if ns is None:
+        return "—"
+    n = int(round(ns))
+    sign, a = ("−" if n < 0 else "+"), abs(n)
+    for scale, unit, digits in ((10 ** 9, "s", 9), (10 ** 6, "ms", 6), (10 ** 3, "µs", 3)):
+        if a >= scale:
+            return f"{sign}{a // scale:,}.{a % scale:0{digits}d} {unit}"
+    return f"{sign}{a} ns"
+
+
 def fmt_pct(v) -> str:
     """format.js fmtPct: one decimal, '8.6 %'."""
     return "—" if v is None else f"{_round_text(v, 1, keep_zeros=True)} %"
@@ -99,10 +111,12 @@ class TensorBoard:
     """`tensorboard --logdir <logdir> --port <free> --host 127.0.0.1` in a subprocess, ready when the DLPROF
     plugin reports itself active."""
 
-    def __init__(self, logdir: Path, timeout: float = 90.0):
+    def __init__(self, logdir: Path, timeout: float = 90.0, path_prefix: str = "", extra_args=()):
         self.logdir = Path(logdir)
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://127.0.0.1:{self.port}{path_prefix}"   # TensorBoard's root, with --path_prefix
+        self.path_prefix = path_prefix
+        self.extra_args = list(extra_args) + ([f"--path_prefix={path_prefix}"] if path_prefix else [])
         self.timeout = timeout
         self.proc = None
         self.log = None
@@ -113,7 +127,7 @@ class TensorBoard:
         exe = Path(sys.executable).with_name("tensorboard")
         cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "tensorboard.main"]
         self.proc = subprocess.Popen(cmd + ["--logdir", str(self.logdir), "--port", str(self.port),
-                                            "--host", "127.0.0.1", "--reload_interval", "5"],
+                                            "--host", "127.0.0.1", "--reload_interval", "5", *self.extra_args],
                                      stdout=self.log, stderr=subprocess.STDOUT, cwd=str(ROOT))
         deadline = time.time() + self.timeout
         last = None
@@ -151,8 +165,9 @@ class TensorBoard:
 class Browser:
     """Headless Debian Chromium driven by Selenium, with a fresh profile and a download folder."""
 
-    def __init__(self, width: int = 1440, height: int = 1000):
+    def __init__(self, width: int = 1440, height: int = 1000, extra_flags=()):
         self.width, self.height = width, height
+        self.extra_flags = list(extra_flags)
         self.driver = None
         self.profile_dir = None
         self.download_dir = None
@@ -165,7 +180,7 @@ class Browser:
         self.download_dir = Path(tempfile.mkdtemp(prefix="dlprof-downloads-"))
         opts = webdriver.ChromeOptions()
         opts.binary_location = CHROMIUM
-        for flag in CHROME_FLAGS:
+        for flag in CHROME_FLAGS + self.extra_flags:
             opts.add_argument(flag)
         opts.add_argument(f"--user-data-dir={self.profile_dir}")
         opts.add_argument(f"--window-size={self.width},{self.height}")

@@ -21,7 +21,9 @@ def test_iterations(training):
     assert it.key_node == "Optimizer.step#SGD.step" and it.source == "default"
     assert it.boundaries.tolist() == [1_080_000, 1_180_000, 1_280_000]
     table = training.agg().iterations
-    assert table["duration"].tolist() == [1_080_000, 100_000, 100_000, 10_000]
+    # iteration 0 starts at the first recorded event (the DataLoader range at 1,000,000), not at 0
+    assert table["start"].tolist() == [1_000_000, 1_080_000, 1_180_000, 1_280_000]
+    assert table["duration"].tolist() == [80_000, 100_000, 100_000, 10_000]
     # kernels launched per iteration: 6 per training iteration (the memcpy is not a kernel)
     assert table["kernels"].tolist() == [6, 6, 6, 0]
     assert table["tc_kernels"].tolist() == [2, 2, 2, 0]
@@ -30,7 +32,7 @@ def test_iterations(training):
 
 def test_summary_time_breakdown(training):
     s = training.agg().summary
-    wall = 1_290_000
+    wall = 290_000   # from the first recorded event (1,000,000) to the last end (1,290,000)
     assert s["wall_time"] == wall
     # per training iteration: TC 10000 + 6000; non-TC 2000 + 8000 + 8000 + 2000; memory 1000;
     # dataloader [T, T+5000); CPU = op ranges not covered by GPU work (2000 + 4000 + 1000 + 9000 + 3000
@@ -155,3 +157,43 @@ def test_aggregation_does_not_depend_on_chunks(training, fixture):
         whole = a.aggs[name]
         split = aggregate(a.trace, a.corr, dm, a.iterations, whole.iter_start, whole.iter_stop, cuts=cuts)
         _assert_same_aggregation(whole, split)
+
+
+def _shifted_copy(source, target, offset: int):
+    """A copy of an export with every timestamp moved by `offset` ns (a capture that started later)."""
+    import shutil
+    import sqlite3
+    shutil.copy(source, target)
+    con = sqlite3.connect(target)
+    for table, columns in (("NVTX_EVENTS", ("start", "end")), ("CUPTI_ACTIVITY_KIND_RUNTIME", ("start", "end")),
+                           ("CUPTI_ACTIVITY_KIND_KERNEL", ("start", "end")),
+                           ("CUPTI_ACTIVITY_KIND_MEMCPY", ("start", "end"))):
+        sets = ", ".join(f'"{c}" = "{c}" + {offset}' for c in columns)
+        con.execute(f"UPDATE {table} SET {sets}")
+    con.commit()
+    con.close()
+    return target
+
+
+def test_figures_do_not_change_when_the_capture_starts_later(training, tmp_path):
+    """Iteration 0 starts at the first recorded event: shifting every timestamp (a late capture, --delay)
+    changes no figure; with iteration 0 starting at the session start it would look mostly idle."""
+    shifted = analyze(_shifted_copy(profiles.training_profile(tmp_path / "t.sqlite"), tmp_path / "s.sqlite",
+                                    7_000_000_000))
+    a, b = training.agg(), shifted.agg()
+    assert a.wall_time == b.wall_time == 290_000
+    _same_dict({k: v for k, v in a.summary.items()}, {k: v for k, v in b.summary.items()})
+    assert a.iterations["duration"].tolist() == b.iterations["duration"].tolist()
+    assert (b.iterations["start"] - a.iterations["start"]).eq(7_000_000_000).all()
+    import pandas as pd
+    pd.testing.assert_frame_equal(a.ops.drop(columns=["first_start"]), b.ops.drop(columns=["first_start"]))
+
+
+def test_a_capture_without_nvtx_gets_a_wall_clock_and_a_full_breakdown():
+    from tests.test_fixtures import FIXTURES
+    a = analyze(FIXTURES / "cuda_app_no_nvtx_nsys2021.3.sqlite")
+    s = a.agg().summary
+    first = min(int(a.trace.api_calls["start"].min()), int(a.trace.gpu["start"].min()))
+    last = max(int(a.trace.api_calls["end"].max()), int(a.trace.gpu["end"].max()))
+    assert s["wall_time"] == last - first > 0
+    assert sum(s["pct"].values()) == pytest.approx(100.0)

@@ -98,7 +98,8 @@ def test_backward_ops_take_the_forward_name_by_sequence_number(tmp_path):
     assert a.op_names() == {"/aten::linear"}
     fwd, bwd = a.op("/aten::linear", "fprop"), a.op("/aten::linear", "bprop")
     assert (fwd["calls"], fwd["gpu_total"]) == (1, 20)
-    assert (bwd["calls"], bwd["gpu_total"], bwd["cpu_total"]) == (2, 45, 200)
+    # AddmmBackward0 and TBackward0 are the backward of one forward call: one bprop call (issue 13 item 15)
+    assert (bwd["calls"], bwd["gpu_total"], bwd["cpu_total"]) == (1, 45, 200)
     assert bwd["op_type"] == "linear" and fwd["op_id"] == "LINEAR_1" and bwd["op_id"] == "LINEAR_2"
 
 
@@ -294,6 +295,39 @@ def test_domains_are_kept_apart(tmp_path):
     # every domain accounts for every activity
     for name in a.corr.domains:
         assert a.agg(name).summary["kernels"]["all"]["gpu_time"] == 410
+
+
+def test_a_reused_correlation_id_links_each_activity_to_the_nearest_call_before_it(tmp_path):
+    # process 100 reuses correlation id 5 (calls at 100 and 1000); process 200 has its own id 5
+    exp, t = new_export()
+    t2 = exp.add_thread(pid=200, tid=200, name="python", process_name="python")
+    exp.push_pop(t, 0, 250, "aten::mm, seq = 1, op_id = 1")
+    exp.push_pop(t, 900, 1550, "aten::relu, seq = 2, op_id = 2")
+    exp.runtime(t, 100, 200, correlation_id=5)          # api row 0 (100 ns)
+    exp.runtime(t2, 150, 160, correlation_id=5)         # api row 1, the other process
+    exp.runtime(t, 1000, 1500, correlation_id=5)        # api row 2 (500 ns)
+    exp.kernel(PID, 5, 50, 60, "k_before_every_call")   # no call before it: the earliest call (row 0)
+    exp.kernel(200, 5, 170, 180, "k_other_process")     # row 1
+    exp.kernel(PID, 5, 300, 400, "k_after_first")       # nearest call before it: row 0
+    exp.kernel(PID, 5, 1600, 1700, "k_after_second")    # nearest call before it: row 2
+    a = analyze(exp.write(tmp_path / "p.sqlite"))
+    names = a.trace.gpu["name"].astype(str).tolist()
+    assert dict(zip(names, a.corr.gpu_api.tolist())) == {
+        "k_before_every_call": 0, "k_other_process": 1, "k_after_first": 0, "k_after_second": 2}
+    assert a.op("/aten::mm")["gpu_total"] == 10 + 100          # k_before_every_call + k_after_first
+    assert a.op("/aten::relu")["gpu_total"] == 100             # k_after_second, launched by the 500 ns call
+    kernels = a.aggs["default"].kernels
+    api_of = dict(zip(kernels["name"].astype(str), kernels["api_total"]))
+    assert (api_of["k_after_first"], api_of["k_after_second"]) == (100, 500)
+
+
+def test_equal_call_starts_resolve_to_the_later_row(tmp_path):
+    exp, t = new_export()
+    exp.runtime(t, 100, 110, correlation_id=7)
+    exp.runtime(t, 100, 130, correlation_id=7)
+    exp.kernel(PID, 7, 200, 210, "k")
+    a = analyze(exp.write(tmp_path / "p.sqlite"))
+    assert a.corr.gpu_api.tolist() == [1]
 
 
 def _instance_key_frame(dm):

@@ -86,8 +86,13 @@ def test_cli_reaggregation_copies_the_input_database(db, tmp_path):
     new = tmp_path / "r" / "dlprof_dldb.sqlite"
     assert query(new, "SELECT aggr_id, key_node FROM aggregations ORDER BY aggr_id") == \
         [(1, "Optimizer.step#SGD.step"), (2, "aten::relu")]
-    proc = run_dlprof(f"--database={db}", f"--output_path={db.parent}", "-f", "true", check=False)
-    assert proc.returncode == 2 and "would replace the input" in proc.stderr
+    # its own folder updates the run (the expert systems' proposed command), never without --force
+    proc = run_dlprof(f"--database={db}", f"--output_path={db.parent}", check=False)
+    assert proc.returncode == 1 and "use --force=true" in proc.stderr
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+    run_dlprof(f"--database={db}", f"--output_path={db.parent}", "--key_node=aten::relu", "-f", "true")
+    assert query(db, "SELECT aggr_id, key_node FROM aggregations ORDER BY aggr_id") == \
+        [(1, "Optimizer.step#SGD.step"), (2, "aten::relu")]
 
 
 def test_event_file_is_readable_by_tensorboard(db):

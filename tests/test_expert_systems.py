@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -36,10 +37,12 @@ def loop_profile(path: Path, *, n_iter: int = 4, start: int = 0, span: int = ITE
                  stall_apis: tuple = (), stall_io: tuple = (), sync: int = 0, elementwise: int = 0,
                  elementwise_kernel: str = ELEMENTWISE, devices: tuple = (0,), scale: dict | None = None,
                  idle_gpus: tuple = (), blocking_launches: bool = False, backward_markers: bool = True,
-                 outer: str | None = None, stall_pieces: int = 1) -> Path:
+                 outer: str | None = None, stall_pieces: int = 1, setup: bool = True) -> Path:
     """A PyTorch training loop, one process per device in `devices`, n_iter iterations of `span` + `stall` ns
     from `start`; every iteration but the last ends with an `Optimizer.step#SGD.step` range (the default key
-    node), so all n_iter iteration intervals are equally long (iteration 0 is longer by `start`).
+    node), so all n_iter iteration intervals are equally long (iteration 0 is longer by `start`: with `setup`,
+    a `model setup` range [0, start) on each main thread is the start-up the capture saw; without it, the
+    capture just started late and iteration 0 starts at its first event).
 
     Per iteration (T = start + i x (span + stall), S = T + stall; main thread unless said):
       [T, S+span)             `outer` range around the whole iteration (when given)
@@ -64,6 +67,8 @@ def loop_profile(path: Path, *, n_iter: int = 4, start: int = 0, span: int = ITE
         main = exp.add_thread(pid=pid, tid=pid, name="python", process_name="python")
         grad = exp.add_thread(pid=pid, tid=pid + 1, name="pt_autograd_0", process_name="python")
         factor = (scale or {}).get(dev, 1.0)
+        if setup and start > 0:
+            exp.push_pop(main, 0, start, "model setup")
         if config is not None:
             exp.push_pop(main, start, start, json.dumps({"model_config": config}))
 
@@ -176,7 +181,9 @@ def make(tmp_path):
 # ---------------------------------------------------------------------------- contract
 
 def test_baseline_is_silent(baseline):
-    assert baseline[1] == []
+    # as DLProf did, a profile without DALI hears of it, as information only
+    assert [(f["id"], f["severity"], f["problem"].split(" (")[0]) for f in baseline[1]] == \
+        [("dataloader_detector", "info", "No DALI ops detected")]
 
 
 def test_every_finding_follows_the_contract(make):
@@ -247,13 +254,18 @@ def test_no_iterations(baseline, make):
     path = make()
     f = one(run(path, key_node="no_such_node"), "no_iterations_detector")
     assert f["problem"] == "Unable to split profile into training iterations: key op no_such_node not found"
-    assert f["recommendation"].startswith("Specify key op by setting the --key_node argument")
+    assert f["recommendation"].startswith("Specify key op by setting the --key_op argument")
     assert "Optimizer.step#SGD.step (3 times)" in f["recommendation"]
     assert f["action"] == {"type": "reaggregate", "key_node": "Optimizer.step#SGD.step",
-                           "command": "dlprof --database=<db> --key_node='Optimizer.step#SGD.step'"}
-    # nothing looked for (nvtx mode has no default key node): DLProf's text with an empty name
+                           "command": "dlprof --database=<db> --key_op='Optimizer.step#SGD.step'"}
+    # nothing looked for (nvtx mode has no default key node): DLProf's sentence, no empty name in it
     f = one(run(path, mode="nvtx"), "no_iterations_detector")
-    assert f["problem"] == "Unable to split profile into training iterations: key op  not found"
+    assert f["problem"] == ("Unable to split profile into training iterations: key op not found (no --key_op given "
+                            "and nvtx profiles have no default key op)")
+    # a PyTorch profile without its default key op: named
+    f = one(run(make(n_iter=1)), "no_iterations_detector")
+    assert f["problem"] == ("Unable to split profile into training iterations: key op not found (no --key_op given; "
+                            "the pytorch default, Optimizer.step# or ProfilerStep#N ranges, is not in the profile)")
 
 
 def test_bad_iteration_range(baseline, make):
@@ -266,13 +278,21 @@ def test_bad_iteration_range(baseline, make):
                                    "or apply this proposal in the Iterations view")
     assert f["action"] == {"type": "reaggregate", "iter_start": 1, "iter_stop": 4,
                            "command": "dlprof --database=<db> --iter_start 1 --iter_stop 4"}
+    # rendered for a run: its database, its folder (so the run is updated), paths quoted for the shell
     assert render_command(f["action"], Path("out dir/dlprof_dldb.sqlite")) == \
-        "dlprof --database='out dir/dlprof_dldb.sqlite' --iter_start 1 --iter_stop 4"
+        "dlprof --database='out dir/dlprof_dldb.sqlite' --output_path='out dir' --force=true " \
+        "--iter_start 1 --iter_stop 4"
+    assert render_command(f["action"], Path("/r/exp1_dldb.sqlite"), "trial") == \
+        "dlprof --database=/r/exp1_dldb.sqlite --output_path=/r --base_name=exp1 --profile_name=trial --force=true " \
+        "--iter_start 1 --iter_stop 4"
+    assert render_command(f["action"], Path("/r/exp1_dldb.sqlite"), "exp1") == \
+        "dlprof --database=/r/exp1_dldb.sqlite --output_path=/r --base_name=exp1 --force=true " \
+        "--iter_start 1 --iter_stop 4"
     # the proposal applied: steady, silent
     assert not only(run(path, iter_start=1, iter_stop=4), "bad_iteration_range_detector")
     # a key node given by the user is repeated in the command
     f = one(run(path, key_node="Optimizer.step#SGD.step"), "bad_iteration_range_detector")
-    assert f["action"]["command"] == ("dlprof --database=<db> --key_node='Optimizer.step#SGD.step' "
+    assert f["action"]["command"] == ("dlprof --database=<db> --key_op='Optimizer.step#SGD.step' "
                                       "--iter_start 1 --iter_stop 4")
     assert f["action"]["key_node"] == "Optimizer.step#SGD.step"
 
@@ -308,7 +328,7 @@ def test_imbalanced_gpus(make):
 
 
 def test_dataloader(baseline, make):
-    assert not only(baseline[1], "dataloader_detector")
+    assert [f["severity"] for f in only(baseline[1], "dataloader_detector")] == ["info"]
     f = one(run(make(stall=3 * MS, config={"num_workers": 0, "pin_memory": False})), "dataloader_detector")
     assert re.fullmatch(r"No DALI ops detected; data loading takes 2\d\.\d% of the profiled time while the GPU is "
                         r"idle", f["problem"]), f["problem"]
@@ -486,3 +506,64 @@ def test_docs_cover_every_detector():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "expert_systems.md").read_text(encoding="utf-8")
     for exp_sys_id in DETECTORS:
         assert f"`{exp_sys_id}`" in doc, exp_sys_id
+
+
+@pytest.mark.parametrize("names", [(), ("--base_name=exp1", "--profile_name=trial")])
+def test_printed_command_updates_the_run(make, tmp_path, names):
+    """The `apply with:` command, run as printed from the folder it was printed in, updates that run: the
+    run's database gains the proposed aggregation (the first one is kept), the run's event file points at it,
+    its reports (the same ones) cover the proposed range; no other file is written."""
+    import shlex
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tests.profiles import run_dlprof
+
+    path = make(start=5 * MS, n_iter=5)  # iteration 0 is not steady: the proposal is 1..4
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = run_dlprof(f"--database={path}", "--output_path=run dir", "--reports=summary", *names, cwd=work)
+    line = next(text for text in proc.stdout.splitlines() if "apply with: " in text)
+    argv = shlex.split(line.split("apply with: ", 1)[1])
+    base, run_name = ("exp1", "trial") if names else ("dlprof", "dlprof")
+    assert argv[:3] == ["dlprof", f"--database=run dir/{base}_dldb.sqlite", "--output_path=run dir"]
+    assert argv[-4:] == ["--iter_start", "1", "--iter_stop", "4"]
+    assert "--force=true" in argv and "--reports=summary" in argv  # the run's own reports, replaced
+    before = sorted(p.relative_to(work) for p in work.rglob("*") if "tfevents" not in p.name)
+    run_dlprof(*argv[1:], cwd=work)
+    run_dir = work / "run dir"
+    assert sorted(p.relative_to(work) for p in work.rglob("*") if "tfevents" not in p.name) == before
+    con = sqlite3.connect(run_dir / f"{base}_dldb.sqlite")
+    try:
+        assert con.execute("SELECT aggr_id, iter_start, iter_stop FROM aggregations ORDER BY aggr_id").fetchall() \
+            == [(1, 0, 4), (2, 1, 4)]
+    finally:
+        con.close()
+    events = list((run_dir / run_name).glob("*tfevents*"))
+    assert len(events) == 1
+    acc = EventAccumulator(str(run_dir / run_name), size_guidance={"tensors": 0})
+    acc.Reload()
+    meta = json.loads(acc.Tensors("dlprof/profile")[0].tensor_proto.string_val[0])
+    assert meta["aggr_id"] == 2 and meta["database"] == f"../{base}_dldb.sqlite"
+    summary = (run_dir / f"{base}_summary.csv").read_text()
+    assert "Start Iteration,1" in summary and "Stop Iteration,4" in summary and "Aggregated Iterations,4" in summary
+
+
+def test_no_gpu_advice_without_gpu_activity(tmp_path):
+    """A capture with a GPU listed, ranges, data loading and CUDA API calls but no GPU activity gets no GPU
+    advice (it would otherwise read as 0% GPU utilization, 100% data loading)."""
+    exp = NsysExport(schema="2022.4")
+    exp.add_gpu(device_id=0, name="NVIDIA A100-SXM4-40GB", total_memory=A100_MEMORY)
+    main = exp.add_thread(pid=100, tid=100, name="python", process_name="python")
+    for i in range(4):
+        t = i * 10 * MS
+        exp.push_pop(main, t, t + 8 * MS, LOADER)
+        exp.push_pop(main, t + 8 * MS, t + 9 * MS, f"aten::mm, seq = {i}, op_id = {i}")
+        exp.runtime(main, t + 9 * MS, t + 9 * MS + 100, name="cudaGetDevice_v3020")
+        exp.push_pop(main, t + 9 * MS, t + 10 * MS, "Optimizer.step#SGD.step")
+    exp.push_pop(main, 0, 0, json.dumps({"model_config": {"num_workers": 0, "max_memory_reserved": 1 << 20}}))
+    findings = run(exp.write(tmp_path / "cpu.sqlite"))
+    gpu_advice = {"underutilized_gpu_detector", "imbalanced_gpus_detector", "dataloader_detector", "amp_detector",
+                  "bad_tensor_shape_detector", "pageable_memcpy_detector", "batch_size_detector", "no_fusion_detector",
+                  "cudnn_benchmark_detector", "gpu_gap_detector"}
+    assert not {f["id"] for f in findings} & gpu_advice

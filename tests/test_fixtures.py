@@ -72,13 +72,32 @@ def test_fixture_totals_match_direct_sql(fixture_copies, name):
     assert len(a.trace.ranges) == ranges
 
 
-def test_visible_gpus_average_utilization(fixture_copies):
+def test_utilization_averages_the_gpus_used(fixture_copies):
+    """8 GPUs listed, work on GPU 0 only: the figures are GPU 0's (averaging over the machine's 8 GPUs would
+    show an eighth of it); the 7 others are listed as idle."""
     a = analyze(fixture_copies / "nvfuser_8xh100_nsys2024.6.sqlite")
     s = a.agg().summary
-    assert s["n_visible_gpus"] == 8 and len(a.trace.devices) == 8
+    assert (s["n_visible_gpus"], s["n_listed_gpus"]) == (1, 8) and len(a.trace.devices) == 8
     devices = a.agg().devices.set_index("device_id")
+    assert devices["used"].tolist() == [True] + [False] * 7
     assert devices.loc[0, "gpu_utilization"] > 0 and devices.loc[1:, "gpu_utilization"].eq(0).all()
-    assert s["gpu_utilization"] == pytest.approx(devices["gpu_utilization"].sum() / 8)
+    assert devices.loc[1:, "other_pct"].eq(100.0).all()
+    assert s["gpu_utilization"] == pytest.approx(devices.loc[0, "gpu_utilization"])
+    busy = merged_busy(a.trace.gpu)   # independent: union of GPU 0's activities over the window
+    assert s["gpu_utilization"] == pytest.approx(100.0 * busy / s["wall_time"])
+
+
+def merged_busy(gpu) -> int:
+    """Flattened GPU time of the activities (they all ran on one device here), by a plain sweep."""
+    total, reach = 0, None
+    for start, end in sorted(zip(gpu["start"].tolist(), gpu["end"].tolist())):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
 
 
 def test_pytorch_fixture_multi_gpu_and_domains(fixture_copies):

@@ -27,14 +27,15 @@ def test_n_key_nodes_give_n_plus_one_iterations(tmp_path):
     it = a.iterations
     assert it.found and it.count == 4
     assert it.boundaries.tolist() == [1000, 2000, 3000]
-    assert it.starts.tolist() == [0, 1000, 2000, 3000]
+    # iteration 0 starts at the first recorded event: the first step range [900, 1000)
+    assert it.starts.tolist() == [900, 1000, 2000, 3000]
     assert it.ends.tolist() == [1000, 2000, 3000, 3500]
     s = a.agg().summary
     assert (s["total_iterations"], s["aggregated_iterations"], s["iter_start"], s["iter_stop"]) == (4, 4, 0, 3)
-    assert s["wall_time"] == 3500                        # from 0 to the last event
-    assert s["avg_iteration_time"] == pytest.approx(3500 / 4)
-    # iteration durations 1000, 1000, 1000, 500 -> sample standard deviation
-    assert s["iteration_std"] == pytest.approx(np.std([1000, 1000, 1000, 500], ddof=1))
+    assert s["wall_time"] == 2600                        # from the first event (900) to the last (3500)
+    assert s["avg_iteration_time"] == pytest.approx(2600 / 4)
+    # iteration durations 100, 1000, 1000, 500 -> sample standard deviation
+    assert s["iteration_std"] == pytest.approx(np.std([100, 1000, 1000, 500], ddof=1))
 
 
 def test_key_node_not_found_means_one_iteration(tmp_path):

@@ -22,6 +22,7 @@ from xml.etree import ElementTree
 
 import pytest
 
+from dlprof_plugin.security import REQUEST_HEADER
 from tests.profiles import run_dlprof
 
 # ---------------------------------------------------------------------------- the training profile, by hand
@@ -50,9 +51,10 @@ class Api:
         q = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
         return f"{self.base}{self.prefix}{route}" + (f"?{q}" if q else "")
 
-    def raw(self, url: str, data: bytes | None = None, method: str | None = None, timeout: float = 30):
-        req = urllib.request.Request(url, data=data, method=method)
-        if data is not None:
+    def raw(self, url: str, data: bytes | None = None, method: str | None = None, timeout: float = 30,
+            headers: dict | None = None):
+        req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+        if data is not None and not req.has_header("Content-type"):
             req.add_header("Content-Type", "application/json")
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -67,7 +69,7 @@ class Api:
 
     def post(self, route: str, doc, expect: int | None = None):
         data = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
-        status, _, body = self.raw(self.url(route), data=data, method="POST")
+        status, _, body = self.raw(self.url(route), data=data, method="POST", headers={REQUEST_HEADER: "1"})
         if expect is not None:
             assert status == expect, f"POST {route} {doc!r}: {status} {body[:300]!r}"
         return status, json.loads(body)

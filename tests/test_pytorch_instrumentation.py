@@ -20,7 +20,9 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import dlprof_profiler.pytorch as dp  # noqa: E402
+from dlprof_profiler.pytorch import backward as dp_backward  # noqa: E402
 from dlprof_profiler.pytorch.backend import NvtxBackend, RecordingBackend  # noqa: E402
+from tests.torch_models_train import TinyTransformer  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -106,6 +108,11 @@ def tail(func_stack: str, n: int) -> str:
     return "/".join(func_stack.split("/")[-n:])
 
 
+def trace_value(record: dict) -> dict:
+    """The trace marker of an ops() record, parsed."""
+    return ast.literal_eval(record["trace_range"].text)
+
+
 # ---------------------------------------------------------------------------------------------- names
 
 def test_forward_names_hierarchy_and_numbering(rec):
@@ -119,15 +126,19 @@ def test_forward_names_hierarchy_and_numbering(rec):
     assert [r["mod"] for r in fwd] == ["torch.nn.functional"] * 4 + ["torch", "torch.nn.functional"]
     me = sys._getframe().f_code.co_name
     stacks = [r["funcStack"] for r in fwd]
-    prefix = "/%s/Net::_call_impl/Net::forward/" % me
+    prefix = f"/{me}/model/"  # the root module by the variable that holds it, submodules by attribute
     assert stacks == [
-        prefix + "Conv2d::_call_impl/Conv2d::forward/Conv2d::_conv_forward/conv2d",
+        prefix + "conv1/conv2d",
         prefix + "relu",
-        prefix + "Conv2d::_call_impl(2)/Conv2d::forward/Conv2d::_conv_forward/conv2d",
+        prefix + "conv2/conv2d",
         prefix + "relu(2)",
         prefix + "flatten",
-        prefix + "Linear::_call_impl/Linear::forward/linear",
+        prefix + "fc/linear",
     ]
+    # class names: one (element, class) pair per module element of funcStack
+    assert [trace_value(r)["modules"] for r in fwd] == [
+        [("model", "Net"), ("conv1", "Conv2d")], [("model", "Net")], [("model", "Net"), ("conv2", "Conv2d")],
+        [("model", "Net")], [("model", "Net")], [("model", "Net"), ("fc", "Linear")]]
     # the three markers nest: trace > argument, and the backend saw balanced push/pop
     for r in fwd:
         assert r["range"].parent is r["trace_range"]
@@ -147,10 +158,17 @@ def test_same_call_site_keeps_name_two_call_sites_get_numbers(rec):
     assert len(convs) == 6
     names = [r["funcStack"] for r in convs]
     assert names[0::2] == [names[0]] * 3 and names[1::2] == [names[1]] * 3
-    assert "Conv2d::_call_impl(2)" in names[1] and "(2)" not in names[0]
+    assert names[0].endswith("/model/conv1/conv2d") and names[1].endswith("/model/conv2/conv2d")
     sig = [r["funcStack"] for r in ops(rec, "fprop", "sigmoid")]
     me = sys._getframe().f_code.co_name
     assert sig == ["/%s/block/sigmoid" % me] * 3 + ["/%s/block(2)/sigmoid" % me]
+    # one module called from more sites: numbered in the order the sites are met (the loop above was first)
+    rec.clear()
+    model(x)
+    model(x)
+    model(x)
+    assert [r["funcStack"] for r in ops(rec, "fprop", "linear")] == [
+        f"/{me}/model(2)/fc/linear", f"/{me}/model(3)/fc/linear", f"/{me}/model(4)/fc/linear"]
 
 
 def test_names_do_not_depend_on_module_hooks(rec):
@@ -171,21 +189,119 @@ def test_names_do_not_depend_on_module_hooks(rec):
     assert hooked == plain
 
 
-def test_distinguish_instances_option():
+def test_sequential_layers_are_distinct_by_default():
+    """nn.Sequential calls its layers from one line: their attribute paths (0, 1) keep them apart."""
     dp.uninstall()
     backend = RecordingBackend()
-    seq = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
+    seq = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 3))
     x = torch.randn(2, 3)
-    with dp.instrumented(backend=backend, distinguish_instances=True):
+    with dp.instrumented(backend=backend):
         for _ in range(2):
             seq(x)
-    names = [tail(r["funcStack"], 3) for r in ops(backend, "fprop", "linear")]
-    assert names == ["Linear::_call_impl/Linear::forward/linear", "Linear::_call_impl(2)/Linear::forward/linear"] * 2
-    backend2 = RecordingBackend()
-    with dp.instrumented(backend=backend2):
-        seq(x)
-    names = [tail(r["funcStack"], 3) for r in ops(backend2, "fprop", "linear")]
-    assert names == ["Linear::_call_impl/Linear::forward/linear"] * 2  # PyProf rule: one call site, one name
+    names = [tail(r["funcStack"], 3) for r in ops(backend, "fprop")]
+    assert names == ["seq/0/linear", "seq/1/relu", "seq/2/linear"] * 2
+
+
+def test_distinguish_instances_option():
+    """Modules without an attribute path (kept in a plain list) share a name, unless distinguish_instances."""
+    dp.uninstall()
+    blocks = [nn.Linear(3, 3), nn.Linear(3, 3)]
+    x = torch.randn(2, 3)
+
+    def run(**options):
+        backend = RecordingBackend()
+        with dp.instrumented(backend=backend, **options):
+            for _ in range(2):
+                for block in blocks:
+                    block(x)  # <list_call>
+        return [tail(r["funcStack"], 2) for r in ops(backend, "fprop", "linear")]
+
+    assert run() == ["block/linear"] * 4
+    assert run(distinguish_instances=True) == ["block/linear", "block(2)/linear"] * 2
+
+
+def test_transformer_encoder_layers_have_attribute_paths(rec):
+    """A 2-layer TransformerEncoder: every layer's ops get their own name, as torch.profiler's module
+    hierarchy names them; helper methods (_sa_block, _ff_block) add nothing; classes go to 'modules'."""
+    torch.manual_seed(0)
+    model = TinyTransformer()
+    x = torch.randn(3, 5, 16)
+    rec.clear()
+    model(x)
+    me = sys._getframe().f_code.co_name
+    fwd = ops(rec, "fprop")
+    by_op: dict = {}
+    for r in fwd:
+        by_op.setdefault(r["op"], []).append(r["funcStack"][len(f"/{me}/"):])
+    assert by_op["linear"] == ["model/encoder/layers.0/linear1/linear", "model/encoder/layers.0/linear2/linear",
+                               "model/encoder/layers.1/linear1/linear", "model/encoder/layers.1/linear2/linear",
+                               "model/head/linear"]
+    assert by_op["multi_head_attention_forward"] == [
+        f"model/encoder/layers.{i}/self_attn/multi_head_attention_forward" for i in (0, 1)]
+    assert by_op["layer_norm"] == [f"model/encoder/layers.{i}/norm{n}/layer_norm" for i in (0, 1) for n in (1, 2)]
+    # each op of one forward pass has a name of its own: nothing merges the two layers
+    names = [r["funcStack"] for r in fwd]
+    assert len(set(names)) == len(names)
+    linear1 = next(r for r in fwd if r["funcStack"].endswith("layers.1/linear1/linear"))
+    assert trace_value(linear1)["modules"] == [("model", "TinyTransformer"), ("encoder", "TransformerEncoder"),
+                                               ("layers.1", "TransformerEncoderLayer"), ("linear1", "Linear")]
+    # backward ranges carry the forward call's names
+    rec.clear()
+    model(x).sum().backward()
+    fwd = {r["callid"]: r["funcStack"] for r in ops(rec, "fprop")}
+    bwd = ops(rec, "bprop")
+    assert bwd and all(b["funcStack"] == fwd[b["fwdCallid"]] for b in bwd)
+    assert {b["funcStack"] for b in bwd if b["op"] == "linear"} == {n for n in fwd.values() if n.endswith("/linear")}
+
+
+class _Trainer:
+    def __init__(self) -> None:
+        self.net = nn.Linear(2, 2)
+
+    def step(self, x):
+        return self.net(x)
+
+
+def test_root_module_names(rec):
+    """A module called from outside any module is named by the variable or attribute holding it, else by
+    its class; methods of modules that are not being called (construction) keep Class::method frames."""
+    x = torch.randn(1, 2)
+    criterion = nn.MSELoss()
+    trainer = _Trainer()
+    rec.clear()
+    criterion(x, x)
+    trainer.step(x)
+    nn.Linear(2, 2)(x)  # held by nothing: its class
+    me = sys._getframe().f_code.co_name
+    got = [r["funcStack"] for r in ops(rec, "fprop") if r["op"] in ("mse_loss", "linear")]
+    assert got == [f"/{me}/criterion/mse_loss", f"/{me}/_Trainer::step/net/linear", f"/{me}/Linear/linear"]
+    rec.clear()
+    Net()
+    built = [r["funcStack"] for r in ops(rec, "fprop")]
+    assert built and all(f.startswith(f"/{me}/Net::__init__/") for f in built)
+    # (Conv2d.__init__ runs _ConvNd.__init__ on the same object: the runtime class names both frames)
+    assert f"/{me}/Net::__init__/Conv2d::__init__/Conv2d::__init__/Conv2d::reset_parameters/kaiming_uniform_/uniform_" \
+        in built
+
+
+class _Unhashable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(2, 2)
+
+    def __eq__(self, other):  # without __hash__: instances are unhashable (named_modules() fails on them)
+        return self is other
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def test_unhashable_modules_are_named(rec):
+    m = _Unhashable()
+    x = torch.randn(1, 2)
+    rec.clear()
+    m(x)
+    assert [tail(r["funcStack"], 3) for r in ops(rec, "fprop")] == ["m/inner/linear"]
 
 
 def test_stack_trace_user_frames_script_first(rec):
@@ -273,7 +389,7 @@ def test_rnn_module_marker(rec):
     lstm(x)
     (r,) = ops(rec, "fprop")
     assert (r["mod"], r["op"]) == ("torch.nn.modules.rnn", "LSTM")
-    assert r["funcStack"].endswith("/LSTM::_call_impl/LSTM::forward")
+    assert r["funcStack"].endswith("/lstm/LSTM")  # the module's name, then the op: its class
     module = r["range"].parent
     assert ast.literal_eval(module.text) == {"mod": "torch.nn.modules.rnn", "strRepr": "4, 8, batch_first=True"}
     assert module.parent is r["trace_range"]
@@ -349,6 +465,30 @@ def test_direction_with_emit_nvtx_or_autograd_profiler(rec):
     assert configs(rec)[-1]["emit_nvtx"] is True
 
 
+def test_backward_nodes_of_one_call_share_a_backward_callid(rec, monkeypatch):
+    """linear builds AddmmBackward0 and TBackward0: two bprop ranges, one backward call. Both carry the
+    forward callid (fwdCallid) and one backward callid, new for each backward pass, never a forward one."""
+    for graph_task_id in (dp_backward._graph_task_id, None):  # autograd's graph task id, and the fallback
+        monkeypatch.setattr(dp_backward, "_graph_task_id", graph_task_id)
+        lin = nn.Linear(3, 2)
+        x = torch.randn(4, 3, requires_grad=True)
+        rec.clear()
+        out = lin(x)
+        out.sum().backward(retain_graph=True)
+        out.sum().backward()  # a second pass over the same nodes
+        (fwd,) = ops(rec, "fprop", "linear")
+        bwd = ops(rec, "bprop", "linear")
+        assert [b["node"] for b in bwd] == ["AddmmBackward0", "TBackward0"] * 2
+        assert {b["fwdCallid"] for b in bwd} == {fwd["callid"]}
+        first, second = bwd[0]["callid"], bwd[2]["callid"]
+        assert bwd[1]["callid"] == first and bwd[3]["callid"] == second and first != second
+        forward_ids = {r["callid"] for r in ops(rec, "fprop")}
+        assert not forward_ids & {first, second}
+        # in the export the engine strips the call ids before parsing: the texts of a node are one text
+        texts = {re.sub(r"'callid': \d+, ", "", b["range"].text) for b in bwd}
+        assert len(texts) == 2
+
+
 def test_backward_on_another_thread(rec):
     model = Net()
     x, y = torch.randn(2, 3, 4, 4), torch.tensor([1, 2])
@@ -368,6 +508,54 @@ def test_no_backward_links_under_no_grad(rec):
         out = model(x)
     assert out.grad_fn is None
     assert ops(rec, "bprop") == []
+
+
+# ---------------------------------------------------------------------------------------------- foreach, linalg
+
+def test_foreach_optimizers_and_clip_grad_norm_are_annotated(rec):
+    """AdamW and SGD with foreach=True and clip_grad_norm_ run torch._foreach_* ops: each is one op with its
+    tensor lists described element by element (the parameters' shapes)."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    shapes = [(4, 3), (4,), (2, 4), (2,)]
+    adamw = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
+    for opt in (adamw, sgd):
+        model(torch.randn(5, 3)).sum().backward()
+        rec.clear()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        opt.step()
+        step = f"Optimizer.step#{type(opt).__name__}.step"
+        recs = ops(rec)
+        in_step = [r for r in recs if step in [a.text for a in r["range"].ancestors()]]
+        clip = [r for r in recs if "/clip_grad_norm_/" in r["funcStack"]]
+        foreach = {r["op"] for r in in_step if r["op"].startswith("_foreach_")}
+        if opt is adamw:
+            assert {"_foreach_lerp_", "_foreach_addcmul_", "_foreach_addcdiv_", "_foreach_sqrt",
+                    "_foreach_mul_"} <= foreach
+        else:
+            assert "_foreach_add_" in foreach
+        assert all(r["mod"] == "torch" for r in in_step if r["op"].startswith("_foreach_"))
+        assert {r["op"] for r in clip} >= {"_foreach_norm", "linalg_vector_norm", "_foreach_mul_"}
+        norm = next(r for r in clip if r["op"] == "_foreach_norm")
+        assert [a["shape"] for a in norm["args"] if a["type"] == "tensor"] == shapes  # the gradients
+        vector_norm = next(r for r in clip if r["op"] == "linalg_vector_norm")
+        assert vector_norm["mod"] == "torch.linalg"
+
+
+def test_linalg_functions_are_wrapped(rec):
+    linalg_functions = [n for n, f in vars(torch.linalg).items()
+                        if not n.startswith("_") and callable(f) and not isinstance(f, type)]
+    assert all(getattr(getattr(torch.linalg, n), "__dlprof_original__", None) is not None for n in linalg_functions)
+    foreach = [n for n in vars(torch) if n.startswith("_foreach_")]
+    assert foreach and all(getattr(torch, n).__dlprof_original__ is not None for n in foreach)
+    a = torch.randn(3, 3)
+    rec.clear()
+    torch.linalg.norm(a)
+    torch.norm(a)
+    torch.linalg.matmul(a, a)
+    assert [(r["mod"], r["op"]) for r in ops(rec)] == [("torch.linalg", "linalg_norm"), ("torch", "norm"),
+                                                       ("torch.linalg", "linalg_matmul")]
+    assert ops(rec)[2]["args"] == [{"name": "", "type": "tensor", "shape": (3, 3), "dtype": "float32"}] * 2
 
 
 # ---------------------------------------------------------------------------------------------- scopes, config
@@ -449,6 +637,7 @@ def _snapshot():
         "gradcheck": torch.autograd.gradcheck,
         "tensor_dict": dict(torch.Tensor.__dict__),
         "torch_dict": dict(vars(torch)),
+        "linalg_dict": dict(vars(torch.linalg)),
         "F_dict": dict(vars(F)),
     }
 
@@ -505,6 +694,39 @@ def test_inactive_backend_passes_through():
     assert backend.events == []
 
 
+def test_forked_child_is_inactive():
+    """A fork() child (DataLoader worker) records nothing: is_active() is false there and torch calls pass
+    straight through; enable() in the child switches annotation on again; the parent is unaffected."""
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork()")
+    dp.uninstall()
+    backend = RecordingBackend()
+    ones = torch.ones(2)
+    with dp.instrumented(backend=backend):
+        assert dp.is_active()
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report and leave without running pytest's teardown
+            try:
+                before = len(backend.events)
+                torch.relu(ones)
+                quiet = (dp.is_active(), len(backend.events) - before)
+                dp.enable()
+                torch.relu(ones)
+                os.write(write, json.dumps([*quiet, dp.is_active(), len(backend.events) - before]).encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        os.waitpid(pid, 0)
+        with os.fdopen(read) as pipe:
+            report = json.loads(pipe.read())
+        assert report == [False, 0, True, 4]  # nothing, then trace + argument markers pushed and popped
+        assert dp.is_active()
+        rec_before = len(backend.events)
+        torch.relu(ones)
+        assert len(backend.events) == rec_before + 4
+
+
 def test_enable_disable():
     dp.uninstall()
     backend = RecordingBackend()
@@ -545,6 +767,122 @@ def test_auto_backend_needs_a_profiler(monkeypatch):
     assert NvtxBackend().enabled is False
 
 
+# ---------------------------------------------------------------------------------------------- engine
+
+DLPROF_18_DETAIL_COLUMNS = [  # dlprof_detailed.csv of DLProf 1.8 (reference/dlprof_outputs.md 4.2)
+    "Op ID", "Op Name", "Direction", "Op Type", "No. Calls", "TC Eligible", "Using TC", "Total CPU Time (ns)",
+    "Avg. CPU Time (ns)", "Min CPU Time (ns)", "Max CPU Time (ns)", "Total GPU Time (ns)", "Avg. GPU Time (ns)",
+    "Min GPU Time (ns)", "Max GPU Time (ns)", "Total CPU Overhead (ns)", "Avg. CPU Overhead (ns)",
+    "Min CPU Overhead (ns)", "Max CPU Overhead (ns)", "Total GPU Idle (ns)", "Avg. GPU Idle (ns)",
+    "Min GPU Idle (ns)", "Max GPU Idle (ns)", "Data Type", "Stack Trace"]
+OLD_STACK = "/<module>/Net::_call_impl/Net::forward/Conv2d::_call_impl(2)/Conv2d::forward/conv2d"
+NEW_STACK = "/<module>/main/model/encoder/layers.1/linear1/linear"
+
+
+def _tensor(shape, dtype="float16"):
+    return {"name": "", "type": "tensor", "shape": tuple(shape), "dtype": dtype}
+
+
+def marker_profile(path: Path) -> Path:
+    """Old (nvidia_dlprof_pytorch_nvtx) and new (attribute path) markers with hand-written texts.
+
+    main thread: [0, 1000) old conv2d marker set -> kernel [60, 260)
+                 [2000, 3000) new linear call, batch 8, callid 12 -> kernel [2100, 2300)
+                 [4000, 5000) the same call site, batch 4, callid 14 -> kernel [4100, 4200)
+    autograd thread: the backward of callid 12, AddmmBackward0 [6000, 6500) and TBackward0 [7000, 7200),
+                 one backward call (callid 20), each node inside its trace marker."""
+    from tests.nsys_builder import NsysExport
+
+    exp = NsysExport(schema="2022.4")
+    exp.add_gpu(device_id=0)
+    main = exp.add_thread(pid=100, tid=100, name="python", process_name="python")
+    grad = exp.add_thread(pid=100, tid=101, name="pt_autograd_0")
+    exp.push_pop(main, 0, 1000, repr({"traceMarker": ["train.py:57", "model.py:30"], "funcStack": OLD_STACK}))
+    exp.push_pop(main, 20, 980, repr({"mod": "torch.nn.functional", "op": "conv2d", "callid": 1,
+                                      "args": [_tensor((8, 3, 64, 64)), _tensor((16, 3, 3, 3))]}))
+    exp.launch(main, 40, 50, 60, 260, kernel="volta_fp16_s884cudnn_fp16_128x128_ldg8_relu_f2f_exp_small_nhwc_tn_v1")
+    modules = [("model", "TinyTransformer"), ("encoder", "TransformerEncoder"),
+               ("layers.1", "TransformerEncoderLayer"), ("linear1", "Linear")]
+    trace = repr({"traceMarker": ["train.py:9", "model.py:20"], "funcStack": NEW_STACK, "modules": modules})
+    for start, callid, batch in ((2000, 12, 8), (4000, 14, 4)):
+        exp.push_pop(main, start, start + 1000, trace)
+        exp.push_pop(main, start + 10, start + 990, repr({
+            "mod": "torch.nn.functional", "op": "linear", "callid": callid, "dir": "fprop",
+            "args": [_tensor((batch, 256)), _tensor((64, 256)), _tensor((64,))]}))
+        exp.launch(main, start + 20, start + 30, start + 100, start + 100 + 200 // (8 // batch),
+                   kernel="volta_sgemm_128x64_nn")
+    for start, end, node in ((6000, 6500, "AddmmBackward0"), (7000, 7200, "TBackward0")):
+        exp.push_pop(grad, start, end, trace)
+        exp.push_pop(grad, start + 10, end - 10, repr({
+            "mod": "torch.nn.functional", "op": "linear", "callid": 20, "dir": "bprop", "fwdCallid": 12,
+            "node": node, "args": [_tensor((8, 256)), _tensor((64, 256)), _tensor((64,))]}))
+    return exp.write(path)
+
+
+def test_engine_reads_old_and_new_markers(tmp_path):
+    """Old funcStacks keep their DLProf names; attribute paths become names as they are; the backward
+    nodes of one call carry what the engine needs to count one bprop call: (pid, callid) = (100, 20)."""
+    from tests.analysis import analyze
+
+    a = analyze(marker_profile(tmp_path / "p.sqlite"))
+    old = "/module/Net::_call_impl/Net::forward/Conv2d::_call_impl[2]/Conv2d::forward/conv2d"
+    new = "/module/main/model/encoder/layers.1/linear1/linear"
+    assert a.op_names() == {old, new}
+    assert a.op(old)["op_type"] == "conv2d" and a.op(new, "fprop")["op_type"] == "linear"
+    assert a.op(new, "bprop")["op_type"] == "linear"
+    info, ranges = a.corr.range_info, a.trace.ranges
+    bprop = (info["direction"] == "bprop").to_numpy()
+    assert info["callid"].to_numpy()[bprop].tolist() == [20, 20]
+    assert info["fwd_callid"].to_numpy()[bprop].tolist() == [12, 12]
+    assert ranges["pid"].to_numpy()[bprop].tolist() == [100, 100]
+
+
+def test_input_shapes_in_detailed_report_and_viewer(tmp_path):
+    """Input Shapes: the shapes of each op's first call, the last column of the detailed report (DLProf 1.8's
+    columns unchanged before it) and a column of the viewer's ops table."""
+    import csv
+
+    from werkzeug.test import Client
+
+    from dlprof_plugin.viewer import build_app
+    from tests.profiles import run_dlprof
+
+    export = marker_profile(tmp_path / "p.sqlite")
+    out = tmp_path / "out"
+    run_dlprof(f"--database={export}", f"--output_path={out}", "--reports=detail", "--formats=csv,json")
+    rows = list(csv.reader((out / "dlprof_detailed.csv").open()))
+    assert rows[1] == DLPROF_18_DETAIL_COLUMNS + ["Input Shapes"]
+    table = {(r[1], r[2]): dict(zip(rows[1], r)) for r in rows[2:]}
+    linear = "<N:8, K:256>; <M:64, K:256>; <64>"  # the first call's (batch 8), not the second's (batch 4)
+    expected = {
+        ("/module/Net::_call_impl/Net::forward/Conv2d::_call_impl[2]/Conv2d::forward/conv2d", "fprop"):
+            "<N:8, C:3, H:64, W:64>; <K:16, C:3, R:3, S:3>",
+        ("/module/main/model/encoder/layers.1/linear1/linear", "fprop"): linear,
+        ("/module/main/model/encoder/layers.1/linear1/linear", "bprop"): linear,
+    }
+    assert {k: v["Input Shapes"] for k, v in table.items()} == expected
+    assert table[("/module/main/model/encoder/layers.1/linear1/linear", "fprop")]["No. Calls"] == "2"
+    doc = json.loads((out / "dlprof_detailed.json").read_text())
+    assert json.dumps(doc).count(linear) == 2  # the JSON report carries the column too
+    # the viewer's ops table: the same values, sortable and filterable
+    client = Client(build_app([str(out / "dlprof_dldb.sqlite")]))
+
+    def table_rows(**params):
+        reply = client.get("/data/plugin/dlprof/table/ops", query_string=dict(run="dlprof_dldb", limit=100,
+                                                                              **params))
+        assert reply.status_code == 200, reply.get_data()[:300]
+        body = json.loads(reply.get_data())
+        keys = [c["key"] for c in body["columns"]]
+        assert "input_shapes" in keys
+        return [dict(zip(keys, r)) for r in body["rows"]]
+
+    assert {(r["op_name"], r["direction"]): r["input_shapes"] for r in table_rows()} == expected
+    by_shape = [r["input_shapes"] for r in table_rows(sort="input_shapes", order="asc")]
+    assert by_shape == sorted(expected.values())
+    assert [r["op_name"] for r in table_rows(**{"col.input_shapes": "K:16"})] == [
+        "/module/Net::_call_impl/Net::forward/Conv2d::_call_impl[2]/Conv2d::forward/conv2d"]
+
+
 # ---------------------------------------------------------------------------------------------- nsys
 
 NSYS_TIMEOUT = 180
@@ -567,9 +905,8 @@ def _kill_nsys_agents(frontend_pid: int) -> None:
                 pass
 
 
-@pytest.fixture(scope="module")
-def nsys_capture(tmp_path_factory) -> Path:
-    """The example run once under Nsight Systems, exported to SQLite.
+def _nsys_profile(tmp_path: Path, script: Path, *args: str) -> tuple[Path, str]:
+    """Run ``python script args`` under Nsight Systems; returns the SQLite export and the script's stdout.
 
     ``--cpuctxsw=none``: on this container nsys 2022.4 often hangs after the target exits while it
     finishes CPU context-switch tracing (the agent spins, the report is never written); without that
@@ -577,14 +914,13 @@ def nsys_capture(tmp_path_factory) -> Path:
     nsys = shutil.which("nsys")
     if nsys is None:
         pytest.skip("nsys not on PATH")
-    tmp_path = tmp_path_factory.mktemp("nsys")
     out = tmp_path / "rep"
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     for name in ("NVTX_DISABLE", "DLPROF_DISABLE"):
         env.pop(name, None)
     cmd = [nsys, "profile", "-t", "cuda,nvtx", "-s", "none", "--cpuctxsw=none", "--export=sqlite",
-           "-o", str(out), sys.executable, str(EXAMPLE), "--iterations", "3"]
+           "-o", str(out), sys.executable, str(script), *args]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=NSYS_TIMEOUT)
@@ -595,8 +931,14 @@ def nsys_capture(tmp_path_factory) -> Path:
         pytest.fail("nsys profile did not finish within %d s" % NSYS_TIMEOUT)
     db = tmp_path / "rep.sqlite"
     assert proc.returncode == 0 and db.exists(), stdout[-2000:] + stderr[-2000:]
-    assert "annotations on" in stdout  # the example saw the profiler (NVTX_INJECTION64_PATH)
-    return db
+    assert "annotations on" in stdout  # the script saw the profiler (NVTX_INJECTION64_PATH)
+    return db, stdout
+
+
+@pytest.fixture(scope="module")
+def nsys_capture(tmp_path_factory) -> Path:
+    """The example run once under Nsight Systems, exported to SQLite."""
+    return _nsys_profile(tmp_path_factory.mktemp("nsys"), EXAMPLE, "--iterations", "3")[0]
 
 
 @pytest.mark.nsys
@@ -618,9 +960,7 @@ def test_example_under_nsys(nsys_capture):
     assert convs[0]["args"][0] == {"name": "", "type": "tensor", "shape": (8, 3, 32, 32), "dtype": "float32"}
     assert convs[0]["args"][1]["shape"] == (8, 3, 3, 3)
     stacks = {t["funcStack"] for t in traces}
-    assert any(s.endswith("/SmallNet::_call_impl/SmallNet::forward/Conv2d::_call_impl/Conv2d::forward"
-                          "/Conv2d::_conv_forward/conv2d") for s in stacks)
-    assert any(s.endswith("/Conv2d::_call_impl(2)/Conv2d::forward/Conv2d::_conv_forward/conv2d") for s in stacks)
+    assert "/<module>/main/train/model/conv1/conv2d" in stacks and "/<module>/main/train/model/conv2/conv2d" in stacks
     conv_trace = next(t for t in traces if t["funcStack"].endswith("/conv2d"))
     assert conv_trace["traceMarker"] and all(f.startswith(example + ":") for f in conv_trace["traceMarker"])
     fwd_ids = {a["callid"] for a in args if a["dir"] == "fprop"}
@@ -656,6 +996,112 @@ def test_example_under_nsys_detail_report(nsys_capture, tmp_path):
     for op in ("conv2d", "linear", "relu", "max_pool2d", "cross_entropy"):
         assert (op, "fprop") in by_type and (op, "bprop") in by_type, op
     conv = by_type[("conv2d", "fprop")]
-    assert {r["Op Name"].split("/")[-4] for r in conv} == {"Conv2d::_call_impl", "Conv2d::_call_impl[2]"}
+    assert {r["Op Name"] for r in conv} == {"/module/main/train/model/conv1/conv2d",
+                                             "/module/main/train/model/conv2/conv2d"}
     assert all(r["Data Type"] == "float32" for r in conv)
     assert all(str(EXAMPLE) in r["Stack Trace"] for r in conv)
+
+
+# ---------------------------------------------------------------------------------------------- real models, nsys
+
+MODELS = ROOT / "tests" / "torch_models_train.py"
+
+
+@pytest.fixture(scope="module")
+def models_capture(tmp_path_factory):
+    """tests/torch_models_train.py (a 2-layer TransformerEncoder with AdamW, a Sequential of two Linear with
+    SGD and clip_grad_norm_, a DataLoader with one forked worker) under Nsight Systems: the export, what the
+    worker said, the main pid, and the engine's outputs of the export."""
+    from tests.profiles import run_dlprof
+
+    tmp_path = tmp_path_factory.mktemp("models")
+    report = tmp_path / "worker.txt"
+    db, stdout = _nsys_profile(tmp_path, MODELS, "--iterations", "2", "--worker-report", str(report))
+    out = tmp_path / "out"
+    run_dlprof(f"--database={db}", f"--output_path={out}", "--reports=detail", "--mode=pytorch")
+    main_pid = int(re.search(r"pid (\d+) annotations on", stdout).group(1))
+    worker_pid, worker_active = (int(v) for v in report.read_text().split())
+    return types.SimpleNamespace(db=db, out=out, main_pid=main_pid, worker_pid=worker_pid,
+                                 worker_active=worker_active)
+
+
+def _export_texts(db: Path) -> list:
+    """(pid, text) of every push/pop range of the export, in start order."""
+    con = sqlite3.connect(str(db))
+    try:
+        rows = con.execute("SELECT n.globalTid, coalesce(s.value, n.text) FROM NVTX_EVENTS n LEFT JOIN StringIds s "
+                           "ON s.id = n.textId WHERE n.eventType = 59 ORDER BY n.start").fetchall()
+    finally:
+        con.close()
+    return [((tid >> 24) & 0xFFFFFF, text) for tid, text in rows if text]
+
+
+@pytest.mark.nsys
+def test_models_under_nsys_markers(models_capture):
+    cap = models_capture
+    texts = _export_texts(cap.db)
+    # the forked DataLoader worker: inactive, and nothing of it in the capture
+    assert cap.worker_pid != cap.main_pid and cap.worker_active == 0
+    assert {pid for pid, _ in texts} == {cap.main_pid}
+    stacks = {ast.literal_eval(t)["funcStack"] for _, t in texts if t.startswith("{'traceMarker'")}
+    prefix = "/<module>/main/"
+    for layer in (0, 1):
+        for name in ("self_attn/multi_head_attention_forward", "linear1/linear", "linear2/linear",
+                     "norm1/layer_norm", "norm2/layer_norm"):
+            assert f"{prefix}model/encoder/layers.{layer}/{name}" in stacks
+    assert {prefix + "seq/0/linear", prefix + "seq/1/linear", prefix + "model/head/linear"} <= stacks
+    # foreach optimizers and clip_grad_norm_ are annotated inside their step / clip frames
+    args = [ast.literal_eval(t) for _, t in texts if t.startswith("{'mod'") and "'op'" in t]
+    ops_seen = {a["op"] for a in args}
+    assert {"_foreach_lerp_", "_foreach_addcdiv_", "_foreach_add_", "_foreach_norm", "linalg_vector_norm",
+            "linalg_matrix_norm"} <= ops_seen
+    # one backward call id per forward call (one backward pass each), never a forward call id
+    forward_ids = {a["callid"] for a in args if a["dir"] == "fprop"}
+    per_call: dict = {}
+    for a in args:
+        if a["dir"] == "bprop":
+            assert a["fwdCallid"] in forward_ids
+            per_call.setdefault(a["fwdCallid"], set()).add(a["callid"])
+    assert per_call and all(len(ids) == 1 for ids in per_call.values())
+    assert not forward_ids & set().union(*per_call.values())
+    linear_nodes = [a["node"] for a in args if a["dir"] == "bprop" and a["op"] == "linear"
+                    and len(a["args"][0]["shape"]) == 2]  # the Sequential's 2-D linears
+    assert linear_nodes and set(linear_nodes) == {"AddmmBackward0", "TBackward0"}
+
+
+def _detail_rows(out: Path) -> list:
+    import csv
+
+    rows = list(csv.reader((out / "dlprof_detailed.csv").open()))
+    return [dict(zip(rows[1], r)) for r in rows[2:]]
+
+
+@pytest.mark.nsys
+def test_models_under_nsys_detail_report_and_viewer(models_capture):
+    """The engine's op names on the real capture: every layer an op of its own, in both directions; shapes
+    in the report's and the viewer's Input Shapes; foreach and linalg ops as op types."""
+    from werkzeug.test import Client
+
+    from dlprof_plugin.viewer import build_app
+
+    table = _detail_rows(models_capture.out)
+    linears = {r["Op Name"]: r for r in table if r["Op Type"] == "linear" and r["Direction"] == "fprop"}
+    base = "/module/main/"
+    assert set(linears) == {f"{base}model/encoder/layers.{i}/linear{n}/linear" for i in (0, 1) for n in (1, 2)} \
+        | {base + "model/head/linear", base + "seq/0/linear", base + "seq/1/linear"}
+    assert {r["Op Name"] for r in table if r["Op Type"] == "linear" and r["Direction"] == "bprop"} == set(linears)
+    # shapes: batch 4, sequence 5, d_model 16, feed-forward 32; Sequential 8 -> 8 -> 2 (DLProf labels 2-D linears)
+    assert linears[base + "model/encoder/layers.0/linear1/linear"]["Input Shapes"] == "<4, 5, 16>; <32, 16>; <32>"
+    assert linears[base + "model/encoder/layers.1/linear2/linear"]["Input Shapes"] == "<4, 5, 32>; <16, 32>; <16>"
+    assert linears[base + "seq/0/linear"]["Input Shapes"] == "<N:4, K:8>; <M:8, K:8>; <8>"
+    assert linears[base + "seq/1/linear"]["Input Shapes"] == "<N:4, K:8>; <M:2, K:8>; <2>"
+    assert all(r["Data Type"] == "float32" and r["No. Calls"] == "2" for r in linears.values())
+    types_seen = {r["Op Type"] for r in table}
+    assert {"_foreach_lerp_", "_foreach_addcdiv_", "_foreach_norm", "linalg_vector_norm"} <= types_seen
+    # the viewer's ops table shows the same shapes for every op
+    client = Client(build_app([str(models_capture.out / "dlprof_dldb.sqlite")]))
+    reply = client.get("/data/plugin/dlprof/table/ops", query_string={"run": "dlprof_dldb", "limit": 1000})
+    body = json.loads(reply.get_data())
+    keys = [c["key"] for c in body["columns"]]
+    viewer = {r[keys.index("op_id")]: r[keys.index("input_shapes")] or "" for r in body["rows"]}
+    assert viewer == {r["Op ID"]: r["Input Shapes"] for r in table}

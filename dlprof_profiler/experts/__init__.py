@@ -6,7 +6,9 @@ that triggered it), recommendation, link (https), action (None or a dict the vie
 """
 from __future__ import annotations
 
+import re
 import shlex
+from pathlib import Path
 
 from dlprof_profiler import log
 from dlprof_profiler.experts.base import Context
@@ -42,10 +44,11 @@ DETECTORS = {
 DB_PLACEHOLDER = "<db>"
 
 
-def detect(trace, corr, dm, agg, iterations, strict: bool = False, only=None) -> list[dict]:
+def detect(trace, corr, dm, agg, iterations, strict: bool = False, only=None, data=None) -> list[dict]:
     """Findings for one aggregation of one domain. A detector that fails is reported as a warning and
-    skipped (the analysis goes on), unless `strict`. `only`: ids of the detectors to run (default all)."""
-    ctx = Context(trace, corr, dm, agg, iterations)
+    skipped (the analysis goes on), unless `strict`. `only`: ids of the detectors to run (default all);
+    `data`: the detectors' reads (experts/data.py; default: from the in-memory trace)."""
+    ctx = Context(trace, corr, dm, agg, iterations, data)
     findings = []
     for exp_sys_id, detector in DETECTORS.items():
         if only is not None and exp_sys_id not in only:
@@ -62,8 +65,28 @@ def detect(trace, corr, dm, agg, iterations, strict: bool = False, only=None) ->
     return findings
 
 
-def render_command(action: dict | None, database) -> str | None:
-    """The CLI command of a finding's action with the DLProf database path in place of `<db>`."""
+_DATABASE_NAME = re.compile(r"(?P<base>.+)_dldb\.sqlite")
+
+
+def render_command(action: dict | None, database, profile_name: str | None = None,
+                   options: tuple | list = ()) -> str | None:
+    """The CLI command of a finding's action, for the run whose DLProf database is `database`: `<db>` becomes
+    its path, followed by `--output_path=<the database's folder>` (and `--base_name`, `--profile_name` when
+    the run used other names than the defaults), so the command updates that run (the database gains the new
+    aggregation, the TensorBoard run shows it) instead of writing into the current folder. Updating replaces
+    the run's reports and event file, hence `--force=true`; `options` (`--reports=...` of the run) follow.
+    Paths and options are quoted for the shell."""
     if not action or not action.get("command"):
         return None
-    return action["command"].replace(f"--database={DB_PLACEHOLDER}", f"--database={shlex.quote(str(database))}")
+    path = Path(database)
+    parts = [f"--database={shlex.quote(str(path))}", f"--output_path={shlex.quote(str(path.parent))}"]
+    named = _DATABASE_NAME.fullmatch(path.name)
+    if named:
+        base = named.group("base")
+        if base != "dlprof":
+            parts.append(f"--base_name={shlex.quote(base)}")
+        if profile_name and profile_name != base:
+            parts.append(f"--profile_name={shlex.quote(profile_name)}")
+        parts.append("--force=true")
+    parts += [shlex.quote(str(o)) for o in options]
+    return action["command"].replace(f"--database={DB_PLACEHOLDER}", " ".join(parts))

@@ -8,8 +8,9 @@ most per GPU or per finding, never per kernel, API call or range (profiles hold 
 from __future__ import annotations
 
 import math
-import re
 from functools import cached_property
+
+from dlprof_profiler.experts.data import api_base_name  # noqa: F401 - re-exported for the detectors
 
 import numpy as np
 import pandas as pd
@@ -20,7 +21,6 @@ SEVERITIES = ("error", "warning", "info")
 DLPROF_GUIDE = "https://docs.nvidia.com/deeplearning/frameworks/dlprof-user-guide/index.html"
 TUNING_GUIDE = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"
 
-_API_SUFFIX = re.compile(r"(?:_ptsz|_ptds)?(?:_v\d+)?$")
 
 
 # ---------------------------------------------------------------------------- findings
@@ -104,12 +104,6 @@ def counted(items: list[tuple[str, int]], limit: int = 3) -> str:
     return shown + (f" and {rest} more" if rest > 0 else "")
 
 
-def api_base_name(name) -> str:
-    """CUDA API name without its version and per-thread-stream suffixes: `cudaMemcpyAsync_ptsz_v7000`
-    -> `cudaMemcpyAsync`, `cuMemcpyHtoD_v2` -> `cuMemcpyHtoD`."""
-    return _API_SUFFIX.sub("", str(name)) if name is not None else ""
-
-
 def codes_and_categories(series: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     """Integer codes and their distinct values (object array) of a name column, categorical or not."""
     if isinstance(series.dtype, pd.CategoricalDtype):
@@ -121,10 +115,13 @@ def codes_and_categories(series: pd.Series) -> tuple[np.ndarray, np.ndarray]:
 # ---------------------------------------------------------------------------- context
 
 class Context:
-    """One aggregation of one domain, with the derived arrays several detectors need (each computed once)."""
+    """One aggregation of one domain, with the derived facts several detectors need (each computed once).
+    Reads beyond the aggregation tables go through `data` (experts/data.py): in memory or from the store."""
 
-    def __init__(self, trace, corr, dm, agg, iterations):
+    def __init__(self, trace, corr, dm, agg, iterations, data=None):
+        from dlprof_profiler.experts.data import MemoryData
         self.trace, self.corr, self.dm, self.agg, self.iterations = trace, corr, dm, agg, iterations
+        self.data = data if data is not None else MemoryData(trace, corr, dm, agg, iterations)
         self.config = dict(getattr(corr, "config", None) or {})
         self.silent: list[tuple[str, str]] = []   # (detector id, unknown fact) for --verbosity=detailed
 
@@ -153,6 +150,15 @@ class Context:
     def is_pytorch(self) -> bool:
         return self.corr.family == "pytorch"
 
+    @property
+    def range_labels(self) -> pd.DataFrame:
+        """Ranges per (domain, label): kind, count, data loading, total duration."""
+        labels = getattr(self.corr, "range_labels", None)
+        if labels is None:
+            return pd.DataFrame({"domain": [], "label": [], "kind": [], "num_ranges": [], "dataloader": [],
+                                 "total_time": []})
+        return labels
+
     # -- aggregation window ----------------------------------------------------------------------------
     @property
     def wall(self) -> int:
@@ -166,59 +172,7 @@ class Context:
     def avg_iteration(self) -> float:
         return self.wall / max(self.n_iterations, 1)
 
-    @cached_property
-    def act_in(self) -> np.ndarray:
-        """Per GPU activity: in the aggregated iterations (the iteration of its launching API call)."""
-        from dlprof_profiler.aggregate import activity_iterations
-        it = activity_iterations(self.trace, self.corr, self.iterations)
-        return (it >= self.agg.iter_start) & (it <= self.agg.iter_stop)
-
-    @cached_property
-    def api_in(self) -> np.ndarray:
-        """Per CUDA API call: starts in the aggregated iterations."""
-        api = self.trace.api_calls
-        if len(api) == 0:
-            return np.zeros(0, dtype=bool)
-        it = self.iterations.of(api["start"].to_numpy(np.int64))
-        return (it >= self.agg.iter_start) & (it <= self.agg.iter_stop)
-
     # -- names -----------------------------------------------------------------------------------------
-    @cached_property
-    def api_names(self) -> tuple[np.ndarray, np.ndarray]:
-        """(code per API call, base name per code): names without version suffixes."""
-        api = self.trace.api_calls
-        if len(api) == 0:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=object)
-        codes, cats = codes_and_categories(api["name"])
-        base = np.array([api_base_name(c) for c in cats], dtype=object)
-        return codes, base
-
-    def api_base(self, rows: np.ndarray) -> np.ndarray:
-        """Base API names of some API call rows (-1 rows: '')."""
-        codes, base = self.api_names
-        rows = np.asarray(rows, dtype=np.int64)
-        out = np.full(rows.size, "", dtype=object)
-        ok = rows >= 0
-        if ok.any() and base.size:
-            c = codes[rows[ok]]
-            out[ok] = np.where(c >= 0, base[np.maximum(c, 0)], "")
-        return out
-
-    def api_rows_matching(self, predicate) -> np.ndarray:
-        """Per API call: whether its base name satisfies `predicate(name)` (evaluated once per name)."""
-        codes, base = self.api_names
-        if codes.size == 0:
-            return np.zeros(0, dtype=bool)
-        hit = np.array([bool(predicate(b)) for b in base] + [False], dtype=bool)
-        return hit[np.where(codes >= 0, codes, base.size)]
-
-    @cached_property
-    def gpu_names(self) -> tuple[np.ndarray, np.ndarray]:
-        gpu = self.trace.gpu
-        if len(gpu) == 0:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=object)
-        return codes_and_categories(gpu["name"])
-
     @cached_property
     def op_name_of_index(self) -> np.ndarray:
         """Op name per op_index (object array; '' for unknown indices)."""
@@ -230,29 +184,20 @@ class Context:
         out[idx] = ops["name"].to_numpy(dtype=object)
         return out
 
-    def op_names_of_instances(self, inst_rows: np.ndarray) -> np.ndarray:
-        inst_rows = np.asarray(inst_rows, dtype=np.int64)
-        out = np.full(inst_rows.size, "", dtype=object)
-        inst = self.dm.instances
-        ok = (inst_rows >= 0) & (inst_rows < len(inst))
-        if ok.any() and self.op_name_of_index.size:
-            op_index = inst["op_index"].to_numpy(np.int64)[inst_rows[ok]]
-            good = (op_index >= 0) & (op_index < self.op_name_of_index.size)
-            names = np.full(op_index.size, "", dtype=object)
-            names[good] = self.op_name_of_index[op_index[good]]
-            out[ok] = names
+    def op_names(self, op_indices) -> np.ndarray:
+        """Op names of some op indices ('' for -1)."""
+        op_indices = np.asarray(op_indices, dtype=np.int64)
+        out = np.full(op_indices.size, "", dtype=object)
+        ok = (op_indices >= 0) & (op_indices < self.op_name_of_index.size)
+        out[ok] = self.op_name_of_index[op_indices[ok]]
         return out
 
-    def top_ops_of_gpu(self, rows: np.ndarray, weights: np.ndarray | None = None, limit: int = 3) -> list:
-        """[(op name, count or weight)] of the ops owning some GPU activity rows, largest first."""
-        if rows.size == 0 or len(self.dm.gpu_instance) == 0:
+    def top_ops(self, op_indices, weights=None, limit: int = 3) -> list:
+        """[(op name, count or weight)] of some op indices, largest first."""
+        op_indices = np.asarray(op_indices, dtype=np.int64)
+        if op_indices.size == 0:
             return []
-        return _top(self.op_names_of_instances(self.dm.gpu_instance[rows]), weights, limit)
-
-    def top_ops_of_api(self, rows: np.ndarray, weights: np.ndarray | None = None, limit: int = 3) -> list:
-        if rows.size == 0 or len(self.dm.api_instance) == 0:
-            return []
-        return _top(self.op_names_of_instances(self.dm.api_instance[rows]), weights, limit)
+        return _top(self.op_names(op_indices), weights, limit)
 
     # -- devices ---------------------------------------------------------------------------------------
     def device_label(self, device_id: int) -> str:
@@ -264,32 +209,33 @@ class Context:
                 name = hit["name"].iloc[0]
         return f"GPU {device_id}" + (f" ({name})" if name is not None and not pd.isna(name) and name else "")
 
-    @cached_property
-    def busy_segments(self) -> dict:
-        """Per device: merged busy intervals of all its GPU activities (whole profile)."""
-        from dlprof_profiler.intervals import merge_intervals
-        gpu = self.trace.gpu
-        out = {}
-        if len(gpu) == 0:
-            return out
-        dev = gpu["device_id"].to_numpy(np.int64)
-        s, e = gpu["start"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64)
-        for d in np.unique(dev).tolist():
-            m = dev == d
-            out[int(d)] = merge_intervals(s[m], e[m])
-        return out
-
     def device_of_threads(self, tids: np.ndarray, pids: np.ndarray) -> np.ndarray:
         """The device each thread (else its process) launches most work on; -1 if none."""
         by_tid = pd.Series(np.asarray(tids, dtype=np.int64)).map(self.corr.thread_device)
         by_pid = pd.Series(np.asarray(pids, dtype=np.int64)).map(self.corr.process_device)
         return by_tid.fillna(by_pid).fillna(-1).to_numpy(np.int64)
 
+    # -- kernels ---------------------------------------------------------------------------------------
+    @cached_property
+    def kernels(self) -> pd.DataFrame:
+        """Per (kernel name, op) of the aggregation: name, op_index, count, gpu_total."""
+        k = self.agg.kernels
+        if k is None or len(k) == 0 or "gpu_total" not in k.columns:
+            return pd.DataFrame({"name": pd.Series(dtype=object), "op_index": pd.Series(dtype="int64"),
+                                 "count": pd.Series(dtype="int64"), "gpu_total": pd.Series(dtype="int64")})
+        return k
+
     @cached_property
     def kernel_time(self) -> int:
         """Accumulated duration of the aggregation's kernel launches."""
-        k = self.agg.kernel_launches
-        return int(k["gpu_duration"].sum()) if k is not None and len(k) else 0
+        return int(self.kernels["gpu_total"].sum())
+
+    def kernel_name_flags(self, predicate) -> np.ndarray:
+        """Per row of `kernels`: whether its name satisfies `predicate(name)` (evaluated once per name)."""
+        names = self.kernels["name"].to_numpy(dtype=object)
+        codes, uniques = pd.factorize(names)
+        flags = np.array([bool(predicate(str(u))) for u in uniques], dtype=bool)
+        return flags[codes] if codes.size else np.zeros(0, dtype=bool)
 
 
 def _top(names: np.ndarray, weights, limit: int) -> list:

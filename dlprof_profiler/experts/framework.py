@@ -10,6 +10,7 @@ import re
 import numpy as np
 
 from dlprof_profiler import nvtx_markers as nm
+from dlprof_profiler.aggregate import LAUNCH_BLOCKING_MIN_KERNEL_NS as LONG_KERNEL_NS
 from dlprof_profiler.correlate import BACKWARD_PASS
 from dlprof_profiler.experts.base import TUNING_GUIDE, Context, finding, fmt_bytes, fmt_pct, fmt_time
 
@@ -22,7 +23,7 @@ _CONV_KERNEL = re.compile(r"conv|cudnn|winograd|implicit_gemm|fprop|dgrad|wgrad"
 # >= LAUNCH_BLOCKING_MIN_KERNEL_NS, and >= LAUNCH_BLOCKING_FRACTION of them finished before their launch
 # call returned (an asynchronous launch returns in a few microseconds, long before such a kernel ends).
 LAUNCH_BLOCKING_MIN_KERNELS = 20
-LAUNCH_BLOCKING_MIN_KERNEL_NS = 20_000
+LAUNCH_BLOCKING_MIN_KERNEL_NS = LONG_KERNEL_NS  # (aggregate.py counts them per launch)
 LAUNCH_BLOCKING_FRACTION = 0.95
 
 # batch_size_detector: fires when the peak GPU memory used is below this share of the GPU's memory.
@@ -47,12 +48,11 @@ def _conv_time(ctx: Context) -> tuple[int, int]:
     if ops is not None and len(ops) and ctx.dm.has_markers:
         hit = ops["op_type"].astype(str).str.contains(_CONV_OP).to_numpy() & (ops["kernel_time"].to_numpy() > 0)
         return int(ops["kernel_time"].to_numpy()[hit].sum()), int(hit.sum())
-    k = ctx.agg.kernel_launches
-    codes, cats = ctx.gpu_names
-    if k is None or len(k) == 0 or cats.size == 0:
+    k = ctx.kernels
+    if len(k) == 0:
         return 0, 0
-    conv = np.array([bool(_CONV_KERNEL.search(str(c))) for c in cats], dtype=bool)[k["name_code"].to_numpy()]
-    return int(k["gpu_duration"].to_numpy()[conv].sum()), 0
+    conv = ctx.kernel_name_flags(lambda name: _CONV_KERNEL.search(name))
+    return int(k["gpu_total"].to_numpy(np.int64)[conv].sum()), 0
 
 
 def cudnn_benchmark_detector(ctx: Context) -> list[dict]:
@@ -96,19 +96,10 @@ def cudnn_benchmark_detector(ctx: Context) -> list[dict]:
 
 def launch_blocking(ctx: Context) -> dict | None:
     """Evidence of CUDA_LAUNCH_BLOCKING=1: long kernels that ended before their launch call returned."""
-    k = ctx.agg.kernel_launches
-    if k is None or len(k) == 0:
-        return None
-    dur = k["gpu_duration"].to_numpy(np.int64)
-    has_api = k["api_row"].to_numpy(np.int64) >= 0
-    long_ = has_api & (dur >= LAUNCH_BLOCKING_MIN_KERNEL_NS)
-    n = int(long_.sum())
-    if n < LAUNCH_BLOCKING_MIN_KERNELS:
-        return None
-    api_end = (k["api_start"].to_numpy(np.int64) + k["api_duration"].to_numpy(np.int64))[long_]
-    gpu_end = (k["gpu_start"].to_numpy(np.int64) + dur)[long_]
-    waited = int((api_end >= gpu_end).sum())
-    if waited < LAUNCH_BLOCKING_FRACTION * n:
+    facts = ctx.agg.facts or {}
+    n = int(facts.get("long_kernels", 0))
+    waited = int(facts.get("long_kernels_waited", 0))
+    if n < LAUNCH_BLOCKING_MIN_KERNELS or waited < LAUNCH_BLOCKING_FRACTION * n:
         return None
     return {"kernels": n, "waited": waited}
 
@@ -153,15 +144,15 @@ def emit_nvtx_detector(ctx: Context) -> list[dict]:
     if not ctx.is_pytorch:
         return []
     ops = ctx.agg.ops
-    info = ctx.corr.range_info
-    any_marker = len(info) > 0 and np.isin(info["kind"].to_numpy(), (nm.PT_OP, nm.DL_ARG)).any()
+    labels = ctx.range_labels
+    any_marker = bool(np.isin(labels["kind"].to_numpy(), (nm.PT_OP, nm.DL_ARG)).any()) if len(labels) else False
     emit = ctx.cfg_bool("emit_nvtx")
     said = " (model_config emit_nvtx = false)" if emit is False else ""
     link = "https://pytorch.org/docs/stable/autograd.html#torch.autograd.profiler.emit_nvtx"
     recommendation = ("Run the training loop inside `with torch.autograd.profiler.emit_nvtx():` so that every "
                       "backward op gets its own NVTX range and is matched to its forward op")
     if not any_marker:
-        if len(ctx.trace.ranges) == 0 and len(ctx.trace.gpu) == 0:
+        if not ctx.data.has_ranges_or_gpu():
             return []
         return [finding("emit_nvtx_detector", "warning",
                         "No PyTorch op markers in this PyTorch profile: GPU work cannot be attributed to PyTorch "
@@ -188,6 +179,8 @@ def batch_size_detector(ctx: Context) -> list[dict]:
     memory (model_config gpu_total_memory, else TARGET_INFO_GPU totalMemory of the GPU used), batch_size.
     Threshold: peak use < MEMORY_UNDERUSE_PCT (50%) of the memory. Proposes the largest power-of-two factor
     K with K x peak <= memory."""
+    if int((ctx.agg.summary or {}).get("n_visible_gpus", 0)) == 0 and not ctx.data.has_gpu_work():
+        return []   # no GPU ran anything: no GPU advice
     used = ctx.cfg(*PEAK_MEMORY_KEYS)
     total = ctx.cfg("gpu_total_memory")
     if total is None:

@@ -8,7 +8,6 @@ import pandas as pd
 
 from dlprof_profiler.experts.base import Context, finding, fmt_at, fmt_pct, fmt_time, short
 from dlprof_profiler.experts.transfers import NSYS_GUIDE, SYNC_APIS
-from dlprof_profiler.intervals import merge_intervals
 
 # A gap is reported when it lasts >= GAP_MIN_NS (1 ms) and >= GAP_MIN_ITERATION_FRACTION (5%) of the
 # average iteration time. Below 1 ms, gaps are launch latency and Python overhead between kernels: each is
@@ -26,30 +25,20 @@ def gpu_gap_detector(ctx: Context) -> list[dict]:
     """Inputs: GPU activities (kernels, memcpys, memsets) per device, clipped to the aggregation window;
     NVTX ranges, CUDA API calls and OS I/O calls of the processes using that device. One finding per GPU with
     gaps >= max(GAP_MIN_NS, GAP_MIN_ITERATION_FRACTION x average iteration time)."""
-    gpu = ctx.trace.gpu
-    if len(gpu) == 0 or ctx.wall <= 0:
+    if ctx.wall <= 0:
         return []
     ws, we = int(ctx.agg.window_start), int(ctx.agg.window_end)
     threshold = int(max(GAP_MIN_NS, GAP_MIN_ITERATION_FRACTION * ctx.avg_iteration))
-    dev = gpu["device_id"].to_numpy(np.int64)
-    s, e = gpu["start"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64)
-    in_window = (e > ws) & (s < we)
+    gaps_frame = ctx.data.gpu_gaps(ws, we, threshold)
     out = []
-    for d in np.unique(dev[in_window]).tolist():
-        m = in_window & (dev == d)
-        seg_s, seg_e = merge_intervals(np.clip(s[m], ws, we), np.clip(e[m], ws, we))
-        if seg_s.size < 2:
-            continue
-        gap_s, gap_e = seg_e[:-1], seg_s[1:]
+    for d, per_device in gaps_frame.groupby("device_id", sort=True):
+        gap_s = per_device["start"].to_numpy(np.int64)
+        gap_e = per_device["end"].to_numpy(np.int64)
         length = gap_e - gap_s
-        long_ = length >= threshold
-        if not long_.any():
-            continue
-        idx = np.flatnonzero(long_)
-        idx = idx[np.argsort(-length[idx], kind="stable")]
-        total = int(length[long_].sum())
-        pids = np.unique(gpu["pid"].to_numpy(np.int64)[m])
+        idx = np.argsort(-length, kind="stable")
+        total = int(length.sum())
         top = idx[:TOP_GAPS]
+        pids = per_device["pids"].iloc[0]
         cpu = _CpuActivity(ctx, pids, int(gap_s[top].min()), int(gap_e[top].max()))
         gaps = []
         for i in top:
@@ -103,42 +92,20 @@ def _advice(ctx: Context, gaps: list) -> str:
 class _CpuActivity:
     """Ranges, API calls and I/O calls of some processes from a time on, to query what ran in a gap."""
 
-    def __init__(self, ctx: Context, pids: np.ndarray, t0: int, t1: int):
-        trace, info = ctx.trace, ctx.corr.range_info
-        r = trace.ranges
-        self.r_ok = len(r) > 0 and len(info) == len(r)
-        if self.r_ok:
-            keep = np.isin(r["pid"].to_numpy(np.int64), pids) & (r["end"].to_numpy(np.int64) > t0) & \
-                (r["start"].to_numpy(np.int64) < t1) & (r["end"].to_numpy(np.int64) > r["start"].to_numpy(np.int64))
-            rows = np.flatnonzero(keep)
-            labels = info["label"].to_numpy(dtype=object)[rows]
-            texts = r["text"].to_numpy(dtype=object)[rows]
-            self.r_label = np.where(pd.isna(labels), texts, labels)
-            self.r_s = r["start"].to_numpy(np.int64)[rows]
-            self.r_e = r["end"].to_numpy(np.int64)[rows]
-            self.r_tid = r["global_tid"].to_numpy(np.int64)[rows]
-            self.r_loader = info["dataloader"].to_numpy(dtype=bool)[rows]
-        api = trace.api_calls
-        if len(api):
-            keep = np.isin(api["pid"].to_numpy(np.int64), pids) & (api["end"].to_numpy(np.int64) > t0) & \
-                (api["start"].to_numpy(np.int64) < t1)
-            rows = np.flatnonzero(keep)
-            self.a_name = ctx.api_base(rows)
-            self.a_s = api["start"].to_numpy(np.int64)[rows]
-            self.a_e = api["end"].to_numpy(np.int64)[rows]
-        else:
-            self.a_name = np.zeros(0, dtype=object)
-            self.a_s = self.a_e = np.zeros(0, dtype=np.int64)
-        io = trace.io_calls
-        if len(io):
-            keep = np.isin(io["pid"].to_numpy(np.int64), pids) & (io["end"].to_numpy(np.int64) > t0) & \
-                (io["start"].to_numpy(np.int64) < t1)
-            self.i_name = io["name"].to_numpy(dtype=object)[keep]
-            self.i_s = io["start"].to_numpy(np.int64)[keep]
-            self.i_e = io["end"].to_numpy(np.int64)[keep]
-        else:
-            self.i_name = np.zeros(0, dtype=object)
-            self.i_s = self.i_e = np.zeros(0, dtype=np.int64)
+    def __init__(self, ctx: Context, pids, t0: int, t1: int):
+        activity = ctx.data.cpu_activity(pids, t0, t1)
+        r = activity["ranges"]
+        self.r_ok = len(r) > 0
+        self.r_label = r["label"].to_numpy(dtype=object)
+        self.r_s, self.r_e = r["start"].to_numpy(np.int64), r["end"].to_numpy(np.int64)
+        self.r_tid = r["tid"].to_numpy(np.int64)
+        self.r_loader = r["loader"].to_numpy(dtype=bool)
+        a = activity["api"]
+        self.a_name = a["name"].to_numpy(dtype=object)
+        self.a_s, self.a_e = a["start"].to_numpy(np.int64), a["end"].to_numpy(np.int64)
+        i = activity["io"]
+        self.i_name = i["name"].to_numpy(dtype=object)
+        self.i_s, self.i_e = i["start"].to_numpy(np.int64), i["end"].to_numpy(np.int64)
 
     def during(self, gs: int, ge: int) -> list[dict]:
         return self._ranges(gs, ge) + self._grouped(self.a_name, self.a_s, self.a_e, gs, ge, "api") \

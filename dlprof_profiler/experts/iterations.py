@@ -28,10 +28,10 @@ _STEP_LIKE = re.compile(r"step|iter|batch|train", re.IGNORECASE)
 def _command(iterations, **options) -> str:
     parts = ["dlprof", "--database=<db>"]
     if iterations is not None and iterations.source == "user" and iterations.key_node:
-        parts.append(f"--key_node={shlex.quote(iterations.key_node)}")
+        parts.append(f"--key_op={shlex.quote(iterations.key_node)}")
     for name, value in options.items():
         if name == "key_node":
-            parts.append(f"--key_node={shlex.quote(str(value))}")
+            parts.append(f"--key_op={shlex.quote(str(value))}")
         else:
             parts += [f"--{name}", str(value)]
     return " ".join(parts)
@@ -45,7 +45,7 @@ def no_iterations_detector(ctx: Context) -> list[dict]:
         return []
     key = it.key_node or ""
     candidates = key_node_candidates(ctx)
-    recommendation = "Specify key op by setting the --key_node argument"
+    recommendation = "Specify key op by setting the --key_op argument"
     action = None
     if candidates:
         listed = ", ".join(f"{c['name']} ({c['count']} times)" for c in candidates)
@@ -53,31 +53,38 @@ def no_iterations_detector(ctx: Context) -> list[dict]:
         action = {"type": "reaggregate", "key_node": candidates[0]["name"],
                   "command": _command(None, key_node=candidates[0]["name"])}
     return [finding("no_iterations_detector", "warning",
-                    f"Unable to split profile into training iterations: key op {key} not found",
+                    _not_found(ctx, key),
                     recommendation, DLPROF_GUIDE, {"key_node": key, "source": it.source, "candidates": candidates},
                     action)]
+
+
+DEFAULT_KEY_OPS = {"pytorch": "Optimizer.step# or ProfilerStep#N ranges", "tensorflow": "a global_step node",
+                   "tensorrt": "ExecutionContext::execute/enqueue ranges"}
+
+
+def _not_found(ctx: Context, key: str) -> str:
+    """DLProf's sentence, with the key op named (or what the framework default would have been)."""
+    if key:
+        return f"Unable to split profile into training iterations: key op {key} not found"
+    looked = DEFAULT_KEY_OPS.get(ctx.corr.family or "")
+    return ("Unable to split profile into training iterations: key op not found (no --key_op given"
+            + (f"; the {ctx.corr.family} default, {looked}, is not in the profile)" if looked else
+               f" and {ctx.corr.mode} profiles have no default key op)"))
 
 
 def key_node_candidates(ctx: Context, limit: int = 3) -> list[dict]:
     """Scope range labels (without `#N` counters) repeated >= CANDIDATE_MIN_COUNT times that are neither
     framework ops, data loading nor run metadata; step-like names first, then by total duration."""
-    ranges, info = ctx.trace.ranges, ctx.corr.range_info
-    if len(ranges) == 0 or len(info) != len(ranges):
+    labels = ctx.range_labels
+    if len(labels) == 0:
         return []
-    kind = info["kind"].to_numpy()
-    keep = (kind == nm.SCOPE) & ~info["dataloader"].to_numpy(dtype=bool)
+    keep = (labels["kind"].to_numpy() == nm.SCOPE) & ~labels["dataloader"].to_numpy(dtype=bool)
     if not keep.any():
         return []
-    labels = info["label"].to_numpy(dtype=object)[keep]
-    texts = ranges["text"].to_numpy(dtype=object)[keep]
-    labels = np.where(pd.isna(labels), texts, labels)
-    codes, uniques = pd.factorize(labels)
-    dur = (ranges["end"].to_numpy(np.int64) - ranges["start"].to_numpy(np.int64))[keep]
-    ok = codes >= 0
-    count = np.bincount(codes[ok], minlength=len(uniques))
-    total = np.bincount(codes[ok], weights=dur[ok].astype(np.float64), minlength=len(uniques))
-    stripped = pd.Series([_COUNTER.sub("", str(u)) for u in uniques], dtype=object)
-    frame = pd.DataFrame({"name": stripped, "count": count, "total": total})
+    sub = labels[keep]
+    stripped = pd.Series([_COUNTER.sub("", str(u)) for u in sub["label"]], dtype=object)
+    frame = pd.DataFrame({"name": stripped, "count": sub["num_ranges"].to_numpy(np.int64),
+                          "total": sub["total_time"].to_numpy(np.float64)})
     frame = frame.groupby("name", sort=False).agg(count=("count", "sum"), total=("total", "sum")).reset_index()
     frame = frame[(frame["count"] >= CANDIDATE_MIN_COUNT) & (frame["name"].str.len().between(1, 200))
                   & ~frame["name"].str.contains(_OP_LIKE)]

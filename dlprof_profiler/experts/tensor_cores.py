@@ -42,12 +42,10 @@ def normalized_types(values) -> np.ndarray:
 
 def _half_kernel_ops(ctx: Context) -> set:
     """Op indices with a kernel whose name shows 16-bit math."""
-    k = ctx.agg.kernel_launches
-    codes, cats = ctx.gpu_names
-    if k is None or len(k) == 0 or cats.size == 0:
+    k = ctx.kernels
+    if len(k) == 0:
         return set()
-    half_code = np.array([bool(HALF_KERNEL.search(str(c))) for c in cats], dtype=bool)
-    hit = half_code[k["name_code"].to_numpy(np.int64)]
+    hit = ctx.kernel_name_flags(lambda name: HALF_KERNEL.search(name))
     return set(np.unique(k["op_index"].to_numpy(np.int64)[hit]).tolist())
 
 
@@ -154,7 +152,7 @@ def bad_tensor_shape_detector(ctx: Context) -> list[dict]:
     if share < MIN_SHARE_PCT:
         return []
     flagged = flagged.sort_values("kernel_time", ascending=False, kind="stable")
-    shapes = _first_shapes(ctx, flagged["op_index"].head(5).to_numpy(np.int64))
+    shapes = ctx.data.first_shapes(flagged["op_index"].head(5).to_numpy(np.int64))
     parts, details = [], []
     for r in flagged.head(5).itertuples(index=False):
         shape = shapes.get(int(r.op_index), "")
@@ -185,15 +183,3 @@ def bad_tensor_shape_detector(ctx: Context) -> list[dict]:
     severity = "warning" if share >= WARNING_SHARE_PCT else "info"
     return [finding("bad_tensor_shape_detector", severity, problem, "; ".join(advice), SHAPE_LINK, data,
                     {"type": "show_ops", "op_ids": data["op_ids"]})]
-
-
-def _first_shapes(ctx: Context, op_indices: np.ndarray) -> dict:
-    """The input shapes text of the first instance (with shapes) of some ops."""
-    inst = ctx.dm.instances
-    if len(inst) == 0 or "input_shapes" not in inst.columns:
-        return {}
-    hit = np.isin(inst["op_index"].to_numpy(np.int64), op_indices)
-    sub = inst.loc[hit, ["op_index", "start", "input_shapes"]]
-    sub = sub[sub["input_shapes"].notna() & (sub["input_shapes"].astype(str) != "")]
-    sub = sub.sort_values("start", kind="stable").drop_duplicates("op_index")
-    return dict(zip(sub["op_index"].astype(int), sub["input_shapes"].astype(str)))

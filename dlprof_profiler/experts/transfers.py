@@ -29,22 +29,10 @@ PINNED_LINK = "https://pytorch.org/docs/stable/notes/cuda.html#use-pinned-memory
 NSYS_GUIDE = "https://docs.nvidia.com/nsight-systems/UserGuide/index.html"
 
 
-def _memory_ops(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
-    """(rows of memcpy/memset activities in the aggregation, their launching API rows)."""
-    gpu = ctx.trace.gpu
-    if len(gpu) == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    kind = gpu["kind"].to_numpy()
-    rows = np.flatnonzero(((kind == KIND_MEMCPY) | (kind == KIND_MEMSET)) & ctx.act_in)
-    return rows, ctx.corr.gpu_api[rows]
-
-
-def _host_time(ctx: Context, api_rows: np.ndarray) -> int:
-    api_rows = np.unique(api_rows[api_rows >= 0])
-    if api_rows.size == 0:
-        return 0
-    api = ctx.trace.api_calls
-    return int((api["end"].to_numpy(np.int64) - api["start"].to_numpy(np.int64))[api_rows].sum())
+def _host_time(ops: pd.DataFrame) -> int:
+    """Summed duration of the distinct API calls that launched some memory operations."""
+    calls = ops[ops["api_id"] >= 0].drop_duplicates("api_id")
+    return int((calls["api_end"] - calls["api_start"]).sum())
 
 
 def _by_name(names: np.ndarray) -> list[tuple[str, int]]:
@@ -56,17 +44,16 @@ def pageable_memcpy_detector(ctx: Context) -> list[dict]:
     """Inputs: memcpy activities in the aggregation (copy kind, source/destination memory kinds, bytes,
     duration) and the names of their API calls. Fires on asynchronous copies (API name with `Async`) whose
     host side is pageable memory: the driver stages them and they block the host."""
-    rows, api_rows = _memory_ops(ctx)
-    gpu = ctx.trace.gpu
-    if rows.size == 0:
+    ops_frame = ctx.data.memory_ops()
+    if len(ops_frame) == 0:
         return []
-    is_copy = gpu["kind"].to_numpy()[rows] == KIND_MEMCPY
-    names = ctx.api_base(api_rows)
-    is_async = np.array(["Async" in n for n in names], dtype=bool) & is_copy
+    is_copy = ops_frame["kind"].to_numpy() == KIND_MEMCPY
+    names = ops_frame["api_name"].to_numpy(dtype=object)
+    is_async = np.array(["Async" in str(n) for n in names], dtype=bool) & is_copy
     if not is_async.any():
         return []
-    src = gpu["src_kind"].to_numpy(np.int64)[rows]
-    dst = gpu["dst_kind"].to_numpy(np.int64)[rows]
+    src = ops_frame["src_kind"].to_numpy(np.int64)
+    dst = ops_frame["dst_kind"].to_numpy(np.int64)
     pageable = is_async & ((src == MEM_PAGEABLE) | (dst == MEM_PAGEABLE))
     unknown = is_async & ((src < 0) & (dst < 0))
     if not pageable.any():
@@ -74,16 +61,15 @@ def pageable_memcpy_detector(ctx: Context) -> list[dict]:
             ctx.unknown("pageable_memcpy_detector", f"the host memory kind of {int(unknown.sum())} asynchronous "
                                                     "memcpy(s) (no srcKind/dstKind in the export)")
         return []
-    sel = rows[pageable]
-    n = int(sel.size)
-    nbytes = int(np.clip(gpu["bytes"].to_numpy(np.int64)[sel], 0, None).sum())
-    gpu_time = int((gpu["end"].to_numpy(np.int64) - gpu["start"].to_numpy(np.int64))[sel].sum())
-    host = _host_time(ctx, api_rows[pageable])
-    copy_kind = gpu["copy_kind"].to_numpy(np.int64)[sel]
-    kinds = pd.Series(copy_kind).value_counts()
+    sel = ops_frame[pageable]
+    n = int(len(sel))
+    nbytes = int(np.clip(sel["bytes"].to_numpy(np.int64), 0, None).sum())
+    gpu_time = int((sel["end"] - sel["start"]).sum())
+    host = _host_time(sel)
+    kinds = pd.Series(sel["copy_kind"].to_numpy(np.int64)).value_counts()
     kinds_text = ", ".join(f"{int(v)} {COPY_NAMES.get(int(k), 'other')}" for k, v in kinds.items())
     apis = _by_name(names[pageable])
-    ops = ctx.top_ops_of_gpu(sel)
+    ops = ctx.top_ops(sel["owner_op"].to_numpy(np.int64))
     problem = (f"{n} asynchronous memcpy operation{'s' if n > 1 else ''} ({counted(apis)}) used pageable host "
                f"memory: {fmt_bytes(nbytes)}, {fmt_time(gpu_time)} on the GPU and {fmt_time(host)} in the calls "
                f"({kinds_text})" + (f"; launched from {counted(ops)}" if ops else "")
@@ -106,29 +92,27 @@ def sync_memcpy_detector(ctx: Context) -> list[dict]:
     """Inputs: memcpy/memset activities in the aggregation and their API calls. Fires on copies launched by
     synchronous APIs (cudaMemcpy*, cuMemcpy* without `Async`; device-to-device copies excepted: they do not
     block the host) and on memsets from synchronous APIs whose call returned only after the memset ended."""
-    rows, api_rows = _memory_ops(ctx)
-    gpu = ctx.trace.gpu
-    if rows.size == 0:
+    ops_frame = ctx.data.memory_ops()
+    if len(ops_frame) == 0:
         return []
-    names = ctx.api_base(api_rows)
-    sync_api = np.array([bool(_MEM_API.match(n)) and "Async" not in n for n in names], dtype=bool)
-    kind = gpu["kind"].to_numpy()[rows]
-    copy_kind = gpu["copy_kind"].to_numpy(np.int64)[rows]
-    api = ctx.trace.api_calls
-    api_end = np.where(api_rows >= 0, api["end"].to_numpy(np.int64)[np.maximum(api_rows, 0)] if len(api) else 0, -1)
-    gpu_end = gpu["end"].to_numpy(np.int64)[rows]
+    names = ops_frame["api_name"].to_numpy(dtype=object)
+    sync_api = np.array([bool(_MEM_API.match(str(n))) and "Async" not in str(n) for n in names], dtype=bool)
+    kind = ops_frame["kind"].to_numpy()
+    copy_kind = ops_frame["copy_kind"].to_numpy(np.int64)
+    api_end = ops_frame["api_end"].to_numpy(np.int64)
+    gpu_end = ops_frame["end"].to_numpy(np.int64)
     is_copy = sync_api & (kind == KIND_MEMCPY) & (copy_kind != COPY_DTOD)
     is_set = sync_api & (kind == KIND_MEMSET) & (api_end >= gpu_end)
     hit = is_copy | is_set
     if not hit.any():
         return []
-    sel = rows[hit]
-    host = _host_time(ctx, api_rows[hit])
-    gpu_time = int((gpu["end"].to_numpy(np.int64) - gpu["start"].to_numpy(np.int64))[sel].sum())
+    sel = ops_frame[hit]
+    host = _host_time(sel)
+    gpu_time = int((sel["end"] - sel["start"]).sum())
     n_copy, n_set = int(is_copy.sum()), int(is_set.sum())
     what = " and ".join(x for x in (f"{n_copy} memcpy" if n_copy else "", f"{n_set} memset" if n_set else "") if x)
     apis = _by_name(names[hit])
-    ops = ctx.top_ops_of_gpu(sel)
+    ops = ctx.top_ops(sel["owner_op"].to_numpy(np.int64))
     share = 100.0 * host / ctx.wall if ctx.wall else 0.0
     problem = (f"{what} operations ran synchronously with the host ({counted(apis)}): the calls blocked the host "
                f"for {fmt_time(host)} ({fmt_pct(share)} of the wall clock time) for {fmt_time(gpu_time)} of GPU work"
@@ -147,30 +131,28 @@ def sync_api_detector(ctx: Context) -> list[dict]:
     cudaEventSynchronize (and driver equivalents), their threads and durations; GPU busy intervals of the
     calling threads' GPUs. Threshold: blocked time >= SYNC_BLOCKED_PCT (1%) of wall clock time x calling
     threads. Also reports how long the GPU stayed idle after the calls returned (the queue they drained)."""
-    api = ctx.trace.api_calls
-    if len(api) == 0 or ctx.wall <= 0:
+    if ctx.wall <= 0:
         return []
-    hit = ctx.api_rows_matching(lambda n: n in SYNC_APIS) & ctx.api_in
-    rows = np.flatnonzero(hit)
-    if rows.size == 0:
+    calls = ctx.data.named_api_calls(SYNC_APIS)
+    if len(calls) == 0:
         return []
-    start = api["start"].to_numpy(np.int64)[rows]
-    end = api["end"].to_numpy(np.int64)[rows]
+    start = calls["start"].to_numpy(np.int64)
+    end = calls["end"].to_numpy(np.int64)
     dur = end - start
-    tids = api["global_tid"].to_numpy(np.int64)[rows]
+    tids = calls["global_tid"].to_numpy(np.int64)
     n_threads = int(np.unique(tids).size)
     blocked = int(dur.sum())
     share = 100.0 * blocked / (ctx.wall * n_threads)
     if share < SYNC_BLOCKED_PCT:
         return []
-    devices = ctx.device_of_threads(tids, api["pid"].to_numpy(np.int64)[rows])
-    idle_after = _idle_after(ctx, end, devices)
+    devices = ctx.device_of_threads(tids, calls["pid"].to_numpy(np.int64))
+    idle_after = ctx.data.idle_after(end, devices)
     idle_pct = 100.0 * idle_after / ctx.wall
-    names = ctx.api_base(rows)
+    names = calls["name"].to_numpy(dtype=object)
     per_api = pd.DataFrame({"n": names, "d": dur}).groupby("n").agg(calls=("d", "size"), time=("d", "sum"))
     per_api = per_api.sort_values("time", ascending=False)
     api_text = ", ".join(f"{k} ({int(r.calls)} calls, {fmt_time(r.time)})" for k, r in per_api.head(3).iterrows())
-    ops = ctx.top_ops_of_api(rows, dur)
+    ops = ctx.top_ops(calls["owner_op"].to_numpy(np.int64), dur)
     ops_text = ", ".join(f"{name} ({fmt_time(t)})" for name, t in ops)
     problem = (f"Explicit synchronizations blocked the host for {fmt_time(blocked)}, {fmt_pct(share)} of the "
                + (f"{n_threads} calling threads' time" if n_threads > 1 else "calling thread's time") + f": {api_text}"
@@ -187,30 +169,6 @@ def sync_api_detector(ctx: Context) -> list[dict]:
                           "only, and let the framework's asynchronous execution keep the GPU queue full")
     return [finding("sync_api_detector", "warning" if idle_pct >= HOST_WARNING_PCT else "info", problem,
                     recommendation, TUNING_GUIDE + "#avoid-unnecessary-cpu-gpu-synchronization",
-                    {"calls": int(rows.size), "blocked_time": blocked, "blocked_pct": share, "threads": n_threads,
+                    {"calls": int(len(calls)), "blocked_time": blocked, "blocked_pct": share, "threads": n_threads,
                      "gpu_idle_after": idle_after, "gpu_idle_after_pct": idle_pct,
                      "apis": {k: int(r.time) for k, r in per_api.iterrows()}, "ops": dict(ops)})]
-
-
-def _idle_after(ctx: Context, times: np.ndarray, devices: np.ndarray) -> int:
-    """GPU idle time from each time until the next busy interval on its device (0 when busy then; nothing
-    after the device's last activity), each idle interval counted once."""
-    total = 0
-    for d in np.unique(devices).tolist():
-        seg = ctx.busy_segments.get(int(d))
-        if seg is None or seg[0].size == 0:
-            continue
-        s, e = seg
-        t = times[devices == d]
-        i = np.searchsorted(s, t, side="right") - 1        # last segment starting at or before t
-        busy = (i >= 0) & (e[np.maximum(i, 0)] > t)
-        nxt = i + 1
-        has_next = nxt < s.size
-        idle = ~busy & has_next
-        if not idle.any():
-            continue
-        # several calls returning in the same idle interval count it once, from the earliest of them
-        gap = np.zeros(s.size, dtype=np.int64)
-        np.maximum.at(gap, nxt[idle], s[nxt[idle]] - t[idle])
-        total += int(gap.sum())
-    return total

@@ -45,8 +45,7 @@ def underutilized_gpu_detector(ctx: Context) -> list[dict]:
     summary = ctx.agg.summary or {}
     n_gpus = int(summary.get("n_visible_gpus", 0))
     if n_gpus == 0:
-        ctx.unknown("underutilized_gpu_detector", "the profiled GPUs (the export has no TARGET_INFO_GPU rows)")
-        return []
+        return []   # no GPU ran anything: no GPU advice
     out = []
     devices = ctx.agg.devices
     if devices is not None and len(devices) > 1:
@@ -110,28 +109,30 @@ def imbalanced_gpus_detector(ctx: Context) -> list[dict]:
 
 
 def _dali_used(ctx: Context) -> bool:
-    ranges, info = ctx.trace.ranges, ctx.corr.range_info
-    if len(ranges) == 0:
+    labels = ctx.range_labels
+    if len(labels) == 0:
         return False
-    domains = pd.unique(ranges["domain"].to_numpy(dtype=object))
-    if any(str(d).upper().startswith("DALI") for d in domains):
+    if any(str(d).upper().startswith("DALI") for d in pd.unique(labels["domain"].to_numpy(dtype=object))):
         return True
-    loader = info["dataloader"].to_numpy(dtype=bool) if len(info) == len(ranges) else np.zeros(0, bool)
-    if not loader.any():
-        return False
-    labels = pd.unique(info["label"].to_numpy(dtype=object)[loader])
-    return any(str(label).upper().startswith("DALI") for label in labels)
+    loader = labels[labels["dataloader"].to_numpy(dtype=bool)]
+    return any(str(label).upper().startswith("DALI") for label in loader["label"])
 
 
 def dataloader_detector(ctx: Context) -> list[dict]:
     """Inputs: summary Dataloader Duration % (data loading ranges active while no GPU class is), DALI ranges,
-    run metadata num_workers and pin_memory. Threshold: >= DATALOADER_PCT (10%) of the wall clock time."""
-    pct = float((ctx.agg.summary or {}).get("pct", {}).get("dataloader", 0.0))
-    if pct < DATALOADER_PCT:
-        return []
+    run metadata num_workers and pin_memory. As DLProf did, a profile with GPU work and no DALI gets "No DALI
+    ops detected" (info); a warning with the figures when data loading takes >= DATALOADER_PCT (10%) of the
+    wall clock time (with DALI too)."""
+    summary = ctx.agg.summary or {}
+    if int(summary.get("n_visible_gpus", 0)) == 0:
+        return []   # no GPU ran anything: data loading cannot starve it
+    pct = float(summary.get("pct", {}).get("dataloader", 0.0))
+    slow = pct >= DATALOADER_PCT
     figures = f"data loading takes {pct:.1f}% of the profiled time while the GPU is idle"
     data = {"dataloader_pct": pct, "threshold_pct": DATALOADER_PCT}
     if _dali_used(ctx):
+        if not slow:
+            return []
         return [finding("dataloader_detector", "warning", f"DALI is used, but {figures}",
                         "Move more of the input pipeline to the GPU (DALI GPU operators, mixed image decoding), "
                         "and raise the pipeline's num_threads and prefetch_queue_depth",
@@ -139,12 +140,14 @@ def dataloader_detector(ctx: Context) -> list[dict]:
     recommendation = ("Consider using NVIDIA DALI, a library that is a high performance alternative to built-in "
                       "data loaders and data iterators. Learn more here: https://developer.nvidia.com/DALI")
     workers, pin = ctx.cfg("num_workers"), ctx.cfg_bool("pin_memory")
-    if workers is not None and int(workers) == 0:
+    if slow and workers is not None and int(workers) == 0:
         recommendation += (". The PyTorch DataLoader loads in the training process (num_workers=0): give it "
                            "worker processes (num_workers > 0)")
-    if pin is False:
+    if slow and pin is False:
         recommendation += ". Set pin_memory=True so batches are copied to the GPU asynchronously"
-    return [finding("dataloader_detector", "warning", f"No DALI ops detected; {figures}", recommendation,
+    problem = f"No DALI ops detected; {figures}" if slow else \
+        f"No DALI ops detected (data loading takes {pct:.1f}% of the profiled time while the GPU is idle)"
+    return [finding("dataloader_detector", "warning" if slow else "info", problem, recommendation,
                     "https://developer.nvidia.com/DALI", dict(data, dali=False, num_workers=workers, pin_memory=pin))]
 
 
@@ -152,25 +155,21 @@ def no_fusion_detector(ctx: Context) -> list[dict]:
     """Inputs: kernel launches of the aggregation (names, durations). Unfused elementwise kernels: names
     matching ELEMENTWISE_KERNEL and not FUSED_KERNEL. Thresholds: >= FUSION_SHARE_PCT (30%) of the kernel
     time and >= FUSION_MIN_PER_ITERATION (20) launches per iteration."""
-    k = ctx.agg.kernel_launches
-    codes, cats = ctx.gpu_names
-    if k is None or len(k) == 0 or cats.size == 0 or ctx.kernel_time == 0:
+    k = ctx.kernels
+    if len(k) == 0 or ctx.kernel_time == 0:
         return []
-    elementwise = np.array([bool(ELEMENTWISE_KERNEL.search(str(c))) and not FUSED_KERNEL.search(str(c))
-                            for c in cats], dtype=bool)
-    name_code = k["name_code"].to_numpy(np.int64)
-    hit = elementwise[name_code]
-    n = int(hit.sum())
+    hit = ctx.kernel_name_flags(lambda name: ELEMENTWISE_KERNEL.search(name) and not FUSED_KERNEL.search(name))
+    n = int(k["count"].to_numpy(np.int64)[hit].sum())
     if n == 0:
         return []
-    time = int(k["gpu_duration"].to_numpy(np.int64)[hit].sum())
+    time = int(k["gpu_total"].to_numpy(np.int64)[hit].sum())
     share = 100.0 * time / ctx.kernel_time
     per_iteration = n / max(ctx.n_iterations, 1)
     if share < FUSION_SHARE_PCT or per_iteration < FUSION_MIN_PER_ITERATION:
         return []
-    by_name = pd.Series(k["gpu_duration"].to_numpy(np.int64)[hit]).groupby(name_code[hit]).sum()
-    top = by_name.sort_values(ascending=False).head(3)
-    top_text = ", ".join(f"{short(cats[c], 50)} ({fmt_time(v)})" for c, v in top.items())
+    by_name = k[hit].groupby("name", sort=False)["gpu_total"].sum()
+    top = by_name.sort_values(ascending=False, kind="stable").head(3)
+    top_text = ", ".join(f"{short(name, 50)} ({fmt_time(v)})" for name, v in top.items())
     problem = (f"{per_iteration:.0f} unfused elementwise kernels per iteration take {fmt_time(time)}, "
                f"{fmt_pct(share)} of the GPU kernel time (average {fmt_time(time / n)} each): {top_text}")
     if ctx.corr.family == "tensorflow":
@@ -183,4 +182,4 @@ def no_fusion_detector(ctx: Context) -> list[dict]:
         link = "https://pytorch.org/docs/stable/generated/torch.compile.html"
     return [finding("no_fusion_detector", "warning" if share >= 50.0 else "info", problem, recommendation, link,
                     {"kernels": n, "per_iteration": per_iteration, "kernel_time": time, "share_pct": share,
-                     "top_kernels": [str(cats[c]) for c in top.index]})]
+                     "top_kernels": [str(name) for name in top.index]})]

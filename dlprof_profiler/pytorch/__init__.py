@@ -4,7 +4,7 @@ Usage, as with DLProf's ``nvidia_dlprof_pytorch_nvtx``::
 
     import dlprof_profiler.pytorch as dlprof_pytorch
     dlprof_pytorch.init()
-    with torch.autograd.profiler.emit_nvtx():   # optional; needs a CUDA build of PyTorch
+    with torch.autograd.profiler.emit_nvtx(enabled=torch.cuda.is_available()):  # optional; CUDA PyTorch only
         train()
 
 then profile with ``dlprof --mode=pytorch python train.py`` (or ``nsys profile -t cuda,nvtx ...``).
@@ -14,20 +14,23 @@ Markers per annotated call: nested push/pop ranges in the default NVTX domain, o
 (formats in :mod:`.markers`):
 
 1. trace marker ``{'traceMarker': ['/path/train.py:57', '/path/model.py:30'], 'funcStack':
-   '/<module>/Net::_call_impl/Net::forward/Conv2d::_call_impl/Conv2d::forward/Conv2d::_conv_forward/conv2d'}``
-   (user frames only, script frame first; funcStack rules in :mod:`.stack`);
+   '/<module>/main/model/conv1/conv2d', 'modules': [('model', 'Net'), ('conv1', 'Conv2d')]}`` (user frames
+   only, script frame first; modules named by their attribute path, their classes in ``modules``; funcStack
+   rules in :mod:`.stack`);
 2. module marker ``{'mod': 'torch.nn.modules.rnn', 'strRepr': '16, 32, batch_first=True'}`` (RNN modules only);
 3. argument marker ``{'mod': 'torch.nn.functional', 'op': 'conv2d', 'callid': 12, 'dir': 'fprop',
    'args': [{'name': '', 'type': 'tensor', 'shape': (8, 3, 32, 32), 'dtype': 'float32'}, ...]}``.
 
 Backward (:mod:`.backward`): each autograd node created by an annotated call runs inside the call's trace
-marker and ``{'mod': ..., 'op': ..., 'dir': 'bprop', 'fwdCallid': 12, 'node': 'ConvolutionBackward0',
-'args': [...same as forward...]}``. Scopes (:mod:`.scopes`): ``enumerate(DataLoader)#...__next__`` and
+marker and ``{'mod': ..., 'op': ..., 'callid': 40, 'dir': 'bprop', 'fwdCallid': 12, 'node':
+'ConvolutionBackward0', 'args': [...same as forward...]}`` (``callid``: the backward call, one per forward call
+and backward pass, shared by its nodes). Scopes (:mod:`.scopes`): ``enumerate(DataLoader)#...__next__`` and
 ``Optimizer.step#SGD.step``. Config marker (:mod:`.metadata`): ``{"model_config": {...}}`` as JSON.
 """
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, Iterator, Optional
 
 from .backend import NullBackend, NvtxBackend, RecordingBackend, Range, profiler_attached, resolve_backend
@@ -56,7 +59,20 @@ _user_enabled = True
 
 
 def _update_active() -> None:
-    STATE.active = bool(STATE.installed and _user_enabled and getattr(STATE.backend, "enabled", False))
+    STATE.active = bool(STATE.installed and _user_enabled and not STATE.forked_child
+                        and getattr(STATE.backend, "enabled", False))
+
+
+def _after_fork_in_child() -> None:
+    """A fork() child (DataLoader workers, multiprocessing with the fork start method) inherits the
+    instrumentation, but Nsight Systems records it only with ``--trace-fork-before-exec=true``: annotation
+    stops there, so workers spend nothing on markers nobody records. :func:`enable` turns it back on."""
+    STATE.forked_child = True
+    _update_active()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def init(enable_function_stack: Optional[bool] = None, record_shapes: Optional[bool] = None, *,
@@ -185,14 +201,17 @@ def is_installed() -> bool:
 
 
 def is_active() -> bool:
-    """True when wrappers build and send markers (installed, enabled, backend enabled)."""
+    """True when wrappers build and send markers: installed, enabled, backend enabled, and not in a fork()
+    child (where nothing is recorded unless :func:`enable` was called there)."""
     return STATE.active
 
 
 def enable() -> None:
-    """Resume annotation after :func:`disable` (e.g. to profile only some iterations)."""
+    """Resume annotation after :func:`disable` (e.g. to profile only some iterations). In a fork() child it
+    switches annotation on (for ``nsys profile --trace-fork-before-exec=true``)."""
     global _user_enabled
     _user_enabled = True
+    STATE.forked_child = False
     _update_active()
     if STATE.active and STATE.config is not None:
         STATE.config.emit()

@@ -264,10 +264,14 @@ def positional_names(func: Any, op: str, method: bool) -> List[str]:
     return names
 
 
-def trace_marker(trace: List[str], func_stack: Optional[str]) -> str:
+def trace_marker(trace: List[str], func_stack: Optional[str], modules: Sequence[tuple[str, str]] = ()) -> str:
+    """``{'traceMarker': [...], 'funcStack': '...', 'modules': [('model', 'Net'), ('conv1', 'Conv2d')]}``;
+    ``modules``: the class of each module element of funcStack, outermost first (left out when empty)."""
     marker: Dict[str, Any] = {"traceMarker": trace}
     if func_stack is not None:
         marker["funcStack"] = func_stack
+    if modules:
+        marker["modules"] = list(modules)
     return repr(marker)
 
 
@@ -279,8 +283,11 @@ def arg_marker(mod: str, op: str, callid: int, args: List[Dict[str, Any]]) -> st
     return repr({"mod": mod, "op": op, "callid": callid, "dir": "fprop", "args": args})
 
 
-def bprop_marker(mod: str, op: str, fwd_callid: int, node: str, args: List[Dict[str, Any]]) -> str:
-    return repr({"mod": mod, "op": op, "dir": "bprop", "fwdCallid": fwd_callid, "node": node, "args": args})
+def bprop_marker(mod: str, op: str, bwd_callid: int, fwd_callid: int, node: str, args: List[Dict[str, Any]]) -> str:
+    """Marker of one autograd node of a forward call: ``callid`` is the backward call (shared by the call's
+    nodes in one backward pass), ``fwdCallid`` the forward call."""
+    return repr({"mod": mod, "op": op, "callid": bwd_callid, "dir": "bprop", "fwdCallid": fwd_callid, "node": node,
+                 "args": args})
 
 
 def config_marker(config: Dict[str, Any]) -> str:

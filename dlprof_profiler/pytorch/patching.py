@@ -9,6 +9,11 @@ Patched (see :func:`select_targets`):
 - ``torch.Tensor.<m>``: public tensor methods and the operator dunders (``__add__``, ``__matmul__``,
   ``__getitem__``, ...), without metadata queries (``size``, ``dim``, ``is_*``, ``data_ptr``...) and autograd
   plumbing (``backward``, ``register_hook``...); ``mod`` = ``Tensor``;
+- ``torch._foreach_<f>``: the multi-tensor ops of the ``foreach`` optimizers (AdamW, SGD... with
+  ``foreach=True``, their default on GPU) and of ``clip_grad_norm_``; ``mod`` = ``torch``, ``op`` =
+  ``_foreach_add_``...;
+- ``torch.linalg.<f>``: every function; ``mod`` = ``torch.linalg``, ``op`` = ATen's name
+  (``linalg_vector_norm``), so ``torch.linalg.norm`` and ``torch.norm`` stay different op types;
 - ``torch.nn.functional.<f>``: public functions; ``mod`` = ``torch.nn.functional``;
 - ``forward`` of ``nn.RNN/LSTM/GRU`` and their cells, whose work runs in ``torch._VF`` calls nothing else
   sees; ``mod`` = the module path (``torch.nn.modules.rnn``), ``op`` = the class (``LSTM``), with a module
@@ -33,7 +38,8 @@ from . import backward as _backward
 from .markers import arg_marker, describe_args, module_marker, positional_names, trace_marker
 from .runtime import STATE
 
-__all__ = ["Patcher", "select_targets", "make_wrapper", "make_module_wrapper", "install_ops", "install_jit_guard"]
+__all__ = ["Patcher", "select_targets", "op_name", "make_wrapper", "make_module_wrapper", "install_ops",
+           "install_jit_guard"]
 
 _MISSING = object()
 
@@ -122,12 +128,23 @@ def select_targets() -> List[Tuple[Any, str, str]]:
 
     targets: List[Tuple[Any, str, str]] = []
     for name, obj in sorted(vars(torch).items()):
+        if name.startswith("_foreach_"):
+            if _public_builtin(obj):
+                targets.append((torch, name, "torch"))
+            continue
         if name.startswith("_") or name in _TORCH_SKIP or name.startswith(_TORCH_SKIP_PREFIXES):
             continue
         if _public_builtin(obj) and getattr(obj, "__module__", None) == "torch":
             targets.append((torch, name, "torch"))
         elif isinstance(obj, types.FunctionType) and obj.__module__ == "torch.functional":
             targets.append((torch, name, "torch"))
+
+    linalg = getattr(torch, "linalg", None)
+    for name, obj in sorted(vars(linalg).items()) if linalg is not None else ():
+        if name.startswith("_") or inspect.isclass(obj):
+            continue
+        if _public_builtin(obj) or (isinstance(obj, types.FunctionType) and obj.__module__.startswith("torch")):
+            targets.append((linalg, name, "torch.linalg"))
 
     for name, obj in sorted(vars(F).items()):
         if name.startswith("_") or name in _FUNCTIONAL_SKIP or inspect.isclass(obj):
@@ -193,12 +210,12 @@ def _call(orig: Callable, mod: str, op: str, label: str, args: tuple, kwargs: di
     tls = state.tls
     backend = state.backend
     try:
-        func_stack, trace = state.stack.capture(frame, label, opts.enable_function_stack)
+        func_stack, trace, modules = state.stack.capture(frame, label, opts.enable_function_stack)
         tensors: List[Any] = []
         desc = describe_args(args if module_obj is None else args[1:], kwargs, opts.record_shapes, tensors,
                              names)
         callid = state.next_callid()
-        trace_txt = trace_marker(trace, func_stack)
+        trace_txt = trace_marker(trace, func_stack, modules)
         texts = [trace_txt]
         if module_obj is not None:
             try:
@@ -238,8 +255,18 @@ def _copy_meta(wrapper: Callable, orig: Callable, name: str) -> Callable:
     return wrapper
 
 
-def make_wrapper(orig: Callable, mod: str, op: str) -> Callable:
-    """Wrapper for a function or an unbound method (``self`` arrives as the first argument)."""
+def op_name(mod: str, attr: str, orig: Callable) -> str:
+    """The marker's ``op`` of ``<mod>.<attr>``: the attribute name, but ATen's name for ``torch.linalg``
+    (``linalg_vector_norm``)."""
+    if mod == "torch.linalg":
+        name = getattr(orig, "__name__", "")
+        return name if isinstance(name, str) and name.startswith("linalg_") else "linalg_" + attr
+    return attr
+
+
+def make_wrapper(orig: Callable, mod: str, op: str, attr: str = "") -> Callable:
+    """Wrapper for a function or an unbound method (``self`` arrives as the first argument). ``attr``: the
+    attribute name the callable is reached by, when it differs from ``op`` (read in its docstring)."""
     state = STATE
     getframe = sys._getframe
     names: List[Any] = []  # positional parameter names, found on the first annotated call
@@ -249,12 +276,12 @@ def make_wrapper(orig: Callable, mod: str, op: str) -> Callable:
             return orig(*args, **kwargs)
         if not names:
             try:
-                names.append(tuple(positional_names(orig, op, method=mod == "Tensor")))
+                names.append(tuple(positional_names(orig, attr or op, method=mod == "Tensor")))
             except Exception:
                 names.append(())
         return _call(orig, mod, op, op, args, kwargs, getframe(1), names=names[0])
 
-    return _copy_meta(wrapper, orig, op)
+    return _copy_meta(wrapper, orig, attr or op)
 
 
 def make_module_wrapper(orig_forward: Callable, cls: type) -> Callable:
@@ -267,8 +294,7 @@ def make_module_wrapper(orig_forward: Callable, cls: type) -> Callable:
     def forward(self, *args, **kwargs):
         if not state.active or _is_compiling() or state.tls.depth:
             return orig_forward(self, *args, **kwargs)
-        label = "%s::forward" % type(self).__name__
-        return _call(orig_forward, mod, op, label, (self,) + args, kwargs, getframe(1), module_obj=self)
+        return _call(orig_forward, mod, op, op, (self,) + args, kwargs, getframe(1), module_obj=self)
 
     return _copy_meta(forward, orig_forward, "forward")
 
@@ -279,7 +305,7 @@ def install_ops(patcher: Patcher, wrap_rnn: bool = True) -> int:
         orig = getattr(owner, name)
         if getattr(orig, "__dlprof_original__", None) is not None:
             continue  # already ours (should not happen: install is guarded)
-        patcher.patch(owner, name, make_wrapper(orig, mod, name))
+        patcher.patch(owner, name, make_wrapper(orig, mod, op_name(mod, name, orig), name))
         count += 1
     if wrap_rnn:
         for cls in _rnn_classes():

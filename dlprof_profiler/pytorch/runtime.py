@@ -35,6 +35,7 @@ class _State:
     def __init__(self) -> None:
         self.installed = False
         self.active = False          # installed and backend.enabled: wrappers build markers
+        self.forked_child = False    # this process is a fork() child (DataLoader worker): nothing is recorded
         self.backend: Any = NullBackend(enabled=False)
         self.options = Options()
         self.tls = _ThreadState()

@@ -1,0 +1,328 @@
+"""What the detectors read beyond the aggregation tables, with one implementation for a model held in
+memory (`MemoryData`) and one for a model in the out-of-core store (`StoreData`, bounded memory): the
+memory operations and named API calls of the aggregated iterations, GPU gaps, the CPU activity inside a
+time window, GPU idle time after given moments, and the first input shapes of some ops.
+
+Every method returns small frames (selected rows only): detectors never see a whole trace."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from dlprof_profiler.intervals import merge_intervals
+from dlprof_profiler.trace import KIND_MEMCPY, KIND_MEMSET
+
+_API_SUFFIX = re.compile(r"(?:_ptsz|_ptds)?(?:_v\d+)?$")
+
+
+def api_base_name(name) -> str:
+    """CUDA API name without its version and per-thread-stream suffixes: `cudaMemcpyAsync_ptsz_v7000`
+    -> `cudaMemcpyAsync`, `cuMemcpyHtoD_v2` -> `cuMemcpyHtoD`."""
+    return _API_SUFFIX.sub("", str(name)) if name is not None else ""
+
+
+def _base_names(categories: np.ndarray) -> np.ndarray:
+    return np.array([api_base_name(c) for c in categories], dtype=object)
+
+
+def _iteration_bounds(iterations, agg) -> tuple[int, int]:
+    """[lo, hi) of the times whose iteration is aggregated."""
+    b = iterations.boundaries
+    lo = int(b[agg.iter_start - 1]) if agg.iter_start >= 1 else -(1 << 62)
+    hi = int(b[agg.iter_stop]) if agg.iter_stop < len(b) else 1 << 62
+    return lo, hi
+
+
+MEMORY_COLUMNS = ["kind", "copy_kind", "src_kind", "dst_kind", "bytes", "start", "end", "device_id", "api_id",
+                  "api_name", "api_start", "api_end", "owner_op"]
+API_COLUMNS = ["api_id", "start", "end", "global_tid", "pid", "name", "owner_op"]
+
+
+class MemoryData:
+    """The detectors' reads over a model held in memory (trace frames, correlation, domain model)."""
+
+    def __init__(self, trace, corr, dm, agg, iterations):
+        self.trace, self.corr, self.dm, self.agg, self.iterations = trace, corr, dm, agg, iterations
+        self.lo, self.hi = _iteration_bounds(iterations, agg)
+        self._busy = None
+
+    def _api_base(self) -> np.ndarray:
+        api = self.trace.api_calls
+        if len(api) == 0:
+            return np.zeros(0, dtype=object)
+        cats = api["name"].cat.categories.to_numpy(dtype=object)
+        codes = api["name"].cat.codes.to_numpy(np.int64)
+        base = np.append(_base_names(cats), "")
+        return base[np.where(codes >= 0, codes, len(cats))]
+
+    def _owner_op(self, owners: np.ndarray) -> np.ndarray:
+        inst_op = self.dm.instances["op_index"].to_numpy(np.int64)
+        owners = np.asarray(owners, dtype=np.int64)
+        return np.where(owners >= 0, inst_op[np.maximum(owners, 0)] if inst_op.size else -1, -1)
+
+    def memory_ops(self) -> pd.DataFrame:
+        gpu, api = self.trace.gpu, self.trace.api_calls
+        if len(gpu) == 0:
+            return pd.DataFrame({c: [] for c in MEMORY_COLUMNS})
+        from dlprof_profiler.model_chunks import launch_times
+        launch = launch_times(self.trace, self.corr.gpu_api)
+        kind = gpu["kind"].to_numpy()
+        rows = np.flatnonzero(((kind == KIND_MEMCPY) | (kind == KIND_MEMSET)) & (launch >= self.lo) & (launch < self.hi))
+        api_rows = self.corr.gpu_api[rows]
+        has = api_rows >= 0
+        safe = np.maximum(api_rows, 0)
+        base = self._api_base()
+        out = pd.DataFrame({c: gpu[c].to_numpy()[rows] for c in ("kind", "copy_kind", "src_kind", "dst_kind",
+                                                                  "bytes", "start", "end", "device_id")})
+        out["api_id"] = np.where(has, api_rows, -1)
+        out["api_name"] = np.where(has, base[safe] if len(base) else "", "")
+        out["api_start"] = np.where(has, api["start"].to_numpy(np.int64)[safe] if len(api) else -1, -1)
+        out["api_end"] = np.where(has, api["end"].to_numpy(np.int64)[safe] if len(api) else -1, -1)
+        out["owner_op"] = self._owner_op(self.dm.gpu_instance[rows])
+        return out
+
+    def named_api_calls(self, names: set) -> pd.DataFrame:
+        api = self.trace.api_calls
+        if len(api) == 0:
+            return pd.DataFrame({c: [] for c in API_COLUMNS})
+        base = self._api_base()
+        start = api["start"].to_numpy(np.int64)
+        rows = np.flatnonzero(np.isin(base, list(names)) & (start >= self.lo) & (start < self.hi))
+        out = pd.DataFrame({"api_id": rows, "start": start[rows], "end": api["end"].to_numpy(np.int64)[rows],
+                            "global_tid": api["global_tid"].to_numpy(np.int64)[rows],
+                            "pid": api["pid"].to_numpy(np.int64)[rows], "name": base[rows]})
+        out["owner_op"] = self._owner_op(self.dm.api_instance[rows])
+        return out
+
+    def _busy_segments(self) -> dict:
+        if self._busy is None:
+            gpu = self.trace.gpu
+            self._busy = {}
+            if len(gpu):
+                dev = gpu["device_id"].to_numpy(np.int64)
+                s, e = gpu["start"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64)
+                for d in np.unique(dev).tolist():
+                    m = dev == d
+                    self._busy[int(d)] = merge_intervals(s[m], e[m])
+        return self._busy
+
+    def gpu_gaps(self, ws: int, we: int, min_length: int) -> pd.DataFrame:
+        """Per device, idle intervals of at least `min_length` between its GPU activities inside [ws, we),
+        with the processes whose activities ran on it in the window."""
+        gpu = self.trace.gpu
+        rows = []
+        if len(gpu):
+            dev = gpu["device_id"].to_numpy(np.int64)
+            s, e = gpu["start"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64)
+            in_window = (e > ws) & (s < we)
+            for d in np.unique(dev[in_window]).tolist():
+                m = in_window & (dev == d)
+                seg_s, seg_e = merge_intervals(np.clip(s[m], ws, we), np.clip(e[m], ws, we))
+                if seg_s.size < 2:
+                    continue
+                gap_s, gap_e = seg_e[:-1], seg_s[1:]
+                long_ = (gap_e - gap_s) >= min_length
+                pids = tuple(np.unique(gpu["pid"].to_numpy(np.int64)[m]).tolist())
+                rows += [(int(d), int(a), int(b), pids) for a, b in zip(gap_s[long_], gap_e[long_])]
+        return pd.DataFrame(rows, columns=["device_id", "start", "end", "pids"])
+
+    def cpu_activity(self, pids, t0: int, t1: int) -> dict:
+        """Ranges (label, start, end, thread, data loading), API calls (base name) and I/O calls of some
+        processes overlapping [t0, t1)."""
+        trace, info = self.trace, self.corr.range_info
+        pids = np.asarray(list(pids), dtype=np.int64)
+        r = trace.ranges
+        out = {}
+        if len(r) and info is not None and len(info) == len(r):
+            keep = np.isin(r["pid"].to_numpy(np.int64), pids) & (r["end"].to_numpy(np.int64) > t0) & \
+                (r["start"].to_numpy(np.int64) < t1) & (r["end"].to_numpy(np.int64) > r["start"].to_numpy(np.int64))
+            rows = np.flatnonzero(keep)
+            labels = info["label"].to_numpy(dtype=object)[rows]
+            texts = r["text"].to_numpy(dtype=object)[rows]
+            out["ranges"] = pd.DataFrame({"label": np.where(pd.isna(labels), texts, labels),
+                                          "start": r["start"].to_numpy(np.int64)[rows],
+                                          "end": r["end"].to_numpy(np.int64)[rows],
+                                          "tid": r["global_tid"].to_numpy(np.int64)[rows],
+                                          "loader": info["dataloader"].to_numpy(dtype=bool)[rows]})
+        else:
+            out["ranges"] = pd.DataFrame({"label": [], "start": [], "end": [], "tid": [], "loader": []})
+        api = trace.api_calls
+        if len(api):
+            keep = np.isin(api["pid"].to_numpy(np.int64), pids) & (api["end"].to_numpy(np.int64) > t0) & \
+                (api["start"].to_numpy(np.int64) < t1)
+            rows = np.flatnonzero(keep)
+            out["api"] = pd.DataFrame({"name": self._api_base()[rows], "start": api["start"].to_numpy(np.int64)[rows],
+                                       "end": api["end"].to_numpy(np.int64)[rows]})
+        else:
+            out["api"] = pd.DataFrame({"name": [], "start": [], "end": []})
+        io = trace.io_calls
+        if len(io):
+            keep = np.isin(io["pid"].to_numpy(np.int64), pids) & (io["end"].to_numpy(np.int64) > t0) & \
+                (io["start"].to_numpy(np.int64) < t1)
+            out["io"] = pd.DataFrame({"name": io["name"].to_numpy(dtype=object)[keep],
+                                      "start": io["start"].to_numpy(np.int64)[keep],
+                                      "end": io["end"].to_numpy(np.int64)[keep]})
+        else:
+            out["io"] = pd.DataFrame({"name": [], "start": [], "end": []})
+        return out
+
+    def idle_after(self, times: np.ndarray, devices: np.ndarray) -> int:
+        """GPU idle time from each time until the next busy interval on its device (0 when busy then; nothing
+        after the device's last activity), each idle interval counted once."""
+        total = 0
+        busy_segments = self._busy_segments()
+        for d in np.unique(devices).tolist():
+            seg = busy_segments.get(int(d))
+            if seg is None or seg[0].size == 0:
+                continue
+            s, e = seg
+            t = times[devices == d]
+            i = np.searchsorted(s, t, side="right") - 1        # last segment starting at or before t
+            busy = (i >= 0) & (e[np.maximum(i, 0)] > t)
+            nxt = i + 1
+            idle = ~busy & (nxt < s.size)
+            if not idle.any():
+                continue
+            # several calls returning in the same idle interval count it once, from the earliest of them
+            gap = np.zeros(s.size, dtype=np.int64)
+            np.maximum.at(gap, nxt[idle], s[nxt[idle]] - t[idle])
+            total += int(gap.sum())
+        return total
+
+    def first_shapes(self, op_indices: np.ndarray) -> dict:
+        """The input shapes text of the first instance (with shapes) of some ops."""
+        inst = self.dm.instances
+        if len(inst) == 0 or "input_shapes" not in inst.columns:
+            return {}
+        hit = np.isin(inst["op_index"].to_numpy(np.int64), op_indices)
+        sub = inst.loc[hit, ["op_index", "start", "input_shapes"]]
+        sub = sub[sub["input_shapes"].notna() & (sub["input_shapes"].astype(str) != "")]
+        sub = sub.sort_values("start", kind="stable").drop_duplicates("op_index")
+        return dict(zip(sub["op_index"].astype(int), sub["input_shapes"].astype(str)))
+
+    def has_ranges_or_gpu(self) -> bool:
+        return len(self.trace.ranges) > 0 or len(self.trace.gpu) > 0
+
+    def has_gpu_work(self) -> bool:
+        return len(self.trace.gpu) > 0
+
+
+class StoreData:
+    """The detectors' reads over a model in the out-of-core store (SQL; only selected rows come back)."""
+
+    def __init__(self, sa, dm, agg, iterations):
+        self.sa, self.store, self.dm, self.agg, self.iterations = sa, sa.store, dm, agg, iterations
+        self.lo, self.hi = _iteration_bounds(iterations, agg)
+        self.d = dm.sink.d
+        base = _base_names(self.store.api_names)
+        self._api_base = pd.DataFrame({"name_code": np.arange(len(base), dtype=np.int64), "base": base})
+
+    def _with_api_names(self, query: str, params) -> pd.DataFrame:
+        con = self.store.con
+        con.register("_api_base", self._api_base)
+        try:
+            return self.store.frame(query, params)
+        finally:
+            con.unregister("_api_base")
+
+    def memory_ops(self) -> pd.DataFrame:
+        f = self._with_api_names(f"""
+            SELECT g.kind, g.copy_kind, g.src_kind, g.dst_kind, g.bytes, g.start, g."end", g.device_id, g.api_id,
+                   coalesce(n.base, '') AS api_name, coalesce(a.start, -1) AS api_start,
+                   coalesce(a."end", -1) AS api_end, coalesce(i.op_index, -1) AS owner_op
+            FROM gpu_by_launch g LEFT JOIN api a ON a.api_id = g.api_id
+            LEFT JOIN _api_base n ON n.name_code = a.name_code
+            LEFT JOIN gpu_owner_{self.d} o ON o.activity_id = g.activity_id
+            LEFT JOIN inst_{self.d} i ON i.instance_id = o.instance_id
+            WHERE g.kind IN ({KIND_MEMCPY}, {KIND_MEMSET}) AND g.launch >= $1 AND g.launch < $2
+            ORDER BY g.activity_id""", [self.lo, self.hi])
+        return f[MEMORY_COLUMNS]
+
+    def named_api_calls(self, names: set) -> pd.DataFrame:
+        codes = self._api_base.loc[self._api_base["base"].isin(names), "name_code"].tolist()
+        if not codes:
+            return pd.DataFrame({c: [] for c in API_COLUMNS})
+        f = self._with_api_names(f"""
+            SELECT a.api_id, a.start, a."end", a.global_tid, a.pid, n.base AS name, coalesce(i.op_index, -1) AS owner_op
+            FROM api a JOIN _api_base n ON n.name_code = a.name_code
+            LEFT JOIN api_owner_{self.d} o ON o.api_id = a.api_id
+            LEFT JOIN inst_{self.d} i ON i.instance_id = o.instance_id
+            WHERE a.name_code IN ({','.join(map(str, codes))}) AND a.start >= $1 AND a.start < $2
+            ORDER BY a.api_id""", [self.lo, self.hi])
+        return f[API_COLUMNS]
+
+    def gpu_gaps(self, ws: int, we: int, min_length: int) -> pd.DataFrame:
+        f = self.store.frame("""
+            WITH w AS (SELECT device_id, greatest(start, $1) AS s, least("end", $2) AS e, pid FROM gpu
+                       WHERE "end" > $1 AND start < $2),
+                 r AS (SELECT device_id, s, e, max(e) OVER (PARTITION BY device_id ORDER BY s, e
+                                                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
+                       FROM w)
+            SELECT device_id, reach AS start, s AS "end" FROM r
+            WHERE reach IS NOT NULL AND s - reach >= $3 ORDER BY device_id, s""", [ws, we, max(int(min_length), 1)])
+        pids = self.store.frame('SELECT DISTINCT device_id, pid FROM gpu WHERE "end" > $1 AND start < $2', [ws, we])
+        by_dev = {int(d): tuple(sorted(g["pid"].tolist())) for d, g in pids.groupby("device_id")}
+        f["pids"] = [by_dev.get(int(d), ()) for d in f["device_id"]]
+        return f
+
+    def cpu_activity(self, pids, t0: int, t1: int) -> dict:
+        pid_list = ",".join(str(int(p)) for p in pids) or "-1"
+        ranges = self.store.frame(f"""
+            SELECT i.label_code, r.text, r.start, r."end", r.global_tid AS tid, i.dataloader = 1 AS loader
+            FROM ranges r JOIN range_info i USING (range_id)
+            WHERE r.pid IN ({pid_list}) AND r."end" > $1 AND r.start < $2 AND r."end" > r.start""", [t0, t1])
+        labels = self.sa.pool.decode(ranges.pop("label_code").to_numpy(np.int64))
+        texts = ranges.pop("text").to_numpy(dtype=object)
+        ranges.insert(0, "label", np.where(pd.isna(labels), texts, labels))
+        ranges["loader"] = ranges["loader"].astype(bool)
+        api = self._with_api_names(f"""
+            SELECT coalesce(n.base, '') AS name, a.start, a."end" FROM api a
+            LEFT JOIN _api_base n ON n.name_code = a.name_code
+            WHERE a.pid IN ({pid_list}) AND a."end" > $1 AND a.start < $2""", [t0, t1])
+        io = self.store.trace.io_calls
+        keep = np.isin(io["pid"].to_numpy(np.int64), np.asarray(list(pids), dtype=np.int64)) & \
+            (io["end"].to_numpy(np.int64) > t0) & (io["start"].to_numpy(np.int64) < t1) if len(io) else \
+            np.zeros(0, dtype=bool)
+        return {"ranges": ranges, "api": api,
+                "io": pd.DataFrame({"name": io["name"].to_numpy(dtype=object)[keep] if len(io) else [],
+                                    "start": io["start"].to_numpy(np.int64)[keep] if len(io) else [],
+                                    "end": io["end"].to_numpy(np.int64)[keep] if len(io) else []})}
+
+    def idle_after(self, times: np.ndarray, devices: np.ndarray) -> int:
+        if len(times) == 0:
+            return 0
+        con = self.store.con
+        con.register("_t", pd.DataFrame({"t": np.asarray(times, dtype=np.int64),
+                                         "device_id": np.asarray(devices, dtype=np.int64)}))
+        try:
+            f = self.store.frame("""
+                WITH g AS (SELECT device_id, start, max("end") OVER (PARTITION BY device_id ORDER BY start, "end"
+                                                                     ROWS UNBOUNDED PRECEDING) AS reach
+                           FROM gpu WHERE device_id IN (SELECT DISTINCT device_id FROM _t)),
+                     before AS (SELECT t.t, t.device_id, g.reach FROM _t t
+                                ASOF LEFT JOIN g ON t.device_id = g.device_id AND t.t >= g.start),
+                     nxt AS (SELECT b.t, b.device_id, b.reach, n.start AS next_start FROM before b
+                             ASOF LEFT JOIN g n ON b.device_id = n.device_id AND n.start > b.t)
+                SELECT device_id, next_start, max(next_start - t) AS idle FROM nxt
+                WHERE next_start IS NOT NULL AND (reach IS NULL OR reach <= t) GROUP BY ALL""")
+        finally:
+            con.unregister("_t")
+        return int(f["idle"].sum()) if len(f) else 0
+
+    def first_shapes(self, op_indices: np.ndarray) -> dict:
+        if len(op_indices) == 0:
+            return {}
+        idx = ",".join(str(int(i)) for i in op_indices)
+        f = self.store.frame(f"""
+            SELECT DISTINCT ON (op_index) op_index, input_shapes_code FROM inst_sorted_{self.d}
+            WHERE op_index IN ({idx}) AND input_shapes_code >= 0 ORDER BY op_index, start""")
+        values = self.sa.pool.decode(f["input_shapes_code"].to_numpy(np.int64))
+        return {int(o): str(v) for o, v in zip(f["op_index"], values) if v is not None and str(v) != ""}
+
+    def has_ranges_or_gpu(self) -> bool:
+        return self.store.counts["ranges"] > 0 or self.store.counts["gpu"] > 0
+
+    def has_gpu_work(self) -> bool:
+        return self.store.counts["gpu"] > 0

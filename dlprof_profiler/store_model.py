@@ -1,0 +1,721 @@
+"""Out-of-core analysis over a `TraceStore`: the classification of every range, the launch links, the
+segments the correlation walks, the op model it writes back into the store, and the chunks aggregation
+reads from it. Each step matches its in-memory counterpart (`correlate.py`, `model_chunks.py`) and is
+checked against it in the tests; names are integer codes into one string pool."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from dlprof_profiler import correlate as corr_mod
+from dlprof_profiler import nvtx_markers as nm
+from dlprof_profiler.correlate import BACKWARD_PASS, UNASSOCIATED_GPU, DomainFacts, Segment
+from dlprof_profiler.model_chunks import TIME_MAX, TIME_MIN, ModelChunk, chunk_bounds
+from dlprof_profiler.store import TraceStore
+from dlprof_profiler.tensor_cores import kernel_uses_tc
+from dlprof_profiler.trace import KIND_KERNEL, make_frame
+
+INFO_TEXT = [
+    "label",
+    "op_type",
+    "func_stack",
+    "stack_trace",
+    "data_type",
+    "input_shapes",
+    "output_shapes",
+    "parameters",
+    "direction",
+]
+INFO_INT = ["kind", "seq", "backward", "dataloader", "callid", "fwd_callid"]
+INSTANCE_TEXT = [
+    "name",
+    "label",
+    "op_type",
+    "direction",
+    "data_type",
+    "input_shapes",
+    "output_shapes",
+    "parameters",
+    "stack_trace",
+]
+INSTANCE_INT = [
+    "instance_id",
+    "op_index",
+    "kind",
+    "range_id",
+    "api_id",
+    "activity_id",
+    "start",
+    "end",
+    "pid",
+    "global_tid",
+    "device_id",
+    "cpu_time",
+    "cpu_overhead",
+    "gpu_time",
+    "gpu_start",
+    "gpu_end",
+    "gpu_idle",
+    "n_gpu",
+    "n_kernels",
+]
+CLASSIFY_BATCH = 1 << 20
+
+
+class StringPool:
+    """One table of distinct strings; every text column of the store holds codes into it (-1: None)."""
+
+    def __init__(self):
+        self.code: dict = {}
+        self.values: list = []
+
+    def encode(self, values) -> np.ndarray:
+        """Codes of an object array's values (factorized first: Python touches each distinct value once)."""
+        values = np.asarray(values, dtype=object)
+        local, uniques = pd.factorize(values, use_na_sentinel=True)
+        lut = np.empty(len(uniques), dtype=np.int64)
+        for i, u in enumerate(uniques):
+            c = self.code.get(u)
+            if c is None:
+                c = self.code[u] = len(self.values)
+                self.values.append(u)
+            lut[i] = c
+        return np.where(local >= 0, lut[np.maximum(local, 0)] if len(lut) else -1, -1)
+
+    def decode(self, codes) -> np.ndarray:
+        table = np.empty(len(self.values) + 1, dtype=object)
+        table[:-1] = self.values
+        table[-1] = None
+        codes = np.asarray(codes, dtype=np.int64)
+        return table[np.where(codes >= 0, codes, len(self.values))]
+
+    def array(self) -> np.ndarray:
+        out = np.empty(len(self.values), dtype=object)
+        out[:] = self.values
+        return out
+
+
+class StoreAnalysis:
+    """The per-range, per-activity and per-instance tables of one store's analysis."""
+
+    def __init__(self, store: TraceStore):
+        self.store = store
+        self.pool = StringPool()
+        self.config_entries: list[dict] = []
+        self.crossing: pd.DataFrame | None = None
+
+    def run(self, statement: str, params=None) -> None:
+        self.store.run(statement, params)
+
+    # -- classification -------------------------------------------------------------------------------
+    def classify(self, mode: str | None) -> tuple[str, str | None, dict]:
+        """Classify every range (in batches) into `range_info`; returns (mode, family, run config)."""
+        families = None
+        if mode in corr_mod.FAMILY_OF_MODE:
+            fam = corr_mod.FAMILY_OF_MODE[mode]
+            families = {fam} if fam else set()
+        if mode == "simple":
+            families = set()
+        cols = ", ".join([f"{c} BIGINT" for c in ["range_id"] + INFO_INT] + [f"{c}_code BIGINT" for c in INFO_TEXT])
+        self.run(f"CREATE OR REPLACE TABLE range_info ({cols})")
+        domains = np.array(self.store.domains, dtype=object)
+        reader = self.store.con.cursor()
+        result = reader.sql("SELECT range_id, domain_code, text FROM ranges").to_arrow_reader(CLASSIFY_BATCH)
+        kinds_seen = np.zeros(8, dtype=np.int64)
+        for batch in result:
+            texts = pd.Series(batch.column(2), dtype="str")
+            dom = domains[batch.column(1).to_numpy()] if len(domains) else np.zeros(0, object)
+            info = nm.classify_ranges(texts, dom, families)
+            self.config_entries += info.attrs.get("config", [])
+            frame = {"range_id": batch.column(0).to_numpy()}
+            for c in INFO_INT:
+                frame[c] = info[c].to_numpy().astype(np.int64)
+            for c in INFO_TEXT:
+                frame[f"{c}_code"] = self.pool.encode(info[c].to_numpy(dtype=object))
+            kinds_seen += np.bincount(frame["kind"], minlength=8)[:8]
+            self.store.con.register("_info", pd.DataFrame(frame))
+            self.run("INSERT INTO range_info SELECT * FROM _info")
+            self.store.con.unregister("_info")
+        reader.close()
+        config = {}
+        for entry in self.config_entries:
+            config.update(entry)
+        if mode is None:
+            if kinds_seen[[nm.PT_OP, nm.DL_ARG, nm.DL_TRACE]].any():
+                mode = "pytorch"
+            elif kinds_seen[nm.TF_OP]:
+                mode = "tensorflow2"
+            elif kinds_seen[nm.TRT_LAYER]:
+                mode = "tensorrt"
+            else:
+                mode = "nvtx" if self.store.counts["ranges"] else "simple"
+        return mode, corr_mod.FAMILY_OF_MODE.get(mode), config
+
+    def range_labels(self) -> pd.DataFrame:
+        """Ranges per (domain, label) (correlate.range_label_counts)."""
+        f = self.store.frame("""
+            SELECT r.domain_code, i.label_code, arg_min(i.kind, r.range_id) AS kind, count(*) AS num_ranges,
+                   bool_or(i.dataloader = 1) AS dataloader, sum(r."end" - r.start) AS total_time
+            FROM ranges r JOIN range_info i USING (range_id) GROUP BY ALL ORDER BY min(r.range_id)""")
+        domains = np.array(self.store.domains, dtype=object)
+        return pd.DataFrame({"domain": domains[f["domain_code"].to_numpy(np.int64)] if len(f) else [],
+                             "label": self.pool.decode(f["label_code"].to_numpy(np.int64)),
+                             "kind": f["kind"].to_numpy(np.int64), "num_ranges": f["num_ranges"].to_numpy(np.int64),
+                             "dataloader": f["dataloader"].to_numpy(dtype=bool),
+                             "total_time": f["total_time"].to_numpy(np.int64)})
+
+    def domain_facts(self, domain: str, mode: str | None) -> DomainFacts:
+        if mode == "simple" or domain not in self.store.domains:
+            return DomainFacts(0, False, False, set(), set())
+        code = self.store.domains.index(domain)
+        markers = ",".join(str(k) for k in nm.OP_MARKERS)
+        back = self.pool.code.get("bprop", -2)
+        f = self.store.frame(f"""
+            SELECT count(*) AS n, bool_or(i.kind IN ({markers})) AS has_markers,
+                   bool_or(i.kind = {nm.DL_ARG}) AS dl_args
+            FROM ranges r JOIN range_info i USING (range_id)
+            WHERE r.domain_code = {code} AND i.kind <> {nm.CONFIG}""")
+        pids = self.store.frame(f"""
+            SELECT r.pid, bool_or(i.kind = {nm.DL_ARG}) AS arg,
+                   bool_or(i.kind IN ({nm.PT_OP}, {nm.DL_ARG}) AND (i.backward = 1 OR i.direction_code = {back})) AS bwd
+            FROM ranges r JOIN range_info i USING (range_id)
+            WHERE r.domain_code = {code} AND i.kind <> {nm.CONFIG} GROUP BY r.pid""")
+        threads = self.store.frame(f"""
+            SELECT DISTINCT r.global_tid FROM ranges r JOIN range_info i USING (range_id)
+            WHERE r.domain_code = {code} AND i.kind IN ({nm.PT_OP}, {nm.DL_ARG})""")
+        row = f.iloc[0]
+        return DomainFacts(
+            n_ranges=int(row["n"]),
+            has_markers=bool(row["has_markers"]),
+            dl_args=bool(row["dl_args"]),
+            unmarked_backward_pids=set(pids.loc[pids["arg"].astype(bool), "pid"].tolist())
+            - set(pids.loc[pids["bwd"].astype(bool), "pid"].tolist()),
+            marker_threads=set(threads["global_tid"].tolist()),
+        )
+
+    def domain_order(self, mode: str | None) -> list[str]:
+        """Domains in order of first appearance (by range_id), as correlate.domain_order."""
+        if mode == "simple" or self.store.counts["ranges"] == 0:
+            return ["default"]
+        f = self.store.frame("SELECT domain_code FROM ranges GROUP BY domain_code ORDER BY min(range_id)")
+        return [self.store.domains[c] for c in f["domain_code"].tolist()]
+
+    # -- launches ---------------------------------------------------------------------------------------
+    def link_launches(self) -> tuple[dict, dict]:
+        """Each GPU activity's launching API call (same process and correlation id: the nearest call at or
+        before it, else the first; correlate.link_gpu_to_api),
+        launch time and call duration, Tensor Core use; the device each thread and process launches most
+        GPU time on."""
+        pairs = self.store.frame("SELECT DISTINCT name_code, long_code FROM gpu WHERE kind = 0")
+        uses, rules = kernel_uses_tc(
+            self.store.gpu_short[pairs["name_code"].to_numpy(np.int64)],
+            self.store.gpu_long[pairs["long_code"].to_numpy(np.int64)],
+        )
+        self.tc_pairs = pairs.assign(uses_tc=uses, tc_rule=rules)
+        self.store.con.register("_tc", self.tc_pairs[["name_code", "long_code", "uses_tc"]])
+        self.run("""
+            CREATE OR REPLACE TABLE gpu_launch AS
+            WITH calls AS (SELECT pid, correlation_id, start, max(api_id) AS api_id FROM api
+                           WHERE correlation_id >= 0 GROUP BY ALL),
+                 first_call AS (SELECT pid, correlation_id, min(api_id) AS api_id FROM api
+                                WHERE correlation_id >= 0 GROUP BY ALL),
+                 nearest AS (SELECT g.activity_id, c.api_id FROM gpu g ASOF LEFT JOIN calls c
+                             ON g.pid = c.pid AND g.correlation_id = c.correlation_id AND g.start >= c.start)
+            SELECT g.activity_id, coalesce(n.api_id, f.api_id, -1) AS api_id, coalesce(a.start, g.start) AS launch,
+                   coalesce(a."end" - a.start, -1) AS api_duration, coalesce(a.global_tid, -1) AS api_tid,
+                   (g.kind = 0 AND coalesce(t.uses_tc, false)) AS uses_tc
+            FROM gpu g
+            JOIN nearest n USING (activity_id)
+            LEFT JOIN first_call f ON f.pid = g.pid AND f.correlation_id = g.correlation_id
+            LEFT JOIN api a ON a.api_id = coalesce(n.api_id, f.api_id)
+            LEFT JOIN _tc t ON t.name_code = g.name_code AND t.long_code = g.long_code""")
+        self.store.con.unregister("_tc")
+        self.run("""
+            CREATE OR REPLACE TABLE gpu_by_launch AS
+            SELECT g.*, l.api_id, l.launch, l.api_duration, l.uses_tc
+            FROM gpu g JOIN gpu_launch l USING (activity_id) ORDER BY l.launch, g.activity_id""")
+
+        def best(key: str, where: str) -> dict:
+            f = self.store.frame(f"""
+                SELECT k, dev FROM (
+                    SELECT k, dev, row_number() OVER (PARTITION BY k ORDER BY s DESC, dev) AS rn
+                    FROM (SELECT {key} AS k, g.device_id AS dev, sum(g."end" - g.start + 1) AS s
+                          FROM gpu g JOIN gpu_launch l USING (activity_id) WHERE {where} GROUP BY ALL))
+                WHERE rn = 1""")
+            return dict(zip(f["k"].astype(int), f["dev"].astype(int)))
+
+        return best("l.api_tid", "l.api_id >= 0"), best("g.pid", "g.pid >= 0")
+
+    def device_pids(self) -> dict:
+        f = self.store.frame("SELECT DISTINCT device_id, pid FROM gpu")
+        return {int(d): set(g["pid"].tolist()) for d, g in f.groupby("device_id")}
+
+    # -- iterations -------------------------------------------------------------------------------------
+    def key_node_ranges(self, key: str, labels: pd.DataFrame, stripped: bool) -> pd.DataFrame:
+        """Ranges whose text or label is `key` (or, `stripped`, whose label without its #N counter is)."""
+        from dlprof_profiler.iterate import NUMBER_SUFFIX
+
+        values = labels["label"].to_numpy(dtype=object)
+        if stripped:
+            want = NUMBER_SUFFIX.sub("", key)
+            hit = np.array([v is not None and NUMBER_SUFFIX.sub("", str(v)) == want for v in values], dtype=bool)
+            codes = [self.pool.code[v] for v in values[hit] if v in self.pool.code]
+            where = f"i.label_code IN ({','.join(map(str, codes))})" if codes else "false"
+            params = None
+        else:
+            code = self.pool.code.get(key, -2)
+            where, params = f"(r.text = $1 OR i.label_code = {code})", [key]
+        return self.store.frame(
+            f"""SELECT r.start, r."end", r.pid, r.global_tid FROM ranges r
+                                    JOIN range_info i USING (range_id) WHERE {where} ORDER BY r.range_id""",
+            params,
+        )
+
+    # -- segments ---------------------------------------------------------------------------------------
+    def plan_cuts(self, boundaries: np.ndarray, events_per_segment: int) -> list[int]:
+        """Cut times giving segments of about `events_per_segment` events, at iteration boundaries where
+        iterations are smaller than that, else inside the iterations."""
+        total = sum(self.store.counts.values())
+        if total <= events_per_segment:
+            return []
+        bins = max(min(total // 1000, 1 << 20), 1024)
+        lo = int(
+            self.store.scalar(
+                "SELECT least((SELECT min(start) FROM ranges), (SELECT min(start) FROM api), "
+                "(SELECT min(launch) FROM gpu_launch))"
+            )
+            or 0
+        )
+        hi = self.store.profile_end + 1
+        width = max((hi - lo) // bins + 1, 1)
+        f = self.store.frame(f"""
+            SELECT b, sum(n) AS n FROM (
+                SELECT (start - {lo}) // {width} AS b, count(*) AS n FROM ranges GROUP BY b
+                UNION ALL SELECT (start - {lo}) // {width} AS b, count(*) AS n FROM api GROUP BY b
+                UNION ALL SELECT (launch - {lo}) // {width} AS b, count(*) AS n FROM gpu_launch GROUP BY b)
+            GROUP BY b ORDER BY b""")
+        edges = lo + f["b"].to_numpy(np.int64) * width  # bucket starts
+        cum = np.cumsum(f["n"].to_numpy(np.int64))
+        cuts, last = [], 0
+        for b in np.sort(np.asarray(boundaries, dtype=np.int64)):
+            pos = int(np.searchsorted(edges, b, side="right")) - 1
+            count = int(cum[pos]) if pos >= 0 else 0
+            while count - last > 2 * events_per_segment:  # an iteration too large for one segment
+                target = last + events_per_segment
+                i = int(np.searchsorted(cum, target))
+                cut = int(edges[min(i + 1, len(edges) - 1)])
+                if cut >= b or (cuts and cut <= cuts[-1]):
+                    break
+                cuts.append(cut)
+                last = int(cum[i])
+            if count - last >= events_per_segment:
+                cuts.append(int(b))
+                last = count
+        while cum[-1] - last > 2 * events_per_segment:
+            i = int(np.searchsorted(cum, last + events_per_segment))
+            cut = int(edges[min(i + 1, len(edges) - 1)])
+            if cuts and cut <= cuts[-1]:
+                break
+            cuts.append(cut)
+            last = int(cum[i])
+        return sorted(set(cuts))
+
+    def segments(self, cuts: list[int]):
+        """Segment by segment, the frames correlation needs (see correlate.Segment)."""
+        store = self.store
+        self.store.con.register("_cuts", pd.DataFrame({"t": np.asarray(cuts, dtype=np.int64)}))
+        crossing = store.frame("""
+            SELECT DISTINCT r.range_id FROM ranges r JOIN _cuts c ON r.start < c.t AND r."end" > c.t""")
+        self.store.con.unregister("_cuts")
+        crossing_ids = crossing["range_id"].to_numpy(np.int64)
+        context_all = (
+            self._ranges_where(f"range_id IN ({','.join(map(str, crossing_ids))})") if crossing_ids.size else None
+        )
+        for lo, hi in chunk_bounds(cuts):
+            params = [lo, hi]
+            own_r, own_i = self._ranges_where("r.start >= $1 AND r.start < $2", params)
+            if context_all is not None:
+                r_all, i_all = context_all
+                m = (r_all["start"].to_numpy(np.int64) < lo) & (r_all["end"].to_numpy(np.int64) > lo)
+                ranges = pd.concat([r_all[m], own_r], ignore_index=True)
+                info = pd.concat([i_all[m], own_i], ignore_index=True)
+                context = np.concatenate([np.ones(int(m.sum()), dtype=bool), np.zeros(len(own_r), dtype=bool)])
+            else:
+                ranges, info, context = own_r, own_i, np.zeros(len(own_r), dtype=bool)
+            ranges["context"] = context
+            api = store.api_frame("start >= $1 AND start < $2", params)
+            gpu, gpu_api = self._gpu_launched(lo, hi, api)
+            yield Segment(lo, hi, ranges, info, api, gpu, gpu_api)
+
+    def _ranges_where(self, where: str, params=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+        store = self.store
+        cols = ", ".join([f"i.{c}" for c in INFO_INT] + [f"i.{c}_code" for c in INFO_TEXT])
+        f = store.frame(
+            f"""SELECT r.range_id, r.domain_code, r.start, r."end", r.global_tid, r.pid, r.event_type,
+                                   r.unclosed, {cols}
+                            FROM ranges r JOIN range_info i USING (range_id) WHERE {where} ORDER BY r.range_id""",
+            params,
+        )
+        domains = np.array(store.domains, dtype=object)
+        ranges = make_frame(
+            {
+                "range_id": f["range_id"].to_numpy(np.int64),
+                "domain": domains[f["domain_code"].to_numpy(np.int64)] if len(f) else np.zeros(0, object),
+                "start": f["start"].to_numpy(np.int64),
+                "end": f["end"].to_numpy(np.int64),
+                "global_tid": f["global_tid"].to_numpy(np.int64),
+                "pid": f["pid"].to_numpy(np.int64),
+                "event_type": f["event_type"].to_numpy().astype(np.int8),
+                "unclosed": f["unclosed"].to_numpy().astype(bool),
+            }
+        )
+        info = {c: f[c].to_numpy(np.int64) for c in ("kind", "seq", "callid", "fwd_callid")}
+        info["kind"] = info["kind"].astype(np.int8)
+        info["backward"] = f["backward"].to_numpy().astype(bool)
+        info["dataloader"] = f["dataloader"].to_numpy().astype(bool)
+        for c in INFO_TEXT:
+            info[c] = self.pool.decode(f[f"{c}_code"].to_numpy(np.int64))
+        return ranges, make_frame(info)
+
+    def _gpu_launched(self, lo: int, hi: int, api: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+        from dlprof_profiler.trace import GPU_COLUMNS
+
+        store = self.store
+        f = store.frame("SELECT * FROM gpu_by_launch WHERE launch >= $1 AND launch < $2 ORDER BY activity_id", [lo, hi])
+        api_id = f.pop("api_id").to_numpy(np.int64)
+        for c in ("launch", "api_duration", "uses_tc"):
+            f.pop(c)
+        f["kind"] = f["kind"].astype(np.int8)
+        f["name"] = pd.Categorical.from_codes(
+            f.pop("name_code").to_numpy(np.int64), categories=pd.Index(store.gpu_short, dtype=object)
+        )
+        f["long_name"] = pd.Categorical.from_codes(
+            f.pop("long_code").to_numpy(np.int64), categories=pd.Index(store.gpu_long, dtype=object)
+        )
+        first = int(api["api_id"].iloc[0]) if len(api) else 0
+        local = api_id - first
+        ok = (api_id >= 0) & (local >= 0) & (local < len(api))
+        return f[GPU_COLUMNS], np.where(ok, local, -1).astype(np.int64)
+
+
+class StoreSink:
+    """Where a DomainCorrelator writes one domain's op model: tables in the store."""
+
+    def __init__(self, analysis: StoreAnalysis, domain_index: int):
+        self.a = analysis
+        self.d = domain_index
+        self.inst = f"inst_{domain_index}"
+        cols = ", ".join([f'"{c}" BIGINT' for c in INSTANCE_INT] + [f"{c}_code BIGINT" for c in INSTANCE_TEXT])
+        self.a.run(f"CREATE OR REPLACE TABLE {self.inst} ({cols})")
+        self.a.run(f"CREATE OR REPLACE TABLE api_owner_{domain_index} (api_id BIGINT, instance_id BIGINT)")
+        self.a.run(f"CREATE OR REPLACE TABLE gpu_owner_{domain_index} (activity_id BIGINT, instance_id BIGINT)")
+
+    def add(self, instances: pd.DataFrame, api_ids, api_owner, activity_ids, gpu_owner) -> None:
+        con = self.a.store.con
+        frame = {c: instances[c].to_numpy(np.int64) for c in INSTANCE_INT}
+        for c in INSTANCE_TEXT:
+            frame[f"{c}_code"] = self.a.pool.encode(instances[c].to_numpy(dtype=object))
+        for table, data in (
+            (self.inst, pd.DataFrame(frame)),
+            (f"api_owner_{self.d}", pd.DataFrame({"api_id": api_ids, "instance_id": api_owner})),
+            (f"gpu_owner_{self.d}", pd.DataFrame({"activity_id": activity_ids, "instance_id": gpu_owner})),
+        ):
+            if len(data):
+                con.register("_rows", data)
+                self.a.run(f"INSERT INTO {table} SELECT * FROM _rows")
+                con.unregister("_rows")
+
+    # -- completing the model ---------------------------------------------------------------------------
+    def finish(self, c) -> "StoreDomainModel":
+        """Complete the partial instances, build the op table, give every instance its op_index."""
+        if c.partial:
+            self._complete(c)
+        if c.kind_of:
+            self._update(
+                pd.DataFrame(
+                    {
+                        "instance_id": np.fromiter(c.kind_of, dtype=np.int64),
+                        "kind": np.fromiter(c.kind_of.values(), dtype=np.int64),
+                    }
+                ),
+                ["kind"],
+            )
+        ops = self._op_table(c.domain, c.family, c.bounds)
+        self.a.run(
+            f"CREATE OR REPLACE TABLE inst_sorted_{self.d} AS SELECT * FROM {self.inst} ORDER BY start, instance_id"
+        )
+        self.a.run(f"""
+            CREATE OR REPLACE TABLE acts_{self.d} AS
+            SELECT g.activity_id, g.kind, g.name_code, g.start, g."end", g.device_id, g.pid, g.launch, g.api_id,
+                   g.api_duration, g.uses_tc, o.instance_id AS owner, i.op_index AS owner_op, i.start AS owner_start
+            FROM gpu_by_launch g JOIN gpu_owner_{self.d} o USING (activity_id)
+            JOIN {self.inst} i ON i.instance_id = o.instance_id
+            ORDER BY g.launch, g.activity_id""")
+        n_inst = int(self.a.store.scalar(f"SELECT count(*) FROM {self.inst}"))
+        return StoreDomainModel(
+            domain=c.domain,
+            family=c.family,
+            has_markers=c.facts.has_markers,
+            ops=ops,
+            n_ranges=c.facts.n_ranges,
+            sink=self,
+            n_instances=n_inst,
+        )
+
+    def _update(self, frame: pd.DataFrame, columns: list[str]) -> None:
+        con = self.a.store.con
+        con.register("_upd", frame)
+        sets = ", ".join(f'"{c}" = u."{c}"' for c in columns)
+        self.a.run(f"UPDATE {self.inst} SET {sets} FROM _upd u WHERE {self.inst}.instance_id = u.instance_id")
+        con.unregister("_upd")
+
+    def _complete(self, c) -> None:
+        """Metrics of the instances that crossed segment bounds, over all their API calls and activities
+        (as correlate.instance_metrics computes them)."""
+        store, con = self.a.store, self.a.store.con
+        con.register("_partial", pd.DataFrame({"instance_id": np.array(sorted(c.partial), dtype=np.int64)}))
+        part = store.frame(
+            f'SELECT instance_id, kind, start, "end", pid, global_tid FROM {self.inst} '
+            "JOIN _partial USING (instance_id) ORDER BY instance_id"
+        )
+        span = store.frame(f"""SELECT o.instance_id, min(a.start) AS s, max(a."end") AS e FROM api_owner_{self.d} o
+                               JOIN _partial USING (instance_id) JOIN api a USING (api_id) GROUP BY 1""")
+        back = part["kind"].to_numpy() == BACKWARD_PASS
+        if back.any() and len(span):
+            s = span.set_index("instance_id")
+            ids = part.loc[back, "instance_id"]
+            part.loc[back, "start"] = s["s"].reindex(ids).fillna(part.loc[back, "start"]).to_numpy(np.int64)
+            part.loc[back, "end"] = s["e"].reindex(ids).fillna(part.loc[back, "end"]).to_numpy(np.int64)
+        con.register("_part", part)
+        inside = store.frame("""
+            WITH a AS (SELECT p.instance_id, greatest(x.start, p.start) AS s, least(x."end", p."end") AS e
+                       FROM _part p JOIN api x ON x.global_tid = p.global_tid AND x.start < p."end" AND x."end" > p.start
+                       WHERE p.global_tid >= 0),
+                 w AS (SELECT *, max(e) OVER (PARTITION BY instance_id ORDER BY s, e
+                                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach FROM a)
+            SELECT instance_id, sum(greatest(0, e - greatest(s, coalesce(reach, s)))) AS inside FROM w GROUP BY 1""")
+        gpu = store.frame(f"""
+            WITH g AS (SELECT o.instance_id, x.start AS s, x."end" AS e, x.kind, x.device_id
+                       FROM gpu_owner_{self.d} o JOIN _partial USING (instance_id) JOIN gpu x USING (activity_id)),
+                 w AS (SELECT *, max(e) OVER (PARTITION BY instance_id ORDER BY s, e
+                                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach FROM g)
+            SELECT instance_id, sum(greatest(0, e - greatest(s, coalesce(reach, s)))) AS busy, min(s) AS gs,
+                   max(e) AS ge, count(*) AS n, sum(CASE WHEN kind = {KIND_KERNEL} THEN 1 ELSE 0 END) AS k
+            FROM w GROUP BY 1""")
+        dev = store.frame(f"""
+            SELECT instance_id, device_id FROM (
+                SELECT instance_id, device_id, row_number() OVER (PARTITION BY instance_id ORDER BY d DESC, device_id) rn
+                FROM (SELECT o.instance_id, x.device_id, sum(x."end" - x.start + 1) AS d
+                      FROM gpu_owner_{self.d} o JOIN _partial USING (instance_id) JOIN gpu x USING (activity_id)
+                      GROUP BY ALL)) WHERE rn = 1""")
+        con.unregister("_part")
+        con.unregister("_partial")
+        ids = part["instance_id"].to_numpy(np.int64)
+        start, end = part["start"].to_numpy(np.int64), part["end"].to_numpy(np.int64)
+        cpu = np.where(part["kind"].to_numpy() == UNASSOCIATED_GPU, 0, end - start)
+        g = gpu.set_index("instance_id").reindex(ids)
+        n = g["n"].fillna(0).to_numpy(np.int64)
+        busy = g["busy"].fillna(0).to_numpy(np.int64)
+        gs = g["gs"].fillna(-1).to_numpy(np.int64)
+        ge = g["ge"].fillna(-1).to_numpy(np.int64)
+        device = dev.set_index("instance_id")["device_id"].reindex(ids).fillna(-1).to_numpy(np.int64)
+        missing = device < 0
+        if missing.any():
+            by_thread = pd.Series(part["global_tid"].to_numpy()[missing]).map(c.thread_device)
+            by_process = pd.Series(part["pid"].to_numpy()[missing]).map(c.process_device)
+            device[missing] = by_thread.fillna(by_process).fillna(-1).to_numpy(np.int64)
+        out = pd.DataFrame(
+            {
+                "instance_id": ids,
+                "start": start,
+                "end": end,
+                "cpu_time": cpu,
+                "cpu_overhead": cpu
+                - inside.set_index("instance_id")["inside"].reindex(ids).fillna(0).to_numpy(np.int64),
+                "gpu_time": busy,
+                "gpu_start": gs,
+                "gpu_end": ge,
+                "gpu_idle": np.where(n > 0, ge - gs - busy, 0),
+                "n_gpu": n,
+                "n_kernels": g["k"].fillna(0).to_numpy(np.int64),
+                "device_id": device,
+            }
+        )
+        self._update(out, [c for c in out.columns if c != "instance_id"])
+
+    def _op_table(self, domain: str, family: str | None, bounds: np.ndarray) -> pd.DataFrame:
+        """The op table (correlate.op_table) computed in the store: one row per (name, direction, nth)."""
+        store, pool = self.a.store, self.a.pool
+        inst = self.inst
+        store.con.register("_bounds", pd.DataFrame({"t": np.asarray(bounds, dtype=np.int64),
+                                                    "k": np.arange(1, len(bounds) + 1, dtype=np.int64)}))
+        self.a.run(f"""
+            CREATE OR REPLACE TABLE {inst} AS
+            SELECT i.*, row_number() OVER (PARTITION BY coalesce(b.k, 0), i.global_tid, i.name_code, i.direction_code
+                                           ORDER BY i.start, i.instance_id) AS nth
+            FROM {inst} i ASOF LEFT JOIN _bounds b ON i.start >= b.t""")
+        store.con.unregister("_bounds")
+        first = store.frame(f"""
+            SELECT DISTINCT ON (name_code, direction_code, nth) name_code, direction_code, nth, op_type_code,
+                   label_code, kind, start AS first_start
+            FROM {inst} ORDER BY name_code, direction_code, nth, start, instance_id""")
+        if len(first) == 0:
+            from dlprof_profiler.correlate import op_table
+
+            return op_table(pd.DataFrame(), domain, family)
+        keys = ["name_code", "direction_code", "nth"]
+        counts = store.frame(f"SELECT name_code, direction_code, nth, count(*) AS n FROM {inst} GROUP BY ALL")
+        given = {}
+        for column in ("data_type", "stack_trace"):
+            given[column] = store.frame(f"""
+                SELECT DISTINCT ON (name_code, direction_code, nth) name_code, direction_code, nth, {column}_code AS v
+                FROM {inst} WHERE {column}_code >= 0 ORDER BY name_code, direction_code, nth, start, instance_id""")
+        dev = store.frame(f"""
+            SELECT DISTINCT ON (name_code, direction_code, nth) name_code, direction_code, nth, device_id FROM (
+                SELECT name_code, direction_code, nth, device_id, count(*) AS c FROM {inst} WHERE device_id >= 0
+                GROUP BY ALL) ORDER BY name_code, direction_code, nth, c DESC, device_id""")
+        g = first.merge(counts, on=keys, how="left")
+        for column, frame in given.items():
+            g = g.merge(frame.rename(columns={"v": column}), on=keys, how="left")
+        g = g.merge(dev, on=keys, how="left")
+        groups = make_frame(
+            {
+                "name": pool.decode(g["name_code"]),
+                "direction": pool.decode(g["direction_code"]),
+                "nth": g["nth"].to_numpy(np.int64),
+                "op_type": pool.decode(g["op_type_code"]),
+                "label": pool.decode(g["label_code"]),
+                "first_start": g["first_start"].to_numpy(np.int64),
+                "kind": g["kind"].to_numpy(np.int64),
+                "n_instances": g["n"].to_numpy(np.int64),
+                "data_type": pool.decode(g["data_type"].fillna(-1).to_numpy(np.int64)),
+                "stack_trace": pool.decode(g["stack_trace"].fillna(-1).to_numpy(np.int64)),
+                "device_id": g["device_id"].fillna(-1).to_numpy(np.int64),
+            }
+        )
+        groups["direction"] = groups["direction"].fillna("")
+        from dlprof_profiler.correlate import finish_op_table
+
+        ops, op_index = finish_op_table(groups, domain, family)
+        self.a.store.con.register("_ops", pd.DataFrame({"name_code": g["name_code"].to_numpy(np.int64),
+                                                        "direction_code": g["direction_code"].to_numpy(np.int64),
+                                                        "nth": g["nth"].to_numpy(np.int64), "op_index": op_index}))
+        self.a.run(f"UPDATE {inst} SET op_index = o.op_index FROM _ops o WHERE {inst}.name_code = o.name_code "
+                   f"AND {inst}.direction_code = o.direction_code AND {inst}.nth = o.nth")
+        self.a.store.con.unregister("_ops")
+        return ops
+
+
+class StoreDomainModel:
+    """One domain's op model living in the store (the in-memory DomainModel's ops and counts)."""
+
+    def __init__(self, domain, family, has_markers, ops, n_ranges, sink: StoreSink, n_instances: int):
+        self.domain, self.family, self.has_markers, self.ops = domain, family, has_markers, ops
+        self.n_ranges, self.sink, self.n_instances = n_ranges, sink, n_instances
+        self.instances = None  # in the store: see `instances_where`
+        self.api_instance = None
+        self.gpu_instance = None
+
+    def instances_where(self, where: str = "true", params=None) -> pd.DataFrame:
+        """Instances as the in-memory model holds them (text columns decoded)."""
+        sink = self.sink
+        f = sink.a.store.frame(f"SELECT * FROM inst_sorted_{sink.d} WHERE {where}", params)
+        for c in INSTANCE_TEXT:
+            f[c] = sink.a.pool.decode(f.pop(f"{c}_code").to_numpy(np.int64))
+        f["domain"] = self.domain
+        return f
+
+
+class StoreModel:
+    """Chunks of a domain's op model read from the store (model_chunks.InMemoryModel's interface)."""
+
+    def __init__(
+        self,
+        analysis: StoreAnalysis,
+        dm: StoreDomainModel,
+        mode: str,
+        device_ids: list[int],
+        device_pids: dict,
+        io_calls: pd.DataFrame,
+    ):
+        self.a, self.dm = analysis, dm
+        self.domain, self.family, self.mode = dm.domain, dm.family, mode
+        self.ops = dm.ops
+        self._device_ids, self._device_pids = device_ids, device_pids
+        store = analysis.store
+        loader = store.frame("""SELECT r.start, r."end", r.pid FROM ranges r JOIN range_info i USING (range_id)
+                                WHERE i.dataloader = 1 ORDER BY r.start""")
+        self.loader = make_frame({c: loader[c].to_numpy(np.int64) for c in ("start", "end", "pid")})
+        self.io = make_frame({c: io_calls[c].to_numpy(np.int64) for c in ("start", "end", "pid")})
+
+    def window_end(self, iterations, iter_start: int, iter_stop: int) -> int | None:
+        b = iterations.boundaries
+        lo = int(b[iter_start - 1]) if iter_start >= 1 else TIME_MIN
+        hi = int(b[iter_stop]) if iter_stop < len(b) else TIME_MAX
+        d = self.dm.sink.d
+        value = self.a.store.scalar(
+            f"""SELECT greatest(
+            (SELECT max("end") FROM inst_sorted_{d} WHERE start >= $1 AND start < $2),
+            (SELECT max("end") FROM acts_{d} WHERE launch >= $1 AND launch < $2))""",
+            [lo, hi],
+        )
+        return None if value is None else int(value)
+
+    def op_names(self) -> np.ndarray:
+        names = np.full(len(self.ops), "", dtype=object)
+        names[self.ops["op_index"].to_numpy(np.int64)] = self.ops["name"].to_numpy(dtype=object)
+        return names
+
+    def kernel_names(self):
+        store = self.a.store
+        short = store.gpu_short
+
+        def long_names(ids):
+            ids = np.asarray(ids, dtype=np.int64)
+            if ids.size == 0:
+                return np.zeros(0, dtype=object)
+            store.con.register("_ids", pd.DataFrame({"activity_id": ids, "pos": np.arange(ids.size)}))
+            f = store.frame("SELECT i.pos, g.long_code FROM _ids i JOIN gpu g USING (activity_id) ORDER BY i.pos")
+            store.con.unregister("_ids")
+            return store.gpu_long[f["long_code"].to_numpy(np.int64)]
+
+        return short, long_names
+
+    def device_ids(self) -> list[int]:
+        return list(self._device_ids)
+
+    def device_pids(self) -> dict:
+        return self._device_pids
+
+    def empty_acts(self) -> pd.DataFrame:
+        return self._acts("false", None)
+
+    def _acts(self, where: str, params) -> pd.DataFrame:
+        f = self.a.store.frame(f"SELECT * FROM acts_{self.dm.sink.d} WHERE {where}", params)
+        f["uses_tc"] = f["uses_tc"].astype(bool)
+        return f
+
+    def chunks(self, cuts=None):
+        store, d = self.a.store, self.dm.sink.d
+        for lo, hi in chunk_bounds(cuts):
+            params = [lo, hi]
+            inst = store.frame(
+                f"""SELECT instance_id, op_index, kind, start, "end", pid, global_tid, device_id, cpu_time,
+                                          cpu_overhead, gpu_time, gpu_idle, n_kernels
+                                   FROM inst_sorted_{d} WHERE start >= $1 AND start < $2""",
+                params,
+            )
+            acts = self._acts("launch >= $1 AND launch < $2", params)
+            running = store.frame(
+                """SELECT g.start, g."end", g.device_id, g.kind, l.uses_tc FROM gpu g
+                                     JOIN gpu_launch l USING (activity_id) WHERE g.start >= $1 AND g.start < $2""",
+                params,
+            )
+            running["uses_tc"] = running["uses_tc"].astype(bool)
+
+            def within(frame):
+                t = frame["start"].to_numpy(np.int64)
+                return frame[(t >= lo) & (t < hi)]
+
+            yield ModelChunk(lo, hi, inst, acts, running, within(self.loader), within(self.io))

@@ -1,0 +1,807 @@
+"""Hardening catalogue (issue 14): hostile inputs and conditions, one test per case with a readable id.
+
+Each command-line case states its input, the expected exit status and what the user is told; every case
+also checks that the input file is unchanged (SHA-256 and mtime), that a failure leaves no output at all
+(not even the output folder it created, a staging folder or a lock file) and that no traceback is shown.
+The HTTP cases run a real dlprofviewer and a real TensorBoard (with --path_prefix) and state the expected
+HTTP status; every refused request leaves the database byte-for-byte unchanged. Browser cases (a page of
+another origin submitting a form and a fetch): tests/test_browser_security.py.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import http.client
+import io
+import json
+import os
+import resource
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from dlprof_plugin import jobs as jobs_mod
+from dlprof_plugin.security import REQUEST_HEADER
+from dlprof_profiler import cli, log
+from dlprof_profiler.outputs import LOCK_NAME, STAGING_PREFIX
+from tests import profiles
+from tests.damage import damaged_copy, sha256
+from tests.nsys_builder import NsysExport
+from tests.test_plugin_checks import free_port, stop, wait_until
+
+T0 = profiles.BASE                     # training_profile: iteration i starts at T0 + i * 100_000
+BUSY_PER_ITERATION = 37_000            # its GPU busy time per iteration (no overlaps), 3 iterations
+WALL = 1_290_000
+ROOT = Path(__file__).resolve().parents[1]
+HTML_OP = '<img src=x onerror="window.__xss=1">'
+HTML_KERNEL = "<script>window.__xss=2</script>"
+BAD_UTF8_KERNEL = b"k_\xff_kernel"     # written as TEXT: not valid UTF-8
+NOT_NULL_TABLES = ["NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL",
+                   "CUPTI_ACTIVITY_KIND_MEMCPY"]
+
+
+# ---------------------------------------------------------------------------- inputs
+
+def hostile_names_profile(path: Path) -> Path:
+    """Three `step` scopes, each with a leaf range whose name is HTML (launching a kernel named with HTML) and a
+    leaf range launching a kernel whose name is not valid UTF-8 (generic NVTX mode: leaves are ops)."""
+    exp = NsysExport(schema="2022.4")
+    exp.add_gpu(device_id=0)
+    t = exp.add_thread(pid=100, tid=100, name="python", process_name="python")
+    for i in range(3):
+        base = T0 + i * 100_000
+        exp.push_pop(t, base, base + 50_000, "step")
+        exp.push_pop(t, base + 1000, base + 9000, HTML_OP)
+        exp.launch(t, base + 2000, base + 3000, base + 4000, base + 8000, kernel=HTML_KERNEL)
+        exp.push_pop(t, base + 10_000, base + 19_000, "bad_name_op")
+        exp.launch(t, base + 11_000, base + 12_000, base + 13_000, base + 15_000, kernel="BAD_UTF8_KERNEL")
+    exp.set_session(start_time=0)
+    path = exp.write(path)
+    con = sqlite3.connect(path)
+    con.execute("UPDATE StringIds SET value = CAST(? AS TEXT) WHERE value = 'BAD_UTF8_KERNEL'", (BAD_UTF8_KERNEL,))
+    con.commit()
+    con.close()
+    return path
+
+
+def duplicate_ids_profile(path: Path) -> Path:
+    """Process 100 reuses correlation id 5: calls [100, 200) and [1000, 1500); kernel A [300, 400) follows the
+    first, kernel B [1600, 1700) the second (500 ns of launch-API time)."""
+    exp = NsysExport(schema="2022.4")
+    exp.add_gpu(device_id=0)
+    t = exp.add_thread(pid=100, tid=100, name="python", process_name="python")
+    exp.runtime(t, 100, 200, correlation_id=5)
+    exp.runtime(t, 1000, 1500, correlation_id=5)
+    exp.kernel(100, 5, 300, 400, "kernel_A")
+    exp.kernel(100, 5, 1600, 1700, "kernel_B")
+    exp.set_session(start_time=0)
+    return exp.write(path)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """The shared, never written inputs: the training export, a DLProf database of it, hostile names."""
+    root = tmp_path_factory.mktemp("hardening")
+    export = profiles.training_profile(root / "training.sqlite")
+    code, _ = run_cli(f"--database={export}", f"--output_path={root / 'db'}", "--reports=summary")
+    assert code == 0
+    hostile = hostile_names_profile(root / "hostile.sqlite")
+    return {"root": root, "export": export, "db": root / "db" / "dlprof_dldb.sqlite", "hostile": hostile}
+
+
+# ---------------------------------------------------------------------------- running the command line
+
+def run_cli(*argv: str) -> tuple[int, str]:
+    """`dlprof ARGS` in this process (the console script's entry point): (exit status, stderr)."""
+    err, out = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            code = cli.main(list(argv))
+    finally:
+        log.set_verbosity(log.INFO)
+    return code, err.getvalue()
+
+
+def dlprof_process(*argv: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "dlprof_profiler", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT, **kwargs)
+
+
+def error_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("[DLProf-") and " ERROR: " in lines[0], stderr
+    return lines[0]
+
+
+def tree(folder: Path) -> dict:
+    """Every file below a folder with its hash (what 'unchanged' means for an output folder)."""
+    if not folder.exists():
+        return {}
+    return {str(p.relative_to(folder)): (sha256(p) if p.is_file() else "dir") for p in sorted(folder.rglob("*"))}
+
+
+def negative_cells(folder: Path) -> list:
+    """Numbers below zero in any CSV report (durations, counts and percentages never are)."""
+    found = []
+    for report in folder.glob("*.csv"):
+        for row in csv.reader(report.read_text(encoding="utf-8").splitlines()):
+            for cell in row:
+                try:
+                    if float(cell.replace(",", "")) < 0:
+                        found.append((report.name, row))
+                except ValueError:
+                    continue
+    return found
+
+
+def summary_value(folder: Path, label: str) -> str:
+    for row in csv.reader((folder / "dlprof_summary.csv").read_text().splitlines()):
+        if len(row) == 2 and row[0] == label:
+            return row[1]
+    raise KeyError(label)
+
+
+# ---------------------------------------------------------------------------- command-line cases
+
+@dataclass
+class Case:
+    id: str
+    make: Callable                 # make(work, base) -> (input to keep unchanged or None, extra args)
+    exit: int
+    says: tuple = ()               # in the one error line (failures) or in stderr (success)
+    check: Callable | None = None  # check(output folder) for runs that succeed
+    output_exists: bool = False    # the output folder exists before the run (then it must stay as it was)
+    marks: list = field(default_factory=list)
+
+
+def _copy(name, content=None, *, cut=None, garbage=False):
+    def make(work, base):
+        path = work / name
+        if content is not None:
+            path.write_bytes(content)
+        elif cut is not None:
+            path.write_bytes(base["export"].read_bytes()[:cut(base["export"].stat().st_size)])
+        elif garbage:
+            data = bytearray(base["export"].read_bytes())
+            data[2 * 4096: 8 * 4096] = b"\xff" * (6 * 4096)
+            path.write_bytes(bytes(data))
+        return path, [f"--database={path}"]
+    return make
+
+
+def _damaged(*statements, nullable=(), source="export", extra=()):
+    def make(work, base):
+        path = damaged_copy(base[source], work / "input.sqlite", *statements, nullable=nullable)
+        return path, [f"--database={path}", *extra]
+    return make
+
+
+def _export(*extra, source="export"):
+    def make(work, base):
+        path = work / "input.sqlite"
+        shutil.copy(base[source], path)
+        return path, [f"--database={path}", *extra]
+    return make
+
+
+def _missing(work, base):
+    return None, [f"--database={work / 'missing.sqlite'}"]
+
+
+def _directory(work, base):
+    (work / "adir.sqlite").mkdir()
+    return None, [f"--database={work / 'adir.sqlite'}"]
+
+
+def _foreign(work, base):
+    path = work / "people.sqlite"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE people (name TEXT)")
+    con.commit()
+    con.close()
+    return path, [f"--database={path}"]
+
+
+def _duplicate_ids(work, base):
+    path = duplicate_ids_profile(work / "dup.sqlite")
+    return path, [f"--database={path}", "--reports=kernel"]
+
+
+def _output_is_a_file(work, base):
+    path, args = _export()(work, base)
+    (work / "out").write_text("not a folder")
+    return path, args
+
+
+def _existing_outputs(work, base):
+    path, args = _export("--reports=summary")(work, base)
+    code, _ = run_cli(*args, f"--output_path={work / 'out'}")
+    assert code == 0
+    return path, args
+
+
+def _output_replaces_input(work, base):
+    (work / "out").mkdir()
+    path = work / "out" / "dlprof_dldb.sqlite"
+    shutil.copy(base["db"], path)
+    return path, [f"--database={path}"]
+
+
+def _gpu_utilization(expected: str):
+    def check(out):
+        assert summary_value(out, "GPU Utilization %") == expected
+        assert summary_value(out, "Wall Clock Time (ns)") == str(WALL)
+    return check
+
+
+def _kernel_api_times(out):
+    rows = list(csv.DictReader((out / "dlprof_kernel.csv").read_text().splitlines()[1:]))
+    api = {r["Kernel Name"]: int(r["Total API Time (ns)"]) for r in rows}
+    assert api == {"kernel_A": 100, "kernel_B": 500}, rows
+
+
+def _hostile_names_verbatim(out):
+    kernels = (out / "dlprof_kernel.csv").read_text(encoding="utf-8")
+    assert HTML_KERNEL in kernels and "k_\ufffd_kernel" in kernels
+    detail = json.loads((out / "dlprof_detailed.json").read_text(encoding="utf-8"))
+    cells = [str(cell) for section in detail["sections"] for row in section["rows"] for cell in row]
+    assert f"/step/{HTML_OP}" in cells and HTML_OP in cells
+
+
+KERNEL_NULL = "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = NULL WHERE start = {}"
+CASES = [
+    Case("missing-file", _missing, 1, ("missing.sqlite: no such file",)),
+    Case("directory", _directory, 1, ("is a directory",)),
+    Case("empty-file", _copy("empty.sqlite", b""), 1, ("empty file",)),
+    Case("text-file", _copy("notes.sqlite", b"these are notes, not a database\n" * 20), 1,
+         ("not an SQLite database",)),
+    Case("truncated-half", _copy("cut.sqlite", cut=lambda n: n // 2), 1, ("truncated SQLite file",)),
+    Case("truncated-header", _copy("cut.sqlite", cut=lambda n: 60), 1, ("truncated SQLite file",)),
+    Case("garbage-pages", _copy("garbage.sqlite", garbage=True), 1, ("damaged or truncated SQLite file",)),
+    Case("foreign-sqlite", _foreign, 1, ("not an Nsight Systems export or DLProf database",)),
+    Case("export-without-StringIds", _damaged("DROP TABLE StringIds"), 1,
+         ("input.sqlite: damaged Nsight Systems export", "StringIds")),
+    Case("dlprof-db-missing-iteration_list", _damaged("DROP TABLE iteration_list", source="db"), 1,
+         ("input.sqlite: damaged DLProf database: table iteration_list missing",)),
+    Case("dlprof-db-missing-raw-table", _damaged("DROP TABLE read_only_gpu_activities", source="db"), 1,
+         ("input.sqlite: damaged DLProf database: table read_only_gpu_activities missing",)),
+    Case("dlprof-db-newer-schema", _damaged("UPDATE db_version SET current_version = '9.0'", source="db"), 1,
+         ("input.sqlite: DLProf database schema 9.0 is not supported",)),
+    Case("nvtx-start-null", _damaged(f"UPDATE NVTX_EVENTS SET start = NULL WHERE start IN ({T0 + 6000}, {T0 + 21000})",
+                                     nullable=NOT_NULL_TABLES), 0,
+         ("dropped rows with impossible timestamps: 2 NVTX ranges (2 without a start or end time)",),
+         _gpu_utilization("8.6")),
+    Case("runtime-start-and-end-null", _damaged(
+        f"UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET start = NULL WHERE start = {T0 + 12000}",
+        f"UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET \"end\" = NULL WHERE start = {T0 + 22000}", nullable=NOT_NULL_TABLES),
+        0, ("2 CUDA API calls (2 without a start or end time)",), _gpu_utilization("8.6")),
+    # busy time without the first TC_CONV kernel: 3 * 37_000 - 10_000 = 101_000 of 1_290_000 ns = 7.83 %
+    Case("kernel-start-null", _damaged(KERNEL_NULL.format(T0 + 14000), nullable=NOT_NULL_TABLES), 0,
+         ("1 GPU activities (1 without a start or end time)",), _gpu_utilization("7.8")),
+    Case("reversed-times", _damaged(
+        f"UPDATE NVTX_EVENTS SET \"end\" = start - 1 WHERE start = {T0 + 21000}",
+        f"UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET start = \"end\" + 500 WHERE start = {T0 + 22000}",
+        f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET \"end\" = start - 2000 WHERE start = {T0 + 25000}"), 0,
+        (("1 NVTX ranges (1 ending before they start); 1 CUDA API calls (1 ending before they start); "
+          "1 GPU activities (1 ending before they start)"),),
+        _gpu_utilization(f"{100 * (3 * BUSY_PER_ITERATION - 2000) / WALL:.1f}")),
+    Case("every-timestamp-missing", _damaged(*(f"UPDATE {t} SET start = NULL" for t in NOT_NULL_TABLES),
+                                             nullable=NOT_NULL_TABLES), 1,
+         ("input.sqlite: no usable events", "missing or reversed timestamp")),
+    Case("duplicate-correlation-ids", _duplicate_ids, 0,
+         ("1 correlation id(s) are used by more than one CUDA API call of the same process (2 calls)",),
+         _kernel_api_times),
+    Case("key-node-not-found", _export("--key_node=NoSuchNode"), 0,
+         ("key node 'NoSuchNode' not found: the whole profile is one iteration",)),
+    Case("reports-bogus-value", _export("--reports", "summary", "bogus", "--"), 2,
+         ("--reports: unknown value 'bogus'",)),
+    Case("formats-bogus-value", _export("--formats=csv,pdf"), 2, ("unknown value 'pdf'",)),
+    Case("iter-range-outside-profile", _export("--iter_start=7"), 2, ("outside the profile",)),
+    Case("iter-stop-below-start", _export("--iter_start=2", "--iter_stop=1"), 2, ("below --iter_start 2",)),
+    Case("base-name-path-traversal", _export("--base_name=../escape"), 2, ("invalid name '../escape'",)),
+    Case("output-path-is-a-file", _output_is_a_file, 1, ("output path exists and is not a directory",),
+         output_exists=True),
+    Case("existing-outputs-without-force", _existing_outputs, 1, ("output file exists", "--force"),
+         output_exists=True),
+    Case("output-would-replace-input", _output_replaces_input, 2, ("the output database would replace the input",),
+         output_exists=True),
+    Case("html-in-names", _export("--reports=kernel,detail", "--formats=csv,json", source="hostile"), 0,
+         check=_hostile_names_verbatim),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_cli(case, base, tmp_path):
+    work = tmp_path
+    source, args = case.make(work, base)
+    out = work / "out"
+    before = (sha256(source), source.stat().st_mtime_ns) if source is not None and source.is_file() else None
+    outputs_before = tree(out) if case.output_exists else None
+    code, stderr = run_cli(*args, f"--output_path={out}", "-v", "minimal")
+    assert code == case.exit, stderr
+    assert "Traceback" not in stderr
+    if before is not None:
+        assert (sha256(source), source.stat().st_mtime_ns) == before, "the input was modified"
+    if case.exit:
+        line = error_line(stderr)
+        for text in case.says:
+            assert text in line, line
+        assert ".dlprof-staging" not in line
+        if case.output_exists:
+            assert tree(out) == outputs_before, "a rejected run changed the output folder"
+        else:
+            assert not out.exists(), list(out.rglob("*"))
+    else:
+        for text in case.says:
+            assert text in stderr, stderr
+        assert not list(out.glob(f"{STAGING_PREFIX}*")) and not (out / LOCK_NAME).exists()
+        assert (out / "dlprof_dldb.sqlite").is_file()
+        assert negative_cells(out) == []
+        if case.check:
+            case.check(out)
+    assert not list(work.glob(f"{source.name}-journal" if source else "*-journal"))
+
+
+def test_cli_dropped_rows_are_left_out_of_the_database_too(base, tmp_path):
+    """The raw tables copied into the database hold the rows the analysis used (ids match), so re-aggregating
+    the database gives the same figures."""
+    path = damaged_copy(base["export"], tmp_path / "k.sqlite", KERNEL_NULL.format(T0 + 14000),
+                        f"UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET start = \"end\" + 1 WHERE start = {T0 + 22000}",
+                        nullable=NOT_NULL_TABLES)
+    assert run_cli(f"--database={path}", f"--output_path={tmp_path / 'a'}", "--reports=summary")[0] == 0
+    db = tmp_path / "a" / "dlprof_dldb.sqlite"
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    gpu = con.execute("SELECT count(*), min(activity_id), max(activity_id), min(\"end\" - start) "
+                      "FROM read_only_gpu_activities").fetchone()
+    api = con.execute("SELECT count(*), max(api_id), min(\"end\" - start) FROM read_only_cuda_calls").fetchone()
+    con.close()
+    # per iteration 7 GPU activities and 8 API calls (memcpy, six launches, a synchronize); one of each dropped
+    assert gpu == (3 * 7 - 1, 0, 3 * 7 - 2, 1000) and api == (3 * 8 - 1, 3 * 8 - 2, 1000)
+    assert run_cli(f"--database={db}", f"--output_path={tmp_path / 'b'}", "--reports=summary")[0] == 0
+    assert summary_value(tmp_path / "b", "GPU Utilization %") == summary_value(tmp_path / "a", "GPU Utilization %") \
+        == "7.8"
+
+
+def test_cli_report_write_failure_is_one_line_without_output(base, tmp_path, monkeypatch):
+    """A write that fails mid-run (disk full on a report) names the final file, never the staging path."""
+    from dlprof_profiler import reports
+
+    def full(report, out_dir, base_name, formats, suffix, path_of):
+        target = path_of(out_dir / f"{base_name}_summary.csv")
+        raise OSError(28, "No space left on device", str(target))
+    monkeypatch.setattr(reports, "write_report", full)
+    out = tmp_path / "out"
+    code, stderr = run_cli(f"--database={base['export']}", f"--output_path={out}")
+    assert code == 1
+    assert error_line(stderr).endswith(f"ERROR: {out / 'dlprof_summary.csv'}: No space left on device")
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------------------- processes: kill, disk full, concurrency
+
+def test_cli_disk_full_file_size_limit(base, tmp_path):
+    """RLIMIT_FSIZE (the run may not grow a file past 100 kB) stands in for a full disk."""
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+    out = tmp_path / "out"
+    before = sha256(base["export"])
+    proc = dlprof_process(f"--database={base['export']}", f"--output_path={out}", "--reports=all",
+                          preexec_fn=limit)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 1
+    assert f"ERROR: {out / 'dlprof_dldb.sqlite'}: could not write the database" in error_line(stderr)
+    assert not out.exists() and sha256(base["export"]) == before
+
+
+def test_cli_two_runs_into_one_folder(base, tmp_path):
+    """The second run fails at once naming the folder and the first run's pid; the first completes."""
+    out = tmp_path / "out"
+    first = dlprof_process(f"--database={base['export']}", f"--output_path={out}", "--reports=all")
+    wait_until(lambda: (out / LOCK_NAME).is_file() and (out / LOCK_NAME).read_text().strip(), 60, "the lock")
+    started = time.monotonic()
+    second = dlprof_process(f"--database={base['export']}", f"--output_path={out}", "--force")
+    _, stderr = second.communicate(timeout=60)
+    assert second.returncode == 1 and time.monotonic() - started < 30
+    assert f"ERROR: {out}: another dlprof run (pid {first.pid}) is writing to this output folder" in \
+        error_line(stderr)
+    _, stderr = first.communicate(timeout=300)
+    assert first.returncode == 0, stderr
+    assert (out / "dlprof_iteration.csv").is_file() and not (out / LOCK_NAME).exists()
+
+
+def test_cli_kill_9_while_writing_then_the_next_run_cleans_up(base, tmp_path):
+    """kill -9 while the database is being written: no output appears (only the killed run's staging folder
+    and lock file); the next run removes them and succeeds."""
+    export = profiles.training_profile(tmp_path / "long.sqlite", iterations=300)
+    before = sha256(export)
+    out = tmp_path / "out"
+    proc = dlprof_process(f"--database={export}", f"--output_path={out}", "--reports=all")
+    deadline = time.monotonic() + 120
+    while not list(out.glob(f"{STAGING_PREFIX}*/dlprof_dldb.sqlite")):   # the raw copy starts after ingest
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it was killed"
+        time.sleep(0.01)
+    proc.kill()
+    proc.wait(timeout=30)
+    left = sorted(p.name for p in out.iterdir())
+    assert len(left) == 2 and LOCK_NAME in left, left
+    assert next(n for n in left if n != LOCK_NAME).startswith(f"{STAGING_PREFIX}{proc.pid}@"), left
+    assert sha256(export) == before
+    code, stderr = run_cli(f"--database={export}", f"--output_path={out}", "--reports=summary")
+    assert code == 0, stderr
+    assert sorted(p.name for p in out.iterdir()) == ["dlprof", "dlprof_dldb.sqlite", "dlprof_summary.csv"]
+
+
+# ---------------------------------------------------------------------------- HTTP: dlprofviewer
+
+def request(port: int, method: str, path: str, headers: dict | None = None, body: bytes | None = None,
+            timeout: float = 30) -> tuple[int, dict, bytes]:
+    """One HTTP request with exactly these headers (Host included; None leaves a header out), raw path."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        hdrs = {"Host": f"127.0.0.1:{port}", **(headers or {})}
+        conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+        for name, value in hdrs.items():
+            if value is not None:
+                conn.putheader(name, value)
+        if body is not None:
+            conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body)
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+def _viewer_command() -> list[str]:
+    exe = Path(sys.executable).parent / "dlprofviewer"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "dlprof_plugin.viewer"]
+
+
+@pytest.fixture(scope="module")
+def viewer(base, tmp_path_factory):
+    """dlprofviewer on two databases: `hostile_dldb` (hostile names; never written: its hash is checked) and
+    `reagg_dldb` (the training profile, re-aggregated by the accepted requests)."""
+    work = tmp_path_factory.mktemp("viewer")
+    assert run_cli(f"--database={base['hostile']}", f"--output_path={work}", "--base_name=hostile",
+                   "--reports=summary")[0] == 0
+    shutil.copy(base["db"], work / "reagg_dldb.sqlite")
+    port = free_port()
+    log_file = open(work / "viewer.log", "w")
+    proc = subprocess.Popen(_viewer_command() + [str(work / "hostile_dldb.sqlite"), str(work / "reagg_dldb.sqlite"),
+                                                 f"--port={port}", "--host=127.0.0.1", "--allowed_hosts=viewer.test"],
+                            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT)
+    try:
+        wait_until(lambda: request(port, "GET", "/data/plugin/dlprof/runs", timeout=5)[0] == 200, 60,
+                   "dlprofviewer", proc)
+        yield {"port": port, "hostile": work / "hostile_dldb.sqlite", "reagg": work / "reagg_dldb.sqlite",
+               "log": work / "viewer.log"}
+    finally:
+        stop(proc)
+        log_file.close()
+
+
+API = "/data/plugin/dlprof/"
+GOOD_BODY = json.dumps({"run": "hostile_dldb", "iter_start": 0, "iter_stop": 0}).encode()
+
+
+def _same_origin(port):
+    return {"Origin": f"http://127.0.0.1:{port}", REQUEST_HEADER: "1", "Content-Type": "application/json"}
+
+
+# (id, method, path, headers(port), body, status)
+CSRF_CASES = [
+    ("form-text-plain", "POST", "reaggregate", lambda p: {"Content-Type": "text/plain",
+                                                          "Origin": "http://evil.example"}, GOOD_BODY, 403),
+    ("form-urlencoded", "POST", "reaggregate", lambda p: {"Content-Type": "application/x-www-form-urlencoded",
+                                                          "Origin": "http://evil.example"},
+     b"run=hostile_dldb&iter_start=0", 403),
+    ("form-multipart", "POST", "reaggregate", lambda p: {"Content-Type": "multipart/form-data; boundary=x",
+                                                         "Origin": "null"},
+     b'--x\r\nContent-Disposition: form-data; name="run"\r\n\r\nhostile_dldb\r\n--x--\r\n', 403),
+    ("json-without-request-header", "POST", "reaggregate", lambda p: {"Content-Type": "application/json",
+                                                                      "Origin": f"http://127.0.0.1:{p}"},
+     GOOD_BODY, 403),
+    ("header-with-text-plain", "POST", "reaggregate", lambda p: {**_same_origin(p), "Content-Type": "text/plain"},
+     GOOD_BODY, 403),
+    ("foreign-origin", "POST", "reaggregate", lambda p: {**_same_origin(p), "Origin": "http://evil.example"},
+     GOOD_BODY, 403),
+    ("origin-null", "POST", "reaggregate", lambda p: {**_same_origin(p), "Origin": "null"}, GOOD_BODY, 403),
+    ("origin-other-port", "POST", "reaggregate", lambda p: {**_same_origin(p), "Origin": f"http://127.0.0.1:{p + 1}"},
+     GOOD_BODY, 403),
+    ("foreign-referer", "POST", "reaggregate", lambda p: {**_same_origin(p), "Origin": None,
+                                                          "Referer": "http://evil.example/attack.html"},
+     GOOD_BODY, 403),
+    ("bare-route-form", "POST", "/reaggregate", lambda p: {"Content-Type": "text/plain"}, GOOD_BODY, 403),
+    ("rebinding-post", "POST", "reaggregate", lambda p: {**_same_origin(p), "Host": f"attacker.example:{p}",
+                                                         "Origin": f"http://attacker.example:{p}"}, GOOD_BODY, 403),
+    ("rebinding-get-runs", "GET", "runs", lambda p: {"Host": f"attacker.example:{p}"}, None, 403),
+    ("rebinding-get-page", "GET", "/", lambda p: {"Host": f"attacker.example:{p}"}, None, 403),
+    ("rebinding-get-static", "GET", "index.js", lambda p: {"Host": f"attacker.example:{p}"}, None, 403),
+    ("rebinding-get-table", "GET", "table/ops?run=hostile_dldb", lambda p: {"Host": f"attacker.example:{p}"}, None,
+     403),
+    ("rebinding-localhost-suffix", "GET", "runs", lambda p: {"Host": f"localhost.attacker.example:{p}"}, None, 403),
+    ("host-localhost", "GET", "runs", lambda p: {"Host": f"localhost:{p}"}, None, 200),
+    ("host-ipv6-loopback", "GET", "runs", lambda p: {"Host": f"[::1]:{p}"}, None, 200),
+    ("host-allowed-by-flag", "GET", "runs", lambda p: {"Host": f"viewer.test:{p}"}, None, 200),
+    ("no-host-header", "GET", "runs", lambda p: {"Host": None}, None, 200),
+    ("nested-json-5000", "POST", "reaggregate", _same_origin, b"[" * 5000 + b"]" * 5000, 400),
+    ("nested-json-in-field", "POST", "reaggregate", _same_origin,
+     b'{"run": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400),
+    ("body-too-large", "POST", "reaggregate", _same_origin, b" " * (65 * 1024) + b"{}", 413),
+    ("body-not-json", "POST", "reaggregate", _same_origin, b"run=hostile_dldb", 400),
+    ("preflight-options", "OPTIONS", "reaggregate", lambda p: {"Origin": "http://evil.example",
+                                                               "Access-Control-Request-Method": "POST"}, None, 405),
+]
+
+
+@pytest.mark.parametrize("case", CSRF_CASES, ids=[c[0] for c in CSRF_CASES])
+def test_viewer_request(case, viewer):
+    _, method, route, headers, body, status = case
+    port = viewer["port"]
+    before = sha256(viewer["hostile"])
+    path = route if route.startswith("/") else API + route
+    code, resp_headers, payload = request(port, method, path, headers(port), body)
+    assert code == status, payload[:300]
+    if status != 200:
+        assert resp_headers["content-type"].startswith("application/json")
+        assert isinstance(json.loads(payload)["error"], str)
+        assert not any(k.startswith("access-control-allow") for k in resp_headers)
+    _, _, job = request(port, "GET", API + "reaggregate_status?run=hostile_dldb")
+    assert json.loads(job)["job"]["status"] == "idle"
+    assert sha256(viewer["hostile"]) == before
+
+
+TRAVERSAL = [   # raw request paths: the API prefix, the viewer's bare routes, and the run/domain parameters
+    API + "../../../etc/passwd", API + "..%2F..%2F..%2Fetc%2Fpasswd", API + "%2e%2e/%2e%2e/etc/passwd",
+    API + "%252e%252e%252fetc%252fpasswd", API + "....//....//etc/passwd", API + "..\\..\\etc\\passwd",
+    API + "..%5c..%5cetc%5cpasswd", API + "%2fetc%2fpasswd", API + "/etc/passwd", API + "index.js%00.png",
+    API + "..;/..;/etc/passwd", API + ".%2e/.%2e/etc/passwd", API + "__init__.py", API + ".hidden.js",
+    API + "%c0%ae%c0%ae/%c0%ae%c0%ae/etc/passwd", "/../../../etc/passwd", "/..%2f..%2fetc%2fpasswd",
+    API + "runs?run=../../etc/passwd", API + "dashboard?run=..%2F..%2Fetc%2Fpasswd", API + "dashboard?run=/etc/passwd",
+    API + "dashboard?run=C:%5CWindows%5Cwin.ini", API + "dashboard?run=%5C%5Cserver%5Cshare",
+    API + "dashboard?run=hostile_dldb/../../x", API + "dashboard?run=%00", API + "table/ops?run=hostile_dldb&domain=../../x",
+    API + "dashboard?run=hostile_dldb&domain=/etc/passwd",
+]
+
+
+def test_viewer_path_traversal_in_routes_and_parameters(viewer):
+    """27 forms (26 paths above and a POST naming a path as its run): 400 or 404, never a file's content."""
+    port = viewer["port"]
+    for path in TRAVERSAL:
+        code, headers, body = request(port, "GET", path)
+        if path.startswith(API + "runs?"):   # runs takes no run parameter: the listing, no file
+            assert code == 200 and b"root:" not in body
+            continue
+        assert code in (400, 404), (path, code, body[:200])
+        assert b"root:" not in body and headers["content-type"].startswith("application/json"), path
+    code, _, body = request(port, "POST", API + "reaggregate", _same_origin(port),
+                            json.dumps({"run": "../../etc/passwd"}).encode())
+    assert code == 400 and b"root:" not in body
+    assert len(TRAVERSAL) + 1 == 27
+
+
+SQL_PAYLOADS = ["'", "' OR '1'='1", "1 OR 1=1", "1; DROP TABLE aggregations; --", '" OR ""="',
+                "%' UNION SELECT name, sql FROM sqlite_master --", ") OR (1=1", "\\", "%"]
+SQL_ROUTES = {
+    "dashboard": ["run", "aggr", "domain"], "gpus": ["aggr", "domain"], "iterations": ["aggr", "domain"],
+    "expert_systems": ["aggr", "domain"], "op": ["op_index", "aggr", "domain"], "aggregations": ["run"],
+    "domains": ["run"], "system": ["run"], "reaggregate_status": ["run"],
+    "table/ops": ["run", "aggr", "domain", "sort", "order", "q", "offset", "limit", "format", "col.op_name",
+                  "col.gpu_total", "col.using_tc"],
+    "table/kernels": ["op_index", "q", "col.kernel_name"], "table/group_ops": ["parent"],
+    "table/iteration_kernels": ["iteration", "sort"], "table/iteration_ops": ["iteration", "q"],
+    "table/key_nodes": ["q", "col.name"], "table/expert_systems": ["q"],
+}
+
+
+def test_viewer_sql_injection_in_every_route_parameter(viewer):
+    """Every payload in every parameter of every route: answered (200, 400, 404), never 500; text searches
+    match the payload literally (no op name contains it); the database is unchanged."""
+    import urllib.parse
+    port, db = viewer["port"], viewer["hostile"]
+    before = sha256(db)
+    defaults = {"run": "hostile_dldb", "op_index": "0", "iteration": "0"}
+    count = 0
+    for route, names in SQL_ROUTES.items():
+        for name in names:
+            for payload in SQL_PAYLOADS:
+                params = {k: v for k, v in defaults.items() if k != name and (k == "run" or k in names)}
+                params[name] = payload
+                code, _, body = request(port, "GET", API + route + "?" + urllib.parse.urlencode(params))
+                count += 1
+                assert code in (200, 400, 404), (route, name, payload, code, body[:300])
+                if code == 200 and name in ("q", "col.op_name", "col.kernel_name", "col.name") \
+                        and route != "table/expert_systems":   # its texts hold '%'; names hold no payload
+                    assert json.loads(body)["filtered"] == 0, (route, name, payload)
+    assert count > 300 and sha256(db) == before
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    assert con.execute("SELECT count(*) FROM aggregations").fetchone()[0] == 1
+    con.close()
+
+
+def test_viewer_html_names_are_json_text(viewer):
+    """Names holding HTML come back as JSON strings, verbatim (the frontend sets them as text)."""
+    port = viewer["port"]
+    code, headers, body = request(port, "GET", API + "table/ops?run=hostile_dldb&limit=100")
+    assert code == 200 and headers["content-type"].startswith("application/json")
+    names = [r[[c["key"] for c in json.loads(body)["columns"]].index("op_name")] for r in json.loads(body)["rows"]]
+    assert f"/step/{HTML_OP}" in names
+    code, _, body = request(port, "GET", API + "table/kernels?run=hostile_dldb&limit=100")
+    assert HTML_KERNEL in json.loads(body)["rows"].__repr__()
+
+
+def test_viewer_invalid_utf8_names_are_decoded_with_replacement(viewer):
+    port = viewer["port"]
+    for route in ("table/iteration_kernels?run=hostile_dldb&iteration=0&limit=100",
+                  "table/iteration_op_kernels?run=hostile_dldb&iteration=0&op_index=1&limit=100",
+                  "table/kernels?run=hostile_dldb&limit=100"):
+        code, _, body = request(port, "GET", API + route)
+        assert code == 200, body[:300]
+        assert "k_\ufffd_kernel" in json.dumps(json.loads(body), ensure_ascii=False), route
+
+
+def test_viewer_accepted_reaggregation_with_concurrent_requests(viewer):
+    """The frontend's request (same origin, JSON, X-DLProf-Request) is accepted; 1000 reads from 16 threads
+    while it runs are all answered (200, or 503 + Retry-After while the commit holds the database)."""
+    port = viewer["port"]
+    body = json.dumps({"run": "reagg_dldb", "key_node": None, "iter_start": 1, "iter_stop": 2}).encode()
+    code, _, payload = request(port, "POST", API + "reaggregate", _same_origin(port), body)
+    assert code == 202, payload
+    routes = ["dashboard?run=reagg_dldb&aggr=1", "table/ops?run=reagg_dldb&aggr=1&sort=op_name",
+              "table/iteration_kernels?run=reagg_dldb&aggr=1&iteration=1", "aggregations?run=reagg_dldb",
+              "table/key_nodes?run=reagg_dldb", "runs"]
+    statuses, lock = [], threading.Lock()
+
+    def worker(k):
+        for i in range(k, 1000, 16):
+            code, headers, _ = request(port, "GET", API + routes[i % len(routes)], timeout=60)
+            with lock:
+                statuses.append(200 if code == 200 else (code, headers.get("retry-after")))
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert len(statuses) == 1000 and all(s == 200 or s == (503, "1") for s in statuses), \
+        [s for s in statuses if s != 200][:5]
+
+    def finished():
+        job = json.loads(request(port, "GET", API + "reaggregate_status?run=reagg_dldb")[2])["job"]
+        return job if job["status"] != "running" else None
+    job = wait_until(finished, 120, "the re-aggregation")
+    assert job["status"] == "succeeded" and job["aggr_id"] == 2, job
+
+
+# ---------------------------------------------------------------------------- re-aggregation jobs killed
+
+def _killed_job(monkeypatch, db: Path, script: str) -> dict:
+    """Run a job whose engine process is `script` (it kills itself with SIGKILL), through the viewer's
+    JobManager wired as the Service wires it; returns the finished job."""
+    from dlprof_plugin.db import Registry
+    registry = Registry()
+    monkeypatch.setattr(jobs_mod, "command", lambda database, *a: [sys.executable, "-c", script, database])
+    manager = jobs_mod.JobManager(aggregations=lambda database: registry.get(database).aggregations())
+    manager.start(str(db), None, 1, 2)
+    return wait_until(lambda: manager.status(str(db)) if manager.status(str(db))["status"] != "running" else None,
+                      120, "the job")
+
+
+KILL_AFTER_COMMIT = """import os, signal, sys
+from dlprof_profiler.pipeline import reaggregate_in_place
+reaggregate_in_place(sys.argv[1], None, 1, 2)
+os.kill(os.getpid(), signal.SIGKILL)"""
+KILL_BEFORE_COMMIT = """import os, signal, sqlite3, sys
+con = sqlite3.connect(sys.argv[1])
+con.execute("BEGIN IMMEDIATE")
+con.execute("INSERT INTO aggregations (key_node, iter_start, iter_stop) VALUES ('x', 1, 2)")
+con.execute("DELETE FROM op_nodes")
+os.kill(os.getpid(), signal.SIGKILL)"""
+
+
+def test_job_killed_just_after_its_commit_is_reported_succeeded(base, tmp_path, monkeypatch):
+    db = tmp_path / "dlprof_dldb.sqlite"
+    shutil.copy(base["db"], db)
+    job = _killed_job(monkeypatch, db, KILL_AFTER_COMMIT)
+    assert job["status"] == "succeeded" and job["aggr_id"] == 2, job
+    assert "after committing it" in job["message"]
+    con = sqlite3.connect(db)
+    assert con.execute("SELECT aggr_id, iter_start, iter_stop FROM aggregations ORDER BY aggr_id").fetchall()[-1] \
+        == (2, 1, 2)
+    con.close()
+
+
+def test_job_killed_before_its_commit_is_reported_failed_and_rolled_back(base, tmp_path, monkeypatch):
+    db = tmp_path / "dlprof_dldb.sqlite"
+    shutil.copy(base["db"], db)
+    con = sqlite3.connect(db)
+    op_nodes = con.execute("SELECT count(*) FROM op_nodes").fetchone()[0]
+    con.close()
+    job = _killed_job(monkeypatch, db, KILL_BEFORE_COMMIT)
+    assert job["status"] == "failed", job
+    con = sqlite3.connect(db)   # a writable connection rolls the hot journal back
+    assert con.execute("SELECT count(*) FROM aggregations").fetchone()[0] == 1
+    assert con.execute("SELECT count(*) FROM op_nodes").fetchone()[0] == op_nodes > 0
+    con.close()
+
+
+# ---------------------------------------------------------------------------- HTTP: TensorBoard with --path_prefix
+
+@pytest.fixture(scope="module")
+def tensorboard(base, tmp_path_factory):
+    logdir = tmp_path_factory.mktemp("tb_logdir")
+    shutil.copytree(base["root"] / "db", logdir / "training")
+    port = free_port()
+    log_file = open(logdir.parent / f"{logdir.name}.log", "w")
+    exe = Path(sys.executable).parent / "tensorboard"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "tensorboard.main"]
+    proc = subprocess.Popen(cmd + [f"--logdir={logdir}", f"--port={port}", "--host=127.0.0.1", "--path_prefix=/pfx",
+                                   "--reload_interval=1", "--dlprof_allowed_hosts=tb.test"],
+                            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT)
+
+    def ready():
+        code, _, body = request(port, "GET", "/pfx" + API + "runs", timeout=5)
+        return code == 200 and json.loads(body)["runs"]
+    try:
+        wait_until(ready, 90, "TensorBoard with the DLPROF plugin", proc)
+        yield {"port": port, "db": logdir / "training" / "dlprof_dldb.sqlite"}
+    finally:
+        stop(proc)
+        log_file.close()
+
+
+TB_CASES = [
+    ("form-text-plain", "POST", "reaggregate", lambda p: {"Content-Type": "text/plain",
+                                                          "Origin": "http://evil.example"}, 403),
+    ("json-without-request-header", "POST", "reaggregate", lambda p: {"Content-Type": "application/json",
+                                                                      "Origin": f"http://127.0.0.1:{p}"}, 403),
+    ("foreign-origin", "POST", "reaggregate", lambda p: {**_same_origin(p), "Origin": "http://evil.example"}, 403),
+    ("origin-null", "POST", "reaggregate", lambda p: {**_same_origin(p), "Origin": "null"}, 403),
+    ("rebinding-get-runs", "GET", "runs", lambda p: {"Host": f"attacker.example:{p}"}, 403),
+    ("rebinding-get-static", "GET", "index.js", lambda p: {"Host": f"attacker.example:{p}"}, 403),
+    ("host-localhost", "GET", "runs", lambda p: {"Host": f"localhost:{p}"}, 200),
+    ("host-allowed-by-flag", "GET", "runs", lambda p: {"Host": f"tb.test:{p}"}, 200),
+]
+
+
+@pytest.mark.parametrize("case", TB_CASES, ids=[c[0] for c in TB_CASES])
+def test_tensorboard_request(case, tensorboard):
+    _, method, route, headers, status = case
+    port, db = tensorboard["port"], tensorboard["db"]
+    before = sha256(db)
+    body = json.dumps({"run": "training/dlprof", "iter_start": 1, "iter_stop": 2}).encode() \
+        if method == "POST" else None
+    code, _, payload = request(port, method, "/pfx" + API + route, headers(port), body)
+    assert code == status, payload[:300]
+    if status == 403:
+        assert isinstance(json.loads(payload)["error"], str)
+    assert sha256(db) == before
+
+
+def test_tensorboard_accepts_the_frontends_reaggregation(tensorboard):
+    port = tensorboard["port"]
+    body = json.dumps({"run": "training/dlprof", "key_node": None, "iter_start": 1, "iter_stop": 2}).encode()
+    code, _, payload = request(port, "POST", "/pfx" + API + "reaggregate", _same_origin(port), body)
+    assert code == 202, payload
+
+    def finished():
+        job = json.loads(request(port, "GET", "/pfx" + API + "reaggregate_status?run=training/dlprof")[2])["job"]
+        return job if job["status"] != "running" else None
+    job = wait_until(finished, 120, "the re-aggregation")
+    assert job["status"] == "succeeded" and job["aggr_id"] == 2, job
+
+
+def test_the_frontend_sends_the_request_header():
+    api_js = (ROOT / "frontend_static" / "api.js").read_text()
+    assert f'REQUEST_HEADER = "{REQUEST_HEADER}"' in api_js and "[REQUEST_HEADER]: \"1\"" in api_js
+    assert os.path.isfile(ROOT / "frontend_static" / "jobs.js") and \
+        'postJSON("reaggregate"' in (ROOT / "frontend_static" / "jobs.js").read_text()
