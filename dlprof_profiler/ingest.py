@@ -23,7 +23,8 @@ def trace_format(path: Path) -> str:
     if path.is_dir():
         if kineto_files(path):
             return KINETO
-        raise DLProfError(f"{path}: is a folder without Kineto traces (*.pt.trace.json, *.pt.trace.json.gz)")
+        raise DLProfError(f"{path}: is a directory, not a profile file (nor a folder of Kineto traces "
+                          "*.pt.trace.json[.gz])")
     if not os.access(path, os.R_OK):
         raise DLProfError(f"{path}: not readable (permission denied)")
     with open(path, "rb") as fh:
