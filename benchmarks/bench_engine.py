@@ -1,17 +1,25 @@
-"""Engine benchmark: generate an nsys export with N kernels, run every stage, print seconds and peak
-memory per stage and the ratio to a bare SQLite scan of the columns the engine reads.
+"""Engine benchmark: `dlprof --database` end to end on generated nsys exports, side by side with
+`nsys stats -r gpukernsum` on the same file (the independent tool the figures are ratios to).
 
-    python benchmarks/bench_engine.py --kernels 1000000 [--reports all] [--keep DIR]
+    python benchmarks/bench_engine.py --kernels 100000 1000000 [10000000] [--reports all] [--runs 1]
+
+For each size it prints: wall seconds and peak RSS of `dlprof --database=FILE --reports=...` (a child
+process, measured with wait4), the same for `nsys stats -r gpukernsum`, their ratio, the DLProf database's
+size against the input export's, and the stage times dlprof logged. The machine's load average is printed
+too: the machine is shared, so compare ratios measured in one run.
 
 The generated profile looks like a PyTorch emit_nvtx capture: per kernel an `aten::` op range holding a
-nested ATen range and one cudaLaunchKernel, plus one op without GPU work; iterations end with an
-`Optimizer.step#SGD.step` range. It is cached in --cache (default: the system temp folder).
+nested ATen range and one cudaLaunchKernel, plus one op without GPU work (3 NVTX ranges and 1 API call per
+kernel); iterations end with an `Optimizer.step#SGD.step` range every 1000 kernels; 2 GPUs, the launches
+alternating between them. Exports are cached in --cache (default: the system temp folder).
 """
 from __future__ import annotations
 
 import argparse
-import resource
-import sqlite3
+import os
+import re
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,135 +40,125 @@ KERNEL_NAMES = ["volta_fp16_s884cudnn_fp16_128x128_ldg8_relu_f2f_exp_small_nhwc_
                 "implicit_convolve_sgemm"]
 
 
-def generate(path: Path, n_kernels: int, seed: int = 0) -> Path:
-    """Write a synthetic export with n_kernels kernels (all vectorized)."""
+def generate(path: Path, n_kernels: int, seed: int = 0, chunk: int = 1_000_000) -> Path:
+    """Write a synthetic export with n_kernels kernels (vectorized; written a million kernels at a time)."""
     rng = np.random.default_rng(seed)
     exp = NsysExport(schema="2022.4")
     exp.add_gpu(device_id=0)
-    tid = exp.add_thread(pid=4242, tid=4242, name="python", process_name="python")
-    n = n_kernels
-    # Time layout per kernel slot (ns): outer op [t, t+9000), inner op [t+1000, t+8000),
-    # launch [t+2000, t+6000), a kernel-less op [t+9100, t+9600); slots 10 us apart; optimizer step
-    # ranges of 5 us after every KERNELS_PER_ITERATION slots.
-    slot = np.arange(n, dtype=np.int64)
-    iteration = slot // KERNELS_PER_ITERATION
-    t = 1_000_000 + slot * 10_000 + iteration * 20_000
-    op = rng.integers(0, len(OP_NAMES), n)
-    seq = slot
-    op_names = np.array(OP_NAMES, dtype=object)[op]
-    outer_text = op_names + ", seq = " + seq.astype(str).astype(object) + ", op_id = " + (3 * slot).astype(str).astype(object)
-    inner_text = "aten::_inner_impl, op_id = " + (3 * slot + 1).astype(str).astype(object)
-    empty_text = "aten::empty, op_id = " + (3 * slot + 2).astype(str).astype(object)
-    n_iter = int(iteration.max()) + 1
-    step_start = 1_000_000 + ((np.arange(n_iter) + 1) * KERNELS_PER_ITERATION) * 10_000 + np.arange(n_iter) * 20_000
-    step_start = step_start.astype(np.int64)
-    starts = np.concatenate([t, t + 1000, t + 9100, step_start])
-    ends = np.concatenate([t + 9000, t + 8000, t + 9600, step_start + 5000])
-    texts = np.concatenate([outer_text, inner_text, empty_text,
-                            np.full(n_iter, "Optimizer.step#SGD.step, op_id = 0", dtype=object)])
-    exp.push_pop_many(np.full(starts.size, tid), starts, ends, texts)
-    corr = slot + 1
-    exp.runtime_many(np.full(n, tid), t + 2000, t + 6000, np.full(n, "cudaLaunchKernel_v7000", dtype=object), corr)
-    kernel = rng.integers(0, len(KERNEL_NAMES), n)
-    gpu_start = t + 5000 + rng.integers(0, 3000, n)
-    gpu_end = gpu_start + 2000 + rng.integers(0, 6000, n)
-    exp.kernels_many(np.full(n, 4242), corr, gpu_start, gpu_end, np.array(KERNEL_NAMES, dtype=object)[kernel],
-                     np.zeros(n, dtype=np.int64), np.full(n, 7, dtype=np.int64))
+    exp.add_gpu(device_id=1)
+    tids = [exp.add_thread(pid=4242, tid=4242, name="python", process_name="python"),
+            exp.add_thread(pid=4343, tid=4343, name="python", process_name="python")]
+    for lo in range(0, n_kernels, chunk):
+        slot = np.arange(lo, min(lo + chunk, n_kernels), dtype=np.int64)
+        n = slot.size
+        dev = slot % 2
+        # Time layout per kernel slot (ns): outer op [t, t+9000), inner op [t+1000, t+8000), launch
+        # [t+2000, t+6000), a kernel-less op [t+9100, t+9600); slots 10 us apart; optimizer step ranges
+        # of 5 us after every KERNELS_PER_ITERATION slots (on both threads).
+        iteration = slot // KERNELS_PER_ITERATION
+        t = 1_000_000 + slot * 10_000 + iteration * 20_000
+        op = rng.integers(0, len(OP_NAMES), n)
+        ops = np.array(OP_NAMES, dtype=object)[op]
+        outer = ops + ", seq = " + slot.astype(str).astype(object) + ", op_id = " + (3 * slot).astype(str).astype(object)
+        inner = "aten::_inner_impl, op_id = " + (3 * slot + 1).astype(str).astype(object)
+        empty = "aten::empty, op_id = " + (3 * slot + 2).astype(str).astype(object)
+        last = (slot % KERNELS_PER_ITERATION) == KERNELS_PER_ITERATION - 1
+        step_t = t[last] + 10_000
+        tid = np.array(tids, dtype=np.int64)[dev]
+        starts = np.concatenate([t, t + 1000, t + 9100, step_t, step_t])
+        ends = np.concatenate([t + 9000, t + 8000, t + 9600, step_t + 5000, step_t + 5000])
+        texts = np.concatenate([outer, inner, empty, np.full(2 * step_t.size, "Optimizer.step#SGD.step, op_id = 0",
+                                                             dtype=object)])
+        threads = np.concatenate([tid, tid, tid, np.full(step_t.size, tids[0]), np.full(step_t.size, tids[1])])
+        exp.push_pop_many(threads, starts, ends, texts)
+        corr = slot + 1
+        exp.runtime_many(tid, t + 2000, t + 6000, np.full(n, "cudaLaunchKernel_v7000", dtype=object), corr)
+        kernel = rng.integers(0, len(KERNEL_NAMES), n)
+        gpu_start = t + 5000 + rng.integers(0, 3000, n)
+        gpu_end = gpu_start + 2000 + rng.integers(0, 6000, n)
+        exp.kernels_many(np.where(dev == 0, 4242, 4343), corr, gpu_start, gpu_end,
+                         np.array(KERNEL_NAMES, dtype=object)[kernel], dev, np.full(n, 7, dtype=np.int64))
     return exp.write(path)
 
 
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-SCAN_QUERIES = [
-    "SELECT rowid, eventType, start, end, globalTid, domainId, textId, text FROM NVTX_EVENTS",
-    "SELECT start, end, globalTid, correlationId, nameId, eventClass, returnValue FROM CUPTI_ACTIVITY_KIND_RUNTIME",
-    "SELECT rowid, start, end, deviceId, streamId, contextId, globalPid, correlationId, gridX, gridY, gridZ, blockX, "
-    "blockY, blockZ, registersPerThread, staticSharedMemory, dynamicSharedMemory, graphNodeId, shortName, "
-    "demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL",
-]
-
-
-def bare_scan(path: Path) -> float:
-    """Seconds to read, with Python's sqlite3 module, the columns the engine reads."""
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+def run_measured(cmd: list[str], env=None) -> tuple[float, float, str, int]:
+    """(wall seconds, peak RSS MB, combined output, exit status) of a child process."""
     started = time.perf_counter()
-    for sql in SCAN_QUERIES:
-        cursor = con.execute(sql)
-        while cursor.fetchmany(262_144):
-            pass
-    con.close()
-    return time.perf_counter() - started
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    out_chunks = []
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        out_chunks.append(line)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return time.perf_counter() - started, usage.ru_maxrss / 1024.0, "".join(out_chunks), proc.returncode
 
 
-def run(path: Path, out_dir: Path, report_list: list[str]) -> list[tuple[str, float, float]]:
-    from dlprof_profiler import correlate as C
-    from dlprof_profiler import database, log, reports
-    from dlprof_profiler.analysis import AnalysisConfig, analyze
-    from dlprof_profiler.ingest_nsys import read_nsys_export
-    from dlprof_profiler.sanitize import sanitize_trace
-    log.set_verbosity(log.MINIMAL)
-    stages = []
+def nsys_stats(path: Path) -> tuple[float, float] | None:
+    """Wall seconds and peak RSS of `nsys stats -r gpukernsum` on the export (None without nsys)."""
+    nsys = shutil.which("nsys")
+    if not nsys:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        wall, rss, out, code = run_measured([nsys, "stats", "-r", "gpukernsum", "-f", "csv", "-o",
+                                             str(Path(tmp) / "k"), str(path)])
+    if code != 0:
+        print(f"  nsys stats failed ({code}): {out.strip().splitlines()[-1:]}")
+        return None
+    return wall, rss
 
-    def timed(name, fn):
-        started = time.perf_counter()
-        result = fn()
-        stages.append((name, time.perf_counter() - started, peak_rss_mb()))
-        return result
-    trace = timed("ingest", lambda: read_nsys_export(path))
-    trace = timed("sanitize", lambda: sanitize_trace(trace))
-    db = out_dir / "bench_dldb.sqlite"
-    db.unlink(missing_ok=True)
-    # as the pipeline does: the raw tables are written on a background thread while the analysis runs
-    writer = database.DatabaseWriter(db, trace, database.domain_ids_for(C.domain_order(trace, None))).start()
-    result = timed("analyze (correlate, iterate, aggregate, detect)", lambda: analyze(trace, AnalysisConfig()))
-    for name, seconds in result.timings.items():
-        print(f"  {name}: {seconds:.2f} s")
 
-    def write_db():
-        ids = writer.finish(result.corr, result.primary, {"profile_name": "bench", "mode": result.mode})
-        database.append_aggregation(db, result.aggregations, ids, database.op_index_offsets(result.corr),
-                                    result.iterations, result.findings)
-    timed("write database (after the background raw copy)", write_db)
+STAGE = re.compile(r"\] (.+?) done in ([\d.]+) s")
 
-    def write_reports():
-        for name, agg in result.aggregations.items():
-            for rep in reports.build_reports(report_list, agg, result.corr.domains[name], trace, result.corr.config,
-                                             result.findings[name]):
-                reports.write_report(rep, out_dir, "bench", ["csv"])
-    timed(f"write reports ({','.join(report_list)})", write_reports)
-    return stages
+
+def dlprof(path: Path, out: Path, reports: str) -> dict:
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "dlprof_profiler", f"--database={path}", f"--output_path={out}",
+           f"--reports={reports}", "--force=true", "-v", "info"]
+    wall, rss, text, code = run_measured(cmd)
+    if code != 0:
+        raise SystemExit(f"dlprof failed ({code}):\n{text[-3000:]}")
+    db = out / "dlprof_dldb.sqlite"
+    return {"wall": wall, "rss": rss, "db_mb": db.stat().st_size / 1e6,
+            "stages": [(m.group(1), float(m.group(2))) for m in STAGE.finditer(text)]}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kernels", type=int, default=100_000)
-    parser.add_argument("--reports", default="summary,detail,kernel,tensor,op_type,group_node,expert_systems",
-                        help="reports to write (the per-launch iteration report is the largest)")
+    parser.add_argument("--kernels", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--reports", default="all", help="dlprof --reports (default all)")
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "dlprof-bench")
+    parser.add_argument("--no-stages", action="store_true", help="do not list dlprof's stage times")
     args = parser.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
-    path = args.cache / f"bench_{args.kernels}.sqlite"
-    if not path.exists():
-        started = time.perf_counter()
-        generate(path, args.kernels)
-        print(f"generated {path} ({path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - started:.1f} s")
-    scan = bare_scan(path)
-    report_list = [r.strip() for r in args.reports.split(",") if r.strip()]
-    if "all" in report_list:
-        from dlprof_profiler.cli import REPORT_NAMES
-        report_list = [r for r in REPORT_NAMES if r != "all"]
-    out_dir = args.cache / f"out_{args.kernels}"
-    out_dir.mkdir(exist_ok=True)
-    stages = run(path, out_dir, report_list)
-    total = sum(s for _, s, _ in stages)
-    print(f"\n{args.kernels:,} kernels; bare SQLite scan of the columns read: {scan:.2f} s")
-    print(f"{'stage':<60}{'seconds':>10}{'peak RSS MB':>14}")
-    for name, seconds, rss in stages:
-        print(f"{name:<60}{seconds:>10.2f}{rss:>14.0f}")
-    print(f"{'total':<60}{total:>10.2f}{max(r for _, _, r in stages):>14.0f}")
-    print(f"ratio total / bare scan: {total / scan:.1f}x")
+    rows = []
+    for n in args.kernels:
+        path = args.cache / f"bench2gpu_{n}.sqlite"
+        if not path.exists():
+            started = time.perf_counter()
+            generate(path, n)
+            print(f"generated {path} ({path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - started:.1f} s")
+        load = os.getloadavg()[0]
+        ref = nsys_stats(path)
+        result = dlprof(path, args.cache / f"out_{n}", args.reports)
+        input_mb = path.stat().st_size / 1e6
+        rows.append((n, result, ref, input_mb, load))
+        print(f"\n{n:,} kernels (load average {load:.1f}): dlprof --reports={args.reports} {result['wall']:.1f} s, "
+              f"peak RSS {result['rss']:.0f} MB; database {result['db_mb']:.0f} MB for a {input_mb:.0f} MB export "
+              f"({result['db_mb'] / input_mb:.2f}x)")
+        if ref:
+            print(f"  nsys stats -r gpukernsum: {ref[0]:.1f} s, peak RSS {ref[1]:.0f} MB -> ratio "
+                  f"{result['wall'] / ref[0]:.1f}x")
+        if not args.no_stages:
+            for name, seconds in result["stages"]:
+                print(f"    {name:<70}{seconds:>8.2f} s")
+    print(f"\n{'kernels':>12}{'dlprof s':>10}{'gpukernsum s':>14}{'ratio':>8}{'peak RSS MB':>13}{'DB/input':>10}{'load':>6}")
+    for n, result, ref, input_mb, load in rows:
+        ratio = f"{result['wall'] / ref[0]:.1f}x" if ref else "-"
+        print(f"{n:>12,}{result['wall']:>10.1f}{(ref[0] if ref else float('nan')):>14.1f}{ratio:>8}"
+              f"{result['rss']:>13.0f}{result['db_mb'] / input_mb:>10.2f}{load:>6.1f}")
     return 0
 
 

@@ -9,6 +9,7 @@ intervals still open at a chunk's end carried into the next. A single chunk give
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,9 +18,14 @@ import pandas as pd
 from dlprof_profiler.correlate import BACKWARD_PASS, RANGE_OP, SCOPE_OP, UNASSOCIATED_API, Correlation, DomainModel
 from dlprof_profiler.intervals import StreamingUnion, covered_length, merge_intervals
 from dlprof_profiler.iterate import Iterations
+from dlprof_profiler.tensor_cores import precision_by_op
 from dlprof_profiler.trace import KIND_KERNEL, Trace, make_frame, obj
 
 CLASSES = ("tc", "non_tc", "memory", "dataloader", "io", "cpu", "other")
+HALF_PRECISION = ("float16", "half", "bfloat16", "float8_e4m3fn", "float8_e5m2")
+# Collective communication kernels (NCCL, RCCL, PyTorch c10d and the collectives' own names)
+COMMUNICATION_KERNEL = re.compile(r"nccl|rccl|c10d|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|"
+                                  r"broadcast|sendrecv", re.IGNORECASE)
 COMPLETE_MODEL = "_CompleteModel_"
 CPU_KINDS = (RANGE_OP, SCOPE_OP, BACKWARD_PASS, UNASSOCIATED_API)
 METRICS = (("cpu_time", "cpu"), ("gpu_time", "gpu"), ("cpu_overhead", "overhead"), ("gpu_idle", "idle"))
@@ -79,8 +85,11 @@ def aggregate_model(model, iterations: Iterations, iter_start: int, iter_stop: i
                       iter_start=iter_start, iter_stop=iter_stop, total_iterations=iterations.count,
                       window_start=window_start, window_end=window_end)
     acc = Accumulator(model, iterations, agg, keep_launches)
-    for chunk in model.chunks(cuts):
+    from dlprof_profiler.log import Progress
+    progress = Progress(f"time chunks aggregated (domain {model.domain})", len(cuts or ()) + 1)
+    for n, chunk in enumerate(model.chunks(cuts), 1):
         acc.add(chunk)
+        progress.update(n)
     acc.finish()
     return agg
 
@@ -158,7 +167,13 @@ class Accumulator:
                 "other": sel_act & kernel & ~uses_tc}
         api_id = acts["api_id"].to_numpy(np.int64)
         api_dur = acts["api_duration"].to_numpy(np.int64)
-        codes = acts["name_code"].to_numpy(np.int64)
+        # `# Kernels` counts distinct kernel names, and for memory operations distinct memory API names
+        # (cudaMemcpyAsync, cudaMemcpy, cudaMemsetAsync: 3), as DLProf 1.8 did; an operation without an API
+        # call counts by its own name
+        names = acts["name_code"].to_numpy(np.int64)
+        api_names = acts["api_name"].to_numpy(np.int64) if "api_name" in acts else np.full(len(acts), -1)
+        memory_key = np.where(api_names >= 0, (1 << 40) + api_names, (1 << 41) + names)
+        codes = np.where(kernel, names, memory_key)
         for key, mask in rows.items():
             if not mask.any():
                 continue
@@ -182,6 +197,12 @@ class Accumulator:
         agg.ops = op_table(model.ops, self.op_parts, self.tc_parts)
         agg.op_types = op_type_statistics(agg.ops)
         agg.kernels = kernel_table(self.kernel_parts, model.kernel_names())
+        # the data type the kernels' names show, for ops whose markers carry none (expert systems)
+        shown = precision_by_op(agg.kernels)
+        agg.ops["kernel_data_type"] = obj(agg.ops["op_index"].map(shown).to_numpy(dtype=object), agg.ops.index)
+        known = agg.ops["data_type"].where(agg.ops["data_type"].notna(), agg.ops["kernel_data_type"])
+        agg.ops["is_bad_data_type"] = agg.ops["tc_eligible"] & ~agg.ops["using_tc"] & \
+            ~known.fillna("").isin(HALF_PRECISION)
         agg.tensor_core = tensor_core_table(agg.ops, self.tc_parts, self.tc_names, model.kernel_names()[0])
         agg.groups = self.groups.table(agg.ops, len(model.ops))
         breakdown = self.breakdown.result()
@@ -254,6 +275,9 @@ class Accumulator:
                     "eligible_not_using": op_row(elig & ~using), "other": op_row(~elig & ~using)},
             "kernels": {k: kernel_row(v) for k, v in self.kernel_rows.items()},
             "key_node": agg.key_node, "key_found": bool(agg.key_found),
+            "communication_time": int(agg.devices["communication_time"].sum()) if len(agg.devices) else 0,
+            "overlapped_communication_time": int(agg.devices["overlapped_communication_time"].sum())
+            if len(agg.devices) else 0,
             "n_visible_gpus": int(breakdown["n_devices"]),   # the GPUs used, which the figures average over
             "n_listed_gpus": int(breakdown["n_listed"]),
         }
@@ -300,8 +324,7 @@ def op_table(ops_meta: pd.DataFrame, parts: list[pd.DataFrame], tc_parts: list[p
     stats = stats.reset_index()
     ops = ops_meta.merge(stats, on="op_index", how="inner")
     ops["using_tc"] = ops["using_tc"].astype(bool)
-    ops["is_bad_data_type"] = ops["tc_eligible"] & ~ops["using_tc"] & \
-        ~ops["data_type"].fillna("").isin(["float16", "half", "bfloat16", "float8_e4m3fn", "float8_e5m2"])
+    ops["is_bad_data_type"] = ops["tc_eligible"] & ~ops["using_tc"] & ~ops["data_type"].fillna("").isin(HALF_PRECISION)
     kernel_time = pd.concat([p["kernel_time"] for p in tc_parts]).groupby(level=0).sum() if tc_parts \
         else pd.Series(dtype="int64")
     ops["kernel_time"] = ops["op_index"].map(kernel_time).fillna(0).astype(np.int64)
@@ -473,8 +496,8 @@ class GroupUnions:
         self.n_iter = int(n_iterations) + 1
         self.cpu = StreamingUnion()
         self.gpu = StreamingUnion()
-        self.span = pd.DataFrame({"s": pd.Series(dtype="int64"), "e": pd.Series(dtype="int64")})
         self.overhead = pd.Series(dtype="int64")
+        self.idle = pd.Series(dtype="int64")
         self.calls = pd.Series(dtype="int64")
         self.used_ops: set = set()
 
@@ -487,31 +510,27 @@ class GroupUnions:
         ops = chosen["op_index"].to_numpy(np.int64)
         s, e = chosen["start"].to_numpy(np.int64), chosen["end"].to_numpy(np.int64)
         overhead = chosen["cpu_overhead"].to_numpy(np.int64)
+        idle = chosen["gpu_idle"].to_numpy(np.int64)
         self.used_ops.update(np.unique(ops).tolist())
         is_call = chosen["is_call"].to_numpy(dtype=bool) if "is_call" in chosen else np.ones(len(chosen), dtype=bool)
-        keys, over, calls = [], [], []
+        keys, over, idles, calls = [], [], [], []
         for level in range(self.depth + 1):
             on, key = self._keys(level, ops, iteration)
             self.cpu.add(key, s[on], e[on])
             keys.append(key)
             over.append(overhead[on])
+            idles.append(idle[on])
             calls.append(is_call[on].astype(np.int64))
         keys = np.concatenate(keys)
         self.overhead = _add_series(self.overhead, pd.Series(np.concatenate(over), index=keys).groupby(level=0).sum())
+        # a group node's GPU idle is the sum of its member ops' (DLProf 1.8), not its span minus its busy time
+        self.idle = _add_series(self.idle, pd.Series(np.concatenate(idles), index=keys).groupby(level=0).sum())
         self.calls = _add_series(self.calls, pd.Series(np.concatenate(calls), index=keys).groupby(level=0).sum())
 
     def add_activities(self, ops: np.ndarray, iteration: np.ndarray, s: np.ndarray, e: np.ndarray) -> None:
-        keys, ss, ee = [], [], []
         for level in range(self.depth + 1):
             on, key = self._keys(level, ops, iteration)
             self.gpu.add(key, s[on], e[on])
-            keys.append(key)
-            ss.append(s[on])
-            ee.append(e[on])
-        keys = np.concatenate(keys)
-        if keys.size:
-            span = pd.DataFrame({"s": np.concatenate(ss), "e": np.concatenate(ee)}, index=keys)
-            self.span = pd.concat([self.span, span]).groupby(level=0).agg(s=("s", "min"), e=("e", "max"))
 
     def flush(self, cut: int) -> None:
         """Everything still to come starts at or after `cut` (instances by start, activities by launch)."""
@@ -527,8 +546,7 @@ class GroupUnions:
                           "calls": calls})
         busy = self.gpu.totals()
         per["gpu"] = busy.reindex(per.index).fillna(0).astype(np.int64)
-        length = (self.span["e"] - self.span["s"]).reindex(per.index).fillna(0).astype(np.int64)
-        per["idle"] = (length - per["gpu"]).clip(lower=0)
+        per["idle"] = self.idle.reindex(per.index).fillna(0).astype(np.int64)
         per["g"] = per.index.to_numpy() // self.n_iter
         out = make_frame({"name": np.asarray(self.names, dtype=object)})
         g = per.groupby("g")
@@ -578,6 +596,11 @@ class Breakdown:
         self.targets = self.devices + ([None] if not self.used else [])
         self.times = {dev: np.zeros((self.win_s.size, len(CLASSES)), dtype=np.int64) for dev in self.targets}
         self.carry: dict = {}
+        short, _ = model.kernel_names()
+        self.comm_codes = np.array([bool(COMMUNICATION_KERNEL.search(str(n))) for n in short] + [False], dtype=bool)
+        # per GPU, in the aggregation window: communication kernel time and the part of it overlapped by
+        # compute kernels on the same GPU (both flattened)
+        self.comm = {dev: [0, 0] for dev in self.targets}
 
     def _carried(self, name: str, frame: dict, hi: int) -> dict:
         """The chunk's intervals plus those carried from earlier chunks; what reaches past `hi` is kept."""
@@ -591,10 +614,13 @@ class Breakdown:
     def add(self, chunk) -> None:
         lo, hi = chunk.lo, chunk.hi
         run = chunk.running
+        codes = run["name_code"].to_numpy(np.int64) if "name_code" in run else np.full(len(run), -1)
         gpu = self._carried("gpu", {"start": run["start"].to_numpy(np.int64), "end": run["end"].to_numpy(np.int64),
                                     "device": run["device_id"].to_numpy(np.int64),
                                     "kernel": run["kind"].to_numpy() == KIND_KERNEL,
-                                    "tc": run["uses_tc"].to_numpy(dtype=bool)}, hi)
+                                    "tc": run["uses_tc"].to_numpy(dtype=bool),
+                                    "comm": self.comm_codes[np.where(codes >= 0, codes, self.comm_codes.size - 1)]},
+                            hi)
         loader = self._carried("loader", _interval_cols(chunk.loader), hi)
         io = self._carried("io", _interval_cols(chunk.io), hi)
         inst = chunk.inst
@@ -612,6 +638,8 @@ class Breakdown:
                 s, e = gpu["start"], gpu["end"]
                 classes = (on & gpu["kernel"] & gpu["tc"], on & gpu["kernel"] & ~gpu["tc"], on & ~gpu["kernel"])
                 gpu_classes = [(s[m], e[m]) for m in classes]
+                self._communication(dev, s, e, on & gpu["kernel"] & gpu["comm"], on & gpu["kernel"] & ~gpu["comm"],
+                                    max(lo, int(self.win_s[0])), min(hi, int(self.win_e[0])))
 
             def of_pids(frame):
                 m = np.ones(frame["start"].size, dtype=bool) if pids is None else np.isin(frame["pid"], list(pids))
@@ -626,6 +654,18 @@ class Breakdown:
                 times[:, c] += covered - covered_prev
                 covered_prev = covered
             times[:, -1] += np.maximum(win_e - win_s, 0) - covered_prev
+
+    def _communication(self, dev, s, e, comm, compute, lo: int, hi: int) -> None:
+        if hi <= lo or not comm.any():
+            return
+        window_s, window_e = np.array([lo]), np.array([hi])
+
+        def flat(mask):
+            return covered_length(*merge_intervals(np.clip(s[mask], lo, hi), np.clip(e[mask], lo, hi)),
+                                  window_s, window_e)[0]
+        comm_time, compute_time, both = flat(comm), flat(compute), flat(comm | compute)
+        self.comm[dev][0] += int(comm_time)
+        self.comm[dev][1] += int(comm_time + compute_time - both)
 
     def result(self) -> dict:
         listed = self.devices if self.devices else [None]
@@ -642,6 +682,9 @@ class Breakdown:
         dev_frame["used"] = [r[0] in self.device_pids for r in rows]
         if not self.devices:
             dev_frame["gpu_utilization"] = 0.0
+        dev_frame["communication_time"] = [self.comm.get(r[0] if r[0] >= 0 else None, [0, 0])[0] for r in rows]
+        dev_frame["overlapped_communication_time"] = [self.comm.get(r[0] if r[0] >= 0 else None, [0, 0])[1]
+                                                      for r in rows]
         return {"mean": mean, "devices": dev_frame, "n_devices": len(self.used), "n_listed": len(self.devices)}
 
 

@@ -230,12 +230,11 @@ def analyze_store(store, config: AnalysisConfig = AnalysisConfig(), source_name:
                                        process_dev, 0, 0, sink=StoreSink(sa, i)) for i, d in enumerate(domains)}
 
     def correlate_all():
-        n = 0
-        for seg in sa.segments(list(cuts)):
+        progress = log.Progress("time segments correlated", len(cuts) + 1)
+        for n, seg in enumerate(sa.segments(list(cuts)), 1):
             for d, c in correlators.items():
                 c.add(seg, segment_rows(seg, d, mode))
-            n += 1
-            log.detail(f"  segment {n}/{len(cuts) + 1} [{seg.lo}, {seg.hi}) correlated")
+            progress.update(n)
         return {d: c.sink.finish(c) for d, c in correlators.items()}
     models = stages.run(f"Correlating in {len(cuts) + 1} time segment(s)", correlate_all)
     corr = Correlation(gpu_api=None, uses_tc=None, tc_rule=None, range_info=None, mode=mode, family=family,

@@ -102,6 +102,7 @@ class NsysInfo:
     version: str                                   # "2022.4.2.1"
     options: frozenset = field(default_factory=frozenset)   # long options of `nsys profile --help`
     help_text: str = ""
+    build: str = ""                                # "2022.4.2.1-df9881f" (with its build suffix)
 
     @property
     def version_tuple(self) -> tuple:
@@ -130,6 +131,12 @@ def parse_nsys_version(text: str) -> str | None:
     return match.group(1) if match else None
 
 
+def parse_nsys_build(text: str) -> str | None:
+    """The version with its build suffix: "... version 2022.4.2.1-df9881f" -> "2022.4.2.1-df9881f"."""
+    match = re.search(r"\b(20\d\d\.\d+(?:\.\d+)*(?:-[0-9A-Za-z]+)?)", text or "")
+    return match.group(1) if match else None
+
+
 def version_tuple(version: str) -> tuple:
     """"2022.4.2.1" -> (2022, 4, 2, 1); unparsable parts end the tuple."""
     parts = []
@@ -154,8 +161,8 @@ def find_nsys() -> str:
     return path
 
 
-def nsys_version(nsys: str = "nsys") -> str:
-    """Run `nsys --version` and return the version ("2022.4.2.1")."""
+def nsys_version(nsys: str = "nsys", build: bool = False) -> str:
+    """Run `nsys --version` and return the version ("2022.4.2.1"; with `build`: "2022.4.2.1-df9881f")."""
     try:
         done = subprocess.run([nsys, "--version"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
                               errors="replace", timeout=120)
@@ -165,13 +172,14 @@ def nsys_version(nsys: str = "nsys") -> str:
     if done.returncode != 0 or not version:
         said = _last_line(done.stdout + done.stderr) or f"exit status {done.returncode}"
         raise DLProfError(f"{nsys} --version did not give a version ({said}); {INSTALL_HINT}")
-    return version
+    return (parse_nsys_build(done.stdout + done.stderr) or version) if build else version
 
 
 def probe_nsys() -> NsysInfo:
     """Find nsys, check its version, and read which `nsys profile` options it has."""
     path = find_nsys()
-    version = nsys_version(path)
+    build = nsys_version(path, build=True)
+    version = parse_nsys_version(build)
     if version_tuple(version) < MIN_NSYS_VERSION:
         raise DLProfError(f"{path} is Nsight Systems {version}, older than "
                           f"{'.'.join(map(str, MIN_NSYS_VERSION))}; {INSTALL_HINT}")
@@ -181,7 +189,7 @@ def probe_nsys() -> NsysInfo:
         help_text = done.stdout + done.stderr
     except (OSError, subprocess.TimeoutExpired):
         help_text = ""   # fall back to the options every supported nsys has
-    return NsysInfo(path=path, version=version, options=profile_options(help_text), help_text=help_text)
+    return NsysInfo(path=path, version=version, options=profile_options(help_text), help_text=help_text, build=build)
 
 
 def find_qdstrm_importer(nsys_path: str) -> str | None:
@@ -707,6 +715,7 @@ def profile_and_analyze(args) -> int:
     capture = {
         "command": list(args.command),
         "nsys_version": nsys_info.version,
+        "nsys_build": nsys_info.build or nsys_info.version,
         "nsys_command": shown_cmd,
         "report_path": str(report) if report else "",
         "sqlite_path": str(sqlite_path),

@@ -166,9 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-V", "--version", action="version", version=f"dlprof {__version__}")
     p.add_argument("--database", metavar="FILE",
-                   help="analyse an existing capture instead of profiling: an Nsight Systems SQLite export, a "
-                        "torch.profiler (Kineto) trace TRACE.json[.gz] or a folder of them (one per process), "
-                        "or a DLProf database (recognised by content, not by name)")
+                   help="analyse an existing capture instead of profiling: an Nsight Systems SQLite export (also "
+                        "one DLProf 1.x modified), a torch.profiler (Kineto) trace TRACE.json[.gz] or a folder of "
+                        "them (one per process), or a database written by this dlprof (not DLProf 1.x's own "
+                        "dlprof_dldb.sqlite: give its nsys_profile.sqlite instead); recognised by content")
     p.add_argument("--output_path", metavar="DIR", default=".",
                    help="folder for every output; created if missing (default: .)")
     p.add_argument("--profile_name", metavar="NAME",

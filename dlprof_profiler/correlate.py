@@ -1031,5 +1031,12 @@ def _first_given(values: np.ndarray, groups: np.ndarray, by_time: np.ndarray, n_
 _NON_ID = re.compile(r"[^A-Z0-9_]+")
 
 
+OP_ID_PREFIX_MAX = 48   # DLProf's Op IDs were short types (CONV2D_1); a long label keeps its last characters
+
+
 def _op_id_prefix(op_type: str) -> str:
-    return _NON_ID.sub("_", op_type.upper()) or "OP"
+    prefix = _NON_ID.sub("_", op_type.upper())
+    if len(prefix) > OP_ID_PREFIX_MAX:
+        prefix = prefix[-OP_ID_PREFIX_MAX:]
+        prefix = prefix.split("_", 1)[1] if "_" in prefix else prefix   # whole words only
+    return prefix.lstrip("_") or "OP"

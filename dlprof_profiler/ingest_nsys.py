@@ -175,12 +175,44 @@ def _guess_nsys_version(src: SqliteSource) -> str | None:
 
 
 def read_system_env(src: SqliteSource) -> dict:
-    if not src.has("TARGET_INFO_SYSTEM_ENV"):
-        return {}
+    """TARGET_INFO_SYSTEM_ENV as a dict, plus the `SystemInfo` table DLProf 1.8 added to the exports it
+    modified (under `dlprof_system_info`, labels as its System Config wrote them)."""
     env = {}
-    for name, value in src.fetchall("SELECT name, value FROM TARGET_INFO_SYSTEM_ENV"):
-        env.setdefault(str(name), value)
+    if src.has("TARGET_INFO_SYSTEM_ENV"):
+        for name, value in src.fetchall("SELECT name, value FROM TARGET_INFO_SYSTEM_ENV"):
+            env.setdefault(str(name), value)
+    if src.has("SystemInfo"):
+        info = read_dlprof_system_info(src)
+        if info:
+            env["dlprof_system_info"] = info
     return env
+
+
+_SYSTEM_INFO_LABELS = {"gpucount": "GPU Count", "gpunames": "GPU Name(s)", "cpumodel": "CPU Model",
+                       "gpudriverversion": "GPU Driver Version", "driverversion": "GPU Driver Version",
+                       "framework": "Framework", "cudaversion": "CUDA Version", "cudnnversion": "cuDNN Version",
+                       "nsysversion": "NSys Version"}
+
+
+def read_dlprof_system_info(src: SqliteSource) -> dict:
+    """DLProf 1.8's SystemInfo table (name/value rows, or one row of named columns) by System Config label."""
+    columns = src.columns("SystemInfo")
+    lower = [c.lower() for c in columns]
+    pairs = []
+    key = next((columns[i] for i, c in enumerate(lower) if c in ("name", "key", "property")), None)
+    value = next((columns[i] for i, c in enumerate(lower) if c in ("value", "val")), None)
+    if key and value:
+        pairs = src.fetchall(f'SELECT "{key}", "{value}" FROM SystemInfo')
+    else:
+        rows = src.fetchall("SELECT * FROM SystemInfo LIMIT 1")
+        if rows:
+            pairs = list(zip(columns, rows[0]))
+    out = {}
+    for name, val in pairs:
+        label = _SYSTEM_INFO_LABELS.get(re.sub(r"[^a-z]", "", str(name).lower()), str(name))
+        if val not in (None, ""):
+            out[label] = str(val)
+    return out
 
 
 def read_processes_threads(src: SqliteSource, strings: StringTable) -> tuple[pd.DataFrame, pd.DataFrame]:

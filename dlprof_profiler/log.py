@@ -1,51 +1,78 @@
-"""Console messages with DLProf's `[DLProf-HH:MM:SS]` prefix; errors and warnings on stderr."""
+"""Console messages through the standard `logging` module, in DLProf's format: `[DLProf-HH:MM:SS] text`.
+Errors and warnings go to stderr, information to stdout. Applications embedding the engine can attach
+their own handlers to the `dlprof` logger; the CLI's verbosity levels map onto logging levels."""
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from contextlib import contextmanager
 
 QUIET, MINIMAL, INFO, DETAILED = 0, 1, 2, 3
 LEVELS = {"quiet": QUIET, "minimal": MINIMAL, "info": INFO, "detailed": DETAILED}
+# verbosity -> the lowest logging level shown (errors are always shown)
+_THRESHOLD = {QUIET: logging.ERROR, MINIMAL: logging.WARNING, INFO: logging.INFO, DETAILED: logging.DEBUG}
 
+logger = logging.getLogger("dlprof")
 _state = {"level": INFO}
+
+
+class _Formatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("[DLProf-%H:%M:%S]", time.localtime(record.created))
+        prefix = {logging.ERROR: "ERROR: ", logging.WARNING: "WARNING: "}.get(record.levelno, "")
+        return f"{stamp} {prefix}{record.getMessage()}"
+
+
+class _StreamHandler(logging.Handler):
+    """Writes to the sys.stdout / sys.stderr of the moment (tests and embedders replace them)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        stream = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
+        try:
+            stream.write(self.format(record) + "\n")
+            stream.flush()
+        except Exception:  # noqa: BLE001 - logging must never break the analysis
+            self.handleError(record)
+
+
+def _setup() -> None:
+    if not any(isinstance(h, _StreamHandler) for h in logger.handlers):
+        handler = _StreamHandler()
+        handler.setFormatter(_Formatter())
+        logger.addHandler(handler)
+    logger.propagate = False
+    logger.setLevel(_THRESHOLD[_state["level"]])
+
+
+_setup()
 
 
 def set_verbosity(level: int) -> None:
     """Set the console verbosity (QUIET .. DETAILED)."""
     _state["level"] = level
+    logger.setLevel(_THRESHOLD.get(level, logging.INFO))
 
 
 def verbosity() -> int:
     return _state["level"]
 
 
-def _prefix() -> str:
-    return time.strftime("[DLProf-%H:%M:%S]")
-
-
-def _emit(stream, text: str) -> None:
-    print(f"{_prefix()} {text}", file=stream, flush=True)
-
-
 def error(text: str) -> None:
     """Errors are always shown, on stderr."""
-    _emit(sys.stderr, f"ERROR: {text}")
+    logger.error(text)
 
 
 def warning(text: str) -> None:
-    if _state["level"] >= MINIMAL:
-        _emit(sys.stderr, f"WARNING: {text}")
+    logger.warning(text)
 
 
 def info(text: str) -> None:
-    if _state["level"] >= INFO:
-        _emit(sys.stdout, text)
+    logger.info(text)
 
 
 def detail(text: str) -> None:
-    if _state["level"] >= DETAILED:
-        _emit(sys.stdout, text)
+    logger.debug(text)
 
 
 @contextmanager
@@ -55,3 +82,19 @@ def stage(name: str):
     info(f"{name} ...")
     yield
     info(f"{name} done in {time.perf_counter() - started:.2f} s")
+
+
+class Progress:
+    """Progress of a long stage: a line at most every `every` seconds (so a 10^7-event analysis never sits
+    silent for minutes), and one at the end."""
+
+    def __init__(self, what: str, total: int, every: float = 10.0):
+        self.what, self.total, self.every = what, max(int(total), 1), every
+        self.started = self.last = time.perf_counter()
+
+    def update(self, done: int) -> None:
+        now = time.perf_counter()
+        if now - self.last >= self.every and done < self.total:
+            self.last = now
+            info(f"  {self.what}: {done:,}/{self.total:,} ({100.0 * done / self.total:.0f} %, "
+                 f"{now - self.started:.0f} s)")

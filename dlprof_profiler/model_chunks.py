@@ -21,7 +21,7 @@ INSTANCE_FIELDS = ["instance_id", "op_index", "kind", "start", "end", "pid", "gl
                    "cpu_overhead", "gpu_time", "gpu_idle", "n_kernels", "is_call", "call_cpu_time", "call_cpu_overhead",
                    "call_gpu_time", "call_gpu_idle", "call_n_kernels"]
 ACTIVITY_FIELDS = ["activity_id", "kind", "name_code", "start", "end", "device_id", "pid", "launch", "api_id",
-                   "api_duration", "uses_tc", "owner", "owner_op", "owner_start"]
+                   "api_duration", "api_name", "uses_tc", "owner", "owner_op", "owner_start"]
 
 
 @dataclass
@@ -80,6 +80,7 @@ class InMemoryModel:
             "launch": launch_times(trace, gpu_api) if n else np.zeros(0, np.int64),
             "api_id": np.where(has, gpu_api, -1).astype(np.int64),
             "api_duration": np.where(has, api_dur[safe] if len(api) else 0, -1).astype(np.int64),
+            "api_name": np.where(has, _codes(api["name"])[safe] if len(api) else -1, -1).astype(np.int64),
             "uses_tc": np.asarray(corr.uses_tc, dtype=bool),
             "owner": owner,
             "owner_op": inst["op_index"].to_numpy(np.int64)[owner] if n else np.zeros(0, np.int64),
@@ -160,6 +161,6 @@ class InMemoryModel:
 
     @staticmethod
     def _running(acts: pd.DataFrame) -> pd.DataFrame:
-        return acts[["start", "end", "device_id", "kind", "uses_tc"]]
+        return acts[["start", "end", "device_id", "kind", "uses_tc", "name_code"]]
 
 

@@ -106,7 +106,10 @@ def range_names(ranges: pd.DataFrame, info: pd.DataFrame, kinds: np.ndarray, par
                                   np.where(use_stack, 0, k))
     element_text = distinct_texts(element_code, lambda i: func_stack_path(fs_text[stack[i]]) if use_stack[i]
                                   else (f"{label_text[label_code[i]]}[{k[i]}]" if k[i] else label_text[label_code[i]]))
-    slash_led = use_stack | ((kinds == nm.TF_OP) & (scope_parent < 0))
+    # a label that begins with `/` (ONNX node names of TensorRT layers) joins its scope without a second one
+    label_slash = np.array([str(t).startswith("/") for t in label_text] + [False], dtype=bool)
+    slash_led = use_stack | ((kinds == nm.TF_OP) & (scope_parent < 0)) | \
+        (label_slash[np.where(label_code >= 0, label_code, len(label_text))] & ~use_stack)
     name_code = np.full(n, -1, dtype=np.int64)
     table: list[str] = []
     preset = np.flatnonzero(context & naming)

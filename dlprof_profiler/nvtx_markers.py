@@ -286,10 +286,11 @@ _TRT_SUFFIX = re.compile(r"(?:_clone)?_\d+$")
 
 
 def tensorrt_layer_type(name: str) -> str:
-    """`onnx::Conv_239` -> Conv; fused `Conv_0 + Relu_1` -> Conv+Relu."""
+    """`onnx::Conv_239` -> Conv; fused `Conv_0 + Relu_1` -> Conv+Relu; ONNX paths `/backbone/conv1/Conv` -> Conv."""
     parts = []
     for part in name.split("+"):
         part = part.strip()
+        part = part.rstrip("/").rsplit("/", 1)[-1] if "/" in part else part
         part = part.split("::", 1)[1] if "::" in part else part
         part = _TRT_SUFFIX.sub("", part)
         part = _TRT_SUFFIX.sub("", part)

@@ -49,7 +49,28 @@ def analyze_database(args: Namespace) -> int:
         check_sqlite_file(source)
         if database.is_dlprof_database(source):
             return reaggregate_database(source, args)
+        refuse_dlprof18_database(source)
     return run_analysis(source, args)
+
+
+DLPROF18_TABLES = {"dictionary", "metric", "read_only_kernels", "read_only_ops", "node_time_metrics"}
+
+
+def refuse_dlprof18_database(path: Path) -> None:
+    """NVIDIA DLProf 1.8's own database keeps ops, not the NVTX ranges and API calls this engine's op model is
+    rebuilt from: say so, and which file to give instead."""
+    try:
+        con = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return
+    if DLPROF18_TABLES <= tables:
+        raise DLProfError(f"{path}: a database written by NVIDIA DLProf 1.x: dlprof reads Nsight Systems exports "
+                          "and databases it wrote itself; give it the nsys export DLProf profiled (the "
+                          "nsys_profile.sqlite next to this file) to analyse the same run")
 
 
 # ---------------------------------------------------------------------------- analysis of an nsys export
@@ -67,6 +88,8 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
              f"GPUs; {'Kineto trace (torch.profiler)' if kineto else 'nsys ' + str(trace.meta.get('nsys_version'))}")
     for text in trace.warnings:
         log.warning(text)
+    if capture and capture.get("nsys_build"):
+        trace.meta["nsys_build"] = capture["nsys_build"]   # the nsys that captured it, with its build suffix
     staging = Staging(out_dir)
     writer = None
     try:

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 # Column formats: q = always-quoted text, t = bare text (quoted only when CSV needs it), i = integer,
 # a = average (one decimal), p = percentage (one decimal), y = yes/no.
 TEXT_FORMATS = ("q", "t")
-FORMATS = ("q", "t", "i", "a", "p", "y")
+FORMATS = ("q", "t", "i", "a", "p", "y", "n", "m")   # n, m: integer / average, blank (JSON null) when missing
 CHUNK_ROWS = 65_536  # rows formatted at a time: the memory of writing does not grow with the table
 CSV, JSON = "csv", "json"
 
@@ -226,6 +226,8 @@ class _Formatter:
         return _Coded(self.cache[key][1], yes.astype(np.int8), stable=True)
 
     def column(self, values, fmt: str):
+        if fmt in ("n", "m"):
+            return self.optional(values, fmt)
         if fmt in TEXT_FORMATS:
             return self.text(values, fmt)
         if fmt == "i":
@@ -233,6 +235,17 @@ class _Formatter:
         if fmt in ("a", "p"):
             return self.decimals(values)
         return self.flags(values)
+
+
+    def optional(self, values, fmt: str) -> pa.Array:
+        """Numbers that may be missing (NaN/None): blank in CSV, null in JSON."""
+        s = _numeric_series(values)
+        missing = pd.to_numeric(s, errors="coerce").isna().to_numpy()
+        cells = _cells_as_array(self.integers(values) if fmt == "n" else self.decimals(values))
+        if not missing.any():
+            return cells
+        blank = pa.scalar("null" if self.target == JSON else "", pa.string())
+        return pc.if_else(pa.array(missing), blank, cells)
 
 
 def _buffers_key(arr: pa.Array) -> tuple:

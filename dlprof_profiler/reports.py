@@ -75,10 +75,12 @@ def aggregation_title(agg: Aggregation) -> str:
 
 
 def _framework_text(agg: Aggregation, config: dict) -> str:
-    if config.get("torch_version"):
-        return f"PyTorch {config['torch_version']}"
-    return {"pytorch": "PyTorch", "tensorflow": "TensorFlow", "tensorrt": "TensorRT"}.get(agg.family or "",
-                                                                                          "Unknown")
+    name = {"pytorch": "PyTorch", "tensorflow": "TensorFlow", "tensorrt": "TensorRT"}.get(agg.family or "")
+    version = config.get("torch_version") if agg.family in (None, "pytorch") else None
+    version = version or config.get("framework_version")
+    if version:
+        return f"{name or 'PyTorch'} {version}"
+    return name or "Unknown"
 
 
 def _cuda_version(system: dict, config: dict) -> str:
@@ -91,18 +93,45 @@ def _cuda_version(system: dict, config: dict) -> str:
     return raw or "Unknown"
 
 
+def driver_version(raw) -> str:
+    """NVIDIA's driver version as people write it: nsys stores 515.43.04 as the integer 5154304."""
+    text = str(raw or "").strip()
+    if text.isdigit() and len(text) >= 5:
+        return f"{int(text[:-4])}.{text[-4:-2]}.{text[-2:]}"
+    return text or "Unknown"
+
+
+def cudnn_version(raw) -> str | None:
+    """cuDNN's version from torch.backends.cudnn.version() (8902 -> 8.9.2, 90100 -> 9.1.0)."""
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        return str(raw) if raw else None
+    if value <= 0:
+        return None
+    if value >= 10000:
+        return f"{value // 10000}.{(value % 10000) // 100}.{value % 100}"
+    return f"{value // 1000}.{(value % 1000) // 100}.{value % 100}"
+
+
 def summary_report(agg: Aggregation, trace_system: dict, trace_meta: dict, devices: pd.DataFrame,
                    config: dict) -> Report:
     s = agg.summary
     names = devices["name"].fillna("").astype(str).tolist() if len(devices) else []
+    dlprof_info = trace_system.get("dlprof_system_info") or {}   # DLProf 1.8's SystemInfo table, if any
+    rows = [("GPU Count", str(len(devices))), ("GPU Name(s)", "; ".join(sorted(set(names))) if names else ""),
+            ("CPU Model", str(trace_system.get("CpuDescription", "") or "Unknown")),
+            ("GPU Driver Version", driver_version(trace_system.get("NvDriverVersion"))),
+            ("Framework", _framework_text(agg, config)), ("CUDA Version", _cuda_version(trace_system, config))]
+    cudnn = cudnn_version(config.get("cudnn_version"))
+    if cudnn:
+        rows.append(("cuDNN Version", cudnn))
+    rows += [("NSys Version", str(trace_meta.get("nsys_build") or trace_meta.get("nsys_version", "unknown"))),
+             ("DLProf Version", f"v{__version__}"), ("DLProf Build", f"dlprof_profiler {__version__}")]
+    rows = [(label, str(dlprof_info.get(label) or value) if value in ("Unknown", "unknown", "") else value)
+            for label, value in rows]
     system = Table("System Config", ["name", "value"], ["t", "t"], {
-        "name": ["GPU Count", "GPU Name(s)", "CPU Model", "GPU Driver Version", "Framework", "CUDA Version",
-                 "NSys Version", "DLProf Version", "DLProf Build"],
-        "value": [str(len(devices)), "; ".join(sorted(set(names))) if names else "",
-                  str(trace_system.get("CpuDescription", "") or "Unknown"),
-                  str(trace_system.get("NvDriverVersion", "") or "Unknown"), _framework_text(agg, config),
-                  _cuda_version(trace_system, config), str(trace_meta.get("nsys_version", "unknown")),
-                  f"v{__version__}", f"dlprof_profiler {__version__}"]}, bare=True)
+        "name": [r[0] for r in rows], "value": [r[1] for r in rows]}, bare=True)
     pct = s["pct"]
     summary = Table("Summary Report", ["name", "value"], ["t", "t"], {
         "name": ["Wall Clock Time (ns)", "Tensor Core Kernel Utilization %", "GPU Utilization %",
@@ -185,7 +214,8 @@ ITERATION_COLUMNS = ["Iteration", "Op ID", "Op Name", "Direction", "Op Type", "K
                      "GPU Start Time (ns)", "GPU Duration (ns)", "API Call Start (ns)", "API Call Time (ns)",
                      "Uses TC", "Grid X", "Grid Y", "Grid Z", "Block X", "Block Y", "Block Z", "Data Types",
                      "Input Shapes", "Parameters", "Output Shapes", "Long Kernel Name"]
-ITERATION_FORMATS = ["i", "q", "q", "t", "q", "q", "i", "i", "i", "i", "i", "y", "i", "i", "i", "i", "i", "i", "t",
+# API Call Start/Time are blank for a kernel without a launching API call (not DLProf's -1 placeholder)
+ITERATION_FORMATS = ["i", "q", "q", "t", "q", "q", "i", "i", "i", "n", "n", "y", "i", "i", "i", "i", "i", "i", "t",
                      "q", "q", "q", "q"]
 
 # A chunk of kernel-launch rows, one row per kernel launch in report order, every column an integer (or
@@ -228,6 +258,16 @@ def _codes_array(values) -> pa.Array:
     return pa.array(codes, mask=negative if negative.any() else None)
 
 
+def _without_launch_call(values) -> pa.Array:
+    """API times with -1 (no launching API call) as missing."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    ints = values.to_numpy(zero_copy_only=False) if isinstance(values, pa.Array) else np.asarray(values)
+    ints = np.asarray(ints).astype(np.int64, copy=False)
+    missing = ints < 0
+    return pa.array(ints, mask=missing if missing.any() else None)
+
+
 def launch_report_columns(chunk, dicts: LaunchDictionaries) -> dict:
     """One chunk of kernel-launch rows (a dict of arrays or an Arrow RecordBatch with LAUNCH_COLUMNS, in
     report row order) -> the iteration report's columns: numbers as given, text as dictionary arrays over
@@ -247,7 +287,8 @@ def launch_report_columns(chunk, dicts: LaunchDictionaries) -> dict:
         "Direction": coded(op, dicts.direction), "Op Type": coded(op, dicts.op_type),
         "Kernel Name": coded(text["kernel_name"], dicts.kernel_name), "Device ID": chunk["device_id"],
         "GPU Start Time (ns)": chunk["gpu_start"], "GPU Duration (ns)": chunk["gpu_duration"],
-        "API Call Start (ns)": chunk["api_start"], "API Call Time (ns)": chunk["api_duration"],
+        "API Call Start (ns)": _without_launch_call(chunk["api_start"]),
+        "API Call Time (ns)": _without_launch_call(chunk["api_duration"]),
         "Uses TC": chunk["uses_tc"], "Grid X": chunk["grid_x"], "Grid Y": chunk["grid_y"],
         "Grid Z": chunk["grid_z"], "Block X": chunk["block_x"], "Block Y": chunk["block_y"],
         "Block Z": chunk["block_z"], "Data Types": coded(text["data_type"], dicts.data_type),
@@ -359,9 +400,16 @@ def kernel_report(agg: Aggregation, ops: pd.DataFrame) -> Report:
     columns = ["Kernel Name", "Op ID", "Op Name", "Direction", "Uses TC", "Total GPU Time (ns)", "Avg GPU Time (ns)",
                "Min GPU Time (ns)", "Max GPU Time (ns)", "Total API Time (ns)", "Avg API Time (ns)",
                "Min API Time (ns)", "Max API Time (ns)"]
-    formats = ["q", "q", "q", "t", "y", "i", "a", "i", "i", "i", "a", "i", "i"]
+    # API figures are blank for kernels no API call launched (0 would read as an instant launch)
+    formats = ["q", "q", "q", "t", "y", "i", "a", "i", "i", "n", "m", "n", "n"]
     if len(k):
         k = _op_columns(k, ops).sort_values(["first_start_op", "name", "first_start"], kind="stable")
+        if "api_count" in k:
+            none = k["api_count"].to_numpy() == 0
+            if none.any():
+                k = k.copy()
+                for c in ("api_total", "api_avg", "api_min", "api_max"):
+                    k[c] = k[c].astype(np.float64).where(~none, np.nan)
     data = {"Kernel Name": k.get("name", []), "Op ID": k.get("op_id", []), "Op Name": k.get("name_op", []),
             "Direction": k.get("direction", []), "Uses TC": k.get("uses_tc", []),
             "Total GPU Time (ns)": k.get("gpu_total", []), "Avg GPU Time (ns)": k.get("gpu_avg", []),

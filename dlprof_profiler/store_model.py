@@ -448,8 +448,10 @@ class StoreSink:
         self.a.run(f"""
             CREATE OR REPLACE TABLE acts_{self.d} AS
             SELECT g.activity_id, g.kind, g.name_code, g.start, g."end", g.device_id, g.pid, g.launch, g.api_id,
-                   g.api_duration, g.uses_tc, o.instance_id AS owner, i.op_index AS owner_op, i.start AS owner_start
+                   g.api_duration, coalesce(a.name_code, -1) AS api_name, g.uses_tc, o.instance_id AS owner,
+                   i.op_index AS owner_op, i.start AS owner_start
             FROM gpu_by_launch g JOIN gpu_owner_{self.d} o USING (activity_id)
+            LEFT JOIN api a ON a.api_id = g.api_id
             JOIN {self.inst} i ON i.instance_id = o.instance_id
             ORDER BY g.launch, g.activity_id""")
         n_inst = int(self.a.store.scalar(f"SELECT count(*) FROM {self.inst}"))
@@ -708,7 +710,7 @@ class StoreModel:
             )
             acts = self._acts("launch >= $1 AND launch < $2", params)
             running = store.frame(
-                """SELECT g.start, g."end", g.device_id, g.kind, l.uses_tc FROM gpu g
+                """SELECT g.start, g."end", g.device_id, g.kind, l.uses_tc, g.name_code FROM gpu g
                                      JOIN gpu_launch l USING (activity_id) WHERE g.start >= $1 AND g.start < $2""",
                 params,
             )

@@ -109,3 +109,40 @@ def op_tc_eligible(op_type: str, label: str, family: str | None) -> bool:
                 return True
         return False
     return False
+
+
+# Precision a kernel's name shows (cuBLAS/cuDNN/CUTLASS/xmma/ATen naming), checked in order: bf16 before f16.
+KERNEL_PRECISION = (
+    ("bfloat16", re.compile(r"bf16|bfloat16", re.IGNORECASE)),
+    ("float16", re.compile(r"f16|fp16|half|hmma|h884|h1688|h16816|__half", re.IGNORECASE)),
+    ("int8", re.compile(r"(?:^|_)i8|int8|imma|i8816|i16832|s8", re.IGNORECASE)),
+    ("float64", re.compile(r"dgemm|fp64|f64|double|dmma", re.IGNORECASE)),
+    ("float32", re.compile(r"sgemm|fp32|f32|tf32|<float|float>|scudnn|s884|s1688|s16816", re.IGNORECASE)),
+)
+
+
+def kernel_precision(name: str) -> str | None:
+    """The data type a kernel's name shows (`volta_sgemm_...` float32, `..._h884...` float16), or None."""
+    for dtype, pattern in KERNEL_PRECISION:
+        if pattern.search(name or ""):
+            return dtype
+    return None
+
+
+def precision_by_op(kernels: pd.DataFrame) -> pd.Series:
+    """Per op_index, the data type its kernels' names show, weighted by kernel time (kernels: the
+    aggregation's per (kernel name, op) table with name, op_index, gpu_total)."""
+    if len(kernels) == 0:
+        return pd.Series(dtype=object)
+    names = kernels["name"].to_numpy(dtype=object)
+    codes, uniques = pd.factorize(names)
+    precision = np.array([kernel_precision(str(u)) for u in uniques] + [None], dtype=object)
+    frame = pd.DataFrame({"op": kernels["op_index"].to_numpy(np.int64),
+                          "dtype": precision[np.where(codes >= 0, codes, len(uniques))],
+                          "time": kernels["gpu_total"].to_numpy(np.int64)})
+    frame = frame[frame["dtype"].notna()]
+    if frame.empty:
+        return pd.Series(dtype=object)
+    per = frame.groupby(["op", "dtype"])["time"].sum().reset_index()
+    per = per.sort_values(["op", "time", "dtype"], ascending=[True, False, True]).drop_duplicates("op")
+    return pd.Series(per["dtype"].to_numpy(dtype=object), index=per["op"].to_numpy(np.int64))

@@ -197,3 +197,71 @@ def test_a_capture_without_nvtx_gets_a_wall_clock_and_a_full_breakdown():
     last = max(int(a.trace.api_calls["end"].max()), int(a.trace.gpu["end"].max()))
     assert s["wall_time"] == last - first > 0
     assert sum(s["pct"].values()) == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize("name,dtype", [
+    ("volta_sgemm_128x64_nn", "float32"), ("volta_scudnn_128x64_relu_interior_nn_v1", "float32"),
+    ("volta_fp16_s884cudnn_fp16_128x128_ldg8_relu_f2f_exp_small_nhwc_tn_v1", "float16"),
+    ("sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x32", "bfloat16"),
+    ("turing_h1688gemm_128x128_ldg8_tn", "float16"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "float32"),
+    ("ampere_int8_i16832gemm_int8_128x128", "int8"), ("volta_dgemm_64x64_nn", "float64"),
+    ("multi_tensor_apply_kernel", None)])
+def test_kernel_names_show_their_precision(name, dtype):
+    from dlprof_profiler.tensor_cores import kernel_precision
+    assert kernel_precision(name) == dtype
+
+
+def test_group_gpu_idle_is_the_sum_of_its_ops_idle(tmp_path):
+    """Scope `a` holds op x (kernels [100, 200) and [300, 400): 100 ns idle) and op y (kernel [1000, 1100):
+    no idle). DLProf 1.8: the group's GPU idle is 100 + 0, not its GPU span minus busy (1000 - 300)."""
+    from tests.nsys_builder import NsysExport
+    exp = NsysExport()
+    exp.add_gpu(device_id=0)
+    t = exp.add_thread(pid=1, tid=1, name="python", process_name="python")
+    exp.push_pop(t, 0, 900, "a")
+    exp.push_pop(t, 10, 90, "aten::x, seq = 1, op_id = 1")
+    exp.launch(t, 20, 30, 100, 200, kernel="k1")
+    exp.launch(t, 40, 50, 300, 400, kernel="k2")
+    exp.push_pop(t, 500, 600, "aten::y, seq = 2, op_id = 2")
+    exp.launch(t, 510, 520, 1000, 1100, kernel="k3")
+    a = analyze(exp.write(tmp_path / "p.sqlite"))
+    assert (a.op("/a/aten::x")["idle_total"], a.op("/a/aten::y")["idle_total"]) == (100, 0)
+    groups = a.agg().groups.set_index("name")
+    assert groups.loc["/a/", "idle_total"] == 100 and groups.loc["/a/", "gpu_total"] == 300
+
+
+def test_memory_kernels_count_distinct_memory_api_names(tmp_path):
+    """Four memory operations from three APIs (two cudaMemcpyAsync copies in opposite directions, one
+    cudaMemcpy, one cudaMemsetAsync): `# Kernels` of the Memory row is 3, as DLProf 1.8 counted; two kernels
+    of one name add 1 to All kernels."""
+    from tests.nsys_builder import NsysExport
+    exp = NsysExport()
+    exp.add_gpu(device_id=0)
+    t = exp.add_thread(pid=1, tid=1, name="python", process_name="python")
+    for start, api, kind in ((0, "cudaMemcpyAsync_v3020", 1), (1000, "cudaMemcpyAsync_v3020", 2),
+                             (2000, "cudaMemcpy_v3020", 1)):
+        corr = exp.runtime(t, start, start + 100, name=api)
+        exp.memcpy(1, corr, start + 200, start + 300, bytes=64, copy_kind=kind)
+    corr = exp.runtime(t, 3000, 3100, name="cudaMemsetAsync_v3020")
+    exp.memset(1, corr, 3200, 3300, bytes=64)
+    exp.launch(t, 4000, 4100, 4200, 4300, kernel="k")
+    exp.launch(t, 5000, 5100, 5200, 5300, kernel="k")
+    kernels = analyze(exp.write(tmp_path / "m.sqlite")).agg().summary["kernels"]
+    assert kernels["memory"] == {"gpu_time": 400, "cpu_time": 400, "count": 3}
+    assert kernels["other"] == {"gpu_time": 200, "cpu_time": 200, "count": 1}
+    assert kernels["all"]["count"] == 4
+
+
+def test_communication_time_and_its_overlap_with_compute(tmp_path):
+    """GPU 0: an NCCL all-reduce [1000, 3000) while a compute kernel runs [2000, 2500) and another [2800,
+    4000): 2000 ns of communication, 500 + 200 overlapped by compute. Clipped to the aggregation window."""
+    from tests.nsys_builder import NsysExport
+    exp = NsysExport()
+    exp.add_gpu(device_id=0)
+    t = exp.add_thread(pid=1, tid=1, name="python", process_name="python")
+    exp.launch(t, 0, 100, 1000, 3000, kernel="ncclDevKernel_AllReduce_Sum_f32_RING_LL", stream_id=8)
+    exp.launch(t, 200, 300, 2000, 2500, kernel="gemm")
+    exp.launch(t, 400, 500, 2800, 4000, kernel="relu")
+    s = analyze(exp.write(tmp_path / "c.sqlite")).agg().summary
+    assert (s["communication_time"], s["overlapped_communication_time"]) == (2000, 700)

@@ -157,3 +157,22 @@ def test_dump_model_data(tmp_path, export):
     doc = json.loads((tmp_path / "o" / "dlprof_model_data.json").read_text())
     names = {op["name"] for op in doc["default"]["ops"]}
     assert "/aten::conv2d" in names and len(doc["default"]["instances"]["data"]) == 24
+
+
+def test_dlprof_18_database_is_refused_with_the_file_to_give_instead(tmp_path):
+    """DLProf 1.8's own database (its table names: reference dlprof_outputs.md §6) holds no NVTX ranges or
+    API calls to rebuild the op model from: one line saying so and naming the export to give instead."""
+    import sqlite3
+    db = tmp_path / "dlprof_dldb.sqlite"
+    con = sqlite3.connect(db)
+    for table in ("dictionary", "metric", "read_only_ops", "read_only_op_instances", "read_only_kernels",
+                  "node_time_metrics", "op_nodes", "aggregations", "db_version"):
+        con.execute(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY)")
+    con.execute("INSERT INTO db_version VALUES (1)")
+    con.commit()
+    con.close()
+    before = db.read_bytes()
+    proc = run_dlprof(f"--database={db}", f"--output_path={tmp_path / 'o'}", check=False)
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1
+    assert "a database written by NVIDIA DLProf 1.x" in proc.stderr and "nsys_profile.sqlite" in proc.stderr
+    assert db.read_bytes() == before and not (tmp_path / "o").exists()

@@ -403,3 +403,30 @@ def test_correlation_does_not_depend_on_segments(tmp_path, profile):
                 pd.testing.assert_frame_equal(_owner_keys(dm, getattr(dm, attr)),
                                               _owner_keys(other, getattr(other, attr)), check_dtype=False)
             assert np.array_equal(np.sort(other.instances["instance_id"].to_numpy()), np.arange(len(other.instances)))
+
+
+def test_tensorrt_onnx_paths_name_ops_without_double_slashes(tmp_path):
+    exp, t = new_export("2024.6")
+    exp.add_domain(t, domain_id=3, name="TensorRT", registered=True)
+    exp.push_pop(t, 0, 1000, "ExecutionContext::execute", domain_id=3, registered=True)
+    exp.push_pop(t, 10, 400, "/backbone/conv1/Conv + /backbone/relu/Relu", domain_id=3, registered=True)
+    exp.launch(t, 20, 30, 40, 200, kernel="trt_ampere_h16816gemm_64x64_ldg8_relu_stages_64x5_tn_v1")
+    exp.push_pop(t, 500, 900, "/head/fc/Gemm", domain_id=3, registered=True)
+    exp.launch(t, 510, 520, 530, 560, kernel="gemm")
+    a = analyze(exp.write(tmp_path / "p.sqlite"))
+    names = a.op_names("TensorRT")
+    assert names == {"/ExecutionContext::execute/backbone/conv1/Conv + /backbone/relu/Relu",
+                     "/ExecutionContext::execute/head/fc/Gemm"}
+    conv = a.op("/ExecutionContext::execute/backbone/conv1/Conv + /backbone/relu/Relu", domain="TensorRT")
+    assert (conv["op_type"], conv["op_id"]) == ("Conv+Relu", "CONV_RELU_1")
+    assert a.op("/ExecutionContext::execute/head/fc/Gemm", domain="TensorRT")["op_id"] == "GEMM_1"
+
+
+def test_op_ids_stay_short_for_long_labels(tmp_path):
+    exp, t = new_export()
+    label = "forward pass of the decoder stack with cross attention over the encoder memory"
+    exp.push_pop(t, 0, 100, label)
+    exp.launch(t, 10, 20, 30, 40, kernel="k")
+    op = analyze(exp.write(tmp_path / "p.sqlite")).op("/" + label)
+    # the type (the label) upper-cased is 79 characters: the whole words of its last 48 make the Op ID
+    assert op["op_id"] == "WITH_CROSS_ATTENTION_OVER_THE_ENCODER_MEMORY_1"

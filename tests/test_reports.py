@@ -19,6 +19,7 @@ from dlprof_profiler import reports as current
 from dlprof_profiler.report_format import Table
 from tests import profiles
 from tests.analysis import analyze
+from tests.nsys_builder import NsysExport
 from tests.profiles import run_dlprof
 
 ALL_FILES = ["summary", "detailed", "iteration", "kernel", "tensor_core", "op_type", "group_op", "expert_systems"]
@@ -346,7 +347,7 @@ ITERATION_LINES = [
      '"<N:8, C:3>; <16>","","<N:8, K:16>","void gemm<float, 2>(float*, int)"'),
     ('1,"CONV2D_1","/net/conv2d",fprop,"conv2d","relu",0,1114000,2000,1112000,1000,no,1,1,1,256,1,1,float16,"","","",'
      '"relu"'),
-    '1,"UNASSOCIATED_1","unassociated_k",,"k","relu",1,1200000,5,-1,-1,no,1,1,1,32,1,1,,"","","","relu"',
+    '1,"UNASSOCIATED_1","unassociated_k",,"k","relu",1,1200000,5,,,no,1,1,1,32,1,1,,"","","","relu"',   # no launch call
 ]
 
 
@@ -359,7 +360,7 @@ def test_iteration_report_from_launch_chunks_by_hand(tmp_path, monkeypatch):
         assert out["csv"].decode().splitlines() == ITERATION_LINES
         doc = json.loads(out["json"])
         assert doc["sections"][0]["rows"][2] == [1, "UNASSOCIATED_1", "unassociated_k", "", "k", "relu", 1, 1200000, 5,
-                                                 -1, -1, "no", 1, 1, 1, 32, 1, 1, "", "", "", "", "relu"]
+                                                 None, None, "no", 1, 1, 1, 32, 1, 1, "", "", "", "", "relu"]
     with pytest.raises(KeyError, match="uses_tc"):
         current.launch_report_columns({k: v for k, v in launch_chunk(0, 1).items() if k != "uses_tc"}, dicts)
 
@@ -426,18 +427,38 @@ def old_reports(tmp_path_factory):
     return load_module(old_reports_source(), "old_reports", tmp_path_factory.mktemp("old_reports"))
 
 
+MISSING_SENTINEL = -987654321   # what the old writer gets for a missing number of the new formats n and m
+
+
 def old_write(old, report, out: Path, formats=("csv", "json")) -> dict:
-    """The old writer on the same tables; streamed tables are gathered into whole columns first."""
+    """The old writer on the same tables; streamed tables are gathered into whole columns first. The newer
+    formats n and m (numbers blank when missing) are given to it as i and a with a sentinel for missing
+    values, which its output then shows as blank (CSV) or null (JSON), so the comparison stays exact."""
     tables = []
     for t in report.sections:
         data = t.data
         if data is None:
             parts = list(t.iter_chunks())
             data = {c: np.concatenate([decoded(p[c]) for p in parts]) if parts else [] for c in t.columns}
-        tables.append(old.Table(t.title, t.columns, t.formats, data, header_prefix=t.header_prefix, bare=t.bare))
+        data = dict(data)
+        fmts = []
+        for column, fmt in zip(t.columns, t.formats):
+            if fmt in ("n", "m"):
+                values = pd.to_numeric(pd.Series(decoded(data[column]) if len(data[column]) else []), errors="coerce")
+                data[column] = values.fillna(MISSING_SENTINEL).to_numpy()
+                fmt = "i" if fmt == "n" else "a"
+            fmts.append(fmt)
+        tables.append(old.Table(t.title, t.columns, fmts, data, header_prefix=t.header_prefix, bare=t.bare))
     out.mkdir(parents=True, exist_ok=True)
     paths = old.write_report(old.Report(report.name, tables), out, "t", list(formats))
-    return {p.suffix[1:]: p.read_bytes() for p in paths}
+    result = {}
+    for p in paths:
+        text = p.read_bytes()
+        blank = b"null" if p.suffix == ".json" else b""
+        for sentinel in (f"{MISSING_SENTINEL}.0".encode(), str(MISSING_SENTINEL).encode()):
+            text = text.replace(sentinel, blank)
+        result[p.suffix[1:]] = text
+    return result
 
 
 def decoded(values) -> np.ndarray:
@@ -506,8 +527,10 @@ def test_every_report_matches_the_old_writer_byte_for_byte(profile_files, old_wr
             new = write(new_report, where / "new")
             assert new == old_write(old_writer, new_report, where / "old"), (domain, new_report.name)
             compared += 1
-            if new_report.name == "detail":   # gained its Input Shapes column after the old builders' commit
-                continue
+            # changed on purpose after the old builders' commit: the detailed report's Input Shapes column, the
+            # summary's System Config (driver version as written, cuDNN version)
+            if new_report.name in ("detail", "summary", "iteration", "kernel"):
+                continue    # (and the blank API figures of kernels without a launch call)
             (where / "old_builders").mkdir()
             old_report_files = old_reports.write_report(old_report, where / "old_builders", "t", ["csv", "json"])
             assert new == {p.suffix[1:]: p.read_bytes() for p in old_report_files}, (domain, new_report.name)
@@ -516,3 +539,32 @@ def test_every_report_matches_the_old_writer_byte_for_byte(profile_files, old_wr
 
 def current_names() -> list[str]:
     return ["summary", "detail", "iteration", "kernel", "tensor", "op_type", "group_node", "expert_systems"]
+
+
+def test_system_config_versions_as_dlprof_wrote_them(tmp_path):
+    """Driver 515.43.04 stored as the integer 5154304; PyTorch and cuDNN versions from the run metadata;
+    nsys with its build suffix when dlprof captured it; DLProf 1.8's SystemInfo table fills what is unknown."""
+    import json as _json
+
+    from dlprof_profiler.reports import cudnn_version, driver_version
+    assert driver_version("5154304") == "515.43.04" and driver_version("5206105") == "520.61.05"
+    assert driver_version("535.104.05") == "535.104.05" and driver_version(None) == "Unknown"
+    assert cudnn_version(8902) == "8.9.2" and cudnn_version(90100) == "9.1.0" and cudnn_version(None) is None
+    exp = NsysExport()
+    exp.add_gpu(device_id=0, name="NVIDIA A100-SXM4-40GB")
+    exp.system_env("NvDriverVersion", "5154304")
+    t = exp.add_thread(pid=1, tid=1, name="python", process_name="python")
+    exp.push_pop(t, 0, 0, _json.dumps({"model_config": {"torch_version": "2.3.1", "cudnn_version": 8902}}))
+    exp.push_pop(t, 10, 100, "aten::mm, seq = 1, op_id = 1")
+    exp.launch(t, 20, 30, 40, 50, kernel="k")
+    path = exp.write(tmp_path / "p.sqlite")
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE SystemInfo (name TEXT, value TEXT)")
+    con.execute("INSERT INTO SystemInfo VALUES ('CPU Model', 'AMD EPYC 7742 64-Core Processor')")
+    con.commit()
+    con.close()
+    run_dlprof(f"--database={path}", f"--output_path={tmp_path / 'o'}", "--reports=summary", "-v", "quiet")
+    lines = (tmp_path / "o" / "dlprof_summary.csv").read_text().splitlines()
+    assert "GPU Driver Version,515.43.04" in lines and "Framework,PyTorch 2.3.1" in lines
+    assert "cuDNN Version,8.9.2" in lines and "CPU Model,AMD EPYC 7742 64-Core Processor" in lines
+    assert lines.index("cuDNN Version,8.9.2") == lines.index("CUDA Version,Unknown") + 1

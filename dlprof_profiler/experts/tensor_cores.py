@@ -49,6 +49,15 @@ def _half_kernel_ops(ctx: Context) -> set:
     return set(np.unique(k["op_index"].to_numpy(np.int64)[hit]).tolist())
 
 
+def _known_types(ops: pd.DataFrame) -> np.ndarray:
+    """Each op's data type: from its markers, else the one its kernels' names show (sgemm: float32)."""
+    given = ops["data_type"].to_numpy(dtype=object)
+    if "kernel_data_type" not in ops:
+        return given
+    shown = ops["kernel_data_type"].to_numpy(dtype=object)
+    return np.where(pd.isna(given), shown, given)
+
+
 def _eligible(ctx: Context) -> pd.DataFrame:
     ops = ctx.agg.ops
     if ops is None or len(ops) == 0:
@@ -64,7 +73,7 @@ def amp_detector(ctx: Context) -> list[dict]:
     elig = _eligible(ctx)
     if elig.empty:
         return []
-    types = normalized_types(elig["data_type"].to_numpy(dtype=object))
+    types = normalized_types(_known_types(elig))
     half_ops = _half_kernel_ops(ctx)
     if np.isin(types, list(HALF_TYPES)).any() or half_ops & set(elig["op_index"].tolist()):
         return []
@@ -125,7 +134,7 @@ def bad_tensor_shape_detector(ctx: Context) -> list[dict]:
     cand = elig[~elig["using_tc"].to_numpy(dtype=bool)]
     if cand.empty:
         return []
-    types = normalized_types(cand["data_type"].to_numpy(dtype=object))
+    types = normalized_types(_known_types(cand))
     half_ops = _half_kernel_ops(ctx)
     amp = ctx.cfg_bool("amp_enabled", "autocast")
     is_half = np.isin(types, list(HALF_TYPES)) | cand["op_index"].isin(half_ops).to_numpy()
