@@ -81,10 +81,13 @@ def analyze(trace: Trace, config: AnalysisConfig = AnalysisConfig(), source_name
     info, mode, family, _ = classified
     links = stages.run("Linking GPU activities to their launches", lambda: corr_mod.launch_links(trace), quiet=True)
     _gpu_api, thread_dev, process_dev = links
+    preferred = trace.meta.get("key_node_default")     # an input format's own iteration marker (ProfilerStep)
     iterations = iterate.split_iterations(trace.ranges, info, family, config.key_node, thread_dev, process_dev,
-                                          trace.profile_end, trace.profile_start)
+                                          trace.profile_end, trace.profile_start, preferred=preferred)
+    naming = iterate.naming_iterations(iterations, trace.ranges, info, family, thread_dev, process_dev,
+                                       trace.profile_end, trace.profile_start, preferred=preferred)
     corr = stages.run("Correlating NVTX ranges, CUDA API calls and GPU activities",
-                      lambda: corr_mod.correlate(trace, mode, iterations.boundaries, classified, links, config.cuts))
+                      lambda: corr_mod.correlate(trace, mode, naming.boundaries, classified, links, config.cuts))
     log.info(f"  mode {corr.mode}; {sum(len(d.ops) for d in corr.domains.values()):,} ops, "
              f"{sum(len(d.instances) for d in corr.domains.values()):,} op instances in {len(corr.domains)} "
              "NVTX domain(s)")
@@ -168,7 +171,8 @@ def reaggregation_iterations(trace: Trace, corr: Correlation, key_node: str | No
     start = profile.get("profile_start")
     iterations = iterate.split_iterations(trace.ranges, corr.range_info, corr.family, key, corr.thread_device,
                                           corr.process_device, int(profile.get("profile_end") or trace.profile_end),
-                                          int(start) if start not in (None, "") else trace.profile_start)
+                                          int(start) if start not in (None, "") else trace.profile_start,
+                                          preferred=profile.get("key_node_default") or None)
     if key and not iterations.found:
         iterations = key_node_from_ops(corr, key, iterations)
     return iterations

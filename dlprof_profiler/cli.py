@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ REPORT_NAMES = ("summary", "detail", "iteration", "kernel", "tensor", "op_type",
                 "expert_systems", "all")
 FORMAT_NAMES = ("csv", "json")
 MODES = ("simple", "nvtx", "pytorch", "tensorflow1", "tensorflow2", "tensorrt")
+BACKENDS = ("nsys", "torch")
 DEFAULT_REPORTS = ("summary", "detail", "expert_systems")
 
 _TRUE = {"true", "yes", "1", "on"}
@@ -21,7 +23,7 @@ _FALSE = {"false", "no", "0", "off"}
 _VALUE_OPTIONS = {
     "--database", "--output_path", "--profile_name", "--base_name", "-v", "--verbosity", "-m", "--mode",
     "--key_node", "--key_op", "--iter_start", "--iter_stop", "--nsys_opts", "--nsys_base_name",
-    "-y", "--delay", "-d", "--duration", "--domain",
+    "-y", "--delay", "-d", "--duration", "--domain", "--backend", "--capture_iterations",
 }
 # Options with an optional boolean value (`--force`, `--force=true`, `-f false`).
 _BOOL_OPTIONS = {"-f", "--force", "--dump_model_data", "--nsys_profile_range", "--detailed_mode"}
@@ -155,8 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="dlprof",
         usage="dlprof [options] <training command> [its arguments]\n       dlprof --database=FILE [options]",
-        description="Profile a deep-learning training run with Nsight Systems and report where the time "
-                    "of each iteration goes, per framework op and per GPU kernel.",
+        description="Profile a deep-learning training run with Nsight Systems or torch.profiler and report "
+                    "where the time of each iteration goes, per framework op and per GPU kernel.",
         epilog=MODE_HELP + "\nlists such as --reports take a comma list (--reports=summary,detail) or "
                            "space-separated words ended by -- (--reports summary detail --).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -165,8 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-V", "--version", action="version", version=f"dlprof {__version__}")
     p.add_argument("--database", metavar="FILE",
                    help="analyse an existing capture instead of profiling: an Nsight Systems SQLite export (also "
-                        "one DLProf 1.x modified) or a database written by this dlprof (not DLProf 1.x's own "
-                        "dlprof_dldb.sqlite: give its nsys_profile.sqlite instead)")
+                        "one DLProf 1.x modified), a torch.profiler (Kineto) trace TRACE.json[.gz] or a folder of "
+                        "them (one per process), or a database written by this dlprof (not DLProf 1.x's own "
+                        "dlprof_dldb.sqlite: give its nsys_profile.sqlite instead); recognised by content")
     p.add_argument("--output_path", metavar="DIR", default=".",
                    help="folder for every output; created if missing (default: .)")
     p.add_argument("--profile_name", metavar="NAME",
@@ -194,13 +197,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump_model_data", type=parse_bool, default=False, metavar="BOOL",
                    help="also write the op model (ops, instances, kernels) as JSON")
     g = p.add_argument_group("profiling (ignored with --database)")
+    g.add_argument("--backend", choices=BACKENDS,
+                   help="nsys: run the command under Nsight Systems (NVTX ranges, CUDA API calls, GPU kernels); "
+                        "torch: run it with torch.profiler started by a startup hook, no code change, the trace "
+                        "written as <base_name>.pt.trace.json.gz (default: nsys when `nsys` is on PATH, else "
+                        "torch)")
+    g.add_argument("--capture_iterations", metavar="START:STOP",
+                   help="torch backend: record only training iterations START..STOP (optimizer steps counted "
+                        "from 0, inclusive) through torch.profiler's schedule")
     g.add_argument("--nsys_opts", metavar="OPTS", default="",
                    help="extra options for nsys profile, in one quoted string; dlprof keeps the options "
                         "it needs (-t cuda,nvtx, export to SQLite)")
     g.add_argument("--nsys_base_name", metavar="NAME", default="nsys_profile",
                    help="base name of the nsys report and its SQLite export (default: nsys_profile)")
-    g.add_argument("-y", "--delay", type=_seconds, metavar="SEC", help="start collecting after SEC seconds")
-    g.add_argument("-d", "--duration", type=_seconds, metavar="SEC", help="collect for SEC seconds")
+    g.add_argument("-y", "--delay", type=_seconds, metavar="SEC",
+                   help="start collecting SEC seconds after the command starts (torch backend: at the first "
+                        "module call or optimizer step after that)")
+    g.add_argument("-d", "--duration", type=_seconds, metavar="SEC",
+                   help="collect for SEC seconds, then end the command with SIGTERM (both backends)")
     g.add_argument("--nsys_profile_range", type=parse_bool, default=False, metavar="BOOL",
                    help="collect only between cudaProfilerStart and cudaProfilerStop")
     g.add_argument("--detailed_mode", type=parse_bool, default=False, metavar="BOOL",
@@ -239,6 +253,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def choose_backend(requested: str | None) -> tuple[str, str]:
+    """The capture backend and, when it was not asked for, why it was chosen."""
+    if requested:
+        return requested, ""
+    if shutil.which("nsys"):
+        return "nsys", " (default: nsys is on PATH; --backend=torch profiles with torch.profiler instead)"
+    return "torch", " (default: nsys is not on PATH)"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `dlprof` console script; returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
@@ -250,7 +273,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.database:
                 from dlprof_profiler.pipeline import analyze_database
                 return analyze_database(args)
+            backend, reason = choose_backend(args.backend)
+            if backend == "torch":
+                from dlprof_profiler.capture_torch import profile_and_analyze_torch
+                return profile_and_analyze_torch(args, reason)
             from dlprof_profiler.capture import profile_and_analyze
+            if reason:
+                log.info(f"Backend: Nsight Systems{reason}")
             return profile_and_analyze(args)
     except DLProfError as exc:
         log.error(unstaged(str(exc)))

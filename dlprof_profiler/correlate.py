@@ -94,6 +94,7 @@ def classify_trace(trace: Trace, mode: str | None) -> tuple[pd.DataFrame, str, s
         fam = FAMILY_OF_MODE[mode]
         families = {fam} if fam else set()
     info = nm.classify_ranges(ranges["text"], ranges["domain"], families)
+    _adopt_range_details(info, ranges)
     config = {}
     for entry in info.attrs.get("config", []):
         config.update(entry)
@@ -108,6 +109,19 @@ def classify_trace(trace: Trace, mode: str | None) -> tuple[pd.DataFrame, str, s
         else:
             mode = "nvtx"
     return info, mode, FAMILY_OF_MODE.get(mode), config
+
+
+RANGE_DETAIL_COLUMNS = ("data_type", "input_shapes", "stack_trace")
+
+
+def _adopt_range_details(info: pd.DataFrame, ranges: pd.DataFrame) -> None:
+    """Details an adapter pre-parsed for ranges (Kineto: input types, shapes, call stacks) fill what the
+    range texts do not say."""
+    for column in RANGE_DETAIL_COLUMNS:
+        if column in ranges.columns:
+            given = ranges[column].to_numpy(dtype=object)
+            current = info[column].to_numpy(dtype=object)
+            info[column] = obj(np.where(np.equal(current, None), given, current), info.index)
 
 
 def domain_order(trace: Trace, mode: str | None) -> list[str]:

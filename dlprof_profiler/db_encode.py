@@ -375,6 +375,9 @@ def instance_rows(inst: pd.DataFrame, domain: str, rank: int, reg: Registry) -> 
     no_gpu = n_gpu <= 0
     gpu_start = ints(inst["gpu_start"])
     thread = reg.thread_column(inst["global_tid"], inst["pid"])
+    # the call an instance belongs to (the autograd nodes of one forward call form one backward call); NULL:
+    # the instance is a call of its own
+    call = ints(inst["call_id"]) if "call_id" in inst.columns else ints(inst["instance_id"])
     rows = pa.table({
         "instance_id": instance_key, "domain_id": domain_id, "rank": np.full(n, rank, dtype=np.int64),
         "op_index": reg.op_index(domain, inst["op_index"]), "kind": kind,
@@ -383,7 +386,8 @@ def instance_rows(inst: pd.DataFrame, domain: str, rank: int, reg: Registry) -> 
         "start": start, "duration": ints(inst["end"]) - start, "cpu_overhead": ints(inst["cpu_overhead"]),
         "gpu_time": ints(inst["gpu_time"]), "gpu_offset": nullable(gpu_start - start, no_gpu),
         "gpu_span": nullable(ints(inst["gpu_end"]) - gpu_start, no_gpu), "n_gpu": n_gpu,
-        "n_kernels": ints(inst["n_kernels"])})
+        "n_kernels": ints(inst["n_kernels"]),
+        "call_id": nullable(keys(did, call), call == ints(inst["instance_id"]))})
     out = [(K.RAW_OP_INSTANCES, rows)]
     present = [c for c in DETAIL_COLUMNS if c in inst.columns]
     if present:

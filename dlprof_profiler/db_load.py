@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 
 from dlprof_profiler import contract as K
-from dlprof_profiler.correlate import Correlation, DomainModel
+from dlprof_profiler.correlate import Correlation, DomainModel, call_metrics
 from dlprof_profiler.db_encode import join_call_fields
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.sqlite_source import SqliteSource
@@ -136,6 +136,9 @@ def _finish_instances(inst: pd.DataFrame, ops: pd.DataFrame, name: str, details:
     inst["activity_id"] = np.where(kind == K.UNASSOCIATED_GPU, inst["source_id"], -1)
     inst["cpu_time"] = np.where(kind == K.UNASSOCIATED_GPU, 0, inst["end"] - inst["start"])
     inst["gpu_idle"] = np.where(inst["n_gpu"] > 0, inst["gpu_end"] - inst["gpu_start"] - inst["gpu_time"], 0)
+    if "call_id" not in inst:   # schema 2.0 kept no calls: every instance one
+        inst["call_id"] = inst["instance_id"].to_numpy(np.int64)
+    call_metrics(inst)
     for c in DETAIL_COLUMNS:
         column = np.full(len(inst), None, dtype=object)
         if len(details):
@@ -386,9 +389,11 @@ class _V3:
         cols = self._ints(
             "SELECT instance_id, op_index, kind, coalesce(source_id, -1), coalesce(thread_id, -1), process_id, "
             "device_id, start, duration, cpu_overhead, gpu_time, coalesce(gpu_offset, 0), coalesce(gpu_span, 0), "
-            f"n_gpu, n_kernels FROM {K.RAW_OP_INSTANCES} WHERE instance_id BETWEEN ? AND ? ORDER BY instance_id",
+            "n_gpu, n_kernels, coalesce(call_id, instance_id) "
+            f"FROM {K.RAW_OP_INSTANCES} WHERE instance_id BETWEEN ? AND ? ORDER BY instance_id",
             ["instance_id", "op_index", "kind", "source_id", "thread_id", "process_id", "device_id", "start",
-             "duration", "cpu_overhead", "gpu_time", "gpu_offset", "gpu_span", "n_gpu", "n_kernels"], _key_range(did))
+             "duration", "cpu_overhead", "gpu_time", "gpu_offset", "gpu_span", "n_gpu", "n_kernels", "call_id"],
+            _key_range(did))
         base = K.db_id(did, 0)
         if isinstance(op_map, (int, np.integer)):
             local = cols["op_index"] - int(op_map)
@@ -405,7 +410,7 @@ class _V3:
             "global_tid": self.thread_field(thread, "global_tid"), "device_id": cols["device_id"],
             "cpu_overhead": cols["cpu_overhead"], "gpu_time": cols["gpu_time"], "gpu_start": gpu_start,
             "gpu_end": np.where(has_gpu, gpu_start + cols["gpu_span"], -1), "n_gpu": cols["n_gpu"],
-            "n_kernels": cols["n_kernels"]})
+            "n_kernels": cols["n_kernels"], "call_id": cols["call_id"] - base})
         details = self._ints(
             "SELECT instance_id, " + ", ".join(f"coalesce({c}_id, -1)" for c in DETAIL_COLUMNS)
             + f" FROM {K.RAW_OP_INSTANCE_DETAILS} WHERE instance_id BETWEEN ? AND ?", ["instance_id"] + DETAIL_COLUMNS,

@@ -56,7 +56,8 @@ CREATE TABLE {K.RAW_OPS} (op_index INTEGER PRIMARY KEY, rank INTEGER NOT NULL, d
 CREATE TABLE {K.RAW_OP_INSTANCES} (instance_id INTEGER PRIMARY KEY, domain_id INTEGER NOT NULL,
     rank INTEGER NOT NULL, op_index INTEGER NOT NULL, kind INTEGER NOT NULL, source_id INTEGER, thread_id INTEGER,
     process_id INTEGER NOT NULL, device_id INTEGER, start INTEGER NOT NULL, duration INTEGER NOT NULL,
-    cpu_overhead INTEGER, gpu_time INTEGER, gpu_offset INTEGER, gpu_span INTEGER, n_gpu INTEGER, n_kernels INTEGER);
+    cpu_overhead INTEGER, gpu_time INTEGER, gpu_offset INTEGER, gpu_span INTEGER, n_gpu INTEGER, n_kernels INTEGER,
+    call_id INTEGER);
 CREATE TABLE {K.RAW_OP_INSTANCE_DETAILS} (instance_id INTEGER PRIMARY KEY, domain_id INTEGER NOT NULL,
     rank INTEGER NOT NULL, data_type_id INTEGER, input_shapes_id INTEGER, output_shapes_id INTEGER,
     parameters_id INTEGER, stack_trace_id INTEGER);
@@ -205,7 +206,8 @@ CREATE VIEW {K.READ_ONLY_OP_INSTANCES} AS SELECT i.domain_id, {_local('i.instanc
     i.source_id, i.start, i.start + i.duration AS "end", {_process_pid('i')} AS pid,
     coalesce({_thread('i', 'global_tid')}, -1) AS global_tid, i.device_id, i.cpu_overhead, i.gpu_time,
     CASE WHEN i.n_gpu > 0 THEN i.start + i.gpu_offset ELSE -1 END AS gpu_start,
-    CASE WHEN i.n_gpu > 0 THEN i.start + i.gpu_offset + i.gpu_span ELSE -1 END AS gpu_end, i.n_gpu, i.n_kernels
+    CASE WHEN i.n_gpu > 0 THEN i.start + i.gpu_offset + i.gpu_span ELSE -1 END AS gpu_end, i.n_gpu, i.n_kernels,
+    {_local('coalesce(i.call_id, i.instance_id)')} AS call_id
     FROM {K.RAW_OP_INSTANCES} i;
 CREATE VIEW {K.READ_ONLY_OP_INSTANCE_DETAILS} AS SELECT d.domain_id, {_local('d.instance_id')} AS instance_id,
     d.rank,

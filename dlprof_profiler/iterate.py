@@ -60,8 +60,10 @@ def key_node_instances(ranges: pd.DataFrame, info: pd.DataFrame, key: str,
         if hit.any():
             return outermost(op_instances.loc[hit, cols])
     if len(ranges):
-        stripped = pd.Series(info["label"].to_numpy(dtype=object)).str.replace(NUMBER_SUFFIX, "", regex=True)
-        hit = stripped.to_numpy(dtype=object) == NUMBER_SUFFIX.sub("", key)
+        # per distinct label: the labels of millions of ranges share a few thousand string objects
+        stripped = nm.per_unique(info["label"].to_numpy(dtype=object),
+                                 lambda t: NUMBER_SUFFIX.sub("", t) if isinstance(t, str) else t)
+        hit = stripped == NUMBER_SUFFIX.sub("", key)
         if hit.any():
             return outermost(ranges.loc[hit, cols])
     return pd.DataFrame({c: pd.Series(dtype="int64") for c in cols})
@@ -133,12 +135,14 @@ def boundaries_from_instances(instances: pd.DataFrame, thread_device: dict, proc
 
 def split_iterations(ranges: pd.DataFrame, info: pd.DataFrame, family: str | None, key_node: str | None,
                      thread_device: dict, process_device: dict, profile_end: int, profile_start: int = 0,
-                     op_instances: pd.DataFrame | None = None) -> Iterations:
-    """Iteration intervals for a user key node, else the framework default, else one iteration."""
+                     op_instances: pd.DataFrame | None = None, preferred: str | None = None) -> Iterations:
+    """Iteration intervals for a user key node, else the default the input format prefers (`preferred`:
+    ProfilerStep for torch.profiler traces, whose steps the user marked), else the framework default,
+    else one iteration."""
     if key_node:
         source, key = "user", key_node
     else:
-        key = default_key_node(ranges, info, family)
+        key = preferred or default_key_node(ranges, info, family)
         source = "default" if key else "none"
     if not key:
         return Iterations(key_node="", found=False, source="none", boundaries=np.zeros(0, dtype=np.int64),
@@ -147,6 +151,17 @@ def split_iterations(ranges: pd.DataFrame, info: pd.DataFrame, family: str | Non
     bounds = boundaries_from_instances(found, thread_device, process_device)
     return Iterations(key_node=key, found=len(found) > 0, source=source, boundaries=bounds,
                       profile_end=profile_end, profile_start=profile_start)
+
+
+def naming_iterations(iterations: Iterations, ranges: pd.DataFrame, info: pd.DataFrame, family: str | None,
+                      thread_device: dict, process_device: dict, profile_end: int, profile_start: int = 0,
+                      preferred: str | None = None) -> Iterations:
+    """The iterations top-level op names are numbered by: the key node's, else the default key node's (a
+    key node given as an op name or Op ID exists only once ops are named)."""
+    if iterations.found or iterations.source != "user":
+        return iterations
+    return split_iterations(ranges, info, family, None, thread_device, process_device, profile_end,
+                            profile_start, preferred=preferred)
 
 
 def select_range(iterations: Iterations, iter_start: int | None, iter_stop: int | None,

@@ -51,6 +51,19 @@ def distinct_texts(codes: np.ndarray, text_of_row) -> np.ndarray:
     return out
 
 
+_STEP_COUNTER = re.compile(r"#\d+$")
+
+
+def scope_labels(labels: np.ndarray, is_scope: np.ndarray) -> np.ndarray:
+    """Scope labels without a trailing `#N` counter (ProfilerStep#5 -> ProfilerStep): the counter changes
+    every iteration, so the names of the ops under it would never match across iterations."""
+    if not is_scope.any():
+        return labels
+    out = labels.copy()
+    out[is_scope] = nm.per_unique(labels[is_scope], lambda t: _STEP_COUNTER.sub("", t) if isinstance(t, str) else t)
+    return out
+
+
 def range_names(ranges: pd.DataFrame, info: pd.DataFrame, kinds: np.ndarray, parent: np.ndarray,
                 depth: np.ndarray, op_root: np.ndarray, instance_range: np.ndarray, bounds: np.ndarray,
                 context: np.ndarray, lo: int, hi: int, carry: NamingCarry) -> np.ndarray:
@@ -66,7 +79,7 @@ def range_names(ranges: pd.DataFrame, info: pd.DataFrame, kinds: np.ndarray, par
     naming = is_scope | instance_range
     scope_parent = nearest_flagged_ancestor(parent, depth, is_scope)
     trace_anc = nearest_flagged_ancestor(parent, depth, kinds == nm.DL_TRACE)
-    label_code, label_text = pd.factorize(info["label"].to_numpy(dtype=object))
+    label_code, label_text = pd.factorize(scope_labels(info["label"].to_numpy(dtype=object), is_scope))
     label_text = np.asarray(label_text, dtype=object)
     # DLProf markers: the trace marker around an argument marker names the op by its funcStack.
     fs_code, fs_text = pd.factorize(info["func_stack"].to_numpy(dtype=object))  # None -> -1

@@ -216,7 +216,9 @@ def _pytorch(arr, plain, codes, uniq, u_text, kind, label, op_type, cols) -> Non
     is_op = is_pt & (u_op_like[codes] | (seq >= 0))
     kind[is_op] = PT_OP
     u_inner = _strings(pc.replace_substring_regex(uniq, "^" + re.escape(_EVALUATE_FN), ""))
-    u_backward = _bools(pc.match_substring_regex(pa.array(u_inner, type=pa.string()), _BACKWARD_LABEL.pattern))
+    # ops autograd's engine runs (`evaluate_function: X`, AccumulateGrad included) are backward ops too
+    u_backward = _bools(pc.match_substring_regex(pa.array(u_inner, type=pa.string()), _BACKWARD_LABEL.pattern)) \
+        | _bools(pc.starts_with(uniq, _EVALUATE_FN))
     label[is_op] = u_inner[codes[is_op]]
     cols["backward"][is_op] = u_backward[codes[is_op]]
     op_type[is_op] = _lazy_per_unique(pytorch_op_type, u_inner)(codes[is_op])

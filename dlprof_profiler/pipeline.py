@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dlprof_profiler import __version__, log
 from dlprof_profiler import correlate as corr_mod
-from dlprof_profiler import database, event_files, graph_events, reports
+from dlprof_profiler import database, event_files, graph_events, ingest, reports
 from dlprof_profiler.analysis import (Analysis, AnalysisConfig, analyze, key_node_from_ops, reaggregation_iterations,
                                       reanalyze)
 from dlprof_profiler.errors import DLProfError
@@ -43,12 +43,13 @@ def planned_outputs(args: Namespace) -> list[Path]:
 
 
 def analyze_database(args: Namespace) -> int:
-    """`dlprof --database=FILE`: analyse an nsys export or re-aggregate a DLProf database."""
+    """`dlprof --database=FILE`: analyse an nsys export or Kineto trace, or re-aggregate a DLProf database."""
     source = Path(args.database)
-    check_sqlite_file(source)
-    if database.is_dlprof_database(source):
-        return reaggregate_database(source, args)
-    refuse_dlprof18_database(source)
+    if ingest.trace_format(source) == ingest.SQLITE:
+        check_sqlite_file(source)
+        if database.is_dlprof_database(source):
+            return reaggregate_database(source, args)
+        refuse_dlprof18_database(source)
     return run_analysis(source, args)
 
 
@@ -80,10 +81,11 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
     out_dir = prepare_output_dir(Path(args.output_path))
     refuse_existing(planned_outputs(args), args.force)
     with log.stage(f"Reading {source}"):
-        from dlprof_profiler.ingest_nsys import read_nsys_export
-        trace = sanitize_trace(read_nsys_export(source))   # the one place rows of impossible times are dropped
-    log.info(f"  {len(trace.ranges):,} NVTX ranges, {len(trace.api_calls):,} CUDA API calls, "
-             f"{len(trace.gpu):,} GPU activities, {len(trace.devices)} GPUs; nsys {trace.meta.get('nsys_version')}")
+        trace = sanitize_trace(ingest.read_trace(source))   # the one place rows of impossible times are dropped
+    kineto = trace.meta.get("source_format") == "kineto"
+    log.info(f"  {len(trace.ranges):,} {'op and annotation' if kineto else 'NVTX'} ranges, "
+             f"{len(trace.api_calls):,} CUDA API calls, {len(trace.gpu):,} GPU activities, {len(trace.devices)} "
+             f"GPUs; {'Kineto trace (torch.profiler)' if kineto else 'nsys ' + str(trace.meta.get('nsys_version'))}")
     for text in trace.warnings:
         log.warning(text)
     if capture and capture.get("nsys_build"):
@@ -109,7 +111,8 @@ def _key_node_from_ops(trace, corr, key: str, iterations):
 
 def _profile_info(args, source, trace, corr, capture) -> dict:
     info = {"profile_name": args.profile_name, "source_file": str(Path(source).resolve()),
-            "source_kind": "nsys_sqlite", "nsys_version": trace.meta.get("nsys_version"),
+            "source_kind": {"kineto": "kineto_json"}.get(trace.meta.get("source_format"), "nsys_sqlite"),
+            "nsys_version": trace.meta.get("nsys_version"), "key_node_default": trace.meta.get("key_node_default"),
             "schema_version": trace.meta.get("schema_version"), "mode": corr.mode, "family": corr.family or "",
             "dlprof_version": __version__, "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "profile_start": trace.profile_start, "profile_end": trace.profile_end, "base_name": args.base_name}

@@ -11,7 +11,7 @@ from dlprof_profiler import iterate
 from dlprof_profiler.aggregate import Aggregation
 from dlprof_profiler.analysis import AnalysisConfig
 from dlprof_profiler.analysis import analyze as engine_analyze
-from dlprof_profiler.ingest_nsys import read_nsys_export
+from dlprof_profiler.ingest import read_trace
 from dlprof_profiler.sanitize import sanitize_trace
 from dlprof_profiler.trace import Trace
 
@@ -45,8 +45,8 @@ class Analysis:
 
 def analyze(path: Path, key_node: str | None = None, mode: str | None = None, iter_start: int | None = None,
             iter_stop: int | None = None) -> Analysis:
-    """ingest -> correlate -> iterate -> aggregate, through the engine's façade."""
-    trace = sanitize_trace(read_nsys_export(Path(path)))
+    """ingest (any format) -> correlate -> iterate -> aggregate, through the engine's façade."""
+    trace = sanitize_trace(read_trace(Path(path)))
     config = AnalysisConfig(mode=mode, key_node=key_node, iter_start=iter_start, iter_stop=iter_stop)
     result = engine_analyze(trace, config, str(path))
     return Analysis(trace=trace, corr=result.corr, iterations=result.iterations, aggs=result.aggregations)

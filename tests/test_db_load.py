@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -173,3 +174,28 @@ def test_names_that_are_not_utf8_are_shown_with_replacement_characters(v2, tmp_p
     doc = _get(service, "table/iteration_kernels", run="r", iteration=1, limit=100)
     names = [r[[c["key"] for c in doc["columns"]].index("kernel_name")] for r in doc["rows"]]
     assert names.count(shown) == 1 and len(names) == checks.KERNELS_PER_ITERATION
+
+
+FIXTURE_DIR = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+REPORTS = ("summary", "detailed", "kernel", "iteration", "op_type", "group_op")
+
+
+@pytest.mark.parametrize("fixture", ["nsys/pytorch_2gpu_nccl_nsys2026.2_after.sqlite",
+                                     "kineto/pytorch_ddp_2gpu_nccl.json.gz",
+                                     "kineto/resnet50_v100_2021format.pt.trace.json.gz"])
+def test_a_database_gives_the_reports_of_its_capture(fixture, tmp_path):
+    """Re-aggregating the database dlprof wrote gives the reports of the capture, byte for byte (every
+    figure, the backward calls grouped per forward call, the op names and ids): the database keeps what the
+    analysis needs."""
+    source = FIXTURE_DIR / fixture
+    reports = "--reports=summary,detail,kernel,iteration,op_type,group_node"
+    run_dlprof(f"--database={source}", reports, f"--output_path={tmp_path / 'a'}", "-v", "quiet")
+    run_dlprof(f"--database={tmp_path / 'a' / 'dlprof_dldb.sqlite'}", reports, f"--output_path={tmp_path / 'b'}",
+               "-v", "quiet")
+    for name in REPORTS:
+        a = (tmp_path / "a" / f"dlprof_{name}.csv").read_text().splitlines()
+        b = (tmp_path / "b" / f"dlprof_{name}.csv").read_text().splitlines()
+        if name == "summary":   # the run's own facts: when, from which file
+            own = ("Time Stamp", "Profile Name", "File", "Dlprof")
+            a, b = ([line for line in x if not line.startswith(own)] for x in (a, b))
+        assert len(a) > 2 and a == b, name

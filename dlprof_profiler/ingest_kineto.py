@@ -1,0 +1,722 @@
+"""Ingest: a torch.profiler (Kineto) Chrome-trace JSON file (`*.pt.trace.json[.gz]`) into trace frames.
+
+The frames are those `ingest_nsys` produces from an Nsight Systems export, so every later stage runs
+unchanged. Mapping (DESIGN.md, "Kineto input: what differs from nsys"):
+
+- `cpu_op` (2021: `Operator`): an NVTX-like range whose text follows PyTorch's `emit_nvtx` grammar,
+  `aten::mm, seq = 12, op_id = 3` (seq from `Sequence number`, op_id from `External id`), so PyTorch's
+  marker rules apply as for nsys input; `Input Dims`/`Input type`/`Call stack` become the pre-parsed
+  range columns `input_shapes`, `data_type`, `stack_trace`.
+- `user_annotation` (`ProfilerStep#N`, `Optimizer.step#SGD.step`, `record_function` labels): scope ranges.
+- `python_function`: module frames `nn.Module: Linear_0` are scope ranges named `Linear_0`; the other
+  Python frames only give the stack trace of the ops they enclose.
+- `cuda_runtime`/`cuda_driver` (2021: `Runtime`; other devices: `*_runtime`/`*_driver`): API calls.
+- `kernel`/`gpu_memcpy`/`gpu_memset` (2021: `Kernel`/`Memcpy`/`Memset`; MTIA: `mtia_ccp_events`): GPU
+  activities, linked to their API call by `correlation` (else by the `ac2g` flow arrows).
+- `cuda_sync`: synchronisations; `[memory]` instant events: peak device memory; `deviceProperties`: GPUs;
+  `distributedInfo`: rank and world size; `process_name`/`thread_name` metadata: names.
+
+Times are integer ns (parsed exactly from the JSON decimals), relative to the start of collection (the
+`PyTorch Profiler` span, else the first event); the absolute start is kept in meta.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dlprof_profiler import kineto_decode as kd
+from dlprof_profiler.errors import DLProfError
+from dlprof_profiler.ingest_nsys import COPY_KIND_LABELS, MEMSET_LABEL
+from dlprof_profiler.nvtx_markers import format_shapes
+from dlprof_profiler.structure import RangeForest, levels, nearest_flagged_ancestor
+from dlprof_profiler.trace import (
+    API_COLUMNS,
+    DEFAULT_DOMAIN,
+    GPU_COLUMNS,
+    KIND_KERNEL,
+    KIND_MEMCPY,
+    KIND_MEMSET,
+    RANGE_COLUMNS,
+    Trace,
+    combined_codes,
+)
+
+NVTX_PUSH_POP = 59                     # the nsys eventType of push/pop ranges: Kineto ranges nest per thread
+MODULE_PREFIX = "nn.Module: "
+PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
+COPY_KINDS = {v.split(" ")[-1].rstrip("]"): k for k, v in COPY_KIND_LABELS.items() if k <= 10}   # HtoD -> 1
+SYNC_TYPES = {"event sync": 1, "stream wait event": 2, "stream sync": 3, "context sync": 4}
+CPU_GROUPS = (kd.OP, kd.ANNOTATION, kd.PYTHON, kd.API)
+TIMED_GROUPS = CPU_GROUPS + kd.GPU_GROUPS + (kd.SYNC,)
+CORRELATION_FLOWS = ("ac2g", "async", "async_cpu_to_gpu")
+
+
+def is_kineto_trace(path: Path) -> bool:
+    """Whether a file is a Kineto / Chrome-trace JSON file (gzipped or not), judged by its content."""
+    return kd.looks_like_trace(Path(path))
+
+
+def read_kineto_trace(path: Path) -> Trace:
+    """Read a Kineto trace into a Trace (raises DLProfError with a one-line reason naming the file)."""
+    path = Path(path)
+    decoded = kd.decode(path)
+    return build_trace(decoded)
+
+
+# ---------------------------------------------------------------------------- the whole trace
+
+class _Events:
+    """The decoded columns with the lookups the frame builders share."""
+
+    def __init__(self, decoded: kd.Decoded):
+        self.path = decoded.path
+        self.meta = decoded.meta
+        self.c = decoded.columns
+        self.strings = self.c.string_array()
+        self.code = {s: i for i, s in enumerate(self.c.strings)}
+        self.raws = self.c.raw_array()
+
+    def is_ph(self, ph: str) -> np.ndarray:
+        code = self.code.get(ph)
+        return self.c.ph == code if code is not None else np.zeros(self.c.n, dtype=bool)
+
+    def text(self, codes: np.ndarray) -> np.ndarray:
+        """Strings for codes (None for -1)."""
+        out = np.full(codes.size, None, dtype=object)
+        ok = codes >= 0
+        out[ok] = self.strings[codes[ok]]
+        return out
+
+
+def build_trace(decoded: kd.Decoded) -> Trace:
+    """Trace frames from decoded Kineto columns."""
+    ev = _Events(decoded)
+    c = ev.c
+    path = ev.path
+    if c.n == 0:
+        raise DLProfError(f"{path}: the trace holds no events (traceEvents is empty)")
+    trace = Trace(source=path)
+    warnings = trace.warnings
+    complete = ev.is_ph("X")
+    timed = complete & np.isin(c.group, TIMED_GROUPS)
+    usable = timed & c.ts_ok & c.dur_ok & (c.dur >= 0)
+    _warn_dropped(ev, timed, warnings)
+    _warn_unknown_categories(ev, warnings)
+    origin = _origin(ev, usable)
+    start = c.ts - origin
+    end = start + c.dur
+    cpu = usable & c.pid_numeric & c.tid_numeric
+    n_cpu_less = int((usable & np.isin(c.group, CPU_GROUPS) & ~cpu).sum())
+    if n_cpu_less:
+        warnings.append(f"{path}: {n_cpu_less} CPU events without a numeric process or thread id were skipped")
+    gtid, pid_col = _thread_ids(c.pid, c.tid, cpu & np.isin(c.group, CPU_GROUPS), warnings, path)
+    correlation = _correlations(ev, usable, start)
+
+    trace.ranges = _ranges(ev, cpu, start, end, gtid, pid_col)
+    trace.api_calls = _api_calls(ev, cpu & (c.group == kd.API), start, end, gtid, pid_col, correlation)
+    main_pid = _main_pid(trace)
+    trace.gpu = _gpu_activities(ev, usable & np.isin(c.group, kd.GPU_GROUPS), start, end, correlation,
+                                trace.api_calls, main_pid, warnings)
+    trace.syncs = _syncs(ev, usable & (c.group == kd.SYNC), start, end, correlation, main_pid)
+    trace.devices = _devices(ev.meta.get("deviceProperties"), trace.gpu)
+    cpu_events = cpu & np.isin(c.group, CPU_GROUPS)
+    trace.processes, trace.threads = _processes_threads(ev, trace, cpu_events, gtid, pid_col)
+    trace.has_cuda_tables = len(trace.api_calls) > 0 or len(trace.gpu) > 0
+    trace.has_nvtx = len(trace.ranges) > 0
+    trace.meta, trace.system = _meta(ev, origin, trace)
+    peak = _peak_device_memory(ev)
+    if peak is not None:
+        trace.meta["gpu_peak_memory"] = peak
+    if len(trace.gpu) == 0:
+        warnings.append(f"{path}: no GPU activities (kernels, memcpys, memsets): a CPU-only trace, every GPU "
+                        "figure is zero")
+    if len(trace.ranges) == 0:
+        warnings.append(f"{path}: no cpu_op or user_annotation events: ops cannot be named, every GPU activity "
+                        "is reported under the API call that launched it")
+    return trace
+
+
+def _warn_dropped(ev: _Events, timed: np.ndarray, warnings: list) -> None:
+    c = ev.c
+    no_time = timed & ~(c.ts_ok & c.dur_ok)
+    negative = timed & c.ts_ok & c.dur_ok & (c.dur < 0)
+    if no_time.any():
+        warnings.append(f"{ev.path}: {int(no_time.sum())} events without a numeric ts or dur were skipped")
+    if negative.any():
+        warnings.append(f"{ev.path}: {int(negative.sum())} events with a negative duration were skipped")
+
+
+def _warn_unknown_categories(ev: _Events, warnings: list) -> None:
+    unknown = ev.c.group == kd.UNKNOWN
+    if unknown.any():
+        codes, counts = np.unique(ev.c.cat[unknown], return_counts=True)
+        listed = ", ".join(f"{ev.strings[k]} ({n})" for k, n in zip(codes.tolist(), counts.tolist()))
+        warnings.append(f"{ev.path}: events of unknown categories were ignored: {listed}")
+
+
+def _origin(ev: _Events, usable: np.ndarray) -> int:
+    """Time zero: the start of collection (the profiler span or the first event, whichever is first)."""
+    c = ev.c
+    candidates = []
+    if usable.any():
+        candidates.append(int(c.ts[usable].min()))
+    span = ev.is_ph("X") & (c.group == kd.SPAN) & c.ts_ok
+    if span.any():
+        candidates.append(int(c.ts[span].min()))
+    if not candidates:
+        raise DLProfError(f"{ev.path}: no event has a usable time (ts and dur)")
+    return min(candidates)
+
+
+def _thread_ids(pid: np.ndarray, tid: np.ndarray, cpu: np.ndarray, warnings: list, path: Path):
+    """nsys-style global thread ids, (pid << 24) | tid, and the pid column. Kineto writes some thread ids
+    truncated to 32 bits (negative) or larger than 24 bits: those get free numbers at the top of the
+    24-bit range (real Linux thread ids stay below 2**22); the thread table keeps the original ids."""
+    gtid = np.full(pid.size, -1, dtype=np.int64)
+    pids = pid.copy()
+    if not cpu.any():
+        return gtid, pids
+    p, t = pid[cpu], tid[cpu]
+    limit = 1 << 24
+    bad_pid = (p < 0) | (p >= limit)
+    if bad_pid.any():
+        codes, _ = pd.factorize(p[bad_pid])
+        p = p.copy()
+        p[bad_pid] = limit - 1 - codes
+        warnings.append(f"{path}: process ids outside 0..2**24 were renumbered from {limit - 1} down")
+        pids[cpu] = p
+    bad_tid = (t < 0) | (t >= limit)
+    if bad_tid.any():
+        t = t.copy()
+        t[bad_tid] = limit - 1 - combined_codes(p[bad_tid], t[bad_tid])
+    gtid[cpu] = (p << 24) | t
+    return gtid, pids
+
+
+def _main_pid(trace: Trace) -> int:
+    """The process that launches most GPU work (else has most ranges): owner of activities with no call."""
+    for frame in (trace.api_calls, trace.ranges):
+        if len(frame):
+            return int(frame["pid"].value_counts().idxmax())
+    return 0
+
+
+# ---------------------------------------------------------------------------- correlation ids
+
+def _correlations(ev: _Events, usable: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """Correlation id per event: args `correlation`, else the id of the flow arrow (ac2g) that starts or
+    ends at the event (same process/device row, thread/stream row and time)."""
+    c = ev.c
+    corr = c.args["correlation"].copy()
+    wants = usable & np.isin(c.group, (kd.API,) + kd.GPU_GROUPS) & (corr < 0)
+    if not wants.any():
+        return corr
+    flow_codes = [ev.code[k] for k in ev.code if k.lower() in CORRELATION_FLOWS]
+    flows = (c.group == kd.FLOW) & np.isin(c.cat, flow_codes) & (c.flow_id >= 0) & c.ts_ok
+    if not flows.any():
+        return corr
+
+    def keys(rows):
+        return pd.DataFrame({"pid": c.pid[rows], "pn": c.pid_numeric[rows], "tid": c.tid[rows],
+                             "tn": c.tid_numeric[rows], "ts": c.ts[rows]})
+    on = ["pid", "pn", "tid", "tn", "ts"]
+    table = keys(flows).assign(flow=c.flow_id[flows]).drop_duplicates(on, keep="first")
+    rows = np.flatnonzero(wants)
+    found = keys(rows).merge(table, on=on, how="left")["flow"].to_numpy()
+    ok = ~pd.isna(found)
+    corr[rows[ok]] = found[ok].astype(np.int64)
+    return corr
+
+
+# ---------------------------------------------------------------------------- ranges
+
+def _ranges(ev: _Events, cpu: np.ndarray, start, end, gtid, pid) -> pd.DataFrame:
+    """cpu_op, user_annotation and nn.Module ranges, ordered by start (outer ranges first on ties)."""
+    c = ev.c
+    is_module_code = np.zeros(len(ev.strings) + 1, dtype=bool)
+    module_names = np.flatnonzero(pd.Series(ev.strings, dtype=object).str.startswith(MODULE_PREFIX, na=False)
+                                  .to_numpy(dtype=bool))
+    is_module_code[module_names] = True
+    module = (c.group == kd.PYTHON) & is_module_code[c.name]
+    op = cpu & (c.group == kd.OP)
+    keep = cpu & (op | (c.group == kd.ANNOTATION) | module)
+    rows = np.flatnonzero(keep)
+    # on equal start and end the enclosing range must come first: module < annotation < op, then file order
+    tie = np.select([module[rows], c.group[rows] == kd.ANNOTATION], [0, 1], 2)
+    order = np.lexsort((rows, tie, -end[rows], start[rows]))
+    rows = rows[order]
+    n = rows.size
+    text = _range_texts(ev, rows, op[rows], module[rows])
+    frame = pd.DataFrame({
+        "range_id": np.arange(1, n + 1, dtype=np.int64), "domain": pd.Series(np.full(n, DEFAULT_DOMAIN, object),
+                                                                          dtype=object),
+        "text": pd.Series(text, dtype="str"), "start": start[rows], "end": end[rows], "global_tid": gtid[rows],
+        "pid": pid[rows], "event_type": np.full(n, NVTX_PUSH_POP, dtype=np.int8),
+        "unclosed": np.zeros(n, dtype=bool)}, copy=False)[RANGE_COLUMNS]
+    details = _op_details(ev, rows, op[rows], start, end, gtid, cpu)
+    for name, values in details.items():
+        frame[name] = pd.Series(values, dtype=object, copy=False)
+    return frame
+
+
+def _range_texts(ev: _Events, rows: np.ndarray, op: np.ndarray, module: np.ndarray) -> pa.Array:
+    """emit_nvtx-style texts for ops (`name, seq = S, op_id = E`), labels for scopes (in Arrow)."""
+    c = ev.c
+    names = ev.strings.copy()
+    module_codes = np.unique(c.name[rows[module]])
+    names[module_codes] = [s[len(MODULE_PREFIX):] for s in ev.strings[module_codes]]
+    dictionary = pa.array(names.tolist() + [""], type=pa.string())
+    name_codes = c.name[rows]
+    label = dictionary.take(pa.array(np.where(name_codes >= 0, name_codes, len(names))))
+    seq = c.args["seq"][rows]
+    ext = c.args["external_id"][rows]
+    seq_part = pc.binary_join_element_wise(", seq = ", pa.array(seq, mask=~(op & (seq >= 0))).cast(pa.string()), "")
+    op_id = np.where(ext >= 0, ext, rows)
+    id_part = pc.binary_join_element_wise(", op_id = ", pa.array(op_id, mask=~op).cast(pa.string()), "")
+    return pc.binary_join_element_wise(label, seq_part, id_part, "", null_handling="skip")
+
+
+def _op_details(ev: _Events, rows: np.ndarray, op: np.ndarray, start, end, gtid, cpu) -> dict:
+    """Pre-parsed columns of op ranges: data type (first tensor input type), input shapes, stack trace."""
+    c = ev.c
+    out = {}
+    n = rows.size
+    for column, arg, parse in (("data_type", "input_type", _data_type), ("input_shapes", "input_dims", _shapes)):
+        codes = c.args[arg][rows]
+        values = np.full(n, None, dtype=object)
+        has = op & (codes >= 0)
+        if has.any():
+            used, inverse = np.unique(codes[has], return_inverse=True)
+            parsed = np.empty(used.size, dtype=object)
+            parsed[:] = [parse(ev.raws[k]) for k in used.tolist()]   # once per distinct raw value
+            values[has] = parsed[inverse]
+        out[column] = values
+    out["stack_trace"] = _stack_traces(ev, rows, op, start, end, gtid, cpu)
+    return out
+
+
+def _data_type(raw: str) -> str | None:
+    """`["float", "Scalar", ""]` -> float: the first tensor type (c10 scalar type names, lower-cased as
+    PyTorch's dtypes are: c10::Half -> half)."""
+    try:
+        types = json.loads(raw)
+    except ValueError:
+        return None
+    for t in types if isinstance(types, list) else []:
+        if isinstance(t, str) and t and t not in ("Scalar", "ScalarList", "TensorList", "GenericList", "Int",
+                                                  "Bool", "Float", "Double", "Long", "String", "Device", "Layout",
+                                                  "ScalarType", "MemoryFormat", "None"):
+            t = t.replace("c10::", "")
+            return {"Half": "float16", "BFloat16": "bfloat16", "c10::BFloat16": "bfloat16"}.get(t, t.lower())
+    return None
+
+
+def _shapes(raw: str) -> str | None:
+    """`[[8, 16], [32, 16], []]` -> `<8, 16>; <32, 16>` (tensor lists are flattened)."""
+    try:
+        dims = json.loads(raw)
+    except ValueError:
+        return None
+    shapes = []
+    for d in dims if isinstance(dims, list) else []:
+        if isinstance(d, list) and d and all(isinstance(x, list) for x in d):
+            shapes += [x for x in d if x]
+        elif isinstance(d, list) and d and all(isinstance(x, int) for x in d):
+            shapes.append(d)
+    return format_shapes(shapes) if shapes else None
+
+
+# ---------------------------------------------------------------------------- stack traces
+
+_NOT_USER_FRAME = re.compile(r"^<|^nn\.Module: |^torch/|/site-packages/|/dist-packages/|/lib/python\d|"
+                             r"(?:^|/)dlprof_profiler/|^sitecustomize\.py\(")
+
+
+def _user_frames(frames: list[str]) -> list[str]:
+    return [f for f in frames if f and not _NOT_USER_FRAME.search(f)]
+
+
+def _call_stack_text(raw: str) -> str | None:
+    """2021 `Call stack` (innermost first, `;`-separated) -> user frames, outermost first, one per line."""
+    frames = _user_frames([f.strip() for f in reversed(raw.split(";"))])
+    return "\n".join(frames) if frames else None
+
+
+def _stack_traces(ev: _Events, rows: np.ndarray, op: np.ndarray, start, end, gtid, cpu) -> np.ndarray:
+    """Per range: the user Python frames enclosing the op, outermost first (from the `Call stack` arg of
+    old traces, else from the `python_function` events around it)."""
+    c = ev.c
+    out = np.full(rows.size, None, dtype=object)
+    stacks = c.args["call_stack"][rows]
+    has = op & (stacks >= 0)
+    if has.any():
+        used, inverse = np.unique(stacks[has], return_inverse=True)
+        texts = np.empty(used.size, dtype=object)
+        texts[:] = [_call_stack_text(ev.strings[k]) for k in used.tolist()]
+        out[has] = texts[inverse]
+    python = np.flatnonzero(cpu & (c.group == kd.PYTHON))
+    ops = np.flatnonzero(op & ~has)
+    if python.size == 0 or ops.size == 0:
+        return out
+    # one forest over Python frames and ops: an op's stack is that of its nearest enclosing user frame
+    frame_names = ev.strings[c.name[python]] if python.size else np.zeros(0, dtype=object)
+    is_user = ~pd.Series(frame_names, dtype=object).str.contains(_NOT_USER_FRAME, na=True).to_numpy(dtype=bool)
+    members = np.concatenate([python, rows[ops]])
+    forest = RangeForest(gtid[members], start[members], end[members], np.arange(members.size))
+    flagged = np.zeros(members.size, dtype=bool)
+    flagged[:python.size] = is_user
+    anchor = nearest_flagged_ancestor(forest.parent, forest.depth, flagged)
+    # stack text of every user frame, level by level: parent's stack + "\n" + own name (shared strings)
+    user_parent = np.where(flagged, anchor, -1)
+    text_code = np.full(members.size, -1, dtype=np.int64)
+    table: list[str] = []
+    for idx in levels(forest.depth):
+        idx = idx[flagged[idx]]
+        if idx.size == 0:
+            continue
+        parent = user_parent[idx]
+        base = np.where(parent >= 0, text_code[np.maximum(parent, 0)], -1)
+        name_code = c.name[members[idx]].astype(np.int64)
+        pair = combined_codes(base, name_code)
+        first = np.full(int(pair.max()) + 1, -1, dtype=np.int64)
+        first[pair[::-1]] = np.arange(pair.size - 1, -1, -1)
+        offset = len(table)
+        table.extend((table[base[i]] + "\n" if base[i] >= 0 else "") + ev.strings[name_code[i]] for i in first)
+        text_code[idx] = offset + pair
+    texts = np.empty(len(table), dtype=object)
+    texts[:] = table
+    op_anchor = anchor[python.size:]
+    code = np.where(op_anchor >= 0, text_code[np.maximum(op_anchor, 0)], -1)
+    ok = code >= 0
+    out[ops[ok]] = texts[code[ok]]
+    return out
+
+
+# ---------------------------------------------------------------------------- API calls and GPU activities
+
+def _api_calls(ev: _Events, rows_mask, start, end, gtid, pid, correlation) -> pd.DataFrame:
+    c = ev.c
+    rows = np.flatnonzero(rows_mask)
+    rows = rows[np.lexsort((rows, start[rows]))]       # api_id = position in start order
+    n = rows.size
+    frame = pd.DataFrame({
+        "api_id": np.arange(n, dtype=np.int64), "name": _categorical(ev, c.name[rows]),
+        "start": start[rows], "end": end[rows], "global_tid": gtid[rows], "pid": pid[rows],
+        "correlation_id": correlation[rows], "event_class": np.zeros(n, dtype=np.int64),
+        "return_value": np.zeros(n, dtype=np.int64)}, copy=False)
+    return frame[API_COLUMNS]
+
+
+def _categorical(ev: _Events, codes: np.ndarray, names: np.ndarray | None = None) -> pd.Categorical:
+    """A Categorical over the distinct strings the codes use (-1 -> '<unknown>')."""
+    names = ev.strings if names is None else names
+    used, inverse = np.unique(codes, return_inverse=True)
+    texts = np.array([names[k] if k >= 0 else "<unknown>" for k in used.tolist()], dtype=object)
+    distinct, remap = np.unique(texts.astype(str), return_inverse=True)
+    return pd.Categorical.from_codes(remap[inverse.reshape(-1)].astype(np.int64),
+                                     categories=pd.Index(distinct.astype(object), dtype=object))
+
+
+_KERNEL_PARAMS = re.compile(r"\(anonymous namespace\)")
+
+
+def short_kernel_name(name: str) -> str:
+    """Base function name of a demangled kernel, as nsys' shortName:
+    `void at::native::vectorized_elementwise_kernel<4, ...>(int, ...)` -> vectorized_elementwise_kernel."""
+    text = _KERNEL_PARAMS.sub("anonymous_namespace", name.strip())
+    depth, cut = 0, len(text)
+    for i, ch in enumerate(text):          # per distinct kernel name, never per launch
+        if ch in "<(":
+            if depth == 0:
+                cut = i
+                break
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+    base = text[:cut].strip()
+    if " " in base:                      # return type ("void ") or qualifiers
+        base = base.rsplit(" ", 1)[-1]
+    base = base.rsplit("::", 1)[-1]
+    return base or name
+
+
+def _gpu_activities(ev: _Events, rows_mask, start, end, correlation, api: pd.DataFrame, main_pid: int,
+                    warnings: list) -> pd.DataFrame:
+    c = ev.c
+    rows = np.flatnonzero(rows_mask)
+    kind = np.select([c.group[rows] == kd.MEMCPY, c.group[rows] == kd.MEMSET], [KIND_MEMCPY, KIND_MEMSET],
+                     KIND_KERNEL).astype(np.int8)
+    order = np.lexsort((rows, kind, start[rows]))     # activity_id = position in (start, kind) order
+    rows, kind = rows[order], kind[order]
+    n = rows.size
+    a = c.args
+    row_device = np.where(c.pid_numeric[rows] & (c.pid[rows] >= 0), c.pid[rows], -1)
+    row_stream = np.where(c.tid_numeric[rows] & (c.tid[rows] >= 0), c.tid[rows], -1)
+    device = np.where(a["device"][rows] >= 0, a["device"][rows], row_device)
+    stream = np.where(a["stream"][rows] >= 0, a["stream"][rows], row_stream)
+    corr = correlation[rows]
+    # GPU rows carry the device as pid: the process is the one whose API call has the correlation id
+    pid = np.full(n, main_pid, dtype=np.int64)
+    if len(api):
+        lookup = pd.DataFrame({"corr": api["correlation_id"].to_numpy(), "pid": api["pid"].to_numpy()})
+        lookup = lookup[lookup["corr"] >= 0].drop_duplicates("corr")
+        found = pd.Series(corr).map(lookup.set_index("corr")["pid"]).to_numpy()
+        ok = ~pd.isna(found)
+        pid[ok] = found[ok].astype(np.int64)
+    unmatched = int((~np.isin(corr, api["correlation_id"].to_numpy())).sum()) if n else 0
+    if unmatched and len(api):
+        warnings.append(f"{ev.path}: {unmatched} GPU activities have no launching API call in the trace; they "
+                        "are reported as unassociated")
+    name_codes = c.name[rows]
+    long_names, short_names = _gpu_names(ev, name_codes, kind, a["kind"][rows])
+    grid = _triples(ev, a["grid"][rows])
+    block = _triples(ev, a["block"][rows])
+    frame = {
+        "activity_id": np.arange(n, dtype=np.int64), "kind": kind, "name": short_names, "long_name": long_names,
+        "start": start[rows], "end": end[rows], "device_id": device, "stream_id": stream,
+        "context_id": a["context"][rows], "pid": pid, "correlation_id": corr,
+        "grid_x": grid[0], "grid_y": grid[1], "grid_z": grid[2], "block_x": block[0], "block_y": block[1],
+        "block_z": block[2], "registers": a["registers"][rows], "static_smem": a["shared_memory"][rows],
+        "dynamic_smem": np.full(n, -1, dtype=np.int64), "bytes": a["bytes"][rows],
+        "copy_kind": _copy_kinds(ev, name_codes, kind, a["kind"][rows]),
+        "src_kind": np.full(n, -1, dtype=np.int64), "dst_kind": np.full(n, -1, dtype=np.int64),
+        "graph_node_id": np.full(n, -1, dtype=np.int64)}
+    return pd.DataFrame(frame, copy=False)[GPU_COLUMNS]
+
+
+_MEMCPY_DIRECTION = re.compile(r"\b([HDAP])to([HDAP])\b")
+
+
+def _copy_kind_of(text: str | None) -> int:
+    match = _MEMCPY_DIRECTION.search(text or "")
+    return COPY_KINDS.get(f"{match.group(1)}to{match.group(2)}", 0) if match else 0
+
+
+def _copy_kinds(ev: _Events, name_codes, kind, arg_kind) -> np.ndarray:
+    """CUPTI copy kind of memcpys from their name (`Memcpy HtoD (Pageable -> Device)`) or `kind` arg."""
+    out = np.full(name_codes.size, -1, dtype=np.int64)
+    memcpy = kind == KIND_MEMCPY
+    if memcpy.any():
+        key = combined_codes(name_codes[memcpy], arg_kind[memcpy])
+        first = pd.Series(np.arange(key.size)).groupby(key).first().to_numpy()
+        values = np.array([_copy_kind_of(ev.strings[name_codes[memcpy][i]]) or
+                           _copy_kind_of(ev.strings[arg_kind[memcpy][i]] if arg_kind[memcpy][i] >= 0 else "")
+                           for i in first], dtype=np.int64)
+        out[memcpy] = values[key]
+    return out
+
+
+def _gpu_names(ev: _Events, name_codes, kind, arg_kind) -> tuple[pd.Categorical, pd.Categorical]:
+    """(short, long) names: kernels get nsys' shortName from the demangled name; memcpys and memsets get
+    nsys' labels (`[CUDA memcpy HtoD]`, `[CUDA memset]`) and keep Kineto's name as the long name."""
+    key = combined_codes(name_codes, kind, arg_kind)
+    first = pd.Series(np.arange(key.size)).groupby(key).first().to_numpy() if key.size else np.zeros(0, np.int64)
+    long_text = np.empty(first.size, dtype=object)
+    short_text = np.empty(first.size, dtype=object)
+    for j, i in enumerate(first.tolist()):                      # once per distinct (name, kind)
+        name = ev.strings[name_codes[i]] if name_codes[i] >= 0 else "<unknown kernel>"
+        long_text[j] = name
+        if kind[i] == KIND_KERNEL:
+            short_text[j] = short_kernel_name(name)
+        elif kind[i] == KIND_MEMSET:
+            short_text[j] = MEMSET_LABEL
+        else:
+            code = _copy_kind_of(name) or _copy_kind_of(ev.strings[arg_kind[i]] if arg_kind[i] >= 0 else "")
+            short_text[j] = COPY_KIND_LABELS.get(code, COPY_KIND_LABELS[0])
+
+    def categorical(texts):
+        distinct, remap = np.unique(texts.astype(str), return_inverse=True)
+        return pd.Categorical.from_codes(remap.reshape(-1)[key].astype(np.int64),
+                                         categories=pd.Index(distinct.astype(object), dtype=object))
+    if key.size == 0:
+        return pd.Categorical([]), pd.Categorical([])
+    return categorical(long_text), categorical(short_text)
+
+
+def _triples(ev: _Events, codes: np.ndarray) -> list[np.ndarray]:
+    """`[64, 1, 1]` raw values -> three int64 columns (-1 when absent)."""
+    out = [np.full(codes.size, -1, dtype=np.int64) for _ in range(3)]
+    has = codes >= 0
+    if has.any():
+        used, inverse = np.unique(codes[has], return_inverse=True)
+        parsed = np.full((used.size, 3), -1, dtype=np.int64)
+        for j, k in enumerate(used.tolist()):
+            values = re.findall(r"-?\d+", ev.raws[k] or "")[:3]
+            parsed[j, :len(values)] = [int(v) for v in values]
+        for axis in range(3):
+            out[axis][has] = parsed[inverse.reshape(-1), axis]
+    return out
+
+
+def _syncs(ev: _Events, rows_mask, start, end, correlation, main_pid: int) -> pd.DataFrame:
+    c = ev.c
+    rows = np.flatnonzero(rows_mask)
+    kinds = ev.text(c.args["sync_kind"][rows])
+    sync_type = np.array([SYNC_TYPES.get(str(k).lower(), 0) for k in pd.unique(kinds)], dtype=np.int64)
+    sync_type = sync_type[pd.factorize(kinds)[0]] if rows.size else np.zeros(0, dtype=np.int64)
+    return pd.DataFrame({"start": start[rows], "end": end[rows], "device_id": c.args["device"][rows],
+                         "stream_id": c.args["stream"][rows], "pid": np.full(rows.size, main_pid, dtype=np.int64),
+                         "correlation_id": correlation[rows], "sync_type": sync_type})
+
+
+# ---------------------------------------------------------------------------- devices, processes, meta
+
+def _devices(props, gpu: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for p in props if isinstance(props, list) else []:
+        if isinstance(p, dict) and isinstance(p.get("id"), int):
+            rows.append({"device_id": p["id"], "name": p.get("name"), "compute_major": p.get("computeMajor"),
+                         "compute_minor": p.get("computeMinor"), "sm_count": p.get("numSms"),
+                         "total_memory": p.get("totalGlobalMem"), "bus_location": None, "chip_name": None,
+                         "uuid": p.get("uuid")})
+    devices = pd.DataFrame(rows, columns=["device_id", "name", "compute_major", "compute_minor", "sm_count",
+                                          "total_memory", "bus_location", "chip_name", "uuid"])
+    devices = devices.drop_duplicates("device_id")
+    seen = set(np.unique(gpu["device_id"].to_numpy()).tolist()) - {-1} if len(gpu) else set()
+    missing = sorted(seen - set(devices["device_id"].astype(int).tolist()))
+    if missing:
+        extra = pd.DataFrame({"device_id": missing, "name": [f"GPU {d}" for d in missing]})
+        devices = pd.concat([devices, extra], ignore_index=True) if len(devices) else extra.reindex(
+            columns=devices.columns)
+    devices["device_id"] = devices["device_id"].astype(np.int64)
+    for col in ("compute_major", "compute_minor", "sm_count", "total_memory"):
+        devices[col] = pd.to_numeric(devices[col], errors="coerce").astype("Int64")
+    for col in ("name", "bus_location", "chip_name", "uuid"):
+        devices[col] = devices[col].astype(object)
+    return devices.sort_values("device_id").reset_index(drop=True)
+
+
+def _processes_threads(ev: _Events, trace: Trace, cpu: np.ndarray, gtid: np.ndarray, pid: np.ndarray):
+    """Processes and threads with their names from the `process_name`/`thread_name` metadata events; the
+    thread table keeps Kineto's own thread ids."""
+    c = ev.c
+    meta = np.flatnonzero((c.group == kd.METADATA) & c.pid_numeric)
+    names = ev.text(c.name[meta])
+    values = ev.text(c.args["name"][meta])
+    rows = np.flatnonzero(cpu)
+    threads = pd.DataFrame({"global_tid": gtid[rows], "pid": pid[rows], "tid": c.tid[rows],
+                            "kpid": c.pid[rows]}).drop_duplicates("global_tid")
+    is_thread = (names == "thread_name") & c.tid_numeric[meta]
+    thread_names = pd.DataFrame({"kpid": c.pid[meta][is_thread], "tid": c.tid[meta][is_thread],
+                                 "name": [_thread_label(v) for v in values[is_thread]]})
+    threads = threads.merge(thread_names.drop_duplicates(["kpid", "tid"], keep="last"), on=["kpid", "tid"],
+                            how="left")
+    threads["name"] = threads["name"].astype(object).where(threads["name"].notna(), None)
+    is_process = names == "process_name"
+    process_names = pd.DataFrame({"kpid": c.pid[meta][is_process], "name": values[is_process]})
+    processes = threads[["pid", "kpid"]].drop_duplicates("pid").merge(
+        process_names.drop_duplicates("kpid", keep="last"), on="kpid", how="left")
+    processes["name"] = processes["name"].astype(object).where(processes["name"].notna(), None)
+    return (processes[["pid", "name"]].sort_values("pid").reset_index(drop=True),
+            threads[["global_tid", "pid", "tid", "name"]].sort_values("global_tid").reset_index(drop=True))
+
+
+_THREAD_LABEL = re.compile(r"^thread -?\d+ \((.*)\)$")
+
+
+def _thread_label(text):
+    """`thread 598009 (pt_autograd_0)` -> pt_autograd_0."""
+    match = _THREAD_LABEL.match(text or "")
+    return match.group(1) if match else text
+
+
+def _meta(ev: _Events, origin: int, trace: Trace) -> tuple[dict, dict]:
+    m = ev.meta
+    base = m.get("baseTimeNanoseconds") if isinstance(m.get("baseTimeNanoseconds"), int) else 0
+    meta = {"source_format": "kineto", "nsys_version": "none (torch.profiler trace)",
+            "schema_version": str(m.get("schemaVersion", "unknown")),
+            "kineto_display_time_unit": m.get("displayTimeUnit"), "session_start_ns": int(base + origin),
+            "capture_end": int(trace.profile_end)}
+    dist = m.get("distributedInfo")
+    if isinstance(dist, dict):
+        for key in ("rank", "world_size", "backend"):
+            if key in dist:
+                meta[f"distributed_{key}"] = dist[key]
+    for key in ("trace_id", "traceName"):
+        if isinstance(m.get(key), str):
+            meta[key] = m[key]
+    if len(trace.ranges) and trace.ranges["text"].str.match(PROFILER_STEP.pattern).any():
+        meta["key_node_default"] = "ProfilerStep"
+    system = {}
+    if isinstance(m.get("host_name"), str):
+        system["HostName"] = m["host_name"]
+    return meta, system
+
+
+def _peak_device_memory(ev: _Events) -> int | None:
+    """Highest device (CUDA/ROCm) memory allocated, from `[memory]` events (profile_memory=True)."""
+    c = ev.c
+    mem = (c.group == kd.MEMORY) & (c.args["device_type"] == 1)
+    if not mem.any():
+        return None
+    total = c.args["total_allocated"][mem]
+    if (total >= 0).any():
+        return int(total.max())
+    frame = pd.DataFrame({"dev": c.args["device_id"][mem], "ts": c.ts[mem], "b": c.args["alloc_bytes"][mem]})
+    frame = frame.sort_values("ts", kind="stable")
+    return int(max(frame.groupby("dev")["b"].cumsum().max(), 0))
+
+
+# ---------------------------------------------------------------------------- several processes
+
+def merge_traces(traces: list[Trace], source: Path) -> Trace:
+    """One Trace from the Kineto traces of several processes (one file per process or rank), on a common
+    clock: each trace's times are shifted by the difference of its absolute start to the earliest."""
+    if len(traces) == 1:
+        return traces[0]
+    origin = min(int(t.meta["session_start_ns"]) for t in traces)
+    shifts = [int(t.meta["session_start_ns"]) - origin for t in traces]
+
+    def stacked(name, time_columns):
+        frames = []
+        for t, shift in zip(traces, shifts):
+            frame = getattr(t, name).copy()
+            for column in time_columns:
+                frame[column] = frame[column] + shift
+            frames.append(frame)
+        return frames
+    merged = Trace(source=Path(source))
+    ranges = pd.concat(stacked("ranges", ("start", "end")), ignore_index=True)
+    ranges["range_id"] = np.arange(1, len(ranges) + 1, dtype=np.int64)
+    merged.ranges = ranges
+    merged.api_calls = _renumber(stacked("api_calls", ("start", "end")), ["name"], "api_id", ["start"])
+    merged.gpu = _renumber(stacked("gpu", ("start", "end")), ["name", "long_name"], "activity_id",
+                           ["start", "kind"])
+    merged.syncs = pd.concat(stacked("syncs", ("start", "end")), ignore_index=True)
+    devices = pd.concat([t.devices for t in traces if len(t.devices)] or [traces[0].devices], ignore_index=True)
+    merged.devices = devices.drop_duplicates("device_id").sort_values("device_id").reset_index(drop=True)
+    merged.processes = pd.concat([t.processes for t in traces], ignore_index=True).drop_duplicates("pid")
+    merged.threads = pd.concat([t.threads for t in traces], ignore_index=True).drop_duplicates("global_tid")
+    merged.has_cuda_tables = any(t.has_cuda_tables for t in traces)
+    merged.has_nvtx = any(t.has_nvtx for t in traces)
+    merged.warnings = [w for t in traces for w in t.warnings]
+    meta = dict(traces[0].meta)
+    meta.update(session_start_ns=origin, capture_end=int(merged.profile_end), processes=len(traces))
+    meta.pop("distributed_rank", None)
+    peaks = [t.meta["gpu_peak_memory"] for t in traces if "gpu_peak_memory" in t.meta]
+    if peaks:
+        meta["gpu_peak_memory"] = max(peaks)
+    if any(t.meta.get("key_node_default") for t in traces):
+        meta["key_node_default"] = "ProfilerStep"
+    merged.meta = meta
+    merged.system = dict(traces[0].system)
+    return merged
+
+
+def _renumber(frames: list[pd.DataFrame], categorical: list[str], id_column: str, order: list[str]) -> pd.DataFrame:
+    """Concatenated frames with united categoricals, in `order`, ids = positions."""
+    from pandas.api.types import union_categoricals
+    columns = list(frames[0].columns)
+    united = {c: union_categoricals([pd.Categorical(f[c]) for f in frames], ignore_order=True) for c in categorical}
+    frame = pd.concat([f.drop(columns=categorical) for f in frames], ignore_index=True)
+    for c in categorical:
+        frame[c] = united[c]
+    frame = frame.sort_values(order, kind="stable").reset_index(drop=True)
+    frame[id_column] = np.arange(len(frame), dtype=np.int64)
+    return frame[columns]

@@ -1,0 +1,520 @@
+"""Kineto (torch.profiler) traces: every real trace in ../shared/fixtures/kineto is read with exact figures
+(checked against direct sums over the JSON with the standard library and Decimal, independent of the
+adapter), and hand-written traces check the mapping: ops, scopes, backward links, flows, exact times."""
+import gzip
+import json
+import re
+import shutil
+from collections import Counter, defaultdict
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dlprof_profiler import ingest
+from dlprof_profiler.errors import DLProfError
+from dlprof_profiler.ingest_kineto import read_kineto_trace, short_kernel_name
+from tests.analysis import analyze
+from tests.kineto_builder import KinetoTrace
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "kineto"
+if not FIXTURES.is_dir():  # the repository's sibling folder in this workplace
+    FIXTURES = Path("/work/shared/fixtures/kineto")
+NAMES = sorted(p.name for p in FIXTURES.glob("*.json*"))
+GPU_CATS = {"kernel": 0, "gpu_memcpy": 1, "memcpy": 1, "gpu_memset": 2, "memset": 2}
+API_CATS = {"cuda_runtime", "runtime", "cuda_driver"}
+OP_CATS = {"cpu_op", "operator"}
+
+
+def ns(value) -> int:
+    """Microseconds (a JSON decimal read as Decimal) -> integer ns, rounded half away from zero."""
+    return int((Decimal(value) * 1000).to_integral_value(rounding=ROUND_HALF_UP))
+
+
+def load_json(path: Path) -> dict:
+    opener = gzip.open if path.read_bytes()[:2] == b"\x1f\x8b" else open
+    with opener(path, "rb") as fh:
+        return json.load(fh, parse_float=Decimal)
+
+
+def expected_sums(doc: dict) -> dict:
+    """Direct sums over the JSON: per (category kind, name, device) the count and total ns; API calls per
+    name; ProfilerStep and op counts."""
+    gpu = defaultdict(lambda: [0, 0])
+    api = Counter()
+    steps = ops = 0
+    for e in doc["traceEvents"]:
+        if e.get("ph") != "X":
+            continue
+        cat = str(e.get("cat", "")).lower()
+        args = e.get("args") or {}
+        if cat in GPU_CATS:
+            key = (GPU_CATS[cat], e["name"], args.get("device", e["pid"]))
+            gpu[key][0] += 1
+            gpu[key][1] += ns(e["dur"])
+        elif cat in API_CATS:
+            api[e["name"]] += 1
+        elif cat in OP_CATS:
+            ops += 1
+        elif cat == "user_annotation" and re.fullmatch(r"ProfilerStep#\d+", e["name"]):
+            steps += 1
+    return {"gpu": {k: tuple(v) for k, v in gpu.items()}, "api": api, "steps": steps, "ops": ops}
+
+
+@pytest.fixture(scope="module")
+def fixture_copies(tmp_path_factory):
+    """Read-only fixtures copied to a temporary folder before anything could touch them."""
+    root = tmp_path_factory.mktemp("kineto")
+    for name in NAMES:
+        shutil.copy(FIXTURES / name, root / name)
+    return root
+
+
+def test_every_fixture_is_listed():
+    assert len(NAMES) >= 6, NAMES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fixture_frames_match_direct_sums(fixture_copies, name):
+    path = fixture_copies / name
+    doc = load_json(path)
+    want = expected_sums(doc)
+    assert ingest.trace_format(path) == ingest.KINETO
+    a = analyze(path)
+    trace = a.trace
+    gpu = trace.gpu
+    got = defaultdict(lambda: [0, 0])
+    for kind, long_name, device, dur in zip(gpu["kind"].tolist(), gpu["long_name"].astype(str).tolist(),
+                                            gpu["device_id"].tolist(), (gpu["end"] - gpu["start"]).tolist()):
+        got[(kind, long_name, device)][0] += 1
+        got[(kind, long_name, device)][1] += dur
+    assert {k: tuple(v) for k, v in got.items()} == want["gpu"]
+    assert Counter(trace.api_calls["name"].astype(str).tolist()) == want["api"]
+    texts = trace.ranges["text"]
+    assert int(texts.str.fullmatch(r"ProfilerStep#\d+").sum()) == want["steps"]
+    assert int(texts.str.contains(r", op_id = \d+$").sum()) == want["ops"]
+    if want["steps"]:
+        assert a.iterations.key_node == "ProfilerStep" and a.iterations.count == want["steps"] + 1
+    # every GPU activity whose correlation id has a runtime call in the JSON is linked to it
+    runtime_ids = {e["args"]["correlation"] for e in doc["traceEvents"] if e.get("ph") == "X"
+                   and str(e.get("cat", "")).lower() in API_CATS and "correlation" in (e.get("args") or {})}
+    linked = a.corr.gpu_api >= 0
+    assert linked.sum() == int(gpu["correlation_id"].isin(list(runtime_ids)).sum())
+    # nothing is dropped: every GPU activity belongs to one op instance, and the summary adds them all
+    kernel_time = sum(v[1] for k, v in want["gpu"].items() if k[0] == 0)
+    memory_time = sum(v[1] for k, v in want["gpu"].items() if k[0] != 0)
+    for agg in a.aggs.values():
+        kernels = agg.summary["kernels"]
+        assert kernels["tc"]["gpu_time"] + kernels["other"]["gpu_time"] == kernel_time
+        assert kernels["memory"]["gpu_time"] == memory_time
+    assert (a.domain().gpu_instance >= 0).all()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fixture_times_are_exact_nanoseconds(fixture_copies, name):
+    """Kernel start times, relative to the first kernel, equal the JSON decimals to the nanosecond."""
+    path = fixture_copies / name
+    doc = load_json(path)
+    starts = sorted(ns(e["ts"]) for e in doc["traceEvents"] if e.get("ph") == "X"
+                    and str(e.get("cat", "")).lower() in GPU_CATS)
+    trace = read_kineto_trace(path)
+    ours = np.sort(trace.gpu["start"].to_numpy())
+    assert len(ours) == len(starts)
+    if starts:
+        assert (ours - ours[0]).tolist() == [s - starts[0] for s in starts]
+        base = doc.get("baseTimeNanoseconds", 0)
+        assert trace.meta["session_start_ns"] + int(ours[0]) == base + starts[0]
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if "amd" in n or "ddp" in n or "ns_resolution" in n])
+def test_backward_ops_link_to_the_forward_ops_of_their_fwdbwd_flows(fixture_copies, name):
+    """torch.profiler draws a fwdbwd arrow from each forward op to the backward node autograd ran for it:
+    the bprop op instance holding the node must carry the name of the fprop instance holding the op."""
+    path = fixture_copies / name
+    doc = load_json(path)
+    a = analyze(path)
+    base = doc.get("baseTimeNanoseconds", 0)
+    origin = a.trace.meta["session_start_ns"] - base
+    ends = defaultdict(dict)
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "fwdbwd" and e.get("ph") in ("s", "f"):
+            ends[e["id"]][e["ph"]] = (e["pid"], e["tid"], ns(e["ts"]) - origin)
+    inst = a.domain().instances
+    inst = inst[inst["kind"] == 0]
+    tids = a.trace.threads.set_index(["pid", "tid"])["global_tid"].to_dict()
+
+    def holder(point):
+        pid, tid, t = point
+        g = tids[(pid, tid)]
+        hit = inst[(inst["global_tid"] == g) & (inst["start"] <= t) & (inst["end"] > t)]
+        return hit.sort_values("start").iloc[-1] if len(hit) else None
+    checked = 0
+    for pair in ends.values():
+        if "s" not in pair or "f" not in pair:
+            continue
+        forward, backward = holder(pair["s"]), holder(pair["f"])
+        if forward is None or backward is None or forward["direction"] != "fprop":
+            continue  # the forward op lies outside the capture window
+        assert backward["direction"] == "bprop"
+        assert backward["name"] == forward["name"], (forward["label"], backward["label"])
+        checked += 1
+    assert checked >= 3
+
+
+def test_ddp_trace_keeps_rank_and_devices(fixture_copies):
+    trace = read_kineto_trace(fixture_copies / "pytorch_ddp_2gpu_nccl.json.gz")
+    assert trace.meta["distributed_rank"] == 0 and trace.meta["distributed_world_size"] == 2
+    assert len(trace.devices) == 8 and trace.devices.loc[0, "name"] == "NVIDIA A100-PG509-200"
+    assert trace.devices.loc[0, "sm_count"] == 108
+    nccl = trace.gpu[trace.gpu["name"].astype(str).str.startswith("ncclKernel")]
+    assert len(nccl) > 0
+
+
+def test_cpu_only_trace_reads_and_warns(fixture_copies):
+    trace = read_kineto_trace(fixture_copies / "pytorch_cpu_only.pt.trace.json.gz")
+    assert len(trace.gpu) == 0 and len(trace.api_calls) == 0 and len(trace.ranges) == 15
+    assert any("CPU-only" in w for w in trace.warnings)
+
+
+def test_2021_dialect_reads_categories_string_tids_and_call_stacks(fixture_copies):
+    trace = read_kineto_trace(fixture_copies / "resnet50_v100_2021format.pt.trace.json.gz")
+    assert len(trace.threads) == 2 and sorted(trace.threads["tid"].tolist()) == [25738, 25772]
+    stacks = trace.ranges["stack_trace"].dropna()
+    assert len(stacks) > 0 and stacks.str.contains(r"resnet50_profiler_api\.py\(\d+\): <module>").all()
+    assert not stacks.str.contains("site-packages").any()
+    assert trace.meta["gpu_peak_memory"] > 0
+
+
+def test_amd_trace_names_hip_kernels(fixture_copies):
+    trace = read_kineto_trace(fixture_copies / "pytorch_amd_mi250.json.gz")
+    assert set(trace.api_calls["name"].astype(str)) >= {"hipLaunchKernel", "hipExtModuleLaunchKernel"}
+    names = set(trace.gpu["name"].astype(str))
+    assert "vectorized_elementwise_kernel" in names and any(n.startswith("Cijk_") for n in names)
+    assert set(trace.gpu["device_id"]) == {2}
+
+
+# ---------------------------------------------------------------------------- hand-written traces
+
+MAIN, GRAD = 10, 11
+T0 = 1_000_000_000
+STEP = 100_000
+
+
+def training_trace(steps: int = 2, dialect: str = "2.x") -> KinetoTrace:
+    """Per step (S = T0 + i * STEP + 7, odd ns so the ns digits matter), main thread:
+      [S, S+90000)        ProfilerStep#i+1
+      [S+100, S+45000)    python train.py(5): step        (user frame)
+      [S+500, S+900)      aten::to -> cudaMemcpyAsync [S+600, S+700) -> memcpy HtoD [S+650, S+800)
+      [S+1000, S+40000)   nn.Module: Net_0
+      [S+1500, S+39000)   torch/nn/modules/module.py(1): _call_impl   (not a user frame)
+      [S+2000, S+20000)   nn.Module: Linear_0
+      [S+3000, S+19000)   aten::linear seq=10i+1 (dims, float) > aten::addmm seq=10i+2 [S+4000, S+18000)
+                          cudaLaunchKernel [S+5000, S+6000) -> volta_sgemm_128x64_nn [S+7000, S+15000)
+      [S+21000, S+30000)  nn.Module: ReLU_0 > aten::relu seq=10i+3 [S+22000, S+29000)
+                          cudaLaunchKernel [S+23000, S+24000) -> vectorized_elementwise_kernel [S+31000, S+33000)
+      [S+75000, S+85000)  Optimizer.step#SGD.step > aten::add_ [S+76000, S+84000)
+                          cudaLaunchKernel [S+77000, S+78000) -> multi_tensor_apply_kernel [S+86000, S+88000)
+    autograd thread:
+      [S+50000, S+56000)  evaluate_function: ReluBackward0 seq=10i+3 > ReluBackward0 [S+50500, S+55500)
+                          cudaLaunchKernel [S+51000, S+52000) -> threshold_kernel [S+57000, S+59000)
+      [S+60000, S+70000)  evaluate_function: AddmmBackward0 seq=10i+2 > AddmmBackward0 [S+60500, S+69500)
+                          cudaLaunchKernel [S+61000, S+62000) -> volta_sgemm_128x64_nt [S+63000, S+68000)
+    The profiler span starts at T0 - 1000."""
+    k = KinetoTrace(dialect=dialect)
+    k.device(0)
+    k.metadata({MAIN: "python", GRAD: "pt_autograd_0"})
+    k.span(T0 - 1000, steps * STEP + 10_000)
+    for i in range(steps):
+        s = T0 + i * STEP + 7
+        k.annotation(MAIN, s, 90_000, f"ProfilerStep#{i + 1}")
+        if dialect != "2021":
+            k.python(MAIN, s + 100, 44_900, "train.py(5): step")
+        k.cpu_op(MAIN, s + 500, 400, "aten::to", seq=10 * i)
+        c = k.runtime(MAIN, s + 600, 100, "cudaMemcpyAsync")
+        k.memcpy(s + 650, 150, c)
+        if dialect != "2021":
+            k.python(MAIN, s + 1000, 39_000, "nn.Module: Net_0")
+            k.python(MAIN, s + 1500, 37_500, "torch/nn/modules/module.py(1): _call_impl")
+            k.python(MAIN, s + 2000, 18_000, "nn.Module: Linear_0")
+        stack = "train.py(5): step;train.py(10): <module>" if dialect == "2021" else None
+        k.cpu_op(MAIN, s + 3000, 16_000, "aten::linear", seq=10 * i + 1, dims=[[8, 16], [32, 16], [32]],
+                 types=["float", "float", "float"], stack=stack)
+        k.cpu_op(MAIN, s + 4000, 14_000, "aten::addmm", seq=10 * i + 2)
+        c = k.runtime(MAIN, s + 5000, 1000)
+        k.kernel("volta_sgemm_128x64_nn", s + 7000, 8000, c, grid=(64, 2, 1))
+        if dialect != "2021":
+            k.python(MAIN, s + 21_000, 9000, "nn.Module: ReLU_0")
+        k.cpu_op(MAIN, s + 22_000, 7000, "aten::relu", seq=10 * i + 3)
+        c = k.runtime(MAIN, s + 23_000, 1000)
+        k.kernel("void at::native::vectorized_elementwise_kernel<4, at::native::Relu>(int, float*)",
+                 s + 31_000, 2000, c)
+        k.cpu_op(GRAD, s + 50_000, 6000, "autograd::engine::evaluate_function: ReluBackward0", seq=10 * i + 3,
+                 fwd_tid=1)
+        k.cpu_op(GRAD, s + 50_500, 5000, "ReluBackward0", seq=10 * i + 3, fwd_tid=1)
+        c = k.runtime(GRAD, s + 51_000, 1000)
+        k.kernel("void at::native::threshold_kernel<float>(float*)", s + 57_000, 2000, c)
+        k.cpu_op(GRAD, s + 60_000, 10_000, "autograd::engine::evaluate_function: AddmmBackward0",
+                 seq=10 * i + 2, fwd_tid=1)
+        k.cpu_op(GRAD, s + 60_500, 9000, "AddmmBackward0", seq=10 * i + 2, fwd_tid=1)
+        c = k.runtime(GRAD, s + 61_000, 1000)
+        k.kernel("volta_sgemm_128x64_nt", s + 63_000, 5000, c)
+        k.annotation(MAIN, s + 75_000, 10_000, "Optimizer.step#SGD.step")
+        k.cpu_op(MAIN, s + 76_000, 8000, "aten::add_")
+        c = k.runtime(MAIN, s + 77_000, 1000)
+        k.kernel("void multi_tensor_apply_kernel<float>(float*)", s + 86_000, 2000, c)
+    return k
+
+
+def test_training_trace_ops_scopes_iterations_and_directions(tmp_path):
+    a = analyze(training_trace().write(tmp_path / "t.pt.trace.json.gz", gz=True))
+    assert a.corr.mode == "pytorch"
+    # the ProfilerStep#N ranges split the iterations: 2 steps -> 3 intervals, the boundaries their ends
+    assert a.iterations.key_node == "ProfilerStep" and a.iterations.source == "default"
+    origin = T0 - 1000
+    assert a.iterations.boundaries.tolist() == [T0 + 7 + 90_000 - origin, T0 + STEP + 7 + 90_000 - origin]
+    linear = a.op("/ProfilerStep/Net_0/Linear_0/aten::linear", "fprop")
+    assert linear["calls"] == 2 and linear["gpu_total"] == 2 * 8000 and linear["cpu_total"] == 2 * 16_000
+    relu = a.op("/ProfilerStep/Net_0/ReLU_0/aten::relu", "fprop")
+    assert relu["calls"] == 2 and relu["gpu_total"] == 2 * 2000
+    # backward nodes take the name of the forward op their sequence number points to
+    relu_back = a.op("/ProfilerStep/Net_0/ReLU_0/aten::relu", "bprop")
+    assert relu_back["calls"] == 2 and relu_back["gpu_total"] == 2 * 2000 and relu_back["cpu_total"] == 2 * 6000
+    linear_back = a.op("/ProfilerStep/Net_0/Linear_0/aten::linear", "bprop")   # AddmmBackward0 -> addmm in linear
+    assert linear_back["calls"] == 2 and linear_back["gpu_total"] == 2 * 5000
+    step = a.op("/ProfilerStep/Optimizer.step#SGD.step/aten::add_", "fprop")
+    assert step["calls"] == 2 and step["gpu_total"] == 2 * 2000
+    to = a.op("/ProfilerStep/aten::to", "fprop")
+    assert to["gpu_total"] == 2 * 150
+    # nothing else: every name is the same in both steps
+    assert a.ops()["calls"].tolist() == [2] * len(a.ops())
+
+
+def test_training_trace_details_and_exact_times(tmp_path):
+    path = training_trace().write(tmp_path / "t.json")
+    trace = read_kineto_trace(path)
+    origin = T0 - 1000
+    gpu = trace.gpu.sort_values("start")
+    assert gpu["start"].tolist()[:3] == [650 + 7 + T0 - origin, 7000 + 7 + T0 - origin, 31_000 + 7 + T0 - origin]
+    assert trace.meta["session_start_ns"] == 1_700_000_000_000_000_000 + origin
+    names = gpu["name"].astype(str).tolist()
+    assert names[:4] == ["[CUDA memcpy HtoD]", "volta_sgemm_128x64_nn", "vectorized_elementwise_kernel",
+                         "threshold_kernel"]
+    assert gpu["long_name"].astype(str).tolist()[0] == "Memcpy HtoD (Pageable -> Device)"
+    assert gpu["copy_kind"].tolist()[0] == 1 and gpu["bytes"].tolist()[0] == 4096
+    assert (gpu["grid_x"].tolist()[1], gpu["grid_y"].tolist()[1], gpu["block_x"].tolist()[1]) == (64, 2, 128)
+    assert set(trace.threads["name"]) == {"python", "pt_autograd_0"}
+    ranges = trace.ranges
+    linear = ranges[ranges["text"].str.startswith("aten::linear")].iloc[0]
+    assert linear["text"] == "aten::linear, seq = 1, op_id = 3"   # External id 3 (step annotation 1, aten::to 2)
+    assert linear["data_type"] == "float" and linear["input_shapes"] == "<8, 16>; <32, 16>; <32>"
+    assert linear["stack_trace"] == "train.py(5): step"       # module and torch frames are not user frames
+    assert set(ranges["text"]) >= {"Net_0", "Linear_0", "ReLU_0", "ProfilerStep#1", "Optimizer.step#SGD.step"}
+    assert not ranges["text"].str.contains("_call_impl").any()
+
+
+def test_2021_dialect_hand_written(tmp_path):
+    a = analyze(training_trace(dialect="2021").write(tmp_path / "t.json"))
+    linear = a.op("/ProfilerStep/aten::linear", "fprop")
+    assert linear["calls"] == 2 and linear["gpu_total"] == 16_000
+    assert a.op("/ProfilerStep/aten::linear", "bprop")["gpu_total"] == 10_000
+    stacks = a.domain().instances["stack_trace"].dropna().unique().tolist()
+    assert stacks == ["train.py(10): <module>\ntrain.py(5): step"]     # outermost frame first
+
+
+def test_gpu_activities_link_through_flows_when_args_lack_correlation(tmp_path):
+    k = KinetoTrace()
+    k.metadata({MAIN: "python"})
+    k.cpu_op(MAIN, 1000, 5000, "aten::mm", seq=1)
+    c = k.runtime(MAIN, 2000, 500, args_correlation=False)
+    k.kernel("volta_sgemm_128x64_nn", 3000, 4000, c, args_correlation=False)
+    k.cpu_op(MAIN, 10_000, 5000, "aten::relu", seq=2)
+    c = k.runtime(MAIN, 11_000, 500)
+    k.kernel("relu_kernel", 12_000, 1000, c)
+    a = analyze(k.write(tmp_path / "flows.json"))
+    assert (a.corr.gpu_api >= 0).all()
+    assert a.op("/aten::mm", "fprop")["gpu_total"] == 4000 and a.op("/aten::relu", "fprop")["gpu_total"] == 1000
+
+
+def test_python_stack_traces_nest_user_frames(tmp_path):
+    k = KinetoTrace()
+    k.python(MAIN, 0, 10_000, "train.py(30): <module>")
+    k.python(MAIN, 100, 9000, "<built-in method linear of PyCapsule object at 0x7f00>")
+    k.python(MAIN, 200, 8000, "model.py(12): forward")
+    k.python(MAIN, 300, 7000, "torch/nn/functional.py(9): linear")
+    k.cpu_op(MAIN, 400, 6000, "aten::linear", seq=1)
+    k.cpu_op(MAIN, 500, 100, "aten::t")                  # folded into linear, same stack
+    k.cpu_op(MAIN, 9500, 200, "aten::add", seq=2)        # inside <module> only
+    trace = read_kineto_trace(k.write(tmp_path / "stack.json"))
+    stacks = dict(zip(trace.ranges["text"].str.split(",").str[0], trace.ranges["stack_trace"]))
+    assert stacks["aten::linear"] == "train.py(30): <module>\nmodel.py(12): forward"
+    assert stacks["aten::t"] == stacks["aten::linear"]
+    assert stacks["aten::add"] == "train.py(30): <module>"
+
+
+def test_memory_events_give_peak_device_memory(tmp_path):
+    k = KinetoTrace()
+    k.cpu_op(MAIN, 0, 1000, "aten::empty")
+    for t, total in ((100, 1 << 20), (200, 3 << 20), (300, 2 << 20)):
+        k.raw('{"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 4242, "tid": 10, '
+              f'"ts": {t}.0, "args": {{"Total Allocated": {total}, "Bytes": 1, "Device Type": 1, "Device Id": 0}}}}')
+    k.raw('{"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 4242, "tid": 10, '
+          '"ts": 400.0, "args": {"Total Allocated": 99999999, "Bytes": 1, "Device Type": 0, "Device Id": -1}}')
+    trace = read_kineto_trace(k.write(tmp_path / "mem.json"))
+    assert trace.meta["gpu_peak_memory"] == 3 << 20          # device (CUDA) memory only, not host memory
+
+
+def test_thread_ids_beyond_24_bits_stay_distinct(tmp_path):
+    k = KinetoTrace()
+    for tid in (10, -247463936, 5_000_000_000):
+        k.cpu_op(tid, 0, 1000, "aten::mm", seq=1)
+        k.runtime(tid, 100, 10)
+    trace = read_kineto_trace(k.write(tmp_path / "tids.json"))
+    assert trace.ranges["global_tid"].nunique() == 3 and set(trace.threads["tid"]) == {10, -247463936, 5_000_000_000}
+    assert (trace.ranges["global_tid"].to_numpy() >> 24 == 4242).all()
+
+
+# ---------------------------------------------------------------------------- bad input
+
+def test_malformed_events_are_skipped_with_warnings(tmp_path):
+    k = KinetoTrace()
+    k.cpu_op(MAIN, 0, 1000, "aten::mm", seq=1)
+    k.raw('{"ph": "X", "cat": "cpu_op", "name": "no_dur", "pid": 4242, "tid": 10, "ts": 5.0}')
+    k.raw('{"ph": "X", "cat": "cpu_op", "name": "no_ts", "pid": 4242, "tid": 10, "dur": 5.0}')
+    k.raw('{"ph": "X", "cat": "cpu_op", "name": "text_ts", "pid": 4242, "tid": 10, "ts": "x", "dur": 1}')
+    k.raw('{"ph": "X", "cat": "kernel", "name": "negative", "pid": 0, "tid": 7, "ts": 5.0, "dur": -1.0}')
+    k.raw('{"ph": "X", "cat": "mystery_cat", "name": "m", "pid": 4242, "tid": 10, "ts": 5.0, "dur": 1.0}')
+    trace = read_kineto_trace(k.write(tmp_path / "bad.json"))
+    assert trace.ranges["text"].tolist() == ["aten::mm, seq = 1, op_id = 1"] and len(trace.gpu) == 0
+    text = "\n".join(trace.warnings)
+    assert "3 events without a numeric ts or dur" in text and "1 events with a negative duration" in text
+    assert "unknown categories were ignored: mystery_cat (1)" in text
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "empty file"),
+    (b'{"traceEvents": [{"ph": "X", ', "not valid JSON"),
+    (b'{"traceEvents": {"a": 1}}', "traceEvents is not an array"),
+    (b'{"traceEvents": []}', "holds no events"),
+    (b'{"traceEvents": [{"ph": "X", "args": [1, 2]}]}', "unexpected event content"),
+    (b'{"schemaVersion": 1}', "not an SQLite database (Nsight Systems export, DLProf database) nor a Kineto trace"),
+    (b"[1, 2, 3]", "not an SQLite database (Nsight Systems export, DLProf database) nor a Kineto trace"),
+    (b"garbage", "not an SQLite database (Nsight Systems export, DLProf database) nor a Kineto trace"),
+])
+def test_bad_files_give_one_line_errors(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    with pytest.raises(DLProfError) as err:
+        ingest.read_trace(path)
+    text = str(err.value)
+    assert message in text and str(path) in text and "\n" not in text
+
+
+def test_truncated_and_damaged_gzip(tmp_path):
+    data = gzip.compress(training_trace().text().encode())
+    truncated = tmp_path / "t.json.gz"
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DLProfError, match="damaged or truncated gzip"):
+        ingest.read_trace(truncated)
+    damaged = tmp_path / "d.json.gz"
+    damaged.write_bytes(data[:10] + b"\x00" * 50 + data[60:])
+    with pytest.raises(DLProfError, match="damaged or truncated gzip|not an SQLite database"):
+        ingest.read_trace(damaged)
+
+
+def test_detection_is_by_content_not_name(tmp_path):
+    k = training_trace(steps=1)
+    plain = k.write(tmp_path / "capture.sqlite")            # JSON under a misleading name
+    zipped = k.write(tmp_path / "capture.bin", gz=True)
+    assert ingest.trace_format(plain) == ingest.KINETO and ingest.trace_format(zipped) == ingest.KINETO
+    assert len(ingest.read_trace(zipped).gpu) == len(ingest.read_trace(plain).gpu) == 6
+
+
+def test_event_split_survives_separators_inside_strings(tmp_path):
+    """The decoder cuts the event array between events at '}, {'; the same text inside a name must not
+    be taken for a cut."""
+    from dlprof_profiler import kineto_decode
+    k = KinetoTrace()
+    for i in range(300):
+        k.cpu_op(MAIN, i * 1000, 500, "weird}, {name" if i % 7 == 0 else "aten::mm", seq=i)
+    path = k.write(tmp_path / "w.json")
+    decoded = kineto_decode.decode(path, chunk_bytes=512)
+    assert decoded.columns.n == 300
+    names = [decoded.columns.strings[c] for c in decoded.columns.name]
+    assert names.count("weird}, {name") == 43
+
+
+def test_decimal_parser_is_exact():
+    import msgspec
+
+    from dlprof_profiler.kineto_decode import decimal_ns
+    texts = ["1712195495519695.8", "4.928", "0", "-12.5", "1e-05", "1.5E+3", "0.0005", "0.0004", "-0.0005",
+             "4203669604595.407", "0.30000000000000004", "7E2", "2.5e-4", "1.23456789012345678901234"]
+    values, ok = decimal_ns([msgspec.Raw(t.encode()) for t in texts])
+    assert ok.all() and values.tolist() == [ns(t) for t in texts]
+    values, ok = decimal_ns([msgspec.Raw(t) for t in (b"null", b'"12"', b"", b"true", b"1e400", b"[1]",
+                                                     b"99999999999999999.9")])
+    assert not ok.any()
+
+
+def test_short_kernel_names():
+    assert short_kernel_name("void at::native::vectorized_elementwise_kernel<4, at::native::Relu, "
+                             "at::detail::Array<char*, 2> >(int, at::native::Relu, at::detail::Array<char*, 2>)") \
+        == "vectorized_elementwise_kernel"
+    assert short_kernel_name("void at::native::(anonymous namespace)::CatArrayBatchedCopy<int>(int*)") \
+        == "CatArrayBatchedCopy"
+    assert short_kernel_name("volta_sgemm_128x64_nn") == "volta_sgemm_128x64_nn"
+    assert short_kernel_name("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4>"
+                             "(cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4::Params)") == "Kernel"
+    assert short_kernel_name("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)") \
+        == "ncclKernel_AllReduce_RING_LL_Sum_float"
+
+
+# ---------------------------------------------------------------------------- the command line
+
+@pytest.mark.parametrize("name", NAMES)
+def test_cli_writes_every_report_and_the_database(fixture_copies, tmp_path, name):
+    """`dlprof --database=TRACE` writes all reports and the database; the database's GPU activities
+    match the direct sums over the JSON, and the database re-aggregates with another key node."""
+    import sqlite3
+
+    from tests.profiles import run_dlprof
+    path = fixture_copies / name
+    out = tmp_path / "out"
+    run_dlprof(f"--database={path}", f"--output_path={out}", "--reports=all", "--formats=csv,json", "-v", "quiet")
+    for report in ("summary", "detailed", "iteration", "kernel", "tensor_core", "op_type", "group_op",
+                   "expert_systems"):
+        assert (out / f"dlprof_{report}.csv").exists() and (out / f"dlprof_{report}.json").exists(), report
+    assert list((out / "dlprof").glob("events.out.tfevents.*"))
+    db = out / "dlprof_dldb.sqlite"
+    con = sqlite3.connect(db)
+    try:
+        rows = con.execute('SELECT kind, long_name, device_id, count(*), sum("end" - start) '
+                           "FROM read_only_gpu_activities GROUP BY 1, 2, 3").fetchall()
+        profile = dict(con.execute("SELECT name, value FROM profile_info").fetchall())
+    finally:
+        con.close()
+    want = expected_sums(load_json(path))
+    assert {(k, n, d): (c, t) for k, n, d, c, t in rows} == want["gpu"]
+    assert profile["source_kind"] == "kineto_json"
+    again = tmp_path / "again"
+    run_dlprof(f"--database={db}", f"--output_path={again}", "--key_node=Optimizer.step", "-v", "quiet")
+    assert (again / "dlprof_summary.csv").exists()
+
+
+def test_other_devices_map_like_cuda(tmp_path):
+    """MTIA (and other privateuse devices) write their runtime calls and device activities under their own
+    categories; they map to API calls and kernels like CUDA's."""
+    k = KinetoTrace()
+    k.cpu_op(MAIN, 0, 10_000, "aten::mm", seq=1)
+    k.raw('{"ph": "X", "cat": "mtia_runtime", "name": "mtiaLaunchKernel", "pid": 4242, "tid": 10, '
+          '"ts": 1.000, "dur": 2.000, "args": {"correlation": 77}}')
+    k.raw('{"ph": "X", "cat": "mtia_ccp_events", "name": "mm_kernel", "pid": 1, "tid": 3, '
+          '"ts": 4.000, "dur": 3.500, "args": {"correlation": 77, "device": 1, "stream": 3}}')
+    k.raw('{"ph": "X", "cat": "privateuse1_runtime", "name": "npuMalloc", "pid": 4242, "tid": 10, '
+          '"ts": 8.000, "dur": 1.000, "args": {"correlation": 78}}')
+    a = analyze(k.write(tmp_path / "mtia.json"))
+    assert a.trace.api_calls["name"].astype(str).tolist() == ["mtiaLaunchKernel", "npuMalloc"]
+    gpu = a.trace.gpu
+    assert gpu["name"].astype(str).tolist() == ["mm_kernel"] and gpu["device_id"].tolist() == [1]
+    assert a.op("/aten::mm", "fprop")["gpu_total"] == 3500
