@@ -184,7 +184,10 @@ class SqliteSource:
                     for column in batch.columns:
                         if pa.types.is_string(column.type):
                             column.validate(full=True)
-                    batch = batch.cast(schema) if batch.schema != schema else batch
+                    if batch.schema != schema:   # by position: the query's column names are its expressions
+                        batch = pa.RecordBatch.from_arrays(
+                            [c if c.type == f.type else c.cast(f.type) for c, f in zip(batch.columns, schema)],
+                            schema=schema)
                     yield batch
                     done += batch.num_rows
                 cursor.close()
