@@ -57,7 +57,8 @@ class Aggregation:
     groups: pd.DataFrame = None          # per group node of the op-name tree
     devices: pd.DataFrame = None         # per visible GPU: time breakdown
     kernel_launches: pd.DataFrame = None  # per kernel launch in the aggregation (iteration report), when kept
-    launch_chunks: list = field(default_factory=list)  # the same rows chunk by chunk (spilled by large runs)
+    launch_chunks: list = field(default_factory=list)  # the same rows chunk by chunk
+    launch_spill: object = None          # out-of-core runs: where the kernel-launch rows went (store_model)
     facts: dict = field(default_factory=dict)   # per-launch evidence the expert systems need
 
     @property
@@ -75,8 +76,10 @@ def aggregate(trace: Trace, corr: Correlation, dm: DomainModel, iterations: Iter
 
 
 def aggregate_model(model, iterations: Iterations, iter_start: int, iter_stop: int, cuts=None,
-                    keep_launches: bool = True) -> Aggregation:
-    """Aggregate a model that yields time chunks (in memory or from an out-of-core store)."""
+                    keep_launches=True) -> Aggregation:
+    """Aggregate a model that yields time chunks (in memory or from an out-of-core store). `keep_launches`:
+    True keeps the kernel-launch rows (the iteration report) in `kernel_launches`, a function receives them
+    chunk by chunk instead."""
     window_start = int(iterations.starts[iter_start])
     window_end = model.window_end(iterations, iter_start, iter_stop)
     window_end = max(window_end if window_end is not None else int(iterations.ends[iter_stop]), window_start)
@@ -157,7 +160,9 @@ class Accumulator:
                 tc_time=launches[launches["uses_tc"]].groupby("op_index")["gpu_duration"].sum()))
             self.tc_names.append(launches[["op_index", "name_code", "uses_tc"]].drop_duplicates())
             self._launch_facts(launches)
-            if self.keep_launches:
+            if callable(self.keep_launches):   # a sink (an out-of-core run spills them)
+                self.keep_launches(launches)
+            elif self.keep_launches:
                 self.agg.launch_chunks.append(launches)
         self.groups.flush(chunk.hi)
         self.breakdown.add(chunk)
@@ -210,7 +215,7 @@ class Accumulator:
         agg.iterations = self._iteration_table(breakdown)
         agg.summary = self._summary(breakdown)
         agg.facts = dict(self.facts)
-        if self.keep_launches:
+        if self.keep_launches and not callable(self.keep_launches):
             agg.kernel_launches = pd.concat(agg.launch_chunks, ignore_index=True) if agg.launch_chunks \
                 else _launch_rows(model.empty_acts(), np.zeros(0, dtype=np.int64))
 

@@ -110,6 +110,20 @@ def reanalyze(trace: Trace, corr: Correlation, profile: dict, config: AnalysisCo
 
 
 def _aggregate_and_detect(trace, corr, iterations, primary, config, source_name, stages) -> Analysis:
+    iter_start, iter_stop = _chosen_iterations(iterations, config, source_name)
+    aggregations = stages.run("Aggregating", lambda: {
+        name: aggregate(trace, corr, dm, iterations, iter_start, iter_stop, cuts=config.cuts)
+        for name, dm in corr.domains.items()})
+    from dlprof_profiler import expert_systems
+    findings = stages.run("Running expert systems", lambda: {
+        name: expert_systems.detect(trace, corr, corr.domains[name], agg, iterations)
+        for name, agg in aggregations.items()})
+    return Analysis(trace=trace, corr=corr, iterations=iterations, aggregations=aggregations, findings=findings,
+                    primary=primary, timings=stages.timings)
+
+
+def _chosen_iterations(iterations: iterate.Iterations, config: AnalysisConfig, source_name: str) -> tuple[int, int]:
+    """The iteration range to aggregate (checked), said to the user with how the profile was split."""
     iter_start, iter_stop = iterate.select_range(iterations, config.iter_start, config.iter_stop, source_name)
     if not iterations.found:
         if iterations.key_node:
@@ -121,15 +135,7 @@ def _aggregate_and_detect(trace, corr, iterations, primary, config, source_name,
     else:
         log.info(f"  key node '{iterations.key_node}' ({iterations.source}): {iterations.count} iterations; "
                  f"aggregating {iter_start}..{iter_stop}")
-    aggregations = stages.run("Aggregating", lambda: {
-        name: aggregate(trace, corr, dm, iterations, iter_start, iter_stop, cuts=config.cuts)
-        for name, dm in corr.domains.items()})
-    from dlprof_profiler import expert_systems
-    findings = stages.run("Running expert systems", lambda: {
-        name: expert_systems.detect(trace, corr, corr.domains[name], agg, iterations)
-        for name, agg in aggregations.items()})
-    return Analysis(trace=trace, corr=corr, iterations=iterations, aggregations=aggregations, findings=findings,
-                    primary=primary, timings=stages.timings)
+    return iter_start, iter_stop
 
 
 def choose_domain(corr: Correlation, requested: str | None, source_name: str) -> str:
@@ -211,7 +217,7 @@ def analyze_store(store, config: AnalysisConfig = AnalysisConfig(), source_name:
     profile (see store_model.py)."""
     from dlprof_profiler.aggregate import aggregate_model
     from dlprof_profiler.correlate import DomainCorrelator, segment_rows
-    from dlprof_profiler.store_model import StoreAnalysis, StoreModel, StoreSink
+    from dlprof_profiler.store_model import LaunchSpill, StoreAnalysis, StoreModel, StoreSink
     source_name = source_name or str(store.export)
     stages = _Stages()
     sa = StoreAnalysis(store)
@@ -244,12 +250,17 @@ def analyze_store(store, config: AnalysisConfig = AnalysisConfig(), source_name:
     if config.key_node and not iterations.found:
         iterations = _store_key_node_from_ops(sa, corr, config.key_node, iterations)
     primary = choose_domain(corr, config.domain, source_name)
-    iter_start, iter_stop = iterate.select_range(iterations, config.iter_start, config.iter_stop, source_name)
+    iter_start, iter_stop = _chosen_iterations(iterations, config, source_name)
     device_ids = trace.devices["device_id"].to_numpy(np.int64).tolist() if len(trace.devices) else []
     device_pids = sa.device_pids()
-    aggregations = stages.run("Aggregating", lambda: {
-        d: aggregate_model(StoreModel(sa, dm, mode, device_ids, device_pids, trace.io_calls), iterations, iter_start,
-                           iter_stop, cuts, keep_launches=False) for d, dm in models.items()})
+
+    def aggregate_domain(dm):
+        spill = LaunchSpill(sa, dm.sink.d, 0)   # the iteration report's rows, read back when it is written
+        agg = aggregate_model(StoreModel(sa, dm, mode, device_ids, device_pids, trace.io_calls), iterations,
+                              iter_start, iter_stop, cuts, keep_launches=spill)
+        agg.launch_spill = spill
+        return agg
+    aggregations = stages.run("Aggregating", lambda: {d: aggregate_domain(dm) for d, dm in models.items()})
     from dlprof_profiler import expert_systems
     from dlprof_profiler.experts.data import StoreData
     findings = stages.run("Running expert systems", lambda: {

@@ -15,6 +15,9 @@ FORMAT_NAMES = ("csv", "json")
 MODES = ("simple", "nvtx", "pytorch", "tensorflow1", "tensorflow2", "tensorrt")
 BACKENDS = ("nsys", "torch")
 DEFAULT_REPORTS = ("summary", "detail", "expert_systems")
+# From this many events (NVTX ranges + CUDA API calls + GPU activities) an nsys export is analysed out of core:
+# in memory a profile takes about 0.45 GB per 10^6 events, so larger ones would not stay under 4 GB
+OUT_OF_CORE_EVENTS = 8_000_000
 
 _TRUE = {"true", "yes", "1", "on"}
 _FALSE = {"false", "no", "0", "off"}
@@ -23,7 +26,7 @@ _FALSE = {"false", "no", "0", "off"}
 _VALUE_OPTIONS = {
     "--database", "--output_path", "--profile_name", "--base_name", "-v", "--verbosity", "-m", "--mode",
     "--key_node", "--key_op", "--iter_start", "--iter_stop", "--nsys_opts", "--nsys_base_name",
-    "-y", "--delay", "-d", "--duration", "--domain", "--backend", "--capture_iterations",
+    "-y", "--delay", "-d", "--duration", "--domain", "--backend", "--capture_iterations", "--out_of_core",
 }
 # Options with an optional boolean value (`--force`, `--force=true`, `-f false`).
 _BOOL_OPTIONS = {"-f", "--force", "--dump_model_data", "--nsys_profile_range", "--detailed_mode"}
@@ -196,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "domain with the most ranges); the database keeps every domain")
     p.add_argument("--dump_model_data", type=parse_bool, default=False, metavar="BOOL",
                    help="also write the op model (ops, instances, kernels) as JSON")
+    p.add_argument("--out_of_core", choices=("auto", "on", "off"), default="auto",
+                   help="analyse an nsys export out of core (staged on disk next to the outputs, memory bounded "
+                        "whatever its size) or in memory (faster while it fits); auto: out of core from "
+                        f"{OUT_OF_CORE_EVENTS:,} events (NVTX ranges, CUDA API calls and GPU activities) on")
     g = p.add_argument_group("profiling (ignored with --database)")
     g.add_argument("--backend", choices=BACKENDS,
                    help="nsys: run the command under Nsight Systems (NVTX ranges, CUDA API calls, GPU kernels); "

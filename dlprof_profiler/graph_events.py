@@ -104,10 +104,11 @@ def parse_shapes(text) -> list[list[int]] | None:
 
 # ---------------------------------------------------------------------------- the op table
 
-def op_table(ops: pd.DataFrame, stats: pd.DataFrame | None = None, instances: pd.DataFrame | None = None
-             ) -> pd.DataFrame:
+def op_table(ops: pd.DataFrame, stats: pd.DataFrame | None = None, instances: pd.DataFrame | None = None,
+             first_given=None) -> pd.DataFrame:
     """Every op of a domain (`DomainModel.ops`) with its aggregation totals (`Aggregation.ops`: calls, gpu_total,
-    cpu_total; 0 for ops without calls) and the first shapes its instances recorded (`DomainModel.instances`)."""
+    cpu_total; 0 for ops without calls) and the first shapes its instances recorded (`DomainModel.instances`,
+    or `first_given(column)`: the first non-empty value per op_index, for a model kept out of core)."""
     table = ops[["op_index", "op_id", "name", "direction", "op_type", "data_type", "device_id"]].copy()
     for col in ("calls", "gpu_total", "cpu_total"):
         if stats is not None and len(stats) and col in stats.columns:
@@ -117,7 +118,9 @@ def op_table(ops: pd.DataFrame, stats: pd.DataFrame | None = None, instances: pd
             table[col] = np.zeros(len(table), dtype=np.int64)
     for col in ("input_shapes", "output_shapes"):
         column = pd.Series([None] * len(table), index=table.index, dtype=object)
-        if instances is not None and len(instances) and col in instances.columns:
+        if first_given is not None:
+            column = table["op_index"].map(first_given(col)).astype(object)
+        elif instances is not None and len(instances) and col in instances.columns:
             given = instances.loc[instances[col].notna() & (instances[col].astype(object) != ""), ["op_index", col]]
             first = given.drop_duplicates("op_index")   # instances are in start order
             column = table["op_index"].map(pd.Series(first[col].to_numpy(dtype=object),
@@ -314,5 +317,6 @@ def run_metadata(table: pd.DataFrame) -> bytes:
 def op_graph(domain_model, aggregation) -> tuple[bytes, bytes]:
     """The GRAPHS content of one domain and aggregation (`correlate.DomainModel`, `aggregate.Aggregation`):
     serialized GraphDef and RunMetadata."""
-    table = op_table(domain_model.ops, aggregation.ops, domain_model.instances)
+    table = op_table(domain_model.ops, aggregation.ops, domain_model.instances,
+                     getattr(domain_model, "first_given_values", None) if domain_model.instances is None else None)
     return graph_def(table), run_metadata(table)

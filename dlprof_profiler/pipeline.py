@@ -76,7 +76,9 @@ def refuse_dlprof18_database(path: Path) -> None:
 # ---------------------------------------------------------------------------- analysis of an nsys export
 
 def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> int:
-    """Analyse an nsys SQLite export and write every output; returns the exit status (0)."""
+    """Analyse an nsys SQLite export or Kineto trace and write every output; returns the exit status (0)."""
+    if out_of_core(source, args):
+        return run_store_analysis(source, args, capture)
     started = time.perf_counter()
     out_dir = prepare_output_dir(Path(args.output_path))
     refuse_existing(planned_outputs(args), args.force)
@@ -104,25 +106,93 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
         raise
 
 
+def out_of_core(source: Path, args: Namespace) -> bool:
+    """Whether to analyse an nsys export out of core (--out_of_core; auto: by its number of events)."""
+    from dlprof_profiler.cli import OUT_OF_CORE_EVENTS
+    choice = getattr(args, "out_of_core", "auto") or "auto"
+    if choice == "off" or ingest.trace_format(source) != ingest.SQLITE:
+        if choice == "on":
+            log.warning(f"{source}: --out_of_core applies to Nsight Systems exports; this trace is read in memory")
+        return False
+    return choice == "on" or export_events(source) >= OUT_OF_CORE_EVENTS
+
+
+def export_events(source: Path) -> int:
+    """About how many NVTX ranges, CUDA API calls and GPU activities an nsys export holds (the largest rowid
+    of each table: no table scan)."""
+    from dlprof_profiler.sqlite_source import SqliteSource
+    src = SqliteSource(source, immutable=True)
+    try:
+        return sum(int(src.query_scalar(f"SELECT coalesce(max(rowid), 0) FROM {t}") or 0)
+                   for t in ("NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL",
+                             "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET") if src.has(t))
+    finally:
+        src.close()
+
+
+def run_store_analysis(source: Path, args: Namespace, capture: dict | None = None) -> int:
+    """The same analysis and outputs, out of core: the export is staged in a DuckDB store inside the run's
+    staging folder (removed at the end) and analysed, written and reported a segment or chunk at a time."""
+    from dlprof_profiler.analysis import analyze_store
+    from dlprof_profiler.store import TraceStore
+    from dlprof_profiler.store_model import write_database
+    started = time.perf_counter()
+    out_dir = prepare_output_dir(Path(args.output_path))
+    refuse_existing(planned_outputs(args), args.force)
+    staging = Staging(out_dir)
+    store = writer = None
+    try:
+        store = TraceStore(source, staging.root / "out_of_core")
+        with log.stage(f"Reading {source} out of core (staged on disk in {out_dir})"):
+            trace = store.load()
+        log.info(f"  {store.counts['ranges']:,} NVTX ranges, {store.counts['api']:,} CUDA API calls, "
+                 f"{store.counts['gpu']:,} GPU activities, {len(trace.devices)} GPUs; "
+                 f"nsys {trace.meta.get('nsys_version')}")
+        for text in trace.warnings:
+            log.warning(text)
+        if capture and capture.get("nsys_build"):
+            trace.meta["nsys_build"] = capture["nsys_build"]
+        result = analyze_store(store, AnalysisConfig.from_args(args), str(source))
+        profile = _profile_info(args, source, trace, result.corr, capture, store.profile_start, store.profile_end)
+        header = database.Header.from_trace(trace, database.domain_ids_for(result.corr))
+        writer = database.DatabaseWriter(staging.path(database_path(args)), header)
+
+        def finish_database():
+            domain_ids = write_database(writer, result.corr.store, result.corr, result.primary, profile)
+            return domain_ids, writer.op_index_maps()
+        return _write_outputs(args, out_dir, source, result, profile, None, started, staging, writer,
+                              finish_database)
+    except BaseException:
+        staging.discard_after(writer)
+        raise
+    finally:
+        if store is not None:
+            store.close()
+
+
 def _key_node_from_ops(trace, corr, key: str, iterations):
     """A key node given as an op name or Op ID (kept for callers of the old entry point)."""
     return key_node_from_ops(corr, key, iterations)
 
 
-def _profile_info(args, source, trace, corr, capture) -> dict:
+def _profile_info(args, source, trace, corr, capture, profile_start: int | None = None,
+                  profile_end: int | None = None) -> dict:
     info = {"profile_name": args.profile_name, "source_file": str(Path(source).resolve()),
             "source_kind": {"kineto": "kineto_json"}.get(trace.meta.get("source_format"), "nsys_sqlite"),
             "nsys_version": trace.meta.get("nsys_version"), "key_node_default": trace.meta.get("key_node_default"),
             "schema_version": trace.meta.get("schema_version"), "mode": corr.mode, "family": corr.family or "",
             "dlprof_version": __version__, "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "profile_start": trace.profile_start, "profile_end": trace.profile_end, "base_name": args.base_name}
+            "profile_start": trace.profile_start if profile_start is None else profile_start,
+            "profile_end": trace.profile_end if profile_end is None else profile_end, "base_name": args.base_name}
     if capture:
         info["capture"] = capture
     return info
 
 
 def _write_outputs(args, out_dir: Path, source: Path, result: Analysis, profile: dict, existing_db: Path | None,
-                   started: float, staging: Staging | None = None, writer=None) -> int:
+                   started: float, staging: Staging | None = None, writer=None, finish_database=None) -> int:
+    """Write the database (`finish_database()` -> (domain ids, op index maps) completes a new one; default:
+    from the in-memory model), the reports and the event file, then put them in place together."""
     trace, corr, aggregations, findings = result.trace, result.corr, result.aggregations, result.findings
     primary = result.primary
     staging = staging or Staging(out_dir)
@@ -130,7 +200,9 @@ def _write_outputs(args, out_dir: Path, source: Path, result: Analysis, profile:
         with log.stage("Writing the DLProf database, reports and event files"):
             db_final = database_path(args)
             db_staged = staging.path(db_final)
-            if existing_db is None:
+            if finish_database is not None:
+                domain_ids, offsets = finish_database()
+            elif existing_db is None:
                 domain_ids = database.finish_analysis(writer, trace, corr, primary, profile)
                 offsets = writer.op_index_maps()
             else:
@@ -199,15 +271,39 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "domain"
 
 
+MODEL_INSTANCE_COLUMNS = ["instance_id", "op_index", "start", "end", "pid", "global_tid", "device_id", "cpu_time",
+                          "cpu_overhead", "gpu_time", "gpu_idle", "n_kernels"]
+
+
 def _dump_model(path: Path, corr) -> None:
-    doc = {}
-    for name, dm in corr.domains.items():
-        ops = dm.ops.drop(columns=[c for c in ("kind",) if c in dm.ops.columns])
-        inst = dm.instances[["instance_id", "op_index", "start", "end", "pid", "global_tid", "device_id", "cpu_time",
-                             "cpu_overhead", "gpu_time", "gpu_idle", "n_kernels"]]
-        doc[name] = {"ops": json.loads(ops.to_json(orient="records")),
-                     "instances": json.loads(inst.to_json(orient="split", index=False))}
-    path.write_text(json.dumps(doc), encoding="utf-8")
+    """The op model as JSON: per domain its ops and its instances (columns and rows), written a chunk of
+    instances at a time."""
+    with open(path, "w", encoding="utf-8") as out:
+        out.write("{")
+        for d, (name, dm) in enumerate(corr.domains.items()):
+            ops = dm.ops.drop(columns=[c for c in ("kind",) if c in dm.ops.columns])
+            out.write(("" if d == 0 else ", ") + json.dumps(name) + ': {"ops": ' + ops.to_json(orient="records")
+                      + ', "instances": {"columns": ' + json.dumps(MODEL_INSTANCE_COLUMNS) + ', "data": [')
+            first = True
+            for chunk in _instance_chunks(corr, dm):
+                rows = json.loads(chunk[MODEL_INSTANCE_COLUMNS].to_json(orient="values"))
+                if rows:
+                    out.write(("" if first else ", ") + json.dumps(rows)[1:-1])
+                    first = False
+            out.write("]}}")
+        out.write("}")
+
+
+def _instance_chunks(corr, dm, rows: int = 1 << 18):
+    """A domain model's instances in start order, `rows` at a time (from the store when kept out of core)."""
+    if dm.instances is not None:
+        for lo in range(0, len(dm.instances), rows):
+            yield dm.instances.iloc[lo:lo + rows]
+        return
+    columns = ", ".join(f'"{c}"' for c in MODEL_INSTANCE_COLUMNS)
+    for table in corr.store.store.batches(f"SELECT {columns} FROM inst_sorted_{dm.sink.d} "
+                                          "ORDER BY start, instance_id", rows):
+        yield table.to_pandas()
 
 
 def _run_options(args) -> list[str]:

@@ -169,9 +169,13 @@ def _headerless(table: Table) -> Table:
     return table
 
 
-def detailed_report(agg: Aggregation, instances: pd.DataFrame | None = None) -> Report:
-    """DLProf 1.8's columns, then Input Shapes (the input shapes of each op's first call; needs `instances`)."""
+def detailed_report(agg: Aggregation, instances: pd.DataFrame | None = None, first_calls=None) -> Report:
+    """DLProf 1.8's columns, then Input Shapes (the input shapes of each op's first call: from `instances`, or
+    `first_calls(column, op_index)` giving them)."""
     ops = agg.ops.sort_values("op_id", kind="stable") if len(agg.ops) else agg.ops
+    op_index = ops["op_index"] if len(ops) else []
+    shapes = first_calls("input_shapes", op_index) if first_calls is not None \
+        else first_call_values(instances, "input_shapes", op_index)
     columns = (["Op ID", "Op Name", "Direction", "Op Type", "No. Calls", "TC Eligible", "Using TC"]
                + _stat_columns("CPU Time") + _stat_columns("GPU Time") + _stat_columns("CPU Overhead")
                + _stat_columns("GPU Idle") + ["Data Type", "Stack Trace", "Input Shapes"])
@@ -181,7 +185,7 @@ def detailed_report(agg: Aggregation, instances: pd.DataFrame | None = None) -> 
             "Using TC": ops["using_tc"], **_stats_data(ops, "cpu", "CPU Time"), **_stats_data(ops, "gpu", "GPU Time"),
             **_stats_data(ops, "overhead", "CPU Overhead"), **_stats_data(ops, "idle", "GPU Idle"),
             "Data Type": ops["data_type"], "Stack Trace": ops["stack_trace"],
-            "Input Shapes": first_call_values(instances, "input_shapes", ops["op_index"] if len(ops) else [])}
+            "Input Shapes": shapes}
     return Report("detail", [Table(aggregation_title(agg), columns, formats, data)])
 
 
@@ -331,7 +335,6 @@ def launch_rows(agg: Aggregation, instances: pd.DataFrame, ops: pd.DataFrame, gp
     the kernel name and the GPU start, ties in launch order; chunks are taken from the frames when asked."""
     launches = agg.kernel_launches
     n_ops = int(ops["op_index"].max()) + 1 if len(ops) else 0
-    op_pos = ops["op_index"].to_numpy(np.int64)
     names = gpu["name"].cat.categories.to_numpy(dtype=object) if len(gpu) else np.zeros(0, dtype=object)
     long_names = gpu["long_name"].cat.categories.to_numpy(dtype=object) if len(gpu) else np.zeros(0, dtype=object)
     by_launch = {}     # per launch row, in launch order
@@ -353,20 +356,29 @@ def launch_rows(agg: Aggregation, instances: pd.DataFrame, ops: pd.DataFrame, gp
                   "uses_tc"):
             by_launch[c] = launches[c].to_numpy()
         order = _report_order(by_launch, ops, n_ops, names)
-    dicts = LaunchDictionaries(
-        op_id=_string_array(_by_position(op_pos, ops["op_id"].to_numpy(dtype=object), n_ops)),
-        op_name=_string_array(_by_position(op_pos, ops["name"].to_numpy(dtype=object), n_ops)),
-        direction=_string_array(_by_position(op_pos, ops["direction"].to_numpy(dtype=object), n_ops)),
-        op_type=_string_array(_by_position(op_pos, ops["op_type"].to_numpy(dtype=object), n_ops)),
-        kernel_name=_string_array(names), long_kernel_name=_string_array(long_names),
-        **{c: _string_array(instance_text.get(c, np.zeros(0, dtype=object)))
-           for c in ("data_type", "input_shapes", "parameters", "output_shapes")})
+    dicts = launch_dictionaries(ops, names, long_names, {c: instance_text.get(c, np.zeros(0, dtype=object))
+                                                         for c in ("data_type", "input_shapes", "parameters",
+                                                                   "output_shapes")})
 
     def rows_between(lo: int, hi: int) -> dict:
         take = order[lo:hi]
         rows = activity[take]
         return {**{c: v[take] for c, v in by_launch.items()}, **{c: v[rows] for c, v in by_activity.items()}}
     return dicts, order.size, rows_between
+
+
+def launch_dictionaries(ops: pd.DataFrame, kernel_names, long_kernel_names, instance_text: dict) -> LaunchDictionaries:
+    """The dictionaries of kernel-launch rows: op fields by op_index, kernel names and the launching instances'
+    data_type, input_shapes, parameters and output_shapes by their codes."""
+    n_ops = int(ops["op_index"].max()) + 1 if len(ops) else 0
+    op_pos = ops["op_index"].to_numpy(np.int64)
+
+    def op_field(column):
+        return _string_array(_by_position(op_pos, ops[column].to_numpy(dtype=object), n_ops))
+    return LaunchDictionaries(op_id=op_field("op_id"), op_name=op_field("name"), direction=op_field("direction"),
+                              op_type=op_field("op_type"), kernel_name=_string_array(kernel_names),
+                              long_kernel_name=_string_array(long_kernel_names),
+                              **{c: _string_array(v) for c, v in instance_text.items()})
 
 
 def _report_order(columns: dict, ops: pd.DataFrame, n_ops: int, names: np.ndarray) -> np.ndarray:
@@ -471,10 +483,14 @@ def expert_systems_report(findings: list[dict]) -> Report:
 
 def build_reports(names: list[str], agg: Aggregation, dm, trace, config: dict, findings: list[dict]) -> list[Report]:
     """The requested reports of one aggregation of one domain."""
+    # a model kept out of core (store_model.StoreDomainModel) serves first calls and launch rows itself
+    out_of_core = dm.instances is None and hasattr(dm, "iteration_report")
     builders = {
         "summary": lambda: summary_report(agg, trace.system, trace.meta, trace.devices, config),
-        "detail": lambda: detailed_report(agg, dm.instances),
-        "iteration": lambda: iteration_report(agg, dm.instances, dm.ops, trace.gpu),
+        "detail": lambda: detailed_report(agg, first_calls=dm.first_call_values) if out_of_core
+        else detailed_report(agg, dm.instances),
+        "iteration": lambda: dm.iteration_report(agg) if out_of_core
+        else iteration_report(agg, dm.instances, dm.ops, trace.gpu),
         "kernel": lambda: kernel_report(agg, dm.ops),
         "tensor": lambda: tensor_core_report(agg),
         "op_type": lambda: op_type_report(agg),

@@ -26,6 +26,11 @@ from dlprof_profiler.sqlite_source import SqliteSource
 from dlprof_profiler.trace import KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, Trace
 
 DEFAULT_MEMORY_LIMIT = "1200MB"
+_RANGES = ('SELECT range_id, domain_code, text, start, "end", global_tid, pid, event_type, unclosed '
+           "FROM ranges WHERE {where} ORDER BY range_id")
+_API = ('SELECT api_id, name_code, start, "end", global_tid, pid, correlation_id, event_class, return_value '
+        "FROM api WHERE {where} ORDER BY api_id")
+_GPU = "SELECT * FROM gpu WHERE {where} ORDER BY activity_id"
 I64 = pa.int64()
 
 UNKNOWN_KERNEL = nsys.UNKNOWN_KERNEL
@@ -483,11 +488,32 @@ class TraceStore:
 
     # -- frames, as ingest_nsys builds them (for slices of the timeline) --------------------------------
     def ranges_frame(self, where: str = "true", params=None) -> pd.DataFrame:
-        table = self.arrow(
-            f'SELECT range_id, domain_code, text, start, "end", global_tid, pid, event_type, unclosed '
-            f"FROM ranges WHERE {where} ORDER BY range_id",
-            params,
-        )
+        return self._ranges_of(self.arrow(_RANGES.format(where=where), params))
+
+    def api_frame(self, where: str = "true", params=None) -> pd.DataFrame:
+        return self._api_of(self.frame(_API.format(where=where), params))
+
+    def gpu_frame(self, where: str = "true", params=None) -> pd.DataFrame:
+        return self._gpu_of(self.frame(_GPU.format(where=where), params))
+
+    def frame_chunks(self, frame: str, rows: int):
+        """Every row of `ranges`, `api_calls` or `gpu` in id order, as frames of `rows` rows at most (streamed
+        on a cursor of its own: the store stays usable meanwhile)."""
+        query, convert = {"ranges": (_RANGES, self._ranges_of), "api_calls": (_API, self._api_of),
+                          "gpu": (_GPU, self._gpu_of)}[frame]
+        for table in self.batches(query.format(where="true"), rows):
+            yield convert(table if frame == "ranges" else table.to_pandas())
+
+    def batches(self, query: str, rows: int):
+        """A query's result `rows` at a time (Arrow tables), on a cursor of its own."""
+        cursor = self.con.cursor()
+        try:
+            for batch in cursor.sql(query).to_arrow_reader(rows):
+                yield pa.Table.from_batches([batch])
+        finally:
+            cursor.close()
+
+    def _ranges_of(self, table: pa.Table) -> pd.DataFrame:
         domains = np.array(self.domains, dtype=object)
         codes = table.column("domain_code").to_numpy()
         return pd.DataFrame(
@@ -507,12 +533,7 @@ class TraceStore:
             copy=False,
         )
 
-    def api_frame(self, where: str = "true", params=None) -> pd.DataFrame:
-        f = self.frame(
-            'SELECT api_id, name_code, start, "end", global_tid, pid, correlation_id, event_class, '
-            f"return_value FROM api WHERE {where} ORDER BY api_id",
-            params,
-        )
+    def _api_of(self, f: pd.DataFrame) -> pd.DataFrame:
         f.insert(
             1,
             "name",
@@ -522,10 +543,9 @@ class TraceStore:
         )
         return f
 
-    def gpu_frame(self, where: str = "true", params=None) -> pd.DataFrame:
+    def _gpu_of(self, f: pd.DataFrame) -> pd.DataFrame:
         from dlprof_profiler.trace import GPU_COLUMNS
 
-        f = self.frame(f"SELECT * FROM gpu WHERE {where} ORDER BY activity_id", params)
         f["kind"] = f["kind"].astype(np.int8)
         f["name"] = pd.Categorical.from_codes(
             f.pop("name_code").to_numpy(np.int64), categories=pd.Index(self.gpu_short, dtype=object)

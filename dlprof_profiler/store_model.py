@@ -11,7 +11,7 @@ import pandas as pd
 from dlprof_profiler import correlate as corr_mod
 from dlprof_profiler import nvtx_markers as nm
 from dlprof_profiler.correlate import BACKWARD_PASS, UNASSOCIATED_GPU, DomainFacts, Segment
-from dlprof_profiler.model_chunks import TIME_MAX, TIME_MIN, ModelChunk, chunk_bounds
+from dlprof_profiler.model_chunks import INSTANCE_FIELDS, TIME_MAX, TIME_MIN, ModelChunk, chunk_bounds
 from dlprof_profiler.store import TraceStore
 from dlprof_profiler.tensor_cores import kernel_uses_tc
 from dlprof_profiler.trace import KIND_KERNEL, make_frame
@@ -59,7 +59,9 @@ INSTANCE_INT = [
     "gpu_idle",
     "n_gpu",
     "n_kernels",
+    "call_id",
 ]
+CALL_METRICS = ("cpu_time", "cpu_overhead", "gpu_time", "gpu_idle", "n_kernels")  # correlate.CALL_METRICS
 CLASSIFY_BATCH = 1 << 20
 
 
@@ -442,9 +444,13 @@ class StoreSink:
                 ["kind"],
             )
         ops = self._op_table(c.domain, c.family, c.bounds)
-        self.a.run(
-            f"CREATE OR REPLACE TABLE inst_sorted_{self.d} AS SELECT * FROM {self.inst} ORDER BY start, instance_id"
-        )
+        # a call's metrics on its first instance (the autograd nodes of one forward call are one backward
+        # call: correlate.call_metrics), 0 on its other instances
+        calls = ", ".join(f'CASE WHEN call_id = instance_id THEN sum("{m}") OVER (PARTITION BY call_id) ELSE 0 END '
+                          f'AS "call_{m}"' for m in CALL_METRICS)
+        self.a.run(f"""CREATE OR REPLACE TABLE inst_sorted_{self.d} AS
+                       SELECT *, (call_id = instance_id) AS is_call, {calls} FROM {self.inst}
+                       ORDER BY start, instance_id""")
         self.a.run(f"""
             CREATE OR REPLACE TABLE acts_{self.d} AS
             SELECT g.activity_id, g.kind, g.name_code, g.start, g."end", g.device_id, g.pid, g.launch, g.api_id,
@@ -552,30 +558,35 @@ class StoreSink:
         inst = self.inst
         store.con.register("_bounds", pd.DataFrame({"t": np.asarray(bounds, dtype=np.int64),
                                                     "k": np.arange(1, len(bounds) + 1, dtype=np.int64)}))
+        # ops are made of calls: the first instance of each call stands for it (correlate.op_table); the other
+        # instances of a call take its op below
         self.a.run(f"""
             CREATE OR REPLACE TABLE {inst} AS
-            SELECT i.*, row_number() OVER (PARTITION BY coalesce(b.k, 0), i.global_tid, i.name_code, i.direction_code
-                                           ORDER BY i.start, i.instance_id) AS nth
+            SELECT i.*, CASE WHEN i.call_id = i.instance_id THEN
+                       row_number() OVER (PARTITION BY i.call_id = i.instance_id, coalesce(b.k, 0), i.global_tid,
+                                                       i.name_code, i.direction_code
+                                          ORDER BY i.start, i.instance_id) END AS nth
             FROM {inst} i ASOF LEFT JOIN _bounds b ON i.start >= b.t""")
         store.con.unregister("_bounds")
+        heads = f"(SELECT * FROM {inst} WHERE call_id = instance_id)"
         first = store.frame(f"""
             SELECT DISTINCT ON (name_code, direction_code, nth) name_code, direction_code, nth, op_type_code,
                    label_code, kind, start AS first_start
-            FROM {inst} ORDER BY name_code, direction_code, nth, start, instance_id""")
+            FROM {heads} ORDER BY name_code, direction_code, nth, start, instance_id""")
         if len(first) == 0:
             from dlprof_profiler.correlate import op_table
 
             return op_table(pd.DataFrame(), domain, family)
         keys = ["name_code", "direction_code", "nth"]
-        counts = store.frame(f"SELECT name_code, direction_code, nth, count(*) AS n FROM {inst} GROUP BY ALL")
+        counts = store.frame(f"SELECT name_code, direction_code, nth, count(*) AS n FROM {heads} GROUP BY ALL")
         given = {}
         for column in ("data_type", "stack_trace"):
             given[column] = store.frame(f"""
                 SELECT DISTINCT ON (name_code, direction_code, nth) name_code, direction_code, nth, {column}_code AS v
-                FROM {inst} WHERE {column}_code >= 0 ORDER BY name_code, direction_code, nth, start, instance_id""")
+                FROM {heads} WHERE {column}_code >= 0 ORDER BY name_code, direction_code, nth, start, instance_id""")
         dev = store.frame(f"""
             SELECT DISTINCT ON (name_code, direction_code, nth) name_code, direction_code, nth, device_id FROM (
-                SELECT name_code, direction_code, nth, device_id, count(*) AS c FROM {inst} WHERE device_id >= 0
+                SELECT name_code, direction_code, nth, device_id, count(*) AS c FROM {heads} WHERE device_id >= 0
                 GROUP BY ALL) ORDER BY name_code, direction_code, nth, c DESC, device_id""")
         g = first.merge(counts, on=keys, how="left")
         for column, frame in given.items():
@@ -606,7 +617,58 @@ class StoreSink:
         self.a.run(f"UPDATE {inst} SET op_index = o.op_index FROM _ops o WHERE {inst}.name_code = o.name_code "
                    f"AND {inst}.direction_code = o.direction_code AND {inst}.nth = o.nth")
         self.a.store.con.unregister("_ops")
+        self.a.run(f"""UPDATE {inst} SET op_index = h.op_index FROM {heads} h
+                       WHERE {inst}.call_id = h.instance_id AND {inst}.call_id <> {inst}.instance_id""")
         return ops
+
+
+LAUNCH_FIELDS = ("activity_id", "iteration", "instance", "op_index", "name_code", "device_id", "gpu_start",
+                 "gpu_duration", "api_row", "api_start", "api_duration", "uses_tc")   # aggregate._launch_rows
+
+
+class LaunchSpill:
+    """The kernel-launch rows of one aggregation of one domain, spilled into the store chunk by chunk (the
+    aggregation's `keep_launches` sink) and read back in the iteration report's order."""
+
+    def __init__(self, analysis: StoreAnalysis, domain_index: int, serial: int):
+        self.a, self.d = analysis, domain_index
+        self.table = f"launches_{domain_index}_{serial}"
+        self.rows = 0
+        cols = ", ".join(f'"{c}" BIGINT' for c in LAUNCH_FIELDS) + ", seq BIGINT"
+        self.a.run(f"CREATE OR REPLACE TABLE {self.table} ({cols})")
+
+    def __call__(self, launches: pd.DataFrame) -> None:
+        frame = {c: launches[c].to_numpy().astype(np.int64) for c in LAUNCH_FIELDS}
+        frame["seq"] = self.rows + np.arange(len(launches), dtype=np.int64)   # launch order breaks ties
+        self.rows += len(launches)
+        con = self.a.store.con
+        con.register("_launches", pd.DataFrame(frame))
+        self.a.run(f"INSERT INTO {self.table} SELECT * FROM _launches")
+        con.unregister("_launches")
+
+    def report_chunks(self, ops: pd.DataFrame, rows_per_chunk: int):
+        """Record batches of kernel-launch rows (reports.LAUNCH_COLUMNS) in report order: iteration, the op's
+        first start, kernel name, GPU start, launch order (reports._report_order)."""
+        store = self.a.store
+        first = pd.DataFrame({"op_index": ops["op_index"].to_numpy(np.int64),
+                              "first_start": ops["first_start"].to_numpy(np.int64)})
+        reader = store.con.cursor()
+        try:
+            reader.register("_op_first", first)
+            # kernel names: codes into the sorted distinct names, so their order is the names' order
+            result = reader.sql(f"""
+                SELECT l.iteration, l.device_id, l.gpu_start, l.gpu_duration, l.api_start, l.api_duration,
+                       l.uses_tc::BOOLEAN AS uses_tc, g.grid_x, g.grid_y, g.grid_z, g.block_x, g.block_y, g.block_z,
+                       l.op_index, l.name_code AS kernel_name, g.long_code AS long_kernel_name,
+                       i.data_type_code AS data_type, i.input_shapes_code AS input_shapes,
+                       i.parameters_code AS parameters, i.output_shapes_code AS output_shapes
+                FROM {self.table} l JOIN gpu g USING (activity_id)
+                JOIN inst_sorted_{self.d} i ON i.instance_id = l.instance
+                LEFT JOIN _op_first f ON f.op_index = l.op_index
+                ORDER BY l.iteration, coalesce(f.first_start, {TIME_MAX}), l.name_code, l.gpu_start, l.seq""")
+            yield from result.to_arrow_reader(rows_per_chunk)
+        finally:
+            reader.close()
 
 
 class StoreDomainModel:
@@ -618,6 +680,41 @@ class StoreDomainModel:
         self.instances = None  # in the store: see `instances_where`
         self.api_instance = None
         self.gpu_instance = None
+
+    def first_call_values(self, column: str, op_index) -> np.ndarray:
+        """Per op of `op_index`, `column` of its first call (earliest start, then lowest instance id; as
+        reports.first_call_values computes it in memory)."""
+        op_index = np.asarray(op_index, dtype=np.int64)
+        sink = self.sink
+        f = sink.a.store.frame(f"""SELECT DISTINCT ON (op_index) op_index, {column}_code AS code
+                                   FROM inst_sorted_{sink.d} ORDER BY op_index, start, instance_id""")
+        values = pd.Series(sink.a.pool.decode(f["code"].to_numpy(np.int64)), index=f["op_index"].to_numpy(np.int64),
+                           dtype=object)
+        out = values.reindex(op_index).to_numpy(dtype=object).copy()
+        out[pd.isna(out)] = None
+        return out
+
+    def first_given_values(self, column: str) -> pd.Series:
+        """Per op_index, the first non-empty `column` value of its instances in start order (graph_events)."""
+        sink = self.sink
+        pool = sink.a.pool
+        empty = pool.code.get("", -2)
+        f = sink.a.store.frame(f"""SELECT DISTINCT ON (op_index) op_index, {column}_code AS code
+                                   FROM inst_sorted_{sink.d} WHERE {column}_code >= 0 AND {column}_code <> {empty}
+                                   ORDER BY op_index, start, instance_id""")
+        return pd.Series(pool.decode(f["code"].to_numpy(np.int64)), index=f["op_index"].to_numpy(np.int64),
+                         dtype=object)
+
+    def iteration_report(self, agg):
+        """The iteration report of one aggregation, streamed from its spilled launch rows."""
+        from dlprof_profiler import report_format, reports
+        store, spill = self.sink.a.store, agg.launch_spill
+        text = self.sink.a.pool.array()
+        dicts = reports.launch_dictionaries(self.ops, store.gpu_short, store.gpu_long,
+                                            dict.fromkeys(("data_type", "input_shapes", "parameters",
+                                                           "output_shapes"), text))
+        return reports.iteration_report_from_chunks(lambda: spill.report_chunks(self.ops, report_format.CHUNK_ROWS),
+                                                    dicts)
 
     def instances_where(self, where: str = "true", params=None) -> pd.DataFrame:
         """Instances as the in-memory model holds them (text columns decoded)."""
@@ -703,9 +800,8 @@ class StoreModel:
         for lo, hi in chunk_bounds(cuts):
             params = [lo, hi]
             inst = store.frame(
-                f"""SELECT instance_id, op_index, kind, start, "end", pid, global_tid, device_id, cpu_time,
-                                          cpu_overhead, gpu_time, gpu_idle, n_kernels
-                                   FROM inst_sorted_{d} WHERE start >= $1 AND start < $2""",
+                f"""SELECT {", ".join(f'"{c}"' for c in INSTANCE_FIELDS)}
+                    FROM inst_sorted_{d} WHERE start >= $1 AND start < $2""",
                 params,
             )
             acts = self._acts("launch >= $1 AND launch < $2", params)
@@ -721,3 +817,55 @@ class StoreModel:
                 return frame[(t >= lo) & (t < hi)]
 
             yield ModelChunk(lo, hi, inst, acts, running, within(self.loader), within(self.io))
+
+
+# ---------------------------------------------------------------------------- the DLProf database
+
+WRITE_ROWS = 1 << 18   # rows read from the store and queued for the database writer at a time
+
+
+def write_database(writer, sa: StoreAnalysis, corr, primary: str, profile: dict) -> dict:
+    """Feed the database writer (database.DatabaseWriter) from the store, a chunk of rows at a time, as
+    database.finish_analysis does from frames; returns {domain name: domain_id}."""
+    from types import SimpleNamespace
+
+    store = sa.store
+    trace = store.trace
+    for frame in ("ranges", "api_calls", "gpu"):   # the order _raw_rows writes a whole trace in
+        for chunk in store.frame_chunks(frame, WRITE_ROWS):
+            writer.add_raw(SimpleNamespace(**{frame: chunk}))
+    writer.add_raw(SimpleNamespace(syncs=trace.syncs, io_calls=trace.io_calls))
+    for name, dm in corr.domains.items():
+        writer.add_ops(name, dm.ops)   # first: the domain's ops get consecutive database op indexes
+        d = dm.sink.d
+        for table in store.batches(f"SELECT * FROM inst_sorted_{d} ORDER BY instance_id", WRITE_ROWS):
+            writer.add_domain_model(name, _decoded_instances(table.to_pandas(), sa.pool, name))
+        owners = (t.to_pandas() for t in store.batches(
+            f"SELECT activity_id, owner AS instance_id, api_id, launch AS launch_time FROM acts_{d} "
+            "ORDER BY activity_id", WRITE_ROWS))
+        for chunk in owners:
+            writer.add_domain_model(name, None, chunk)
+    domains = {name: {"family": corr.family, "has_markers": dm.has_markers, "num_ranges": dm.n_ranges}
+               for name, dm in corr.domains.items()}
+    return writer.finish(profile, primary, domains, corr.config, corr.range_labels, kernel_tc_pairs(sa))
+
+
+def _decoded_instances(f: pd.DataFrame, pool: StringPool, domain: str) -> pd.DataFrame:
+    for c in INSTANCE_TEXT:
+        f[c] = pool.decode(f.pop(f"{c}_code").to_numpy(np.int64))
+    f["domain"] = domain
+    return f
+
+
+def kernel_tc_pairs(sa: StoreAnalysis) -> pd.DataFrame:
+    """Tensor Core use per distinct (name, long name) of the GPU activities (database.kernel_tc_pairs)."""
+    store = sa.store
+    kernels = sa.tc_pairs
+    others = store.frame(f"SELECT DISTINCT name_code, long_code FROM gpu WHERE kind <> {KIND_KERNEL}")
+    pairs = pd.concat([kernels[["name_code", "long_code", "uses_tc", "tc_rule"]],
+                       others.assign(uses_tc=False, tc_rule="")], ignore_index=True)
+    pairs = pairs.drop_duplicates(["name_code", "long_code"])
+    return pd.DataFrame({"name": store.gpu_short[pairs["name_code"].to_numpy(np.int64)],
+                         "long_name": store.gpu_long[pairs["long_code"].to_numpy(np.int64)],
+                         "uses_tc": pairs["uses_tc"].to_numpy(dtype=bool).astype(np.int64),
+                         "tc_rule": pd.Series(pairs["tc_rule"].to_numpy(dtype=object), dtype=object)})

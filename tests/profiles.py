@@ -104,3 +104,32 @@ def make_logdir(root: Path, runs: dict[str, Path] | None = None) -> Path:
     for name, export in runs.items():
         run_dlprof(f"--database={export}", f"--output_path={root / name}", "--reports=summary", "-v", "quiet")
     return root
+
+
+def backward_calls_profile(path: Path, iterations: int = 3) -> Path:
+    """dlprof_profiler.pytorch markers: per iteration (base T = BASE + i * ITERATION_SPAN) a forward
+    `linear` call [T+0, T+10000) launching SGEMM, then on the autograd thread its two backward nodes
+    (AddmmBackward0 [T+20000, T+26000), TBackward0 [T+27000, T+31000)) carrying one backward callid: one
+    bprop call of 2 kernels; an optimizer step [T+40000, T+45000) ends the iteration."""
+    exp = NsysExport(schema="2022.4")
+    exp.add_gpu(device_id=0, name="NVIDIA A100-SXM4-40GB", total_memory=42505273344, sm_count=108, compute=(8, 0))
+    main = exp.add_thread(pid=PID, tid=PID, name="python", process_name="python")
+    grad = exp.add_thread(pid=PID, tid=PID + 1, name="pt_autograd_0", process_name="python")
+    stack = "{'traceMarker': ['train.py:20'], 'funcStack': '/<module>/Net::forward/Linear::forward/linear'}"
+    for i in range(iterations):
+        t = BASE + i * ITERATION_SPAN
+        fwd, bwd = 10 + 2 * i, 11 + 2 * i
+        exp.push_pop(main, t, t + 10000, stack)
+        exp.push_pop(main, t + 100, t + 9900, "{'mod': 'torch.nn.functional', 'op': 'linear', 'callid': %d, "
+                                              "'args': [{'name': '', 'type': 'tensor', 'shape': (4, 3), "
+                                              "'dtype': 'float32'}]}" % fwd)
+        exp.launch(main, t + 1000, t + 2000, t + 3000, t + 8000, kernel=SGEMM)
+        for node, (a, b) in (("AddmmBackward0", (20000, 26000)), ("TBackward0", (27000, 31000))):
+            exp.push_pop(grad, t + a, t + b, stack)
+            exp.push_pop(grad, t + a + 100, t + b - 100,
+                          "{'mod': 'torch.nn.functional', 'op': 'linear', 'dir': 'bprop', 'node': '%s', "
+                          "'fwdCallid': %d, 'callid': %d, 'args': []}" % (node, fwd, bwd))
+            exp.launch(grad, t + a + 1000, t + a + 2000, t + a + 2500, t + a + 4500, kernel=SGEMM)
+        exp.push_pop(main, t + 40000, t + 45000, "Optimizer.step#SGD.step")
+    exp.set_session(start_time=0)
+    return exp.write(path)

@@ -9,6 +9,7 @@ from dlprof_profiler.ingest_nsys import read_nsys_export
 from dlprof_profiler.sanitize import sanitize_trace
 from dlprof_profiler.store import TraceStore
 from tests import damage, profiles
+from tests.profiles import run_dlprof
 from tests.test_aggregate import _same_dict
 from tests.test_fixtures import FIXTURES
 
@@ -36,13 +37,24 @@ def damaged(tmp_path_factory, training):
         nullable=("NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL"))
 
 
-def _path(name, training, damaged=None):
-    return {"training": training, "damaged": damaged}.get(name) or FIXTURES / name
+@pytest.fixture(scope="module")
+def backward_calls(tmp_path_factory):
+    """Backward nodes grouped into calls (call_id): the op table is made of calls."""
+    return profiles.backward_calls_profile(tmp_path_factory.mktemp("calls") / "calls.sqlite")
+
+
+@pytest.fixture
+def named(training, damaged, backward_calls):
+    return {"training": training, "damaged": damaged, "backward_calls": backward_calls}
+
+
+def _path(name, named):
+    return named.get(name) or FIXTURES / name
 
 
 @pytest.mark.parametrize("name", ["training", "damaged"] + FIXTURE_NAMES)
-def test_staged_frames_equal_the_in_memory_ingest(name, training, damaged, tmp_path):
-    path = _path(name, training, damaged)
+def test_staged_frames_equal_the_in_memory_ingest(name, named, tmp_path):
+    path = _path(name, named)
     expected = sanitize_trace(read_nsys_export(path))
     store = TraceStore(path, tmp_path / "store")
     try:
@@ -65,11 +77,12 @@ def test_staged_frames_equal_the_in_memory_ingest(name, training, damaged, tmp_p
     assert not (tmp_path / "store").exists()
 
 
-@pytest.mark.parametrize("name", ["training", "damaged"] + FIXTURE_NAMES)
-def test_out_of_core_analysis_equals_the_in_memory_one(name, training, damaged, tmp_path):
-    path = _path(name, training, damaged)
+@pytest.mark.parametrize("name", ["training", "damaged", "backward_calls"] + FIXTURE_NAMES)
+def test_out_of_core_analysis_equals_the_in_memory_one(name, named, tmp_path):
+    path = _path(name, named)
     expected = analyze(sanitize_trace(read_nsys_export(path)), AnalysisConfig())
-    for events_per_segment in (10**9, 2000):
+    # the small hand-made profiles are cut into many segments too (calls and ranges across segment bounds)
+    for events_per_segment in (10**9, 2000) + ((25,) if name in named else ()):
         store = TraceStore(path, tmp_path / f"store{events_per_segment}")
         try:
             store.load()
@@ -105,3 +118,63 @@ def test_segments_are_cut_where_the_plan_says(training, tmp_path):
         assert sum(sizes) >= total and max(sizes) < 6000
     finally:
         store.close()
+
+
+VOLATILE = {"aggregations": ("created_utc", "elapsed_seconds")}   # and profile_info's created_utc row
+
+
+def _database_content(path):
+    """Every view (names joined as text, as schema 2.0 read) and every table without string ids, rows sorted;
+    the moment and duration of the run left out."""
+    import sqlite3
+    con = sqlite3.connect(path)
+    try:
+        objects = con.execute("SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view')").fetchall()
+        content = {}
+        for name, kind in objects:
+            columns = [r[1] for r in con.execute(f"PRAGMA table_info('{name}')")]
+            if kind == "table" and (name == "strings" or any(c.endswith("_id") and c not in (
+                    "domain_id", "device_id", "range_id", "api_id", "activity_id", "instance_id", "correlation_id",
+                    "stream_id", "context_id", "process_id", "thread_id", "source_id", "call_id", "op_id",
+                    "graph_node_id", "aggr_id", "label_id") for c in columns)):
+                continue   # holds string ids: compared through its view
+            if kind == "table" and name.startswith("raw_") and any(c in ("name_id", "text_id", "label_id") for c in
+                                                                     columns):
+                continue
+            keep = [c for c in columns if c not in VOLATILE.get(name.removeprefix("view_"), ())]
+            rows = con.execute(f"SELECT {', '.join(chr(34) + c + chr(34) for c in keep)} FROM '{name}'").fetchall()
+            if name == "profile_info":
+                rows = [r for r in rows if r[0] != "created_utc"]
+            content[name] = (keep, sorted(rows, key=repr))
+        return content
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("name", ["training", "damaged", "backward_calls"] + FIXTURE_NAMES)
+def test_out_of_core_run_writes_what_the_in_memory_run_writes(name, named, tmp_path):
+    """`dlprof --out_of_core=on` and `=off` on the same export: every report byte for byte, the database's
+    content (through its views where it holds string ids) and the op model dump."""
+    import json
+    path = _path(name, named)
+    out = {mode: tmp_path / mode for mode in ("on", "off")}
+    for mode, folder in out.items():
+        run_dlprof(f"--database={path}", f"--out_of_core={mode}", "--reports=all", "--formats=csv,json",
+                   f"--output_path={folder}", "--dump_model_data=true")
+    reports = sorted(p.name for p in out["off"].glob("dlprof_*") if p.suffix in (".csv", ".json"))
+    assert reports == sorted(p.name for p in out["on"].glob("dlprof_*") if p.suffix in (".csv", ".json"))
+    assert "dlprof_summary.csv" in reports and ("dlprof_iteration.csv" in reports or name not in named)
+    for report in reports:
+        a, b = (out[m] / report for m in ("on", "off"))
+        if report == "dlprof_model_data.json":
+            doc_a, doc_b = json.loads(a.read_text()), json.loads(b.read_text())
+            for domain in doc_b:
+                assert doc_a[domain]["ops"] == doc_b[domain]["ops"]
+                assert sorted(doc_a[domain]["instances"]["data"]) == sorted(doc_b[domain]["instances"]["data"])
+            continue
+        assert a.read_bytes() == b.read_bytes(), report
+    on, off = (_database_content(out[m] / "dlprof_dldb.sqlite") for m in ("on", "off"))
+    assert set(on) == set(off)
+    for table in off:
+        assert on[table] == off[table], table
+    assert not any(p.name.startswith(".dlprof") for p in out["on"].iterdir())   # the store went with the staging
