@@ -446,11 +446,16 @@ class StoreSink:
         ops = self._op_table(c.domain, c.family, c.bounds)
         # a call's metrics on its first instance (the autograd nodes of one forward call are one backward
         # call: correlate.call_metrics), 0 on its other instances
-        calls = ", ".join(f'CASE WHEN call_id = instance_id THEN sum("{m}") OVER (PARTITION BY call_id) ELSE 0 END '
-                          f'AS "call_{m}"' for m in CALL_METRICS)
+        calls = ", ".join(f'CASE WHEN i.call_id = i.instance_id THEN sum(i."{m}") OVER (PARTITION BY i.call_id) '
+                          f'ELSE 0 END AS "call_{m}"' for m in CALL_METRICS)
+        # every instance takes the op of its call; one pass writes the instances in start order
         self.a.run(f"""CREATE OR REPLACE TABLE inst_sorted_{self.d} AS
-                       SELECT *, (call_id = instance_id) AS is_call, {calls} FROM {self.inst}
-                       ORDER BY start, instance_id""")
+                       SELECT i.* REPLACE (coalesce(o.op_index, -1) AS op_index), (i.call_id = i.instance_id) AS is_call,
+                              {calls}
+                       FROM {self.inst} i LEFT JOIN op_of_call_{self.d} o ON o.call_id = i.call_id
+                       ORDER BY i.start, i.instance_id""")
+        self.a.run(f"DROP TABLE {self.inst}")
+        self.a.run(f"DROP TABLE op_of_call_{self.d}")
         self.a.run(f"""
             CREATE OR REPLACE TABLE acts_{self.d} AS
             SELECT g.activity_id, g.kind, g.name_code, g.start, g."end", g.device_id, g.pid, g.launch, g.api_id,
@@ -458,9 +463,9 @@ class StoreSink:
                    i.op_index AS owner_op, i.start AS owner_start
             FROM gpu_by_launch g JOIN gpu_owner_{self.d} o USING (activity_id)
             LEFT JOIN api a ON a.api_id = g.api_id
-            JOIN {self.inst} i ON i.instance_id = o.instance_id
+            JOIN inst_sorted_{self.d} i ON i.instance_id = o.instance_id
             ORDER BY g.launch, g.activity_id""")
-        n_inst = int(self.a.store.scalar(f"SELECT count(*) FROM {self.inst}"))
+        n_inst = int(self.a.store.scalar(f"SELECT count(*) FROM inst_sorted_{self.d}"))
         return StoreDomainModel(
             domain=c.domain,
             family=c.family,
@@ -553,22 +558,22 @@ class StoreSink:
         self._update(out, [c for c in out.columns if c != "instance_id"])
 
     def _op_table(self, domain: str, family: str | None, bounds: np.ndarray) -> pd.DataFrame:
-        """The op table (correlate.op_table) computed in the store: one row per (name, direction, nth)."""
+        """The op table (correlate.op_table) computed in the store: one row per (name, direction, nth); leaves
+        `op_of_call_{d}` (call_id, op_index) for every call."""
         store, pool = self.a.store, self.a.pool
-        inst = self.inst
+        heads = f"heads_{self.d}"
         store.con.register("_bounds", pd.DataFrame({"t": np.asarray(bounds, dtype=np.int64),
                                                     "k": np.arange(1, len(bounds) + 1, dtype=np.int64)}))
-        # ops are made of calls: the first instance of each call stands for it (correlate.op_table); the other
-        # instances of a call take its op below
+        # ops are made of calls: the first instance of each call stands for it (correlate.op_table), numbered
+        # per iteration, thread, name and direction; only the columns the op table needs are kept
         self.a.run(f"""
-            CREATE OR REPLACE TABLE {inst} AS
-            SELECT i.*, CASE WHEN i.call_id = i.instance_id THEN
-                       row_number() OVER (PARTITION BY i.call_id = i.instance_id, coalesce(b.k, 0), i.global_tid,
-                                                       i.name_code, i.direction_code
-                                          ORDER BY i.start, i.instance_id) END AS nth
-            FROM {inst} i ASOF LEFT JOIN _bounds b ON i.start >= b.t""")
+            CREATE OR REPLACE TABLE {heads} AS
+            SELECT i.instance_id, i.name_code, i.direction_code, i.op_type_code, i.label_code, i.kind, i.start,
+                   i.data_type_code, i.stack_trace_code, i.device_id,
+                   row_number() OVER (PARTITION BY coalesce(b.k, 0), i.global_tid, i.name_code, i.direction_code
+                                      ORDER BY i.start, i.instance_id) AS nth
+            FROM {self.inst} i ASOF LEFT JOIN _bounds b ON i.start >= b.t WHERE i.call_id = i.instance_id""")
         store.con.unregister("_bounds")
-        heads = f"(SELECT * FROM {inst} WHERE call_id = instance_id)"
         first = store.frame(f"""
             SELECT DISTINCT ON (name_code, direction_code, nth) name_code, direction_code, nth, op_type_code,
                    label_code, kind, start AS first_start
@@ -576,6 +581,7 @@ class StoreSink:
         if len(first) == 0:
             from dlprof_profiler.correlate import op_table
 
+            self.a.run(f"CREATE OR REPLACE TABLE op_of_call_{self.d} (call_id BIGINT, op_index BIGINT)")
             return op_table(pd.DataFrame(), domain, family)
         keys = ["name_code", "direction_code", "nth"]
         counts = store.frame(f"SELECT name_code, direction_code, nth, count(*) AS n FROM {heads} GROUP BY ALL")
@@ -611,14 +617,14 @@ class StoreSink:
         from dlprof_profiler.correlate import finish_op_table
 
         ops, op_index = finish_op_table(groups, domain, family)
-        self.a.store.con.register("_ops", pd.DataFrame({"name_code": g["name_code"].to_numpy(np.int64),
-                                                        "direction_code": g["direction_code"].to_numpy(np.int64),
-                                                        "nth": g["nth"].to_numpy(np.int64), "op_index": op_index}))
-        self.a.run(f"UPDATE {inst} SET op_index = o.op_index FROM _ops o WHERE {inst}.name_code = o.name_code "
-                   f"AND {inst}.direction_code = o.direction_code AND {inst}.nth = o.nth")
-        self.a.store.con.unregister("_ops")
-        self.a.run(f"""UPDATE {inst} SET op_index = h.op_index FROM {heads} h
-                       WHERE {inst}.call_id = h.instance_id AND {inst}.call_id <> {inst}.instance_id""")
+        store.con.register("_ops", pd.DataFrame({"name_code": g["name_code"].to_numpy(np.int64),
+                                                 "direction_code": g["direction_code"].to_numpy(np.int64),
+                                                 "nth": g["nth"].to_numpy(np.int64), "op_index": op_index}))
+        self.a.run(f"""CREATE OR REPLACE TABLE op_of_call_{self.d} AS
+                       SELECT h.instance_id AS call_id, o.op_index FROM {heads} h
+                       JOIN _ops o USING (name_code, direction_code, nth)""")
+        store.con.unregister("_ops")
+        self.a.run(f"DROP TABLE {heads}")
         return ops
 
 

@@ -235,7 +235,7 @@ class StoreData:
             FROM gpu_by_launch g LEFT JOIN api a ON a.api_id = g.api_id
             LEFT JOIN _api_base n ON n.name_code = a.name_code
             LEFT JOIN gpu_owner_{self.d} o ON o.activity_id = g.activity_id
-            LEFT JOIN inst_{self.d} i ON i.instance_id = o.instance_id
+            LEFT JOIN inst_sorted_{self.d} i ON i.instance_id = o.instance_id
             WHERE g.kind IN ({KIND_MEMCPY}, {KIND_MEMSET}) AND g.launch >= $1 AND g.launch < $2
             ORDER BY g.activity_id""", [self.lo, self.hi])
         return f[MEMORY_COLUMNS]
@@ -248,7 +248,7 @@ class StoreData:
             SELECT a.api_id, a.start, a."end", a.global_tid, a.pid, n.base AS name, coalesce(i.op_index, -1) AS owner_op
             FROM api a JOIN _api_base n ON n.name_code = a.name_code
             LEFT JOIN api_owner_{self.d} o ON o.api_id = a.api_id
-            LEFT JOIN inst_{self.d} i ON i.instance_id = o.instance_id
+            LEFT JOIN inst_sorted_{self.d} i ON i.instance_id = o.instance_id
             WHERE a.name_code IN ({','.join(map(str, codes))}) AND a.start >= $1 AND a.start < $2
             ORDER BY a.api_id""", [self.lo, self.hi])
         return f[API_COLUMNS]
