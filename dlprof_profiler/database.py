@@ -138,9 +138,9 @@ class DatabaseWriter:
         self._close()
 
     def _submit(self, fn, *args) -> None:
-        if self._closed:
-            raise RuntimeError("the database writer is closed")
         while True:
+            if self._closed:   # also while waiting: another thread may close an aborted writer
+                raise RuntimeError("the database writer is closed")
             if self._error is not None:
                 self._close()
             try:

@@ -100,7 +100,8 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
         writer.add_raw(trace)   # written on the writer's thread while the analysis goes on
         result = analyze(trace, AnalysisConfig.from_args(args), str(source))
         profile = _profile_info(args, source, trace, result.corr, capture)
-        return _write_outputs(args, out_dir, source, result, profile, None, started, staging, writer)
+        return _write_outputs(args, out_dir, source, result, profile, staging,
+                              _InMemoryDatabase(writer, result, profile), writer, started)
     except BaseException:
         staging.discard_after(writer)
         raise
@@ -135,12 +136,12 @@ def run_store_analysis(source: Path, args: Namespace, capture: dict | None = Non
     staging folder (removed at the end) and analysed, written and reported a segment or chunk at a time."""
     from dlprof_profiler.analysis import analyze_store
     from dlprof_profiler.store import TraceStore
-    from dlprof_profiler.store_model import write_database
+    from dlprof_profiler.store_model import DatabaseFeed
     started = time.perf_counter()
     out_dir = prepare_output_dir(Path(args.output_path))
     refuse_existing(planned_outputs(args), args.force)
     staging = Staging(out_dir)
-    store = writer = None
+    store = writer = feed = None
     try:
         store = TraceStore(source, staging.root / "out_of_core")
         with log.stage(f"Reading {source} out of core (staged on disk in {out_dir})"):
@@ -156,16 +157,14 @@ def run_store_analysis(source: Path, args: Namespace, capture: dict | None = Non
         profile = _profile_info(args, source, trace, result.corr, capture, store.profile_start, store.profile_end)
         header = database.Header.from_trace(trace, database.domain_ids_for(result.corr))
         writer = database.DatabaseWriter(staging.path(database_path(args)), header)
-
-        def finish_database():
-            domain_ids = write_database(writer, result.corr.store, result.corr, result.primary, profile)
-            return domain_ids, writer.op_index_maps()
-        return _write_outputs(args, out_dir, source, result, profile, None, started, staging, writer,
-                              finish_database)
+        feed = DatabaseFeed(writer, result.corr.store, result.corr, result.primary, profile)
+        return _write_outputs(args, out_dir, source, result, profile, staging, feed, writer, started)
     except BaseException:
         staging.discard_after(writer)
         raise
     finally:
+        if feed is not None:
+            feed.join()   # the feeding thread reads the store: it stops once the writer is closed
         if store is not None:
             store.close()
 
@@ -189,30 +188,51 @@ def _profile_info(args, source, trace, corr, capture, profile_start: int | None 
     return info
 
 
-def _write_outputs(args, out_dir: Path, source: Path, result: Analysis, profile: dict, existing_db: Path | None,
-                   started: float, staging: Staging | None = None, writer=None, finish_database=None) -> int:
-    """Write the database (`finish_database()` -> (domain ids, op index maps) completes a new one; default:
-    from the in-memory model), the reports and the event file, then put them in place together."""
+class _InMemoryDatabase:
+    """A new database written from the in-memory model (its raw facts were queued when the trace was read)."""
+
+    def __init__(self, writer, result: Analysis, profile: dict):
+        self.writer, self.result, self.profile = writer, result, profile
+
+    def start(self) -> None:
+        database.write_correlation(self.writer, self.result.trace, self.result.corr)   # queued, not waited for
+
+    def finish(self) -> tuple[dict, dict]:
+        r = self.result
+        return database.finish_analysis(self.writer, r.trace, r.corr, r.primary, self.profile), \
+            self.writer.op_index_maps()
+
+
+class _CopiedDatabase:
+    """An existing DLProf database copied, to receive the new aggregation."""
+
+    def __init__(self, source: Path, target: Path, profile: dict):
+        self.source, self.target, self.profile = source, target, profile
+
+    def start(self) -> None:
+        _copy_database(self.source, self.target)
+
+    def finish(self) -> tuple[dict, dict]:
+        return self.profile["_domain_ids"], self.profile["_offsets"]
+
+
+def _write_outputs(args, out_dir: Path, source: Path, result: Analysis, profile: dict, staging: Staging,
+                   new_database, writer=None, started: float | None = None) -> int:
+    """Write the reports while the database is written (`new_database.start()`, then `.finish()` -> (domain
+    ids, op index maps)), then its new aggregation and the event file, and put them all in place together."""
     trace, corr, aggregations, findings = result.trace, result.corr, result.aggregations, result.findings
     primary = result.primary
-    staging = staging or Staging(out_dir)
     try:
         with log.stage("Writing the DLProf database, reports and event files"):
             db_final = database_path(args)
             db_staged = staging.path(db_final)
-            if finish_database is not None:
-                domain_ids, offsets = finish_database()
-            elif existing_db is None:
-                domain_ids = database.finish_analysis(writer, trace, corr, primary, profile)
-                offsets = writer.op_index_maps()
-            else:
-                _copy_database(existing_db, db_staged)
-                domain_ids, offsets = profile["_domain_ids"], profile["_offsets"]
-            aggr_id = database.append_aggregation(db_staged, aggregations, domain_ids, offsets, result.iterations,
-                                                  findings, time.perf_counter() - started)
+            new_database.start()
             written_reports = _write_reports(args, out_dir, trace, corr, aggregations, findings, primary, staging)
             if args.dump_model_data:
                 _dump_model(staging.path(out_dir / f"{args.base_name}_model_data.json"), corr)
+            domain_ids, offsets = new_database.finish()
+            aggr_id = database.append_aggregation(db_staged, aggregations, domain_ids, offsets, result.iterations,
+                                                  findings, time.perf_counter() - started)
             run_dir = event_files.run_directory(out_dir, args.profile_name)
             for old in event_files.existing_event_files(run_dir):
                 old.unlink()  # --force was given (checked above): this run replaces them
@@ -372,7 +392,9 @@ def reaggregate_database(source: Path, args: Namespace) -> int:
         log.warning(f"--mode {args.mode} ignored: the database was built in {corr.mode} mode")
     result = reanalyze(trace, corr, profile, AnalysisConfig.from_args(args), str(source))
     profile = dict(profile, _domain_ids=domain_ids, _offsets=offsets)
-    return _write_outputs(args, out_dir, source, result, profile, source, started)
+    staging = Staging(out_dir)
+    return _write_outputs(args, out_dir, source, result, profile, staging,
+                          _CopiedDatabase(source, staging.path(database_path(args)), profile), None, started)
 
 
 def reaggregate_in_place(db_path: Path, key_node: str | None = None, iter_start: int | None = None,

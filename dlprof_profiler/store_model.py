@@ -830,9 +830,45 @@ class StoreModel:
 WRITE_ROWS = 1 << 18   # rows read from the store and queued for the database writer at a time
 
 
-def write_database(writer, sa: StoreAnalysis, corr, primary: str, profile: dict) -> dict:
-    """Feed the database writer (database.DatabaseWriter) from the store, a chunk of rows at a time, as
-    database.finish_analysis does from frames; returns {domain name: domain_id}."""
+class DatabaseFeed:
+    """Feeds a new database's writer (database.DatabaseWriter) from the store, as database.finish_analysis does
+    from frames, on a thread of its own (reading through cursors of its own), so the reports are written
+    meanwhile. `start()`, then `finish()` -> ({domain name: domain_id}, op index maps)."""
+
+    def __init__(self, writer, sa: StoreAnalysis, corr, primary: str, profile: dict):
+        import threading
+        self.writer, self.sa, self.corr, self.primary, self.profile = writer, sa, corr, primary, profile
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="dlprof-db-feed", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self) -> None:
+        """Wait for the feeding thread (also after a failure elsewhere: the store must outlive it)."""
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def finish(self) -> tuple[dict, dict]:
+        self.join()
+        if self._error is not None:
+            raise self._error
+        corr, writer = self.corr, self.writer
+        domains = {name: {"family": corr.family, "has_markers": dm.has_markers, "num_ranges": dm.n_ranges}
+                   for name, dm in corr.domains.items()}
+        ids = writer.finish(self.profile, self.primary, domains, corr.config, corr.range_labels,
+                            kernel_tc_pairs(self.sa))
+        return ids, writer.op_index_maps()
+
+    def _run(self) -> None:
+        try:
+            feed_database(self.writer, self.sa, self.corr)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by finish() on the analysis thread
+            self._error = exc
+
+
+def feed_database(writer, sa: StoreAnalysis, corr) -> None:
+    """Queue the raw facts and every domain's op model, a chunk of rows at a time."""
     from types import SimpleNamespace
 
     store = sa.store
@@ -846,14 +882,9 @@ def write_database(writer, sa: StoreAnalysis, corr, primary: str, profile: dict)
         d = dm.sink.d
         for table in store.batches(f"SELECT * FROM inst_sorted_{d} ORDER BY instance_id", WRITE_ROWS):
             writer.add_domain_model(name, _decoded_instances(table.to_pandas(), sa.pool, name))
-        owners = (t.to_pandas() for t in store.batches(
-            f"SELECT activity_id, owner AS instance_id, api_id, launch AS launch_time FROM acts_{d} "
-            "ORDER BY activity_id", WRITE_ROWS))
-        for chunk in owners:
-            writer.add_domain_model(name, None, chunk)
-    domains = {name: {"family": corr.family, "has_markers": dm.has_markers, "num_ranges": dm.n_ranges}
-               for name, dm in corr.domains.items()}
-    return writer.finish(profile, primary, domains, corr.config, corr.range_labels, kernel_tc_pairs(sa))
+        for table in store.batches(f"SELECT activity_id, owner AS instance_id, api_id, launch AS launch_time "
+                                   f"FROM acts_{d} ORDER BY activity_id", WRITE_ROWS):
+            writer.add_domain_model(name, None, table.to_pandas())
 
 
 def _decoded_instances(f: pd.DataFrame, pool: StringPool, domain: str) -> pd.DataFrame:
