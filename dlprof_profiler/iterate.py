@@ -122,15 +122,36 @@ def boundaries_from_instances(instances: pd.DataFrame, thread_device: dict, proc
         return np.zeros(0, dtype=np.int64)
     device = pd.Series(instances["global_tid"].to_numpy()).map(thread_device)
     device = device.fillna(pd.Series(instances["pid"].to_numpy()).map(process_device)).fillna(-1)
-    frame = pd.DataFrame({"dev": device.to_numpy(np.int64), "end": instances["end"].to_numpy(np.int64)})
+    frame = pd.DataFrame({"dev": device.to_numpy(np.int64), "end": instances["end"].to_numpy(np.int64),
+                          "pid": instances["pid"].to_numpy(np.int64)})
     counts = frame.groupby("dev").size()
     if len(counts) > 1 and counts.nunique() == 1:
         frame = frame.sort_values(["dev", "end"])
         frame["k"] = frame.groupby("dev").cumcount()
         ends = frame.groupby("k")["end"].max().to_numpy(np.int64)
+    elif len(counts) > 1 and frame.groupby("dev")["pid"].nunique().max() == 1 \
+            and frame.groupby("pid")["dev"].nunique().max() == 1:
+        # a process per GPU (spawned workers) whose captured steps differ in number: each process's steps are
+        # its own sequence, aligned with the others (not one interleaved sequence)
+        ends = aligned_steps([np.sort(g.to_numpy(np.int64)) for _, g in frame.groupby("dev")["end"]])
     else:
         ends = frame["end"].to_numpy(np.int64)
     return np.unique(ends)
+
+
+def aligned_steps(sequences: list[np.ndarray]) -> np.ndarray:
+    """Step ends of several processes matched step by step: each sorted sequence keeps a window of the
+    shortest one's length, the one whose ends lie closest to the shortest sequence's (the earliest on a tie);
+    boundary k is the latest k-th end among the windows. Steps outside the windows (captured by one process
+    only, at the start or end of the capture) fall into the first or last iteration."""
+    n = min(len(s) for s in sequences)
+    reference = next(s for s in sequences if len(s) == n)
+    windows = []
+    for seq in sequences:
+        distance = [np.abs(seq[o:o + n] - reference).sum() for o in range(len(seq) - n + 1)]
+        first = int(np.argmin(distance))
+        windows.append(seq[first:first + n])
+    return np.max(np.vstack(windows), axis=0)
 
 
 def split_iterations(ranges: pd.DataFrame, info: pd.DataFrame, family: str | None, key_node: str | None,

@@ -81,16 +81,39 @@ def test_multi_gpu_same_counts_take_the_latest_kth_end(tmp_path):
 
 
 def test_multi_gpu_different_counts_use_every_instance(tmp_path):
+    """One process driving two GPUs whose key node counts differ: every instance is a boundary."""
     exp = NsysExport()
     for dev in (0, 1):
         exp.add_gpu(device_id=dev)
-    for pid, dev, ends in ((100, 0, (1000, 2000)), (200, 1, (1500,))):
+    t = exp.add_thread(pid=100, tid=100, name="python", process_name="python")
+    s = exp.add_thread(pid=100, tid=101, name="python", process_name="python")
+    for thread, dev, ends in ((t, 0, (1000, 2000)), (s, 1, (1500,))):
+        for end in ends:
+            exp.push_pop(thread, end - 100, end, "step")
+            exp.launch(thread, end - 90, end - 80, end - 70, end - 60, kernel="k", device_id=dev)
+    a = analyze(exp.write(tmp_path / "p.sqlite"), key_node="step")
+    assert a.iterations.boundaries.tolist() == [1000, 1500, 2000]
+
+
+@pytest.mark.parametrize("late, extra", [(True, False), (False, True), (True, True)])
+def test_a_process_per_gpu_keeps_its_own_steps(tmp_path, late, extra):
+    """Spawned workers, one per GPU, steps every 1000 ns nearly in step (worker 2 ends each 50 ns later);
+    worker 2's capture starts a step late and/or worker 1 runs one step more: the steps are matched one to
+    one (the latest end of each matched pair is a boundary), not interleaved into twice as many iterations."""
+    exp = NsysExport()
+    for dev in (0, 1):
+        exp.add_gpu(device_id=dev)
+    first = [1000, 2000, 3000, 4000] + ([5000] if extra else [])
+    second = [e + 50 for e in ((2000, 3000, 4000) if late else (1000, 2000, 3000, 4000))]
+    for pid, dev, ends in ((100, 0, first), (200, 1, second)):
         t = exp.add_thread(pid=pid, tid=pid, name="python", process_name="python")
         for end in ends:
             exp.push_pop(t, end - 100, end, "step")
             exp.launch(t, end - 90, end - 80, end - 70, end - 60, kernel="k", device_id=dev)
     a = analyze(exp.write(tmp_path / "p.sqlite"), key_node="step")
-    assert a.iterations.boundaries.tolist() == [1000, 1500, 2000]
+    expected = second
+    assert a.iterations.boundaries.tolist() == expected
+    assert a.iterations.count == len(expected) + 1
 
 
 def test_key_node_matches_labels_texts_names_and_op_ids(tmp_path):
