@@ -3,6 +3,7 @@
 
     python benchmarks/bench_engine.py --kernels 100000 1000000 [10000000] [--reports all] [--runs 1]
 
+Exports of 8·10^6 events or more (here from 1.6·10^6 kernels) are analysed out of core by default (`--out_of_core`).
 For each size it prints: wall seconds and peak RSS of `dlprof --database=FILE --reports=...` (a child
 process, measured with wait4), the same for `nsys stats -r gpukernsum`, their ratio, the DLProf database's
 size against the input export's, and the stage times dlprof logged. The machine's load average is printed
@@ -159,6 +160,11 @@ def main() -> int:
         ratio = f"{result['wall'] / ref[0]:.1f}x" if ref else "-"
         print(f"{n:>12,}{result['wall']:>10.1f}{(ref[0] if ref else float('nan')):>14.1f}{ratio:>8}"
               f"{result['rss']:>13.0f}{result['db_mb'] / input_mb:>10.2f}{load:>6.1f}")
+    peaks = {n: result["rss"] for n, result, *_ in rows}
+    largest = max(peaks)
+    for smaller in sorted(peaks):
+        if smaller < largest and largest >= 3 * smaller:
+            print(f"peak memory at {largest:,} kernels / at {smaller:,}: {peaks[largest] / peaks[smaller]:.2f}x")
     return 0
 
 
