@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from dlprof_profiler import correlate as corr_mod
 from dlprof_profiler import nvtx_markers as nm
@@ -136,7 +137,7 @@ class StoreAnalysis:
             for c in INFO_TEXT:
                 frame[f"{c}_code"] = self.pool.encode(info[c].to_numpy(dtype=object))
             kinds_seen += np.bincount(frame["kind"], minlength=8)[:8]
-            self.store.con.register("_info", pd.DataFrame(frame))
+            self.store.con.register("_info", pa.table(frame))
             self.run("INSERT INTO range_info SELECT * FROM _info")
             self.store.con.unregister("_info")
         reader.close()
@@ -418,12 +419,15 @@ class StoreSink:
         frame = {c: instances[c].to_numpy(np.int64) for c in INSTANCE_INT}
         for c in INSTANCE_TEXT:
             frame[f"{c}_code"] = self.a.pool.encode(instances[c].to_numpy(dtype=object))
+        # registered as Arrow tables: DuckDB reads the arrays as they are (a pandas frame would copy them)
         for table, data in (
-            (self.inst, pd.DataFrame(frame)),
-            (f"api_owner_{self.d}", pd.DataFrame({"api_id": api_ids, "instance_id": api_owner})),
-            (f"gpu_owner_{self.d}", pd.DataFrame({"activity_id": activity_ids, "instance_id": gpu_owner})),
+            (self.inst, pa.table(frame)),
+            (f"api_owner_{self.d}", pa.table({"api_id": np.asarray(api_ids, np.int64),
+                                              "instance_id": np.asarray(api_owner, np.int64)})),
+            (f"gpu_owner_{self.d}", pa.table({"activity_id": np.asarray(activity_ids, np.int64),
+                                              "instance_id": np.asarray(gpu_owner, np.int64)})),
         ):
-            if len(data):
+            if data.num_rows:
                 con.register("_rows", data)
                 self.a.run(f"INSERT INTO {table} SELECT * FROM _rows")
                 con.unregister("_rows")
@@ -648,7 +652,7 @@ class LaunchSpill:
         frame["seq"] = self.rows + np.arange(len(launches), dtype=np.int64)   # launch order breaks ties
         self.rows += len(launches)
         con = self.a.store.con
-        con.register("_launches", pd.DataFrame(frame))
+        con.register("_launches", pa.table(frame))
         self.a.run(f"INSERT INTO {self.table} SELECT * FROM _launches")
         con.unregister("_launches")
 
