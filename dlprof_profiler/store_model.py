@@ -332,6 +332,13 @@ class StoreAnalysis:
             SELECT DISTINCT r.range_id FROM ranges r JOIN _cuts c ON r.start < c.t AND r."end" > c.t""")
         self.store.con.unregister("_cuts")
         crossing_ids = crossing["range_id"].to_numpy(np.int64)
+        # the ranges with their classification in start order, once: a segment then reads a stretch of it
+        # (zone maps) instead of joining the whole classification
+        cols = ", ".join([f"i.{c}" for c in INFO_INT] + [f"i.{c}_code" for c in INFO_TEXT])
+        self.run(f"""CREATE OR REPLACE TABLE ranges_classified AS
+                     SELECT r.range_id, r.domain_code, r.start, r."end", r.global_tid, r.pid, r.event_type, r.unclosed,
+                            {cols}
+                     FROM ranges r JOIN range_info i USING (range_id) ORDER BY r.start""")
         context_all = (
             self._ranges_where(f"range_id IN ({','.join(map(str, crossing_ids))})") if crossing_ids.size else None
         )
@@ -353,13 +360,7 @@ class StoreAnalysis:
 
     def _ranges_where(self, where: str, params=None) -> tuple[pd.DataFrame, pd.DataFrame]:
         store = self.store
-        cols = ", ".join([f"i.{c}" for c in INFO_INT] + [f"i.{c}_code" for c in INFO_TEXT])
-        f = store.frame(
-            f"""SELECT r.range_id, r.domain_code, r.start, r."end", r.global_tid, r.pid, r.event_type,
-                                   r.unclosed, {cols}
-                            FROM ranges r JOIN range_info i USING (range_id) WHERE {where} ORDER BY r.range_id""",
-            params,
-        )
+        f = store.frame(f"SELECT * FROM ranges_classified r WHERE {where} ORDER BY r.range_id", params)
         domains = np.array(store.domains, dtype=object)
         ranges = make_frame(
             {
