@@ -11,7 +11,7 @@ import sqlite3
 import threading
 from dataclasses import dataclass, field
 
-from dlprof_plugin import export, tables
+from dlprof_plugin import compare, export, tables
 from dlprof_plugin.db import NotADatabase, Registry, is_decode_error, is_hot_journal_error
 from dlprof_plugin.jobs import JobConflict, JobManager
 from dlprof_plugin.runs import RunInfo
@@ -123,6 +123,7 @@ class Scope:
     domain_id: int
     domain: str
     mode: str
+    request_context: tuple = ()   # (ctx, eid) of the request, for routes that look up a second run
 
     @property
     def pytorch(self) -> bool:
@@ -147,6 +148,7 @@ class Service:
             "dashboard": self.dashboard, "system": self.system, "gpus": self.gpus, "iterations": self.iterations,
             "op": self.op, "expert_systems": self.expert_systems, "reaggregate": self.reaggregate,
             "reaggregate_status": self.reaggregate_status,
+            "compare": self.compare,
         }
         self.tables = {
             "ops": lambda s, a: tables.ops_table(s),
@@ -160,6 +162,8 @@ class Service:
             "iteration_op_kernels": self._iteration_op_kernels_table,
             "key_nodes": self._key_nodes_table,
             "expert_systems": lambda s, a: tables.expert_systems_table(s),
+            "compare_ops": lambda s, a: compare.ops_table(self._compared(s, a)[0], s.pytorch),
+            "compare_kernels": lambda s, a: compare.kernels_table(self._compared(s, a)[0]),
         }
 
     # ------------------------------------------------------------------ dispatch
@@ -712,9 +716,11 @@ class Service:
         if builder is None:
             raise NotFound(f"unknown table '{_clip(name)}'")
         s = self._scope(request, ctx, eid)
+        s.request_context = (ctx, eid)
         tq = builder(s, request)
         page, fmt = self._page(request, tq)
-        result = tables.run_query(s.db, tq, page, max_rows=MAX_EXPORT_ROWS if fmt in EXPORT_FORMATS else None)
+        result = tables.run_query(tq.db if tq.db is not None else s.db, tq, page,
+                                  max_rows=MAX_EXPORT_ROWS if fmt in EXPORT_FORMATS else None)
         columns = [c.meta() for c in tq.columns]
         doc = {"table": tq.name, "columns": columns, "total": result["total"], "filtered": result["filtered"],
                "offset": page.offset, "limit": page.limit, "sort": page.sort, "order": page.order,
@@ -731,6 +737,45 @@ class Service:
         else:
             body, ctype, ext = export.to_json(doc), JSON, "json"
         return Reply(200, body, ctype, [("Content-Disposition", f'attachment; filename="{base}.{ext}"')])
+
+    # ------------------------------------------------------------------ compare
+    def compare(self, request, ctx, eid) -> Reply:
+        s = self._scope(request, ctx, eid)
+        s.request_context = (ctx, eid)
+        compared, b = self._compared(s, request)
+        return json_reply(compare.summary_doc(compared, self._side(s), self._side(b)))
+
+    @staticmethod
+    def _side(s: Scope) -> dict:
+        return {"run": s.info.run, "aggr": s.aggr_id, "domain": s.domain}
+
+    def _baseline_scope(self, s: Scope, request) -> Scope:
+        """The baseline of a comparison: `base_run` (default: the run itself), `base_aggr` (default: its newest
+        aggregation), `base_domain` (default: the compared domain's name when the baseline has it, else its
+        primary domain), resolved and checked as run, aggr and domain are."""
+        ctx, eid = s.request_context
+        run = self._arg(request, "base_run") or s.info.run
+        domain = self._arg(request, "base_domain")
+        if not domain:
+            info = self._run(request, ctx, eid, run=run)
+            names = {d["name"] for d in self.registry.get(info.database).domains()}
+            domain = s.domain if s.domain in names else None
+        aggr = self._int(request, "base_aggr", minimum=1)
+        args = {"run": run, "aggr": None if aggr is None else str(aggr), "domain": domain}
+        view = type("BaselineRequest", (), {"args": {k: v for k, v in args.items() if v not in (None, "")},
+                                            "method": request.method})()
+        return self._scope(view, ctx, eid)
+
+    def _compared(self, s: Scope, request):
+        """(compare.Compared, baseline scope): computed once per state of both files."""
+        b = self._baseline_scope(s, request)
+
+        def compute():
+            label = lambda x: f"{x.info.run} · aggregation {x.aggr_id}"  # noqa: E731
+            return compare.Compared.of(compare.side_from_database(s.db, s.aggr_id, s.domain_id, label(s)),
+                                       compare.side_from_database(b.db, b.aggr_id, b.domain_id, label(b)))
+        key = ("compare", s.aggr_id, s.domain_id, b.db.path, b.db.state(), b.aggr_id, b.domain_id)
+        return s.db.cached(key, compute), b
 
     # ------------------------------------------------------------------ static files
     def static(self, route: str, request) -> Reply:

@@ -164,7 +164,7 @@ def compare_summary(after: Side, baseline: Side) -> pd.DataFrame:
         a, b = fa.get(key), fb.get(key)
         delta = None if a is None or b is None else a - b
         rows.append({"key": key, "label": label, "kind": kind, "baseline": b, "after": a, "delta": delta})
-    return pd.DataFrame(rows, columns=["key", "label", "kind", "baseline", "after", "delta"])
+    return pd.DataFrame(rows, columns=["key", "label", "kind", "baseline", "after", "delta"], dtype=object)
 
 
 def compare(after: Side, baseline: Side) -> Comparison:

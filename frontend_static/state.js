@@ -10,6 +10,7 @@ export const VIEWS = [
   {id: "tensor_core", label: "Tensor Cores"},
   {id: "gpus", label: "GPUs"},
   {id: "group_ops", label: "Group Ops"},
+  {id: "compare", label: "Compare"},
 ];
 
 export const state = {
@@ -24,6 +25,8 @@ export const state = {
   job: null,         // re-aggregation job status (jobs.js)
   op: null,          // op_index shown in the details pane (a selection kept in the URL)
   iteration: null,   // iteration selected in the kernel views (kept in the URL)
+  base_run: null,    // the Compare view's baseline run and aggregation (kept in the URL)
+  base_aggr: null,
 };
 
 const listeners = new Set();
