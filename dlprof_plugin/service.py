@@ -11,7 +11,7 @@ import sqlite3
 import threading
 from dataclasses import dataclass, field
 
-from dlprof_plugin import compare, export, tables
+from dlprof_plugin import compare, export, tables, timeline
 from dlprof_plugin.db import NotADatabase, Registry, is_decode_error, is_hot_journal_error
 from dlprof_plugin.jobs import JobConflict, JobManager
 from dlprof_plugin.runs import RunInfo
@@ -148,7 +148,7 @@ class Service:
             "dashboard": self.dashboard, "system": self.system, "gpus": self.gpus, "iterations": self.iterations,
             "op": self.op, "expert_systems": self.expert_systems, "reaggregate": self.reaggregate,
             "reaggregate_status": self.reaggregate_status,
-            "compare": self.compare,
+            "compare": self.compare, "timeline": self.timeline, "timeline_gap": self.timeline_gap,
         }
         self.tables = {
             "ops": lambda s, a: tables.ops_table(s),
@@ -776,6 +776,47 @@ class Service:
                                        compare.side_from_database(b.db, b.aggr_id, b.domain_id, label(b)))
         key = ("compare", s.aggr_id, s.domain_id, b.db.path, b.db.state(), b.aggr_id, b.domain_id)
         return s.db.cached(key, compute), b
+
+    # ------------------------------------------------------------------ timeline
+    def _timeline_window(self, request, s: Scope) -> tuple[int, int, dict | None]:
+        """[t0, t1) of a timeline request: `t0` and `t1`, else the bounds of `iteration`."""
+        if not s.db.v3:
+            raise NotFound("the timeline needs a DLProf database of schema 3.0: analyse the export again with "
+                           "this dlprof")
+        iteration = self._int(request, "iteration")
+        it = None
+        if iteration is not None:
+            rank = timeline.rank_of_domain(s.db, s.domain_id)
+            bounds = timeline.iteration_bounds(s.db, s.aggr_id, rank)
+            match = bounds[bounds[:, 0] == iteration] if len(bounds) else bounds
+            if not len(match):
+                raise NotFound(f"unknown iteration {iteration} in aggregation {s.aggr_id}")
+            it = {"iteration": iteration, "start": int(match[0, 1]), "end": int(match[0, 2])}
+        t0, t1 = self._int(request, "t0", minimum=None), self._int(request, "t1", minimum=None)
+        if (t0 is None) != (t1 is None):
+            raise BadRequest("give both t0 and t1 (or neither, with iteration)")
+        if t0 is None:
+            if it is None:
+                raise BadRequest("parameter 'iteration' (or 't0' and 't1') is required")
+            t0, t1 = it["start"], max(it["end"], it["start"] + 1)
+        if t1 <= t0:
+            raise BadRequest("'t1' must be greater than 't0'")
+        return t0, t1, it
+
+    def timeline(self, request, ctx, eid) -> Reply:
+        s = self._scope(request, ctx, eid)
+        t0, t1, it = self._timeline_window(request, s)
+        width = self._int(request, "width", default=1000, minimum=1)
+        if width > timeline.MAX_WIDTH:
+            raise BadRequest(f"'width' must be at most {timeline.MAX_WIDTH} pixels")
+        rows = self._arg(request, "rows")
+        groups = None if rows is None else {g for g in rows.split(",") if g}
+        return json_reply(timeline.window(s.db, s.aggr_id, s.domain_id, t0, t1, width, groups, it), sanitize=False)
+
+    def timeline_gap(self, request, ctx, eid) -> Reply:
+        s = self._scope(request, ctx, eid)
+        t0, t1, _ = self._timeline_window(request, s)
+        return json_reply(timeline.gap_activity(s.db, s.aggr_id, s.domain_id, t0, t1))
 
     # ------------------------------------------------------------------ static files
     def static(self, route: str, request) -> Reply:

@@ -18,10 +18,11 @@ import * as tensorCore from "./view_tensor_core.js";
 import * as gpus from "./view_gpus.js";
 import * as groupOps from "./view_group_ops.js";
 import * as compare from "./view_compare.js";
+import * as timeline from "./view_timeline.js";
 
 const VIEW_MODULES = {
   dashboard, op_types: opTypes, ops_kernels: opsKernels, kernels_by_iteration: kernelsByIteration,
-  kernels_by_op: kernelsByOp, iterations, tensor_core: tensorCore, gpus, group_ops: groupOps, compare,
+  kernels_by_op: kernelsByOp, iterations, tensor_core: tensorCore, gpus, group_ops: groupOps, compare, timeline,
 };
 
 const ui = {};

@@ -7,6 +7,7 @@ export const VIEWS = [
   {id: "kernels_by_iteration", label: "Kernels by Iteration"},
   {id: "kernels_by_op", label: "Kernels by Op"},
   {id: "iterations", label: "Iterations"},
+  {id: "timeline", label: "Timeline"},
   {id: "tensor_core", label: "Tensor Cores"},
   {id: "gpus", label: "GPUs"},
   {id: "group_ops", label: "Group Ops"},
