@@ -1,5 +1,6 @@
-"""Plugin benchmark: time every HTTP route (and sorts, filters, deep pages, exports) on a DLProf database
-built from a synthetic N-kernel profile; target < 200 ms per route at 10^6 kernels.
+"""Plugin benchmark: time every HTTP route (and sorts, filters, deep pages, exports, the timeline's windows) on a
+DLProf database built from a synthetic N-kernel profile; target < 200 ms per route at 10^6 kernels (the timeline:
+an iteration opens in < 1 s; wider windows read every event in them and merge those under a pixel).
 
     python benchmarks/bench_plugin.py [--kernels 1000000] [--repeat 3] [--reaggregate]
 
@@ -79,7 +80,26 @@ def requests_for(client, run: str) -> list[tuple[str, str]]:
         ("kernels format=json_all", f"/table/kernels?{q}&format=json_all"),
         ("kernels format=xlsx", f"/table/kernels?{q}&format=xlsx"),
     ]
+    urls += timeline_requests(q, mid_iter)
+    urls += [("compare (with its own aggregation)", f"/compare?{q}"),
+             ("table/compare_ops", f"/table/compare_ops?{q}"),
+             ("table/compare_kernels sort delta", f"/table/compare_kernels?{q}&sort=delta")]
     return urls
+
+
+def timeline_requests(q: str, iterations: list[dict]) -> list[tuple[str, str]]:
+    """The Timeline view's requests: an iteration as it opens (1600 px), zoomed in, ten iterations and the
+    whole profile (events under a pixel merged), and a GPU gap's CPU activity."""
+    it = iterations[len(iterations) // 2]
+    start, end = it["start"], it["end"]
+    first, last = iterations[0]["start"], iterations[-1]["end"]
+    ten = iterations[min(len(iterations) - 1, len(iterations) // 2 + 9)]["end"]
+    return [("timeline iteration (opening)", f"/timeline?{q}&iteration={it['iteration']}&width=1600"),
+            ("timeline 100 us of it", f"/timeline?{q}&t0={start + (end - start) // 2}&t1="
+                                      f"{start + (end - start) // 2 + 100_000}&width=1600"),
+            ("timeline 10 iterations", f"/timeline?{q}&t0={start}&t1={ten}&width=1600"),
+            ("timeline whole profile", f"/timeline?{q}&t0={first}&t1={last}&width=1600"),
+            ("timeline_gap (an iteration)", f"/timeline_gap?{q}&t0={start}&t1={end}")]
 
 
 def time_routes(app, run: str, repeat: int) -> list[tuple[str, float, float, int, int]]:

@@ -9,16 +9,18 @@ Only what the window shows is read and sent:
 - An event is in the window when it overlaps it (an instant counts as 1 ns); events starting before it are looked for back to
   the start of the iteration before the window's first one, or, once known, back to the longest duration of
   their table (so the answer does not depend on which bound was used).
-- Events shorter than a pixel are merged with their neighbours on the same row that are less than a pixel
-  apart into one box (its count, busy time and the name of its longest event), so an answer holds at most
-  about two boxes per pixel and row, whatever the zoom.
+- Events shorter than a pixel are merged with the others starting in the same pixel of their row into one box
+  (its count, busy time and the name of its longest event), so an answer holds at most about two boxes per
+  pixel and row, whatever the zoom, and a dense stretch keeps its shape (the busy time shades each pixel).
 - GPU idle gaps: per GPU, the parts of the window in which no kernel runs on it (from every kernel in the
   window, merged or not); those of a pixel or more are listed, their total is exact.
 Times are integer ns on the capture clock.
 """
 from __future__ import annotations
 
+import itertools
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,11 +29,21 @@ from dlprof_profiler import contract as K
 KIND_OP, KIND_API = 10, 11          # event kinds besides the GPU activity kinds (contract.KIND_*)
 MAX_WIDTH = 20_000                  # pixels a request may ask for
 MAX_IN_LIST = 500                   # keys per `IN (...)` lookup
+MAX_EVENTS = 1_000_000              # events a window may hold (more: 413, zoom in)
 NOT_ON_CPU = (K.UNASSOCIATED_GPU,)  # op instances without CPU time: GPU activities no API call launched
 
 
 class TimelineError(Exception):
     """A request the timeline cannot answer (the message is the reason)."""
+
+
+class TooManyEvents(Exception):
+    """A window holding more events than a request reads (`events`: how many, at least)."""
+
+    def __init__(self, events: int):
+        super().__init__(f"more than {MAX_EVENTS:,} events (op instances, API calls and GPU activities) start "
+                         "in the window: zoom in")
+        self.events = events
 
 
 # ---------------------------------------------------------------------------- window bounds
@@ -97,6 +109,19 @@ class LongestDurations:
 LONGEST = LongestDurations()
 
 
+def look_back(db, aggr_id: int, rank: int, domain_id: int, t0: int) -> dict:
+    """Per kind of event (ops, api, gpu), the earliest start read for a window from t0: the start of the
+    iteration before t0's, or t0 minus the kind's longest duration once known, whichever is later."""
+    back = lookback_start(iteration_bounds(db, aggr_id, rank), t0)
+    out = {}
+    for name, table, key, scope in (("ops", K.RAW_OP_INSTANCES, "instance_id", domain_id),
+                                    ("api", K.RAW_API_CALLS, "api_id", rank),
+                                    ("gpu", K.RAW_GPU_ACTIVITIES, "activity_id", rank)):
+        longest = LONGEST.get(db, table, key, scope)
+        out[name] = min(t0, max(back, t0 - longest)) if longest is not None else min(t0, back)
+    return out
+
+
 def _first_key_at(con, table: str, key: str, lo_key: int, hi_key: int, time: int) -> int:
     """The first key in [lo_key, hi_key) of a row starting at or after `time` (past the last row if none):
     binary search on the rowid, the rows of a rank being keyed in start order (keys may have holes)."""
@@ -125,45 +150,63 @@ def _keyed_range(con, table: str, key: str, rank: int, lo: int, t1: int) -> tupl
             _first_key_at(con, table, key, scope_lo, scope_hi, t1))
 
 
-def _columns(rows: list, names: tuple, dtypes: dict | None = None) -> dict:
-    dtypes = dtypes or {}
-    if not rows:
-        return {n: np.zeros(0, dtype=dtypes.get(n, np.int64)) for n in names}
-    cols = list(zip(*rows))
-    out = {}
-    for n, values in zip(names, cols):
-        if n in dtypes:
-            out[n] = np.array(values, dtype=dtypes[n])
-        else:
-            out[n] = np.array([-1 if v is None else v for v in values], dtype=np.int64)
-    return out
+def _columns(cursor, names: tuple) -> dict:
+    """The rows of a query over integer columns (NULLs coalesced in SQL) as int64 arrays by name."""
+    rows = cursor.fetchall()
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=len(rows) * len(names))
+    table = flat.reshape(len(rows), len(names))
+    return {n: table[:, i] for i, n in enumerate(names)}
 
 
-# ---------------------------------------------------------------------------- reading a window
+@dataclass
+class Ranges:
+    """Where a window's events are read from: the API call and GPU activity key ranges and the op instances'
+    start range (each from its own look-back bound to t1)."""
+
+    api: tuple[int, int]
+    gpu: tuple[int, int]
+    ops_from: int
+
+
+def find_ranges(con, rank: int, lo: dict, t1: int) -> Ranges:
+    return Ranges(_keyed_range(con, K.RAW_API_CALLS, "api_id", rank, lo["api"], t1),
+                  _keyed_range(con, K.RAW_GPU_ACTIVITIES, "activity_id", rank, lo["gpu"], t1), lo["ops"])
+
+
+def count_at_most(con, rank: int, domain_id: int, t0: int, t1: int, limit: int) -> int:
+    """How many events start in [t0, t1) (op instances counted up to `limit` + 1 only: a bounded cost)."""
+    n = 0
+    for table, key in ((K.RAW_API_CALLS, "api_id"), (K.RAW_GPU_ACTIVITIES, "activity_id")):
+        a, b = _keyed_range(con, table, key, rank, t0, t1)
+        n += b - a
+    if n > limit:
+        return n
+    ops = con.execute(f"SELECT count(*) FROM (SELECT 1 FROM {K.RAW_OP_INSTANCES} WHERE domain_id = ? AND start >= ? "
+                      "AND start < ? LIMIT ?)", (domain_id, t0, t1, limit - n + 1)).fetchone()[0]
+    return n + ops
+
 
 def read_instances(con, domain_id: int, lo: int, t0: int, t1: int) -> dict:
     """Op instances of a domain on a CPU thread overlapping [t0, t1), started at or after lo."""
-    rows = con.execute(
+    return _columns(con.execute(
         f"SELECT i.instance_id, i.op_index, i.thread_id, i.start, i.duration FROM {K.RAW_OP_INSTANCES} i "
         "WHERE i.domain_id = ? AND i.start >= ? AND i.start < ? AND i.start + max(i.duration, 1) > ? "
         f"AND i.kind NOT IN ({', '.join(str(k) for k in NOT_ON_CPU)}) AND i.thread_id IS NOT NULL",
-        (domain_id, lo, t1, t0)).fetchall()
-    return _columns(rows, ("key", "op_index", "thread_id", "start", "duration"))
+        (domain_id, lo, t1, t0)), ("key", "op_index", "thread_id", "start", "duration"))
 
 
-def read_api_calls(con, rank: int, lo: int, t0: int, t1: int) -> dict:
-    a, b = _keyed_range(con, K.RAW_API_CALLS, "api_id", rank, lo, t1)
-    rows = con.execute(f"SELECT api_id, name_id, thread_id, start, duration FROM {K.RAW_API_CALLS} "
-                       "WHERE api_id >= ? AND api_id < ? AND start + max(duration, 1) > ?", (a, b, t0)).fetchall()
-    return _columns(rows, ("key", "name_id", "thread_id", "start", "duration"))
+def read_api_calls(con, keys: tuple[int, int], t0: int) -> dict:
+    return _columns(con.execute(
+        f"SELECT api_id, coalesce(name_id, -1), thread_id, start, duration FROM {K.RAW_API_CALLS} "
+        "WHERE api_id >= ? AND api_id < ? AND start + max(duration, 1) > ?", (*keys, t0)),
+        ("key", "name_id", "thread_id", "start", "duration"))
 
 
-def read_gpu_activities(con, rank: int, lo: int, t0: int, t1: int) -> dict:
-    a, b = _keyed_range(con, K.RAW_GPU_ACTIVITIES, "activity_id", rank, lo, t1)
-    rows = con.execute(
-        f"SELECT activity_id, kind, name_id, device_id, stream_id, start, duration FROM {K.RAW_GPU_ACTIVITIES} "
-        "WHERE activity_id >= ? AND activity_id < ? AND start + max(duration, 1) > ?", (a, b, t0)).fetchall()
-    return _columns(rows, ("key", "kind", "name_id", "device_id", "stream_id", "start", "duration"))
+def read_gpu_activities(con, keys: tuple[int, int], t0: int) -> dict:
+    return _columns(con.execute(
+        f"SELECT activity_id, kind, name_id, coalesce(device_id, -1), coalesce(stream_id, -1), start, duration "
+        f"FROM {K.RAW_GPU_ACTIVITIES} WHERE activity_id >= ? AND activity_id < ? AND start + max(duration, 1) > ?",
+        (*keys, t0)), ("key", "kind", "name_id", "device_id", "stream_id", "start", "duration"))
 
 
 # ---------------------------------------------------------------------------- pure helpers over arrays
@@ -190,21 +233,17 @@ def nesting_depth(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.n
     return depth
 
 
-def merge_small(row: np.ndarray, start: np.ndarray, end: np.ndarray, ns_per_px: float) -> tuple[np.ndarray, np.ndarray]:
-    """Events shorter than a pixel, grouped with the ones before them on the same row when less than a pixel
-    lies between (the group's end so far): (order of the events by row and start, group number of each event
-    in that order)."""
+def merge_small(row: np.ndarray, start: np.ndarray, t0: int, ns_per_px: float) -> tuple[np.ndarray, np.ndarray]:
+    """Events shorter than a pixel, grouped per row and pixel column of their start (events starting before
+    the window in the first column): (order of the events by row and start, group number of each event in that
+    order). A row gets at most one group per pixel, so dense stretches keep their shape at any zoom."""
     n = start.size
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     order = np.lexsort((start, row))
-    r, s, e = row[order], start[order], end[order]
-    base = int(s.min())
-    span = int(max(e.max(), s.max()) - base) + 2
-    keyed_end = np.maximum.accumulate(r.astype(np.int64) * span + (e - base))
-    prev_end = np.r_[np.iinfo(np.int64).min, keyed_end[:-1]]
-    gap = (r.astype(np.int64) * span + (s - base)) - prev_end
-    new = np.r_[True, (r[1:] != r[:-1]) | (gap[1:] >= ns_per_px)]
+    r, s = row[order], start[order]
+    column = np.floor(np.maximum(s - t0, 0) / ns_per_px).astype(np.int64)
+    new = np.r_[True, (r[1:] != r[:-1]) | (column[1:] != column[:-1])]
     return order, np.cumsum(new) - 1
 
 
@@ -251,7 +290,7 @@ def _op_names(con, op_indexes) -> dict:
 
 
 def _threads(con, rank: int, thread_ids) -> dict:
-    ids = sorted({int(i) for i in thread_ids})
+    ids = np.unique(np.asarray(thread_ids, dtype=np.int64)).tolist()
     out = {}
     for k in range(0, len(ids), MAX_IN_LIST):
         chunk = ids[k:k + MAX_IN_LIST]
@@ -286,43 +325,59 @@ def window(db, aggr_id: int, domain_id: int, t0: int, t1: int, width: int, group
     if t1 <= t0:
         raise TimelineError("the window must end after it starts (t1 > t0)")
     rank = rank_of_domain(db, domain_id)
-    iterations = iteration_bounds(db, aggr_id, rank)
-    back = lookback_start(iterations, t0)
-    lo = {}
-    for name, table, key, scope in (("ops", K.RAW_OP_INSTANCES, "instance_id", domain_id),
-                                    ("api", K.RAW_API_CALLS, "api_id", rank),
-                                    ("gpu", K.RAW_GPU_ACTIVITIES, "activity_id", rank)):
-        longest = LONGEST.get(db, table, key, scope)
-        lo[name] = min(t0, max(back, t0 - longest)) if longest is not None else min(t0, back)
+    lo = look_back(db, aggr_id, rank, domain_id, t0)
     ns_per_px = (t1 - t0) / width
     with db.snapshot() as con:
-        inst = read_instances(con, domain_id, lo["ops"], t0, t1)
-        api = read_api_calls(con, rank, lo["api"], t0, t1)
-        gpu = read_gpu_activities(con, rank, lo["gpu"], t0, t1)
+        n = count_at_most(con, rank, domain_id, t0, t1, MAX_EVENTS)
+        if n > MAX_EVENTS:
+            raise TooManyEvents(n)
+        ranges = find_ranges(con, rank, lo, t1)
+        inst = read_instances(con, domain_id, ranges.ops_from, t0, t1)
+        api = read_api_calls(con, ranges.api, t0)
+        gpu = read_gpu_activities(con, ranges.gpu, t0)
         answer = _assemble(con, rank, domain_id, inst, api, gpu, t0, t1, ns_per_px, groups)
     answer.update(window=[t0, t1], width=width, ns_per_px=ns_per_px, iteration=iteration, rank=rank)
     return answer
 
 
-def _row_layout(inst: dict, depth: np.ndarray, api: dict, gpu: dict, threads: dict) -> tuple[list, dict]:
-    """The rows of a window: per CPU thread (by pid, tid) one row per op nesting depth then one for its API
-    calls; per GPU one row per stream. Returns (row descriptions, {(kind, a, b, depth): row number})."""
-    specs = set(zip(["c"] * inst["start"].size, inst["thread_id"].tolist(), [0] * inst["start"].size,
-                    depth.tolist()))
-    specs |= {("c", t, 1, 0) for t in set(api["thread_id"].tolist())}
-    specs |= {("g", d, st, 0) for d, st in zip(gpu["device_id"].tolist(), gpu["stream_id"].tolist())}
+def unique_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(table, axis=0, return_inverse=True) for a few distinct rows of many, through one packed int64
+    key per row (each column coded first): a 1-D sort instead of a sort of row records."""
+    if len(table) == 0:
+        return table.reshape(0, table.shape[1]), np.zeros(0, dtype=np.int64)
+    key = np.zeros(len(table), dtype=np.int64)
+    for column in table.T:
+        values, codes = np.unique(column, return_inverse=True)
+        key = key * len(values) + codes.reshape(-1)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    return table[first], inverse.reshape(-1)
 
-    def order(spec):
-        kind, a, b, d = spec
-        if kind == "c":
+
+def _row_layout(inst: dict, depth: np.ndarray, api: dict, gpu: dict, threads: dict) -> tuple[list, np.ndarray]:
+    """The rows of a window and the row of each event (op instances, then API calls, then GPU activities):
+    per CPU thread (by pid, tid) one row per op nesting depth then one for its API calls; per GPU one row per
+    stream."""
+    n_i, n_a, n_g = inst["start"].size, api["start"].size, gpu["start"].size
+    # (family: 0 CPU / 1 GPU, thread or device, 0 ops / 1 API or stream, depth) of every event
+    spec = np.stack([np.r_[np.zeros(n_i + n_a, np.int64), np.ones(n_g, np.int64)],
+                     np.r_[inst["thread_id"], api["thread_id"], gpu["device_id"]],
+                     np.r_[np.zeros(n_i, np.int64), np.ones(n_a, np.int64), gpu["stream_id"]],
+                     np.r_[depth, np.zeros(n_a + n_g, np.int64)]], axis=1).astype(np.int64)
+    specs, inverse = unique_rows(spec)
+
+    def order(i):
+        fam, a, b, d = (int(v) for v in specs[i])
+        if fam == 0:
             pid, tid, _ = threads.get(a, (-1, -1, None))
-            return (0, pid, tid, a, b, d)
+            return (0, pid if pid is not None else -1, tid if tid is not None else -1, a, b, d)
         return (1, a, b, 0, 0, 0)
-    rows, index = [], {}
-    for i, spec in enumerate(sorted(specs, key=order)):
-        index[spec] = i
-        kind, a, b, d = spec
-        if kind == "c":
+    shown = sorted(range(len(specs)), key=order)
+    row_of_spec = np.empty(len(specs), dtype=np.int64)
+    row_of_spec[shown] = np.arange(len(specs))
+    rows = []
+    for i in shown:
+        fam, a, b, d = (int(v) for v in specs[i])
+        if fam == 0:
             pid, tid, name = threads.get(a, (None, None, None))
             label = f"{name or 'thread'} (pid {pid}, tid {tid})" if pid is not None else f"thread {a}"
             rows.append({"id": f"t{a}.{'api' if b else d}", "group": f"t{a}", "kind": "api" if b else "ops",
@@ -330,19 +385,13 @@ def _row_layout(inst: dict, depth: np.ndarray, api: dict, gpu: dict, threads: di
         else:
             rows.append({"id": f"g{a}.{b}", "group": f"g{a}.{b}", "kind": "gpu", "device_id": a, "stream_id": b,
                          "label": f"GPU {a} · stream {b}"})
-    return rows, index
+    return rows, row_of_spec[inverse.reshape(-1)]
 
 
-def _events(inst: dict, depth: np.ndarray, api: dict, gpu: dict, index: dict) -> dict:
-    """Every event of the window as columns: row, start, end, kind, key, op (op_index or -1) and name (op
-    events: -1 - op_index; others: their string id)."""
+def _events(inst: dict, api: dict, gpu: dict, row: np.ndarray) -> dict:
+    """Every event of the window as columns: row, start, end, kind, key, op (op_index or -1), name (op
+    events: -1 - op_index; others: their string id) and device (GPU activities; -1 for the others)."""
     n_i, n_a, n_g = inst["start"].size, api["start"].size, gpu["start"].size
-
-    def rows(keys):
-        return np.array([index[k] for k in keys], dtype=np.int64)
-    row = np.r_[rows(zip(["c"] * n_i, inst["thread_id"].tolist(), [0] * n_i, depth.tolist())),
-                rows(zip(["c"] * n_a, api["thread_id"].tolist(), [1] * n_a, [0] * n_a)),
-                rows(zip(["g"] * n_g, gpu["device_id"].tolist(), gpu["stream_id"].tolist(), [0] * n_g))]
     start = np.r_[inst["start"], api["start"], gpu["start"]].astype(np.int64)
     return {"row": row.astype(np.int64), "start": start,
             "end": start + np.r_[inst["duration"], api["duration"], gpu["duration"]].astype(np.int64),
@@ -358,7 +407,7 @@ def _gpu_gaps(ev: dict, t0: int, t1: int, ns_per_px: float) -> tuple[dict, dict]
     gaps = {"device_id": [], "start": [], "end": []}
     idle = {}
     kernel = ev["kind"] == K.KIND_KERNEL
-    for dev in sorted(set(ev["device"][ev["device"] >= 0].tolist())):
+    for dev in np.unique(ev["device"][ev["device"] >= 0]).tolist():
         on = kernel & (ev["device"] == dev)
         gs, ge = idle_gaps(ev["start"][on], ev["end"][on], t0, t1)
         idle[str(dev)] = int((ge - gs).sum())
@@ -372,13 +421,14 @@ def _gpu_gaps(ev: dict, t0: int, t1: int, ns_per_px: float) -> tuple[dict, dict]
 BOX_COLUMNS = ("row", "start", "end", "kind", "key", "op", "name", "n", "busy")
 
 
-def merged_boxes(ev: dict, ns_per_px: float) -> dict:
-    """The boxes to draw: events of a pixel or more as they are; shorter ones merged with their neighbours
-    (merge_small) into boxes with their count `n`, busy time (summed durations) and the kind, op and name of
-    their longest event (key -1); a short event without neighbours stays itself. Sorted by row and start."""
+def merged_boxes(ev: dict, t0: int, ns_per_px: float) -> dict:
+    """The boxes to draw: events of a pixel or more as they are; shorter ones merged with those starting in the
+    same pixel of their row (merge_small) into boxes with their count `n`, busy time (summed durations) and the
+    kind, op and name of their longest event (key -1); a short event alone in its pixel stays itself. Sorted by
+    row and start."""
     dur = ev["end"] - ev["start"]
     small = dur < ns_per_px
-    order, group = merge_small(ev["row"][small], ev["start"][small], ev["end"][small], ns_per_px)
+    order, group = merge_small(ev["row"][small], ev["start"][small], t0, ns_per_px)
     small_idx = np.flatnonzero(small)[order]
     sizes = np.bincount(group) if group.size else np.zeros(0, dtype=np.int64)
     alone = sizes[group] == 1
@@ -405,12 +455,12 @@ def merged_boxes(ev: dict, ns_per_px: float) -> dict:
 def _assemble(con, rank, domain_id, inst, api, gpu, t0, t1, ns_per_px, groups) -> dict:
     depth = nesting_depth(inst["thread_id"], inst["start"], inst["start"] + inst["duration"])
     threads = _threads(con, rank, np.r_[inst["thread_id"], api["thread_id"]])
-    rows, index = _row_layout(inst, depth, api, gpu, threads)
-    ev = _events(inst, depth, api, gpu, index)
+    rows, event_rows = _row_layout(inst, depth, api, gpu, threads)
+    ev = _events(inst, api, gpu, event_rows)
     gaps, idle = _gpu_gaps(ev, t0, t1, ns_per_px)
     shown = np.array([groups is None or r["group"] in groups for r in rows] + [False], dtype=bool)
     keep = shown[ev["row"]]
-    boxes = merged_boxes({c: v[keep] for c, v in ev.items()}, ns_per_px)
+    boxes = merged_boxes({c: v[keep] for c, v in ev.items()}, t0, ns_per_px)
     # one list of names; boxes point into it
     name = boxes["name"]
     text = _texts(con, name[name >= 0])
@@ -418,7 +468,7 @@ def _assemble(con, rank, domain_id, inst, api, gpu, t0, t1, ns_per_px, groups) -
     uniq, name_pos = np.unique(name, return_inverse=True)
     names = [op_text.get(int(-1 - v), f"op {int(-1 - v)}") if v < 0 else text.get(int(v), "") for v in uniq]
     # the launching call of each GPU activity sent as itself (an arrow on hover)
-    api_row = {spec[1]: i for spec, i in index.items() if spec[0] == "c" and spec[2] == 1}
+    api_row = {r["thread_id"]: i for i, r in enumerate(rows) if r["kind"] == "api"}
     alone = (boxes["n"] == 1) & (boxes["kind"] < KIND_OP) & (boxes["key"] >= 0)
     found = _launches(con, domain_id, boxes["key"][alone])
     launches = {"key": [], "api_key": [], "api_row": [], "api_start": [], "api_end": []}
@@ -443,19 +493,19 @@ def gap_activity(db, aggr_id: int, domain_id: int, t0: int, t1: int, top: int = 
     if t1 <= t0:
         raise TimelineError("the interval must end after it starts (t1 > t0)")
     rank = rank_of_domain(db, domain_id)
-    back = lookback_start(iteration_bounds(db, aggr_id, rank), t0)
-    lo_ops = LONGEST.get(db, K.RAW_OP_INSTANCES, "instance_id", domain_id)
-    lo_api = LONGEST.get(db, K.RAW_API_CALLS, "api_id", rank)
+    lo = look_back(db, aggr_id, rank, domain_id, t0)
     with db.snapshot() as con:
-        inst = read_instances(con, domain_id, min(t0, max(back, t0 - lo_ops)) if lo_ops is not None else
-                              min(t0, back), t0, t1)
-        api = read_api_calls(con, rank, min(t0, max(back, t0 - lo_api)) if lo_api is not None else min(t0, back),
-                             t0, t1)
+        n = count_at_most(con, rank, domain_id, t0, t1, MAX_EVENTS)
+        if n > MAX_EVENTS:
+            raise TooManyEvents(n)
+        keys = _keyed_range(con, K.RAW_API_CALLS, "api_id", rank, lo["api"], t1)
+        inst = read_instances(con, domain_id, lo["ops"], t0, t1)
+        api = read_api_calls(con, keys, t0)
         threads = _threads(con, rank, np.r_[inst["thread_id"], api["thread_id"]])
-        op_text = _op_names(con, inst["op_index"].tolist())
-        api_text = _texts(con, api["name_id"].tolist())
+        op_text = _op_names(con, np.unique(inst["op_index"]).tolist())
+        api_text = _texts(con, np.unique(api["name_id"]).tolist())
     out = []
-    for t in sorted(set(inst["thread_id"].tolist()) | set(api["thread_id"].tolist())):
+    for t in np.unique(np.r_[inst["thread_id"], api["thread_id"]]).tolist():
         entry = {"thread_id": t}
         pid, tid, name = threads.get(t, (None, None, None))
         entry.update(pid=pid, tid=tid, label=f"{name or 'thread'} (pid {pid}, tid {tid})")
@@ -465,14 +515,13 @@ def gap_activity(db, aggr_id: int, domain_id: int, t0: int, t1: int, top: int = 
             e = np.clip(frame["start"][on] + frame["duration"][on], t0, t1)
             entry[f"{what}_time"] = covered_time(s, e, t0, t1)
             overlap = e - s
-            keys = frame[key][on]
-            by = {}
-            for k, ov in zip(keys.tolist(), overlap.tolist()):
-                calls, total = by.get(k, (0, 0))
-                by[k] = (calls + 1, total + ov)
-            ranked = sorted(by.items(), key=lambda kv: (-kv[1][1], -kv[1][0], str(texts.get(kv[0], ""))))
-            entry[what] = [{"name": texts.get(k, str(k)), "calls": c, "overlap": ov} for k, (c, ov) in ranked[:top]]
-            entry[f"{what}_distinct"] = len(by)
+            names, which = np.unique(frame[key][on], return_inverse=True)
+            calls = np.bincount(which.reshape(-1), minlength=names.size)
+            total = np.bincount(which.reshape(-1), weights=overlap, minlength=names.size).astype(np.int64)
+            ranked = sorted(range(names.size), key=lambda i: (-total[i], -calls[i], str(texts.get(int(names[i]), ""))))
+            entry[what] = [{"name": texts.get(int(names[i]), str(names[i])), "calls": int(calls[i]),
+                            "overlap": int(total[i])} for i in ranked[:top]]
+            entry[f"{what}_distinct"] = int(names.size)
         out.append(entry)
     out.sort(key=lambda x: (-(x["ops_time"] + x["api_calls_time"]), x["thread_id"]))
     return {"interval": [t0, t1], "threads": out}

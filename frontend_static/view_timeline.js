@@ -43,7 +43,7 @@ function colorOf(kind, name, dark) {
   if (kind === MEMCPY) return "#f0a02c";
   if (kind === MEMSET) return "#9b6ad0";
   if (kind === API) return dark ? "#5d7088" : "#9fb2c6";
-  const hue = hashHue(name || "");
+  const hue = hashHue(String(name || "").replace(/\[\d+\]$/, ""));   // the n-th call of an op: its colour
   return kind === OP ? `hsl(${hue}, 45%, ${dark ? 42 : 70}%)` : `hsl(${hue}, 65%, ${dark ? 45 : 52}%)`;
 }
 
@@ -86,13 +86,14 @@ export function mount(el) {
   const zoomOut = h("button", {type: "button", class: "secondary", id: "timeline-zoom-out", title: "Zoom out (−)"}, "−");
   const reset = h("button", {type: "button", class: "secondary", id: "timeline-reset", title: "The whole iteration (0)"}, "Whole iteration");
   const windowInfo = h("div", {class: "muted timeline-info", id: "timeline-window", "aria-live": "polite"});
+  const notice = h("div", {class: "validation timeline-notice", id: "timeline-notice", role: "status", hidden: true});
   const canvas = h("canvas", {id: "timeline-canvas", tabindex: 0, role: "img", "aria-label": "Timeline of the iteration"});
   const tip = h("div", {class: "chart-tip timeline-tip", role: "tooltip", hidden: true});
   const wrap = h("div", {class: "timeline-wrap"}, canvas, tip);
   const legend = h("ul", {class: "legend inline timeline-legend"},
     [["Op (CPU)", "hsl(200, 45%, 70%)"], ["CUDA API call", "#9fb2c6"], ["Kernel", "hsl(200, 65%, 52%)"],
       ["Memcpy", "#f0a02c"], ["Memset", "#9b6ad0"], ["GPU idle (no kernel)", "rgba(201, 42, 42, 0.55)"],
-      ["Merged events (each under a pixel)", "repeating-linear-gradient(45deg, #888 0 2px, transparent 2px 4px)"]]
+      ["Merged events (each under a pixel; paler = less busy)", "repeating-linear-gradient(45deg, #888 0 2px, transparent 2px 4px)"]]
       .map(([label, color]) => h("li", {}, h("span", {class: "swatch", style: {background: color}}), h("span", {class: "legend-label"}, label))));
   const main = card("Timeline", {wide: true, id: "timeline",
     tooltip: "One iteration: CPU threads with their op ranges (nesting as sub-rows) and CUDA API calls; GPUs with their idle gaps and, per stream, kernels and memory operations. Wheel: zoom at the cursor; drag: pan; shift-drag: zoom into a range; double-click: zoom in; keys + − ← → 0. Hover a kernel for its launch arrow, a GPU gap for what the CPU did meanwhile; click an op for its details."});
@@ -101,7 +102,7 @@ export function mount(el) {
       h("div", {class: "field inline"}, h("label", {for: "timeline-iteration"}, "Iteration"), prevBtn, iterInput, nextBtn, iterOf),
       h("div", {class: "segmented", role: "group", "aria-label": "Zoom"}, zoomOut, zoomIn, reset),
       windowInfo),
-    wrap, legend);
+    notice, wrap, legend);
   el.append(main.card);
 
   // ---- geometry ----
@@ -150,6 +151,7 @@ export function mount(el) {
       if (!data.kernelsOfApi.has(a)) data.kernelsOfApi.set(a, []);
       data.kernelsOfApi.get(a).push(answer.launches.key[i]);
     });
+    data.colors = {};   // per theme: a colour per box, computed once per answer
     data.boxOfKey = new Map();
     ev.key.forEach((k, i) => {
       if (k !== null) data.boxOfKey.set(`${ev.kind[i] === OP ? "o" : ev.kind[i] === API ? "a" : "g"}${k}`, i);
@@ -177,9 +179,16 @@ export function mount(el) {
       const answer = await getJSON("timeline", params, {signal: controller.signal});
       if (!alive) return;
       el.dataset.fetchMs = String(Math.round(performance.now() - started));
+      notice.hidden = true;
       ingest(answer);
     } catch (err) {
       if (err.name === "AbortError" || !alive) return;
+      if (err.status === 413) {   // more events than a window may hold: say so; opening, show its start
+        notice.textContent = `${err.message}. The view shows what it had; zoom in for more.`;
+        notice.hidden = false;
+        if (!data) setView(view.t0, view.t0 + (view.t1 - view.t0) / 4);
+        return;
+      }
       reportError(err);
     } finally {
       if (alive) el.dataset.loading = "";
@@ -238,7 +247,9 @@ export function mount(el) {
       let label = "";
       if (row.kind === "ops") label = row.depth === 0 || lastGroup !== row.group ? row.label : `  depth ${row.depth}`;
       else if (row.kind === "api") label = lastGroup === row.group ? "  CUDA API" : `${row.label} · CUDA API`;
-      else label = row.label;
+      else if (row.kind === "gap" && data && data.idle[String(row.device_id)] !== undefined) {
+        label = `${row.label} · ${((100 * data.idle[String(row.device_id)]) / (data.window[1] - data.window[0])).toFixed(1)} %`;
+      } else label = row.label;
       if (hidden.has(row.group)) label += " (hidden)";
       lastGroup = row.group;
       ctx.save();
@@ -303,9 +314,24 @@ export function mount(el) {
     }
   }
 
+  function colorsFor(isDark) {
+    const key = isDark ? "dark" : "light";
+    if (!data.colors[key]) {
+      const ev = data.events;
+      const byName = new Map();
+      data.colors[key] = ev.kind.map((kind, i) => {
+        const k = `${kind}:${ev.name[i]}`;
+        if (!byName.has(k)) byName.set(k, colorOf(kind, data.names[ev.name[i]], isDark));
+        return byName.get(k);
+      });
+    }
+    return data.colors[key];
+  }
+
   function drawBoxes(ctx, isDark) {
     const ev = data.events;
     const W = plotWidth();
+    const colors = colorsFor(isDark);
     for (const l of layout) {
       const list = byRow.get(l.row.id);
       if (!list) continue;
@@ -316,9 +342,9 @@ export function mount(el) {
         x0 = Math.max(x0, LABEL_W - 2);
         x1 = Math.min(x1, LABEL_W + W + 2);
         const w = Math.max(1, x1 - x0);
-        const name = data.names[ev.name[i]];
-        ctx.fillStyle = colorOf(ev.kind[i], name, isDark);
-        ctx.globalAlpha = ev.n[i] > 1 ? 0.55 : 1;
+        ctx.fillStyle = colors[i];
+        // a merged box: shaded by the share of its span its events keep busy
+        ctx.globalAlpha = ev.n[i] > 1 ? Math.min(1, Math.max(0.25, ev.busy[i] / Math.max(1, ev.end[i] - ev.start[i]))) : 1;
         ctx.fillRect(x0, l.y + 2, w, l.h - 4);
         ctx.globalAlpha = 1;
         if (ev.n[i] > 1 && w > 3) {
@@ -334,6 +360,7 @@ export function mount(el) {
           ctx.lineWidth = 1;
         }
         if (w > 36) {
+          const name = data.names[ev.name[i]];
           ctx.fillStyle = isDark ? "#fff" : "#111";
           ctx.save();
           ctx.beginPath();
@@ -443,7 +470,7 @@ export function mount(el) {
     const where = row.kind === "gpu" ? row.label : row.label;
     if (ev.n[i] > 1) {
       return [h("div", {class: "tip-title"}, `${fmtInt(ev.n[i])} events merged`),
-        h("div", {class: "muted"}, "each shorter than a pixel at this zoom; zoom in to see them"),
+        h("div", {class: "muted"}, "each shorter than a pixel at this zoom, starting in this pixel; zoom in to see them"),
         tipRow("Where", where), tipRow("From", rel(ev.start[i])), tipRow("Span", fmtNs(ev.end[i] - ev.start[i])),
         tipRow("Busy", fmtNs(ev.busy[i])), tipRow("Longest", name)];
     }
@@ -633,6 +660,8 @@ export function mount(el) {
     rows.clear();
     gapCache.clear();
     data = null;
+    el.dataset.ready = "";
+    el.dataset.window = "";
     if (state.iteration !== iteration.iteration) update({iteration: iteration.iteration});
     relayout();
     showWhole();

@@ -236,3 +236,20 @@ def test_bad_requests(tb, params, status, text):
                         **params)
     if "width" not in params:
         assert text in doc["error"]
+
+
+def test_a_window_of_too_many_events_is_refused(tb, monkeypatch):
+    """More events than a request reads: 413 with how many (at least), at once (in process, with a small cap)."""
+    from werkzeug.test import Client
+
+    from dlprof_plugin import timeline
+    from dlprof_plugin.viewer import build_app
+    monkeypatch.setattr(timeline, "MAX_EVENTS", 5000)
+    client = Client(build_app([str(tb["db"]("bench"))]))
+    its = client.get("/iterations?run=dlprof_dldb").get_json()["iterations"]
+    ok = client.get(f"/timeline?run=dlprof_dldb&iteration={its[3]['iteration']}")
+    assert ok.status_code == 200 and ok.get_json()["counts"]["events"] == 4000
+    reply = client.get(f"/timeline?run=dlprof_dldb&t0={its[3]['start']}&t1={its[5]['end']}")
+    doc = reply.get_json()
+    assert reply.status_code == 413 and "more than 5,000 events" in doc["error"] and "zoom in" in doc["error"]
+    assert doc["max_events"] == 5000 and doc["events"] > 5000
