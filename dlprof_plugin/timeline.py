@@ -6,9 +6,9 @@ Only what the window shows is read and sent:
 - API calls and GPU activities are keyed in start order within a rank (contract.db_id over the engine's
   positional ids), so a window is a rowid range found by binary search; op instances come from the
   (domain_id, start) index.
-- An event is in the window when it overlaps it (an instant counts as 1 ns); events starting before it are looked for back to
-  the start of the iteration before the window's first one, or, once known, back to the longest duration of
-  their table (so the answer does not depend on which bound was used).
+- An event is in the window when it overlaps it (an instant counts as 1 ns); events starting before it are
+  looked for back to the start of the iteration before the window's first one, or, once known, back to the
+  longest duration of their table (so the answer does not depend on which bound was used).
 - Events shorter than a pixel are merged with the others starting in the same pixel of their row into one box
   (its count, busy time and the name of its longest event), so an answer holds at most about two boxes per
   pixel and row, whatever the zoom, and a dense stretch keeps its shape (the busy time shades each pixel).

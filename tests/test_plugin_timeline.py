@@ -131,7 +131,8 @@ def test_what_the_cpu_did_in_a_gap(tb):
     # aten::to and its copy call
     doc = tb["api"].get("timeline_gap", run="training/dlprof", t0=1_080_000, t1=T1 + 14000)
     (main,) = doc["threads"]
-    assert [(o["name"], o["overlap"]) for o in main["ops"]] == [(SYNC, 5000), ("/aten::conv2d", 4000), ("/aten::to", 3000)]
+    assert [(o["name"], o["overlap"]) for o in main["ops"]] == [(SYNC, 5000), ("/aten::conv2d", 4000),
+                                                                ("/aten::to", 3000)]
     assert main["ops_time"] == 5000 + 4000 + 3000   # longest first: the sync, conv2d from T1 + 10 us, to
     assert {a["name"]: a["overlap"] for a in main["api_calls"]} == {
         "cudaDeviceSynchronize_v3020": 5000, "cudaLaunchKernel_v7000": 1000, "cudaMemcpyAsync_v3020": 1000}
