@@ -811,19 +811,23 @@ class Service:
             raise BadRequest(f"'width' must be at most {timeline.MAX_WIDTH} pixels")
         rows = self._arg(request, "rows")
         groups = None if rows is None else {g for g in rows.split(",") if g}
-        try:
-            doc = timeline.window(s.db, s.aggr_id, s.domain_id, t0, t1, width, groups, it)
-        except timeline.TooManyEvents as exc:
-            raise HttpError(413, str(exc), {"events": exc.events, "max_events": timeline.MAX_EVENTS}) from None
-        return json_reply(doc, sanitize=False)
+        return json_reply(self._timeline_call(timeline.window, s.db, s.aggr_id, s.domain_id, t0, t1, width, groups,
+                                              it), sanitize=False)
 
     def timeline_gap(self, request, ctx, eid) -> Reply:
         s = self._scope(request, ctx, eid)
         t0, t1, _ = self._timeline_window(request, s)
+        return json_reply(self._timeline_call(timeline.gap_activity, s.db, s.aggr_id, s.domain_id, t0, t1))
+
+    @staticmethod
+    def _timeline_call(fn, *args):
+        """A timeline function's answer; its refusals as HTTP errors."""
         try:
-            return json_reply(timeline.gap_activity(s.db, s.aggr_id, s.domain_id, t0, t1))
+            return fn(*args)
         except timeline.TooManyEvents as exc:
             raise HttpError(413, str(exc), {"events": exc.events, "max_events": timeline.MAX_EVENTS}) from None
+        except timeline.TimelineError as exc:
+            raise BadRequest(str(exc)) from None
 
     # ------------------------------------------------------------------ static files
     def static(self, route: str, request) -> Reply:

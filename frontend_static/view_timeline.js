@@ -189,6 +189,8 @@ export function mount(el) {
         if (!data) setView(view.t0, view.t0 + (view.t1 - view.t0) / 4);
         return;
       }
+      notice.textContent = `Could not load the timeline: ${err.message}`;
+      notice.hidden = false;
       reportError(err);
     } finally {
       if (alive) el.dataset.loading = "";

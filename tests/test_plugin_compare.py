@@ -9,6 +9,7 @@ from werkzeug.test import Client
 from dlprof_plugin.viewer import build_app
 from tests.profiles import run_dlprof
 from tests.test_compare import HAND_KERNELS, HAND_OPS, hand_after, hand_before
+from tests.test_db_load import v2  # noqa: F401 - the 2.0 database fixture
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +90,16 @@ def test_bad_baselines(client, query, status, text):
     assert text in doc["error"]
     doc = get(client, f"/table/compare_ops?{query}", status)
     assert text in doc["error"]
+
+
+def test_a_2_0_database_compares_with_its_3_0_twin(v2):
+    """The training profile written as a 2.0 database and analysed into a 3.0 one: the same rows, no change;
+    the timeline needs 3.0."""
+    client = Client(build_app([str(v2["v2"]), str(v2["v3"])]))
+    doc = get(client, "/compare?run=dlprof_dldb&base_run=v3/dlprof_dldb")
+    assert all(r["delta"] == 0 for r in doc["summary"]) and doc["summary"][2]["after"] > 0
+    assert doc["ops"]["both"] > 0 and doc["ops"]["after only"] == doc["ops"]["baseline only"] == 0
+    rows = get(client, "/table/compare_ops?run=dlprof_dldb&base_run=v3/dlprof_dldb&limit=100")["rows"]
+    assert rows and all(r[9] == 0 for r in rows)   # delta
+    doc = get(client, "/timeline?run=dlprof_dldb&iteration=1", 404)
+    assert "schema 3.0" in doc["error"]
