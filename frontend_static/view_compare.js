@@ -108,7 +108,7 @@ export function mount(el) {
     replace(summary.body,
       h("table", {class: "kv-table compare-table"},
         h("thead", {}, h("tr", {}, h("th", {}, ""), h("th", {class: "num", title: side(doc.baseline)}, "Baseline"),
-          h("th", {class: "num", title: side(doc.after)}, "Selected"), h("th", {class: "num"}, "Change"))),
+          h("th", {class: "num", title: side(doc.after)}, "Selected (after)"), h("th", {class: "num"}, "Change"))),
         h("tbody", {}, rows)),
       h("p", {class: "muted", id: "compare-counts"}, `${counts(doc.ops, "ops")}; ${counts(doc.kernels, "kernels")}.`));
     afterText.textContent = `Selected: ${side(doc.after)} · baseline: ${side(doc.baseline)}. Changes are selected − baseline.`;
