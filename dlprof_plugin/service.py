@@ -11,7 +11,7 @@ import sqlite3
 import threading
 from dataclasses import dataclass, field
 
-from dlprof_plugin import export, tables
+from dlprof_plugin import compare, export, tables, timeline
 from dlprof_plugin.db import NotADatabase, Registry, is_decode_error, is_hot_journal_error
 from dlprof_plugin.jobs import JobConflict, JobManager
 from dlprof_plugin.runs import RunInfo
@@ -123,6 +123,7 @@ class Scope:
     domain_id: int
     domain: str
     mode: str
+    request_context: tuple = ()   # (ctx, eid) of the request, for routes that look up a second run
 
     @property
     def pytorch(self) -> bool:
@@ -147,6 +148,7 @@ class Service:
             "dashboard": self.dashboard, "system": self.system, "gpus": self.gpus, "iterations": self.iterations,
             "op": self.op, "expert_systems": self.expert_systems, "reaggregate": self.reaggregate,
             "reaggregate_status": self.reaggregate_status,
+            "compare": self.compare, "timeline": self.timeline, "timeline_gap": self.timeline_gap,
         }
         self.tables = {
             "ops": lambda s, a: tables.ops_table(s),
@@ -160,6 +162,8 @@ class Service:
             "iteration_op_kernels": self._iteration_op_kernels_table,
             "key_nodes": self._key_nodes_table,
             "expert_systems": lambda s, a: tables.expert_systems_table(s),
+            "compare_ops": lambda s, a: compare.ops_table(self._compared(s, a)[0], s.pytorch),
+            "compare_kernels": lambda s, a: compare.kernels_table(self._compared(s, a)[0]),
         }
 
     # ------------------------------------------------------------------ dispatch
@@ -712,9 +716,11 @@ class Service:
         if builder is None:
             raise NotFound(f"unknown table '{_clip(name)}'")
         s = self._scope(request, ctx, eid)
+        s.request_context = (ctx, eid)
         tq = builder(s, request)
         page, fmt = self._page(request, tq)
-        result = tables.run_query(s.db, tq, page, max_rows=MAX_EXPORT_ROWS if fmt in EXPORT_FORMATS else None)
+        result = tables.run_query(tq.db if tq.db is not None else s.db, tq, page,
+                                  max_rows=MAX_EXPORT_ROWS if fmt in EXPORT_FORMATS else None)
         columns = [c.meta() for c in tq.columns]
         doc = {"table": tq.name, "columns": columns, "total": result["total"], "filtered": result["filtered"],
                "offset": page.offset, "limit": page.limit, "sort": page.sort, "order": page.order,
@@ -731,6 +737,97 @@ class Service:
         else:
             body, ctype, ext = export.to_json(doc), JSON, "json"
         return Reply(200, body, ctype, [("Content-Disposition", f'attachment; filename="{base}.{ext}"')])
+
+    # ------------------------------------------------------------------ compare
+    def compare(self, request, ctx, eid) -> Reply:
+        s = self._scope(request, ctx, eid)
+        s.request_context = (ctx, eid)
+        compared, b = self._compared(s, request)
+        return json_reply(compare.summary_doc(compared, self._side(s), self._side(b)))
+
+    @staticmethod
+    def _side(s: Scope) -> dict:
+        return {"run": s.info.run, "aggr": s.aggr_id, "domain": s.domain}
+
+    def _baseline_scope(self, s: Scope, request) -> Scope:
+        """The baseline of a comparison: `base_run` (default: the run itself), `base_aggr` (default: its newest
+        aggregation), `base_domain` (default: the compared domain's name when the baseline has it, else its
+        primary domain), resolved and checked as run, aggr and domain are."""
+        ctx, eid = s.request_context
+        run = self._arg(request, "base_run") or s.info.run
+        domain = self._arg(request, "base_domain")
+        if not domain:
+            info = self._run(request, ctx, eid, run=run)
+            names = {d["name"] for d in self.registry.get(info.database).domains()}
+            domain = s.domain if s.domain in names else None
+        aggr = self._int(request, "base_aggr", minimum=1)
+        args = {"run": run, "aggr": None if aggr is None else str(aggr), "domain": domain}
+        view = type("BaselineRequest", (), {"args": {k: v for k, v in args.items() if v not in (None, "")},
+                                            "method": request.method})()
+        return self._scope(view, ctx, eid)
+
+    def _compared(self, s: Scope, request):
+        """(compare.Compared, baseline scope): computed once per state of both files."""
+        b = self._baseline_scope(s, request)
+
+        def compute():
+            label = lambda x: f"{x.info.run} · aggregation {x.aggr_id}"  # noqa: E731
+            return compare.Compared.of(compare.side_from_database(s.db, s.aggr_id, s.domain_id, label(s)),
+                                       compare.side_from_database(b.db, b.aggr_id, b.domain_id, label(b)))
+        key = ("compare", s.aggr_id, s.domain_id, b.db.path, b.db.state(), b.aggr_id, b.domain_id)
+        return s.db.cached(key, compute), b
+
+    # ------------------------------------------------------------------ timeline
+    def _timeline_window(self, request, s: Scope) -> tuple[int, int, dict | None]:
+        """[t0, t1) of a timeline request: `t0` and `t1`, else the bounds of `iteration`."""
+        if not s.db.v3:
+            raise NotFound("the timeline needs a DLProf database of schema 3.0: analyse the export again with "
+                           "this dlprof")
+        iteration = self._int(request, "iteration")
+        it = None
+        if iteration is not None:
+            rank = timeline.rank_of_domain(s.db, s.domain_id)
+            bounds = timeline.iteration_bounds(s.db, s.aggr_id, rank)
+            match = bounds[bounds[:, 0] == iteration] if len(bounds) else bounds
+            if not len(match):
+                raise NotFound(f"unknown iteration {iteration} in aggregation {s.aggr_id}")
+            it = {"iteration": iteration, "start": int(match[0, 1]), "end": int(match[0, 2])}
+        t0, t1 = self._int(request, "t0", minimum=None), self._int(request, "t1", minimum=None)
+        if (t0 is None) != (t1 is None):
+            raise BadRequest("give both t0 and t1 (or neither, with iteration)")
+        if t0 is None:
+            if it is None:
+                raise BadRequest("parameter 'iteration' (or 't0' and 't1') is required")
+            t0, t1 = it["start"], max(it["end"], it["start"] + 1)
+        if t1 <= t0:
+            raise BadRequest("'t1' must be greater than 't0'")
+        return t0, t1, it
+
+    def timeline(self, request, ctx, eid) -> Reply:
+        s = self._scope(request, ctx, eid)
+        t0, t1, it = self._timeline_window(request, s)
+        width = self._int(request, "width", default=1000, minimum=1)
+        if width > timeline.MAX_WIDTH:
+            raise BadRequest(f"'width' must be at most {timeline.MAX_WIDTH} pixels")
+        rows = self._arg(request, "rows")
+        groups = None if rows is None else {g for g in rows.split(",") if g}
+        return json_reply(self._timeline_call(timeline.window, s.db, s.aggr_id, s.domain_id, t0, t1, width, groups,
+                                              it), sanitize=False)
+
+    def timeline_gap(self, request, ctx, eid) -> Reply:
+        s = self._scope(request, ctx, eid)
+        t0, t1, _ = self._timeline_window(request, s)
+        return json_reply(self._timeline_call(timeline.gap_activity, s.db, s.aggr_id, s.domain_id, t0, t1))
+
+    @staticmethod
+    def _timeline_call(fn, *args):
+        """A timeline function's answer; its refusals as HTTP errors."""
+        try:
+            return fn(*args)
+        except timeline.TooManyEvents as exc:
+            raise HttpError(413, str(exc), {"events": exc.events, "max_events": timeline.MAX_EVENTS}) from None
+        except timeline.TimelineError as exc:
+            raise BadRequest(str(exc)) from None
 
     # ------------------------------------------------------------------ static files
     def static(self, route: str, request) -> Reply:

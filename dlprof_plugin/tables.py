@@ -73,6 +73,7 @@ class TableQuery:
     count_source: str | None = None  # cheaper source giving the same unfiltered row count (no lookups)
     range: tuple | None = None      # (alias, table) of an aggregation table: see rowid_range()
     indexed_sorts: tuple = ()       # sort keys an index already orders (unfiltered pages use it)
+    db: object = None               # the database the query reads, when not the run's (a comparison's rows)
 
     def col(self, key: str) -> Col | None:
         for c in self.columns:

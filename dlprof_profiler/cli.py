@@ -10,7 +10,7 @@ from dlprof_profiler import __version__, log
 from dlprof_profiler.errors import DLProfError
 
 REPORT_NAMES = ("summary", "detail", "iteration", "kernel", "tensor", "op_type", "group_node",
-                "expert_systems", "all")
+                "expert_systems", "diff", "all")
 FORMAT_NAMES = ("csv", "json")
 MODES = ("simple", "nvtx", "pytorch", "tensorflow1", "tensorflow2", "tensorrt")
 BACKENDS = ("nsys", "torch")
@@ -26,7 +26,8 @@ _FALSE = {"false", "no", "0", "off"}
 _VALUE_OPTIONS = {
     "--database", "--output_path", "--profile_name", "--base_name", "-v", "--verbosity", "-m", "--mode",
     "--key_node", "--key_op", "--iter_start", "--iter_stop", "--nsys_opts", "--nsys_base_name",
-    "-y", "--delay", "-d", "--duration", "--domain", "--backend", "--capture_iterations", "--out_of_core",
+    "-y", "--delay", "-d", "--duration", "--domain", "--backend", "--capture_iterations", "--baseline",
+    "--out_of_core",
 }
 # Options with an optional boolean value (`--force`, `--force=true`, `-f false`).
 _BOOL_OPTIONS = {"-f", "--force", "--dump_model_data", "--nsys_profile_range", "--detailed_mode"}
@@ -197,6 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--domain", metavar="NAME",
                    help="NVTX domain whose ops the reports show (default: the default domain, else the "
                         "domain with the most ranges); the database keeps every domain")
+    p.add_argument("--baseline", metavar="FILE",
+                   help="also compare with this profile (an nsys export, a torch.profiler trace or a DLProf "
+                        "database, analysed with the same key node, iteration range and domain): writes the diff "
+                        "report <base_name>_diff.csv, per op and per kernel the GPU time of both and its change")
     p.add_argument("--dump_model_data", type=parse_bool, default=False, metavar="BOOL",
                    help="also write the op model (ops, instances, kernels) as JSON")
     p.add_argument("--out_of_core", choices=("auto", "on", "off"), default="auto",
@@ -236,8 +241,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.command = command
     if args.reports is None:
         args.reports = list(DEFAULT_REPORTS)
-    if "all" in args.reports:
-        args.reports = [r for r in REPORT_NAMES if r != "all"]
+    args.reports = _with_diff(args.reports, args.baseline)
     if args.formats is None:
         args.formats = ["csv"]
     if args.profile_name is None:
@@ -258,6 +262,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if not name or "/" in name or name in (".", ".."):
             raise DLProfError(f"invalid name '{name}': names may not be empty or contain '/'", exit_code=2)
     return args
+
+
+def _with_diff(reports: list[str], baseline: str | None) -> list[str]:
+    """The report list with `all` expanded; the diff is written whenever a baseline is given (`all` includes
+    it only then) and cannot be written without one."""
+    if "diff" in reports and not baseline:
+        raise DLProfError("the diff report needs a baseline to compare with: add --baseline=FILE", exit_code=2)
+    if "all" in reports:
+        reports = [r for r in REPORT_NAMES if r not in ("all", "diff")]
+    reports = [r for r in dict.fromkeys(reports) if r != "diff"]
+    return reports + (["diff"] if baseline else [])
 
 
 def choose_backend(requested: str | None) -> tuple[str, str]:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 
 from dlprof_profiler import __version__, log
+from dlprof_profiler import compare, database, event_files, graph_events, ingest, reports
 from dlprof_profiler import correlate as corr_mod
-from dlprof_profiler import database, event_files, graph_events, ingest, reports
 from dlprof_profiler.analysis import (Analysis, AnalysisConfig, analyze, key_node_from_ops, reaggregation_iterations,
                                       reanalyze)
 from dlprof_profiler.errors import DLProfError
@@ -25,7 +25,8 @@ def database_path(args: Namespace) -> Path:
 
 
 def report_names(args: Namespace, mode: str | None = None) -> list[str]:
-    names = list(args.reports)
+    """The reports of the analysed profile (the diff, which needs the baseline too, is written apart)."""
+    names = [r for r in args.reports if r != "diff"]
     if mode == "simple" or getattr(args, "mode", None) == "simple":
         names = [r for r in names if r in reports.SIMPLE_MODE_REPORTS]
     return names
@@ -36,10 +37,46 @@ def planned_outputs(args: Namespace) -> list[Path]:
     out = Path(args.output_path)
     files = [database_path(args)]
     files += reports.report_paths(out, args.base_name, report_names(args), args.formats)
+    if baseline_of(args):
+        files += reports.report_paths(out, args.base_name, ["diff"], args.formats)
     if args.dump_model_data:
         files.append(out / f"{args.base_name}_model_data.json")
     files += event_files.existing_event_files(event_files.run_directory(out, args.profile_name))
     return files
+
+
+def baseline_of(args: Namespace) -> Path | None:
+    """The --baseline file, if one was given."""
+    value = getattr(args, "baseline", None)
+    return Path(value) if value else None
+
+
+def check_baseline(args: Namespace) -> None:
+    """A baseline that cannot be read fails the run before the long work (one line naming the file)."""
+    path = baseline_of(args)
+    if path is None:
+        return
+    if ingest.trace_format(path) == ingest.SQLITE:
+        check_sqlite_file(path)
+        if not database.is_dlprof_database(path):
+            refuse_dlprof18_database(path)
+
+
+def analyze_baseline(args: Namespace) -> Analysis:
+    """The --baseline profile analysed with the run's options (mode, key node, iteration range, domain): an
+    nsys export or Kineto trace from scratch, a DLProf database re-aggregated."""
+    path = baseline_of(args)
+    config = AnalysisConfig.from_args(args)
+    log.info(f"Analysing the baseline {path}")
+    if ingest.trace_format(path) == ingest.SQLITE and database.is_dlprof_database(path):
+        with log.stage(f"Reading DLProf database {path}"):
+            trace, corr, profile, _, _ = database.load_model(path)
+        return reanalyze(trace, corr, profile, config, str(path))
+    with log.stage(f"Reading {path}"):
+        trace = sanitize_trace(ingest.read_trace(path))
+    for text in trace.warnings:
+        log.warning(text)
+    return analyze(trace, config, str(path))
 
 
 def analyze_database(args: Namespace) -> int:
@@ -82,6 +119,7 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
     started = time.perf_counter()
     out_dir = prepare_output_dir(Path(args.output_path))
     refuse_existing(planned_outputs(args), args.force)
+    check_baseline(args)
     with log.stage(f"Reading {source}"):
         trace = sanitize_trace(ingest.read_trace(source))   # the one place rows of impossible times are dropped
     kineto = trace.meta.get("source_format") == "kineto"
@@ -140,6 +178,7 @@ def run_store_analysis(source: Path, args: Namespace, capture: dict | None = Non
     started = time.perf_counter()
     out_dir = prepare_output_dir(Path(args.output_path))
     refuse_existing(planned_outputs(args), args.force)
+    check_baseline(args)
     staging = Staging(out_dir)
     store = writer = feed = None
     try:
@@ -228,6 +267,7 @@ def _write_outputs(args, out_dir: Path, source: Path, result: Analysis, profile:
             db_staged = staging.path(db_final)
             new_database.start()
             written_reports = _write_reports(args, out_dir, trace, corr, aggregations, findings, primary, staging)
+            written_reports += _write_diffs(args, out_dir, source, result, staging)
             if args.dump_model_data:
                 _dump_model(staging.path(out_dir / f"{args.base_name}_model_data.json"), corr)
             domain_ids, offsets = new_database.finish()
@@ -272,7 +312,7 @@ def _copy_database(source: Path, target: Path) -> None:
 def _write_reports(args, out_dir, trace, corr, aggregations, findings, primary, staging) -> list[Path]:
     names = report_names(args, corr.mode)
     if corr.mode == "simple":
-        skipped = [r for r in args.reports if r not in names]
+        skipped = [r for r in args.reports if r not in names and r != "diff"]
         if skipped:
             log.warning(f"simple mode writes only the summary and kernel reports; skipped: {', '.join(skipped)}")
     written = []
@@ -284,6 +324,39 @@ def _write_reports(args, out_dir, trace, corr, aggregations, findings, primary, 
         for report in built:
             written += reports.write_report(report, out_dir, args.base_name, args.formats, suffix, staging.path)
     return written
+
+
+def _write_diffs(args, out_dir: Path, source: Path, result: Analysis, staging: Staging) -> list[Path]:
+    """The diff report against --baseline, per reported domain (the primary one, or each with --domain=all
+    that the baseline has too)."""
+    if baseline_of(args) is None:
+        return []
+    base = analyze_baseline(args)
+    domains = list(result.aggregations) if args.domain == "all" else [result.primary]
+    written = []
+    for name in domains:
+        if name not in base.aggregations:
+            message = (f"{baseline_of(args)}: the baseline has no NVTX domain '{name}' to compare with (its "
+                       f"domains: {', '.join(base.aggregations) or 'none'})")
+            if args.domain == "all":
+                log.warning(message + "; no diff for that domain")
+                continue
+            raise DLProfError(message)
+        comparison = compare.compare(compare.side_from_aggregation(result.aggregations[name], str(source)),
+                                     compare.side_from_aggregation(base.aggregations[name], str(baseline_of(args))))
+        suffix = "" if name == result.primary else "_" + _slug(name)
+        written += reports.write_report(reports.diff_report(comparison), out_dir, args.base_name, args.formats,
+                                        suffix, staging.path)
+        _print_diff(comparison, name)
+    return written
+
+
+def _print_diff(comparison, domain: str) -> None:
+    s = comparison.summary.set_index("key")
+    log.info(f"Compared with the baseline (domain {domain}): average iteration time "
+             f"{s.at['avg_iteration_time', 'baseline']:,.0f} -> {s.at['avg_iteration_time', 'after']:,.0f} ns, "
+             f"GPU utilization {s.at['gpu_utilization', 'baseline']:.1f} -> {s.at['gpu_utilization', 'after']:.1f} %, "
+             f"total GPU time {s.at['total_gpu_time', 'delta']:+,} ns")
 
 
 def _slug(name: str) -> str:
@@ -330,12 +403,15 @@ def _run_options(args) -> list[str]:
     """The options of this run that a command updating it must repeat (its reports, formats, domain)."""
     from dlprof_profiler.cli import DEFAULT_REPORTS
     options = []
-    if list(args.reports) != list(DEFAULT_REPORTS):
-        options.append("--reports=" + ",".join(args.reports))
+    own = [r for r in args.reports if r != "diff"]   # --baseline (below) brings the diff back
+    if own != list(DEFAULT_REPORTS):
+        options.append("--reports=" + ",".join(own))
     if list(args.formats) != ["csv"]:
         options.append("--formats=" + ",".join(args.formats))
     if args.domain:
         options.append(f"--domain={args.domain}")
+    if baseline_of(args):
+        options.append(f"--baseline={baseline_of(args)}")
     return options
 
 
@@ -382,6 +458,7 @@ def reaggregate_database(source: Path, args: Namespace) -> int:
                           "this run in place (a new aggregation; its reports and event file are replaced), or "
                           "choose another --output_path or --base_name", exit_code=2)
     refuse_existing(planned_outputs(args), args.force)
+    check_baseline(args)
     if in_place:
         # the run's own folder and names (the command the expert systems propose): update that run
         log.info(f"{source}: updating this run: its database gets a new aggregation (earlier ones are kept); "

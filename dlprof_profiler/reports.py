@@ -21,6 +21,7 @@ from dlprof_profiler.report_format import SectionWriters, Table
 REPORT_FILES = {
     "summary": "summary", "detail": "detailed", "iteration": "iteration", "kernel": "kernel",
     "tensor": "tensor_core", "op_type": "op_type", "group_node": "group_op", "expert_systems": "expert_systems",
+    "diff": "diff",
 }
 SIMPLE_MODE_REPORTS = ("summary", "kernel")
 
@@ -479,6 +480,54 @@ def expert_systems_report(findings: list[dict]) -> Report:
     data = {"Problem": [f.get("problem", "") for f in findings],
             "Recommendation": [f.get("recommendation", "") for f in findings]}
     return Report("expert_systems", [Table("Expert Systems Feedback", ["Problem", "Recommendation"], ["q", "q"], data)])
+
+
+# ---------------------------------------------------------------------------- the diff report
+
+def _figure_text(value, kind: str) -> str:
+    if value is None or (isinstance(value, float) and not np.isfinite(value)):
+        return ""
+    if kind == "int":
+        return str(int(value))
+    return f"{round(float(value), 1):.1f}"
+
+
+DIFF_COMPARED = ["Present In", "No. Calls", "Baseline No. Calls", "GPU Time (ns)", "Baseline GPU Time (ns)",
+                 "Delta GPU Time (ns)", "Delta GPU Time %"]
+DIFF_COMPARED_FORMATS = ["t", "i", "i", "i", "i", "i", "m"]
+
+
+def _compared_data(frame: pd.DataFrame) -> dict:
+    return {"Present In": frame["presence"], "No. Calls": frame["calls"], "Baseline No. Calls": frame["baseline_calls"],
+            "GPU Time (ns)": frame["gpu_time"], "Baseline GPU Time (ns)": frame["baseline_gpu_time"],
+            "Delta GPU Time (ns)": frame["delta"], "Delta GPU Time %": frame["delta_pct"]}
+
+
+def diff_report(comparison) -> Report:
+    """`dlprof_diff`: the compared profiles, the headline figures before / after / delta, then per op (name,
+    direction) and per kernel name the GPU time of both sides and its change, largest change first
+    (compare.Comparison; the Compare view shows the same rows)."""
+    after, base = comparison.after, comparison.baseline
+    compared = Table("Compared Profiles", ["", "Baseline", "After"], ["t", "t", "t"], {
+        "": ["Profile", "Key Node", "Iterations"],
+        "Baseline": [base.label, base.key_node or "(none found)", base.iterations_text()],
+        "After": [after.label, after.key_node or "(none found)", after.iterations_text()]}, bare=True)
+    s = comparison.summary
+    kinds = s["kind"].tolist()
+    summary = Table("Diff Summary", ["", "Baseline", "After", "Delta"], ["t", "t", "t", "t"], {
+        "": s["label"].tolist(),
+        "Baseline": [_figure_text(v, k) for v, k in zip(s["baseline"].tolist(), kinds)],
+        "After": [_figure_text(v, k) for v, k in zip(s["after"].tolist(), kinds)],
+        "Delta": [_figure_text(v, k) for v, k in zip(s["delta"].tolist(), kinds)]}, bare=True)
+    ops = comparison.ops
+    op_table = Table("Op Diff", ["Op Name", "Direction", "Op Type"] + DIFF_COMPARED,
+                     ["q", "t", "q"] + DIFF_COMPARED_FORMATS,
+                     {"Op Name": ops["name"], "Direction": ops["direction"], "Op Type": ops["op_type"],
+                      **_compared_data(ops)})
+    k = comparison.kernels
+    kernel_table = Table("Kernel Diff", ["Kernel Name", "Uses TC"] + DIFF_COMPARED, ["q", "y"] + DIFF_COMPARED_FORMATS,
+                         {"Kernel Name": k["name"], "Uses TC": k["uses_tc"], **_compared_data(k)})
+    return Report("diff", [compared, summary, op_table, kernel_table])
 
 
 def build_reports(names: list[str], agg: Aggregation, dm, trace, config: dict, findings: list[dict]) -> list[Report]:

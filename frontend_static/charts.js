@@ -104,7 +104,7 @@ export function iterationLegend(iterations, definition) {
 /**
  * Per-iteration stacked bars (the seven time classes; iterations outside the aggregation in grey).
  * opts: {range: [a, b] aggregated range to shade, markers: {start, stop} selected boundaries,
- *        onHover(it|null, event), onClick(it), height}
+ *        onHover(it|null, event), onClick(it), onDblClick(it), height}
  */
 export function iterationBars(iterations, opts = {}) {
   const W = 900;
@@ -158,6 +158,7 @@ export function iterationBars(iterations, opts = {}) {
       g.appendChild(s("title", {}, `Iteration ${it.iteration}: ${fmtNs(it.duration)}`));
     }
     if (opts.onClick) g.addEventListener("click", () => opts.onClick(it));
+    if (opts.onDblClick) g.addEventListener("dblclick", () => opts.onDblClick(it));
     svg.appendChild(g);
     if (i % labelEvery === 0) {
       svg.appendChild(s("text", {x: xOf(i) + band / 2, y: H - m.bottom + 15, "text-anchor": "middle", class: "axis"}, String(it.iteration)));

@@ -17,10 +17,12 @@ import * as iterations from "./view_iterations.js";
 import * as tensorCore from "./view_tensor_core.js";
 import * as gpus from "./view_gpus.js";
 import * as groupOps from "./view_group_ops.js";
+import * as compare from "./view_compare.js";
+import * as timeline from "./view_timeline.js";
 
 const VIEW_MODULES = {
   dashboard, op_types: opTypes, ops_kernels: opsKernels, kernels_by_iteration: kernelsByIteration,
-  kernels_by_op: kernelsByOp, iterations, tensor_core: tensorCore, gpus, group_ops: groupOps,
+  kernels_by_op: kernelsByOp, iterations, tensor_core: tensorCore, gpus, group_ops: groupOps, compare, timeline,
 };
 
 const ui = {};
@@ -147,7 +149,7 @@ async function selectRun(run, wanted = {}) {
     if (aggregations.some((a) => String(a.aggr_id) === String(wanted.aggr))) aggr = wanted.aggr;
     const view = VIEWS.some((v) => v.id === wanted.view) ? wanted.view : state.view;
     update({domains, domain: domain ? domain.name : null, aggregations, aggr: aggr === null ? null : String(aggr), view,
-      op: asIndex(wanted.op), iteration: asIndex(wanted.iteration)});
+      op: asIndex(wanted.op), iteration: asIndex(wanted.iteration), ...baselineFrom(wanted)});
     if (aggrData.job && aggrData.job.status === "running") {
       update({job: {...aggrData.job, run}});
       poll(run);
@@ -164,6 +166,11 @@ async function selectRun(run, wanted = {}) {
   mountView();
   ui.ready = true;
   saveUrl();
+}
+
+/** The Compare view's baseline from the URL (kept as it is when the URL names none). */
+function baselineFrom(wanted) {
+  return wanted.base_run ? {base_run: wanted.base_run, base_aggr: wanted.base_aggr} : {};
 }
 
 function saveUrl() {

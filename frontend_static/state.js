@@ -7,9 +7,11 @@ export const VIEWS = [
   {id: "kernels_by_iteration", label: "Kernels by Iteration"},
   {id: "kernels_by_op", label: "Kernels by Op"},
   {id: "iterations", label: "Iterations"},
+  {id: "timeline", label: "Timeline"},
   {id: "tensor_core", label: "Tensor Cores"},
   {id: "gpus", label: "GPUs"},
   {id: "group_ops", label: "Group Ops"},
+  {id: "compare", label: "Compare"},
 ];
 
 export const state = {
@@ -24,6 +26,8 @@ export const state = {
   job: null,         // re-aggregation job status (jobs.js)
   op: null,          // op_index shown in the details pane (a selection kept in the URL)
   iteration: null,   // iteration selected in the kernel views (kept in the URL)
+  base_run: null,    // the Compare view's baseline run and aggregation (kept in the URL)
+  base_aggr: null,
 };
 
 const listeners = new Set();

@@ -1,10 +1,11 @@
 // What the user looks at, kept in the address bar so a reload (or a shared link) shows it again: run, view,
-// aggregation, domain and the selection (the op in the details pane, the iteration of the kernel views).
+// aggregation, domain and the selection (the op in the details pane, the iteration of the kernel views and the
+// timeline, the Compare view's baseline).
 // In TensorBoard the plugin's iframe is recreated on reload, so the keys live in TensorBoard's own URL hash as
 // `p.dlprof.<key>` (the prefix TensorBoard's plugin API reserves for a plugin's URL data), written through its
 // tf_storage; standalone (dlprofviewer) they are the page's own hash: `#view=ops_kernels&op=3`.
 
-export const URL_KEYS = ["run", "view", "aggr", "domain", "op", "iteration"];
+export const URL_KEYS = ["run", "view", "aggr", "domain", "op", "iteration", "base_run", "base_aggr"];
 const PREFIX = "p.dlprof.";
 
 function tensorBoardStorage() {
@@ -21,7 +22,7 @@ function ownHash() {
   return new URLSearchParams(window.location.hash.replace(/^#/, ""));
 }
 
-/** {run, view, aggr, domain, op, iteration} from the URL (missing keys are null). */
+/** {run, view, aggr, domain, op, iteration, base_run, base_aggr} from the URL (missing keys are null). */
 export function readUrlState() {
   const storage = tensorBoardStorage();
   const out = {};

@@ -12,6 +12,7 @@ import {applyAction, requestReaggregation} from "./actions.js";
 import {definition} from "./metrics.js";
 import {currentAggregation, scope, state, subscribe} from "./state.js";
 import {DataTable} from "./table.js";
+import {openIteration} from "./view_timeline.js";
 
 const KEY_COLUMNS = ["name", "key_node", "text", "op_name", "label"];
 
@@ -26,6 +27,7 @@ function tooltipContent(it) {
       .map((c) => row(c.label, fmtNs(seg[c.key]), COLORS[c.key])) : null,
     row("Kernels", `${fmtInt(it.kernels)} (${fmtInt(it.tc_kernels)} TC)`),
     it.gpu_utilization !== undefined ? row("GPU utilization", fmtPct(it.gpu_utilization)) : null,
+    h("div", {class: "muted"}, "Double-click: its timeline"),
   ];
 }
 
@@ -72,15 +74,18 @@ export function mount(el) {
   const aggregation = currentAggregation() || {};
 
   const chartCard = card("Iterations", {wide: true, id: "iterations-chart",
-    tooltip: "Per iteration: the time breakdown's classes (Tensor Core kernels, other kernels, memory, data loading, I/O, CPU, other); iterations outside the aggregation in grey. Hover a bar for details; click to set Start, shift-click to set Stop."});
+    tooltip: "Per iteration: the time breakdown's classes (Tensor Core kernels, other kernels, memory, data loading, I/O, CPU, other); iterations outside the aggregation in grey. Hover a bar for details; click to set Start, shift-click to set Stop; double-click to open its timeline."});
   const chartBox = h("div", {class: "chart-box"});
   const tip = h("div", {class: "chart-tip", role: "tooltip", hidden: true});
   const allBtn = h("button", {type: "button", class: "seg-btn", id: "iters-all", "aria-pressed": "true"}, "All iterations");
   const profBtn = h("button", {type: "button", class: "seg-btn", id: "iters-profiled", "aria-pressed": "false"}, "Profiled only");
   const chartInfo = h("div", {class: "muted chart-info"});
+  const timelineBtn = h("button", {type: "button", class: "secondary small", id: "open-timeline",
+    title: "The timeline of the iteration selected as Start (or double-click a bar)",
+    onClick: () => openIteration(num(startInput) ?? data.iter_start)}, "Open in Timeline");
   const legendBox = h("div", {class: "chart-legend"});
   chartCard.body.append(
-    h("div", {class: "chart-toolbar"}, h("div", {class: "segmented", role: "group", "aria-label": "Iterations shown"}, allBtn, profBtn), chartInfo),
+    h("div", {class: "chart-toolbar"}, h("div", {class: "segmented", role: "group", "aria-label": "Iterations shown"}, allBtn, profBtn), chartInfo, timelineBtn),
     h("div", {class: "chart-wrap"}, chartBox, tip),
     legendBox);
 
@@ -167,6 +172,7 @@ export function mount(el) {
         tip.style.top = `${Math.max(0, y - 10)}px`;
         tip.dataset.iteration = it.iteration;
       },
+      onDblClick: (it) => openIteration(it.iteration),
       onClick: (it) => {
         keyInput.value = rangeKey || "";   // the bars are the chart's split
         (window.event && window.event.shiftKey ? stopInput : startInput).value = String(it.iteration);

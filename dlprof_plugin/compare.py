@@ -1,0 +1,169 @@
+"""The Compare view's data: two aggregations (of two runs, or of one run) compared by the engine's own
+`dlprof_profiler.compare` over the figures their databases' derived tables hold, so the view and the diff
+report (`dlprof --baseline`) show the same rows.
+
+The comparison is computed once per (both files' states, aggregations, domains) and kept in an in-memory
+SQLite database, so its rows are paged, sorted, filtered and exported by the same query builder as every
+other table (tables.run_query).
+"""
+from __future__ import annotations
+
+import math
+import sqlite3
+import threading
+from contextlib import contextmanager
+
+import numpy as np
+import pandas as pd
+
+from dlprof_plugin.tables import Col, TableQuery
+from dlprof_profiler import compare
+from dlprof_profiler import contract as K
+
+
+def _rank_filter(db, alias: str) -> str:
+    """Schema 3.0 rows carry their rank; 2.0 files have one."""
+    return f" AND {alias}.rank = :rank" if db.v3 else ""
+
+
+def side_from_database(db, aggr_id: int, domain_id: int, label: str, rank: int = K.DEFAULT_RANK) -> compare.Side:
+    """One side of a comparison from a DLProf database: the op and kernel rows of an aggregation of a domain
+    (op_nodes, kernel_summaries) and its model_summary figures."""
+    params = {"aggr": aggr_id, "domain": domain_id, "rank": rank}
+    with db.snapshot() as con:
+        ops = pd.DataFrame(con.execute(
+            "SELECT o.op_name, o.direction, o.op_type, n.num_calls, n.gpu_total FROM op_nodes n "
+            "JOIN read_only_ops o ON o.op_index = n.op_index WHERE n.aggr_id = :aggr AND n.domain_id = :domain"
+            + _rank_filter(db, "n"), params).fetchall(), columns=compare.OP_INPUT)
+        kernels = pd.DataFrame(con.execute(
+            "SELECT k.kernel_name, k.uses_tc, k.num_calls, k.gpu_total FROM kernel_summaries k "
+            "WHERE k.aggr_id = :aggr AND k.domain_id = :domain" + _rank_filter(db, "k"), params).fetchall(),
+            columns=compare.KERNEL_INPUT)
+        cur = con.execute("SELECT * FROM model_summary m WHERE m.aggr_id = :aggr AND m.domain_id = :domain"
+                          + _rank_filter(db, "m"), params)
+        names = [d[0] for d in cur.description]
+        row = cur.fetchone()
+        aggr = con.execute("SELECT key_node, key_found, iter_start, iter_stop, total_iterations FROM aggregations "
+                           "WHERE aggr_id = ?", (aggr_id,)).fetchone()
+    s = dict(zip(names, row)) if row else {}
+    figures = {"avg_iteration_time": _float(s.get("avg_iteration_time")),
+               "gpu_utilization": _float(s.get("gpu_utilization")), "wall_time": _int(s.get("wall_time")),
+               "aggregated_iterations": _int(s.get("iter_aggregated")),
+               "tc_utilization": _float(s.get("tc_utilization"))}
+    key_node = (aggr[0] or "") if aggr and aggr[1] else ""
+    iterations = (int(aggr[2]), int(aggr[3]), int(aggr[4])) if aggr and None not in aggr[2:5] else ()
+    return compare.Side(ops, kernels, figures, label, key_node, iterations)
+
+
+def _float(v):
+    return None if v is None else float(v)
+
+
+def _int(v):
+    return None if v is None else int(v)
+
+
+class FrameDatabase:
+    """A comparison's rows in an in-memory SQLite database, read like a DLProf database by run_query."""
+
+    def __init__(self, tables: dict[str, pd.DataFrame]):
+        self._con = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+        self._lock = threading.Lock()
+        for name, frame in tables.items():
+            cols = list(frame.columns)
+            self._con.execute(f"CREATE TABLE {name} (row INTEGER PRIMARY KEY, {', '.join(cols)})")
+            rows = zip(range(len(frame)), *(_plain(frame[c]) for c in cols))
+            self._con.executemany(f"INSERT INTO {name} VALUES ({', '.join('?' * (len(cols) + 1))})", rows)
+
+    @contextmanager
+    def snapshot(self):
+        with self._lock:
+            yield self._con
+
+    def cached(self, key, compute):
+        return compute()
+
+
+def _plain(series: pd.Series) -> list:
+    """Python values SQLite stores (NaN -> NULL, NumPy scalars -> int/float/bool)."""
+    out = []
+    for v in series.tolist():
+        if isinstance(v, float) and math.isnan(v):
+            v = None
+        elif isinstance(v, (np.bool_, bool)):
+            v = int(v)
+        out.append(v)
+    return out
+
+
+class Compared:
+    """A comparison and its rows, ready to serve."""
+
+    def __init__(self, comparison: compare.Comparison):
+        self.comparison = comparison
+        ops = comparison.ops.assign(abs_delta=comparison.ops["delta"].abs())
+        kernels = comparison.kernels.assign(abs_delta=comparison.kernels["delta"].abs())
+        self.db = FrameDatabase({"ops": ops, "kernels": kernels})
+
+    @classmethod
+    def of(cls, after: compare.Side, baseline: compare.Side) -> "Compared":
+        return cls(compare.compare(after, baseline))
+
+    def counts(self, what: str) -> dict:
+        frame = self.comparison.ops if what == "ops" else self.comparison.kernels
+        counts = frame["presence"].value_counts()
+        return {p: int(counts.get(p, 0)) for p in (compare.BOTH, compare.AFTER_ONLY, compare.BASELINE_ONLY)}
+
+
+def _compared_columns(alias: str) -> list[Col]:
+    return [
+        Col("presence", "Present In", "text", f"{alias}.presence",
+            "both, after only (not in the baseline) or baseline only (no longer run)"),
+        Col("calls", "No. Calls", "int", f"{alias}.calls", "Calls (launches) in the compared aggregation"),
+        Col("baseline_calls", "Baseline No. Calls", "int", f"{alias}.baseline_calls", "Calls in the baseline"),
+        Col("gpu_time", "GPU Time (ns)", "ns", f"{alias}.gpu_time", "Total GPU time in the compared aggregation"),
+        Col("baseline_gpu_time", "Baseline GPU Time (ns)", "ns", f"{alias}.baseline_gpu_time",
+            "Total GPU time in the baseline"),
+        Col("delta", "Delta GPU Time (ns)", "ns", f"{alias}.delta", "GPU time minus the baseline's"),
+        Col("delta_pct", "Delta GPU Time %", "pct", f"{alias}.delta_pct",
+            "The change in % of the baseline's GPU time (none when the baseline has none)"),
+        Col("abs_delta", "Absolute Delta (ns)", "ns", f"{alias}.abs_delta", "Size of the change (the default order)",
+            hidden=True),
+    ]
+
+
+def ops_table(compared: Compared, pytorch: bool) -> TableQuery:
+    """Per op (name, direction): the diff report's Op Diff rows."""
+    cols = [Col("row", "Row", "int", "c.row", "Row key", hidden=True),
+            Col("op_name", "Op Name", "text", "c.name", "Scope path and op label")]
+    if pytorch:
+        cols.append(Col("direction", "Direction", "text", "c.direction", "fprop or bprop"))
+    cols.append(Col("op_type", "Op Type", "text", "c.op_type", "Framework op type"))
+    cols += _compared_columns("c")
+    tq = TableQuery("compare_ops", cols, "ops c", [], {}, ("abs_delta", "desc"), "c.row", key="c.row")
+    tq.db = compared.db
+    return tq
+
+
+def kernels_table(compared: Compared) -> TableQuery:
+    """Per kernel name: the diff report's Kernel Diff rows."""
+    cols = [Col("row", "Row", "int", "c.row", "Row key", hidden=True),
+            Col("kernel_name", "Kernel Name", "text", "c.name", "Short kernel name"),
+            Col("uses_tc", "Uses TC", "bool", "c.uses_tc", "The kernel uses Tensor Cores")]
+    cols += _compared_columns("c")
+    tq = TableQuery("compare_kernels", cols, "kernels c", [], {}, ("abs_delta", "desc"), "c.row", key="c.row")
+    tq.db = compared.db
+    return tq
+
+
+def summary_doc(compared: Compared, after: dict, baseline: dict) -> dict:
+    """The `compare` route's answer: both sides, the headline figures and the row counts."""
+    c = compared.comparison
+    rows = []
+    for r in c.summary.to_dict("records"):
+        rows.append({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()})
+    for side, info in ((c.after, after), (c.baseline, baseline)):
+        info.update(label=side.label, key_node=side.key_node,
+                    iterations=list(side.iterations) if side.iterations else None)
+    return {"after": after, "baseline": baseline, "summary": rows,
+            "ops": compared.counts("ops"), "kernels": compared.counts("kernels")}

@@ -1,0 +1,142 @@
+"""The Compare view in a real headless Chromium inside a real TensorBoard: on the real before/after exports it
+shows the numbers of the diff report `dlprof --baseline` wrote (summary, every op and kernel row, in order),
+two aggregations of one run compare as the hand-computed training profile says, and the baseline survives a
+reload (URL state)."""
+from __future__ import annotations
+
+import csv
+import io
+from types import SimpleNamespace
+
+import pytest
+
+from tests.browser import Browser, TensorBoard, fmt_int, fmt_ns, requires_browser
+from tests.profiles import run_dlprof, training_profile
+from tests.test_browser_usability import reopen
+from tests.test_browser_views import rows, select_run, table_in
+from tests.test_compare import AFTER, BEFORE, needs_fixtures, read_sections
+
+pytestmark = [pytest.mark.browser, requires_browser, needs_fixtures]
+
+SUMMARY_KEYS = {"Average Iteration Time (ns)": "avg_iteration_time", "GPU Utilization %": "gpu_utilization",
+                "Total GPU Time (ns)": "total_gpu_time", "Kernel GPU Time (ns)": "kernel_gpu_time",
+                "Wall Clock Time (ns)": "wall_time", "Aggregated Iterations": "aggregated_iterations",
+                "Tensor Core Kernel Utilization %": "tc_utilization"}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("compare")
+    logdir = root / "logdir"
+    run_dlprof(f"--database={BEFORE}", f"--output_path={logdir / 'before'}", "--reports=summary", "-v", "quiet")
+    run_dlprof(f"--database={AFTER}", f"--baseline={BEFORE}", f"--output_path={logdir / 'after'}",
+               "--reports=summary", "-v", "quiet")
+    training = training_profile(root / "training.sqlite")
+    run_dlprof(f"--database={training}", f"--output_path={logdir / 'training'}", "--reports=summary", "-v", "quiet")
+    # a second aggregation of the same run: iterations 1..2 (the loops 1 and 2 of the training profile)
+    run_dlprof(f"--database={logdir / 'training' / 'dlprof_dldb.sqlite'}", f"--output_path={logdir / 'training'}",
+               "--force=true", "--iter_start=1", "--iter_stop=2", "--reports=summary", "-v", "quiet")
+    report = read_sections(logdir / "after" / "dlprof_diff.csv")
+    with TensorBoard(logdir) as tb, Browser(1600, 1000) as b:
+        b.open_dlprof(tb.url)
+        b.wait_css("#view .view", 30)
+        yield SimpleNamespace(tb=tb, b=b, logdir=logdir, report=report)
+
+
+def open_compare(b, run: str, base_run: str, base_aggr: str | None = None):
+    from selenium.webdriver.support.ui import Select
+    select_run(b, run)
+    goto_compare(b)
+    if b.js("return document.getElementById('compare-base-run').value") != base_run:
+        Select(b.css("#compare-base-run")).select_by_value(base_run)
+    if base_aggr is not None:
+        b.wait(lambda d: b.js("return [...document.querySelectorAll('#compare-base-aggr option')].some("
+                              "(o) => o.value === arguments[0])", base_aggr), what="the baseline's aggregations")
+        if b.js("return document.getElementById('compare-base-aggr').value") != base_aggr:
+            Select(b.css("#compare-base-aggr")).select_by_value(base_aggr)
+    b.wait(lambda d: b.js("return document.querySelector('.view-compare').dataset.ready === '1' && "
+                          "document.getElementById('compare-after').textContent.includes('baseline: ' + arguments[0])",
+                          base_run + (f" · aggregation {base_aggr}" if base_aggr else "")), 30, "the comparison")
+    return table_in(b, "#compare-ops"), table_in(b, "#compare-kernels")
+
+
+def goto_compare(b):
+    b.click("button.nav-item[data-view=compare]")
+    b.wait_css("#compare-summary", 20)
+
+
+def summary_cells(b) -> dict:
+    return b.js("const out = {}; for (const tr of document.querySelectorAll('#compare-summary tbody tr')) "
+                "out[tr.dataset.key] = [...tr.querySelectorAll('td')].map((td) => td.innerText.trim()); return out;")
+
+
+def exported_csv(b, dt) -> list[list[str]]:
+    before = {p.name for p in b.download_dir.iterdir()}
+    b.js("arguments[0].click();", dt.find_element("css selector", "button.dt-csv"))
+    path = b.wait_download(".csv", before=before)
+    return list(csv.reader(io.StringIO(path.read_text(encoding="utf-8"))))
+
+
+def test_compare_view_shows_the_diff_reports_numbers(env):
+    b, report = env.b, env.report
+    ops_dt, kernels_dt = open_compare(b, "after/dlprof", "before/dlprof")
+    # the headline figures: the report's Diff Summary, as the viewer formats them
+    cells = summary_cells(b)
+    for label, base, after, delta in report["Diff Summary"][1:]:
+        key = SUMMARY_KEYS[label]
+        if label.endswith("%"):
+            assert cells[key] == [f"{base} %", f"{after} %", f"{'+' if float(delta) > 0 else ''}{delta} pp"
+                                  .replace("-", "−")], label
+        elif key == "aggregated_iterations":
+            assert cells[key] == [fmt_int(int(base)), fmt_int(int(after)), fmt_int(int(delta))], label
+        else:
+            sign = "+" if float(delta) > 0 else ""
+            assert cells[key] == [fmt_ns(float(base)), fmt_ns(float(after)),
+                                  (sign + fmt_ns(float(delta))).replace("-", "−")], label
+    # the first page of ops: the report's first rows, in its order (largest change first)
+    first = rows(ops_dt)
+    assert [(r["op_name"], r["direction"], r["presence"]) for r in first] == \
+        [(r[0], r[1], r[3]) for r in report["Op Diff"][1:len(first) + 1]]
+    # every row of both tables, exported: the report's rows, number for number
+    for dt, title in ((ops_dt, "Op Diff"), (kernels_dt, "Kernel Diff")):
+        header, *exported = exported_csv(b, dt)
+        theirs_header, *theirs = report[title]
+        assert header == theirs_header
+        assert len(exported) == len(theirs) > 0
+        pct = header.index("Delta GPU Time %")
+        for mine, ref in zip(exported, theirs):
+            assert mine[:pct] == ref[:pct], (title, mine, ref)
+            assert (mine[pct] == "") == (ref[pct] == "")
+            if ref[pct]:
+                assert f"{round(float(mine[pct]), 1):.1f}" == ref[pct]
+    b.screenshot("compare_before_after.png")
+
+
+def test_two_aggregations_of_one_run(env):
+    """The training profile aggregated over its 4 iterations (baseline, #1) and over iterations 1..2 (#2): each
+    op of the loop runs 3 times in #1 and 2 times in #2, so its GPU time is 2/3 of the baseline's."""
+    b = env.b
+    ops_dt, kernels_dt = open_compare(b, "training/dlprof", "training/dlprof", "1")
+    assert b.css("#compare-summary tbody tr[data-key=aggregated_iterations]").text.split()[-3:] == ["4", "2", "−2"]
+    header, *exported = exported_csv(b, ops_dt)
+    col = {name: i for i, name in enumerate(header)}
+    with_gpu = [r for r in exported if int(r[col["Baseline GPU Time (ns)"]]) > 0]
+    assert len(with_gpu) == 7   # to, conv2d, relu, linear, their two backward ops and add_ launch GPU work
+    for r in with_gpu:
+        assert r[col["Present In"]] == "both"
+        assert (int(r[col["No. Calls"]]), int(r[col["Baseline No. Calls"]])) == (2, 3)
+        assert 3 * int(r[col["GPU Time (ns)"]]) == 2 * int(r[col["Baseline GPU Time (ns)"]])
+    kernel_rows = {r["kernel_name"]: r for r in rows(kernels_dt)}
+    # SGEMM: 8 us forward + 8 us backward per loop -> 2 loops 32 us, 3 loops 48 us
+    assert kernel_rows["volta_sgemm_32x32_sliced1x4_tn"]["delta"] == "−16 µs"
+
+
+def test_the_baseline_is_kept_in_the_url(env):
+    b = env.b
+    open_compare(b, "after/dlprof", "before/dlprof")
+    assert "p.dlprof.base_run=before%2Fdlprof" in b.js("return window.parent.location.hash;")
+    reopen(b)
+    b.wait(lambda d: b.js("return document.querySelector('.view-compare') && "
+                          "document.querySelector('.view-compare').dataset.ready === '1'"), 30, "compare after reload")
+    assert b.js("return document.getElementById('compare-base-run').value") == "before/dlprof"
+    assert b.css("#run-select").get_attribute("value") == "after/dlprof"
