@@ -438,8 +438,9 @@ class TraceStore:
             FROM raw_ranges r
             JOIN _domains d ON d.pid = ((r.global_tid >> 24) & 16777215) AND d.domain_id = r.domain_id
             LEFT JOIN strings s ON s.id = r.text_id
-            WHERE r.event_type <> {nsys.NVTX_DOMAIN_CREATE} AND r.start IS NOT NULL AND {end} >= r.start
-            ORDER BY r.start, r.range_id""")
+            WHERE r.event_type <> {nsys.NVTX_DOMAIN_CREATE} AND r.start IS NOT NULL AND {end} >= r.start""")
+        # (not sorted: every reader orders what it reads; the segments read a start-ordered copy made once the
+        # ranges are classified, see store_model.StoreAnalysis.segments)
         self.con.unregister("_domains")
         self.unclosed = int(self.scalar(f'SELECT count(*) FROM raw_ranges WHERE "end" < 0 '
                                         f"AND event_type <> {nsys.NVTX_DOMAIN_CREATE}"))

@@ -451,13 +451,19 @@ class StoreSink:
         ops = self._op_table(c.domain, c.family, c.bounds)
         # a call's metrics on its first instance (the autograd nodes of one forward call are one backward
         # call: correlate.call_metrics), 0 on its other instances
-        calls = ", ".join(f'CASE WHEN i.call_id = i.instance_id THEN sum(i."{m}") OVER (PARTITION BY i.call_id) '
-                          f'ELSE 0 END AS "call_{m}"' for m in CALL_METRICS)
+        # (summed only over the calls of several instances: nearly every call is one instance)
+        sums = ", ".join(f'sum(x."{m}") AS "{m}"' for m in CALL_METRICS)
+        calls = ", ".join(f'CASE WHEN i.call_id <> i.instance_id THEN 0 ELSE coalesce(m."{m}", i."{m}") END '
+                          f'AS "call_{m}"' for m in CALL_METRICS)
         # every instance takes the op of its call; one pass writes the instances in start order
         self.a.run(f"""CREATE OR REPLACE TABLE inst_sorted_{self.d} AS
+                       WITH grouped AS (SELECT DISTINCT call_id FROM {self.inst} WHERE call_id <> instance_id),
+                            multi AS (SELECT x.call_id, {sums} FROM {self.inst} x JOIN grouped USING (call_id)
+                                      GROUP BY x.call_id)
                        SELECT i.* REPLACE (coalesce(o.op_index, -1) AS op_index), (i.call_id = i.instance_id) AS is_call,
                               {calls}
                        FROM {self.inst} i LEFT JOIN op_of_call_{self.d} o ON o.call_id = i.call_id
+                       LEFT JOIN multi m ON m.call_id = i.instance_id
                        ORDER BY i.start, i.instance_id""")
         self.a.run(f"DROP TABLE {self.inst}")
         self.a.run(f"DROP TABLE op_of_call_{self.d}")
