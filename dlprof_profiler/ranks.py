@@ -59,12 +59,13 @@ class LocalRunner:
 
 def _stop(executor) -> None:
     """Stop the workers at once (a failed rank fails the run; the others' work would be thrown away)."""
-    executor.shutdown(wait=False, cancel_futures=True)
-    for process in list((getattr(executor, "_processes", None) or {}).values()):
+    processes = list((getattr(executor, "_processes", None) or {}).values())   # no public way before 3.14
+    for process in processes:
         try:
             process.terminate()
         except Exception:  # noqa: BLE001 - already gone
             pass
+    executor.shutdown(wait=True, cancel_futures=True)
 
 
 class DaskRunner:
