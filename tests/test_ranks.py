@@ -319,3 +319,22 @@ def test_scheduler_errors(tmp_path):
     assert proc.returncode == 2 and len(errors) == 1 and "cannot connect to the Dask scheduler" in errors[0]
     assert not (tmp_path / "o").exists()
     assert np.all([f.exists() for f in files])
+
+
+def test_scheduler_without_distributed_names_the_package(tmp_path):
+    """--scheduler on a machine without the `distributed` package: one line naming it (a stand-in package that
+    fails to import, first on the path)."""
+    import subprocess
+    import sys
+    blocker = tmp_path / "block" / "distributed"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('not installed')\n")
+    files = [rank_profile(tmp_path / f"r{r}.sqlite", r) for r in range(2)]
+    import os
+    env = dict(os.environ, PYTHONPATH=str(blocker.parent))
+    proc = subprocess.run([sys.executable, "-m", "dlprof_profiler", f"--database={files[0]},{files[1]}",
+                           f"--output_path={tmp_path / 'o'}", "--scheduler=tcp://127.0.0.1:9"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    errors = [line for line in proc.stderr.splitlines() if "ERROR" in line]
+    assert proc.returncode == 2 and len(errors) == 1
+    assert "--scheduler needs the Python package 'distributed'" in errors[0] and "dlprof-profiler[dask]" in errors[0]
