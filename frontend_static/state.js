@@ -10,6 +10,7 @@ export const VIEWS = [
   {id: "tensor_core", label: "Tensor Cores"},
   {id: "gpus", label: "GPUs"},
   {id: "group_ops", label: "Group Ops"},
+  {id: "ranks", label: "Ranks"},
 ];
 
 export const state = {
@@ -24,6 +25,8 @@ export const state = {
   job: null,         // re-aggregation job status (jobs.js)
   op: null,          // op_index shown in the details pane (a selection kept in the URL)
   iteration: null,   // iteration selected in the kernel views (kept in the URL)
+  ranks: [],         // ranks route: the profiles of a multi-rank run (one entry for a single profile)
+  rank: null,        // selected rank (null: the run's default); every data route takes it
 };
 
 const listeners = new Set();
@@ -47,7 +50,7 @@ export function update(patch) {
 
 /** The run/aggregation/domain parameters every data route takes. */
 export function scope() {
-  return {run: state.run, aggr: state.aggr, domain: state.domain};
+  return {run: state.run, aggr: state.aggr, domain: state.domain, rank: state.rank};
 }
 
 export function currentRun() {
