@@ -102,8 +102,8 @@ def main() -> int:
         if not path.exists():
             started = time.perf_counter()
             generate(path, args.kernels, seed=rank, slowdown=slowdown)
-            print(f"generated {path.name} ({path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - started:.0f} s",
-                  flush=True)
+            seconds = time.perf_counter() - started
+            print(f"generated {path.name} ({path.stat().st_size / 1e6:.0f} MB) in {seconds:.0f} s", flush=True)
         files.append(path)
     dlprof = [sys.executable, "-m", "dlprof_profiler", "--force=true", "-v", "info"]
     single_out, multi_out = args.cache / "out_single", args.cache / "out_multi"

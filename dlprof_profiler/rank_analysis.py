@@ -95,7 +95,7 @@ def analyze_rank(task: RankTask) -> RankResult:
                           f"{DOMAINS_PER_RANK - 1}")
     base = task.index * DOMAINS_PER_RANK
     header = database.Header.from_trace(trace, {name: base + i for i, name in enumerate(names)}, rank=rank)
-    task.database.parent.mkdir(parents=True, exist_ok=True)
+    task.database.parent.mkdir(exist_ok=True)   # in the run's staging folder, which must exist
     writer = database.DatabaseWriter(task.database, header)
     try:
         writer.add_raw(trace)

@@ -137,8 +137,8 @@ def write_cross_rank(con: sqlite3.Connection, aggr_id: int, table, findings: lis
                      float(row["overlapped_communication_pct"]), int(row["times_slowest"]),
                      int(int(row["rank"]) in stragglers)))
     for f in findings:
-        con.execute(f"INSERT INTO {K.EXPERT_SYSTEMS_FEEDBACK} (aggr_id, domain_id, rank, exp_sys_id, severity, problem, "
-                    "recommendation, link, action, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        con.execute(f"INSERT INTO {K.EXPERT_SYSTEMS_FEEDBACK} (aggr_id, domain_id, rank, exp_sys_id, severity, "
+                    "problem, recommendation, link, action, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (aggr_id, K.ALL_RANKS, K.ALL_RANKS, f.get("id"), f.get("severity"), f.get("problem"),
                      f.get("recommendation"), f.get("link"), json.dumps(f.get("action")),
                      json.dumps(f.get("data", {}), default=str)))

@@ -66,7 +66,8 @@ def rank_table(results) -> pd.DataFrame:
         durations = it["duration"].to_numpy(np.int64)
         s = r.summary
         comm = int(s["communication_time"])
-        rows.append({"rank": r.rank, "source_file": str(r.profile.get("source_file") or r.source), "gpus": int(s["gpus"]),
+        rows.append({"rank": r.rank, "source_file": str(r.profile.get("source_file") or r.source),
+                     "gpus": int(s["gpus"]),
                      "iterations": int(durations.size), "total_iterations": int(s["total_iterations"]),
                      "avg_iteration_time": float(durations.mean()) if durations.size else 0.0,
                      "max_iteration_time": int(durations.max()) if durations.size else 0,

@@ -269,10 +269,11 @@ def _print_run(args, results, table, findings, written, started) -> None:
     db = database_path(args)
     log.info("Ranks (iteration times over the aggregated iterations):")
     for row in table.to_dict("records"):
-        log.info(f"  rank {row['rank']}: {row['iterations']} iterations, avg {row['avg_iteration_time'] / 1e6:,.3f} ms, "
-                 f"max {row['max_iteration_time'] / 1e6:,.3f} ms; GPU utilization {row['gpu_utilization']:.1f} %; "
-                 f"communication {row['communication_time'] / 1e6:,.3f} ms, {row['overlapped_communication_pct']:.1f} % "
-                 f"overlapped; slowest in {row['times_slowest']} iteration(s)")
+        log.info(f"  rank {row['rank']}: {row['iterations']} iterations, avg {row['avg_iteration_time'] / 1e6:,.3f} "
+                 f"ms, max {row['max_iteration_time'] / 1e6:,.3f} ms; GPU utilization {row['gpu_utilization']:.1f} %; "
+                 f"communication {row['communication_time'] / 1e6:,.3f} ms, "
+                 f"{row['overlapped_communication_pct']:.1f} % overlapped; slowest in {row['times_slowest']} "
+                 "iteration(s)")
     log.info(f"Database: {db}")
     if written:
         log.info(f"Cross-rank report: {written[0]}; per-rank reports *_rank<N>.* in {written[0].parent}")

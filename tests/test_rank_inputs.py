@@ -119,9 +119,11 @@ def test_fixture_ranks(tmp_path):
     """The DDP trace records rank 0, the 8xA100 one rank 3; the real 2-GPU nsys exports record none."""
     kin = FIXTURES / "kineto"
     entries = resolve(f"{kin / 'pytorch_8xa100_rank3.json.gz'},{kin / 'pytorch_ddp_2gpu_nccl.json.gz'}")
-    assert ranks_of(entries) == {"pytorch_ddp_2gpu_nccl.json.gz": (0, True), "pytorch_8xa100_rank3.json.gz": (3, True)}
+    assert ranks_of(entries) == {"pytorch_ddp_2gpu_nccl.json.gz": (0, True),
+                                 "pytorch_8xa100_rank3.json.gz": (3, True)}
     ns = FIXTURES / "nsys"
-    entries = resolve(f"{ns / 'pytorch_2gpu_nccl_nsys2026.2_after.sqlite'},{ns / 'pytorch_2gpu_nccl_nsys2026.2_before.sqlite'}")
+    after, before = ns / "pytorch_2gpu_nccl_nsys2026.2_after.sqlite", ns / "pytorch_2gpu_nccl_nsys2026.2_before.sqlite"
+    entries = resolve(f"{after},{before}")
     assert [(Path(e.path).name, e.rank, e.recorded) for e in entries] == [
         ("pytorch_2gpu_nccl_nsys2026.2_after.sqlite", 0, False), ("pytorch_2gpu_nccl_nsys2026.2_before.sqlite", 1, False)]
 
