@@ -71,8 +71,12 @@ class Header:
 class DatabaseWriter:
     """Writes a new DLProf database (schema 3.0) from trace frames; see the module docstring."""
 
-    def __init__(self, path: Path, header: Header, queue_size: int = QUEUE_SEGMENTS):
+    def __init__(self, path: Path, header: Header, queue_size: int = QUEUE_SEGMENTS, raw_indexes: bool = True,
+                 final_indexes: bool = True):
+        """`raw_indexes` / `final_indexes`: build the viewer's raw-table indexes (a rank's database merged into
+        another, which builds its own, needs neither)."""
         self.path = Path(path)
+        self.final_indexes = final_indexes
         self.header = header
         self.rank = int(header.rank)
         self.registry = E.Registry(header.domain_ids)
@@ -88,7 +92,7 @@ class DatabaseWriter:
             con = sqlite3.connect(self.path)
             try:
                 con.execute(f"PRAGMA page_size = {PAGE_SIZE}")
-                con.executescript(SCHEMA + RAW_INDEXES)
+                con.executescript(SCHEMA + (RAW_INDEXES if raw_indexes else ""))
             finally:
                 con.close()
         except sqlite3.Error as exc:
@@ -198,7 +202,7 @@ class DatabaseWriter:
                 pending = self.registry.strings.pending()
                 if pending is not None:
                     cursor.adbc_ingest(K.STRINGS, pending, mode="append")
-                if fn == self._final_rows:
+                if fn == self._final_rows and self.final_indexes:
                     cpu = time.thread_time()
                     cursor.execute(f"PRAGMA cache_size=-{SORT_CACHE_KIB}")
                     for statement in filter(None, (s.strip() for s in FINAL_INDEXES.split(";"))):

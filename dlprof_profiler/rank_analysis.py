@@ -96,7 +96,9 @@ def analyze_rank(task: RankTask) -> RankResult:
     base = task.index * DOMAINS_PER_RANK
     header = database.Header.from_trace(trace, {name: base + i for i, name in enumerate(names)}, rank=rank)
     task.database.parent.mkdir(exist_ok=True)   # in the run's staging folder, which must exist
-    writer = database.DatabaseWriter(task.database, header)
+    # the first rank's file becomes the run's database (its indexes kept up to date while appending); the others
+    # are copied into it, which maintains them there; the random-key index is built once after the merge
+    writer = database.DatabaseWriter(task.database, header, raw_indexes=task.index == 0, final_indexes=False)
     try:
         writer.add_raw(trace)
         result = analyze(trace, AnalysisConfig.from_args(args), str(source))

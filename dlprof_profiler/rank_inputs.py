@@ -90,7 +90,7 @@ def _directory(folder: Path) -> list[RankInput]:
             return [RankInput(folder, 0, ingest.KINETO, False)]   # one capture, read as before
         reports = sorted(folder.glob("*.nsys-rep"))
         hint = (f"; export the nsys reports first: nsys export --type sqlite {reports[0]}" if reports else "")
-        raise DLProfError(f"{folder}: no profile in this folder (nsys SQLite exports, Kineto traces "
+        raise DLProfError(f"{folder}: is a directory without profiles (nsys SQLite exports, Kineto traces "
                           f"*.json[.gz]){hint}")
     left_out = [p for p in kineto if ranked[p] is None and any(r is not None for r in ranked.values())]
     if left_out:

@@ -56,7 +56,7 @@ class MergedDatabase:
             con.execute(f"PRAGMA {pragma}")
         for statement in filter(None, (s.strip() for s in FINAL_INDEXES.split(";"))):
             name = statement.split()[2]
-            con.execute(f"DROP INDEX IF EXISTS {name}")
+            con.execute(f"DROP INDEX IF EXISTS {name}")   # a rank's database written with it (built at finish)
         con.executescript(RANK_TABLES)
         self.con = con
 

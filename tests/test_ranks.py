@@ -129,6 +129,13 @@ def test_merged_database_holds_every_rank(job):
                                            "AND domain_id = ?", (K.ALL_RANKS, K.ALL_RANKS))]
         assert cross == ["straggler_rank_detector", "load_imbalance_detector"]
         assert json.loads(dict(con.execute("SELECT name, value FROM profile_info"))["ranks"]) == [0, 1, 2, 3]
+        # the viewer's indexes, as a single-rank database has them
+        import re
+
+        from dlprof_profiler.db_schema import DERIVED_TABLES, FINAL_INDEXES, RAW_INDEXES
+        wanted = set(re.findall(r"CREATE INDEX (\w+)", DERIVED_TABLES + RAW_INDEXES + FINAL_INDEXES))
+        assert {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'index' "
+                                          "AND name LIKE 'idx_%'")} == wanted
     finally:
         con.close()
     # each rank reads back as its own model, as its file analysed alone would give
@@ -338,3 +345,38 @@ def test_scheduler_without_distributed_names_the_package(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if "ERROR" in line]
     assert proc.returncode == 2 and len(errors) == 1
     assert "--scheduler needs the Python package 'distributed'" in errors[0] and "dlprof-profiler[dask]" in errors[0]
+
+
+def test_a_dask_worker_that_cannot_see_the_output_folder(tmp_path):
+    """The probe file written into the staging folder must be visible to every worker: one line naming the
+    worker that cannot see it (the cluster's answer stubbed: a real LocalCluster shares this filesystem)."""
+    from types import SimpleNamespace
+
+    from dlprof_profiler.errors import DLProfError
+    from dlprof_profiler.ranks import DaskRunner
+    staging = tmp_path / "out" / ".dlprof-staging-1@h.x"
+    staging.mkdir(parents=True)
+    seen = {}
+
+    def run(fn, path):
+        seen["path"] = path
+        return {"tcp://10.0.0.1:4000": fn(path), "tcp://10.0.0.2:4000": False}
+    runner = DaskRunner.__new__(DaskRunner)
+    runner.address, runner.client = "tcp://10.0.0.9:8786", SimpleNamespace(run=run)
+    with pytest.raises(DLProfError) as err:
+        runner.check_shared(staging)
+    assert "Dask worker tcp://10.0.0.2:4000 cannot see the output folder" in str(err.value)
+    assert seen["path"].startswith(str(staging)) and not list(staging.iterdir())   # the probe is removed
+
+
+def test_workers_option_and_an_empty_directory(tmp_path):
+    files = [rank_profile(tmp_path / f"r{r}.sqlite", r) for r in range(2)]
+    proc = run_dlprof(f"--database={files[0]},{files[1]}", f"--output_path={tmp_path / 'o'}", "--workers=0",
+                      check=False)
+    assert proc.returncode == 2 and "--workers" in proc.stderr and "expected a number >= 1" in proc.stderr
+    out = tmp_path / "one"
+    proc = run_dlprof(f"--database={files[0]},{files[1]}", f"--output_path={out}", "--workers=1")
+    assert "on 1 local worker process(es)" in proc.stdout and (out / "dlprof_ranks.csv").exists()
+    (tmp_path / "empty").mkdir()
+    proc = run_dlprof(f"--database={tmp_path / 'empty'}", f"--output_path={tmp_path / 'e'}", check=False)
+    assert proc.returncode == 1 and "empty: is a directory without profiles" in proc.stderr
