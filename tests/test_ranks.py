@@ -380,3 +380,26 @@ def test_workers_option_and_an_empty_directory(tmp_path):
     (tmp_path / "empty").mkdir()
     proc = run_dlprof(f"--database={tmp_path / 'empty'}", f"--output_path={tmp_path / 'e'}", check=False)
     assert proc.returncode == 1 and "empty: is a directory without profiles" in proc.stderr
+
+
+def test_ranks_may_mix_nsys_versions_and_kineto_traces(tmp_path):
+    """A generated nsys 2022.4 export, a real nsys 2026.2 export and a real Kineto trace recording rank 0: the
+    trace keeps rank 0, the exports take 1 and 2 in the order given; each rank keeps its own versions."""
+    mine = rank_profile(tmp_path / "mine.sqlite", 0)
+    real = FIXTURES / "nsys" / "pytorch_2gpu_nccl_nsys2026.2_before.sqlite"
+    ddp = FIXTURES / "kineto" / "pytorch_ddp_2gpu_nccl.json.gz"
+    out = tmp_path / "out"
+    run_dlprof(f"--database={mine},{real},{ddp}", f"--output_path={out}", "-v", "quiet")
+    rows = read_rows(out / "dlprof_ranks.csv")
+    assert [(r["Rank"], r["Source file"]) for r in rows] == [("0", str(ddp)), ("1", str(mine.resolve())),
+                                                             ("2", str(real))]
+    con = sqlite3.connect(out / "dlprof_dldb.sqlite")
+    try:
+        versions = dict(con.execute(f"SELECT rank, nsys_version FROM {K.RANKS}"))
+        kinds = dict(con.execute(f"SELECT rank, source_kind FROM {K.RANKS}"))
+    finally:
+        con.close()
+    assert versions[1].startswith("2022.4") and versions[2].startswith("2026.2") and "torch.profiler" in versions[0]
+    assert kinds == {0: "kineto_json", 1: "nsys_sqlite", 2: "nsys_sqlite"}
+    assert sorted(p.name for p in out.glob("dlprof_summary_rank*.csv")) == [f"dlprof_summary_rank{r}.csv"
+                                                                             for r in range(3)]
