@@ -25,5 +25,5 @@ fi
 
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[test]" -r requirements-test.txt
+.venv/bin/python -m pip install -q -e ".[test,dask]" -r requirements-test.txt
 echo "Installed: $(.venv/bin/dlprof --version). Activate with: source .venv/bin/activate"

@@ -41,8 +41,9 @@ KERNEL_NAMES = ["volta_fp16_s884cudnn_fp16_128x128_ldg8_relu_f2f_exp_small_nhwc_
                 "implicit_convolve_sgemm"]
 
 
-def generate(path: Path, n_kernels: int, seed: int = 0, chunk: int = 1_000_000) -> Path:
-    """Write a synthetic export with n_kernels kernels (vectorized; written a million kernels at a time)."""
+def generate(path: Path, n_kernels: int, seed: int = 0, chunk: int = 1_000_000, slowdown: float = 1.0) -> Path:
+    """Write a synthetic export with n_kernels kernels (vectorized; written a million kernels at a time);
+    `slowdown` stretches the time between kernel slots (a slower rank of a multi-rank job)."""
     rng = np.random.default_rng(seed)
     exp = NsysExport(schema="2022.4")
     exp.add_gpu(device_id=0)
@@ -57,7 +58,7 @@ def generate(path: Path, n_kernels: int, seed: int = 0, chunk: int = 1_000_000) 
         # [t+2000, t+6000), a kernel-less op [t+9100, t+9600); slots 10 us apart; optimizer step ranges
         # of 5 us after every KERNELS_PER_ITERATION slots (on both threads).
         iteration = slot // KERNELS_PER_ITERATION
-        t = 1_000_000 + slot * 10_000 + iteration * 20_000
+        t = 1_000_000 + np.round((slot * 10_000 + iteration * 20_000) * slowdown).astype(np.int64)
         op = rng.integers(0, len(OP_NAMES), n)
         ops = np.array(OP_NAMES, dtype=object)[op]
         outer = ops + ", seq = " + slot.astype(str).astype(object) + ", op_id = " + (3 * slot).astype(str).astype(object)

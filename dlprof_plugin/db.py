@@ -226,15 +226,36 @@ class Database:
         return self.cached("profile_info", lambda: {k: v for k, v in self.query(
             "SELECT name, value FROM profile_info")})
 
-    def domains(self) -> list[dict]:
-        """The NVTX domains with an op model (of the shown rank in a 3.0 file)."""
+    def domains(self, rank: int | None = None) -> list[dict]:
+        """The NVTX domains with an op model (of one rank in a 3.0 file; default: the default rank)."""
+        rank = self.default_rank() if rank is None else int(rank)
+
         def compute():
             with self.connect():   # knows the schema version from here on
                 pass
-            rank = f"WHERE rank = {int(K.DEFAULT_RANK)} " if self.schema_major != "2" else ""
+            where = f"WHERE rank = {rank} " if self.schema_major != "2" else ""
             return self.query_dicts("SELECT domain_id, name, family, has_markers, num_ranges, is_primary "
-                                    f"FROM {K.READ_ONLY_DOMAINS} {rank}ORDER BY domain_id")
-        return self.cached("domains", compute)
+                                    f"FROM {K.READ_ONLY_DOMAINS} {where}ORDER BY domain_id")
+        return self.cached(("domains", rank), compute)
+
+    def ranks(self) -> list[dict]:
+        """The ranks (profiles) of the file: rank, source_file, source_kind, host_name, nsys_version; a 2.0 file
+        (or a 3.0 one without the table) is rank 0."""
+        def compute():
+            if not self.v3:
+                return [{"rank": K.DEFAULT_RANK}]
+            tables = {r[0] for r in self.query("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if K.RANKS not in tables:
+                return [{"rank": K.DEFAULT_RANK}]
+            rows = self.query_dicts(f"SELECT rank, source_file, source_kind, host_name, nsys_version FROM {K.RANKS} "
+                                    "ORDER BY rank")
+            return rows or [{"rank": K.DEFAULT_RANK}]
+        return self.cached("ranks", compute)
+
+    def default_rank(self) -> int:
+        """contract.DEFAULT_RANK when the file has it, else its lowest rank."""
+        numbers = [r["rank"] for r in self.ranks()]
+        return K.DEFAULT_RANK if K.DEFAULT_RANK in numbers else numbers[0]
 
     @property
     def v3(self) -> bool:
@@ -250,16 +271,19 @@ class Database:
             "total_iterations, server_user_name, server_host_name, engine_version, elapsed_seconds "
             "FROM aggregations ORDER BY aggr_id"))
 
-    def model_config(self) -> dict:
+    def model_config(self, rank: int | None = None) -> dict:
+        rank = self.default_rank() if rank is None else int(rank)
+
         def compute():
             out = {}
-            for k, v in self.query("SELECT name, value FROM read_only_model_config"):
+            where = f" WHERE rank = {rank}" if self.v3 else ""
+            for k, v in self.query(f"SELECT name, value FROM read_only_model_config{where}"):
                 try:
                     out[k] = json.loads(v)
                 except (TypeError, ValueError):
                     out[k] = v
             return out
-        return self.cached("model_config", compute)
+        return self.cached(("model_config", rank), compute)
 
     def index_on(self, table: str, leading: tuple[str, ...]) -> str | None:
         """Name of an index on `table` whose first columns are `leading` (None if there is none)."""

@@ -11,11 +11,12 @@ import sqlite3
 import threading
 from dataclasses import dataclass, field
 
-from dlprof_plugin import compare, export, tables, timeline
+from dlprof_plugin import compare, export, ranks, tables, timeline
 from dlprof_plugin.db import NotADatabase, Registry, is_decode_error, is_hot_journal_error
 from dlprof_plugin.jobs import JobConflict, JobManager
 from dlprof_plugin.runs import RunInfo
 from dlprof_plugin.tables import MAX_EXPORT_ROWS, MAX_PAGE, BadRequest, NotFound, Page, TooLarge
+from dlprof_profiler import contract as K
 
 log = logging.getLogger("dlprof_plugin")
 
@@ -124,6 +125,7 @@ class Scope:
     domain: str
     mode: str
     request_context: tuple = ()   # (ctx, eid) of the request, for routes that look up a second run
+    rank: int = K.DEFAULT_RANK     # the rank (profile) of a multi-rank database the request is about
 
     @property
     def pytorch(self) -> bool:
@@ -149,6 +151,7 @@ class Service:
             "op": self.op, "expert_systems": self.expert_systems, "reaggregate": self.reaggregate,
             "reaggregate_status": self.reaggregate_status,
             "compare": self.compare, "timeline": self.timeline, "timeline_gap": self.timeline_gap,
+            **ranks.routes(self),
         }
         self.tables = {
             "ops": lambda s, a: tables.ops_table(s),
@@ -273,16 +276,27 @@ class Service:
             raise NotFound(f"unknown run '{_clip(run)}'")
         return info
 
+    def rank(self, request, db) -> int:
+        """The `rank` parameter: a rank of the database (404 otherwise); default: contract.DEFAULT_RANK, or the
+        lowest rank of a file without it."""
+        value = self._int(request, "rank", minimum=None)
+        if value is None:
+            return db.default_rank()
+        if value not in [r["rank"] for r in db.ranks()]:
+            raise NotFound(f"unknown rank {value}")
+        return value
+
     def _scope(self, request, ctx, eid, need_aggr: bool = True) -> Scope:
         info = self._run(request, ctx, eid)
         db = self.registry.get(info.database)
         profile = db.profile_info()
-        domains = db.domains()
+        rank = self.rank(request, db)
+        domains = db.domains(rank)
         name = self._arg(request, "domain")
         if name is None or name == "":
             primary = profile.get("primary_domain") or info.meta.get("primary_domain")
-            dom = next((d for d in domains if d["name"] == primary), None) or \
-                next((d for d in domains if d["is_primary"]), None) or (domains[0] if domains else None)
+            dom = next((d for d in domains if d["is_primary"]), None) or \
+                next((d for d in domains if d["name"] == primary), None) or (domains[0] if domains else None)
             if dom is None:
                 raise NotFound("the database has no NVTX domain")
         else:
@@ -303,7 +317,7 @@ class Service:
             if not ok:
                 raise NotFound(f"aggregation {aggr_id} has no data for domain '{dom['name']}'")
         return Scope(info, db, aggr_id, dom["domain_id"], dom["name"], profile.get("mode") or
-                     info.meta.get("mode") or "")
+                     info.meta.get("mode") or "", rank)
 
     # ------------------------------------------------------------------ routes
     def runs(self, request, ctx, eid) -> Reply:
@@ -346,7 +360,7 @@ class Service:
         info = self._run(request, ctx, eid)
         db = self.registry.get(info.database)
         rows = [dict(d, has_markers=_bool(d["has_markers"]), is_primary=_bool(d["is_primary"]))
-                for d in db.domains()]
+                for d in db.domains(self.rank(request, db))]
         return json_reply({"domains": rows})
 
     def _iterations(self, s: Scope) -> list[dict]:
@@ -364,16 +378,28 @@ class Service:
 
     def iterations(self, request, ctx, eid) -> Reply:
         s = self._scope(request, ctx, eid)
-        a = next(x for x in s.db.aggregations() if x["aggr_id"] == s.aggr_id)
+        a = dict(next(x for x in s.db.aggregations() if x["aggr_id"] == s.aggr_id))
+        # a multi-rank aggregation's range is each rank's own (a rank may have fewer iterations)
+        own = s.db.one("SELECT iter_start, iter_stop FROM model_summary WHERE aggr_id = ? AND domain_id = ?",
+                       (s.aggr_id, s.domain_id))
+        if own and own.get("iter_start") is not None:
+            a.update(own)
         return json_reply({"iterations": self._iterations(s), "iter_start": a["iter_start"],
                            "iter_stop": a["iter_stop"], "key_node": a["key_node"]})
 
-    def _system(self, db) -> dict:
+    @staticmethod
+    def _of_rank(db, rank: int | None) -> str:
+        """The WHERE clause restricting a per-rank view of a 3.0 file to one rank ('' for 2.0)."""
+        return f" WHERE rank = {int(db.default_rank() if rank is None else rank)}" if db.v3 else ""
+
+    def _system(self, db, rank: int | None = None) -> dict:
+        where = self._of_rank(db, rank)
+
         def compute():
-            system = {k: v for k, v in db.query("SELECT name, value FROM read_only_system_config")}
-            config = db.model_config()
+            system = {k: v for k, v in db.query(f"SELECT name, value FROM read_only_system_config{where}")}
+            config = db.model_config(rank)
             profile = db.profile_info()
-            names = [r[0] or "" for r in db.query("SELECT name FROM read_only_gpu_infos ORDER BY device_id")]
+            names = [r[0] or "" for r in db.query(f"SELECT name FROM read_only_gpu_infos{where} ORDER BY device_id")]
             if config.get("torch_version"):
                 framework = f"PyTorch {config['torch_version']}"
             else:
@@ -391,7 +417,7 @@ class Service:
                     "driver_version": system.get("NvDriverVersion") or "Unknown", "framework": framework,
                     "cuda_version": cuda, "nsys_version": profile.get("nsys_version") or "unknown",
                     "dlprof_version": profile.get("dlprof_version"), **viewer_versions()}
-        return db.cached("system_summary", compute)
+        return db.cached(("system_summary", where), compute)
 
     def _findings(self, s: Scope) -> list[dict]:
         rows = s.db.query_dicts(
@@ -439,7 +465,7 @@ class Service:
         findings = self._findings(s)
         doc = {"aggregation": aggr, "domain": s.domain, "mode": s.mode, "summary": summary,
                "op_summary": op_summary, "kernel_summary": kernel_summary, "tensor_core": tensor_core,
-               "iterations": self._iterations(s), "top_ops": top, "system": self._system(db),
+               "iterations": self._iterations(s), "top_ops": top, "system": self._system(db, s.rank),
                "findings": findings, "guidance": self._guidance(summary, tensor_core, s)}
         return _sanitize(doc)
 
@@ -471,23 +497,27 @@ class Service:
     def system(self, request, ctx, eid) -> Reply:
         info = self._run(request, ctx, eid)
         db = self.registry.get(info.database)
+        rank = self.rank(request, db)
+        where = self._of_rank(db, rank)
 
         def compute():
-            gpus = db.query_dicts("SELECT * FROM read_only_gpu_infos ORDER BY device_id")
+            gpus = db.query_dicts(f"SELECT * FROM read_only_gpu_infos{where} ORDER BY device_id")
             for g in gpus:
                 g["compute_capability"] = (f"{g['compute_major']}.{g['compute_minor']}"
                                            if g.get("compute_major") is not None else None)
-            system = {k: v for k, v in db.query("SELECT name, value FROM read_only_system_config ORDER BY name")}
-            return {"gpus": gpus, "system": system, "model_config": db.model_config(),
-                    "profile": db.profile_info(), "summary": self._system(db)}
-        return json_reply(db.cached("system_route", compute))
+            system = {k: v for k, v in db.query(f"SELECT name, value FROM read_only_system_config{where} "
+                                                "ORDER BY name")}
+            return {"gpus": gpus, "system": system, "model_config": db.model_config(rank),
+                    "profile": db.profile_info(), "summary": self._system(db, rank)}
+        return json_reply(db.cached(("system_route", rank), compute))
 
     def gpus(self, request, ctx, eid) -> Reply:
         s = self._scope(request, ctx, eid)
         rows = s.db.query_dicts(
             "SELECT g.device_id, g.name, g.compute_major, g.compute_minor, g.sm_count, g.total_memory, "
             "u.gpu_utilization, u.tc_pct, u.non_tc_pct, u.memory_pct, u.dataloader_pct, u.io_pct, u.cpu_pct, "
-            "u.other_pct FROM read_only_gpu_infos g LEFT JOIN device_utilization u ON u.device_id = g.device_id "
+            "u.other_pct FROM (SELECT * FROM read_only_gpu_infos" + self._of_rank(s.db, s.rank) + ") g "
+            "LEFT JOIN device_utilization u ON u.device_id = g.device_id "
             "AND u.aggr_id = ? AND u.domain_id = ? ORDER BY g.device_id", (s.aggr_id, s.domain_id))
         for r in rows:
             major, minor = r.pop("compute_major"), r.pop("compute_minor")
@@ -498,7 +528,7 @@ class Service:
         s = self._scope(request, ctx, eid)
         op_index = self._int(request, "op_index", required=True)
         self._check_op(s, op_index)
-        tq = tables.ops_table(Scope(s.info, s.db, s.aggr_id, s.domain_id, s.domain, "pytorch"))
+        tq = tables.ops_table(Scope(s.info, s.db, s.aggr_id, s.domain_id, s.domain, "pytorch", s.rank))
         cols = tq.columns
         with s.db.connect() as con:
             row = con.execute(f"SELECT {', '.join(c.sql for c in cols)} FROM {tq.source} WHERE "
@@ -601,8 +631,9 @@ class Service:
 
     def _iteration(self, s: Scope, request) -> tuple[int, tuple[int, int]]:
         iteration = self._int(request, "iteration", required=True)
-        row = s.db.query("SELECT start_time, stop_time FROM iteration_list WHERE aggr_id = ? AND iter_value = ?",
-                         (s.aggr_id, iteration))
+        rank = " AND rank = ?" if s.db.v3 else ""
+        row = s.db.query(f"SELECT start_time, stop_time FROM iteration_list WHERE aggr_id = ? AND iter_value = ?{rank}",
+                         (s.aggr_id, iteration) + ((s.rank,) if rank else ()))
         if not row:
             raise NotFound(f"unknown iteration {iteration} in aggregation {s.aggr_id}")
         return iteration, (int(row[0][0]), int(row[0][1]))

@@ -27,7 +27,7 @@ _VALUE_OPTIONS = {
     "--database", "--output_path", "--profile_name", "--base_name", "-v", "--verbosity", "-m", "--mode",
     "--key_node", "--key_op", "--iter_start", "--iter_stop", "--nsys_opts", "--nsys_base_name",
     "-y", "--delay", "-d", "--duration", "--domain", "--backend", "--capture_iterations", "--baseline",
-    "--out_of_core",
+    "--out_of_core", "--scheduler", "--workers",
 }
 # Options with an optional boolean value (`--force`, `--force=true`, `-f false`).
 _BOOL_OPTIONS = {"-f", "--force", "--dump_model_data", "--nsys_profile_range", "--detailed_mode"}
@@ -142,6 +142,13 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("expected a number >= 1")
+    return value
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -173,7 +180,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="analyse an existing capture instead of profiling: an Nsight Systems SQLite export (also "
                         "one DLProf 1.x modified), a torch.profiler (Kineto) trace TRACE.json[.gz] or a folder of "
                         "them (one per process), or a database written by this dlprof (not DLProf 1.x's own "
-                        "dlprof_dldb.sqlite: give its nsys_profile.sqlite instead); recognised by content")
+                        "dlprof_dldb.sqlite: give its nsys_profile.sqlite instead); recognised by content. Several "
+                        "profiles, one per rank: a comma list (r0.sqlite,r1.sqlite), a directory or a quoted glob "
+                        "('report_*.sqlite'); ranks come from the profiles where recorded, else the order given")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="multi-rank analysis on a running Dask distributed cluster (tcp://host:8786) instead of "
+                        "local processes; the workers must see the profiles and --output_path (a shared "
+                        "filesystem); needs the 'distributed' package (pip install 'dlprof-profiler[dask]')")
+    p.add_argument("--workers", type=_positive_int, metavar="N",
+                   help="multi-rank analysis: ranks analysed at once on this machine (default: the number of ranks, "
+                        "at most the CPU cores)")
     p.add_argument("--output_path", metavar="DIR", default=".",
                    help="folder for every output; created if missing (default: .)")
     p.add_argument("--profile_name", metavar="NAME",

@@ -107,9 +107,17 @@ TENSOR_CORE_SUMMARY = "tensor_core_summary"
 GROUP_OPS = "group_ops"
 EXPERT_SYSTEMS_FEEDBACK = "expert_systems_feedback"
 
+# Multi-rank runs (tables present only in databases of several ranks): each rank's profile_info, and the
+# cross-rank report per aggregation. Findings across ranks (straggler, load imbalance ...) are stored in
+# expert_systems_feedback with rank = ALL_RANKS and domain_id = ALL_RANKS.
+RANK_PROFILE_INFO = "rank_profile_info"
+RANK_SUMMARY = "rank_summary"
+ALL_RANKS = -1
+
 # The tables (or views) whose presence makes a file a DLProf database the viewer can open
 VIEWER_REQUIRED = ("db_version", READ_ONLY_OPS, AGGREGATIONS, MODEL_SUMMARY)
 ENGINE_REQUIRED = ("db_version", READ_ONLY_OPS, READ_ONLY_OP_INSTANCES)
 
-# The rank the viewer shows until it has a rank selector
+# The rank the viewer shows when no rank is asked for (a single-file analysis is rank 0; a multi-rank run
+# shows its lowest rank)
 DEFAULT_RANK = 0

@@ -71,8 +71,12 @@ class Header:
 class DatabaseWriter:
     """Writes a new DLProf database (schema 3.0) from trace frames; see the module docstring."""
 
-    def __init__(self, path: Path, header: Header, queue_size: int = QUEUE_SEGMENTS):
+    def __init__(self, path: Path, header: Header, queue_size: int = QUEUE_SEGMENTS, raw_indexes: bool = True,
+                 final_indexes: bool = True):
+        """`raw_indexes` / `final_indexes`: build the viewer's raw-table indexes (a rank's database merged into
+        another, which builds its own, needs neither)."""
         self.path = Path(path)
+        self.final_indexes = final_indexes
         self.header = header
         self.rank = int(header.rank)
         self.registry = E.Registry(header.domain_ids)
@@ -88,7 +92,7 @@ class DatabaseWriter:
             con = sqlite3.connect(self.path)
             try:
                 con.execute(f"PRAGMA page_size = {PAGE_SIZE}")
-                con.executescript(SCHEMA + RAW_INDEXES)
+                con.executescript(SCHEMA + (RAW_INDEXES if raw_indexes else ""))
             finally:
                 con.close()
         except sqlite3.Error as exc:
@@ -198,7 +202,7 @@ class DatabaseWriter:
                 pending = self.registry.strings.pending()
                 if pending is not None:
                     cursor.adbc_ingest(K.STRINGS, pending, mode="append")
-                if fn == self._final_rows:
+                if fn == self._final_rows and self.final_indexes:
                     cpu = time.thread_time()
                     cursor.execute(f"PRAGMA cache_size=-{SORT_CACHE_KIB}")
                     for statement in filter(None, (s.strip() for s in FINAL_INDEXES.split(";"))):
@@ -479,32 +483,8 @@ def append_aggregation(path: Path, aggregations: dict, domain_ids: dict, offsets
     con = sqlite3.connect(path, timeout=30)
     try:
         con.execute("BEGIN IMMEDIATE")
-        out = _Inserter(con, rank)
-        first = next(iter(aggregations.values()))
-        try:
-            user = getpass.getuser()
-        except Exception:  # no user name in some containers
-            user = ""
-        cur = con.execute(
-            f"INSERT INTO {K.AGGREGATIONS} (created_utc, key_node, key_source, key_found, iter_start, iter_stop, "
-            "total_iterations, server_user_name, server_host_name, engine_version, elapsed_seconds) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), first.key_node, first.key_source,
-             int(first.key_found), first.iter_start, first.iter_stop, first.total_iterations, user,
-             socket.gethostname(), __version__, float(elapsed)))
-        aggr_id = cur.lastrowid
-        bounds = pd.DataFrame({"aggr_id": aggr_id, "iter_value": np.arange(len(iterations.starts)),
-                               "start_time": np.asarray(iterations.starts, dtype=np.int64),
-                               "stop_time": np.asarray(iterations.ends, dtype=np.int64)})
-        out.insert(K.ITERATION_LIST, bounds, ["aggr_id", "iter_value", "start_time", "stop_time"])
-        for name, agg in aggregations.items():
-            _write_aggregation(out, aggr_id, domain_ids[name], offsets[name], agg)
-            for f in (findings or {}).get(name, []):
-                out.row(K.EXPERT_SYSTEMS_FEEDBACK, {
-                    "aggr_id": aggr_id, "domain_id": domain_ids[name], "exp_sys_id": f.get("id"),
-                    "severity": f.get("severity"), "problem": f.get("problem"),
-                    "recommendation": f.get("recommendation"), "link": f.get("link"),
-                    "action": json.dumps(f.get("action")), "data": json.dumps(f.get("data", {}), default=str)})
+        aggr_id = _insert_aggregation(con, next(iter(aggregations.values())), elapsed)
+        _write_rank_rows(_Inserter(con, rank), aggr_id, aggregations, domain_ids, offsets, iterations, findings)
         con.execute("COMMIT")
         return aggr_id
     except sqlite3.Error as exc:
@@ -512,6 +492,61 @@ def append_aggregation(path: Path, aggregations: dict, domain_ids: dict, offsets
         raise DLProfError(f"{path}: could not write the aggregation ({exc})") from None
     finally:
         con.close()
+
+
+def append_rank_aggregations(path: Path, ranks: list[dict], elapsed: float = 0.0, extra=None) -> int:
+    """One aggregation of every rank of a multi-rank database, in one transaction; returns its aggr_id. `ranks`:
+    per rank a dict of rank, aggregations, domain_ids, offsets, iterations, findings (as append_aggregation
+    takes them); `extra(con, aggr_id)` adds rows in the same transaction (the cross-rank tables)."""
+    con = sqlite3.connect(path, timeout=30)
+    try:
+        con.execute("BEGIN IMMEDIATE")
+        aggr_id = _insert_aggregation(con, next(iter(ranks[0]["aggregations"].values())), elapsed)
+        for r in ranks:
+            _write_rank_rows(_Inserter(con, r["rank"]), aggr_id, r["aggregations"], r["domain_ids"], r["offsets"],
+                             r["iterations"], r["findings"])
+        if extra is not None:
+            extra(con, aggr_id)
+        con.execute("COMMIT")
+        return aggr_id
+    except sqlite3.Error as exc:
+        con.rollback()
+        raise DLProfError(f"{path}: could not write the aggregation ({exc})") from None
+    finally:
+        con.close()
+
+
+def _insert_aggregation(con: sqlite3.Connection, first: Aggregation, elapsed: float) -> int:
+    """The aggregations row (key node and iteration range as asked); returns its aggr_id."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in some containers
+        user = ""
+    cur = con.execute(
+        f"INSERT INTO {K.AGGREGATIONS} (created_utc, key_node, key_source, key_found, iter_start, iter_stop, "
+        "total_iterations, server_user_name, server_host_name, engine_version, elapsed_seconds) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), first.key_node, first.key_source,
+         int(first.key_found), first.iter_start, first.iter_stop, first.total_iterations, user,
+         socket.gethostname(), __version__, float(elapsed)))
+    return cur.lastrowid
+
+
+def _write_rank_rows(out: _Inserter, aggr_id: int, aggregations: dict, domain_ids: dict, offsets: dict, iterations,
+                     findings: dict | None) -> None:
+    """One rank's rows of an aggregation: iteration bounds, every domain's tables and findings."""
+    bounds = pd.DataFrame({"aggr_id": aggr_id, "iter_value": np.arange(len(iterations.starts)),
+                           "start_time": np.asarray(iterations.starts, dtype=np.int64),
+                           "stop_time": np.asarray(iterations.ends, dtype=np.int64)})
+    out.insert(K.ITERATION_LIST, bounds, ["aggr_id", "iter_value", "start_time", "stop_time"])
+    for name, agg in aggregations.items():
+        _write_aggregation(out, aggr_id, domain_ids[name], offsets[name], agg)
+        for f in (findings or {}).get(name, []):
+            out.row(K.EXPERT_SYSTEMS_FEEDBACK, {
+                "aggr_id": aggr_id, "domain_id": domain_ids[name], "exp_sys_id": f.get("id"),
+                "severity": f.get("severity"), "problem": f.get("problem"),
+                "recommendation": f.get("recommendation"), "link": f.get("link"),
+                "action": json.dumps(f.get("action")), "data": json.dumps(f.get("data", {}), default=str)})
 
 
 _STAT_COLS = [f"{p}_{s}" for p in ("cpu", "gpu", "overhead", "idle") for s in ("total", "avg", "min", "max")]

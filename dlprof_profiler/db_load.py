@@ -207,7 +207,12 @@ class _V3:
 
     # small tables ----------------------------------------------------------
     def profile(self) -> dict:
-        return dict(self.src.fetchall("SELECT name, value FROM profile_info"))
+        """The file's profile_info; in a multi-rank database, overlaid with the rank's own."""
+        info = dict(self.src.fetchall("SELECT name, value FROM profile_info"))
+        if K.RANK_PROFILE_INFO in self.src.tables:
+            info.update(self.src.fetchall(f"SELECT name, value FROM {K.RANK_PROFILE_INFO} WHERE rank = ?",
+                                          (self.rank,)))
+        return info
 
     def system(self) -> dict:
         return dict(self.src.fetchall(f"SELECT name, value FROM {K.RAW_SYSTEM_CONFIG} WHERE rank = ?", (self.rank,)))

@@ -243,6 +243,17 @@ CREATE VIEW view_expert_systems AS SELECT * FROM {K.EXPERT_SYSTEMS_FEEDBACK};
 
 SCHEMA = RAW_TABLES + DERIVED_TABLES + COMPAT_VIEWS
 
+# Tables of multi-rank databases only (rank_merge.py creates them): not part of SCHEMA, so single-rank
+# databases, and those written before, need not have them.
+RANK_TABLES = f"""
+CREATE TABLE IF NOT EXISTS {K.RANK_PROFILE_INFO} (rank INTEGER NOT NULL, name TEXT NOT NULL, value TEXT,
+    PRIMARY KEY (rank, name));
+CREATE TABLE IF NOT EXISTS {K.RANK_SUMMARY} (aggr_id INTEGER NOT NULL, rank INTEGER NOT NULL, source_file TEXT,
+    gpus INTEGER, iterations INTEGER, total_iterations INTEGER, avg_iteration_time REAL, max_iteration_time INTEGER,
+    gpu_utilization REAL, communication_time INTEGER, overlapped_communication_pct REAL, times_slowest INTEGER,
+    straggler INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (aggr_id, rank));
+"""
+
 # Secondary indexes on raw tables, only for viewer queries. Those whose keys arrive in order are created with
 # the tables (each insert appends to them):
 #  - idx_instances_start: the op instances starting in an iteration (iteration_ops);

@@ -49,9 +49,10 @@ def event_file_name() -> str:
     return f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}{EVENT_SUFFIX}"
 
 
-def write_event_file(path: Path, metadata: dict, iterations, graph=None) -> Path:
+def write_event_file(path: Path, metadata: dict, iterations, graph=None, extra_scalars=()) -> Path:
     """Write a run's event file; `iterations` is the aggregation's iteration table (one scalar step each);
-    `graph` an optional pair of serialized GraphDef and RunMetadata (graph_events.op_graph) for the GRAPHS tab."""
+    `graph` an optional pair of serialized GraphDef and RunMetadata (graph_events.op_graph) for the GRAPHS tab;
+    `extra_scalars` more (step, tag, value) scalars (the iteration times of every rank of a multi-rank run)."""
     now = time.time()
     if graph is not None:
         metadata = dict(metadata, graph=True)   # the viewer names the GRAPHS node of an op
@@ -71,5 +72,8 @@ def write_event_file(path: Path, metadata: dict, iterations, graph=None) -> Path
                       _scalar(SCALAR_TAGS["tc_kernel_time_ms"], row.tc_kernel_time_per_gpu / 1e6)]
             writer.write(event_pb2.Event(wall_time=now, step=int(row.iteration),
                                          summary=summary_pb2.Summary(value=values)).SerializeToString())
+        for step, tag, value in extra_scalars:
+            writer.write(event_pb2.Event(wall_time=now, step=int(step), summary=summary_pb2.Summary(
+                value=[_scalar(tag, value)])).SerializeToString())
         writer.flush()
     return path

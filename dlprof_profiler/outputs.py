@@ -64,6 +64,14 @@ class Staging:
         _staged_roots[str(self.root)] = str(self.output_dir)
         self.moves: list[tuple[Path, Path]] = []
 
+    @classmethod
+    def attach(cls, output_dir: Path, root: Path) -> "Staging":
+        """The staging folder another process created (a rank's worker writes its files into the run's)."""
+        staging = cls.__new__(cls)
+        staging.output_dir, staging.root, staging.moves = Path(output_dir), Path(root), []
+        _staged_roots[str(staging.root)] = str(staging.output_dir)
+        return staging
+
     def path(self, final: Path) -> Path:
         """Where to write the file that will become `final`."""
         rel = Path(final).resolve().relative_to(self.output_dir.resolve())

@@ -80,11 +80,19 @@ def analyze_baseline(args: Namespace) -> Analysis:
 
 
 def analyze_database(args: Namespace) -> int:
-    """`dlprof --database=FILE`: analyse an nsys export or Kineto trace, or re-aggregate a DLProf database."""
-    source = Path(args.database)
+    """`dlprof --database=FILE`: analyse an nsys export or Kineto trace, or re-aggregate a DLProf database;
+    several profiles (a comma list, a directory, a glob) are the ranks of a multi-rank analysis (ranks.py)."""
+    from dlprof_profiler import rank_inputs, ranks
+    inputs = rank_inputs.resolve(args.database)
+    if len(inputs) > 1:
+        return ranks.analyze_ranks(inputs, args)
+    source = Path(inputs[0].path)
     if ingest.trace_format(source) == ingest.SQLITE:
         check_sqlite_file(source)
         if database.is_dlprof_database(source):
+            numbers = ranks.database_ranks(source)
+            if len(numbers) > 1:
+                return ranks.reaggregate_database(source, args, numbers)
             return reaggregate_database(source, args)
         refuse_dlprof18_database(source)
     return run_analysis(source, args)
@@ -309,7 +317,8 @@ def _copy_database(source: Path, target: Path) -> None:
         dst.close()
 
 
-def _write_reports(args, out_dir, trace, corr, aggregations, findings, primary, staging) -> list[Path]:
+def _write_reports(args, out_dir, trace, corr, aggregations, findings, primary, staging,
+                   rank_suffix: str = "") -> list[Path]:
     names = report_names(args, corr.mode)
     if corr.mode == "simple":
         skipped = [r for r in args.reports if r not in names and r != "diff"]
@@ -318,7 +327,7 @@ def _write_reports(args, out_dir, trace, corr, aggregations, findings, primary, 
     written = []
     domains = list(corr.domains) if args.domain == "all" else [primary]
     for name in domains:
-        suffix = "" if name == primary else "_" + _slug(name)
+        suffix = ("" if name == primary else "_" + _slug(name)) + rank_suffix
         built = reports.build_reports(names, aggregations[name], corr.domains[name], trace, corr.config,
                                       findings.get(name, []))
         for report in built:
@@ -483,6 +492,10 @@ def reaggregate_in_place(db_path: Path, key_node: str | None = None, iter_start:
     check_sqlite_file(db_path)
     if not database.is_dlprof_database(db_path):
         raise DLProfError(f"{db_path}: not a DLProf database")
+    from dlprof_profiler import ranks
+    numbers = ranks.database_ranks(db_path)
+    if len(numbers) > 1:
+        return ranks.reaggregate_in_place(db_path, key_node, iter_start, iter_stop, numbers)
     trace, corr, profile, domain_ids, offsets = database.load_model(db_path)
     config = AnalysisConfig(key_node=key_node, iter_start=iter_start, iter_stop=iter_stop)
     iterations = reaggregation_iterations(trace, corr, key_node, profile)

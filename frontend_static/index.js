@@ -19,10 +19,12 @@ import * as gpus from "./view_gpus.js";
 import * as groupOps from "./view_group_ops.js";
 import * as compare from "./view_compare.js";
 import * as timeline from "./view_timeline.js";
+import * as ranksView from "./view_ranks.js";
 
 const VIEW_MODULES = {
   dashboard, op_types: opTypes, ops_kernels: opsKernels, kernels_by_iteration: kernelsByIteration,
   kernels_by_op: kernelsByOp, iterations, tensor_core: tensorCore, gpus, group_ops: groupOps, compare, timeline,
+  ranks: ranksView,
 };
 
 const ui = {};
@@ -61,6 +63,7 @@ function select(id, label, tooltip, onChange) {
 
 function buildNav() {
   ui.run = select("run-select", "Run", "The profile (TensorBoard run) to show", (v) => selectRun(v));
+  ui.rank = select("rank-select", "Rank", "The rank (one profile of a multi-rank run) every view shows", (v) => selectRank(v));
   ui.domain = select("domain-select", "Domain", "NVTX domain whose ranges define the ops", (v) => update({domain: v}));
   ui.aggr = select("aggr-select", "Aggregation", "Key node and iteration range the statistics cover; re-aggregate from the Iterations view", (v) => update({aggr: v}));
   ui.viewButtons = VIEWS.map((v) => h("button", {type: "button", class: "nav-item", dataset: {view: v.id}, onClick: () => update({view: v.id})}, v.label));
@@ -69,6 +72,7 @@ function buildNav() {
   return h("aside", {class: "nav-pane", "aria-label": "Navigation"},
     h("div", {class: "brand"}, logo(), h("div", {}, h("div", {class: "brand-name"}, "DLProf"), h("div", {class: "brand-sub"}, "Deep Learning Profiler"))),
     ui.run.wrap,
+    ui.rank.wrap,
     h("nav", {class: "views", "aria-label": "Views"}, h("div", {class: "field-label"}, "View"), ui.viewButtons),
     ui.domain.wrap,
     ui.aggr.wrap,
@@ -89,6 +93,8 @@ function aggrLabel(a, newest) {
 
 function renderNav() {
   fillSelect(ui.run.el, state.runs.map((r) => ({value: r.run, label: r.run === "." ? "(logdir)" : r.run, title: r.database})), state.run);
+  fillSelect(ui.rank.el, state.ranks.map((r) => ({value: r.rank, label: `Rank ${r.rank}`, title: r.source_file || ""})), state.rank);
+  ui.rank.wrap.hidden = state.ranks.length <= 1;
   fillSelect(ui.domain.el, state.domains.map((d) => ({value: d.name, label: `${d.name}${d.is_primary ? " (primary)" : ""}`})), state.domain);
   fillSelect(ui.aggr.el, state.aggregations.map((a) => ({value: a.aggr_id, label: aggrLabel(a, state.newest), title: `Created ${a.created_utc || ""}`})), state.aggr);
   for (const b of ui.viewButtons) {
@@ -136,9 +142,12 @@ async function selectRun(run, wanted = {}) {
   // While a run loads, state changes only re-render the navigation; the view is mounted once at the end.
   ui.switchingRun = true;
   try {
-    update({run, aggregations: [], domains: [], aggr: null, domain: null, job: null});
+    update({run, aggregations: [], domains: [], aggr: null, domain: null, job: null, ranks: [], rank: null});
     showViewLoading();
-    const [aggrData, domainData] = await Promise.all([getJSON("aggregations", {run}), getJSON("domains", {run})]);
+    const [aggrData, rankData] = await Promise.all([getJSON("aggregations", {run}), getJSON("ranks", {run})]);
+    const ranks = rankData.ranks || [];
+    const rank = String((ranks.find((r) => String(r.rank) === String(wanted.rank)) || {rank: rankData.default}).rank);
+    const domainData = await getJSON("domains", {run, rank});
     if (state.run !== run) return;   // another run was selected meanwhile
     const domains = domainData.domains || [];
     const primary = domains.find((d) => d.is_primary) || domains[0];
@@ -148,8 +157,9 @@ async function selectRun(run, wanted = {}) {
     let aggr = aggrData.newest ?? (aggregations.length ? aggregations[aggregations.length - 1].aggr_id : null);
     if (aggregations.some((a) => String(a.aggr_id) === String(wanted.aggr))) aggr = wanted.aggr;
     const view = VIEWS.some((v) => v.id === wanted.view) ? wanted.view : state.view;
-    update({domains, domain: domain ? domain.name : null, aggregations, aggr: aggr === null ? null : String(aggr), view,
-      op: asIndex(wanted.op), iteration: asIndex(wanted.iteration), ...baselineFrom(wanted)});
+    update({ranks, rank, domains, domain: domain ? domain.name : null, aggregations,
+      aggr: aggr === null ? null : String(aggr), view, op: asIndex(wanted.op), iteration: asIndex(wanted.iteration),
+      ...baselineFrom(wanted)});
     if (aggrData.job && aggrData.job.status === "running") {
       update({job: {...aggrData.job, run}});
       poll(run);
@@ -173,8 +183,21 @@ function baselineFrom(wanted) {
   return wanted.base_run ? {base_run: wanted.base_run, base_aggr: wanted.base_aggr} : {};
 }
 
+/** Show another rank: its NVTX domains (the same names, other ids), the current domain kept when it has it. */
+async function selectRank(rank) {
+  try {
+    const data = await getJSON("domains", {run: state.run, rank});
+    const domains = data.domains || [];
+    const domain = domains.find((d) => d.name === state.domain) || domains.find((d) => d.is_primary) || domains[0];
+    update({rank: String(rank), domains, domain: domain ? domain.name : null});
+  } catch (err) {
+    showError(err);
+  }
+}
+
 function saveUrl() {
-  if (ui.ready) writeUrlState(Object.fromEntries(URL_KEYS.map((k) => [k, state[k]])));
+  // the rank only where there is a choice: single-profile runs keep their URLs
+  if (ui.ready) writeUrlState(Object.fromEntries(URL_KEYS.map((k) => [k, k === "rank" && state.ranks.length <= 1 ? null : state[k]])));
 }
 
 // ---- views -------------------------------------------------------------------------------------------------------
@@ -190,7 +213,8 @@ function mountView() {
   const info = VIEWS.find((v) => v.id === state.view) || VIEWS[0];
   ui.title.textContent = info.label;
   const a = currentAggregation();
-  ui.subtitle.textContent = a ? `${state.run === "." ? "" : `${state.run} · `}aggregation ${aggrLabel(a, state.newest)}${state.domain ? ` · domain ${state.domain}` : ""}` : "";
+  const rankPart = state.ranks.length > 1 && info.id !== "ranks" ? ` · rank ${state.rank}` : "";
+  ui.subtitle.textContent = a ? `${state.run === "." ? "" : `${state.run} · `}aggregation ${aggrLabel(a, state.newest)}${state.domain ? ` · domain ${state.domain}` : ""}${rankPart}` : "";
   clear(ui.view);
   ui.view.dataset.view = info.id;
   if (!state.run) {
@@ -212,7 +236,7 @@ function onStateChange(changed) {
   if (URL_KEYS.some((k) => changed.has(k)) && !ui.switchingRun) saveUrl();
   if (ui.switchingRun) {
     renderNav();
-  } else if (["view", "aggr", "domain"].some((k) => changed.has(k)) && state.run && state.aggregations.length) {
+  } else if (["view", "aggr", "domain", "rank"].some((k) => changed.has(k)) && state.run && state.aggregations.length) {
     clearDetails();
     update({iteration: null});
     renderNav();

@@ -12,6 +12,7 @@ export const VIEWS = [
   {id: "gpus", label: "GPUs"},
   {id: "group_ops", label: "Group Ops"},
   {id: "compare", label: "Compare"},
+  {id: "ranks", label: "Ranks"},
 ];
 
 export const state = {
@@ -28,6 +29,8 @@ export const state = {
   iteration: null,   // iteration selected in the kernel views (kept in the URL)
   base_run: null,    // the Compare view's baseline run and aggregation (kept in the URL)
   base_aggr: null,
+  ranks: [],         // ranks route: the profiles of a multi-rank run (one entry for a single profile)
+  rank: null,        // selected rank (null: the run's default); every data route takes it
 };
 
 const listeners = new Set();
@@ -51,7 +54,7 @@ export function update(patch) {
 
 /** The run/aggregation/domain parameters every data route takes. */
 export function scope() {
-  return {run: state.run, aggr: state.aggr, domain: state.domain};
+  return {run: state.run, aggr: state.aggr, domain: state.domain, rank: state.rank};
 }
 
 export function currentRun() {

@@ -5,7 +5,7 @@
 // `p.dlprof.<key>` (the prefix TensorBoard's plugin API reserves for a plugin's URL data), written through its
 // tf_storage; standalone (dlprofviewer) they are the page's own hash: `#view=ops_kernels&op=3`.
 
-export const URL_KEYS = ["run", "view", "aggr", "domain", "op", "iteration", "base_run", "base_aggr"];
+export const URL_KEYS = ["run", "view", "aggr", "domain", "op", "iteration", "rank", "base_run", "base_aggr"];
 const PREFIX = "p.dlprof.";
 
 function tensorBoardStorage() {

@@ -47,7 +47,7 @@ function pickKeyNode() {
       result = chosen;
       m.close();
     }}, "Use key node");
-    const table = new DataTable({route: "table/key_nodes", scope: () => ({run: state.run, aggr: state.aggr, domain: state.domain}),
+    const table = new DataTable({route: "table/key_nodes", scope: () => ({run: state.run, aggr: state.aggr, domain: state.domain, rank: state.rank}),
       exportName: "key_nodes", selectable: true, pageSize: 10,
       onSelect: (row, t) => {
         chosen = row[keyColumn(t.columns)];

@@ -133,3 +133,48 @@ def backward_calls_profile(path: Path, iterations: int = 3) -> Path:
         exp.push_pop(main, t + 40000, t + 45000, "Optimizer.step#SGD.step")
     exp.set_session(start_time=0)
     return exp.write(path)
+
+
+RANK_BASE = 1_000_000           # first iteration base of every rank
+RANK_ITERATION = 50_000         # iteration length of a rank at normal speed (ns)
+SLOW_ITERATION = 80_000         # ... and of the slow rank
+RANK_STEPS = 3                  # optimizer steps: iterations 0..2 full, iteration 3 the 1000 ns tail
+COMPUTE = "volta_sgemm_32x32_sliced1x4_tn"
+NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+
+
+def rank_profile(path: Path, rank: int, slow: bool = False, host: str = "node0", env_rank: bool = False,
+                 epoch_ns: int | None = None, steps: int = RANK_STEPS) -> Path:
+    """One rank of a data-parallel job on one GPU (process 1000 + rank). Per iteration (base T = RANK_BASE + i * L,
+    L = RANK_ITERATION, or SLOW_ITERATION for the slow rank; all times ns):
+
+      [T+0, T+10000)        aten::conv2d, seq   -> cudaLaunchKernel [T+1000, T+2000) -> COMPUTE [T+3000, T+23000)
+                                                   (slow rank: [T+3000, T+43000))
+      [T+12000, T+14000)    c10d::allreduce_    -> cudaLaunchKernel [T+12500, T+13500) -> NCCL [T+15000, T+25000)
+                                                   on stream 13 (8000 ns of it overlapped by COMPUTE; slow: all)
+      [T+L-2000, T+L)       Optimizer.step#SGD.step (the key node: iteration i ends at T+L)
+    then one cudaDeviceSynchronize [RANK_BASE + steps*L, +1000): the last iteration, 1000 ns.
+    `env_rank` records RANK=<rank> in the environment nsys saw (as `srun nsys profile` does)."""
+    kw = {} if epoch_ns is None else {"utc_epoch_ns": epoch_ns}
+    exp = NsysExport(schema="2022.4")
+    exp.add_gpu(device_id=0, name="NVIDIA A100-SXM4-40GB", total_memory=42505273344, sm_count=108, compute=(8, 0))
+    exp.system_env("Hostname", host)
+    if env_rank:
+        exp.system_env("DeviceEnvironment", f"HOME=/root;LOCAL_RANK=0;RANK={rank};WORLD_SIZE=4")
+    pid = 1000 + rank
+    main = exp.add_thread(pid=pid, tid=pid, name="python", process_name="python")
+    length = SLOW_ITERATION if slow else RANK_ITERATION
+    compute = 40_000 if slow else 20_000
+    op_id = 1
+    for i in range(steps):
+        t = RANK_BASE + i * length
+        exp.push_pop(main, t, t + 10_000, f"aten::conv2d, seq = {i + 1}, op_id = {op_id}")
+        exp.launch(main, t + 1000, t + 2000, t + 3000, t + 3000 + compute, kernel=COMPUTE)
+        exp.push_pop(main, t + 12_000, t + 14_000, f"c10d::allreduce_, op_id = {op_id + 1}")
+        exp.launch(main, t + 12_500, t + 13_500, t + 15_000, t + 25_000, kernel=NCCL, stream_id=13)
+        exp.push_pop(main, t + length - 2000, t + length, f"Optimizer.step#SGD.step, op_id = {op_id + 2}")
+        op_id += 3
+    end = RANK_BASE + steps * length
+    exp.runtime(main, end, end + 1000, name="cudaDeviceSynchronize_v3020")
+    exp.set_session(start_time=0, **kw)
+    return exp.write(path)
