@@ -124,8 +124,8 @@ class Scope:
     domain_id: int
     domain: str
     mode: str
-    request_context: tuple = ()   # (ctx, eid) of the request, for routes that look up a second run
     rank: int = K.DEFAULT_RANK     # the rank (profile) of a multi-rank database the request is about
+    request_context: tuple = ()   # (ctx, eid) of the request, for routes that look up a second run
 
     @property
     def pytorch(self) -> bool:
@@ -317,7 +317,7 @@ class Service:
             if not ok:
                 raise NotFound(f"aggregation {aggr_id} has no data for domain '{dom['name']}'")
         return Scope(info, db, aggr_id, dom["domain_id"], dom["name"], profile.get("mode") or
-                     info.meta.get("mode") or "", rank)
+                     info.meta.get("mode") or "", rank=rank)
 
     # ------------------------------------------------------------------ routes
     def runs(self, request, ctx, eid) -> Reply:
@@ -789,10 +789,12 @@ class Service:
         domain = self._arg(request, "base_domain")
         if not domain:
             info = self._run(request, ctx, eid, run=run)
-            names = {d["name"] for d in self.registry.get(info.database).domains()}
+            db = self.registry.get(info.database)
+            names = {d["name"] for d in (db.domains(s.rank) if run == s.info.run else db.domains())}
             domain = s.domain if s.domain in names else None
         aggr = self._int(request, "base_aggr", minimum=1)
-        args = {"run": run, "aggr": None if aggr is None else str(aggr), "domain": domain}
+        args = {"run": run, "aggr": None if aggr is None else str(aggr), "domain": domain,
+                "rank": str(s.rank) if run == s.info.run else None}   # another aggregation of the shown rank
         view = type("BaselineRequest", (), {"args": {k: v for k, v in args.items() if v not in (None, "")},
                                             "method": request.method})()
         return self._scope(view, ctx, eid)
@@ -803,9 +805,9 @@ class Service:
 
         def compute():
             label = lambda x: f"{x.info.run} · aggregation {x.aggr_id}"  # noqa: E731
-            return compare.Compared.of(compare.side_from_database(s.db, s.aggr_id, s.domain_id, label(s)),
-                                       compare.side_from_database(b.db, b.aggr_id, b.domain_id, label(b)))
-        key = ("compare", s.aggr_id, s.domain_id, b.db.path, b.db.state(), b.aggr_id, b.domain_id)
+            return compare.Compared.of(compare.side_from_database(s.db, s.aggr_id, s.domain_id, label(s), s.rank),
+                                       compare.side_from_database(b.db, b.aggr_id, b.domain_id, label(b), b.rank))
+        key = ("compare", s.aggr_id, s.domain_id, s.rank, b.db.path, b.db.state(), b.aggr_id, b.domain_id, b.rank)
         return s.db.cached(key, compute), b
 
     # ------------------------------------------------------------------ timeline
