@@ -76,6 +76,9 @@ def analyze_rank(task: RankTask) -> RankResult:
     started = time.perf_counter()
     if task.reaggregate:
         return _reaggregate_rank(task, started)
+    from dlprof_profiler.pipeline import out_of_core
+    if out_of_core(Path(task.source), task.args):
+        return _analyze_rank_out_of_core(task, started)
     from dlprof_profiler import correlate as corr_mod
     from dlprof_profiler import database, graph_events, ingest
     from dlprof_profiler.analysis import AnalysisConfig, analyze
@@ -118,6 +121,58 @@ def analyze_rank(task: RankTask) -> RankResult:
     graph = graph_events.op_graph(result.corr.domains[result.primary], result.aggregations[result.primary]) \
         if task.index == 0 else None
     return _result(task, result, profile, [str(m[1]) for m in staging.moves], graph, trace, started)
+
+
+def _analyze_rank_out_of_core(task: RankTask, started: float) -> RankResult:
+    """analyze_rank for a large nsys export: staged in a store in the run's staging folder (as
+    pipeline.run_store_analysis does), so a worker's memory stays bounded whatever the rank's size."""
+    from dlprof_profiler import database, graph_events
+    from dlprof_profiler.analysis import AnalysisConfig, analyze_store
+    from dlprof_profiler.errors import DLProfError
+    from dlprof_profiler.outputs import Staging
+    from dlprof_profiler.pipeline import _dump_model, _profile_info, _write_reports
+    from dlprof_profiler.store import TraceStore
+    from dlprof_profiler.store_model import DatabaseFeed
+
+    args, source, rank = task.args, Path(task.source), task.rank
+    staging = Staging.attach(Path(task.output_dir), Path(task.staging_root))
+    task.database.parent.mkdir(exist_ok=True)   # in the run's staging folder, which must exist
+    store = TraceStore(source, task.database.parent / f"store_rank_{rank}")
+    writer = feed = None
+    try:
+        trace = store.load()
+        for text in trace.warnings:
+            log.warning(f"rank {rank}: {text}")
+        result = analyze_store(store, AnalysisConfig.from_args(args), str(source))
+        names = list(result.corr.domains)
+        if len(names) >= DOMAINS_PER_RANK:
+            raise DLProfError(f"{source}: {len(names)} NVTX domains; a rank of a multi-rank analysis may have at "
+                              f"most {DOMAINS_PER_RANK - 1}")
+        base = task.index * DOMAINS_PER_RANK
+        header = database.Header.from_trace(trace, {name: base + i for i, name in enumerate(names)}, rank=rank)
+        writer = database.DatabaseWriter(task.database, header, raw_indexes=task.index == 0, final_indexes=False)
+        profile = _profile_info(args, source, trace, result.corr, None, store.profile_start, store.profile_end)
+        feed = DatabaseFeed(writer, result.corr.store, result.corr, result.primary, profile)
+        feed.start()   # the database is written while the reports are
+        _write_reports(args, Path(task.output_dir), trace, result.corr, result.aggregations, result.findings,
+                       result.primary, staging, rank_suffix=task.suffix)
+        if args.dump_model_data:
+            _dump_model(staging.path(Path(task.output_dir) / f"{args.base_name}_model_data{task.suffix}.json"),
+                        result.corr)
+        domain_ids, offsets = feed.finish()
+        database.append_aggregation(task.database, result.aggregations, domain_ids, offsets, result.iterations,
+                                    result.findings, time.perf_counter() - started, rank=rank)
+        graph = graph_events.op_graph(result.corr.domains[result.primary], result.aggregations[result.primary]) \
+            if task.index == 0 else None
+        return _result(task, result, profile, [str(m[1]) for m in staging.moves], graph, trace, started)
+    except BaseException:
+        if writer is not None:
+            writer.wait()
+        raise
+    finally:
+        if feed is not None:
+            feed.join()
+        store.close()
 
 
 def _reaggregate_rank(task: RankTask, started: float) -> RankResult:

@@ -100,6 +100,22 @@ def test_per_rank_reports_equal_single_file_analyses(job, tmp_path):
                 assert mine == (single / f"dlprof_{name}.{fmt}").read_bytes(), (rank, name, fmt)
 
 
+def test_out_of_core_ranks_write_what_in_memory_ranks_write(job, tmp_path):
+    """--out_of_core=on: every rank staged in its worker's store; the reports, the cross-rank report and the
+    merged database's content are those of the in-memory run."""
+    from tests.test_store import _database_content
+    out = tmp_path / "ooc"
+    run_dlprof(f"--database={','.join(map(str, job['files']))}", f"--output_path={out}", "--out_of_core=on",
+               "--reports=summary,detail,iteration,expert_systems", "--formats=csv,json")
+    names = sorted(p.name for p in job["out"].glob("dlprof_*") if p.suffix in (".csv", ".json"))
+    assert "dlprof_ranks.csv" in names and "dlprof_iteration_rank2.csv" in names
+    assert names == sorted(p.name for p in out.glob("dlprof_*") if p.suffix in (".csv", ".json"))
+    for name in names:
+        assert (out / name).read_bytes() == (job["out"] / name).read_bytes(), name
+    assert _database_content(out / "dlprof_dldb.sqlite") == _database_content(job["out"] / "dlprof_dldb.sqlite")
+    assert not any(p.name.startswith(".") for p in out.iterdir())   # stores and staging gone
+
+
 def test_merged_database_holds_every_rank(job):
     db = job["out"] / "dlprof_dldb.sqlite"
     con = sqlite3.connect(db)

@@ -143,8 +143,8 @@ def _database_content(path):
                 continue
             keep = [c for c in columns if c not in VOLATILE.get(name.removeprefix("view_"), ())]
             rows = con.execute(f"SELECT {', '.join(chr(34) + c + chr(34) for c in keep)} FROM '{name}'").fetchall()
-            if name == "profile_info":
-                rows = [r for r in rows if r[0] != "created_utc"]
+            if name in ("profile_info", "rank_profile_info"):   # name/value rows: when the run was is volatile
+                rows = [r for r in rows if "created_utc" not in r[:2]]
             content[name] = (keep, sorted(rows, key=repr))
         return content
     finally:
