@@ -402,14 +402,33 @@ class _TextTable:
         local = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)
         return mapping[local]
 
+    def raw_codes(self, raws: list, decode) -> np.ndarray:
+        """Global codes (int32) for raw JSON values (msgspec Raw; empty when absent -> -1): the bytes are
+        hashed in Arrow, and `decode` turns each distinct one of the chunk into the value kept."""
+        encoded = _arrow_texts(*_end_to_end(raws), pa.large_binary()).dictionary_encode()
+        uniques = encoded.dictionary.to_pylist()
+        mapping = np.empty(len(uniques) + 1, dtype=np.int32)
+        mapping[-1] = -1
+        for i, raw in enumerate(uniques):
+            value = decode(raw)
+            code = self.index.get(value)
+            if code is None:
+                code = len(self.values)
+                self.index[value] = code
+                self.values.append(value)
+            mapping[i] = code
+        local = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+        return mapping[local]
+
 
 class _ColumnBuilder:
     def __init__(self):
         self.strings = _TextTable()
         self.raws = _TextTable()
         self.parts: list[dict] = []
+        # columns most events lack (args, flow ids): (rows, values) pieces, scattered once at the end
+        self.sparse: dict = {name: [] for name in ["flow_id"] + list(INT_ARGS) + list(TEXT_ARGS) + list(RAW_ARGS)}
         self.count = 0
-        self.group_of_code: dict = {}
 
     def add(self, events: list) -> None:
         n = len(events)
@@ -422,10 +441,10 @@ class _ColumnBuilder:
             part[name], part[name + "_numeric"] = self._ids(list(map(attrgetter(name), events)))
         part["ts"], part["ts_ok"] = decimal_ns(list(map(attrgetter("ts"), events)))
         part["dur"], part["dur_ok"] = decimal_ns(list(map(attrgetter("dur"), events)))
-        part["flow_id"] = np.full(n, -1, dtype=np.int64)
         flows = np.flatnonzero(group == FLOW)
         if flows.size:
-            part["flow_id"][flows] = to_int(list(map(attrgetter("id"), _take(events, flows))))
+            self.sparse["flow_id"].append((flows + self.count, to_int(list(map(attrgetter("id"),
+                                                                               _take(events, flows))))))
         args = list(map(attrgetter("args"), events))
         members = {g: np.flatnonzero(group == g) for g in np.unique(group).tolist()}
         subsets = {}
@@ -436,16 +455,16 @@ class _ColumnBuilder:
                     rows = np.sort(np.concatenate([members.get(g, np.zeros(0, np.int64)) for g in groups]))
                     subsets[key] = (rows, _present(_take(args, rows)))
                 rows, sub = subsets[key]
-                column = np.full(n, -1, dtype=np.int64 if kind == "int" else np.int32)
-                if rows.size:
-                    values = list(map(attrgetter(name), sub))
-                    if kind == "int":
-                        column[rows] = to_int(values)
-                    elif kind == "text":
-                        column[rows] = self.strings.codes(values)
-                    else:
-                        column[rows] = self.raws.codes(raw_texts(values))
-                part["args." + name] = column
+                if rows.size == 0:
+                    continue
+                values = list(map(attrgetter(name), sub))
+                if kind == "int":
+                    codes = to_int(values)
+                elif kind == "text":
+                    codes = self.strings.codes(values)
+                else:
+                    codes = self.raws.raw_codes(values, _utf8)
+                self.sparse[name].append((rows + self.count, codes))   # only the rows of the groups that have it
         self.parts.append(part)
         self.count += n
 
@@ -479,14 +498,19 @@ class _ColumnBuilder:
         def cat(name, dtype):
             arrays = [p[name] for p in self.parts]
             return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype=dtype)
-        args = {name: cat("args." + name, np.int64) for name in INT_ARGS}
-        args.update({name: cat("args." + name, np.int32) for name in list(TEXT_ARGS) + list(RAW_ARGS)})
+        def scatter(name, dtype):
+            column = np.full(self.count, -1, dtype=dtype)
+            for rows, values in self.sparse[name]:
+                column[rows] = values
+            return column
+        args = {name: scatter(name, np.int64) for name in INT_ARGS}
+        args.update({name: scatter(name, np.int32) for name in list(TEXT_ARGS) + list(RAW_ARGS)})
         ts = cat("ts", np.int64)
         return Columns(n=ts.size, ph=cat("ph", np.int32), cat=cat("cat", np.int32), name=cat("name", np.int32),
                        group=cat("group", np.int8), pid=cat("pid", np.int64), tid=cat("tid", np.int64),
                        pid_numeric=cat("pid_numeric", bool), tid_numeric=cat("tid_numeric", bool), ts=ts,
                        ts_ok=cat("ts_ok", bool), dur=cat("dur", np.int64), dur_ok=cat("dur_ok", bool),
-                       flow_id=cat("flow_id", np.int64), args=args, strings=self.strings.values,
+                       flow_id=scatter("flow_id", np.int64), args=args, strings=self.strings.values,
                        raws=self.raws.values)
 
 
@@ -544,16 +568,28 @@ def to_int(values, default: int = -1) -> np.ndarray:
     return out
 
 
-def raw_texts(raws: list) -> np.ndarray:
-    """Raw JSON values as an object array of `str` (None where absent): one join and one split in C."""
-    n = len(raws)
-    if n == 0:
-        return np.zeros(0, dtype=object)
-    joined = pa.array([RAW_SEPARATOR.join(raws).decode("utf-8", "replace")], type=pa.large_string())
-    parts = pc.split_pattern(joined, RAW_SEPARATOR.decode()).flatten()
-    out = parts.to_numpy(zero_copy_only=False).astype(object)
-    out[out == ""] = None
-    return out
+def _end_to_end(raws: list) -> tuple[bytes, np.ndarray]:
+    """The raw values' bytes laid end to end, and their lengths. Joined with a separator JSON text cannot
+    hold unescaped, which numpy then finds and removes (cheaper than asking each value its length)."""
+    joined = np.frombuffer(RAW_SEPARATOR.join(raws) + RAW_SEPARATOR, dtype=np.uint8)
+    is_separator = joined == RAW_SEPARATOR[0]
+    ends = np.flatnonzero(is_separator)
+    lengths = np.diff(ends, prepend=-1) - 1
+    return joined[~is_separator].tobytes(), lengths
+
+
+def _arrow_texts(text: bytes, lengths: np.ndarray, kind: pa.DataType) -> pa.Array:
+    """The values laid end to end in `text` (of these lengths) as an Arrow string or binary array over
+    the same bytes (no copy); empty values are nulls."""
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    valid = np.packbits(lengths > 0, bitorder="little")
+    return pa.Array.from_buffers(kind, lengths.size, [pa.py_buffer(valid), pa.py_buffer(offsets),
+                                                      pa.py_buffer(text)])
+
+
+def _utf8(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
 
 
 # ---------------------------------------------------------------------------- exact decimal parsing
@@ -572,6 +608,40 @@ _CLASS[RAW_SEPARATOR[0]] = 6
 def decimal_ns(raws: list, scale: int = 3) -> tuple[np.ndarray, np.ndarray]:
     """Decimal JSON numbers (raw texts, e.g. microseconds) times 10**scale as exact int64 values, with a
     validity mask (False for missing values, non-numbers and values beyond int64).
+
+    Kineto writes plain decimals with at most three fractional digits (`1712195495519695.800`, `4.928`,
+    integers in old traces): Arrow's exact string -> decimal cast reads those in C. Anything else (an
+    exponent, more digits than the scale keeps, which needs rounding, a value that is not a number) goes
+    to the character-level parser, which handles every JSON number."""
+    n = len(raws)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
+    text, lengths = _end_to_end(raws)
+    if text.find(b"e") < 0 and text.find(b"E") < 0:     # no exponent (nor `true`/`false`)
+        fast = _plain_decimals(text, lengths, scale)
+        if fast is not None:
+            return fast
+    return _decimal_ns_by_characters(raws, scale)
+
+
+def _plain_decimals(text: bytes, lengths: np.ndarray, scale: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """decimal_ns for values without exponent through Arrow's decimal128 cast (the unscaled 128-bit
+    integer is the result); None when a value does not cast exactly (too many digits, not a number)."""
+    n = lengths.size
+    present = lengths > 0
+    strings = _arrow_texts(text, lengths, pa.large_string())
+    try:
+        decimals = strings.cast(pa.decimal128(38, scale))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    words = np.frombuffer(decimals.buffers()[1], dtype=np.int64, count=2 * (decimals.offset + n))[2 * decimals.offset:]
+    low, high = words[0::2], words[1::2]          # little-endian two's complement halves
+    ok = present & (high == (low >> 63)) & (low != np.iinfo(np.int64).min)
+    return np.where(ok, low, 0), ok
+
+
+def _decimal_ns_by_characters(raws: list, scale: int) -> tuple[np.ndarray, np.ndarray]:
+    """decimal_ns for any JSON value.
 
     Vectorised over the characters of all values at once: each digit contributes digit * 10**place,
     its place counted from the decimal point and shifted by the exponent and the scale; the first digit

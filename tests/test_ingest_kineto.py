@@ -457,6 +457,33 @@ def test_decimal_parser_is_exact():
     assert not ok.any()
 
 
+def test_plain_decimals_take_the_arrow_path_and_stay_exact(monkeypatch):
+    """Kineto's usual numbers (integers, up to three decimals) are read by Arrow's decimal cast; the
+    character parser is not called for them. A value needing rounding or an exponent sends the whole
+    column to the character parser; both give the Decimal result."""
+    import msgspec
+
+    from dlprof_profiler import kineto_decode
+    plain = ["1712195495519695.800", "4.928", "0", "-12.5", "1623142623460016", "9223372036854775.807",
+             "9223372036854775.808", "-9223372036854775.807", "99999999999999999999999", "", "0.07", "-0"]
+    called = []
+    real = kineto_decode._decimal_ns_by_characters
+    monkeypatch.setattr(kineto_decode, "_decimal_ns_by_characters", lambda *a: called.append(1) or real(*a))
+    values, ok = kineto_decode.decimal_ns([msgspec.Raw(t.encode()) for t in plain])
+    assert not called
+    want = [ns(t) if t else None for t in plain]
+    fits = [w is not None and -2 ** 63 < w < 2 ** 63 for w in want]
+    assert ok.tolist() == fits == [True] * 6 + [False, True, False, False, True, True]
+    assert [v for v, f in zip(values.tolist(), fits) if f] == [w for w, f in zip(want, fits) if f]
+    for odd in ("0.0005", "1e-05", "null", '"12"'):
+        texts = plain[:5] + [odd]
+        values, ok = kineto_decode.decimal_ns([msgspec.Raw(t.encode()) for t in texts])
+        assert called, odd
+        called.clear()
+        assert values[:5].tolist() == [ns(t) for t in plain[:5]] and ok[:5].all()
+        assert (bool(ok[5]), int(values[5])) == ((True, ns(odd)) if odd[0].isdigit() else (False, 0))
+
+
 def test_short_kernel_names():
     assert short_kernel_name("void at::native::vectorized_elementwise_kernel<4, at::native::Relu, "
                              "at::detail::Array<char*, 2> >(int, at::native::Relu, at::detail::Array<char*, 2>)") \
