@@ -74,7 +74,7 @@ class EventArgs(msgspec.Struct, gc=False):
 class Event(msgspec.Struct, gc=False):
     ph: Scalar = None
     cat: Scalar = None
-    name: Scalar = None
+    name: msgspec.Raw = EMPTY       # decoded once per distinct name (a str per event costs more)
     pid: Scalar = None
     tid: Scalar = None
     ts: msgspec.Raw = EMPTY
@@ -286,7 +286,7 @@ def decode(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Decoded:
     first = _offset_in(events_raw, data)
     end = first + len(events_raw) - 1        # the array's closing bracket
     del events_raw
-    builder = _ColumnBuilder()
+    builder = _ColumnBuilder(path)
     for events in _chunks(data, first, end, chunk_bytes, path, builder):
         builder.add(events)
         del events
@@ -404,13 +404,16 @@ class _TextTable:
 
     def raw_codes(self, raws: list, decode) -> np.ndarray:
         """Global codes (int32) for raw JSON values (msgspec Raw; empty when absent -> -1): the bytes are
-        hashed in Arrow, and `decode` turns each distinct one of the chunk into the value kept."""
+        hashed in Arrow, and `decode` turns each distinct one of the chunk into the value kept (None -> -1)."""
         encoded = _arrow_texts(*_end_to_end(raws), pa.large_binary()).dictionary_encode()
         uniques = encoded.dictionary.to_pylist()
         mapping = np.empty(len(uniques) + 1, dtype=np.int32)
         mapping[-1] = -1
         for i, raw in enumerate(uniques):
             value = decode(raw)
+            if value is None:
+                mapping[i] = -1
+                continue
             code = self.index.get(value)
             if code is None:
                 code = len(self.values)
@@ -422,7 +425,8 @@ class _TextTable:
 
 
 class _ColumnBuilder:
-    def __init__(self):
+    def __init__(self, path: Path):
+        self.path = path
         self.strings = _TextTable()
         self.raws = _TextTable()
         self.parts: list[dict] = []
@@ -435,7 +439,7 @@ class _ColumnBuilder:
         part = {}
         for name in ("ph", "cat"):
             part[name] = self.strings.few_codes(list(map(attrgetter(name), events)))
-        part["name"] = self.strings.codes(list(map(attrgetter("name"), events)))
+        part["name"] = self.strings.raw_codes(list(map(attrgetter("name"), events)), self._name)
         part["group"] = group = self._groups(part["ph"], part["cat"], part["name"])
         for name in ("pid", "tid"):
             part[name], part[name + "_numeric"] = self._ids(list(map(attrgetter(name), events)))
@@ -468,6 +472,14 @@ class _ColumnBuilder:
         self.parts.append(part)
         self.count += n
 
+    def _name(self, raw: bytes):
+        """An event's name from its JSON text: a text, a number or boolean as text, None for null."""
+        value = msgspec.json.decode(raw)
+        if isinstance(value, (list, dict)):
+            raise DLProfError(f"{self.path}: unexpected event content (an event name is "
+                              f"{'an array' if isinstance(value, list) else 'an object'}, not a text)")
+        return value if value is None or isinstance(value, str) else str(value)
+
     def _groups(self, ph: np.ndarray, cat: np.ndarray, name: np.ndarray) -> np.ndarray:
         """Group per event from its phase and category (decided once per distinct pair)."""
         radix = len(self.strings.values) + 1
@@ -499,6 +511,8 @@ class _ColumnBuilder:
             arrays = [p[name] for p in self.parts]
             return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype=dtype)
         def scatter(name, dtype):
+            if not self.sparse[name]:     # absent from the whole trace: one read-only -1 broadcast, no memory
+                return np.broadcast_to(np.array(-1, dtype=dtype), (self.count,))
             column = np.full(self.count, -1, dtype=dtype)
             for rows, values in self.sparse[name]:
                 column[rows] = values

@@ -391,12 +391,24 @@ def test_malformed_events_are_skipped_with_warnings(tmp_path):
     assert "unknown categories were ignored: mystery_cat (1)" in text
 
 
+def test_names_that_are_numbers_or_escaped_read_as_texts(tmp_path):
+    k = KinetoTrace()
+    k.raw('{"ph": "X", "cat": "cpu_op", "name": 7, "pid": 4242, "tid": 10, "ts": 1.0, "dur": 1.0}')
+    k.raw('{"ph": "X", "cat": "cpu_op", "name": "aten::\\u006dm", "pid": 4242, "tid": 10, "ts": 3.0, "dur": 1.0}')
+    k.raw('{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 4242, "tid": 10, "ts": 5.0, "dur": 1.0}')
+    k.raw('{"ph": "X", "cat": "cpu_op", "name": null, "pid": 4242, "tid": 10, "ts": 7.0, "dur": 1.0}')
+    trace = read_kineto_trace(k.write(tmp_path / "names.json"))
+    assert trace.ranges["text"].tolist() == ["7, op_id = 0", "aten::mm, op_id = 1", "aten::mm, op_id = 2",
+                                             ", op_id = 3"]
+
+
 @pytest.mark.parametrize("content, message", [
     (b"", "empty file"),
     (b'{"traceEvents": [{"ph": "X", ', "not valid JSON"),
     (b'{"traceEvents": {"a": 1}}', "traceEvents is not an array"),
     (b'{"traceEvents": []}', "holds no events"),
     (b'{"traceEvents": [{"ph": "X", "args": [1, 2]}]}', "unexpected event content"),
+    (b'{"traceEvents": [{"ph": "X", "name": ["aten::mm"]}]}', "unexpected event content (an event name is an array"),
     (b'{"schemaVersion": 1}', "not an SQLite database (Nsight Systems export, DLProf database) nor a Kineto trace"),
     (b"[1, 2, 3]", "not an SQLite database (Nsight Systems export, DLProf database) nor a Kineto trace"),
     (b"garbage", "not an SQLite database (Nsight Systems export, DLProf database) nor a Kineto trace"),
