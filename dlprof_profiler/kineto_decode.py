@@ -17,6 +17,7 @@ struct fields are read with C-level `map(attrgetter(...))`.
 """
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import re
@@ -261,15 +262,51 @@ _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _EVENTS = msgspec.json.Decoder(list[Event])
 _FAST_EVENTS = msgspec.json.Decoder(list[FastEvent])
 _BETWEEN_EVENTS = re.compile(rb"\}\s*,\s*\{")
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_ONE_VALUE = json.JSONDecoder()
+TAIL_BYTES = 1 << 20          # where the last event is looked for (and its largest size)
+TAIL_CANDIDATES = 16
+FAST_PATH_RETRIES = 64
 _NOT_SPACE = re.compile(rb"\S")
 
 
 def decode(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Decoded:
-    """Decode a Kineto trace file; raises DLProfError with a one-line reason naming the file."""
+    """Decode a Kineto trace file; raises DLProfError with a one-line reason naming the file.
+
+    The usual layout is read in one pass over the events: the traceEvents array is found by its key and
+    its last event, the rest of the document is checked with the array left empty, and each chunk of
+    events is checked as it decodes, which together validate the whole document. Anything unusual (or
+    wrong) sends the file through the validating path: one pass that checks the whole document first,
+    then the events, so every error is the one that path reports."""
     path = Path(path)
     data = read_bytes(path)
-    if not _NOT_SPACE.search(data):
-        raise DLProfError(f"{path}: empty file, not a Kineto trace")
+    try:
+        if not _NOT_SPACE.search(data):
+            raise DLProfError(f"{path}: empty file, not a Kineto trace")
+        columns = None
+        outline = _outline(data)
+        if outline is not None:
+            first, end, meta = outline
+            try:
+                columns = _columns(data, first, end, chunk_bytes, path, retries=FAST_PATH_RETRIES)
+            except DLProfError:
+                columns = None
+        if columns is None:
+            first, end, meta = _validated_outline(data, path)
+            columns = _columns(data, first, end, chunk_bytes, path)
+    finally:
+        if isinstance(data, mmap.mmap):
+            try:
+                data.close()
+            except BufferError:      # a view is still alive somewhere: the mapping goes with it
+                pass
+        del data
+    return Decoded(path=path, meta=meta, columns=columns)
+
+
+def _validated_outline(data, path: Path) -> tuple[int, int, dict]:
+    """(first, end, meta): where the traceEvents array opens and closes, and the other top-level values,
+    after checking the whole document (a full pass of the JSON parser over it)."""
     try:
         top = _TOP.decode(data)   # validates the whole document; values stay undecoded
     except msgspec.ValidationError:
@@ -284,42 +321,99 @@ def decode(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Decoded:
     if bytes(events_raw[:1]) != b"[":
         raise DLProfError(f"{path}: not a Kineto trace (traceEvents is not an array)")
     first = _offset_in(events_raw, data)
-    end = first + len(events_raw) - 1        # the array's closing bracket
-    del events_raw
-    builder = _ColumnBuilder(path)
-    for events in _chunks(data, first, end, chunk_bytes, path, builder):
-        builder.add(events)
-        del events
-    if isinstance(data, mmap.mmap):
+    if first is None:
+        raise AssertionError("msgspec returned a copy of the traceEvents text")   # pragma: no cover
+    return first, first + len(events_raw) - 1, meta
+
+
+def _outline(data) -> tuple[int, int, dict] | None:
+    """(first, end, meta) as `_validated_outline` gives them, without a pass over the events: the array
+    is where the first `"traceEvents": [` is, it closes after the event that follows the last `}, {` of
+    the file's tail, and the document without the events must be an object whose top-level traceEvents
+    is that (now empty) array. None when any of this does not hold."""
+    key = _EVENTS_KEY.search(data)
+    if key is None:
+        return None
+    first = key.end() - 1
+    end = _array_end(data, first)
+    if end is None:
+        return None
+    outer = bytes(data[:first + 1]) + bytes(data[end:])
+    try:
+        top = _TOP.decode(outer)
+    except msgspec.MsgspecError:
+        return None
+    events_raw = top.pop("traceEvents", None)
+    if events_raw is None or bytes(events_raw) != b"[]" or _offset_in(memoryview(events_raw), outer) != first:
+        return None      # not the top-level key (or not its only occurrence)
+    return first, end, {key: msgspec.json.decode(value) for key, value in top.items()}
+
+
+def _array_end(data, first: int) -> int | None:
+    """The closing bracket of the events array opening at `first`: the last event starts at the last
+    `}, {` of the file's tail (else it is the first event); Python's JSON decoder finds where that event
+    ends, and only spaces may stand between it and the bracket."""
+    opening = _NOT_SPACE.search(data, first + 1)
+    if opening is None:
+        return None
+    if data[opening.start()] == 0x5D:                       # "]": no events
+        return opening.start()
+    tail = max(first + 1, len(data) - TAIL_BYTES)
+    starts = [m.end() - 1 for m in _BETWEEN_EVENTS.finditer(data, tail)]
+    if tail == first + 1:
+        starts.insert(0, opening.start())
+    for start in reversed(starts[-TAIL_CANDIDATES:]):     # a match inside a string after the array: go back
+        text = bytes(data[start:start + TAIL_BYTES]).decode("utf-8", "surrogateescape")
         try:
-            data.close()
-        except BufferError:      # a view is still alive somewhere: the mapping goes with it
-            pass
-    del data
-    return Decoded(path=path, meta=meta, columns=builder.finish())
+            _, stop = _ONE_VALUE.raw_decode(text)
+        except ValueError:
+            continue
+        after = _NOT_SPACE.search(data, start + len(text[:stop].encode("utf-8", "surrogateescape")))
+        return after.start() if after is not None and data[after.start()] == 0x5D else None
+    return None
 
 
-def _offset_in(part: memoryview, whole) -> int:
-    """Where a msgspec Raw value lies in the buffer it was decoded from."""
+def _offset_in(part: memoryview, whole) -> int | None:
+    """Where a msgspec Raw value (a JSON array) lies in the buffer it was decoded from; None when it is
+    not a view of that buffer."""
     address = np.frombuffer(part, dtype=np.uint8).ctypes.data if len(part) else 0
     base = np.frombuffer(whole, dtype=np.uint8).ctypes.data
     offset = address - base
     if not 0 <= offset <= len(whole) - len(part) or whole[offset:offset + 1] != b"[":
-        raise AssertionError("msgspec returned a copy of the traceEvents text")   # pragma: no cover
+        return None
     return offset
 
 
-def _chunks(data, first: int, end: int, chunk_bytes: int, path: Path, builder):
+def _columns(data, first: int, end: int, chunk_bytes: int, path: Path, retries: int | None = None) -> Columns:
+    """The columns of the events in data[first:end + 1]."""
+    builder = _ColumnBuilder(path)
+    chunks = _chunks(data, first, end, chunk_bytes, path, builder, retries)
+    try:
+        for events in chunks:
+            builder.add(events)
+            del events
+    finally:
+        chunks.close()
+    return builder.finish()
+
+
+def _chunks(data, first: int, end: int, chunk_bytes: int, path: Path, builder, retries: int | None = None):
     """The events of data[first:end + 1] (the traceEvents array) as lists of structs, about chunk_bytes of
     JSON at a time. A chunk is decoded in place: the separators around it (the array's own bracket or
-    the `,` and spaces between two events) are overwritten with `[` and `]` while it decodes."""
+    the `,` and spaces between two events) are overwritten with `[` and `]` while it decodes. `retries`
+    bounds the cuts tried per chunk (when the document was not validated first, a chunk that does not
+    decode may be damaged rather than cut inside a string)."""
     view = memoryview(data)
     start = first + 1
     while start < end:
         # Cut after about chunk_bytes at a "}, {" between two events; a match inside a JSON string is
         # caught because the text before it then ends inside the string and does not decode.
         cut = start + chunk_bytes
+        tried = 0
         while True:
+            tried += 1
+            if retries is not None and tried > retries:
+                raise DLProfError(f"{path}: traceEvents could not be cut into chunks")
             match = _BETWEEN_EVENTS.search(data, cut, end) if cut < end else None
             stop = match.start() + 1 if match else end
             opening, closing = data[start - 1], data[stop]

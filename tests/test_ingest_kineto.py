@@ -405,6 +405,8 @@ def test_names_that_are_numbers_or_escaped_read_as_texts(tmp_path):
 @pytest.mark.parametrize("content, message", [
     (b"", "empty file"),
     (b'{"traceEvents": [{"ph": "X", ', "not valid JSON"),
+    (b'{"traceEvents": [{"ph": "X"}, {"ph": "X", "name": x}, {"ph": "X"}], "n": 1}', "not valid JSON"),
+    (b'{"traceEvents": [{"ph": "X"}, {"ph": "X"}], "n": 1, }', "not valid JSON"),
     (b'{"traceEvents": {"a": 1}}', "traceEvents is not an array"),
     (b'{"traceEvents": []}', "holds no events"),
     (b'{"traceEvents": [{"ph": "X", "args": [1, 2]}]}', "unexpected event content"),
@@ -454,6 +456,49 @@ def test_event_split_survives_separators_inside_strings(tmp_path):
     assert decoded.columns.n == 300
     names = [decoded.columns.strings[c] for c in decoded.columns.name]
     assert names.count("weird}, {name") == 43
+
+
+def _decode_counting_validations(path, monkeypatch):
+    from dlprof_profiler import kineto_decode
+    calls = []
+    real = kineto_decode._validated_outline
+    monkeypatch.setattr(kineto_decode, "_validated_outline", lambda *a: calls.append(1) or real(*a))
+    return kineto_decode.decode(path, chunk_bytes=1), bool(calls)     # every "}, {" is a cut
+
+
+def test_usual_layout_is_read_in_one_pass(tmp_path, monkeypatch):
+    path = training_trace().write(tmp_path / "t.json")
+    decoded, validated = _decode_counting_validations(path, monkeypatch)
+    want = json.loads(path.read_text())
+    assert not validated and decoded.columns.n == len(want["traceEvents"])
+    assert [decoded.columns.strings[c] for c in decoded.columns.name] == [e.get("name") for e in want["traceEvents"]]
+    assert decoded.meta == {k: v for k, v in want.items() if k != "traceEvents"}
+
+
+EVENT = '{"ph": "X", "cat": "cpu_op", "name": "%s", "pid": 1, "tid": 2, "ts": %d.5, "dur": 1.25}'
+EVENTS = "[" + ", ".join(EVENT % (name, i) for i, name in enumerate(["a", "b}, {c", "d"])) + "]"
+
+
+@pytest.mark.parametrize("text, one_pass", [
+    ('{"traceEvents": %s, "deviceProperties": [{"id": 0}, {"id": 1}]}' % EVENTS, False),  # "}, {" after it
+    ('{"x": {"traceEvents": [{"a": 1}]}, "traceEvents": %s}' % EVENTS, False),          # a nested key first
+    ('{"traceEvents": [%s], "traceEvents": %s}' % (EVENT % ("z", 0), EVENTS), False),  # the last key counts
+    ('{"traceEvents": %s, "traceName": "x}, {y"}' % EVENTS, True),             # a "}, {" in a string after it
+    ('{"traceEvents": %s, "INFO": ["a] b", "c]"], "n": 1}' % EVENTS, True),
+    ('\n {"traceEvents" :\n[ %s ] }\n' % EVENTS[1:-1], True),
+    ('{"traceEvents": []}', True),
+])
+def test_other_layouts_read_like_json_load(tmp_path, monkeypatch, text, one_pass):
+    """Layouts the one-pass reading does not expect go through the validating path; either way the
+    events and the metadata are those json.load sees."""
+    path = tmp_path / "layout.json"
+    path.write_text(text)
+    decoded, validated = _decode_counting_validations(path, monkeypatch)
+    want = json.loads(text)
+    assert validated == (not one_pass)
+    assert [decoded.columns.strings[c] for c in decoded.columns.name] == [e["name"] for e in want["traceEvents"]]
+    assert decoded.columns.ts.tolist() == [ns(str(e["ts"])) for e in want["traceEvents"]]
+    assert decoded.meta == {k: v for k, v in want.items() if k != "traceEvents"}
 
 
 def test_decimal_parser_is_exact():
