@@ -103,6 +103,7 @@ def build_trace(decoded: kd.Decoded) -> Trace:
         raise DLProfError(f"{path}: the trace holds no events (traceEvents is empty)")
     trace = Trace(source=path)
     warnings = trace.warnings
+    _record_functions_as_annotations(ev)
     complete = ev.is_ph("X")
     timed = complete & np.isin(c.group, TIMED_GROUPS)
     usable = timed & c.ts_ok & c.dur_ok & (c.dur >= 0)
@@ -140,6 +141,21 @@ def build_trace(decoded: kd.Decoded) -> Trace:
         warnings.append(f"{path}: no cpu_op or user_annotation events: ops cannot be named, every GPU activity "
                         "is reported under the API call that launched it")
     return trace
+
+
+def _record_functions_as_annotations(ev: _Events) -> None:
+    """Old traces (2021) record `record_function` labels as `Operator` events, like ops: PyTorch's own
+    labels have the form `Label#detail` (`ProfilerStep#5`, `Optimizer.step#SGD.step`,
+    `enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__`), which no op name has (ops are
+    `namespace::name` or autograd nodes). Those become annotations, as newer traces write them."""
+    c = ev.c
+    labels = pd.Series(ev.strings, dtype=object)
+    is_label = np.zeros(len(ev.strings) + 1, dtype=bool)       # the extra last entry: code -1 (no name)
+    is_label[:-1] = (labels.str.contains("#", regex=False, na=False)
+                     & ~labels.str.contains("::", regex=False, na=False)).to_numpy(dtype=bool)
+    relabel = (c.group == kd.OP) & is_label[c.name]
+    if relabel.any():
+        c.group[relabel] = kd.ANNOTATION
 
 
 def _warn_dropped(ev: _Events, timed: np.ndarray, warnings: list) -> None:

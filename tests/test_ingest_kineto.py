@@ -1,6 +1,7 @@
 """Kineto (torch.profiler) traces: every real trace in ../shared/fixtures/kineto is read with exact figures
 (checked against direct sums over the JSON with the standard library and Decimal, independent of the
 adapter), and hand-written traces check the mapping: ops, scopes, backward links, flows, exact times."""
+import csv
 import gzip
 import json
 import re
@@ -55,10 +56,10 @@ def expected_sums(doc: dict) -> dict:
             gpu[key][1] += ns(e["dur"])
         elif cat in API_CATS:
             api[e["name"]] += 1
-        elif cat in OP_CATS:
+        elif cat in OP_CATS and ("#" not in e["name"] or "::" in e["name"]):   # not a record_function label
             ops += 1
-        elif cat == "user_annotation" and re.fullmatch(r"ProfilerStep#\d+", e["name"]):
-            steps += 1
+        if cat in ("user_annotation", "operator") and re.fullmatch(r"ProfilerStep#\d+", e["name"]):
+            steps += 1      # the CPU-side step ranges (2021 traces record them as Operator events)
     return {"gpu": {k: tuple(v) for k, v in gpu.items()}, "api": api, "steps": steps, "ops": ops}
 
 
@@ -96,6 +97,8 @@ def test_fixture_frames_match_direct_sums(fixture_copies, name):
     assert int(texts.str.contains(r", op_id = \d+$").sum()) == want["ops"]
     if want["steps"]:
         assert a.iterations.key_node == "ProfilerStep" and a.iterations.count == want["steps"] + 1
+    else:
+        assert a.iterations.key_node != "ProfilerStep"
     # every GPU activity whose correlation id has a runtime call in the JSON is linked to it
     runtime_ids = {e["args"]["correlation"] for e in doc["traceEvents"] if e.get("ph") == "X"
                    and str(e.get("cat", "")).lower() in API_CATS and "correlation" in (e.get("args") or {})}
@@ -314,7 +317,12 @@ def test_training_trace_details_and_exact_times(tmp_path):
 
 
 def test_2021_dialect_hand_written(tmp_path):
+    """2021 traces record record_function labels (ProfilerStep#N, Optimizer.step#...) as Operator events
+    like ops; they are scopes, and ProfilerStep#N splits the iterations as in newer traces."""
     a = analyze(training_trace(dialect="2021").write(tmp_path / "t.json"))
+    assert a.iterations.key_node == "ProfilerStep" and a.iterations.count == 3
+    texts = a.trace.ranges["text"].tolist()
+    assert "ProfilerStep#1" in texts and "Optimizer.step#SGD.step" in texts
     linear = a.op("/ProfilerStep/aten::linear", "fprop")
     assert linear["calls"] == 2 and linear["gpu_total"] == 16_000
     assert a.op("/ProfilerStep/aten::linear", "bprop")["gpu_total"] == 10_000
@@ -581,6 +589,21 @@ def test_cli_writes_every_report_and_the_database(fixture_copies, tmp_path, name
     want = expected_sums(load_json(path))
     assert {(k, n, d): (c, t) for k, n, d, c, t in rows} == want["gpu"]
     assert profile["source_kind"] == "kineto_json"
+    # the reports: every kernel launch in the iteration report (all iterations are aggregated), the summary's
+    # GPU times and iteration count
+    launches = defaultdict(lambda: [0, 0])
+    lines = (out / "dlprof_iteration.csv").read_text().splitlines()
+    assert lines[0] == "Iteration Report"
+    for row in csv.DictReader(lines[1:]):
+        launches[(0, row["Long Kernel Name"], int(row["Device ID"]))][0] += 1
+        launches[(0, row["Long Kernel Name"], int(row["Device ID"]))][1] += int(row["GPU Duration (ns)"])
+    assert {k: tuple(v) for k, v in launches.items()} == {k: v for k, v in want["gpu"].items() if k[0] == 0}
+    summary = {}
+    for row in csv.reader((out / "dlprof_summary.csv").read_text().splitlines()):
+        summary.setdefault(row[0] if row else "", row[1:])
+    assert int(summary["All kernels"][0]) == sum(t for _, t in want["gpu"].values())
+    assert int(summary["Memory"][0]) == sum(t for k, (_, t) in want["gpu"].items() if k[0] != 0)
+    assert want["steps"] > 0 and int(summary["Total Iterations"][0]) == want["steps"] + 1
     again = tmp_path / "again"
     run_dlprof(f"--database={db}", f"--output_path={again}", "--key_node=Optimizer.step", "-v", "quiet")
     assert (again / "dlprof_summary.csv").exists()
