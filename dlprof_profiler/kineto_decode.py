@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 from dlprof_profiler.errors import DLProfError
 
 GZIP_MAGIC = b"\x1f\x8b"
+GZIP_RATIO_TRUSTED = 64          # Kineto JSON compresses 10-30x
 CHUNK_BYTES = 8 << 20         # JSON text decoded at once
 HEAD_BYTES = 4 << 20            # how much of a file `looks_like_trace` reads
 RAW_SEPARATOR = b"\x1f"         # cannot occur in JSON text outside strings, and never unescaped inside them
@@ -215,9 +216,11 @@ def read_bytes(path: Path):
 
 
 def _gunzip(packed: bytearray) -> bytearray:
-    """Inflate gzip members into one buffer sized from the gzip trailer (no second copy of the text)."""
+    """Inflate gzip members into one buffer sized from the gzip trailer (no second copy of the text). The
+    trailer of a truncated file is whatever bytes it ends with: the size it claims is believed only up to
+    a ratio JSON does not exceed in practice (a larger text grows the buffer as it comes)."""
     guess = int.from_bytes(packed[-4:], "little") if len(packed) >= 18 else 0   # size mod 2**32
-    out = bytearray(max(guess, 1))
+    out = bytearray(max(min(guess, len(packed) * GZIP_RATIO_TRUSTED), 1))
     filled = 0
     view = memoryview(packed)
     while view:

@@ -4,8 +4,11 @@ adapter), and hand-written traces check the mapping: ops, scopes, backward links
 import csv
 import gzip
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 from collections import Counter, defaultdict
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
@@ -444,6 +447,23 @@ def test_truncated_and_damaged_gzip(tmp_path):
         ingest.read_trace(damaged)
 
 
+def test_gzip_beyond_the_trusted_ratio_and_several_members(tmp_path):
+    """A text compressed far more than JSON usually is (the buffer grows as it inflates), and a file of
+    several gzip members (concatenated .gz files), read whole."""
+    from dlprof_profiler import kineto_decode
+    text = training_trace(steps=1).text().encode()
+    spaced = text.replace(b"[", b"[" + b" " * 5_000_000, 1)
+    path = tmp_path / "spaced.json.gz"
+    path.write_bytes(gzip.compress(spaced))
+    assert len(spaced) > 64 * path.stat().st_size
+    assert bytes(kineto_decode.read_bytes(path)) == spaced
+    half = len(text) // 2
+    members = tmp_path / "members.json.gz"
+    members.write_bytes(gzip.compress(text[:half]) + gzip.compress(text[half:]))
+    assert bytes(kineto_decode.read_bytes(members)) == text
+    assert len(read_kineto_trace(members).gpu) == len(read_kineto_trace(path).gpu) == 6
+
+
 def test_detection_is_by_content_not_name(tmp_path):
     k = training_trace(steps=1)
     plain = k.write(tmp_path / "capture.sqlite")            # JSON under a misleading name
@@ -625,3 +645,81 @@ def test_other_devices_map_like_cuda(tmp_path):
     gpu = a.trace.gpu
     assert gpu["name"].astype(str).tolist() == ["mm_kernel"] and gpu["device_id"].tolist() == [1]
     assert a.op("/aten::mm", "fprop")["gpu_total"] == 3500
+
+
+def _run_measured(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess, float]:
+    """The CLI in a child process: its result and its own peak memory (GB, from the kernel's accounting)."""
+    with open(tmp_path / "stdout.txt", "w+") as out, open(tmp_path / "stderr.txt", "w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "dlprof_profiler", *args], stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        result = subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
+    return result, usage.ru_maxrss / 2 ** 20
+
+
+def _bad_inputs(tmp_path: Path) -> dict:
+    good = training_trace(steps=1).text().encode()
+    packed = gzip.compress(good)
+    files = {
+        "truncated gzip": ("t.json.gz", packed[: len(packed) // 2] + b"\xff\xff\xff\xff",
+                           "damaged or truncated gzip data"),
+        "invalid JSON": ("i.json", good.replace(b'"ph": "X"', b'"ph": X', 1), "not valid JSON"),
+        "truncated JSON": ("j.json", good[: len(good) // 2], "not valid JSON"),
+        "not a trace": ("n.json", b'{"schemaVersion": 1, "events": []}', "nor a Kineto trace"),
+        "not an array": ("a.json", b'{"traceEvents": {"ph": "X"}}', "traceEvents is not an array"),
+        "event not an object": ("o.json", b'{"traceEvents": [{"ph": "X"}, 7]}', "unexpected event content"),
+        "no usable time": ("u.json", b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1}]}',
+                           "no event has a usable time"),
+        "no events": ("e.json", b'{"traceEvents": []}', "the trace holds no events"),
+    }
+    return {case: (tmp_path / name, content, message) for case, (name, content, message) in files.items()}
+
+
+@pytest.mark.parametrize("case", ["truncated gzip", "invalid JSON", "truncated JSON", "not a trace", "not an array",
+                                  "event not an object", "no usable time", "no events"])
+def test_cli_bad_input_one_line_no_output(tmp_path, case):
+    """Through the command line: one line on stderr naming the file and the problem, a non-zero exit
+    status, no output folder; a truncated gzip does not allocate the size its damaged trailer claims."""
+    path, content, message = _bad_inputs(tmp_path)[case]
+    path.write_bytes(content)
+    out = tmp_path / "out"
+    proc, peak_gb = _run_measured([f"--database={path}", f"--output_path={out}", "--reports=all"], tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr
+    assert message in lines[0] and str(path) in lines[0]
+    assert not out.exists()
+    assert peak_gb < 1.0
+
+
+def test_cli_bad_events_warn_and_the_rest_is_counted(tmp_path):
+    """Events without ts or dur, with a negative duration or of an unknown category: warnings that count
+    them, exit status 0, and every figure from the other events only."""
+    k = training_trace(steps=1)
+    bad = [
+        '{"ph": "X", "cat": "kernel", "name": "no_dur", "pid": 0, "tid": 7, "ts": 1000000.5}',
+        '{"ph": "X", "cat": "kernel", "name": "no_ts", "pid": 0, "tid": 7, "dur": 3.0}',
+        '{"ph": "X", "cat": "kernel", "name": "text_dur", "pid": 0, "tid": 7, "ts": 1000000.5, "dur": "3"}',
+        '{"ph": "X", "cat": "kernel", "name": "negative", "pid": 0, "tid": 7, "ts": 1000000.5, "dur": -2.5}',
+        '{"ph": "X", "cat": "mystery_device", "name": "m", "pid": 0, "tid": 7, "ts": 1000000.5, "dur": 9.0}',
+        '{"ph": "X", "cat": "mystery_device", "name": "m", "pid": 0, "tid": 7, "ts": 1000001.5, "dur": 9.0}',
+    ]
+    for text in bad:
+        k.raw(text)
+    path = k.write(tmp_path / "bad_events.json")
+    out = tmp_path / "out"
+    proc = run_dlprof_cli(f"--database={path}", f"--output_path={out}", "--reports=summary")
+    assert proc.returncode == 0, proc.stderr
+    assert "3 events without a numeric ts or dur were skipped" in proc.stderr
+    assert "1 events with a negative duration were skipped" in proc.stderr
+    assert "events of unknown categories were ignored: mystery_device (2)" in proc.stderr
+    good = json.loads(training_trace(steps=1).text())["traceEvents"]
+    kernels = sum(ns(str(e["dur"])) for e in good if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    summary = {row[0]: row[1:] for row in csv.reader((out / "dlprof_summary.csv").read_text().splitlines()) if row}
+    assert int(summary["All kernels"][0]) == kernels == 8000 + 2000 + 2000 + 5000 + 2000 + 150
+
+
+def run_dlprof_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dlprof_profiler", *args], capture_output=True, text=True,
+                          timeout=600)
