@@ -1,6 +1,7 @@
 """Kineto ingest benchmark: a generated torch.profiler trace of N events (10^6 by default, ~350 MB of JSON in
-Kineto's own layout), read by plain `json.load` and by dlprof, side by side, each in a fresh process;
-prints seconds (wall and CPU), peak memory (max RSS) and the ratios to json.load.
+Kineto's own layout), read by plain `json.load` and by dlprof, side by side, each in a fresh process, the
+readers taking turns (so the load of a shared machine weighs on each alike); prints seconds (wall and CPU),
+peak memory (max RSS), the ratios to json.load and the machine's load average.
 
     python benchmarks/bench_kineto.py [--events 1000000] [--repeat 3] [--gzip] [--no-end-to-end]
 
@@ -19,6 +20,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -190,18 +192,27 @@ def main() -> None:
         path = gz
     size = path.stat().st_size / 1e6
     me = [sys.executable, str(Path(__file__).resolve()), "--measure"]
-    rows = {}
-    for kind in ("json", "ingest"):
-        rows[kind] = best([in_child(me + [kind, str(path)]) for _ in range(args.repeat)])
+    commands = {"json": me + ["json", str(path)], "ingest": me + ["ingest", str(path)]}
+    out = tempfile.mkdtemp(prefix="dlprof_bench_kineto_")
     if args.end_to_end:
-        with tempfile.TemporaryDirectory() as out:
-            env_cmd = [sys.executable, "-m", "dlprof_profiler", f"--database={path}", f"--output_path={out}",
-                       "-f", "-v", "quiet"]
-            os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
-            rows["end to end"] = best([in_child(env_cmd) for _ in range(max(args.repeat - 1, 1))])
+        commands["end to end"] = [sys.executable, "-m", "dlprof_profiler", f"--database={path}",
+                                  f"--output_path={out}", "-f", "-v", "quiet"]
+        os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    # the readers take turns, so that the load of a shared machine weighs on each alike
+    runs = {kind: [] for kind in commands}
+    load_before = os.getloadavg()
+    try:
+        for _ in range(args.repeat):
+            for kind, command in commands.items():
+                runs[kind].append(in_child(command))
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    load_after = os.getloadavg()
+    rows = {kind: best(r) for kind, r in runs.items()}
     ref = rows["json"]
     print(f"\n{args.events:,} events, {size:.0f} MB {'gzipped ' if args.gzip else ''}JSON "
-          f"(best of {args.repeat}; wall and CPU seconds; peak = max RSS of the process)")
+          f"(best of {args.repeat}, readers taking turns; wall and CPU seconds; peak = max RSS of the process)")
+    print(f"load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after, on {os.cpu_count()} CPUs")
     print(f"{'':<34}{'wall s':>9}{'CPU s':>9}{'peak GB':>9}{'wall ratio':>12}{'CPU ratio':>11}")
     labels = {"json": "json.load (reference)", "ingest": "dlprof ingest (file -> frames)",
               "end to end": "dlprof --database (all stages)"}
