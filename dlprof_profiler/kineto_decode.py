@@ -37,6 +37,7 @@ from dlprof_profiler.errors import DLProfError
 
 GZIP_MAGIC = b"\x1f\x8b"
 GZIP_RATIO_TRUSTED = 64          # Kineto JSON compresses 10-30x
+GUNZIP_PIECE = 16 << 20          # inflated at once: below glibc's largest mmap threshold, so the heap reuses it
 CHUNK_BYTES = 8 << 20         # JSON text decoded at once
 HEAD_BYTES = 4 << 20            # how much of a file `looks_like_trace` reads
 RAW_SEPARATOR = b"\x1f"         # cannot occur in JSON text outside strings, and never unescaped inside them
@@ -227,7 +228,7 @@ def _gunzip(packed: bytearray) -> bytearray:
         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
         pending = view
         while pending:
-            piece = inflater.decompress(pending, 64 << 20)
+            piece = inflater.decompress(pending, GUNZIP_PIECE)
             pending = inflater.unconsumed_tail
             if filled + len(piece) > len(out):
                 out.extend(bytes(filled + len(piece) - len(out)))
