@@ -313,7 +313,7 @@ def _op_details(ev: _Events, rows: np.ndarray, op: np.ndarray, start, end, gtid,
         values = np.full(n, None, dtype=object)
         has = op & (codes >= 0)
         if has.any():
-            used, inverse = np.unique(codes[has], return_inverse=True)
+            inverse, used = pd.factorize(codes[has])           # hashing, not sorting
             parsed = np.empty(used.size, dtype=object)
             parsed[:] = [parse(ev.raws[k]) for k in used.tolist()]   # once per distinct raw value
             values[has] = parsed[inverse]
@@ -377,7 +377,7 @@ def _stack_traces(ev: _Events, rows: np.ndarray, op: np.ndarray, start, end, gti
     stacks = c.args["call_stack"][rows]
     has = op & (stacks >= 0)
     if has.any():
-        used, inverse = np.unique(stacks[has], return_inverse=True)
+        inverse, used = pd.factorize(stacks[has])
         texts = np.empty(used.size, dtype=object)
         texts[:] = [_call_stack_text(ev.strings[k]) for k in used.tolist()]
         out[has] = texts[inverse]
@@ -437,7 +437,7 @@ def _api_calls(ev: _Events, rows_mask, start, end, gtid, pid, correlation) -> pd
 def _categorical(ev: _Events, codes: np.ndarray, names: np.ndarray | None = None) -> pd.Categorical:
     """A Categorical over the distinct strings the codes use (-1 -> '<unknown>')."""
     names = ev.strings if names is None else names
-    used, inverse = np.unique(codes, return_inverse=True)
+    inverse, used = pd.factorize(codes)
     texts = np.array([names[k] if k >= 0 else "<unknown>" for k in used.tolist()], dtype=object)
     distinct, remap = np.unique(texts.astype(str), return_inverse=True)
     return pd.Categorical.from_codes(remap[inverse.reshape(-1)].astype(np.int64),
@@ -490,7 +490,7 @@ def _gpu_activities(ev: _Events, rows_mask, start, end, correlation, api: pd.Dat
         found = pd.Series(corr).map(lookup.set_index("corr")["pid"]).to_numpy()
         ok = ~pd.isna(found)
         pid[ok] = found[ok].astype(np.int64)
-    unmatched = int((~np.isin(corr, api["correlation_id"].to_numpy())).sum()) if n else 0
+    unmatched = int((~pd.Series(corr).isin(api["correlation_id"].to_numpy())).sum()) if n else 0
     if unmatched and len(api):
         warnings.append(f"{ev.path}: {unmatched} GPU activities have no launching API call in the trace; they "
                         "are reported as unassociated")
@@ -565,7 +565,7 @@ def _triples(ev: _Events, codes: np.ndarray) -> list[np.ndarray]:
     out = [np.full(codes.size, -1, dtype=np.int64) for _ in range(3)]
     has = codes >= 0
     if has.any():
-        used, inverse = np.unique(codes[has], return_inverse=True)
+        inverse, used = pd.factorize(codes[has])
         parsed = np.full((used.size, 3), -1, dtype=np.int64)
         for j, k in enumerate(used.tolist()):
             values = re.findall(r"-?\d+", ev.raws[k] or "")[:3]
