@@ -683,7 +683,7 @@ def to_int(values, default: int = -1) -> np.ndarray:
 def _end_to_end(raws: list) -> tuple[bytes, np.ndarray]:
     """The raw values' bytes laid end to end, and their lengths. Joined with a separator JSON text cannot
     hold unescaped, which numpy then finds and removes (cheaper than asking each value its length)."""
-    joined = np.frombuffer(RAW_SEPARATOR.join(raws) + RAW_SEPARATOR, dtype=np.uint8)
+    joined = np.frombuffer(RAW_SEPARATOR.join(raws + [EMPTY]), dtype=np.uint8)     # a separator after each
     is_separator = joined == RAW_SEPARATOR[0]
     ends = np.flatnonzero(is_separator)
     lengths = np.diff(ends, prepend=-1) - 1
