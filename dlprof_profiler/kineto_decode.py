@@ -23,6 +23,7 @@ import os
 import re
 import zlib
 from dataclasses import dataclass, field
+from itertools import compress
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Literal, Optional, Union
@@ -663,6 +664,18 @@ def to_int(values, default: int = -1) -> np.ndarray:
             return np.fromiter(values, dtype=np.int64, count=len(values))   # all plain integers
         except (TypeError, ValueError, OverflowError):
             pass
+        # mostly integers and a few others ("Spans" pids of the profiler's own rows): only those go the slow way
+        plain = np.fromiter(map(type, values), dtype=object, count=len(values)) == int
+        if plain.any() and not plain.all():
+            try:
+                ints = np.fromiter(compress(values, plain), dtype=np.int64, count=int(plain.sum()))
+            except OverflowError:
+                ints = None
+            if ints is not None:
+                out = np.empty(len(values), dtype=np.int64)
+                out[plain] = ints
+                out[~plain] = to_int(list(compress(values, ~plain)), default)
+                return out
     values = np.asarray(values, dtype=object)
     if values.size == 0:
         return np.zeros(0, dtype=np.int64)

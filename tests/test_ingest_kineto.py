@@ -569,6 +569,17 @@ def test_plain_decimals_take_the_arrow_path_and_stay_exact(monkeypatch):
         assert (bool(ok[5]), int(values[5])) == ((True, ns(odd)) if odd[0].isdigit() else (False, 0))
 
 
+def test_integer_columns_from_mixed_json_scalars():
+    """pid/tid/args integers: plain ints (the fast path), ints mixed with the profiler's text ids, numeric
+    text (2021 thread ids), floats (truncated), booleans, nulls, and integers past int64."""
+    from dlprof_profiler.kineto_decode import to_int
+    assert to_int([3, 4, 5]).tolist() == [3, 4, 5]
+    mixed = [25738, "Spans", "12", None, 2.7, True, -4, 2 ** 62 + 1]
+    assert to_int(mixed, default=-9).tolist() == [25738, -9, 12, -9, 2, 1, -4, 2 ** 62 + 1]
+    assert to_int(["25738", "stream 7", "3"]).tolist() == [25738, -1, 3]
+    assert to_int(["a", 1, 2 ** 70, 3]).tolist() == [-1, 1, -1, 3]
+
+
 def test_short_kernel_names():
     assert short_kernel_name("void at::native::vectorized_elementwise_kernel<4, at::native::Relu, "
                              "at::detail::Array<char*, 2> >(int, at::native::Relu, at::detail::Array<char*, 2>)") \
