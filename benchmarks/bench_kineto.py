@@ -1,8 +1,9 @@
 """Kineto ingest benchmark: a generated torch.profiler trace of N events (10^6 by default, ~350 MB of JSON in
-Kineto's own layout), read by plain `json.load` and by dlprof, side by side, each in a fresh process;
-prints seconds (wall and CPU), peak memory (max RSS) and the ratios to json.load.
+Kineto's own layout), read by plain `json.load` and by dlprof, side by side, each in a fresh process, the
+readers taking turns (so the load of a shared machine weighs on each alike); prints seconds (wall and CPU),
+peak memory (max RSS), the ratios to json.load and the machine's load average.
 
-    python benchmarks/bench_kineto.py [--events 1000000] [--repeat 3] [--gzip] [--no-end-to-end]
+    python benchmarks/bench_kineto.py [--events 1000000] [--repeat 3] [--gzip] [--no-end-to-end] [--like TRACE]
 
 Measured: `json.load` of the file (the reference), dlprof's ingest (file -> trace frames, what the engine
 consumes: `read_kineto_trace`), and `dlprof --database=FILE` end to end (ingest, correlation,
@@ -12,13 +13,17 @@ The generated training loop looks like the real traces in ../shared/fixtures/kin
 nested cpu_ops (the outer one with Sequence number, Input Dims/type/strides, Concrete Inputs), a kernel
 launch (cuda_runtime + kernel + ac2g flow arrows) and a runtime call without GPU work; half of the blocks
 are backward nodes on the autograd thread; every 1000 blocks a ProfilerStep#N and an optimizer step.
+`--like TRACE` measures copies of a real trace instead (e.g. ../shared/fixtures/kineto/pytorch_8xa100_rank3.json.gz,
+whose events are a third flow arrows and carry fewer arguments).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -124,6 +129,51 @@ def generate(path: Path, n_events: int) -> Path:
     return path
 
 
+def replicate(source: Path, path: Path, n_events: int) -> Path:
+    """Write a trace of about n_events made of copies of a real one (e.g. a fixture): each copy shifted in
+    time after the previous one, with its own correlation, External id, flow and Sequence numbers and
+    ProfilerStep numbers; metadata events once. Numbers are written as the source's exact decimals."""
+    import gzip
+    from decimal import Decimal
+    raw = source.read_bytes()
+    doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw, parse_float=Decimal)
+    events = doc.pop("traceEvents")
+    times = [e["ts"] for e in events if isinstance(e.get("ts"), (int, Decimal))]
+    span = max(times) - min(times) + 1000
+    copies = max(1, -(-n_events // max(1, sum(1 for e in events if e.get("ph") != "M"))))
+    exact = re.compile(r'"@(-?[0-9.Ee+-]+)@"')
+
+    def dumps(value) -> str:
+        return exact.sub(r"\1", json.dumps(value, default=lambda d: f"@{d}@"))
+
+    tmp = path.with_suffix(".partial")
+    with open(tmp, "w") as out:
+        out.write(dumps(doc)[:-1] + (", " if doc else "") + '"traceEvents": [\n')
+        for k in range(copies):
+            shifted = []
+            for e in events:
+                if e.get("ph") == "M" and k:
+                    continue
+                e = dict(e)
+                if isinstance(e.get("ts"), (int, Decimal)):
+                    e["ts"] += k * span
+                if isinstance(e.get("id"), int):
+                    e["id"] += k * 10 ** 8
+                if isinstance(e.get("args"), dict):
+                    e["args"] = dict(e["args"])
+                    for key, step in (("correlation", 10 ** 8), ("External id", 10 ** 8), ("Sequence number", 10 ** 7)):
+                        if isinstance(e["args"].get(key), int):
+                            e["args"][key] += k * step
+                step = re.fullmatch(r"ProfilerStep#(\d+)", str(e.get("name", "")))
+                if step:
+                    e["name"] = f"ProfilerStep#{int(step.group(1)) + k * 1000}"
+                shifted.append(dumps(e))
+            out.write((",\n" if k else "") + ",\n".join(shifted))
+        out.write("\n]}\n")
+    os.replace(tmp, path)
+    return path
+
+
 # ---------------------------------------------------------------------------- measuring
 
 def measure(kind: str, path: str) -> dict:
@@ -170,6 +220,8 @@ def main() -> None:
     p.add_argument("--events", type=int, default=1_000_000)
     p.add_argument("--repeat", type=int, default=3, help="runs per reader; the fastest counts")
     p.add_argument("--gzip", action="store_true", help="benchmark the gzipped trace instead")
+    p.add_argument("--like", type=Path, metavar="TRACE",
+                   help="instead of the generated trace: copies of this real trace (e.g. a fixture) up to --events")
     p.add_argument("--no-end-to-end", dest="end_to_end", action="store_false")
     p.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()))
     p.add_argument("--measure", nargs=2, metavar=("KIND", "FILE"), help=argparse.SUPPRESS)
@@ -177,10 +229,11 @@ def main() -> None:
     if args.measure:
         print(json.dumps(measure(*args.measure)))
         return
-    path = args.cache / f"dlprof_bench_kineto_{args.events}.pt.trace.json"
+    like = f"_{args.like.name.split('.')[0]}" if args.like else ""
+    path = args.cache / f"dlprof_bench_kineto{like}_{args.events}.pt.trace.json"
     if not path.exists():
         started = time.perf_counter()
-        generate(path, args.events)
+        replicate(args.like, path, args.events) if args.like else generate(path, args.events)
         print(f"generated {path} ({path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - started:.0f} s")
     if args.gzip:
         import gzip
@@ -190,18 +243,27 @@ def main() -> None:
         path = gz
     size = path.stat().st_size / 1e6
     me = [sys.executable, str(Path(__file__).resolve()), "--measure"]
-    rows = {}
-    for kind in ("json", "ingest"):
-        rows[kind] = best([in_child(me + [kind, str(path)]) for _ in range(args.repeat)])
+    commands = {"json": me + ["json", str(path)], "ingest": me + ["ingest", str(path)]}
+    out = tempfile.mkdtemp(prefix="dlprof_bench_kineto_")
     if args.end_to_end:
-        with tempfile.TemporaryDirectory() as out:
-            env_cmd = [sys.executable, "-m", "dlprof_profiler", f"--database={path}", f"--output_path={out}",
-                       "-f", "-v", "quiet"]
-            os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
-            rows["end to end"] = best([in_child(env_cmd) for _ in range(max(args.repeat - 1, 1))])
+        commands["end to end"] = [sys.executable, "-m", "dlprof_profiler", f"--database={path}",
+                                  f"--output_path={out}", "-f", "-v", "quiet"]
+        os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    # the readers take turns, so that the load of a shared machine weighs on each alike
+    runs = {kind: [] for kind in commands}
+    load_before = os.getloadavg()
+    try:
+        for _ in range(args.repeat):
+            for kind, command in commands.items():
+                runs[kind].append(in_child(command))
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    load_after = os.getloadavg()
+    rows = {kind: best(r) for kind, r in runs.items()}
     ref = rows["json"]
     print(f"\n{args.events:,} events, {size:.0f} MB {'gzipped ' if args.gzip else ''}JSON "
-          f"(best of {args.repeat}; wall and CPU seconds; peak = max RSS of the process)")
+          f"(best of {args.repeat}, readers taking turns; wall and CPU seconds; peak = max RSS of the process)")
+    print(f"load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after, on {os.cpu_count()} CPUs")
     print(f"{'':<34}{'wall s':>9}{'CPU s':>9}{'peak GB':>9}{'wall ratio':>12}{'CPU ratio':>11}")
     labels = {"json": "json.load (reference)", "ingest": "dlprof ingest (file -> frames)",
               "end to end": "dlprof --database (all stages)"}

@@ -103,6 +103,7 @@ def build_trace(decoded: kd.Decoded) -> Trace:
         raise DLProfError(f"{path}: the trace holds no events (traceEvents is empty)")
     trace = Trace(source=path)
     warnings = trace.warnings
+    _record_functions_as_annotations(ev)
     complete = ev.is_ph("X")
     timed = complete & np.isin(c.group, TIMED_GROUPS)
     usable = timed & c.ts_ok & c.dur_ok & (c.dur >= 0)
@@ -118,7 +119,7 @@ def build_trace(decoded: kd.Decoded) -> Trace:
     gtid, pid_col = _thread_ids(c.pid, c.tid, cpu & np.isin(c.group, CPU_GROUPS), warnings, path)
     correlation = _correlations(ev, usable, start)
 
-    trace.ranges = _ranges(ev, cpu, start, end, gtid, pid_col)
+    trace.ranges, has_steps = _ranges(ev, cpu, start, end, gtid, pid_col)
     trace.api_calls = _api_calls(ev, cpu & (c.group == kd.API), start, end, gtid, pid_col, correlation)
     main_pid = _main_pid(trace)
     trace.gpu = _gpu_activities(ev, usable & np.isin(c.group, kd.GPU_GROUPS), start, end, correlation,
@@ -129,7 +130,7 @@ def build_trace(decoded: kd.Decoded) -> Trace:
     trace.processes, trace.threads = _processes_threads(ev, trace, cpu_events, gtid, pid_col)
     trace.has_cuda_tables = len(trace.api_calls) > 0 or len(trace.gpu) > 0
     trace.has_nvtx = len(trace.ranges) > 0
-    trace.meta, trace.system = _meta(ev, origin, trace)
+    trace.meta, trace.system = _meta(ev, origin, trace, has_steps)
     peak = _peak_device_memory(ev)
     if peak is not None:
         trace.meta["gpu_peak_memory"] = peak
@@ -140,6 +141,21 @@ def build_trace(decoded: kd.Decoded) -> Trace:
         warnings.append(f"{path}: no cpu_op or user_annotation events: ops cannot be named, every GPU activity "
                         "is reported under the API call that launched it")
     return trace
+
+
+def _record_functions_as_annotations(ev: _Events) -> None:
+    """Old traces (2021) record `record_function` labels as `Operator` events, like ops: PyTorch's own
+    labels have the form `Label#detail` (`ProfilerStep#5`, `Optimizer.step#SGD.step`,
+    `enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__`), which no op name has (ops are
+    `namespace::name` or autograd nodes). Those become annotations, as newer traces write them."""
+    c = ev.c
+    labels = pd.Series(ev.strings, dtype=object)
+    is_label = np.zeros(len(ev.strings) + 1, dtype=bool)       # the extra last entry: code -1 (no name)
+    is_label[:-1] = (labels.str.contains("#", regex=False, na=False)
+                     & ~labels.str.contains("::", regex=False, na=False)).to_numpy(dtype=bool)
+    relabel = (c.group == kd.OP) & is_label[c.name]
+    if relabel.any():
+        c.group[relabel] = kd.ANNOTATION
 
 
 def _warn_dropped(ev: _Events, timed: np.ndarray, warnings: list) -> None:
@@ -252,7 +268,10 @@ def _ranges(ev: _Events, cpu: np.ndarray, start, end, gtid, pid) -> pd.DataFrame
     order = np.lexsort((rows, tie, -end[rows], start[rows]))
     rows = rows[order]
     n = rows.size
-    text = _range_texts(ev, rows, op[rows], module[rows])
+    text, labels = _range_texts(ev, rows, op[rows], module[rows])
+    step_label = np.array([bool(PROFILER_STEP.match(s)) for s in labels], dtype=bool)   # per distinct label
+    scope_codes = c.name[rows[~op[rows]]]
+    has_steps = bool(step_label[np.where(scope_codes >= 0, scope_codes, len(labels) - 1)].any())
     frame = pd.DataFrame({
         "range_id": np.arange(1, n + 1, dtype=np.int64), "domain": pd.Series(np.full(n, DEFAULT_DOMAIN, object),
                                                                           dtype=object),
@@ -262,16 +281,18 @@ def _ranges(ev: _Events, cpu: np.ndarray, start, end, gtid, pid) -> pd.DataFrame
     details = _op_details(ev, rows, op[rows], start, end, gtid, cpu)
     for name, values in details.items():
         frame[name] = pd.Series(values, dtype=object, copy=False)
-    return frame
+    return frame, has_steps
 
 
-def _range_texts(ev: _Events, rows: np.ndarray, op: np.ndarray, module: np.ndarray) -> pa.Array:
-    """emit_nvtx-style texts for ops (`name, seq = S, op_id = E`), labels for scopes (in Arrow)."""
+def _range_texts(ev: _Events, rows: np.ndarray, op: np.ndarray, module: np.ndarray) -> tuple[pa.Array, list]:
+    """emit_nvtx-style texts for ops (`name, seq = S, op_id = E`), labels for scopes (in Arrow); and the
+    labels by name code (the last one for events without a name)."""
     c = ev.c
     names = ev.strings.copy()
     module_codes = np.unique(c.name[rows[module]])
     names[module_codes] = [s[len(MODULE_PREFIX):] for s in ev.strings[module_codes]]
-    dictionary = pa.array(names.tolist() + [""], type=pa.string())
+    labels = names.tolist() + [""]
+    dictionary = pa.array(labels, type=pa.string())
     name_codes = c.name[rows]
     label = dictionary.take(pa.array(np.where(name_codes >= 0, name_codes, len(names))))
     seq = c.args["seq"][rows]
@@ -279,7 +300,7 @@ def _range_texts(ev: _Events, rows: np.ndarray, op: np.ndarray, module: np.ndarr
     seq_part = pc.binary_join_element_wise(", seq = ", pa.array(seq, mask=~(op & (seq >= 0))).cast(pa.string()), "")
     op_id = np.where(ext >= 0, ext, rows)
     id_part = pc.binary_join_element_wise(", op_id = ", pa.array(op_id, mask=~op).cast(pa.string()), "")
-    return pc.binary_join_element_wise(label, seq_part, id_part, "", null_handling="skip")
+    return pc.binary_join_element_wise(label, seq_part, id_part, "", null_handling="skip"), labels
 
 
 def _op_details(ev: _Events, rows: np.ndarray, op: np.ndarray, start, end, gtid, cpu) -> dict:
@@ -292,7 +313,7 @@ def _op_details(ev: _Events, rows: np.ndarray, op: np.ndarray, start, end, gtid,
         values = np.full(n, None, dtype=object)
         has = op & (codes >= 0)
         if has.any():
-            used, inverse = np.unique(codes[has], return_inverse=True)
+            inverse, used = pd.factorize(codes[has])           # hashing, not sorting
             parsed = np.empty(used.size, dtype=object)
             parsed[:] = [parse(ev.raws[k]) for k in used.tolist()]   # once per distinct raw value
             values[has] = parsed[inverse]
@@ -356,7 +377,7 @@ def _stack_traces(ev: _Events, rows: np.ndarray, op: np.ndarray, start, end, gti
     stacks = c.args["call_stack"][rows]
     has = op & (stacks >= 0)
     if has.any():
-        used, inverse = np.unique(stacks[has], return_inverse=True)
+        inverse, used = pd.factorize(stacks[has])
         texts = np.empty(used.size, dtype=object)
         texts[:] = [_call_stack_text(ev.strings[k]) for k in used.tolist()]
         out[has] = texts[inverse]
@@ -416,7 +437,7 @@ def _api_calls(ev: _Events, rows_mask, start, end, gtid, pid, correlation) -> pd
 def _categorical(ev: _Events, codes: np.ndarray, names: np.ndarray | None = None) -> pd.Categorical:
     """A Categorical over the distinct strings the codes use (-1 -> '<unknown>')."""
     names = ev.strings if names is None else names
-    used, inverse = np.unique(codes, return_inverse=True)
+    inverse, used = pd.factorize(codes)
     texts = np.array([names[k] if k >= 0 else "<unknown>" for k in used.tolist()], dtype=object)
     distinct, remap = np.unique(texts.astype(str), return_inverse=True)
     return pd.Categorical.from_codes(remap[inverse.reshape(-1)].astype(np.int64),
@@ -469,7 +490,7 @@ def _gpu_activities(ev: _Events, rows_mask, start, end, correlation, api: pd.Dat
         found = pd.Series(corr).map(lookup.set_index("corr")["pid"]).to_numpy()
         ok = ~pd.isna(found)
         pid[ok] = found[ok].astype(np.int64)
-    unmatched = int((~np.isin(corr, api["correlation_id"].to_numpy())).sum()) if n else 0
+    unmatched = int((~pd.Series(corr).isin(api["correlation_id"].to_numpy())).sum()) if n else 0
     if unmatched and len(api):
         warnings.append(f"{ev.path}: {unmatched} GPU activities have no launching API call in the trace; they "
                         "are reported as unassociated")
@@ -544,7 +565,7 @@ def _triples(ev: _Events, codes: np.ndarray) -> list[np.ndarray]:
     out = [np.full(codes.size, -1, dtype=np.int64) for _ in range(3)]
     has = codes >= 0
     if has.any():
-        used, inverse = np.unique(codes[has], return_inverse=True)
+        inverse, used = pd.factorize(codes[has])
         parsed = np.full((used.size, 3), -1, dtype=np.int64)
         for j, k in enumerate(used.tolist()):
             values = re.findall(r"-?\d+", ev.raws[k] or "")[:3]
@@ -600,8 +621,8 @@ def _processes_threads(ev: _Events, trace: Trace, cpu: np.ndarray, gtid: np.ndar
     names = ev.text(c.name[meta])
     values = ev.text(c.args["name"][meta])
     rows = np.flatnonzero(cpu)
-    threads = pd.DataFrame({"global_tid": gtid[rows], "pid": pid[rows], "tid": c.tid[rows],
-                            "kpid": c.pid[rows]}).drop_duplicates("global_tid")
+    rows = rows[~pd.Series(gtid[rows]).duplicated().to_numpy()]       # the first event of each thread
+    threads = pd.DataFrame({"global_tid": gtid[rows], "pid": pid[rows], "tid": c.tid[rows], "kpid": c.pid[rows]})
     is_thread = (names == "thread_name") & c.tid_numeric[meta]
     thread_names = pd.DataFrame({"kpid": c.pid[meta][is_thread], "tid": c.tid[meta][is_thread],
                                  "name": [_thread_label(v) for v in values[is_thread]]})
@@ -626,7 +647,7 @@ def _thread_label(text):
     return match.group(1) if match else text
 
 
-def _meta(ev: _Events, origin: int, trace: Trace) -> tuple[dict, dict]:
+def _meta(ev: _Events, origin: int, trace: Trace, has_steps: bool) -> tuple[dict, dict]:
     m = ev.meta
     base = m.get("baseTimeNanoseconds") if isinstance(m.get("baseTimeNanoseconds"), int) else 0
     meta = {"source_format": "kineto", "nsys_version": "none (torch.profiler trace)",
@@ -641,7 +662,7 @@ def _meta(ev: _Events, origin: int, trace: Trace) -> tuple[dict, dict]:
     for key in ("trace_id", "traceName"):
         if isinstance(m.get(key), str):
             meta[key] = m[key]
-    if len(trace.ranges) and trace.ranges["text"].str.match(PROFILER_STEP.pattern).any():
+    if has_steps:
         meta["key_node_default"] = "ProfilerStep"
     system = {}
     if isinstance(m.get("host_name"), str):

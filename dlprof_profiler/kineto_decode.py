@@ -17,11 +17,13 @@ struct fields are read with C-level `map(attrgetter(...))`.
 """
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import re
 import zlib
 from dataclasses import dataclass, field
+from itertools import compress
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Literal, Optional, Union
@@ -35,6 +37,8 @@ import pyarrow.compute as pc
 from dlprof_profiler.errors import DLProfError
 
 GZIP_MAGIC = b"\x1f\x8b"
+GZIP_RATIO_TRUSTED = 64          # Kineto JSON compresses 10-30x
+GUNZIP_PIECE = 16 << 20          # inflated at once: below glibc's largest mmap threshold, so the heap reuses it
 CHUNK_BYTES = 8 << 20         # JSON text decoded at once
 HEAD_BYTES = 4 << 20            # how much of a file `looks_like_trace` reads
 RAW_SEPARATOR = b"\x1f"         # cannot occur in JSON text outside strings, and never unescaped inside them
@@ -74,7 +78,7 @@ class EventArgs(msgspec.Struct, gc=False):
 class Event(msgspec.Struct, gc=False):
     ph: Scalar = None
     cat: Scalar = None
-    name: Scalar = None
+    name: msgspec.Raw = EMPTY       # decoded once per distinct name (a str per event costs more)
     pid: Scalar = None
     tid: Scalar = None
     ts: msgspec.Raw = EMPTY
@@ -214,16 +218,18 @@ def read_bytes(path: Path):
 
 
 def _gunzip(packed: bytearray) -> bytearray:
-    """Inflate gzip members into one buffer sized from the gzip trailer (no second copy of the text)."""
+    """Inflate gzip members into one buffer sized from the gzip trailer (no second copy of the text). The
+    trailer of a truncated file is whatever bytes it ends with: the size it claims is believed only up to
+    a ratio JSON does not exceed in practice (a larger text grows the buffer as it comes)."""
     guess = int.from_bytes(packed[-4:], "little") if len(packed) >= 18 else 0   # size mod 2**32
-    out = bytearray(max(guess, 1))
+    out = bytearray(max(min(guess, len(packed) * GZIP_RATIO_TRUSTED), 1))
     filled = 0
     view = memoryview(packed)
     while view:
         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
         pending = view
         while pending:
-            piece = inflater.decompress(pending, 64 << 20)
+            piece = inflater.decompress(pending, GUNZIP_PIECE)
             pending = inflater.unconsumed_tail
             if filled + len(piece) > len(out):
                 out.extend(bytes(filled + len(piece) - len(out)))
@@ -261,15 +267,51 @@ _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _EVENTS = msgspec.json.Decoder(list[Event])
 _FAST_EVENTS = msgspec.json.Decoder(list[FastEvent])
 _BETWEEN_EVENTS = re.compile(rb"\}\s*,\s*\{")
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_ONE_VALUE = json.JSONDecoder()
+TAIL_BYTES = 1 << 20          # where the last event is looked for (and its largest size)
+TAIL_CANDIDATES = 16
+FAST_PATH_RETRIES = 64
 _NOT_SPACE = re.compile(rb"\S")
 
 
 def decode(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Decoded:
-    """Decode a Kineto trace file; raises DLProfError with a one-line reason naming the file."""
+    """Decode a Kineto trace file; raises DLProfError with a one-line reason naming the file.
+
+    The usual layout is read in one pass over the events: the traceEvents array is found by its key and
+    its last event, the rest of the document is checked with the array left empty, and each chunk of
+    events is checked as it decodes, which together validate the whole document. Anything unusual (or
+    wrong) sends the file through the validating path: one pass that checks the whole document first,
+    then the events, so every error is the one that path reports."""
     path = Path(path)
     data = read_bytes(path)
-    if not _NOT_SPACE.search(data):
-        raise DLProfError(f"{path}: empty file, not a Kineto trace")
+    try:
+        if not _NOT_SPACE.search(data):
+            raise DLProfError(f"{path}: empty file, not a Kineto trace")
+        columns = None
+        outline = _outline(data)
+        if outline is not None:
+            first, end, meta = outline
+            try:
+                columns = _columns(data, first, end, chunk_bytes, path, retries=FAST_PATH_RETRIES)
+            except DLProfError:
+                columns = None
+        if columns is None:
+            first, end, meta = _validated_outline(data, path)
+            columns = _columns(data, first, end, chunk_bytes, path)
+    finally:
+        if isinstance(data, mmap.mmap):
+            try:
+                data.close()
+            except BufferError:      # a view is still alive somewhere: the mapping goes with it
+                pass
+        del data
+    return Decoded(path=path, meta=meta, columns=columns)
+
+
+def _validated_outline(data, path: Path) -> tuple[int, int, dict]:
+    """(first, end, meta): where the traceEvents array opens and closes, and the other top-level values,
+    after checking the whole document (a full pass of the JSON parser over it)."""
     try:
         top = _TOP.decode(data)   # validates the whole document; values stay undecoded
     except msgspec.ValidationError:
@@ -284,42 +326,99 @@ def decode(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Decoded:
     if bytes(events_raw[:1]) != b"[":
         raise DLProfError(f"{path}: not a Kineto trace (traceEvents is not an array)")
     first = _offset_in(events_raw, data)
-    end = first + len(events_raw) - 1        # the array's closing bracket
-    del events_raw
-    builder = _ColumnBuilder()
-    for events in _chunks(data, first, end, chunk_bytes, path, builder):
-        builder.add(events)
-        del events
-    if isinstance(data, mmap.mmap):
+    if first is None:
+        raise AssertionError("msgspec returned a copy of the traceEvents text")   # pragma: no cover
+    return first, first + len(events_raw) - 1, meta
+
+
+def _outline(data) -> tuple[int, int, dict] | None:
+    """(first, end, meta) as `_validated_outline` gives them, without a pass over the events: the array
+    is where the first `"traceEvents": [` is, it closes after the event that follows the last `}, {` of
+    the file's tail, and the document without the events must be an object whose top-level traceEvents
+    is that (now empty) array. None when any of this does not hold."""
+    key = _EVENTS_KEY.search(data)
+    if key is None:
+        return None
+    first = key.end() - 1
+    end = _array_end(data, first)
+    if end is None:
+        return None
+    outer = bytes(data[:first + 1]) + bytes(data[end:])
+    try:
+        top = _TOP.decode(outer)
+    except msgspec.MsgspecError:
+        return None
+    events_raw = top.pop("traceEvents", None)
+    if events_raw is None or bytes(events_raw) != b"[]" or _offset_in(memoryview(events_raw), outer) != first:
+        return None      # not the top-level key (or not its only occurrence)
+    return first, end, {key: msgspec.json.decode(value) for key, value in top.items()}
+
+
+def _array_end(data, first: int) -> int | None:
+    """The closing bracket of the events array opening at `first`: the last event starts at the last
+    `}, {` of the file's tail (else it is the first event); Python's JSON decoder finds where that event
+    ends, and only spaces may stand between it and the bracket."""
+    opening = _NOT_SPACE.search(data, first + 1)
+    if opening is None:
+        return None
+    if data[opening.start()] == 0x5D:                       # "]": no events
+        return opening.start()
+    tail = max(first + 1, len(data) - TAIL_BYTES)
+    starts = [m.end() - 1 for m in _BETWEEN_EVENTS.finditer(data, tail)]
+    if tail == first + 1:
+        starts.insert(0, opening.start())
+    for start in reversed(starts[-TAIL_CANDIDATES:]):     # a match inside a string after the array: go back
+        text = bytes(data[start:start + TAIL_BYTES]).decode("utf-8", "surrogateescape")
         try:
-            data.close()
-        except BufferError:      # a view is still alive somewhere: the mapping goes with it
-            pass
-    del data
-    return Decoded(path=path, meta=meta, columns=builder.finish())
+            _, stop = _ONE_VALUE.raw_decode(text)
+        except ValueError:
+            continue
+        after = _NOT_SPACE.search(data, start + len(text[:stop].encode("utf-8", "surrogateescape")))
+        return after.start() if after is not None and data[after.start()] == 0x5D else None
+    return None
 
 
-def _offset_in(part: memoryview, whole) -> int:
-    """Where a msgspec Raw value lies in the buffer it was decoded from."""
+def _offset_in(part: memoryview, whole) -> int | None:
+    """Where a msgspec Raw value (a JSON array) lies in the buffer it was decoded from; None when it is
+    not a view of that buffer."""
     address = np.frombuffer(part, dtype=np.uint8).ctypes.data if len(part) else 0
     base = np.frombuffer(whole, dtype=np.uint8).ctypes.data
     offset = address - base
     if not 0 <= offset <= len(whole) - len(part) or whole[offset:offset + 1] != b"[":
-        raise AssertionError("msgspec returned a copy of the traceEvents text")   # pragma: no cover
+        return None
     return offset
 
 
-def _chunks(data, first: int, end: int, chunk_bytes: int, path: Path, builder):
+def _columns(data, first: int, end: int, chunk_bytes: int, path: Path, retries: int | None = None) -> Columns:
+    """The columns of the events in data[first:end + 1]."""
+    builder = _ColumnBuilder(path)
+    chunks = _chunks(data, first, end, chunk_bytes, path, builder, retries)
+    try:
+        for events in chunks:
+            builder.add(events)
+            del events
+    finally:
+        chunks.close()
+    return builder.finish()
+
+
+def _chunks(data, first: int, end: int, chunk_bytes: int, path: Path, builder, retries: int | None = None):
     """The events of data[first:end + 1] (the traceEvents array) as lists of structs, about chunk_bytes of
     JSON at a time. A chunk is decoded in place: the separators around it (the array's own bracket or
-    the `,` and spaces between two events) are overwritten with `[` and `]` while it decodes."""
+    the `,` and spaces between two events) are overwritten with `[` and `]` while it decodes. `retries`
+    bounds the cuts tried per chunk (when the document was not validated first, a chunk that does not
+    decode may be damaged rather than cut inside a string)."""
     view = memoryview(data)
     start = first + 1
     while start < end:
         # Cut after about chunk_bytes at a "}, {" between two events; a match inside a JSON string is
         # caught because the text before it then ends inside the string and does not decode.
         cut = start + chunk_bytes
+        tried = 0
         while True:
+            tried += 1
+            if retries is not None and tried > retries:
+                raise DLProfError(f"{path}: traceEvents could not be cut into chunks")
             match = _BETWEEN_EVENTS.search(data, cut, end) if cut < end else None
             stop = match.start() + 1 if match else end
             opening, closing = data[start - 1], data[stop]
@@ -402,30 +501,53 @@ class _TextTable:
         local = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)
         return mapping[local]
 
+    def raw_codes(self, raws: list, decode) -> np.ndarray:
+        """Global codes (int32) for raw JSON values (msgspec Raw; empty when absent -> -1): the bytes are
+        hashed in Arrow, and `decode` turns each distinct one of the chunk into the value kept (None -> -1)."""
+        encoded = _arrow_texts(*_end_to_end(raws), pa.large_binary()).dictionary_encode()
+        uniques = encoded.dictionary.to_pylist()
+        mapping = np.empty(len(uniques) + 1, dtype=np.int32)
+        mapping[-1] = -1
+        for i, raw in enumerate(uniques):
+            value = decode(raw)
+            if value is None:
+                mapping[i] = -1
+                continue
+            code = self.index.get(value)
+            if code is None:
+                code = len(self.values)
+                self.index[value] = code
+                self.values.append(value)
+            mapping[i] = code
+        local = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+        return mapping[local]
+
 
 class _ColumnBuilder:
-    def __init__(self):
+    def __init__(self, path: Path):
+        self.path = path
         self.strings = _TextTable()
         self.raws = _TextTable()
         self.parts: list[dict] = []
+        # columns most events lack (args, flow ids): (rows, values) pieces, scattered once at the end
+        self.sparse: dict = {name: [] for name in ["flow_id"] + list(INT_ARGS) + list(TEXT_ARGS) + list(RAW_ARGS)}
         self.count = 0
-        self.group_of_code: dict = {}
 
     def add(self, events: list) -> None:
         n = len(events)
         part = {}
         for name in ("ph", "cat"):
             part[name] = self.strings.few_codes(list(map(attrgetter(name), events)))
-        part["name"] = self.strings.codes(list(map(attrgetter("name"), events)))
+        part["name"] = self.strings.raw_codes(list(map(attrgetter("name"), events)), self._name)
         part["group"] = group = self._groups(part["ph"], part["cat"], part["name"])
         for name in ("pid", "tid"):
             part[name], part[name + "_numeric"] = self._ids(list(map(attrgetter(name), events)))
         part["ts"], part["ts_ok"] = decimal_ns(list(map(attrgetter("ts"), events)))
         part["dur"], part["dur_ok"] = decimal_ns(list(map(attrgetter("dur"), events)))
-        part["flow_id"] = np.full(n, -1, dtype=np.int64)
         flows = np.flatnonzero(group == FLOW)
         if flows.size:
-            part["flow_id"][flows] = to_int(list(map(attrgetter("id"), _take(events, flows))))
+            self.sparse["flow_id"].append((flows + self.count, to_int(list(map(attrgetter("id"),
+                                                                               _take(events, flows))))))
         args = list(map(attrgetter("args"), events))
         members = {g: np.flatnonzero(group == g) for g in np.unique(group).tolist()}
         subsets = {}
@@ -436,18 +558,26 @@ class _ColumnBuilder:
                     rows = np.sort(np.concatenate([members.get(g, np.zeros(0, np.int64)) for g in groups]))
                     subsets[key] = (rows, _present(_take(args, rows)))
                 rows, sub = subsets[key]
-                column = np.full(n, -1, dtype=np.int64 if kind == "int" else np.int32)
-                if rows.size:
-                    values = list(map(attrgetter(name), sub))
-                    if kind == "int":
-                        column[rows] = to_int(values)
-                    elif kind == "text":
-                        column[rows] = self.strings.codes(values)
-                    else:
-                        column[rows] = self.raws.codes(raw_texts(values))
-                part["args." + name] = column
+                if rows.size == 0:
+                    continue
+                values = list(map(attrgetter(name), sub))
+                if kind == "int":
+                    codes = to_int(values)
+                elif kind == "text":
+                    codes = self.strings.codes(values)
+                else:
+                    codes = self.raws.raw_codes(values, _utf8)
+                self.sparse[name].append((rows + self.count, codes))   # only the rows of the groups that have it
         self.parts.append(part)
         self.count += n
+
+    def _name(self, raw: bytes):
+        """An event's name from its JSON text: a text, a number or boolean as text, None for null."""
+        value = msgspec.json.decode(raw)
+        if isinstance(value, (list, dict)):
+            raise DLProfError(f"{self.path}: unexpected event content (an event name is "
+                              f"{'an array' if isinstance(value, list) else 'an object'}, not a text)")
+        return value if value is None or isinstance(value, str) else str(value)
 
     def _groups(self, ph: np.ndarray, cat: np.ndarray, name: np.ndarray) -> np.ndarray:
         """Group per event from its phase and category (decided once per distinct pair)."""
@@ -479,14 +609,21 @@ class _ColumnBuilder:
         def cat(name, dtype):
             arrays = [p[name] for p in self.parts]
             return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype=dtype)
-        args = {name: cat("args." + name, np.int64) for name in INT_ARGS}
-        args.update({name: cat("args." + name, np.int32) for name in list(TEXT_ARGS) + list(RAW_ARGS)})
+        def scatter(name, dtype):
+            if not self.sparse[name]:     # absent from the whole trace: one read-only -1 broadcast, no memory
+                return np.broadcast_to(np.array(-1, dtype=dtype), (self.count,))
+            column = np.full(self.count, -1, dtype=dtype)
+            for rows, values in self.sparse[name]:
+                column[rows] = values
+            return column
+        args = {name: scatter(name, np.int64) for name in INT_ARGS}
+        args.update({name: scatter(name, np.int32) for name in list(TEXT_ARGS) + list(RAW_ARGS)})
         ts = cat("ts", np.int64)
         return Columns(n=ts.size, ph=cat("ph", np.int32), cat=cat("cat", np.int32), name=cat("name", np.int32),
                        group=cat("group", np.int8), pid=cat("pid", np.int64), tid=cat("tid", np.int64),
                        pid_numeric=cat("pid_numeric", bool), tid_numeric=cat("tid_numeric", bool), ts=ts,
                        ts_ok=cat("ts_ok", bool), dur=cat("dur", np.int64), dur_ok=cat("dur_ok", bool),
-                       flow_id=cat("flow_id", np.int64), args=args, strings=self.strings.values,
+                       flow_id=scatter("flow_id", np.int64), args=args, strings=self.strings.values,
                        raws=self.raws.values)
 
 
@@ -527,6 +664,18 @@ def to_int(values, default: int = -1) -> np.ndarray:
             return np.fromiter(values, dtype=np.int64, count=len(values))   # all plain integers
         except (TypeError, ValueError, OverflowError):
             pass
+        # mostly integers and a few others ("Spans" pids of the profiler's own rows): only those go the slow way
+        plain = np.fromiter(map(type, values), dtype=object, count=len(values)) == int
+        if plain.any() and not plain.all():
+            try:
+                ints = np.fromiter(compress(values, plain), dtype=np.int64, count=int(plain.sum()))
+            except OverflowError:
+                ints = None
+            if ints is not None:
+                out = np.empty(len(values), dtype=np.int64)
+                out[plain] = ints
+                out[~plain] = to_int(list(compress(values, ~plain)), default)
+                return out
     values = np.asarray(values, dtype=object)
     if values.size == 0:
         return np.zeros(0, dtype=np.int64)
@@ -544,16 +693,28 @@ def to_int(values, default: int = -1) -> np.ndarray:
     return out
 
 
-def raw_texts(raws: list) -> np.ndarray:
-    """Raw JSON values as an object array of `str` (None where absent): one join and one split in C."""
-    n = len(raws)
-    if n == 0:
-        return np.zeros(0, dtype=object)
-    joined = pa.array([RAW_SEPARATOR.join(raws).decode("utf-8", "replace")], type=pa.large_string())
-    parts = pc.split_pattern(joined, RAW_SEPARATOR.decode()).flatten()
-    out = parts.to_numpy(zero_copy_only=False).astype(object)
-    out[out == ""] = None
-    return out
+def _end_to_end(raws: list) -> tuple[bytes, np.ndarray]:
+    """The raw values' bytes laid end to end, and their lengths. Joined with a separator JSON text cannot
+    hold unescaped, which numpy then finds and removes (cheaper than asking each value its length)."""
+    joined = np.frombuffer(RAW_SEPARATOR.join(raws + [EMPTY]), dtype=np.uint8)     # a separator after each
+    is_separator = joined == RAW_SEPARATOR[0]
+    ends = np.flatnonzero(is_separator)
+    lengths = np.diff(ends, prepend=-1) - 1
+    return joined[~is_separator].tobytes(), lengths
+
+
+def _arrow_texts(text: bytes, lengths: np.ndarray, kind: pa.DataType) -> pa.Array:
+    """The values laid end to end in `text` (of these lengths) as an Arrow string or binary array over
+    the same bytes (no copy); empty values are nulls."""
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    valid = np.packbits(lengths > 0, bitorder="little")
+    return pa.Array.from_buffers(kind, lengths.size, [pa.py_buffer(valid), pa.py_buffer(offsets),
+                                                      pa.py_buffer(text)])
+
+
+def _utf8(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
 
 
 # ---------------------------------------------------------------------------- exact decimal parsing
@@ -572,6 +733,40 @@ _CLASS[RAW_SEPARATOR[0]] = 6
 def decimal_ns(raws: list, scale: int = 3) -> tuple[np.ndarray, np.ndarray]:
     """Decimal JSON numbers (raw texts, e.g. microseconds) times 10**scale as exact int64 values, with a
     validity mask (False for missing values, non-numbers and values beyond int64).
+
+    Kineto writes plain decimals with at most three fractional digits (`1712195495519695.800`, `4.928`,
+    integers in old traces): Arrow's exact string -> decimal cast reads those in C. Anything else (an
+    exponent, more digits than the scale keeps, which needs rounding, a value that is not a number) goes
+    to the character-level parser, which handles every JSON number."""
+    n = len(raws)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
+    text, lengths = _end_to_end(raws)
+    if text.find(b"e") < 0 and text.find(b"E") < 0:     # no exponent (nor `true`/`false`)
+        fast = _plain_decimals(text, lengths, scale)
+        if fast is not None:
+            return fast
+    return _decimal_ns_by_characters(raws, scale)
+
+
+def _plain_decimals(text: bytes, lengths: np.ndarray, scale: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """decimal_ns for values without exponent through Arrow's decimal128 cast (the unscaled 128-bit
+    integer is the result); None when a value does not cast exactly (too many digits, not a number)."""
+    n = lengths.size
+    present = lengths > 0
+    strings = _arrow_texts(text, lengths, pa.large_string())
+    try:
+        decimals = strings.cast(pa.decimal128(38, scale))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    words = np.frombuffer(decimals.buffers()[1], dtype=np.int64, count=2 * (decimals.offset + n))[2 * decimals.offset:]
+    low, high = words[0::2], words[1::2]          # little-endian two's complement halves
+    ok = present & (high == (low >> 63)) & (low != np.iinfo(np.int64).min)
+    return np.where(ok, low, 0), ok
+
+
+def _decimal_ns_by_characters(raws: list, scale: int) -> tuple[np.ndarray, np.ndarray]:
+    """decimal_ns for any JSON value.
 
     Vectorised over the characters of all values at once: each digit contributes digit * 10**place,
     its place counted from the decimal point and shifted by the exponent and the scale; the first digit

@@ -71,7 +71,9 @@ class KinetoTrace:
         return ext
 
     def annotation(self, tid: int, ts: int, dur: int, name: str) -> None:
-        self._event("X", "user_annotation", name, self.pid, self.tid_value(tid), ts, dur,
+        # 2021 traces had no user_annotation category: record_function labels were Operator events
+        self._event("X", self.cat("cpu_op") if self.dialect == "2021" else "user_annotation", name, self.pid,
+                    self.tid_value(tid), ts, dur,
                     {"External id": self.next_external})
         self.next_external += 1
 

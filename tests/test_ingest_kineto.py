@@ -1,10 +1,14 @@
 """Kineto (torch.profiler) traces: every real trace in ../shared/fixtures/kineto is read with exact figures
 (checked against direct sums over the JSON with the standard library and Decimal, independent of the
 adapter), and hand-written traces check the mapping: ops, scopes, backward links, flows, exact times."""
+import csv
 import gzip
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 from collections import Counter, defaultdict
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
@@ -55,10 +59,10 @@ def expected_sums(doc: dict) -> dict:
             gpu[key][1] += ns(e["dur"])
         elif cat in API_CATS:
             api[e["name"]] += 1
-        elif cat in OP_CATS:
+        elif cat in OP_CATS and ("#" not in e["name"] or "::" in e["name"]):   # not a record_function label
             ops += 1
-        elif cat == "user_annotation" and re.fullmatch(r"ProfilerStep#\d+", e["name"]):
-            steps += 1
+        if cat in ("user_annotation", "operator") and re.fullmatch(r"ProfilerStep#\d+", e["name"]):
+            steps += 1      # the CPU-side step ranges (2021 traces record them as Operator events)
     return {"gpu": {k: tuple(v) for k, v in gpu.items()}, "api": api, "steps": steps, "ops": ops}
 
 
@@ -96,6 +100,8 @@ def test_fixture_frames_match_direct_sums(fixture_copies, name):
     assert int(texts.str.contains(r", op_id = \d+$").sum()) == want["ops"]
     if want["steps"]:
         assert a.iterations.key_node == "ProfilerStep" and a.iterations.count == want["steps"] + 1
+    else:
+        assert a.iterations.key_node != "ProfilerStep"
     # every GPU activity whose correlation id has a runtime call in the JSON is linked to it
     runtime_ids = {e["args"]["correlation"] for e in doc["traceEvents"] if e.get("ph") == "X"
                    and str(e.get("cat", "")).lower() in API_CATS and "correlation" in (e.get("args") or {})}
@@ -314,7 +320,12 @@ def test_training_trace_details_and_exact_times(tmp_path):
 
 
 def test_2021_dialect_hand_written(tmp_path):
+    """2021 traces record record_function labels (ProfilerStep#N, Optimizer.step#...) as Operator events
+    like ops; they are scopes, and ProfilerStep#N splits the iterations as in newer traces."""
     a = analyze(training_trace(dialect="2021").write(tmp_path / "t.json"))
+    assert a.iterations.key_node == "ProfilerStep" and a.iterations.count == 3
+    texts = a.trace.ranges["text"].tolist()
+    assert "ProfilerStep#1" in texts and "Optimizer.step#SGD.step" in texts
     linear = a.op("/ProfilerStep/aten::linear", "fprop")
     assert linear["calls"] == 2 and linear["gpu_total"] == 16_000
     assert a.op("/ProfilerStep/aten::linear", "bprop")["gpu_total"] == 10_000
@@ -391,12 +402,26 @@ def test_malformed_events_are_skipped_with_warnings(tmp_path):
     assert "unknown categories were ignored: mystery_cat (1)" in text
 
 
+def test_names_that_are_numbers_or_escaped_read_as_texts(tmp_path):
+    k = KinetoTrace()
+    k.raw('{"ph": "X", "cat": "cpu_op", "name": 7, "pid": 4242, "tid": 10, "ts": 1.0, "dur": 1.0}')
+    k.raw('{"ph": "X", "cat": "cpu_op", "name": "aten::\\u006dm", "pid": 4242, "tid": 10, "ts": 3.0, "dur": 1.0}')
+    k.raw('{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 4242, "tid": 10, "ts": 5.0, "dur": 1.0}')
+    k.raw('{"ph": "X", "cat": "cpu_op", "name": null, "pid": 4242, "tid": 10, "ts": 7.0, "dur": 1.0}')
+    trace = read_kineto_trace(k.write(tmp_path / "names.json"))
+    assert trace.ranges["text"].tolist() == ["7, op_id = 0", "aten::mm, op_id = 1", "aten::mm, op_id = 2",
+                                             ", op_id = 3"]
+
+
 @pytest.mark.parametrize("content, message", [
     (b"", "empty file"),
     (b'{"traceEvents": [{"ph": "X", ', "not valid JSON"),
+    (b'{"traceEvents": [{"ph": "X"}, {"ph": "X", "name": x}, {"ph": "X"}], "n": 1}', "not valid JSON"),
+    (b'{"traceEvents": [{"ph": "X"}, {"ph": "X"}], "n": 1, }', "not valid JSON"),
     (b'{"traceEvents": {"a": 1}}', "traceEvents is not an array"),
     (b'{"traceEvents": []}', "holds no events"),
     (b'{"traceEvents": [{"ph": "X", "args": [1, 2]}]}', "unexpected event content"),
+    (b'{"traceEvents": [{"ph": "X", "name": ["aten::mm"]}]}', "unexpected event content (an event name is an array"),
     (b'{"schemaVersion": 1}', "not an SQLite database (Nsight Systems export, DLProf database) nor a Kineto trace"),
     (b"[1, 2, 3]", "not an SQLite database (Nsight Systems export, DLProf database) nor a Kineto trace"),
     (b"garbage", "not an SQLite database (Nsight Systems export, DLProf database) nor a Kineto trace"),
@@ -422,6 +447,23 @@ def test_truncated_and_damaged_gzip(tmp_path):
         ingest.read_trace(damaged)
 
 
+def test_gzip_beyond_the_trusted_ratio_and_several_members(tmp_path):
+    """A text compressed far more than JSON usually is (the buffer grows as it inflates), and a file of
+    several gzip members (concatenated .gz files), read whole."""
+    from dlprof_profiler import kineto_decode
+    text = training_trace(steps=1).text().encode()
+    spaced = text.replace(b"[", b"[" + b" " * 5_000_000, 1)
+    path = tmp_path / "spaced.json.gz"
+    path.write_bytes(gzip.compress(spaced))
+    assert len(spaced) > 64 * path.stat().st_size
+    assert bytes(kineto_decode.read_bytes(path)) == spaced
+    half = len(text) // 2
+    members = tmp_path / "members.json.gz"
+    members.write_bytes(gzip.compress(text[:half]) + gzip.compress(text[half:]))
+    assert bytes(kineto_decode.read_bytes(members)) == text
+    assert len(read_kineto_trace(members).gpu) == len(read_kineto_trace(path).gpu) == 6
+
+
 def test_detection_is_by_content_not_name(tmp_path):
     k = training_trace(steps=1)
     plain = k.write(tmp_path / "capture.sqlite")            # JSON under a misleading name
@@ -444,6 +486,49 @@ def test_event_split_survives_separators_inside_strings(tmp_path):
     assert names.count("weird}, {name") == 43
 
 
+def _decode_counting_validations(path, monkeypatch):
+    from dlprof_profiler import kineto_decode
+    calls = []
+    real = kineto_decode._validated_outline
+    monkeypatch.setattr(kineto_decode, "_validated_outline", lambda *a: calls.append(1) or real(*a))
+    return kineto_decode.decode(path, chunk_bytes=1), bool(calls)     # every "}, {" is a cut
+
+
+def test_usual_layout_is_read_in_one_pass(tmp_path, monkeypatch):
+    path = training_trace().write(tmp_path / "t.json")
+    decoded, validated = _decode_counting_validations(path, monkeypatch)
+    want = json.loads(path.read_text())
+    assert not validated and decoded.columns.n == len(want["traceEvents"])
+    assert [decoded.columns.strings[c] for c in decoded.columns.name] == [e.get("name") for e in want["traceEvents"]]
+    assert decoded.meta == {k: v for k, v in want.items() if k != "traceEvents"}
+
+
+EVENT = '{"ph": "X", "cat": "cpu_op", "name": "%s", "pid": 1, "tid": 2, "ts": %d.5, "dur": 1.25}'
+EVENTS = "[" + ", ".join(EVENT % (name, i) for i, name in enumerate(["a", "b}, {c", "d"])) + "]"
+
+
+@pytest.mark.parametrize("text, one_pass", [
+    ('{"traceEvents": %s, "deviceProperties": [{"id": 0}, {"id": 1}]}' % EVENTS, False),  # "}, {" after it
+    ('{"x": {"traceEvents": [{"a": 1}]}, "traceEvents": %s}' % EVENTS, False),          # a nested key first
+    ('{"traceEvents": [%s], "traceEvents": %s}' % (EVENT % ("z", 0), EVENTS), False),  # the last key counts
+    ('{"traceEvents": %s, "traceName": "x}, {y"}' % EVENTS, True),             # a "}, {" in a string after it
+    ('{"traceEvents": %s, "INFO": ["a] b", "c]"], "n": 1}' % EVENTS, True),
+    ('\n {"traceEvents" :\n[ %s ] }\n' % EVENTS[1:-1], True),
+    ('{"traceEvents": []}', True),
+])
+def test_other_layouts_read_like_json_load(tmp_path, monkeypatch, text, one_pass):
+    """Layouts the one-pass reading does not expect go through the validating path; either way the
+    events and the metadata are those json.load sees."""
+    path = tmp_path / "layout.json"
+    path.write_text(text)
+    decoded, validated = _decode_counting_validations(path, monkeypatch)
+    want = json.loads(text)
+    assert validated == (not one_pass)
+    assert [decoded.columns.strings[c] for c in decoded.columns.name] == [e["name"] for e in want["traceEvents"]]
+    assert decoded.columns.ts.tolist() == [ns(str(e["ts"])) for e in want["traceEvents"]]
+    assert decoded.meta == {k: v for k, v in want.items() if k != "traceEvents"}
+
+
 def test_decimal_parser_is_exact():
     import msgspec
 
@@ -455,6 +540,44 @@ def test_decimal_parser_is_exact():
     values, ok = decimal_ns([msgspec.Raw(t) for t in (b"null", b'"12"', b"", b"true", b"1e400", b"[1]",
                                                      b"99999999999999999.9")])
     assert not ok.any()
+
+
+def test_plain_decimals_take_the_arrow_path_and_stay_exact(monkeypatch):
+    """Kineto's usual numbers (integers, up to three decimals) are read by Arrow's decimal cast; the
+    character parser is not called for them. A value needing rounding or an exponent sends the whole
+    column to the character parser; both give the Decimal result."""
+    import msgspec
+
+    from dlprof_profiler import kineto_decode
+    plain = ["1712195495519695.800", "4.928", "0", "-12.5", "1623142623460016", "9223372036854775.807",
+             "9223372036854775.808", "-9223372036854775.807", "99999999999999999999999", "", "0.07", "-0"]
+    called = []
+    real = kineto_decode._decimal_ns_by_characters
+    monkeypatch.setattr(kineto_decode, "_decimal_ns_by_characters", lambda *a: called.append(1) or real(*a))
+    values, ok = kineto_decode.decimal_ns([msgspec.Raw(t.encode()) for t in plain])
+    assert not called
+    want = [ns(t) if t else None for t in plain]
+    fits = [w is not None and -2 ** 63 < w < 2 ** 63 for w in want]
+    assert ok.tolist() == fits == [True] * 6 + [False, True, False, False, True, True]
+    assert [v for v, f in zip(values.tolist(), fits) if f] == [w for w, f in zip(want, fits) if f]
+    for odd in ("0.0005", "1e-05", "null", '"12"'):
+        texts = plain[:5] + [odd]
+        values, ok = kineto_decode.decimal_ns([msgspec.Raw(t.encode()) for t in texts])
+        assert called, odd
+        called.clear()
+        assert values[:5].tolist() == [ns(t) for t in plain[:5]] and ok[:5].all()
+        assert (bool(ok[5]), int(values[5])) == ((True, ns(odd)) if odd[0].isdigit() else (False, 0))
+
+
+def test_integer_columns_from_mixed_json_scalars():
+    """pid/tid/args integers: plain ints (the fast path), ints mixed with the profiler's text ids, numeric
+    text (2021 thread ids), floats (truncated), booleans, nulls, and integers past int64."""
+    from dlprof_profiler.kineto_decode import to_int
+    assert to_int([3, 4, 5]).tolist() == [3, 4, 5]
+    mixed = [25738, "Spans", "12", None, 2.7, True, -4, 2 ** 62 + 1]
+    assert to_int(mixed, default=-9).tolist() == [25738, -9, 12, -9, 2, 1, -4, 2 ** 62 + 1]
+    assert to_int(["25738", "stream 7", "3"]).tolist() == [25738, -1, 3]
+    assert to_int(["a", 1, 2 ** 70, 3]).tolist() == [-1, 1, -1, 3]
 
 
 def test_short_kernel_names():
@@ -497,6 +620,21 @@ def test_cli_writes_every_report_and_the_database(fixture_copies, tmp_path, name
     want = expected_sums(load_json(path))
     assert {(k, n, d): (c, t) for k, n, d, c, t in rows} == want["gpu"]
     assert profile["source_kind"] == "kineto_json"
+    # the reports: every kernel launch in the iteration report (all iterations are aggregated), the summary's
+    # GPU times and iteration count
+    launches = defaultdict(lambda: [0, 0])
+    lines = (out / "dlprof_iteration.csv").read_text().splitlines()
+    assert lines[0] == "Iteration Report"
+    for row in csv.DictReader(lines[1:]):
+        launches[(0, row["Long Kernel Name"], int(row["Device ID"]))][0] += 1
+        launches[(0, row["Long Kernel Name"], int(row["Device ID"]))][1] += int(row["GPU Duration (ns)"])
+    assert {k: tuple(v) for k, v in launches.items()} == {k: v for k, v in want["gpu"].items() if k[0] == 0}
+    summary = {}
+    for row in csv.reader((out / "dlprof_summary.csv").read_text().splitlines()):
+        summary.setdefault(row[0] if row else "", row[1:])
+    assert int(summary["All kernels"][0]) == sum(t for _, t in want["gpu"].values())
+    assert int(summary["Memory"][0]) == sum(t for k, (_, t) in want["gpu"].items() if k[0] != 0)
+    assert want["steps"] > 0 and int(summary["Total Iterations"][0]) == want["steps"] + 1
     again = tmp_path / "again"
     run_dlprof(f"--database={db}", f"--output_path={again}", "--key_node=Optimizer.step", "-v", "quiet")
     assert (again / "dlprof_summary.csv").exists()
@@ -518,3 +656,81 @@ def test_other_devices_map_like_cuda(tmp_path):
     gpu = a.trace.gpu
     assert gpu["name"].astype(str).tolist() == ["mm_kernel"] and gpu["device_id"].tolist() == [1]
     assert a.op("/aten::mm", "fprop")["gpu_total"] == 3500
+
+
+def _run_measured(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess, float]:
+    """The CLI in a child process: its result and its own peak memory (GB, from the kernel's accounting)."""
+    with open(tmp_path / "stdout.txt", "w+") as out, open(tmp_path / "stderr.txt", "w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "dlprof_profiler", *args], stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        result = subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
+    return result, usage.ru_maxrss / 2 ** 20
+
+
+def _bad_inputs(tmp_path: Path) -> dict:
+    good = training_trace(steps=1).text().encode()
+    packed = gzip.compress(good)
+    files = {
+        "truncated gzip": ("t.json.gz", packed[: len(packed) // 2] + b"\xff\xff\xff\xff",
+                           "damaged or truncated gzip data"),
+        "invalid JSON": ("i.json", good.replace(b'"ph": "X"', b'"ph": X', 1), "not valid JSON"),
+        "truncated JSON": ("j.json", good[: len(good) // 2], "not valid JSON"),
+        "not a trace": ("n.json", b'{"schemaVersion": 1, "events": []}', "nor a Kineto trace"),
+        "not an array": ("a.json", b'{"traceEvents": {"ph": "X"}}', "traceEvents is not an array"),
+        "event not an object": ("o.json", b'{"traceEvents": [{"ph": "X"}, 7]}', "unexpected event content"),
+        "no usable time": ("u.json", b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1}]}',
+                           "no event has a usable time"),
+        "no events": ("e.json", b'{"traceEvents": []}', "the trace holds no events"),
+    }
+    return {case: (tmp_path / name, content, message) for case, (name, content, message) in files.items()}
+
+
+@pytest.mark.parametrize("case", ["truncated gzip", "invalid JSON", "truncated JSON", "not a trace", "not an array",
+                                  "event not an object", "no usable time", "no events"])
+def test_cli_bad_input_one_line_no_output(tmp_path, case):
+    """Through the command line: one line on stderr naming the file and the problem, a non-zero exit
+    status, no output folder; a truncated gzip does not allocate the size its damaged trailer claims."""
+    path, content, message = _bad_inputs(tmp_path)[case]
+    path.write_bytes(content)
+    out = tmp_path / "out"
+    proc, peak_gb = _run_measured([f"--database={path}", f"--output_path={out}", "--reports=all"], tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr
+    assert message in lines[0] and str(path) in lines[0]
+    assert not out.exists()
+    assert peak_gb < 1.0
+
+
+def test_cli_bad_events_warn_and_the_rest_is_counted(tmp_path):
+    """Events without ts or dur, with a negative duration or of an unknown category: warnings that count
+    them, exit status 0, and every figure from the other events only."""
+    k = training_trace(steps=1)
+    bad = [
+        '{"ph": "X", "cat": "kernel", "name": "no_dur", "pid": 0, "tid": 7, "ts": 1000000.5}',
+        '{"ph": "X", "cat": "kernel", "name": "no_ts", "pid": 0, "tid": 7, "dur": 3.0}',
+        '{"ph": "X", "cat": "kernel", "name": "text_dur", "pid": 0, "tid": 7, "ts": 1000000.5, "dur": "3"}',
+        '{"ph": "X", "cat": "kernel", "name": "negative", "pid": 0, "tid": 7, "ts": 1000000.5, "dur": -2.5}',
+        '{"ph": "X", "cat": "mystery_device", "name": "m", "pid": 0, "tid": 7, "ts": 1000000.5, "dur": 9.0}',
+        '{"ph": "X", "cat": "mystery_device", "name": "m", "pid": 0, "tid": 7, "ts": 1000001.5, "dur": 9.0}',
+    ]
+    for text in bad:
+        k.raw(text)
+    path = k.write(tmp_path / "bad_events.json")
+    out = tmp_path / "out"
+    proc = run_dlprof_cli(f"--database={path}", f"--output_path={out}", "--reports=summary")
+    assert proc.returncode == 0, proc.stderr
+    assert "3 events without a numeric ts or dur were skipped" in proc.stderr
+    assert "1 events with a negative duration were skipped" in proc.stderr
+    assert "events of unknown categories were ignored: mystery_device (2)" in proc.stderr
+    good = json.loads(training_trace(steps=1).text())["traceEvents"]
+    kernels = sum(ns(str(e["dur"])) for e in good if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    summary = {row[0]: row[1:] for row in csv.reader((out / "dlprof_summary.csv").read_text().splitlines()) if row}
+    assert int(summary["All kernels"][0]) == kernels == 8000 + 2000 + 2000 + 5000 + 2000 + 150
+
+
+def run_dlprof_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dlprof_profiler", *args], capture_output=True, text=True,
+                          timeout=600)
