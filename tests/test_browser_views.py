@@ -98,9 +98,19 @@ def env(tmp_path_factory):
 
 
 def select_run(b, run: str):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import Select
-    if b.js("return document.getElementById('run-select').value") != run:
-        Select(b.css("#run-select")).select_by_value(run)
+
+    def chosen(d) -> bool:
+        # The run list is re-rendered when TensorBoard reports new runs: a stale <select> means "try again".
+        try:
+            if b.js("return document.getElementById('run-select').value") != run:
+                Select(b.css("#run-select")).select_by_value(run)
+            return True
+        except StaleElementReferenceException:
+            return False
+
+    b.wait(chosen, what=f"choosing run {run}")
     b.wait(lambda d: b.js("return document.getElementById('run-select').value") == run
            and run in b.css(".view-subtitle").text and b.all("#view .view"), what=f"run {run}")
 
