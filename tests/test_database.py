@@ -268,6 +268,22 @@ def test_segments_write_the_same_database(tmp_path, mixed):
     assert len(values) == len(set(values))
 
 
+def test_op_model_is_queued_before_aggregation(mixed, monkeypatch):
+    """The pipeline hands the op model to the writer as soon as correlation is done (`on_correlated`), so the
+    writer's thread writes it while the analysis aggregates."""
+    from dlprof_profiler import analysis as engine
+    from dlprof_profiler.ingest import read_trace
+    from dlprof_profiler.sanitize import sanitize_trace
+    events = []
+    real_aggregate = engine.aggregate
+    monkeypatch.setattr(engine, "aggregate", lambda *a, **k: events.append("aggregate") or real_aggregate(*a, **k))
+    trace = sanitize_trace(read_trace(mixed[0]))
+    result = engine.analyze(trace, on_correlated=lambda corr: events.append(("model", list(corr.domains))))
+    domains = list(result.corr.domains)
+    assert domains == ["default", "MyDomain"]
+    assert events == [("model", domains)] + ["aggregate"] * len(domains)
+
+
 def test_writer_errors_reach_the_caller(tmp_path, mixed):
     with pytest.raises(DLProfError, match="could not write the database"):
         database.DatabaseWriter(tmp_path / "missing" / "x.sqlite", database.Header())
