@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dlprof_profiler import contract as K
+from dlprof_profiler.arrow_text import pieces, string_buffers
 from dlprof_profiler.trace import combined_codes, pid_of, tid_of
 
 # PyTorch's per-call fields, stored as integers when written as Python writes integers (so they round-trip)
@@ -221,46 +222,18 @@ class Registry:
 
 # ---------------------------------------------------------------------------- range texts
 
-def _string_buffers(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets from the first value, bytes) of a string array without nulls."""
-    width = np.int64 if pa.types.is_large_string(texts.type) else np.int32
-    offsets = np.frombuffer(texts.buffers()[1], dtype=width)[texts.offset:texts.offset + len(texts) + 1]
-    offsets = offsets.astype(np.int64)
-    buffer = texts.buffers()[2]
-    data = np.frombuffer(buffer, dtype=np.uint8) if buffer is not None else np.zeros(0, dtype=np.uint8)
-    return offsets - offsets[0], data[offsets[0]:offsets[-1]]
-
-
-def _pieces(data: np.ndarray, start: np.ndarray, stop: np.ndarray) -> pa.Array:
-    """data[start_i:stop_i] of every row as strings (spans in increasing order, not overlapping): one mask
-    over the bytes, no Python per row."""
-    n = start.size
-    length = stop - start
-    counts = np.empty(2 * n + 1, dtype=np.int64)
-    counts[0:-1:2] = start - np.concatenate([[0], stop[:-1]])   # bytes skipped before each span
-    counts[1::2] = length
-    counts[-1] = data.size - (stop[-1] if n else 0)
-    take = np.zeros(2 * n + 1, dtype=bool)
-    take[1::2] = True
-    keep = np.repeat(take, counts)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(length, out=offsets[1:])
-    return pa.Array.from_buffers(pa.large_string(), n, [None, pa.py_buffer(offsets),
-                                                         pa.py_buffer(np.ascontiguousarray(data[keep]))])
-
-
-def _canonical_ints(pieces: pa.Array, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _canonical_ints(texts: pa.Array, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(value, ok) per piece: ok where wanted and the piece is an integer as Python writes it (ASCII digits,
     no leading zero, no '+' and no '-0', at most 18 digits)."""
     def flags(array) -> np.ndarray:
         return np.asarray(pc.fill_null(array, False).to_numpy(zero_copy_only=False), dtype=bool)
-    negative = flags(pc.starts_with(pieces, "-"))
-    digits = pc.if_else(pa.array(negative), pc.utf8_slice_codeunits(pieces, 1), pieces)
+    negative = flags(pc.starts_with(texts, "-"))
+    digits = pc.if_else(pa.array(negative), pc.utf8_slice_codeunits(texts, 1), texts)
     length = np.asarray(pc.binary_length(digits).to_numpy(zero_copy_only=False), dtype=np.int64)
     leading_zero = flags(pc.starts_with(digits, "0"))
     ok = wanted & flags(pc.ascii_is_decimal(digits)) & (length >= 1) & (length <= 18) \
         & ~(leading_zero & ((length > 1) | negative))
-    values = pc.cast(pc.if_else(pa.array(ok), pieces, pa.scalar("0", pa.large_string())), pa.int64())
+    values = pc.cast(pc.if_else(pa.array(ok), texts, pa.scalar("0", pa.large_string())), pa.int64())
     return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.int64), ok
 
 
@@ -278,16 +251,16 @@ def split_call_fields(texts: pa.Array) -> tuple[pa.Array, pa.Array, pa.Array]:
     has_o &= ~swapped
     if not (has_s | has_o).any():
         return texts, pa.nulls(n, pa.int64()), pa.nulls(n, pa.int64())
-    offsets, data = _string_buffers(texts)
+    offsets, data = string_buffers(texts)
     start, end = offsets[:-1], offsets[1:]
     seq_from = np.where(has_s, start + pos_s + len(_SEQ), start)
     seq_to = np.where(has_s, np.where(has_o, start + pos_o, end), start)
     op_from = np.where(has_o, start + pos_o + len(_OP_ID), start)
-    seq, seq_ok = _canonical_ints(_pieces(data, seq_from, seq_to), has_s)
-    op_id, op_ok = _canonical_ints(_pieces(data, op_from, np.where(has_o, end, start)), has_o)
+    seq, seq_ok = _canonical_ints(pieces(data, seq_from, seq_to), has_s)
+    op_id, op_ok = _canonical_ints(pieces(data, op_from, np.where(has_o, end, start)), has_o)
     split = (has_s | has_o) & (seq_ok | ~has_s) & (op_ok | ~has_o)
     cut = np.where(split, np.where(has_s, pos_s, pos_o), end - start)
-    return (_pieces(data, start, start + cut), pa.array(seq, mask=~(split & has_s)),
+    return (pieces(data, start, start + cut), pa.array(seq, mask=~(split & has_s)),
             pa.array(op_id, mask=~(split & has_o)))
 
 
