@@ -97,26 +97,26 @@ def ints_at(texts: pa.Array, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if rows.size == 0:
         return value, digits
     offsets, data = string_buffers(texts)
+    if data.size == 0:
+        return value, digits
     stop = offsets[1:][rows]                                   # end of each text in `data`
     at = offsets[:-1][rows] + np.asarray(pos, dtype=np.int64)[rows]
-
-    def byte(where, end):
-        inside = where < end
-        return np.where(inside, data[np.where(inside, where, 0)] if data.size else 0, 0)
-    negative = byte(at, stop) == ord("-")
+    last = data.size - 1
+    negative = (at < stop) & (data[np.minimum(at, last)] == ord("-"))
     at = at + negative
-    count = np.zeros(rows.size, dtype=np.int64)
     number = np.zeros(rows.size, dtype=np.int64)
-    going = np.arange(rows.size)
-    for _ in range(MAX_DIGITS + 1):
-        b = byte(at[going] + count[going], stop[going])
-        is_digit = (b >= ord("0")) & (b <= ord("9"))
-        going = going[is_digit]
-        if going.size == 0:
+    count = np.zeros(rows.size, dtype=np.int64)
+    going = np.ones(rows.size, dtype=bool)
+    # one digit position of every row at a time (whole-array steps are cheaper than shrinking the row set)
+    for k in range(MAX_DIGITS + 1):
+        where = at + k
+        digit = data[np.minimum(where, last)] - np.uint8(ord("0"))   # wraps around below '0'
+        going &= (digit < 10) & (where < stop)
+        if not going.any():
             break
         with np.errstate(over="ignore"):
-            number[going] = number[going] * 10 + (b[is_digit].astype(np.int64) - ord("0"))
-        count[going] += 1
+            np.add(number * 10, digit, out=number, where=going)
+        count += going
     value[rows] = np.where(negative, -number, number)
     digits[rows] = count
     return value, digits

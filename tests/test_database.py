@@ -2,6 +2,7 @@
 the writer's segment API, re-aggregation in place keeping the earlier aggregations."""
 import hashlib
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -217,6 +218,34 @@ def test_call_fields_split_what_python_writes():
     shared, seq, op_id = split_call_fields(pa.array(["aten::mm, seq = -3, op_id = 9", "a, op_id = 05", "b, seq = 4"]))
     assert shared.to_pylist() == ["aten::mm", "a, op_id = 05", "b"]
     assert seq.to_pylist() == [-3, None, 4] and op_id.to_pylist() == [9, None, None]
+
+
+def _python_split(text: str):
+    """split_call_fields' rule in plain Python: the first `, seq = ` and `, op_id = ` (in that order) end the
+    text with integers written as Python writes them (at most 18 digits), else the text stays whole."""
+    s, o = text.find(", seq = "), text.find(", op_id = ")
+    if s >= 0 and o >= 0 and o < s:
+        return text, None, None
+    if s < 0 and o < 0:
+        return text, None, None
+
+    def canonical(piece):
+        return re.fullmatch(r"-?[0-9]{1,18}", piece) is not None and str(int(piece)) == piece
+    seq = text[s + len(", seq = "):o if o >= 0 else len(text)] if s >= 0 else None
+    op = text[o + len(", op_id = "):] if o >= 0 else None
+    if (seq is not None and not canonical(seq)) or (op is not None and not canonical(op)):
+        return text, None, None
+    return text[:s if s >= 0 else o], None if seq is None else int(seq), None if op is None else int(op)
+
+
+def test_call_fields_split_as_python_reads_integers():
+    texts = ["a, seq = 0", "a, seq = -0", "a, seq = +5", "a, seq = 007", "a, seq = -05", "a, seq = 10, op_id = 0",
+             "é, seq = -123456789012345678, op_id = 999999999999999999", "a, op_id = 1234567890123456789",
+             "a, seq = 1 , op_id = 2", "a, seq = 1, op_id = 2x", "a, seq = ٣", "a, seq = -", "a, op_id = -7",
+             "a, seq = 12, op_id = 3, op_id = 4", "a, seq = 3, seq = 4", "a, op_id = 2, seq = 1", ", seq = 1", "x"]
+    shared, seq, op_id = split_call_fields(pa.array(texts))
+    got = list(zip(shared.to_pylist(), seq.to_pylist(), op_id.to_pylist()))
+    assert got == [_python_split(t) for t in texts]
 
 
 def _segments(frame: pd.DataFrame, bounds) -> list[pd.DataFrame]:
