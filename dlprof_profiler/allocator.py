@@ -3,9 +3,10 @@ back to the kernel (glibc's heap, which Arrow's buffers then come from too).
 
 The analysis allocates and frees arrays of hundreds of MB many times over. By default glibc serves each
 from a fresh mmap and unmaps it when freed, so every new array faults in (and the kernel zeroes) its pages
-again: at 10^6 kernels that was about 2.5 s of system time (Arrow's mimalloc pool did the same). With the thresholds raised, freed blocks go back
-to the heap and the next array reuses them; the peak resident memory stays that of the largest working
-set (a few percent more for fragmentation), as it is never lower than the live arrays anyway.
+again; Arrow's mimalloc pool did the same. At 10^6 kernels that was about 2.5 s of system time. With the
+thresholds raised, freed blocks go back to the heap and the next array reuses them; the peak resident
+memory stays that of the largest working set (it was even a little lower), as it is never lower than the
+live arrays anyway.
 """
 from __future__ import annotations
 
