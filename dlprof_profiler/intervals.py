@@ -136,15 +136,19 @@ class StreamingUnion:
         keys, s, e = (np.concatenate(x) for x in (self._keys, self._s, self._e))
         order = np.lexsort((s, keys))
         keys, s, e = keys[order], s[order], e[order]
-        reach = pd.Series(e).groupby(keys).cummax().to_numpy(np.int64)
-        new = np.ones(keys.size, dtype=bool)
-        new[1:] = (keys[1:] != keys[:-1]) | (s[1:] > reach[:-1])
+        new_key = np.ones(keys.size, dtype=bool)
+        new_key[1:] = keys[1:] != keys[:-1]
+        reach = grouped_cummax(new_key, e)
+        new = new_key.copy()
+        new[1:] |= s[1:] > reach[:-1]
         first = np.flatnonzero(new)
         seg_k, seg_s = keys[first], s[first]
         seg_e = np.maximum.reduceat(e, first)
         final = seg_e <= cut
         if final.any():
-            done = pd.Series(seg_e[final] - seg_s[final], index=seg_k[final]).groupby(level=0).sum()
+            k = seg_k[final]   # sorted: one sum per run of equal keys
+            heads = np.flatnonzero(np.concatenate([[True], k[1:] != k[:-1]]))
+            done = pd.Series(np.add.reduceat(seg_e[final] - seg_s[final], heads), index=k[heads])
             self._totals = done if len(self._totals) == 0 else self._totals.add(done, fill_value=0)
         self._keys, self._s, self._e = [seg_k[~final]], [seg_s[~final]], [seg_e[~final]]
 

@@ -136,7 +136,7 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
     writer = None
     try:
         header = database.Header.from_trace(trace, database.domain_ids_for(corr_mod.domain_order(trace, args.mode)))
-        writer = database.DatabaseWriter(staging.path(database_path(args)), header)
+        writer = database.DatabaseWriter(staging.path(database_path(args)), header, deferred_indexes=True)
         writer.add_raw(trace)   # written on the writer's thread while the analysis goes on
         result = analyze(trace, AnalysisConfig.from_args(args), str(source),
                          on_correlated=lambda corr: database.write_correlation(writer, trace, corr))

@@ -313,6 +313,43 @@ def test_op_model_is_queued_before_aggregation(mixed, monkeypatch):
     assert events == [("model", domains)] + ["aggregate"] * len(domains)
 
 
+INDEXED_QUERIES = {
+    "idx_instances_start": "SELECT count(*), sum(start) FROM raw_op_instances INDEXED BY idx_instances_start "
+                           "WHERE domain_id >= 0",
+    "idx_instances_op": "SELECT count(*), sum(start) FROM raw_op_instances INDEXED BY idx_instances_op "
+                        "WHERE domain_id >= 0 AND n_gpu > 0",
+    "idx_owner_instance": "SELECT count(*), sum(instance_id) FROM raw_activity_owners INDEXED BY idx_owner_instance "
+                          "WHERE instance_id >= 0",
+    "idx_owner_launch": "SELECT count(*), sum(launch_time) FROM raw_activity_owners INDEXED BY idx_owner_launch "
+                        "WHERE domain_id >= 0"}
+
+
+def test_deferred_indexes_give_the_same_database(tmp_path, mixed):
+    """Indexes built after the rows (the in-memory pipeline's writer) hold the same entries as indexes kept up
+    to date row by row, including rows added after build_indexes."""
+    a = analyze(mixed[0])
+    results = []
+    for deferred in (False, True):
+        path = tmp_path / f"deferred_{deferred}.sqlite"
+        writer = database.DatabaseWriter(path, database.Header.from_trace(a.trace, database.domain_ids_for(a.corr)),
+                                         deferred_indexes=deferred)
+        writer.add_raw(a.trace)
+        first, *others = list(a.corr.domains)
+        writer.add_ops(first, a.corr.domains[first].ops)
+        writer.add_domain_model(first, a.corr.domains[first].instances,
+                                database._owner_chunks(a.trace, a.corr.gpu_api, a.corr.domains[first].gpu_instance))
+        writer.build_indexes()            # the other domains' rows come after the indexes exist
+        database.finish_analysis(writer, a.trace, a.corr, "default", {"profile_end": a.trace.profile_end})
+        assert others, "the mixed profile has a second domain"
+        counts = {name: query(path, sql)[0] for name, sql in INDEXED_QUERIES.items()}
+        plain = {name: query(path, sql.replace(f"INDEXED BY {name}", "NOT INDEXED"))[0]
+                 for name, sql in INDEXED_QUERIES.items()}
+        assert counts == plain and all(c[0] > 0 for c in counts.values())
+        results.append((counts, {t: query(path, f"SELECT * FROM {t} ORDER BY rowid") for t in
+                                 ("raw_op_instances", "raw_activity_owners", "raw_ranges", "raw_ops")}))
+    assert results[0] == results[1]
+
+
 def test_writer_errors_reach_the_caller(tmp_path, mixed):
     with pytest.raises(DLProfError, match="could not write the database"):
         database.DatabaseWriter(tmp_path / "missing" / "x.sqlite", database.Header())
