@@ -18,7 +18,7 @@ from dlprof_profiler import log
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.sqlite_source import SqliteSource
 from dlprof_profiler.trace import (DEFAULT_DOMAIN, GPU_COLUMNS, KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, MISSING_TIME,
-                                   Trace, pid_of, tid_of)
+                                   Trace, combined_codes, pid_of, tid_of)
 
 NVTX_RANGE_TYPES = (59, 60, 70, 71)
 NVTX_DOMAIN_CREATE = 75
@@ -106,16 +106,17 @@ def read_nsys_export(path: Path) -> Trace:
             "CUPTI_ACTIVITY_KIND_MEMSET"))
         # The three large tables are read at once, each on its own connection: ADBC reads them in C without
         # the GIL, so the reads share the cores (the rest of the work has to wait for all of them anyway).
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="dlprof-read") as pool:
-            ranges_read = pool.submit(_with_own_source, path, read_range_columns, strings)
+        with ThreadPoolExecutor(max_workers=3, thread_name_prefix="dlprof-read") as pool:
+            range_ints = pool.submit(_with_own_source, path, read_range_ints)
+            range_texts = pool.submit(_with_own_source, path, read_range_texts)
             gpu_read = pool.submit(_with_own_source, path, read_gpu_activities, strings)
             trace.api_calls = read_api_calls(src, strings)
             trace.syncs = read_syncs(src)
             trace.io_calls = read_io_calls(src, strings)
             trace.gpu = gpu_read.result()
-            range_columns = ranges_read.result()
-        capture_end = _capture_end(trace, range_columns.get("latest"))
-        trace.ranges, trace.domain_map = ranges_frame(range_columns, capture_end)
+            columns = range_columns(range_ints.result(), range_texts.result(), strings)
+        capture_end = _capture_end(trace, columns.get("latest"))
+        trace.ranges, trace.domain_map = ranges_frame(columns, capture_end)
         trace.devices = read_devices(src, trace.gpu)
         peak = read_peak_memory(src)
         if peak is not None:
@@ -463,20 +464,41 @@ def read_ranges(src: SqliteSource, strings: StringTable, capture_end: int) -> tu
 def read_range_columns(src: SqliteSource, strings: StringTable) -> dict:
     """What ranges_frame needs from NVTX_EVENTS: the range and domain-create rows' integer columns, their
     texts (registered strings resolved) and `latest`, the latest end or time of any NVTX event."""
+    return range_columns(read_range_ints(src), read_range_texts(src), strings)
+
+
+def _range_rows(src: SqliteSource) -> str:
+    types = ",".join(map(str, NVTX_RANGE_TYPES + (NVTX_DOMAIN_CREATE,)))
+    return f"FROM NVTX_EVENTS WHERE eventType IN ({types}) ORDER BY rowid"
+
+
+def read_range_ints(src: SqliteSource) -> dict | None:
+    """The integer columns of the range and domain-create rows (None without NVTX_EVENTS)."""
     t = "NVTX_EVENTS"
     if not src.has(t):
-        return {}
-    latest = src.query_scalar("SELECT max(coalesce(end, start)) FROM NVTX_EVENTS")
-    types = ",".join(map(str, NVTX_RANGE_TYPES + (NVTX_DOMAIN_CREATE,)))
-    where = f"FROM {t} WHERE eventType IN ({types}) ORDER BY rowid"
-    cols = src.int_columns(
+        return None
+    return src.int_columns(
         f"SELECT rowid, eventType, coalesce(start, {MISSING_TIME}), coalesce(end, -1), coalesce(globalTid, 0), "
-        f"{_int_col(src, t, 'domainId', '0')}, {_int_col(src, t, 'textId')} {where}",
+        f"{_int_col(src, t, 'domainId', '0')}, {_int_col(src, t, 'textId')} {_range_rows(src)}",
         ["range_id", "event_type", "start", "end", "global_tid", "domain_id", "text_id"])
-    cols["latest"] = latest
+
+
+def read_range_texts(src: SqliteSource) -> tuple | None:
+    """(inline texts of the range and domain-create rows, latest end or time of any NVTX event); a query of
+    its own, so it can run beside read_range_ints (None without NVTX_EVENTS)."""
+    if not src.has("NVTX_EVENTS"):
+        return None
+    latest = src.query_scalar("SELECT max(coalesce(end, start)) FROM NVTX_EVENTS")
+    return src.arrow_text_column(f"SELECT {src.col('NVTX_EVENTS', 'text')} {_range_rows(src)}"), latest
+
+
+def range_columns(cols: dict | None, texts: tuple | None, strings: StringTable) -> dict:
+    """read_range_ints' and read_range_texts' results as read_range_columns gives them."""
+    if cols is None:
+        return {}
+    text, cols["latest"] = texts
     if len(cols["range_id"]) == 0:
         return cols
-    text = src.arrow_text_column(f"SELECT {src.col(t, 'text')} {where}")
     text_id = cols.pop("text_id")
     if (text_id >= 0).any():  # registered strings (textId) take precedence over inline text
         text = pc.coalesce(strings.arrow(text_id), text)
@@ -496,7 +518,6 @@ def ranges_frame(cols: dict, capture_end: int) -> tuple[pd.DataFrame, dict]:
     create = cols["event_type"] == NVTX_DOMAIN_CREATE
     created_names = text.filter(pa.array(create)).to_pylist() if create.any() else []
     names = {(int(p), int(d)): str(n) for p, d, n in zip(pid[create], cols["domain_id"][create], created_names)}
-    mapping = domain_name_map(*_distinct_pairs(pid[~create], cols["domain_id"][~create]), names)
     end, start = cols["end"], cols["start"]
     unclosed = end < 0
     end = np.where(unclosed, np.maximum(capture_end, start), end)
@@ -506,9 +527,10 @@ def ranges_frame(cols: dict, capture_end: int) -> tuple[pd.DataFrame, dict]:
 
     def take(values):
         return values if everything else values[sel]
+    domains, mapping = _domain_names(take(pid), take(cols["domain_id"]), names)
     frame = pd.DataFrame({
         "range_id": take(cols["range_id"]),
-        "domain": pd.Series(_domain_names(take(pid), take(cols["domain_id"]), names), dtype=object, copy=False),
+        "domain": pd.Series(domains, dtype=object, copy=False),
         "text": pd.Series(text if everything else text.take(pa.array(sel)), dtype="str"),
         "start": take(start), "end": take(end), "global_tid": take(cols["global_tid"]), "pid": take(pid),
         "event_type": take(cols["event_type"]).astype(np.int8), "unclosed": take(unclosed)}, copy=False)
@@ -523,15 +545,6 @@ def _empty_ranges(columns: list[str]) -> pd.DataFrame:
     return frame
 
 
-def _distinct_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if a.size == 0:
-        return a, b
-    codes_b, values_b = pd.factorize(b)
-    key = a.astype(np.int64) * len(values_b) + codes_b
-    uniques = pd.unique(key)
-    return uniques // len(values_b), np.asarray(values_b)[uniques % len(values_b)]
-
-
 def domain_name_map(pids: np.ndarray, domain_ids: np.ndarray, created: dict) -> dict:
     """(pid, domain handle) -> domain name: default for handle 0, the created name, else `domain<id>`."""
     mapping = {}
@@ -544,18 +557,18 @@ def domain_name_map(pids: np.ndarray, domain_ids: np.ndarray, created: dict) -> 
     return mapping
 
 
-def _domain_names(pids: np.ndarray, domain_ids: np.ndarray, created: dict) -> np.ndarray:
-    """Domain name per range, resolved once per distinct (process, domain handle)."""
+def _domain_names(pids: np.ndarray, domain_ids: np.ndarray, created: dict) -> tuple[np.ndarray, dict]:
+    """Domain name per range, resolved once per distinct (process, domain handle), and the (process, domain
+    handle) -> name map of the handles the ranges use."""
     if pids.size == 0:
-        return np.zeros(0, dtype=object)
-    dom_codes, dom_values = pd.factorize(domain_ids)
-    key = pids.astype(np.int64) * max(len(dom_values), 1) + dom_codes
-    codes, uniques = pd.factorize(key)
-    u_pid = uniques // max(len(dom_values), 1)
-    u_dom = np.asarray(dom_values)[uniques % max(len(dom_values), 1)]
+        return np.zeros(0, dtype=object), {}
+    codes = combined_codes(pids, domain_ids)
+    first = np.full(int(codes.max()) + 1, -1, dtype=np.int64)
+    first[codes[::-1]] = np.arange(codes.size - 1, -1, -1)
+    u_pid, u_dom = pids[first], domain_ids[first]
     mapping = domain_name_map(u_pid, u_dom, created)
     names = np.array([mapping[(int(p), int(d))] for p, d in zip(u_pid, u_dom)], dtype=object)
-    return names[codes]
+    return names[codes], mapping
 
 
 def read_devices(src: SqliteSource, gpu: pd.DataFrame) -> pd.DataFrame:

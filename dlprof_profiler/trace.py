@@ -101,7 +101,7 @@ def combined_codes(*arrays) -> np.ndarray:
     fast = _one_key(arrays)
     if fast is not None:
         key, radix = fast
-        if radix <= max(4096, min(2 * key.size, 1 << 22)):   # few possible keys: a table (in cache) instead of a hash
+        if radix <= max(4096, min(2 * key.size, 1 << 22)):   # few possible keys: a table in cache, no hashing
             return _first_appearance_codes(key, radix)
         return pd.factorize(key)[0].astype(np.int64, copy=False)
     codes = None
@@ -126,10 +126,10 @@ def _first_appearance_codes(key: np.ndarray, radix: int) -> np.ndarray:
 
 
 def _one_key(arrays) -> tuple[np.ndarray, int] | None:
-    """(key, radix): a single int64 key in [0, radix) per row that is distinct exactly where the tuples are (integer columns by their
-    offset from their minimum, other columns by their factorized codes), or None when some column has missing
-    values or the key would not fit in int64: factorizing it once then numbers the tuples as the stepwise
-    factorizing does, in order of first appearance."""
+    """(key, radix): a single int64 key in [0, radix) per row that is distinct exactly where the tuples are
+    (integer columns by their offset from their minimum, other columns by their factorized codes), or None
+    when some column has missing values or the key would not fit in int64: numbering its values in order of
+    first appearance numbers the tuples as the stepwise factorizing does."""
     key = None
     radix = 1
     for values in arrays:
