@@ -12,7 +12,6 @@ from pathlib import Path
 from dlprof_profiler import __version__, log
 from dlprof_profiler import compare, database, event_files, graph_events, ingest, reports
 from dlprof_profiler import correlate as corr_mod
-from dlprof_profiler.allocator import keep_freed_memory
 from dlprof_profiler.analysis import (Analysis, AnalysisConfig, analyze, key_node_from_ops, reaggregation_iterations,
                                       reanalyze)
 from dlprof_profiler.errors import DLProfError
@@ -117,7 +116,6 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
     """Analyse an nsys SQLite export or Kineto trace and write every output; returns the exit status (0)."""
     if out_of_core(source, args):
         return run_store_analysis(source, args, capture)
-    keep_freed_memory()   # the in-memory analysis reuses freed arrays' pages (allocator.py)
     started = time.perf_counter()
     out_dir = prepare_output_dir(Path(args.output_path))
     refuse_existing(planned_outputs(args), args.force)
