@@ -134,12 +134,14 @@ def _one_key(arrays) -> tuple[np.ndarray, int] | None:
     radix = 1
     for values in arrays:
         values = np.asarray(values)
+        sparse = False
         if values.dtype.kind in "iub":
             values = values.astype(np.int64, copy=False)
             low = int(values.min()) if values.size else 0
             span = (int(values.max()) - low + 1) if values.size else 1
             digit = values - low if low else values
-        else:
+            sparse = span > 4 * values.size   # a few far-apart values (thread ids): number them instead
+        if sparse or values.dtype.kind not in "iub":
             digit, uniques = pd.factorize(values)
             if values.size and (digit < 0).any():
                 return None

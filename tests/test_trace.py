@@ -13,7 +13,9 @@ def first_appearance(*columns) -> list[int]:
 
 @pytest.mark.parametrize("columns", [
     (np.array([3, 1, 3, 2, 1]), np.array([0, 0, 0, 1, 0])),                          # small range: a table
-    (np.array([-5, 7, -5, 2 ** 40]), np.array([True, False, True, True])),              # wide range: one hashed key
+    (np.array([-5, 7, -5, 2 ** 40]), np.array([True, False, True, True])),              # far-apart values: numbered
+    (np.random.default_rng(2).integers(0, 10 ** 6, 5000), np.random.default_rng(3).integers(0, 10 ** 6, 5000)),
+    # ^ many distinct pairs: one hashed key
     (np.array([2 ** 62, -2 ** 62, 2 ** 62]), np.array([1, 2, 1]), np.array([9, 9, 9])),  # would overflow: stepwise
     (np.array(["b", "a", "b", "c"], dtype=object), np.array([1, 1, 1, 2])),
     (np.random.default_rng(0).integers(0, 40, 5000), np.random.default_rng(1).integers(-3, 3, 5000)),
