@@ -72,8 +72,8 @@ def string_codes(values) -> tuple[np.ndarray, list]:
         encoded = pc.dictionary_encode(arrow_strings(values))
         codes = np.asarray(pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
         return codes, encoded.dictionary.to_pylist()
-    obj = values.to_numpy(dtype=object, na_value=None) if isinstance(values, pd.Series) else \
-        np.asarray(values, dtype=object)
+    # factorize takes None, NaN and NA as missing: no pass replacing them first
+    obj = values.to_numpy(dtype=object) if isinstance(values, pd.Series) else np.asarray(values, dtype=object)
     codes, uniques = pd.factorize(obj, use_na_sentinel=True)
     return np.asarray(codes, dtype=np.int64), [str(u) for u in uniques]
 
