@@ -526,11 +526,12 @@ class GroupUnions:
             over.append(overhead[on])
             idles.append(idle[on])
             calls.append(is_call[on].astype(np.int64))
-        keys = np.concatenate(keys)
-        self.overhead = _add_series(self.overhead, pd.Series(np.concatenate(over), index=keys).groupby(level=0).sum())
         # a group node's GPU idle is the sum of its member ops' (DLProf 1.8), not its span minus its busy time
-        self.idle = _add_series(self.idle, pd.Series(np.concatenate(idles), index=keys).groupby(level=0).sum())
-        self.calls = _add_series(self.calls, pd.Series(np.concatenate(calls), index=keys).groupby(level=0).sum())
+        over, idles, calls = sums_by_key(np.concatenate(keys), np.concatenate(over), np.concatenate(idles),
+                                         np.concatenate(calls))
+        self.overhead = _add_series(self.overhead, over)
+        self.idle = _add_series(self.idle, idles)
+        self.calls = _add_series(self.calls, calls)
 
     def add_activities(self, ops: np.ndarray, iteration: np.ndarray, s: np.ndarray, e: np.ndarray) -> None:
         for level in range(self.depth + 1):
@@ -691,6 +692,18 @@ class Breakdown:
         dev_frame["overlapped_communication_time"] = [self.comm.get(r[0] if r[0] >= 0 else None, [0, 0])[1]
                                                       for r in rows]
         return {"mean": mean, "devices": dev_frame, "n_devices": len(self.used), "n_listed": len(self.devices)}
+
+
+def sums_by_key(keys: np.ndarray, *columns: np.ndarray) -> list[pd.Series]:
+    """Per distinct key (index sorted), the sum of each int64 column: `Series(column, index=keys)
+    .groupby(level=0).sum()` for all columns with one factorizing of the keys."""
+    codes, uniques = pd.factorize(keys, sort=True)
+    out = []
+    for column in columns:
+        total = np.zeros(len(uniques), dtype=np.int64)
+        np.add.at(total, codes, np.asarray(column, dtype=np.int64))
+        out.append(pd.Series(total, index=uniques))
+    return out
 
 
 def _add_series(a: pd.Series, b: pd.Series) -> pd.Series:

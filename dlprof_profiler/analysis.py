@@ -73,8 +73,11 @@ class _Stages:
         return result
 
 
-def analyze(trace: Trace, config: AnalysisConfig = AnalysisConfig(), source_name: str | None = None) -> Analysis:
-    """Correlate, iterate, aggregate and detect on a trace (raises DLProfError with a one-line reason)."""
+def analyze(trace: Trace, config: AnalysisConfig = AnalysisConfig(), source_name: str | None = None,
+            on_correlated=None) -> Analysis:
+    """Correlate, iterate, aggregate and detect on a trace (raises DLProfError with a one-line reason).
+    `on_correlated(corr)` is called as soon as the op model exists, before aggregation (the pipeline queues
+    the model for the database writer there, so its thread writes while the analysis goes on)."""
     source_name = source_name or str(trace.source)
     stages = _Stages()
     classified = stages.run("Classifying NVTX ranges", lambda: corr_mod.classify_trace(trace, config.mode), quiet=True)
@@ -88,6 +91,8 @@ def analyze(trace: Trace, config: AnalysisConfig = AnalysisConfig(), source_name
                                        trace.profile_end, trace.profile_start, preferred=preferred)
     corr = stages.run("Correlating NVTX ranges, CUDA API calls and GPU activities",
                       lambda: corr_mod.correlate(trace, mode, naming.boundaries, classified, links, config.cuts))
+    if on_correlated is not None:
+        on_correlated(corr)
     log.info(f"  mode {corr.mode}; {sum(len(d.ops) for d in corr.domains.values()):,} ops, "
              f"{sum(len(d.instances) for d in corr.domains.values()):,} op instances in {len(corr.domains)} "
              "NVTX domain(s)")

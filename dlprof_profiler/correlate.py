@@ -747,8 +747,7 @@ def _kernel_tc_flags(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     rules = np.full(len(gpu), "", dtype=object)
     kernels = (gpu["kind"].to_numpy() == KIND_KERNEL) if len(gpu) else np.zeros(0, dtype=bool)
     if kernels.any():
-        u, r = kernel_uses_tc(gpu["name"].to_numpy(dtype=object)[kernels],
-                              gpu["long_name"].to_numpy(dtype=object)[kernels])
+        u, r = kernel_uses_tc(gpu["name"].array[kernels], gpu["long_name"].array[kernels])
         uses[kernels] = u
         rules[kernels] = r
     return uses, rules
@@ -875,17 +874,9 @@ def instance_metrics(inst: pd.DataFrame, api: pd.DataFrame, gpu: pd.DataFrame, g
         g_end = gpu["end"].to_numpy(np.int64)[mine]
         if owner.size:
             busy = union_length_by_group(owner, g_start, g_end)
-            frame = make_frame({"i": owner, "s": g_start, "e": g_end,
-                                "k": (gpu["kind"].to_numpy()[mine] == KIND_KERNEL).astype(np.int64),
-                                "dev": gpu["device_id"].to_numpy()[mine], "d": g_end - g_start + 1})
-            agg = frame.groupby("i").agg(s=("s", "min"), e=("e", "max"), n=("s", "size"), k=("k", "sum"))
-            dev_time = frame.groupby(["i", "dev"])["d"].sum().reset_index()
-            dev = dev_time.sort_values(["i", "d", "dev"], ascending=[True, False, True]).drop_duplicates("i")
             gpu_time[busy.index.to_numpy()] = busy.to_numpy()
-            idx = agg.index.to_numpy()
-            gs[idx], ge[idx] = agg["s"].to_numpy(), agg["e"].to_numpy()
-            ng[idx], nk[idx] = agg["n"].to_numpy(), agg["k"].to_numpy()
-            device[dev["i"].to_numpy()] = dev["dev"].to_numpy()
+            _gpu_extent(owner, g_start, g_end, gpu["kind"].to_numpy()[mine] == KIND_KERNEL,
+                        gpu["device_id"].to_numpy(np.int64)[mine], gs, ge, ng, nk, device)
     # Ranges without GPU work take the device their thread, else their process, launches most work on.
     missing = device < 0
     if missing.any():
@@ -899,6 +890,33 @@ def instance_metrics(inst: pd.DataFrame, api: pd.DataFrame, gpu: pd.DataFrame, g
     inst["n_gpu"] = ng
     inst["n_kernels"] = nk
     inst["device_id"] = device
+
+
+def _gpu_extent(owner, start, end, is_kernel, dev, gs, ge, ng, nk, device) -> None:
+    """Per owning instance (row `owner` of each activity): first start, last end, number of activities and
+    of kernels, and the device with the most GPU time (ties: the lower id), written into the arrays given."""
+    n = gs.size
+    ng[:] = np.bincount(owner, minlength=n)
+    nk[:] = np.bincount(owner[is_kernel], minlength=n)
+    has = ng > 0
+    first = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, owner, start)
+    last = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(last, owner, end)
+    gs[has], ge[has] = first[has], last[has]
+    low = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(low, owner, dev)
+    high = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(high, owner, dev)
+    one = has & (low == high)          # the usual case: all of an instance's work on one device
+    device[one] = low[one]
+    mixed = has & ~one
+    if mixed.any():
+        rows = np.flatnonzero(mixed[owner])
+        frame = pd.DataFrame({"i": owner[rows], "dev": dev[rows], "d": end[rows] - start[rows] + 1})
+        dev_time = frame.groupby(["i", "dev"])["d"].sum().reset_index()
+        best = dev_time.sort_values(["i", "d", "dev"], ascending=[True, False, True]).drop_duplicates("i")
+        device[best["i"].to_numpy()] = best["dev"].to_numpy()
 
 
 def _api_time_inside(api: pd.DataFrame, inst: pd.DataFrame) -> np.ndarray:

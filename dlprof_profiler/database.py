@@ -9,9 +9,12 @@ Writing: `DatabaseWriter(path, header)`, then per time segment `add_raw(frames)`
 only queue their frames: a background thread turns them into Arrow tables (names as string ids) and
 bulk-inserts them through ADBC, so the writing runs on the second core while the analysis goes on; the
 queue is bounded, so a writer that falls behind holds back the producer instead of piling up memory.
-Secondary indexes whose keys arrive in order exist from the start (keeping them costs little); the one with
-random keys is sorted once in finish(). Databases of schema 2.0 are still read
-(db_load.py) and appended to (`append_aggregation`).
+Secondary indexes whose keys arrive in order exist from the start (segment after segment, keeping them up to
+date costs little); the one with random keys is sorted once in finish(). A writer given the whole model at
+once (`deferred_indexes`, the in-memory analysis) builds them all after the rows, sorted once, when
+`build_indexes()` is queued: at 10^6 kernels that is 1.4 s instead of 2.1 s of the writer's CPU, and the
+database is 2% smaller. Databases of schema 2.0 are still read (db_load.py) and appended to
+(`append_aggregation`).
 """
 from __future__ import annotations
 
@@ -72,9 +75,11 @@ class DatabaseWriter:
     """Writes a new DLProf database (schema 3.0) from trace frames; see the module docstring."""
 
     def __init__(self, path: Path, header: Header, queue_size: int = QUEUE_SEGMENTS, raw_indexes: bool = True,
-                 final_indexes: bool = True):
+                 final_indexes: bool = True, deferred_indexes: bool = False):
         """`raw_indexes` / `final_indexes`: build the viewer's raw-table indexes (a rank's database merged into
-        another, which builds its own, needs neither)."""
+        another, which builds its own, needs neither). `deferred_indexes`: build every secondary index after the
+        rows (build_indexes or finish), sorted once, instead of keeping the in-order ones up to date row by row
+        (cheaper when all rows come at once)."""
         self.path = Path(path)
         self.final_indexes = final_indexes
         self.header = header
@@ -84,6 +89,8 @@ class DatabaseWriter:
         # the writer thread's work: rows inserted, wall seconds busy, CPU seconds encoding / inserting (indexes
         # whose keys arrive in order are kept up to date meanwhile) / building the final indexes
         self.stats = {"rows": 0, "seconds_busy": 0.0, "encode_cpu": 0.0, "insert_cpu": 0.0, "index_cpu": 0.0}
+        self._indexes = _statements((RAW_INDEXES if raw_indexes and deferred_indexes else "")
+                                    + (FINAL_INDEXES if final_indexes else ""))   # still to build
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, queue_size))
         self._error: BaseException | None = None
         self._aborted = False
@@ -96,7 +103,7 @@ class DatabaseWriter:
                 # sync per CREATE statement took ~1 s on a busy disk
                 con.execute("PRAGMA journal_mode = OFF")
                 con.execute("PRAGMA synchronous = OFF")
-                con.executescript(SCHEMA + (RAW_INDEXES if raw_indexes else ""))
+                con.executescript(SCHEMA + (RAW_INDEXES if raw_indexes and not deferred_indexes else ""))
             finally:
                 con.close()
         except sqlite3.Error as exc:
@@ -122,6 +129,12 @@ class DatabaseWriter:
         """The final op table of one NVTX domain (correlate.OP_COLUMNS plus label and kind), before or after
         its instances (ops are numbered in the database in order of first sight)."""
         self._submit(self._op_rows, domain, ops)
+
+    def build_indexes(self) -> None:
+        """Build the secondary indexes not built yet, on the writer's thread, once the rows queued so far are
+        in (for a caller that has queued every op instance and activity owner: the index work then overlaps
+        the analysis instead of waiting for finish; rows added later still go into the indexes)."""
+        self._submit(self._index_rows)
 
     def finish(self, profile: dict, primary_domain: str, domains: dict | None = None, config: dict | None = None,
                range_labels: pd.DataFrame | None = None, kernel_tc: pd.DataFrame | None = None) -> dict:
@@ -206,11 +219,12 @@ class DatabaseWriter:
                 pending = self.registry.strings.pending()
                 if pending is not None:
                     cursor.adbc_ingest(K.STRINGS, pending, mode="append")
-                if fn == self._final_rows and self.final_indexes:
+                if fn in (self._final_rows, self._index_rows) and self._indexes:
                     cpu = time.thread_time()
                     cursor.execute(f"PRAGMA cache_size=-{SORT_CACHE_KIB}")
-                    for statement in filter(None, (s.strip() for s in FINAL_INDEXES.split(";"))):
+                    for statement in self._indexes:
                         cursor.execute(statement)
+                    self._indexes = []
                     cursor.execute(f"PRAGMA cache_size=-{INSERT_CACHE_KIB}")
                     self.stats["index_cpu"] += time.thread_time() - cpu
                 self.stats["seconds_busy"] += time.perf_counter() - started
@@ -258,6 +272,10 @@ class DatabaseWriter:
             yield from E.instance_rows(chunk, domain, self.rank, self.registry)
         for chunk in _chunks(owners):
             yield K.RAW_ACTIVITY_OWNERS, E.owner_rows(chunk, domain, self.rank, self.registry)
+
+    def _index_rows(self):
+        return   # no rows: _run builds the indexes after this item
+        yield
 
     def _op_rows(self, domain, ops):
         self.registry.op_maps.setdefault(domain, np.zeros(0, dtype=np.int64))
@@ -319,6 +337,10 @@ def _chunks(frame):
         yield frame.iloc[first:first + CHUNK_ROWS]
 
 
+def _statements(script: str) -> list[str]:
+    return [statement.strip() for statement in script.split(";") if statement.strip()]
+
+
 def _text(value) -> str | None:
     if value is None:
         return None
@@ -369,11 +391,15 @@ def _owner_chunks(trace: Trace, gpu_api: np.ndarray, gpu_instance: np.ndarray):
 
 def write_correlation(writer: DatabaseWriter, trace: Trace, corr) -> None:
     """Queue every domain's op model of a whole-trace correlation (instances, activity owners, ops)."""
+    queued = False
     for name, dm in corr.domains.items():
         if name in writer.written_models:
             continue
         writer.add_ops(name, dm.ops)   # first: the domain's ops get consecutive database op indexes
         writer.add_domain_model(name, dm.instances, _owner_chunks(trace, corr.gpu_api, dm.gpu_instance))
+        queued = True
+    if queued:
+        writer.build_indexes()   # every instance and owner is queued: index them while the analysis goes on
 
 
 def kernel_tc_pairs(trace: Trace, corr) -> pd.DataFrame:

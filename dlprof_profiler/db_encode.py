@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dlprof_profiler import contract as K
+from dlprof_profiler import arrow_text
 from dlprof_profiler.trace import combined_codes, pid_of, tid_of
 
 # PyTorch's per-call fields, stored as integers when written as Python writes integers (so they round-trip)
@@ -71,8 +72,8 @@ def string_codes(values) -> tuple[np.ndarray, list]:
         encoded = pc.dictionary_encode(arrow_strings(values))
         codes = np.asarray(pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
         return codes, encoded.dictionary.to_pylist()
-    obj = values.to_numpy(dtype=object, na_value=None) if isinstance(values, pd.Series) else \
-        np.asarray(values, dtype=object)
+    # factorize takes None, NaN and NA as missing: no pass replacing them first
+    obj = values.to_numpy(dtype=object) if isinstance(values, pd.Series) else np.asarray(values, dtype=object)
     codes, uniques = pd.factorize(obj, use_na_sentinel=True)
     return np.asarray(codes, dtype=np.int64), [str(u) for u in uniques]
 
@@ -221,47 +222,16 @@ class Registry:
 
 # ---------------------------------------------------------------------------- range texts
 
-def _string_buffers(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets from the first value, bytes) of a string array without nulls."""
-    width = np.int64 if pa.types.is_large_string(texts.type) else np.int32
-    offsets = np.frombuffer(texts.buffers()[1], dtype=width)[texts.offset:texts.offset + len(texts) + 1]
-    offsets = offsets.astype(np.int64)
-    buffer = texts.buffers()[2]
-    data = np.frombuffer(buffer, dtype=np.uint8) if buffer is not None else np.zeros(0, dtype=np.uint8)
-    return offsets - offsets[0], data[offsets[0]:offsets[-1]]
-
-
-def _pieces(data: np.ndarray, start: np.ndarray, stop: np.ndarray) -> pa.Array:
-    """data[start_i:stop_i] of every row as strings (spans in increasing order, not overlapping): one mask
-    over the bytes, no Python per row."""
-    n = start.size
-    length = stop - start
-    counts = np.empty(2 * n + 1, dtype=np.int64)
-    counts[0:-1:2] = start - np.concatenate([[0], stop[:-1]])   # bytes skipped before each span
-    counts[1::2] = length
-    counts[-1] = data.size - (stop[-1] if n else 0)
-    take = np.zeros(2 * n + 1, dtype=bool)
-    take[1::2] = True
-    keep = np.repeat(take, counts)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(length, out=offsets[1:])
-    return pa.Array.from_buffers(pa.large_string(), n, [None, pa.py_buffer(offsets),
-                                                         pa.py_buffer(np.ascontiguousarray(data[keep]))])
-
-
-def _canonical_ints(pieces: pa.Array, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(value, ok) per piece: ok where wanted and the piece is an integer as Python writes it (ASCII digits,
-    no leading zero, no '+' and no '-0', at most 18 digits)."""
-    def flags(array) -> np.ndarray:
-        return np.asarray(pc.fill_null(array, False).to_numpy(zero_copy_only=False), dtype=bool)
-    negative = flags(pc.starts_with(pieces, "-"))
-    digits = pc.if_else(pa.array(negative), pc.utf8_slice_codeunits(pieces, 1), pieces)
-    length = np.asarray(pc.binary_length(digits).to_numpy(zero_copy_only=False), dtype=np.int64)
-    leading_zero = flags(pc.starts_with(digits, "0"))
-    ok = wanted & flags(pc.ascii_is_decimal(digits)) & (length >= 1) & (length <= 18) \
-        & ~(leading_zero & ((length > 1) | negative))
-    values = pc.cast(pc.if_else(pa.array(ok), pieces, pa.scalar("0", pa.large_string())), pa.int64())
-    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.int64), ok
+def _canonical_ints(texts: pa.Array, at: np.ndarray, stop: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray,
+                                                                                                     np.ndarray]:
+    """(value, ok) of the text between byte `at` and byte `stop` of each text: ok where wanted and that piece
+    is an integer as Python writes it (ASCII digits, no leading zero, no '+' and no '-0', at most 18 digits)."""
+    value, digits = arrow_text.ints_at(texts, np.where(wanted, at, -1))
+    fits = (digits >= 1) & (digits <= arrow_text.MAX_DIGITS)
+    magnitude = np.abs(value)
+    smallest = 10 ** np.clip(digits - 1, 0, arrow_text.MAX_DIGITS - 1)   # no leading zero: d digits >= 10^(d-1)
+    ok = wanted & fits & (stop - at == digits + (value < 0)) & ((digits == 1) | (magnitude >= smallest))
+    return value, ok
 
 
 def split_call_fields(texts: pa.Array) -> tuple[pa.Array, pa.Array, pa.Array]:
@@ -270,24 +240,19 @@ def split_call_fields(texts: pa.Array) -> tuple[pa.Array, pa.Array, pa.Array]:
     n = len(texts)
     if n == 0:
         return texts, pa.nulls(0, pa.int64()), pa.nulls(0, pa.int64())
-    pos_s = np.asarray(pc.find_substring(texts, _SEQ).to_numpy(zero_copy_only=False), dtype=np.int64)
-    pos_o = np.asarray(pc.find_substring(texts, _OP_ID).to_numpy(zero_copy_only=False), dtype=np.int64)
+    pos_s, pos_o = arrow_text.find(texts, _SEQ), arrow_text.find(texts, _OP_ID)
     has_s, has_o = pos_s >= 0, pos_o >= 0
     swapped = has_s & has_o & (pos_o < pos_s)
     has_s &= ~swapped
     has_o &= ~swapped
     if not (has_s | has_o).any():
         return texts, pa.nulls(n, pa.int64()), pa.nulls(n, pa.int64())
-    offsets, data = _string_buffers(texts)
-    start, end = offsets[:-1], offsets[1:]
-    seq_from = np.where(has_s, start + pos_s + len(_SEQ), start)
-    seq_to = np.where(has_s, np.where(has_o, start + pos_o, end), start)
-    op_from = np.where(has_o, start + pos_o + len(_OP_ID), start)
-    seq, seq_ok = _canonical_ints(_pieces(data, seq_from, seq_to), has_s)
-    op_id, op_ok = _canonical_ints(_pieces(data, op_from, np.where(has_o, end, start)), has_o)
+    length = np.diff(arrow_text.string_buffers(texts)[0])
+    seq, seq_ok = _canonical_ints(texts, pos_s + len(_SEQ), np.where(has_o, pos_o, length), has_s)
+    op_id, op_ok = _canonical_ints(texts, pos_o + len(_OP_ID), length, has_o)
     split = (has_s | has_o) & (seq_ok | ~has_s) & (op_ok | ~has_o)
-    cut = np.where(split, np.where(has_s, pos_s, pos_o), end - start)
-    return (_pieces(data, start, start + cut), pa.array(seq, mask=~(split & has_s)),
+    cut = np.where(split, np.where(has_s, pos_s, pos_o), length)
+    return (arrow_text.prefixes(texts, cut), pa.array(seq, mask=~(split & has_s)),
             pa.array(op_id, mask=~(split & has_o)))
 
 

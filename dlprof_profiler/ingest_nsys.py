@@ -6,6 +6,7 @@ it is never modified (DLProf 1.8 modified it in place; we don't).
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ from dlprof_profiler import log
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.sqlite_source import SqliteSource
 from dlprof_profiler.trace import (DEFAULT_DOMAIN, GPU_COLUMNS, KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, MISSING_TIME,
-                                   Trace, pid_of, tid_of)
+                                   Trace, combined_codes, pid_of, tid_of)
 
 NVTX_RANGE_TYPES = (59, 60, 70, 71)
 NVTX_DOMAIN_CREATE = 75
@@ -103,12 +104,19 @@ def read_nsys_export(path: Path) -> Trace:
         trace.has_cuda_tables = any(src.has(t) for t in (
             "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
             "CUPTI_ACTIVITY_KIND_MEMSET"))
-        trace.api_calls = read_api_calls(src, strings)
-        trace.gpu = read_gpu_activities(src, strings)
-        trace.syncs = read_syncs(src)
-        trace.io_calls = read_io_calls(src, strings)
-        capture_end = _capture_end(src, trace)
-        trace.ranges, trace.domain_map = read_ranges(src, strings, capture_end)
+        # The three large tables are read at once, each on its own connection: ADBC reads them in C without
+        # the GIL, so the reads share the cores (the rest of the work has to wait for all of them anyway).
+        with ThreadPoolExecutor(max_workers=3, thread_name_prefix="dlprof-read") as pool:
+            range_ints = pool.submit(_with_own_source, path, read_range_ints)
+            range_texts = pool.submit(_with_own_source, path, read_range_texts)
+            gpu_read = pool.submit(_with_own_source, path, read_gpu_activities, strings)
+            trace.api_calls = read_api_calls(src, strings)
+            trace.syncs = read_syncs(src)
+            trace.io_calls = read_io_calls(src, strings)
+            trace.gpu = gpu_read.result()
+            columns = range_columns(range_ints.result(), range_texts.result(), strings)
+        capture_end = _capture_end(trace, columns.get("latest"))
+        trace.ranges, trace.domain_map = ranges_frame(columns, capture_end)
         trace.devices = read_devices(src, trace.gpu)
         peak = read_peak_memory(src)
         if peak is not None:
@@ -238,11 +246,15 @@ def read_api_calls(src: SqliteSource, strings: StringTable) -> pd.DataFrame:
     table = "CUPTI_ACTIVITY_KIND_RUNTIME"
     names = ["start", "end", "global_tid", "correlation_id", "name_id", "event_class", "return_value"]
     if src.has(table):
+        # read in table order and sorted here: SQLite's ORDER BY would sort even when the rows already are
         cols = src.int_columns(
-            f"SELECT coalesce(start, {MISSING_TIME}), coalesce(end, {MISSING_TIME}), coalesce(globalTid, 0), "
+            f"SELECT rowid, coalesce(start, {MISSING_TIME}), coalesce(end, {MISSING_TIME}), coalesce(globalTid, 0), "
             f"coalesce(correlationId, -1), coalesce(nameId, -1), "
             f"coalesce(eventClass, 0), coalesce({src.col(table, 'returnValue', '0')}, 0) "
-            f"FROM {table} ORDER BY start, rowid", names)
+            f"FROM {table}", ["rowid"] + names)
+        order = _order_by(cols.pop("rowid"), cols["start"])
+        if order is not None:
+            cols = {name: values[order] for name, values in cols.items()}
     else:
         cols = {n: np.zeros(0, dtype=np.int64) for n in names}
     n = len(cols["start"])
@@ -251,6 +263,25 @@ def read_api_calls(src: SqliteSource, strings: StringTable) -> pd.DataFrame:
         "start": cols["start"], "end": cols["end"], "global_tid": cols["global_tid"],
         "pid": pid_of(cols["global_tid"]), "correlation_id": cols["correlation_id"],
         "event_class": cols["event_class"], "return_value": cols["return_value"]}, copy=False)
+
+
+def _order_by(rowid: np.ndarray, start: np.ndarray) -> np.ndarray | None:
+    """The permutation that sorts rows by (start, rowid); None when they already are in that order."""
+    if start.size < 2:
+        return None
+    same = start[1:] == start[:-1]
+    if (start[1:] >= start[:-1]).all() and (rowid[1:][same] > rowid[:-1][same]).all():
+        return None
+    return np.lexsort((rowid, start))
+
+
+def _with_own_source(path: Path, read, *args):
+    """read(src, *args) on a connection of its own (to run on another thread)."""
+    src = SqliteSource(path, immutable=True)
+    try:
+        return read(src, *args)
+    finally:
+        src.close()
 
 
 def _int_col(src: SqliteSource, table: str, name: str, default: str = "-1") -> str:
@@ -407,47 +438,86 @@ def read_io_calls(src: SqliteSource, strings: StringTable) -> pd.DataFrame:
     return frame.drop(columns="name_id")
 
 
-def _capture_end(src: SqliteSource, trace: Trace) -> int:
+def _capture_end(trace: Trace, latest_nvtx) -> int:
+    """The capture's end: the session's stop time, unless some event (`latest_nvtx`: the latest end or time of
+    any NVTX event) ends later."""
     ends = [0]
     for frame in (trace.api_calls, trace.gpu):
         if len(frame):
             ends.append(int(frame["end"].max()))
-    if src.has("NVTX_EVENTS"):
-        value = src.query_scalar("SELECT max(coalesce(end, start)) FROM NVTX_EVENTS")
-        if value is not None:
-            ends.append(int(value))
+    if latest_nvtx is not None:
+        ends.append(int(latest_nvtx))
     stop = trace.meta.get("session_stop")
     latest = max(ends)
     return int(stop) if isinstance(stop, int) and stop >= latest else latest
 
 
-def read_ranges(src: SqliteSource, strings: StringTable, capture_end: int) -> pd.DataFrame:
+RANGE_FRAME_COLUMNS = ["range_id", "domain", "text", "start", "end", "global_tid", "pid", "event_type", "unclosed"]
+
+
+def read_ranges(src: SqliteSource, strings: StringTable, capture_end: int) -> tuple[pd.DataFrame, dict]:
     """NVTX push/pop and start/end ranges (in rowid order) with resolved text and domain names; range_id is
     the rowid. Also returns the (pid, domain handle) -> domain name map."""
-    t = "NVTX_EVENTS"
-    out_cols = ["range_id", "domain", "text", "start", "end", "global_tid", "pid", "event_type", "unclosed"]
-    if not src.has(t):
-        return _empty_ranges(out_cols), {}
+    return ranges_frame(read_range_columns(src, strings), capture_end)
+
+
+def read_range_columns(src: SqliteSource, strings: StringTable) -> dict:
+    """What ranges_frame needs from NVTX_EVENTS: the range and domain-create rows' integer columns, their
+    texts (registered strings resolved) and `latest`, the latest end or time of any NVTX event."""
+    return range_columns(read_range_ints(src), read_range_texts(src), strings)
+
+
+def _range_rows(src: SqliteSource) -> str:
     types = ",".join(map(str, NVTX_RANGE_TYPES + (NVTX_DOMAIN_CREATE,)))
-    where = f"FROM {t} WHERE eventType IN ({types}) ORDER BY rowid"
-    cols = src.int_columns(
+    return f"FROM NVTX_EVENTS WHERE eventType IN ({types}) ORDER BY rowid"
+
+
+def read_range_ints(src: SqliteSource) -> dict | None:
+    """The integer columns of the range and domain-create rows (None without NVTX_EVENTS)."""
+    t = "NVTX_EVENTS"
+    if not src.has(t):
+        return None
+    return src.int_columns(
         f"SELECT rowid, eventType, coalesce(start, {MISSING_TIME}), coalesce(end, -1), coalesce(globalTid, 0), "
-        f"{_int_col(src, t, 'domainId', '0')}, {_int_col(src, t, 'textId')} {where}",
+        f"{_int_col(src, t, 'domainId', '0')}, {_int_col(src, t, 'textId')} {_range_rows(src)}",
         ["range_id", "event_type", "start", "end", "global_tid", "domain_id", "text_id"])
+
+
+def read_range_texts(src: SqliteSource) -> tuple | None:
+    """(inline texts of the range and domain-create rows, latest end or time of any NVTX event); a query of
+    its own, so it can run beside read_range_ints (None without NVTX_EVENTS)."""
+    if not src.has("NVTX_EVENTS"):
+        return None
+    latest = src.query_scalar("SELECT max(coalesce(end, start)) FROM NVTX_EVENTS")
+    return src.arrow_text_column(f"SELECT {src.col('NVTX_EVENTS', 'text')} {_range_rows(src)}"), latest
+
+
+def range_columns(cols: dict | None, texts: tuple | None, strings: StringTable) -> dict:
+    """read_range_ints' and read_range_texts' results as read_range_columns gives them."""
+    if cols is None:
+        return {}
+    text, cols["latest"] = texts
     if len(cols["range_id"]) == 0:
-        return _empty_ranges(out_cols), {}
-    text = src.arrow_text_column(f"SELECT {src.col(t, 'text')} {where}")
+        return cols
     text_id = cols.pop("text_id")
     if (text_id >= 0).any():  # registered strings (textId) take precedence over inline text
         text = pc.coalesce(strings.arrow(text_id), text)
     del text_id
-    text = pc.fill_null(text, "")
+    cols["text"] = pc.fill_null(text, "")
+    return cols
+
+
+def ranges_frame(cols: dict, capture_end: int) -> tuple[pd.DataFrame, dict]:
+    """The ranges frame and the domain map from read_range_columns' columns; ranges never closed end at the
+    capture's end."""
+    if len(cols.get("range_id", ())) == 0:
+        return _empty_ranges(RANGE_FRAME_COLUMNS), {}
+    text = cols["text"]
     pid = pid_of(cols["global_tid"])
     # Domain handles are per process: (pid, domainId) -> name, from the domain-create rows.
     create = cols["event_type"] == NVTX_DOMAIN_CREATE
     created_names = text.filter(pa.array(create)).to_pylist() if create.any() else []
     names = {(int(p), int(d)): str(n) for p, d, n in zip(pid[create], cols["domain_id"][create], created_names)}
-    mapping = domain_name_map(*_distinct_pairs(pid[~create], cols["domain_id"][~create]), names)
     end, start = cols["end"], cols["start"]
     unclosed = end < 0
     end = np.where(unclosed, np.maximum(capture_end, start), end)
@@ -457,9 +527,10 @@ def read_ranges(src: SqliteSource, strings: StringTable, capture_end: int) -> pd
 
     def take(values):
         return values if everything else values[sel]
+    domains, mapping = _domain_names(take(pid), take(cols["domain_id"]), names)
     frame = pd.DataFrame({
         "range_id": take(cols["range_id"]),
-        "domain": pd.Series(_domain_names(take(pid), take(cols["domain_id"]), names), dtype=object, copy=False),
+        "domain": pd.Series(domains, dtype=object, copy=False),
         "text": pd.Series(text if everything else text.take(pa.array(sel)), dtype="str"),
         "start": take(start), "end": take(end), "global_tid": take(cols["global_tid"]), "pid": take(pid),
         "event_type": take(cols["event_type"]).astype(np.int8), "unclosed": take(unclosed)}, copy=False)
@@ -474,15 +545,6 @@ def _empty_ranges(columns: list[str]) -> pd.DataFrame:
     return frame
 
 
-def _distinct_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if a.size == 0:
-        return a, b
-    codes_b, values_b = pd.factorize(b)
-    key = a.astype(np.int64) * len(values_b) + codes_b
-    uniques = pd.unique(key)
-    return uniques // len(values_b), np.asarray(values_b)[uniques % len(values_b)]
-
-
 def domain_name_map(pids: np.ndarray, domain_ids: np.ndarray, created: dict) -> dict:
     """(pid, domain handle) -> domain name: default for handle 0, the created name, else `domain<id>`."""
     mapping = {}
@@ -495,18 +557,18 @@ def domain_name_map(pids: np.ndarray, domain_ids: np.ndarray, created: dict) -> 
     return mapping
 
 
-def _domain_names(pids: np.ndarray, domain_ids: np.ndarray, created: dict) -> np.ndarray:
-    """Domain name per range, resolved once per distinct (process, domain handle)."""
+def _domain_names(pids: np.ndarray, domain_ids: np.ndarray, created: dict) -> tuple[np.ndarray, dict]:
+    """Domain name per range, resolved once per distinct (process, domain handle), and the (process, domain
+    handle) -> name map of the handles the ranges use."""
     if pids.size == 0:
-        return np.zeros(0, dtype=object)
-    dom_codes, dom_values = pd.factorize(domain_ids)
-    key = pids.astype(np.int64) * max(len(dom_values), 1) + dom_codes
-    codes, uniques = pd.factorize(key)
-    u_pid = uniques // max(len(dom_values), 1)
-    u_dom = np.asarray(dom_values)[uniques % max(len(dom_values), 1)]
+        return np.zeros(0, dtype=object), {}
+    codes = combined_codes(pids, domain_ids)
+    first = np.full(int(codes.max()) + 1, -1, dtype=np.int64)
+    first[codes[::-1]] = np.arange(codes.size - 1, -1, -1)
+    u_pid, u_dom = pids[first], domain_ids[first]
     mapping = domain_name_map(u_pid, u_dom, created)
     names = np.array([mapping[(int(p), int(d))] for p, d in zip(u_pid, u_dom)], dtype=object)
-    return names[codes]
+    return names[codes], mapping
 
 
 def read_devices(src: SqliteSource, gpu: pd.DataFrame) -> pd.DataFrame:

@@ -12,17 +12,39 @@ import pandas as pd
 
 def union_length_by_group(groups, starts, ends) -> pd.Series:
     """Flattened length of the intervals of each group (index: group key, sorted)."""
-    frame = pd.DataFrame({"g": np.asarray(groups), "s": np.asarray(starts, dtype=np.int64),
-                          "e": np.asarray(ends, dtype=np.int64)})
-    if frame.empty:
+    g = np.asarray(groups)
+    s = np.asarray(starts, dtype=np.int64)
+    e = np.asarray(ends, dtype=np.int64)
+    if g.size == 0:
         return pd.Series(dtype=np.int64)
-    frame = frame.sort_values(["g", "s"], kind="stable")
-    # Sorted by start, an interval adds only what reaches past the furthest end seen before it.
-    reach = frame.groupby("g", sort=False)["e"].cummax()
-    prev_reach = reach.groupby(frame["g"], sort=False).shift(1)
-    floor = np.maximum(frame["s"].to_numpy(), prev_reach.fillna(np.iinfo(np.int64).min).to_numpy(np.int64))
-    added = np.clip(frame["e"].to_numpy() - floor, 0, None)
-    return pd.Series(added, index=frame["g"].to_numpy()).groupby(level=0).sum()
+    order = np.lexsort((s, g))
+    g, s, e = g[order], s[order], e[order]
+    first = np.ones(g.size, dtype=bool)
+    first[1:] = g[1:] != g[:-1]
+    # Sorted by start, an interval adds only what reaches past the furthest end seen before it in its group.
+    reach = grouped_cummax(first, e)
+    floor = s.copy()
+    later = np.flatnonzero(~first)
+    floor[later] = np.maximum(s[later], reach[later - 1])
+    added = np.clip(e - floor, 0, None)
+    heads = np.flatnonzero(first)
+    return pd.Series(np.add.reduceat(added, heads), index=g[heads])
+
+
+def grouped_cummax(first: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Running maximum of int64 `values` restarting where `first` is set (groups of consecutive elements):
+    one accumulate over values lifted by group rank, so every group lies above the ones before it (pandas'
+    groupby when that lift would overflow)."""
+    values = np.asarray(values, dtype=np.int64)
+    if values.size == 0:
+        return values.copy()
+    rank = np.cumsum(first) - 1
+    low, high = int(values.min()), int(values.max())
+    span = high - low + 1
+    if (int(rank[-1]) + 1) * span >= 1 << 62:
+        return pd.Series(values).groupby(rank).cummax().to_numpy(np.int64)
+    lift = rank * span - low
+    return np.maximum.accumulate(values + lift) - lift
 
 
 def merge_intervals(starts, ends) -> tuple[np.ndarray, np.ndarray]:
@@ -114,15 +136,19 @@ class StreamingUnion:
         keys, s, e = (np.concatenate(x) for x in (self._keys, self._s, self._e))
         order = np.lexsort((s, keys))
         keys, s, e = keys[order], s[order], e[order]
-        reach = pd.Series(e).groupby(keys).cummax().to_numpy(np.int64)
-        new = np.ones(keys.size, dtype=bool)
-        new[1:] = (keys[1:] != keys[:-1]) | (s[1:] > reach[:-1])
+        new_key = np.ones(keys.size, dtype=bool)
+        new_key[1:] = keys[1:] != keys[:-1]
+        reach = grouped_cummax(new_key, e)
+        new = new_key.copy()
+        new[1:] |= s[1:] > reach[:-1]
         first = np.flatnonzero(new)
         seg_k, seg_s = keys[first], s[first]
         seg_e = np.maximum.reduceat(e, first)
         final = seg_e <= cut
         if final.any():
-            done = pd.Series(seg_e[final] - seg_s[final], index=seg_k[final]).groupby(level=0).sum()
+            k = seg_k[final]   # sorted: one sum per run of equal keys
+            heads = np.flatnonzero(np.concatenate([[True], k[1:] != k[:-1]]))
+            done = pd.Series(np.add.reduceat(seg_e[final] - seg_s[final], heads), index=k[heads])
             self._totals = done if len(self._totals) == 0 else self._totals.add(done, fill_value=0)
         self._keys, self._s, self._e = [seg_k[~final]], [seg_s[~final]], [seg_e[~final]]
 

@@ -9,6 +9,8 @@ import pandas as pd
 
 from dlprof_profiler import nvtx_markers as nm
 from dlprof_profiler.errors import DLProfError
+from dlprof_profiler.naming import first_rows
+from dlprof_profiler.trace import combined_codes
 
 NUMBER_SUFFIX = re.compile(r"#\d+$")
 _TF_GLOBAL_STEP = re.compile(r"(?:^|/)global_step(?:/|$)")
@@ -82,8 +84,17 @@ def default_key_node(ranges: pd.DataFrame, info: pd.DataFrame, family: str | Non
     """The framework's default key node present in the profile, if any."""
     if len(ranges) == 0:
         return None
-    labels = pd.DataFrame({"label": info["label"].to_numpy(dtype=object), "kind": info["kind"].to_numpy()})
-    counts = labels.groupby(["label", "kind"], dropna=True).size().reset_index(name="num_ranges")
+    kind = info["kind"].to_numpy()
+    label = info["label"].to_numpy(dtype=object)
+    if "text_code" in info:
+        # a label is a function of the range's stripped text: count per (text, kind) code in integers, then
+        # look at one row of each code (a few thousand labels, not millions of strings)
+        codes = combined_codes(info["text_code"].to_numpy(), kind)
+        first = first_rows(codes)
+        counts = pd.DataFrame({"label": label[first], "kind": kind[first], "num_ranges": np.bincount(codes)})
+    else:
+        labels = pd.DataFrame({"label": label, "kind": kind})
+        counts = labels.groupby(["label", "kind"], dropna=True).size().reset_index(name="num_ranges")
     return default_key_node_of_labels(counts, family)
 
 

@@ -79,10 +79,11 @@ def range_names(ranges: pd.DataFrame, info: pd.DataFrame, kinds: np.ndarray, par
     naming = is_scope | instance_range
     scope_parent = nearest_flagged_ancestor(parent, depth, is_scope)
     trace_anc = nearest_flagged_ancestor(parent, depth, kinds == nm.DL_TRACE)
-    label_code, label_text = pd.factorize(scope_labels(info["label"].to_numpy(dtype=object), is_scope))
+    label_code, label_text = _factorized_per_text(info, "label", is_scope,
+                                                  lambda labels, scope: scope_labels(labels, scope))
     label_text = np.asarray(label_text, dtype=object)
     # DLProf markers: the trace marker around an argument marker names the op by its funcStack.
-    fs_code, fs_text = pd.factorize(info["func_stack"].to_numpy(dtype=object))  # None -> -1
+    fs_code, fs_text = _factorized_per_text(info, "func_stack")  # None -> -1
     stack = np.full(n, -1, dtype=np.int64)
     has_trace = (kinds == nm.DL_ARG) & (trace_anc >= 0)
     stack[has_trace] = fs_code[trace_anc[has_trace]]
@@ -143,6 +144,20 @@ def range_names(ranges: pd.DataFrame, info: pd.DataFrame, kinds: np.ndarray, par
         carry.names[rid] = names[row]
         carry.ends[rid] = int(ends[row])
     return names
+
+
+def _factorized_per_text(info: pd.DataFrame, column: str, flag: np.ndarray | None = None, transform=None):
+    """pd.factorize(transform(info[column], flag)) for a column that is a function of the range's stripped
+    text (`text_code`, from classification): computed on one row per (text, flag) and spread back, the same
+    codes in the same order as over every row."""
+    values = info[column].to_numpy(dtype=object)
+    flag = np.zeros(len(values), dtype=bool) if flag is None else flag
+    if "text_code" not in info:
+        return pd.factorize(transform(values, flag) if transform else values)
+    per_text = combined_codes(info["text_code"].to_numpy(), flag)
+    first = first_rows(per_text)   # in row order: first appearances stay in order
+    codes, uniques = pd.factorize(transform(values[first], flag[first]) if transform else values[first])
+    return codes[per_text], uniques
 
 
 def _sibling_numbers(rows, scope_parent, range_id, ends, tids, starts, label_code, label_text, bounds, lo, hi,

@@ -15,6 +15,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dlprof_profiler import arrow_text as at
+
 # Range kinds
 SCOPE, PT_OP, DL_ARG, DL_TRACE, DL_MODULE, CONFIG, TF_OP, TRT_LAYER = range(8)
 OP_MARKERS = (PT_OP, DL_ARG, TF_OP, TRT_LAYER)
@@ -50,7 +52,8 @@ def classify_ranges(texts, domains, families: set[str] | None = None) -> pd.Data
     the per-call fields (seq, op_id, sizes, callids) are stripped, so string columns share their objects.
     """
     arr = _arrow_strings(texts)
-    domain = _object_array(domains)
+    # only compared with a name below: missing values need no replacing (the texts do)
+    domain = domains.to_numpy(dtype=object) if isinstance(domains, pd.Series) else np.asarray(domains, dtype=object)
     n = len(arr)
     allowed = {FAMILY_PYTORCH, FAMILY_TENSORFLOW, FAMILY_TENSORRT} if families is None else families
     cols = _empty_columns(n)
@@ -60,10 +63,11 @@ def classify_ranges(texts, domains, families: set[str] | None = None) -> pd.Data
         out.attrs["config"] = []
         return out
     is_dict = _bools(pc.starts_with(arr, "{"))
-    stripped = pc.replace_substring_regex(arr, _PT_FIELDS, "")
+    stripped, marker_at = _strip_call_fields(arr)
     if is_dict.any():
-        dict_stripped = pc.replace_substring_regex(arr, _CALLID_FIELDS, "")
-        stripped = pc.if_else(pa.array(is_dict), dict_stripped, stripped)
+        dict_rows = pa.array(is_dict)
+        dict_stripped = pc.replace_substring_regex(arr.filter(dict_rows), _CALLID_FIELDS, "")
+        stripped = pc.replace_with_mask(stripped, dict_rows, dict_stripped.cast(stripped.type))
         del dict_stripped
     encoded = pc.dictionary_encode(stripped)
     del stripped  # the distinct texts and one code per range are all that is kept
@@ -88,7 +92,7 @@ def classify_ranges(texts, domains, families: set[str] | None = None) -> pd.Data
     cols["dataloader"] = u_fields.get("dataloader", np.zeros(len(u_text), dtype=bool))[codes]
     plain = ~is_dict
     if FAMILY_PYTORCH in allowed:
-        _pytorch(arr, plain, codes, uniq, u_text, kind, label, op_type, cols)
+        _pytorch(arr, marker_at, plain, codes, uniq, u_text, kind, label, op_type, cols)
         if is_dict.any():
             for column, pattern in (("callid", _CALLID), ("fwd_callid", _FWD_CALLID)):
                 cols[column] = _int_field(arr, pattern, is_dict)
@@ -177,6 +181,9 @@ def _int_field(arr: pa.Array, pattern: str, mask: np.ndarray) -> np.ndarray:
     if idx.size:
         sub = arr.take(pa.array(idx)) if idx.size < len(arr) else arr
         found = pc.struct_field(pc.extract_regex(sub, pattern), [0])
+        # more digits than int64 holds: no value (rather than an error that would stop the run)
+        digits = pc.subtract(pc.binary_length(found), pc.cast(pc.starts_with(found, "-"), pa.int32()))
+        found = pc.if_else(pc.less_equal(digits, at.MAX_DIGITS), found, pa.scalar(None, found.type))
         out[idx] = np.asarray(pc.fill_null(pc.cast(found, pa.int64()), -1).to_numpy(zero_copy_only=False),
                               dtype=np.int64)
     return out
@@ -185,11 +192,55 @@ def _int_field(arr: pa.Array, pattern: str, mask: np.ndarray) -> np.ndarray:
 def _lazy_per_unique(fn, u_text: np.ndarray):
     """fn over the distinct texts actually asked for, spread back by their codes."""
     def apply(codes: np.ndarray) -> np.ndarray:
-        wanted, inverse = np.unique(codes, return_inverse=True)
-        results = np.empty(wanted.size, dtype=object)
-        results[:] = [fn(u_text[c]) for c in wanted]
-        return results[inverse]
+        results = np.empty(len(u_text), dtype=object)
+        wanted = np.flatnonzero(np.bincount(codes, minlength=len(u_text)))   # no sort of the codes
+        results[wanted] = [fn(u_text[c]) for c in wanted]
+        return results[codes]
     return apply
+
+
+# PyTorch's per-call fields (_PT_FIELDS): each text's shared part ends where the first of them begins
+_PT_MARKERS = (", seq = ", ", op_id = ", ", sizes = ", ", input_op_ids = ")
+
+
+def _strip_call_fields(arr: pa.Array) -> tuple[pa.Array, dict]:
+    """The texts without PyTorch's per-call fields, exactly as `pc.replace_substring_regex(arr, _PT_FIELDS,
+    "")`, and the byte position of each marker's first occurrence per text (-1: none). A text with a line
+    break (the regex's `.*$` does not cross one) is left to the regex."""
+    marker_at = {m: at.find(arr, m) for m in _PT_MARKERS}
+    cut = np.full(len(arr), -1, dtype=np.int64)
+    for pos in marker_at.values():
+        cut = np.where((pos >= 0) & ((cut < 0) | (pos < cut)), pos, cut)
+    odd = np.zeros(len(arr), dtype=bool)
+    if at.anywhere(arr, b"\n"):
+        odd = (cut >= 0) & (at.find(arr, "\n") >= 0)
+        cut[odd] = -1
+    stripped = at.prefixes(arr, np.where(cut >= 0, cut, np.iinfo(np.int64).max))
+    if odd.any():
+        rows = pa.array(odd)
+        by_regex = pc.replace_substring_regex(arr.filter(rows), _PT_FIELDS, "")
+        stripped = pc.replace_with_mask(stripped, rows, by_regex.cast(stripped.type))
+    return stripped, marker_at
+
+
+def _int_fields(arr: pa.Array, marker_at: dict, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(has, seq): whether `, seq = N` or `, op_id = N` occurs in each text (the regex
+    `, (?:seq|op_id) = -?\\d+`), and the N of the first `, seq = N` (-1: none, outside `mask`, or more
+    digits than int64 holds), from the markers' first positions; texts whose first marker is not followed by a
+    number are left to the regexes."""
+    seq_at, op_at = marker_at[", seq = "], marker_at[", op_id = "]
+    seq_there, op_there = seq_at >= 0, op_at >= 0
+    seq_value, seq_digits = at.ints_at(arr, np.where(seq_there, seq_at + len(", seq = "), -1))
+    has = (seq_digits >= 1) | at.number_at(arr, np.where(op_there, op_at + len(", op_id = "), -1))
+    unsure = ~has & (seq_there | op_there)
+    if unsure.any():
+        has[unsure] = _bools(pc.match_substring_regex(arr.filter(pa.array(unsure)), r", (?:seq|op_id) = -?\d+"))
+    has &= mask
+    seq = np.where(has & (seq_digits >= 1) & (seq_digits <= at.MAX_DIGITS), seq_value, -1)
+    unsure = has & seq_there & (seq_digits < 1)     # a later `, seq = N` may follow
+    if unsure.any():
+        seq[unsure] = _int_field(arr, r", seq = (?P<seq>-?\d+)", unsure)[unsure]
+    return has, seq
 
 
 def per_unique(values: np.ndarray, fn, dtype=object) -> np.ndarray:
@@ -201,12 +252,11 @@ def per_unique(values: np.ndarray, fn, dtype=object) -> np.ndarray:
 
 # ---------------------------------------------------------------- PyTorch emit_nvtx texts
 
-def _pytorch(arr, plain, codes, uniq, u_text, kind, label, op_type, cols) -> None:
+def _pytorch(arr, marker_at, plain, codes, uniq, u_text, kind, label, op_type, cols) -> None:
     """PyTorch op markers: texts in emit_nvtx's grammar whose label is an op (namespace::name, a backward
     node, or any label with an autograd seq); other texts in that grammar are scopes (ProfilerStep#N,
     Optimizer.step#..., user record_function labels)."""
-    has_fields = _bools(pc.match_substring_regex(arr, r", (?:seq|op_id) = -?\d+")) & plain
-    seq = _int_field(arr, r", seq = (?P<seq>-?\d+)", has_fields)
+    has_fields, seq = _int_fields(arr, marker_at, plain)
     u_aten = _bools(pc.starts_with(uniq, "aten::"))
     u_op_like = _bools(pc.match_substring_regex(uniq, _PT_OP_LABEL.pattern))
     is_pt = has_fields | (u_aten[codes] & plain)
@@ -222,7 +272,7 @@ def _pytorch(arr, plain, codes, uniq, u_text, kind, label, op_type, cols) -> Non
     label[is_op] = u_inner[codes[is_op]]
     cols["backward"][is_op] = u_backward[codes[is_op]]
     op_type[is_op] = _lazy_per_unique(pytorch_op_type, u_inner)(codes[is_op])
-    has_sizes = _bools(pc.match_substring(arr, ", sizes = ")) & is_pt
+    has_sizes = (marker_at[", sizes = "] >= 0) & is_pt
     if has_sizes.any():
         sub = arr.filter(pa.array(has_sizes))
         sizes = pc.struct_field(pc.extract_regex(sub, r", sizes = (?P<sizes>\[\]|\[.*?\]\])"), [0])

@@ -15,6 +15,7 @@ from dlprof_profiler import correlate as corr_mod
 from dlprof_profiler.analysis import (Analysis, AnalysisConfig, analyze, key_node_from_ops, reaggregation_iterations,
                                       reanalyze)
 from dlprof_profiler.errors import DLProfError
+from dlprof_profiler.huge_pages import avoid_huge_pages
 from dlprof_profiler.outputs import Staging, prepare_output_dir, refuse_existing
 from dlprof_profiler.sanitize import sanitize_trace
 from dlprof_profiler.sqlite_source import check_sqlite_file
@@ -124,6 +125,7 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
     """Analyse an nsys SQLite export or Kineto trace and write every output; returns the exit status (0)."""
     if out_of_core(source, args):
         return run_store_analysis(source, args, capture)
+    avoid_huge_pages()   # its large short-lived arrays fault in faster as ordinary pages (huge_pages.py)
     started = time.perf_counter()
     out_dir = prepare_output_dir(Path(args.output_path))
     refuse_existing(planned_outputs(args), args.force)
@@ -142,9 +144,10 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
     writer = None
     try:
         header = database.Header.from_trace(trace, database.domain_ids_for(corr_mod.domain_order(trace, args.mode)))
-        writer = database.DatabaseWriter(staging.path(database_path(args)), header)
+        writer = database.DatabaseWriter(staging.path(database_path(args)), header, deferred_indexes=True)
         writer.add_raw(trace)   # written on the writer's thread while the analysis goes on
-        result = analyze(trace, AnalysisConfig.from_args(args), str(source))
+        result = analyze(trace, AnalysisConfig.from_args(args), str(source),
+                         on_correlated=lambda corr: database.write_correlation(writer, trace, corr))
         profile = _profile_info(args, source, trace, result.corr, capture)
         return _write_outputs(args, out_dir, source, result, profile, staging,
                               _InMemoryDatabase(writer, result, profile), writer, started)

@@ -150,7 +150,7 @@ class SqliteSource:
             cursor = self._adbc.cursor()
             try:
                 # large batches: integer columns then come back as single chunks numpy can share
-                cursor.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": "1048576"})
+                cursor.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(1 << 24)})
                 cursor.execute(sql)
                 table = cursor.fetch_arrow_table()
             finally:

@@ -3,8 +3,9 @@ the tree. All vectorized: one pass per tree level at most, never one per range."
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
-from dlprof_profiler.intervals import segment_starts
+from dlprof_profiler.intervals import grouped_cummax, segment_starts
 
 
 class ThreadTimeKeys:
@@ -14,7 +15,9 @@ class ThreadTimeKeys:
         tids = [np.asarray(t, dtype=np.int64) for t in tids]
         times = [np.asarray(t, dtype=np.int64) for t in times]
         nonempty = [t for t in times if t.size]
-        self.threads = np.unique(np.concatenate(tids)) if any(t.size for t in tids) else np.zeros(0, np.int64)
+        # few distinct threads: hashing beats sorting every id
+        self.threads = np.sort(pd.unique(np.concatenate(tids))) if any(t.size for t in tids) \
+            else np.zeros(0, np.int64)
         self.tmin = int(min(t.min() for t in nonempty)) if nonempty else 0
         tmax = int(max(t.max() for t in nonempty)) if nonempty else 0
         self.span = tmax - self.tmin + 2
@@ -42,8 +45,17 @@ def previous_greater_or_equal(values: np.ndarray, targets: np.ndarray, lower: np
     """
     n = values.size
     cand = np.arange(n, dtype=np.int64) - 1
-    active = np.flatnonzero(cand >= lower)
     cand[cand < lower] = -1
+    # Elements no earlier one of their segment reaches (top-level ranges) have none: the running maximum of
+    # the segment says so at once, so the jumps below only run for the others.
+    active = np.flatnonzero(cand >= 0)
+    if active.size:
+        first = np.ones(n, dtype=bool)
+        first[1:] = lower[1:] != lower[:-1]
+        reach = grouped_cummax(first, values)
+        none = reach[cand[active]] < targets[active]
+        cand[active[none]] = -1
+        active = active[~none]
     while active.size:
         done = values[cand[active]] >= targets[active]
         active = active[~done]

@@ -76,14 +76,25 @@ def kernel_tc_rule(name: str, long_name: str | None = None) -> str | None:
     return None
 
 
+def _name_codes(values) -> tuple[np.ndarray, np.ndarray]:
+    """(code per row, distinct names) with missing names as "": a categorical's own codes (no string per
+    row), other arrays factorized."""
+    if isinstance(getattr(values, "dtype", None), pd.CategoricalDtype):
+        cat = pd.Categorical(values)
+        codes = np.asarray(cat.codes, dtype=np.int64)
+        names = np.append(cat.categories.to_numpy(dtype=object), "")
+        return np.where(codes >= 0, codes, names.size - 1), names
+    codes, uniques = pd.factorize(pd.Series(values, dtype=object).fillna("").to_numpy(dtype=object))
+    return codes, np.asarray(uniques, dtype=object)
+
+
 def kernel_uses_tc(names, long_names) -> tuple[np.ndarray, np.ndarray]:
-    """Uses-TC flags and deciding rule ids for arrays of kernel names (each distinct pair evaluated once)."""
-    names = pd.Series(names, dtype=object).fillna("").reset_index(drop=True)
-    long_names = pd.Series(long_names, dtype=object).fillna("").reset_index(drop=True)
+    """Uses-TC flags and deciding rule ids for arrays of kernel names, plain or categorical (each distinct
+    pair evaluated once)."""
     if len(names) == 0:
         return np.zeros(0, dtype=bool), np.zeros(0, dtype=object)
-    name_codes, name_values = pd.factorize(names.to_numpy(dtype=object))
-    long_codes, long_values = pd.factorize(long_names.to_numpy(dtype=object))
+    name_codes, name_values = _name_codes(names)
+    long_codes, long_values = _name_codes(long_names)
     codes, uniques = pd.factorize(name_codes.astype(np.int64) * max(len(long_values), 1) + long_codes)
     width = max(len(long_values), 1)
     rules = [kernel_tc_rule(name_values[u // width], long_values[u % width]) for u in uniques]

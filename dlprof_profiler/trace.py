@@ -94,17 +94,64 @@ def obj(values, index=None) -> pd.Series:
 
 
 def combined_codes(*arrays) -> np.ndarray:
-    """One dense int64 code per distinct tuple of values across the arrays (factorized stepwise, so the
-    mixed-radix products never overflow)."""
+    """One dense int64 code per distinct tuple of values across the arrays, numbered in order of first
+    appearance (-1 values of pd.factorize, for missing values, take part as stepwise factorizing gives them)."""
+    if not arrays:
+        return np.zeros(0, dtype=np.int64)
+    fast = _one_key(arrays)
+    if fast is not None:
+        key, radix = fast
+        if radix <= max(4096, min(2 * key.size, 1 << 22)):   # few possible keys: a table in cache, no hashing
+            return _first_appearance_codes(key, radix)
+        return pd.factorize(key)[0].astype(np.int64, copy=False)
     codes = None
-    for values in arrays:
+    for values in arrays:   # stepwise, so the mixed-radix products never overflow
         c, uniques = pd.factorize(np.asarray(values))
         if codes is None:
             codes = c.astype(np.int64)
         else:
             codes, _ = pd.factorize(codes * max(len(uniques), 1) + c)
             codes = codes.astype(np.int64)
-    return codes if codes is not None else np.zeros(0, dtype=np.int64)
+    return codes
+
+
+def _first_appearance_codes(key: np.ndarray, radix: int) -> np.ndarray:
+    """pd.factorize(key)[0] for keys in [0, radix): dense codes in order of first appearance."""
+    first = np.full(radix, -1, dtype=np.int64)
+    first[key[::-1]] = np.arange(key.size - 1, -1, -1)   # the last write, the first row, wins
+    present = np.flatnonzero(first >= 0)
+    code_of = np.empty(radix, dtype=np.int64)
+    code_of[present[np.argsort(first[present], kind="stable")]] = np.arange(present.size)
+    return code_of[key]
+
+
+def _one_key(arrays) -> tuple[np.ndarray, int] | None:
+    """(key, radix): a single int64 key in [0, radix) per row that is distinct exactly where the tuples are
+    (integer columns by their offset from their minimum, other columns by their factorized codes), or None
+    when some column has missing values or the key would not fit in int64: numbering its values in order of
+    first appearance numbers the tuples as the stepwise factorizing does."""
+    key = None
+    radix = 1
+    for values in arrays:
+        values = np.asarray(values)
+        sparse = False
+        if values.dtype.kind in "iub":
+            values = values.astype(np.int64, copy=False)
+            low = int(values.min()) if values.size else 0
+            span = (int(values.max()) - low + 1) if values.size else 1
+            digit = values - low if low else values
+            sparse = span > 4 * values.size   # a few far-apart values (thread ids): number them instead
+        if sparse or values.dtype.kind not in "iub":
+            digit, uniques = pd.factorize(values)
+            if values.size and (digit < 0).any():
+                return None
+            span = max(len(uniques), 1)
+            digit = digit.astype(np.int64, copy=False)
+        if radix * span >= 1 << 62:
+            return None
+        key = digit if key is None else key * span + digit
+        radix *= span
+    return key, radix
 
 
 def rank_within(groups: np.ndarray, order_keys: list[np.ndarray]) -> np.ndarray:

@@ -2,6 +2,7 @@
 the writer's segment API, re-aggregation in place keeping the earlier aggregations."""
 import hashlib
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -219,6 +220,34 @@ def test_call_fields_split_what_python_writes():
     assert seq.to_pylist() == [-3, None, 4] and op_id.to_pylist() == [9, None, None]
 
 
+def _python_split(text: str):
+    """split_call_fields' rule in plain Python: the first `, seq = ` and `, op_id = ` (in that order) end the
+    text with integers written as Python writes them (at most 18 digits), else the text stays whole."""
+    s, o = text.find(", seq = "), text.find(", op_id = ")
+    if s >= 0 and o >= 0 and o < s:
+        return text, None, None
+    if s < 0 and o < 0:
+        return text, None, None
+
+    def canonical(piece):
+        return re.fullmatch(r"-?[0-9]{1,18}", piece) is not None and str(int(piece)) == piece
+    seq = text[s + len(", seq = "):o if o >= 0 else len(text)] if s >= 0 else None
+    op = text[o + len(", op_id = "):] if o >= 0 else None
+    if (seq is not None and not canonical(seq)) or (op is not None and not canonical(op)):
+        return text, None, None
+    return text[:s if s >= 0 else o], None if seq is None else int(seq), None if op is None else int(op)
+
+
+def test_call_fields_split_as_python_reads_integers():
+    texts = ["a, seq = 0", "a, seq = -0", "a, seq = +5", "a, seq = 007", "a, seq = -05", "a, seq = 10, op_id = 0",
+             "é, seq = -123456789012345678, op_id = 999999999999999999", "a, op_id = 1234567890123456789",
+             "a, seq = 1 , op_id = 2", "a, seq = 1, op_id = 2x", "a, seq = ٣", "a, seq = -", "a, op_id = -7",
+             "a, seq = 12, op_id = 3, op_id = 4", "a, seq = 3, seq = 4", "a, op_id = 2, seq = 1", ", seq = 1", "x"]
+    shared, seq, op_id = split_call_fields(pa.array(texts))
+    got = list(zip(shared.to_pylist(), seq.to_pylist(), op_id.to_pylist()))
+    assert got == [_python_split(t) for t in texts]
+
+
 def _segments(frame: pd.DataFrame, bounds) -> list[pd.DataFrame]:
     start = frame["start"].to_numpy()
     return [frame[(start >= lo) & (start < hi)] for lo, hi in zip(bounds[:-1], bounds[1:])]
@@ -266,6 +295,59 @@ def test_segments_write_the_same_database(tmp_path, mixed):
         assert np.array_equal(c2.domains[name].gpu_instance, dm.gpu_instance)
     values = [r[0] for r in query(path, "SELECT value FROM strings")]
     assert len(values) == len(set(values))
+
+
+def test_op_model_is_queued_before_aggregation(mixed, monkeypatch):
+    """The pipeline hands the op model to the writer as soon as correlation is done (`on_correlated`), so the
+    writer's thread writes it while the analysis aggregates."""
+    from dlprof_profiler import analysis as engine
+    from dlprof_profiler.ingest import read_trace
+    from dlprof_profiler.sanitize import sanitize_trace
+    events = []
+    real_aggregate = engine.aggregate
+    monkeypatch.setattr(engine, "aggregate", lambda *a, **k: events.append("aggregate") or real_aggregate(*a, **k))
+    trace = sanitize_trace(read_trace(mixed[0]))
+    result = engine.analyze(trace, on_correlated=lambda corr: events.append(("model", list(corr.domains))))
+    domains = list(result.corr.domains)
+    assert domains == ["default", "MyDomain"]
+    assert events == [("model", domains)] + ["aggregate"] * len(domains)
+
+
+INDEXED_QUERIES = {
+    "idx_instances_start": "SELECT count(*), sum(start) FROM raw_op_instances INDEXED BY idx_instances_start "
+                           "WHERE domain_id >= 0",
+    "idx_instances_op": "SELECT count(*), sum(start) FROM raw_op_instances INDEXED BY idx_instances_op "
+                        "WHERE domain_id >= 0 AND n_gpu > 0",
+    "idx_owner_instance": "SELECT count(*), sum(instance_id) FROM raw_activity_owners INDEXED BY idx_owner_instance "
+                          "WHERE instance_id >= 0",
+    "idx_owner_launch": "SELECT count(*), sum(launch_time) FROM raw_activity_owners INDEXED BY idx_owner_launch "
+                        "WHERE domain_id >= 0"}
+
+
+def test_deferred_indexes_give_the_same_database(tmp_path, mixed):
+    """Indexes built after the rows (the in-memory pipeline's writer) hold the same entries as indexes kept up
+    to date row by row, including rows added after build_indexes."""
+    a = analyze(mixed[0])
+    results = []
+    for deferred in (False, True):
+        path = tmp_path / f"deferred_{deferred}.sqlite"
+        writer = database.DatabaseWriter(path, database.Header.from_trace(a.trace, database.domain_ids_for(a.corr)),
+                                         deferred_indexes=deferred)
+        writer.add_raw(a.trace)
+        first, *others = list(a.corr.domains)
+        writer.add_ops(first, a.corr.domains[first].ops)
+        writer.add_domain_model(first, a.corr.domains[first].instances,
+                                database._owner_chunks(a.trace, a.corr.gpu_api, a.corr.domains[first].gpu_instance))
+        writer.build_indexes()            # the other domains' rows come after the indexes exist
+        database.finish_analysis(writer, a.trace, a.corr, "default", {"profile_end": a.trace.profile_end})
+        assert others, "the mixed profile has a second domain"
+        counts = {name: query(path, sql)[0] for name, sql in INDEXED_QUERIES.items()}
+        plain = {name: query(path, sql.replace(f"INDEXED BY {name}", "NOT INDEXED"))[0]
+                 for name, sql in INDEXED_QUERIES.items()}
+        assert counts == plain and all(c[0] > 0 for c in counts.values())
+        results.append((counts, {t: query(path, f"SELECT * FROM {t} ORDER BY rowid") for t in
+                                 ("raw_op_instances", "raw_activity_owners", "raw_ranges", "raw_ops")}))
+    assert results[0] == results[1]
 
 
 def test_writer_errors_reach_the_caller(tmp_path, mixed):

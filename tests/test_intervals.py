@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from dlprof_profiler.intervals import covered_length, merge_intervals, union_length_by_group
+from dlprof_profiler.intervals import covered_length, grouped_cummax, merge_intervals, union_length_by_group
 from dlprof_profiler.structure import RangeForest, ThreadTimeKeys, previous_greater_or_equal, tree_depths
 
 
@@ -36,6 +36,19 @@ def test_union_and_merge_match_brute_force(seed):
     for (ws, we), c in zip(windows, cov):
         clipped = [(max(a, ws), min(b, we)) for a, b in zip(s, e) if min(b, we) > max(a, ws)]
         assert c == brute_union(clipped)
+
+
+@pytest.mark.parametrize("scale", [10, 2 ** 61])   # small values: one accumulate; huge ones: the fallback
+def test_grouped_cummax_restarts_at_each_group(scale):
+    rng = np.random.default_rng(7)
+    values = rng.integers(-scale, scale, 200)
+    first = rng.random(200) < 0.2
+    first[0] = True
+    expected, best = [], None
+    for v, f in zip(values.tolist(), first.tolist()):
+        best = v if f else max(best, v)
+        expected.append(best)
+    assert grouped_cummax(first, values).tolist() == expected
 
 
 @pytest.mark.parametrize("seed", range(30))

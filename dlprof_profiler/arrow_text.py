@@ -1,0 +1,122 @@
+"""Byte-level work on Arrow string arrays, vectorized: what the range texts' per-call fields need (the texts'
+shared part, integers at known positions) without a regular expression run over every text or Python per
+text. Positions are byte offsets inside one text."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+MAX_DIGITS = 18   # integers of at most 18 digits always fit in int64
+
+
+def string_buffers(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets from the first value, bytes) of a string array without nulls."""
+    width = np.int64 if pa.types.is_large_string(texts.type) else np.int32
+    offsets = np.frombuffer(texts.buffers()[1], dtype=width)[texts.offset:texts.offset + len(texts) + 1]
+    offsets = offsets.astype(np.int64)
+    buffer = texts.buffers()[2]
+    data = np.frombuffer(buffer, dtype=np.uint8) if buffer is not None else np.zeros(0, dtype=np.uint8)
+    return offsets - offsets[0], data[offsets[0]:offsets[-1]]
+
+
+def pieces(data: np.ndarray, start: np.ndarray, stop: np.ndarray) -> pa.Array:
+    """data[start_i:stop_i] of every row as strings (spans in increasing order, not overlapping): one mask
+    over the bytes, no Python per row."""
+    n = start.size
+    length = stop - start
+    counts = np.empty(2 * n + 1, dtype=np.int64)
+    counts[0:-1:2] = start - np.concatenate([[0], stop[:-1]])   # bytes skipped before each span
+    counts[1::2] = length
+    counts[-1] = data.size - (stop[-1] if n else 0)
+    take = np.zeros(2 * n + 1, dtype=bool)
+    take[1::2] = True
+    keep = np.repeat(take, counts)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(length, out=offsets[1:])
+    return pa.Array.from_buffers(pa.large_string(), n, [None, pa.py_buffer(offsets),
+                                                         pa.py_buffer(np.ascontiguousarray(data[keep]))])
+
+
+def prefixes(texts: pa.Array, length: np.ndarray) -> pa.Array:
+    """The first length_i bytes of every text (texts without nulls; a cut inside a UTF-8 character is the
+    caller's concern); the array itself when nothing is cut."""
+    offsets, data = string_buffers(texts)
+    full = np.diff(offsets)
+    length = np.minimum(np.asarray(length, dtype=np.int64), full)
+    if (length == full).all():
+        return texts
+    return pieces(data, offsets[:-1], offsets[:-1] + length)
+
+
+def anywhere(texts: pa.Array, needle: bytes) -> bool:
+    """Whether any text may contain `needle` (one search over the array's bytes: no per-text work; bytes
+    outside the array's slice may give a false True, never a false False)."""
+    buffer = texts.buffers()[2] if len(texts) else None
+    return buffer is not None and re.search(re.escape(needle), memoryview(buffer)) is not None
+
+
+def find(texts: pa.Array, needle: str) -> np.ndarray:
+    """Byte position of the first `needle` in each text, -1 where there is none."""
+    if not anywhere(texts, needle.encode()):
+        return np.full(len(texts), -1, dtype=np.int64)
+    return np.asarray(pc.find_substring(texts, needle).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def number_at(texts: pa.Array, pos: np.ndarray) -> np.ndarray:
+    """Whether an integer (an optional '-' then an ASCII digit) is written at byte `pos` of each text (pos < 0:
+    none): ints_at's digits >= 1, reading two bytes per text only."""
+    pos = np.asarray(pos, dtype=np.int64)
+    out = np.zeros(pos.size, dtype=bool)
+    rows = np.flatnonzero(pos >= 0)
+    if rows.size == 0:
+        return out
+    offsets, data = string_buffers(texts)
+    stop = offsets[1:][rows]
+    at = offsets[:-1][rows] + pos[rows]
+
+    def byte(where):
+        inside = where < stop
+        return np.where(inside, data[np.where(inside, where, 0)] if data.size else 0, 0)
+    first = byte(at)
+    digit = np.where(first == ord("-"), byte(at + 1), first)
+    out[rows] = (digit >= ord("0")) & (digit <= ord("9"))
+    return out
+
+
+def ints_at(texts: pa.Array, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(value, digits) of the integer written at byte `pos` of each text (pos < 0: none): an optional '-'
+    then as many ASCII digits as follow. `digits` counts them: 0 where none follows, MAX_DIGITS + 1 where
+    there are more than MAX_DIGITS (the value is then meaningless)."""
+    n = len(texts)
+    value = np.zeros(n, dtype=np.int64)
+    digits = np.zeros(n, dtype=np.int64)
+    rows = np.flatnonzero(np.asarray(pos, dtype=np.int64) >= 0)
+    if rows.size == 0:
+        return value, digits
+    offsets, data = string_buffers(texts)
+    if data.size == 0:
+        return value, digits
+    stop = offsets[1:][rows]                                   # end of each text in `data`
+    at = offsets[:-1][rows] + np.asarray(pos, dtype=np.int64)[rows]
+    last = data.size - 1
+    negative = (at < stop) & (data[np.minimum(at, last)] == ord("-"))
+    at = at + negative
+    number = np.zeros(rows.size, dtype=np.int64)
+    count = np.zeros(rows.size, dtype=np.int64)
+    going = np.ones(rows.size, dtype=bool)
+    # one digit position of every row at a time (whole-array steps are cheaper than shrinking the row set)
+    for k in range(MAX_DIGITS + 1):
+        where = at + k
+        digit = data[np.minimum(where, last)] - np.uint8(ord("0"))   # wraps around below '0'
+        going &= (digit < 10) & (where < stop)
+        if not going.any():
+            break
+        with np.errstate(over="ignore"):
+            np.add(number * 10, digit, out=number, where=going)
+        count += going
+    value[rows] = np.where(negative, -number, number)
+    digits[rows] = count
+    return value, digits

@@ -1,0 +1,24 @@
+"""The in-memory analysis turns transparent huge pages off for its own process (huge_pages.py)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import json
+from dlprof_profiler.huge_pages import avoid_huge_pages
+def thp():
+    return [line.split()[1] for line in open('/proc/self/status') if line.startswith('THP_enabled')]
+before = thp()
+print(json.dumps([avoid_huge_pages(), before, thp()]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a Linux process setting")
+def test_huge_pages_off_for_the_process_after_the_call():
+    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True)
+    turned_off, before, after = json.loads(done.stdout)
+    assert turned_off is True
+    if before:   # Linux 5.x and later report it in /proc/<pid>/status
+        assert before == ["1"] and after == ["0"]
