@@ -5,9 +5,12 @@ import sys
 
 import pytest
 
+# The setting is inherited: a test process that ran an analysis in process already has it off, so the probe
+# turns it back on first.
 PROBE = """
-import json
-from dlprof_profiler.huge_pages import avoid_huge_pages
+import ctypes, ctypes.util, json
+from dlprof_profiler.huge_pages import PR_SET_THP_DISABLE, avoid_huge_pages
+ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").prctl(PR_SET_THP_DISABLE, 0, 0, 0, 0)
 def thp():
     return [line.split()[1] for line in open('/proc/self/status') if line.startswith('THP_enabled')]
 before = thp()
