@@ -8,6 +8,7 @@ writer's whole cost) and `overlapped` (add_raw right after ingest, the op model 
 after aggregation, as the pipeline calls them: what the analysis thread still waits for). The export is
 benchmarks/bench_engine.generate's, cached in --cache. Sizes are also given per table (SQLite's dbstat).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,10 @@ class PeakRss:
 def table_sizes(path: Path) -> list[tuple[str, float]]:
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        return [(n, s / 1e6) for n, s in con.execute(
-            "SELECT name, sum(pgsize) FROM dbstat GROUP BY name ORDER BY 2 DESC LIMIT 12")]
+        return [
+            (n, s / 1e6)
+            for n, s in con.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name ORDER BY 2 DESC LIMIT 12")
+        ]
     finally:
         con.close()
 
@@ -66,11 +69,13 @@ def main() -> int:
     export = args.cache / f"bench_{args.kernels}.sqlite"
     if not export.exists():
         from benchmarks.bench_engine import generate
+
         generate(export, args.kernels)
     from dlprof_profiler import correlate as C
     from dlprof_profiler import database, iterate, log
     from dlprof_profiler.aggregate import aggregate
     from dlprof_profiler.ingest_nsys import read_nsys_export
+
     log.set_verbosity(log.MINIMAL)
     out = Path(tempfile.mkdtemp(prefix="dlprof-bench-db-"))
 
@@ -120,15 +125,21 @@ def main() -> int:
     total = time.perf_counter() - started
 
     size, source = path2.stat().st_size, export.stat().st_size
-    print(f"\n{args.kernels:,} kernels: input {source / 1e6:.1f} MB, database {size / 1e6:.1f} MB "
-          f"= {size / source:.2f}x the input")
+    print(
+        f"\n{args.kernels:,} kernels: input {source / 1e6:.1f} MB, database {size / 1e6:.1f} MB "
+        f"= {size / source:.2f}x the input"
+    )
     st = stats_alone
-    print(f"writer alone: {alone:.1f} s wall; its thread busy {st['seconds_busy']:.1f} s, CPU: encoding "
-          f"{st['encode_cpu']:.1f} s, inserting (in-order indexes included) {st['insert_cpu']:.1f} s ({st['rows']:,} "
-          f"rows), final index {st['index_cpu']:.1f} s; peak memory +{mem.peak - mem.start:.0f} MB over the trace "
-          f"({mem.start:.0f} MB before)")
-    print(f"overlapped: analysis thread waited {fg:.1f} s in the writer's calls (finish {finish_wait:.1f} s); "
-          f"append_aggregation {append:.1f} s; run {total:.1f} s")
+    print(
+        f"writer alone: {alone:.1f} s wall; its thread busy {st['seconds_busy']:.1f} s, CPU: encoding "
+        f"{st['encode_cpu']:.1f} s, inserting (in-order indexes included) {st['insert_cpu']:.1f} s ({st['rows']:,} "
+        f"rows), final index {st['index_cpu']:.1f} s; peak memory +{mem.peak - mem.start:.0f} MB over the trace "
+        f"({mem.start:.0f} MB before)"
+    )
+    print(
+        f"overlapped: analysis thread waited {fg:.1f} s in the writer's calls (finish {finish_wait:.1f} s); "
+        f"append_aggregation {append:.1f} s; run {total:.1f} s"
+    )
     print("largest tables and indexes (MB):")
     for name, mb in table_sizes(path2):
         print(f"  {name:<40}{mb:>8.1f}")

@@ -14,6 +14,7 @@ nested ATen range and one cudaLaunchKernel, plus one op without GPU work (3 NVTX
 kernel); iterations end with an `Optimizer.step#SGD.step` range every 1000 kernels; 2 GPUs, the launches
 alternating between them. Exports are cached in --cache (default: the system temp folder).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,10 +36,15 @@ from tests.nsys_builder import NsysExport  # noqa: E402
 
 KERNELS_PER_ITERATION = 1000
 OP_NAMES = ["aten::conv2d", "aten::addmm", "aten::relu", "aten::add", "aten::mul", "aten::mm", "aten::sum"]
-KERNEL_NAMES = ["volta_fp16_s884cudnn_fp16_128x128_ldg8_relu_f2f_exp_small_nhwc_tn_v1",
-                "sm80_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x32_stage4_warpsize2x2x1_tensor16x8x16",
-                "vectorized_elementwise_kernel", "elementwise_kernel", "reduce_kernel", "volta_sgemm_32x32_sliced1x4_tn",
-                "implicit_convolve_sgemm"]
+KERNEL_NAMES = [
+    "volta_fp16_s884cudnn_fp16_128x128_ldg8_relu_f2f_exp_small_nhwc_tn_v1",
+    "sm80_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x32_stage4_warpsize2x2x1_tensor16x8x16",
+    "vectorized_elementwise_kernel",
+    "elementwise_kernel",
+    "reduce_kernel",
+    "volta_sgemm_32x32_sliced1x4_tn",
+    "implicit_convolve_sgemm",
+]
 
 
 def generate(path: Path, n_kernels: int, seed: int = 0, chunk: int = 1_000_000, slowdown: float = 1.0) -> Path:
@@ -48,8 +54,10 @@ def generate(path: Path, n_kernels: int, seed: int = 0, chunk: int = 1_000_000, 
     exp = NsysExport(schema="2022.4")
     exp.add_gpu(device_id=0)
     exp.add_gpu(device_id=1)
-    tids = [exp.add_thread(pid=4242, tid=4242, name="python", process_name="python"),
-            exp.add_thread(pid=4343, tid=4343, name="python", process_name="python")]
+    tids = [
+        exp.add_thread(pid=4242, tid=4242, name="python", process_name="python"),
+        exp.add_thread(pid=4343, tid=4343, name="python", process_name="python"),
+    ]
     for lo in range(0, n_kernels, chunk):
         slot = np.arange(lo, min(lo + chunk, n_kernels), dtype=np.int64)
         n = slot.size
@@ -61,7 +69,9 @@ def generate(path: Path, n_kernels: int, seed: int = 0, chunk: int = 1_000_000, 
         t = 1_000_000 + np.round((slot * 10_000 + iteration * 20_000) * slowdown).astype(np.int64)
         op = rng.integers(0, len(OP_NAMES), n)
         ops = np.array(OP_NAMES, dtype=object)[op]
-        outer = ops + ", seq = " + slot.astype(str).astype(object) + ", op_id = " + (3 * slot).astype(str).astype(object)
+        outer = (
+            ops + ", seq = " + slot.astype(str).astype(object) + ", op_id = " + (3 * slot).astype(str).astype(object)
+        )
         inner = "aten::_inner_impl, op_id = " + (3 * slot + 1).astype(str).astype(object)
         empty = "aten::empty, op_id = " + (3 * slot + 2).astype(str).astype(object)
         last = (slot % KERNELS_PER_ITERATION) == KERNELS_PER_ITERATION - 1
@@ -69,8 +79,9 @@ def generate(path: Path, n_kernels: int, seed: int = 0, chunk: int = 1_000_000, 
         tid = np.array(tids, dtype=np.int64)[dev]
         starts = np.concatenate([t, t + 1000, t + 9100, step_t, step_t])
         ends = np.concatenate([t + 9000, t + 8000, t + 9600, step_t + 5000, step_t + 5000])
-        texts = np.concatenate([outer, inner, empty, np.full(2 * step_t.size, "Optimizer.step#SGD.step, op_id = 0",
-                                                             dtype=object)])
+        texts = np.concatenate(
+            [outer, inner, empty, np.full(2 * step_t.size, "Optimizer.step#SGD.step, op_id = 0", dtype=object)]
+        )
         threads = np.concatenate([tid, tid, tid, np.full(step_t.size, tids[0]), np.full(step_t.size, tids[1])])
         exp.push_pop_many(threads, starts, ends, texts)
         corr = slot + 1
@@ -78,8 +89,15 @@ def generate(path: Path, n_kernels: int, seed: int = 0, chunk: int = 1_000_000, 
         kernel = rng.integers(0, len(KERNEL_NAMES), n)
         gpu_start = t + 5000 + rng.integers(0, 3000, n)
         gpu_end = gpu_start + 2000 + rng.integers(0, 6000, n)
-        exp.kernels_many(np.where(dev == 0, 4242, 4343), corr, gpu_start, gpu_end,
-                         np.array(KERNEL_NAMES, dtype=object)[kernel], dev, np.full(n, 7, dtype=np.int64))
+        exp.kernels_many(
+            np.where(dev == 0, 4242, 4343),
+            corr,
+            gpu_start,
+            gpu_end,
+            np.array(KERNEL_NAMES, dtype=object)[kernel],
+            dev,
+            np.full(n, 7, dtype=np.int64),
+        )
     return exp.write(path)
 
 
@@ -104,8 +122,9 @@ def nsys_stats(path: Path) -> tuple[float, float] | None:
     if not nsys:
         return None
     with tempfile.TemporaryDirectory() as tmp:
-        wall, rss, out, code = run_measured([nsys, "stats", "-r", "gpukernsum", "-f", "csv", "-o",
-                                             str(Path(tmp) / "k"), str(path)])
+        wall, rss, out, code = run_measured(
+            [nsys, "stats", "-r", "gpukernsum", "-f", "csv", "-o", str(Path(tmp) / "k"), str(path)]
+        )
     if code != 0:
         print(f"  nsys stats failed ({code}): {out.strip().splitlines()[-1:]}")
         return None
@@ -117,14 +136,27 @@ STAGE = re.compile(r"\] (.+?) done in ([\d.]+) s")
 
 def dlprof(path: Path, out: Path, reports: str) -> dict:
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "dlprof_profiler", f"--database={path}", f"--output_path={out}",
-           f"--reports={reports}", "--force=true", "-v", "info"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dlprof_profiler",
+        f"--database={path}",
+        f"--output_path={out}",
+        f"--reports={reports}",
+        "--force=true",
+        "-v",
+        "info",
+    ]
     wall, rss, text, code = run_measured(cmd)
     if code != 0:
         raise SystemExit(f"dlprof failed ({code}):\n{text[-3000:]}")
     db = out / "dlprof_dldb.sqlite"
-    return {"wall": wall, "rss": rss, "db_mb": db.stat().st_size / 1e6,
-            "stages": [(m.group(1), float(m.group(2))) for m in STAGE.finditer(text)]}
+    return {
+        "wall": wall,
+        "rss": rss,
+        "db_mb": db.stat().st_size / 1e6,
+        "stages": [(m.group(1), float(m.group(2))) for m in STAGE.finditer(text)],
+    }
 
 
 def main() -> int:
@@ -147,20 +179,29 @@ def main() -> int:
         result = dlprof(path, args.cache / f"out_{n}", args.reports)
         input_mb = path.stat().st_size / 1e6
         rows.append((n, result, ref, input_mb, load))
-        print(f"\n{n:,} kernels (load average {load:.1f}): dlprof --reports={args.reports} {result['wall']:.1f} s, "
-              f"peak RSS {result['rss']:.0f} MB; database {result['db_mb']:.0f} MB for a {input_mb:.0f} MB export "
-              f"({result['db_mb'] / input_mb:.2f}x)")
+        print(
+            f"\n{n:,} kernels (load average {load:.1f}): dlprof --reports={args.reports} {result['wall']:.1f} s, "
+            f"peak RSS {result['rss']:.0f} MB; database {result['db_mb']:.0f} MB for a {input_mb:.0f} MB export "
+            f"({result['db_mb'] / input_mb:.2f}x)"
+        )
         if ref:
-            print(f"  nsys stats -r gpukernsum: {ref[0]:.1f} s, peak RSS {ref[1]:.0f} MB -> ratio "
-                  f"{result['wall'] / ref[0]:.1f}x")
+            print(
+                f"  nsys stats -r gpukernsum: {ref[0]:.1f} s, peak RSS {ref[1]:.0f} MB -> ratio "
+                f"{result['wall'] / ref[0]:.1f}x"
+            )
         if not args.no_stages:
             for name, seconds in result["stages"]:
                 print(f"    {name:<70}{seconds:>8.2f} s")
-    print(f"\n{'kernels':>12}{'dlprof s':>10}{'gpukernsum s':>14}{'ratio':>8}{'peak RSS MB':>13}{'DB/input':>10}{'load':>6}")
+    print(
+        f"\n{'kernels':>12}{'dlprof s':>10}{'gpukernsum s':>14}{'ratio':>8}{'peak RSS MB':>13}"
+        f"{'DB/input':>10}{'load':>6}"
+    )
     for n, result, ref, input_mb, load in rows:
         ratio = f"{result['wall'] / ref[0]:.1f}x" if ref else "-"
-        print(f"{n:>12,}{result['wall']:>10.1f}{(ref[0] if ref else float('nan')):>14.1f}{ratio:>8}"
-              f"{result['rss']:>13.0f}{result['db_mb'] / input_mb:>10.2f}{load:>6.1f}")
+        print(
+            f"{n:>12,}{result['wall']:>10.1f}{(ref[0] if ref else float('nan')):>14.1f}{ratio:>8}"
+            f"{result['rss']:>13.0f}{result['db_mb'] / input_mb:>10.2f}{load:>6.1f}"
+        )
     peaks = {n: result["rss"] for n, result, *_ in rows}
     largest = max(peaks)
     for smaller in sorted(peaks):

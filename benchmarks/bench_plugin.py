@@ -9,6 +9,7 @@ cached in --cache (default: <tmp>/dlprof-bench). Requests go in-process through 
 same Service the TensorBoard plugin uses), cold (first request) and warm (best of --repeat).
 --reaggregate also starts a re-aggregation and measures how long readers wait while it runs and commits.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 TARGET_MS = 200.0
-TIMELINE_TARGET_MS = 1000.0    # the timeline opens an iteration in under 1 s
-EXPECTED_413 = "(413 expected)"   # a window of more events than a request reads
+TIMELINE_TARGET_MS = 1000.0  # the timeline opens an iteration in under 1 s
+EXPECTED_413 = "(413 expected)"  # a window of more events than a request reads
 
 
 def target_ms(label: str) -> float:
@@ -37,6 +38,7 @@ def build(cache: Path, n_kernels: int) -> Path:
     export = cache / f"bench_{n_kernels}.sqlite"
     if not export.exists():
         from benchmarks.bench_engine import generate
+
         started = time.perf_counter()
         generate(export, n_kernels)
         print(f"generated {export} in {time.perf_counter() - started:.1f} s", flush=True)
@@ -44,8 +46,20 @@ def build(cache: Path, n_kernels: int) -> Path:
     db = out / "dlprof_dldb.sqlite"
     if not db.exists():
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "dlprof_profiler", f"--database={export}", f"--output_path={out}",
-                        "--reports=summary", "-v", "quiet", "--force"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dlprof_profiler",
+                f"--database={export}",
+                f"--output_path={out}",
+                "--reports=summary",
+                "-v",
+                "quiet",
+                "--force",
+            ],
+            check=True,
+        )
         print(f"dlprof wrote {db} in {time.perf_counter() - started:.1f} s", flush=True)
     return db
 
@@ -56,10 +70,18 @@ def requests_for(client, run: str) -> list[tuple[str, str]]:
     top = client.get(f"/table/ops?{q}&limit=1").get_json()["rows"][0][0]
     mid_iter = client.get(f"/iterations?{q}").get_json()["iterations"]
     it = mid_iter[len(mid_iter) // 2]["iteration"]
-    urls = [("runs", "/runs"), ("aggregations", f"/aggregations?{q}"), ("domains", f"/domains?{q}"),
-            ("dashboard", f"/dashboard?{q}"), ("system", f"/system?{q}"), ("gpus", f"/gpus?{q}"),
-            ("iterations", f"/iterations?{q}"), ("op", f"/op?{q}&op_index={top}"),
-            ("expert_systems", f"/expert_systems?{q}"), ("reaggregate_status", f"/reaggregate_status?{q}")]
+    urls = [
+        ("runs", "/runs"),
+        ("aggregations", f"/aggregations?{q}"),
+        ("domains", f"/domains?{q}"),
+        ("dashboard", f"/dashboard?{q}"),
+        ("system", f"/system?{q}"),
+        ("gpus", f"/gpus?{q}"),
+        ("iterations", f"/iterations?{q}"),
+        ("op", f"/op?{q}&op_index={top}"),
+        ("expert_systems", f"/expert_systems?{q}"),
+        ("reaggregate_status", f"/reaggregate_status?{q}"),
+    ]
     for t in ("ops", "kernels", "op_types", "tensor_core", "group_ops", "iterations", "key_nodes", "expert_systems"):
         urls.append((f"table/{t}", f"/table/{t}?{q}"))
     urls += [
@@ -87,9 +109,11 @@ def requests_for(client, run: str) -> list[tuple[str, str]]:
         ("kernels format=xlsx", f"/table/kernels?{q}&format=xlsx"),
     ]
     urls += timeline_requests(q, mid_iter)
-    urls += [("compare (with its own aggregation)", f"/compare?{q}"),
-             ("table/compare_ops", f"/table/compare_ops?{q}"),
-             ("table/compare_kernels sort delta", f"/table/compare_kernels?{q}&sort=delta")]
+    urls += [
+        ("compare (with its own aggregation)", f"/compare?{q}"),
+        ("table/compare_ops", f"/table/compare_ops?{q}"),
+        ("table/compare_kernels sort delta", f"/table/compare_kernels?{q}&sort=delta"),
+    ]
     return urls
 
 
@@ -101,17 +125,22 @@ def timeline_requests(q: str, iterations: list[dict]) -> list[tuple[str, str]]:
     first, last = iterations[0]["start"], iterations[-1]["end"]
     ten = iterations[min(len(iterations) - 1, len(iterations) // 2 + 9)]["end"]
     many = iterations[min(len(iterations) - 1, len(iterations) // 2 + 239)]["end"]
-    return [("timeline iteration (opening)", f"/timeline?{q}&iteration={it['iteration']}&width=1600"),
-            ("timeline 100 us of it", f"/timeline?{q}&t0={start + (end - start) // 2}&t1="
-                                      f"{start + (end - start) // 2 + 100_000}&width=1600"),
-            ("timeline 10 iterations", f"/timeline?{q}&t0={start}&t1={ten}&width=1600"),
-            ("timeline 240 iterations", f"/timeline?{q}&t0={start}&t1={many}&width=1600"),
-            (f"timeline whole profile {EXPECTED_413}", f"/timeline?{q}&t0={first}&t1={last}&width=1600"),
-            ("timeline_gap (an iteration)", f"/timeline_gap?{q}&t0={start}&t1={end}")]
+    return [
+        ("timeline iteration (opening)", f"/timeline?{q}&iteration={it['iteration']}&width=1600"),
+        (
+            "timeline 100 us of it",
+            f"/timeline?{q}&t0={start + (end - start) // 2}&t1={start + (end - start) // 2 + 100_000}&width=1600",
+        ),
+        ("timeline 10 iterations", f"/timeline?{q}&t0={start}&t1={ten}&width=1600"),
+        ("timeline 240 iterations", f"/timeline?{q}&t0={start}&t1={many}&width=1600"),
+        (f"timeline whole profile {EXPECTED_413}", f"/timeline?{q}&t0={first}&t1={last}&width=1600"),
+        ("timeline_gap (an iteration)", f"/timeline_gap?{q}&t0={start}&t1={end}"),
+    ]
 
 
 def time_routes(app, run: str, repeat: int) -> list[tuple[str, float, float, int, int]]:
     from werkzeug.test import Client
+
     client = Client(app)
     results = []
     for label, url in requests_for(client, run):
@@ -131,6 +160,7 @@ def prime_key_nodes(app, run: str) -> tuple:
     """The first key_nodes request of a large profile answers at once with ops only ("partial") and starts
     counting NVTX range labels in the background; wait for that count so it does not skew later timings."""
     from werkzeug.test import Client
+
     client = Client(app)
     started = time.perf_counter()
     r = client.get(f"/table/key_nodes?run={run}")
@@ -139,24 +169,37 @@ def prime_key_nodes(app, run: str) -> tuple:
     while r.get_json().get("partial"):
         time.sleep(0.2)
         r = client.get(f"/table/key_nodes?run={run}")
-    print(f"key_nodes: first answer {first:.1f} ms (partial={partial}); NVTX range labels counted in the "
-          f"background in {time.perf_counter() - started:.1f} s", flush=True)
-    return ("table/key_nodes (first, partial)" if partial else "table/key_nodes (first)", first, first,
-            r.status_code, len(r.get_data()))
+    print(
+        f"key_nodes: first answer {first:.1f} ms (partial={partial}); NVTX range labels counted in the "
+        f"background in {time.perf_counter() - started:.1f} s",
+        flush=True,
+    )
+    return (
+        "table/key_nodes (first, partial)" if partial else "table/key_nodes (first)",
+        first,
+        first,
+        r.status_code,
+        len(r.get_data()),
+    )
 
 
 def measure_reaggregation(app, run: str) -> None:
     """Start a re-aggregation; meanwhile issue reader requests back to back and report the slowest."""
     from werkzeug.test import Client
+
     client = Client(app)
     r = client.post("/reaggregate", data=json.dumps({"run": run}))
     print(f"\nPOST reaggregate -> {r.status_code} {r.get_json()}")
     if r.status_code != 202:
         return
-    worst = []   # (ms, url, at)
+    worst = []  # (ms, url, at)
     started = time.perf_counter()
-    urls = [f"/table/ops?run={run}", f"/dashboard?run={run}&aggr=1", f"/aggregations?run={run}",
-            f"/table/kernels?run={run}&aggr=1&sort=gpu_max"]
+    urls = [
+        f"/table/ops?run={run}",
+        f"/dashboard?run={run}&aggr=1",
+        f"/aggregations?run={run}",
+        f"/table/kernels?run={run}&aggr=1&sort=gpu_max",
+    ]
     n = 0
     while True:
         for url in urls:
@@ -173,9 +216,11 @@ def measure_reaggregation(app, run: str) -> None:
     lat = sorted(w[0] for w in worst)
     pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))]  # noqa: E731
     print(f"job {status['status']} after {status['elapsed_seconds']} s: {status['message']}")
-    print(f"{n} reader requests while it ran: p50 {pct(0.5):.1f} ms, p99 {pct(0.99):.1f} ms, max {lat[-1]:.1f} ms, "
-          f"{sum(x > TARGET_MS for x in lat)} over {TARGET_MS:.0f} ms, "
-          f"{sum(w[3] != 200 for w in worst)} not 200; slowest:")
+    print(
+        f"{n} reader requests while it ran: p50 {pct(0.5):.1f} ms, p99 {pct(0.99):.1f} ms, max {lat[-1]:.1f} ms, "
+        f"{sum(x > TARGET_MS for x in lat)} over {TARGET_MS:.0f} ms, "
+        f"{sum(w[3] != 200 for w in worst)} not 200; slowest:"
+    )
     for ms, url, at, code in worst[:5]:
         print(f"  {ms:8.1f} ms  {code}  at t={at:6.1f} s  {url}")
 
@@ -190,20 +235,25 @@ def main() -> int:
     args = parser.parse_args()
     db = args.database or build(args.cache, args.kernels)
     from dlprof_plugin.viewer import build_app
+
     app = build_app([str(db)])
     run = next(iter(app.service.run_source.runs()))
     results = [prime_key_nodes(app, run)]
     results += time_routes(app, run, args.repeat)
-    print(f"\n{args.kernels:,} kernels, database {db.stat().st_size / 1e6:.0f} MB; ms per request "
-          f"(cold = first, warm = best of {args.repeat})")
+    print(
+        f"\n{args.kernels:,} kernels, database {db.stat().st_size / 1e6:.0f} MB; ms per request "
+        f"(cold = first, warm = best of {args.repeat})"
+    )
     print(f"{'request':<44}{'cold ms':>10}{'warm ms':>10}{'status':>8}{'bytes':>11}")
     for label, cold, warm, status, size in results:
         flag = "  <-- over target" if cold > target_ms(label) else ""
         print(f"{label:<44}{cold:>10.1f}{warm:>10.1f}{status:>8}{size:>11,}{flag}")
     slowest = max(results, key=lambda r: r[1])
-    print(f"\nslowest (cold): {slowest[0]} {slowest[1]:.1f} ms; "
-          f"{sum(r[1] > target_ms(r[0]) for r in results)} request(s) over their target ({TARGET_MS:.0f} ms; "
-          f"timeline {TIMELINE_TARGET_MS:.0f} ms)")
+    print(
+        f"\nslowest (cold): {slowest[0]} {slowest[1]:.1f} ms; "
+        f"{sum(r[1] > target_ms(r[0]) for r in results)} request(s) over their target ({TARGET_MS:.0f} ms; "
+        f"timeline {TIMELINE_TARGET_MS:.0f} ms)"
+    )
     bad = [r for r in results if r[3] != (413 if r[0].endswith(EXPECTED_413) else 200)]
     if bad:
         print("non-200 answers:", [(r[0], r[3]) for r in bad])

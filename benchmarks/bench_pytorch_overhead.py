@@ -14,6 +14,7 @@ uninstrumented run:
 
 Usage: python benchmarks/bench_pytorch_overhead.py [--steps 30] [--rounds 5] [--batch 32] [--threads 1]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -107,8 +108,10 @@ def main(argv=None) -> int:
         for name in VARIANTS:
             times[name].append(run_variant(name, step, args.steps))
     base = statistics.median(times["off"])
-    print("torch %s, batch %d, %d steps x %d rounds, %d thread(s)"
-          % (torch.__version__, args.batch, args.steps, args.rounds, args.threads))
+    print(
+        "torch %s, batch %d, %d steps x %d rounds, %d thread(s)"
+        % (torch.__version__, args.batch, args.steps, args.rounds, args.threads)
+    )
     print("%-14s %12s %8s" % ("variant", "ms/step", "ratio"))
     for name in VARIANTS:
         med = statistics.median(times[name])

@@ -8,6 +8,7 @@ Prints, for the single rank and the multi-rank run: wall seconds and the peak me
 at most 8x for 8 ranks) and each worker's peak memory (what the workers report), which must not grow with the
 number of ranks. Exports are cached in --cache. Linux only (reads /proc).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,6 +77,7 @@ def run_measured(cmd: list[str]) -> tuple[float, float, str]:
         while not done.is_set():
             peak[0] = max(peak[0], tree_rss_mb(proc.pid))
             done.wait(0.2)
+
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     out = proc.stdout.read()
@@ -111,15 +113,20 @@ def main() -> int:
         shutil.rmtree(folder, ignore_errors=True)
     load = os.getloadavg()[0]
     single = run_measured(dlprof + [f"--database={files[0]}", f"--output_path={single_out}"])
-    print(f"1 rank of {args.kernels:,} kernels: {single[0]:.1f} s, peak {single[1] / 1024:.2f} GB (load {load:.1f})",
-          flush=True)
+    print(
+        f"1 rank of {args.kernels:,} kernels: {single[0]:.1f} s, peak {single[1] / 1024:.2f} GB (load {load:.1f})",
+        flush=True,
+    )
     load = os.getloadavg()[0]
-    multi = run_measured(dlprof + [f"--database={','.join(map(str, files))}", f"--output_path={multi_out}",
-                                   f"--workers={args.workers}"])
+    multi = run_measured(
+        dlprof + [f"--database={','.join(map(str, files))}", f"--output_path={multi_out}", f"--workers={args.workers}"]
+    )
     workers = [(int(m.group(1)), float(m.group(2)), float(m.group(3))) for m in WORKER.finditer(multi[2])]
     db = multi_out / "dlprof_dldb.sqlite"
-    print(f"{args.ranks} ranks of {args.kernels:,} kernels on {args.workers} workers: {multi[0]:.1f} s, peak of the "
-          f"process tree {multi[1] / 1024:.2f} GB (load {load:.1f}); database {db.stat().st_size / 1e9:.2f} GB")
+    print(
+        f"{args.ranks} ranks of {args.kernels:,} kernels on {args.workers} workers: {multi[0]:.1f} s, peak of the "
+        f"process tree {multi[1] / 1024:.2f} GB (load {load:.1f}); database {db.stat().st_size / 1e9:.2f} GB"
+    )
     print(f"ratio to one rank alone: {multi[0] / single[0]:.2f}x (target <= {args.ranks}x)")
     for rank, seconds, gb in sorted(workers):
         print(f"  rank {rank}: {seconds:.1f} s in its worker, worker peak {gb:.2f} GB")

@@ -8,6 +8,7 @@ alternatives measured on the per-launch iteration report, and the memory of stre
 The profile is the one of bench_engine.py (cached in --cache). The machine may be shared: compare the ratios
 (measured back to back) and the CPU seconds (process time, all threads) rather than wall-clock seconds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,14 +56,14 @@ def analyse(path: Path):
     from dlprof_profiler import expert_systems, iterate, log
     from dlprof_profiler.aggregate import aggregate
     from dlprof_profiler.ingest_nsys import read_nsys_export
+
     log.set_verbosity(log.MINIMAL)
     trace = read_nsys_export(path)
     classified = C.classify_trace(trace, None)
     info, mode, family, _ = classified
     links = C.launch_links(trace)
     _gpu_api, thread_dev, process_dev = links
-    iterations = iterate.split_iterations(trace.ranges, info, family, None, thread_dev, process_dev,
-                                          trace.profile_end)
+    iterations = iterate.split_iterations(trace.ranges, info, family, None, thread_dev, process_dev, trace.profile_end)
     corr = C.correlate(trace, mode, iterations.boundaries, classified, links)
     aggs = {n: aggregate(trace, corr, dm, iterations, 0, iterations.count - 1) for n, dm in corr.domains.items()}
     findings = {n: expert_systems.detect(trace, corr, corr.domains[n], a, iterations) for n, a in aggs.items()}
@@ -71,8 +72,12 @@ def analyse(path: Path):
 
 def load_writer(ref: str, folder: Path):
     """reports.py as it was at `ref`, imported under another name."""
-    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:dlprof_profiler/reports.py"], check=True,
-                            capture_output=True, text=True).stdout
+    source = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{ref}:dlprof_profiler/reports.py"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "reports_at_ref.py").write_text(source, encoding="utf-8")
     spec = importlib.util.spec_from_file_location("reports_at_ref", folder / "reports_at_ref.py")
@@ -102,6 +107,7 @@ def same_output(old: Path, new: Path) -> tuple[bool, str]:
 
 def stage(analysis, baseline: str, formats: list[str], repeat: int, work: Path) -> None:
     from dlprof_profiler import reports as current
+
     old = load_writer(baseline, work / "writer")
     runs = {"before": [], "after": []}
     for _ in range(repeat):
@@ -114,10 +120,14 @@ def stage(analysis, baseline: str, formats: list[str], repeat: int, work: Path) 
     print(f"\nreport stage, --reports=all, formats {','.join(formats)} (best of {repeat}, back to back)")
     best = {k: (min(w for w, _ in v), min(c for _, c in v)) for k, v in runs.items()}
     for label in ("before", "after"):
-        print(f"  {label:<8} ({baseline if label == 'before' else 'this tree'}): wall {best[label][0]:7.2f} s   "
-              f"cpu {best[label][1]:7.2f} s")
-    print(f"  after / before: wall {best['after'][0] / best['before'][0]:.3f}   "
-          f"cpu {best['after'][1] / best['before'][1]:.3f}")
+        print(
+            f"  {label:<8} ({baseline if label == 'before' else 'this tree'}): wall {best[label][0]:7.2f} s   "
+            f"cpu {best[label][1]:7.2f} s"
+        )
+    print(
+        f"  after / before: wall {best['after'][0] / best['before'][0]:.3f}   "
+        f"cpu {best['after'][1] / best['before'][1]:.3f}"
+    )
     for path in sorted((work / "before").iterdir()):
         _same, how = same_output(path, work / "after" / path.name)
         print(f"  {path.name:<32} {path.stat().st_size / 1e6:9.1f} MB  {how}")
@@ -125,17 +135,19 @@ def stage(analysis, baseline: str, formats: list[str], repeat: int, work: Path) 
 
 # ---------------------------------------------------------------------------- line-assembly alternatives
 
+
 def _iteration_report(analysis):
     from dlprof_profiler import reports
+
     trace, corr, aggs, _findings = analysis
     domain = next(iter(aggs))
-    return reports.iteration_report(aggs[domain], corr.domains[domain].instances, corr.domains[domain].ops,
-                                    trace.gpu)
+    return reports.iteration_report(aggs[domain], corr.domains[domain].instances, corr.domains[domain].ops, trace.gpu)
 
 
 def _formatted_cells(table, target: str):
     """Per chunk, the formatted cells of every column as Arrow strings (the common first step)."""
     from dlprof_profiler import report_format as rf
+
     formatter = rf._Formatter(target, table.bare)
     for chunk in table.iter_chunks():
         yield [rf._cells_as_array(formatter.column(chunk[c], f)) for c, f in zip(table.columns, table.formats)]
@@ -143,6 +155,7 @@ def _formatted_cells(table, target: str):
 
 def backend_pyarrow(table, fh) -> None:
     from dlprof_profiler import report_format as rf
+
     writer = rf._ChunkWriter(fh, rf.CSV, table.bare)
     for chunk in table.iter_chunks():
         writer.write([chunk[c] for c in table.columns], table.formats)
@@ -150,6 +163,7 @@ def backend_pyarrow(table, fh) -> None:
 
 def backend_pyarrow_unmerged(table, fh) -> None:
     from dlprof_profiler import report_format as rf
+
     writer = rf._ChunkWriter(fh, rf.CSV, table.bare)
     writer._merge = lambda cells, n: cells
     for chunk in table.iter_chunks():
@@ -158,6 +172,7 @@ def backend_pyarrow_unmerged(table, fh) -> None:
 
 def backend_polars(table, fh) -> None:
     import polars as pl
+
     for cells in _formatted_cells(table, "csv"):
         frame = pl.DataFrame({str(i): pl.from_arrow(c) for i, c in enumerate(cells)})
         frame.write_csv(fh, include_header=False, quote_style="never")
@@ -168,6 +183,7 @@ def backend_duckdb(table, fh) -> None:
     and as nothing in bare columns, yes/no by CASE. Rows go to a side file appended after the COPY."""
     import duckdb
     import pyarrow as pa
+
     names = [f"c{i}" for i in range(len(table.columns))]
 
     def batches():
@@ -179,6 +195,7 @@ def backend_duckdb(table, fh) -> None:
                     v = v.dictionary.take(v.indices)
                 arrays.append(pa.array(v) if not isinstance(v, pa.Array) else v)
             yield pa.RecordBatch.from_arrays(arrays, names=names)
+
     it = batches()
     head = next(it)  # the schema comes from the first batch
     reader = pa.RecordBatchReader.from_batches(head.schema, _chain(head, it))  # noqa: F841 (read by DuckDB's SQL)
@@ -196,8 +213,9 @@ def backend_duckdb(table, fh) -> None:
             select.append(name)
     side = Path(fh.name).with_suffix(".duckdb.csv")
     con = duckdb.connect()
-    con.execute(f"COPY (SELECT {', '.join(select)} FROM reader) TO '{side}' "
-                f"(HEADER false, FORCE_QUOTE ({', '.join(forced)}))")
+    con.execute(
+        f"COPY (SELECT {', '.join(select)} FROM reader) TO '{side}' (HEADER false, FORCE_QUOTE ({', '.join(forced)}))"
+    )
     with open(side, "rb") as rows:
         shutil.copyfileobj(rows, fh, 1 << 24)
     side.unlink()
@@ -210,10 +228,13 @@ def _chain(first, rest):
 
 def backends(analysis, work: Path, repeat: int) -> None:
     from dlprof_profiler import report_format as rf
-    candidates = {"pyarrow: distinct values once, merged columns, binary_join (chosen)": backend_pyarrow,
-                  "pyarrow: same, without merging adjacent coded columns": backend_pyarrow_unmerged,
-                  "polars write_csv (quote_style=never) of the formatted cells": backend_polars,
-                  "DuckDB COPY (FORCE_QUOTE) of the raw values": backend_duckdb}
+
+    candidates = {
+        "pyarrow: distinct values once, merged columns, binary_join (chosen)": backend_pyarrow,
+        "pyarrow: same, without merging adjacent coded columns": backend_pyarrow_unmerged,
+        "polars write_csv (quote_style=never) of the formatted cells": backend_polars,
+        "DuckDB COPY (FORCE_QUOTE) of the raw values": backend_duckdb,
+    }
     report = _iteration_report(analysis)
     table = report.sections[0]
     results = {}
@@ -232,48 +253,80 @@ def backends(analysis, work: Path, repeat: int) -> None:
         path.unlink()
     print(f"\niteration report lines (CSV, {table.title}), best of {repeat}")
     for label, ((wall, cpu), same) in results.items():
-        print(f"  {label:<70} wall {wall:6.2f} s  cpu {cpu:6.2f} s  "
-              f"{'byte-identical' if same else 'NOT identical'}")
+        print(f"  {label:<70} wall {wall:6.2f} s  cpu {cpu:6.2f} s  {'byte-identical' if same else 'NOT identical'}")
 
 
 # ---------------------------------------------------------------------------- memory of streaming
+
 
 def stream_synthetic(rows: int, out: Path, formats: list[str]) -> None:
     """Write a synthetic iteration report of `rows` launches from chunks made on the fly."""
     import pyarrow as pa
 
     from dlprof_profiler import report_format, reports
+
     step = report_format.CHUNK_ROWS
     n_ops, n_kernels = 2000, 50
     dicts = reports.LaunchDictionaries(
-        op_id=pa.array([f"OP_{i}" for i in range(n_ops)]), op_name=pa.array([f"/model/layer{i}/op" for i in range(n_ops)]),
-        direction=pa.array(["fprop", "bprop"] * (n_ops // 2)), op_type=pa.array([f"type{i % 20}" for i in range(n_ops)]),
+        op_id=pa.array([f"OP_{i}" for i in range(n_ops)]),
+        op_name=pa.array([f"/model/layer{i}/op" for i in range(n_ops)]),
+        direction=pa.array(["fprop", "bprop"] * (n_ops // 2)),
+        op_type=pa.array([f"type{i % 20}" for i in range(n_ops)]),
         kernel_name=pa.array([f"kernel_{i}" for i in range(n_kernels)]),
-        long_kernel_name=pa.array([f"void kernel_{i}<float, 128>(float const*, float*, int)" for i in range(n_kernels)]),
-        data_type=pa.array(["float32", "float16"]), input_shapes=pa.array(["<N:8, C:3, H:64, W:64>", "<8, 16>"]),
-        parameters=pa.array([""]), output_shapes=pa.array(["<N:8, K:16, P:62, Q:62>"]))
+        long_kernel_name=pa.array(
+            [f"void kernel_{i}<float, 128>(float const*, float*, int)" for i in range(n_kernels)]
+        ),
+        data_type=pa.array(["float32", "float16"]),
+        input_shapes=pa.array(["<N:8, C:3, H:64, W:64>", "<8, 16>"]),
+        parameters=pa.array([""]),
+        output_shapes=pa.array(["<N:8, K:16, P:62, Q:62>"]),
+    )
 
     def chunks():
         rng = np.random.default_rng(0)
         for lo in range(0, rows, step):
             m = min(step, rows - lo)
             index = np.arange(lo, lo + m, dtype=np.int64)
-            yield {"iteration": index // 1000, "op_index": rng.integers(0, n_ops, m),
-                   "kernel_name": rng.integers(0, n_kernels, m), "long_kernel_name": rng.integers(0, n_kernels, m),
-                   "device_id": np.zeros(m, np.int64), "gpu_start": 10**12 + index * 10_000,
-                   "gpu_duration": rng.integers(1000, 90_000, m), "api_start": 10**12 + index * 10_000 - 5000,
-                   "api_duration": rng.integers(1000, 9000, m), "uses_tc": rng.random(m) < 0.3,
-                   "grid_x": rng.integers(1, 512, m), "grid_y": np.ones(m, np.int64), "grid_z": np.ones(m, np.int64),
-                   "block_x": np.full(m, 256), "block_y": np.ones(m, np.int64), "block_z": np.ones(m, np.int64),
-                   "data_type": rng.integers(0, 2, m), "input_shapes": rng.integers(-1, 2, m),
-                   "parameters": np.full(m, -1), "output_shapes": rng.integers(-1, 1, m)}
+            yield {
+                "iteration": index // 1000,
+                "op_index": rng.integers(0, n_ops, m),
+                "kernel_name": rng.integers(0, n_kernels, m),
+                "long_kernel_name": rng.integers(0, n_kernels, m),
+                "device_id": np.zeros(m, np.int64),
+                "gpu_start": 10**12 + index * 10_000,
+                "gpu_duration": rng.integers(1000, 90_000, m),
+                "api_start": 10**12 + index * 10_000 - 5000,
+                "api_duration": rng.integers(1000, 9000, m),
+                "uses_tc": rng.random(m) < 0.3,
+                "grid_x": rng.integers(1, 512, m),
+                "grid_y": np.ones(m, np.int64),
+                "grid_z": np.ones(m, np.int64),
+                "block_x": np.full(m, 256),
+                "block_y": np.ones(m, np.int64),
+                "block_z": np.ones(m, np.int64),
+                "data_type": rng.integers(0, 2, m),
+                "input_shapes": rng.integers(-1, 2, m),
+                "parameters": np.full(m, -1),
+                "output_shapes": rng.integers(-1, 1, m),
+            }
+
     report = reports.iteration_report_from_chunks(chunks, dicts)
     before = peak_rss_mb()  # imports and dictionaries
     wall, cpu, _ = timed(lambda: reports.write_report(report, out, "synthetic", formats))
     size = sum((out / f"synthetic_iteration.{f}").stat().st_size for f in formats)
-    print(json.dumps({"rows": rows, "peak_rss_before_write_mb": round(before), "peak_rss_mb": round(peak_rss_mb()),
-                      "arrow_pool_peak_mb": round(pa.default_memory_pool().max_memory() / 2**20),
-                      "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "output_mb": round(size / 1e6)}))
+    print(
+        json.dumps(
+            {
+                "rows": rows,
+                "peak_rss_before_write_mb": round(before),
+                "peak_rss_mb": round(peak_rss_mb()),
+                "arrow_pool_peak_mb": round(pa.default_memory_pool().max_memory() / 2**20),
+                "wall_s": round(wall, 2),
+                "cpu_s": round(cpu, 2),
+                "output_mb": round(size / 1e6),
+            }
+        )
+    )
 
 
 def memory(rows_list: list[int], formats: list[str], work: Path) -> None:
@@ -281,12 +334,19 @@ def memory(rows_list: list[int], formats: list[str], work: Path) -> None:
     for rows in rows_list:
         out = work / f"stream_{rows}"
         out.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([sys.executable, __file__, "--stream-rows", str(rows), "--formats", ",".join(formats),
-                               "--work", str(out)], check=True, capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, __file__, "--stream-rows", str(rows), "--formats", ",".join(formats), "--work", str(out)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         r = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"  {r['rows']:>10,} rows: output {r['output_mb']:6} MB, peak RSS before writing {r['peak_rss_before_write_mb']} MB,"
-              f" peak RSS {r['peak_rss_mb']} MB, Arrow pool peak {r['arrow_pool_peak_mb']} MB,"
-              f" wall {r['wall_s']} s, cpu {r['cpu_s']} s")
+        print(
+            f"  {r['rows']:>10,} rows: output {r['output_mb']:6} MB, "
+            f"peak RSS before writing {r['peak_rss_before_write_mb']} MB,"
+            f" peak RSS {r['peak_rss_mb']} MB, Arrow pool peak {r['arrow_pool_peak_mb']} MB,"
+            f" wall {r['wall_s']} s, cpu {r['cpu_s']} s"
+        )
         shutil.rmtree(out)
 
 
@@ -311,13 +371,16 @@ def main() -> int:
     try:
         if not (args.skip_stage and args.skip_backends):
             from bench_engine import generate
+
             args.cache.mkdir(parents=True, exist_ok=True)
             path = args.cache / f"bench_{args.kernels}.sqlite"
             if not path.exists():
                 generate(path, args.kernels)
             wall, cpu, analysis = timed(lambda: analyse(path))
-            print(f"{args.kernels:,} kernels: engine up to the reports {wall:.1f} s (cpu {cpu:.1f} s), "
-                  f"peak RSS {peak_rss_mb():.0f} MB")
+            print(
+                f"{args.kernels:,} kernels: engine up to the reports {wall:.1f} s (cpu {cpu:.1f} s), "
+                f"peak RSS {peak_rss_mb():.0f} MB"
+            )
             if not args.skip_stage:
                 stage(analysis, args.baseline, formats, args.repeat, work / "stage")
             if not args.skip_backends:

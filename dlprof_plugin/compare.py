@@ -6,6 +6,7 @@ The comparison is computed once per (both files' states, aggregations, domains) 
 SQLite database, so its rows are paged, sorted, filtered and exported by the same query builder as every
 other table (tables.run_query).
 """
+
 from __future__ import annotations
 
 import math
@@ -31,25 +32,41 @@ def side_from_database(db, aggr_id: int, domain_id: int, label: str, rank: int =
     (op_nodes, kernel_summaries) and its model_summary figures."""
     params = {"aggr": aggr_id, "domain": domain_id, "rank": rank}
     with db.snapshot() as con:
-        ops = pd.DataFrame(con.execute(
-            "SELECT o.op_name, o.direction, o.op_type, n.num_calls, n.gpu_total FROM op_nodes n "
-            "JOIN read_only_ops o ON o.op_index = n.op_index WHERE n.aggr_id = :aggr AND n.domain_id = :domain"
-            + _rank_filter(db, "n"), params).fetchall(), columns=compare.OP_INPUT)
-        kernels = pd.DataFrame(con.execute(
-            "SELECT k.kernel_name, k.uses_tc, k.num_calls, k.gpu_total FROM kernel_summaries k "
-            "WHERE k.aggr_id = :aggr AND k.domain_id = :domain" + _rank_filter(db, "k"), params).fetchall(),
-            columns=compare.KERNEL_INPUT)
-        cur = con.execute("SELECT * FROM model_summary m WHERE m.aggr_id = :aggr AND m.domain_id = :domain"
-                          + _rank_filter(db, "m"), params)
+        ops = pd.DataFrame(
+            con.execute(
+                "SELECT o.op_name, o.direction, o.op_type, n.num_calls, n.gpu_total FROM op_nodes n "
+                "JOIN read_only_ops o ON o.op_index = n.op_index WHERE n.aggr_id = :aggr AND n.domain_id = :domain"
+                + _rank_filter(db, "n"),
+                params,
+            ).fetchall(),
+            columns=compare.OP_INPUT,
+        )
+        kernels = pd.DataFrame(
+            con.execute(
+                "SELECT k.kernel_name, k.uses_tc, k.num_calls, k.gpu_total FROM kernel_summaries k "
+                "WHERE k.aggr_id = :aggr AND k.domain_id = :domain" + _rank_filter(db, "k"),
+                params,
+            ).fetchall(),
+            columns=compare.KERNEL_INPUT,
+        )
+        cur = con.execute(
+            "SELECT * FROM model_summary m WHERE m.aggr_id = :aggr AND m.domain_id = :domain" + _rank_filter(db, "m"),
+            params,
+        )
         names = [d[0] for d in cur.description]
         row = cur.fetchone()
-        aggr = con.execute("SELECT key_node, key_found, iter_start, iter_stop, total_iterations FROM aggregations "
-                           "WHERE aggr_id = ?", (aggr_id,)).fetchone()
+        aggr = con.execute(
+            "SELECT key_node, key_found, iter_start, iter_stop, total_iterations FROM aggregations WHERE aggr_id = ?",
+            (aggr_id,),
+        ).fetchone()
     s = dict(zip(names, row)) if row else {}
-    figures = {"avg_iteration_time": _float(s.get("avg_iteration_time")),
-               "gpu_utilization": _float(s.get("gpu_utilization")), "wall_time": _int(s.get("wall_time")),
-               "aggregated_iterations": _int(s.get("iter_aggregated")),
-               "tc_utilization": _float(s.get("tc_utilization"))}
+    figures = {
+        "avg_iteration_time": _float(s.get("avg_iteration_time")),
+        "gpu_utilization": _float(s.get("gpu_utilization")),
+        "wall_time": _int(s.get("wall_time")),
+        "aggregated_iterations": _int(s.get("iter_aggregated")),
+        "tc_utilization": _float(s.get("tc_utilization")),
+    }
     key_node = (aggr[0] or "") if aggr and aggr[1] else ""
     iterations = (int(aggr[2]), int(aggr[3]), int(aggr[4])) if aggr and None not in aggr[2:5] else ()
     return compare.Side(ops, kernels, figures, label, key_node, iterations)
@@ -117,25 +134,48 @@ class Compared:
 
 def _compared_columns(alias: str) -> list[Col]:
     return [
-        Col("presence", "Present In", "text", f"{alias}.presence",
-            "both, after only (not in the baseline) or baseline only (no longer run)"),
+        Col(
+            "presence",
+            "Present In",
+            "text",
+            f"{alias}.presence",
+            "both, after only (not in the baseline) or baseline only (no longer run)",
+        ),
         Col("calls", "No. Calls", "int", f"{alias}.calls", "Calls (launches) in the compared aggregation"),
         Col("baseline_calls", "Baseline No. Calls", "int", f"{alias}.baseline_calls", "Calls in the baseline"),
         Col("gpu_time", "GPU Time (ns)", "ns", f"{alias}.gpu_time", "Total GPU time in the compared aggregation"),
-        Col("baseline_gpu_time", "Baseline GPU Time (ns)", "ns", f"{alias}.baseline_gpu_time",
-            "Total GPU time in the baseline"),
+        Col(
+            "baseline_gpu_time",
+            "Baseline GPU Time (ns)",
+            "ns",
+            f"{alias}.baseline_gpu_time",
+            "Total GPU time in the baseline",
+        ),
         Col("delta", "Delta GPU Time (ns)", "ns", f"{alias}.delta", "GPU time minus the baseline's"),
-        Col("delta_pct", "Delta GPU Time %", "pct", f"{alias}.delta_pct",
-            "The change in % of the baseline's GPU time (none when the baseline has none)"),
-        Col("abs_delta", "Absolute Delta (ns)", "ns", f"{alias}.abs_delta", "Size of the change (the default order)",
-            hidden=True),
+        Col(
+            "delta_pct",
+            "Delta GPU Time %",
+            "pct",
+            f"{alias}.delta_pct",
+            "The change in % of the baseline's GPU time (none when the baseline has none)",
+        ),
+        Col(
+            "abs_delta",
+            "Absolute Delta (ns)",
+            "ns",
+            f"{alias}.abs_delta",
+            "Size of the change (the default order)",
+            hidden=True,
+        ),
     ]
 
 
 def ops_table(compared: Compared, pytorch: bool) -> TableQuery:
     """Per op (name, direction): the diff report's Op Diff rows."""
-    cols = [Col("row", "Row", "int", "c.row", "Row key", hidden=True),
-            Col("op_name", "Op Name", "text", "c.name", "Scope path and op label")]
+    cols = [
+        Col("row", "Row", "int", "c.row", "Row key", hidden=True),
+        Col("op_name", "Op Name", "text", "c.name", "Scope path and op label"),
+    ]
     if pytorch:
         cols.append(Col("direction", "Direction", "text", "c.direction", "fprop or bprop"))
     cols.append(Col("op_type", "Op Type", "text", "c.op_type", "Framework op type"))
@@ -147,9 +187,11 @@ def ops_table(compared: Compared, pytorch: bool) -> TableQuery:
 
 def kernels_table(compared: Compared) -> TableQuery:
     """Per kernel name: the diff report's Kernel Diff rows."""
-    cols = [Col("row", "Row", "int", "c.row", "Row key", hidden=True),
-            Col("kernel_name", "Kernel Name", "text", "c.name", "Short kernel name"),
-            Col("uses_tc", "Uses TC", "bool", "c.uses_tc", "The kernel uses Tensor Cores")]
+    cols = [
+        Col("row", "Row", "int", "c.row", "Row key", hidden=True),
+        Col("kernel_name", "Kernel Name", "text", "c.name", "Short kernel name"),
+        Col("uses_tc", "Uses TC", "bool", "c.uses_tc", "The kernel uses Tensor Cores"),
+    ]
     cols += _compared_columns("c")
     tq = TableQuery("compare_kernels", cols, "kernels c", [], {}, ("abs_delta", "desc"), "c.row", key="c.row")
     tq.db = compared.db
@@ -163,7 +205,13 @@ def summary_doc(compared: Compared, after: dict, baseline: dict) -> dict:
     for r in c.summary.to_dict("records"):
         rows.append({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()})
     for side, info in ((c.after, after), (c.baseline, baseline)):
-        info.update(label=side.label, key_node=side.key_node,
-                    iterations=list(side.iterations) if side.iterations else None)
-    return {"after": after, "baseline": baseline, "summary": rows,
-            "ops": compared.counts("ops"), "kernels": compared.counts("kernels")}
+        info.update(
+            label=side.label, key_node=side.key_node, iterations=list(side.iterations) if side.iterations else None
+        )
+    return {
+        "after": after,
+        "baseline": baseline,
+        "summary": rows,
+        "ops": compared.counts("ops"),
+        "kernels": compared.counts("kernels"),
+    }

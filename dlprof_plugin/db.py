@@ -5,6 +5,7 @@ timeout) shared by the server's request threads, and a result cache keyed by the
 inode), so a re-aggregation committed by another process invalidates it and a replaced file (dlprof --force)
 reopens the connections. Nothing here ever writes to the database.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,19 +20,18 @@ from pathlib import Path
 
 from dlprof_profiler import contract as K
 
-BUSY_TIMEOUT_S = 10.0   # readers wait at most this long for a writer's commit
-POOL_IDLE = 8           # idle connections kept per database
-CACHE_ENTRIES = 256     # cached results per database
-MMAP_BYTES = 1 << 34    # map up to 16 GiB of the file (address space only; pages come from the OS cache)
-SUPPORTED_MAJORS = K.READABLE_SCHEMA_MAJORS   # DB_SCHEMA_VERSION majors this reader understands
+BUSY_TIMEOUT_S = 10.0  # readers wait at most this long for a writer's commit
+POOL_IDLE = 8  # idle connections kept per database
+CACHE_ENTRIES = 256  # cached results per database
+MMAP_BYTES = 1 << 34  # map up to 16 GiB of the file (address space only; pages come from the OS cache)
+SUPPORTED_MAJORS = K.READABLE_SCHEMA_MAJORS  # DB_SCHEMA_VERSION majors this reader understands
 
 log = logging.getLogger("dlprof_plugin")
 
 
 def is_hot_journal_error(exc: BaseException) -> bool:
     """A read-only connection met the rollback journal of a writer that died mid-transaction."""
-    return getattr(exc, "sqlite_errorname", "") == "SQLITE_READONLY_ROLLBACK" or \
-        "readonly database" in str(exc)
+    return getattr(exc, "sqlite_errorname", "") == "SQLITE_READONLY_ROLLBACK" or "readonly database" in str(exc)
 
 
 class NotADatabase(Exception):
@@ -60,10 +60,10 @@ class Database:
         self._pool: queue.LifoQueue = queue.LifoQueue()
         self._lock = threading.Lock()
         self._cache: OrderedDict = OrderedDict()
-        self._identity = None   # (inode, device) the pooled connections were opened on
+        self._identity = None  # (inode, device) the pooled connections were opened on
         self._checked_identity = None
-        self.schema_major = None    # "2" or "3", known once a connection checked the file
-        self.lenient = False       # decode TEXT leniently (every 2.0 file; a 3.0 file once it failed)
+        self.schema_major = None  # "2" or "3", known once a connection checked the file
+        self.lenient = False  # decode TEXT leniently (every 2.0 file; a 3.0 file once it failed)
 
     # ------------------------------------------------------------------ connections
     def state(self) -> tuple:
@@ -74,12 +74,13 @@ class Database:
 
     def _open(self) -> sqlite3.Connection:
         try:
-            con = sqlite3.connect(self._uri, uri=True, timeout=BUSY_TIMEOUT_S, check_same_thread=False,
-                                  isolation_level=None)
+            con = sqlite3.connect(
+                self._uri, uri=True, timeout=BUSY_TIMEOUT_S, check_same_thread=False, isolation_level=None
+            )
             con.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
             con.execute("PRAGMA query_only = 1")
             con.execute("PRAGMA temp_store = MEMORY")
-            con.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")   # random B-tree probes without read() calls
+            con.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")  # random B-tree probes without read() calls
             if self.lenient:
                 con.text_factory = lenient_text
         except sqlite3.Error as exc:
@@ -223,33 +224,40 @@ class Database:
 
     # ------------------------------------------------------------------ facts used by many routes
     def profile_info(self) -> dict:
-        return self.cached("profile_info", lambda: {k: v for k, v in self.query(
-            "SELECT name, value FROM profile_info")})
+        return self.cached(
+            "profile_info", lambda: {k: v for k, v in self.query("SELECT name, value FROM profile_info")}
+        )
 
     def domains(self, rank: int | None = None) -> list[dict]:
         """The NVTX domains with an op model (of one rank in a 3.0 file; default: the default rank)."""
         rank = self.default_rank() if rank is None else int(rank)
 
         def compute():
-            with self.connect():   # knows the schema version from here on
+            with self.connect():  # knows the schema version from here on
                 pass
             where = f"WHERE rank = {rank} " if self.schema_major != "2" else ""
-            return self.query_dicts("SELECT domain_id, name, family, has_markers, num_ranges, is_primary "
-                                    f"FROM {K.READ_ONLY_DOMAINS} {where}ORDER BY domain_id")
+            return self.query_dicts(
+                "SELECT domain_id, name, family, has_markers, num_ranges, is_primary "
+                f"FROM {K.READ_ONLY_DOMAINS} {where}ORDER BY domain_id"
+            )
+
         return self.cached(("domains", rank), compute)
 
     def ranks(self) -> list[dict]:
         """The ranks (profiles) of the file: rank, source_file, source_kind, host_name, nsys_version; a 2.0 file
         (or a 3.0 one without the table) is rank 0."""
+
         def compute():
             if not self.v3:
                 return [{"rank": K.DEFAULT_RANK}]
             tables = {r[0] for r in self.query("SELECT name FROM sqlite_master WHERE type = 'table'")}
             if K.RANKS not in tables:
                 return [{"rank": K.DEFAULT_RANK}]
-            rows = self.query_dicts(f"SELECT rank, source_file, source_kind, host_name, nsys_version FROM {K.RANKS} "
-                                    "ORDER BY rank")
+            rows = self.query_dicts(
+                f"SELECT rank, source_file, source_kind, host_name, nsys_version FROM {K.RANKS} ORDER BY rank"
+            )
             return rows or [{"rank": K.DEFAULT_RANK}]
+
         return self.cached("ranks", compute)
 
     def default_rank(self) -> int:
@@ -266,10 +274,14 @@ class Database:
         return self.schema_major != "2"
 
     def aggregations(self) -> list[dict]:
-        return self.cached("aggregations", lambda: self.query_dicts(
-            "SELECT aggr_id, created_utc, key_node, key_source, key_found, iter_start, iter_stop, "
-            "total_iterations, server_user_name, server_host_name, engine_version, elapsed_seconds "
-            "FROM aggregations ORDER BY aggr_id"))
+        return self.cached(
+            "aggregations",
+            lambda: self.query_dicts(
+                "SELECT aggr_id, created_utc, key_node, key_source, key_found, iter_start, iter_stop, "
+                "total_iterations, server_user_name, server_host_name, engine_version, elapsed_seconds "
+                "FROM aggregations ORDER BY aggr_id"
+            ),
+        )
 
     def model_config(self, rank: int | None = None) -> dict:
         rank = self.default_rank() if rank is None else int(rank)
@@ -283,19 +295,23 @@ class Database:
                 except (TypeError, ValueError):
                     out[k] = v
             return out
+
         return self.cached(("model_config", rank), compute)
 
     def index_on(self, table: str, leading: tuple[str, ...]) -> str | None:
         """Name of an index on `table` whose first columns are `leading` (None if there is none)."""
+
         def compute():
             found = {}
             with self.connect() as con:
-                for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ? "
-                                           "ORDER BY name", (table,)).fetchall():
+                for (name,) in con.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ? ORDER BY name", (table,)
+                ).fetchall():
                     cols = tuple(r[2] for r in con.execute("SELECT * FROM pragma_index_info(?)", (name,)).fetchall())
                     for i in range(1, len(cols) + 1):
                         found.setdefault(cols[:i], name)
             return found
+
         return self.cached(("indexes", table), compute).get(tuple(leading))
 
     def has_index(self, table: str, leading: tuple[str, ...]) -> bool:

@@ -1,4 +1,5 @@
 """Table downloads: CSV, XLSX (minimal SpreadsheetML written with zipfile, no dependency) and JSON."""
+
 from __future__ import annotations
 
 import csv
@@ -9,7 +10,7 @@ import zipfile
 from xml.sax.saxutils import escape
 
 XLSX_TYPE = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
-XLSX_MAX_ROWS = 1_048_575   # plus the header row
+XLSX_MAX_ROWS = 1_048_575  # plus the header row
 XLSX_MAX_CELL = 32767
 _ILLEGAL_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
@@ -104,16 +105,20 @@ def _text_cell(ref: str, text, style: str = "") -> str:
 def _cell_writer(letter: str, ctype: str):
     """A function (value, row number) -> cell XML for one column."""
     if ctype == "bool":
+
         def cell(v, n):
             return f'<c r="{letter}{n}" t="inlineStr"><is><t>{"yes" if v else "no"}</t></is></c>'
     elif ctype in ("int", "ns", "float", "pct"):
+
         def cell(v, n):
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 return f'<c r="{letter}{n}"><v>{v!r}</v></c>'
             return _text_cell(f"{letter}{n}", v)
     else:
+
         def cell(v, n):
             return f'<c r="{letter}{n}" t="inlineStr"><is><t xml:space="preserve">{_xml_text(v)}</t></is></c>'
+
     return cell
 
 
@@ -129,16 +134,20 @@ def to_xlsx(columns: list[dict], rows: list[list], sheet: str = "Sheet1") -> byt
         zf.writestr("xl/workbook.xml", _WORKBOOK.format(name=escape(_sheet_name(sheet), {'"': "&quot;"})))
         zf.writestr("xl/_rels/workbook.xml.rels", _WORKBOOK_RELS)
         zf.writestr("xl/styles.xml", _STYLES)
-        parts = ['<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
-                 '<worksheet xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main">'
-                 '<sheetViews><sheetView workbookViewId="0"><pane ySplit="1" topLeftCell="A2" state="frozen"/>'
-                 '</sheetView></sheetViews><sheetData>',
-                 '<row r="1">' + "".join(_text_cell(f"{letters[j]}1", columns[i]["label"], ' s="1"')
-                                         for j, i in enumerate(keep)) + "</row>"]
+        parts = [
+            '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
+            '<worksheet xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main">'
+            '<sheetViews><sheetView workbookViewId="0"><pane ySplit="1" topLeftCell="A2" state="frozen"/>'
+            "</sheetView></sheetViews><sheetData>",
+            '<row r="1">'
+            + "".join(_text_cell(f"{letters[j]}1", columns[i]["label"], ' s="1"') for j, i in enumerate(keep))
+            + "</row>",
+        ]
         with zf.open("xl/worksheets/sheet1.xml", "w") as fh:
             for n, r in enumerate(rows, start=2):
-                parts.append(f'<row r="{n}">' + "".join([w(r[i], n) for i, w in writers if r[i] is not None])
-                             + "</row>")
+                parts.append(
+                    f'<row r="{n}">' + "".join([w(r[i], n) for i, w in writers if r[i] is not None]) + "</row>"
+                )
                 if len(parts) >= 2000:
                     fh.write("".join(parts).encode("utf-8"))
                     parts.clear()

@@ -6,6 +6,7 @@ idle -> running -> succeeded | failed. A second start while one runs raises `Job
 The engine appends the aggregation in one transaction, so a failure leaves earlier aggregations intact; a
 process that ends without its result line (killed) succeeded if the database holds its new aggregation.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ import sys
 import threading
 import time
 
-JOB_TIMEOUT_S = 6 * 3600   # a job still running after this is killed and reported as failed
+JOB_TIMEOUT_S = 6 * 3600  # a job still running after this is killed and reported as failed
 MAX_MESSAGE = 2000
 
 
@@ -40,17 +41,33 @@ class Job:
         self.started = time.time()
         self.finished = None
         self.proc: subprocess.Popen | None = None
-        self.aggr_before = None   # newest aggregation id when the job started
+        self.aggr_before = None  # newest aggregation id when the job started
 
     def to_json(self) -> dict:
-        return {"status": self.status, "message": self.message, "aggr_id": self.aggr_id,
-                "started": _utc(self.started), "finished": _utc(self.finished),
-                "elapsed_seconds": round((self.finished or time.time()) - self.started, 3),
-                "key_node": self.key_node, "iter_start": self.iter_start, "iter_stop": self.iter_stop}
+        return {
+            "status": self.status,
+            "message": self.message,
+            "aggr_id": self.aggr_id,
+            "started": _utc(self.started),
+            "finished": _utc(self.finished),
+            "elapsed_seconds": round((self.finished or time.time()) - self.started, 3),
+            "key_node": self.key_node,
+            "iter_start": self.iter_start,
+            "iter_stop": self.iter_stop,
+        }
 
 
-IDLE = {"status": "idle", "message": "", "aggr_id": None, "started": None, "finished": None,
-        "elapsed_seconds": None, "key_node": None, "iter_start": None, "iter_stop": None}
+IDLE = {
+    "status": "idle",
+    "message": "",
+    "aggr_id": None,
+    "started": None,
+    "finished": None,
+    "elapsed_seconds": None,
+    "key_node": None,
+    "iter_start": None,
+    "iter_stop": None,
+}
 
 
 def without_paths(message: str, database: str) -> str:
@@ -59,8 +76,9 @@ def without_paths(message: str, database: str) -> str:
     name = os.path.basename(database)
     for path in sorted({database, os.path.realpath(database), os.path.abspath(database)}, key=len, reverse=True):
         message = message.replace(path, name)
-    for folder in sorted({os.path.dirname(database), os.path.dirname(os.path.realpath(database))}, key=len,
-                         reverse=True):
+    for folder in sorted(
+        {os.path.dirname(database), os.path.dirname(os.path.realpath(database))}, key=len, reverse=True
+    ):
         if len(folder) > 1:
             message = message.replace(folder + os.sep, "").replace(folder, ".")
     return message
@@ -69,7 +87,7 @@ def without_paths(message: str, database: str) -> str:
 def command(database: str, key_node, iter_start, iter_stop) -> list[str]:
     cmd = [sys.executable, "-m", "dlprof_profiler.reaggregate", f"--database={database}"]
     if key_node is not None:
-        cmd.append(f"--key_node={key_node}")   # joined: a key node may start with '-'
+        cmd.append(f"--key_node={key_node}")  # joined: a key node may start with '-'
     if iter_start is not None:
         cmd.append(f"--iter_start={int(iter_start)}")
     if iter_stop is not None:
@@ -100,14 +118,20 @@ class JobManager:
 
     def _committed_by(self, job: Job):
         """The aggregation a job's engine added (it was killed after committing, before saying so), or None."""
-        since = _utc(job.started - 1)   # created by this job: not before it started (ISO strings compare)
+        since = _utc(job.started - 1)  # created by this job: not before it started (ISO strings compare)
         for row in reversed(self._rows(job.database) or []):
             if job.aggr_before is not None and row["aggr_id"] <= job.aggr_before:
                 break
             if str(row.get("created_utc") or "") < since:
                 continue
-            if all(want is None or row.get(name) == want for name, want in (
-                    ("key_node", job.key_node), ("iter_start", job.iter_start), ("iter_stop", job.iter_stop))):
+            if all(
+                want is None or row.get(name) == want
+                for name, want in (
+                    ("key_node", job.key_node),
+                    ("iter_start", job.iter_start),
+                    ("iter_stop", job.iter_stop),
+                )
+            ):
                 return row["aggr_id"]
         return None
 
@@ -125,21 +149,31 @@ class JobManager:
         with self._lock:
             current = self._jobs.get(database)
             if current and current.status == "running":
-                raise JobConflict(f"a re-aggregation of this database is already running (started "
-                                  f"{_utc(current.started)}); wait for it to finish")
+                raise JobConflict(
+                    f"a re-aggregation of this database is already running (started "
+                    f"{_utc(current.started)}); wait for it to finish"
+                )
             job = Job(database, key_node, iter_start, iter_stop)
             job.aggr_before = self._newest_id(database)
             env = dict(os.environ, PYTHONUNBUFFERED="1")
             try:
                 # own session: a Ctrl+C in the server's terminal does not interrupt the engine mid-write
-                job.proc = subprocess.Popen(command(database, key_node, iter_start, iter_stop),
-                                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, text=True, env=env,
-                                            cwd=os.path.dirname(database) or None,
-                                            start_new_session=(os.name == "posix"))
+                job.proc = subprocess.Popen(
+                    command(database, key_node, iter_start, iter_stop),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env=env,
+                    cwd=os.path.dirname(database) or None,
+                    start_new_session=(os.name == "posix"),
+                )
             except OSError as exc:
-                job.status, job.message, job.finished = "failed", f"could not start the re-aggregation: {exc}", \
-                    time.time()
+                job.status, job.message, job.finished = (
+                    "failed",
+                    f"could not start the re-aggregation: {exc}",
+                    time.time(),
+                )
                 self._jobs[database] = job
                 return job.to_json()
             self._jobs[database] = job
@@ -173,8 +207,10 @@ class JobManager:
             elif committed is not None:
                 job.status = "succeeded"
                 job.aggr_id = committed
-                job.message = (f"aggregation {committed} added (the engine process ended with status "
-                               f"{proc.returncode} after committing it)")
+                job.message = (
+                    f"aggregation {committed} added (the engine process ended with status "
+                    f"{proc.returncode} after committing it)"
+                )
             else:
                 job.status = "failed"
                 if result and result.get("message"):

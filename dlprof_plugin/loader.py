@@ -1,4 +1,5 @@
 """TensorBoard entry point (`tensorboard_plugins` group, name `dlprof`): loads the DLPROF plugin lazily."""
+
 from __future__ import annotations
 
 from tensorboard.plugins import base_plugin
@@ -9,16 +10,21 @@ class DLProfLoader(base_plugin.TBLoader):
 
     def define_flags(self, parser):
         group = parser.add_argument_group("dlprof")
-        group.add_argument("--dlprof_allowed_hosts", metavar="NAMES", default="",
-                           help="DLPROF tab: host names (comma-separated) it answers besides localhost and IP "
-                                "addresses when TensorBoard listens on localhost, e.g. the name of a reverse "
-                                "proxy; requests naming any other host are refused (DNS rebinding)")
+        group.add_argument(
+            "--dlprof_allowed_hosts",
+            metavar="NAMES",
+            default="",
+            help="DLPROF tab: host names (comma-separated) it answers besides localhost and IP "
+            "addresses when TensorBoard listens on localhost, e.g. the name of a reverse "
+            "proxy; requests naming any other host are refused (DNS rebinding)",
+        )
 
     def load(self, context):
         try:
             from dlprof_plugin.plugin import DLProfPlugin
         except ImportError as exc:  # a broken install should not take TensorBoard down
             import logging
+
             logging.getLogger("dlprof_plugin").warning("DLPROF plugin disabled: %s", exc)
             return None
         return DLProfPlugin(context)

@@ -3,6 +3,7 @@
 Runs are found through the data provider (the Rust data server with --load_fast, or the multiplexer), so
 the plugin works in both modes; each run's event file names its DLProf database, read here directly.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,6 +26,7 @@ def static_dir():
     """The frontend_static package directory (a Traversable), or None when it is not installed."""
     try:
         from importlib.resources import files
+
         return files("frontend_static")
     except (ImportError, ModuleNotFoundError, TypeError):
         return None
@@ -33,7 +35,7 @@ def static_dir():
 def route_of(path: str) -> str:
     """The part of a request path below /data/plugin/dlprof/ ('runs', 'table/ops', 'index.js')."""
     i = path.find(ROUTE_PREFIX)
-    return path[i + len(ROUTE_PREFIX):] if i >= 0 else path.lstrip("/")
+    return path[i + len(ROUTE_PREFIX) :] if i >= 0 else path.lstrip("/")
 
 
 class DLProfPlugin(base_plugin.TBPlugin):
@@ -44,9 +46,12 @@ class DLProfPlugin(base_plugin.TBPlugin):
         self._runs = ProviderRuns(context.data_provider, context.logdir)
         self._service = Service(self._runs, static_dir=static_dir())
         flags = getattr(context, "flags", None)
-        self._policy = security.policy_for_bind(getattr(flags, "host", None), bool(getattr(flags, "bind_all", False)),
-                                                getattr(flags, "dlprof_allowed_hosts", None),
-                                                flag="--dlprof_allowed_hosts")
+        self._policy = security.policy_for_bind(
+            getattr(flags, "host", None),
+            bool(getattr(flags, "bind_all", False)),
+            getattr(flags, "dlprof_allowed_hosts", None),
+            flag="--dlprof_allowed_hosts",
+        )
         self._active = False
         self._active_lock = threading.Lock()
         self._refresher = None
@@ -56,15 +61,14 @@ class DLProfPlugin(base_plugin.TBPlugin):
         apps = {f"/{route}": self._serve for route in self._service.routes}
         apps["/index.js"] = self._serve
         apps["/table/*"] = self._serve
-        apps["/*"] = self._serve   # other static files of the frontend; JSON 404 for anything else
+        apps["/*"] = self._serve  # other static files of the frontend; JSON 404 for anything else
         return apps
 
     def is_active(self):
         """O(1): a flag refreshed by a background thread (started on the first call)."""
         with self._active_lock:
             if self._refresher is None and self._runs.available():
-                self._refresher = threading.Thread(target=self._refresh_active, name="dlprof-is-active",
-                                                   daemon=True)
+                self._refresher = threading.Thread(target=self._refresh_active, name="dlprof-is-active", daemon=True)
                 self._refresher.start()
         return self._active
 
@@ -78,6 +82,7 @@ class DLProfPlugin(base_plugin.TBPlugin):
     def _refresh_active(self):
         import time
         from tensorboard import context as tb_context
+
         while True:
             try:
                 self._active = bool(self._runs.runs(tb_context.RequestContext(), "", max_age=0))
@@ -88,6 +93,7 @@ class DLProfPlugin(base_plugin.TBPlugin):
     @wrappers.Request.application
     def _serve(self, request):
         from tensorboard import plugin_util
+
         ctx = plugin_util.context(request.environ)
         eid = plugin_util.experiment_id(request.environ)
         reason = security.check_request(request, self._policy)

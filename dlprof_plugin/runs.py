@@ -5,6 +5,7 @@ run and gets that run's entry or 404, so no file path is ever built from request
 path (relative to the run directory, from the event file's `dlprof/profile` summary) must resolve, symlinks
 followed, to a file inside the logdir.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,8 @@ from dataclasses import dataclass, field
 
 from dlprof_profiler.contract import PLUGIN_NAME, PROFILE_TAG
 
-CACHE_SECONDS = 5.0      # how long a run listing is reused
-MISS_REFRESH_S = 1.0     # an unknown run triggers a refresh at most this often
+CACHE_SECONDS = 5.0  # how long a run listing is reused
+MISS_REFRESH_S = 1.0  # an unknown run triggers a refresh at most this often
 
 log = logging.getLogger("dlprof_plugin")
 
@@ -25,15 +26,15 @@ log = logging.getLogger("dlprof_plugin")
 @dataclass
 class RunInfo:
     run: str
-    database: str                       # real path of the database file
-    shown_database: str                 # path shown to users (relative to the logdir)
+    database: str  # real path of the database file
+    shown_database: str  # path shown to users (relative to the logdir)
     meta: dict = field(default_factory=dict)
 
 
 def inside(path: str, root: str) -> bool:
     try:
         return os.path.commonpath([path, root]) == root
-    except ValueError:   # different drives
+    except ValueError:  # different drives
         return False
 
 
@@ -51,7 +52,7 @@ def resolve_database(root: str, run: str, relative) -> str | None:
 def parse_metadata(raw) -> dict | None:
     if raw is None:
         return None
-    if hasattr(raw, "tolist"):   # numpy array (a scalar string tensor)
+    if hasattr(raw, "tolist"):  # numpy array (a scalar string tensor)
         raw = raw.tolist()
         while isinstance(raw, list) and raw:
             raw = raw[-1]
@@ -83,6 +84,7 @@ class ProviderRuns:
 
     def _fetch(self, ctx, eid: str) -> dict[str, RunInfo]:
         from tensorboard.data import provider as prov
+
         if not self.available():
             return {}
         flt = prov.RunTagFilter(tags=[PROFILE_TAG])
@@ -91,8 +93,9 @@ class ProviderRuns:
             return {}
         values = {}
         try:
-            data = self._provider.read_tensors(ctx, experiment_id=eid, plugin_name=PLUGIN_NAME, downsample=100,
-                                               run_tag_filter=flt)
+            data = self._provider.read_tensors(
+                ctx, experiment_id=eid, plugin_name=PLUGIN_NAME, downsample=100, run_tag_filter=flt
+            )
             for run, tags in (data or {}).items():
                 datums = tags.get(PROFILE_TAG) or []
                 if datums:
@@ -108,8 +111,9 @@ class ProviderRuns:
                 continue
             path = resolve_database(self.root, run, meta.get("database"))
             if path is None:
-                log.warning("dlprof: run %r: database %r is missing or outside the logdir; skipped",
-                            run, meta.get("database"))
+                log.warning(
+                    "dlprof: run %r: database %r is missing or outside the logdir; skipped", run, meta.get("database")
+                )
                 continue
             runs[run] = RunInfo(run=run, database=path, shown_database=os.path.relpath(path, self.root), meta=meta)
         return runs

@@ -14,6 +14,7 @@ server must not be drivable by the web sites its user visits.
 
 Every refusal is a 403 with a one-line reason.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -78,8 +79,9 @@ def is_loopback_address(host: str | None) -> bool:
     return bool(infos) and all(_ip(info[4][0]) is not None and _ip(info[4][0]).is_loopback for info in infos)
 
 
-def policy_for_bind(host: str | None, bind_all: bool = False, allowed=None,
-                    flag: str = "--allowed_hosts") -> HostPolicy:
+def policy_for_bind(
+    host: str | None, bind_all: bool = False, allowed=None, flag: str = "--allowed_hosts"
+) -> HostPolicy:
     """The Host policy of a server bound to `host` (or to every interface with bind_all)."""
     names = parse_allowed(allowed)
     loopback = not bind_all and is_loopback_address(host)
@@ -92,7 +94,7 @@ def split_host(value: str) -> tuple[str, int | None]:
     port = None
     if value.startswith("["):
         end = value.find("]")
-        name, rest = (value[1:end], value[end + 1:]) if end > 0 else (value, "")
+        name, rest = (value[1:end], value[end + 1 :]) if end > 0 else (value, "")
         if rest.startswith(":") and rest[1:].isdigit():
             port = int(rest[1:])
     else:
@@ -107,7 +109,7 @@ def split_host(value: str) -> tuple[str, int | None]:
 def host_allowed(host_header: str | None, policy: HostPolicy) -> bool:
     """Whether a request naming the server `host_header` is served under the policy."""
     if not policy.restricted or not host_header:
-        return True   # no Host: not a browser (HTTP/1.0 tools), which DNS rebinding needs
+        return True  # no Host: not a browser (HTTP/1.0 tools), which DNS rebinding needs
     name, _ = split_host(host_header)
     return _ip(name) is not None or is_loopback_name(name) or name in policy.allowed
 
@@ -129,8 +131,10 @@ def refusal(method: str, headers, mimetype: str, policy: HostPolicy) -> str | No
     """Why a request must be refused (403), or None. `headers` is a mapping with case-insensitive `get`."""
     host = headers.get("Host")
     if not host_allowed(host, policy):
-        return (f"host '{split_host(host)[0][:100]}' is not served: use localhost or an IP address, or start "
-                f"the server with {policy.flag}=NAME")
+        return (
+            f"host '{split_host(host)[0][:100]}' is not served: use localhost or an IP address, or start "
+            f"the server with {policy.flag}=NAME"
+        )
     if method.upper() in SAFE_METHODS:
         return None
     if not headers.get(REQUEST_HEADER):

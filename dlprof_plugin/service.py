@@ -1,5 +1,6 @@
 """The HTTP API of http_api.md, independent of TensorBoard: `Service.handle(route, request, ctx, eid)`
 returns a `Reply`; the TensorBoard plugin and the standalone viewer wrap it in their WSGI apps."""
+
 from __future__ import annotations
 
 import json
@@ -24,20 +25,36 @@ JSON = "application/json"
 MAX_BODY = 64 * 1024
 MAX_PARAM_LEN = 4096
 EXPORT_FORMATS = ("csv", "xlsx", "json_all")
-STATIC_TYPES = {".js": "text/javascript", ".mjs": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml",
-                ".html": "text/html", ".json": "application/json", ".map": "application/json",
-                ".png": "image/png", ".woff2": "font/woff2", ".woff": "font/woff", ".ico": "image/x-icon",
-                ".txt": "text/plain"}
+STATIC_TYPES = {
+    ".js": "text/javascript",
+    ".mjs": "text/javascript",
+    ".css": "text/css",
+    ".svg": "image/svg+xml",
+    ".html": "text/html",
+    ".json": "application/json",
+    ".map": "application/json",
+    ".png": "image/png",
+    ".woff2": "font/woff2",
+    ".woff": "font/woff",
+    ".ico": "image/x-icon",
+    ".txt": "text/plain",
+}
 _STATIC_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-INLINE_RANGES = 200_000   # NVTX range labels are counted once per file; larger tables in the background
+INLINE_RANGES = 200_000  # NVTX range labels are counted once per file; larger tables in the background
 # A range's label as the engine's key-node matching sees it: the text without PyTorch emit_nvtx per-call
 # fields (", seq = ...", ", op_id = ...", ", sizes = ...", ", input_op_ids = ..."; nvtx_markers._PT_FIELDS).
 _NO_CUT = 1 << 40
-_CUT = "min(" + ", ".join(f"coalesce(nullif(instr(text, ', {f} = '), 0), {_NO_CUT})"
-                          for f in ("seq", "op_id", "sizes", "input_op_ids")) + ")"
+_CUT = (
+    "min("
+    + ", ".join(
+        f"coalesce(nullif(instr(text, ', {f} = '), 0), {_NO_CUT})" for f in ("seq", "op_id", "sizes", "input_op_ids")
+    )
+    + ")"
+)
 RANGE_LABEL = f"(CASE WHEN text LIKE '{{%' OR {_CUT} = {_NO_CUT} THEN text ELSE substr(text, 1, {_CUT} - 1) END)"
-RANGE_LABELS_SQL = (f"SELECT domain_id, {RANGE_LABEL} AS text, count(*) AS num FROM read_only_ranges "
-                    f"GROUP BY 1, 2 HAVING count(*) >= 2")
+RANGE_LABELS_SQL = (
+    f"SELECT domain_id, {RANGE_LABEL} AS text, count(*) AS num FROM read_only_ranges GROUP BY 1, 2 HAVING count(*) >= 2"
+)
 GUIDANCE_LINKS = {
     "amp": "https://developer.nvidia.com/automatic-mixed-precision",
     "tc": "https://docs.nvidia.com/deeplearning/performance/mixed-precision-training/index.html",
@@ -49,6 +66,7 @@ GUIDANCE_LINKS = {
 def viewer_versions() -> dict:
     """Versions of the software serving the viewer (the profile's own come from the database)."""
     from dlprof_profiler import __version__ as plugin_version
+
     try:
         from tensorboard.version import VERSION as tensorboard_version
     except ImportError:
@@ -64,8 +82,8 @@ class Reply:
     headers: list = field(default_factory=list)
 
 
-_HOT_JOURNAL = object()   # marker: a read failed on a hot journal (see Database.recover)
-_NOT_UTF8 = object()      # marker: a text value was not UTF-8 (see Database.lenient)
+_HOT_JOURNAL = object()  # marker: a read failed on a hot journal (see Database.recover)
+_NOT_UTF8 = object()  # marker: a text value was not UTF-8 (see Database.lenient)
 
 
 class HttpError(Exception):
@@ -118,14 +136,15 @@ def _json_field(text):
 @dataclass
 class Scope:
     """What a request is about: run, database, aggregation, domain."""
+
     info: RunInfo
     db: object
     aggr_id: int | None
     domain_id: int
     domain: str
     mode: str
-    rank: int = K.DEFAULT_RANK     # the rank (profile) of a multi-rank database the request is about
-    request_context: tuple = ()   # (ctx, eid) of the request, for routes that look up a second run
+    rank: int = K.DEFAULT_RANK  # the rank (profile) of a multi-rank database the request is about
+    request_context: tuple = ()  # (ctx, eid) of the request, for routes that look up a second run
 
     @property
     def pytorch(self) -> bool:
@@ -146,11 +165,20 @@ class Service:
         self._range_lock = threading.Lock()
         self._range_jobs: dict = {}
         self.routes = {
-            "runs": self.runs, "aggregations": self.aggregations, "domains": self.domains,
-            "dashboard": self.dashboard, "system": self.system, "gpus": self.gpus, "iterations": self.iterations,
-            "op": self.op, "expert_systems": self.expert_systems, "reaggregate": self.reaggregate,
+            "runs": self.runs,
+            "aggregations": self.aggregations,
+            "domains": self.domains,
+            "dashboard": self.dashboard,
+            "system": self.system,
+            "gpus": self.gpus,
+            "iterations": self.iterations,
+            "op": self.op,
+            "expert_systems": self.expert_systems,
+            "reaggregate": self.reaggregate,
             "reaggregate_status": self.reaggregate_status,
-            "compare": self.compare, "timeline": self.timeline, "timeline_gap": self.timeline_gap,
+            "compare": self.compare,
+            "timeline": self.timeline,
+            "timeline_gap": self.timeline_gap,
             **ranks.routes(self),
         }
         self.tables = {
@@ -174,7 +202,7 @@ class Service:
         """route: the path below the plugin's prefix ('runs', 'table/ops', 'index.js', ...)."""
         route = route.strip("/")
         lenient = recovered = False
-        while True:   # each kind of retry at most once
+        while True:  # each kind of retry at most once
             reply = self._handle(route, request, ctx, eid)
             if reply is _NOT_UTF8 and not lenient:
                 lenient = True
@@ -187,8 +215,11 @@ class Service:
                     continue
             break
         if reply is _HOT_JOURNAL:
-            return error_reply(503, "the database has an interrupted write that this server cannot roll "
-                                    "back (no write permission?); open it once with sqlite3 or dlprof")
+            return error_reply(
+                503,
+                "the database has an interrupted write that this server cannot roll "
+                "back (no write permission?); open it once with sqlite3 or dlprof",
+            )
         if reply is _NOT_UTF8:
             return error_reply(500, "the database holds text that cannot be decoded")
         return reply
@@ -197,7 +228,7 @@ class Service:
         try:
             if route.startswith("table/"):
                 self._method(request, ("GET", "HEAD"))
-                return self.table(route[len("table/"):], request, ctx, eid)
+                return self.table(route[len("table/") :], request, ctx, eid)
             handler = self.routes.get(route)
             if handler is None:
                 if route == "table":
@@ -223,8 +254,12 @@ class Service:
             if is_decode_error(exc):
                 return _NOT_UTF8
             if "locked" in str(exc) or "busy" in str(exc):
-                return Reply(503, json.dumps({"error": "the database is busy (a re-aggregation is being "
-                                                       "committed); retry"}), JSON, [("Retry-After", "1")])
+                return Reply(
+                    503,
+                    json.dumps({"error": "the database is busy (a re-aggregation is being committed); retry"}),
+                    JSON,
+                    [("Retry-After", "1")],
+                )
             log.exception("dlprof: query failed")
             return error_reply(500, f"database query failed: {exc}")
         except Exception as exc:  # noqa: BLE001 - reported as JSON, logged with its traceback
@@ -247,8 +282,12 @@ class Service:
     @staticmethod
     def _check_name(value: str, what: str) -> None:
         """Names of runs and domains are never paths: refuse path tricks outright (400)."""
-        if "\x00" in value or value.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:[\\/]", value) \
-                or any(part == ".." for part in re.split(r"[\\/]", value)):
+        if (
+            "\x00" in value
+            or value.startswith(("/", "\\"))
+            or re.match(r"^[A-Za-z]:[\\/]", value)
+            or any(part == ".." for part in re.split(r"[\\/]", value))
+        ):
             raise BadRequest(f"invalid {what} '{_clip(value)}'")
 
     def _int(self, request, name: str, default=None, minimum: int | None = 0, required: bool = False):
@@ -295,8 +334,11 @@ class Service:
         name = self._arg(request, "domain")
         if name is None or name == "":
             primary = profile.get("primary_domain") or info.meta.get("primary_domain")
-            dom = next((d for d in domains if d["is_primary"]), None) or \
-                next((d for d in domains if d["name"] == primary), None) or (domains[0] if domains else None)
+            dom = (
+                next((d for d in domains if d["is_primary"]), None)
+                or next((d for d in domains if d["name"] == primary), None)
+                or (domains[0] if domains else None)
+            )
             if dom is None:
                 raise NotFound("the database has no NVTX domain")
         else:
@@ -312,12 +354,25 @@ class Service:
             aggr_id = self._int(request, "aggr", default=aggrs[-1]["aggr_id"], minimum=1)
             if not any(a["aggr_id"] == aggr_id for a in aggrs):
                 raise NotFound(f"unknown aggregation {aggr_id}")
-            ok = db.cached(("has_summary", aggr_id, dom["domain_id"]), lambda: bool(db.query(
-                "SELECT 1 FROM model_summary WHERE aggr_id = ? AND domain_id = ?", (aggr_id, dom["domain_id"]))))
+            ok = db.cached(
+                ("has_summary", aggr_id, dom["domain_id"]),
+                lambda: bool(
+                    db.query(
+                        "SELECT 1 FROM model_summary WHERE aggr_id = ? AND domain_id = ?", (aggr_id, dom["domain_id"])
+                    )
+                ),
+            )
             if not ok:
                 raise NotFound(f"aggregation {aggr_id} has no data for domain '{dom['name']}'")
-        return Scope(info, db, aggr_id, dom["domain_id"], dom["name"], profile.get("mode") or
-                     info.meta.get("mode") or "", rank=rank)
+        return Scope(
+            info,
+            db,
+            aggr_id,
+            dom["domain_id"],
+            dom["name"],
+            profile.get("mode") or info.meta.get("mode") or "",
+            rank=rank,
+        )
 
     # ------------------------------------------------------------------ routes
     def runs(self, request, ctx, eid) -> Reply:
@@ -334,17 +389,32 @@ class Service:
                 log.warning("dlprof: run %s: %s", name, exc)
                 continue
             meta = info.meta
-            out.append({"run": name, "profile_name": profile.get("profile_name") or meta.get("profile_name"),
-                        "database": info.shown_database, "mode": profile.get("mode") or meta.get("mode"),
-                        "primary_domain": profile.get("primary_domain") or meta.get("primary_domain"),
-                        "nsys_version": profile.get("nsys_version") or meta.get("nsys_version"),
-                        "dlprof_version": profile.get("dlprof_version") or meta.get("dlprof_version"),
-                        "created_utc": profile.get("created_utc")})
+            out.append(
+                {
+                    "run": name,
+                    "profile_name": profile.get("profile_name") or meta.get("profile_name"),
+                    "database": info.shown_database,
+                    "mode": profile.get("mode") or meta.get("mode"),
+                    "primary_domain": profile.get("primary_domain") or meta.get("primary_domain"),
+                    "nsys_version": profile.get("nsys_version") or meta.get("nsys_version"),
+                    "dlprof_version": profile.get("dlprof_version") or meta.get("dlprof_version"),
+                    "created_utc": profile.get("created_utc"),
+                }
+            )
         return json_reply({"runs": out})
 
     def _aggr_row(self, a: dict) -> dict:
-        keys = ("aggr_id", "created_utc", "key_node", "key_source", "key_found", "iter_start", "iter_stop",
-                "total_iterations", "elapsed_seconds")
+        keys = (
+            "aggr_id",
+            "created_utc",
+            "key_node",
+            "key_source",
+            "key_found",
+            "iter_start",
+            "iter_stop",
+            "total_iterations",
+            "elapsed_seconds",
+        )
         row = {k: a.get(k) for k in keys}
         row["key_found"] = _bool(row["key_found"])
         return row
@@ -353,39 +423,56 @@ class Service:
         info = self._run(request, ctx, eid)
         db = self.registry.get(info.database)
         rows = [self._aggr_row(a) for a in db.aggregations()]
-        return json_reply({"aggregations": rows, "newest": rows[-1]["aggr_id"] if rows else None,
-                           "job": self.jobs.status(info.database)})
+        return json_reply(
+            {
+                "aggregations": rows,
+                "newest": rows[-1]["aggr_id"] if rows else None,
+                "job": self.jobs.status(info.database),
+            }
+        )
 
     def domains(self, request, ctx, eid) -> Reply:
         info = self._run(request, ctx, eid)
         db = self.registry.get(info.database)
-        rows = [dict(d, has_markers=_bool(d["has_markers"]), is_primary=_bool(d["is_primary"]))
-                for d in db.domains(self.rank(request, db))]
+        rows = [
+            dict(d, has_markers=_bool(d["has_markers"]), is_primary=_bool(d["is_primary"]))
+            for d in db.domains(self.rank(request, db))
+        ]
         return json_reply({"domains": rows})
 
     def _iterations(self, s: Scope) -> list[dict]:
         def compute():
             rows = s.db.query_dicts(
-                "SELECT iter_value AS iteration, start_time AS start, stop_time AS \"end\", duration, aggregated, "
+                'SELECT iter_value AS iteration, start_time AS start, stop_time AS "end", duration, aggregated, '
                 "kernels, tc_kernels, kernel_time_per_gpu, tc_kernel_time_per_gpu, tc_time, non_tc_time, "
                 "memory_time, dataloader_time, io_time, cpu_time, other_time, gpu_utilization "
                 "FROM iteration_summary WHERE aggr_id = ? AND domain_id = ? ORDER BY iter_value",
-                (s.aggr_id, s.domain_id))
+                (s.aggr_id, s.domain_id),
+            )
             for r in rows:
                 r["aggregated"] = _bool(r["aggregated"])
             return rows
+
         return s.db.cached(("iterations", s.aggr_id, s.domain_id), compute)
 
     def iterations(self, request, ctx, eid) -> Reply:
         s = self._scope(request, ctx, eid)
         a = dict(next(x for x in s.db.aggregations() if x["aggr_id"] == s.aggr_id))
         # a multi-rank aggregation's range is each rank's own (a rank may have fewer iterations)
-        own = s.db.one("SELECT iter_start, iter_stop FROM model_summary WHERE aggr_id = ? AND domain_id = ?",
-                       (s.aggr_id, s.domain_id))
+        own = s.db.one(
+            "SELECT iter_start, iter_stop FROM model_summary WHERE aggr_id = ? AND domain_id = ?",
+            (s.aggr_id, s.domain_id),
+        )
         if own and own.get("iter_start") is not None:
             a.update(own)
-        return json_reply({"iterations": self._iterations(s), "iter_start": a["iter_start"],
-                           "iter_stop": a["iter_stop"], "key_node": a["key_node"]})
+        return json_reply(
+            {
+                "iterations": self._iterations(s),
+                "iter_start": a["iter_start"],
+                "iter_stop": a["iter_stop"],
+                "key_node": a["key_node"],
+            }
+        )
 
     @staticmethod
     def _of_rank(db, rank: int | None) -> str:
@@ -404,7 +491,8 @@ class Service:
                 framework = f"PyTorch {config['torch_version']}"
             else:
                 framework = {"pytorch": "PyTorch", "tensorflow": "TensorFlow", "tensorrt": "TensorRT"}.get(
-                    profile.get("family") or "", "Unknown")
+                    profile.get("family") or "", "Unknown"
+                )
             raw = str(system.get("CudaDriverVersion", "") or "")
             if config.get("cuda_version"):
                 cuda = str(config["cuda_version"])
@@ -412,61 +500,113 @@ class Service:
                 cuda = f"{int(raw) // 1000}.{(int(raw) % 1000) // 10}"
             else:
                 cuda = raw or "Unknown"
-            return {"gpu_count": len(names), "gpu_names": "; ".join(sorted(set(names))),
-                    "cpu_model": system.get("CpuDescription") or "Unknown",
-                    "driver_version": system.get("NvDriverVersion") or "Unknown", "framework": framework,
-                    "cuda_version": cuda, "nsys_version": profile.get("nsys_version") or "unknown",
-                    "dlprof_version": profile.get("dlprof_version"), **viewer_versions()}
+            return {
+                "gpu_count": len(names),
+                "gpu_names": "; ".join(sorted(set(names))),
+                "cpu_model": system.get("CpuDescription") or "Unknown",
+                "driver_version": system.get("NvDriverVersion") or "Unknown",
+                "framework": framework,
+                "cuda_version": cuda,
+                "nsys_version": profile.get("nsys_version") or "unknown",
+                "dlprof_version": profile.get("dlprof_version"),
+                **viewer_versions(),
+            }
+
         return db.cached(("system_summary", where), compute)
 
     def _findings(self, s: Scope) -> list[dict]:
         rows = s.db.query_dicts(
             "SELECT id, exp_sys_id, severity, problem, recommendation, link, action, data "
             f"FROM expert_systems_feedback e WHERE aggr_id = ? AND domain_id = ? ORDER BY {tables._SEVERITY}, id",
-            (s.aggr_id, s.domain_id))
+            (s.aggr_id, s.domain_id),
+        )
         for r in rows:
             r["action"], r["data"] = _json_field(r["action"]), _json_field(r["data"])
         return rows
 
     def dashboard(self, request, ctx, eid) -> Reply:
         s = self._scope(request, ctx, eid)
-        return json_reply(s.db.cached(("dashboard", s.aggr_id, s.domain_id), lambda: self._dashboard(s)),
-                          sanitize=False)
+        return json_reply(
+            s.db.cached(("dashboard", s.aggr_id, s.domain_id), lambda: self._dashboard(s)), sanitize=False
+        )
 
     def _dashboard(self, s: Scope) -> dict:
         db = s.db
         ms = db.one("SELECT * FROM model_summary WHERE aggr_id = ? AND domain_id = ?", (s.aggr_id, s.domain_id))
         aggr = next(self._aggr_row(a) for a in db.aggregations() if a["aggr_id"] == s.aggr_id)
-        summary_keys = ("wall_time", "tc_utilization", "gpu_utilization", "tc_duration_pct", "non_tc_duration_pct",
-                        "memory_duration_pct", "dataloader_duration_pct", "io_duration_pct", "cpu_duration_pct",
-                        "other_duration_pct", "iter_total", "iter_aggregated", "iter_start", "iter_stop",
-                        "avg_iteration_time", "iteration_time_std_dev", "key_node", "key_found", "n_visible_gpus")
+        summary_keys = (
+            "wall_time",
+            "tc_utilization",
+            "gpu_utilization",
+            "tc_duration_pct",
+            "non_tc_duration_pct",
+            "memory_duration_pct",
+            "dataloader_duration_pct",
+            "io_duration_pct",
+            "cpu_duration_pct",
+            "other_duration_pct",
+            "iter_total",
+            "iter_aggregated",
+            "iter_start",
+            "iter_stop",
+            "avg_iteration_time",
+            "iteration_time_std_dev",
+            "key_node",
+            "key_found",
+            "n_visible_gpus",
+        )
         summary = {k: ms.get(k) for k in summary_keys}
         summary["key_found"] = _bool(summary["key_found"])
 
         def trio(prefix):
-            return {"gpu_time": ms.get(f"{prefix}_gpu"), "cpu_time": ms.get(f"{prefix}_cpu"),
-                    "count": ms.get(f"{prefix}_count")}
-        op_summary = {"all": trio("ops_all"), "using_tc": trio("ops_tc"), "eligible_not_using": trio("ops_eligible"),
-                      "other": trio("ops_other")}
+            return {
+                "gpu_time": ms.get(f"{prefix}_gpu"),
+                "cpu_time": ms.get(f"{prefix}_cpu"),
+                "count": ms.get(f"{prefix}_count"),
+            }
+
+        op_summary = {
+            "all": trio("ops_all"),
+            "using_tc": trio("ops_tc"),
+            "eligible_not_using": trio("ops_eligible"),
+            "other": trio("ops_other"),
+        }
         kernel_summary = {k: trio(f"kernels_{k}") for k in ("all", "tc", "memory", "other")}
-        counts = db.query("SELECT coalesce(sum(tc_eligible != 0), 0), coalesce(sum(using_tc != 0), 0), "
-                          "coalesce(sum(tc_eligible != 0 AND using_tc = 0), 0) FROM op_nodes "
-                          "WHERE aggr_id = ? AND domain_id = ?", (s.aggr_id, s.domain_id))[0]
-        tensor_core = {"tc_utilization": ms.get("tc_utilization"), "eligible_ops": counts[0],
-                       "using_tc_ops": counts[1], "eligible_not_using_ops": counts[2]}
+        counts = db.query(
+            "SELECT coalesce(sum(tc_eligible != 0), 0), coalesce(sum(using_tc != 0), 0), "
+            "coalesce(sum(tc_eligible != 0 AND using_tc = 0), 0) FROM op_nodes "
+            "WHERE aggr_id = ? AND domain_id = ?",
+            (s.aggr_id, s.domain_id),
+        )[0]
+        tensor_core = {
+            "tc_utilization": ms.get("tc_utilization"),
+            "eligible_ops": counts[0],
+            "using_tc_ops": counts[1],
+            "eligible_not_using_ops": counts[2],
+        }
         top = db.query_dicts(
             "SELECT n.op_index, o.op_id, o.op_name, o.direction, o.op_type, n.num_calls, n.gpu_total, n.cpu_total, "
             "n.tc_eligible, n.using_tc FROM op_nodes n JOIN read_only_ops o ON o.op_index = n.op_index "
             "WHERE n.aggr_id = ? AND n.domain_id = ? ORDER BY n.gpu_total DESC, n.op_index LIMIT 10",
-            (s.aggr_id, s.domain_id))
+            (s.aggr_id, s.domain_id),
+        )
         for r in top:
             r["tc_eligible"], r["using_tc"] = _bool(r["tc_eligible"]), _bool(r["using_tc"])
         findings = self._findings(s)
-        doc = {"aggregation": aggr, "domain": s.domain, "mode": s.mode, "summary": summary,
-               "op_summary": op_summary, "kernel_summary": kernel_summary, "tensor_core": tensor_core,
-               "iterations": self._iterations(s), "top_ops": top, "system": self._system(db, s.rank),
-               "findings": findings, "guidance": self._guidance(summary, tensor_core, s)}
+        doc = {
+            "aggregation": aggr,
+            "domain": s.domain,
+            "mode": s.mode,
+            "summary": summary,
+            "op_summary": op_summary,
+            "kernel_summary": kernel_summary,
+            "tensor_core": tensor_core,
+            "iterations": self._iterations(s),
+            "top_ops": top,
+            "system": self._system(db, s.rank),
+            "findings": findings,
+            "guidance": self._guidance(summary, tensor_core, s),
+        }
         return _sanitize(doc)
 
     @staticmethod
@@ -474,24 +614,54 @@ class Service:
         out = []
         pct = lambda k: summary.get(k) or 0.0  # noqa: E731
         if not summary.get("key_found"):
-            out.append({"title": "Set a key node", "text": "No key node was found, so the whole profile is one "
-                        "iteration. Choose an op or NVTX range that runs once per training step in Reaggregate "
-                        "(or pass --key_node) to get per-iteration statistics.", "link": ""})
+            out.append(
+                {
+                    "title": "Set a key node",
+                    "text": "No key node was found, so the whole profile is one "
+                    "iteration. Choose an op or NVTX range that runs once per training step in Reaggregate "
+                    "(or pass --key_node) to get per-iteration statistics.",
+                    "link": "",
+                }
+            )
         if tc.get("eligible_not_using_ops"):
-            out.append({"title": "Use Tensor Cores", "text": f"{tc['eligible_not_using_ops']} op(s) could use "
-                        "Tensor Cores but do not. Enable automatic mixed precision (FP16/BF16) and keep tensor "
-                        "dimensions multiples of 8.", "link": GUIDANCE_LINKS["amp"]})
+            out.append(
+                {
+                    "title": "Use Tensor Cores",
+                    "text": f"{tc['eligible_not_using_ops']} op(s) could use "
+                    "Tensor Cores but do not. Enable automatic mixed precision (FP16/BF16) and keep tensor "
+                    "dimensions multiples of 8.",
+                    "link": GUIDANCE_LINKS["amp"],
+                }
+            )
         if pct("gpu_utilization") < 50:
-            out.append({"title": "Keep the GPU busy", "text": f"The GPU is busy {pct('gpu_utilization'):.1f} % of "
-                        "the time. Look at the CPU and idle gaps of the top ops; larger batches, fewer "
-                        "synchronizations and CUDA graphs reduce launch overhead.", "link": GUIDANCE_LINKS["perf"]})
+            out.append(
+                {
+                    "title": "Keep the GPU busy",
+                    "text": f"The GPU is busy {pct('gpu_utilization'):.1f} % of "
+                    "the time. Look at the CPU and idle gaps of the top ops; larger batches, fewer "
+                    "synchronizations and CUDA graphs reduce launch overhead.",
+                    "link": GUIDANCE_LINKS["perf"],
+                }
+            )
         if pct("dataloader_duration_pct") > 10:
-            out.append({"title": "Speed up data loading", "text": f"Data loading takes "
-                        f"{pct('dataloader_duration_pct'):.1f} % of the time. Use more DataLoader workers, pinned "
-                        "memory or NVIDIA DALI.", "link": GUIDANCE_LINKS["dali"]})
+            out.append(
+                {
+                    "title": "Speed up data loading",
+                    "text": f"Data loading takes "
+                    f"{pct('dataloader_duration_pct'):.1f} % of the time. Use more DataLoader workers, pinned "
+                    "memory or NVIDIA DALI.",
+                    "link": GUIDANCE_LINKS["dali"],
+                }
+            )
         if not out:
-            out.append({"title": "Performance guide", "text": "The profile shows no obvious problem; the deep "
-                        "learning performance guide lists further optimizations.", "link": GUIDANCE_LINKS["perf"]})
+            out.append(
+                {
+                    "title": "Performance guide",
+                    "text": "The profile shows no obvious problem; the deep "
+                    "learning performance guide lists further optimizations.",
+                    "link": GUIDANCE_LINKS["perf"],
+                }
+            )
         return out
 
     def system(self, request, ctx, eid) -> Reply:
@@ -503,12 +673,20 @@ class Service:
         def compute():
             gpus = db.query_dicts(f"SELECT * FROM read_only_gpu_infos{where} ORDER BY device_id")
             for g in gpus:
-                g["compute_capability"] = (f"{g['compute_major']}.{g['compute_minor']}"
-                                           if g.get("compute_major") is not None else None)
-            system = {k: v for k, v in db.query(f"SELECT name, value FROM read_only_system_config{where} "
-                                                "ORDER BY name")}
-            return {"gpus": gpus, "system": system, "model_config": db.model_config(rank),
-                    "profile": db.profile_info(), "summary": self._system(db, rank)}
+                g["compute_capability"] = (
+                    f"{g['compute_major']}.{g['compute_minor']}" if g.get("compute_major") is not None else None
+                )
+            system = {
+                k: v for k, v in db.query(f"SELECT name, value FROM read_only_system_config{where} ORDER BY name")
+            }
+            return {
+                "gpus": gpus,
+                "system": system,
+                "model_config": db.model_config(rank),
+                "profile": db.profile_info(),
+                "summary": self._system(db, rank),
+            }
+
         return json_reply(db.cached(("system_route", rank), compute))
 
     def gpus(self, request, ctx, eid) -> Reply:
@@ -518,7 +696,9 @@ class Service:
             "u.gpu_utilization, u.tc_pct, u.non_tc_pct, u.memory_pct, u.dataloader_pct, u.io_pct, u.cpu_pct, "
             "u.other_pct FROM (SELECT * FROM read_only_gpu_infos" + self._of_rank(s.db, s.rank) + ") g "
             "LEFT JOIN device_utilization u ON u.device_id = g.device_id "
-            "AND u.aggr_id = ? AND u.domain_id = ? ORDER BY g.device_id", (s.aggr_id, s.domain_id))
+            "AND u.aggr_id = ? AND u.domain_id = ? ORDER BY g.device_id",
+            (s.aggr_id, s.domain_id),
+        )
         for r in rows:
             major, minor = r.pop("compute_major"), r.pop("compute_minor")
             r["compute_capability"] = f"{major}.{minor}" if major is not None else None
@@ -531,21 +711,37 @@ class Service:
         tq = tables.ops_table(Scope(s.info, s.db, s.aggr_id, s.domain_id, s.domain, "pytorch", s.rank))
         cols = tq.columns
         with s.db.connect() as con:
-            row = con.execute(f"SELECT {', '.join(c.sql for c in cols)} FROM {tq.source} WHERE "
-                              f"{' AND '.join(tq.where)} AND n.op_index = :op_index",
-                              dict(tq.params, op_index=op_index)).fetchone()
-            base = con.execute("SELECT op_index, op_id, op_name, direction, op_type, tc_eligible, data_type, "
-                               "stack_trace, label, device_id, num_instances FROM read_only_ops "
-                               "WHERE op_index = ?", (op_index,)).fetchone()
+            row = con.execute(
+                f"SELECT {', '.join(c.sql for c in cols)} FROM {tq.source} WHERE "
+                f"{' AND '.join(tq.where)} AND n.op_index = :op_index",
+                dict(tq.params, op_index=op_index),
+            ).fetchone()
+            base = con.execute(
+                "SELECT op_index, op_id, op_name, direction, op_type, tc_eligible, data_type, "
+                "stack_trace, label, device_id, num_instances FROM read_only_ops "
+                "WHERE op_index = ?",
+                (op_index,),
+            ).fetchone()
         if row is not None:
             rows = [list(row)]
             tables._clean(rows, cols)
             doc = dict(zip([c.key for c in cols], rows[0]))
-        else:   # the op has no call in this aggregation
+        else:  # the op has no call in this aggregation
             doc = {c.key: None for c in cols}
             doc.update(num_calls=0)
-        keys = ("op_index", "op_id", "op_name", "direction", "op_type", "tc_eligible", "data_type", "stack_trace",
-                "label", "device_id", "instances")
+        keys = (
+            "op_index",
+            "op_id",
+            "op_name",
+            "direction",
+            "op_type",
+            "tc_eligible",
+            "data_type",
+            "stack_trace",
+            "label",
+            "device_id",
+            "instances",
+        )
         facts = dict(zip(keys, base))
         facts["tc_eligible"] = _bool(facts["tc_eligible"])
         for k, v in facts.items():
@@ -569,9 +765,13 @@ class Service:
 
         def compute():
             from dlprof_profiler.graph_events import node_names
-            rows = s.db.query("SELECT op_index, op_name, direction FROM read_only_ops WHERE domain_id = ? "
-                              "ORDER BY op_index", (s.domain_id,))
+
+            rows = s.db.query(
+                "SELECT op_index, op_name, direction FROM read_only_ops WHERE domain_id = ? ORDER BY op_index",
+                (s.domain_id,),
+            )
             return dict(zip((r[0] for r in rows), node_names([r[1] for r in rows], [r[2] for r in rows])))
+
         return s.db.cached(("graph_nodes", s.domain_id), compute).get(op_index)
 
     def expert_systems(self, request, ctx, eid) -> Reply:
@@ -588,7 +788,7 @@ class Service:
             raise TooLarge("request body too large")
         try:
             body = json.loads(raw.decode("utf-8")) if raw.strip() else None
-        except (UnicodeDecodeError, ValueError, RecursionError):   # RecursionError: nested too deeply
+        except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: nested too deeply
             raise BadRequest("the body must be a JSON object") from None
         if not isinstance(body, dict):
             raise BadRequest('the body must be a JSON object {"run", "key_node", "iter_start", "iter_stop"}')
@@ -609,14 +809,17 @@ class Service:
         bounds = {}
         for name in ("iter_start", "iter_stop"):
             v = body.get(name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0 or v > 10 ** 12):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0 or v > 10**12):
                 raise BadRequest(f"'{name}' must be a non-negative integer or null")
             bounds[name] = v
-        if bounds["iter_start"] is not None and bounds["iter_stop"] is not None \
-                and bounds["iter_start"] > bounds["iter_stop"]:
+        if (
+            bounds["iter_start"] is not None
+            and bounds["iter_stop"] is not None
+            and bounds["iter_start"] > bounds["iter_stop"]
+        ):
             raise BadRequest("'iter_start' must not be greater than 'iter_stop'")
         info = self._run(request, ctx, eid, run=run)
-        self.registry.get(info.database).profile_info()   # a DLProf database (404 otherwise)
+        self.registry.get(info.database).profile_info()  # a DLProf database (404 otherwise)
         try:
             job = self.jobs.start(info.database, key_node, bounds["iter_start"], bounds["iter_stop"])
         except JobConflict as exc:
@@ -632,8 +835,10 @@ class Service:
     def _iteration(self, s: Scope, request) -> tuple[int, tuple[int, int]]:
         iteration = self._int(request, "iteration", required=True)
         rank = " AND rank = ?" if s.db.v3 else ""
-        row = s.db.query(f"SELECT start_time, stop_time FROM iteration_list WHERE aggr_id = ? AND iter_value = ?{rank}",
-                         (s.aggr_id, iteration) + ((s.rank,) if rank else ()))
+        row = s.db.query(
+            f"SELECT start_time, stop_time FROM iteration_list WHERE aggr_id = ? AND iter_value = ?{rank}",
+            (s.aggr_id, iteration) + ((s.rank,) if rank else ()),
+        )
         if not row:
             raise NotFound(f"unknown iteration {iteration} in aggregation {s.aggr_id}")
         return iteration, (int(row[0][0]), int(row[0][1]))
@@ -667,25 +872,37 @@ class Service:
         tq = tables.key_nodes_table(s, source)
         tq.params.update(params)
         if partial:
-            tq.extra = {"partial": True, "message": "NVTX ranges are still being counted; only ops are "
-                                                    "listed. Retry in a few seconds."}
+            tq.extra = {
+                "partial": True,
+                "message": "NVTX ranges are still being counted; only ops are listed. Retry in a few seconds.",
+            }
         return tq
 
     def _range_texts(self, db) -> tuple[str, dict, bool]:
         """A SELECT of (domain_id, text, num): NVTX range labels seen at least twice, its parameters, and
         whether it is still incomplete. The labels are counted once per file (raw tables never change): small
         range tables while the first request waits, large ones in the background (partial answers meanwhile)."""
-        tables_in_db = db.cached("table_names", lambda: {r[0] for r in db.query(
-            "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")})
-        if "read_only_range_labels" in tables_in_db:   # if the engine ever stores them precounted
-            return ("SELECT domain_id, label AS text, num_ranges AS num FROM read_only_range_labels "
-                    "WHERE num_ranges >= 2", {}, False)
+        tables_in_db = db.cached(
+            "table_names",
+            lambda: {r[0] for r in db.query("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")},
+        )
+        if "read_only_range_labels" in tables_in_db:  # if the engine ever stores them precounted
+            return (
+                "SELECT domain_id, label AS text, num_ranges AS num FROM read_only_range_labels WHERE num_ranges >= 2",
+                {},
+                False,
+            )
         n = db.cached("range_count", lambda: db.query("SELECT max(rowid) FROM read_only_ranges")[0][0] or 0)
         values = self._range_label_values(db, wait=n <= INLINE_RANGES)
         # the counted rows are bound as one JSON parameter and unpacked by SQLite
-        return ("SELECT json_extract(value, '$[0]') AS domain_id, json_extract(value, '$[1]') AS text, "
-                "json_extract(value, '$[2]') AS num FROM json_each(:range_labels)"), \
-            {"range_labels": json.dumps(values or [])}, values is None
+        return (
+            (
+                "SELECT json_extract(value, '$[0]') AS domain_id, json_extract(value, '$[1]') AS text, "
+                "json_extract(value, '$[2]') AS num FROM json_each(:range_labels)"
+            ),
+            {"range_labels": json.dumps(values or [])},
+            values is None,
+        )
 
     def _range_label_values(self, db, wait: bool = False):
         key = (db.path, db.state()[2:])
@@ -697,12 +914,15 @@ class Service:
 
                 def work():
                     try:
-                        job["values"] = [list(r) for r in db.query(
-                            f"SELECT * FROM ({RANGE_LABELS_SQL}) ORDER BY num DESC LIMIT 100000")]
+                        job["values"] = [
+                            list(r)
+                            for r in db.query(f"SELECT * FROM ({RANGE_LABELS_SQL}) ORDER BY num DESC LIMIT 100000")
+                        ]
                     except Exception:  # noqa: BLE001
                         log.exception("dlprof: counting NVTX range labels failed")
                         job["values"] = []
                     job["done"].set()
+
                 threading.Thread(target=work, name="dlprof-range-labels", daemon=True).start()
         job["done"].wait(60 if wait else 0.01)
         return job["values"] if job["done"].is_set() else None
@@ -750,12 +970,22 @@ class Service:
         s.request_context = (ctx, eid)
         tq = builder(s, request)
         page, fmt = self._page(request, tq)
-        result = tables.run_query(tq.db if tq.db is not None else s.db, tq, page,
-                                  max_rows=MAX_EXPORT_ROWS if fmt in EXPORT_FORMATS else None)
+        result = tables.run_query(
+            tq.db if tq.db is not None else s.db, tq, page, max_rows=MAX_EXPORT_ROWS if fmt in EXPORT_FORMATS else None
+        )
         columns = [c.meta() for c in tq.columns]
-        doc = {"table": tq.name, "columns": columns, "total": result["total"], "filtered": result["filtered"],
-               "offset": page.offset, "limit": page.limit, "sort": page.sort, "order": page.order,
-               "rows": result["rows"], **tq.extra}
+        doc = {
+            "table": tq.name,
+            "columns": columns,
+            "total": result["total"],
+            "filtered": result["filtered"],
+            "offset": page.offset,
+            "limit": page.limit,
+            "sort": page.sort,
+            "order": page.order,
+            "rows": result["rows"],
+            **tq.extra,
+        }
         if fmt == "json":
             return json_reply(doc, sanitize=False)
         base = f"{_slug(s.info.run)}_{name}"
@@ -793,10 +1023,17 @@ class Service:
             names = {d["name"] for d in (db.domains(s.rank) if run == s.info.run else db.domains())}
             domain = s.domain if s.domain in names else None
         aggr = self._int(request, "base_aggr", minimum=1)
-        args = {"run": run, "aggr": None if aggr is None else str(aggr), "domain": domain,
-                "rank": str(s.rank) if run == s.info.run else None}   # another aggregation of the shown rank
-        view = type("BaselineRequest", (), {"args": {k: v for k, v in args.items() if v not in (None, "")},
-                                            "method": request.method})()
+        args = {
+            "run": run,
+            "aggr": None if aggr is None else str(aggr),
+            "domain": domain,
+            "rank": str(s.rank) if run == s.info.run else None,
+        }  # another aggregation of the shown rank
+        view = type(
+            "BaselineRequest",
+            (),
+            {"args": {k: v for k, v in args.items() if v not in (None, "")}, "method": request.method},
+        )()
         return self._scope(view, ctx, eid)
 
     def _compared(self, s: Scope, request):
@@ -805,8 +1042,11 @@ class Service:
 
         def compute():
             label = lambda x: f"{x.info.run} · aggregation {x.aggr_id}"  # noqa: E731
-            return compare.Compared.of(compare.side_from_database(s.db, s.aggr_id, s.domain_id, label(s), s.rank),
-                                       compare.side_from_database(b.db, b.aggr_id, b.domain_id, label(b), b.rank))
+            return compare.Compared.of(
+                compare.side_from_database(s.db, s.aggr_id, s.domain_id, label(s), s.rank),
+                compare.side_from_database(b.db, b.aggr_id, b.domain_id, label(b), b.rank),
+            )
+
         key = ("compare", s.aggr_id, s.domain_id, s.rank, b.db.path, b.db.state(), b.aggr_id, b.domain_id, b.rank)
         return s.db.cached(key, compute), b
 
@@ -814,8 +1054,9 @@ class Service:
     def _timeline_window(self, request, s: Scope) -> tuple[int, int, dict | None]:
         """[t0, t1) of a timeline request: `t0` and `t1`, else the bounds of `iteration`."""
         if not s.db.v3:
-            raise NotFound("the timeline needs a DLProf database of schema 3.0: analyse the export again with "
-                           "this dlprof")
+            raise NotFound(
+                "the timeline needs a DLProf database of schema 3.0: analyse the export again with this dlprof"
+            )
         iteration = self._int(request, "iteration")
         it = None
         if iteration is not None:
@@ -844,8 +1085,10 @@ class Service:
             raise BadRequest(f"'width' must be at most {timeline.MAX_WIDTH} pixels")
         rows = self._arg(request, "rows")
         groups = None if rows is None else {g for g in rows.split(",") if g}
-        return json_reply(self._timeline_call(timeline.window, s.db, s.aggr_id, s.domain_id, t0, t1, width, groups,
-                                              it), sanitize=False)
+        return json_reply(
+            self._timeline_call(timeline.window, s.db, s.aggr_id, s.domain_id, t0, t1, width, groups, it),
+            sanitize=False,
+        )
 
     def timeline_gap(self, request, ctx, eid) -> Reply:
         s = self._scope(request, ctx, eid)
@@ -868,8 +1111,12 @@ class Service:
             raise HttpError(405, "method not allowed")
         parts = route.split("/") if route else []
         ext = os.path.splitext(route)[1].lower()
-        if not parts or self.static_dir is None or ext not in STATIC_TYPES \
-                or not all(_STATIC_PART.match(p) for p in parts):
+        if (
+            not parts
+            or self.static_dir is None
+            or ext not in STATIC_TYPES
+            or not all(_STATIC_PART.match(p) for p in parts)
+        ):
             raise NotFound(f"unknown route '{_clip(route)}'")
         node = self.static_dir
         for p in parts:
@@ -881,4 +1128,3 @@ class Service:
         except OSError:
             raise NotFound(f"unknown route '{_clip(route)}'") from None
         return Reply(200, data, STATIC_TYPES[ext])
-

@@ -3,6 +3,7 @@
 Column keys, sort keys and filter keys are looked up in these definitions; request text never reaches SQL
 except as bound parameters. Every query uses named parameters (`:aggr`, `:domain`, ...).
 """
+
 from __future__ import annotations
 
 import math
@@ -17,7 +18,7 @@ MAX_PAGE = 1000
 MAX_EXPORT_ROWS = 1_000_000
 MAX_FILTER_LEN = 1000
 
-KIND_KERNEL = K.KIND_KERNEL            # gpu activity kind of a compute kernel
+KIND_KERNEL = K.KIND_KERNEL  # gpu activity kind of a compute kernel
 UNASSOCIATED_GPU = K.UNASSOCIATED_GPU  # op instance kind of a GPU activity outside every op (no CPU time)
 
 
@@ -43,8 +44,8 @@ class Col:
     hidden: bool = False
     sortable: bool = True
     filterable: bool = True
-    sort_sql: str | None = None   # expression used for ORDER BY when it differs from the value
-    searchable: bool = True       # part of the table-wide search `q` (text columns)
+    sort_sql: str | None = None  # expression used for ORDER BY when it differs from the value
+    searchable: bool = True  # part of the table-wide search `q` (text columns)
 
     def meta(self) -> dict:
         out = {"key": self.key, "label": self.label, "type": self.type, "tooltip": self.tooltip}
@@ -61,19 +62,19 @@ class Col:
 class TableQuery:
     name: str
     columns: list[Col]
-    source: str                     # FROM ... (joins included)
-    where: list[str]                # fixed conditions
-    params: dict                    # named parameters of source and where
-    default_sort: tuple[str, str]   # (column key, asc|desc)
-    tiebreak: str                   # SQL expression making the order total (stable paging)
-    post: object = None             # optional callable(db, rows, columns) filling computed columns of a page
-    extra: dict = field(default_factory=dict)   # extra keys of the JSON answer
-    key: str | None = None          # unique integer row key: pages are found on (sort value, key) alone, then
-                                    # only their rows are read in full (and it is the tiebreak)
+    source: str  # FROM ... (joins included)
+    where: list[str]  # fixed conditions
+    params: dict  # named parameters of source and where
+    default_sort: tuple[str, str]  # (column key, asc|desc)
+    tiebreak: str  # SQL expression making the order total (stable paging)
+    post: object = None  # optional callable(db, rows, columns) filling computed columns of a page
+    extra: dict = field(default_factory=dict)  # extra keys of the JSON answer
+    key: str | None = None  # unique integer row key: pages are found on (sort value, key) alone, then
+    # only their rows are read in full (and it is the tiebreak)
     count_source: str | None = None  # cheaper source giving the same unfiltered row count (no lookups)
-    range: tuple | None = None      # (alias, table) of an aggregation table: see rowid_range()
-    indexed_sorts: tuple = ()       # sort keys an index already orders (unfiltered pages use it)
-    db: object = None               # the database the query reads, when not the run's (a comparison's rows)
+    range: tuple | None = None  # (alias, table) of an aggregation table: see rowid_range()
+    indexed_sorts: tuple = ()  # sort keys an index already orders (unfiltered pages use it)
+    db: object = None  # the database the query reads, when not the run's (a comparison's rows)
 
     def col(self, key: str) -> Col | None:
         for c in self.columns:
@@ -83,6 +84,7 @@ class TableQuery:
 
 
 # ---------------------------------------------------------------------------- column helpers
+
 
 def _stats(prefix: str, what: str, alias: str, label_prefix: str | None = None) -> list[Col]:
     """Total / Avg. / Min / Max columns of a metric (DLProf's detailed report layout)."""
@@ -96,18 +98,29 @@ def _stats(prefix: str, what: str, alias: str, label_prefix: str | None = None) 
 
 
 def _op_stats(alias: str) -> list[Col]:
-    return (_stats("cpu", "CPU time", alias, "CPU Time")
-            + _stats("gpu", "GPU time", alias, "GPU Time")
-            + _stats("overhead", "CPU overhead", alias, "CPU Overhead")
-            + _stats("idle", "GPU idle", alias, "GPU Idle"))
+    return (
+        _stats("cpu", "CPU time", alias, "CPU Time")
+        + _stats("gpu", "GPU time", alias, "GPU Time")
+        + _stats("overhead", "CPU overhead", alias, "CPU Overhead")
+        + _stats("idle", "GPU idle", alias, "GPU Idle")
+    )
 
 
 def _op_identity(alias: str, pytorch: bool, with_type: bool = True) -> list[Col]:
-    cols = [Col("op_id", "Op ID", "text", f"{alias}.op_id", "Unique op identifier: op type and ordinal"),
-            Col("op_name", "Op Name", "text", f"{alias}.op_name", "Scope path and op label")]
+    cols = [
+        Col("op_id", "Op ID", "text", f"{alias}.op_id", "Unique op identifier: op type and ordinal"),
+        Col("op_name", "Op Name", "text", f"{alias}.op_name", "Scope path and op label"),
+    ]
     if pytorch:
-        cols.append(Col("direction", "Direction", "text", f"{alias}.direction",
-                        "fprop (forward pass) or bprop (run by autograd's backward pass)"))
+        cols.append(
+            Col(
+                "direction",
+                "Direction",
+                "text",
+                f"{alias}.direction",
+                "fprop (forward pass) or bprop (run by autograd's backward pass)",
+            )
+        )
     if with_type:
         cols.append(Col("op_type", "Op Type", "text", f"{alias}.op_type", "Framework op type"))
     return cols
@@ -123,12 +136,16 @@ def _base(aggr_domain_alias: str) -> list[str]:
 # 3.0: the instances starting at the op's first start (the (domain, start) index), since its op index holds
 # only instances with GPU work
 _FIRST_CALL_SHAPES = {
-    "2": ("(SELECT d.input_shapes FROM read_only_op_instances i LEFT JOIN read_only_op_instance_details d "
-          "ON d.domain_id = i.domain_id AND d.instance_id = i.instance_id WHERE i.domain_id = n.domain_id "
-          "AND i.op_index = n.op_index ORDER BY i.start, i.instance_id LIMIT 1)"),
-    "3": (f"(SELECT (SELECT value FROM {K.STRINGS} WHERE id = d.input_shapes_id) FROM {K.RAW_OP_INSTANCES} i "
-          f"LEFT JOIN {K.RAW_OP_INSTANCE_DETAILS} d ON d.instance_id = i.instance_id WHERE i.domain_id = n.domain_id "
-          "AND i.start = o.first_start AND i.op_index = n.op_index ORDER BY i.instance_id LIMIT 1)"),
+    "2": (
+        "(SELECT d.input_shapes FROM read_only_op_instances i LEFT JOIN read_only_op_instance_details d "
+        "ON d.domain_id = i.domain_id AND d.instance_id = i.instance_id WHERE i.domain_id = n.domain_id "
+        "AND i.op_index = n.op_index ORDER BY i.start, i.instance_id LIMIT 1)"
+    ),
+    "3": (
+        f"(SELECT (SELECT value FROM {K.STRINGS} WHERE id = d.input_shapes_id) FROM {K.RAW_OP_INSTANCES} i "
+        f"LEFT JOIN {K.RAW_OP_INSTANCE_DETAILS} d ON d.instance_id = i.instance_id WHERE i.domain_id = n.domain_id "
+        "AND i.start = o.first_start AND i.op_index = n.op_index ORDER BY i.instance_id LIMIT 1)"
+    ),
 }
 
 
@@ -136,142 +153,256 @@ def ops_table(ctx) -> TableQuery:
     pt = ctx.pytorch
     cols = [Col("op_index", "Op Index", "int", "n.op_index", "Row key", hidden=True)]
     cols += _op_identity("o", pt)
-    cols += [Col("num_calls", "No. Calls", "int", "n.num_calls", "Calls of the op in the aggregated iterations"),
-             Col("tc_eligible", "TC Eligible", "bool", "n.tc_eligible", "Op type can use Tensor Cores"),
-             Col("using_tc", "Using TC", "bool", "n.using_tc", "At least one of its kernels uses Tensor Cores"),
-             Col("kernel_calls", "Kernel Calls", "int", "n.kernel_calls", "GPU kernels launched", hidden=True)]
+    cols += [
+        Col("num_calls", "No. Calls", "int", "n.num_calls", "Calls of the op in the aggregated iterations"),
+        Col("tc_eligible", "TC Eligible", "bool", "n.tc_eligible", "Op type can use Tensor Cores"),
+        Col("using_tc", "Using TC", "bool", "n.using_tc", "At least one of its kernels uses Tensor Cores"),
+        Col("kernel_calls", "Kernel Calls", "int", "n.kernel_calls", "GPU kernels launched", hidden=True),
+    ]
     cols += _op_stats("n")
     cols.append(Col("data_type", "Data Type", "text", "o.data_type", "Data type of the op's tensors"))
     # a lookup per row: sorting or filtering by it reads every op's first call, so the table-wide search,
     # which runs on every keystroke, leaves it out
-    cols.append(Col("input_shapes", "Input Shapes", "text", _FIRST_CALL_SHAPES["3" if ctx.db.v3 else "2"],
-                    "Input tensor shapes of the op's first call", searchable=False))
+    cols.append(
+        Col(
+            "input_shapes",
+            "Input Shapes",
+            "text",
+            _FIRST_CALL_SHAPES["3" if ctx.db.v3 else "2"],
+            "Input tensor shapes of the op's first call",
+            searchable=False,
+        )
+    )
     if pt:
         cols.append(Col("stack_trace", "Stack Trace", "multiline", "o.stack_trace", "Python frames, script first"))
-    cols.append(Col("is_bad_data_type", "Bad Data Type", "bool", "n.is_bad_data_type",
-                    "TC eligible op whose data type keeps it off Tensor Cores", hidden=True))
-    return TableQuery("ops", cols, "op_nodes n JOIN read_only_ops o ON o.op_index = n.op_index", _base("n"),
-                      ctx.params(), ("gpu_total", "desc"), "n.rowid", key="n.rowid", count_source="op_nodes n",
-                      range=("n", "op_nodes"), indexed_sorts=("gpu_total",))
+    cols.append(
+        Col(
+            "is_bad_data_type",
+            "Bad Data Type",
+            "bool",
+            "n.is_bad_data_type",
+            "TC eligible op whose data type keeps it off Tensor Cores",
+            hidden=True,
+        )
+    )
+    return TableQuery(
+        "ops",
+        cols,
+        "op_nodes n JOIN read_only_ops o ON o.op_index = n.op_index",
+        _base("n"),
+        ctx.params(),
+        ("gpu_total", "desc"),
+        "n.rowid",
+        key="n.rowid",
+        count_source="op_nodes n",
+        range=("n", "op_nodes"),
+        indexed_sorts=("gpu_total",),
+    )
 
 
 def kernels_table(ctx, op_index: int | None = None) -> TableQuery:
     pt = ctx.pytorch
-    cols = [Col("op_index", "Op Index", "int", "k.op_index", "Row key (with the kernel name)", hidden=True),
-            Col("kernel_name", "Kernel Name", "text", "k.kernel_name", "Short kernel name")]
+    cols = [
+        Col("op_index", "Op Index", "int", "k.op_index", "Row key (with the kernel name)", hidden=True),
+        Col("kernel_name", "Kernel Name", "text", "k.kernel_name", "Short kernel name"),
+    ]
     cols += _op_identity("o", pt)
-    cols += [Col("uses_tc", "Uses TC", "bool", "k.uses_tc", "The kernel uses Tensor Cores"),
-             Col("num_calls", "No. Calls", "int", "k.num_calls", "Launches of this kernel by this op"),
-             Col("gpu_total", "Total GPU Time (ns)", "ns", "k.gpu_total", "Sum of the kernel durations"),
-             Col("gpu_avg", "Avg GPU Time (ns)", "ns", "k.gpu_avg", "Average kernel duration"),
-             Col("gpu_min", "Min GPU Time (ns)", "ns", "k.gpu_min", "Shortest kernel duration"),
-             Col("gpu_max", "Max GPU Time (ns)", "ns", "k.gpu_max", "Longest kernel duration"),
-             Col("api_total", "Total API Time (ns)", "ns", "k.api_total", "Sum of the launching API call durations"),
-             Col("api_avg", "Avg API Time (ns)", "ns", "k.api_avg", "Average launching API call duration"),
-             Col("api_min", "Min API Time (ns)", "ns", "k.api_min", "Shortest launching API call"),
-             Col("api_max", "Max API Time (ns)", "ns", "k.api_max", "Longest launching API call"),
-             Col("long_name", "Long Kernel Name", "text", "k.long_name", "Demangled kernel signature", hidden=True)]
+    cols += [
+        Col("uses_tc", "Uses TC", "bool", "k.uses_tc", "The kernel uses Tensor Cores"),
+        Col("num_calls", "No. Calls", "int", "k.num_calls", "Launches of this kernel by this op"),
+        Col("gpu_total", "Total GPU Time (ns)", "ns", "k.gpu_total", "Sum of the kernel durations"),
+        Col("gpu_avg", "Avg GPU Time (ns)", "ns", "k.gpu_avg", "Average kernel duration"),
+        Col("gpu_min", "Min GPU Time (ns)", "ns", "k.gpu_min", "Shortest kernel duration"),
+        Col("gpu_max", "Max GPU Time (ns)", "ns", "k.gpu_max", "Longest kernel duration"),
+        Col("api_total", "Total API Time (ns)", "ns", "k.api_total", "Sum of the launching API call durations"),
+        Col("api_avg", "Avg API Time (ns)", "ns", "k.api_avg", "Average launching API call duration"),
+        Col("api_min", "Min API Time (ns)", "ns", "k.api_min", "Shortest launching API call"),
+        Col("api_max", "Max API Time (ns)", "ns", "k.api_max", "Longest launching API call"),
+        Col("long_name", "Long Kernel Name", "text", "k.long_name", "Demangled kernel signature", hidden=True),
+    ]
     where = _base("k")
     params = ctx.params()
     if op_index is not None:
         where.append("k.op_index = :op_index")
         params["op_index"] = op_index
-    return TableQuery("kernels", cols, "kernel_summaries k JOIN read_only_ops o ON o.op_index = k.op_index", where,
-                      params, ("gpu_total", "desc"), "k.rowid", key="k.rowid", count_source="kernel_summaries k",
-                      range=None if op_index is not None else ("k", "kernel_summaries"))
+    return TableQuery(
+        "kernels",
+        cols,
+        "kernel_summaries k JOIN read_only_ops o ON o.op_index = k.op_index",
+        where,
+        params,
+        ("gpu_total", "desc"),
+        "k.rowid",
+        key="k.rowid",
+        count_source="kernel_summaries k",
+        range=None if op_index is not None else ("k", "kernel_summaries"),
+    )
 
 
 def op_types_table(ctx) -> TableQuery:
-    cols = [Col("op_type", "Op Type", "text", "t.op_type", "Framework op type (or API name)"),
-            Col("num_ops", "# Ops", "int", "t.num_ops", "Ops of this type"),
-            Col("num_calls", "# Calls", "int", "t.num_calls", "Calls of ops of this type")]
+    cols = [
+        Col("op_type", "Op Type", "text", "t.op_type", "Framework op type (or API name)"),
+        Col("num_ops", "# Ops", "int", "t.num_ops", "Ops of this type"),
+        Col("num_calls", "# Calls", "int", "t.num_calls", "Calls of ops of this type"),
+    ]
     cols += _op_stats("t")
-    return TableQuery("op_types", cols, "op_type_metrics t", _base("t"), ctx.params(), ("gpu_total", "desc"),
-                      "t.rowid", key="t.rowid", range=("t", "op_type_metrics"))
+    return TableQuery(
+        "op_types",
+        cols,
+        "op_type_metrics t",
+        _base("t"),
+        ctx.params(),
+        ("gpu_total", "desc"),
+        "t.rowid",
+        key="t.rowid",
+        range=("t", "op_type_metrics"),
+    )
 
 
 def _names(expr: str) -> str:
     """A JSON list of names as one ', '-joined text (anything else as stored)."""
-    return (f"(CASE WHEN json_valid({expr}) AND json_type({expr}) = 'array' THEN "
-            f"(SELECT coalesce(group_concat(value, ', '), '') FROM json_each({expr})) ELSE {expr} END)")
+    return (
+        f"(CASE WHEN json_valid({expr}) AND json_type({expr}) = 'array' THEN "
+        f"(SELECT coalesce(group_concat(value, ', '), '') FROM json_each({expr})) ELSE {expr} END)"
+    )
 
 
 def tensor_core_table(ctx) -> TableQuery:
     cols = [Col("op_index", "Op Index", "int", "t.op_index", "Row key", hidden=True)]
     cols += _op_identity("o", ctx.pytorch)
-    cols += [Col("uses_tc", "Uses TC", "bool", "(t.tc_kernel_count > 0)", "At least one kernel uses Tensor Cores"),
-             Col("total_gpu_time", "Total GPU Time (ns)", "ns", "t.total_gpu_time", "Kernel time of the op"),
-             Col("tc_gpu_time", "TC GPU Time (ns)", "ns", "t.tc_gpu_time", "Time of its Tensor Core kernels"),
-             Col("non_tc_gpu_time", "Non-TC GPU Time (ns)", "ns", "t.non_tc_gpu_time",
-                 "Time of its other kernels"),
-             Col("tc_utilization", "TC Utilization (%)", "pct", "t.tc_utilization",
-                 "100 x TC kernel time / kernel time"),
-             Col("total_kernel_count", "Total Kernel Count", "int", "t.total_kernel_count", "Distinct kernel names"),
-             Col("tc_kernel_count", "TC Kernel Count", "int", "t.tc_kernel_count",
-                 "Distinct Tensor Core kernel names"),
-             Col("tc_kernel_names", "TC Kernel Names", "text", _names("t.tc_kernel_names"),
-                 "Tensor Core kernels of the op"),
-             Col("non_tc_kernel_count", "Non-TC Kernel Count", "int", "t.non_tc_kernel_count",
-                 "Distinct other kernel names"),
-             Col("non_tc_kernel_names", "Non-TC Kernel Names", "text", _names("t.non_tc_kernel_names"),
-                 "Kernels of the op not using Tensor Cores")]
-    return TableQuery("tensor_core", cols,
-                      "tensor_core_summary t JOIN read_only_ops o ON o.op_index = t.op_index", _base("t"),
-                      ctx.params(), ("total_gpu_time", "desc"), "t.rowid", key="t.rowid",
-                      count_source="tensor_core_summary t", range=("t", "tensor_core_summary"))
+    cols += [
+        Col("uses_tc", "Uses TC", "bool", "(t.tc_kernel_count > 0)", "At least one kernel uses Tensor Cores"),
+        Col("total_gpu_time", "Total GPU Time (ns)", "ns", "t.total_gpu_time", "Kernel time of the op"),
+        Col("tc_gpu_time", "TC GPU Time (ns)", "ns", "t.tc_gpu_time", "Time of its Tensor Core kernels"),
+        Col("non_tc_gpu_time", "Non-TC GPU Time (ns)", "ns", "t.non_tc_gpu_time", "Time of its other kernels"),
+        Col("tc_utilization", "TC Utilization (%)", "pct", "t.tc_utilization", "100 x TC kernel time / kernel time"),
+        Col("total_kernel_count", "Total Kernel Count", "int", "t.total_kernel_count", "Distinct kernel names"),
+        Col("tc_kernel_count", "TC Kernel Count", "int", "t.tc_kernel_count", "Distinct Tensor Core kernel names"),
+        Col("tc_kernel_names", "TC Kernel Names", "text", _names("t.tc_kernel_names"), "Tensor Core kernels of the op"),
+        Col(
+            "non_tc_kernel_count", "Non-TC Kernel Count", "int", "t.non_tc_kernel_count", "Distinct other kernel names"
+        ),
+        Col(
+            "non_tc_kernel_names",
+            "Non-TC Kernel Names",
+            "text",
+            _names("t.non_tc_kernel_names"),
+            "Kernels of the op not using Tensor Cores",
+        ),
+    ]
+    return TableQuery(
+        "tensor_core",
+        cols,
+        "tensor_core_summary t JOIN read_only_ops o ON o.op_index = t.op_index",
+        _base("t"),
+        ctx.params(),
+        ("total_gpu_time", "desc"),
+        "t.rowid",
+        key="t.rowid",
+        count_source="tensor_core_summary t",
+        range=("t", "tensor_core_summary"),
+    )
 
 
 def group_ops_table(ctx, parent: str | None = None) -> TableQuery:
-    children = ("EXISTS (SELECT 1 FROM group_ops c WHERE c.aggr_id = g.aggr_id AND c.domain_id = g.domain_id "
-                "AND c.level = g.level + 1 AND g.level >= 0 AND substr(c.name, 1, length(g.name)) = g.name)")
-    cols = [Col("name", "Name", "text", "g.name", "Group node: an interior node of the op-name tree"),
-            Col("level", "Level", "int", "g.level", "Depth in the tree (-1: the complete model)", hidden=True),
-            Col("num_calls", "Num Calls Aggregated", "int", "g.num_calls", "Op calls inside the group"),
-            Col("num_ops", "Num Ops", "int", "g.num_ops", "Ops inside the group", hidden=True),
-            Col("num_tc_eligible", "Num TC Eligible Ops", "int", "g.num_tc_eligible", "TC eligible ops inside"),
-            Col("num_using_tc", "Num Ops Using TC", "int", "g.num_using_tc", "Ops inside using Tensor Cores")]
+    children = (
+        "EXISTS (SELECT 1 FROM group_ops c WHERE c.aggr_id = g.aggr_id AND c.domain_id = g.domain_id "
+        "AND c.level = g.level + 1 AND g.level >= 0 AND substr(c.name, 1, length(g.name)) = g.name)"
+    )
+    cols = [
+        Col("name", "Name", "text", "g.name", "Group node: an interior node of the op-name tree"),
+        Col("level", "Level", "int", "g.level", "Depth in the tree (-1: the complete model)", hidden=True),
+        Col("num_calls", "Num Calls Aggregated", "int", "g.num_calls", "Op calls inside the group"),
+        Col("num_ops", "Num Ops", "int", "g.num_ops", "Ops inside the group", hidden=True),
+        Col("num_tc_eligible", "Num TC Eligible Ops", "int", "g.num_tc_eligible", "TC eligible ops inside"),
+        Col("num_using_tc", "Num Ops Using TC", "int", "g.num_using_tc", "Ops inside using Tensor Cores"),
+    ]
     cols += _op_stats("g")
-    cols.append(Col("has_children", "Has Children", "bool", children, "The group contains other groups",
-                    hidden=True, sortable=False, filterable=False))
+    cols.append(
+        Col(
+            "has_children",
+            "Has Children",
+            "bool",
+            children,
+            "The group contains other groups",
+            hidden=True,
+            sortable=False,
+            filterable=False,
+        )
+    )
     where = _base("g")
     params = ctx.params()
     if parent is not None:
         if parent == "":
             where.append("g.level <= 0")
         else:
-            row = ctx.db.query("SELECT level FROM group_ops WHERE aggr_id = ? AND domain_id = ? AND name = ? "
-                               "LIMIT 1", (ctx.aggr_id, ctx.domain_id, parent))
+            row = ctx.db.query(
+                "SELECT level FROM group_ops WHERE aggr_id = ? AND domain_id = ? AND name = ? LIMIT 1",
+                (ctx.aggr_id, ctx.domain_id, parent),
+            )
             if not row:
                 raise NotFound(f"unknown group '{_clip(parent)}'")
             where += ["g.level = :child_level", "substr(g.name, 1, :parent_len) = :parent"]
             params.update(child_level=int(row[0][0]) + 1, parent_len=len(parent), parent=parent)
-    return TableQuery("group_ops", cols, "group_ops g", where, params, ("name", "asc"), "g.rowid", key="g.rowid",
-                      range=("g", "group_ops"))
+    return TableQuery(
+        "group_ops",
+        cols,
+        "group_ops g",
+        where,
+        params,
+        ("name", "asc"),
+        "g.rowid",
+        key="g.rowid",
+        range=("g", "group_ops"),
+    )
 
 
 def iterations_table(ctx) -> TableQuery:
-    cols = [Col("iteration", "Iteration", "int", "s.iter_value", "Iteration number (from 0)"),
-            Col("start", "Start (ns)", "ns", "s.start_time", "Start of the iteration interval"),
-            Col("end", "End (ns)", "ns", "s.stop_time", "End of the iteration interval"),
-            Col("duration", "Duration (ns)", "ns", "s.duration", "Length of the iteration"),
-            Col("aggregated", "Aggregated", "bool", "s.aggregated", "Inside the aggregation's iteration range"),
-            Col("kernels", "Kernels", "int", "s.kernels", "Kernels launched in the iteration"),
-            Col("tc_kernels", "TC Kernels", "int", "s.tc_kernels", "Tensor Core kernels launched"),
-            Col("kernel_time_per_gpu", "Kernel Time per GPU (ns)", "ns", "s.kernel_time_per_gpu",
-                "Kernel time averaged over GPUs"),
-            Col("tc_kernel_time_per_gpu", "TC Kernel Time per GPU (ns)", "ns", "s.tc_kernel_time_per_gpu",
-                "Tensor Core kernel time averaged over GPUs"),
-            Col("tc_time", "TC (ns)", "ns", "s.tc_time", "Time with a Tensor Core kernel active"),
-            Col("non_tc_time", "Non-TC (ns)", "ns", "s.non_tc_time", "Other kernel time"),
-            Col("memory_time", "Memory (ns)", "ns", "s.memory_time", "Memory operation time"),
-            Col("dataloader_time", "Dataloader (ns)", "ns", "s.dataloader_time", "Data loading time"),
-            Col("io_time", "I/O (ns)", "ns", "s.io_time", "File I/O time"),
-            Col("cpu_time", "CPU (ns)", "ns", "s.cpu_time", "Time with only CPU work"),
-            Col("other_time", "Other (ns)", "ns", "s.other_time", "Remaining time"),
-            Col("gpu_utilization", "GPU Utilization (%)", "pct", "s.gpu_utilization",
-                "Share of the iteration with GPU work")]
-    return TableQuery("iterations", cols, "iteration_summary s", _base("s"), ctx.params(), ("iteration", "asc"),
-                      "s.iter_value", key="s.rowid", range=("s", "iteration_summary"), indexed_sorts=("iteration",))
+    cols = [
+        Col("iteration", "Iteration", "int", "s.iter_value", "Iteration number (from 0)"),
+        Col("start", "Start (ns)", "ns", "s.start_time", "Start of the iteration interval"),
+        Col("end", "End (ns)", "ns", "s.stop_time", "End of the iteration interval"),
+        Col("duration", "Duration (ns)", "ns", "s.duration", "Length of the iteration"),
+        Col("aggregated", "Aggregated", "bool", "s.aggregated", "Inside the aggregation's iteration range"),
+        Col("kernels", "Kernels", "int", "s.kernels", "Kernels launched in the iteration"),
+        Col("tc_kernels", "TC Kernels", "int", "s.tc_kernels", "Tensor Core kernels launched"),
+        Col(
+            "kernel_time_per_gpu",
+            "Kernel Time per GPU (ns)",
+            "ns",
+            "s.kernel_time_per_gpu",
+            "Kernel time averaged over GPUs",
+        ),
+        Col(
+            "tc_kernel_time_per_gpu",
+            "TC Kernel Time per GPU (ns)",
+            "ns",
+            "s.tc_kernel_time_per_gpu",
+            "Tensor Core kernel time averaged over GPUs",
+        ),
+        Col("tc_time", "TC (ns)", "ns", "s.tc_time", "Time with a Tensor Core kernel active"),
+        Col("non_tc_time", "Non-TC (ns)", "ns", "s.non_tc_time", "Other kernel time"),
+        Col("memory_time", "Memory (ns)", "ns", "s.memory_time", "Memory operation time"),
+        Col("dataloader_time", "Dataloader (ns)", "ns", "s.dataloader_time", "Data loading time"),
+        Col("io_time", "I/O (ns)", "ns", "s.io_time", "File I/O time"),
+        Col("cpu_time", "CPU (ns)", "ns", "s.cpu_time", "Time with only CPU work"),
+        Col("other_time", "Other (ns)", "ns", "s.other_time", "Remaining time"),
+        Col(
+            "gpu_utilization", "GPU Utilization (%)", "pct", "s.gpu_utilization", "Share of the iteration with GPU work"
+        ),
+    ]
+    return TableQuery(
+        "iterations",
+        cols,
+        "iteration_summary s",
+        _base("s"),
+        ctx.params(),
+        ("iteration", "asc"),
+        "s.iter_value",
+        key="s.rowid",
+        range=("s", "iteration_summary"),
+        indexed_sorts=("iteration",),
+    )
 
 
 def _name(id_sql: str) -> str:
@@ -281,59 +412,96 @@ def _name(id_sql: str) -> str:
 
 # Launch columns whose SQL differs between the schemas (2.0: read_only_* tables; 3.0: raw tables, names by id)
 _LAUNCH_SQL = {
-    "2": {"kernel_name": "g.name", "gpu_duration": 'g."end" - g.start', "data_type": "coalesce(d.data_type, o.data_type)",
-          "input_shapes": "d.input_shapes", "parameters": "d.parameters", "output_shapes": "d.output_shapes",
-          "long_name": "g.long_name"},
-    "3": {"kernel_name": _name("g.name_id"), "gpu_duration": "g.duration",
-          "data_type": f"coalesce({_name('d.data_type_id')}, o.data_type)", "input_shapes": _name("d.input_shapes_id"),
-          "parameters": _name("d.parameters_id"), "output_shapes": _name("d.output_shapes_id"),
-          "long_name": _name("coalesce(g.long_name_id, g.name_id)")},
+    "2": {
+        "kernel_name": "g.name",
+        "gpu_duration": 'g."end" - g.start',
+        "data_type": "coalesce(d.data_type, o.data_type)",
+        "input_shapes": "d.input_shapes",
+        "parameters": "d.parameters",
+        "output_shapes": "d.output_shapes",
+        "long_name": "g.long_name",
+    },
+    "3": {
+        "kernel_name": _name("g.name_id"),
+        "gpu_duration": "g.duration",
+        "data_type": f"coalesce({_name('d.data_type_id')}, o.data_type)",
+        "input_shapes": _name("d.input_shapes_id"),
+        "parameters": _name("d.parameters_id"),
+        "output_shapes": _name("d.output_shapes_id"),
+        "long_name": _name("coalesce(g.long_name_id, g.name_id)"),
+    },
 }
 
 
 def _launch_columns(ctx, iteration_sql: str) -> list[Col]:
     sql = _LAUNCH_SQL["3" if ctx.db.v3 else "2"]
-    cols = [Col("activity_id", "Activity", "int", "g.activity_id", "Row key", hidden=True),
-            Col("iteration", "Iteration", "int", iteration_sql, "Iteration of the launch", sortable=False,
-                filterable=False),
-            Col("op_index", "Op Index", "int", "i.op_index", "Op of the launch", hidden=True)]
+    cols = [
+        Col("activity_id", "Activity", "int", "g.activity_id", "Row key", hidden=True),
+        Col(
+            "iteration", "Iteration", "int", iteration_sql, "Iteration of the launch", sortable=False, filterable=False
+        ),
+        Col("op_index", "Op Index", "int", "i.op_index", "Op of the launch", hidden=True),
+    ]
     cols += _op_identity("o", ctx.pytorch)
-    cols += [Col("kernel_name", "Kernel Name", "text", sql["kernel_name"], "Short kernel name"),
-             Col("device_id", "Device ID", "int", "g.device_id", "GPU"),
-             Col("gpu_start", "GPU Start Time (ns)", "ns", "g.start", "Kernel start on the GPU"),
-             Col("gpu_start_offset", "GPU Start in Iteration (ns)", "ns", "g.start - :istart",
-                 "Kernel start on the GPU, from the start of the iteration"),
-             Col("gpu_duration", "GPU Duration (ns)", "ns", sql["gpu_duration"], "Kernel duration"),
-             Col("api_start", "API Call Start (ns)", "ns", "w.launch_time", "Start of the launching API call"),
-             Col("api_start_offset", "API Call Start in Iteration (ns)", "ns", "w.launch_time - :istart",
-                 "Start of the launching API call, from the start of the iteration"),
-             Col("api_time", "API Call Time (ns)", "ns", "NULL", "Duration of the launching API call",
-                 sortable=False, filterable=False),
-             Col("uses_tc", "Uses TC", "bool", "coalesce(t.uses_tc, 0)", "The kernel uses Tensor Cores"),
-             Col("grid_x", "Grid X", "int", "g.grid_x", "Grid size"),
-             Col("grid_y", "Grid Y", "int", "g.grid_y", "Grid size"),
-             Col("grid_z", "Grid Z", "int", "g.grid_z", "Grid size"),
-             Col("block_x", "Block X", "int", "g.block_x", "Block size"),
-             Col("block_y", "Block Y", "int", "g.block_y", "Block size"),
-             Col("block_z", "Block Z", "int", "g.block_z", "Block size"),
-             Col("data_type", "Data Types", "text", sql["data_type"], "Tensor data types"),
-             Col("input_shapes", "Input Shapes", "text", sql["input_shapes"], "Input tensor shapes"),
-             Col("parameters", "Parameters", "text", sql["parameters"], "Op parameters"),
-             Col("output_shapes", "Output Shapes", "text", sql["output_shapes"], "Output tensor shapes"),
-             Col("long_name", "Long Kernel Name", "text", sql["long_name"], "Demangled kernel signature"),
-             Col("stream_id", "Stream", "int", "g.stream_id", "CUDA stream", hidden=True)]
+    cols += [
+        Col("kernel_name", "Kernel Name", "text", sql["kernel_name"], "Short kernel name"),
+        Col("device_id", "Device ID", "int", "g.device_id", "GPU"),
+        Col("gpu_start", "GPU Start Time (ns)", "ns", "g.start", "Kernel start on the GPU"),
+        Col(
+            "gpu_start_offset",
+            "GPU Start in Iteration (ns)",
+            "ns",
+            "g.start - :istart",
+            "Kernel start on the GPU, from the start of the iteration",
+        ),
+        Col("gpu_duration", "GPU Duration (ns)", "ns", sql["gpu_duration"], "Kernel duration"),
+        Col("api_start", "API Call Start (ns)", "ns", "w.launch_time", "Start of the launching API call"),
+        Col(
+            "api_start_offset",
+            "API Call Start in Iteration (ns)",
+            "ns",
+            "w.launch_time - :istart",
+            "Start of the launching API call, from the start of the iteration",
+        ),
+        Col(
+            "api_time",
+            "API Call Time (ns)",
+            "ns",
+            "NULL",
+            "Duration of the launching API call",
+            sortable=False,
+            filterable=False,
+        ),
+        Col("uses_tc", "Uses TC", "bool", "coalesce(t.uses_tc, 0)", "The kernel uses Tensor Cores"),
+        Col("grid_x", "Grid X", "int", "g.grid_x", "Grid size"),
+        Col("grid_y", "Grid Y", "int", "g.grid_y", "Grid size"),
+        Col("grid_z", "Grid Z", "int", "g.grid_z", "Grid size"),
+        Col("block_x", "Block X", "int", "g.block_x", "Block size"),
+        Col("block_y", "Block Y", "int", "g.block_y", "Block size"),
+        Col("block_z", "Block Z", "int", "g.block_z", "Block size"),
+        Col("data_type", "Data Types", "text", sql["data_type"], "Tensor data types"),
+        Col("input_shapes", "Input Shapes", "text", sql["input_shapes"], "Input tensor shapes"),
+        Col("parameters", "Parameters", "text", sql["parameters"], "Op parameters"),
+        Col("output_shapes", "Output Shapes", "text", sql["output_shapes"], "Output tensor shapes"),
+        Col("long_name", "Long Kernel Name", "text", sql["long_name"], "Demangled kernel signature"),
+        Col("stream_id", "Stream", "int", "g.stream_id", "CUDA stream", hidden=True),
+    ]
     return cols
 
 
-_LAUNCH_JOINS = ("JOIN read_only_ops o ON o.op_index = i.op_index "
-                 "LEFT JOIN read_only_kernel_tc t ON t.name = g.name AND t.long_name = g.long_name "
-                 "LEFT JOIN read_only_op_instance_details d ON d.domain_id = i.domain_id "
-                 "AND d.instance_id = i.instance_id")
+_LAUNCH_JOINS = (
+    "JOIN read_only_ops o ON o.op_index = i.op_index "
+    "LEFT JOIN read_only_kernel_tc t ON t.name = g.name AND t.long_name = g.long_name "
+    "LEFT JOIN read_only_op_instance_details d ON d.domain_id = i.domain_id "
+    "AND d.instance_id = i.instance_id"
+)
 # Schema 3.0 keys are database-wide (contract.ID_BITS): every join below is a rowid lookup
-_LAUNCH_JOINS_V3 = (f"JOIN {K.READ_ONLY_OPS} o ON o.op_index = i.op_index "
-                    f"LEFT JOIN {K.RAW_KERNEL_TC} t ON t.rank = g.rank AND t.name_id = g.name_id "
-                    "AND t.long_name_id = coalesce(g.long_name_id, g.name_id) "
-                    f"LEFT JOIN {K.RAW_OP_INSTANCE_DETAILS} d ON d.instance_id = i.instance_id")
+_LAUNCH_JOINS_V3 = (
+    f"JOIN {K.READ_ONLY_OPS} o ON o.op_index = i.op_index "
+    f"LEFT JOIN {K.RAW_KERNEL_TC} t ON t.rank = g.rank AND t.name_id = g.name_id "
+    "AND t.long_name_id = coalesce(g.long_name_id, g.name_id) "
+    f"LEFT JOIN {K.RAW_OP_INSTANCE_DETAILS} d ON d.instance_id = i.instance_id"
+)
 _OWNER_GPU_V3 = f"CROSS JOIN {K.RAW_GPU_ACTIVITIES} g ON g.activity_id = w.activity_id "
 
 
@@ -348,17 +516,30 @@ def _api_time_post(ctx):
 def iteration_kernels_table(ctx, iteration: int, bounds: tuple[int, int]) -> TableQuery:
     # CROSS JOIN: the iteration's launches (index on launch_time) drive the query whatever the filters
     if ctx.db.v3:
-        source = (f"{K.RAW_ACTIVITY_OWNERS} w {_OWNER_GPU_V3}CROSS JOIN {K.RAW_OP_INSTANCES} i "
-                  "ON i.instance_id = w.instance_id " + _LAUNCH_JOINS_V3)
+        source = (
+            f"{K.RAW_ACTIVITY_OWNERS} w {_OWNER_GPU_V3}CROSS JOIN {K.RAW_OP_INSTANCES} i "
+            "ON i.instance_id = w.instance_id " + _LAUNCH_JOINS_V3
+        )
     else:
-        source = ("read_only_activity_owners w CROSS JOIN read_only_gpu_activities g ON g.activity_id = w.activity_id "
-                  "CROSS JOIN read_only_op_instances i ON i.domain_id = w.domain_id AND i.instance_id = w.instance_id "
-                  + _LAUNCH_JOINS)
+        source = (
+            "read_only_activity_owners w CROSS JOIN read_only_gpu_activities g ON g.activity_id = w.activity_id "
+            "CROSS JOIN read_only_op_instances i ON i.domain_id = w.domain_id AND i.instance_id = w.instance_id "
+            + _LAUNCH_JOINS
+        )
     where = ["w.domain_id = :domain", "w.launch_time >= :istart", "w.launch_time < :istop", f"g.kind = {KIND_KERNEL}"]
     params = dict(ctx.params(), iteration=iteration, istart=bounds[0], istop=bounds[1])
     params.pop("aggr")
-    return TableQuery("iteration_kernels", _launch_columns(ctx, ":iteration"), source, where, params,
-                      ("gpu_start", "asc"), "g.activity_id", post=_api_time_post(ctx), key="g.activity_id")
+    return TableQuery(
+        "iteration_kernels",
+        _launch_columns(ctx, ":iteration"),
+        source,
+        where,
+        params,
+        ("gpu_start", "asc"),
+        "g.activity_id",
+        post=_api_time_post(ctx),
+        key="g.activity_id",
+    )
 
 
 def iteration_op_kernels_table(ctx, iteration: int, bounds: tuple[int, int], op_index: int) -> TableQuery:
@@ -366,48 +547,75 @@ def iteration_op_kernels_table(ctx, iteration: int, bounds: tuple[int, int], op_
     # the query; otherwise the planner may scan every activity owner of the domain
     # and the owners are found through their instance index (without statistics the planner prefers a scan of
     # the domain's primary-key range); index names come from sqlite_master, never from the request
-    owners, key = ((K.RAW_ACTIVITY_OWNERS, ("instance_id",)) if ctx.db.v3 else
-                   ("read_only_activity_owners", ("domain_id", "instance_id")))
+    owners, key = (
+        (K.RAW_ACTIVITY_OWNERS, ("instance_id",))
+        if ctx.db.v3
+        else ("read_only_activity_owners", ("domain_id", "instance_id"))
+    )
     index = ctx.db.index_on(owners, key)
     indexed = f' INDEXED BY "{index}"' if index and re.fullmatch(r"\w+", index) else ""
     if ctx.db.v3:
-        source = (f"{K.RAW_OP_INSTANCES} i CROSS JOIN {owners} w{indexed} ON w.instance_id = i.instance_id "
-                  + _OWNER_GPU_V3 + _LAUNCH_JOINS_V3)
+        source = (
+            f"{K.RAW_OP_INSTANCES} i CROSS JOIN {owners} w{indexed} ON w.instance_id = i.instance_id "
+            + _OWNER_GPU_V3
+            + _LAUNCH_JOINS_V3
+        )
     else:
-        source = (f"read_only_op_instances i CROSS JOIN {owners} w{indexed} "
-                  "ON w.domain_id = i.domain_id AND w.instance_id = i.instance_id CROSS JOIN read_only_gpu_activities g "
-                  "ON g.activity_id = w.activity_id " + _LAUNCH_JOINS)
-    where = ["i.domain_id = :domain", "i.op_index = :op_index", "i.start >= :istart", "i.start < :istop",
-             f"g.kind = {KIND_KERNEL}"]
+        source = (
+            f"read_only_op_instances i CROSS JOIN {owners} w{indexed} "
+            "ON w.domain_id = i.domain_id AND w.instance_id = i.instance_id CROSS JOIN read_only_gpu_activities g "
+            "ON g.activity_id = w.activity_id " + _LAUNCH_JOINS
+        )
+    where = [
+        "i.domain_id = :domain",
+        "i.op_index = :op_index",
+        "i.start >= :istart",
+        "i.start < :istop",
+        f"g.kind = {KIND_KERNEL}",
+    ]
     if ctx.db.v3:
-        where.append("i.n_gpu > 0")   # instances with GPU work: the condition of 3.0's index on (domain, op, start)
+        where.append("i.n_gpu > 0")  # instances with GPU work: the condition of 3.0's index on (domain, op, start)
     params = dict(ctx.params(), iteration=iteration, istart=bounds[0], istop=bounds[1], op_index=op_index)
     params.pop("aggr")
-    return TableQuery("iteration_op_kernels", _launch_columns(ctx, ":iteration"), source, where, params,
-                      ("gpu_start", "asc"), "g.activity_id", post=_api_time_post(ctx), key="g.activity_id")
+    return TableQuery(
+        "iteration_op_kernels",
+        _launch_columns(ctx, ":iteration"),
+        source,
+        where,
+        params,
+        ("gpu_start", "asc"),
+        "g.activity_id",
+        post=_api_time_post(ctx),
+        key="g.activity_id",
+    )
 
 
 def iteration_ops_table(ctx, iteration: int, bounds: tuple[int, int]) -> TableQuery:
-    instances, duration = (K.RAW_OP_INSTANCES, "i.duration") if ctx.db.v3 else \
-        ("read_only_op_instances", 'i."end" - i.start')
-    source = (f"(SELECT i.op_index AS op_index, count(*) AS calls, "
-              f"sum(CASE WHEN i.kind = {UNASSOCIATED_GPU} THEN 0 ELSE {duration} END) AS cpu_time, "
-              f"sum(i.gpu_time) AS gpu_time, sum(i.cpu_overhead) AS cpu_overhead, sum(i.n_kernels) AS kernels, "
-              f"min(i.start) AS first_start FROM {instances} i WHERE i.domain_id = :domain "
-              f"AND i.start >= :istart AND i.start < :istop GROUP BY i.op_index) s "
-              f"JOIN read_only_ops o ON o.op_index = s.op_index")
-    cols = [Col("op_index", "Op Index", "int", "s.op_index", "Row key", hidden=True),
-            Col("iteration", "Iteration", "int", ":iteration", "Iteration", sortable=False, filterable=False,
-                hidden=True)]
+    instances, duration = (
+        (K.RAW_OP_INSTANCES, "i.duration") if ctx.db.v3 else ("read_only_op_instances", 'i."end" - i.start')
+    )
+    source = (
+        f"(SELECT i.op_index AS op_index, count(*) AS calls, "
+        f"sum(CASE WHEN i.kind = {UNASSOCIATED_GPU} THEN 0 ELSE {duration} END) AS cpu_time, "
+        f"sum(i.gpu_time) AS gpu_time, sum(i.cpu_overhead) AS cpu_overhead, sum(i.n_kernels) AS kernels, "
+        f"min(i.start) AS first_start FROM {instances} i WHERE i.domain_id = :domain "
+        f"AND i.start >= :istart AND i.start < :istop GROUP BY i.op_index) s "
+        f"JOIN read_only_ops o ON o.op_index = s.op_index"
+    )
+    cols = [
+        Col("op_index", "Op Index", "int", "s.op_index", "Row key", hidden=True),
+        Col("iteration", "Iteration", "int", ":iteration", "Iteration", sortable=False, filterable=False, hidden=True),
+    ]
     cols += _op_identity("o", ctx.pytorch)
-    cols += [Col("tc_eligible", "TC Eligible", "bool", "o.tc_eligible", "Op type can use Tensor Cores"),
-             Col("calls", "Calls", "int", "s.calls", "Instances starting in the iteration"),
-             Col("cpu_time", "CPU Time (ns)", "ns", "s.cpu_time", "Sum of the instances' CPU time"),
-             Col("gpu_time", "GPU Time (ns)", "ns", "s.gpu_time", "Sum of the instances' GPU time"),
-             Col("cpu_overhead", "CPU Overhead (ns)", "ns", "s.cpu_overhead", "Sum of the instances' CPU overhead"),
-             Col("kernels", "Kernels", "int", "s.kernels", "Kernels launched by the instances"),
-             Col("first_start", "First Start (ns)", "ns", "s.first_start", "Start of the first instance",
-                 hidden=True)]
+    cols += [
+        Col("tc_eligible", "TC Eligible", "bool", "o.tc_eligible", "Op type can use Tensor Cores"),
+        Col("calls", "Calls", "int", "s.calls", "Instances starting in the iteration"),
+        Col("cpu_time", "CPU Time (ns)", "ns", "s.cpu_time", "Sum of the instances' CPU time"),
+        Col("gpu_time", "GPU Time (ns)", "ns", "s.gpu_time", "Sum of the instances' GPU time"),
+        Col("cpu_overhead", "CPU Overhead (ns)", "ns", "s.cpu_overhead", "Sum of the instances' CPU overhead"),
+        Col("kernels", "Kernels", "int", "s.kernels", "Kernels launched by the instances"),
+        Col("first_start", "First Start (ns)", "ns", "s.first_start", "Start of the first instance", hidden=True),
+    ]
     params = dict(ctx.params(), iteration=iteration, istart=bounds[0], istop=bounds[1])
     params.pop("aggr")
     return TableQuery("iteration_ops", cols, source, [], params, ("gpu_time", "desc"), "s.op_index")
@@ -416,37 +624,56 @@ def iteration_ops_table(ctx, iteration: int, bounds: tuple[int, int]) -> TableQu
 def key_nodes_table(ctx, range_source: str) -> TableQuery:
     """Candidate key nodes: every op of the domain and every NVTX range text seen at least twice.
     `range_source` is a SELECT giving (domain_id, text, num) rows."""
-    source = ("(SELECT 'op' AS kind, op_name AS name, op_id, label, op_type, num_instances AS instances "
-              "FROM read_only_ops WHERE domain_id = :domain "
-              f"UNION ALL SELECT 'nvtx_range', r.text, NULL, NULL, NULL, r.num FROM ({range_source}) r "
-              "WHERE r.domain_id = :domain) k")
-    cols = [Col("kind", "Kind", "text", "k.kind", "op or nvtx_range"),
-            Col("name", "Name", "text", "k.name", "Op name or NVTX range text (what --key_node matches)"),
-            Col("op_id", "Op ID", "text", "k.op_id", "Op ID (also accepted as key node)"),
-            Col("label", "Label", "text", "k.label", "Op label (also accepted as key node)"),
-            Col("op_type", "Op Type", "text", "k.op_type", "Op type"),
-            Col("instances", "Instances", "int", "k.instances", "How often it occurs in the profile")]
+    source = (
+        "(SELECT 'op' AS kind, op_name AS name, op_id, label, op_type, num_instances AS instances "
+        "FROM read_only_ops WHERE domain_id = :domain "
+        f"UNION ALL SELECT 'nvtx_range', r.text, NULL, NULL, NULL, r.num FROM ({range_source}) r "
+        "WHERE r.domain_id = :domain) k"
+    )
+    cols = [
+        Col("kind", "Kind", "text", "k.kind", "op or nvtx_range"),
+        Col("name", "Name", "text", "k.name", "Op name or NVTX range text (what --key_node matches)"),
+        Col("op_id", "Op ID", "text", "k.op_id", "Op ID (also accepted as key node)"),
+        Col("label", "Label", "text", "k.label", "Op label (also accepted as key node)"),
+        Col("op_type", "Op Type", "text", "k.op_type", "Op type"),
+        Col("instances", "Instances", "int", "k.instances", "How often it occurs in the profile"),
+    ]
     params = ctx.params()
     params.pop("aggr")
     return TableQuery("key_nodes", cols, source, [], params, ("instances", "desc"), "k.kind, k.name")
 
 
-_SEVERITY = ("CASE lower(e.severity) " + " ".join(f"WHEN '{k}' THEN {v}" for k, v in K.SEVERITY_ORDER.items())
-             + f" ELSE {len(K.SEVERITIES)} END")
+_SEVERITY = (
+    "CASE lower(e.severity) "
+    + " ".join(f"WHEN '{k}' THEN {v}" for k, v in K.SEVERITY_ORDER.items())
+    + f" ELSE {len(K.SEVERITIES)} END"
+)
 
 
 def expert_systems_table(ctx) -> TableQuery:
-    cols = [Col("id", "ID", "int", "e.id", "Row key", hidden=True),
-            Col("exp_sys_id", "Detector", "text", "e.exp_sys_id", "Expert system that reported it"),
-            Col("severity", "Severity", "text", "e.severity", "error, warning or info", sort_sql=_SEVERITY),
-            Col("problem", "Problem", "text", "e.problem", "What was found"),
-            Col("recommendation", "Recommendation", "text", "e.recommendation", "What to try"),
-            Col("link", "Link", "text", "e.link", "More information", hidden=True)]
-    return TableQuery("expert_systems", cols, "expert_systems_feedback e", _base("e"), ctx.params(),
-                      ("severity", "asc"), "e.id", key="e.id", range=("e", "expert_systems_feedback"))
+    cols = [
+        Col("id", "ID", "int", "e.id", "Row key", hidden=True),
+        Col("exp_sys_id", "Detector", "text", "e.exp_sys_id", "Expert system that reported it"),
+        Col("severity", "Severity", "text", "e.severity", "error, warning or info", sort_sql=_SEVERITY),
+        Col("problem", "Problem", "text", "e.problem", "What was found"),
+        Col("recommendation", "Recommendation", "text", "e.recommendation", "What to try"),
+        Col("link", "Link", "text", "e.link", "More information", hidden=True),
+    ]
+    return TableQuery(
+        "expert_systems",
+        cols,
+        "expert_systems_feedback e",
+        _base("e"),
+        ctx.params(),
+        ("severity", "asc"),
+        "e.id",
+        key="e.id",
+        range=("e", "expert_systems_feedback"),
+    )
 
 
 # ---------------------------------------------------------------------------- computed columns
+
 
 def fill_api_time(db, rows: list[list], columns: list[Col], domain: int | None = None) -> None:
     """API call durations of one page of launches. Schema 3.0: the owner rows of the launches (in `domain`)
@@ -461,30 +688,48 @@ def fill_api_time(db, rows: list[list], columns: list[Col], domain: int | None =
     marks = ",".join("?" * len(ids))
     by_id: dict = {}
     with db.snapshot() as con:
-        if domain is not None:   # owner rows are keyed (domain_id << ID_BITS) | the activity's own id
+        if domain is not None:  # owner rows are keyed (domain_id << ID_BITS) | the activity's own id
             owner_keys = [K.db_id(domain, i & K.ID_MASK) for i in ids]
-            by_id = dict(con.execute(
-                f"SELECT w.activity_id, c.duration FROM {K.RAW_ACTIVITY_OWNERS} w JOIN {K.RAW_API_CALLS} c "
-                f"ON c.api_id = w.api_id WHERE w.owner_id IN ({marks})", owner_keys).fetchall())
+            by_id = dict(
+                con.execute(
+                    f"SELECT w.activity_id, c.duration FROM {K.RAW_ACTIVITY_OWNERS} w JOIN {K.RAW_API_CALLS} c "
+                    f"ON c.api_id = w.api_id WHERE w.owner_id IN ({marks})",
+                    owner_keys,
+                ).fetchall()
+            )
         elif db.has_index("read_only_cuda_calls", ("pid", "correlation_id")):
-            by_id = dict(con.execute(
-                f'SELECT g.activity_id, c."end" - c.start FROM read_only_gpu_activities g '
-                f"JOIN read_only_cuda_calls c ON c.pid = g.pid AND c.correlation_id = g.correlation_id "
-                f"WHERE g.activity_id IN ({marks})", ids).fetchall())
+            by_id = dict(
+                con.execute(
+                    f'SELECT g.activity_id, c."end" - c.start FROM read_only_gpu_activities g '
+                    f"JOIN read_only_cuda_calls c ON c.pid = g.pid AND c.correlation_id = g.correlation_id "
+                    f"WHERE g.activity_id IN ({marks})",
+                    ids,
+                ).fetchall()
+            )
         else:
             launch = {r[a]: r[keys.index("api_start")] for r in rows}
-            acts = sorted(((aid, pid, corr, launch.get(aid)) for aid, pid, corr in con.execute(
-                f"SELECT activity_id, pid, correlation_id FROM read_only_gpu_activities "
-                f"WHERE activity_id IN ({marks})", ids).fetchall()), key=lambda x: (x[3] is None, x[3] or 0))
+            acts = sorted(
+                (
+                    (aid, pid, corr, launch.get(aid))
+                    for aid, pid, corr in con.execute(
+                        f"SELECT activity_id, pid, correlation_id FROM read_only_gpu_activities "
+                        f"WHERE activity_id IN ({marks})",
+                        ids,
+                    ).fetchall()
+                ),
+                key=lambda x: (x[3] is None, x[3] or 0),
+            )
             n = con.execute("SELECT max(api_id) FROM read_only_cuda_calls").fetchone()[0]
             probe = "SELECT start FROM read_only_cuda_calls WHERE api_id = ?"
-            near = ('SELECT pid, correlation_id, "end" - start FROM read_only_cuda_calls '
-                    "WHERE api_id >= ? AND api_id < ? AND start = ?")
+            near = (
+                'SELECT pid, correlation_id, "end" - start FROM read_only_cuda_calls '
+                "WHERE api_id >= ? AND api_id < ? AND start = ?"
+            )
             lo_bound = 0
             for aid, pid, corr, launch in acts:
                 if n is None or launch is None:
                     continue
-                lo, hi = lo_bound, n + 1      # first api_id whose start >= launch
+                lo, hi = lo_bound, n + 1  # first api_id whose start >= launch
                 while lo < hi:
                     mid = (lo + hi) // 2
                     row = con.execute(probe, (mid,)).fetchone()
@@ -512,7 +757,7 @@ def _number(text: str) -> float | int:
     value = float(text)
     if not math.isfinite(value):
         raise ValueError(text)
-    return int(value) if value.is_integer() and abs(value) < 2 ** 63 else value
+    return int(value) if value.is_integer() and abs(value) < 2**63 else value
 
 
 def _like(text: str) -> str:
@@ -551,8 +796,7 @@ def column_filter(col: Col, value: str, name: str, params: dict) -> str:
             raise ValueError(value)
         params[name] = _number(m.group(2))
     except ValueError:
-        raise BadRequest(f"filter on '{col.key}' must be N, >N, <N, >=N, <=N or N..M, got '{_clip(value)}'") \
-            from None
+        raise BadRequest(f"filter on '{col.key}' must be N, >N, <N, >=N, <=N or N..M, got '{_clip(value)}'") from None
     return f"({col.sql}) {m.group(1) or '='} :{name}"
 
 
@@ -561,9 +805,9 @@ class Page:
     sort: str
     order: str
     offset: int
-    limit: int            # -1: every row
+    limit: int  # -1: every row
     q: str | None
-    filters: dict         # column key -> text
+    filters: dict  # column key -> text
 
 
 def _only_alias(expr: str, alias: str) -> bool:
@@ -624,9 +868,11 @@ def rowid_range(db, tq: TableQuery) -> tuple[int, int]:
     aggr, domain = tq.params.get("aggr"), tq.params.get("domain")
 
     def compute():
-        lo, hi = db.query(f"SELECT min(rowid), max(rowid) FROM {table} WHERE aggr_id = ? AND domain_id = ?",
-                          (aggr, domain))[0]
+        lo, hi = db.query(
+            f"SELECT min(rowid), max(rowid) FROM {table} WHERE aggr_id = ? AND domain_id = ?", (aggr, domain)
+        )[0]
         return (lo if lo is not None else 1, hi if hi is not None else 0)
+
     return db.cached(("rowid_range", table, aggr, domain), compute)
 
 
@@ -643,29 +889,40 @@ def run_query(db, tq: TableQuery, page: Page, max_rows: int | None = None) -> di
         lo, hi = rowid_range(db, tq)
         alias = tq.range[0]
         ranged = [f"{alias}.rowid BETWEEN :_lo AND :_hi"] + [
-            "+" + w if w in (f"{alias}.aggr_id = :aggr", f"{alias}.domain_id = :domain") else w for w in tq.where]
+            "+" + w if w in (f"{alias}.aggr_id = :aggr", f"{alias}.domain_id = :domain") else w for w in tq.where
+        ]
         scan_all = " AND ".join(ranged + conds)
         params.update(_lo=lo, _hi=hi)
     select = ", ".join(f"{c.sql}" for c in tq.columns)
     with db.snapshot() as con:
         total = con.execute(f"SELECT count(*) FROM {tq.count_source or tq.source} WHERE {base}", params).fetchone()[0]
-        filtered = total if not conds else con.execute(
-            f"SELECT count(*) FROM {lean_source(tq, page)} WHERE {scan_all}", params).fetchone()[0]
+        filtered = (
+            total
+            if not conds
+            else con.execute(f"SELECT count(*) FROM {lean_source(tq, page)} WHERE {scan_all}", params).fetchone()[0]
+        )
         where_all = scan_all
         if page.limit < 0 and max_rows is not None and filtered > max_rows:
             raise TooLarge(f"{filtered} rows is more than the {max_rows} an export may hold; filter the table")
         if page.limit == 0 or page.offset >= filtered:
             rows = []
         elif tq.key and page.limit > 0:
-            keys = [r[0] for r in con.execute(
-                f"SELECT {tq.key} FROM {lean_source(tq, page)} WHERE {where_all} {order_by(tq, page)} "
-                f"LIMIT :_limit OFFSET :_offset", dict(params, _limit=page.limit, _offset=page.offset))]
+            keys = [
+                r[0]
+                for r in con.execute(
+                    f"SELECT {tq.key} FROM {lean_source(tq, page)} WHERE {where_all} {order_by(tq, page)} "
+                    f"LIMIT :_limit OFFSET :_offset",
+                    dict(params, _limit=page.limit, _offset=page.offset),
+                )
+            ]
             found = {}
             for i in range(0, len(keys), 500):
-                chunk = keys[i:i + 500]
+                chunk = keys[i : i + 500]
                 marks = ", ".join(f":_k{j}" for j in range(len(chunk)))
-                for r in con.execute(f"SELECT {select}, {tq.key} FROM {tq.source} WHERE {base} AND {tq.key} IN "
-                                     f"({marks})", dict(params, **{f"_k{j}": k for j, k in enumerate(chunk)})):
+                for r in con.execute(
+                    f"SELECT {select}, {tq.key} FROM {tq.source} WHERE {base} AND {tq.key} IN ({marks})",
+                    dict(params, **{f"_k{j}": k for j, k in enumerate(chunk)}),
+                ):
                     found[r[-1]] = list(r[:-1])
             rows = [found[k] for k in keys if k in found]
         else:

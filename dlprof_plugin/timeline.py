@@ -16,6 +16,7 @@ Only what the window shows is read and sent:
   window, merged or not); those of a pixel or more are listed, their total is exact.
 Times are integer ns on the capture clock.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -26,10 +27,10 @@ import numpy as np
 
 from dlprof_profiler import contract as K
 
-KIND_OP, KIND_API = 10, 11          # event kinds besides the GPU activity kinds (contract.KIND_*)
-MAX_WIDTH = 20_000                  # pixels a request may ask for
-MAX_IN_LIST = 500                   # keys per `IN (...)` lookup
-MAX_EVENTS = 1_000_000              # events a window may hold (more: 413, zoom in)
+KIND_OP, KIND_API = 10, 11  # event kinds besides the GPU activity kinds (contract.KIND_*)
+MAX_WIDTH = 20_000  # pixels a request may ask for
+MAX_IN_LIST = 500  # keys per `IN (...)` lookup
+MAX_EVENTS = 1_000_000  # events a window may hold (more: 413, zoom in)
 NOT_ON_CPU = (K.UNASSOCIATED_GPU,)  # op instances without CPU time: GPU activities no API call launched
 
 
@@ -41,27 +42,36 @@ class TooManyEvents(Exception):
     """A window holding more events than a request reads (`events`: how many, at least)."""
 
     def __init__(self, events: int):
-        super().__init__(f"more than {MAX_EVENTS:,} events (op instances, API calls and GPU activities) start "
-                         "in the window: zoom in")
+        super().__init__(
+            f"more than {MAX_EVENTS:,} events (op instances, API calls and GPU activities) start in the window: zoom in"
+        )
         self.events = events
 
 
 # ---------------------------------------------------------------------------- window bounds
 
+
 def rank_of_domain(db, domain_id: int) -> int:
     """The rank a domain of a schema 3.0 database belongs to."""
+
     def compute():
         row = db.query(f"SELECT rank FROM {K.RAW_DOMAINS} WHERE domain_id = ?", (domain_id,))
         return int(row[0][0]) if row else K.DEFAULT_RANK
+
     return db.cached(("domain_rank", domain_id), compute)
 
 
 def iteration_bounds(db, aggr_id: int, rank: int) -> np.ndarray:
     """(iteration, start, stop) rows of an aggregation's iterations, in order."""
+
     def compute():
-        rows = db.query(f"SELECT iter_value, start_time, stop_time FROM {K.ITERATION_LIST} WHERE aggr_id = ? "
-                        "AND rank = ? ORDER BY iter_value", (aggr_id, rank))
+        rows = db.query(
+            f"SELECT iter_value, start_time, stop_time FROM {K.ITERATION_LIST} WHERE aggr_id = ? "
+            "AND rank = ? ORDER BY iter_value",
+            (aggr_id, rank),
+        )
         return np.array(rows, dtype=np.int64).reshape(-1, 3)
+
     return db.cached(("iteration_bounds", aggr_id, rank), compute)
 
 
@@ -102,6 +112,7 @@ class LongestDurations:
             with self._lock:
                 if name in self._values:
                     self._values[name] = value
+
         threading.Thread(target=work, name="dlprof-timeline-longest", daemon=True).start()
         return None
 
@@ -114,9 +125,11 @@ def look_back(db, aggr_id: int, rank: int, domain_id: int, t0: int) -> dict:
     iteration before t0's, or t0 minus the kind's longest duration once known, whichever is later."""
     back = lookback_start(iteration_bounds(db, aggr_id, rank), t0)
     out = {}
-    for name, table, key, scope in (("ops", K.RAW_OP_INSTANCES, "instance_id", domain_id),
-                                    ("api", K.RAW_API_CALLS, "api_id", rank),
-                                    ("gpu", K.RAW_GPU_ACTIVITIES, "activity_id", rank)):
+    for name, table, key, scope in (
+        ("ops", K.RAW_OP_INSTANCES, "instance_id", domain_id),
+        ("api", K.RAW_API_CALLS, "api_id", rank),
+        ("gpu", K.RAW_GPU_ACTIVITIES, "activity_id", rank),
+    ):
         longest = LONGEST.get(db, table, key, scope)
         out[name] = min(t0, max(back, t0 - longest)) if longest is not None else min(t0, back)
     return out
@@ -126,8 +139,9 @@ def _first_key_at(con, table: str, key: str, lo_key: int, hi_key: int, time: int
     """The first key in [lo_key, hi_key) of a row starting at or after `time` (past the last row if none):
     binary search on the rowid, the rows of a rank being keyed in start order (keys may have holes)."""
     # two rowid seeks (min() and max() together would scan the range)
-    first = con.execute(f"SELECT {key} FROM {table} WHERE {key} >= ? AND {key} < ? ORDER BY {key} LIMIT 1",
-                        (lo_key, hi_key)).fetchone()
+    first = con.execute(
+        f"SELECT {key} FROM {table} WHERE {key} >= ? AND {key} < ? ORDER BY {key} LIMIT 1", (lo_key, hi_key)
+    ).fetchone()
     if first is None:
         return lo_key
     last = con.execute(f"SELECT {key} FROM {table} WHERE {key} < ? ORDER BY {key} DESC LIMIT 1", (hi_key,)).fetchone()
@@ -136,7 +150,7 @@ def _first_key_at(con, table: str, key: str, lo_key: int, hi_key: int, time: int
     probe = f"SELECT {key}, start FROM {table} WHERE {key} >= ? ORDER BY {key} LIMIT 1"
     while lo < hi:
         mid = (lo + hi) // 2
-        k, start = con.execute(probe, (mid,)).fetchone()   # exists: mid <= last
+        k, start = con.execute(probe, (mid,)).fetchone()  # exists: mid <= last
         if start < time:
             lo = int(k) + 1
         else:
@@ -146,8 +160,10 @@ def _first_key_at(con, table: str, key: str, lo_key: int, hi_key: int, time: int
 
 def _keyed_range(con, table: str, key: str, rank: int, lo: int, t1: int) -> tuple[int, int]:
     scope_lo, scope_hi = K.db_id(rank, 0), K.db_id(rank + 1, 0)
-    return (_first_key_at(con, table, key, scope_lo, scope_hi, lo),
-            _first_key_at(con, table, key, scope_lo, scope_hi, t1))
+    return (
+        _first_key_at(con, table, key, scope_lo, scope_hi, lo),
+        _first_key_at(con, table, key, scope_lo, scope_hi, t1),
+    )
 
 
 def _columns(cursor, names: tuple) -> dict:
@@ -169,8 +185,11 @@ class Ranges:
 
 
 def find_ranges(con, rank: int, lo: dict, t1: int) -> Ranges:
-    return Ranges(_keyed_range(con, K.RAW_API_CALLS, "api_id", rank, lo["api"], t1),
-                  _keyed_range(con, K.RAW_GPU_ACTIVITIES, "activity_id", rank, lo["gpu"], t1), lo["ops"])
+    return Ranges(
+        _keyed_range(con, K.RAW_API_CALLS, "api_id", rank, lo["api"], t1),
+        _keyed_range(con, K.RAW_GPU_ACTIVITIES, "activity_id", rank, lo["gpu"], t1),
+        lo["ops"],
+    )
 
 
 def count_at_most(con, rank: int, domain_id: int, t0: int, t1: int, limit: int) -> int:
@@ -181,35 +200,51 @@ def count_at_most(con, rank: int, domain_id: int, t0: int, t1: int, limit: int) 
         n += b - a
     if n > limit:
         return n
-    ops = con.execute(f"SELECT count(*) FROM (SELECT 1 FROM {K.RAW_OP_INSTANCES} WHERE domain_id = ? AND start >= ? "
-                      "AND start < ? LIMIT ?)", (domain_id, t0, t1, limit - n + 1)).fetchone()[0]
+    ops = con.execute(
+        f"SELECT count(*) FROM (SELECT 1 FROM {K.RAW_OP_INSTANCES} WHERE domain_id = ? AND start >= ? "
+        "AND start < ? LIMIT ?)",
+        (domain_id, t0, t1, limit - n + 1),
+    ).fetchone()[0]
     return n + ops
 
 
 def read_instances(con, domain_id: int, lo: int, t0: int, t1: int) -> dict:
     """Op instances of a domain on a CPU thread overlapping [t0, t1), started at or after lo."""
-    return _columns(con.execute(
-        f"SELECT i.instance_id, i.op_index, i.thread_id, i.start, i.duration FROM {K.RAW_OP_INSTANCES} i "
-        "WHERE i.domain_id = ? AND i.start >= ? AND i.start < ? AND i.start + max(i.duration, 1) > ? "
-        f"AND i.kind NOT IN ({', '.join(str(k) for k in NOT_ON_CPU)}) AND i.thread_id IS NOT NULL",
-        (domain_id, lo, t1, t0)), ("key", "op_index", "thread_id", "start", "duration"))
+    return _columns(
+        con.execute(
+            f"SELECT i.instance_id, i.op_index, i.thread_id, i.start, i.duration FROM {K.RAW_OP_INSTANCES} i "
+            "WHERE i.domain_id = ? AND i.start >= ? AND i.start < ? AND i.start + max(i.duration, 1) > ? "
+            f"AND i.kind NOT IN ({', '.join(str(k) for k in NOT_ON_CPU)}) AND i.thread_id IS NOT NULL",
+            (domain_id, lo, t1, t0),
+        ),
+        ("key", "op_index", "thread_id", "start", "duration"),
+    )
 
 
 def read_api_calls(con, keys: tuple[int, int], t0: int) -> dict:
-    return _columns(con.execute(
-        f"SELECT api_id, coalesce(name_id, -1), thread_id, start, duration FROM {K.RAW_API_CALLS} "
-        "WHERE api_id >= ? AND api_id < ? AND start + max(duration, 1) > ?", (*keys, t0)),
-        ("key", "name_id", "thread_id", "start", "duration"))
+    return _columns(
+        con.execute(
+            f"SELECT api_id, coalesce(name_id, -1), thread_id, start, duration FROM {K.RAW_API_CALLS} "
+            "WHERE api_id >= ? AND api_id < ? AND start + max(duration, 1) > ?",
+            (*keys, t0),
+        ),
+        ("key", "name_id", "thread_id", "start", "duration"),
+    )
 
 
 def read_gpu_activities(con, keys: tuple[int, int], t0: int) -> dict:
-    return _columns(con.execute(
-        f"SELECT activity_id, kind, name_id, coalesce(device_id, -1), coalesce(stream_id, -1), start, duration "
-        f"FROM {K.RAW_GPU_ACTIVITIES} WHERE activity_id >= ? AND activity_id < ? AND start + max(duration, 1) > ?",
-        (*keys, t0)), ("key", "kind", "name_id", "device_id", "stream_id", "start", "duration"))
+    return _columns(
+        con.execute(
+            f"SELECT activity_id, kind, name_id, coalesce(device_id, -1), coalesce(stream_id, -1), start, duration "
+            f"FROM {K.RAW_GPU_ACTIVITIES} WHERE activity_id >= ? AND activity_id < ? AND start + max(duration, 1) > ?",
+            (*keys, t0),
+        ),
+        ("key", "kind", "name_id", "device_id", "stream_id", "start", "duration"),
+    )
 
 
 # ---------------------------------------------------------------------------- pure helpers over arrays
+
 
 def nesting_depth(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Per interval, how many intervals of its group enclose it (properly nested intervals; partly
@@ -227,8 +262,9 @@ def nesting_depth(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.n
     base = int(min(end.min(), start.min()))
     _, g_rank = np.unique(g, return_inverse=True)
     ends_key = np.sort(g_rank.astype(np.int64) * span + (end[order] - base))
-    closed = np.searchsorted(ends_key, g_rank.astype(np.int64) * span + (s - base), side="right") - \
-        np.searchsorted(ends_key, g_rank.astype(np.int64) * span, side="left")
+    closed = np.searchsorted(ends_key, g_rank.astype(np.int64) * span + (s - base), side="right") - np.searchsorted(
+        ends_key, g_rank.astype(np.int64) * span, side="left"
+    )
     depth[order] = np.maximum(np.arange(n) - first_of - closed, 0)
     return depth
 
@@ -255,8 +291,8 @@ def idle_gaps(start: np.ndarray, end: np.ndarray, t0: int, t1: int) -> tuple[np.
     order = np.argsort(s[keep], kind="stable")
     s, e = s[keep][order], e[keep][order]
     covered_to = np.maximum.accumulate(e) if e.size else e
-    gap_s = np.r_[t0, covered_to].astype(np.int64)   # after each prefix of intervals ...
-    gap_e = np.r_[s, t1].astype(np.int64)            # ... until the next one starts
+    gap_s = np.r_[t0, covered_to].astype(np.int64)  # after each prefix of intervals ...
+    gap_e = np.r_[s, t1].astype(np.int64)  # ... until the next one starts
     ok = gap_e > gap_s
     return gap_s[ok], gap_e[ok]
 
@@ -269,13 +305,17 @@ def covered_time(start: np.ndarray, end: np.ndarray, t0: int, t1: int) -> int:
 
 # ---------------------------------------------------------------------------- names and rows
 
+
 def _texts(con, ids) -> dict:
     ids = sorted({int(i) for i in ids if i is not None and int(i) >= 0})
     out = {}
     for k in range(0, len(ids), MAX_IN_LIST):
-        chunk = ids[k:k + MAX_IN_LIST]
-        out.update(con.execute(f"SELECT id, value FROM {K.STRINGS} WHERE id IN ({', '.join('?' * len(chunk))})",
-                               chunk).fetchall())
+        chunk = ids[k : k + MAX_IN_LIST]
+        out.update(
+            con.execute(
+                f"SELECT id, value FROM {K.STRINGS} WHERE id IN ({', '.join('?' * len(chunk))})", chunk
+            ).fetchall()
+        )
     return out
 
 
@@ -283,9 +323,13 @@ def _op_names(con, op_indexes) -> dict:
     ids = sorted({int(i) for i in op_indexes})
     out = {}
     for k in range(0, len(ids), MAX_IN_LIST):
-        chunk = ids[k:k + MAX_IN_LIST]
-        out.update(con.execute(f"SELECT op_index, op_name FROM {K.READ_ONLY_OPS} WHERE op_index IN "
-                               f"({', '.join('?' * len(chunk))})", chunk).fetchall())
+        chunk = ids[k : k + MAX_IN_LIST]
+        out.update(
+            con.execute(
+                f"SELECT op_index, op_name FROM {K.READ_ONLY_OPS} WHERE op_index IN ({', '.join('?' * len(chunk))})",
+                chunk,
+            ).fetchall()
+        )
     return out
 
 
@@ -293,11 +337,12 @@ def _threads(con, rank: int, thread_ids) -> dict:
     ids = np.unique(np.asarray(thread_ids, dtype=np.int64)).tolist()
     out = {}
     for k in range(0, len(ids), MAX_IN_LIST):
-        chunk = ids[k:k + MAX_IN_LIST]
+        chunk = ids[k : k + MAX_IN_LIST]
         for tid_, pid, tid, name in con.execute(
-                f"SELECT t.thread_id, t.pid, t.tid, (SELECT value FROM {K.STRINGS} WHERE id = t.name_id) "
-                f"FROM {K.RAW_THREADS} t WHERE t.rank = ? AND t.thread_id IN ({', '.join('?' * len(chunk))})",
-                [rank] + chunk).fetchall():
+            f"SELECT t.thread_id, t.pid, t.tid, (SELECT value FROM {K.STRINGS} WHERE id = t.name_id) "
+            f"FROM {K.RAW_THREADS} t WHERE t.rank = ? AND t.thread_id IN ({', '.join('?' * len(chunk))})",
+            [rank] + chunk,
+        ).fetchall():
             out[int(tid_)] = (int(pid), int(tid), name)
     return out
 
@@ -307,19 +352,29 @@ def _launches(con, domain_id: int, activity_keys: np.ndarray) -> dict:
     found = {}
     keys = [int(k) for k in activity_keys]
     for k in range(0, len(keys), MAX_IN_LIST):
-        chunk = [K.db_id(domain_id, a & K.ID_MASK) for a in keys[k:k + MAX_IN_LIST]]
+        chunk = [K.db_id(domain_id, a & K.ID_MASK) for a in keys[k : k + MAX_IN_LIST]]
         for act, api, thread, start, duration in con.execute(
-                f"SELECT w.activity_id, c.api_id, c.thread_id, c.start, c.duration FROM {K.RAW_ACTIVITY_OWNERS} w "
-                f"JOIN {K.RAW_API_CALLS} c ON c.api_id = w.api_id WHERE w.owner_id IN ({', '.join('?' * len(chunk))})",
-                chunk).fetchall():
+            f"SELECT w.activity_id, c.api_id, c.thread_id, c.start, c.duration FROM {K.RAW_ACTIVITY_OWNERS} w "
+            f"JOIN {K.RAW_API_CALLS} c ON c.api_id = w.api_id WHERE w.owner_id IN ({', '.join('?' * len(chunk))})",
+            chunk,
+        ).fetchall():
             found[int(act)] = (int(api), int(thread), int(start), int(start) + int(duration))
     return found
 
 
 # ---------------------------------------------------------------------------- the route
 
-def window(db, aggr_id: int, domain_id: int, t0: int, t1: int, width: int, groups: set | None = None,
-           iteration: dict | None = None) -> dict:
+
+def window(
+    db,
+    aggr_id: int,
+    domain_id: int,
+    t0: int,
+    t1: int,
+    width: int,
+    groups: set | None = None,
+    iteration: dict | None = None,
+) -> dict:
     """The `timeline` route's answer for [t0, t1) drawn `width` pixels wide; `groups`: the thread (`t<id>`)
     and stream (`g<device>.<stream>`) groups whose events to send (None: all)."""
     if t1 <= t0:
@@ -359,10 +414,15 @@ def _row_layout(inst: dict, depth: np.ndarray, api: dict, gpu: dict, threads: di
     stream."""
     n_i, n_a, n_g = inst["start"].size, api["start"].size, gpu["start"].size
     # (family: 0 CPU / 1 GPU, thread or device, 0 ops / 1 API or stream, depth) of every event
-    spec = np.stack([np.r_[np.zeros(n_i + n_a, np.int64), np.ones(n_g, np.int64)],
-                     np.r_[inst["thread_id"], api["thread_id"], gpu["device_id"]],
-                     np.r_[np.zeros(n_i, np.int64), np.ones(n_a, np.int64), gpu["stream_id"]],
-                     np.r_[depth, np.zeros(n_a + n_g, np.int64)]], axis=1).astype(np.int64)
+    spec = np.stack(
+        [
+            np.r_[np.zeros(n_i + n_a, np.int64), np.ones(n_g, np.int64)],
+            np.r_[inst["thread_id"], api["thread_id"], gpu["device_id"]],
+            np.r_[np.zeros(n_i, np.int64), np.ones(n_a, np.int64), gpu["stream_id"]],
+            np.r_[depth, np.zeros(n_a + n_g, np.int64)],
+        ],
+        axis=1,
+    ).astype(np.int64)
     specs, inverse = unique_rows(spec)
 
     def order(i):
@@ -371,6 +431,7 @@ def _row_layout(inst: dict, depth: np.ndarray, api: dict, gpu: dict, threads: di
             pid, tid, _ = threads.get(a, (-1, -1, None))
             return (0, pid if pid is not None else -1, tid if tid is not None else -1, a, b, d)
         return (1, a, b, 0, 0, 0)
+
     shown = sorted(range(len(specs)), key=order)
     row_of_spec = np.empty(len(specs), dtype=np.int64)
     row_of_spec[shown] = np.arange(len(specs))
@@ -380,11 +441,29 @@ def _row_layout(inst: dict, depth: np.ndarray, api: dict, gpu: dict, threads: di
         if fam == 0:
             pid, tid, name = threads.get(a, (None, None, None))
             label = f"{name or 'thread'} (pid {pid}, tid {tid})" if pid is not None else f"thread {a}"
-            rows.append({"id": f"t{a}.{'api' if b else d}", "group": f"t{a}", "kind": "api" if b else "ops",
-                         "thread_id": a, "pid": pid, "tid": tid, "depth": d, "label": label})
+            rows.append(
+                {
+                    "id": f"t{a}.{'api' if b else d}",
+                    "group": f"t{a}",
+                    "kind": "api" if b else "ops",
+                    "thread_id": a,
+                    "pid": pid,
+                    "tid": tid,
+                    "depth": d,
+                    "label": label,
+                }
+            )
         else:
-            rows.append({"id": f"g{a}.{b}", "group": f"g{a}.{b}", "kind": "gpu", "device_id": a, "stream_id": b,
-                         "label": f"GPU {a} · stream {b}"})
+            rows.append(
+                {
+                    "id": f"g{a}.{b}",
+                    "group": f"g{a}.{b}",
+                    "kind": "gpu",
+                    "device_id": a,
+                    "stream_id": b,
+                    "label": f"GPU {a} · stream {b}",
+                }
+            )
     return rows, row_of_spec[inverse.reshape(-1)]
 
 
@@ -393,13 +472,16 @@ def _events(inst: dict, api: dict, gpu: dict, row: np.ndarray) -> dict:
     events: -1 - op_index; others: their string id) and device (GPU activities; -1 for the others)."""
     n_i, n_a, n_g = inst["start"].size, api["start"].size, gpu["start"].size
     start = np.r_[inst["start"], api["start"], gpu["start"]].astype(np.int64)
-    return {"row": row.astype(np.int64), "start": start,
-            "end": start + np.r_[inst["duration"], api["duration"], gpu["duration"]].astype(np.int64),
-            "kind": np.r_[np.full(n_i, KIND_OP), np.full(n_a, KIND_API), gpu["kind"]].astype(np.int64),
-            "key": np.r_[inst["key"], api["key"], gpu["key"]].astype(np.int64),
-            "op": np.r_[inst["op_index"], np.full(n_a + n_g, -1)].astype(np.int64),
-            "name": np.r_[-1 - inst["op_index"], api["name_id"], gpu["name_id"]].astype(np.int64),
-            "device": np.r_[np.full(n_i + n_a, -1), gpu["device_id"]].astype(np.int64)}
+    return {
+        "row": row.astype(np.int64),
+        "start": start,
+        "end": start + np.r_[inst["duration"], api["duration"], gpu["duration"]].astype(np.int64),
+        "kind": np.r_[np.full(n_i, KIND_OP), np.full(n_a, KIND_API), gpu["kind"]].astype(np.int64),
+        "key": np.r_[inst["key"], api["key"], gpu["key"]].astype(np.int64),
+        "op": np.r_[inst["op_index"], np.full(n_a + n_g, -1)].astype(np.int64),
+        "name": np.r_[-1 - inst["op_index"], api["name_id"], gpu["name_id"]].astype(np.int64),
+        "device": np.r_[np.full(n_i + n_a, -1), gpu["device_id"]].astype(np.int64),
+    }
 
 
 def _gpu_gaps(ev: dict, t0: int, t1: int, ns_per_px: float) -> tuple[dict, dict]:
@@ -433,20 +515,38 @@ def merged_boxes(ev: dict, t0: int, ns_per_px: float) -> dict:
     sizes = np.bincount(group) if group.size else np.zeros(0, dtype=np.int64)
     alone = sizes[group] == 1
     whole = np.r_[np.flatnonzero(~small), small_idx[alone]].astype(np.int64)
-    parts = [{"row": ev["row"][whole], "start": ev["start"][whole], "end": ev["end"][whole],
-              "kind": ev["kind"][whole], "key": ev["key"][whole], "op": ev["op"][whole], "name": ev["name"][whole],
-              "n": np.ones(whole.size, dtype=np.int64), "busy": dur[whole]}]
+    parts = [
+        {
+            "row": ev["row"][whole],
+            "start": ev["start"][whole],
+            "end": ev["end"][whole],
+            "kind": ev["kind"][whole],
+            "key": ev["key"][whole],
+            "op": ev["op"][whole],
+            "name": ev["name"][whole],
+            "n": np.ones(whole.size, dtype=np.int64),
+            "busy": dur[whole],
+        }
+    ]
     m_idx, m_group = small_idx[~alone], group[~alone]
     if m_idx.size:
         first = np.r_[0, np.flatnonzero(np.diff(m_group)) + 1]
         m_dur = dur[m_idx]
         by_length = np.lexsort((-m_dur, m_group))
         longest = m_idx[by_length[np.r_[0, np.flatnonzero(np.diff(m_group[by_length])) + 1]]]
-        parts.append({"row": ev["row"][m_idx][first], "start": np.minimum.reduceat(ev["start"][m_idx], first),
-                      "end": np.maximum.reduceat(ev["end"][m_idx], first), "kind": ev["kind"][longest],
-                      "key": np.full(first.size, -1, dtype=np.int64), "op": ev["op"][longest],
-                      "name": ev["name"][longest], "n": np.diff(np.r_[first, m_idx.size]),
-                      "busy": np.add.reduceat(m_dur, first)})
+        parts.append(
+            {
+                "row": ev["row"][m_idx][first],
+                "start": np.minimum.reduceat(ev["start"][m_idx], first),
+                "end": np.maximum.reduceat(ev["end"][m_idx], first),
+                "kind": ev["kind"][longest],
+                "key": np.full(first.size, -1, dtype=np.int64),
+                "op": ev["op"][longest],
+                "name": ev["name"][longest],
+                "n": np.diff(np.r_[first, m_idx.size]),
+                "busy": np.add.reduceat(m_dur, first),
+            }
+        )
     boxes = {c: np.concatenate([p[c] for p in parts]).astype(np.int64) for c in BOX_COLUMNS}
     final = np.lexsort((boxes["start"], boxes["row"]))
     return {c: v[final] for c, v in boxes.items()}
@@ -481,9 +581,15 @@ def _assemble(con, rank, domain_id, inst, api, gpu, t0, t1, ns_per_px, groups) -
     events["key"] = [None if k < 0 else k for k in boxes["key"].tolist()]
     events["op"] = [None if k < 0 else k for k in boxes["op"].tolist()]
     events["name"] = name_pos.reshape(-1).astype(np.int64).tolist()
-    return {"rows": rows, "names": names, "events": events, "launches": launches, "gaps": gaps, "idle": idle,
-            "counts": {"events": int(keep.sum()), "sent": int(boxes["row"].size),
-                       "merged": int((boxes["n"] > 1).sum())}}
+    return {
+        "rows": rows,
+        "names": names,
+        "events": events,
+        "launches": launches,
+        "gaps": gaps,
+        "idle": idle,
+        "counts": {"events": int(keep.sum()), "sent": int(boxes["row"].size), "merged": int((boxes["n"] > 1).sum())},
+    }
 
 
 def gap_activity(db, aggr_id: int, domain_id: int, t0: int, t1: int, top: int = 8) -> dict:
@@ -519,8 +625,10 @@ def gap_activity(db, aggr_id: int, domain_id: int, t0: int, t1: int, top: int = 
             calls = np.bincount(which.reshape(-1), minlength=names.size)
             total = np.bincount(which.reshape(-1), weights=overlap, minlength=names.size).astype(np.int64)
             ranked = sorted(range(names.size), key=lambda i: (-total[i], -calls[i], str(texts.get(int(names[i]), ""))))
-            entry[what] = [{"name": texts.get(int(names[i]), str(names[i])), "calls": int(calls[i]),
-                            "overlap": int(total[i])} for i in ranked[:top]]
+            entry[what] = [
+                {"name": texts.get(int(names[i]), str(names[i])), "calls": int(calls[i]), "overlap": int(total[i])}
+                for i in ranked[:top]
+            ]
             entry[f"{what}_distinct"] = int(names.size)
         out.append(entry)
     out.sort(key=lambda x: (-(x["ops_time"] + x["api_calls_time"]), x["thread_id"]))

@@ -5,6 +5,7 @@ that, like TensorBoard's plugin iframe, has `<base href="data/plugin/dlprof/">`,
 calls its `render()`; the API answers at `/data/plugin/dlprof/<route>` and, for convenience, at `/<route>`.
 Every request passes security.py's checks first (Host names, cross-site requests; `--allowed_hosts`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,12 +50,13 @@ def build_app(databases: list[str], policy=None):
     from dlprof_plugin.plugin import ROUTE_PREFIX, static_dir
     from dlprof_plugin.runs import RunInfo, StaticRuns
     from dlprof_plugin.service import Service, error_reply
+
     policy = policy or security.policy_for_bind("127.0.0.1")
 
     runs = {}
     for name, path in _run_names([os.path.realpath(d) for d in databases]).items():
         db = Database(path)
-        db.profile_info()   # raises NotADatabase
+        db.profile_info()  # raises NotADatabase
         db.close()
         runs[name] = RunInfo(run=name, database=path, shown_database=os.path.basename(path), meta={})
     service = Service(StaticRuns(runs), static_dir=static_dir())
@@ -70,10 +72,10 @@ def build_app(databases: list[str], policy=None):
         path = request.path
         if path in ("/", "/index.html"):
             return http_util.Respond(request, page, "text/html", csp_scripts_sha256s=[script_sha])
-        if path == "/favicon.ico":   # asked for by browsers whatever the page links
+        if path == "/favicon.ico":  # asked for by browsers whatever the page links
             route = "logo.svg"
         elif path.startswith(ROUTE_PREFIX):
-            route = path[len(ROUTE_PREFIX):]
+            route = path[len(ROUTE_PREFIX) :]
         else:
             route = path.lstrip("/")
         reply = service.handle(route, request, None, "")
@@ -84,29 +86,37 @@ def build_app(databases: list[str], policy=None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dlprofviewer", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="dlprofviewer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("database", nargs="+", help="DLProf database (dlprof_dldb.sqlite); several make several runs")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 = any free)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--allowed_hosts", metavar="NAMES", default="",
-                        help="host names (comma-separated) the viewer answers besides localhost and IP addresses, "
-                             "e.g. a reverse proxy's; requests naming other hosts are refused (DNS rebinding). "
-                             "Bound to a non-loopback --host without this option, every name is answered")
+    parser.add_argument(
+        "--allowed_hosts",
+        metavar="NAMES",
+        default="",
+        help="host names (comma-separated) the viewer answers besides localhost and IP addresses, "
+        "e.g. a reverse proxy's; requests naming other hosts are refused (DNS rebinding). "
+        "Bound to a non-loopback --host without this option, every name is answered",
+    )
     parser.add_argument("--quiet", action="store_true", help="do not log each request")
     args = parser.parse_args(argv)
     from dlprof_plugin.db import NotADatabase
+
     for d in args.database:
         if not os.path.isfile(d):
             print(f"dlprofviewer: {d}: no such file", file=sys.stderr)
             return 2
     try:
         from dlprof_plugin.security import policy_for_bind
+
         app = build_app(args.database, policy_for_bind(args.host, allowed=args.allowed_hosts))
     except NotADatabase as exc:
         print(f"dlprofviewer: {exc}", file=sys.stderr)
         return 2
     from werkzeug.serving import make_server
+
     if args.quiet:
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
     try:

@@ -7,6 +7,7 @@ bounded memory: every table is a combination of per-chunk partials (sums, minima
 flattened times (group-node unions, the time breakdown) are unions computed chunk by chunk with the
 intervals still open at a chunk's end carried into the next. A single chunk gives the same tables.
 """
+
 from __future__ import annotations
 
 import re
@@ -24,8 +25,11 @@ from dlprof_profiler.trace import KIND_KERNEL, Trace, make_frame, obj
 CLASSES = ("tc", "non_tc", "memory", "dataloader", "io", "cpu", "other")
 HALF_PRECISION = ("float16", "half", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 # Collective communication kernels (NCCL, RCCL, PyTorch c10d and the collectives' own names)
-COMMUNICATION_KERNEL = re.compile(r"nccl|rccl|c10d|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|"
-                                  r"broadcast|sendrecv", re.IGNORECASE)
+COMMUNICATION_KERNEL = re.compile(
+    r"nccl|rccl|c10d|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|"
+    r"broadcast|sendrecv",
+    re.IGNORECASE,
+)
 COMPLETE_MODEL = "_CompleteModel_"
 CPU_KINDS = (RANGE_OP, SCOPE_OP, BACKWARD_PASS, UNASSOCIATED_API)
 METRICS = (("cpu_time", "cpu"), ("gpu_time", "gpu"), ("cpu_overhead", "overhead"), ("gpu_idle", "idle"))
@@ -49,46 +53,66 @@ class Aggregation:
     window_start: int
     window_end: int
     summary: dict = field(default_factory=dict)
-    iterations: pd.DataFrame = None      # every iteration of the profile
-    ops: pd.DataFrame = None             # per op with calls in the aggregation
+    iterations: pd.DataFrame = None  # every iteration of the profile
+    ops: pd.DataFrame = None  # per op with calls in the aggregation
     op_types: pd.DataFrame = None
-    kernels: pd.DataFrame = None         # per (kernel name, op)
-    tensor_core: pd.DataFrame = None     # per TC-eligible op
-    groups: pd.DataFrame = None          # per group node of the op-name tree
-    devices: pd.DataFrame = None         # per visible GPU: time breakdown
+    kernels: pd.DataFrame = None  # per (kernel name, op)
+    tensor_core: pd.DataFrame = None  # per TC-eligible op
+    groups: pd.DataFrame = None  # per group node of the op-name tree
+    devices: pd.DataFrame = None  # per visible GPU: time breakdown
     kernel_launches: pd.DataFrame = None  # per kernel launch in the aggregation (iteration report), when kept
     launch_chunks: list = field(default_factory=list)  # the same rows chunk by chunk
-    launch_spill: object = None          # out-of-core runs: where the kernel-launch rows went (store_model)
-    facts: dict = field(default_factory=dict)   # per-launch evidence the expert systems need
+    launch_spill: object = None  # out-of-core runs: where the kernel-launch rows went (store_model)
+    facts: dict = field(default_factory=dict)  # per-launch evidence the expert systems need
 
     @property
     def wall_time(self) -> int:
         return self.window_end - self.window_start
 
 
-def aggregate(trace: Trace, corr: Correlation, dm: DomainModel, iterations: Iterations, iter_start: int,
-              iter_stop: int, cuts=None, keep_launches: bool = True) -> Aggregation:
+def aggregate(
+    trace: Trace,
+    corr: Correlation,
+    dm: DomainModel,
+    iterations: Iterations,
+    iter_start: int,
+    iter_stop: int,
+    cuts=None,
+    keep_launches: bool = True,
+) -> Aggregation:
     """Compute every table of one aggregation of one domain of an in-memory model. `cuts` split the
     timeline into chunks (default: one chunk); the tables do not depend on them."""
     from dlprof_profiler.model_chunks import InMemoryModel
+
     model = InMemoryModel(trace, corr, dm)
     return aggregate_model(model, iterations, iter_start, iter_stop, cuts, keep_launches)
 
 
-def aggregate_model(model, iterations: Iterations, iter_start: int, iter_stop: int, cuts=None,
-                    keep_launches=True) -> Aggregation:
+def aggregate_model(
+    model, iterations: Iterations, iter_start: int, iter_stop: int, cuts=None, keep_launches=True
+) -> Aggregation:
     """Aggregate a model that yields time chunks (in memory or from an out-of-core store). `keep_launches`:
     True keeps the kernel-launch rows (the iteration report) in `kernel_launches`, a function receives them
     chunk by chunk instead."""
     window_start = int(iterations.starts[iter_start])
     window_end = model.window_end(iterations, iter_start, iter_stop)
     window_end = max(window_end if window_end is not None else int(iterations.ends[iter_stop]), window_start)
-    agg = Aggregation(domain=model.domain, family=model.family, mode=model.mode,
-                      key_node=iterations.key_node or "", key_found=iterations.found, key_source=iterations.source,
-                      iter_start=iter_start, iter_stop=iter_stop, total_iterations=iterations.count,
-                      window_start=window_start, window_end=window_end)
+    agg = Aggregation(
+        domain=model.domain,
+        family=model.family,
+        mode=model.mode,
+        key_node=iterations.key_node or "",
+        key_found=iterations.found,
+        key_source=iterations.source,
+        iter_start=iter_start,
+        iter_stop=iter_stop,
+        total_iterations=iterations.count,
+        window_start=window_start,
+        window_end=window_end,
+    )
     acc = Accumulator(model, iterations, agg, keep_launches)
     from dlprof_profiler.log import Progress
+
     progress = Progress(f"time chunks aggregated (domain {model.domain})", len(cuts or ()) + 1)
     for n, chunk in enumerate(model.chunks(cuts), 1):
         acc.add(chunk)
@@ -98,6 +122,7 @@ def aggregate_model(model, iterations: Iterations, iter_start: int, iter_stop: i
 
 
 # ---------------------------------------------------------------------------- per-chunk accumulation
+
 
 class Accumulator:
     """Per-chunk partials of every table of one aggregation, combined by `finish`."""
@@ -145,22 +170,32 @@ class Accumulator:
         owner_iter = its.of(acts["owner_start"].to_numpy(np.int64))
         owned = (owner_iter >= lo_it) & (owner_iter <= hi_it)
         if owned.any():
-            self.groups.add_activities(acts["owner_op"].to_numpy(np.int64)[owned], owner_iter[owned],
-                                       acts["start"].to_numpy(np.int64)[owned], acts["end"].to_numpy(np.int64)[owned])
+            self.groups.add_activities(
+                acts["owner_op"].to_numpy(np.int64)[owned],
+                owner_iter[owned],
+                acts["start"].to_numpy(np.int64)[owned],
+                acts["end"].to_numpy(np.int64)[owned],
+            )
             tc_owned = owned & kernel & uses_tc
             if tc_owned.any():
-                self.op_parts.append(pd.DataFrame({"using_tc": True}, index=pd.Index(
-                    np.unique(acts["owner_op"].to_numpy(np.int64)[tc_owned]), name="op_index")))
+                self.op_parts.append(
+                    pd.DataFrame(
+                        {"using_tc": True},
+                        index=pd.Index(np.unique(acts["owner_op"].to_numpy(np.int64)[tc_owned]), name="op_index"),
+                    )
+                )
         self._summary_kernels(acts, sel_act, kernel, uses_tc, dur)
         launches = _launch_rows(acts[sel_act & kernel], act_iter[sel_act & kernel])
         if len(launches):
             self.kernel_parts.append(_kernel_partial(launches))
-            self.tc_parts.append(launches.groupby("op_index", sort=False).agg(
-                kernel_time=("gpu_duration", "sum")).assign(
-                tc_time=launches[launches["uses_tc"]].groupby("op_index")["gpu_duration"].sum()))
+            self.tc_parts.append(
+                launches.groupby("op_index", sort=False)
+                .agg(kernel_time=("gpu_duration", "sum"))
+                .assign(tc_time=launches[launches["uses_tc"]].groupby("op_index")["gpu_duration"].sum())
+            )
             self.tc_names.append(launches[["op_index", "name_code", "uses_tc"]].drop_duplicates())
             self._launch_facts(launches)
-            if callable(self.keep_launches):   # a sink (an out-of-core run spills them)
+            if callable(self.keep_launches):  # a sink (an out-of-core run spills them)
                 self.keep_launches(launches)
             elif self.keep_launches:
                 self.agg.launch_chunks.append(launches)
@@ -168,8 +203,12 @@ class Accumulator:
         self.breakdown.add(chunk)
 
     def _summary_kernels(self, acts, sel_act, kernel, uses_tc, dur) -> None:
-        rows = {"all": sel_act, "tc": sel_act & kernel & uses_tc, "memory": sel_act & ~kernel,
-                "other": sel_act & kernel & ~uses_tc}
+        rows = {
+            "all": sel_act,
+            "tc": sel_act & kernel & uses_tc,
+            "memory": sel_act & ~kernel,
+            "other": sel_act & kernel & ~uses_tc,
+        }
         api_id = acts["api_id"].to_numpy(np.int64)
         api_dur = acts["api_duration"].to_numpy(np.int64)
         # `# Kernels` counts distinct kernel names, and for memory operations distinct memory API names
@@ -185,8 +224,9 @@ class Accumulator:
             # CPU time: the distinct launching API calls (an API call lives in one chunk only)
             ids, first = np.unique(api_id[mask], return_index=True)
             keep = ids >= 0
-            self.kernel_rows[key].append((int(dur[mask].sum()), int(api_dur[mask][first[keep]].sum()),
-                                          np.unique(codes[mask])))
+            self.kernel_rows[key].append(
+                (int(dur[mask].sum()), int(api_dur[mask][first[keep]].sum()), np.unique(codes[mask]))
+            )
 
     def _launch_facts(self, launches: pd.DataFrame) -> None:
         dur = launches["gpu_duration"].to_numpy(np.int64)
@@ -206,8 +246,9 @@ class Accumulator:
         shown = precision_by_op(agg.kernels)
         agg.ops["kernel_data_type"] = obj(agg.ops["op_index"].map(shown).to_numpy(dtype=object), agg.ops.index)
         known = agg.ops["data_type"].where(agg.ops["data_type"].notna(), agg.ops["kernel_data_type"])
-        agg.ops["is_bad_data_type"] = agg.ops["tc_eligible"] & ~agg.ops["using_tc"] & \
-            ~known.fillna("").isin(HALF_PRECISION)
+        agg.ops["is_bad_data_type"] = (
+            agg.ops["tc_eligible"] & ~agg.ops["using_tc"] & ~known.fillna("").isin(HALF_PRECISION)
+        )
         agg.tensor_core = tensor_core_table(agg.ops, self.tc_parts, self.tc_names, model.kernel_names()[0])
         agg.groups = self.groups.table(agg.ops, len(model.ops))
         breakdown = self.breakdown.result()
@@ -216,8 +257,11 @@ class Accumulator:
         agg.summary = self._summary(breakdown)
         agg.facts = dict(self.facts)
         if self.keep_launches and not callable(self.keep_launches):
-            agg.kernel_launches = pd.concat(agg.launch_chunks, ignore_index=True) if agg.launch_chunks \
+            agg.kernel_launches = (
+                pd.concat(agg.launch_chunks, ignore_index=True)
+                if agg.launch_chunks
                 else _launch_rows(model.empty_acts(), np.zeros(0, dtype=np.int64))
+            )
 
     def _iteration_table(self, breakdown: dict) -> pd.DataFrame:
         its, agg = self.iterations, self.agg
@@ -234,8 +278,9 @@ class Accumulator:
         for c, name in enumerate(CLASSES):
             frame[f"{name}_time"] = mean[:, c]
         length = np.maximum(frame["duration"].to_numpy(), 1)
-        frame["gpu_utilization"] = 100.0 * (mean[:, 0] + mean[:, 1] + mean[:, 2]) / length \
-            if breakdown["n_devices"] else 0.0
+        frame["gpu_utilization"] = (
+            100.0 * (mean[:, 0] + mean[:, 1] + mean[:, 2]) / length if breakdown["n_devices"] else 0.0
+        )
         return frame
 
     def _summary(self, breakdown: dict) -> dict:
@@ -255,16 +300,24 @@ class Accumulator:
 
         def op_row(mask):
             sub = ops[mask] if len(ops) else ops
-            return {"gpu_time": int(sub["gpu_total"].sum()) if len(sub) else 0,
-                    "cpu_time": int(sub["cpu_total"].sum()) if len(sub) else 0, "count": int(len(sub))}
+            return {
+                "gpu_time": int(sub["gpu_total"].sum()) if len(sub) else 0,
+                "cpu_time": int(sub["cpu_total"].sum()) if len(sub) else 0,
+                "count": int(len(sub)),
+            }
+
         using = ops["using_tc"].to_numpy(dtype=bool) if len(ops) else np.zeros(0, dtype=bool)
         elig = ops["tc_eligible"].to_numpy(dtype=bool) if len(ops) else np.zeros(0, dtype=bool)
 
         def kernel_row(parts):
             if not parts:
                 return {"gpu_time": 0, "cpu_time": 0, "count": 0}
-            return {"gpu_time": int(sum(p[0] for p in parts)), "cpu_time": int(sum(p[1] for p in parts)),
-                    "count": int(np.unique(np.concatenate([p[2] for p in parts])).size)}
+            return {
+                "gpu_time": int(sum(p[0] for p in parts)),
+                "cpu_time": int(sum(p[1] for p in parts)),
+                "count": int(np.unique(np.concatenate([p[2] for p in parts])).size),
+            }
+
         return {
             "wall_time": int(wall),
             "tc_utilization": 100.0 * elig_tc / elig_time if elig_time else 0.0,
@@ -276,19 +329,26 @@ class Accumulator:
             "iter_stop": int(agg.iter_stop),
             "avg_iteration_time": wall / aggregated if aggregated else 0.0,
             "iteration_std": std,
-            "ops": {"all": op_row(np.ones(len(ops), dtype=bool)), "using_tc": op_row(using),
-                    "eligible_not_using": op_row(elig & ~using), "other": op_row(~elig & ~using)},
+            "ops": {
+                "all": op_row(np.ones(len(ops), dtype=bool)),
+                "using_tc": op_row(using),
+                "eligible_not_using": op_row(elig & ~using),
+                "other": op_row(~elig & ~using),
+            },
             "kernels": {k: kernel_row(v) for k, v in self.kernel_rows.items()},
-            "key_node": agg.key_node, "key_found": bool(agg.key_found),
+            "key_node": agg.key_node,
+            "key_found": bool(agg.key_found),
             "communication_time": int(agg.devices["communication_time"].sum()) if len(agg.devices) else 0,
             "overlapped_communication_time": int(agg.devices["overlapped_communication_time"].sum())
-            if len(agg.devices) else 0,
-            "n_visible_gpus": int(breakdown["n_devices"]),   # the GPUs used, which the figures average over
+            if len(agg.devices)
+            else 0,
+            "n_visible_gpus": int(breakdown["n_devices"]),  # the GPUs used, which the figures average over
             "n_listed_gpus": int(breakdown["n_listed"]),
         }
 
 
 # ---------------------------------------------------------------------------- op statistics
+
 
 def _op_partial(chosen: pd.DataFrame) -> pd.DataFrame:
     """Per op: calls, kernel calls and total/min/max of the four call metrics of some instances (a call is
@@ -304,8 +364,12 @@ def _op_partial(chosen: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(cols)
 
 
-_COMBINE_OPS = {"calls": "sum", "kernel_calls": "sum", "using_tc": "any",
-                **{f"{p}_{s}": ("sum" if s == "total" else s) for _, p in METRICS for s in ("total", "min", "max")}}
+_COMBINE_OPS = {
+    "calls": "sum",
+    "kernel_calls": "sum",
+    "using_tc": "any",
+    **{f"{p}_{s}": ("sum" if s == "total" else s) for _, p in METRICS for s in ("total", "min", "max")},
+}
 
 
 def op_table(ops_meta: pd.DataFrame, parts: list[pd.DataFrame], tc_parts: list[pd.DataFrame]) -> pd.DataFrame:
@@ -330,8 +394,9 @@ def op_table(ops_meta: pd.DataFrame, parts: list[pd.DataFrame], tc_parts: list[p
     ops = ops_meta.merge(stats, on="op_index", how="inner")
     ops["using_tc"] = ops["using_tc"].astype(bool)
     ops["is_bad_data_type"] = ops["tc_eligible"] & ~ops["using_tc"] & ~ops["data_type"].fillna("").isin(HALF_PRECISION)
-    kernel_time = pd.concat([p["kernel_time"] for p in tc_parts]).groupby(level=0).sum() if tc_parts \
-        else pd.Series(dtype="int64")
+    kernel_time = (
+        pd.concat([p["kernel_time"] for p in tc_parts]).groupby(level=0).sum() if tc_parts else pd.Series(dtype="int64")
+    )
     ops["kernel_time"] = ops["op_index"].map(kernel_time).fillna(0).astype(np.int64)
     return ops.sort_values("first_start", kind="stable").reset_index(drop=True)
 
@@ -340,8 +405,9 @@ def op_type_statistics(ops: pd.DataFrame) -> pd.DataFrame:
     """Per op type: distinct ops, calls, and statistics over the calls (combined from the op statistics:
     the minimum over a type's calls is the minimum of its ops' minima, and so on)."""
     if len(ops) == 0:
-        out = pd.DataFrame({"op_type": pd.Series(dtype=object), "calls": pd.Series(dtype="int64"),
-                            "n_ops": pd.Series(dtype="int64")})
+        out = pd.DataFrame(
+            {"op_type": pd.Series(dtype=object), "calls": pd.Series(dtype="int64"), "n_ops": pd.Series(dtype="int64")}
+        )
         for _, p in METRICS:
             for s in ("total", "min", "max", "avg"):
                 out[f"{p}_{s}"] = pd.Series(dtype="float64" if s == "avg" else "int64")
@@ -361,45 +427,76 @@ def op_type_statistics(ops: pd.DataFrame) -> pd.DataFrame:
 
 # ---------------------------------------------------------------------------- kernel launches
 
-LAUNCH_COLUMNS = ["activity_id", "iteration", "instance", "op_index", "name_code", "device_id", "gpu_start",
-                  "gpu_duration", "api_row", "api_start", "api_duration", "uses_tc"]
+LAUNCH_COLUMNS = [
+    "activity_id",
+    "iteration",
+    "instance",
+    "op_index",
+    "name_code",
+    "device_id",
+    "gpu_start",
+    "gpu_duration",
+    "api_row",
+    "api_start",
+    "api_duration",
+    "uses_tc",
+]
 
 
 def _launch_rows(acts: pd.DataFrame, iteration: np.ndarray) -> pd.DataFrame:
     """One row per kernel launch: iteration, op, device, GPU and API times, Tensor Core use."""
     api_id = acts["api_id"].to_numpy(np.int64)
     has_api = api_id >= 0
-    return make_frame({
-        "activity_id": acts["activity_id"].to_numpy(np.int64),
-        "iteration": np.asarray(iteration, dtype=np.int64),
-        "instance": acts["owner"].to_numpy(np.int64),
-        "op_index": acts["owner_op"].to_numpy(np.int64),
-        "name_code": acts["name_code"].to_numpy(np.int64),
-        "device_id": acts["device_id"].to_numpy(np.int64),
-        "gpu_start": acts["start"].to_numpy(np.int64),
-        "gpu_duration": (acts["end"] - acts["start"]).to_numpy(np.int64),
-        "api_row": api_id,
-        "api_start": np.where(has_api, acts["launch"].to_numpy(np.int64), -1),
-        "api_duration": np.where(has_api, acts["api_duration"].to_numpy(np.int64), -1),
-        "uses_tc": acts["uses_tc"].to_numpy(dtype=bool),
-    })
+    return make_frame(
+        {
+            "activity_id": acts["activity_id"].to_numpy(np.int64),
+            "iteration": np.asarray(iteration, dtype=np.int64),
+            "instance": acts["owner"].to_numpy(np.int64),
+            "op_index": acts["owner_op"].to_numpy(np.int64),
+            "name_code": acts["name_code"].to_numpy(np.int64),
+            "device_id": acts["device_id"].to_numpy(np.int64),
+            "gpu_start": acts["start"].to_numpy(np.int64),
+            "gpu_duration": (acts["end"] - acts["start"]).to_numpy(np.int64),
+            "api_row": api_id,
+            "api_start": np.where(has_api, acts["launch"].to_numpy(np.int64), -1),
+            "api_duration": np.where(has_api, acts["api_duration"].to_numpy(np.int64), -1),
+            "uses_tc": acts["uses_tc"].to_numpy(dtype=bool),
+        }
+    )
 
 
 def _kernel_partial(launches: pd.DataFrame) -> pd.DataFrame:
     g = launches.groupby(["name_code", "op_index"], sort=False)
-    out = pd.DataFrame({
-        "count": g.size(), "uses_tc": g["uses_tc"].any(), "gpu_total": g["gpu_duration"].sum(),
-        "gpu_min": g["gpu_duration"].min(), "gpu_max": g["gpu_duration"].max(),
-        "first_start": g["gpu_start"].min(), "first_activity": g["activity_id"].min()})
+    out = pd.DataFrame(
+        {
+            "count": g.size(),
+            "uses_tc": g["uses_tc"].any(),
+            "gpu_total": g["gpu_duration"].sum(),
+            "gpu_min": g["gpu_duration"].min(),
+            "gpu_max": g["gpu_duration"].max(),
+            "first_start": g["gpu_start"].min(),
+            "first_activity": g["activity_id"].min(),
+        }
+    )
     with_api = launches[launches["api_row"] >= 0]
     ga = with_api.groupby(["name_code", "op_index"], sort=False)["api_duration"]
     api = pd.DataFrame({"api_total": ga.sum(), "api_min": ga.min(), "api_max": ga.max(), "api_count": ga.size()})
     return out.join(api, how="left")
 
 
-_COMBINE_KERNELS = {"count": "sum", "uses_tc": "any", "gpu_total": "sum", "gpu_min": "min", "gpu_max": "max",
-                    "first_start": "min", "first_activity": "min", "api_total": "sum", "api_min": "min",
-                    "api_max": "max", "api_count": "sum"}
+_COMBINE_KERNELS = {
+    "count": "sum",
+    "uses_tc": "any",
+    "gpu_total": "sum",
+    "gpu_min": "min",
+    "gpu_max": "max",
+    "first_start": "min",
+    "first_activity": "min",
+    "api_total": "sum",
+    "api_min": "min",
+    "api_max": "max",
+    "api_count": "sum",
+}
 
 
 def kernel_table(parts: list[pd.DataFrame], names: tuple[np.ndarray, np.ndarray, np.ndarray]) -> pd.DataFrame:
@@ -421,8 +518,9 @@ def kernel_table(parts: list[pd.DataFrame], names: tuple[np.ndarray, np.ndarray,
     return out.sort_values(["first_start", "name"], kind="stable").reset_index(drop=True)
 
 
-def tensor_core_table(ops: pd.DataFrame, tc_parts: list[pd.DataFrame], name_parts: list[pd.DataFrame],
-                      short_names: np.ndarray) -> pd.DataFrame:
+def tensor_core_table(
+    ops: pd.DataFrame, tc_parts: list[pd.DataFrame], name_parts: list[pd.DataFrame], short_names: np.ndarray
+) -> pd.DataFrame:
     """Per TC-eligible op: kernel time split into TC and non-TC kernels, counts of distinct names."""
     eligible = ops[ops["tc_eligible"]]
     rows = eligible[["op_index", "op_id", "name", "direction", "op_type", "using_tc", "first_start"]].copy()
@@ -435,6 +533,7 @@ def tensor_core_table(ops: pd.DataFrame, tc_parts: list[pd.DataFrame], name_part
 
         def names(frame):
             return frame.groupby("op_index")["name"].agg(lambda s: sorted(set(s)))
+
         tc_names = names(pairs[pairs["uses_tc"]])
         other_names = names(pairs[~pairs["uses_tc"]])
     else:
@@ -443,8 +542,9 @@ def tensor_core_table(ops: pd.DataFrame, tc_parts: list[pd.DataFrame], name_part
     rows["total_gpu_time"] = rows["op_index"].map(total).fillna(0).astype(np.int64)
     rows["tc_gpu_time"] = rows["op_index"].map(tc).fillna(0).astype(np.int64)
     rows["non_tc_gpu_time"] = rows["total_gpu_time"] - rows["tc_gpu_time"]
-    rows["tc_utilization"] = np.where(rows["total_gpu_time"] > 0,
-                                      100.0 * rows["tc_gpu_time"] / rows["total_gpu_time"].clip(lower=1), 0.0)
+    rows["tc_utilization"] = np.where(
+        rows["total_gpu_time"] > 0, 100.0 * rows["tc_gpu_time"] / rows["total_gpu_time"].clip(lower=1), 0.0
+    )
     rows["tc_kernel_names"] = [v if isinstance(v, list) else [] for v in rows["op_index"].map(tc_names)]
     rows["non_tc_kernel_names"] = [v if isinstance(v, list) else [] for v in rows["op_index"].map(other_names)]
     rows["tc_kernel_count"] = rows["tc_kernel_names"].map(len).astype(np.int64)
@@ -456,6 +556,7 @@ def tensor_core_table(ops: pd.DataFrame, tc_parts: list[pd.DataFrame], name_part
 def activity_iterations(trace: Trace, corr: Correlation, iterations: Iterations) -> np.ndarray:
     """A GPU activity belongs to the iteration of the API call that launched it (own start if none)."""
     from dlprof_profiler.model_chunks import launch_times
+
     if len(trace.gpu) == 0:
         return np.zeros(0, dtype=np.int64)
     return iterations.of(launch_times(trace, corr.gpu_api))
@@ -474,6 +575,7 @@ def with_launch_details(launches: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFra
 
 
 # ---------------------------------------------------------------------------- group nodes
+
 
 def group_prefixes(name: str) -> list[str]:
     """Interior nodes of the op-name tree above an op: '/a/b/c' -> ['/', '/a/', '/a/b/']."""
@@ -527,8 +629,9 @@ class GroupUnions:
             idles.append(idle[on])
             calls.append(is_call[on].astype(np.int64))
         # a group node's GPU idle is the sum of its member ops' (DLProf 1.8), not its span minus its busy time
-        over, idles, calls = sums_by_key(np.concatenate(keys), np.concatenate(over), np.concatenate(idles),
-                                         np.concatenate(calls))
+        over, idles, calls = sums_by_key(
+            np.concatenate(keys), np.concatenate(over), np.concatenate(idles), np.concatenate(calls)
+        )
         self.overhead = _add_series(self.overhead, over)
         self.idle = _add_series(self.idle, idles)
         self.calls = _add_series(self.calls, calls)
@@ -547,9 +650,13 @@ class GroupUnions:
         if len(self.calls) == 0:
             return pd.DataFrame(columns=["name", "level"])
         calls = self.calls.astype(np.int64)
-        per = make_frame({"cpu": self.cpu.totals().reindex(calls.index).fillna(0).astype(np.int64),
-                          "overhead": self.overhead.reindex(calls.index).fillna(0).astype(np.int64),
-                          "calls": calls})
+        per = make_frame(
+            {
+                "cpu": self.cpu.totals().reindex(calls.index).fillna(0).astype(np.int64),
+                "overhead": self.overhead.reindex(calls.index).fillna(0).astype(np.int64),
+                "calls": calls,
+            }
+        )
         busy = self.gpu.totals()
         per["gpu"] = busy.reindex(per.index).fillna(0).astype(np.int64)
         per["idle"] = self.idle.reindex(per.index).fillna(0).astype(np.int64)
@@ -578,13 +685,15 @@ class GroupUnions:
             out[name] = values
         out = out[out["calls"].notna()]
         out["calls"] = out["calls"].astype(np.int64)
-        out["level"] = [-1 if n == COMPLETE_MODEL else n.count("/") - (1 if n.startswith("/") else 0)
-                        for n in out["name"]]
+        out["level"] = [
+            -1 if n == COMPLETE_MODEL else n.count("/") - (1 if n.startswith("/") else 0) for n in out["name"]
+        ]
         complete = out["name"] == COMPLETE_MODEL
         return pd.concat([out[~complete].sort_values("name", kind="stable"), out[complete]], ignore_index=True)
 
 
 # ---------------------------------------------------------------------------- time breakdown
+
 
 class Breakdown:
     """Per GPU, the time each class is active while no earlier class is, in the aggregation window and in
@@ -621,12 +730,18 @@ class Breakdown:
         lo, hi = chunk.lo, chunk.hi
         run = chunk.running
         codes = run["name_code"].to_numpy(np.int64) if "name_code" in run else np.full(len(run), -1)
-        gpu = self._carried("gpu", {"start": run["start"].to_numpy(np.int64), "end": run["end"].to_numpy(np.int64),
-                                    "device": run["device_id"].to_numpy(np.int64),
-                                    "kernel": run["kind"].to_numpy() == KIND_KERNEL,
-                                    "tc": run["uses_tc"].to_numpy(dtype=bool),
-                                    "comm": self.comm_codes[np.where(codes >= 0, codes, self.comm_codes.size - 1)]},
-                            hi)
+        gpu = self._carried(
+            "gpu",
+            {
+                "start": run["start"].to_numpy(np.int64),
+                "end": run["end"].to_numpy(np.int64),
+                "device": run["device_id"].to_numpy(np.int64),
+                "kernel": run["kind"].to_numpy() == KIND_KERNEL,
+                "tc": run["uses_tc"].to_numpy(dtype=bool),
+                "comm": self.comm_codes[np.where(codes >= 0, codes, self.comm_codes.size - 1)],
+            },
+            hi,
+        )
         loader = self._carried("loader", _interval_cols(chunk.loader), hi)
         io = self._carried("io", _interval_cols(chunk.io), hi)
         inst = chunk.inst
@@ -644,12 +759,20 @@ class Breakdown:
                 s, e = gpu["start"], gpu["end"]
                 classes = (on & gpu["kernel"] & gpu["tc"], on & gpu["kernel"] & ~gpu["tc"], on & ~gpu["kernel"])
                 gpu_classes = [(s[m], e[m]) for m in classes]
-                self._communication(dev, s, e, on & gpu["kernel"] & gpu["comm"], on & gpu["kernel"] & ~gpu["comm"],
-                                    max(lo, int(self.win_s[0])), min(hi, int(self.win_e[0])))
+                self._communication(
+                    dev,
+                    s,
+                    e,
+                    on & gpu["kernel"] & gpu["comm"],
+                    on & gpu["kernel"] & ~gpu["comm"],
+                    max(lo, int(self.win_s[0])),
+                    min(hi, int(self.win_e[0])),
+                )
 
             def of_pids(frame):
                 m = np.ones(frame["start"].size, dtype=bool) if pids is None else np.isin(frame["pid"], list(pids))
                 return frame["start"][m], frame["end"][m]
+
             covered_prev = np.zeros(win_s.size, dtype=np.int64)
             seg_s, seg_e = np.zeros(0, np.int64), np.zeros(0, np.int64)
             times = self.times[dev]
@@ -667,8 +790,10 @@ class Breakdown:
         window_s, window_e = np.array([lo]), np.array([hi])
 
         def flat(mask):
-            return covered_length(*merge_intervals(np.clip(s[mask], lo, hi), np.clip(e[mask], lo, hi)),
-                                  window_s, window_e)[0]
+            return covered_length(
+                *merge_intervals(np.clip(s[mask], lo, hi), np.clip(e[mask], lo, hi)), window_s, window_e
+            )[0]
+
         comm_time, compute_time, both = flat(comm), flat(compute), flat(comm | compute)
         self.comm[dev][0] += int(comm_time)
         self.comm[dev][1] += int(comm_time + compute_time - both)
@@ -677,8 +802,8 @@ class Breakdown:
         listed = self.devices if self.devices else [None]
         rows = [(dev if dev is not None else -1, self.times[dev][0]) for dev in listed]
         averaged = self.used if self.used else [None]
-        stack = np.stack([self.times[dev] for dev in averaged])      # devices x windows x classes
-        mean = stack.mean(axis=0)                                    # average over the GPUs used
+        stack = np.stack([self.times[dev] for dev in averaged])  # devices x windows x classes
+        mean = stack.mean(axis=0)  # average over the GPUs used
         dev_frame = make_frame({"device_id": [r[0] for r in rows]})
         wl = max(int(self.win_e[0] - self.win_s[0]), 0)
         for c, name in enumerate(CLASSES):
@@ -689,8 +814,9 @@ class Breakdown:
         if not self.devices:
             dev_frame["gpu_utilization"] = 0.0
         dev_frame["communication_time"] = [self.comm.get(r[0] if r[0] >= 0 else None, [0, 0])[0] for r in rows]
-        dev_frame["overlapped_communication_time"] = [self.comm.get(r[0] if r[0] >= 0 else None, [0, 0])[1]
-                                                      for r in rows]
+        dev_frame["overlapped_communication_time"] = [
+            self.comm.get(r[0] if r[0] >= 0 else None, [0, 0])[1] for r in rows
+        ]
         return {"mean": mean, "devices": dev_frame, "n_devices": len(self.used), "n_listed": len(self.devices)}
 
 
@@ -711,5 +837,8 @@ def _add_series(a: pd.Series, b: pd.Series) -> pd.Series:
 
 
 def _interval_cols(frame: pd.DataFrame) -> dict:
-    return {"start": frame["start"].to_numpy(np.int64), "end": frame["end"].to_numpy(np.int64),
-            "pid": frame["pid"].to_numpy(np.int64)}
+    return {
+        "start": frame["start"].to_numpy(np.int64),
+        "end": frame["end"].to_numpy(np.int64),
+        "pid": frame["pid"].to_numpy(np.int64),
+    }

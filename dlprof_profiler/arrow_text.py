@@ -1,6 +1,7 @@
 """Byte-level work on Arrow string arrays, vectorized: what the range texts' per-call fields need (the texts'
 shared part, integers at known positions) without a regular expression run over every text or Python per
 text. Positions are byte offsets inside one text."""
+
 from __future__ import annotations
 
 import re
@@ -9,17 +10,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-MAX_DIGITS = 18   # integers of at most 18 digits always fit in int64
+MAX_DIGITS = 18  # integers of at most 18 digits always fit in int64
 
 
 def string_buffers(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(offsets from the first value, bytes) of a string array without nulls."""
     width = np.int64 if pa.types.is_large_string(texts.type) else np.int32
-    offsets = np.frombuffer(texts.buffers()[1], dtype=width)[texts.offset:texts.offset + len(texts) + 1]
+    offsets = np.frombuffer(texts.buffers()[1], dtype=width)[texts.offset : texts.offset + len(texts) + 1]
     offsets = offsets.astype(np.int64)
     buffer = texts.buffers()[2]
     data = np.frombuffer(buffer, dtype=np.uint8) if buffer is not None else np.zeros(0, dtype=np.uint8)
-    return offsets - offsets[0], data[offsets[0]:offsets[-1]]
+    return offsets - offsets[0], data[offsets[0] : offsets[-1]]
 
 
 def pieces(data: np.ndarray, start: np.ndarray, stop: np.ndarray) -> pa.Array:
@@ -28,7 +29,7 @@ def pieces(data: np.ndarray, start: np.ndarray, stop: np.ndarray) -> pa.Array:
     n = start.size
     length = stop - start
     counts = np.empty(2 * n + 1, dtype=np.int64)
-    counts[0:-1:2] = start - np.concatenate([[0], stop[:-1]])   # bytes skipped before each span
+    counts[0:-1:2] = start - np.concatenate([[0], stop[:-1]])  # bytes skipped before each span
     counts[1::2] = length
     counts[-1] = data.size - (stop[-1] if n else 0)
     take = np.zeros(2 * n + 1, dtype=bool)
@@ -36,8 +37,9 @@ def pieces(data: np.ndarray, start: np.ndarray, stop: np.ndarray) -> pa.Array:
     keep = np.repeat(take, counts)
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(length, out=offsets[1:])
-    return pa.Array.from_buffers(pa.large_string(), n, [None, pa.py_buffer(offsets),
-                                                         pa.py_buffer(np.ascontiguousarray(data[keep]))])
+    return pa.Array.from_buffers(
+        pa.large_string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(data[keep]))]
+    )
 
 
 def prefixes(texts: pa.Array, length: np.ndarray) -> pa.Array:
@@ -80,6 +82,7 @@ def number_at(texts: pa.Array, pos: np.ndarray) -> np.ndarray:
     def byte(where):
         inside = where < stop
         return np.where(inside, data[np.where(inside, where, 0)] if data.size else 0, 0)
+
     first = byte(at)
     digit = np.where(first == ord("-"), byte(at + 1), first)
     out[rows] = (digit >= ord("0")) & (digit <= ord("9"))
@@ -99,7 +102,7 @@ def ints_at(texts: pa.Array, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     offsets, data = string_buffers(texts)
     if data.size == 0:
         return value, digits
-    stop = offsets[1:][rows]                                   # end of each text in `data`
+    stop = offsets[1:][rows]  # end of each text in `data`
     at = offsets[:-1][rows] + np.asarray(pos, dtype=np.int64)[rows]
     last = data.size - 1
     negative = (at < stop) & (data[np.minimum(at, last)] == ord("-"))
@@ -110,7 +113,7 @@ def ints_at(texts: pa.Array, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     # one digit position of every row at a time (whole-array steps are cheaper than shrinking the row set)
     for k in range(MAX_DIGITS + 1):
         where = at + k
-        digit = data[np.minimum(where, last)] - np.uint8(ord("0"))   # wraps around below '0'
+        digit = data[np.minimum(where, last)] - np.uint8(ord("0"))  # wraps around below '0'
         going &= (digit < 10) & (where < stop)
         if not going.any():
             break

@@ -1,4 +1,5 @@
 """Outputs appear whole or not at all: write to a temporary name beside the target, then rename."""
+
 from __future__ import annotations
 
 import os

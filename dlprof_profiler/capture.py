@@ -11,6 +11,7 @@
    `.qdstrm` (QdstrmImporter) and exporting SQLite (`nsys export`) when nsys did not;
 4. runs the same analysis as `dlprof --database`, and returns the command's exit status.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -32,21 +33,47 @@ from dlprof_profiler import log
 from dlprof_profiler.errors import DLProfError
 
 MIN_NSYS_VERSION = (2020, 3)
-INSTALL_HINT = ("install Nsight Systems 2020.3 or newer and put `nsys` on PATH: `apt-get install nsight-systems` "
-                "(Debian non-free, Ubuntu multiverse) or NVIDIA's installer from "
-                "https://developer.nvidia.com/nsight-systems")
-REQUIRED_TRACE = ("cuda", "nvtx")   # DLProf's analysis needs both; user --nsys_opts can add, never remove
+INSTALL_HINT = (
+    "install Nsight Systems 2020.3 or newer and put `nsys` on PATH: `apt-get install nsight-systems` "
+    "(Debian non-free, Ubuntu multiverse) or NVIDIA's installer from "
+    "https://developer.nvidia.com/nsight-systems"
+)
+REQUIRED_TRACE = ("cuda", "nvtx")  # DLProf's analysis needs both; user --nsys_opts can add, never remove
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
 NSYS_SUFFIXES = REPORT_SUFFIXES + (".qdstrm", ".sqlite")
 
 # Options assumed present when `nsys profile --help` cannot be read (every supported nsys has them).
-_ASSUMED_OPTIONS = frozenset({"trace", "sample", "output", "force-overwrite", "delay", "duration",
-                              "capture-range", "export", "cpuctxsw", "cudabacktrace"})
+_ASSUMED_OPTIONS = frozenset(
+    {
+        "trace",
+        "sample",
+        "output",
+        "force-overwrite",
+        "delay",
+        "duration",
+        "capture-range",
+        "export",
+        "cpuctxsw",
+        "cudabacktrace",
+    }
+)
 # Short nsys profile options and their long names, to merge the user's --nsys_opts by meaning.
-_SHORT_OPTIONS = {"t": "trace", "s": "sample", "o": "output", "f": "force-overwrite", "y": "delay",
-                  "d": "duration", "c": "capture-range", "w": "show-output", "x": "stop-on-exit",
-                  "b": "backtrace", "e": "env-var", "n": "inherit-environment", "p": "nvtx-capture",
-                  "h": "help"}
+_SHORT_OPTIONS = {
+    "t": "trace",
+    "s": "sample",
+    "o": "output",
+    "f": "force-overwrite",
+    "y": "delay",
+    "d": "duration",
+    "c": "capture-range",
+    "w": "show-output",
+    "x": "stop-on-exit",
+    "b": "backtrace",
+    "e": "env-var",
+    "n": "inherit-environment",
+    "p": "nvtx-capture",
+    "h": "help",
+}
 _INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 # The launcher nsys starts instead of the command (run as `python -I -S -c LAUNCHER status fds cmd...`).
@@ -95,14 +122,16 @@ os._exit(code)
 
 # --------------------------------------------------------------------------------------------- nsys itself
 
+
 @dataclass(frozen=True)
 class NsysInfo:
     """What dlprof knows about the nsys it will run."""
+
     path: str
-    version: str                                   # "2022.4.2.1"
-    options: frozenset = field(default_factory=frozenset)   # long options of `nsys profile --help`
+    version: str  # "2022.4.2.1"
+    options: frozenset = field(default_factory=frozenset)  # long options of `nsys profile --help`
     help_text: str = ""
-    build: str = ""                                # "2022.4.2.1-df9881f" (with its build suffix)
+    build: str = ""  # "2022.4.2.1-df9881f" (with its build suffix)
 
     @property
     def version_tuple(self) -> tuple:
@@ -138,7 +167,7 @@ def parse_nsys_build(text: str) -> str | None:
 
 
 def version_tuple(version: str) -> tuple:
-    """"2022.4.2.1" -> (2022, 4, 2, 1); unparsable parts end the tuple."""
+    """ "2022.4.2.1" -> (2022, 4, 2, 1); unparsable parts end the tuple."""
     parts = []
     for piece in (version or "").split("."):
         if not piece.isdigit():
@@ -164,8 +193,9 @@ def find_nsys() -> str:
 def nsys_version(nsys: str = "nsys", build: bool = False) -> str:
     """Run `nsys --version` and return the version ("2022.4.2.1"; with `build`: "2022.4.2.1-df9881f")."""
     try:
-        done = subprocess.run([nsys, "--version"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              errors="replace", timeout=120)
+        done = subprocess.run(
+            [nsys, "--version"], stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace", timeout=120
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise DLProfError(f"{nsys} --version failed: {exc}") from None
     version = parse_nsys_version(done.stdout + done.stderr)
@@ -181,14 +211,21 @@ def probe_nsys() -> NsysInfo:
     build = nsys_version(path, build=True)
     version = parse_nsys_version(build)
     if version_tuple(version) < MIN_NSYS_VERSION:
-        raise DLProfError(f"{path} is Nsight Systems {version}, older than "
-                          f"{'.'.join(map(str, MIN_NSYS_VERSION))}; {INSTALL_HINT}")
+        raise DLProfError(
+            f"{path} is Nsight Systems {version}, older than {'.'.join(map(str, MIN_NSYS_VERSION))}; {INSTALL_HINT}"
+        )
     try:
-        done = subprocess.run([path, "profile", "--help"], stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, errors="replace", timeout=120)
+        done = subprocess.run(
+            [path, "profile", "--help"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=120,
+        )
         help_text = done.stdout + done.stderr
     except (OSError, subprocess.TimeoutExpired):
-        help_text = ""   # fall back to the options every supported nsys has
+        help_text = ""  # fall back to the options every supported nsys has
     return NsysInfo(path=path, version=version, options=profile_options(help_text), help_text=help_text, build=build)
 
 
@@ -216,9 +253,11 @@ def find_qdstrm_importer(nsys_path: str) -> str | None:
 
 # ------------------------------------------------------------------------------------- building the command
 
+
 @dataclass
 class NsysOption:
     """One option of the user's --nsys_opts: its long name (no dashes) or None, value, original words."""
+
     name: str | None
     value: str | None
     words: list
@@ -234,8 +273,11 @@ def parse_nsys_opts(text: str) -> list:
     while i < len(words):
         word = words[i]
         if not word.startswith("-") or word in ("-", "--"):
-            raise DLProfError(f"--nsys_opts: '{word}' is not an nsys option (put the command after the "
-                              f"options, not inside --nsys_opts)", exit_code=2)
+            raise DLProfError(
+                f"--nsys_opts: '{word}' is not an nsys option (put the command after the "
+                f"options, not inside --nsys_opts)",
+                exit_code=2,
+            )
         if word.startswith("--"):
             name, has_value, value = word[2:].partition("=")
         else:
@@ -246,7 +288,7 @@ def parse_nsys_opts(text: str) -> list:
         elif i + 1 < len(words) and not words[i + 1].startswith("-"):
             options.append(NsysOption(name, words[i + 1], [word, words[i + 1]]))
             i += 2
-        else:   # a bare flag such as --help; pass it on untouched
+        else:  # a bare flag such as --help; pass it on untouched
             options.append(NsysOption(name, None, [word]))
             i += 1
     return options
@@ -282,8 +324,9 @@ def build_nsys_command(args, nsys_info: NsysInfo, launcher=None) -> list:
     user = parse_nsys_opts(getattr(args, "nsys_opts", "") or "")
     user_names = {opt.name for opt in user}
     if "output" in user_names:
-        raise DLProfError("--nsys_opts: do not set -o/--output; the report goes to --output_path as "
-                          "--nsys_base_name", exit_code=2)
+        raise DLProfError(
+            "--nsys_opts: do not set -o/--output; the report goes to --output_path as --nsys_base_name", exit_code=2
+        )
     detailed = bool(getattr(args, "detailed_mode", False))
     cmd = [nsys_info.path, "profile"]
 
@@ -336,6 +379,7 @@ def nsys_output_paths(output_path: Path, base_name: str) -> list:
 
 # ----------------------------------------------------------------------------------- finding what nsys wrote
 
+
 def generated_paths(nsys_output: str) -> list:
     """Absolute capture file paths named in nsys's console output, in order: quoted ones ("Generating
     '/tmp/nsys-report-1a2b.qdstrm'", 'Saved report file to "..."') and the indented list after "Generated:"
@@ -375,6 +419,7 @@ def find_outputs(output_path, base_name: str, since: float | None = None, extra=
             return None
         plain = [p for p in paths if p.parent == output_path and p.stem == base_name]
         return plain[0] if plain else max(paths, key=lambda p: p.stat().st_mtime)
+
     return {kind: best(paths) for kind, paths in found.items()}
 
 
@@ -397,13 +442,14 @@ def import_qdstrm(qdstrm, report, nsys_info: NsysInfo, force: bool = False) -> P
     """Turn a raw `.qdstrm` into a report with the QdstrmImporter of this nsys install."""
     importer = find_qdstrm_importer(nsys_info.path)
     if not importer:
-        raise DLProfError(f"{qdstrm}: nsys left only this raw capture and QdstrmImporter was not found beside "
-                          f"{nsys_info.path}")
+        raise DLProfError(
+            f"{qdstrm}: nsys left only this raw capture and QdstrmImporter was not found beside {nsys_info.path}"
+        )
     report = Path(report)
     log.info(f"Nsight Systems left only {qdstrm}: importing it with {importer}")
     cmd = [importer, "-i", str(qdstrm), "-o", str(report)]
     if force or report.exists():
-        cmd.append("-f")   # an existing name was refused before the capture unless --force: this one is ours
+        cmd.append("-f")  # an existing name was refused before the capture unless --force: this one is ours
     _run_tool(cmd, f"importing {qdstrm}")
     if not report.is_file():
         raise DLProfError(f"{qdstrm}: QdstrmImporter wrote no report {report}")
@@ -425,6 +471,7 @@ def export_sqlite(report, sqlite_path, nsys_info: NsysInfo, force: bool = False)
 
 
 # --------------------------------------------------------------------------------------------- checks
+
 
 def check_output_path(path: Path) -> None:
     """--output_path must be a writable folder, or creatable; checked before anything is written."""
@@ -449,8 +496,7 @@ def check_existing(paths, force: bool) -> None:
     existing = [Path(p) for p in paths if Path(p).exists()]
     if existing and not force:
         more = f" (and {len(existing) - 1} more outputs)" if len(existing) > 1 else ""
-        raise DLProfError(f"{existing[0]}: already exists{more}; use --force to overwrite, or another "
-                          f"--output_path")
+        raise DLProfError(f"{existing[0]}: already exists{more}; use --force to overwrite, or another --output_path")
 
 
 def resolve_command(command: list) -> str:
@@ -468,13 +514,15 @@ def resolve_command(command: list) -> str:
 
 # --------------------------------------------------------------------------------------------- running nsys
 
+
 @dataclass
 class NsysRun:
     """Outcome of the nsys process."""
+
     returncode: int
     output: str
-    signal: int | None = None       # first signal dlprof received (and forwarded) while nsys ran
-    announced: bool = False         # whether the command's end was already reported while nsys wrote
+    signal: int | None = None  # first signal dlprof received (and forwarded) while nsys ran
+    announced: bool = False  # whether the command's end was already reported while nsys wrote
 
 
 def collapse_progress(text: str) -> str:
@@ -517,8 +565,9 @@ def _kill_agents(nsys_pid: int) -> None:
             words = entry.read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"--start-agent" in words and any(w.startswith(b"--session-name=") and w.endswith(b"-%d" % nsys_pid)
-                                             for w in words):
+        if b"--start-agent" in words and any(
+            w.startswith(b"--session-name=") and w.endswith(b"-%d" % nsys_pid) for w in words
+        ):
             try:
                 os.kill(int(entry.parent.name), signal.SIGKILL)
             except OSError:
@@ -531,8 +580,14 @@ def run_nsys(cmd: list, show_output: bool, pass_fds=(), status_file: Path | None
     Ctrl-C (or SIGTERM/SIGHUP) is forwarded once to nsys's group; nsys then stops the program and writes
     the report, which we wait for. A second Ctrl-C only says so; a third abandons the capture.
     """
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, pass_fds=tuple(pass_fds))
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        pass_fds=tuple(pass_fds),
+    )
     chunks = []
     # nsys redraws progress bars with carriage returns: fine on a terminal, hundreds of fragments per line
     # in a log file, where only the last state of each line is kept.
@@ -558,6 +613,7 @@ def run_nsys(cmd: list, show_output: bool, pass_fds=(), status_file: Path | None
         if show_output and collapse and pending.strip():
             sys.stdout.write(collapse_progress(pending) + "\n")
             sys.stdout.flush()
+
     reader = threading.Thread(target=pump, name="nsys-output", daemon=True)
     reader.start()
 
@@ -567,8 +623,10 @@ def run_nsys(cmd: list, show_output: bool, pass_fds=(), status_file: Path | None
         state["count"] += 1
         if state["signal"] is None:
             state["signal"] = signum
-            log.warning(f"{_signal_name(signum)}: stopping the command; Nsight Systems is writing the report "
-                        f"(interrupt twice more to abandon it)")
+            log.warning(
+                f"{_signal_name(signum)}: stopping the command; Nsight Systems is writing the report "
+                f"(interrupt twice more to abandon it)"
+            )
             try:
                 os.killpg(proc.pid, signum)
             except OSError:
@@ -597,14 +655,18 @@ def run_nsys(cmd: list, show_output: bool, pass_fds=(), status_file: Path | None
                     except OSError:
                         pass
                 proc.wait()
-                raise DLProfError("interrupted: the capture was abandoned before Nsight Systems wrote the report",
-                                  exit_code=128 + (state["signal"] or signal.SIGINT))
+                raise DLProfError(
+                    "interrupted: the capture was abandoned before Nsight Systems wrote the report",
+                    exit_code=128 + (state["signal"] or signal.SIGINT),
+                )
             if not announced and status_file is not None and status_file.exists():
                 announced = True
-                log.info(f"the command ended ({_describe_status(_read_status(status_file))}); "
-                         f"Nsight Systems is writing the report ...")
+                log.info(
+                    f"the command ended ({_describe_status(_read_status(status_file))}); "
+                    f"Nsight Systems is writing the report ..."
+                )
     finally:
-        if proc.poll() is None:   # dlprof itself is failing: do not leave nsys running
+        if proc.poll() is None:  # dlprof itself is failing: do not leave nsys running
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except OSError:
@@ -612,7 +674,7 @@ def run_nsys(cmd: list, show_output: bool, pass_fds=(), status_file: Path | None
             proc.wait()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        reader.join(timeout=5)   # a daemonised grandchild may hold the pipe open: do not wait for it
+        reader.join(timeout=5)  # a daemonised grandchild may hold the pipe open: do not wait for it
     return NsysRun(returncode=returncode, output="".join(chunks), signal=state["signal"], announced=announced)
 
 
@@ -650,6 +712,7 @@ def launcher_command(status_file: Path, stdio_fds=()) -> list:
 
 # --------------------------------------------------------------------------------------------- the whole run
 
+
 def _pipeline():
     """The analysis engine (imported late: the capture checks must not need pandas)."""
     return importlib.import_module("dlprof_profiler.pipeline")
@@ -669,7 +732,7 @@ def profile_and_analyze(args) -> int:
     planned = [Path(p) for p in pipeline.planned_outputs(args)] + nsys_output_paths(out, base)
     check_existing(planned, force)
     resolve_command(args.command)
-    shown_cmd = build_nsys_command(args, nsys_info)     # validates --nsys_opts before anything is written
+    shown_cmd = build_nsys_command(args, nsys_info)  # validates --nsys_opts before anything is written
 
     out.mkdir(parents=True, exist_ok=True)
     log.info(f"Nsight Systems {nsys_info.version}: {shlex.join(shown_cmd)}")
@@ -679,10 +742,17 @@ def profile_and_analyze(args) -> int:
         stdio = _stdio_fds()
         try:
             # The launcher goes right before the user's command, which ends the command line.
-            cmd = shown_cmd[:len(shown_cmd) - len(args.command)] + launcher_command(status_file, stdio) \
+            cmd = (
+                shown_cmd[: len(shown_cmd) - len(args.command)]
+                + launcher_command(status_file, stdio)
                 + list(args.command)
-            run = run_nsys(cmd, show_output=log.verbosity() >= log.INFO,
-                           pass_fds=[fd for fd in stdio if fd is not None], status_file=status_file)
+            )
+            run = run_nsys(
+                cmd,
+                show_output=log.verbosity() >= log.INFO,
+                pass_fds=[fd for fd in stdio if fd is not None],
+                status_file=status_file,
+            )
         finally:
             for fd in stdio:
                 if fd is not None:
@@ -705,8 +775,10 @@ def profile_and_analyze(args) -> int:
             report = import_qdstrm(outputs["qdstrm"], out / f"{base}{nsys_info.report_suffix}", nsys_info, force)
         if report is None:
             ran = f"; the command ended with {_describe_status(status)}" if command_ran else ""
-            raise DLProfError(f"Nsight Systems wrote no report in {out} (nsys exit status {run.returncode}: "
-                              f"{_failure_text(run.output)}){ran}")
+            raise DLProfError(
+                f"Nsight Systems wrote no report in {out} (nsys exit status {run.returncode}: "
+                f"{_failure_text(run.output)}){ran}"
+            )
         sqlite_path = export_sqlite(report, out / f"{base}.sqlite", nsys_info, force)
     if report is not None and report.parent != out:
         log.warning(f"Nsight Systems wrote the report to {report}, not into {out}")

@@ -11,6 +11,7 @@ optimizer steps and writes one Kineto trace per profiled process. Then:
 3. moves the trace(s) next to the other outputs (`<base_name>.pt.trace.json.gz`, or one file per process
    as `<base_name>.<pid>.pt.trace.json.gz`) and runs the same analysis as `dlprof --database`.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -24,8 +25,14 @@ import time
 from pathlib import Path
 
 from dlprof_profiler import log
-from dlprof_profiler.capture import (_describe_status, _signal_name, check_existing, check_output_path, output_dir,
-                                     resolve_command)
+from dlprof_profiler.capture import (
+    _describe_status,
+    _signal_name,
+    check_existing,
+    check_output_path,
+    output_dir,
+    resolve_command,
+)
 from dlprof_profiler.errors import DLProfError
 
 HOOK_DIR = Path(__file__).resolve().parent / "torch_startup"
@@ -49,18 +56,22 @@ def parse_iterations(text: str | None) -> tuple[int, int] | None:
     except ValueError:
         raise DLProfError(f"--capture_iterations {text}: expected START:STOP, e.g. 5:9", exit_code=2) from None
     if len(parts) > 2 or first < 0 or last < first:
-        raise DLProfError(f"--capture_iterations {text}: expected START:STOP with 0 <= START <= STOP",
-                          exit_code=2)
+        raise DLProfError(f"--capture_iterations {text}: expected START:STOP with 0 <= START <= STOP", exit_code=2)
     return first, last
 
 
 def capture_config(args, folder: Path, started: float) -> dict:
     """What the startup hook needs, as the JSON it reads from DLPROF_TORCH_CAPTURE."""
     detailed = bool(getattr(args, "detailed_mode", False))
-    return {"dir": str(folder), "t0": started, "delay": getattr(args, "delay", None) or None,
-            "duration": getattr(args, "duration", None) or None,
-            "iterations": parse_iterations(getattr(args, "capture_iterations", None)),
-            "with_stack": True, "profile_memory": detailed}
+    return {
+        "dir": str(folder),
+        "t0": started,
+        "delay": getattr(args, "delay", None) or None,
+        "duration": getattr(args, "duration", None) or None,
+        "iterations": parse_iterations(getattr(args, "capture_iterations", None)),
+        "with_stack": True,
+        "profile_memory": detailed,
+    }
 
 
 def command_environment(config: dict, base: dict | None = None) -> dict:
@@ -74,10 +85,18 @@ def command_environment(config: dict, base: dict | None = None) -> dict:
 
 def _check_options(args) -> None:
     if getattr(args, "capture_iterations", None) and (getattr(args, "delay", None) or getattr(args, "duration", None)):
-        raise DLProfError("--capture_iterations selects what to record by iterations; do not combine it with "
-                          "--delay or --duration", exit_code=2)
-    ignored = [name for name, on in (("--nsys_opts", getattr(args, "nsys_opts", "")),
-                                     ("--nsys_profile_range", getattr(args, "nsys_profile_range", False))) if on]
+        raise DLProfError(
+            "--capture_iterations selects what to record by iterations; do not combine it with --delay or --duration",
+            exit_code=2,
+        )
+    ignored = [
+        name
+        for name, on in (
+            ("--nsys_opts", getattr(args, "nsys_opts", "")),
+            ("--nsys_profile_range", getattr(args, "nsys_profile_range", False)),
+        )
+        if on
+    ]
     if ignored:
         log.warning(f"{', '.join(ignored)}: Nsight Systems options, ignored by the torch backend")
 
@@ -93,12 +112,13 @@ def run_command(command: list, env: dict) -> tuple[int, int | None]:
             proc.send_signal(signum)
         except OSError:
             pass
+
     previous = {}
     try:
-        previous[signal.SIGINT] = signal.signal(signal.SIGINT, lambda *_: None)   # the program gets it too
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, lambda *_: None)  # the program gets it too
         for signum in _FORWARDED:
             previous[signum] = signal.signal(signum, forward)
-    except ValueError:   # not the main thread: no signal handling
+    except ValueError:  # not the main thread: no signal handling
         previous = {}
     try:
         code = proc.wait()
@@ -124,7 +144,7 @@ def collect_traces(folder: Path, args) -> list[Path]:
         check_existing([target_folder], bool(getattr(args, "force", False)))
         target_folder.mkdir(exist_ok=True)
         for old in target_folder.glob(f"*{TRACE_SUFFIX}"):
-            old.unlink()    # --force was given
+            old.unlink()  # --force was given
         targets = [target_folder / p.name for p in found]
     else:
         targets = []
@@ -161,18 +181,26 @@ def profile_and_analyze_torch(args, reason: str = "") -> int:
             log.warning(f"{_signal_name(forwarded)} was passed on to the command")
         traces = collect_traces(Path(tmp), args)
     if not traces:
-        raise DLProfError(f"no trace was written: the command did not import torch, ended before collection "
-                          f"started (--delay, --capture_iterations), or its Python ignores PYTHONPATH (-E/-I); "
-                          f"the command ended with {_describe_status(status)}",
-                          exit_code=status or 1)
+        raise DLProfError(
+            f"no trace was written: the command did not import torch, ended before collection "
+            f"started (--delay, --capture_iterations), or its Python ignores PYTHONPATH (-E/-I); "
+            f"the command ended with {_describe_status(status)}",
+            exit_code=status or 1,
+        )
     source = traces[0] if len(traces) == 1 else traces_folder(args)
     if len(traces) > 1:
         log.info(f"{len(traces)} processes were profiled; their traces are analysed together")
     log.info(f"capture: {', '.join(str(t) for t in traces)}")
-    capture = {"backend": "torch", "command": list(args.command), "trace_paths": [str(t) for t in traces],
-               "exit_status": int(status), "interrupted": forwarded is not None,
-               "capture_iterations": config["iterations"], "delay": config["delay"],
-               "duration": config["duration"]}
+    capture = {
+        "backend": "torch",
+        "command": list(args.command),
+        "trace_paths": [str(t) for t in traces],
+        "exit_status": int(status),
+        "interrupted": forwarded is not None,
+        "capture_iterations": config["iterations"],
+        "delay": config["delay"],
+        "duration": config["duration"],
+    }
     code = pipeline.run_analysis(Path(source), args, capture=capture)
     if code:
         return code

@@ -1,4 +1,5 @@
 """Command line: `dlprof [options] <command>` profiles and analyses; `dlprof --database=FILE` analyses."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,8 +10,18 @@ from pathlib import Path
 from dlprof_profiler import __version__, log
 from dlprof_profiler.errors import DLProfError
 
-REPORT_NAMES = ("summary", "detail", "iteration", "kernel", "tensor", "op_type", "group_node",
-                "expert_systems", "diff", "all")
+REPORT_NAMES = (
+    "summary",
+    "detail",
+    "iteration",
+    "kernel",
+    "tensor",
+    "op_type",
+    "group_node",
+    "expert_systems",
+    "diff",
+    "all",
+)
 FORMAT_NAMES = ("csv", "json")
 MODES = ("simple", "nvtx", "pytorch", "tensorflow1", "tensorflow2", "tensorrt")
 BACKENDS = ("nsys", "torch")
@@ -24,10 +35,31 @@ _FALSE = {"false", "no", "0", "off"}
 
 # Options taking a value; the splitter must know them to find where the user's command begins.
 _VALUE_OPTIONS = {
-    "--database", "--output_path", "--profile_name", "--base_name", "-v", "--verbosity", "-m", "--mode",
-    "--key_node", "--key_op", "--iter_start", "--iter_stop", "--nsys_opts", "--nsys_base_name",
-    "-y", "--delay", "-d", "--duration", "--domain", "--backend", "--capture_iterations", "--baseline",
-    "--out_of_core", "--scheduler", "--workers",
+    "--database",
+    "--output_path",
+    "--profile_name",
+    "--base_name",
+    "-v",
+    "--verbosity",
+    "-m",
+    "--mode",
+    "--key_node",
+    "--key_op",
+    "--iter_start",
+    "--iter_stop",
+    "--nsys_opts",
+    "--nsys_base_name",
+    "-y",
+    "--delay",
+    "-d",
+    "--duration",
+    "--domain",
+    "--backend",
+    "--capture_iterations",
+    "--baseline",
+    "--out_of_core",
+    "--scheduler",
+    "--workers",
 }
 # Options with an optional boolean value (`--force`, `--force=true`, `-f false`).
 _BOOL_OPTIONS = {"-f", "--force", "--dump_model_data", "--nsys_profile_range", "--detailed_mode"}
@@ -65,7 +97,7 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
     while i < len(argv):
         word = argv[i]
         if word == "--":
-            return options, argv[i + 1:]
+            return options, argv[i + 1 :]
         if not word.startswith("-") or word == "-":
             return options, argv[i:]
         name, has_value, _ = word.partition("=")
@@ -73,8 +105,11 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
             allowed = _LIST_OPTIONS[name]
             values = []
             j = i + 1
-            while j < len(argv) and all(v.strip() in allowed for v in argv[j].split(",") if v.strip()) \
-                    and not argv[j].startswith("-"):
+            while (
+                j < len(argv)
+                and all(v.strip() in allowed for v in argv[j].split(",") if v.strip())
+                and not argv[j].startswith("-")
+            ):
                 values.append(argv[j])
                 j += 1
             if not values:
@@ -118,8 +153,10 @@ def _list_value(allowed, default=None):
         bad = [v for v in values if v not in allowed]
         if bad or not values:
             raise argparse.ArgumentTypeError(
-                f"unknown value '{','.join(bad) or text}'; choose from {', '.join(allowed)}")
+                f"unknown value '{','.join(bad) or text}'; choose from {', '.join(allowed)}"
+            )
         return values
+
     return parse
 
 
@@ -169,84 +206,183 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dlprof",
         usage="dlprof [options] <training command> [its arguments]\n       dlprof --database=FILE [options]",
         description="Profile a deep-learning training run with Nsight Systems or torch.profiler and report "
-                    "where the time of each iteration goes, per framework op and per GPU kernel.",
+        "where the time of each iteration goes, per framework op and per GPU kernel.",
         epilog=MODE_HELP + "\nlists such as --reports take a comma list (--reports=summary,detail) or "
-                           "space-separated words ended by -- (--reports summary detail --).",
+        "space-separated words ended by -- (--reports summary detail --).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         add_help=True,
     )
     p.add_argument("-V", "--version", action="version", version=f"dlprof {__version__}")
-    p.add_argument("--database", metavar="FILE",
-                   help="analyse an existing capture instead of profiling: an Nsight Systems SQLite export (also "
-                        "one DLProf 1.x modified), a torch.profiler (Kineto) trace TRACE.json[.gz] or a folder of "
-                        "them (one per process), or a database written by this dlprof (not DLProf 1.x's own "
-                        "dlprof_dldb.sqlite: give its nsys_profile.sqlite instead); recognised by content. Several "
-                        "profiles, one per rank: a comma list (r0.sqlite,r1.sqlite), a directory or a quoted glob "
-                        "('report_*.sqlite'); ranks come from the profiles where recorded, else the order given")
-    p.add_argument("--scheduler", metavar="ADDRESS",
-                   help="multi-rank analysis on a running Dask distributed cluster (tcp://host:8786) instead of "
-                        "local processes; the workers must see the profiles and --output_path (a shared "
-                        "filesystem); needs the 'distributed' package (pip install 'dlprof-profiler[dask]')")
-    p.add_argument("--workers", type=_positive_int, metavar="N",
-                   help="multi-rank analysis: ranks analysed at once on this machine (default: the number of ranks, "
-                        "at most the CPU cores)")
-    p.add_argument("--output_path", metavar="DIR", default=".",
-                   help="folder for every output; created if missing (default: .)")
-    p.add_argument("--profile_name", metavar="NAME",
-                   help="name of the TensorBoard run and of the profile in the database (default: the base name)")
-    p.add_argument("--base_name", metavar="NAME", default="dlprof",
-                   help="prefix of the report and database file names (default: dlprof)")
-    p.add_argument("-f", "--force", type=parse_bool, default=False, metavar="BOOL",
-                   help="overwrite existing outputs (default: false)")
-    p.add_argument("-v", "--verbosity", type=_verbosity, default=log.INFO, metavar="LEVEL",
-                   help="quiet, minimal, info (default) or detailed")
+    p.add_argument(
+        "--database",
+        metavar="FILE",
+        help="analyse an existing capture instead of profiling: an Nsight Systems SQLite export (also "
+        "one DLProf 1.x modified), a torch.profiler (Kineto) trace TRACE.json[.gz] or a folder of "
+        "them (one per process), or a database written by this dlprof (not DLProf 1.x's own "
+        "dlprof_dldb.sqlite: give its nsys_profile.sqlite instead); recognised by content. Several "
+        "profiles, one per rank: a comma list (r0.sqlite,r1.sqlite), a directory or a quoted glob "
+        "('report_*.sqlite'); ranks come from the profiles where recorded, else the order given",
+    )
+    p.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="multi-rank analysis on a running Dask distributed cluster (tcp://host:8786) instead of "
+        "local processes; the workers must see the profiles and --output_path (a shared "
+        "filesystem); needs the 'distributed' package (pip install 'dlprof-profiler[dask]')",
+    )
+    p.add_argument(
+        "--workers",
+        type=_positive_int,
+        metavar="N",
+        help="multi-rank analysis: ranks analysed at once on this machine (default: the number of ranks, "
+        "at most the CPU cores)",
+    )
+    p.add_argument(
+        "--output_path", metavar="DIR", default=".", help="folder for every output; created if missing (default: .)"
+    )
+    p.add_argument(
+        "--profile_name",
+        metavar="NAME",
+        help="name of the TensorBoard run and of the profile in the database (default: the base name)",
+    )
+    p.add_argument(
+        "--base_name",
+        metavar="NAME",
+        default="dlprof",
+        help="prefix of the report and database file names (default: dlprof)",
+    )
+    p.add_argument(
+        "-f",
+        "--force",
+        type=parse_bool,
+        default=False,
+        metavar="BOOL",
+        help="overwrite existing outputs (default: false)",
+    )
+    p.add_argument(
+        "-v",
+        "--verbosity",
+        type=_verbosity,
+        default=log.INFO,
+        metavar="LEVEL",
+        help="quiet, minimal, info (default) or detailed",
+    )
     p.add_argument("-m", "--mode", choices=MODES, help="framework mode (default: detected)")
-    p.add_argument("--reports", type=_list_value(REPORT_NAMES), metavar="LIST",
-                   help=f"reports to write: {', '.join(REPORT_NAMES)} (default: {','.join(DEFAULT_REPORTS)})")
-    p.add_argument("--formats", "--file_formats", dest="formats", type=_list_value(FORMAT_NAMES),
-                   metavar="LIST", help="report file formats: csv, json (default: csv)")
-    p.add_argument("--key_node", "--key_op", dest="key_node", metavar="NAME",
-                   help="op name, op label, Op ID or NVTX range text that marks the end of an iteration")
-    p.add_argument("--iter_start", type=_non_negative_int, metavar="N",
-                   help="first iteration to aggregate (default: 0)")
-    p.add_argument("--iter_stop", type=_non_negative_int, metavar="N",
-                   help="last iteration to aggregate, inclusive (default: the last)")
-    p.add_argument("--domain", metavar="NAME",
-                   help="NVTX domain whose ops the reports show (default: the default domain, else the "
-                        "domain with the most ranges); the database keeps every domain")
-    p.add_argument("--baseline", metavar="FILE",
-                   help="also compare with this profile (an nsys export, a torch.profiler trace or a DLProf "
-                        "database, analysed with the same key node, iteration range and domain): writes the diff "
-                        "report <base_name>_diff.csv, per op and per kernel the GPU time of both and its change")
-    p.add_argument("--dump_model_data", type=parse_bool, default=False, metavar="BOOL",
-                   help="also write the op model (ops, instances, kernels) as JSON")
-    p.add_argument("--out_of_core", choices=("auto", "on", "off"), default="auto",
-                   help="analyse an nsys export out of core (staged on disk next to the outputs, memory bounded "
-                        "whatever its size) or in memory (faster while it fits); auto: out of core from "
-                        f"{OUT_OF_CORE_EVENTS:,} events (NVTX ranges, CUDA API calls and GPU activities) on")
+    p.add_argument(
+        "--reports",
+        type=_list_value(REPORT_NAMES),
+        metavar="LIST",
+        help=f"reports to write: {', '.join(REPORT_NAMES)} (default: {','.join(DEFAULT_REPORTS)})",
+    )
+    p.add_argument(
+        "--formats",
+        "--file_formats",
+        dest="formats",
+        type=_list_value(FORMAT_NAMES),
+        metavar="LIST",
+        help="report file formats: csv, json (default: csv)",
+    )
+    p.add_argument(
+        "--key_node",
+        "--key_op",
+        dest="key_node",
+        metavar="NAME",
+        help="op name, op label, Op ID or NVTX range text that marks the end of an iteration",
+    )
+    p.add_argument(
+        "--iter_start", type=_non_negative_int, metavar="N", help="first iteration to aggregate (default: 0)"
+    )
+    p.add_argument(
+        "--iter_stop",
+        type=_non_negative_int,
+        metavar="N",
+        help="last iteration to aggregate, inclusive (default: the last)",
+    )
+    p.add_argument(
+        "--domain",
+        metavar="NAME",
+        help="NVTX domain whose ops the reports show (default: the default domain, else the "
+        "domain with the most ranges); the database keeps every domain",
+    )
+    p.add_argument(
+        "--baseline",
+        metavar="FILE",
+        help="also compare with this profile (an nsys export, a torch.profiler trace or a DLProf "
+        "database, analysed with the same key node, iteration range and domain): writes the diff "
+        "report <base_name>_diff.csv, per op and per kernel the GPU time of both and its change",
+    )
+    p.add_argument(
+        "--dump_model_data",
+        type=parse_bool,
+        default=False,
+        metavar="BOOL",
+        help="also write the op model (ops, instances, kernels) as JSON",
+    )
+    p.add_argument(
+        "--out_of_core",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="analyse an nsys export out of core (staged on disk next to the outputs, memory bounded "
+        "whatever its size) or in memory (faster while it fits); auto: out of core from "
+        f"{OUT_OF_CORE_EVENTS:,} events (NVTX ranges, CUDA API calls and GPU activities) on",
+    )
     g = p.add_argument_group("profiling (ignored with --database)")
-    g.add_argument("--backend", choices=BACKENDS,
-                   help="nsys: run the command under Nsight Systems (NVTX ranges, CUDA API calls, GPU kernels); "
-                        "torch: run it with torch.profiler started by a startup hook, no code change, the trace "
-                        "written as <base_name>.pt.trace.json.gz (default: nsys when `nsys` is on PATH, else "
-                        "torch)")
-    g.add_argument("--capture_iterations", metavar="START:STOP",
-                   help="torch backend: record only training iterations START..STOP (optimizer steps counted "
-                        "from 0, inclusive) through torch.profiler's schedule")
-    g.add_argument("--nsys_opts", metavar="OPTS", default="",
-                   help="extra options for nsys profile, in one quoted string; dlprof keeps the options "
-                        "it needs (-t cuda,nvtx, export to SQLite)")
-    g.add_argument("--nsys_base_name", metavar="NAME", default="nsys_profile",
-                   help="base name of the nsys report and its SQLite export (default: nsys_profile)")
-    g.add_argument("-y", "--delay", type=_seconds, metavar="SEC",
-                   help="start collecting SEC seconds after the command starts (torch backend: at the first "
-                        "module call or optimizer step after that)")
-    g.add_argument("-d", "--duration", type=_seconds, metavar="SEC",
-                   help="collect for SEC seconds, then end the command with SIGTERM (both backends)")
-    g.add_argument("--nsys_profile_range", type=parse_bool, default=False, metavar="BOOL",
-                   help="collect only between cudaProfilerStart and cudaProfilerStop")
-    g.add_argument("--detailed_mode", type=parse_bool, default=False, metavar="BOOL",
-                   help="also collect CUDA backtraces and OS runtime calls (slower, more detail)")
+    g.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        help="nsys: run the command under Nsight Systems (NVTX ranges, CUDA API calls, GPU kernels); "
+        "torch: run it with torch.profiler started by a startup hook, no code change, the trace "
+        "written as <base_name>.pt.trace.json.gz (default: nsys when `nsys` is on PATH, else "
+        "torch)",
+    )
+    g.add_argument(
+        "--capture_iterations",
+        metavar="START:STOP",
+        help="torch backend: record only training iterations START..STOP (optimizer steps counted "
+        "from 0, inclusive) through torch.profiler's schedule",
+    )
+    g.add_argument(
+        "--nsys_opts",
+        metavar="OPTS",
+        default="",
+        help="extra options for nsys profile, in one quoted string; dlprof keeps the options "
+        "it needs (-t cuda,nvtx, export to SQLite)",
+    )
+    g.add_argument(
+        "--nsys_base_name",
+        metavar="NAME",
+        default="nsys_profile",
+        help="base name of the nsys report and its SQLite export (default: nsys_profile)",
+    )
+    g.add_argument(
+        "-y",
+        "--delay",
+        type=_seconds,
+        metavar="SEC",
+        help="start collecting SEC seconds after the command starts (torch backend: at the first "
+        "module call or optimizer step after that)",
+    )
+    g.add_argument(
+        "-d",
+        "--duration",
+        type=_seconds,
+        metavar="SEC",
+        help="collect for SEC seconds, then end the command with SIGTERM (both backends)",
+    )
+    g.add_argument(
+        "--nsys_profile_range",
+        type=parse_bool,
+        default=False,
+        metavar="BOOL",
+        help="collect only between cudaProfilerStart and cudaProfilerStop",
+    )
+    g.add_argument(
+        "--detailed_mode",
+        type=parse_bool,
+        default=False,
+        metavar="BOOL",
+        help="also collect CUDA backtraces and OS runtime calls (slower, more detail)",
+    )
     return p
 
 
@@ -267,13 +403,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.database and command:
         option = _list_cut_short(argv, command)
         if option:
-            raise DLProfError(f"invalid arguments: {option}: unknown value '{command[0]}'; choose from "
-                              f"{', '.join(_LIST_OPTIONS[option])}", exit_code=2)
-        raise DLProfError(f"unexpected argument '{command[0]}': give either --database=FILE or a command to "
-                          "profile, not both", exit_code=2)
+            raise DLProfError(
+                f"invalid arguments: {option}: unknown value '{command[0]}'; choose from "
+                f"{', '.join(_LIST_OPTIONS[option])}",
+                exit_code=2,
+            )
+        raise DLProfError(
+            f"unexpected argument '{command[0]}': give either --database=FILE or a command to profile, not both",
+            exit_code=2,
+        )
     if not args.database and not command:
-        raise DLProfError("nothing to do: give a command to profile or --database=FILE (see dlprof --help)",
-                          exit_code=2)
+        raise DLProfError(
+            "nothing to do: give a command to profile or --database=FILE (see dlprof --help)", exit_code=2
+        )
     for name in (args.base_name, args.profile_name, args.nsys_base_name):
         if not name or "/" in name or name in (".", ".."):
             raise DLProfError(f"invalid name '{name}': names may not be empty or contain '/'", exit_code=2)
@@ -304,25 +446,29 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `dlprof` console script; returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
     from dlprof_profiler.outputs import OutputFolder, unstaged
+
     try:
         args = parse_args(argv)
         log.set_verbosity(args.verbosity)
-        with OutputFolder(Path(args.output_path)):   # one run at a time; removed again if left empty
+        with OutputFolder(Path(args.output_path)):  # one run at a time; removed again if left empty
             if args.database:
                 from dlprof_profiler.pipeline import analyze_database
+
                 return analyze_database(args)
             backend, reason = choose_backend(args.backend)
             if backend == "torch":
                 from dlprof_profiler.capture_torch import profile_and_analyze_torch
+
                 return profile_and_analyze_torch(args, reason)
             from dlprof_profiler.capture import profile_and_analyze
+
             if reason:
                 log.info(f"Backend: Nsight Systems{reason}")
             return profile_and_analyze(args)
     except DLProfError as exc:
         log.error(unstaged(str(exc)))
         return exc.exit_code
-    except OSError as exc:   # an output that cannot be written mid-run (disk full, file too large, permissions)
+    except OSError as exc:  # an output that cannot be written mid-run (disk full, file too large, permissions)
         where = f"{unstaged(str(exc.filename))}: " if exc.filename else ""
         log.error(f"{where}{exc.strerror or exc}")
         return 1

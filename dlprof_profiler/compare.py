@@ -9,6 +9,7 @@ the n-th calls of an unassociated API, are one row: their calls and GPU times ar
 up exactly to the change of the total op GPU time (the summary's "All ops" GPU time), and the kernel deltas to
 the change of the total compute-kernel time (docs/DESIGN.md, "Comparing with a baseline").
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,12 +43,12 @@ SUMMARY_ROWS = [
 class Side:
     """What one aggregation brings to a comparison."""
 
-    ops: pd.DataFrame        # OP_INPUT, one row per op (names may repeat)
-    kernels: pd.DataFrame    # KERNEL_INPUT, one row per (kernel name, op) or per kernel name
-    figures: dict            # avg_iteration_time, gpu_utilization, wall_time, aggregated_iterations, tc_utilization
-    label: str = ""          # what it is (a file, a run and aggregation), for the report's header
-    key_node: str = ""       # the key node that split it into iterations ("" when none was found)
-    iterations: tuple = ()   # (first, last) aggregated iteration and the number of iterations of the profile
+    ops: pd.DataFrame  # OP_INPUT, one row per op (names may repeat)
+    kernels: pd.DataFrame  # KERNEL_INPUT, one row per (kernel name, op) or per kernel name
+    figures: dict  # avg_iteration_time, gpu_utilization, wall_time, aggregated_iterations, tc_utilization
+    label: str = ""  # what it is (a file, a run and aggregation), for the report's header
+    key_node: str = ""  # the key node that split it into iterations ("" when none was found)
+    iterations: tuple = ()  # (first, last) aggregated iteration and the number of iterations of the profile
 
     def iterations_text(self) -> str:
         if len(self.iterations) != 3:
@@ -58,9 +59,9 @@ class Side:
 
 @dataclass
 class Comparison:
-    ops: pd.DataFrame        # OP_COLUMNS, sorted by the absolute change, largest first
-    kernels: pd.DataFrame    # KERNEL_COLUMNS, same order
-    summary: pd.DataFrame    # key, label, kind, baseline, after, delta (SUMMARY_ROWS order)
+    ops: pd.DataFrame  # OP_COLUMNS, sorted by the absolute change, largest first
+    kernels: pd.DataFrame  # KERNEL_COLUMNS, same order
+    summary: pd.DataFrame  # key, label, kind, baseline, after, delta (SUMMARY_ROWS order)
     after: Side
     baseline: Side
 
@@ -70,29 +71,48 @@ def side_from_aggregation(agg, label: str = "") -> Side:
     ops = agg.ops
     kernels = agg.kernels
     s = agg.summary
-    op_frame = pd.DataFrame({
-        "name": ops["name"].to_numpy(dtype=object) if len(ops) else [],
-        "direction": ops["direction"].to_numpy(dtype=object) if len(ops) else [],
-        "op_type": ops["op_type"].to_numpy(dtype=object) if len(ops) else [],
-        "calls": ops["calls"].to_numpy(np.int64) if len(ops) else np.zeros(0, np.int64),
-        "gpu_time": ops["gpu_total"].to_numpy(np.int64) if len(ops) else np.zeros(0, np.int64)})
+    op_frame = pd.DataFrame(
+        {
+            "name": ops["name"].to_numpy(dtype=object) if len(ops) else [],
+            "direction": ops["direction"].to_numpy(dtype=object) if len(ops) else [],
+            "op_type": ops["op_type"].to_numpy(dtype=object) if len(ops) else [],
+            "calls": ops["calls"].to_numpy(np.int64) if len(ops) else np.zeros(0, np.int64),
+            "gpu_time": ops["gpu_total"].to_numpy(np.int64) if len(ops) else np.zeros(0, np.int64),
+        }
+    )
     has_kernels = len(kernels) and "gpu_total" in kernels
-    kernel_frame = pd.DataFrame({
-        "name": kernels["name"].to_numpy(dtype=object) if has_kernels else [],
-        "uses_tc": kernels["uses_tc"].to_numpy(dtype=bool) if has_kernels else np.zeros(0, bool),
-        "calls": kernels["count"].to_numpy(np.int64) if has_kernels else np.zeros(0, np.int64),
-        "gpu_time": kernels["gpu_total"].to_numpy(np.int64) if has_kernels else np.zeros(0, np.int64)})
-    figures = {"avg_iteration_time": float(s["avg_iteration_time"]), "gpu_utilization": float(s["gpu_utilization"]),
-               "wall_time": int(s["wall_time"]), "aggregated_iterations": int(s["aggregated_iterations"]),
-               "tc_utilization": float(s["tc_utilization"])}
-    return Side(op_frame, kernel_frame, figures, label, agg.key_node if agg.key_found else "",
-                (int(agg.iter_start), int(agg.iter_stop), int(agg.total_iterations)))
+    kernel_frame = pd.DataFrame(
+        {
+            "name": kernels["name"].to_numpy(dtype=object) if has_kernels else [],
+            "uses_tc": kernels["uses_tc"].to_numpy(dtype=bool) if has_kernels else np.zeros(0, bool),
+            "calls": kernels["count"].to_numpy(np.int64) if has_kernels else np.zeros(0, np.int64),
+            "gpu_time": kernels["gpu_total"].to_numpy(np.int64) if has_kernels else np.zeros(0, np.int64),
+        }
+    )
+    figures = {
+        "avg_iteration_time": float(s["avg_iteration_time"]),
+        "gpu_utilization": float(s["gpu_utilization"]),
+        "wall_time": int(s["wall_time"]),
+        "aggregated_iterations": int(s["aggregated_iterations"]),
+        "tc_utilization": float(s["tc_utilization"]),
+    }
+    return Side(
+        op_frame,
+        kernel_frame,
+        figures,
+        label,
+        agg.key_node if agg.key_found else "",
+        (int(agg.iter_start), int(agg.iter_stop), int(agg.total_iterations)),
+    )
 
 
 def _normalized(frame: pd.DataFrame, columns: list[str], text: list[str]) -> pd.DataFrame:
-    out = pd.DataFrame({c: frame[c] for c in columns}) if len(frame) else pd.DataFrame(
-        {c: pd.Series(dtype=object if c in text else np.int64) for c in columns})
-    for c in text:   # a missing direction (non-PyTorch ops) is the empty text on both sides
+    out = (
+        pd.DataFrame({c: frame[c] for c in columns})
+        if len(frame)
+        else pd.DataFrame({c: pd.Series(dtype=object if c in text else np.int64) for c in columns})
+    )
+    for c in text:  # a missing direction (non-PyTorch ops) is the empty text on both sides
         out[c] = out[c].where(out[c].notna(), "").astype(str) if len(out) else out[c].astype(object)
     out["calls"] = out["calls"].fillna(0).astype(np.int64)
     out["gpu_time"] = out["gpu_time"].fillna(0).astype(np.int64)
@@ -108,7 +128,7 @@ def _join(after: pd.DataFrame, baseline: pd.DataFrame, key: list[str], first: di
     in_a = joined["gpu_time"].notna().to_numpy()
     in_b = joined["gpu_time_b"].notna().to_numpy()
     out = pd.DataFrame(index=joined.index)
-    for c, how in first.items():   # the after side's value, else the baseline's (flags: either side's)
+    for c, how in first.items():  # the after side's value, else the baseline's (flags: either side's)
         left, right = joined[c], joined[c + "_b"]
         if how == "any":
             out[c] = left.fillna(False).astype(bool) | right.fillna(False).astype(bool)
@@ -151,8 +171,7 @@ def figures(side: Side) -> dict:
     """The headline figures of one side; the two totals are the sums of its op and kernel rows."""
     out = dict(side.figures)
     out["total_gpu_time"] = int(side.ops["gpu_time"].fillna(0).astype(np.int64).sum()) if len(side.ops) else 0
-    out["kernel_gpu_time"] = int(side.kernels["gpu_time"].fillna(0).astype(np.int64).sum()) \
-        if len(side.kernels) else 0
+    out["kernel_gpu_time"] = int(side.kernels["gpu_time"].fillna(0).astype(np.int64).sum()) if len(side.kernels) else 0
     return out
 
 
@@ -169,6 +188,10 @@ def compare_summary(after: Side, baseline: Side) -> pd.DataFrame:
 
 def compare(after: Side, baseline: Side) -> Comparison:
     """Everything the diff report and the Compare view show."""
-    return Comparison(ops=compare_ops(after.ops, baseline.ops), kernels=compare_kernels(after.kernels,
-                                                                                        baseline.kernels),
-                      summary=compare_summary(after, baseline), after=after, baseline=baseline)
+    return Comparison(
+        ops=compare_ops(after.ops, baseline.ops),
+        kernels=compare_kernels(after.kernels, baseline.kernels),
+        summary=compare_summary(after, baseline),
+        after=after,
+        baseline=baseline,
+    )

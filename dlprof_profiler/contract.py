@@ -7,9 +7,9 @@ TensorBoard's `plugins/*/metadata.py` modules do.
 
 # ---------------------------------------------------------------------------- TensorBoard
 
-PLUGIN_NAME = "dlprof"                 # TensorBoard plugin name, route prefix /data/plugin/dlprof/
-PROFILE_TAG = "dlprof/profile"         # the event-file tensor holding a run's metadata (database path ...)
-EVENT_SUFFIX = ".dlprof"               # suffix of the event files dlprof writes
+PLUGIN_NAME = "dlprof"  # TensorBoard plugin name, route prefix /data/plugin/dlprof/
+PROFILE_TAG = "dlprof/profile"  # the event-file tensor holding a run's metadata (database path ...)
+EVENT_SUFFIX = ".dlprof"  # suffix of the event files dlprof writes
 SCALAR_TAGS = {
     "iteration_time_ms": "dlprof/iteration_time_ms",
     "gpu_utilization_pct": "dlprof/gpu_utilization_pct",
@@ -18,9 +18,9 @@ SCALAR_TAGS = {
 
 # ---------------------------------------------------------------------------- database versions
 
-DB_SCHEMA_VERSION = "3.0.0"            # written by this dlprof (db_version.current_version)
-READABLE_SCHEMA_MAJORS = ("2", "3")    # schema majors the engine and the viewer open
-CREATED_BY_PREFIX = "dlprof"           # db_version.created_by starts with it in every DLProf database
+DB_SCHEMA_VERSION = "3.0.0"  # written by this dlprof (db_version.current_version)
+READABLE_SCHEMA_MAJORS = ("2", "3")  # schema majors the engine and the viewer open
+CREATED_BY_PREFIX = "dlprof"  # db_version.created_by starts with it in every DLProf database
 
 
 def schema_major(version) -> str:
@@ -56,9 +56,8 @@ def db_id(scope: int, local: int) -> int:
     return (int(scope) << ID_BITS) | int(local)
 
 
-
-STRINGS = "strings"                    # (id, value): every repeated name, referenced by *_id columns
-RANKS = "ranks"                        # one row per profile (rank); a single-file analysis is rank 0
+STRINGS = "strings"  # (id, value): every repeated name, referenced by *_id columns
+RANKS = "ranks"  # one row per profile (rank); a single-file analysis is rank 0
 RAW_SYSTEM_CONFIG = "raw_system_config"
 RAW_MODEL_CONFIG = "raw_model_config"
 RAW_GPU_INFOS = "raw_gpu_infos"

@@ -5,6 +5,7 @@ call to the op instance whose range encloses the call's start on the same thread
 nested markers into the outermost one; scope ranges give the name hierarchy; whatever no range covers
 becomes an `unassociated_<name>` op, so every GPU activity belongs to exactly one op instance.
 """
+
 from __future__ import annotations
 
 import re
@@ -24,12 +25,47 @@ from dlprof_profiler.trace import KIND_KERNEL, Trace, combined_codes, make_frame
 # Instance kinds
 RANGE_OP, SCOPE_OP, UNASSOCIATED_API, UNASSOCIATED_GPU, BACKWARD_PASS = range(5)
 
-INSTANCE_COLUMNS = ["instance_id", "op_index", "domain", "kind", "range_id", "api_id", "activity_id", "start",
-                    "end", "pid", "global_tid", "device_id", "cpu_time", "cpu_overhead", "gpu_time",
-                    "gpu_start", "gpu_end", "gpu_idle", "n_gpu", "n_kernels", "data_type",
-                    "input_shapes", "output_shapes", "parameters", "stack_trace"]
-OP_COLUMNS = ["op_index", "domain", "op_id", "name", "direction", "op_type", "tc_eligible", "data_type",
-              "stack_trace", "device_id", "first_start", "n_instances"]
+INSTANCE_COLUMNS = [
+    "instance_id",
+    "op_index",
+    "domain",
+    "kind",
+    "range_id",
+    "api_id",
+    "activity_id",
+    "start",
+    "end",
+    "pid",
+    "global_tid",
+    "device_id",
+    "cpu_time",
+    "cpu_overhead",
+    "gpu_time",
+    "gpu_start",
+    "gpu_end",
+    "gpu_idle",
+    "n_gpu",
+    "n_kernels",
+    "data_type",
+    "input_shapes",
+    "output_shapes",
+    "parameters",
+    "stack_trace",
+]
+OP_COLUMNS = [
+    "op_index",
+    "domain",
+    "op_id",
+    "name",
+    "direction",
+    "op_type",
+    "tc_eligible",
+    "data_type",
+    "stack_trace",
+    "device_id",
+    "first_start",
+    "n_instances",
+]
 
 
 @dataclass
@@ -41,8 +77,8 @@ class DomainModel:
     has_markers: bool
     instances: pd.DataFrame
     ops: pd.DataFrame
-    api_instance: np.ndarray   # per API call: instance id (= row in instances)
-    gpu_instance: np.ndarray   # per GPU activity: instance id (= row in instances)
+    api_instance: np.ndarray  # per API call: instance id (= row in instances)
+    gpu_instance: np.ndarray  # per GPU activity: instance id (= row in instances)
     n_ranges: int = 0
 
 
@@ -50,10 +86,10 @@ class DomainModel:
 class Correlation:
     """Everything correlate derives from a trace: shared links plus one DomainModel per domain."""
 
-    gpu_api: np.ndarray                    # per GPU activity: row in trace.api_calls, -1 if none
-    uses_tc: np.ndarray                    # per GPU activity: kernel uses Tensor Cores
-    tc_rule: np.ndarray                    # per GPU activity: id of the deciding rule
-    range_info: pd.DataFrame               # per range: classification + parent/depth
+    gpu_api: np.ndarray  # per GPU activity: row in trace.api_calls, -1 if none
+    uses_tc: np.ndarray  # per GPU activity: kernel uses Tensor Cores
+    tc_rule: np.ndarray  # per GPU activity: id of the deciding rule
+    range_info: pd.DataFrame  # per range: classification + parent/depth
     mode: str
     family: str | None
     thread_device: dict
@@ -70,6 +106,7 @@ class Correlation:
 
 # ---------------------------------------------------------------------------- entry points
 
+
 def take(values: np.ndarray, idx: np.ndarray, default) -> np.ndarray:
     """values[idx] where idx >= 0, else default (also when values is empty)."""
     idx = np.asarray(idx, dtype=np.int64)
@@ -78,8 +115,14 @@ def take(values: np.ndarray, idx: np.ndarray, default) -> np.ndarray:
     return np.where(idx >= 0, values[np.maximum(idx, 0)], default)
 
 
-FAMILY_OF_MODE = {"pytorch": "pytorch", "tensorflow1": "tensorflow", "tensorflow2": "tensorflow",
-                  "tensorrt": "tensorrt", "nvtx": None, "simple": None}
+FAMILY_OF_MODE = {
+    "pytorch": "pytorch",
+    "tensorflow1": "tensorflow",
+    "tensorflow2": "tensorflow",
+    "tensorrt": "tensorrt",
+    "nvtx": None,
+    "simple": None,
+}
 
 
 def classify_trace(trace: Trace, mode: str | None) -> tuple[pd.DataFrame, str, str | None, dict]:
@@ -136,11 +179,13 @@ def range_label_counts(ranges: pd.DataFrame, info: pd.DataFrame) -> pd.DataFrame
     """Ranges per (domain, label): kind (of the first), count, data loading, total duration (counted on
     integer codes: labels are shared)."""
     if len(ranges) == 0:
-        return pd.DataFrame({"domain": [], "label": [], "kind": [], "num_ranges": [], "dataloader": [],
-                             "total_time": []})
+        return pd.DataFrame(
+            {"domain": [], "label": [], "kind": [], "num_ranges": [], "dataloader": [], "total_time": []}
+        )
     domain_code, domain_names = pd.factorize(ranges["domain"].to_numpy(dtype=object))
-    text_code = info["text_code"].to_numpy() if "text_code" in info else \
-        pd.factorize(info["label"].to_numpy(dtype=object))[0]
+    text_code = (
+        info["text_code"].to_numpy() if "text_code" in info else pd.factorize(info["label"].to_numpy(dtype=object))[0]
+    )
     codes = combined_codes(domain_code, text_code)
     counts = np.bincount(codes)
     duration = (ranges["end"].to_numpy(np.int64) - ranges["start"].to_numpy(np.int64)).astype(np.float64)
@@ -148,13 +193,22 @@ def range_label_counts(ranges: pd.DataFrame, info: pd.DataFrame) -> pd.DataFrame
     loader = np.bincount(codes, weights=info["dataloader"].to_numpy(dtype=bool).astype(np.float64)) > 0
     first = np.full(counts.size, -1, dtype=np.int64)
     first[codes[::-1]] = np.arange(codes.size - 1, -1, -1)
-    table = pd.DataFrame({"domain": np.asarray(domain_names, dtype=object)[domain_code[first]],
-                          "label": info["label"].to_numpy(dtype=object)[first],
-                          "kind": info["kind"].to_numpy().astype(np.int64)[first], "num_ranges": counts,
-                          "dataloader": loader, "total_time": total})
+    table = pd.DataFrame(
+        {
+            "domain": np.asarray(domain_names, dtype=object)[domain_code[first]],
+            "label": info["label"].to_numpy(dtype=object)[first],
+            "kind": info["kind"].to_numpy().astype(np.int64)[first],
+            "num_ranges": counts,
+            "dataloader": loader,
+            "total_time": total,
+        }
+    )
     out = table.groupby(["domain", "label"], sort=False, as_index=False).agg(
-        kind=("kind", "first"), num_ranges=("num_ranges", "sum"), dataloader=("dataloader", "any"),
-        total_time=("total_time", "sum"))
+        kind=("kind", "first"),
+        num_ranges=("num_ranges", "sum"),
+        dataloader=("dataloader", "any"),
+        total_time=("total_time", "sum"),
+    )
     out["total_time"] = out["total_time"].round().astype(np.int64)
     return out
 
@@ -169,13 +223,16 @@ def link_gpu_to_api(trace: Trace) -> np.ndarray:
         return out
     api_corr, gpu_corr = api["correlation_id"].to_numpy(np.int64), gpu["correlation_id"].to_numpy(np.int64)
     api_pid, gpu_pid = api["pid"].to_numpy(np.int64), gpu["pid"].to_numpy(np.int64)
-    if max(api_pid.max(), gpu_pid.max()) < 1 << 24 and min(api_pid.min(), gpu_pid.min()) >= 0 \
-            and max(api_corr.max(), gpu_corr.max()) < 1 << 38:
+    if (
+        max(api_pid.max(), gpu_pid.max()) < 1 << 24
+        and min(api_pid.min(), gpu_pid.min()) >= 0
+        and max(api_corr.max(), gpu_corr.max()) < 1 << 38
+    ):
         api_key, gpu_key = (api_pid << 38) | np.maximum(api_corr, 0), (gpu_pid << 38) | np.maximum(gpu_corr, 0)
-    else:   # ids beyond the packed range: dense codes of the pairs
+    else:  # ids beyond the packed range: dense codes of the pairs
         codes = combined_codes(np.concatenate([api_pid, gpu_pid]), np.concatenate([api_corr, gpu_corr]))
-        api_key, gpu_key = codes[:len(api)], codes[len(api):]
-    api_key = np.where(api_corr >= 0, api_key, -1)   # no correlation id: never linked
+        api_key, gpu_key = codes[: len(api)], codes[len(api) :]
+    api_key = np.where(api_corr >= 0, api_key, -1)  # no correlation id: never linked
     api_start = api["start"].to_numpy(np.int64)
     order = np.argsort(api_key, kind="stable")
     sorted_keys = api_key[order]
@@ -183,10 +240,10 @@ def link_gpu_to_api(trace: Trace) -> np.ndarray:
     first[1:] = sorted_keys[1:] != sorted_keys[:-1]
     group_start = np.flatnonzero(first)
     group_calls = np.diff(np.append(group_start, sorted_keys.size))
-    group = pd.Index(sorted_keys[group_start]).get_indexer(gpu_key)   # hashed: no binary search per activity
+    group = pd.Index(sorted_keys[group_start]).get_indexer(gpu_key)  # hashed: no binary search per activity
     calls = np.where(group >= 0, group_calls[np.maximum(group, 0)], 0)
     linkable = gpu_corr >= 0
-    single = linkable & (calls == 1)                  # the usual case: one call per key
+    single = linkable & (calls == 1)  # the usual case: one call per key
     out[single] = order[group_start[group[single]]]
     shared = np.flatnonzero(linkable & (calls > 1))
     if shared.size:
@@ -227,13 +284,13 @@ def work_devices(trace: Trace, gpu_api: np.ndarray) -> tuple[dict, dict]:
     dur = (gpu["end"] - gpu["start"]).to_numpy()
     has_api = gpu_api >= 0
     tids = np.where(has_api, trace.api_calls["global_tid"].to_numpy()[np.maximum(gpu_api, 0)], -1)
-    frame = make_frame({"tid": tids, "pid": gpu["pid"].to_numpy(), "dev": gpu["device_id"].to_numpy(),
-                          "dur": dur + 1})
+    frame = make_frame({"tid": tids, "pid": gpu["pid"].to_numpy(), "dev": gpu["device_id"].to_numpy(), "dur": dur + 1})
 
     def mode_of(key):
         sums = frame[frame[key] >= 0].groupby([key, "dev"])["dur"].sum().reset_index()
         best = sums.sort_values([key, "dur", "dev"], ascending=[True, False, True]).drop_duplicates(key)
         return dict(zip(best[key].astype(int), best["dev"].astype(int)))
+
     return mode_of("tid"), mode_of("pid")
 
 
@@ -263,6 +320,7 @@ class Segment:
 def trace_segments(trace: Trace, info: pd.DataFrame, gpu_api: np.ndarray, cuts=None):
     """Segments of an in-memory trace split at `cuts` (one segment when none)."""
     from dlprof_profiler.model_chunks import chunk_bounds, launch_times
+
     bounds = chunk_bounds(cuts)
     ranges, api, gpu = trace.ranges, trace.api_calls, trace.gpu
     if len(bounds) == 1:
@@ -284,30 +342,62 @@ def trace_segments(trace: Trace, info: pd.DataFrame, gpu_api: np.ndarray, cuts=N
         local = np.searchsorted(a_rows, g_api)
         ok = (g_api >= 0) & (local < a_rows.size)
         ok[ok] = a_rows[local[ok]] == g_api[ok]
-        yield Segment(lo, hi, seg_ranges, info.iloc[rows].reset_index(drop=True),
-                      api.iloc[a_rows].reset_index(drop=True), gpu.iloc[g_rows].reset_index(drop=True),
-                      np.where(ok, local, -1).astype(np.int64))
+        yield Segment(
+            lo,
+            hi,
+            seg_ranges,
+            info.iloc[rows].reset_index(drop=True),
+            api.iloc[a_rows].reset_index(drop=True),
+            gpu.iloc[g_rows].reset_index(drop=True),
+            np.where(ok, local, -1).astype(np.int64),
+        )
 
 
-def correlate(trace: Trace, mode: str | None = None, naming_bounds: np.ndarray | None = None,
-              classified: tuple | None = None, links: tuple | None = None, cuts=None) -> Correlation:
+def correlate(
+    trace: Trace,
+    mode: str | None = None,
+    naming_bounds: np.ndarray | None = None,
+    classified: tuple | None = None,
+    links: tuple | None = None,
+    cuts=None,
+) -> Correlation:
     """Build the op model of every domain. `naming_bounds` are iteration boundaries used only to number
     top-level ops per iteration (so the k-th call of an op in each iteration is the same op); `links` are
     launch_links(trace) when the caller already has them; `cuts` split the work into time segments (the
     model does not depend on them)."""
     info, mode, family, config = classified or classify_trace(trace, mode)
-    if "gpu_peak_memory" in trace.meta and not any(k in config for k in ("max_memory_reserved",
-                                                                        "max_memory_allocated")):
+    if "gpu_peak_memory" in trace.meta and not any(
+        k in config for k in ("max_memory_reserved", "max_memory_allocated")
+    ):
         config = {**config, "peak_memory": int(trace.meta["gpu_peak_memory"])}  # nsys memory-usage events
     gpu_api, thread_dev, process_dev = links or launch_links(trace)
     uses_tc, tc_rule = _kernel_tc_flags(trace)
     bounds = np.zeros(0, dtype=np.int64) if naming_bounds is None else np.asarray(naming_bounds, np.int64)
-    corr = Correlation(gpu_api=gpu_api, uses_tc=uses_tc, tc_rule=tc_rule, range_info=info, mode=mode,
-                       family=family, thread_device=thread_dev, process_device=process_dev, config=config,
-                       range_labels=range_label_counts(trace.ranges, info))
-    correlators = {domain: DomainCorrelator(domain, family, domain_facts(trace.ranges, info, domain, mode), bounds,
-                                            thread_dev, process_dev, len(trace.api_calls), len(trace.gpu))
-                   for domain in domain_order(trace, mode)}
+    corr = Correlation(
+        gpu_api=gpu_api,
+        uses_tc=uses_tc,
+        tc_rule=tc_rule,
+        range_info=info,
+        mode=mode,
+        family=family,
+        thread_device=thread_dev,
+        process_device=process_dev,
+        config=config,
+        range_labels=range_label_counts(trace.ranges, info),
+    )
+    correlators = {
+        domain: DomainCorrelator(
+            domain,
+            family,
+            domain_facts(trace.ranges, info, domain, mode),
+            bounds,
+            thread_dev,
+            process_dev,
+            len(trace.api_calls),
+            len(trace.gpu),
+        )
+        for domain in domain_order(trace, mode)
+    }
     for segment in trace_segments(trace, info, gpu_api, cuts):
         for domain, c in correlators.items():
             c.add(segment, segment_rows(segment, domain, mode))
@@ -321,8 +411,7 @@ def segment_rows(segment: Segment, domain: str, mode: str | None) -> np.ndarray:
     ranges, info = segment.ranges, segment.info
     if mode == "simple" or len(ranges) == 0:
         return np.zeros(0, dtype=np.int64)
-    return np.flatnonzero((ranges["domain"].to_numpy(dtype=object) == domain)
-                          & (info["kind"].to_numpy() != nm.CONFIG))
+    return np.flatnonzero((ranges["domain"].to_numpy(dtype=object) == domain) & (info["kind"].to_numpy() != nm.CONFIG))
 
 
 @dataclass
@@ -331,9 +420,9 @@ class DomainFacts:
 
     n_ranges: int
     has_markers: bool
-    dl_args: bool                 # DLProf/PyProf argument markers present
-    unmarked_backward_pids: set   # processes with argument markers but no backward markers
-    marker_threads: set           # threads carrying op markers
+    dl_args: bool  # DLProf/PyProf argument markers present
+    unmarked_backward_pids: set  # processes with argument markers but no backward markers
+    marker_threads: set  # threads carrying op markers
 
 
 def domain_facts(ranges: pd.DataFrame, info: pd.DataFrame, domain: str, mode: str | None) -> DomainFacts:
@@ -343,14 +432,17 @@ def domain_facts(ranges: pd.DataFrame, info: pd.DataFrame, domain: str, mode: st
     kinds = info["kind"].to_numpy()[rows]
     pids = ranges["pid"].to_numpy()[rows]
     marked = np.isin(kinds, (nm.PT_OP, nm.DL_ARG))
-    has_backward = (info["backward"].to_numpy(dtype=bool)[rows]
-                    | (info["direction"].to_numpy(dtype=object)[rows] == "bprop")) & marked
+    has_backward = (
+        info["backward"].to_numpy(dtype=bool)[rows] | (info["direction"].to_numpy(dtype=object)[rows] == "bprop")
+    ) & marked
     return DomainFacts(
-        n_ranges=int(rows.size), has_markers=bool(np.isin(kinds, nm.OP_MARKERS).any()),
+        n_ranges=int(rows.size),
+        has_markers=bool(np.isin(kinds, nm.OP_MARKERS).any()),
         dl_args=bool((kinds == nm.DL_ARG).any()),
         unmarked_backward_pids=set(np.unique(pids[kinds == nm.DL_ARG]).tolist())
         - set(np.unique(pids[has_backward]).tolist()),
-        marker_threads=set(np.unique(ranges["global_tid"].to_numpy()[rows][marked]).tolist()))
+        marker_threads=set(np.unique(ranges["global_tid"].to_numpy()[rows][marked]).tolist()),
+    )
 
 
 class DomainCorrelator:
@@ -360,22 +452,32 @@ class DomainCorrelator:
     end keeps its instance id and name for the next segments; an instance whose range or API calls cross a
     segment boundary is *partial*: its metrics are recomputed over the whole trace in `finish`."""
 
-    def __init__(self, domain: str, family: str | None, facts: DomainFacts, bounds: np.ndarray, thread_device: dict,
-                 process_device: dict, n_api: int, n_gpu: int, sink=None):
+    def __init__(
+        self,
+        domain: str,
+        family: str | None,
+        facts: DomainFacts,
+        bounds: np.ndarray,
+        thread_device: dict,
+        process_device: dict,
+        n_api: int,
+        n_gpu: int,
+        sink=None,
+    ):
         self.domain, self.family, self.facts, self.bounds = domain, family, facts, bounds
         self.thread_device, self.process_device = thread_device, process_device
-        self.sink = sink   # None: the model is kept in memory; else written out segment by segment
+        self.sink = sink  # None: the model is kept in memory; else written out segment by segment
         self.api_instance = np.full(n_api if sink is None else 0, -1, dtype=np.int64)
         self.gpu_instance = np.full(n_gpu if sink is None else 0, -1, dtype=np.int64)
         self.chunks: list[pd.DataFrame] = []
         self.next_id = 0
         self.naming = NamingCarry()
-        self.open_instance: dict = {}     # range_id -> (instance id, range end)
-        self.open_attrs: dict = {}        # range_id -> (name, op type, data type, stack) of an open instance
-        self.open_child: dict = {}        # range_id -> (has a child range, range end): leaves decided at their end
-        self.backward_groups: dict = {}   # (thread, iteration) -> instance id of the backward pass
+        self.open_instance: dict = {}  # range_id -> (instance id, range end)
+        self.open_attrs: dict = {}  # range_id -> (name, op type, data type, stack) of an open instance
+        self.open_child: dict = {}  # range_id -> (has a child range, range end): leaves decided at their end
+        self.backward_groups: dict = {}  # (thread, iteration) -> instance id of the backward pass
         self.partial: set = set()
-        self.kind_of: dict = {}           # instance id -> its kind, when only its last segment can tell
+        self.kind_of: dict = {}  # instance id -> its kind, when only its last segment can tell
         self.forward = _empty_forward()
         self.callids = _empty_callids()
         self.backward_calls = _empty_backward_calls()
@@ -396,8 +498,10 @@ class DomainCorrelator:
         ends = ranges["end"].to_numpy(np.int64)
         still_open = ends > hi
         tids = ranges["global_tid"].to_numpy(np.int64)
-        keys = ThreadTimeKeys([tids, api["global_tid"].to_numpy(np.int64)],
-                              [ranges["start"].to_numpy(np.int64), ends, api["start"].to_numpy(np.int64)])
+        keys = ThreadTimeKeys(
+            [tids, api["global_tid"].to_numpy(np.int64)],
+            [ranges["start"].to_numpy(np.int64), ends, api["start"].to_numpy(np.int64)],
+        )
         forest = RangeForest(tids, ranges["start"].to_numpy(), ends, range_id)
         parent, depth = forest.parent, forest.depth
         is_marker = np.isin(kinds, nm.OP_MARKERS)
@@ -408,8 +512,9 @@ class DomainCorrelator:
             # a leaf range is an op; a range open across segments is a leaf only if no segment saw a child
             has_child = np.bincount(parent[parent >= 0], minlength=n) > 0
             if self.open_child:
-                has_child |= np.array([self.open_child.get(int(r), (False, 0))[0] for r in range_id], dtype=bool) \
-                    & context
+                has_child |= (
+                    np.array([self.open_child.get(int(r), (False, 0))[0] for r in range_id], dtype=bool) & context
+                )
             candidate = ~has_child & (kinds == nm.SCOPE)
             is_instance = candidate & ~still_open
             self.open_child = {r: v for r, v in self.open_child.items() if v[1] > hi}
@@ -447,8 +552,9 @@ class DomainCorrelator:
         spans = instance_range & (context | still_open)
         self.partial.update(row_instance[spans].tolist())
 
-        names = range_names(ranges, info, kinds, parent, depth, op_root, instance_range, self.bounds, context,
-                            lo, hi, self.naming)
+        names = range_names(
+            ranges, info, kinds, parent, depth, op_root, instance_range, self.bounds, context, lo, hi, self.naming
+        )
         new_mask = new_mask_of(new_rows, n)
         frames = [_range_instances(ranges, info, kinds, new_mask, scope_op, names, parent, depth, self.family)]
         frames[0]["instance_id"] = row_instance[new_rows]
@@ -481,8 +587,13 @@ class DomainCorrelator:
         self._link_backward(instances, info, ranges, op_root, row_instance, hi)
         self._remember_open(instances, hi)
         if self.sink is not None:
-            self.sink.add(instances, api["api_id"].to_numpy(np.int64), api_instance,
-                          seg.gpu["activity_id"].to_numpy(np.int64), gpu_instance)
+            self.sink.add(
+                instances,
+                api["api_id"].to_numpy(np.int64),
+                api_instance,
+                seg.gpu["activity_id"].to_numpy(np.int64),
+                gpu_instance,
+            )
             return
         self.chunks.append(instances)
         self.api_instance[api["api_id"].to_numpy(np.int64)] = api_instance
@@ -508,17 +619,30 @@ class DomainCorrelator:
         # a PyTorch emit_nvtx profile marks backward nodes itself, so its unmarked threads are not backward.
         if self.family != "pytorch" or not facts.dl_args or not facts.unmarked_backward_pids:
             return None
-        candidates = (api_instance < 0) & api["pid"].isin(facts.unmarked_backward_pids).to_numpy() \
+        candidates = (
+            (api_instance < 0)
+            & api["pid"].isin(facts.unmarked_backward_pids).to_numpy()
             & ~api["global_tid"].isin(facts.marker_threads).to_numpy()
+        )
         rows = np.flatnonzero(candidates)
         if rows.size == 0:
             return None
         starts = api["start"].to_numpy(np.int64)[rows]
-        frame = make_frame({"row": rows, "tid": api["global_tid"].to_numpy()[rows],
-                            "iter": np.searchsorted(self.bounds, starts, side="right"), "start": starts,
-                            "end": api["end"].to_numpy(np.int64)[rows], "pid": api["pid"].to_numpy()[rows]})
-        summary = frame.groupby(["tid", "iter"], sort=True).agg(start=("start", "min"), end=("end", "max"),
-                                                                 pid=("pid", "first")).reset_index()
+        frame = make_frame(
+            {
+                "row": rows,
+                "tid": api["global_tid"].to_numpy()[rows],
+                "iter": np.searchsorted(self.bounds, starts, side="right"),
+                "start": starts,
+                "end": api["end"].to_numpy(np.int64)[rows],
+                "pid": api["pid"].to_numpy()[rows],
+            }
+        )
+        summary = (
+            frame.groupby(["tid", "iter"], sort=True)
+            .agg(start=("start", "min"), end=("end", "max"), pid=("pid", "first"))
+            .reset_index()
+        )
         known = [self.backward_groups.get((int(t), int(i)), -1) for t, i in zip(summary["tid"], summary["iter"])]
         summary["instance"] = np.asarray(known, dtype=np.int64)
         fresh = summary["instance"].to_numpy() < 0
@@ -536,20 +660,42 @@ class DomainCorrelator:
         assigned[frame["row"].to_numpy()] = frame["instance"].to_numpy()
         summary = summary[fresh]
         m = len(summary)
-        instances = make_frame({
-            "instance_id": summary["instance"].to_numpy(np.int64),
-            "op_index": -1, "kind": np.full(m, BACKWARD_PASS, dtype=np.int8), "range_id": -1, "api_id": -1,
-            "activity_id": -1, "start": summary["start"].to_numpy(np.int64),
-            "end": summary["end"].to_numpy(np.int64), "pid": summary["pid"].to_numpy(np.int64),
-            "global_tid": summary["tid"].to_numpy(np.int64),
-            "data_type": None, "input_shapes": None, "output_shapes": None, "parameters": None, "stack_trace": None,
-            "name": "backward", "label": "backward", "op_type": "backward", "direction": "bprop", "range_row": -1,
-        })
+        instances = make_frame(
+            {
+                "instance_id": summary["instance"].to_numpy(np.int64),
+                "op_index": -1,
+                "kind": np.full(m, BACKWARD_PASS, dtype=np.int8),
+                "range_id": -1,
+                "api_id": -1,
+                "activity_id": -1,
+                "start": summary["start"].to_numpy(np.int64),
+                "end": summary["end"].to_numpy(np.int64),
+                "pid": summary["pid"].to_numpy(np.int64),
+                "global_tid": summary["tid"].to_numpy(np.int64),
+                "data_type": None,
+                "input_shapes": None,
+                "output_shapes": None,
+                "parameters": None,
+                "stack_trace": None,
+                "name": "backward",
+                "label": "backward",
+                "op_type": "backward",
+                "direction": "bprop",
+                "range_row": -1,
+            }
+        )
         return instances, assigned
 
     # -- direction links -------------------------------------------------------------------------------
-    def _link_backward(self, inst: pd.DataFrame, info: pd.DataFrame, ranges: pd.DataFrame, op_root: np.ndarray,
-                       row_instance: np.ndarray, hi: int) -> None:
+    def _link_backward(
+        self,
+        inst: pd.DataFrame,
+        info: pd.DataFrame,
+        ranges: pd.DataFrame,
+        op_root: np.ndarray,
+        row_instance: np.ndarray,
+        hi: int,
+    ) -> None:
         """Backward ops take the name and type of the forward op that created them (PyTorch seq numbers, or
         the callids of dlprof_profiler.pytorch markers), differing only in direction. Forward ops of earlier
         segments are remembered for the current and the previous iteration."""
@@ -576,8 +722,13 @@ class DomainCorrelator:
         fwd_inst = take(row_to_inst, op_root[fwd_rows], -1)
         ok = fwd_inst >= 0
         inst_ids = inst["instance_id"].to_numpy(np.int64)
-        attrs = [names[fwd_inst[ok]], types[fwd_inst[ok]], data_types[fwd_inst[ok]], stacks[fwd_inst[ok]],
-                 inst_ids[fwd_inst[ok]]]
+        attrs = [
+            names[fwd_inst[ok]],
+            types[fwd_inst[ok]],
+            data_types[fwd_inst[ok]],
+            stacks[fwd_inst[ok]],
+            inst_ids[fwd_inst[ok]],
+        ]
         rows_with_attrs = fwd_rows[ok]
         # forward markers inside an instance that began in an earlier segment take its remembered names
         outer = fwd_rows[~ok]
@@ -586,12 +737,22 @@ class DomainCorrelator:
             known = np.array([c is not None for c in carried], dtype=bool)
             if known.any():
                 found = [c for c in carried if c is not None]
-                attrs = [np.concatenate([a, np.array([c[i] for c in found], dtype=a.dtype)])
-                         for i, a in enumerate(attrs)]
+                attrs = [
+                    np.concatenate([a, np.array([c[i] for c in found], dtype=a.dtype)]) for i, a in enumerate(attrs)
+                ]
                 rows_with_attrs = np.concatenate([rows_with_attrs, outer[known]])
-        local_forward = make_frame({"pid": pid[rows_with_attrs], "seq": seq[rows_with_attrs],
-                                    "start": start[rows_with_attrs], "name": attrs[0], "op_type": attrs[1],
-                                    "data_type": attrs[2], "stack_trace": attrs[3], "fwd_id": attrs[4]})
+        local_forward = make_frame(
+            {
+                "pid": pid[rows_with_attrs],
+                "seq": seq[rows_with_attrs],
+                "start": start[rows_with_attrs],
+                "name": attrs[0],
+                "op_type": attrs[1],
+                "data_type": attrs[2],
+                "stack_trace": attrs[3],
+                "fwd_id": attrs[4],
+            }
+        )
         forward = pd.concat([self.forward, local_forward], ignore_index=True) if len(self.forward) else local_forward
         # backward side: the seq of the instance's own marker, else of the backward node folded inside it
         bwd_rows = (kinds == nm.PT_OP) & backward & (op_root >= 0) & (seq >= 0)
@@ -607,8 +768,13 @@ class DomainCorrelator:
             targets["pid"] = inst["pid"].to_numpy(np.int64)[targets["inst"]]
             targets["seq"] = inst_seq[targets["inst"]]
             targets["start"] = inst["start"].to_numpy(np.int64)[targets["inst"]]
-            linked = pd.merge_asof(targets.sort_values("start"), forward.sort_values("start", kind="stable"),
-                                   on="start", by=["pid", "seq"], direction="backward")
+            linked = pd.merge_asof(
+                targets.sort_values("start"),
+                forward.sort_values("start", kind="stable"),
+                on="start",
+                by=["pid", "seq"],
+                direction="backward",
+            )
             linked = linked.dropna(subset=["name"])
             b = linked["inst"].to_numpy(np.int64)
             names[b] = linked["name"].to_numpy(dtype=object)
@@ -623,9 +789,15 @@ class DomainCorrelator:
         callid = info["callid"].to_numpy(np.int64)
         fwd_callid = info["fwd_callid"].to_numpy(np.int64)
         has_call = (kinds == nm.DL_ARG) & (callid >= 0) & (row_to_inst >= 0)
-        local_calls = make_frame({"pid": pid[has_call], "callid": callid[has_call],
-                                  "name": names[row_to_inst[has_call]], "op_type": types[row_to_inst[has_call]],
-                                  "start": start[has_call]})
+        local_calls = make_frame(
+            {
+                "pid": pid[has_call],
+                "callid": callid[has_call],
+                "name": names[row_to_inst[has_call]],
+                "op_type": types[row_to_inst[has_call]],
+                "start": start[has_call],
+            }
+        )
         calls = pd.concat([self.callids, local_calls], ignore_index=True) if len(self.callids) else local_calls
         wants = (kinds == nm.DL_ARG) & (fwd_callid >= 0) & (row_to_inst >= 0)
         if len(calls) and wants.any():
@@ -673,9 +845,19 @@ class DomainCorrelator:
         inst["call_id"] = call_id
         fresh = ~first["key"].isin(known.index).to_numpy()
         if fresh.any():
-            self.backward_calls = pd.concat([self.backward_calls, pd.DataFrame({
-                "key": first["key"].to_numpy()[fresh], "call": call[fresh],
-                "start": first["start"].to_numpy()[fresh]})], ignore_index=True)
+            self.backward_calls = pd.concat(
+                [
+                    self.backward_calls,
+                    pd.DataFrame(
+                        {
+                            "key": first["key"].to_numpy()[fresh],
+                            "call": call[fresh],
+                            "start": first["start"].to_numpy()[fresh],
+                        }
+                    ),
+                ],
+                ignore_index=True,
+            )
 
     # -- the whole domain ------------------------------------------------------------------------------
     def finish(self, trace: Trace, gpu_api: np.ndarray) -> DomainModel:
@@ -690,9 +872,16 @@ class DomainCorrelator:
             kinds[ids] = np.fromiter(self.kind_of.values(), dtype=np.int64)
             instances["kind"] = kinds
         ops = op_table(instances, self.domain, self.family, self.bounds)
-        return DomainModel(domain=self.domain, family=self.family, has_markers=self.facts.has_markers,
-                           instances=instances, ops=ops, api_instance=self.api_instance,
-                           gpu_instance=self.gpu_instance, n_ranges=self.facts.n_ranges)
+        return DomainModel(
+            domain=self.domain,
+            family=self.family,
+            has_markers=self.facts.has_markers,
+            instances=instances,
+            ops=ops,
+            api_instance=self.api_instance,
+            gpu_instance=self.gpu_instance,
+            n_ranges=self.facts.n_ranges,
+        )
 
     def _complete(self, instances: pd.DataFrame, trace: Trace, gpu_api: np.ndarray) -> None:
         """Metrics of the instances that crossed segment bounds, over all their API calls and activities."""
@@ -702,8 +891,9 @@ class DomainCorrelator:
         backward = part["kind"].to_numpy() == BACKWARD_PASS
         if backward.any():
             api = trace.api_calls
-            owned = pd.DataFrame({"i": self.api_instance, "s": api["start"].to_numpy(np.int64),
-                                  "e": api["end"].to_numpy(np.int64)})
+            owned = pd.DataFrame(
+                {"i": self.api_instance, "s": api["start"].to_numpy(np.int64), "e": api["end"].to_numpy(np.int64)}
+            )
             span = owned[owned["i"].isin(set(ids[backward].tolist()))].groupby("i").agg(s=("s", "min"), e=("e", "max"))
             b_ids = ids[backward]
             part.loc[backward, "start"] = span["s"].reindex(b_ids).to_numpy(np.int64)
@@ -711,10 +901,20 @@ class DomainCorrelator:
         g_rows = np.flatnonzero(np.isin(self.gpu_instance, ids))
         gpu = trace.gpu.iloc[g_rows].reset_index(drop=True)
         part = part.reset_index(drop=True)
-        instance_metrics(part, trace.api_calls, gpu, self.gpu_instance[g_rows], self.thread_device,
-                         self.process_device)
-        for column in ("start", "end", "cpu_time", "cpu_overhead", "gpu_time", "gpu_start", "gpu_end", "gpu_idle",
-                       "n_gpu", "n_kernels", "device_id"):
+        instance_metrics(part, trace.api_calls, gpu, self.gpu_instance[g_rows], self.thread_device, self.process_device)
+        for column in (
+            "start",
+            "end",
+            "cpu_time",
+            "cpu_overhead",
+            "gpu_time",
+            "gpu_start",
+            "gpu_end",
+            "gpu_idle",
+            "n_gpu",
+            "n_kernels",
+            "device_id",
+        ):
             values = instances[column].to_numpy().copy()
             values[rows] = part[column].to_numpy()
             instances[column] = values
@@ -727,9 +927,18 @@ def new_mask_of(rows: np.ndarray, n: int) -> np.ndarray:
 
 
 def _empty_forward() -> pd.DataFrame:
-    return make_frame({"pid": np.zeros(0, np.int64), "seq": np.zeros(0, np.int64), "start": np.zeros(0, np.int64),
-                       "name": np.zeros(0, object), "op_type": np.zeros(0, object), "data_type": np.zeros(0, object),
-                       "stack_trace": np.zeros(0, object), "fwd_id": np.zeros(0, np.int64)})
+    return make_frame(
+        {
+            "pid": np.zeros(0, np.int64),
+            "seq": np.zeros(0, np.int64),
+            "start": np.zeros(0, np.int64),
+            "name": np.zeros(0, object),
+            "op_type": np.zeros(0, object),
+            "data_type": np.zeros(0, object),
+            "stack_trace": np.zeros(0, object),
+            "fwd_id": np.zeros(0, np.int64),
+        }
+    )
 
 
 def _empty_backward_calls() -> pd.DataFrame:
@@ -737,8 +946,15 @@ def _empty_backward_calls() -> pd.DataFrame:
 
 
 def _empty_callids() -> pd.DataFrame:
-    return make_frame({"pid": np.zeros(0, np.int64), "callid": np.zeros(0, np.int64), "name": np.zeros(0, object),
-                       "op_type": np.zeros(0, object), "start": np.zeros(0, np.int64)})
+    return make_frame(
+        {
+            "pid": np.zeros(0, np.int64),
+            "callid": np.zeros(0, np.int64),
+            "name": np.zeros(0, object),
+            "op_type": np.zeros(0, object),
+            "start": np.zeros(0, np.int64),
+        }
+    )
 
 
 def _kernel_tc_flags(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
@@ -751,7 +967,6 @@ def _kernel_tc_flags(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
         uses[kernels] = u
         rules[kernels] = r
     return uses, rules
-
 
 
 # ---------------------------------------------------------------------------- instances
@@ -794,19 +1009,29 @@ def _range_instances(ranges, info, kinds, instance_range, scope_op, names, paren
     trace_rows = kinds[rows] == nm.DL_TRACE
     if trace_rows.any():
         op_type[trace_rows] = [str(f).rstrip("/").split("/")[-1] or "trace" for f in fs[trace_rows]]
-    return make_frame({
-        "op_index": -1, "kind": np.where(scope_op[rows], SCOPE_OP, RANGE_OP).astype(np.int8),
-        "range_id": ranges["range_id"].to_numpy(np.int64)[rows], "api_id": -1, "activity_id": -1,
-        "start": ranges["start"].to_numpy(np.int64)[rows], "end": ranges["end"].to_numpy(np.int64)[rows],
-        "pid": ranges["pid"].to_numpy(np.int64)[rows], "global_tid": ranges["global_tid"].to_numpy(np.int64)[rows],
-        "data_type": info["data_type"].to_numpy(dtype=object)[rows],
-        "input_shapes": info["input_shapes"].to_numpy(dtype=object)[rows],
-        "output_shapes": info["output_shapes"].to_numpy(dtype=object)[rows],
-        "parameters": info["parameters"].to_numpy(dtype=object)[rows],
-        "stack_trace": _stack_traces(info, kinds, parent, depth)[rows],
-        "name": names[rows], "label": labels, "op_type": op_type, "direction": direction,
-        "range_row": rows,
-    })
+    return make_frame(
+        {
+            "op_index": -1,
+            "kind": np.where(scope_op[rows], SCOPE_OP, RANGE_OP).astype(np.int8),
+            "range_id": ranges["range_id"].to_numpy(np.int64)[rows],
+            "api_id": -1,
+            "activity_id": -1,
+            "start": ranges["start"].to_numpy(np.int64)[rows],
+            "end": ranges["end"].to_numpy(np.int64)[rows],
+            "pid": ranges["pid"].to_numpy(np.int64)[rows],
+            "global_tid": ranges["global_tid"].to_numpy(np.int64)[rows],
+            "data_type": info["data_type"].to_numpy(dtype=object)[rows],
+            "input_shapes": info["input_shapes"].to_numpy(dtype=object)[rows],
+            "output_shapes": info["output_shapes"].to_numpy(dtype=object)[rows],
+            "parameters": info["parameters"].to_numpy(dtype=object)[rows],
+            "stack_trace": _stack_traces(info, kinds, parent, depth)[rows],
+            "name": names[rows],
+            "label": labels,
+            "op_type": op_type,
+            "direction": direction,
+            "range_row": rows,
+        }
+    )
 
 
 def _stack_traces(info, kinds, parent, depth) -> np.ndarray:
@@ -821,32 +1046,66 @@ def _stack_traces(info, kinds, parent, depth) -> np.ndarray:
 def _unassociated_api_instances(api: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
     names = api["name"].astype(object).to_numpy(dtype=object)[rows]
     names = np.where(pd.isna(names), "<unknown api>", names)
-    return make_frame({
-        "op_index": -1, "kind": np.full(rows.size, UNASSOCIATED_API, dtype=np.int8), "range_id": -1,
-        "api_id": api["api_id"].to_numpy(np.int64)[rows], "activity_id": -1,
-        "start": api["start"].to_numpy(np.int64)[rows], "end": api["end"].to_numpy(np.int64)[rows],
-        "pid": api["pid"].to_numpy(np.int64)[rows], "global_tid": api["global_tid"].to_numpy(np.int64)[rows],
-        "data_type": None, "input_shapes": None, "output_shapes": None, "parameters": None,
-        "stack_trace": None, "name": concat_distinct(names, lambda name: f"unassociated_{name}"),
-        "label": names, "op_type": names, "direction": "", "range_row": -1,
-    })
+    return make_frame(
+        {
+            "op_index": -1,
+            "kind": np.full(rows.size, UNASSOCIATED_API, dtype=np.int8),
+            "range_id": -1,
+            "api_id": api["api_id"].to_numpy(np.int64)[rows],
+            "activity_id": -1,
+            "start": api["start"].to_numpy(np.int64)[rows],
+            "end": api["end"].to_numpy(np.int64)[rows],
+            "pid": api["pid"].to_numpy(np.int64)[rows],
+            "global_tid": api["global_tid"].to_numpy(np.int64)[rows],
+            "data_type": None,
+            "input_shapes": None,
+            "output_shapes": None,
+            "parameters": None,
+            "stack_trace": None,
+            "name": concat_distinct(names, lambda name: f"unassociated_{name}"),
+            "label": names,
+            "op_type": names,
+            "direction": "",
+            "range_row": -1,
+        }
+    )
 
 
 def _unassociated_gpu_instances(gpu: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
     names = gpu["name"].astype(object).to_numpy(dtype=object)[rows]
-    return make_frame({
-        "op_index": -1, "kind": np.full(rows.size, UNASSOCIATED_GPU, dtype=np.int8), "range_id": -1,
-        "api_id": -1, "activity_id": gpu["activity_id"].to_numpy(np.int64)[rows],
-        "start": gpu["start"].to_numpy(np.int64)[rows], "end": gpu["end"].to_numpy(np.int64)[rows],
-        "pid": gpu["pid"].to_numpy(np.int64)[rows], "global_tid": np.full(rows.size, -1, dtype=np.int64),
-        "data_type": None, "input_shapes": None, "output_shapes": None, "parameters": None,
-        "stack_trace": None, "name": concat_distinct(names, lambda name: f"unassociated_{name}"),
-        "label": names, "op_type": names, "direction": "", "range_row": -1,
-    })
+    return make_frame(
+        {
+            "op_index": -1,
+            "kind": np.full(rows.size, UNASSOCIATED_GPU, dtype=np.int8),
+            "range_id": -1,
+            "api_id": -1,
+            "activity_id": gpu["activity_id"].to_numpy(np.int64)[rows],
+            "start": gpu["start"].to_numpy(np.int64)[rows],
+            "end": gpu["end"].to_numpy(np.int64)[rows],
+            "pid": gpu["pid"].to_numpy(np.int64)[rows],
+            "global_tid": np.full(rows.size, -1, dtype=np.int64),
+            "data_type": None,
+            "input_shapes": None,
+            "output_shapes": None,
+            "parameters": None,
+            "stack_trace": None,
+            "name": concat_distinct(names, lambda name: f"unassociated_{name}"),
+            "label": names,
+            "op_type": names,
+            "direction": "",
+            "range_row": -1,
+        }
+    )
 
 
-def instance_metrics(inst: pd.DataFrame, api: pd.DataFrame, gpu: pd.DataFrame, gpu_owner: np.ndarray,
-                     thread_device: dict, process_device: dict) -> None:
+def instance_metrics(
+    inst: pd.DataFrame,
+    api: pd.DataFrame,
+    gpu: pd.DataFrame,
+    gpu_owner: np.ndarray,
+    thread_device: dict,
+    process_device: dict,
+) -> None:
     """CPU time, CPU overhead, GPU time (flattened), GPU idle and device of every instance of `inst`, from
     the API calls on their threads and the GPU activities they own (`gpu_owner`: instance id per row of
     `gpu`; activities of instances outside `inst` are ignored)."""
@@ -875,8 +1134,18 @@ def instance_metrics(inst: pd.DataFrame, api: pd.DataFrame, gpu: pd.DataFrame, g
         if owner.size:
             busy = union_length_by_group(owner, g_start, g_end)
             gpu_time[busy.index.to_numpy()] = busy.to_numpy()
-            _gpu_extent(owner, g_start, g_end, gpu["kind"].to_numpy()[mine] == KIND_KERNEL,
-                        gpu["device_id"].to_numpy(np.int64)[mine], gs, ge, ng, nk, device)
+            _gpu_extent(
+                owner,
+                g_start,
+                g_end,
+                gpu["kind"].to_numpy()[mine] == KIND_KERNEL,
+                gpu["device_id"].to_numpy(np.int64)[mine],
+                gs,
+                ge,
+                ng,
+                nk,
+                device,
+            )
     # Ranges without GPU work take the device their thread, else their process, launches most work on.
     missing = device < 0
     if missing.any():
@@ -908,7 +1177,7 @@ def _gpu_extent(owner, start, end, is_kernel, dev, gs, ge, ng, nk, device) -> No
     np.minimum.at(low, owner, dev)
     high = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
     np.maximum.at(high, owner, dev)
-    one = has & (low == high)          # the usual case: all of an instance's work on one device
+    one = has & (low == high)  # the usual case: all of an instance's work on one device
     device[one] = low[one]
     mixed = has & ~one
     if mixed.any():
@@ -924,23 +1193,30 @@ def _api_time_inside(api: pd.DataFrame, inst: pd.DataFrame) -> np.ndarray:
     n = len(inst)
     if len(api) == 0 or n == 0:
         return np.zeros(n, dtype=np.int64)
-    keys = ThreadTimeKeys([api["global_tid"].to_numpy(), inst["global_tid"].to_numpy()],
-                          [api["start"].to_numpy(), api["end"].to_numpy(), inst["start"].to_numpy(),
-                           inst["end"].to_numpy()])
+    keys = ThreadTimeKeys(
+        [api["global_tid"].to_numpy(), inst["global_tid"].to_numpy()],
+        [api["start"].to_numpy(), api["end"].to_numpy(), inst["start"].to_numpy(), inst["end"].to_numpy()],
+    )
     tid = api["global_tid"].to_numpy(np.int64)
     a_start = keys.key(tid, api["start"].to_numpy())
     a_end = keys.key(tid, api["end"].to_numpy())
     from dlprof_profiler.intervals import merge_intervals
+
     seg_s, seg_e = merge_intervals(a_start, a_end)  # keys never cross threads, so one merge does all threads
     i_tid = inst["global_tid"].to_numpy(np.int64)
     valid = i_tid >= 0
     out = np.zeros(n, dtype=np.int64)
-    out[valid] = covered_length(seg_s, seg_e, keys.key(i_tid[valid], inst["start"].to_numpy()[valid]),
-                                keys.key(i_tid[valid], inst["end"].to_numpy()[valid]))
+    out[valid] = covered_length(
+        seg_s,
+        seg_e,
+        keys.key(i_tid[valid], inst["start"].to_numpy()[valid]),
+        keys.key(i_tid[valid], inst["end"].to_numpy()[valid]),
+    )
     return out
 
 
 # ---------------------------------------------------------------------------- direction links
+
 
 def op_table(inst: pd.DataFrame, domain: str, family: str | None, bounds=None) -> pd.DataFrame:
     """Ops, as in DLProf 1.8: the n-th instance of a (name, direction) within an iteration on its thread is
@@ -963,28 +1239,36 @@ def op_table(inst: pd.DataFrame, domain: str, family: str | None, bounds=None) -
     directions = head["direction"].fillna("").to_numpy(dtype=object)
     start = head["start"].to_numpy(np.int64)
     ids = head["instance_id"].to_numpy(np.int64)
-    iteration = np.searchsorted(np.zeros(0, np.int64) if bounds is None else np.asarray(bounds, np.int64), start,
-                                side="right")
+    iteration = np.searchsorted(
+        np.zeros(0, np.int64) if bounds is None else np.asarray(bounds, np.int64), start, side="right"
+    )
     name_codes = combined_codes(names, directions)
-    nth = rank_within(combined_codes(iteration, head["global_tid"].to_numpy(np.int64), name_codes),
-                      [ids, start]) + 1
+    nth = rank_within(combined_codes(iteration, head["global_tid"].to_numpy(np.int64), name_codes), [ids, start]) + 1
     codes = combined_codes(name_codes, nth)
     by_time = np.lexsort((ids, start))
-    first = by_time[first_rows(codes[by_time])]           # per code: its first call in time
+    first = by_time[first_rows(codes[by_time])]  # per code: its first call in time
     n = first.size
     dev = pd.DataFrame({"code": codes, "device_id": head["device_id"].to_numpy()})
     dev = dev[dev["device_id"] >= 0].groupby(["code", "device_id"]).size().reset_index(name="c")
     dev = dev.sort_values(["code", "c", "device_id"], ascending=[True, False, True]).drop_duplicates("code")
-    groups = make_frame({
-        "name": names[first], "direction": directions[first], "nth": nth[first],
-        "op_type": head["op_type"].to_numpy(dtype=object)[first],
-        "label": head["label"].to_numpy(dtype=object)[first],
-        "first_start": start[first], "kind": head["kind"].to_numpy()[first],
-        "n_instances": np.bincount(codes, minlength=n),
-        "data_type": _first_given(head["data_type"].to_numpy(dtype=object), codes, by_time, n),
-        "stack_trace": _first_given(head["stack_trace"].to_numpy(dtype=object), codes, by_time, n),
-        "device_id": pd.Series(dev["device_id"].to_numpy(), index=dev["code"].to_numpy()).reindex(
-            np.arange(n)).fillna(-1).to_numpy(np.int64)})
+    groups = make_frame(
+        {
+            "name": names[first],
+            "direction": directions[first],
+            "nth": nth[first],
+            "op_type": head["op_type"].to_numpy(dtype=object)[first],
+            "label": head["label"].to_numpy(dtype=object)[first],
+            "first_start": start[first],
+            "kind": head["kind"].to_numpy()[first],
+            "n_instances": np.bincount(codes, minlength=n),
+            "data_type": _first_given(head["data_type"].to_numpy(dtype=object), codes, by_time, n),
+            "stack_trace": _first_given(head["stack_trace"].to_numpy(dtype=object), codes, by_time, n),
+            "device_id": pd.Series(dev["device_id"].to_numpy(), index=dev["code"].to_numpy())
+            .reindex(np.arange(n))
+            .fillna(-1)
+            .to_numpy(np.int64),
+        }
+    )
     ops, op_index_of_group = finish_op_table(groups, domain, family)
     op_of_call = pd.Series(op_index_of_group[codes], index=ids)
     inst["op_index"] = op_of_call.reindex(inst["call_id"].to_numpy(np.int64)).to_numpy(np.int64)
@@ -1014,24 +1298,32 @@ def finish_op_table(groups: pd.DataFrame, domain: str, family: str | None) -> tu
     """The op table from one row per op (name, direction, nth; first start, type, label, kind, instances, data
     type, stack trace, device): op_index orders ops by first execution (then name, direction, nth); Op IDs
     count per type in execution order. Returns (ops, op_index of each row of `groups`)."""
-    order = np.lexsort((groups["nth"].to_numpy(np.int64), groups["direction"].to_numpy(dtype=object).astype(str),
-                        groups["name"].to_numpy(dtype=object).astype(str),
-                        groups["first_start"].to_numpy(np.int64)))
+    order = np.lexsort(
+        (
+            groups["nth"].to_numpy(np.int64),
+            groups["direction"].to_numpy(dtype=object).astype(str),
+            groups["name"].to_numpy(dtype=object).astype(str),
+            groups["first_start"].to_numpy(np.int64),
+        )
+    )
     rank = np.empty(order.size, dtype=np.int64)
     rank[order] = np.arange(order.size)
     ops = groups.iloc[order].reset_index(drop=True)
     ops.insert(0, "op_index", np.arange(len(ops), dtype=np.int64))
     ops.insert(1, "domain", domain)
     unassociated = ops["kind"].isin([UNASSOCIATED_API, UNASSOCIATED_GPU]).to_numpy()
-    eligible = {(t, lb): op_tc_eligible(str(t), str(lb), family) for t, lb in
-                set(zip(ops["op_type"].to_numpy(dtype=object), ops["label"].to_numpy(dtype=object)))}
+    eligible = {
+        (t, lb): op_tc_eligible(str(t), str(lb), family)
+        for t, lb in set(zip(ops["op_type"].to_numpy(dtype=object), ops["label"].to_numpy(dtype=object)))
+    }
     ops["tc_eligible"] = [eligible[(t, lb)] for t, lb in zip(ops["op_type"], ops["label"])]
     ops.loc[unassociated, "tc_eligible"] = False
     # Op IDs as DLProf wrote them: upper-cased type and an ordinal per type in execution order.
     type_key = ops["op_type"].astype(str).map(_op_id_prefix)
     ordinal = ops.groupby(type_key.to_numpy(), sort=False).cumcount().to_numpy() + 1
-    ops["op_id"] = obj(type_key.to_numpy(dtype=object) + "_" + pd.Series(ordinal).astype(str).to_numpy(dtype=object),
-                       ops.index)
+    ops["op_id"] = obj(
+        type_key.to_numpy(dtype=object) + "_" + pd.Series(ordinal).astype(str).to_numpy(dtype=object), ops.index
+    )
     return ops[OP_COLUMNS + ["label", "kind"]].reset_index(drop=True), rank
 
 
@@ -1049,12 +1341,12 @@ def _first_given(values: np.ndarray, groups: np.ndarray, by_time: np.ndarray, n_
 _NON_ID = re.compile(r"[^A-Z0-9_]+")
 
 
-OP_ID_PREFIX_MAX = 48   # DLProf's Op IDs were short types (CONV2D_1); a long label keeps its last characters
+OP_ID_PREFIX_MAX = 48  # DLProf's Op IDs were short types (CONV2D_1); a long label keeps its last characters
 
 
 def _op_id_prefix(op_type: str) -> str:
     prefix = _NON_ID.sub("_", op_type.upper())
     if len(prefix) > OP_ID_PREFIX_MAX:
         prefix = prefix[-OP_ID_PREFIX_MAX:]
-        prefix = prefix.split("_", 1)[1] if "_" in prefix else prefix   # whole words only
+        prefix = prefix.split("_", 1)[1] if "_" in prefix else prefix  # whole words only
     return prefix.lstrip("_") or "OP"

@@ -16,6 +16,7 @@ once (`deferred_indexes`, the in-memory analysis) builds them all after the rows
 database is 2% smaller. Databases of schema 2.0 are still read (db_load.py) and appended to
 (`append_aggregation`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -43,39 +44,53 @@ from dlprof_profiler.trace import DEVICE_COLUMNS, Trace
 
 DB_SCHEMA_VERSION = K.DB_SCHEMA_VERSION
 PRIMARY_REPORT_ORDER = ("default",)
-QUEUE_SEGMENTS = 4          # frames waiting for the writer thread at most (each holds its segment alive)
-CHUNK_ROWS = 1 << 18        # rows encoded and inserted at a time: bounds the writer's own memory
+QUEUE_SEGMENTS = 4  # frames waiting for the writer thread at most (each holds its segment alive)
+CHUNK_ROWS = 1 << 18  # rows encoded and inserted at a time: bounds the writer's own memory
 INSERT_CACHE_KIB = 16 << 10  # page cache, KiB: appended rows and index entries touch the last pages only
-SORT_CACHE_KIB = 64 << 10    # page cache, and so sorter memory, while the final indexes are built, KiB
-PAGE_SIZE = 16384           # bulk appends a quarter faster than SQLite's 4 KiB default, the same file size
+SORT_CACHE_KIB = 64 << 10  # page cache, and so sorter memory, while the final indexes are built, KiB
+PAGE_SIZE = 16384  # bulk appends a quarter faster than SQLite's 4 KiB default, the same file size
 
 
 # ---------------------------------------------------------------------------- writing
+
 
 @dataclass
 class Header:
     """What the writer needs before the first segment: the rank and the capture's static facts."""
 
     rank: int = 0
-    system: dict = field(default_factory=dict)     # system configuration; nsys metadata under `nsys:<name>`
-    devices: pd.DataFrame | None = None            # trace.DEVICE_COLUMNS
-    processes: pd.DataFrame | None = None          # pid, name
-    threads: pd.DataFrame | None = None            # global_tid, pid, tid, name
+    system: dict = field(default_factory=dict)  # system configuration; nsys metadata under `nsys:<name>`
+    devices: pd.DataFrame | None = None  # trace.DEVICE_COLUMNS
+    processes: pd.DataFrame | None = None  # pid, name
+    threads: pd.DataFrame | None = None  # global_tid, pid, tid, name
     domain_ids: dict = field(default_factory=dict)  # NVTX domain name -> domain_id, for the op-model domains
 
     @classmethod
     def from_trace(cls, trace: Trace, domain_ids: dict, rank: int = 0) -> Header:
         system = dict(trace.system)
         system.update({f"nsys:{k}": v for k, v in trace.meta.items()})
-        return cls(rank=rank, system=system, devices=trace.devices, processes=trace.processes,
-                   threads=trace.threads, domain_ids=dict(domain_ids))
+        return cls(
+            rank=rank,
+            system=system,
+            devices=trace.devices,
+            processes=trace.processes,
+            threads=trace.threads,
+            domain_ids=dict(domain_ids),
+        )
 
 
 class DatabaseWriter:
     """Writes a new DLProf database (schema 3.0) from trace frames; see the module docstring."""
 
-    def __init__(self, path: Path, header: Header, queue_size: int = QUEUE_SEGMENTS, raw_indexes: bool = True,
-                 final_indexes: bool = True, deferred_indexes: bool = False):
+    def __init__(
+        self,
+        path: Path,
+        header: Header,
+        queue_size: int = QUEUE_SEGMENTS,
+        raw_indexes: bool = True,
+        final_indexes: bool = True,
+        deferred_indexes: bool = False,
+    ):
         """`raw_indexes` / `final_indexes`: build the viewer's raw-table indexes (a rank's database merged into
         another, which builds its own, needs neither). `deferred_indexes`: build every secondary index after the
         rows (build_indexes or finish), sorted once, instead of keeping the in-order ones up to date row by row
@@ -89,8 +104,9 @@ class DatabaseWriter:
         # the writer thread's work: rows inserted, wall seconds busy, CPU seconds encoding / inserting (indexes
         # whose keys arrive in order are kept up to date meanwhile) / building the final indexes
         self.stats = {"rows": 0, "seconds_busy": 0.0, "encode_cpu": 0.0, "insert_cpu": 0.0, "index_cpu": 0.0}
-        self._indexes = _statements((RAW_INDEXES if raw_indexes and deferred_indexes else "")
-                                    + (FINAL_INDEXES if final_indexes else ""))   # still to build
+        self._indexes = _statements(
+            (RAW_INDEXES if raw_indexes and deferred_indexes else "") + (FINAL_INDEXES if final_indexes else "")
+        )  # still to build
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, queue_size))
         self._error: BaseException | None = None
         self._aborted = False
@@ -136,14 +152,28 @@ class DatabaseWriter:
         the analysis instead of waiting for finish; rows added later still go into the indexes)."""
         self._submit(self._index_rows)
 
-    def finish(self, profile: dict, primary_domain: str, domains: dict | None = None, config: dict | None = None,
-               range_labels: pd.DataFrame | None = None, kernel_tc: pd.DataFrame | None = None) -> dict:
+    def finish(
+        self,
+        profile: dict,
+        primary_domain: str,
+        domains: dict | None = None,
+        config: dict | None = None,
+        range_labels: pd.DataFrame | None = None,
+        kernel_tc: pd.DataFrame | None = None,
+    ) -> dict:
         """Write the remaining facts, build the last index, close the file; returns {domain name: domain_id} of
         the op-model domains. `domains`: name -> dict(family, has_markers, num_ranges) of every domain with an
         op model; `range_labels`: domain, label, kind, num_ranges; `kernel_tc`: name, long_name, uses_tc,
         tc_rule per distinct kernel name pair."""
-        self._submit(self._final_rows, dict(profile), primary_domain, dict(domains or {}), dict(config or {}),
-                     range_labels, kernel_tc)
+        self._submit(
+            self._final_rows,
+            dict(profile),
+            primary_domain,
+            dict(domains or {}),
+            dict(config or {}),
+            range_labels,
+            kernel_tc,
+        )
         self._close()
         return {name: self.registry.domains[name] for name in (domains or {}) if name in self.registry.domains}
 
@@ -160,7 +190,7 @@ class DatabaseWriter:
 
     def _submit(self, fn, *args) -> None:
         while True:
-            if self._closed:   # also while waiting: another thread may close an aborted writer
+            if self._closed:  # also while waiting: another thread may close an aborted writer
                 raise RuntimeError("the database writer is closed")
             if self._error is not None:
                 self._close()
@@ -185,9 +215,10 @@ class DatabaseWriter:
     # ------------------------------------------------------------------ writer thread
     def _run(self) -> None:
         con = cursor = None
-        closed = False   # the producer's end-of-work mark was taken from the queue
+        closed = False  # the producer's end-of-work mark was taken from the queue
         try:
             import adbc_driver_sqlite.dbapi as adbc
+
             con = adbc.connect(str(self.path), autocommit=True)
             cursor = con.cursor()
             for pragma in ("journal_mode=OFF", "synchronous=OFF", f"cache_size=-{INSERT_CACHE_KIB}"):
@@ -231,39 +262,48 @@ class DatabaseWriter:
             cursor.execute("COMMIT")
         except BaseException as exc:  # noqa: BLE001 - re-raised on the producer's thread
             self._error = exc
-            while not closed:   # let the producer's puts and close() go through
+            while not closed:  # let the producer's puts and close() go through
                 closed = self._queue.get() is None
         finally:
             for handle in (cursor, con):
                 if handle is not None:
-                    with contextlib.suppress(Exception):   # closing after an error: the error is what matters
+                    with contextlib.suppress(Exception):  # closing after an error: the error is what matters
                         handle.close()
 
     def _header_rows(self):
         h, rank = self.header, self.rank
-        yield K.RAW_SYSTEM_CONFIG, pa.table({"rank": pa.array([rank] * len(h.system), pa.int64()),
-                                             "name": pa.array([str(k) for k in h.system], pa.string()),
-                                             "value": pa.array([_text(v) for v in h.system.values()], pa.string())})
+        yield (
+            K.RAW_SYSTEM_CONFIG,
+            pa.table(
+                {
+                    "rank": pa.array([rank] * len(h.system), pa.int64()),
+                    "name": pa.array([str(k) for k in h.system], pa.string()),
+                    "value": pa.array([_text(v) for v in h.system.values()], pa.string()),
+                }
+            ),
+        )
         devices = h.devices if h.devices is not None else pd.DataFrame(columns=DEVICE_COLUMNS)
         if len(devices):
             columns = {"rank": np.full(len(devices), rank, dtype=np.int64)}
             for c in DEVICE_COLUMNS:
                 values = devices[c] if c in devices.columns else pd.Series([None] * len(devices))
                 if c in ("name", "bus_location", "chip_name", "uuid"):
-                    columns[c] = pa.array([None if pd.isna(v) else str(v) for v in values.astype(object)],
-                                          pa.string())
+                    columns[c] = pa.array([None if pd.isna(v) else str(v) for v in values.astype(object)], pa.string())
                 else:
-                    columns[c] = pa.array([None if pd.isna(v) else int(v) for v in values.astype(object)],
-                                          pa.int64())
+                    columns[c] = pa.array([None if pd.isna(v) else int(v) for v in values.astype(object)], pa.int64())
             yield K.RAW_GPU_INFOS, pa.table(columns)
         if h.processes is not None and h.threads is not None:
             E.register_header_threads(self.registry, h.processes, h.threads)
 
     def _raw_rows(self, frames):
         reg, rank = self.registry, self.rank
-        for attr, table, encode in (("ranges", K.RAW_RANGES, E.range_rows), ("api_calls", K.RAW_API_CALLS, E.api_rows),
-                                    ("gpu", K.RAW_GPU_ACTIVITIES, E.gpu_rows), ("syncs", K.RAW_SYNCS, E.sync_rows),
-                                    ("io_calls", K.RAW_IO_CALLS, E.io_rows)):
+        for attr, table, encode in (
+            ("ranges", K.RAW_RANGES, E.range_rows),
+            ("api_calls", K.RAW_API_CALLS, E.api_rows),
+            ("gpu", K.RAW_GPU_ACTIVITIES, E.gpu_rows),
+            ("syncs", K.RAW_SYNCS, E.sync_rows),
+            ("io_calls", K.RAW_IO_CALLS, E.io_rows),
+        ):
             for chunk in _chunks(getattr(frames, attr, None)):
                 yield table, encode(chunk, rank, reg)
 
@@ -274,7 +314,7 @@ class DatabaseWriter:
             yield K.RAW_ACTIVITY_OWNERS, E.owner_rows(chunk, domain, self.rank, self.registry)
 
     def _index_rows(self):
-        return   # no rows: _run builds the indexes after this item
+        return  # no rows: _run builds the indexes after this item
         yield
 
     def _op_rows(self, domain, ops):
@@ -285,44 +325,99 @@ class DatabaseWriter:
     def _final_rows(self, profile, primary, domains, config, range_labels, kernel_tc):
         reg, rank = self.registry, self.rank
         info = {**profile, "primary_domain": primary}
-        yield "profile_info", pa.table({"name": pa.array(list(info), pa.string()),
-                                        "value": pa.array([_text(v) for v in info.values()], pa.string())})
-        yield K.RAW_MODEL_CONFIG, pa.table({"rank": pa.array([rank] * len(config), pa.int64()),
-                                            "name": pa.array([str(k) for k in config], pa.string()),
-                                            "value": pa.array([json.dumps(v) for v in config.values()], pa.string())})
-        yield K.RANKS, pa.table({
-            "rank": [rank], "source_file": [_text(profile.get("source_file"))],
-            "source_kind": [_text(profile.get("source_kind"))], "host_name": [_text(self.header.system.get("Hostname"))],
-            "nsys_version": [_text(profile.get("nsys_version"))],
-            "capture_end": pa.array([_int_or_none(self.header.system.get("nsys:capture_end"))], pa.int64()),
-            "profile_end": pa.array([_int_or_none(profile.get("profile_end"))], pa.int64())})
+        yield (
+            "profile_info",
+            pa.table(
+                {
+                    "name": pa.array(list(info), pa.string()),
+                    "value": pa.array([_text(v) for v in info.values()], pa.string()),
+                }
+            ),
+        )
+        yield (
+            K.RAW_MODEL_CONFIG,
+            pa.table(
+                {
+                    "rank": pa.array([rank] * len(config), pa.int64()),
+                    "name": pa.array([str(k) for k in config], pa.string()),
+                    "value": pa.array([json.dumps(v) for v in config.values()], pa.string()),
+                }
+            ),
+        )
+        yield (
+            K.RANKS,
+            pa.table(
+                {
+                    "rank": [rank],
+                    "source_file": [_text(profile.get("source_file"))],
+                    "source_kind": [_text(profile.get("source_kind"))],
+                    "host_name": [_text(self.header.system.get("Hostname"))],
+                    "nsys_version": [_text(profile.get("nsys_version"))],
+                    "capture_end": pa.array([_int_or_none(self.header.system.get("nsys:capture_end"))], pa.int64()),
+                    "profile_end": pa.array([_int_or_none(profile.get("profile_end"))], pa.int64()),
+                }
+            ),
+        )
         for name in domains:
             reg.domain(name)
         names = list(reg.domains)
-        yield K.RAW_DOMAINS, pa.table({
-            "domain_id": pa.array([reg.domains[n] for n in names], pa.int64()),
-            "rank": pa.array([rank] * len(names), pa.int64()), "name": pa.array(names, pa.string()),
-            "family": pa.array([_text(domains.get(n, {}).get("family")) for n in names], pa.string()),
-            "has_markers": pa.array([int(bool(domains.get(n, {}).get("has_markers"))) for n in names], pa.int64()),
-            "num_ranges": pa.array([int(domains.get(n, {}).get("num_ranges") or 0) for n in names], pa.int64()),
-            "is_primary": pa.array([int(n == primary) for n in names], pa.int64()),
-            "has_model": pa.array([int(n in domains) for n in names], pa.int64())})
+        yield (
+            K.RAW_DOMAINS,
+            pa.table(
+                {
+                    "domain_id": pa.array([reg.domains[n] for n in names], pa.int64()),
+                    "rank": pa.array([rank] * len(names), pa.int64()),
+                    "name": pa.array(names, pa.string()),
+                    "family": pa.array([_text(domains.get(n, {}).get("family")) for n in names], pa.string()),
+                    "has_markers": pa.array(
+                        [int(bool(domains.get(n, {}).get("has_markers"))) for n in names], pa.int64()
+                    ),
+                    "num_ranges": pa.array([int(domains.get(n, {}).get("num_ranges") or 0) for n in names], pa.int64()),
+                    "is_primary": pa.array([int(n == primary) for n in names], pa.int64()),
+                    "has_model": pa.array([int(n in domains) for n in names], pa.int64()),
+                }
+            ),
+        )
         if range_labels is not None and len(range_labels):
             n = len(range_labels)
-            yield K.RAW_RANGE_LABELS, pa.table({
-                "rank": np.full(n, rank, dtype=np.int64), "domain_id": reg.domain_column(range_labels["domain"]),
-                "label_id": reg.strings.column(range_labels["label"].astype(object)),
-                "kind": E.ints(range_labels["kind"]), "num_ranges": E.ints(range_labels["num_ranges"])})
+            yield (
+                K.RAW_RANGE_LABELS,
+                pa.table(
+                    {
+                        "rank": np.full(n, rank, dtype=np.int64),
+                        "domain_id": reg.domain_column(range_labels["domain"]),
+                        "label_id": reg.strings.column(range_labels["label"].astype(object)),
+                        "kind": E.ints(range_labels["kind"]),
+                        "num_ranges": E.ints(range_labels["num_ranges"]),
+                    }
+                ),
+            )
         if kernel_tc is not None and len(kernel_tc):
             n = len(kernel_tc)
-            yield K.RAW_KERNEL_TC, pa.table({
-                "rank": np.full(n, rank, dtype=np.int64), "name_id": reg.strings.column(kernel_tc["name"]),
-                "long_name_id": reg.strings.column(kernel_tc["long_name"]), "uses_tc": E.ints(kernel_tc["uses_tc"]),
-                "tc_rule": E.arrow_strings(kernel_tc["tc_rule"].astype(object))})
+            yield (
+                K.RAW_KERNEL_TC,
+                pa.table(
+                    {
+                        "rank": np.full(n, rank, dtype=np.int64),
+                        "name_id": reg.strings.column(kernel_tc["name"]),
+                        "long_name_id": reg.strings.column(kernel_tc["long_name"]),
+                        "uses_tc": E.ints(kernel_tc["uses_tc"]),
+                        "tc_rule": E.arrow_strings(kernel_tc["tc_rule"].astype(object)),
+                    }
+                ),
+            )
         yield K.RAW_THREADS, E.thread_rows(reg, rank)
         yield K.RAW_PROCESSES, E.process_rows(reg, rank)
-        yield "db_version", pa.table({"current_version": [DB_SCHEMA_VERSION], "original_version": [DB_SCHEMA_VERSION],
-                                      "created_by": [f"{K.CREATED_BY_PREFIX} {__version__}"]})
+        yield (
+            "db_version",
+            pa.table(
+                {
+                    "current_version": [DB_SCHEMA_VERSION],
+                    "original_version": [DB_SCHEMA_VERSION],
+                    "created_by": [f"{K.CREATED_BY_PREFIX} {__version__}"],
+                }
+            ),
+        )
 
 
 def _chunks(frame):
@@ -334,7 +429,7 @@ def _chunks(frame):
         yield from frame
         return
     for first in range(0, len(frame), CHUNK_ROWS):
-        yield frame.iloc[first:first + CHUNK_ROWS]
+        yield frame.iloc[first : first + CHUNK_ROWS]
 
 
 def _statements(script: str) -> list[str]:
@@ -357,6 +452,7 @@ def _int_or_none(value):
 
 
 # ---------------------------------------------------------------------------- a whole analysis as one segment
+
 
 def domain_ids_for(corr_or_names) -> dict:
     names = list(corr_or_names.domains) if hasattr(corr_or_names, "domains") else list(corr_or_names)
@@ -384,9 +480,15 @@ def _owner_chunks(trace: Trace, gpu_api: np.ndarray, gpu_instance: np.ndarray):
         part = slice(first, first + CHUNK_ROWS)
         row = np.asarray(gpu_api[part], dtype=np.int64)
         has = row >= 0
-        yield pd.DataFrame({"activity_id": activity[part], "instance_id": np.asarray(gpu_instance[part], np.int64),
-                            "api_id": np.where(has, api_ids[np.maximum(row, 0)], -1),
-                            "launch_time": np.where(has, api_start[np.maximum(row, 0)], gpu_start[part])}, copy=False)
+        yield pd.DataFrame(
+            {
+                "activity_id": activity[part],
+                "instance_id": np.asarray(gpu_instance[part], np.int64),
+                "api_id": np.where(has, api_ids[np.maximum(row, 0)], -1),
+                "launch_time": np.where(has, api_start[np.maximum(row, 0)], gpu_start[part]),
+            },
+            copy=False,
+        )
 
 
 def write_correlation(writer: DatabaseWriter, trace: Trace, corr) -> None:
@@ -395,11 +497,11 @@ def write_correlation(writer: DatabaseWriter, trace: Trace, corr) -> None:
     for name, dm in corr.domains.items():
         if name in writer.written_models:
             continue
-        writer.add_ops(name, dm.ops)   # first: the domain's ops get consecutive database op indexes
+        writer.add_ops(name, dm.ops)  # first: the domain's ops get consecutive database op indexes
         writer.add_domain_model(name, dm.instances, _owner_chunks(trace, corr.gpu_api, dm.gpu_instance))
         queued = True
     if queued:
-        writer.build_indexes()   # every instance and owner is queued: index them while the analysis goes on
+        writer.build_indexes()  # every instance and owner is queued: index them while the analysis goes on
 
 
 def kernel_tc_pairs(trace: Trace, corr) -> pd.DataFrame:
@@ -411,19 +513,24 @@ def kernel_tc_pairs(trace: Trace, corr) -> pd.DataFrame:
     long_codes, longs = E.string_codes(gpu["long_name"])
     pair = name_codes * (len(longs) + 1) + long_codes
     _, first = np.unique(pair, return_index=True)
-    return pd.DataFrame({"name": np.asarray(names, dtype=object)[name_codes[first]],
-                         "long_name": np.asarray(longs, dtype=object)[long_codes[first]],
-                         "uses_tc": np.asarray(corr.uses_tc, dtype=bool)[first].astype(np.int64),
-                         "tc_rule": pd.Series(np.asarray(corr.tc_rule, dtype=object)[first], dtype=object)})
+    return pd.DataFrame(
+        {
+            "name": np.asarray(names, dtype=object)[name_codes[first]],
+            "long_name": np.asarray(longs, dtype=object)[long_codes[first]],
+            "uses_tc": np.asarray(corr.uses_tc, dtype=bool)[first].astype(np.int64),
+            "tc_rule": pd.Series(np.asarray(corr.tc_rule, dtype=object)[first], dtype=object),
+        }
+    )
 
 
 def finish_analysis(writer: DatabaseWriter, trace: Trace, corr, primary_domain: str, profile: dict) -> dict:
     """Finish a database whose raw facts were added as one segment (the models too, unless already queued)."""
     write_correlation(writer, trace, corr)
-    domains = {name: {"family": corr.family, "has_markers": dm.has_markers, "num_ranges": dm.n_ranges}
-               for name, dm in corr.domains.items()}
-    return writer.finish(profile, primary_domain, domains, corr.config, corr.range_labels,
-                         kernel_tc_pairs(trace, corr))
+    domains = {
+        name: {"family": corr.family, "has_markers": dm.has_markers, "num_ranges": dm.n_ranges}
+        for name, dm in corr.domains.items()
+    }
+    return writer.finish(profile, primary_domain, domains, corr.config, corr.range_labels, kernel_tc_pairs(trace, corr))
 
 
 def op_index_offsets(corr) -> dict:
@@ -437,6 +544,7 @@ def op_index_offsets(corr) -> dict:
 
 
 # ---------------------------------------------------------------------------- derived tables
+
 
 def _rows(frame: pd.DataFrame, columns: list[str]):
     """Plain Python tuples for executemany (NaN/NA -> NULL), built column-wise."""
@@ -484,15 +592,18 @@ class _Inserter:
             columns.append("_rank")
             names.append("rank")
         quoted = ", ".join(f'"{n}"' for n in names)
-        self.con.executemany(f'INSERT INTO {table} ({quoted}) VALUES ({", ".join("?" * len(names))})',
-                             _rows(frame, columns))
+        self.con.executemany(
+            f"INSERT INTO {table} ({quoted}) VALUES ({', '.join('?' * len(names))})", _rows(frame, columns)
+        )
 
     def row(self, table: str, row: dict) -> int:
         row = dict(row)
         if self.has_rank(table):
             row["rank"] = self.rank
-        cur = self.con.execute(f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
-                               [float(v) if isinstance(v, np.floating) else v for v in row.values()])
+        cur = self.con.execute(
+            f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+            [float(v) if isinstance(v, np.floating) else v for v in row.values()],
+        )
         return cur.lastrowid
 
 
@@ -505,8 +616,16 @@ def _global_op_index(local, mapping) -> np.ndarray:
     return mapping[local] if local.size else local
 
 
-def append_aggregation(path: Path, aggregations: dict, domain_ids: dict, offsets: dict, iterations,
-                       findings: dict | None = None, elapsed: float = 0.0, rank: int = K.DEFAULT_RANK) -> int:
+def append_aggregation(
+    path: Path,
+    aggregations: dict,
+    domain_ids: dict,
+    offsets: dict,
+    iterations,
+    findings: dict | None = None,
+    elapsed: float = 0.0,
+    rank: int = K.DEFAULT_RANK,
+) -> int:
     """Add one aggregation (all domains) in one transaction; returns its aggr_id. `offsets`: per domain, the
     database op_index of its ops (an offset or an array, see _global_op_index). Writes schema 2.0 files in
     their own layout (no rank)."""
@@ -533,8 +652,15 @@ def append_rank_aggregations(path: Path, ranks: list[dict], elapsed: float = 0.0
         con.execute("BEGIN IMMEDIATE")
         aggr_id = _insert_aggregation(con, next(iter(ranks[0]["aggregations"].values())), elapsed)
         for r in ranks:
-            _write_rank_rows(_Inserter(con, r["rank"]), aggr_id, r["aggregations"], r["domain_ids"], r["offsets"],
-                             r["iterations"], r["findings"])
+            _write_rank_rows(
+                _Inserter(con, r["rank"]),
+                aggr_id,
+                r["aggregations"],
+                r["domain_ids"],
+                r["offsets"],
+                r["iterations"],
+                r["findings"],
+            )
         if extra is not None:
             extra(con, aggr_id)
         con.execute("COMMIT")
@@ -556,27 +682,53 @@ def _insert_aggregation(con: sqlite3.Connection, first: Aggregation, elapsed: fl
         f"INSERT INTO {K.AGGREGATIONS} (created_utc, key_node, key_source, key_found, iter_start, iter_stop, "
         "total_iterations, server_user_name, server_host_name, engine_version, elapsed_seconds) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), first.key_node, first.key_source,
-         int(first.key_found), first.iter_start, first.iter_stop, first.total_iterations, user,
-         socket.gethostname(), __version__, float(elapsed)))
+        (
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            first.key_node,
+            first.key_source,
+            int(first.key_found),
+            first.iter_start,
+            first.iter_stop,
+            first.total_iterations,
+            user,
+            socket.gethostname(),
+            __version__,
+            float(elapsed),
+        ),
+    )
     return cur.lastrowid
 
 
-def _write_rank_rows(out: _Inserter, aggr_id: int, aggregations: dict, domain_ids: dict, offsets: dict, iterations,
-                     findings: dict | None) -> None:
+def _write_rank_rows(
+    out: _Inserter, aggr_id: int, aggregations: dict, domain_ids: dict, offsets: dict, iterations, findings: dict | None
+) -> None:
     """One rank's rows of an aggregation: iteration bounds, every domain's tables and findings."""
-    bounds = pd.DataFrame({"aggr_id": aggr_id, "iter_value": np.arange(len(iterations.starts)),
-                           "start_time": np.asarray(iterations.starts, dtype=np.int64),
-                           "stop_time": np.asarray(iterations.ends, dtype=np.int64)})
+    bounds = pd.DataFrame(
+        {
+            "aggr_id": aggr_id,
+            "iter_value": np.arange(len(iterations.starts)),
+            "start_time": np.asarray(iterations.starts, dtype=np.int64),
+            "stop_time": np.asarray(iterations.ends, dtype=np.int64),
+        }
+    )
     out.insert(K.ITERATION_LIST, bounds, ["aggr_id", "iter_value", "start_time", "stop_time"])
     for name, agg in aggregations.items():
         _write_aggregation(out, aggr_id, domain_ids[name], offsets[name], agg)
         for f in (findings or {}).get(name, []):
-            out.row(K.EXPERT_SYSTEMS_FEEDBACK, {
-                "aggr_id": aggr_id, "domain_id": domain_ids[name], "exp_sys_id": f.get("id"),
-                "severity": f.get("severity"), "problem": f.get("problem"),
-                "recommendation": f.get("recommendation"), "link": f.get("link"),
-                "action": json.dumps(f.get("action")), "data": json.dumps(f.get("data", {}), default=str)})
+            out.row(
+                K.EXPERT_SYSTEMS_FEEDBACK,
+                {
+                    "aggr_id": aggr_id,
+                    "domain_id": domain_ids[name],
+                    "exp_sys_id": f.get("id"),
+                    "severity": f.get("severity"),
+                    "problem": f.get("problem"),
+                    "recommendation": f.get("recommendation"),
+                    "link": f.get("link"),
+                    "action": json.dumps(f.get("action")),
+                    "data": json.dumps(f.get("data", {}), default=str),
+                },
+            )
 
 
 _STAT_COLS = [f"{p}_{s}" for p in ("cpu", "gpu", "overhead", "idle") for s in ("total", "avg", "min", "max")]
@@ -584,71 +736,214 @@ _STAT_COLS = [f"{p}_{s}" for p in ("cpu", "gpu", "overhead", "idle") for s in ("
 
 def _write_aggregation(out: _Inserter, aggr_id: int, domain_id: int, ops_map, agg: Aggregation) -> None:
     it = agg.iterations.assign(aggr_id=aggr_id, domain_id=domain_id)
-    out.insert(K.ITERATION_SUMMARY, it,
-               ["aggr_id", "domain_id", "iteration", "start", "end", "duration", "aggregated", "kernels", "tc_kernels",
-                "kernel_time_per_gpu", "tc_kernel_time_per_gpu"] + [f"{c}_time" for c in CLASSES] + ["gpu_utilization"],
-               ["aggr_id", "domain_id", "iter_value", "start_time", "stop_time", "duration", "aggregated", "kernels",
-                "tc_kernels", "kernel_time_per_gpu", "tc_kernel_time_per_gpu"] + [f"{c}_time" for c in CLASSES]
-               + ["gpu_utilization"])
+    out.insert(
+        K.ITERATION_SUMMARY,
+        it,
+        [
+            "aggr_id",
+            "domain_id",
+            "iteration",
+            "start",
+            "end",
+            "duration",
+            "aggregated",
+            "kernels",
+            "tc_kernels",
+            "kernel_time_per_gpu",
+            "tc_kernel_time_per_gpu",
+        ]
+        + [f"{c}_time" for c in CLASSES]
+        + ["gpu_utilization"],
+        [
+            "aggr_id",
+            "domain_id",
+            "iter_value",
+            "start_time",
+            "stop_time",
+            "duration",
+            "aggregated",
+            "kernels",
+            "tc_kernels",
+            "kernel_time_per_gpu",
+            "tc_kernel_time_per_gpu",
+        ]
+        + [f"{c}_time" for c in CLASSES]
+        + ["gpu_utilization"],
+    )
     s = agg.summary
-    row = {"aggr_id": aggr_id, "domain_id": domain_id, "wall_time": s["wall_time"], "window_start": agg.window_start,
-           "window_end": agg.window_end, "tc_utilization": s["tc_utilization"],
-           "gpu_utilization": s["gpu_utilization"],
-           **{f"{c}_duration_pct": s["pct"][c] for c in CLASSES},
-           "iter_total": s["total_iterations"], "iter_aggregated": s["aggregated_iterations"],
-           "iter_start": s["iter_start"], "iter_stop": s["iter_stop"], "avg_iteration_time": s["avg_iteration_time"],
-           "iteration_time_std_dev": s["iteration_std"], "key_node": s["key_node"], "key_found": int(s["key_found"]),
-           "n_visible_gpus": s["n_visible_gpus"]}
+    row = {
+        "aggr_id": aggr_id,
+        "domain_id": domain_id,
+        "wall_time": s["wall_time"],
+        "window_start": agg.window_start,
+        "window_end": agg.window_end,
+        "tc_utilization": s["tc_utilization"],
+        "gpu_utilization": s["gpu_utilization"],
+        **{f"{c}_duration_pct": s["pct"][c] for c in CLASSES},
+        "iter_total": s["total_iterations"],
+        "iter_aggregated": s["aggregated_iterations"],
+        "iter_start": s["iter_start"],
+        "iter_stop": s["iter_stop"],
+        "avg_iteration_time": s["avg_iteration_time"],
+        "iteration_time_std_dev": s["iteration_std"],
+        "key_node": s["key_node"],
+        "key_found": int(s["key_found"]),
+        "n_visible_gpus": s["n_visible_gpus"],
+    }
     for short, key in (("all", "all"), ("tc", "using_tc"), ("eligible", "eligible_not_using"), ("other", "other")):
         r = s["ops"][key]
-        row.update({f"ops_{short}_gpu": r["gpu_time"], f"ops_{short}_cpu": r["cpu_time"],
-                    f"ops_{short}_count": r["count"]})
+        row.update(
+            {f"ops_{short}_gpu": r["gpu_time"], f"ops_{short}_cpu": r["cpu_time"], f"ops_{short}_count": r["count"]}
+        )
     for key in ("all", "tc", "memory", "other"):
         r = s["kernels"][key]
-        row.update({f"kernels_{key}_gpu": r["gpu_time"], f"kernels_{key}_cpu": r["cpu_time"],
-                    f"kernels_{key}_count": r["count"]})
+        row.update(
+            {
+                f"kernels_{key}_gpu": r["gpu_time"],
+                f"kernels_{key}_cpu": r["cpu_time"],
+                f"kernels_{key}_count": r["count"],
+            }
+        )
     out.row(K.MODEL_SUMMARY, row)
     dev = agg.devices.assign(aggr_id=aggr_id, domain_id=domain_id)
-    out.insert(K.DEVICE_UTILIZATION, dev, ["aggr_id", "domain_id", "device_id", "gpu_utilization"]
-               + [f"{c}_time" for c in CLASSES] + [f"{c}_pct" for c in CLASSES])
+    out.insert(
+        K.DEVICE_UTILIZATION,
+        dev,
+        ["aggr_id", "domain_id", "device_id", "gpu_utilization"]
+        + [f"{c}_time" for c in CLASSES]
+        + [f"{c}_pct" for c in CLASSES],
+    )
     ops = agg.ops.assign(aggr_id=aggr_id, domain_id=domain_id, op_index=_global_op_index(agg.ops["op_index"], ops_map))
-    out.insert(K.OP_NODES, ops, ["aggr_id", "domain_id", "op_index", "calls", "kernel_calls", "tc_eligible",
-                                 "using_tc", "is_bad_data_type", "kernel_time"] + _STAT_COLS,
-               ["aggr_id", "domain_id", "op_index", "num_calls", "kernel_calls", "tc_eligible", "using_tc",
-                "is_bad_data_type", "kernel_time"] + _STAT_COLS)
+    out.insert(
+        K.OP_NODES,
+        ops,
+        [
+            "aggr_id",
+            "domain_id",
+            "op_index",
+            "calls",
+            "kernel_calls",
+            "tc_eligible",
+            "using_tc",
+            "is_bad_data_type",
+            "kernel_time",
+        ]
+        + _STAT_COLS,
+        [
+            "aggr_id",
+            "domain_id",
+            "op_index",
+            "num_calls",
+            "kernel_calls",
+            "tc_eligible",
+            "using_tc",
+            "is_bad_data_type",
+            "kernel_time",
+        ]
+        + _STAT_COLS,
+    )
     types = agg.op_types.assign(aggr_id=aggr_id, domain_id=domain_id)
-    out.insert(K.OP_TYPE_METRICS, types, ["aggr_id", "domain_id", "op_type", "n_ops", "calls"] + _STAT_COLS,
-               ["aggr_id", "domain_id", "op_type", "num_ops", "num_calls"] + _STAT_COLS)
+    out.insert(
+        K.OP_TYPE_METRICS,
+        types,
+        ["aggr_id", "domain_id", "op_type", "n_ops", "calls"] + _STAT_COLS,
+        ["aggr_id", "domain_id", "op_type", "num_ops", "num_calls"] + _STAT_COLS,
+    )
     if len(agg.kernels):
-        k = agg.kernels.assign(aggr_id=aggr_id, domain_id=domain_id,
-                               op_index=_global_op_index(agg.kernels["op_index"], ops_map))
-        out.insert(K.KERNEL_SUMMARIES, k,
-                   ["aggr_id", "domain_id", "name", "long_name", "op_index", "uses_tc", "count", "first_start",
-                    "gpu_total", "gpu_avg", "gpu_min", "gpu_max", "api_total", "api_avg", "api_min", "api_max"],
-                   ["aggr_id", "domain_id", "kernel_name", "long_name", "op_index", "uses_tc", "num_calls",
-                    "first_start", "gpu_total", "gpu_avg", "gpu_min", "gpu_max", "api_total", "api_avg", "api_min",
-                    "api_max"])
-    tc = agg.tensor_core.assign(aggr_id=aggr_id, domain_id=domain_id,
-                                op_index=_global_op_index(agg.tensor_core["op_index"], ops_map))
+        k = agg.kernels.assign(
+            aggr_id=aggr_id, domain_id=domain_id, op_index=_global_op_index(agg.kernels["op_index"], ops_map)
+        )
+        out.insert(
+            K.KERNEL_SUMMARIES,
+            k,
+            [
+                "aggr_id",
+                "domain_id",
+                "name",
+                "long_name",
+                "op_index",
+                "uses_tc",
+                "count",
+                "first_start",
+                "gpu_total",
+                "gpu_avg",
+                "gpu_min",
+                "gpu_max",
+                "api_total",
+                "api_avg",
+                "api_min",
+                "api_max",
+            ],
+            [
+                "aggr_id",
+                "domain_id",
+                "kernel_name",
+                "long_name",
+                "op_index",
+                "uses_tc",
+                "num_calls",
+                "first_start",
+                "gpu_total",
+                "gpu_avg",
+                "gpu_min",
+                "gpu_max",
+                "api_total",
+                "api_avg",
+                "api_min",
+                "api_max",
+            ],
+        )
+    tc = agg.tensor_core.assign(
+        aggr_id=aggr_id, domain_id=domain_id, op_index=_global_op_index(agg.tensor_core["op_index"], ops_map)
+    )
     if len(tc):
         tc["tc_names"] = tc["tc_kernel_names"].map(json.dumps)
         tc["non_tc_names"] = tc["non_tc_kernel_names"].map(json.dumps)
-        out.insert(K.TENSOR_CORE_SUMMARY, tc,
-                   ["aggr_id", "domain_id", "op_index", "total_gpu_time", "tc_gpu_time", "non_tc_gpu_time",
-                    "tc_utilization", "total_kernel_count", "tc_kernel_count", "tc_names", "non_tc_kernel_count",
-                    "non_tc_names"],
-                   ["aggr_id", "domain_id", "op_index", "total_gpu_time", "tc_gpu_time", "non_tc_gpu_time",
-                    "tc_utilization", "total_kernel_count", "tc_kernel_count", "tc_kernel_names", "non_tc_kernel_count",
-                    "non_tc_kernel_names"])
+        out.insert(
+            K.TENSOR_CORE_SUMMARY,
+            tc,
+            [
+                "aggr_id",
+                "domain_id",
+                "op_index",
+                "total_gpu_time",
+                "tc_gpu_time",
+                "non_tc_gpu_time",
+                "tc_utilization",
+                "total_kernel_count",
+                "tc_kernel_count",
+                "tc_names",
+                "non_tc_kernel_count",
+                "non_tc_names",
+            ],
+            [
+                "aggr_id",
+                "domain_id",
+                "op_index",
+                "total_gpu_time",
+                "tc_gpu_time",
+                "non_tc_gpu_time",
+                "tc_utilization",
+                "total_kernel_count",
+                "tc_kernel_count",
+                "tc_kernel_names",
+                "non_tc_kernel_count",
+                "non_tc_kernel_names",
+            ],
+        )
     if len(agg.groups):
         g = agg.groups.assign(aggr_id=aggr_id, domain_id=domain_id)
-        out.insert(K.GROUP_OPS, g, ["aggr_id", "domain_id", "name", "level", "calls", "n_ops", "n_tc_eligible",
-                                    "n_using_tc"] + _STAT_COLS,
-                   ["aggr_id", "domain_id", "name", "level", "num_calls", "num_ops", "num_tc_eligible",
-                    "num_using_tc"] + _STAT_COLS)
+        out.insert(
+            K.GROUP_OPS,
+            g,
+            ["aggr_id", "domain_id", "name", "level", "calls", "n_ops", "n_tc_eligible", "n_using_tc"] + _STAT_COLS,
+            ["aggr_id", "domain_id", "name", "level", "num_calls", "num_ops", "num_tc_eligible", "num_using_tc"]
+            + _STAT_COLS,
+        )
 
 
 # ---------------------------------------------------------------------------- reading back
+
 
 def schema_version(path: Path) -> str | None:
     """db_version.current_version of a DLProf database (None if the file is not one)."""
@@ -677,4 +972,5 @@ def load_model(path: Path, rank: int = K.DEFAULT_RANK):
     """Rebuild (trace, correlation, profile info, domain ids, op_index offsets) of one rank from a DLProf
     database of schema 3.0 or 2.0 (see db_load)."""
     from dlprof_profiler.db_load import load_model as load
+
     return load(path, rank)

@@ -6,6 +6,7 @@ and PyTorch's per-call fields: `aten::mm, seq = 12, op_id = 345` is stored as th
 integers 12 and 345; any text that does not end in exactly that form is stored whole, so every text comes
 back byte for byte.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,6 +23,7 @@ _SEQ, _OP_ID = ", seq = ", ", op_id = "
 
 
 # ---------------------------------------------------------------------------- column helpers
+
 
 def ints(values) -> np.ndarray:
     """A column as int64 (bools and small ints widened; pandas nullable ints must have no NA)."""
@@ -54,8 +56,11 @@ def arrow_strings(values) -> pa.Array:
         return values
     if isinstance(values, pd.Series) and isinstance(values.array, pd.arrays.ArrowStringArray):
         return arrow_strings(values.array._pa_array)
-    obj = values.to_numpy(dtype=object, na_value=None) if isinstance(values, pd.Series) else \
-        np.asarray(values, dtype=object)
+    obj = (
+        values.to_numpy(dtype=object, na_value=None)
+        if isinstance(values, pd.Series)
+        else np.asarray(values, dtype=object)
+    )
     if obj.size == 0:
         return pa.array([], type=pa.string())
     return pa.array(np.where(pd.isna(obj), None, obj), type=pa.string())
@@ -68,7 +73,8 @@ def string_codes(values) -> tuple[np.ndarray, list]:
         cat = values.array if isinstance(values, pd.Series) else values
         return np.asarray(cat.codes, dtype=np.int64), [str(c) for c in cat.categories]
     if isinstance(values, (pa.Array, pa.ChunkedArray)) or (
-            isinstance(values, pd.Series) and isinstance(values.array, pd.arrays.ArrowStringArray)):
+        isinstance(values, pd.Series) and isinstance(values.array, pd.arrays.ArrowStringArray)
+    ):
         encoded = pc.dictionary_encode(arrow_strings(values))
         codes = np.asarray(pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
         return codes, encoded.dictionary.to_pylist()
@@ -79,6 +85,7 @@ def string_codes(values) -> tuple[np.ndarray, list]:
 
 
 # ---------------------------------------------------------------------------- id registries
+
 
 class StringIds:
     """Distinct strings -> ids 0, 1, 2, ... for the `strings` table.
@@ -122,7 +129,7 @@ class StringIds:
             return codes
         # only the names rows use (a categorical may carry every string of the export)
         used = np.flatnonzero(np.bincount(codes + 1, minlength=len(uniques) + 1)[1:])
-        lut = np.full(len(uniques) + 1, -1, dtype=np.int64)   # code -1 -> last entry -> -1
+        lut = np.full(len(uniques) + 1, -1, dtype=np.int64)  # code -1 -> last entry -> -1
         lut[used] = self.ids([uniques[i] for i in used])
         return lut[codes]
 
@@ -133,8 +140,9 @@ class StringIds:
         """The strings given ids since the last call, as rows of the `strings` table."""
         if not self._new_ids:
             return None
-        table = pa.table({"id": pa.array(self._new_ids, type=pa.int64()),
-                          "value": pa.array(self._new_values, type=pa.string())})
+        table = pa.table(
+            {"id": pa.array(self._new_ids, type=pa.int64()), "value": pa.array(self._new_values, type=pa.string())}
+        )
         self._new_ids, self._new_values = [], []
         return table
 
@@ -144,7 +152,7 @@ class KeyIds:
 
     def __init__(self):
         self.ids: dict = {}
-        self.rows: list[tuple] = []   # (id, *key, name) in id order
+        self.rows: list[tuple] = []  # (id, *key, name) in id order
         self.names: dict = {}
 
     def add(self, key, name=None) -> int:
@@ -162,10 +170,10 @@ class Registry:
 
     def __init__(self, domain_ids: dict):
         self.strings = StringIds()
-        self.threads = KeyIds()      # (global_tid, pid) -> thread_id
-        self.processes = KeyIds()    # pid -> process_id
+        self.threads = KeyIds()  # (global_tid, pid) -> thread_id
+        self.processes = KeyIds()  # pid -> process_id
         self.domains = dict(domain_ids)
-        self.op_maps: dict[str, np.ndarray] = {}   # domain -> database op_index per op of the domain (-1: none yet)
+        self.op_maps: dict[str, np.ndarray] = {}  # domain -> database op_index per op of the domain (-1: none yet)
         self.next_op = 0
 
     def thread_column(self, global_tid, pid) -> np.ndarray:
@@ -177,8 +185,9 @@ class Registry:
         codes = combined_codes(gtid, pids)
         first = np.full(codes.max() + 1, -1, dtype=np.int64)
         first[codes[::-1]] = np.arange(codes.size - 1, -1, -1)
-        lut = np.array([self.thread(int(gtid[i]), int(pids[i])) if gtid[i] != -1 else -1 for i in first],
-                       dtype=np.int64)
+        lut = np.array(
+            [self.thread(int(gtid[i]), int(pids[i])) if gtid[i] != -1 else -1 for i in first], dtype=np.int64
+        )
         return lut[codes]
 
     def thread(self, global_tid: int, pid: int, name=None) -> int:
@@ -222,14 +231,16 @@ class Registry:
 
 # ---------------------------------------------------------------------------- range texts
 
-def _canonical_ints(texts: pa.Array, at: np.ndarray, stop: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray,
-                                                                                                     np.ndarray]:
+
+def _canonical_ints(
+    texts: pa.Array, at: np.ndarray, stop: np.ndarray, wanted: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(value, ok) of the text between byte `at` and byte `stop` of each text: ok where wanted and that piece
     is an integer as Python writes it (ASCII digits, no leading zero, no '+' and no '-0', at most 18 digits)."""
     value, digits = arrow_text.ints_at(texts, np.where(wanted, at, -1))
     fits = (digits >= 1) & (digits <= arrow_text.MAX_DIGITS)
     magnitude = np.abs(value)
-    smallest = 10 ** np.clip(digits - 1, 0, arrow_text.MAX_DIGITS - 1)   # no leading zero: d digits >= 10^(d-1)
+    smallest = 10 ** np.clip(digits - 1, 0, arrow_text.MAX_DIGITS - 1)  # no leading zero: d digits >= 10^(d-1)
     ok = wanted & fits & (stop - at == digits + (value < 0)) & ((digits == 1) | (magnitude >= smallest))
     return value, ok
 
@@ -252,74 +263,132 @@ def split_call_fields(texts: pa.Array) -> tuple[pa.Array, pa.Array, pa.Array]:
     op_id, op_ok = _canonical_ints(texts, pos_o + len(_OP_ID), length, has_o)
     split = (has_s | has_o) & (seq_ok | ~has_s) & (op_ok | ~has_o)
     cut = np.where(split, np.where(has_s, pos_s, pos_o), length)
-    return (arrow_text.prefixes(texts, cut), pa.array(seq, mask=~(split & has_s)),
-            pa.array(op_id, mask=~(split & has_o)))
+    return (
+        arrow_text.prefixes(texts, cut),
+        pa.array(seq, mask=~(split & has_s)),
+        pa.array(op_id, mask=~(split & has_o)),
+    )
 
 
 def join_call_fields(shared: pa.Array, seq: pa.Array, op_id: pa.Array) -> pa.Array:
     """The inverse of split_call_fields."""
+
     def field(values, name):
         text = pc.binary_join_element_wise(pa.scalar(f", {name} = "), pc.cast(values, pa.string()), "")
         return pc.fill_null(text, "")
+
     return pc.binary_join_element_wise(pc.cast(shared, pa.string()), field(seq, "seq"), field(op_id, "op_id"), "")
 
 
 # ---------------------------------------------------------------------------- frames -> rows
 
+
 def range_rows(ranges: pd.DataFrame, rank: int, reg: Registry) -> pa.Table:
     texts = pc.fill_null(arrow_strings(ranges["text"]), "")
     shared, seq, op_id = split_call_fields(texts)
     start = ints(ranges["start"])
-    return pa.table({
-        "rank": np.full(start.size, rank, dtype=np.int64), "range_id": ints(ranges["range_id"]),
-        "domain_id": reg.domain_column(ranges["domain"]),
-        "thread_id": reg.thread_column(ranges["global_tid"], ranges["pid"]),
-        "event_type": ints(ranges["event_type"]), "start": start, "duration": ints(ranges["end"]) - start,
-        "text_id": reg.strings.column(shared), "seq": seq, "op_id": op_id, "unclosed": ints(ranges["unclosed"])})
+    return pa.table(
+        {
+            "rank": np.full(start.size, rank, dtype=np.int64),
+            "range_id": ints(ranges["range_id"]),
+            "domain_id": reg.domain_column(ranges["domain"]),
+            "thread_id": reg.thread_column(ranges["global_tid"], ranges["pid"]),
+            "event_type": ints(ranges["event_type"]),
+            "start": start,
+            "duration": ints(ranges["end"]) - start,
+            "text_id": reg.strings.column(shared),
+            "seq": seq,
+            "op_id": op_id,
+            "unclosed": ints(ranges["unclosed"]),
+        }
+    )
 
 
 def api_rows(api: pd.DataFrame, rank: int, reg: Registry) -> pa.Table:
     start = ints(api["start"])
-    return pa.table({
-        "rank": np.full(start.size, rank, dtype=np.int64), "api_id": keys(rank, api["api_id"]),
-        "name_id": ids_column(reg.strings.column(api["name"])),
-        "thread_id": reg.thread_column(api["global_tid"], api["pid"]), "start": start,
-        "duration": ints(api["end"]) - start, "correlation_id": ints(api["correlation_id"]),
-        "event_class": ints(api["event_class"]), "return_value": ints(api["return_value"])})
+    return pa.table(
+        {
+            "rank": np.full(start.size, rank, dtype=np.int64),
+            "api_id": keys(rank, api["api_id"]),
+            "name_id": ids_column(reg.strings.column(api["name"])),
+            "thread_id": reg.thread_column(api["global_tid"], api["pid"]),
+            "start": start,
+            "duration": ints(api["end"]) - start,
+            "correlation_id": ints(api["correlation_id"]),
+            "event_class": ints(api["event_class"]),
+            "return_value": ints(api["return_value"]),
+        }
+    )
 
 
-GPU_PLAIN = ["device_id", "stream_id", "context_id", "correlation_id", "grid_x", "grid_y", "grid_z", "block_x",
-             "block_y", "block_z", "registers", "static_smem", "dynamic_smem", "bytes", "copy_kind", "src_kind",
-             "dst_kind", "graph_node_id"]
+GPU_PLAIN = [
+    "device_id",
+    "stream_id",
+    "context_id",
+    "correlation_id",
+    "grid_x",
+    "grid_y",
+    "grid_z",
+    "block_x",
+    "block_y",
+    "block_z",
+    "registers",
+    "static_smem",
+    "dynamic_smem",
+    "bytes",
+    "copy_kind",
+    "src_kind",
+    "dst_kind",
+    "graph_node_id",
+]
 
 
 def gpu_rows(gpu: pd.DataFrame, rank: int, reg: Registry) -> pa.Table:
     start = ints(gpu["start"])
     name = reg.strings.column(gpu["name"])
     long_name = reg.strings.column(gpu["long_name"])
-    columns = {"rank": np.full(start.size, rank, dtype=np.int64), "activity_id": keys(rank, gpu["activity_id"]),
-               "kind": ints(gpu["kind"]), "name_id": name,
-               # NULL: the long name is the name (memcpy and memset labels, C kernels)
-               "long_name_id": nullable(long_name, long_name == name), "start": start,
-               "duration": ints(gpu["end"]) - start, "process_id": reg.process_column(gpu["pid"])}
+    columns = {
+        "rank": np.full(start.size, rank, dtype=np.int64),
+        "activity_id": keys(rank, gpu["activity_id"]),
+        "kind": ints(gpu["kind"]),
+        "name_id": name,
+        # NULL: the long name is the name (memcpy and memset labels, C kernels)
+        "long_name_id": nullable(long_name, long_name == name),
+        "start": start,
+        "duration": ints(gpu["end"]) - start,
+        "process_id": reg.process_column(gpu["pid"]),
+    }
     columns.update({c: ints(gpu[c]) for c in GPU_PLAIN})
     return pa.table(columns)
 
 
 def sync_rows(syncs: pd.DataFrame, rank: int, reg: Registry) -> pa.Table:
     start = ints(syncs["start"])
-    return pa.table({"rank": np.full(start.size, rank, dtype=np.int64), "start": start,
-                     "duration": ints(syncs["end"]) - start, "device_id": ints(syncs["device_id"]),
-                     "stream_id": ints(syncs["stream_id"]), "process_id": reg.process_column(syncs["pid"]),
-                     "correlation_id": ints(syncs["correlation_id"]), "sync_type": ints(syncs["sync_type"])})
+    return pa.table(
+        {
+            "rank": np.full(start.size, rank, dtype=np.int64),
+            "start": start,
+            "duration": ints(syncs["end"]) - start,
+            "device_id": ints(syncs["device_id"]),
+            "stream_id": ints(syncs["stream_id"]),
+            "process_id": reg.process_column(syncs["pid"]),
+            "correlation_id": ints(syncs["correlation_id"]),
+            "sync_type": ints(syncs["sync_type"]),
+        }
+    )
 
 
 def io_rows(io: pd.DataFrame, rank: int, reg: Registry) -> pa.Table:
     start = ints(io["start"])
-    return pa.table({"rank": np.full(start.size, rank, dtype=np.int64), "start": start,
-                     "duration": ints(io["end"]) - start,
-                     "thread_id": reg.thread_column(io["global_tid"], io["pid"]),
-                     "name_id": ids_column(reg.strings.column(io["name"]))})
+    return pa.table(
+        {
+            "rank": np.full(start.size, rank, dtype=np.int64),
+            "start": start,
+            "duration": ints(io["end"]) - start,
+            "thread_id": reg.thread_column(io["global_tid"], io["pid"]),
+            "name_id": ids_column(reg.strings.column(io["name"])),
+        }
+    )
 
 
 DETAIL_COLUMNS = ["data_type", "input_shapes", "output_shapes", "parameters", "stack_trace"]
@@ -334,8 +403,11 @@ def instance_rows(inst: pd.DataFrame, domain: str, rank: int, reg: Registry) -> 
     instance_key = keys(did, inst["instance_id"])
     kind = ints(inst["kind"])
     start = ints(inst["start"])
-    source = np.where(ints(inst["range_id"]) >= 0, ints(inst["range_id"]),
-                      np.where(ints(inst["api_id"]) >= 0, ints(inst["api_id"]), ints(inst["activity_id"])))
+    source = np.where(
+        ints(inst["range_id"]) >= 0,
+        ints(inst["range_id"]),
+        np.where(ints(inst["api_id"]) >= 0, ints(inst["api_id"]), ints(inst["activity_id"])),
+    )
     n_gpu = ints(inst["n_gpu"])
     no_gpu = n_gpu <= 0
     gpu_start = ints(inst["gpu_start"])
@@ -343,24 +415,39 @@ def instance_rows(inst: pd.DataFrame, domain: str, rank: int, reg: Registry) -> 
     # the call an instance belongs to (the autograd nodes of one forward call form one backward call); NULL:
     # the instance is a call of its own
     call = ints(inst["call_id"]) if "call_id" in inst.columns else ints(inst["instance_id"])
-    rows = pa.table({
-        "instance_id": instance_key, "domain_id": domain_id, "rank": np.full(n, rank, dtype=np.int64),
-        "op_index": reg.op_index(domain, inst["op_index"]), "kind": kind,
-        "source_id": nullable(source, source < 0), "thread_id": ids_column(thread),
-        "process_id": reg.process_column(inst["pid"]), "device_id": ints(inst["device_id"]),
-        "start": start, "duration": ints(inst["end"]) - start, "cpu_overhead": ints(inst["cpu_overhead"]),
-        "gpu_time": ints(inst["gpu_time"]), "gpu_offset": nullable(gpu_start - start, no_gpu),
-        "gpu_span": nullable(ints(inst["gpu_end"]) - gpu_start, no_gpu), "n_gpu": n_gpu,
-        "n_kernels": ints(inst["n_kernels"]),
-        "call_id": nullable(keys(did, call), call == ints(inst["instance_id"]))})
+    rows = pa.table(
+        {
+            "instance_id": instance_key,
+            "domain_id": domain_id,
+            "rank": np.full(n, rank, dtype=np.int64),
+            "op_index": reg.op_index(domain, inst["op_index"]),
+            "kind": kind,
+            "source_id": nullable(source, source < 0),
+            "thread_id": ids_column(thread),
+            "process_id": reg.process_column(inst["pid"]),
+            "device_id": ints(inst["device_id"]),
+            "start": start,
+            "duration": ints(inst["end"]) - start,
+            "cpu_overhead": ints(inst["cpu_overhead"]),
+            "gpu_time": ints(inst["gpu_time"]),
+            "gpu_offset": nullable(gpu_start - start, no_gpu),
+            "gpu_span": nullable(ints(inst["gpu_end"]) - gpu_start, no_gpu),
+            "n_gpu": n_gpu,
+            "n_kernels": ints(inst["n_kernels"]),
+            "call_id": nullable(keys(did, call), call == ints(inst["instance_id"])),
+        }
+    )
     out = [(K.RAW_OP_INSTANCES, rows)]
     present = [c for c in DETAIL_COLUMNS if c in inst.columns]
     if present:
         any_detail = inst[present].notna().any(axis=1).to_numpy()
         if any_detail.any():
             sel = np.flatnonzero(any_detail)
-            detail = {"instance_id": instance_key[sel], "domain_id": domain_id[sel],
-                      "rank": np.full(sel.size, rank, dtype=np.int64)}
+            detail = {
+                "instance_id": instance_key[sel],
+                "domain_id": domain_id[sel],
+                "rank": np.full(sel.size, rank, dtype=np.int64),
+            }
             for c in DETAIL_COLUMNS:
                 values = inst[c].to_numpy(dtype=object)[sel] if c in inst.columns else np.full(sel.size, None)
                 detail[f"{c}_id"] = ids_column(reg.strings.column(pd.Series(values, dtype=object)))
@@ -373,11 +460,17 @@ def owner_rows(owners: pd.DataFrame, domain: str, rank: int, reg: Registry) -> p
     api_id = ints(owners["api_id"])
     n = api_id.size
     did = reg.domain(domain)
-    return pa.table({"owner_id": keys(did, owners["activity_id"]), "domain_id": np.full(n, did, dtype=np.int64),
-                     "rank": np.full(n, rank, dtype=np.int64), "activity_id": keys(rank, owners["activity_id"]),
-                     "instance_id": keys(did, owners["instance_id"]),
-                     "api_id": nullable(keys(rank, np.maximum(api_id, 0)), api_id < 0),
-                     "launch_time": ints(owners["launch_time"])})
+    return pa.table(
+        {
+            "owner_id": keys(did, owners["activity_id"]),
+            "domain_id": np.full(n, did, dtype=np.int64),
+            "rank": np.full(n, rank, dtype=np.int64),
+            "activity_id": keys(rank, owners["activity_id"]),
+            "instance_id": keys(did, owners["instance_id"]),
+            "api_id": nullable(keys(rank, np.maximum(api_id, 0)), api_id < 0),
+            "launch_time": ints(owners["launch_time"]),
+        }
+    )
 
 
 def op_rows(ops: pd.DataFrame, domain: str, rank: int, reg: Registry) -> pa.Table:
@@ -386,38 +479,67 @@ def op_rows(ops: pd.DataFrame, domain: str, rank: int, reg: Registry) -> pa.Tabl
 
     def text_ids(column):
         return ids_column(s.column(ops[column].astype(object)) if column in ops.columns else np.full(n, -1))
-    direction = ops["direction"].astype(object).to_numpy(dtype=object) if "direction" in ops.columns else \
-        np.full(n, None, dtype=object)
+
+    direction = (
+        ops["direction"].astype(object).to_numpy(dtype=object)
+        if "direction" in ops.columns
+        else np.full(n, None, dtype=object)
+    )
     kind = ints(ops["kind"]) if "kind" in ops.columns else np.full(n, -1, dtype=np.int64)
-    return pa.table({
-        "op_index": reg.op_index(domain, ops["op_index"]), "rank": np.full(n, rank, dtype=np.int64),
-        "domain_id": np.full(n, reg.domain(domain), dtype=np.int64), "domain_op_index": ints(ops["op_index"]),
-        "op_id": arrow_strings(ops["op_id"].astype(object)), "name_id": text_ids("name"),
-        "direction": arrow_strings(pd.Series(direction, dtype=object)), "op_type_id": text_ids("op_type"),
-        "label_id": text_ids("label"), "tc_eligible": ints(ops["tc_eligible"]), "data_type_id": text_ids("data_type"),
-        "stack_trace_id": text_ids("stack_trace"), "device_id": ints(ops["device_id"]),
-        "first_start": ints(ops["first_start"]), "num_instances": ints(ops["n_instances"]),
-        "kind": nullable(kind, kind < 0)})
+    return pa.table(
+        {
+            "op_index": reg.op_index(domain, ops["op_index"]),
+            "rank": np.full(n, rank, dtype=np.int64),
+            "domain_id": np.full(n, reg.domain(domain), dtype=np.int64),
+            "domain_op_index": ints(ops["op_index"]),
+            "op_id": arrow_strings(ops["op_id"].astype(object)),
+            "name_id": text_ids("name"),
+            "direction": arrow_strings(pd.Series(direction, dtype=object)),
+            "op_type_id": text_ids("op_type"),
+            "label_id": text_ids("label"),
+            "tc_eligible": ints(ops["tc_eligible"]),
+            "data_type_id": text_ids("data_type"),
+            "stack_trace_id": text_ids("stack_trace"),
+            "device_id": ints(ops["device_id"]),
+            "first_start": ints(ops["first_start"]),
+            "num_instances": ints(ops["n_instances"]),
+            "kind": nullable(kind, kind < 0),
+        }
+    )
 
 
 # ---------------------------------------------------------------------------- registry rows
+
 
 def thread_rows(reg: Registry, rank: int, start: int = 0) -> pa.Table:
     rows = reg.threads.rows[start:]
     ids = np.array([r[0] for r in rows], dtype=np.int64)
     gtid = np.array([r[1][0] for r in rows], dtype=np.int64)
     names = reg.strings.ids([reg.threads.names.get(int(i)) for i in ids])
-    return pa.table({"rank": np.full(ids.size, rank, dtype=np.int64), "thread_id": ids, "global_tid": gtid,
-                     "pid": np.array([r[1][1] for r in rows], dtype=np.int64), "tid": tid_of(gtid),
-                     "name_id": ids_column(names)})
+    return pa.table(
+        {
+            "rank": np.full(ids.size, rank, dtype=np.int64),
+            "thread_id": ids,
+            "global_tid": gtid,
+            "pid": np.array([r[1][1] for r in rows], dtype=np.int64),
+            "tid": tid_of(gtid),
+            "name_id": ids_column(names),
+        }
+    )
 
 
 def process_rows(reg: Registry, rank: int, start: int = 0) -> pa.Table:
     rows = reg.processes.rows[start:]
     ids = np.array([r[0] for r in rows], dtype=np.int64)
     names = reg.strings.ids([reg.processes.names.get(int(i)) for i in ids])
-    return pa.table({"rank": np.full(ids.size, rank, dtype=np.int64), "process_id": ids,
-                     "pid": np.array([r[1] for r in rows], dtype=np.int64), "name_id": ids_column(names)})
+    return pa.table(
+        {
+            "rank": np.full(ids.size, rank, dtype=np.int64),
+            "process_id": ids,
+            "pid": np.array([r[1] for r in rows], dtype=np.int64),
+            "name_id": ids_column(names),
+        }
+    )
 
 
 def register_header_threads(reg: Registry, processes: pd.DataFrame, threads: pd.DataFrame) -> None:

@@ -1,6 +1,7 @@
 """Reading a DLProf database back into the engine's frames (what a re-aggregation needs): schema 3.0 from its
 raw tables (names resolved through `strings` with integer codes, never per row), schema 2.0 from its
 `read_only_*` tables. Both give the same (trace, correlation, profile, domain ids, op_index offsets)."""
+
 from __future__ import annotations
 
 import json
@@ -20,14 +21,45 @@ from dlprof_profiler.trace import DEVICE_COLUMNS, GPU_COLUMNS, Trace
 
 DETAIL_COLUMNS = ["data_type", "input_shapes", "output_shapes", "parameters", "stack_trace"]
 # what a 2.0 database must hold to be read back (read_only_range_labels came late: files without it still load)
-_V2_REQUIRED = {"db_version", "profile_info", "iteration_list", "read_only_activity_owners", "read_only_cuda_calls",
-                "read_only_cuda_syncs", "read_only_domains", "read_only_gpu_activities", "read_only_gpu_infos",
-                "read_only_io_calls", "read_only_kernel_tc", "read_only_model_config", "read_only_op_instance_details",
-                "read_only_op_instances", "read_only_ops", "read_only_processes", "read_only_ranges",
-                "read_only_system_config", "read_only_threads"}
-_STORED_INSTANCE_COLUMNS = ["domain_id", "instance_id", "op_index", "kind", "source_id", "start", "end", "pid",
-                            "global_tid", "device_id", "cpu_overhead", "gpu_time", "gpu_start", "gpu_end", "n_gpu",
-                            "n_kernels"]
+_V2_REQUIRED = {
+    "db_version",
+    "profile_info",
+    "iteration_list",
+    "read_only_activity_owners",
+    "read_only_cuda_calls",
+    "read_only_cuda_syncs",
+    "read_only_domains",
+    "read_only_gpu_activities",
+    "read_only_gpu_infos",
+    "read_only_io_calls",
+    "read_only_kernel_tc",
+    "read_only_model_config",
+    "read_only_op_instance_details",
+    "read_only_op_instances",
+    "read_only_ops",
+    "read_only_processes",
+    "read_only_ranges",
+    "read_only_system_config",
+    "read_only_threads",
+}
+_STORED_INSTANCE_COLUMNS = [
+    "domain_id",
+    "instance_id",
+    "op_index",
+    "kind",
+    "source_id",
+    "start",
+    "end",
+    "pid",
+    "global_tid",
+    "device_id",
+    "cpu_overhead",
+    "gpu_time",
+    "gpu_start",
+    "gpu_end",
+    "n_gpu",
+    "n_kernels",
+]
 
 
 def load_model(path: Path, rank: int = K.DEFAULT_RANK):
@@ -37,8 +69,10 @@ def load_model(path: Path, rank: int = K.DEFAULT_RANK):
         version = src.query_scalar("SELECT current_version FROM db_version")
         major = K.schema_major(version)
         if major not in K.READABLE_SCHEMA_MAJORS:
-            raise DLProfError(f"{path}: DLProf database schema {version} is not supported by this dlprof "
-                              f"(schema {K.DB_SCHEMA_VERSION})")
+            raise DLProfError(
+                f"{path}: DLProf database schema {version} is not supported by this dlprof "
+                f"(schema {K.DB_SCHEMA_VERSION})"
+            )
         _check_tables(src, path, major)
         reader = _V3(src, path, rank) if major == "3" else _V2(src, path)
         return _model(reader)
@@ -55,10 +89,13 @@ def api_owners(trace: Trace, gpu_api: np.ndarray, inst: pd.DataFrame, gpu_instan
     if len(api) == 0 or len(inst) == 0:
         return owner
     from dlprof_profiler.structure import RangeForest, ThreadTimeKeys
+
     tids, start = api["global_tid"].to_numpy(np.int64), api["start"].to_numpy(np.int64)
     ids = inst["instance_id"].to_numpy(np.int64)
-    timed = np.flatnonzero(np.isin(inst["kind"].to_numpy(), (*K.INSTANCE_KINDS_FROM_RANGES, K.BACKWARD_PASS))
-                           & (inst["global_tid"].to_numpy(np.int64) >= 0))
+    timed = np.flatnonzero(
+        np.isin(inst["kind"].to_numpy(), (*K.INSTANCE_KINDS_FROM_RANGES, K.BACKWARD_PASS))
+        & (inst["global_tid"].to_numpy(np.int64) >= 0)
+    )
     if timed.size:
         i_tid = inst["global_tid"].to_numpy(np.int64)[timed]
         i_start, i_end = inst["start"].to_numpy(np.int64)[timed], inst["end"].to_numpy(np.int64)[timed]
@@ -78,6 +115,7 @@ def _required_tables(major: str) -> set[str]:
     if major == "2":
         return _V2_REQUIRED
     from dlprof_profiler.db_schema import SCHEMA
+
     return set(re.findall(r"CREATE (?:TABLE|VIEW) (\w+)", SCHEMA))
 
 
@@ -85,13 +123,15 @@ def _check_tables(src: SqliteSource, path: Path, major: str) -> None:
     """A database that lost a table (a hand edit, a partial copy) is named as damaged, not read half."""
     missing = sorted(_required_tables(major) - src.tables)
     if missing:
-        raise DLProfError(f"{path}: damaged DLProf database: table{'s' if len(missing) > 1 else ''} "
-                          f"{', '.join(missing)} missing")
+        raise DLProfError(
+            f"{path}: damaged DLProf database: table{'s' if len(missing) > 1 else ''} {', '.join(missing)} missing"
+        )
 
 
 def _model(reader):
     from dlprof_profiler.correlate import FAMILY_OF_MODE, launch_links
     from dlprof_profiler.nvtx_markers import classify_ranges
+
     profile = reader.profile()
     trace = Trace(source=Path(profile.get("source_file") or reader.path))
     system = reader.system()
@@ -99,7 +139,7 @@ def _model(reader):
     trace.system = {k: v for k, v in system.items() if not k.startswith("nsys:")}
     trace.devices = reader.devices()
     trace.processes, trace.threads = reader.processes_threads()
-    domains = reader.domains()   # (domain_id, name, family, has_markers, num_ranges) of the op-model domains
+    domains = reader.domains()  # (domain_id, name, family, has_markers, num_ranges) of the op-model domains
     trace.ranges = reader.ranges()
     mode = profile.get("mode") or "nvtx"
     family = FAMILY_OF_MODE.get(mode)
@@ -112,18 +152,33 @@ def _model(reader):
     trace.has_cuda_tables = len(trace.api_calls) > 0 or len(trace.gpu) > 0
     trace.has_nvtx = len(trace.ranges) > 0
     gpu_api, thread_dev, process_dev = launch_links(trace)
-    corr = Correlation(gpu_api=gpu_api, uses_tc=uses_tc, tc_rule=tc_rule, range_info=range_info, mode=mode,
-                       family=family, thread_device=thread_dev, process_device=process_dev, config=reader.config())
+    corr = Correlation(
+        gpu_api=gpu_api,
+        uses_tc=uses_tc,
+        tc_rule=tc_rule,
+        range_info=range_info,
+        mode=mode,
+        family=family,
+        thread_device=thread_dev,
+        process_device=process_dev,
+        config=reader.config(),
+    )
     offsets, domain_ids = {}, {}
     for did, name, fam, has_markers, num_ranges in domains:
         domain_ids[name] = int(did)
         ops, offsets[name] = reader.ops(int(did), name)
         inst = reader.instances(int(did), name, ops, offsets[name])
         owners = reader.owners(int(did))
-        corr.domains[name] = DomainModel(domain=name, family=fam or None, has_markers=bool(has_markers),
-                                         instances=inst, ops=ops,
-                                         api_instance=api_owners(trace, gpu_api, inst, owners),
-                                         gpu_instance=owners, n_ranges=int(num_ranges or 0))
+        corr.domains[name] = DomainModel(
+            domain=name,
+            family=fam or None,
+            has_markers=bool(has_markers),
+            instances=inst,
+            ops=ops,
+            api_instance=api_owners(trace, gpu_api, inst, owners),
+            gpu_instance=owners,
+            n_ranges=int(num_ranges or 0),
+        )
     return trace, corr, profile, domain_ids, offsets
 
 
@@ -136,7 +191,7 @@ def _finish_instances(inst: pd.DataFrame, ops: pd.DataFrame, name: str, details:
     inst["activity_id"] = np.where(kind == K.UNASSOCIATED_GPU, inst["source_id"], -1)
     inst["cpu_time"] = np.where(kind == K.UNASSOCIATED_GPU, 0, inst["end"] - inst["start"])
     inst["gpu_idle"] = np.where(inst["n_gpu"] > 0, inst["gpu_end"] - inst["gpu_start"] - inst["gpu_time"], 0)
-    if "call_id" not in inst:   # schema 2.0 kept no calls: every instance one
+    if "call_id" not in inst:  # schema 2.0 kept no calls: every instance one
         inst["call_id"] = inst["instance_id"].to_numpy(np.int64)
     call_metrics(inst)
     for c in DETAIL_COLUMNS:
@@ -152,6 +207,7 @@ def _finish_instances(inst: pd.DataFrame, ops: pd.DataFrame, name: str, details:
 
 
 # ---------------------------------------------------------------------------- schema 3.0
+
 
 def _key_range(scope: int) -> tuple[int, int]:
     """First and last database-wide key of a rank or domain."""
@@ -199,8 +255,9 @@ class _V3:
         codes, categories = pd.factorize(pd.Series(self.names(used[present]), dtype=object))
         lut = np.full(used.size, -1, dtype=np.int64)
         lut[present] = codes
-        return pd.Categorical.from_codes(lut[inverse] if ids.size else np.zeros(0, dtype=np.int64),
-                                         categories=pd.Index(categories, dtype=object))
+        return pd.Categorical.from_codes(
+            lut[inverse] if ids.size else np.zeros(0, dtype=np.int64), categories=pd.Index(categories, dtype=object)
+        )
 
     def _ints(self, sql: str, names: list[str], params=()) -> dict:
         return _int_columns(self.src, sql, names, params)
@@ -210,29 +267,42 @@ class _V3:
         """The file's profile_info; in a multi-rank database, overlaid with the rank's own."""
         info = dict(self.src.fetchall("SELECT name, value FROM profile_info"))
         if K.RANK_PROFILE_INFO in self.src.tables:
-            info.update(self.src.fetchall(f"SELECT name, value FROM {K.RANK_PROFILE_INFO} WHERE rank = ?",
-                                          (self.rank,)))
+            info.update(
+                self.src.fetchall(f"SELECT name, value FROM {K.RANK_PROFILE_INFO} WHERE rank = ?", (self.rank,))
+            )
         return info
 
     def system(self) -> dict:
         return dict(self.src.fetchall(f"SELECT name, value FROM {K.RAW_SYSTEM_CONFIG} WHERE rank = ?", (self.rank,)))
 
     def config(self) -> dict:
-        return {k: json.loads(v) for k, v in self.src.fetchall(
-            f"SELECT name, value FROM {K.RAW_MODEL_CONFIG} WHERE rank = ?", (self.rank,))}
+        return {
+            k: json.loads(v)
+            for k, v in self.src.fetchall(f"SELECT name, value FROM {K.RAW_MODEL_CONFIG} WHERE rank = ?", (self.rank,))
+        }
 
     def devices(self) -> pd.DataFrame:
-        devices = self.src.frame(f"SELECT {', '.join(DEVICE_COLUMNS)} FROM {K.RAW_GPU_INFOS} WHERE rank = ? "
-                                 "ORDER BY device_id", DEVICE_COLUMNS, (self.rank,))
+        devices = self.src.frame(
+            f"SELECT {', '.join(DEVICE_COLUMNS)} FROM {K.RAW_GPU_INFOS} WHERE rank = ? ORDER BY device_id",
+            DEVICE_COLUMNS,
+            (self.rank,),
+        )
         return _typed_devices(devices)
 
     def _thread_table(self):
         if self._threads is None:
-            t = self._ints(f"SELECT thread_id, global_tid, pid, tid, coalesce(name_id, -1) FROM {K.RAW_THREADS} "
-                           "WHERE rank = ? ORDER BY thread_id", ["thread_id", "global_tid", "pid", "tid", "name_id"],
-                           (self.rank,))
-            p = self._ints(f"SELECT process_id, pid, coalesce(name_id, -1) FROM {K.RAW_PROCESSES} WHERE rank = ? "
-                           "ORDER BY process_id", ["process_id", "pid", "name_id"], (self.rank,))
+            t = self._ints(
+                f"SELECT thread_id, global_tid, pid, tid, coalesce(name_id, -1) FROM {K.RAW_THREADS} "
+                "WHERE rank = ? ORDER BY thread_id",
+                ["thread_id", "global_tid", "pid", "tid", "name_id"],
+                (self.rank,),
+            )
+            p = self._ints(
+                f"SELECT process_id, pid, coalesce(name_id, -1) FROM {K.RAW_PROCESSES} WHERE rank = ? "
+                "ORDER BY process_id",
+                ["process_id", "pid", "name_id"],
+                (self.rank,),
+            )
             self._threads, self._processes = t, p
         return self._threads, self._processes
 
@@ -257,15 +327,25 @@ class _V3:
         named = p["name_id"] >= 0
         processes = pd.DataFrame({"pid": p["pid"][named], "name": self.names(p["name_id"][named])})
         named = t["name_id"] >= 0
-        threads = pd.DataFrame({"global_tid": t["global_tid"][named], "pid": t["pid"][named],
-                                "tid": t["tid"][named], "name": self.names(t["name_id"][named])})
+        threads = pd.DataFrame(
+            {
+                "global_tid": t["global_tid"][named],
+                "pid": t["pid"][named],
+                "tid": t["tid"][named],
+                "name": self.names(t["name_id"][named]),
+            }
+        )
         return processes, threads
 
     def domains(self) -> list[tuple]:
-        self._domain_names = dict(self.src.fetchall(f"SELECT domain_id, name FROM {K.RAW_DOMAINS} WHERE rank = ?",
-                                                    (self.rank,)))
-        return self.src.fetchall(f"SELECT domain_id, name, family, has_markers, num_ranges FROM {K.RAW_DOMAINS} "
-                                 "WHERE rank = ? AND has_model ORDER BY domain_id", (self.rank,))
+        self._domain_names = dict(
+            self.src.fetchall(f"SELECT domain_id, name FROM {K.RAW_DOMAINS} WHERE rank = ?", (self.rank,))
+        )
+        return self.src.fetchall(
+            f"SELECT domain_id, name, family, has_markers, num_ranges FROM {K.RAW_DOMAINS} "
+            "WHERE rank = ? AND has_model ORDER BY domain_id",
+            (self.rank,),
+        )
 
     # event tables -----------------------------------------------------------
     def ranges(self) -> pd.DataFrame:
@@ -273,8 +353,22 @@ class _V3:
             "SELECT range_id, domain_id, thread_id, coalesce(event_type, -1), start, duration, text_id, "
             f"coalesce(seq, 0), seq IS NULL, coalesce(op_id, 0), op_id IS NULL, unclosed FROM {K.RAW_RANGES} "
             "WHERE rank = ? ORDER BY rowid",
-            ["range_id", "domain_id", "thread_id", "event_type", "start", "duration", "text_id", "seq", "no_seq",
-             "op_id", "no_op_id", "unclosed"], (self.rank,))
+            [
+                "range_id",
+                "domain_id",
+                "thread_id",
+                "event_type",
+                "start",
+                "duration",
+                "text_id",
+                "seq",
+                "no_seq",
+                "op_id",
+                "no_op_id",
+                "unclosed",
+            ],
+            (self.rank,),
+        )
         n = cols["range_id"].size
         shared = self.arrow_strings.take(pa.array(cols["text_id"])) if n else pa.array([], pa.string())
         seq = pa.array(cols["seq"], mask=cols["no_seq"].astype(bool))
@@ -284,44 +378,68 @@ class _V3:
         ids = np.array(sorted(names), dtype=np.int64)
         labels = np.array([names[i] for i in ids.tolist()], dtype=object)
         pos = np.searchsorted(ids, cols["domain_id"]) if ids.size else np.zeros(n, dtype=np.int64)
-        return pd.DataFrame({
-            "range_id": cols["range_id"], "domain": pd.Series(labels[pos] if n else np.zeros(0, object), dtype=object),
-            "text": pd.Series(texts, dtype="str"), "start": cols["start"],
-            "end": cols["start"] + cols["duration"], "global_tid": self.thread_field(cols["thread_id"], "global_tid"),
-            "pid": self.thread_field(cols["thread_id"], "pid"), "event_type": cols["event_type"].astype(np.int8),
-            "unclosed": cols["unclosed"].astype(bool)})
+        return pd.DataFrame(
+            {
+                "range_id": cols["range_id"],
+                "domain": pd.Series(labels[pos] if n else np.zeros(0, object), dtype=object),
+                "text": pd.Series(texts, dtype="str"),
+                "start": cols["start"],
+                "end": cols["start"] + cols["duration"],
+                "global_tid": self.thread_field(cols["thread_id"], "global_tid"),
+                "pid": self.thread_field(cols["thread_id"], "pid"),
+                "event_type": cols["event_type"].astype(np.int8),
+                "unclosed": cols["unclosed"].astype(bool),
+            }
+        )
 
     def api_calls(self) -> pd.DataFrame:
         cols = self._ints(
             "SELECT api_id, coalesce(name_id, -1), thread_id, start, duration, correlation_id, event_class, "
             f"return_value FROM {K.RAW_API_CALLS} WHERE api_id BETWEEN ? AND ? ORDER BY api_id",
             ["api_id", "name_id", "thread_id", "start", "duration", "correlation_id", "event_class", "return_value"],
-            self.keys)
-        return pd.DataFrame({
-            "api_id": cols["api_id"] - self.keys[0], "name": self.categorical(cols["name_id"]), "start": cols["start"],
-            "end": cols["start"] + cols["duration"], "global_tid": self.thread_field(cols["thread_id"], "global_tid"),
-            "pid": self.thread_field(cols["thread_id"], "pid"), "correlation_id": cols["correlation_id"],
-            "event_class": cols["event_class"], "return_value": cols["return_value"]})
+            self.keys,
+        )
+        return pd.DataFrame(
+            {
+                "api_id": cols["api_id"] - self.keys[0],
+                "name": self.categorical(cols["name_id"]),
+                "start": cols["start"],
+                "end": cols["start"] + cols["duration"],
+                "global_tid": self.thread_field(cols["thread_id"], "global_tid"),
+                "pid": self.thread_field(cols["thread_id"], "pid"),
+                "correlation_id": cols["correlation_id"],
+                "event_class": cols["event_class"],
+                "return_value": cols["return_value"],
+            }
+        )
 
     def gpu(self) -> pd.DataFrame:
         plain = [c for c in GPU_COLUMNS if c not in ("activity_id", "kind", "name", "long_name", "start", "end", "pid")]
         cols = self._ints(
             "SELECT activity_id, kind, name_id, coalesce(long_name_id, name_id), start, duration, process_id, "
             f"{', '.join(plain)} FROM {K.RAW_GPU_ACTIVITIES} WHERE activity_id BETWEEN ? AND ? ORDER BY activity_id",
-            ["activity_id", "kind", "name_id", "long_name_id", "start", "duration", "process_id"] + plain, self.keys)
+            ["activity_id", "kind", "name_id", "long_name_id", "start", "duration", "process_id"] + plain,
+            self.keys,
+        )
         self._gpu_name_ids = (cols["name_id"], cols["long_name_id"])
-        frame = {"activity_id": cols["activity_id"] - self.keys[0], "kind": cols["kind"].astype(np.int8),
-                 "name": self.categorical(cols["name_id"]), "long_name": self.categorical(cols["long_name_id"]),
-                 "start": cols["start"], "end": cols["start"] + cols["duration"],
-                 "pid": self.process_pid(cols["process_id"])}
+        frame = {
+            "activity_id": cols["activity_id"] - self.keys[0],
+            "kind": cols["kind"].astype(np.int8),
+            "name": self.categorical(cols["name_id"]),
+            "long_name": self.categorical(cols["long_name_id"]),
+            "start": cols["start"],
+            "end": cols["start"] + cols["duration"],
+            "pid": self.process_pid(cols["process_id"]),
+        }
         frame.update({c: cols[c] for c in plain})
         return pd.DataFrame({c: frame[c] for c in GPU_COLUMNS})
 
     def kernel_tc(self, gpu: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         """Tensor Core use and deciding rule per GPU activity, from its (name, long name) pair."""
         n = len(gpu)
-        tc = self.src.fetchall(f"SELECT name_id, long_name_id, uses_tc, tc_rule FROM {K.RAW_KERNEL_TC} "
-                               "WHERE rank = ?", (self.rank,))
+        tc = self.src.fetchall(
+            f"SELECT name_id, long_name_id, uses_tc, tc_rule FROM {K.RAW_KERNEL_TC} WHERE rank = ?", (self.rank,)
+        )
         uses, rules = np.zeros(n, dtype=bool), np.full(n, "", dtype=object)
         if not tc or n == 0:
             return uses, rules
@@ -340,22 +458,40 @@ class _V3:
         return uses, rules
 
     def syncs(self) -> pd.DataFrame:
-        cols = self._ints("SELECT start, duration, device_id, stream_id, coalesce(process_id, -1), correlation_id, "
-                          f"sync_type FROM {K.RAW_SYNCS} WHERE rank = ? ORDER BY rowid",
-                          ["start", "duration", "device_id", "stream_id", "process_id", "correlation_id",
-                           "sync_type"], (self.rank,))
-        return pd.DataFrame({"start": cols["start"], "end": cols["start"] + cols["duration"],
-                             "device_id": cols["device_id"], "stream_id": cols["stream_id"],
-                             "pid": self.process_pid(cols["process_id"]), "correlation_id": cols["correlation_id"],
-                             "sync_type": cols["sync_type"]})
+        cols = self._ints(
+            "SELECT start, duration, device_id, stream_id, coalesce(process_id, -1), correlation_id, "
+            f"sync_type FROM {K.RAW_SYNCS} WHERE rank = ? ORDER BY rowid",
+            ["start", "duration", "device_id", "stream_id", "process_id", "correlation_id", "sync_type"],
+            (self.rank,),
+        )
+        return pd.DataFrame(
+            {
+                "start": cols["start"],
+                "end": cols["start"] + cols["duration"],
+                "device_id": cols["device_id"],
+                "stream_id": cols["stream_id"],
+                "pid": self.process_pid(cols["process_id"]),
+                "correlation_id": cols["correlation_id"],
+                "sync_type": cols["sync_type"],
+            }
+        )
 
     def io_calls(self) -> pd.DataFrame:
-        cols = self._ints(f"SELECT start, duration, thread_id, coalesce(name_id, -1) FROM {K.RAW_IO_CALLS} "
-                          "WHERE rank = ? ORDER BY rowid", ["start", "duration", "thread_id", "name_id"], (self.rank,))
-        return pd.DataFrame({"start": cols["start"], "end": cols["start"] + cols["duration"],
-                             "global_tid": self.thread_field(cols["thread_id"], "global_tid"),
-                             "pid": self.thread_field(cols["thread_id"], "pid"),
-                             "name": pd.Series(self.names(cols["name_id"]), dtype=object)})
+        cols = self._ints(
+            f"SELECT start, duration, thread_id, coalesce(name_id, -1) FROM {K.RAW_IO_CALLS} "
+            "WHERE rank = ? ORDER BY rowid",
+            ["start", "duration", "thread_id", "name_id"],
+            (self.rank,),
+        )
+        return pd.DataFrame(
+            {
+                "start": cols["start"],
+                "end": cols["start"] + cols["duration"],
+                "global_tid": self.thread_field(cols["thread_id"], "global_tid"),
+                "pid": self.thread_field(cols["thread_id"], "pid"),
+                "name": pd.Series(self.names(cols["name_id"]), dtype=object),
+            }
+        )
 
     # op model -------------------------------------------------------------------
     def ops(self, did: int, name: str):
@@ -366,25 +502,46 @@ class _V3:
             "coalesce(label_id, -1), tc_eligible, coalesce(data_type_id, -1), coalesce(stack_trace_id, -1), device_id, "
             f"first_start, num_instances, coalesce(kind, -1) FROM {K.RAW_OPS} WHERE domain_id = ? "
             "ORDER BY domain_op_index",
-            ["domain_op_index", "op_index", "name_id", "op_type_id", "label_id", "tc_eligible", "data_type_id",
-             "stack_trace_id", "device_id", "first_start", "n_instances", "kind"], (did,))
-        texts = self.src.fetchall(f"SELECT op_id, direction FROM {K.RAW_OPS} WHERE domain_id = ? "
-                                  "ORDER BY domain_op_index", (did,))
+            [
+                "domain_op_index",
+                "op_index",
+                "name_id",
+                "op_type_id",
+                "label_id",
+                "tc_eligible",
+                "data_type_id",
+                "stack_trace_id",
+                "device_id",
+                "first_start",
+                "n_instances",
+                "kind",
+            ],
+            (did,),
+        )
+        texts = self.src.fetchall(
+            f"SELECT op_id, direction FROM {K.RAW_OPS} WHERE domain_id = ? ORDER BY domain_op_index", (did,)
+        )
         local = cols["domain_op_index"]
         n = local.size
         if not np.array_equal(local, np.arange(n)):
             raise DLProfError(f"{self.path}: the ops of NVTX domain {name} are incomplete")
-        ops = pd.DataFrame({
-            "op_index": local, "op_id": pd.Series([t[0] for t in texts], dtype=object),
-            "name": pd.Series(self.names(cols["name_id"]), dtype=object),
-            "direction": pd.Series([t[1] or "" for t in texts], dtype=object),
-            "op_type": pd.Series(self.names(cols["op_type_id"]), dtype=object),
-            "label": pd.Series(self.names(cols["label_id"]), dtype=object),
-            "tc_eligible": cols["tc_eligible"].astype(bool),
-            "data_type": pd.Series(self.names(cols["data_type_id"]), dtype=object),
-            "stack_trace": pd.Series(self.names(cols["stack_trace_id"]), dtype=object),
-            "device_id": cols["device_id"], "first_start": cols["first_start"], "n_instances": cols["n_instances"],
-            "kind": cols["kind"]})
+        ops = pd.DataFrame(
+            {
+                "op_index": local,
+                "op_id": pd.Series([t[0] for t in texts], dtype=object),
+                "name": pd.Series(self.names(cols["name_id"]), dtype=object),
+                "direction": pd.Series([t[1] or "" for t in texts], dtype=object),
+                "op_type": pd.Series(self.names(cols["op_type_id"]), dtype=object),
+                "label": pd.Series(self.names(cols["label_id"]), dtype=object),
+                "tc_eligible": cols["tc_eligible"].astype(bool),
+                "data_type": pd.Series(self.names(cols["data_type_id"]), dtype=object),
+                "stack_trace": pd.Series(self.names(cols["stack_trace_id"]), dtype=object),
+                "device_id": cols["device_id"],
+                "first_start": cols["first_start"],
+                "n_instances": cols["n_instances"],
+                "kind": cols["kind"],
+            }
+        )
         ops["domain"] = name
         global_index = cols["op_index"]
         consecutive = n == 0 or bool((np.diff(global_index) == 1).all())
@@ -396,38 +553,74 @@ class _V3:
             "device_id, start, duration, cpu_overhead, gpu_time, coalesce(gpu_offset, 0), coalesce(gpu_span, 0), "
             "n_gpu, n_kernels, coalesce(call_id, instance_id) "
             f"FROM {K.RAW_OP_INSTANCES} WHERE instance_id BETWEEN ? AND ? ORDER BY instance_id",
-            ["instance_id", "op_index", "kind", "source_id", "thread_id", "process_id", "device_id", "start",
-             "duration", "cpu_overhead", "gpu_time", "gpu_offset", "gpu_span", "n_gpu", "n_kernels", "call_id"],
-            _key_range(did))
+            [
+                "instance_id",
+                "op_index",
+                "kind",
+                "source_id",
+                "thread_id",
+                "process_id",
+                "device_id",
+                "start",
+                "duration",
+                "cpu_overhead",
+                "gpu_time",
+                "gpu_offset",
+                "gpu_span",
+                "n_gpu",
+                "n_kernels",
+                "call_id",
+            ],
+            _key_range(did),
+        )
         base = K.db_id(did, 0)
         if isinstance(op_map, (int, np.integer)):
             local = cols["op_index"] - int(op_map)
-        else:   # database op_index -> the op model's index
+        else:  # database op_index -> the op model's index
             order = np.argsort(op_map)
             local = order[np.searchsorted(op_map[order], cols["op_index"])]
         has_gpu = cols["n_gpu"] > 0
         gpu_start = np.where(has_gpu, cols["start"] + cols["gpu_offset"], -1)
         thread = cols["thread_id"]
-        inst = pd.DataFrame({
-            "instance_id": cols["instance_id"] - base,
-            "op_index": local, "kind": cols["kind"], "source_id": cols["source_id"], "start": cols["start"],
-            "end": cols["start"] + cols["duration"], "pid": self.process_pid(cols["process_id"]),
-            "global_tid": self.thread_field(thread, "global_tid"), "device_id": cols["device_id"],
-            "cpu_overhead": cols["cpu_overhead"], "gpu_time": cols["gpu_time"], "gpu_start": gpu_start,
-            "gpu_end": np.where(has_gpu, gpu_start + cols["gpu_span"], -1), "n_gpu": cols["n_gpu"],
-            "n_kernels": cols["n_kernels"], "call_id": cols["call_id"] - base})
+        inst = pd.DataFrame(
+            {
+                "instance_id": cols["instance_id"] - base,
+                "op_index": local,
+                "kind": cols["kind"],
+                "source_id": cols["source_id"],
+                "start": cols["start"],
+                "end": cols["start"] + cols["duration"],
+                "pid": self.process_pid(cols["process_id"]),
+                "global_tid": self.thread_field(thread, "global_tid"),
+                "device_id": cols["device_id"],
+                "cpu_overhead": cols["cpu_overhead"],
+                "gpu_time": cols["gpu_time"],
+                "gpu_start": gpu_start,
+                "gpu_end": np.where(has_gpu, gpu_start + cols["gpu_span"], -1),
+                "n_gpu": cols["n_gpu"],
+                "n_kernels": cols["n_kernels"],
+                "call_id": cols["call_id"] - base,
+            }
+        )
         details = self._ints(
-            "SELECT instance_id, " + ", ".join(f"coalesce({c}_id, -1)" for c in DETAIL_COLUMNS)
-            + f" FROM {K.RAW_OP_INSTANCE_DETAILS} WHERE instance_id BETWEEN ? AND ?", ["instance_id"] + DETAIL_COLUMNS,
-            _key_range(did))
-        detail_frame = pd.DataFrame({"instance_id": details["instance_id"] - base,
-                                     **{c: self.names(details[c]) for c in DETAIL_COLUMNS}})
+            "SELECT instance_id, "
+            + ", ".join(f"coalesce({c}_id, -1)" for c in DETAIL_COLUMNS)
+            + f" FROM {K.RAW_OP_INSTANCE_DETAILS} WHERE instance_id BETWEEN ? AND ?",
+            ["instance_id"] + DETAIL_COLUMNS,
+            _key_range(did),
+        )
+        detail_frame = pd.DataFrame(
+            {"instance_id": details["instance_id"] - base, **{c: self.names(details[c]) for c in DETAIL_COLUMNS}}
+        )
         return _finish_instances(inst, ops, name, detail_frame)
 
     def owners(self, did: int) -> np.ndarray:
         """Per GPU activity of the rank: the row of its owner among the domain's instances."""
-        keys = self._ints(f"SELECT instance_id FROM {K.RAW_ACTIVITY_OWNERS} WHERE owner_id BETWEEN ? AND ? "
-                          "ORDER BY owner_id", ["i"], _key_range(did))["i"]
+        keys = self._ints(
+            f"SELECT instance_id FROM {K.RAW_ACTIVITY_OWNERS} WHERE owner_id BETWEEN ? AND ? ORDER BY owner_id",
+            ["i"],
+            _key_range(did),
+        )["i"]
         return keys - K.db_id(did, 0)
 
 
@@ -449,6 +642,7 @@ def _typed_devices(devices: pd.DataFrame) -> pd.DataFrame:
 
 # ---------------------------------------------------------------------------- schema 2.0
 
+
 class _V2:
     """The read_only_* tables of schema 2.0 (names as text on every row)."""
 
@@ -465,61 +659,87 @@ class _V2:
         return {k: json.loads(v) for k, v in self.src.fetchall("SELECT name, value FROM read_only_model_config")}
 
     def devices(self) -> pd.DataFrame:
-        return _typed_devices(self.src.frame(f"SELECT {', '.join(DEVICE_COLUMNS)} FROM read_only_gpu_infos "
-                                             "ORDER BY device_id", DEVICE_COLUMNS))
+        return _typed_devices(
+            self.src.frame(
+                f"SELECT {', '.join(DEVICE_COLUMNS)} FROM read_only_gpu_infos ORDER BY device_id", DEVICE_COLUMNS
+            )
+        )
 
     def processes_threads(self):
-        return (self.src.frame("SELECT pid, name FROM read_only_processes", ["pid", "name"]),
-                self.src.frame("SELECT global_tid, pid, tid, name FROM read_only_threads",
-                               ["global_tid", "pid", "tid", "name"]))
+        return (
+            self.src.frame("SELECT pid, name FROM read_only_processes", ["pid", "name"]),
+            self.src.frame(
+                "SELECT global_tid, pid, tid, name FROM read_only_threads", ["global_tid", "pid", "tid", "name"]
+            ),
+        )
 
     def domains(self) -> list[tuple]:
-        self._domains = self.src.fetchall("SELECT domain_id, name, family, has_markers, num_ranges "
-                                          "FROM read_only_domains ORDER BY domain_id")
+        self._domains = self.src.fetchall(
+            "SELECT domain_id, name, family, has_markers, num_ranges FROM read_only_domains ORDER BY domain_id"
+        )
         return self._domains
 
     def ranges(self) -> pd.DataFrame:
-        rcols = self.src.int_columns('SELECT range_id, domain_id, start, "end", global_tid, pid, event_type, '
-                                     "unclosed FROM read_only_ranges ORDER BY start, range_id",
-                                     ["range_id", "domain_id", "start", "end", "global_tid", "pid", "event_type",
-                                      "unclosed"])
+        rcols = self.src.int_columns(
+            'SELECT range_id, domain_id, start, "end", global_tid, pid, event_type, '
+            "unclosed FROM read_only_ranges ORDER BY start, range_id",
+            ["range_id", "domain_id", "start", "end", "global_tid", "pid", "event_type", "unclosed"],
+        )
         texts = self.src.arrow_text_column("SELECT text FROM read_only_ranges ORDER BY start, range_id")
         id_to_name = {d[0]: d[1] for d in self._domains}
         # 2.0 stored the ranges of domains without an op model (simple mode) with domain_id -1: the last entry
-        domain_names = np.array([id_to_name.get(d, "default") for d in range(max(id_to_name, default=-1) + 1)]
-                                + ["other"], dtype=object)
-        return pd.DataFrame({
-            "range_id": rcols["range_id"], "domain": pd.Series(domain_names[rcols["domain_id"]] if len(texts) else
-                                                               np.zeros(0, dtype=object), dtype=object),
-            "text": pd.Series(texts, dtype="str"), "start": rcols["start"], "end": rcols["end"],
-            "global_tid": rcols["global_tid"], "pid": rcols["pid"], "event_type": rcols["event_type"],
-            "unclosed": rcols["unclosed"].astype(bool)})
+        domain_names = np.array(
+            [id_to_name.get(d, "default") for d in range(max(id_to_name, default=-1) + 1)] + ["other"], dtype=object
+        )
+        return pd.DataFrame(
+            {
+                "range_id": rcols["range_id"],
+                "domain": pd.Series(
+                    domain_names[rcols["domain_id"]] if len(texts) else np.zeros(0, dtype=object), dtype=object
+                ),
+                "text": pd.Series(texts, dtype="str"),
+                "start": rcols["start"],
+                "end": rcols["end"],
+                "global_tid": rcols["global_tid"],
+                "pid": rcols["pid"],
+                "event_type": rcols["event_type"],
+                "unclosed": rcols["unclosed"].astype(bool),
+            }
+        )
 
     def api_calls(self) -> pd.DataFrame:
-        acols = self.src.int_columns('SELECT start, "end", global_tid, pid, correlation_id, event_class, return_value '
-                                     "FROM read_only_cuda_calls ORDER BY api_id",
-                                     ["start", "end", "global_tid", "pid", "correlation_id", "event_class",
-                                      "return_value"])
+        acols = self.src.int_columns(
+            'SELECT start, "end", global_tid, pid, correlation_id, event_class, return_value '
+            "FROM read_only_cuda_calls ORDER BY api_id",
+            ["start", "end", "global_tid", "pid", "correlation_id", "event_class", "return_value"],
+        )
         api_names = self.src.text_column("SELECT name FROM read_only_cuda_calls ORDER BY api_id")
-        return pd.DataFrame({"api_id": np.arange(len(api_names), dtype=np.int64), "name": pd.Categorical(api_names),
-                             **acols})[["api_id", "name", "start", "end", "global_tid", "pid", "correlation_id",
-                                        "event_class", "return_value"]]
+        return pd.DataFrame(
+            {"api_id": np.arange(len(api_names), dtype=np.int64), "name": pd.Categorical(api_names), **acols}
+        )[["api_id", "name", "start", "end", "global_tid", "pid", "correlation_id", "event_class", "return_value"]]
 
     def gpu(self) -> pd.DataFrame:
         numeric = [c for c in GPU_COLUMNS if c not in ("name", "long_name")]
-        gcols = self.src.int_columns(f"SELECT {', '.join(chr(34) + c + chr(34) for c in numeric)} "
-                                     "FROM read_only_gpu_activities ORDER BY activity_id", numeric)
+        gcols = self.src.int_columns(
+            f"SELECT {', '.join(chr(34) + c + chr(34) for c in numeric)} "
+            "FROM read_only_gpu_activities ORDER BY activity_id",
+            numeric,
+        )
         gpu = pd.DataFrame(gcols)
         gpu["kind"] = gpu["kind"].astype(np.int8)
-        gpu["name"] = pd.Categorical(self.src.text_column(
-            "SELECT name FROM read_only_gpu_activities ORDER BY activity_id"))
-        gpu["long_name"] = pd.Categorical(self.src.text_column(
-            "SELECT long_name FROM read_only_gpu_activities ORDER BY activity_id"))
+        gpu["name"] = pd.Categorical(
+            self.src.text_column("SELECT name FROM read_only_gpu_activities ORDER BY activity_id")
+        )
+        gpu["long_name"] = pd.Categorical(
+            self.src.text_column("SELECT long_name FROM read_only_gpu_activities ORDER BY activity_id")
+        )
         return gpu[GPU_COLUMNS]
 
     def kernel_tc(self, gpu: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        tc = self.src.frame("SELECT name, long_name, uses_tc, tc_rule FROM read_only_kernel_tc",
-                            ["name", "long_name", "uses_tc", "tc_rule"])
+        tc = self.src.frame(
+            "SELECT name, long_name, uses_tc, tc_rule FROM read_only_kernel_tc",
+            ["name", "long_name", "uses_tc", "tc_rule"],
+        )
         keys = pd.MultiIndex.from_arrays([gpu["name"].astype(object), gpu["long_name"].astype(object)])
         tc_index = pd.MultiIndex.from_arrays([tc["name"].astype(object), tc["long_name"].astype(object)])
         pos = tc_index.get_indexer(keys) if len(tc) else np.full(len(gpu), -1)
@@ -528,20 +748,39 @@ class _V2:
         return uses_tc, tc_rule
 
     def syncs(self) -> pd.DataFrame:
-        return self.src.frame('SELECT start, "end", device_id, stream_id, pid, correlation_id, sync_type '
-                              'FROM read_only_cuda_syncs', ["start", "end", "device_id", "stream_id", "pid",
-                                                             "correlation_id", "sync_type"])
+        return self.src.frame(
+            'SELECT start, "end", device_id, stream_id, pid, correlation_id, sync_type FROM read_only_cuda_syncs',
+            ["start", "end", "device_id", "stream_id", "pid", "correlation_id", "sync_type"],
+        )
 
     def io_calls(self) -> pd.DataFrame:
-        return self.src.frame('SELECT start, "end", global_tid, pid, name FROM read_only_io_calls',
-                              ["start", "end", "global_tid", "pid", "name"])
+        return self.src.frame(
+            'SELECT start, "end", global_tid, pid, name FROM read_only_io_calls',
+            ["start", "end", "global_tid", "pid", "name"],
+        )
 
     def ops(self, did: int, name: str):
-        ops = self.src.frame("SELECT op_index, op_id, op_name, direction, op_type, label, tc_eligible, data_type, "
-                             "stack_trace, device_id, first_start, num_instances, kind FROM read_only_ops "
-                             "WHERE domain_id = ? ORDER BY op_index",
-                             ["op_index", "op_id", "name", "direction", "op_type", "label", "tc_eligible",
-                              "data_type", "stack_trace", "device_id", "first_start", "n_instances", "kind"], (did,))
+        ops = self.src.frame(
+            "SELECT op_index, op_id, op_name, direction, op_type, label, tc_eligible, data_type, "
+            "stack_trace, device_id, first_start, num_instances, kind FROM read_only_ops "
+            "WHERE domain_id = ? ORDER BY op_index",
+            [
+                "op_index",
+                "op_id",
+                "name",
+                "direction",
+                "op_type",
+                "label",
+                "tc_eligible",
+                "data_type",
+                "stack_trace",
+                "device_id",
+                "first_start",
+                "n_instances",
+                "kind",
+            ],
+            (did,),
+        )
         offset = int(ops["op_index"].min()) if len(ops) else 0
         ops["op_index"] = ops["op_index"].astype(np.int64) - offset
         ops["domain"] = name
@@ -551,16 +790,27 @@ class _V2:
 
     def instances(self, did: int, name: str, ops: pd.DataFrame, offset: int) -> pd.DataFrame:
         numeric = [c for c in _STORED_INSTANCE_COLUMNS if c != "domain_id"]
-        cols = _int_columns(self.src, f"SELECT {', '.join(chr(34) + c + chr(34) for c in numeric)} "
-                            "FROM read_only_op_instances WHERE domain_id = ? ORDER BY instance_id", numeric, (did,))
+        cols = _int_columns(
+            self.src,
+            f"SELECT {', '.join(chr(34) + c + chr(34) for c in numeric)} "
+            "FROM read_only_op_instances WHERE domain_id = ? ORDER BY instance_id",
+            numeric,
+            (did,),
+        )
         inst = pd.DataFrame(cols)
         inst["op_index"] -= offset
-        details = self.src.frame("SELECT instance_id, data_type, input_shapes, output_shapes, parameters, stack_trace "
-                                 "FROM read_only_op_instance_details WHERE domain_id = ?",
-                                 ["instance_id"] + DETAIL_COLUMNS, (did,))
+        details = self.src.frame(
+            "SELECT instance_id, data_type, input_shapes, output_shapes, parameters, stack_trace "
+            "FROM read_only_op_instance_details WHERE domain_id = ?",
+            ["instance_id"] + DETAIL_COLUMNS,
+            (did,),
+        )
         return _finish_instances(inst, ops, name, details)
 
     def owners(self, did: int) -> np.ndarray:
-        return _int_columns(self.src, "SELECT instance_id FROM read_only_activity_owners WHERE domain_id = ? "
-                            "ORDER BY activity_id", ["i"], (did,))["i"]
-
+        return _int_columns(
+            self.src,
+            "SELECT instance_id FROM read_only_activity_owners WHERE domain_id = ? ORDER BY activity_id",
+            ["i"],
+            (did,),
+        )["i"]

@@ -4,6 +4,7 @@ that give the raw tables schema 2.0's readable layout, and the secondary indexes
 
 docs/DESIGN.md ("Outputs") says why each column is there.
 """
+
 from __future__ import annotations
 
 from dlprof_profiler import contract as K
@@ -50,7 +51,8 @@ CREATE TABLE {K.RAW_SYNCS} (rank INTEGER NOT NULL, start INTEGER NOT NULL, durat
 CREATE TABLE {K.RAW_IO_CALLS} (rank INTEGER NOT NULL, start INTEGER NOT NULL, duration INTEGER NOT NULL,
     thread_id INTEGER NOT NULL, name_id INTEGER);
 CREATE TABLE {K.RAW_OPS} (op_index INTEGER PRIMARY KEY, rank INTEGER NOT NULL, domain_id INTEGER NOT NULL,
-    domain_op_index INTEGER NOT NULL, op_id TEXT, name_id INTEGER, direction TEXT, op_type_id INTEGER, label_id INTEGER, tc_eligible INTEGER,
+    domain_op_index INTEGER NOT NULL, op_id TEXT, name_id INTEGER, direction TEXT, op_type_id INTEGER,
+    label_id INTEGER, tc_eligible INTEGER,
     data_type_id INTEGER, stack_trace_id INTEGER, device_id INTEGER, first_start INTEGER, num_instances INTEGER,
     kind INTEGER);
 CREATE TABLE {K.RAW_OP_INSTANCES} (instance_id INTEGER PRIMARY KEY, domain_id INTEGER NOT NULL,
@@ -154,8 +156,7 @@ def _thread(alias: str, field: str) -> str:
 
 
 def _process_pid(alias: str) -> str:
-    return (f"(SELECT p.pid FROM {K.RAW_PROCESSES} p WHERE p.rank = {alias}.rank "
-            f"AND p.process_id = {alias}.process_id)")
+    return f"(SELECT p.pid FROM {K.RAW_PROCESSES} p WHERE p.rank = {alias}.rank AND p.process_id = {alias}.process_id)"
 
 
 def _local(key: str) -> str:
@@ -170,54 +171,54 @@ CREATE VIEW {K.READ_ONLY_SYSTEM_CONFIG} AS SELECT rank, name, value FROM {K.RAW_
 CREATE VIEW {K.READ_ONLY_MODEL_CONFIG} AS SELECT rank, name, value FROM {K.RAW_MODEL_CONFIG};
 CREATE VIEW {K.READ_ONLY_GPU_INFOS} AS SELECT rank, device_id, name, compute_major, compute_minor, sm_count,
     total_memory, bus_location, chip_name, uuid FROM {K.RAW_GPU_INFOS};
-CREATE VIEW read_only_processes AS SELECT p.rank, p.pid, {_name('p.name_id')} AS name FROM {K.RAW_PROCESSES} p;
-CREATE VIEW read_only_threads AS SELECT t.rank, t.global_tid, t.pid, t.tid, {_name('t.name_id')} AS name
+CREATE VIEW read_only_processes AS SELECT p.rank, p.pid, {_name("p.name_id")} AS name FROM {K.RAW_PROCESSES} p;
+CREATE VIEW read_only_threads AS SELECT t.rank, t.global_tid, t.pid, t.tid, {_name("t.name_id")} AS name
     FROM {K.RAW_THREADS} t;
 CREATE VIEW {K.READ_ONLY_DOMAINS} AS SELECT domain_id, rank, name, family, has_markers, num_ranges, is_primary
     FROM {K.RAW_DOMAINS} WHERE has_model;
 CREATE VIEW {K.READ_ONLY_RANGES} AS SELECT r.rank, r.range_id, r.domain_id,
-    {_name('r.text_id')} || CASE WHEN r.seq IS NULL THEN '' ELSE ', seq = ' || r.seq END
+    {_name("r.text_id")} || CASE WHEN r.seq IS NULL THEN '' ELSE ', seq = ' || r.seq END
         || CASE WHEN r.op_id IS NULL THEN '' ELSE ', op_id = ' || r.op_id END AS text,
-    r.start, r.start + r.duration AS "end", {_thread('r', 'global_tid')} AS global_tid, {_thread('r', 'pid')} AS pid,
+    r.start, r.start + r.duration AS "end", {_thread("r", "global_tid")} AS global_tid, {_thread("r", "pid")} AS pid,
     r.event_type, r.unclosed FROM {K.RAW_RANGES} r;
-CREATE VIEW {K.READ_ONLY_CUDA_CALLS} AS SELECT c.rank, {_local('c.api_id')} AS api_id, {_name('c.name_id')} AS name,
+CREATE VIEW {K.READ_ONLY_CUDA_CALLS} AS SELECT c.rank, {_local("c.api_id")} AS api_id, {_name("c.name_id")} AS name,
     c.start,
-    c.start + c.duration AS "end", {_thread('c', 'global_tid')} AS global_tid, {_thread('c', 'pid')} AS pid,
+    c.start + c.duration AS "end", {_thread("c", "global_tid")} AS global_tid, {_thread("c", "pid")} AS pid,
     c.correlation_id, c.event_class, c.return_value FROM {K.RAW_API_CALLS} c;
-CREATE VIEW {K.READ_ONLY_GPU_ACTIVITIES} AS SELECT g.rank, {_local('g.activity_id')} AS activity_id, g.kind,
-    {_name('g.name_id')} AS name,
-    {_name('coalesce(g.long_name_id, g.name_id)')} AS long_name, g.start, g.start + g.duration AS "end",
-    g.device_id, g.stream_id, g.context_id, {_process_pid('g')} AS pid, g.correlation_id, g.grid_x, g.grid_y,
+CREATE VIEW {K.READ_ONLY_GPU_ACTIVITIES} AS SELECT g.rank, {_local("g.activity_id")} AS activity_id, g.kind,
+    {_name("g.name_id")} AS name,
+    {_name("coalesce(g.long_name_id, g.name_id)")} AS long_name, g.start, g.start + g.duration AS "end",
+    g.device_id, g.stream_id, g.context_id, {_process_pid("g")} AS pid, g.correlation_id, g.grid_x, g.grid_y,
     g.grid_z, g.block_x, g.block_y, g.block_z, g.registers, g.static_smem, g.dynamic_smem, g.bytes, g.copy_kind,
     g.src_kind, g.dst_kind, g.graph_node_id FROM {K.RAW_GPU_ACTIVITIES} g;
-CREATE VIEW {K.READ_ONLY_KERNEL_TC} AS SELECT k.rank, {_name('k.name_id')} AS name,
-    {_name('k.long_name_id')} AS long_name, k.uses_tc, k.tc_rule FROM {K.RAW_KERNEL_TC} k;
+CREATE VIEW {K.READ_ONLY_KERNEL_TC} AS SELECT k.rank, {_name("k.name_id")} AS name,
+    {_name("k.long_name_id")} AS long_name, k.uses_tc, k.tc_rule FROM {K.RAW_KERNEL_TC} k;
 CREATE VIEW read_only_cuda_syncs AS SELECT s.rank, s.start, s.start + s.duration AS "end", s.device_id,
-    s.stream_id, {_process_pid('s')} AS pid, s.correlation_id, s.sync_type FROM {K.RAW_SYNCS} s;
+    s.stream_id, {_process_pid("s")} AS pid, s.correlation_id, s.sync_type FROM {K.RAW_SYNCS} s;
 CREATE VIEW read_only_io_calls AS SELECT io.rank, io.start, io.start + io.duration AS "end",
-    {_thread('io', 'global_tid')} AS global_tid, {_thread('io', 'pid')} AS pid, {_name('io.name_id')} AS name
+    {_thread("io", "global_tid")} AS global_tid, {_thread("io", "pid")} AS pid, {_name("io.name_id")} AS name
     FROM {K.RAW_IO_CALLS} io;
-CREATE VIEW {K.READ_ONLY_OPS} AS SELECT o.op_index, o.rank, o.domain_id, o.op_id, {_name('o.name_id')} AS op_name,
-    o.direction, {_name('o.op_type_id')} AS op_type, {_name('o.label_id')} AS label, o.tc_eligible,
-    {_name('o.data_type_id')} AS data_type, {_name('o.stack_trace_id')} AS stack_trace, o.device_id, o.first_start,
+CREATE VIEW {K.READ_ONLY_OPS} AS SELECT o.op_index, o.rank, o.domain_id, o.op_id, {_name("o.name_id")} AS op_name,
+    o.direction, {_name("o.op_type_id")} AS op_type, {_name("o.label_id")} AS label, o.tc_eligible,
+    {_name("o.data_type_id")} AS data_type, {_name("o.stack_trace_id")} AS stack_trace, o.device_id, o.first_start,
     o.num_instances, o.kind FROM {K.RAW_OPS} o;
-CREATE VIEW {K.READ_ONLY_OP_INSTANCES} AS SELECT i.domain_id, {_local('i.instance_id')} AS instance_id, i.rank,
+CREATE VIEW {K.READ_ONLY_OP_INSTANCES} AS SELECT i.domain_id, {_local("i.instance_id")} AS instance_id, i.rank,
     i.op_index, i.kind,
-    i.source_id, i.start, i.start + i.duration AS "end", {_process_pid('i')} AS pid,
-    coalesce({_thread('i', 'global_tid')}, -1) AS global_tid, i.device_id, i.cpu_overhead, i.gpu_time,
+    i.source_id, i.start, i.start + i.duration AS "end", {_process_pid("i")} AS pid,
+    coalesce({_thread("i", "global_tid")}, -1) AS global_tid, i.device_id, i.cpu_overhead, i.gpu_time,
     CASE WHEN i.n_gpu > 0 THEN i.start + i.gpu_offset ELSE -1 END AS gpu_start,
     CASE WHEN i.n_gpu > 0 THEN i.start + i.gpu_offset + i.gpu_span ELSE -1 END AS gpu_end, i.n_gpu, i.n_kernels,
-    {_local('coalesce(i.call_id, i.instance_id)')} AS call_id
+    {_local("coalesce(i.call_id, i.instance_id)")} AS call_id
     FROM {K.RAW_OP_INSTANCES} i;
-CREATE VIEW {K.READ_ONLY_OP_INSTANCE_DETAILS} AS SELECT d.domain_id, {_local('d.instance_id')} AS instance_id,
+CREATE VIEW {K.READ_ONLY_OP_INSTANCE_DETAILS} AS SELECT d.domain_id, {_local("d.instance_id")} AS instance_id,
     d.rank,
-    {_name('d.data_type_id')} AS data_type, {_name('d.input_shapes_id')} AS input_shapes,
-    {_name('d.output_shapes_id')} AS output_shapes, {_name('d.parameters_id')} AS parameters,
-    {_name('d.stack_trace_id')} AS stack_trace FROM {K.RAW_OP_INSTANCE_DETAILS} d;
-CREATE VIEW {K.READ_ONLY_ACTIVITY_OWNERS} AS SELECT w.domain_id, {_local('w.activity_id')} AS activity_id, w.rank,
-    {_local('w.instance_id')} AS instance_id, {_local('w.api_id')} AS api_id, w.launch_time
+    {_name("d.data_type_id")} AS data_type, {_name("d.input_shapes_id")} AS input_shapes,
+    {_name("d.output_shapes_id")} AS output_shapes, {_name("d.parameters_id")} AS parameters,
+    {_name("d.stack_trace_id")} AS stack_trace FROM {K.RAW_OP_INSTANCE_DETAILS} d;
+CREATE VIEW {K.READ_ONLY_ACTIVITY_OWNERS} AS SELECT w.domain_id, {_local("w.activity_id")} AS activity_id, w.rank,
+    {_local("w.instance_id")} AS instance_id, {_local("w.api_id")} AS api_id, w.launch_time
     FROM {K.RAW_ACTIVITY_OWNERS} w;
-CREATE VIEW {K.READ_ONLY_RANGE_LABELS} AS SELECT l.rank, l.domain_id, {_name('l.label_id')} AS label, l.kind,
+CREATE VIEW {K.READ_ONLY_RANGE_LABELS} AS SELECT l.rank, l.domain_id, {_name("l.label_id")} AS label, l.kind,
     l.num_ranges FROM {K.RAW_RANGE_LABELS} l;
 
 CREATE VIEW view_aggregations AS SELECT * FROM {K.AGGREGATIONS};

@@ -8,5 +8,5 @@ class DLProfError(Exception):
         super().__init__(message)
         self.exit_code = exit_code
 
-    def __reduce__(self):   # raised in a worker process, re-raised in the parent with its exit code
+    def __reduce__(self):  # raised in a worker process, re-raised in the parent with its exit code
         return (type(self), (str(self), self.exit_code))

@@ -1,6 +1,7 @@
 """TensorBoard event files: one run directory per profile, tagged for the `dlprof` plugin, plus
 per-iteration scalars that show in the SCALARS tab and the op hierarchy as a graph with its op times for the
 GRAPHS tab (graph_events). Written without TensorFlow."""
+
 from __future__ import annotations
 
 import json
@@ -33,15 +34,17 @@ def _profile_summary(metadata: dict) -> summary_pb2.Summary.Value:
         plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=content),
         data_class=summary_pb2.DATA_CLASS_TENSOR,  # the data server keeps no samples of an unknown class
     )
-    tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, tensor_shape=tensor_shape_pb2.TensorShapeProto(),
-                                    string_val=[content])
+    tensor = tensor_pb2.TensorProto(
+        dtype=types_pb2.DT_STRING, tensor_shape=tensor_shape_pb2.TensorShapeProto(), string_val=[content]
+    )
     return summary_pb2.Summary.Value(tag=PROFILE_TAG, metadata=meta, tensor=tensor)
 
 
 def _scalar(tag: str, value: float) -> summary_pb2.Summary.Value:
     meta = summary_pb2.SummaryMetadata(
         plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
-        data_class=summary_pb2.DATA_CLASS_SCALAR)
+        data_class=summary_pb2.DATA_CLASS_SCALAR,
+    )
     return summary_pb2.Summary.Value(tag=tag, metadata=meta, simple_value=float(value))
 
 
@@ -55,7 +58,7 @@ def write_event_file(path: Path, metadata: dict, iterations, graph=None, extra_s
     `extra_scalars` more (step, tag, value) scalars (the iteration times of every rank of a multi-rank run)."""
     now = time.time()
     if graph is not None:
-        metadata = dict(metadata, graph=True)   # the viewer names the GRAPHS node of an op
+        metadata = dict(metadata, graph=True)  # the viewer names the GRAPHS node of an op
     with open(path, "wb") as fh:
         writer = RecordWriter(fh)
         writer.write(event_pb2.Event(wall_time=now, file_version="brain.Event:2").SerializeToString())
@@ -64,16 +67,27 @@ def write_event_file(path: Path, metadata: dict, iterations, graph=None, extra_s
             writer.write(event_pb2.Event(wall_time=now, step=0, graph_def=graph_def).SerializeToString())
             tagged = event_pb2.TaggedRunMetadata(tag=RUN_METADATA_TAG, run_metadata=run_metadata)
             writer.write(event_pb2.Event(wall_time=now, step=0, tagged_run_metadata=tagged).SerializeToString())
-        writer.write(event_pb2.Event(wall_time=now, step=0, summary=summary_pb2.Summary(
-            value=[_profile_summary(metadata)])).SerializeToString())
+        writer.write(
+            event_pb2.Event(
+                wall_time=now, step=0, summary=summary_pb2.Summary(value=[_profile_summary(metadata)])
+            ).SerializeToString()
+        )
         for row in iterations.itertuples(index=False):
-            values = [_scalar(SCALAR_TAGS["iteration_time_ms"], row.duration / 1e6),
-                      _scalar(SCALAR_TAGS["gpu_utilization_pct"], row.gpu_utilization),
-                      _scalar(SCALAR_TAGS["tc_kernel_time_ms"], row.tc_kernel_time_per_gpu / 1e6)]
-            writer.write(event_pb2.Event(wall_time=now, step=int(row.iteration),
-                                         summary=summary_pb2.Summary(value=values)).SerializeToString())
+            values = [
+                _scalar(SCALAR_TAGS["iteration_time_ms"], row.duration / 1e6),
+                _scalar(SCALAR_TAGS["gpu_utilization_pct"], row.gpu_utilization),
+                _scalar(SCALAR_TAGS["tc_kernel_time_ms"], row.tc_kernel_time_per_gpu / 1e6),
+            ]
+            writer.write(
+                event_pb2.Event(
+                    wall_time=now, step=int(row.iteration), summary=summary_pb2.Summary(value=values)
+                ).SerializeToString()
+            )
         for step, tag, value in extra_scalars:
-            writer.write(event_pb2.Event(wall_time=now, step=int(step), summary=summary_pb2.Summary(
-                value=[_scalar(tag, value)])).SerializeToString())
+            writer.write(
+                event_pb2.Event(
+                    wall_time=now, step=int(step), summary=summary_pb2.Summary(value=[_scalar(tag, value)])
+                ).SerializeToString()
+            )
         writer.flush()
     return path

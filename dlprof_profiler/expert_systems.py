@@ -3,6 +3,7 @@
 The detectors live in `dlprof_profiler.experts` (one module per group); this module is the engine's entry
 point. See docs/expert_systems.md for every detector's inputs, thresholds and texts.
 """
+
 from __future__ import annotations
 
 from dlprof_profiler.experts import DB_PLACEHOLDER, DETECTORS, detect, render_command

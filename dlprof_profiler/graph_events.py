@@ -18,6 +18,7 @@ The messages are serialized here column by column in protobuf's wire format (fie
 TensorBoard's message descriptors, bytes joined element-wise by Arrow): building 10^5 NodeDefs through the
 protobuf API takes many seconds, this a fraction of one.
 """
+
 from __future__ import annotations
 
 import re
@@ -26,19 +27,38 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from tensorboard.compat.proto import (attr_value_pb2, config_pb2, graph_pb2, node_def_pb2, step_stats_pb2,
-                                      tensor_shape_pb2, types_pb2, versions_pb2)
+from tensorboard.compat.proto import (
+    attr_value_pb2,
+    config_pb2,
+    graph_pb2,
+    node_def_pb2,
+    step_stats_pb2,
+    tensor_shape_pb2,
+    types_pb2,
+    versions_pb2,
+)
 
 CPU_DEVICE = "/device:CPU:0"
 RUN_METADATA_TAG = "dlprof/op_time"
 PRIMARY_DIRECTIONS = ("", "fprop")
 DTYPES = {
-    "float16": types_pb2.DT_HALF, "half": types_pb2.DT_HALF, "bfloat16": types_pb2.DT_BFLOAT16,
-    "float32": types_pb2.DT_FLOAT, "float": types_pb2.DT_FLOAT, "float64": types_pb2.DT_DOUBLE,
-    "double": types_pb2.DT_DOUBLE, "int8": types_pb2.DT_INT8, "uint8": types_pb2.DT_UINT8,
-    "int16": types_pb2.DT_INT16, "int32": types_pb2.DT_INT32, "int": types_pb2.DT_INT32,
-    "int64": types_pb2.DT_INT64, "long": types_pb2.DT_INT64, "bool": types_pb2.DT_BOOL,
-    "complex64": types_pb2.DT_COMPLEX64, "complex128": types_pb2.DT_COMPLEX128,
+    "float16": types_pb2.DT_HALF,
+    "half": types_pb2.DT_HALF,
+    "bfloat16": types_pb2.DT_BFLOAT16,
+    "float32": types_pb2.DT_FLOAT,
+    "float": types_pb2.DT_FLOAT,
+    "float64": types_pb2.DT_DOUBLE,
+    "double": types_pb2.DT_DOUBLE,
+    "int8": types_pb2.DT_INT8,
+    "uint8": types_pb2.DT_UINT8,
+    "int16": types_pb2.DT_INT16,
+    "int32": types_pb2.DT_INT32,
+    "int": types_pb2.DT_INT32,
+    "int64": types_pb2.DT_INT64,
+    "long": types_pb2.DT_INT64,
+    "bool": types_pb2.DT_BOOL,
+    "complex64": types_pb2.DT_COMPLEX64,
+    "complex128": types_pb2.DT_COMPLEX128,
 }
 _SHAPE = re.compile(r"<([^<>]*)>")
 _DIM = re.compile(r"^\s*(?:[A-Za-z_]\w*\s*:\s*)?(-?\d+)\s*$")
@@ -50,10 +70,14 @@ def gpu_device(device_id: int) -> str:
 
 # ---------------------------------------------------------------------------- node names
 
+
 def _text(values) -> pa.Array:
     """A string column (None, NaN -> "")."""
-    arr = values if isinstance(values, (pa.Array, pa.ChunkedArray)) else \
-        pa.array(values, type=pa.string(), from_pandas=True)
+    arr = (
+        values
+        if isinstance(values, (pa.Array, pa.ChunkedArray))
+        else pa.array(values, type=pa.string(), from_pandas=True)
+    )
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     return pc.fill_null(arr.cast(pa.string()), "")
@@ -74,8 +98,10 @@ def _node_names(names, directions) -> pa.Array:
     # every proper "/"-prefix of a name is a scope; a node named like a scope moves inside it
     parts = pc.split_pattern(text, "/")
     depth = pc.list_value_length(parts).to_numpy(zero_copy_only=False)
-    scopes = [pc.binary_join(pc.list_slice(parts.filter(pa.array(depth > d)), 0, d), "/")
-              for d in range(1, int(depth.max()) if len(depth) else 0)]
+    scopes = [
+        pc.binary_join(pc.list_slice(parts.filter(pa.array(depth > d)), 0, d), "/")
+        for d in range(1, int(depth.max()) if len(depth) else 0)
+    ]
     if scopes:
         clash = pc.is_in(text, value_set=pa.concat_arrays(scopes))
         last = pc.struct_field(pc.extract_regex(text, r"(?P<last>[^/]*)$"), [0])
@@ -104,8 +130,10 @@ def parse_shapes(text) -> list[list[int]] | None:
 
 # ---------------------------------------------------------------------------- the op table
 
-def op_table(ops: pd.DataFrame, stats: pd.DataFrame | None = None, instances: pd.DataFrame | None = None,
-             first_given=None) -> pd.DataFrame:
+
+def op_table(
+    ops: pd.DataFrame, stats: pd.DataFrame | None = None, instances: pd.DataFrame | None = None, first_given=None
+) -> pd.DataFrame:
     """Every op of a domain (`DomainModel.ops`) with its aggregation totals (`Aggregation.ops`: calls, gpu_total,
     cpu_total; 0 for ops without calls) and the first shapes its instances recorded (`DomainModel.instances`,
     or `first_given(column)`: the first non-empty value per op_index, for a model kept out of core)."""
@@ -122,9 +150,12 @@ def op_table(ops: pd.DataFrame, stats: pd.DataFrame | None = None, instances: pd
             column = table["op_index"].map(first_given(col)).astype(object)
         elif instances is not None and len(instances) and col in instances.columns:
             given = instances.loc[instances[col].notna() & (instances[col].astype(object) != ""), ["op_index", col]]
-            first = given.drop_duplicates("op_index")   # instances are in start order
-            column = table["op_index"].map(pd.Series(first[col].to_numpy(dtype=object),
-                                                     index=first["op_index"].to_numpy())).astype(object)
+            first = given.drop_duplicates("op_index")  # instances are in start order
+            column = (
+                table["op_index"]
+                .map(pd.Series(first[col].to_numpy(dtype=object), index=first["op_index"].to_numpy()))
+                .astype(object)
+            )
         table[col] = column.where(column.notna(), None)
     return table
 
@@ -134,8 +165,7 @@ def node_devices(table: pd.DataFrame) -> np.ndarray:
     gpu = table["gpu_total"].to_numpy(np.int64) > 0
     device_ids = table["device_id"].fillna(-1).to_numpy(np.int64)
     on_gpu = gpu & (device_ids >= 0)
-    names = np.array([gpu_device(d) for d in range(int(device_ids.max()) + 1)] if on_gpu.any() else [],
-                     dtype=object)
+    names = np.array([gpu_device(d) for d in range(int(device_ids.max()) + 1)] if on_gpu.any() else [], dtype=object)
     out = np.full(len(table), CPU_DEVICE, dtype=object)
     out[on_gpu] = names[device_ids[on_gpu]]
     return out
@@ -158,7 +188,7 @@ def _field(message, name: str) -> int:
 
 
 def _varint(n: int) -> bytes:
-    n &= (1 << 64) - 1   # int64: negatives as their two's complement
+    n &= (1 << 64) - 1  # int64: negatives as their two's complement
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -177,8 +207,9 @@ def _varints(values) -> pa.Array:
     width = int(size.max()) if n else 1
     groups = np.empty((n, width), dtype=np.uint8)
     for j in range(width):
-        groups[:, j] = ((x >> np.uint64(7 * j)) & np.uint64(0x7F)).astype(np.uint8) | \
-            ((size > j + 1).astype(np.uint8) << 7)
+        groups[:, j] = ((x >> np.uint64(7 * j)) & np.uint64(0x7F)).astype(np.uint8) | (
+            (size > j + 1).astype(np.uint8) << 7
+        )
     data = groups if width == 1 else groups[np.arange(width)[None, :] < size[:, None]]
     offsets = np.concatenate([[0], np.cumsum(size)]).astype(np.int32)
     return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data.tobytes())])
@@ -194,8 +225,9 @@ def _join(*columns) -> pa.Array:
 
 def _delimited(number: int, payloads: pa.Array) -> pa.Array:
     """Length-delimited fields (strings, messages): key, length, payload."""
-    return _join(_varint(number << 3 | 2), _varints(pc.binary_length(payloads).to_numpy(zero_copy_only=False)),
-                 payloads)
+    return _join(
+        _varint(number << 3 | 2), _varints(pc.binary_length(payloads).to_numpy(zero_copy_only=False)), payloads
+    )
 
 
 def _ints(number: int, values, keep_zeros: bool = False) -> pa.Array:
@@ -213,8 +245,8 @@ def _concatenated(column: pa.Array) -> bytes:
     """All values of a binary column (without nulls) as one byte string."""
     if len(column) == 0:
         return b""
-    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)[column.offset:column.offset + len(column) + 1]
-    return column.buffers()[2][int(offsets[0]):int(offsets[-1])].to_pybytes()
+    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)[column.offset : column.offset + len(column) + 1]
+    return column.buffers()[2][int(offsets[0]) : int(offsets[-1])].to_pybytes()
 
 
 def _one(number: int, payload: bytes) -> bytes:
@@ -224,9 +256,18 @@ def _one(number: int, payload: bytes) -> bytes:
 _AV = attr_value_pb2.AttrValue
 _NODE = {k: _field(node_def_pb2.NodeDef, k) for k in ("name", "op", "device", "attr")}
 _AV_S, _AV_I, _AV_TYPE = (_field(_AV, k) for k in ("s", "i", "type"))
-_STATS = {k: _field(step_stats_pb2.NodeExecStats, k) for k in (
-    "node_name", "all_start_micros", "op_end_rel_micros", "all_end_rel_micros", "all_start_nanos",
-    "op_end_rel_nanos", "all_end_rel_nanos")}
+_STATS = {
+    k: _field(step_stats_pb2.NodeExecStats, k)
+    for k in (
+        "node_name",
+        "all_start_micros",
+        "op_end_rel_micros",
+        "all_end_rel_micros",
+        "all_start_nanos",
+        "op_end_rel_nanos",
+        "all_end_rel_nanos",
+    )
+}
 
 
 def _attr(key: str, values: pa.Array, mask: np.ndarray | None = None) -> pa.Array:
@@ -240,9 +281,14 @@ def _shapes_value(text) -> bytes:
     shapes = parse_shapes(text)
     if not shapes:
         return b""
-    msg = attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(shape=[
-        tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in dims])
-        for dims in shapes]))
+    msg = attr_value_pb2.AttrValue(
+        list=attr_value_pb2.AttrValue.ListValue(
+            shape=[
+                tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in dims])
+                for dims in shapes
+            ]
+        )
+    )
     return msg.SerializeToString()
 
 
@@ -252,26 +298,32 @@ def _known(column: pd.Series) -> np.ndarray:
 
 # ---------------------------------------------------------------------------- the messages
 
+
 def graph_def(table: pd.DataFrame) -> bytes:
     """A serialized GraphDef with one node per op of `op_table(...)` (no edges: the profile records no data
     flow)."""
     ints = lambda col: table[col].fillna(0).to_numpy(np.int64)  # noqa: E731
     string = lambda col: _delimited(_AV_S, _bytes(table[col]))  # noqa: E731
     op_types = table["op_type"].astype(object).where(_known(table["op_type"]), "op")
-    columns = [_delimited(_NODE["name"], _node_names(table["name"], table["direction"]).cast(pa.binary())),
-               _delimited(_NODE["op"], _bytes(op_types)),
-               _delimited(_NODE["device"], _bytes(node_devices(table))),
-               _attr("op_name", string("name")), _attr("op_id", string("op_id")),
-               _attr("calls", _ints(_AV_I, ints("calls"), keep_zeros=True)),
-               _attr("gpu_time_ns", _ints(_AV_I, ints("gpu_total"), keep_zeros=True)),
-               _attr("cpu_time_ns", _ints(_AV_I, ints("cpu_total"), keep_zeros=True)),
-               _attr("direction", string("direction"), _known(table["direction"]))]
+    columns = [
+        _delimited(_NODE["name"], _node_names(table["name"], table["direction"]).cast(pa.binary())),
+        _delimited(_NODE["op"], _bytes(op_types)),
+        _delimited(_NODE["device"], _bytes(node_devices(table))),
+        _attr("op_name", string("name")),
+        _attr("op_id", string("op_id")),
+        _attr("calls", _ints(_AV_I, ints("calls"), keep_zeros=True)),
+        _attr("gpu_time_ns", _ints(_AV_I, ints("gpu_total"), keep_zeros=True)),
+        _attr("cpu_time_ns", _ints(_AV_I, ints("cpu_total"), keep_zeros=True)),
+        _attr("direction", string("direction"), _known(table["direction"])),
+    ]
     has_dtype = _known(table["data_type"])
     if has_dtype.any():
         codes, distinct = pd.factorize(table["data_type"].astype(object))
         enum = np.array([DTYPES.get(str(d).lower(), 0) for d in distinct] + [0], dtype=np.int64)[codes]
-        columns += [_attr("data_type", string("data_type"), has_dtype),
-                    _attr("T", _ints(_AV_TYPE, enum, keep_zeros=True), enum > 0)]
+        columns += [
+            _attr("data_type", string("data_type"), has_dtype),
+            _attr("T", _ints(_AV_TYPE, enum, keep_zeros=True), enum > 0),
+        ]
     for col in ("input_shapes", "output_shapes"):
         given = _known(table[col])
         if given.any():
@@ -290,7 +342,7 @@ def run_metadata(table: pd.DataFrame) -> bytes:
     """A serialized RunMetadata whose step stats give, per device, each node's compute time, the nodes laid end
     to end in node-name order."""
     names = _node_names(table["name"], table["direction"])
-    order = pc.sort_indices(names).to_numpy()   # byte order, as TensorBoard's names sort
+    order = pc.sort_indices(names).to_numpy()  # byte order, as TensorBoard's names sort
     names = names.take(pa.array(order))
     devices = node_devices(table)[order]
     times = compute_times(table)[order]
@@ -301,15 +353,27 @@ def run_metadata(table: pd.DataFrame) -> bytes:
     start_ns = 1000 + np.concatenate([[0], np.cumsum(times)[:-1]]).astype(np.int64)
     f = _STATS
     timed = times > 0
-    stats = _delimited(_field(step_stats_pb2.DeviceStepStats, "node_stats"), _join(
-        _delimited(f["node_name"], names.cast(pa.binary())), _ints(f["all_start_micros"], start_us),
-        _ints(f["op_end_rel_micros"], micros), _ints(f["all_end_rel_micros"], micros),
-        _ints(f["all_start_nanos"], start_ns), _ints(f["op_end_rel_nanos"], times),
-        _ints(f["all_end_rel_nanos"], times))) if len(table) else pa.array([], pa.binary())
+    stats = (
+        _delimited(
+            _field(step_stats_pb2.DeviceStepStats, "node_stats"),
+            _join(
+                _delimited(f["node_name"], names.cast(pa.binary())),
+                _ints(f["all_start_micros"], start_us),
+                _ints(f["op_end_rel_micros"], micros),
+                _ints(f["all_end_rel_micros"], micros),
+                _ints(f["all_start_nanos"], start_ns),
+                _ints(f["op_end_rel_nanos"], times),
+                _ints(f["all_end_rel_nanos"], times),
+            ),
+        )
+        if len(table)
+        else pa.array([], pa.binary())
+    )
     parts = []
     for device in sorted(set(devices.tolist())):
-        body = _one(_field(step_stats_pb2.DeviceStepStats, "device"), device.encode()) + \
-            _concatenated(stats.filter(pa.array(timed & (devices == device))))
+        body = _one(_field(step_stats_pb2.DeviceStepStats, "device"), device.encode()) + _concatenated(
+            stats.filter(pa.array(timed & (devices == device)))
+        )
         parts.append(_one(_field(step_stats_pb2.StepStats, "dev_stats"), body))
     return _one(_field(config_pb2.RunMetadata, "step_stats"), b"".join(parts))
 
@@ -317,6 +381,10 @@ def run_metadata(table: pd.DataFrame) -> bytes:
 def op_graph(domain_model, aggregation) -> tuple[bytes, bytes]:
     """The GRAPHS content of one domain and aggregation (`correlate.DomainModel`, `aggregate.Aggregation`):
     serialized GraphDef and RunMetadata."""
-    table = op_table(domain_model.ops, aggregation.ops, domain_model.instances,
-                     getattr(domain_model, "first_given_values", None) if domain_model.instances is None else None)
+    table = op_table(
+        domain_model.ops,
+        aggregation.ops,
+        domain_model.instances,
+        getattr(domain_model, "first_given_values", None) if domain_model.instances is None else None,
+    )
     return graph_def(table), run_metadata(table)

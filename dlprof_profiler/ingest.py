@@ -1,6 +1,7 @@
 """Ingest, format-neutral: choose the adapter by the file's content (never by its name) and read it into
 trace frames. Nsight Systems SQLite exports go to `ingest_nsys`, Kineto / Chrome-trace JSON (gzipped or
 not) to `ingest_kineto`; DLProf databases are SQLite too and are told apart by the pipeline."""
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,9 @@ def trace_format(path: Path) -> str:
     if path.is_dir():
         if kineto_files(path):
             return KINETO
-        raise DLProfError(f"{path}: is a directory, not a profile file (nor a folder of Kineto traces "
-                          "*.pt.trace.json[.gz])")
+        raise DLProfError(
+            f"{path}: is a directory, not a profile file (nor a folder of Kineto traces *.pt.trace.json[.gz])"
+        )
     if not os.access(path, os.R_OK):
         raise DLProfError(f"{path}: not readable (permission denied)")
     with open(path, "rb") as fh:
@@ -34,16 +36,22 @@ def trace_format(path: Path) -> str:
     if head.startswith(SQLITE_MAGIC):
         return SQLITE
     from dlprof_profiler.ingest_kineto import is_kineto_trace
+
     if is_kineto_trace(path):
         return KINETO
-    raise DLProfError(f"{path}: not an SQLite database (Nsight Systems export, DLProf database) nor a Kineto "
-                      "trace (torch.profiler JSON, optionally gzipped)")
+    raise DLProfError(
+        f"{path}: not an SQLite database (Nsight Systems export, DLProf database) nor a Kineto "
+        "trace (torch.profiler JSON, optionally gzipped)"
+    )
 
 
 def kineto_files(folder: Path) -> list[Path]:
     """The Kineto traces of a folder (one per profiled process, as `dlprof --backend=torch` writes them)."""
-    return sorted(p for p in Path(folder).iterdir() if p.is_file() and re.search(r"\.json(?:\.gz)?$", p.name)
-                  and ".partial." not in p.name)
+    return sorted(
+        p
+        for p in Path(folder).iterdir()
+        if p.is_file() and re.search(r"\.json(?:\.gz)?$", p.name) and ".partial." not in p.name
+    )
 
 
 def read_trace(path: Path) -> Trace:
@@ -51,8 +59,10 @@ def read_trace(path: Path) -> Trace:
     path = Path(path)
     if trace_format(path) == KINETO:
         from dlprof_profiler.ingest_kineto import merge_traces, read_kineto_trace
+
         if path.is_dir():
             return merge_traces([read_kineto_trace(p) for p in kineto_files(path)], path)
         return read_kineto_trace(path)
     from dlprof_profiler.ingest_nsys import read_nsys_export
+
     return read_nsys_export(path)

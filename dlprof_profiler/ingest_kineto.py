@@ -19,6 +19,7 @@ unchanged. Mapping (DESIGN.md, "Kineto input: what differs from nsys"):
 Times are integer ns (parsed exactly from the JSON decimals), relative to the start of collection (the
 `PyTorch Profiler` span, else the first event); the absolute start is kept in meta.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,10 +48,10 @@ from dlprof_profiler.trace import (
     combined_codes,
 )
 
-NVTX_PUSH_POP = 59                     # the nsys eventType of push/pop ranges: Kineto ranges nest per thread
+NVTX_PUSH_POP = 59  # the nsys eventType of push/pop ranges: Kineto ranges nest per thread
 MODULE_PREFIX = "nn.Module: "
 PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
-COPY_KINDS = {v.split(" ")[-1].rstrip("]"): k for k, v in COPY_KIND_LABELS.items() if k <= 10}   # HtoD -> 1
+COPY_KINDS = {v.split(" ")[-1].rstrip("]"): k for k, v in COPY_KIND_LABELS.items() if k <= 10}  # HtoD -> 1
 SYNC_TYPES = {"event sync": 1, "stream wait event": 2, "stream sync": 3, "context sync": 4}
 CPU_GROUPS = (kd.OP, kd.ANNOTATION, kd.PYTHON, kd.API)
 TIMED_GROUPS = CPU_GROUPS + kd.GPU_GROUPS + (kd.SYNC,)
@@ -70,6 +71,7 @@ def read_kineto_trace(path: Path) -> Trace:
 
 
 # ---------------------------------------------------------------------------- the whole trace
+
 
 class _Events:
     """The decoded columns with the lookups the frame builders share."""
@@ -122,8 +124,9 @@ def build_trace(decoded: kd.Decoded) -> Trace:
     trace.ranges, has_steps = _ranges(ev, cpu, start, end, gtid, pid_col)
     trace.api_calls = _api_calls(ev, cpu & (c.group == kd.API), start, end, gtid, pid_col, correlation)
     main_pid = _main_pid(trace)
-    trace.gpu = _gpu_activities(ev, usable & np.isin(c.group, kd.GPU_GROUPS), start, end, correlation,
-                                trace.api_calls, main_pid, warnings)
+    trace.gpu = _gpu_activities(
+        ev, usable & np.isin(c.group, kd.GPU_GROUPS), start, end, correlation, trace.api_calls, main_pid, warnings
+    )
     trace.syncs = _syncs(ev, usable & (c.group == kd.SYNC), start, end, correlation, main_pid)
     trace.devices = _devices(ev.meta.get("deviceProperties"), trace.gpu)
     cpu_events = cpu & np.isin(c.group, CPU_GROUPS)
@@ -135,11 +138,14 @@ def build_trace(decoded: kd.Decoded) -> Trace:
     if peak is not None:
         trace.meta["gpu_peak_memory"] = peak
     if len(trace.gpu) == 0:
-        warnings.append(f"{path}: no GPU activities (kernels, memcpys, memsets): a CPU-only trace, every GPU "
-                        "figure is zero")
+        warnings.append(
+            f"{path}: no GPU activities (kernels, memcpys, memsets): a CPU-only trace, every GPU figure is zero"
+        )
     if len(trace.ranges) == 0:
-        warnings.append(f"{path}: no cpu_op or user_annotation events: ops cannot be named, every GPU activity "
-                        "is reported under the API call that launched it")
+        warnings.append(
+            f"{path}: no cpu_op or user_annotation events: ops cannot be named, every GPU activity "
+            "is reported under the API call that launched it"
+        )
     return trace
 
 
@@ -150,9 +156,10 @@ def _record_functions_as_annotations(ev: _Events) -> None:
     `namespace::name` or autograd nodes). Those become annotations, as newer traces write them."""
     c = ev.c
     labels = pd.Series(ev.strings, dtype=object)
-    is_label = np.zeros(len(ev.strings) + 1, dtype=bool)       # the extra last entry: code -1 (no name)
-    is_label[:-1] = (labels.str.contains("#", regex=False, na=False)
-                     & ~labels.str.contains("::", regex=False, na=False)).to_numpy(dtype=bool)
+    is_label = np.zeros(len(ev.strings) + 1, dtype=bool)  # the extra last entry: code -1 (no name)
+    is_label[:-1] = (
+        labels.str.contains("#", regex=False, na=False) & ~labels.str.contains("::", regex=False, na=False)
+    ).to_numpy(dtype=bool)
     relabel = (c.group == kd.OP) & is_label[c.name]
     if relabel.any():
         c.group[relabel] = kd.ANNOTATION
@@ -225,6 +232,7 @@ def _main_pid(trace: Trace) -> int:
 
 # ---------------------------------------------------------------------------- correlation ids
 
+
 def _correlations(ev: _Events, usable: np.ndarray, start: np.ndarray) -> np.ndarray:
     """Correlation id per event: args `correlation`, else the id of the flow arrow (ac2g) that starts or
     ends at the event (same process/device row, thread/stream row and time)."""
@@ -239,8 +247,16 @@ def _correlations(ev: _Events, usable: np.ndarray, start: np.ndarray) -> np.ndar
         return corr
 
     def keys(rows):
-        return pd.DataFrame({"pid": c.pid[rows], "pn": c.pid_numeric[rows], "tid": c.tid[rows],
-                             "tn": c.tid_numeric[rows], "ts": c.ts[rows]})
+        return pd.DataFrame(
+            {
+                "pid": c.pid[rows],
+                "pn": c.pid_numeric[rows],
+                "tid": c.tid[rows],
+                "tn": c.tid_numeric[rows],
+                "ts": c.ts[rows],
+            }
+        )
+
     on = ["pid", "pn", "tid", "tn", "ts"]
     table = keys(flows).assign(flow=c.flow_id[flows]).drop_duplicates(on, keep="first")
     rows = np.flatnonzero(wants)
@@ -252,12 +268,14 @@ def _correlations(ev: _Events, usable: np.ndarray, start: np.ndarray) -> np.ndar
 
 # ---------------------------------------------------------------------------- ranges
 
+
 def _ranges(ev: _Events, cpu: np.ndarray, start, end, gtid, pid) -> pd.DataFrame:
     """cpu_op, user_annotation and nn.Module ranges, ordered by start (outer ranges first on ties)."""
     c = ev.c
     is_module_code = np.zeros(len(ev.strings) + 1, dtype=bool)
-    module_names = np.flatnonzero(pd.Series(ev.strings, dtype=object).str.startswith(MODULE_PREFIX, na=False)
-                                  .to_numpy(dtype=bool))
+    module_names = np.flatnonzero(
+        pd.Series(ev.strings, dtype=object).str.startswith(MODULE_PREFIX, na=False).to_numpy(dtype=bool)
+    )
     is_module_code[module_names] = True
     module = (c.group == kd.PYTHON) & is_module_code[c.name]
     op = cpu & (c.group == kd.OP)
@@ -269,15 +287,23 @@ def _ranges(ev: _Events, cpu: np.ndarray, start, end, gtid, pid) -> pd.DataFrame
     rows = rows[order]
     n = rows.size
     text, labels = _range_texts(ev, rows, op[rows], module[rows])
-    step_label = np.array([bool(PROFILER_STEP.match(s)) for s in labels], dtype=bool)   # per distinct label
+    step_label = np.array([bool(PROFILER_STEP.match(s)) for s in labels], dtype=bool)  # per distinct label
     scope_codes = c.name[rows[~op[rows]]]
     has_steps = bool(step_label[np.where(scope_codes >= 0, scope_codes, len(labels) - 1)].any())
-    frame = pd.DataFrame({
-        "range_id": np.arange(1, n + 1, dtype=np.int64), "domain": pd.Series(np.full(n, DEFAULT_DOMAIN, object),
-                                                                          dtype=object),
-        "text": pd.Series(text, dtype="str"), "start": start[rows], "end": end[rows], "global_tid": gtid[rows],
-        "pid": pid[rows], "event_type": np.full(n, NVTX_PUSH_POP, dtype=np.int8),
-        "unclosed": np.zeros(n, dtype=bool)}, copy=False)[RANGE_COLUMNS]
+    frame = pd.DataFrame(
+        {
+            "range_id": np.arange(1, n + 1, dtype=np.int64),
+            "domain": pd.Series(np.full(n, DEFAULT_DOMAIN, object), dtype=object),
+            "text": pd.Series(text, dtype="str"),
+            "start": start[rows],
+            "end": end[rows],
+            "global_tid": gtid[rows],
+            "pid": pid[rows],
+            "event_type": np.full(n, NVTX_PUSH_POP, dtype=np.int8),
+            "unclosed": np.zeros(n, dtype=bool),
+        },
+        copy=False,
+    )[RANGE_COLUMNS]
     details = _op_details(ev, rows, op[rows], start, end, gtid, cpu)
     for name, values in details.items():
         frame[name] = pd.Series(values, dtype=object, copy=False)
@@ -290,7 +316,7 @@ def _range_texts(ev: _Events, rows: np.ndarray, op: np.ndarray, module: np.ndarr
     c = ev.c
     names = ev.strings.copy()
     module_codes = np.unique(c.name[rows[module]])
-    names[module_codes] = [s[len(MODULE_PREFIX):] for s in ev.strings[module_codes]]
+    names[module_codes] = [s[len(MODULE_PREFIX) :] for s in ev.strings[module_codes]]
     labels = names.tolist() + [""]
     dictionary = pa.array(labels, type=pa.string())
     name_codes = c.name[rows]
@@ -313,9 +339,9 @@ def _op_details(ev: _Events, rows: np.ndarray, op: np.ndarray, start, end, gtid,
         values = np.full(n, None, dtype=object)
         has = op & (codes >= 0)
         if has.any():
-            inverse, used = pd.factorize(codes[has])           # hashing, not sorting
+            inverse, used = pd.factorize(codes[has])  # hashing, not sorting
             parsed = np.empty(used.size, dtype=object)
-            parsed[:] = [parse(ev.raws[k]) for k in used.tolist()]   # once per distinct raw value
+            parsed[:] = [parse(ev.raws[k]) for k in used.tolist()]  # once per distinct raw value
             values[has] = parsed[inverse]
         out[column] = values
     out["stack_trace"] = _stack_traces(ev, rows, op, start, end, gtid, cpu)
@@ -330,9 +356,28 @@ def _data_type(raw: str) -> str | None:
     except ValueError:
         return None
     for t in types if isinstance(types, list) else []:
-        if isinstance(t, str) and t and t not in ("Scalar", "ScalarList", "TensorList", "GenericList", "Int",
-                                                  "Bool", "Float", "Double", "Long", "String", "Device", "Layout",
-                                                  "ScalarType", "MemoryFormat", "None"):
+        if (
+            isinstance(t, str)
+            and t
+            and t
+            not in (
+                "Scalar",
+                "ScalarList",
+                "TensorList",
+                "GenericList",
+                "Int",
+                "Bool",
+                "Float",
+                "Double",
+                "Long",
+                "String",
+                "Device",
+                "Layout",
+                "ScalarType",
+                "MemoryFormat",
+                "None",
+            )
+        ):
             t = t.replace("c10::", "")
             return {"Half": "float16", "BFloat16": "bfloat16", "c10::BFloat16": "bfloat16"}.get(t, t.lower())
     return None
@@ -355,8 +400,10 @@ def _shapes(raw: str) -> str | None:
 
 # ---------------------------------------------------------------------------- stack traces
 
-_NOT_USER_FRAME = re.compile(r"^<|^nn\.Module: |^torch/|/site-packages/|/dist-packages/|/lib/python\d|"
-                             r"(?:^|/)dlprof_profiler/|^sitecustomize\.py\(")
+_NOT_USER_FRAME = re.compile(
+    r"^<|^nn\.Module: |^torch/|/site-packages/|/dist-packages/|/lib/python\d|"
+    r"(?:^|/)dlprof_profiler/|^sitecustomize\.py\("
+)
 
 
 def _user_frames(frames: list[str]) -> list[str]:
@@ -391,7 +438,7 @@ def _stack_traces(ev: _Events, rows: np.ndarray, op: np.ndarray, start, end, gti
     members = np.concatenate([python, rows[ops]])
     forest = RangeForest(gtid[members], start[members], end[members], np.arange(members.size))
     flagged = np.zeros(members.size, dtype=bool)
-    flagged[:python.size] = is_user
+    flagged[: python.size] = is_user
     anchor = nearest_flagged_ancestor(forest.parent, forest.depth, flagged)
     # stack text of every user frame, level by level: parent's stack + "\n" + own name (shared strings)
     user_parent = np.where(flagged, anchor, -1)
@@ -412,7 +459,7 @@ def _stack_traces(ev: _Events, rows: np.ndarray, op: np.ndarray, start, end, gti
         text_code[idx] = offset + pair
     texts = np.empty(len(table), dtype=object)
     texts[:] = table
-    op_anchor = anchor[python.size:]
+    op_anchor = anchor[python.size :]
     code = np.where(op_anchor >= 0, text_code[np.maximum(op_anchor, 0)], -1)
     ok = code >= 0
     out[ops[ok]] = texts[code[ok]]
@@ -421,16 +468,26 @@ def _stack_traces(ev: _Events, rows: np.ndarray, op: np.ndarray, start, end, gti
 
 # ---------------------------------------------------------------------------- API calls and GPU activities
 
+
 def _api_calls(ev: _Events, rows_mask, start, end, gtid, pid, correlation) -> pd.DataFrame:
     c = ev.c
     rows = np.flatnonzero(rows_mask)
-    rows = rows[np.lexsort((rows, start[rows]))]       # api_id = position in start order
+    rows = rows[np.lexsort((rows, start[rows]))]  # api_id = position in start order
     n = rows.size
-    frame = pd.DataFrame({
-        "api_id": np.arange(n, dtype=np.int64), "name": _categorical(ev, c.name[rows]),
-        "start": start[rows], "end": end[rows], "global_tid": gtid[rows], "pid": pid[rows],
-        "correlation_id": correlation[rows], "event_class": np.zeros(n, dtype=np.int64),
-        "return_value": np.zeros(n, dtype=np.int64)}, copy=False)
+    frame = pd.DataFrame(
+        {
+            "api_id": np.arange(n, dtype=np.int64),
+            "name": _categorical(ev, c.name[rows]),
+            "start": start[rows],
+            "end": end[rows],
+            "global_tid": gtid[rows],
+            "pid": pid[rows],
+            "correlation_id": correlation[rows],
+            "event_class": np.zeros(n, dtype=np.int64),
+            "return_value": np.zeros(n, dtype=np.int64),
+        },
+        copy=False,
+    )
     return frame[API_COLUMNS]
 
 
@@ -440,8 +497,9 @@ def _categorical(ev: _Events, codes: np.ndarray, names: np.ndarray | None = None
     inverse, used = pd.factorize(codes)
     texts = np.array([names[k] if k >= 0 else "<unknown>" for k in used.tolist()], dtype=object)
     distinct, remap = np.unique(texts.astype(str), return_inverse=True)
-    return pd.Categorical.from_codes(remap[inverse.reshape(-1)].astype(np.int64),
-                                     categories=pd.Index(distinct.astype(object), dtype=object))
+    return pd.Categorical.from_codes(
+        remap[inverse.reshape(-1)].astype(np.int64), categories=pd.Index(distinct.astype(object), dtype=object)
+    )
 
 
 _KERNEL_PARAMS = re.compile(r"\(anonymous namespace\)")
@@ -452,7 +510,7 @@ def short_kernel_name(name: str) -> str:
     `void at::native::vectorized_elementwise_kernel<4, ...>(int, ...)` -> vectorized_elementwise_kernel."""
     text = _KERNEL_PARAMS.sub("anonymous_namespace", name.strip())
     depth, cut = 0, len(text)
-    for i, ch in enumerate(text):          # per distinct kernel name, never per launch
+    for i, ch in enumerate(text):  # per distinct kernel name, never per launch
         if ch in "<(":
             if depth == 0:
                 cut = i
@@ -461,19 +519,21 @@ def short_kernel_name(name: str) -> str:
         elif ch in ">)":
             depth -= 1
     base = text[:cut].strip()
-    if " " in base:                      # return type ("void ") or qualifiers
+    if " " in base:  # return type ("void ") or qualifiers
         base = base.rsplit(" ", 1)[-1]
     base = base.rsplit("::", 1)[-1]
     return base or name
 
 
-def _gpu_activities(ev: _Events, rows_mask, start, end, correlation, api: pd.DataFrame, main_pid: int,
-                    warnings: list) -> pd.DataFrame:
+def _gpu_activities(
+    ev: _Events, rows_mask, start, end, correlation, api: pd.DataFrame, main_pid: int, warnings: list
+) -> pd.DataFrame:
     c = ev.c
     rows = np.flatnonzero(rows_mask)
-    kind = np.select([c.group[rows] == kd.MEMCPY, c.group[rows] == kd.MEMSET], [KIND_MEMCPY, KIND_MEMSET],
-                     KIND_KERNEL).astype(np.int8)
-    order = np.lexsort((rows, kind, start[rows]))     # activity_id = position in (start, kind) order
+    kind = np.select(
+        [c.group[rows] == kd.MEMCPY, c.group[rows] == kd.MEMSET], [KIND_MEMCPY, KIND_MEMSET], KIND_KERNEL
+    ).astype(np.int8)
+    order = np.lexsort((rows, kind, start[rows]))  # activity_id = position in (start, kind) order
     rows, kind = rows[order], kind[order]
     n = rows.size
     a = c.args
@@ -492,22 +552,41 @@ def _gpu_activities(ev: _Events, rows_mask, start, end, correlation, api: pd.Dat
         pid[ok] = found[ok].astype(np.int64)
     unmatched = int((~pd.Series(corr).isin(api["correlation_id"].to_numpy())).sum()) if n else 0
     if unmatched and len(api):
-        warnings.append(f"{ev.path}: {unmatched} GPU activities have no launching API call in the trace; they "
-                        "are reported as unassociated")
+        warnings.append(
+            f"{ev.path}: {unmatched} GPU activities have no launching API call in the trace; they "
+            "are reported as unassociated"
+        )
     name_codes = c.name[rows]
     long_names, short_names = _gpu_names(ev, name_codes, kind, a["kind"][rows])
     grid = _triples(ev, a["grid"][rows])
     block = _triples(ev, a["block"][rows])
     frame = {
-        "activity_id": np.arange(n, dtype=np.int64), "kind": kind, "name": short_names, "long_name": long_names,
-        "start": start[rows], "end": end[rows], "device_id": device, "stream_id": stream,
-        "context_id": a["context"][rows], "pid": pid, "correlation_id": corr,
-        "grid_x": grid[0], "grid_y": grid[1], "grid_z": grid[2], "block_x": block[0], "block_y": block[1],
-        "block_z": block[2], "registers": a["registers"][rows], "static_smem": a["shared_memory"][rows],
-        "dynamic_smem": np.full(n, -1, dtype=np.int64), "bytes": a["bytes"][rows],
+        "activity_id": np.arange(n, dtype=np.int64),
+        "kind": kind,
+        "name": short_names,
+        "long_name": long_names,
+        "start": start[rows],
+        "end": end[rows],
+        "device_id": device,
+        "stream_id": stream,
+        "context_id": a["context"][rows],
+        "pid": pid,
+        "correlation_id": corr,
+        "grid_x": grid[0],
+        "grid_y": grid[1],
+        "grid_z": grid[2],
+        "block_x": block[0],
+        "block_y": block[1],
+        "block_z": block[2],
+        "registers": a["registers"][rows],
+        "static_smem": a["shared_memory"][rows],
+        "dynamic_smem": np.full(n, -1, dtype=np.int64),
+        "bytes": a["bytes"][rows],
         "copy_kind": _copy_kinds(ev, name_codes, kind, a["kind"][rows]),
-        "src_kind": np.full(n, -1, dtype=np.int64), "dst_kind": np.full(n, -1, dtype=np.int64),
-        "graph_node_id": np.full(n, -1, dtype=np.int64)}
+        "src_kind": np.full(n, -1, dtype=np.int64),
+        "dst_kind": np.full(n, -1, dtype=np.int64),
+        "graph_node_id": np.full(n, -1, dtype=np.int64),
+    }
     return pd.DataFrame(frame, copy=False)[GPU_COLUMNS]
 
 
@@ -526,9 +605,14 @@ def _copy_kinds(ev: _Events, name_codes, kind, arg_kind) -> np.ndarray:
     if memcpy.any():
         key = combined_codes(name_codes[memcpy], arg_kind[memcpy])
         first = pd.Series(np.arange(key.size)).groupby(key).first().to_numpy()
-        values = np.array([_copy_kind_of(ev.strings[name_codes[memcpy][i]]) or
-                           _copy_kind_of(ev.strings[arg_kind[memcpy][i]] if arg_kind[memcpy][i] >= 0 else "")
-                           for i in first], dtype=np.int64)
+        values = np.array(
+            [
+                _copy_kind_of(ev.strings[name_codes[memcpy][i]])
+                or _copy_kind_of(ev.strings[arg_kind[memcpy][i]] if arg_kind[memcpy][i] >= 0 else "")
+                for i in first
+            ],
+            dtype=np.int64,
+        )
         out[memcpy] = values[key]
     return out
 
@@ -540,7 +624,7 @@ def _gpu_names(ev: _Events, name_codes, kind, arg_kind) -> tuple[pd.Categorical,
     first = pd.Series(np.arange(key.size)).groupby(key).first().to_numpy() if key.size else np.zeros(0, np.int64)
     long_text = np.empty(first.size, dtype=object)
     short_text = np.empty(first.size, dtype=object)
-    for j, i in enumerate(first.tolist()):                      # once per distinct (name, kind)
+    for j, i in enumerate(first.tolist()):  # once per distinct (name, kind)
         name = ev.strings[name_codes[i]] if name_codes[i] >= 0 else "<unknown kernel>"
         long_text[j] = name
         if kind[i] == KIND_KERNEL:
@@ -553,8 +637,10 @@ def _gpu_names(ev: _Events, name_codes, kind, arg_kind) -> tuple[pd.Categorical,
 
     def categorical(texts):
         distinct, remap = np.unique(texts.astype(str), return_inverse=True)
-        return pd.Categorical.from_codes(remap.reshape(-1)[key].astype(np.int64),
-                                         categories=pd.Index(distinct.astype(object), dtype=object))
+        return pd.Categorical.from_codes(
+            remap.reshape(-1)[key].astype(np.int64), categories=pd.Index(distinct.astype(object), dtype=object)
+        )
+
     if key.size == 0:
         return pd.Categorical([]), pd.Categorical([])
     return categorical(long_text), categorical(short_text)
@@ -569,7 +655,7 @@ def _triples(ev: _Events, codes: np.ndarray) -> list[np.ndarray]:
         parsed = np.full((used.size, 3), -1, dtype=np.int64)
         for j, k in enumerate(used.tolist()):
             values = re.findall(r"-?\d+", ev.raws[k] or "")[:3]
-            parsed[j, :len(values)] = [int(v) for v in values]
+            parsed[j, : len(values)] = [int(v) for v in values]
         for axis in range(3):
             out[axis][has] = parsed[inverse.reshape(-1), axis]
     return out
@@ -581,30 +667,61 @@ def _syncs(ev: _Events, rows_mask, start, end, correlation, main_pid: int) -> pd
     kinds = ev.text(c.args["sync_kind"][rows])
     sync_type = np.array([SYNC_TYPES.get(str(k).lower(), 0) for k in pd.unique(kinds)], dtype=np.int64)
     sync_type = sync_type[pd.factorize(kinds)[0]] if rows.size else np.zeros(0, dtype=np.int64)
-    return pd.DataFrame({"start": start[rows], "end": end[rows], "device_id": c.args["device"][rows],
-                         "stream_id": c.args["stream"][rows], "pid": np.full(rows.size, main_pid, dtype=np.int64),
-                         "correlation_id": correlation[rows], "sync_type": sync_type})
+    return pd.DataFrame(
+        {
+            "start": start[rows],
+            "end": end[rows],
+            "device_id": c.args["device"][rows],
+            "stream_id": c.args["stream"][rows],
+            "pid": np.full(rows.size, main_pid, dtype=np.int64),
+            "correlation_id": correlation[rows],
+            "sync_type": sync_type,
+        }
+    )
 
 
 # ---------------------------------------------------------------------------- devices, processes, meta
+
 
 def _devices(props, gpu: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for p in props if isinstance(props, list) else []:
         if isinstance(p, dict) and isinstance(p.get("id"), int):
-            rows.append({"device_id": p["id"], "name": p.get("name"), "compute_major": p.get("computeMajor"),
-                         "compute_minor": p.get("computeMinor"), "sm_count": p.get("numSms"),
-                         "total_memory": p.get("totalGlobalMem"), "bus_location": None, "chip_name": None,
-                         "uuid": p.get("uuid")})
-    devices = pd.DataFrame(rows, columns=["device_id", "name", "compute_major", "compute_minor", "sm_count",
-                                          "total_memory", "bus_location", "chip_name", "uuid"])
+            rows.append(
+                {
+                    "device_id": p["id"],
+                    "name": p.get("name"),
+                    "compute_major": p.get("computeMajor"),
+                    "compute_minor": p.get("computeMinor"),
+                    "sm_count": p.get("numSms"),
+                    "total_memory": p.get("totalGlobalMem"),
+                    "bus_location": None,
+                    "chip_name": None,
+                    "uuid": p.get("uuid"),
+                }
+            )
+    devices = pd.DataFrame(
+        rows,
+        columns=[
+            "device_id",
+            "name",
+            "compute_major",
+            "compute_minor",
+            "sm_count",
+            "total_memory",
+            "bus_location",
+            "chip_name",
+            "uuid",
+        ],
+    )
     devices = devices.drop_duplicates("device_id")
     seen = set(np.unique(gpu["device_id"].to_numpy()).tolist()) - {-1} if len(gpu) else set()
     missing = sorted(seen - set(devices["device_id"].astype(int).tolist()))
     if missing:
         extra = pd.DataFrame({"device_id": missing, "name": [f"GPU {d}" for d in missing]})
-        devices = pd.concat([devices, extra], ignore_index=True) if len(devices) else extra.reindex(
-            columns=devices.columns)
+        devices = (
+            pd.concat([devices, extra], ignore_index=True) if len(devices) else extra.reindex(columns=devices.columns)
+        )
     devices["device_id"] = devices["device_id"].astype(np.int64)
     for col in ("compute_major", "compute_minor", "sm_count", "total_memory"):
         devices[col] = pd.to_numeric(devices[col], errors="coerce").astype("Int64")
@@ -621,21 +738,30 @@ def _processes_threads(ev: _Events, trace: Trace, cpu: np.ndarray, gtid: np.ndar
     names = ev.text(c.name[meta])
     values = ev.text(c.args["name"][meta])
     rows = np.flatnonzero(cpu)
-    rows = rows[~pd.Series(gtid[rows]).duplicated().to_numpy()]       # the first event of each thread
+    rows = rows[~pd.Series(gtid[rows]).duplicated().to_numpy()]  # the first event of each thread
     threads = pd.DataFrame({"global_tid": gtid[rows], "pid": pid[rows], "tid": c.tid[rows], "kpid": c.pid[rows]})
     is_thread = (names == "thread_name") & c.tid_numeric[meta]
-    thread_names = pd.DataFrame({"kpid": c.pid[meta][is_thread], "tid": c.tid[meta][is_thread],
-                                 "name": [_thread_label(v) for v in values[is_thread]]})
-    threads = threads.merge(thread_names.drop_duplicates(["kpid", "tid"], keep="last"), on=["kpid", "tid"],
-                            how="left")
+    thread_names = pd.DataFrame(
+        {
+            "kpid": c.pid[meta][is_thread],
+            "tid": c.tid[meta][is_thread],
+            "name": [_thread_label(v) for v in values[is_thread]],
+        }
+    )
+    threads = threads.merge(thread_names.drop_duplicates(["kpid", "tid"], keep="last"), on=["kpid", "tid"], how="left")
     threads["name"] = threads["name"].astype(object).where(threads["name"].notna(), None)
     is_process = names == "process_name"
     process_names = pd.DataFrame({"kpid": c.pid[meta][is_process], "name": values[is_process]})
-    processes = threads[["pid", "kpid"]].drop_duplicates("pid").merge(
-        process_names.drop_duplicates("kpid", keep="last"), on="kpid", how="left")
+    processes = (
+        threads[["pid", "kpid"]]
+        .drop_duplicates("pid")
+        .merge(process_names.drop_duplicates("kpid", keep="last"), on="kpid", how="left")
+    )
     processes["name"] = processes["name"].astype(object).where(processes["name"].notna(), None)
-    return (processes[["pid", "name"]].sort_values("pid").reset_index(drop=True),
-            threads[["global_tid", "pid", "tid", "name"]].sort_values("global_tid").reset_index(drop=True))
+    return (
+        processes[["pid", "name"]].sort_values("pid").reset_index(drop=True),
+        threads[["global_tid", "pid", "tid", "name"]].sort_values("global_tid").reset_index(drop=True),
+    )
 
 
 _THREAD_LABEL = re.compile(r"^thread -?\d+ \((.*)\)$")
@@ -650,10 +776,14 @@ def _thread_label(text):
 def _meta(ev: _Events, origin: int, trace: Trace, has_steps: bool) -> tuple[dict, dict]:
     m = ev.meta
     base = m.get("baseTimeNanoseconds") if isinstance(m.get("baseTimeNanoseconds"), int) else 0
-    meta = {"source_format": "kineto", "nsys_version": "none (torch.profiler trace)",
-            "schema_version": str(m.get("schemaVersion", "unknown")),
-            "kineto_display_time_unit": m.get("displayTimeUnit"), "session_start_ns": int(base + origin),
-            "capture_end": int(trace.profile_end)}
+    meta = {
+        "source_format": "kineto",
+        "nsys_version": "none (torch.profiler trace)",
+        "schema_version": str(m.get("schemaVersion", "unknown")),
+        "kineto_display_time_unit": m.get("displayTimeUnit"),
+        "session_start_ns": int(base + origin),
+        "capture_end": int(trace.profile_end),
+    }
     dist = m.get("distributedInfo")
     if isinstance(dist, dict):
         for key in ("rank", "world_size", "backend"):
@@ -686,6 +816,7 @@ def _peak_device_memory(ev: _Events) -> int | None:
 
 # ---------------------------------------------------------------------------- several processes
 
+
 def merge_traces(traces: list[Trace], source: Path) -> Trace:
     """One Trace from the Kineto traces of several processes (one file per process or rank), on a common
     clock: each trace's times are shifted by the difference of its absolute start to the earliest."""
@@ -702,13 +833,13 @@ def merge_traces(traces: list[Trace], source: Path) -> Trace:
                 frame[column] = frame[column] + shift
             frames.append(frame)
         return frames
+
     merged = Trace(source=Path(source))
     ranges = pd.concat(stacked("ranges", ("start", "end")), ignore_index=True)
     ranges["range_id"] = np.arange(1, len(ranges) + 1, dtype=np.int64)
     merged.ranges = ranges
     merged.api_calls = _renumber(stacked("api_calls", ("start", "end")), ["name"], "api_id", ["start"])
-    merged.gpu = _renumber(stacked("gpu", ("start", "end")), ["name", "long_name"], "activity_id",
-                           ["start", "kind"])
+    merged.gpu = _renumber(stacked("gpu", ("start", "end")), ["name", "long_name"], "activity_id", ["start", "kind"])
     merged.syncs = pd.concat(stacked("syncs", ("start", "end")), ignore_index=True)
     devices = pd.concat([t.devices for t in traces if len(t.devices)] or [traces[0].devices], ignore_index=True)
     merged.devices = devices.drop_duplicates("device_id").sort_values("device_id").reset_index(drop=True)
@@ -733,6 +864,7 @@ def merge_traces(traces: list[Trace], source: Path) -> Trace:
 def _renumber(frames: list[pd.DataFrame], categorical: list[str], id_column: str, order: list[str]) -> pd.DataFrame:
     """Concatenated frames with united categoricals, in `order`, ids = positions."""
     from pandas.api.types import union_categoricals
+
     columns = list(frames[0].columns)
     united = {c: union_categoricals([pd.Categorical(f[c]) for f in frames], ignore_order=True) for c in categorical}
     frame = pd.concat([f.drop(columns=categorical) for f in frames], ignore_index=True)

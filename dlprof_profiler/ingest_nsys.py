@@ -3,6 +3,7 @@
 Every table is optional; names resolve through StringIds; the file is opened read-only and immutable so
 it is never modified (DLProf 1.8 modified it in place; we don't).
 """
+
 from __future__ import annotations
 
 import re
@@ -17,25 +18,71 @@ import pyarrow.compute as pc
 from dlprof_profiler import log
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.sqlite_source import SqliteSource
-from dlprof_profiler.trace import (DEFAULT_DOMAIN, GPU_COLUMNS, KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, MISSING_TIME,
-                                   Trace, combined_codes, pid_of, tid_of)
+from dlprof_profiler.trace import (
+    DEFAULT_DOMAIN,
+    GPU_COLUMNS,
+    KIND_KERNEL,
+    KIND_MEMCPY,
+    KIND_MEMSET,
+    MISSING_TIME,
+    Trace,
+    combined_codes,
+    pid_of,
+    tid_of,
+)
 
 NVTX_RANGE_TYPES = (59, 60, 70, 71)
 NVTX_DOMAIN_CREATE = 75
 
 COPY_KIND_LABELS = {
-    0: "[CUDA memcpy Unknown]", 1: "[CUDA memcpy HtoD]", 2: "[CUDA memcpy DtoH]", 3: "[CUDA memcpy HtoA]",
-    4: "[CUDA memcpy AtoH]", 5: "[CUDA memcpy AtoA]", 6: "[CUDA memcpy AtoD]", 7: "[CUDA memcpy DtoA]",
-    8: "[CUDA memcpy DtoD]", 9: "[CUDA memcpy HtoH]", 10: "[CUDA memcpy PtoP]",
-    11: "[CUDA Unified Memory memcpy HtoD]", 12: "[CUDA Unified Memory memcpy DtoH]",
+    0: "[CUDA memcpy Unknown]",
+    1: "[CUDA memcpy HtoD]",
+    2: "[CUDA memcpy DtoH]",
+    3: "[CUDA memcpy HtoA]",
+    4: "[CUDA memcpy AtoH]",
+    5: "[CUDA memcpy AtoA]",
+    6: "[CUDA memcpy AtoD]",
+    7: "[CUDA memcpy DtoA]",
+    8: "[CUDA memcpy DtoD]",
+    9: "[CUDA memcpy HtoH]",
+    10: "[CUDA memcpy PtoP]",
+    11: "[CUDA Unified Memory memcpy HtoD]",
+    12: "[CUDA Unified Memory memcpy DtoH]",
     13: "[CUDA Unified Memory memcpy DtoD]",
 }
 MEMSET_LABEL = "[CUDA memset]"
-IO_CALLS = ("read", "write", "fread", "fwrite", "pread", "pread64", "pwrite", "pwrite64", "readv", "writev",
-            "preadv", "pwritev", "fread_unlocked", "fwrite_unlocked", "open", "open64", "openat", "close",
-            "fopen", "fclose", "fopen64")
-KNOWN_NSYS_TABLES = ("StringIds", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL",
-                     "TARGET_INFO_GPU", "ThreadNames", "TARGET_INFO_SYSTEM_ENV")
+IO_CALLS = (
+    "read",
+    "write",
+    "fread",
+    "fwrite",
+    "pread",
+    "pread64",
+    "pwrite",
+    "pwrite64",
+    "readv",
+    "writev",
+    "preadv",
+    "pwritev",
+    "fread_unlocked",
+    "fwrite_unlocked",
+    "open",
+    "open64",
+    "openat",
+    "close",
+    "fopen",
+    "fclose",
+    "fopen64",
+)
+KNOWN_NSYS_TABLES = (
+    "StringIds",
+    "NVTX_EVENTS",
+    "CUPTI_ACTIVITY_KIND_RUNTIME",
+    "CUPTI_ACTIVITY_KIND_KERNEL",
+    "TARGET_INFO_GPU",
+    "ThreadNames",
+    "TARGET_INFO_SYSTEM_ENV",
+)
 
 NAMED_BY_STRING_IDS = ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL")
 
@@ -90,20 +137,29 @@ def read_nsys_export(path: Path) -> Trace:
     src = SqliteSource(path, immutable=True)
     try:
         if not any(src.has(t) for t in KNOWN_NSYS_TABLES):
-            raise DLProfError(f"{path}: not an Nsight Systems export or DLProf database "
-                              "(none of the nsys tables StringIds, NVTX_EVENTS, CUPTI_ACTIVITY_KIND_* found)")
+            raise DLProfError(
+                f"{path}: not an Nsight Systems export or DLProf database "
+                "(none of the nsys tables StringIds, NVTX_EVENTS, CUPTI_ACTIVITY_KIND_* found)"
+            )
         if not src.has("StringIds") and any(src.has(t) for t in NAMED_BY_STRING_IDS):
-            raise DLProfError(f"{path}: damaged Nsight Systems export: the StringIds table, which names its "
-                              "events, is missing")
+            raise DLProfError(
+                f"{path}: damaged Nsight Systems export: the StringIds table, which names its events, is missing"
+            )
         strings = StringTable(src)
         trace = Trace(source=Path(path))
         trace.meta = read_meta(src)
         trace.system = read_system_env(src)
         trace.processes, trace.threads = read_processes_threads(src, strings)
         trace.has_nvtx = src.has("NVTX_EVENTS")
-        trace.has_cuda_tables = any(src.has(t) for t in (
-            "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
-            "CUPTI_ACTIVITY_KIND_MEMSET"))
+        trace.has_cuda_tables = any(
+            src.has(t)
+            for t in (
+                "CUPTI_ACTIVITY_KIND_RUNTIME",
+                "CUPTI_ACTIVITY_KIND_KERNEL",
+                "CUPTI_ACTIVITY_KIND_MEMCPY",
+                "CUPTI_ACTIVITY_KIND_MEMSET",
+            )
+        )
         # The three large tables are read at once, each on its own connection: ADBC reads them in C without
         # the GIL, so the reads share the cores (the rest of the work has to wait for all of them anyway).
         with ThreadPoolExecutor(max_workers=3, thread_name_prefix="dlprof-read") as pool:
@@ -123,13 +179,17 @@ def read_nsys_export(path: Path) -> Trace:
             trace.meta["gpu_peak_memory"] = peak
         trace.meta["capture_end"] = int(capture_end)
         if not trace.has_cuda_tables:
-            trace.warnings.append(f"{path}: no CUDA trace tables (CUPTI_ACTIVITY_KIND_*): the capture holds no "
-                                  "CUDA API calls or GPU activities, so every GPU figure is zero")
+            trace.warnings.append(
+                f"{path}: no CUDA trace tables (CUPTI_ACTIVITY_KIND_*): the capture holds no "
+                "CUDA API calls or GPU activities, so every GPU figure is zero"
+            )
         elif len(trace.gpu) == 0:
             trace.warnings.append(f"{path}: no GPU activities (kernels, memcpys, memsets) were captured")
         if not trace.has_nvtx or len(trace.ranges) == 0:
-            trace.warnings.append(f"{path}: no NVTX ranges: ops cannot be named, every GPU activity is reported "
-                                  "under the API call that launched it")
+            trace.warnings.append(
+                f"{path}: no NVTX ranges: ops cannot be named, every GPU activity is reported "
+                "under the API call that launched it"
+            )
         unclosed = int(trace.ranges["unclosed"].sum()) if len(trace.ranges) else 0
         if unclosed:
             trace.warnings.append(f"{path}: {unclosed} NVTX ranges were never closed; they end at the capture end")
@@ -156,9 +216,11 @@ def read_meta(src: SqliteSource) -> dict:
         if row:
             meta["session_start"], meta["session_stop"], meta["session_duration"] = row[0]
     if src.has("TARGET_INFO_SESSION_START_TIME"):
-        row = src.fetchall(f"SELECT {src.col('TARGET_INFO_SESSION_START_TIME', 'utcEpochNs')}, "
-                           f"{src.col('TARGET_INFO_SESSION_START_TIME', 'utcTime')} "
-                           "FROM TARGET_INFO_SESSION_START_TIME LIMIT 1")
+        row = src.fetchall(
+            f"SELECT {src.col('TARGET_INFO_SESSION_START_TIME', 'utcEpochNs')}, "
+            f"{src.col('TARGET_INFO_SESSION_START_TIME', 'utcTime')} "
+            "FROM TARGET_INFO_SESSION_START_TIME LIMIT 1"
+        )
         if row:
             meta["session_utc_epoch_ns"], meta["session_utc_time"] = row[0]
     return meta
@@ -173,8 +235,9 @@ def _guess_nsys_version(src: SqliteSource) -> str | None:
     if src.has("TARGET_INFO_SYSTEM_ENV"):
         candidates += [v for (v,) in src.fetchall("SELECT value FROM TARGET_INFO_SYSTEM_ENV")]
     if src.has("StringIds"):
-        candidates += [v for (v,) in src.fetchall(
-            "SELECT value FROM StringIds WHERE value LIKE '%nsight%systems%' LIMIT 50")]
+        candidates += [
+            v for (v,) in src.fetchall("SELECT value FROM StringIds WHERE value LIKE '%nsight%systems%' LIMIT 50")
+        ]
     for text in candidates:
         match = _VERSION_IN_PATH.search(str(text))
         if match:
@@ -196,10 +259,17 @@ def read_system_env(src: SqliteSource) -> dict:
     return env
 
 
-_SYSTEM_INFO_LABELS = {"gpucount": "GPU Count", "gpunames": "GPU Name(s)", "cpumodel": "CPU Model",
-                       "gpudriverversion": "GPU Driver Version", "driverversion": "GPU Driver Version",
-                       "framework": "Framework", "cudaversion": "CUDA Version", "cudnnversion": "cuDNN Version",
-                       "nsysversion": "NSys Version"}
+_SYSTEM_INFO_LABELS = {
+    "gpucount": "GPU Count",
+    "gpunames": "GPU Name(s)",
+    "cpumodel": "CPU Model",
+    "gpudriverversion": "GPU Driver Version",
+    "driverversion": "GPU Driver Version",
+    "framework": "Framework",
+    "cudaversion": "CUDA Version",
+    "cudnnversion": "cuDNN Version",
+    "nsysversion": "NSys Version",
+}
 
 
 def read_dlprof_system_info(src: SqliteSource) -> dict:
@@ -231,8 +301,9 @@ def read_processes_threads(src: SqliteSource, strings: StringTable) -> tuple[pd.
     if src.has("ThreadNames"):
         rows = src.fetchall("SELECT globalTid, nameId FROM ThreadNames WHERE globalTid IS NOT NULL")
         gtid = np.array([r[0] for r in rows], dtype=np.int64)
-        threads = pd.DataFrame({"global_tid": gtid, "pid": pid_of(gtid), "tid": tid_of(gtid),
-                                "name": strings.lookup([r[1] for r in rows])})
+        threads = pd.DataFrame(
+            {"global_tid": gtid, "pid": pid_of(gtid), "tid": tid_of(gtid), "name": strings.lookup([r[1] for r in rows])}
+        )
         threads = threads.drop_duplicates("global_tid")
     else:
         threads = pd.DataFrame({c: pd.Series(dtype="int64") for c in ("global_tid", "pid", "tid")})
@@ -251,18 +322,29 @@ def read_api_calls(src: SqliteSource, strings: StringTable) -> pd.DataFrame:
             f"SELECT rowid, coalesce(start, {MISSING_TIME}), coalesce(end, {MISSING_TIME}), coalesce(globalTid, 0), "
             f"coalesce(correlationId, -1), coalesce(nameId, -1), "
             f"coalesce(eventClass, 0), coalesce({src.col(table, 'returnValue', '0')}, 0) "
-            f"FROM {table}", ["rowid"] + names)
+            f"FROM {table}",
+            ["rowid"] + names,
+        )
         order = _order_by(cols.pop("rowid"), cols["start"])
         if order is not None:
             cols = {name: values[order] for name, values in cols.items()}
     else:
         cols = {n: np.zeros(0, dtype=np.int64) for n in names}
     n = len(cols["start"])
-    return pd.DataFrame({
-        "api_id": np.arange(n, dtype=np.int64), "name": strings.categorical(cols["name_id"]),
-        "start": cols["start"], "end": cols["end"], "global_tid": cols["global_tid"],
-        "pid": pid_of(cols["global_tid"]), "correlation_id": cols["correlation_id"],
-        "event_class": cols["event_class"], "return_value": cols["return_value"]}, copy=False)
+    return pd.DataFrame(
+        {
+            "api_id": np.arange(n, dtype=np.int64),
+            "name": strings.categorical(cols["name_id"]),
+            "start": cols["start"],
+            "end": cols["end"],
+            "global_tid": cols["global_tid"],
+            "pid": pid_of(cols["global_tid"]),
+            "correlation_id": cols["correlation_id"],
+            "event_class": cols["event_class"],
+            "return_value": cols["return_value"],
+        },
+        copy=False,
+    )
 
 
 def _order_by(rowid: np.ndarray, start: np.ndarray) -> np.ndarray | None:
@@ -286,23 +368,65 @@ def _with_own_source(path: Path, read, *args):
 
 def _int_col(src: SqliteSource, table: str, name: str, default: str = "-1") -> str:
     if name in ("start", "end"):
-        default = str(MISSING_TIME)   # a NULL time is damage, dropped by sanitize.py
+        default = str(MISSING_TIME)  # a NULL time is damage, dropped by sanitize.py
     if name in src.columns(table):
         return f'coalesce("{name}", {default})'
     return default
 
 
-KERNEL_SOURCE_COLUMNS = ["start", "end", "deviceId", "streamId", "contextId", "globalPid", "correlationId",
-                         "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ", "registersPerThread",
-                         "staticSharedMemory", "dynamicSharedMemory", "graphNodeId"]
-MEMORY_SOURCE_COLUMNS = ["start", "end", "deviceId", "streamId", "contextId", "globalPid", "correlationId",
-                         "graphNodeId", "bytes"]
-_GPU_FIELD = {"deviceId": "device_id", "streamId": "stream_id", "contextId": "context_id",
-              "correlationId": "correlation_id", "gridX": "grid_x", "gridY": "grid_y", "gridZ": "grid_z",
-              "blockX": "block_x", "blockY": "block_y", "blockZ": "block_z", "registersPerThread": "registers",
-              "staticSharedMemory": "static_smem", "dynamicSharedMemory": "dynamic_smem",
-              "graphNodeId": "graph_node_id", "start": "start", "end": "end", "bytes": "bytes",
-              "copyKind": "copy_kind", "srcKind": "src_kind", "dstKind": "dst_kind", "memKind": "dst_kind"}
+KERNEL_SOURCE_COLUMNS = [
+    "start",
+    "end",
+    "deviceId",
+    "streamId",
+    "contextId",
+    "globalPid",
+    "correlationId",
+    "gridX",
+    "gridY",
+    "gridZ",
+    "blockX",
+    "blockY",
+    "blockZ",
+    "registersPerThread",
+    "staticSharedMemory",
+    "dynamicSharedMemory",
+    "graphNodeId",
+]
+MEMORY_SOURCE_COLUMNS = [
+    "start",
+    "end",
+    "deviceId",
+    "streamId",
+    "contextId",
+    "globalPid",
+    "correlationId",
+    "graphNodeId",
+    "bytes",
+]
+_GPU_FIELD = {
+    "deviceId": "device_id",
+    "streamId": "stream_id",
+    "contextId": "context_id",
+    "correlationId": "correlation_id",
+    "gridX": "grid_x",
+    "gridY": "grid_y",
+    "gridZ": "grid_z",
+    "blockX": "block_x",
+    "blockY": "block_y",
+    "blockZ": "block_z",
+    "registersPerThread": "registers",
+    "staticSharedMemory": "static_smem",
+    "dynamicSharedMemory": "dynamic_smem",
+    "graphNodeId": "graph_node_id",
+    "start": "start",
+    "end": "end",
+    "bytes": "bytes",
+    "copyKind": "copy_kind",
+    "srcKind": "src_kind",
+    "dstKind": "dst_kind",
+    "memKind": "dst_kind",
+}
 
 
 def read_gpu_activities(src: SqliteSource, strings: StringTable) -> pd.DataFrame:
@@ -316,27 +440,33 @@ def read_gpu_activities(src: SqliteSource, strings: StringTable) -> pd.DataFrame
         cols = src.int_columns(
             f"SELECT rowid, {', '.join(_int_col(src, kt, c) for c in KERNEL_SOURCE_COLUMNS)}, "
             f"{_int_col(src, kt, 'shortName')}, {_int_col(src, kt, 'demangledName')} FROM {kt}",
-            ["rowid"] + KERNEL_SOURCE_COLUMNS + ["shortName", "demangledName"])
+            ["rowid"] + KERNEL_SOURCE_COLUMNS + ["shortName", "demangledName"],
+        )
         short = strings.codes_for(cols.pop("shortName"))
         long = strings.codes_for(cols.pop("demangledName"))
         # Some exporters leave one of the two names unknown; each stands in for the other. Codes >= 0
         # index the string table; the fixed labels get negative codes.
         short, long = np.where(short >= 0, short, long), np.where(long >= 0, long, short)
         unknown = -1 - label_code[UNKNOWN_KERNEL]
-        parts.append(_gpu_part(cols, KIND_KERNEL, np.where(short >= 0, short, unknown),
-                               np.where(long >= 0, long, unknown)))
+        parts.append(
+            _gpu_part(cols, KIND_KERNEL, np.where(short >= 0, short, unknown), np.where(long >= 0, long, unknown))
+        )
     if src.has(mt):
         cols = src.int_columns(
             f"SELECT rowid, {', '.join(_int_col(src, mt, c) for c in MEMORY_SOURCE_COLUMNS)}, "
             f"{_int_col(src, mt, 'copyKind', '0')}, {_int_col(src, mt, 'srcKind')}, {_int_col(src, mt, 'dstKind')} "
-            f"FROM {mt}", ["rowid"] + MEMORY_SOURCE_COLUMNS + ["copyKind", "srcKind", "dstKind"])
+            f"FROM {mt}",
+            ["rowid"] + MEMORY_SOURCE_COLUMNS + ["copyKind", "srcKind", "dstKind"],
+        )
         kind_codes = np.where(np.isin(cols["copyKind"], list(COPY_KIND_LABELS)), cols["copyKind"], 0)
         codes = -1 - kind_codes  # COPY_KIND_LABELS keys are 0..13, their position in `labels`
         parts.append(_gpu_part(cols, KIND_MEMCPY, codes, codes))
     if src.has(st):
         cols = src.int_columns(
             f"SELECT rowid, {', '.join(_int_col(src, st, c) for c in MEMORY_SOURCE_COLUMNS)}, "
-            f"{_int_col(src, st, 'memKind')} FROM {st}", ["rowid"] + MEMORY_SOURCE_COLUMNS + ["memKind"])
+            f"{_int_col(src, st, 'memKind')} FROM {st}",
+            ["rowid"] + MEMORY_SOURCE_COLUMNS + ["memKind"],
+        )
         codes = np.full(len(cols["rowid"]), -1 - label_code[MEMSET_LABEL], dtype=np.int64)
         parts.append(_gpu_part(cols, KIND_MEMSET, codes, codes))
     if not parts:
@@ -348,6 +478,7 @@ def read_gpu_activities(src: SqliteSource, strings: StringTable) -> pd.DataFrame
 
     def column(name):
         return np.concatenate([p.pop(name) for p in parts]) if len(parts) > 1 else parts[0].pop(name)
+
     starts = np.concatenate([p["start"] for p in parts]) if len(parts) > 1 else parts[0]["start"]
     order = np.lexsort((column("rowid"), np.concatenate([p["kind"] for p in parts]), starts))
     in_order = bool((order[1:] > order[:-1]).all()) if order.size > 1 else True
@@ -397,8 +528,10 @@ def read_peak_memory(src: SqliteSource) -> int | None:
     t = "CUDA_GPU_MEMORY_USAGE_EVENTS"
     if not src.has(t) or not {"bytes", "memoryOperationType", "start"} <= set(src.columns(t)):
         return None
-    cols = src.int_columns(f"SELECT start, {_int_col(src, t, 'deviceId', '0')}, bytes, memoryOperationType "
-                           f"FROM {t} ORDER BY start", ["start", "device", "bytes", "op"])
+    cols = src.int_columns(
+        f"SELECT start, {_int_col(src, t, 'deviceId', '0')}, bytes, memoryOperationType FROM {t} ORDER BY start",
+        ["start", "device", "bytes", "op"],
+    )
     if len(cols["start"]) == 0:
         return None
     delta = np.where(cols["op"] == 0, cols["bytes"], -cols["bytes"])  # 0 allocation, 1 free
@@ -412,9 +545,12 @@ def read_syncs(src: SqliteSource) -> pd.DataFrame:
     columns = ["start", "end", "device_id", "stream_id", "pid", "correlation_id", "sync_type"]
     if not src.has(t):
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in columns})
-    frame = src.frame(f"SELECT start, end, {_int_col(src, t, 'deviceId')}, {_int_col(src, t, 'streamId')}, "
-                      f"{_int_col(src, t, 'globalPid', '0')}, {_int_col(src, t, 'correlationId')}, "
-                      f"{_int_col(src, t, 'syncType', '0')} FROM {t}", columns)
+    frame = src.frame(
+        f"SELECT start, end, {_int_col(src, t, 'deviceId')}, {_int_col(src, t, 'streamId')}, "
+        f"{_int_col(src, t, 'globalPid', '0')}, {_int_col(src, t, 'correlationId')}, "
+        f"{_int_col(src, t, 'syncType', '0')} FROM {t}",
+        columns,
+    )
     frame["pid"] = pid_of(frame["pid"])
     return frame
 
@@ -426,11 +562,18 @@ def read_io_calls(src: SqliteSource, strings: StringTable) -> pd.DataFrame:
     if not src.has(t):
         frame = pd.DataFrame({c: pd.Series(dtype="int64") for c in columns})
     else:
-        io_ids = [r[0] for r in src.fetchall(
-            f"SELECT id FROM StringIds WHERE value IN ({','.join('?' * len(IO_CALLS))})", IO_CALLS)]
+        io_ids = [
+            r[0]
+            for r in src.fetchall(
+                f"SELECT id FROM StringIds WHERE value IN ({','.join('?' * len(IO_CALLS))})", IO_CALLS
+            )
+        ]
         if io_ids:
-            frame = src.frame(f"SELECT start, end, coalesce(globalTid, 0), nameId FROM {t} "
-                              f"WHERE eventClass = 27 AND nameId IN ({','.join(map(str, io_ids))})", columns)
+            frame = src.frame(
+                f"SELECT start, end, coalesce(globalTid, 0), nameId FROM {t} "
+                f"WHERE eventClass = 27 AND nameId IN ({','.join(map(str, io_ids))})",
+                columns,
+            )
         else:
             frame = pd.DataFrame({c: pd.Series(dtype="int64") for c in columns})
     frame["pid"] = pid_of(frame["global_tid"])
@@ -480,7 +623,8 @@ def read_range_ints(src: SqliteSource) -> dict | None:
     return src.int_columns(
         f"SELECT rowid, eventType, coalesce(start, {MISSING_TIME}), coalesce(end, -1), coalesce(globalTid, 0), "
         f"{_int_col(src, t, 'domainId', '0')}, {_int_col(src, t, 'textId')} {_range_rows(src)}",
-        ["range_id", "event_type", "start", "end", "global_tid", "domain_id", "text_id"])
+        ["range_id", "event_type", "start", "end", "global_tid", "domain_id", "text_id"],
+    )
 
 
 def read_range_texts(src: SqliteSource) -> tuple | None:
@@ -521,19 +665,28 @@ def ranges_frame(cols: dict, capture_end: int) -> tuple[pd.DataFrame, dict]:
     end, start = cols["end"], cols["start"]
     unclosed = end < 0
     end = np.where(unclosed, np.maximum(capture_end, start), end)
-    keep = ~create   # ranges ending before they start are dropped (and counted) by sanitize.py
+    keep = ~create  # ranges ending before they start are dropped (and counted) by sanitize.py
     everything = bool(keep.all())
     sel = None if everything else np.flatnonzero(keep)
 
     def take(values):
         return values if everything else values[sel]
+
     domains, mapping = _domain_names(take(pid), take(cols["domain_id"]), names)
-    frame = pd.DataFrame({
-        "range_id": take(cols["range_id"]),
-        "domain": pd.Series(domains, dtype=object, copy=False),
-        "text": pd.Series(text if everything else text.take(pa.array(sel)), dtype="str"),
-        "start": take(start), "end": take(end), "global_tid": take(cols["global_tid"]), "pid": take(pid),
-        "event_type": take(cols["event_type"]).astype(np.int8), "unclosed": take(unclosed)}, copy=False)
+    frame = pd.DataFrame(
+        {
+            "range_id": take(cols["range_id"]),
+            "domain": pd.Series(domains, dtype=object, copy=False),
+            "text": pd.Series(text if everything else text.take(pa.array(sel)), dtype="str"),
+            "start": take(start),
+            "end": take(end),
+            "global_tid": take(cols["global_tid"]),
+            "pid": take(pid),
+            "event_type": take(cols["event_type"]).astype(np.int8),
+            "unclosed": take(unclosed),
+        },
+        copy=False,
+    )
     return frame, mapping
 
 
@@ -579,14 +732,50 @@ def read_devices(src: SqliteSource, gpu: pd.DataFrame) -> pd.DataFrame:
         cols = src.columns(t)
         id_col = "id" if "id" in cols else ("deviceId" if "deviceId" in cols else None)
         if id_col:
-            select = [f'"{id_col}"'] + [src.col(t, c) for c in ("name", "computeMajor", "computeMinor", "smCount",
-                                                                 "totalMemory", "busLocation", "chipName", "uuid")]
+            select = [f'"{id_col}"'] + [
+                src.col(t, c)
+                for c in (
+                    "name",
+                    "computeMajor",
+                    "computeMinor",
+                    "smCount",
+                    "totalMemory",
+                    "busLocation",
+                    "chipName",
+                    "uuid",
+                )
+            ]
             rows = src.fetchall(f"SELECT {', '.join(select)} FROM {t}")
-    devices = pd.DataFrame.from_records(rows, columns=["device_id", "name", "compute_major", "compute_minor",
-                                                        "sm_count", "total_memory", "bus_location", "chip_name",
-                                                        "uuid"]) if rows else pd.DataFrame(
-        columns=["device_id", "name", "compute_major", "compute_minor", "sm_count", "total_memory",
-                 "bus_location", "chip_name", "uuid"])
+    devices = (
+        pd.DataFrame.from_records(
+            rows,
+            columns=[
+                "device_id",
+                "name",
+                "compute_major",
+                "compute_minor",
+                "sm_count",
+                "total_memory",
+                "bus_location",
+                "chip_name",
+                "uuid",
+            ],
+        )
+        if rows
+        else pd.DataFrame(
+            columns=[
+                "device_id",
+                "name",
+                "compute_major",
+                "compute_minor",
+                "sm_count",
+                "total_memory",
+                "bus_location",
+                "chip_name",
+                "uuid",
+            ]
+        )
+    )
     if "TARGET_INFO_CUDA_GPU" in src.tables and len(devices) and devices["sm_count"].isna().all():
         _fill_from_cuda_gpu(src, devices)
     devices = devices.drop_duplicates("device_id")
@@ -606,8 +795,12 @@ def read_devices(src: SqliteSource, gpu: pd.DataFrame) -> pd.DataFrame:
 def _fill_from_cuda_gpu(src: SqliteSource, devices: pd.DataFrame) -> None:
     """~2020.5 exports keep SM count and compute capability in TARGET_INFO_CUDA_GPU."""
     cols = src.columns("TARGET_INFO_CUDA_GPU")
-    pick = {"numMultiprocessors": "sm_count", "computeCapabilityMajor": "compute_major",
-            "computeCapabilityMinor": "compute_minor", "totalGlobalMem": "total_memory"}
+    pick = {
+        "numMultiprocessors": "sm_count",
+        "computeCapabilityMajor": "compute_major",
+        "computeCapabilityMinor": "compute_minor",
+        "totalGlobalMem": "total_memory",
+    }
     have = [c for c in pick if c in cols]
     key = next((k for k in ("cudaId", "deviceId", "id") if k in cols), None)
     if not have or key is None:

@@ -4,6 +4,7 @@ Two ways to combine intervals are used throughout (DESIGN.md "Time"): *accumulat
 *flatten* (the union, overlaps counted once). Everything here works on whole arrays; nothing loops per
 interval in Python.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -146,7 +147,7 @@ class StreamingUnion:
         seg_e = np.maximum.reduceat(e, first)
         final = seg_e <= cut
         if final.any():
-            k = seg_k[final]   # sorted: one sum per run of equal keys
+            k = seg_k[final]  # sorted: one sum per run of equal keys
             heads = np.flatnonzero(np.concatenate([[True], k[1:] != k[:-1]]))
             done = pd.Series(np.add.reduceat(seg_e[final] - seg_s[final], heads), index=k[heads])
             self._totals = done if len(self._totals) == 0 else self._totals.add(done, fill_value=0)

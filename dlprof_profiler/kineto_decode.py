@@ -15,6 +15,7 @@ kept as the raw JSON text and converted to integer nanoseconds by a vectorised d
 No Python code runs per event: per-event work happens inside msgspec, numpy, pandas and Arrow, and the
 struct fields are read with C-level `map(attrgetter(...))`.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,16 +33,15 @@ import msgspec
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from dlprof_profiler.errors import DLProfError
 
 GZIP_MAGIC = b"\x1f\x8b"
-GZIP_RATIO_TRUSTED = 64          # Kineto JSON compresses 10-30x
-GUNZIP_PIECE = 16 << 20          # inflated at once: below glibc's largest mmap threshold, so the heap reuses it
-CHUNK_BYTES = 8 << 20         # JSON text decoded at once
-HEAD_BYTES = 4 << 20            # how much of a file `looks_like_trace` reads
-RAW_SEPARATOR = b"\x1f"         # cannot occur in JSON text outside strings, and never unescaped inside them
+GZIP_RATIO_TRUSTED = 64  # Kineto JSON compresses 10-30x
+GUNZIP_PIECE = 16 << 20  # inflated at once: below glibc's largest mmap threshold, so the heap reuses it
+CHUNK_BYTES = 8 << 20  # JSON text decoded at once
+HEAD_BYTES = 4 << 20  # how much of a file `looks_like_trace` reads
+RAW_SEPARATOR = b"\x1f"  # cannot occur in JSON text outside strings, and never unescaped inside them
 
 Scalar = Union[int, float, str, bool, None]
 EMPTY = msgspec.Raw(b"")
@@ -66,8 +66,8 @@ class EventArgs(msgspec.Struct, gc=False):
     shared_memory: Scalar = msgspec.field(default=None, name="shared memory")
     bytes: Scalar = None
     kind: Scalar = None
-    name: Scalar = None                  # process_name / thread_name metadata
-    labels: Scalar = None                # process_labels metadata ("CPU", "GPU 0")
+    name: Scalar = None  # process_name / thread_name metadata
+    labels: Scalar = None  # process_labels metadata ("CPU", "GPU 0")
     total_allocated: Scalar = msgspec.field(default=None, name="Total Allocated")
     alloc_bytes: Scalar = msgspec.field(default=None, name="Bytes")
     device_type: Scalar = msgspec.field(default=None, name="Device Type")
@@ -78,22 +78,51 @@ class EventArgs(msgspec.Struct, gc=False):
 class Event(msgspec.Struct, gc=False):
     ph: Scalar = None
     cat: Scalar = None
-    name: msgspec.Raw = EMPTY       # decoded once per distinct name (a str per event costs more)
+    name: msgspec.Raw = EMPTY  # decoded once per distinct name (a str per event costs more)
     pid: Scalar = None
     tid: Scalar = None
     ts: msgspec.Raw = EMPTY
     dur: msgspec.Raw = EMPTY
     id: Scalar = None
-    args: Optional[EventArgs] = None   # Optional: msgspec evaluates it, also on Python 3.9
+    args: Optional[EventArgs] = None  # Optional: msgspec evaluates it, also on Python 3.9
 
 
-PHASES = tuple(chr(c) for c in range(33, 127))          # every one-character Chrome trace phase
-KNOWN_CATEGORIES = ("cpu_op", "Operator", "user_annotation", "python_function", "cuda_runtime", "Runtime",
-                    "cuda_driver", "kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset", "ac2g",
-                    "async", "async_cpu_to_gpu", "fwdbwd", "Trace", "gpu_user_annotation", "cpu_instant_event",
-                    "overhead", "cuda_sync", "mtia_runtime", "mtia_ccp_events", "xpu_runtime", "xpu_driver",
-                    "privateuse1_runtime", "privateuse1_driver", "cuda_profiler_range", "external_correlation",
-                    "collective_comm", "gpu_pm_counter", "glow_runtime")
+PHASES = tuple(chr(c) for c in range(33, 127))  # every one-character Chrome trace phase
+KNOWN_CATEGORIES = (
+    "cpu_op",
+    "Operator",
+    "user_annotation",
+    "python_function",
+    "cuda_runtime",
+    "Runtime",
+    "cuda_driver",
+    "kernel",
+    "Kernel",
+    "gpu_memcpy",
+    "Memcpy",
+    "gpu_memset",
+    "Memset",
+    "ac2g",
+    "async",
+    "async_cpu_to_gpu",
+    "fwdbwd",
+    "Trace",
+    "gpu_user_annotation",
+    "cpu_instant_event",
+    "overhead",
+    "cuda_sync",
+    "mtia_runtime",
+    "mtia_ccp_events",
+    "xpu_runtime",
+    "xpu_driver",
+    "privateuse1_runtime",
+    "privateuse1_driver",
+    "cuda_profiler_range",
+    "external_correlation",
+    "collective_comm",
+    "gpu_pm_counter",
+    "glow_runtime",
+)
 
 
 class FastEvent(Event, gc=False):
@@ -108,23 +137,42 @@ NO_ARGS = EventArgs()
 
 # Event groups by category (Kineto's names from 2021 to 2026, compared lower-cased; ROCm and other devices
 # use the same categories). Each group decodes only the args fields it needs.
-OP, ANNOTATION, PYTHON, API, KERNEL, MEMCPY, MEMSET, SYNC, FLOW, SPAN, IGNORED, UNKNOWN, METADATA, MEMORY, \
-    NONE = range(15)
+OP, ANNOTATION, PYTHON, API, KERNEL, MEMCPY, MEMSET, SYNC, FLOW, SPAN, IGNORED, UNKNOWN, METADATA, MEMORY, NONE = range(
+    15
+)
 CATEGORY_GROUPS = {
-    "cpu_op": OP, "operator": OP,
+    "cpu_op": OP,
+    "operator": OP,
     "user_annotation": ANNOTATION,
     "python_function": PYTHON,
-    "cuda_runtime": API, "runtime": API, "cuda_driver": API, "driver": API, "mtia_runtime": API,
-    "xpu_runtime": API, "xpu_driver": API, "privateuse1_runtime": API, "privateuse1_driver": API,
+    "cuda_runtime": API,
+    "runtime": API,
+    "cuda_driver": API,
+    "driver": API,
+    "mtia_runtime": API,
+    "xpu_runtime": API,
+    "xpu_driver": API,
+    "privateuse1_runtime": API,
+    "privateuse1_driver": API,
     "glow_runtime": API,
-    "kernel": KERNEL, "mtia_ccp_events": KERNEL,
-    "gpu_memcpy": MEMCPY, "memcpy": MEMCPY,
-    "gpu_memset": MEMSET, "memset": MEMSET,
+    "kernel": KERNEL,
+    "mtia_ccp_events": KERNEL,
+    "gpu_memcpy": MEMCPY,
+    "memcpy": MEMCPY,
+    "gpu_memset": MEMSET,
+    "memset": MEMSET,
     "cuda_sync": SYNC,
-    "ac2g": FLOW, "async": FLOW, "async_cpu_to_gpu": FLOW, "fwdbwd": FLOW,
+    "ac2g": FLOW,
+    "async": FLOW,
+    "async_cpu_to_gpu": FLOW,
+    "fwdbwd": FLOW,
     "trace": SPAN,
-    "gpu_user_annotation": IGNORED, "cpu_instant_event": IGNORED, "overhead": IGNORED,
-    "cuda_profiler_range": IGNORED, "external_correlation": IGNORED, "collective_comm": IGNORED,
+    "gpu_user_annotation": IGNORED,
+    "cpu_instant_event": IGNORED,
+    "overhead": IGNORED,
+    "cuda_profiler_range": IGNORED,
+    "external_correlation": IGNORED,
+    "collective_comm": IGNORED,
     "gpu_pm_counter": IGNORED,
 }
 GPU_GROUPS = (KERNEL, MEMCPY, MEMSET)
@@ -135,13 +183,18 @@ INT_ARGS = {
     "external_id": (OP,),
     "seq": (OP,),
     "correlation": (API, KERNEL, MEMCPY, MEMSET, SYNC),
-    "device": (KERNEL, MEMCPY, MEMSET, SYNC), "stream": (KERNEL, MEMCPY, MEMSET, SYNC),
-    "context": (KERNEL, MEMCPY, MEMSET), "registers": (KERNEL,), "shared_memory": (KERNEL,),
+    "device": (KERNEL, MEMCPY, MEMSET, SYNC),
+    "stream": (KERNEL, MEMCPY, MEMSET, SYNC),
+    "context": (KERNEL, MEMCPY, MEMSET),
+    "registers": (KERNEL,),
+    "shared_memory": (KERNEL,),
     "bytes": (MEMCPY, MEMSET),
-    "total_allocated": (MEMORY,), "alloc_bytes": (MEMORY,), "device_type": (MEMORY,), "device_id": (MEMORY,),
+    "total_allocated": (MEMORY,),
+    "alloc_bytes": (MEMORY,),
+    "device_type": (MEMORY,),
+    "device_id": (MEMORY,),
 }
-TEXT_ARGS = {"call_stack": (OP,), "kind": (MEMCPY,), "name": (METADATA,), "labels": (METADATA,),
-             "sync_kind": (SYNC,)}
+TEXT_ARGS = {"call_stack": (OP,), "kind": (MEMCPY,), "name": (METADATA,), "labels": (METADATA,), "sync_kind": (SYNC,)}
 RAW_ARGS = {"input_dims": (OP,), "input_type": (OP,), "grid": (KERNEL,), "block": (KERNEL,)}
 
 
@@ -150,20 +203,20 @@ class Columns:
     """Every event of the trace as columns; strings as codes into `strings`, raw JSON into `raws`."""
 
     n: int
-    ph: np.ndarray                   # int32 codes
-    cat: np.ndarray                  # int32 codes
-    name: np.ndarray                 # int32 codes
-    group: np.ndarray                # int8: OP, API, KERNEL ... (UNKNOWN for unknown categories)
-    pid: np.ndarray                  # int64: the number, or the string code of a text pid ("Spans")
-    tid: np.ndarray                  # int64: likewise ("stream 7")
-    pid_numeric: np.ndarray          # bool: pid is a number
-    tid_numeric: np.ndarray          # bool: tid is a number
-    ts: np.ndarray                   # int64 ns, exact
-    ts_ok: np.ndarray                # bool: ts was a number
-    dur: np.ndarray                  # int64 ns, exact
-    dur_ok: np.ndarray               # bool: dur was a number
-    flow_id: np.ndarray              # int64 (flow events only)
-    args: dict = field(default_factory=dict)   # INT_ARGS -> int64, TEXT_ARGS / RAW_ARGS -> int32 codes
+    ph: np.ndarray  # int32 codes
+    cat: np.ndarray  # int32 codes
+    name: np.ndarray  # int32 codes
+    group: np.ndarray  # int8: OP, API, KERNEL ... (UNKNOWN for unknown categories)
+    pid: np.ndarray  # int64: the number, or the string code of a text pid ("Spans")
+    tid: np.ndarray  # int64: likewise ("stream 7")
+    pid_numeric: np.ndarray  # bool: pid is a number
+    tid_numeric: np.ndarray  # bool: tid is a number
+    ts: np.ndarray  # int64 ns, exact
+    ts_ok: np.ndarray  # bool: ts was a number
+    dur: np.ndarray  # int64 ns, exact
+    dur_ok: np.ndarray  # bool: dur was a number
+    flow_id: np.ndarray  # int64 (flow events only)
+    args: dict = field(default_factory=dict)  # INT_ARGS -> int64, TEXT_ARGS / RAW_ARGS -> int32 codes
     strings: list = field(default_factory=list)
     raws: list = field(default_factory=list)
 
@@ -189,6 +242,7 @@ class Decoded:
 
 # ---------------------------------------------------------------------------- reading the file
 
+
 def read_bytes(path: Path):
     """The file's JSON text in one writable buffer (the decoder cuts it into chunks in place): the file
     mapped copy-on-write (nothing is copied, the file is never changed), or its gunzipped text. A
@@ -204,7 +258,7 @@ def read_bytes(path: Path):
             if head == GZIP_MAGIC:
                 fh.seek(0)
                 packed = bytearray(os.fstat(fh.fileno()).st_size)
-                del packed[fh.readinto(packed):]
+                del packed[fh.readinto(packed) :]
             elif os.fstat(fh.fileno()).st_size == 0:
                 return bytearray()
             else:
@@ -221,7 +275,7 @@ def _gunzip(packed: bytearray) -> bytearray:
     """Inflate gzip members into one buffer sized from the gzip trailer (no second copy of the text). The
     trailer of a truncated file is whatever bytes it ends with: the size it claims is believed only up to
     a ratio JSON does not exceed in practice (a larger text grows the buffer as it comes)."""
-    guess = int.from_bytes(packed[-4:], "little") if len(packed) >= 18 else 0   # size mod 2**32
+    guess = int.from_bytes(packed[-4:], "little") if len(packed) >= 18 else 0  # size mod 2**32
     out = bytearray(max(min(guess, len(packed) * GZIP_RATIO_TRUSTED), 1))
     filled = 0
     view = memoryview(packed)
@@ -233,14 +287,14 @@ def _gunzip(packed: bytearray) -> bytearray:
             pending = inflater.unconsumed_tail
             if filled + len(piece) > len(out):
                 out.extend(bytes(filled + len(piece) - len(out)))
-            out[filled:filled + len(piece)] = piece
+            out[filled : filled + len(piece)] = piece
             filled += len(piece)
             if inflater.eof:
                 break
         if not inflater.eof:
             raise EOFError("compressed file ended before the end-of-stream marker was reached")
         rest = inflater.unused_data.lstrip(b"\0")
-        view = memoryview(rest) if rest.startswith(GZIP_MAGIC) else memoryview(b"")   # another member
+        view = memoryview(rest) if rest.startswith(GZIP_MAGIC) else memoryview(b"")  # another member
     del out[filled:]
     return out
 
@@ -269,7 +323,7 @@ _FAST_EVENTS = msgspec.json.Decoder(list[FastEvent])
 _BETWEEN_EVENTS = re.compile(rb"\}\s*,\s*\{")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _ONE_VALUE = json.JSONDecoder()
-TAIL_BYTES = 1 << 20          # where the last event is looked for (and its largest size)
+TAIL_BYTES = 1 << 20  # where the last event is looked for (and its largest size)
 TAIL_CANDIDATES = 16
 FAST_PATH_RETRIES = 64
 _NOT_SPACE = re.compile(rb"\S")
@@ -303,7 +357,7 @@ def decode(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Decoded:
         if isinstance(data, mmap.mmap):
             try:
                 data.close()
-            except BufferError:      # a view is still alive somewhere: the mapping goes with it
+            except BufferError:  # a view is still alive somewhere: the mapping goes with it
                 pass
         del data
     return Decoded(path=path, meta=meta, columns=columns)
@@ -313,7 +367,7 @@ def _validated_outline(data, path: Path) -> tuple[int, int, dict]:
     """(first, end, meta): where the traceEvents array opens and closes, and the other top-level values,
     after checking the whole document (a full pass of the JSON parser over it)."""
     try:
-        top = _TOP.decode(data)   # validates the whole document; values stay undecoded
+        top = _TOP.decode(data)  # validates the whole document; values stay undecoded
     except msgspec.ValidationError:
         raise DLProfError(f"{path}: not a Kineto trace (the JSON is not an object with traceEvents)") from None
     except msgspec.DecodeError as exc:
@@ -327,7 +381,7 @@ def _validated_outline(data, path: Path) -> tuple[int, int, dict]:
         raise DLProfError(f"{path}: not a Kineto trace (traceEvents is not an array)")
     first = _offset_in(events_raw, data)
     if first is None:
-        raise AssertionError("msgspec returned a copy of the traceEvents text")   # pragma: no cover
+        raise AssertionError("msgspec returned a copy of the traceEvents text")  # pragma: no cover
     return first, first + len(events_raw) - 1, meta
 
 
@@ -343,14 +397,14 @@ def _outline(data) -> tuple[int, int, dict] | None:
     end = _array_end(data, first)
     if end is None:
         return None
-    outer = bytes(data[:first + 1]) + bytes(data[end:])
+    outer = bytes(data[: first + 1]) + bytes(data[end:])
     try:
         top = _TOP.decode(outer)
     except msgspec.MsgspecError:
         return None
     events_raw = top.pop("traceEvents", None)
     if events_raw is None or bytes(events_raw) != b"[]" or _offset_in(memoryview(events_raw), outer) != first:
-        return None      # not the top-level key (or not its only occurrence)
+        return None  # not the top-level key (or not its only occurrence)
     return first, end, {key: msgspec.json.decode(value) for key, value in top.items()}
 
 
@@ -361,14 +415,14 @@ def _array_end(data, first: int) -> int | None:
     opening = _NOT_SPACE.search(data, first + 1)
     if opening is None:
         return None
-    if data[opening.start()] == 0x5D:                       # "]": no events
+    if data[opening.start()] == 0x5D:  # "]": no events
         return opening.start()
     tail = max(first + 1, len(data) - TAIL_BYTES)
     starts = [m.end() - 1 for m in _BETWEEN_EVENTS.finditer(data, tail)]
     if tail == first + 1:
         starts.insert(0, opening.start())
-    for start in reversed(starts[-TAIL_CANDIDATES:]):     # a match inside a string after the array: go back
-        text = bytes(data[start:start + TAIL_BYTES]).decode("utf-8", "surrogateescape")
+    for start in reversed(starts[-TAIL_CANDIDATES:]):  # a match inside a string after the array: go back
+        text = bytes(data[start : start + TAIL_BYTES]).decode("utf-8", "surrogateescape")
         try:
             _, stop = _ONE_VALUE.raw_decode(text)
         except ValueError:
@@ -384,7 +438,7 @@ def _offset_in(part: memoryview, whole) -> int | None:
     address = np.frombuffer(part, dtype=np.uint8).ctypes.data if len(part) else 0
     base = np.frombuffer(whole, dtype=np.uint8).ctypes.data
     offset = address - base
-    if not 0 <= offset <= len(whole) - len(part) or whole[offset:offset + 1] != b"[":
+    if not 0 <= offset <= len(whole) - len(part) or whole[offset : offset + 1] != b"[":
         return None
     return offset
 
@@ -422,12 +476,13 @@ def _chunks(data, first: int, end: int, chunk_bytes: int, path: Path, builder, r
             match = _BETWEEN_EVENTS.search(data, cut, end) if cut < end else None
             stop = match.start() + 1 if match else end
             opening, closing = data[start - 1], data[stop]
-            data[start - 1], data[stop] = 0x5B, 0x5D          # "[", "]"
+            data[start - 1], data[stop] = 0x5B, 0x5D  # "[", "]"
             try:
-                events = _decode_events(view[start - 1:stop + 1])
+                events = _decode_events(view[start - 1 : stop + 1])
             except msgspec.ValidationError as exc:
-                raise DLProfError(f"{path}: unexpected event content "
-                                  f"({_shift_path(str(exc), builder.count)})") from None
+                raise DLProfError(
+                    f"{path}: unexpected event content ({_shift_path(str(exc), builder.count)})"
+                ) from None
             except msgspec.DecodeError:
                 if match is None:
                     raise DLProfError(f"{path}: traceEvents could not be decoded") from None
@@ -456,6 +511,7 @@ def _shift_path(message: str, offset: int) -> str:
 
 # ---------------------------------------------------------------------------- chunks -> columns
 
+
 class _TextTable:
     """Distinct values of text columns across chunks: per-chunk codes become global codes."""
 
@@ -473,7 +529,7 @@ class _TextTable:
         except (KeyError, TypeError):
             try:
                 distinct = set(values)
-            except TypeError:           # an array or object where a text was expected
+            except TypeError:  # an array or object where a text was expected
                 distinct = set(map(_hashable, values))
             for value in distinct:
                 if value not in self.few:
@@ -485,7 +541,7 @@ class _TextTable:
         touches each distinct value of the chunk once."""
         try:
             array = pa.array(values, type=pa.string())
-        except (pa.ArrowInvalid, pa.ArrowTypeError):   # a number where a text was expected
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # a number where a text was expected
             array = pa.array([v if v is None or isinstance(v, str) else str(v) for v in values], type=pa.string())
         encoded = array.dictionary_encode()
         uniques = encoded.dictionary.to_pylist()
@@ -546,8 +602,9 @@ class _ColumnBuilder:
         part["dur"], part["dur_ok"] = decimal_ns(list(map(attrgetter("dur"), events)))
         flows = np.flatnonzero(group == FLOW)
         if flows.size:
-            self.sparse["flow_id"].append((flows + self.count, to_int(list(map(attrgetter("id"),
-                                                                               _take(events, flows))))))
+            self.sparse["flow_id"].append(
+                (flows + self.count, to_int(list(map(attrgetter("id"), _take(events, flows)))))
+            )
         args = list(map(attrgetter("args"), events))
         members = {g: np.flatnonzero(group == g) for g in np.unique(group).tolist()}
         subsets = {}
@@ -567,7 +624,7 @@ class _ColumnBuilder:
                     codes = self.strings.codes(values)
                 else:
                     codes = self.raws.raw_codes(values, _utf8)
-                self.sparse[name].append((rows + self.count, codes))   # only the rows of the groups that have it
+                self.sparse[name].append((rows + self.count, codes))  # only the rows of the groups that have it
         self.parts.append(part)
         self.count += n
 
@@ -575,20 +632,21 @@ class _ColumnBuilder:
         """An event's name from its JSON text: a text, a number or boolean as text, None for null."""
         value = msgspec.json.decode(raw)
         if isinstance(value, (list, dict)):
-            raise DLProfError(f"{self.path}: unexpected event content (an event name is "
-                              f"{'an array' if isinstance(value, list) else 'an object'}, not a text)")
+            raise DLProfError(
+                f"{self.path}: unexpected event content (an event name is "
+                f"{'an array' if isinstance(value, list) else 'an object'}, not a text)"
+            )
         return value if value is None or isinstance(value, str) else str(value)
 
     def _groups(self, ph: np.ndarray, cat: np.ndarray, name: np.ndarray) -> np.ndarray:
         """Group per event from its phase and category (decided once per distinct pair)."""
         radix = len(self.strings.values) + 1
-        key = (ph.astype(np.int64) + 1) * radix + (cat + 1)      # codes are >= -1
+        key = (ph.astype(np.int64) + 1) * radix + (cat + 1)  # codes are >= -1
         uniques, inverse = np.unique(key, return_inverse=True)
         groups = np.empty(uniques.size, dtype=np.int8)
-        for i, k in enumerate(uniques.tolist()):                  # once per distinct (phase, category)
+        for i, k in enumerate(uniques.tolist()):  # once per distinct (phase, category)
             p, c = divmod(k, radix)
-            groups[i] = _group(self.strings.values[p - 1] if p > 0 else "",
-                               self.strings.values[c - 1] if c > 0 else "")
+            groups[i] = _group(self.strings.values[p - 1] if p > 0 else "", self.strings.values[c - 1] if c > 0 else "")
         out = groups[inverse.reshape(-1)]
         memory_code = self.strings.index.get("[memory]")
         if memory_code is not None:
@@ -602,29 +660,44 @@ class _ColumnBuilder:
         out = to_int(values, default=lowest)
         text = out == lowest
         if text.any():
-            out[text] = self.strings.codes([values[i] for i in np.flatnonzero(text)])   # rare: device rows
+            out[text] = self.strings.codes([values[i] for i in np.flatnonzero(text)])  # rare: device rows
         return out, ~text
 
     def finish(self) -> Columns:
         def cat(name, dtype):
             arrays = [p[name] for p in self.parts]
             return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype=dtype)
+
         def scatter(name, dtype):
-            if not self.sparse[name]:     # absent from the whole trace: one read-only -1 broadcast, no memory
+            if not self.sparse[name]:  # absent from the whole trace: one read-only -1 broadcast, no memory
                 return np.broadcast_to(np.array(-1, dtype=dtype), (self.count,))
             column = np.full(self.count, -1, dtype=dtype)
             for rows, values in self.sparse[name]:
                 column[rows] = values
             return column
+
         args = {name: scatter(name, np.int64) for name in INT_ARGS}
         args.update({name: scatter(name, np.int32) for name in list(TEXT_ARGS) + list(RAW_ARGS)})
         ts = cat("ts", np.int64)
-        return Columns(n=ts.size, ph=cat("ph", np.int32), cat=cat("cat", np.int32), name=cat("name", np.int32),
-                       group=cat("group", np.int8), pid=cat("pid", np.int64), tid=cat("tid", np.int64),
-                       pid_numeric=cat("pid_numeric", bool), tid_numeric=cat("tid_numeric", bool), ts=ts,
-                       ts_ok=cat("ts_ok", bool), dur=cat("dur", np.int64), dur_ok=cat("dur_ok", bool),
-                       flow_id=scatter("flow_id", np.int64), args=args, strings=self.strings.values,
-                       raws=self.raws.values)
+        return Columns(
+            n=ts.size,
+            ph=cat("ph", np.int32),
+            cat=cat("cat", np.int32),
+            name=cat("name", np.int32),
+            group=cat("group", np.int8),
+            pid=cat("pid", np.int64),
+            tid=cat("tid", np.int64),
+            pid_numeric=cat("pid_numeric", bool),
+            tid_numeric=cat("tid_numeric", bool),
+            ts=ts,
+            ts_ok=cat("ts_ok", bool),
+            dur=cat("dur", np.int64),
+            dur_ok=cat("dur_ok", bool),
+            flow_id=scatter("flow_id", np.int64),
+            args=args,
+            strings=self.strings.values,
+            raws=self.raws.values,
+        )
 
 
 def _group(ph: str, cat: str) -> int:
@@ -653,7 +726,7 @@ def _hashable(value):
 def _present(args: list) -> list:
     """args with a missing `args` object replaced by an empty one."""
     if None in args:
-        return [NO_ARGS if a is None else a for a in args]   # rare: an event of these kinds without args
+        return [NO_ARGS if a is None else a for a in args]  # rare: an event of these kinds without args
     return args
 
 
@@ -661,11 +734,11 @@ def to_int(values, default: int = -1) -> np.ndarray:
     """Integers from an object array of JSON scalars (ints, floats, numeric text); others -> default."""
     if isinstance(values, list):
         try:
-            return np.fromiter(values, dtype=np.int64, count=len(values))   # all plain integers
+            return np.fromiter(values, dtype=np.int64, count=len(values))  # all plain integers
         except (TypeError, ValueError, OverflowError):
             pass
         # mostly integers and a few others ("Spans" pids of the profiler's own rows): only those go the slow way
-        plain = np.fromiter(map(type, values), dtype=object, count=len(values)) == int
+        plain = np.equal(np.fromiter(map(type, values), dtype=object, count=len(values)), int)
         if plain.any() and not plain.all():
             try:
                 ints = np.fromiter(compress(values, plain), dtype=np.int64, count=int(plain.sum()))
@@ -680,14 +753,14 @@ def to_int(values, default: int = -1) -> np.ndarray:
     if values.size == 0:
         return np.zeros(0, dtype=np.int64)
     try:
-        numbers = np.array(values, dtype=np.float64)   # None -> nan; "12" -> 12.0
+        numbers = np.array(values, dtype=np.float64)  # None -> nan; "12" -> 12.0
     except (TypeError, ValueError):
         numbers = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(np.float64)
     out = np.full(values.size, default, dtype=np.int64)
-    ok = np.isfinite(numbers) & (np.abs(numbers) < 2.0 ** 62)
+    ok = np.isfinite(numbers) & (np.abs(numbers) < 2.0**62)
     out[ok] = numbers[ok].astype(np.int64)
     # integers beyond float precision (2^53) are taken exactly from the Python ints themselves
-    big = ok & (np.abs(numbers) >= 2.0 ** 53)
+    big = ok & (np.abs(numbers) >= 2.0**53)
     if big.any():
         out[big] = [int(v) if isinstance(v, int) else int(float(v)) for v in values[big]]
     return out
@@ -696,7 +769,7 @@ def to_int(values, default: int = -1) -> np.ndarray:
 def _end_to_end(raws: list) -> tuple[bytes, np.ndarray]:
     """The raw values' bytes laid end to end, and their lengths. Joined with a separator JSON text cannot
     hold unescaped, which numpy then finds and removes (cheaper than asking each value its length)."""
-    joined = np.frombuffer(RAW_SEPARATOR.join(raws + [EMPTY]), dtype=np.uint8)     # a separator after each
+    joined = np.frombuffer(RAW_SEPARATOR.join(raws + [EMPTY]), dtype=np.uint8)  # a separator after each
     is_separator = joined == RAW_SEPARATOR[0]
     ends = np.flatnonzero(is_separator)
     lengths = np.diff(ends, prepend=-1) - 1
@@ -709,8 +782,7 @@ def _arrow_texts(text: bytes, lengths: np.ndarray, kind: pa.DataType) -> pa.Arra
     offsets = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     valid = np.packbits(lengths > 0, bitorder="little")
-    return pa.Array.from_buffers(kind, lengths.size, [pa.py_buffer(valid), pa.py_buffer(offsets),
-                                                      pa.py_buffer(text)])
+    return pa.Array.from_buffers(kind, lengths.size, [pa.py_buffer(valid), pa.py_buffer(offsets), pa.py_buffer(text)])
 
 
 def _utf8(raw: bytes) -> str:
@@ -719,10 +791,10 @@ def _utf8(raw: bytes) -> str:
 
 # ---------------------------------------------------------------------------- exact decimal parsing
 
-_POW10 = np.array([10 ** k for k in range(19)], dtype=np.int64)
+_POW10 = np.array([10**k for k in range(19)], dtype=np.int64)
 # character classes: 0 other, 1 digit, 2 '.', 3 'e'/'E', 4 '-', 5 '+', 6 the separator
 _CLASS = np.zeros(256, dtype=np.uint8)
-_CLASS[ord("0"):ord("9") + 1] = 1
+_CLASS[ord("0") : ord("9") + 1] = 1
 _CLASS[ord(".")] = 2
 _CLASS[[ord("e"), ord("E")]] = 3
 _CLASS[ord("-")] = 4
@@ -742,7 +814,7 @@ def decimal_ns(raws: list, scale: int = 3) -> tuple[np.ndarray, np.ndarray]:
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
     text, lengths = _end_to_end(raws)
-    if text.find(b"e") < 0 and text.find(b"E") < 0:     # no exponent (nor `true`/`false`)
+    if text.find(b"e") < 0 and text.find(b"E") < 0:  # no exponent (nor `true`/`false`)
         fast = _plain_decimals(text, lengths, scale)
         if fast is not None:
             return fast
@@ -759,8 +831,8 @@ def _plain_decimals(text: bytes, lengths: np.ndarray, scale: int) -> tuple[np.nd
         decimals = strings.cast(pa.decimal128(38, scale))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
-    words = np.frombuffer(decimals.buffers()[1], dtype=np.int64, count=2 * (decimals.offset + n))[2 * decimals.offset:]
-    low, high = words[0::2], words[1::2]          # little-endian two's complement halves
+    words = np.frombuffer(decimals.buffers()[1], dtype=np.int64, count=2 * (decimals.offset + n))[2 * decimals.offset :]
+    low, high = words[0::2], words[1::2]  # little-endian two's complement halves
     ok = present & (high == (low >> 63)) & (low != np.iinfo(np.int64).min)
     return np.where(ok, low, 0), ok
 
@@ -777,7 +849,7 @@ def _decimal_ns_by_characters(raws: list, scale: int) -> tuple[np.ndarray, np.nd
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
     buf = np.frombuffer(RAW_SEPARATOR.join(raws) + RAW_SEPARATOR, dtype=np.uint8)
     klass = _CLASS[buf]
-    ends = np.flatnonzero(klass == 6)                # one separator after each value
+    ends = np.flatnonzero(klass == 6)  # one separator after each value
     starts = np.empty(n, dtype=np.int64)
     starts[0] = 0
     starts[1:] = ends[:-1] + 1
@@ -796,9 +868,8 @@ def _decimal_ns_by_characters(raws: list, scale: int) -> tuple[np.ndarray, np.nd
         in_exponent = index > np.repeat(mantissa_end, lengths)
         exp_digit = is_digit & in_exponent
         places = np.repeat(ends.astype(np.int32), lengths) - index - 1
-        exponent = np.add.reduceat(np.where(exp_digit & (places < 4), digit * _POW10[np.clip(places, 0, 3)], 0),
-                                   starts)
-        valid &= ~np.logical_or.reduceat(exp_digit & (places >= 4), starts)    # |exponent| > 9999
+        exponent = np.add.reduceat(np.where(exp_digit & (places < 4), digit * _POW10[np.clip(places, 0, 3)], 0), starts)
+        valid &= ~np.logical_or.reduceat(exp_digit & (places >= 4), starts)  # |exponent| > 9999
         negative_exp = buf[np.minimum(mantissa_end + 1, buf.size - 1)] == ord("-")
         exponent = np.where(negative_exp & (mantissa_end < ends), -exponent, exponent)
         shift = (shift + exponent).astype(np.int32)
@@ -814,6 +885,6 @@ def _decimal_ns_by_characters(raws: list, scale: int) -> tuple[np.ndarray, np.nd
     valid &= ~np.logical_or.reduceat(is_digit & (place > 18) & (digit > 0), starts)
     with np.errstate(over="ignore"):
         magnitude = magnitude + round_up
-    valid &= magnitude >= 0          # a sum past int64 (values near 10**19) wraps negative
+    valid &= magnitude >= 0  # a sum past int64 (values near 10**19) wraps negative
     value = np.where(buf[starts] == ord("-"), -magnitude, magnitude)
     return np.where(valid, value, 0), valid

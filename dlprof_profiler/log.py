@@ -1,6 +1,7 @@
 """Console messages through the standard `logging` module, in DLProf's format: `[DLProf-HH:MM:SS] text`.
 Errors and warnings go to stderr, information to stdout. Applications embedding the engine can attach
 their own handlers to the `dlprof` logger; the CLI's verbosity levels map onto logging levels."""
+
 from __future__ import annotations
 
 import logging
@@ -96,5 +97,7 @@ class Progress:
         now = time.perf_counter()
         if now - self.last >= self.every and done < self.total:
             self.last = now
-            info(f"  {self.what}: {done:,}/{self.total:,} ({100.0 * done / self.total:.0f} %, "
-                 f"{now - self.started:.0f} s)")
+            info(
+                f"  {self.what}: {done:,}/{self.total:,} ({100.0 * done / self.total:.0f} %, "
+                f"{now - self.started:.0f} s)"
+            )

@@ -5,6 +5,7 @@ owner op and owner start), the GPU activities, data-loading ranges and I/O calls
 time breakdown). `InMemoryModel` serves a model held in frames; the out-of-core store serves the same
 chunks from disk (`store.py`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,22 +18,55 @@ from dlprof_profiler.trace import Trace, make_frame
 TIME_MIN = -(1 << 62)
 TIME_MAX = 1 << 62
 
-INSTANCE_FIELDS = ["instance_id", "op_index", "kind", "start", "end", "pid", "global_tid", "device_id", "cpu_time",
-                   "cpu_overhead", "gpu_time", "gpu_idle", "n_kernels", "is_call", "call_cpu_time", "call_cpu_overhead",
-                   "call_gpu_time", "call_gpu_idle", "call_n_kernels"]
-ACTIVITY_FIELDS = ["activity_id", "kind", "name_code", "start", "end", "device_id", "pid", "launch", "api_id",
-                   "api_duration", "api_name", "uses_tc", "owner", "owner_op", "owner_start"]
+INSTANCE_FIELDS = [
+    "instance_id",
+    "op_index",
+    "kind",
+    "start",
+    "end",
+    "pid",
+    "global_tid",
+    "device_id",
+    "cpu_time",
+    "cpu_overhead",
+    "gpu_time",
+    "gpu_idle",
+    "n_kernels",
+    "is_call",
+    "call_cpu_time",
+    "call_cpu_overhead",
+    "call_gpu_time",
+    "call_gpu_idle",
+    "call_n_kernels",
+]
+ACTIVITY_FIELDS = [
+    "activity_id",
+    "kind",
+    "name_code",
+    "start",
+    "end",
+    "device_id",
+    "pid",
+    "launch",
+    "api_id",
+    "api_duration",
+    "api_name",
+    "uses_tc",
+    "owner",
+    "owner_op",
+    "owner_start",
+]
 
 
 @dataclass
 class ModelChunk:
     lo: int
     hi: int
-    inst: pd.DataFrame      # op instances starting in [lo, hi)
-    acts: pd.DataFrame      # GPU activities launched in [lo, hi)
-    running: pd.DataFrame   # GPU activities starting in [lo, hi): start, end, device_id, kind, uses_tc
-    loader: pd.DataFrame    # data-loading ranges starting in [lo, hi): start, end, pid
-    io: pd.DataFrame        # OS I/O calls starting in [lo, hi): start, end, pid
+    inst: pd.DataFrame  # op instances starting in [lo, hi)
+    acts: pd.DataFrame  # GPU activities launched in [lo, hi)
+    running: pd.DataFrame  # GPU activities starting in [lo, hi): start, end, device_id, kind, uses_tc
+    loader: pd.DataFrame  # data-loading ranges starting in [lo, hi): start, end, pid
+    io: pd.DataFrame  # OS I/O calls starting in [lo, hi): start, end, pid
 
 
 def chunk_bounds(cuts) -> list[tuple[int, int]]:
@@ -53,8 +87,11 @@ def launch_times(trace: Trace, gpu_api: np.ndarray) -> np.ndarray:
 
 
 def _codes(names: pd.Series) -> np.ndarray:
-    return names.cat.codes.to_numpy(np.int64) if isinstance(names.dtype, pd.CategoricalDtype) \
+    return (
+        names.cat.codes.to_numpy(np.int64)
+        if isinstance(names.dtype, pd.CategoricalDtype)
         else pd.factorize(names.to_numpy(dtype=object))[0].astype(np.int64)
+    )
 
 
 class InMemoryModel:
@@ -72,19 +109,25 @@ class InMemoryModel:
         safe = np.maximum(gpu_api, 0)
         owner = np.asarray(dm.gpu_instance, dtype=np.int64)
         api_dur = (api["end"] - api["start"]).to_numpy(np.int64) if len(api) else np.zeros(0, np.int64)
-        self.acts = make_frame({
-            "activity_id": gpu["activity_id"].to_numpy(np.int64), "kind": gpu["kind"].to_numpy(),
-            "name_code": _codes(gpu["name"]) if n else np.zeros(0, np.int64),
-            "start": gpu["start"].to_numpy(np.int64), "end": gpu["end"].to_numpy(np.int64),
-            "device_id": gpu["device_id"].to_numpy(np.int64), "pid": gpu["pid"].to_numpy(np.int64),
-            "launch": launch_times(trace, gpu_api) if n else np.zeros(0, np.int64),
-            "api_id": np.where(has, gpu_api, -1).astype(np.int64),
-            "api_duration": np.where(has, api_dur[safe] if len(api) else 0, -1).astype(np.int64),
-            "api_name": np.where(has, _codes(api["name"])[safe] if len(api) else -1, -1).astype(np.int64),
-            "uses_tc": np.asarray(corr.uses_tc, dtype=bool),
-            "owner": owner,
-            "owner_op": inst["op_index"].to_numpy(np.int64)[owner] if n else np.zeros(0, np.int64),
-            "owner_start": inst["start"].to_numpy(np.int64)[owner] if n else np.zeros(0, np.int64)})
+        self.acts = make_frame(
+            {
+                "activity_id": gpu["activity_id"].to_numpy(np.int64),
+                "kind": gpu["kind"].to_numpy(),
+                "name_code": _codes(gpu["name"]) if n else np.zeros(0, np.int64),
+                "start": gpu["start"].to_numpy(np.int64),
+                "end": gpu["end"].to_numpy(np.int64),
+                "device_id": gpu["device_id"].to_numpy(np.int64),
+                "pid": gpu["pid"].to_numpy(np.int64),
+                "launch": launch_times(trace, gpu_api) if n else np.zeros(0, np.int64),
+                "api_id": np.where(has, gpu_api, -1).astype(np.int64),
+                "api_duration": np.where(has, api_dur[safe] if len(api) else 0, -1).astype(np.int64),
+                "api_name": np.where(has, _codes(api["name"])[safe] if len(api) else -1, -1).astype(np.int64),
+                "uses_tc": np.asarray(corr.uses_tc, dtype=bool),
+                "owner": owner,
+                "owner_op": inst["op_index"].to_numpy(np.int64)[owner] if n else np.zeros(0, np.int64),
+                "owner_start": inst["start"].to_numpy(np.int64)[owner] if n else np.zeros(0, np.int64),
+            }
+        )
         ranges = trace.ranges
         if len(ranges) and "dataloader" in corr.range_info:
             loader = corr.range_info["dataloader"].to_numpy(dtype=bool)
@@ -152,15 +195,20 @@ class InMemoryModel:
         launch = self.acts["launch"].to_numpy(np.int64)
         start = self.acts["start"].to_numpy(np.int64)
         for lo, hi in bounds:
+
             def within(t):
                 return (t >= lo) & (t < hi)
-            yield ModelChunk(lo, hi, self.inst[within(inst_start)], self.acts[within(launch)],
-                             self._running(self.acts[within(start)]),
-                             self.loader[within(self.loader["start"].to_numpy(np.int64))],
-                             self.io[within(self.io["start"].to_numpy(np.int64))])
+
+            yield ModelChunk(
+                lo,
+                hi,
+                self.inst[within(inst_start)],
+                self.acts[within(launch)],
+                self._running(self.acts[within(start)]),
+                self.loader[within(self.loader["start"].to_numpy(np.int64))],
+                self.io[within(self.io["start"].to_numpy(np.int64))],
+            )
 
     @staticmethod
     def _running(acts: pd.DataFrame) -> pd.DataFrame:
         return acts[["start", "end", "device_id", "kind", "uses_tc", "name_code"]]
-
-

@@ -5,6 +5,7 @@ so millions of instances share a few thousand string objects. Names are built on
 ranges that started in an earlier segment (context ranges) keep the names given to them then, and the
 sibling counters of groups still open at a segment's end carry into the next segment.
 """
+
 from __future__ import annotations
 
 import re
@@ -32,9 +33,9 @@ def func_stack_path(func_stack: str) -> str:
 class NamingCarry:
     """What naming passes from one time segment to the next."""
 
-    names: dict = field(default_factory=dict)      # range_id -> name of a naming range still open
-    ends: dict = field(default_factory=dict)       # range_id -> its end
-    counters: dict = field(default_factory=dict)   # sibling group key -> (siblings so far, group end)
+    names: dict = field(default_factory=dict)  # range_id -> name of a naming range still open
+    ends: dict = field(default_factory=dict)  # range_id -> its end
+    counters: dict = field(default_factory=dict)  # sibling group key -> (siblings so far, group end)
 
 
 def first_rows(codes: np.ndarray) -> np.ndarray:
@@ -64,9 +65,20 @@ def scope_labels(labels: np.ndarray, is_scope: np.ndarray) -> np.ndarray:
     return out
 
 
-def range_names(ranges: pd.DataFrame, info: pd.DataFrame, kinds: np.ndarray, parent: np.ndarray,
-                depth: np.ndarray, op_root: np.ndarray, instance_range: np.ndarray, bounds: np.ndarray,
-                context: np.ndarray, lo: int, hi: int, carry: NamingCarry) -> np.ndarray:
+def range_names(
+    ranges: pd.DataFrame,
+    info: pd.DataFrame,
+    kinds: np.ndarray,
+    parent: np.ndarray,
+    depth: np.ndarray,
+    op_root: np.ndarray,
+    instance_range: np.ndarray,
+    bounds: np.ndarray,
+    context: np.ndarray,
+    lo: int,
+    hi: int,
+    carry: NamingCarry,
+) -> np.ndarray:
     """Full op names of the naming ranges (scopes outside op markers, instance ranges) of one segment;
     None for the others. Context ranges take their names from `carry`, which is updated for the next
     segment [lo, hi)."""
@@ -79,8 +91,9 @@ def range_names(ranges: pd.DataFrame, info: pd.DataFrame, kinds: np.ndarray, par
     naming = is_scope | instance_range
     scope_parent = nearest_flagged_ancestor(parent, depth, is_scope)
     trace_anc = nearest_flagged_ancestor(parent, depth, kinds == nm.DL_TRACE)
-    label_code, label_text = _factorized_per_text(info, "label", is_scope,
-                                                  lambda labels, scope: scope_labels(labels, scope))
+    label_code, label_text = _factorized_per_text(
+        info, "label", is_scope, lambda labels, scope: scope_labels(labels, scope)
+    )
     label_text = np.asarray(label_text, dtype=object)
     # DLProf markers: the trace marker around an argument marker names the op by its funcStack.
     fs_code, fs_text = _factorized_per_text(info, "func_stack")  # None -> -1
@@ -100,17 +113,28 @@ def range_names(ranges: pd.DataFrame, info: pd.DataFrame, kinds: np.ndarray, par
     k = np.zeros(n, dtype=np.int64)
     rows = np.flatnonzero(numbered)
     if rows.size:
-        k[rows] = _sibling_numbers(rows, scope_parent, range_id, ends, tids, starts, label_code, label_text,
-                                   bounds, lo, hi, carry)
+        k[rows] = _sibling_numbers(
+            rows, scope_parent, range_id, ends, tids, starts, label_code, label_text, bounds, lo, hi, carry
+        )
     # element of a name: a funcStack path, or a label with its [k] repeat number
-    element_code = combined_codes(np.where(use_stack, stack, -1), np.where(use_stack, -1, label_code),
-                                  np.where(use_stack, 0, k))
-    element_text = distinct_texts(element_code, lambda i: func_stack_path(fs_text[stack[i]]) if use_stack[i]
-                                  else (f"{label_text[label_code[i]]}[{k[i]}]" if k[i] else label_text[label_code[i]]))
+    element_code = combined_codes(
+        np.where(use_stack, stack, -1), np.where(use_stack, -1, label_code), np.where(use_stack, 0, k)
+    )
+    element_text = distinct_texts(
+        element_code,
+        lambda i: (
+            func_stack_path(fs_text[stack[i]])
+            if use_stack[i]
+            else (f"{label_text[label_code[i]]}[{k[i]}]" if k[i] else label_text[label_code[i]])
+        ),
+    )
     # a label that begins with `/` (ONNX node names of TensorRT layers) joins its scope without a second one
     label_slash = np.array([str(t).startswith("/") for t in label_text] + [False], dtype=bool)
-    slash_led = use_stack | ((kinds == nm.TF_OP) & (scope_parent < 0)) | \
-        (label_slash[np.where(label_code >= 0, label_code, len(label_text))] & ~use_stack)
+    slash_led = (
+        use_stack
+        | ((kinds == nm.TF_OP) & (scope_parent < 0))
+        | (label_slash[np.where(label_code >= 0, label_code, len(label_text))] & ~use_stack)
+    )
     name_code = np.full(n, -1, dtype=np.int64)
     table: list[str] = []
     preset = np.flatnonzero(context & naming)
@@ -128,8 +152,12 @@ def range_names(ranges: pd.DataFrame, info: pd.DataFrame, kinds: np.ndarray, par
         pair = combined_codes(base, slash_led[idx], element_code[idx])
         first = first_rows(pair)
         offset = len(table)
-        table.extend((table[base[i]] if base[i] >= 0 else "") + ("" if slash_led[idx[i]] else "/")
-                     + element_text[element_code[idx[i]]] for i in first)
+        table.extend(
+            (table[base[i]] if base[i] >= 0 else "")
+            + ("" if slash_led[idx[i]] else "/")
+            + element_text[element_code[idx[i]]]
+            for i in first
+        )
         name_code[idx] = offset + pair
     table_array = np.empty(len(table), dtype=object)
     table_array[:] = table
@@ -155,13 +183,14 @@ def _factorized_per_text(info: pd.DataFrame, column: str, flag: np.ndarray | Non
     if "text_code" not in info:
         return pd.factorize(transform(values, flag) if transform else values)
     per_text = combined_codes(info["text_code"].to_numpy(), flag)
-    first = first_rows(per_text)   # in row order: first appearances stay in order
+    first = first_rows(per_text)  # in row order: first appearances stay in order
     codes, uniques = pd.factorize(transform(values[first], flag[first]) if transform else values[first])
     return codes[per_text], uniques
 
 
-def _sibling_numbers(rows, scope_parent, range_id, ends, tids, starts, label_code, label_text, bounds, lo, hi,
-                     carry: NamingCarry) -> np.ndarray:
+def _sibling_numbers(
+    rows, scope_parent, range_id, ends, tids, starts, label_code, label_text, bounds, lo, hi, carry: NamingCarry
+) -> np.ndarray:
     """k of each numbered row: its rank among the siblings of its label inside one parent instance (or, at
     the top level, inside one iteration on its thread), counting siblings of earlier segments; 0 for k = 1."""
     top = scope_parent[rows] < 0
@@ -179,21 +208,34 @@ def _sibling_numbers(rows, scope_parent, range_id, ends, tids, starts, label_cod
     g_end = np.where(g_top, -1, ends[np.maximum(g_sp, 0)])
     g_pstart = np.where(g_top, hi, starts[np.maximum(g_sp, 0)])
     # groups that may have siblings in earlier segments, and groups that go on after this one
-    looked_up = (g_top & (g_iter == lo_iteration)) | (~g_top & (g_pstart < lo)) if carry.counters \
+    looked_up = (
+        (g_top & (g_iter == lo_iteration)) | (~g_top & (g_pstart < lo))
+        if carry.counters
         else np.zeros(first.size, dtype=bool)
+    )
     goes_on = np.where(g_top, g_iter >= hi_iteration, g_end > hi)
     wanted = np.flatnonzero(looked_up | goes_on)
     g_parent = parent_id[first]
     g_tid = tids[rows][first]
     g_label = label_code[rows][first]
-    keys = {int(i): (int(g_parent[i]), int(g_tid[i]) if g_top[i] else -1, int(g_iter[i]) if g_top[i] else -1,
-                     label_text[g_label[i]]) for i in wanted}
+    keys = {
+        int(i): (
+            int(g_parent[i]),
+            int(g_tid[i]) if g_top[i] else -1,
+            int(g_iter[i]) if g_top[i] else -1,
+            label_text[g_label[i]],
+        )
+        for i in wanted
+    }
     offset = np.zeros(first.size, dtype=np.int64)
     for i in np.flatnonzero(looked_up):
         offset[i] = carry.counters.get(keys[int(i)], (0, 0))[0]
     rank = rank + offset[group]
-    counters = {key: value for key, value in carry.counters.items()
-                if (value[1] > hi if key[0] >= 0 else key[2] >= hi_iteration)}
+    counters = {
+        key: value
+        for key, value in carry.counters.items()
+        if (value[1] > hi if key[0] >= 0 else key[2] >= hi_iteration)
+    }
     for i in np.flatnonzero(goes_on):
         counters[keys[int(i)]] = (int(offset[i] + counts[i]), int(g_end[i]))
     carry.counters = counters

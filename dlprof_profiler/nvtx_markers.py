@@ -4,6 +4,7 @@ versus scope ranges, and parse what the markers carry (label, type, seq, shapes,
 Texts are parsed column-wise with Arrow compute kernels; the few texts that need Python parsing (dict
 markers, shape lists) are parsed once per distinct text, never once per range.
 """
+
 from __future__ import annotations
 
 import ast
@@ -27,22 +28,45 @@ FAMILY_PYTORCH, FAMILY_TENSORFLOW, FAMILY_TENSORRT = "pytorch", "tensorflow", "t
 MAX_DICT_TEXT = 200_000  # longer dict-like texts are not parsed (guard against pathological markers)
 
 _PT_FIELDS = r", (?:seq|op_id|sizes|input_op_ids) = .*$"
-_PT_OP_LABEL = re.compile(r"^(?:[A-Za-z_]\w*::[\w.]+|\w+Backward\d*|\w+_backward|"
-                          r"autograd::engine::evaluate_function: .+)$")
+_PT_OP_LABEL = re.compile(
+    r"^(?:[A-Za-z_]\w*::[\w.]+|\w+Backward\d*|\w+_backward|"
+    r"autograd::engine::evaluate_function: .+)$"
+)
 _BACKWARD_LABEL = re.compile(r"(?:Backward\d*|_backward)$")
 _EVALUATE_FN = "autograd::engine::evaluate_function: "
 _TF_TEXT = r"^(?P<type>[A-Z][A-Za-z0-9_]*): (?P<node>\S*[A-Za-z_/]\S*)$"
-_DATALOADER_PATTERN = (r"^enumerate\(DataLoader\)#|DataLoaderIter.*__next__|^DALI[ :]|^IteratorGetNext|"
-                       r"^MultiDeviceIteratorGetNextFromShard|^dataloader")
+_DATALOADER_PATTERN = (
+    r"^enumerate\(DataLoader\)#|DataLoaderIter.*__next__|^DALI[ :]|^IteratorGetNext|"
+    r"^MultiDeviceIteratorGetNextFromShard|^dataloader"
+)
 _DATALOADER_LABEL = re.compile(_DATALOADER_PATTERN, re.IGNORECASE)
-_TF_DATALOADER_TYPES = {"IteratorGetNext", "IteratorGetNextSync", "MultiDeviceIteratorGetNextFromShard",
-                        "IteratorGetNextAsOptional"}
+_TF_DATALOADER_TYPES = {
+    "IteratorGetNext",
+    "IteratorGetNextSync",
+    "MultiDeviceIteratorGetNextFromShard",
+    "IteratorGetNextAsOptional",
+}
 _CALLID = r"'callid': (?P<v>-?\d+)"
 _FWD_CALLID = r"'fwdCallid': (?P<v>-?\d+)"
 _CALLID_FIELDS = r", '(?:callid|fwdCallid)': -?\d+|'(?:callid|fwdCallid)': -?\d+, "
 
-COLUMNS = ["kind", "label", "op_type", "seq", "backward", "dataloader", "func_stack", "stack_trace",
-           "data_type", "input_shapes", "output_shapes", "parameters", "direction", "callid", "fwd_callid"]
+COLUMNS = [
+    "kind",
+    "label",
+    "op_type",
+    "seq",
+    "backward",
+    "dataloader",
+    "func_stack",
+    "stack_trace",
+    "data_type",
+    "input_shapes",
+    "output_shapes",
+    "parameters",
+    "direction",
+    "callid",
+    "fwd_callid",
+]
 
 
 def classify_ranges(texts, domains, families: set[str] | None = None) -> pd.DataFrame:
@@ -124,26 +148,30 @@ def classify_ranges(texts, domains, families: set[str] | None = None) -> pd.Data
     return out
 
 
-SPARSE_COLUMNS = ("func_stack", "stack_trace", "data_type", "input_shapes", "output_shapes", "parameters",
-                  "direction")
+SPARSE_COLUMNS = ("func_stack", "stack_trace", "data_type", "input_shapes", "output_shapes", "parameters", "direction")
 
 
 def _empty_columns(n: int) -> dict:
     # The marker-only columns are empty in most profiles: they share one all-None array until written.
     nothing = np.full(n, None, dtype=object)
     cols = {
-        "kind": np.full(n, SCOPE, dtype=np.int8), "label": np.full(n, None, dtype=object),
-        "op_type": np.full(n, None, dtype=object), "seq": np.full(n, -1, dtype=np.int64),
-        "backward": np.zeros(n, dtype=bool), "dataloader": np.zeros(n, dtype=bool),
-        "callid": np.full(n, -1, dtype=np.int64), "fwd_callid": np.full(n, -1, dtype=np.int64),
+        "kind": np.full(n, SCOPE, dtype=np.int8),
+        "label": np.full(n, None, dtype=object),
+        "op_type": np.full(n, None, dtype=object),
+        "seq": np.full(n, -1, dtype=np.int64),
+        "backward": np.zeros(n, dtype=bool),
+        "dataloader": np.zeros(n, dtype=bool),
+        "callid": np.full(n, -1, dtype=np.int64),
+        "fwd_callid": np.full(n, -1, dtype=np.int64),
     }
     cols.update({name: nothing for name in SPARSE_COLUMNS})
     return cols
 
 
 def _frame(cols: dict) -> pd.DataFrame:
-    return pd.DataFrame({k: (pd.Series(v, dtype=object, copy=False) if v.dtype == object else v)
-                         for k, v in cols.items()}, copy=False)
+    return pd.DataFrame(
+        {k: (pd.Series(v, dtype=object, copy=False) if v.dtype == object else v) for k, v in cols.items()}, copy=False
+    )
 
 
 def _arrow_strings(values) -> pa.Array:
@@ -184,18 +212,21 @@ def _int_field(arr: pa.Array, pattern: str, mask: np.ndarray) -> np.ndarray:
         # more digits than int64 holds: no value (rather than an error that would stop the run)
         digits = pc.subtract(pc.binary_length(found), pc.cast(pc.starts_with(found, "-"), pa.int32()))
         found = pc.if_else(pc.less_equal(digits, at.MAX_DIGITS), found, pa.scalar(None, found.type))
-        out[idx] = np.asarray(pc.fill_null(pc.cast(found, pa.int64()), -1).to_numpy(zero_copy_only=False),
-                              dtype=np.int64)
+        out[idx] = np.asarray(
+            pc.fill_null(pc.cast(found, pa.int64()), -1).to_numpy(zero_copy_only=False), dtype=np.int64
+        )
     return out
 
 
 def _lazy_per_unique(fn, u_text: np.ndarray):
     """fn over the distinct texts actually asked for, spread back by their codes."""
+
     def apply(codes: np.ndarray) -> np.ndarray:
         results = np.empty(len(u_text), dtype=object)
-        wanted = np.flatnonzero(np.bincount(codes, minlength=len(u_text)))   # no sort of the codes
+        wanted = np.flatnonzero(np.bincount(codes, minlength=len(u_text)))  # no sort of the codes
         results[wanted] = [fn(u_text[c]) for c in wanted]
         return results[codes]
+
     return apply
 
 
@@ -237,7 +268,7 @@ def _int_fields(arr: pa.Array, marker_at: dict, mask: np.ndarray) -> tuple[np.nd
         has[unsure] = _bools(pc.match_substring_regex(arr.filter(pa.array(unsure)), r", (?:seq|op_id) = -?\d+"))
     has &= mask
     seq = np.where(has & (seq_digits >= 1) & (seq_digits <= at.MAX_DIGITS), seq_value, -1)
-    unsure = has & seq_there & (seq_digits < 1)     # a later `, seq = N` may follow
+    unsure = has & seq_there & (seq_digits < 1)  # a later `, seq = N` may follow
     if unsure.any():
         seq[unsure] = _int_field(arr, r", seq = (?P<seq>-?\d+)", unsure)[unsure]
     return has, seq
@@ -251,6 +282,7 @@ def per_unique(values: np.ndarray, fn, dtype=object) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- PyTorch emit_nvtx texts
+
 
 def _pytorch(arr, marker_at, plain, codes, uniq, u_text, kind, label, op_type, cols) -> None:
     """PyTorch op markers: texts in emit_nvtx's grammar whose label is an op (namespace::name, a backward
@@ -267,8 +299,9 @@ def _pytorch(arr, marker_at, plain, codes, uniq, u_text, kind, label, op_type, c
     kind[is_op] = PT_OP
     u_inner = _strings(pc.replace_substring_regex(uniq, "^" + re.escape(_EVALUATE_FN), ""))
     # ops autograd's engine runs (`evaluate_function: X`, AccumulateGrad included) are backward ops too
-    u_backward = _bools(pc.match_substring_regex(pa.array(u_inner, type=pa.string()), _BACKWARD_LABEL.pattern)) \
-        | _bools(pc.starts_with(uniq, _EVALUATE_FN))
+    u_backward = _bools(
+        pc.match_substring_regex(pa.array(u_inner, type=pa.string()), _BACKWARD_LABEL.pattern)
+    ) | _bools(pc.starts_with(uniq, _EVALUATE_FN))
     label[is_op] = u_inner[codes[is_op]]
     cols["backward"][is_op] = u_backward[codes[is_op]]
     op_type[is_op] = _lazy_per_unique(pytorch_op_type, u_inner)(codes[is_op])
@@ -280,8 +313,9 @@ def _pytorch(arr, marker_at, plain, codes, uniq, u_text, kind, label, op_type, c
         shapes = np.array([_shape_text(t) for t in _strings(enc.dictionary)], dtype=object)
         if any(cols["input_shapes"] is cols[other] for other in SPARSE_COLUMNS if other != "input_shapes"):
             cols["input_shapes"] = cols["input_shapes"].copy()  # stop sharing before writing
-        cols["input_shapes"][np.flatnonzero(has_sizes)] = shapes[np.asarray(
-            pc.fill_null(enc.indices, 0).to_numpy(zero_copy_only=False), dtype=np.int64)]
+        cols["input_shapes"][np.flatnonzero(has_sizes)] = shapes[
+            np.asarray(pc.fill_null(enc.indices, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+        ]
 
 
 def pytorch_op_type(label: str) -> str:
@@ -291,12 +325,12 @@ def pytorch_op_type(label: str) -> str:
 
 # ---------------------------------------------------------------- dict markers (DLProf/PyProf, TF detailed)
 
+
 def _parse_dict_uniques(rows: np.ndarray, u_text, u_kind, u_label, u_type, u_fields, allowed) -> list[dict]:
     """Parse each distinct dict text once (callids already stripped)."""
     parsed = [_parse_dict_text(u_text[i], allowed) for i in rows]
     size = len(u_text)
-    for field in ("func_stack", "stack_trace", "data_type", "input_shapes", "output_shapes", "parameters",
-                  "direction"):
+    for field in ("func_stack", "stack_trace", "data_type", "input_shapes", "output_shapes", "parameters", "direction"):
         values = np.full(size, None, dtype=object)
         values[rows] = [p.get(field) for p in parsed]
         u_fields[field] = values
@@ -372,20 +406,26 @@ def _parse_dict_text(text: str, allowed: set[str]) -> dict:
         trace = value.get("traceMarker") or []
         if isinstance(trace, str):
             trace = [trace]
-        result.update(kind=DL_TRACE, func_stack=str(value.get("funcStack") or ""),
-                      stack_trace="\n".join(str(f) for f in trace))
+        result.update(
+            kind=DL_TRACE, func_stack=str(value.get("funcStack") or ""), stack_trace="\n".join(str(f) for f in trace)
+        )
         return result
     if FAMILY_PYTORCH in allowed and "mod" in value and "op" in value:
         op = str(value.get("op"))
         shapes, dtypes, params = describe_args(value.get("args") or [])
         labels = _dimension_labels(op, shapes)
         direction = value.get("dir")
-        result.update(kind=DL_ARG, label=op, op_type=op, data_type=(dtypes[0] if dtypes else None),
-                      input_shapes=format_shapes(shapes, labels),
-                      output_shapes=_output_shape_text(op, shapes, params),
-                      parameters=", ".join(f"{k}={v}" for k, v in params) if params else "",
-                      direction=direction if direction in ("fprop", "bprop") else None,
-                      dataloader=bool(_DATALOADER_LABEL.search(op)) or "DataLoader" in str(value.get("mod")))
+        result.update(
+            kind=DL_ARG,
+            label=op,
+            op_type=op,
+            data_type=(dtypes[0] if dtypes else None),
+            input_shapes=format_shapes(shapes, labels),
+            output_shapes=_output_shape_text(op, shapes, params),
+            parameters=", ".join(f"{k}={v}" for k, v in params) if params else "",
+            direction=direction if direction in ("fprop", "bprop") else None,
+            dataloader=bool(_DATALOADER_LABEL.search(op)) or "DataLoader" in str(value.get("mod")),
+        )
         return result
     if FAMILY_PYTORCH in allowed and "strRepr" in value:
         result.update(kind=DL_MODULE)
@@ -397,9 +437,14 @@ def _parse_dict_text(text: str, allowed: set[str]) -> dict:
         dtype = attrs.get("T")
         if dtype == "bfloat32":  # NVIDIA TF spells bfloat16 this way
             dtype = "bfloat16"
-        result.update(kind=TF_OP, label=str(value["name"]), op_type=str(value["op"]),
-                      data_type=dtype, input_shapes=format_shapes(shapes),
-                      dataloader=str(value["op"]) in _TF_DATALOADER_TYPES)
+        result.update(
+            kind=TF_OP,
+            label=str(value["name"]),
+            op_type=str(value["op"]),
+            data_type=dtype,
+            input_shapes=format_shapes(shapes),
+            dataloader=str(value["op"]) in _TF_DATALOADER_TYPES,
+        )
         return result
     return result
 
@@ -453,14 +498,14 @@ def _output_shape_text(op: str, shapes: list, params: list) -> str:
             if isinstance(value, (list, tuple)):
                 return list(value) if len(value) == nd else [value[0]] * nd
             return [value] * nd
+
         try:
             stride = per_dim(named.get("stride"), 1)
             padding = per_dim(named.get("padding"), 0)
             dilation = per_dim(named.get("dilation"), 1)
             if any(isinstance(p, str) for p in padding):
                 return ""
-            out = [(x[2 + i] + 2 * padding[i] - dilation[i] * (w[2 + i] - 1) - 1) // stride[i] + 1
-                   for i in range(nd)]
+            out = [(x[2 + i] + 2 * padding[i] - dilation[i] * (w[2 + i] - 1) - 1) // stride[i] + 1 for i in range(nd)]
         except (TypeError, ValueError, ZeroDivisionError):
             return ""
         labels = ["N", "K"] + {1: ["Q"], 2: ["P", "Q"], 3: ["O", "P", "Q"]}[nd]

@@ -1,5 +1,6 @@
 """Output files of a run: where they go, refusing to overwrite without --force, staging them so they appear
 together or not at all, and one run at a time per output folder (a lock held for the whole run)."""
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,8 @@ LOCK_NAME = ".dlprof.lock"
 STAGING_PREFIX = ".dlprof-staging-"
 # .dlprof-staging-<pid>@<host>.<random>; folders of older versions carry no owner
 _STAGING_OWNER = re.compile(r"^\.dlprof-staging-(\d+)@(.*)\.[^.]+$")
-LEGACY_STAGING_AGE_S = 3600   # ownerless staging folders untouched this long are left by killed runs
-_staged_roots: dict[str, str] = {}   # staging folder -> its output folder, to name final paths in messages
+LEGACY_STAGING_AGE_S = 3600  # ownerless staging folders untouched this long are left by killed runs
+_staged_roots: dict[str, str] = {}  # staging folder -> its output folder, to name final paths in messages
 
 
 def prepare_output_dir(path: Path) -> Path:
@@ -120,7 +121,7 @@ def _process_gone(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    except OSError:   # exists, owned by someone else
+    except OSError:  # exists, owned by someone else
         return False
     return False
 
@@ -186,7 +187,7 @@ class OutputFolder:
             if os.path.lexists(folder):
                 break
             missing.append(folder)
-        self.created = missing[::-1]   # outermost first
+        self.created = missing[::-1]  # outermost first
         try:
             prepare_output_dir(self.path)
         except BaseException:
@@ -199,7 +200,7 @@ class OutputFolder:
                 continue
             try:
                 folder.rmdir()
-            except OSError:   # holds outputs (or someone else's files): kept
+            except OSError:  # holds outputs (or someone else's files): kept
                 break
 
     def _lock(self) -> None:
@@ -216,8 +217,10 @@ class OutputFolder:
             except OSError:
                 owner = _read_owner(fd)
                 os.close(fd)
-                raise DLProfError(f"{self.path}: another dlprof run{owner} is writing to this output folder; "
-                                  "wait for it to end or choose another --output_path") from None
+                raise DLProfError(
+                    f"{self.path}: another dlprof run{owner} is writing to this output folder; "
+                    "wait for it to end or choose another --output_path"
+                ) from None
             # the previous holder removes the file as it leaves: a lock on a removed file locks nothing
             try:
                 same = os.path.samestat(os.fstat(fd), os.stat(lock_path))
@@ -234,7 +237,7 @@ class OutputFolder:
         if self._fd is None:
             return
         try:
-            os.unlink(self.path / LOCK_NAME)   # while still holding it (see _lock)
+            os.unlink(self.path / LOCK_NAME)  # while still holding it (see _lock)
         except OSError:
             pass
         os.close(self._fd)

@@ -1,5 +1,6 @@
 """The analysis run: ingest -> correlate -> iterate -> aggregate -> detect -> write, for an nsys SQLite
 export or a DLProf database (`dlprof --database`), and for a fresh capture."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,14 @@ from pathlib import Path
 from dlprof_profiler import __version__, log
 from dlprof_profiler import compare, database, event_files, graph_events, ingest, reports
 from dlprof_profiler import correlate as corr_mod
-from dlprof_profiler.analysis import (Analysis, AnalysisConfig, analyze, key_node_from_ops, reaggregation_iterations,
-                                      reanalyze)
+from dlprof_profiler.analysis import (
+    Analysis,
+    AnalysisConfig,
+    analyze,
+    key_node_from_ops,
+    reaggregation_iterations,
+    reanalyze,
+)
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.huge_pages import avoid_huge_pages
 from dlprof_profiler.outputs import Staging, prepare_output_dir, refuse_existing
@@ -84,6 +91,7 @@ def analyze_database(args: Namespace) -> int:
     """`dlprof --database=FILE`: analyse an nsys export or Kineto trace, or re-aggregate a DLProf database;
     several profiles (a comma list, a directory, a glob) are the ranks of a multi-rank analysis (ranks.py)."""
     from dlprof_profiler import rank_inputs, ranks
+
     inputs = rank_inputs.resolve(args.database)
     if len(inputs) > 1:
         return ranks.analyze_ranks(inputs, args)
@@ -114,43 +122,53 @@ def refuse_dlprof18_database(path: Path) -> None:
     except sqlite3.Error:
         return
     if DLPROF18_TABLES <= tables:
-        raise DLProfError(f"{path}: a database written by NVIDIA DLProf 1.x: dlprof reads Nsight Systems exports "
-                          "and databases it wrote itself; give it the nsys export DLProf profiled (the "
-                          "nsys_profile.sqlite next to this file) to analyse the same run")
+        raise DLProfError(
+            f"{path}: a database written by NVIDIA DLProf 1.x: dlprof reads Nsight Systems exports "
+            "and databases it wrote itself; give it the nsys export DLProf profiled (the "
+            "nsys_profile.sqlite next to this file) to analyse the same run"
+        )
 
 
 # ---------------------------------------------------------------------------- analysis of an nsys export
+
 
 def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> int:
     """Analyse an nsys SQLite export or Kineto trace and write every output; returns the exit status (0)."""
     if out_of_core(source, args):
         return run_store_analysis(source, args, capture)
-    avoid_huge_pages()   # its large short-lived arrays fault in faster as ordinary pages (huge_pages.py)
+    avoid_huge_pages()  # its large short-lived arrays fault in faster as ordinary pages (huge_pages.py)
     started = time.perf_counter()
     out_dir = prepare_output_dir(Path(args.output_path))
     refuse_existing(planned_outputs(args), args.force)
     check_baseline(args)
     with log.stage(f"Reading {source}"):
-        trace = sanitize_trace(ingest.read_trace(source))   # the one place rows of impossible times are dropped
+        trace = sanitize_trace(ingest.read_trace(source))  # the one place rows of impossible times are dropped
     kineto = trace.meta.get("source_format") == "kineto"
-    log.info(f"  {len(trace.ranges):,} {'op and annotation' if kineto else 'NVTX'} ranges, "
-             f"{len(trace.api_calls):,} CUDA API calls, {len(trace.gpu):,} GPU activities, {len(trace.devices)} "
-             f"GPUs; {'Kineto trace (torch.profiler)' if kineto else 'nsys ' + str(trace.meta.get('nsys_version'))}")
+    log.info(
+        f"  {len(trace.ranges):,} {'op and annotation' if kineto else 'NVTX'} ranges, "
+        f"{len(trace.api_calls):,} CUDA API calls, {len(trace.gpu):,} GPU activities, {len(trace.devices)} "
+        f"GPUs; {'Kineto trace (torch.profiler)' if kineto else 'nsys ' + str(trace.meta.get('nsys_version'))}"
+    )
     for text in trace.warnings:
         log.warning(text)
     if capture and capture.get("nsys_build"):
-        trace.meta["nsys_build"] = capture["nsys_build"]   # the nsys that captured it, with its build suffix
+        trace.meta["nsys_build"] = capture["nsys_build"]  # the nsys that captured it, with its build suffix
     staging = Staging(out_dir)
     writer = None
     try:
         header = database.Header.from_trace(trace, database.domain_ids_for(corr_mod.domain_order(trace, args.mode)))
         writer = database.DatabaseWriter(staging.path(database_path(args)), header, deferred_indexes=True)
-        writer.add_raw(trace)   # written on the writer's thread while the analysis goes on
-        result = analyze(trace, AnalysisConfig.from_args(args), str(source),
-                         on_correlated=lambda corr: database.write_correlation(writer, trace, corr))
+        writer.add_raw(trace)  # written on the writer's thread while the analysis goes on
+        result = analyze(
+            trace,
+            AnalysisConfig.from_args(args),
+            str(source),
+            on_correlated=lambda corr: database.write_correlation(writer, trace, corr),
+        )
         profile = _profile_info(args, source, trace, result.corr, capture)
-        return _write_outputs(args, out_dir, source, result, profile, staging,
-                              _InMemoryDatabase(writer, result, profile), writer, started)
+        return _write_outputs(
+            args, out_dir, source, result, profile, staging, _InMemoryDatabase(writer, result, profile), writer, started
+        )
     except BaseException:
         staging.discard_after(writer)
         raise
@@ -159,6 +177,7 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
 def out_of_core(source: Path, args: Namespace) -> bool:
     """Whether to analyse an nsys export out of core (--out_of_core; auto: by its number of events)."""
     from dlprof_profiler.cli import OUT_OF_CORE_EVENTS
+
     choice = getattr(args, "out_of_core", "auto") or "auto"
     if choice == "off" or ingest.trace_format(source) != ingest.SQLITE:
         if choice == "on":
@@ -171,11 +190,20 @@ def export_events(source: Path) -> int:
     """About how many NVTX ranges, CUDA API calls and GPU activities an nsys export holds (the largest rowid
     of each table: no table scan)."""
     from dlprof_profiler.sqlite_source import SqliteSource
+
     src = SqliteSource(source, immutable=True)
     try:
-        return sum(int(src.query_scalar(f"SELECT coalesce(max(rowid), 0) FROM {t}") or 0)
-                   for t in ("NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL",
-                             "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET") if src.has(t))
+        return sum(
+            int(src.query_scalar(f"SELECT coalesce(max(rowid), 0) FROM {t}") or 0)
+            for t in (
+                "NVTX_EVENTS",
+                "CUPTI_ACTIVITY_KIND_RUNTIME",
+                "CUPTI_ACTIVITY_KIND_KERNEL",
+                "CUPTI_ACTIVITY_KIND_MEMCPY",
+                "CUPTI_ACTIVITY_KIND_MEMSET",
+            )
+            if src.has(t)
+        )
     finally:
         src.close()
 
@@ -186,6 +214,7 @@ def run_store_analysis(source: Path, args: Namespace, capture: dict | None = Non
     from dlprof_profiler.analysis import analyze_store
     from dlprof_profiler.store import TraceStore
     from dlprof_profiler.store_model import DatabaseFeed
+
     started = time.perf_counter()
     out_dir = prepare_output_dir(Path(args.output_path))
     refuse_existing(planned_outputs(args), args.force)
@@ -196,9 +225,11 @@ def run_store_analysis(source: Path, args: Namespace, capture: dict | None = Non
         store = TraceStore(source, staging.root / "out_of_core")
         with log.stage(f"Reading {source} out of core (staged on disk in {out_dir})"):
             trace = store.load()
-        log.info(f"  {store.counts['ranges']:,} NVTX ranges, {store.counts['api']:,} CUDA API calls, "
-                 f"{store.counts['gpu']:,} GPU activities, {len(trace.devices)} GPUs; "
-                 f"nsys {trace.meta.get('nsys_version')}")
+        log.info(
+            f"  {store.counts['ranges']:,} NVTX ranges, {store.counts['api']:,} CUDA API calls, "
+            f"{store.counts['gpu']:,} GPU activities, {len(trace.devices)} GPUs; "
+            f"nsys {trace.meta.get('nsys_version')}"
+        )
         for text in trace.warnings:
             log.warning(text)
         if capture and capture.get("nsys_build"):
@@ -214,7 +245,7 @@ def run_store_analysis(source: Path, args: Namespace, capture: dict | None = Non
         raise
     finally:
         if feed is not None:
-            feed.join()   # the feeding thread reads the store: it stops once the writer is closed
+            feed.join()  # the feeding thread reads the store: it stops once the writer is closed
         if store is not None:
             store.close()
 
@@ -224,15 +255,24 @@ def _key_node_from_ops(trace, corr, key: str, iterations):
     return key_node_from_ops(corr, key, iterations)
 
 
-def _profile_info(args, source, trace, corr, capture, profile_start: int | None = None,
-                  profile_end: int | None = None) -> dict:
-    info = {"profile_name": args.profile_name, "source_file": str(Path(source).resolve()),
-            "source_kind": {"kineto": "kineto_json"}.get(trace.meta.get("source_format"), "nsys_sqlite"),
-            "nsys_version": trace.meta.get("nsys_version"), "key_node_default": trace.meta.get("key_node_default"),
-            "schema_version": trace.meta.get("schema_version"), "mode": corr.mode, "family": corr.family or "",
-            "dlprof_version": __version__, "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "profile_start": trace.profile_start if profile_start is None else profile_start,
-            "profile_end": trace.profile_end if profile_end is None else profile_end, "base_name": args.base_name}
+def _profile_info(
+    args, source, trace, corr, capture, profile_start: int | None = None, profile_end: int | None = None
+) -> dict:
+    info = {
+        "profile_name": args.profile_name,
+        "source_file": str(Path(source).resolve()),
+        "source_kind": {"kineto": "kineto_json"}.get(trace.meta.get("source_format"), "nsys_sqlite"),
+        "nsys_version": trace.meta.get("nsys_version"),
+        "key_node_default": trace.meta.get("key_node_default"),
+        "schema_version": trace.meta.get("schema_version"),
+        "mode": corr.mode,
+        "family": corr.family or "",
+        "dlprof_version": __version__,
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "profile_start": trace.profile_start if profile_start is None else profile_start,
+        "profile_end": trace.profile_end if profile_end is None else profile_end,
+        "base_name": args.base_name,
+    }
     if capture:
         info["capture"] = capture
     return info
@@ -245,12 +285,13 @@ class _InMemoryDatabase:
         self.writer, self.result, self.profile = writer, result, profile
 
     def start(self) -> None:
-        database.write_correlation(self.writer, self.result.trace, self.result.corr)   # queued, not waited for
+        database.write_correlation(self.writer, self.result.trace, self.result.corr)  # queued, not waited for
 
     def finish(self) -> tuple[dict, dict]:
         r = self.result
-        return database.finish_analysis(self.writer, r.trace, r.corr, r.primary, self.profile), \
-            self.writer.op_index_maps()
+        return database.finish_analysis(
+            self.writer, r.trace, r.corr, r.primary, self.profile
+        ), self.writer.op_index_maps()
 
 
 class _CopiedDatabase:
@@ -266,8 +307,17 @@ class _CopiedDatabase:
         return self.profile["_domain_ids"], self.profile["_offsets"]
 
 
-def _write_outputs(args, out_dir: Path, source: Path, result: Analysis, profile: dict, staging: Staging,
-                   new_database, writer=None, started: float | None = None) -> int:
+def _write_outputs(
+    args,
+    out_dir: Path,
+    source: Path,
+    result: Analysis,
+    profile: dict,
+    staging: Staging,
+    new_database,
+    writer=None,
+    started: float | None = None,
+) -> int:
     """Write the reports while the database is written (`new_database.start()`, then `.finish()` -> (domain
     ids, op index maps)), then its new aggregation and the event file, and put them all in place together."""
     trace, corr, aggregations, findings = result.trace, result.corr, result.aggregations, result.findings
@@ -282,18 +332,28 @@ def _write_outputs(args, out_dir: Path, source: Path, result: Analysis, profile:
             if args.dump_model_data:
                 _dump_model(staging.path(out_dir / f"{args.base_name}_model_data.json"), corr)
             domain_ids, offsets = new_database.finish()
-            aggr_id = database.append_aggregation(db_staged, aggregations, domain_ids, offsets, result.iterations,
-                                                  findings, time.perf_counter() - started)
+            aggr_id = database.append_aggregation(
+                db_staged, aggregations, domain_ids, offsets, result.iterations, findings, time.perf_counter() - started
+            )
             run_dir = event_files.run_directory(out_dir, args.profile_name)
             for old in event_files.existing_event_files(run_dir):
                 old.unlink()  # --force was given (checked above): this run replaces them
-            event_meta = {"database": _relative(db_final, run_dir), "profile_name": args.profile_name,
-                          "aggr_id": aggr_id, "mode": corr.mode, "primary_domain": primary,
-                          "nsys_version": trace.meta.get("nsys_version"), "dlprof_version": __version__,
-                          "source_file": str(source)}
-            event_files.write_event_file(staging.path(run_dir / event_files.event_file_name()), event_meta,
-                                         aggregations[primary].iterations,
-                                         graph=graph_events.op_graph(corr.domains[primary], aggregations[primary]))
+            event_meta = {
+                "database": _relative(db_final, run_dir),
+                "profile_name": args.profile_name,
+                "aggr_id": aggr_id,
+                "mode": corr.mode,
+                "primary_domain": primary,
+                "nsys_version": trace.meta.get("nsys_version"),
+                "dlprof_version": __version__,
+                "source_file": str(source),
+            }
+            event_files.write_event_file(
+                staging.path(run_dir / event_files.event_file_name()),
+                event_meta,
+                aggregations[primary].iterations,
+                graph=graph_events.op_graph(corr.domains[primary], aggregations[primary]),
+            )
         staging.commit()
     except BaseException:
         staging.discard_after(writer)
@@ -306,6 +366,7 @@ def _write_outputs(args, out_dir: Path, source: Path, result: Analysis, profile:
 
 def _relative(target: Path, start: Path) -> str:
     import os
+
     return os.path.relpath(Path(target).resolve(), Path(start).resolve())
 
 
@@ -320,8 +381,9 @@ def _copy_database(source: Path, target: Path) -> None:
         dst.close()
 
 
-def _write_reports(args, out_dir, trace, corr, aggregations, findings, primary, staging,
-                   rank_suffix: str = "") -> list[Path]:
+def _write_reports(
+    args, out_dir, trace, corr, aggregations, findings, primary, staging, rank_suffix: str = ""
+) -> list[Path]:
     names = report_names(args, corr.mode)
     if corr.mode == "simple":
         skipped = [r for r in args.reports if r not in names and r != "diff"]
@@ -331,8 +393,9 @@ def _write_reports(args, out_dir, trace, corr, aggregations, findings, primary, 
     domains = list(corr.domains) if args.domain == "all" else [primary]
     for name in domains:
         suffix = ("" if name == primary else "_" + _slug(name)) + rank_suffix
-        built = reports.build_reports(names, aggregations[name], corr.domains[name], trace, corr.config,
-                                      findings.get(name, []))
+        built = reports.build_reports(
+            names, aggregations[name], corr.domains[name], trace, corr.config, findings.get(name, [])
+        )
         for report in built:
             written += reports.write_report(report, out_dir, args.base_name, args.formats, suffix, staging.path)
     return written
@@ -348,36 +411,56 @@ def _write_diffs(args, out_dir: Path, source: Path, result: Analysis, staging: S
     written = []
     for name in domains:
         if name not in base.aggregations:
-            message = (f"{baseline_of(args)}: the baseline has no NVTX domain '{name}' to compare with (its "
-                       f"domains: {', '.join(base.aggregations) or 'none'})")
+            message = (
+                f"{baseline_of(args)}: the baseline has no NVTX domain '{name}' to compare with (its "
+                f"domains: {', '.join(base.aggregations) or 'none'})"
+            )
             if args.domain == "all":
                 log.warning(message + "; no diff for that domain")
                 continue
             raise DLProfError(message)
-        comparison = compare.compare(compare.side_from_aggregation(result.aggregations[name], str(source)),
-                                     compare.side_from_aggregation(base.aggregations[name], str(baseline_of(args))))
+        comparison = compare.compare(
+            compare.side_from_aggregation(result.aggregations[name], str(source)),
+            compare.side_from_aggregation(base.aggregations[name], str(baseline_of(args))),
+        )
         suffix = "" if name == result.primary else "_" + _slug(name)
-        written += reports.write_report(reports.diff_report(comparison), out_dir, args.base_name, args.formats,
-                                        suffix, staging.path)
+        written += reports.write_report(
+            reports.diff_report(comparison), out_dir, args.base_name, args.formats, suffix, staging.path
+        )
         _print_diff(comparison, name)
     return written
 
 
 def _print_diff(comparison, domain: str) -> None:
     s = comparison.summary.set_index("key")
-    log.info(f"Compared with the baseline (domain {domain}): average iteration time "
-             f"{s.at['avg_iteration_time', 'baseline']:,.0f} -> {s.at['avg_iteration_time', 'after']:,.0f} ns, "
-             f"GPU utilization {s.at['gpu_utilization', 'baseline']:.1f} -> {s.at['gpu_utilization', 'after']:.1f} %, "
-             f"total GPU time {s.at['total_gpu_time', 'delta']:+,} ns")
+    log.info(
+        f"Compared with the baseline (domain {domain}): average iteration time "
+        f"{s.at['avg_iteration_time', 'baseline']:,.0f} -> {s.at['avg_iteration_time', 'after']:,.0f} ns, "
+        f"GPU utilization {s.at['gpu_utilization', 'baseline']:.1f} -> {s.at['gpu_utilization', 'after']:.1f} %, "
+        f"total GPU time {s.at['total_gpu_time', 'delta']:+,} ns"
+    )
 
 
 def _slug(name: str) -> str:
     import re
+
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "domain"
 
 
-MODEL_INSTANCE_COLUMNS = ["instance_id", "op_index", "start", "end", "pid", "global_tid", "device_id", "cpu_time",
-                          "cpu_overhead", "gpu_time", "gpu_idle", "n_kernels"]
+MODEL_INSTANCE_COLUMNS = [
+    "instance_id",
+    "op_index",
+    "start",
+    "end",
+    "pid",
+    "global_tid",
+    "device_id",
+    "cpu_time",
+    "cpu_overhead",
+    "gpu_time",
+    "gpu_idle",
+    "n_kernels",
+]
 
 
 def _dump_model(path: Path, corr) -> None:
@@ -387,8 +470,15 @@ def _dump_model(path: Path, corr) -> None:
         out.write("{")
         for d, (name, dm) in enumerate(corr.domains.items()):
             ops = dm.ops.drop(columns=[c for c in ("kind",) if c in dm.ops.columns])
-            out.write(("" if d == 0 else ", ") + json.dumps(name) + ': {"ops": ' + ops.to_json(orient="records")
-                      + ', "instances": {"columns": ' + json.dumps(MODEL_INSTANCE_COLUMNS) + ', "data": [')
+            out.write(
+                ("" if d == 0 else ", ")
+                + json.dumps(name)
+                + ': {"ops": '
+                + ops.to_json(orient="records")
+                + ', "instances": {"columns": '
+                + json.dumps(MODEL_INSTANCE_COLUMNS)
+                + ', "data": ['
+            )
             first = True
             for chunk in _instance_chunks(corr, dm):
                 rows = json.loads(chunk[MODEL_INSTANCE_COLUMNS].to_json(orient="values"))
@@ -403,19 +493,21 @@ def _instance_chunks(corr, dm, rows: int = 1 << 18):
     """A domain model's instances in start order, `rows` at a time (from the store when kept out of core)."""
     if dm.instances is not None:
         for lo in range(0, len(dm.instances), rows):
-            yield dm.instances.iloc[lo:lo + rows]
+            yield dm.instances.iloc[lo : lo + rows]
         return
     columns = ", ".join(f'"{c}"' for c in MODEL_INSTANCE_COLUMNS)
-    for table in corr.store.store.batches(f"SELECT {columns} FROM inst_sorted_{dm.sink.d} "
-                                          "ORDER BY start, instance_id", rows):
+    for table in corr.store.store.batches(
+        f"SELECT {columns} FROM inst_sorted_{dm.sink.d} ORDER BY start, instance_id", rows
+    ):
         yield table.to_pandas()
 
 
 def _run_options(args) -> list[str]:
     """The options of this run that a command updating it must repeat (its reports, formats, domain)."""
     from dlprof_profiler.cli import DEFAULT_REPORTS
+
     options = []
-    own = [r for r in args.reports if r != "diff"]   # --baseline (below) brings the diff back
+    own = [r for r in args.reports if r != "diff"]  # --baseline (below) brings the diff back
     if own != list(DEFAULT_REPORTS):
         options.append("--reports=" + ",".join(own))
     if list(args.formats) != ["csv"]:
@@ -427,10 +519,12 @@ def _run_options(args) -> list[str]:
     return options
 
 
-def _print_findings(findings: list[dict], db_path: Path, profile_name: str | None = None,
-                    options: tuple | list = ()) -> None:
+def _print_findings(
+    findings: list[dict], db_path: Path, profile_name: str | None = None, options: tuple | list = ()
+) -> None:
     """The expert systems' problems and what to change, with the command that applies a proposal."""
     from dlprof_profiler.expert_systems import render_command
+
     if not findings:
         log.info("Expert systems: no problems found")
         return
@@ -445,9 +539,11 @@ def _print_findings(findings: list[dict], db_path: Path, profile_name: str | Non
 
 def _print_summary(agg, db_path: Path, written: list[Path]) -> None:
     s = agg.summary
-    log.info(f"Wall clock time {s['wall_time']:,} ns over {s['aggregated_iterations']} iteration(s); "
-             f"GPU utilization {s['gpu_utilization']:.1f} %, Tensor Core kernel utilization "
-             f"{s['tc_utilization']:.1f} %")
+    log.info(
+        f"Wall clock time {s['wall_time']:,} ns over {s['aggregated_iterations']} iteration(s); "
+        f"GPU utilization {s['gpu_utilization']:.1f} %, Tensor Core kernel utilization "
+        f"{s['tc_utilization']:.1f} %"
+    )
     log.info(f"Database: {db_path}")
     for path in written:
         log.detail(f"Report: {path}")
@@ -456,6 +552,7 @@ def _print_summary(agg, db_path: Path, written: list[Path]) -> None:
 
 
 # ---------------------------------------------------------------------------- re-aggregation of a database
+
 
 def reaggregate_database(source: Path, args: Namespace) -> int:
     """`dlprof --database=dlprof_dldb.sqlite`: a new aggregation (key node, iteration range) and new reports;
@@ -466,15 +563,20 @@ def reaggregate_database(source: Path, args: Namespace) -> int:
     out_dir = prepare_output_dir(Path(args.output_path))
     in_place = database_path(args).resolve() == source.resolve()
     if in_place and not args.force:
-        raise DLProfError(f"{source}: the output database would replace the input: add --force=true to update "
-                          "this run in place (a new aggregation; its reports and event file are replaced), or "
-                          "choose another --output_path or --base_name", exit_code=2)
+        raise DLProfError(
+            f"{source}: the output database would replace the input: add --force=true to update "
+            "this run in place (a new aggregation; its reports and event file are replaced), or "
+            "choose another --output_path or --base_name",
+            exit_code=2,
+        )
     refuse_existing(planned_outputs(args), args.force)
     check_baseline(args)
     if in_place:
         # the run's own folder and names (the command the expert systems propose): update that run
-        log.info(f"{source}: updating this run: its database gets a new aggregation (earlier ones are kept); "
-                 "its reports and event file are replaced")
+        log.info(
+            f"{source}: updating this run: its database gets a new aggregation (earlier ones are kept); "
+            "its reports and event file are replaced"
+        )
     with log.stage(f"Reading DLProf database {source}"):
         trace, corr, profile, domain_ids, offsets = database.load_model(source)
     if args.mode and args.mode != corr.mode:
@@ -482,12 +584,22 @@ def reaggregate_database(source: Path, args: Namespace) -> int:
     result = reanalyze(trace, corr, profile, AnalysisConfig.from_args(args), str(source))
     profile = dict(profile, _domain_ids=domain_ids, _offsets=offsets)
     staging = Staging(out_dir)
-    return _write_outputs(args, out_dir, source, result, profile, staging,
-                          _CopiedDatabase(source, staging.path(database_path(args)), profile), None, started)
+    return _write_outputs(
+        args,
+        out_dir,
+        source,
+        result,
+        profile,
+        staging,
+        _CopiedDatabase(source, staging.path(database_path(args)), profile),
+        None,
+        started,
+    )
 
 
-def reaggregate_in_place(db_path: Path, key_node: str | None = None, iter_start: int | None = None,
-                         iter_stop: int | None = None) -> int:
+def reaggregate_in_place(
+    db_path: Path, key_node: str | None = None, iter_start: int | None = None, iter_stop: int | None = None
+) -> int:
     """A new aggregation appended to a DLProf database in one transaction (the viewer's Reaggregate);
     returns its aggr_id. Earlier aggregations are kept; a failure leaves the file as it was."""
     started = time.perf_counter()
@@ -496,6 +608,7 @@ def reaggregate_in_place(db_path: Path, key_node: str | None = None, iter_start:
     if not database.is_dlprof_database(db_path):
         raise DLProfError(f"{db_path}: not a DLProf database")
     from dlprof_profiler import ranks
+
     numbers = ranks.database_ranks(db_path)
     if len(numbers) > 1:
         return ranks.reaggregate_in_place(db_path, key_node, iter_start, iter_stop, numbers)
@@ -504,7 +617,21 @@ def reaggregate_in_place(db_path: Path, key_node: str | None = None, iter_start:
     iterations = reaggregation_iterations(trace, corr, key_node, profile)
     if key_node and not iterations.found:
         raise DLProfError(f"{db_path}: key node '{key_node}' not found", exit_code=2)
-    result = reanalyze(trace, corr, profile, config, str(db_path), primary=profile.get("primary_domain", "default"),
-                       iterations=iterations)
-    return database.append_aggregation(db_path, result.aggregations, domain_ids, offsets, result.iterations,
-                                       result.findings, time.perf_counter() - started)
+    result = reanalyze(
+        trace,
+        corr,
+        profile,
+        config,
+        str(db_path),
+        primary=profile.get("primary_domain", "default"),
+        iterations=iterations,
+    )
+    return database.append_aggregation(
+        db_path,
+        result.aggregations,
+        domain_ids,
+        offsets,
+        result.iterations,
+        result.findings,
+        time.perf_counter() - started,
+    )

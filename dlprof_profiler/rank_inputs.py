@@ -6,6 +6,7 @@ the lowest free rank numbers in the order given (natural name order for a direct
 Everything here reads only file heads and small tables, so a bad input list fails at once, before any
 analysis starts.
 """
+
 from __future__ import annotations
 
 import glob
@@ -21,8 +22,8 @@ from dlprof_profiler import contract as K
 from dlprof_profiler import ingest, log
 from dlprof_profiler.errors import DLProfError
 
-MAX_RANK = (1 << (63 - K.ID_BITS)) - 1     # rank << ID_BITS keys a rank's API calls and GPU activities
-HEAD_BYTES = 4 << 20                        # Kineto writes distributedInfo before traceEvents
+MAX_RANK = (1 << (63 - K.ID_BITS)) - 1  # rank << ID_BITS keys a rank's API calls and GPU activities
+HEAD_BYTES = 4 << 20  # Kineto writes distributedInfo before traceEvents
 # Environment variables of the usual launchers holding the global rank, most specific first
 RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
 _DIST_RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
@@ -36,8 +37,8 @@ class RankInput:
 
     path: Path
     rank: int
-    kind: str          # ingest.SQLITE or ingest.KINETO
-    recorded: bool     # the rank number comes from the profile itself
+    kind: str  # ingest.SQLITE or ingest.KINETO
+    recorded: bool  # the rank number comes from the profile itself
 
 
 def natural_key(path: Path) -> list:
@@ -63,7 +64,7 @@ def resolve(spec: str) -> list[RankInput]:
         if not files:
             raise DLProfError(f"{spec}: no file matches this pattern")
     else:
-        return [RankInput(Path(spec), 0, "", False)]   # missing: the single-file path names the problem
+        return [RankInput(Path(spec), 0, "", False)]  # missing: the single-file path names the problem
     if len(files) == 1:
         return [RankInput(files[0], 0, "", False)]
     return assign_ranks(files)
@@ -73,30 +74,40 @@ def _directory(folder: Path) -> list[RankInput]:
     """A folder: its nsys exports and Kineto traces. Kineto traces of which fewer than two record a rank are
     one capture of several processes (what `--backend=torch` writes), as before; where ranks are recorded, the
     traces without one (the launcher, say) are left out."""
-    files = sorted((p for p in folder.iterdir() if p.is_file() and _PROFILE_NAME.search(p.name)
-                    and ".partial." not in p.name and not p.name.startswith(".")), key=natural_key)
+    files = sorted(
+        (
+            p
+            for p in folder.iterdir()
+            if p.is_file() and _PROFILE_NAME.search(p.name) and ".partial." not in p.name and not p.name.startswith(".")
+        ),
+        key=natural_key,
+    )
     kinds = {}
     for path in files:
         try:
             kinds[path] = ingest.trace_format(path)
         except DLProfError:
-            continue   # not a profile (a note, a damaged leftover): a folder is taken for what it holds
+            continue  # not a profile (a note, a damaged leftover): a folder is taken for what it holds
     from dlprof_profiler.database import is_dlprof_database
+
     profiles = [p for p, k in kinds.items() if not (k == ingest.SQLITE and is_dlprof_database(p))]
     kineto = [p for p in profiles if kinds[p] == ingest.KINETO]
     ranked = {p: kineto_rank(p) for p in kineto}
     if not [p for p in profiles if kinds[p] == ingest.SQLITE] and sum(r is not None for r in ranked.values()) < 2:
         if kineto:
-            return [RankInput(folder, 0, ingest.KINETO, False)]   # one capture, read as before
+            return [RankInput(folder, 0, ingest.KINETO, False)]  # one capture, read as before
         reports = sorted(folder.glob("*.nsys-rep"))
-        hint = (f"; export the nsys reports first: nsys export --type sqlite {reports[0]}" if reports else "")
-        raise DLProfError(f"{folder}: is a directory without profiles (nsys SQLite exports, Kineto traces "
-                          f"*.json[.gz]){hint}")
+        hint = f"; export the nsys reports first: nsys export --type sqlite {reports[0]}" if reports else ""
+        raise DLProfError(
+            f"{folder}: is a directory without profiles (nsys SQLite exports, Kineto traces *.json[.gz]){hint}"
+        )
     left_out = [p for p in kineto if ranked[p] is None and any(r is not None for r in ranked.values())]
     if left_out:
-        log.warning(f"{folder}: {len(left_out)} Kineto trace(s) without a rank (distributedInfo) left out, as "
-                    f"processes outside the process group: {', '.join(p.name for p in left_out[:5])}"
-                    + (" ..." if len(left_out) > 5 else ""))
+        log.warning(
+            f"{folder}: {len(left_out)} Kineto trace(s) without a rank (distributedInfo) left out, as "
+            f"processes outside the process group: {', '.join(p.name for p in left_out[:5])}"
+            + (" ..." if len(left_out) > 5 else "")
+        )
     chosen = [p for p in profiles if p not in left_out]
     if len(chosen) == 1:
         return [RankInput(chosen[0], 0, kinds[chosen[0]], False)]
@@ -112,8 +123,9 @@ def assign_ranks(files: list[Path], kinds: dict | None = None) -> list[RankInput
         if not path.exists():
             raise DLProfError(f"{path}: no such file")
         if path.is_dir():
-            raise DLProfError(f"{path}: is a directory; list the profile files of a multi-rank analysis "
-                              "(or give the directory alone)")
+            raise DLProfError(
+                f"{path}: is a directory; list the profile files of a multi-rank analysis (or give the directory alone)"
+            )
         real = os.path.realpath(path)
         if real in seen:
             raise DLProfError(f"{path}: given twice (also as {seen[real]}); each file is one rank")
@@ -122,9 +134,12 @@ def assign_ranks(files: list[Path], kinds: dict | None = None) -> list[RankInput
             kinds[path] = ingest.trace_format(path)
         if kinds[path] == ingest.SQLITE:
             from dlprof_profiler.database import is_dlprof_database
+
             if is_dlprof_database(path):
-                raise DLProfError(f"{path}: a DLProf database cannot be one rank of a multi-rank analysis; give "
-                                  "the nsys exports or Kineto traces of the ranks (or this database alone)")
+                raise DLProfError(
+                    f"{path}: a DLProf database cannot be one rank of a multi-rank analysis; give "
+                    "the nsys exports or Kineto traces of the ranks (or this database alone)"
+                )
     recorded = {p: recorded_rank(p, kinds[p]) for p in files}
     owners: dict = {}
     for path, rank in recorded.items():

@@ -8,6 +8,7 @@ string ids (each file numbers its `strings` from 0) and op_index (each numbers i
 those already merged. Derived rows keep their aggr_id: the run's first aggregation is aggregation 1 of every
 rank. The one index with random keys is dropped while appending and built once at the end.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,18 @@ from dlprof_profiler.db_schema import FINAL_INDEXES, RANK_TABLES
 from dlprof_profiler.errors import DLProfError
 
 # columns holding ids into `strings`
-STRING_ID_COLUMNS = {"name_id", "long_name_id", "text_id", "op_type_id", "label_id", "data_type_id",
-                     "stack_trace_id", "input_shapes_id", "output_shapes_id", "parameters_id"}
+STRING_ID_COLUMNS = {
+    "name_id",
+    "long_name_id",
+    "text_id",
+    "op_type_id",
+    "label_id",
+    "data_type_id",
+    "stack_trace_id",
+    "input_shapes_id",
+    "output_shapes_id",
+    "parameters_id",
+}
 # tables that describe the whole file: taken from the first rank, never appended
 FILE_TABLES = {"db_version", "profile_info", K.AGGREGATIONS, K.STRINGS, K.RANK_PROFILE_INFO, K.RANK_SUMMARY}
 CACHE_KIB = 64 << 10
@@ -56,13 +67,16 @@ class MergedDatabase:
             con.execute(f"PRAGMA {pragma}")
         for statement in filter(None, (s.strip() for s in FINAL_INDEXES.split(";"))):
             name = statement.split()[2]
-            con.execute(f"DROP INDEX IF EXISTS {name}")   # a rank's database written with it (built at finish)
+            con.execute(f"DROP INDEX IF EXISTS {name}")  # a rank's database written with it (built at finish)
         con.executescript(RANK_TABLES)
         self.con = con
 
     def _profile_rows(self, rank: int, schema: str) -> None:
-        self.con.execute(f"INSERT INTO main.{K.RANK_PROFILE_INFO} (rank, name, value) "
-                         f"SELECT ?, name, value FROM {schema}.profile_info", (rank,))
+        self.con.execute(
+            f"INSERT INTO main.{K.RANK_PROFILE_INFO} (rank, name, value) "
+            f"SELECT ?, name, value FROM {schema}.profile_info",
+            (rank,),
+        )
 
     def _append(self, rank_database: Path, rank: int) -> None:
         con = self.con
@@ -71,21 +85,31 @@ class MergedDatabase:
             con.execute("BEGIN")
             string_offset = con.execute(f"SELECT coalesce(max(id) + 1, 0) FROM main.{K.STRINGS}").fetchone()[0]
             op_offset = con.execute(f"SELECT coalesce(max(op_index) + 1, 0) FROM main.{K.RAW_OPS}").fetchone()[0]
-            con.execute(f"INSERT INTO main.{K.STRINGS} (id, value) SELECT id + ?, value FROM r.{K.STRINGS}",
-                        (string_offset,))
-            tables = [r[0] for r in con.execute("SELECT name FROM r.sqlite_master WHERE type = 'table' "
-                                                "AND name NOT LIKE 'sqlite_%' ORDER BY rootpage")]
+            con.execute(
+                f"INSERT INTO main.{K.STRINGS} (id, value) SELECT id + ?, value FROM r.{K.STRINGS}", (string_offset,)
+            )
+            tables = [
+                r[0]
+                for r in con.execute(
+                    "SELECT name FROM r.sqlite_master WHERE type = 'table' "
+                    "AND name NOT LIKE 'sqlite_%' ORDER BY rootpage"
+                )
+            ]
             for table in tables:
                 if table in FILE_TABLES:
                     continue
                 columns = [r[1] for r in con.execute(f'PRAGMA r.table_info("{table}")')]
                 if table == K.EXPERT_SYSTEMS_FEEDBACK:
-                    columns = [c for c in columns if c != "id"]   # numbered anew in the merged table
-                values = [f'"{c}" + :strings' if c in STRING_ID_COLUMNS else
-                          f'"{c}" + :ops' if c == "op_index" else f'"{c}"' for c in columns]
-                con.execute(f'INSERT INTO main."{table}" ({", ".join(chr(34) + c + chr(34) for c in columns)}) '
-                            f'SELECT {", ".join(values)} FROM r."{table}"',
-                            {"strings": string_offset, "ops": op_offset})
+                    columns = [c for c in columns if c != "id"]  # numbered anew in the merged table
+                values = [
+                    f'"{c}" + :strings' if c in STRING_ID_COLUMNS else f'"{c}" + :ops' if c == "op_index" else f'"{c}"'
+                    for c in columns
+                ]
+                con.execute(
+                    f'INSERT INTO main."{table}" ({", ".join(chr(34) + c + chr(34) for c in columns)}) '
+                    f'SELECT {", ".join(values)} FROM r."{table}"',
+                    {"strings": string_offset, "ops": op_offset},
+                )
             self._profile_rows(rank, "r")
             con.execute("COMMIT")
         except BaseException:
@@ -103,8 +127,10 @@ class MergedDatabase:
             con.execute("BEGIN")
             write_cross_rank(con, 1, table, findings)
             for key, value in profile.items():
-                con.execute("INSERT OR REPLACE INTO profile_info (name, value) VALUES (?, ?)",
-                            (key, value if value is None or isinstance(value, str) else json.dumps(value)))
+                con.execute(
+                    "INSERT OR REPLACE INTO profile_info (name, value) VALUES (?, ?)",
+                    (key, value if value is None or isinstance(value, str) else json.dumps(value)),
+                )
             if aggregation:
                 sets = ", ".join(f"{k} = ?" for k in aggregation)
                 con.execute(f"UPDATE {K.AGGREGATIONS} SET {sets} WHERE aggr_id = 1", list(aggregation.values()))
@@ -127,18 +153,41 @@ def write_cross_rank(con: sqlite3.Connection, aggr_id: int, table, findings: lis
     rank and domain_id = contract.ALL_RANKS)."""
     stragglers = {int(f["data"].get("rank")) for f in findings if f.get("id") == "straggler_rank_detector"}
     for row in table.to_dict("records"):
-        con.execute(f"INSERT INTO {K.RANK_SUMMARY} (aggr_id, rank, source_file, gpus, iterations, total_iterations, "
-                    "avg_iteration_time, max_iteration_time, gpu_utilization, communication_time, "
-                    "overlapped_communication_pct, times_slowest, straggler) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (aggr_id, int(row["rank"]), row["source_file"], int(row["gpus"]), int(row["iterations"]),
-                     int(row["total_iterations"]), float(row["avg_iteration_time"]), int(row["max_iteration_time"]),
-                     float(row["gpu_utilization"]), int(row["communication_time"]),
-                     float(row["overlapped_communication_pct"]), int(row["times_slowest"]),
-                     int(int(row["rank"]) in stragglers)))
+        con.execute(
+            f"INSERT INTO {K.RANK_SUMMARY} (aggr_id, rank, source_file, gpus, iterations, total_iterations, "
+            "avg_iteration_time, max_iteration_time, gpu_utilization, communication_time, "
+            "overlapped_communication_pct, times_slowest, straggler) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                aggr_id,
+                int(row["rank"]),
+                row["source_file"],
+                int(row["gpus"]),
+                int(row["iterations"]),
+                int(row["total_iterations"]),
+                float(row["avg_iteration_time"]),
+                int(row["max_iteration_time"]),
+                float(row["gpu_utilization"]),
+                int(row["communication_time"]),
+                float(row["overlapped_communication_pct"]),
+                int(row["times_slowest"]),
+                int(int(row["rank"]) in stragglers),
+            ),
+        )
     for f in findings:
-        con.execute(f"INSERT INTO {K.EXPERT_SYSTEMS_FEEDBACK} (aggr_id, domain_id, rank, exp_sys_id, severity, "
-                    "problem, recommendation, link, action, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (aggr_id, K.ALL_RANKS, K.ALL_RANKS, f.get("id"), f.get("severity"), f.get("problem"),
-                     f.get("recommendation"), f.get("link"), json.dumps(f.get("action")),
-                     json.dumps(f.get("data", {}), default=str)))
+        con.execute(
+            f"INSERT INTO {K.EXPERT_SYSTEMS_FEEDBACK} (aggr_id, domain_id, rank, exp_sys_id, severity, "
+            "problem, recommendation, link, action, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                aggr_id,
+                K.ALL_RANKS,
+                K.ALL_RANKS,
+                f.get("id"),
+                f.get("severity"),
+                f.get("problem"),
+                f.get("recommendation"),
+                f.get("link"),
+                json.dumps(f.get("action")),
+                json.dumps(f.get("data", {}), default=str),
+            ),
+        )

@@ -1,6 +1,7 @@
 """The cross-rank report of a multi-rank run (`<base>_ranks.csv`, docs/DESIGN.md "Multi-rank analysis"): one row
 per rank with its iteration times, GPU utilization, communication time and how much of it compute overlaps, and
 how often it was the last rank to finish an iteration (iterations matched across ranks by index)."""
+
 from __future__ import annotations
 
 import csv
@@ -12,10 +13,18 @@ import pandas as pd
 
 from dlprof_profiler import __version__
 
-COLUMNS = [("rank", "Rank"), ("source_file", "Source file"), ("gpus", "GPUs"), ("iterations", "Iterations"),
-           ("avg_iteration_time", "Avg Iteration Time (ns)"), ("max_iteration_time", "Max Iteration Time (ns)"),
-           ("gpu_utilization", "GPU Utilization %"), ("communication_time", "Communication Time (ns)"),
-           ("overlapped_communication_pct", "Overlapped Communication %"), ("times_slowest", "Times Slowest")]
+COLUMNS = [
+    ("rank", "Rank"),
+    ("source_file", "Source file"),
+    ("gpus", "GPUs"),
+    ("iterations", "Iterations"),
+    ("avg_iteration_time", "Avg Iteration Time (ns)"),
+    ("max_iteration_time", "Max Iteration Time (ns)"),
+    ("gpu_utilization", "GPU Utilization %"),
+    ("communication_time", "Communication Time (ns)"),
+    ("overlapped_communication_pct", "Overlapped Communication %"),
+    ("times_slowest", "Times Slowest"),
+]
 REPORT_NAME = "ranks"
 
 
@@ -66,21 +75,37 @@ def rank_table(results) -> pd.DataFrame:
         durations = it["duration"].to_numpy(np.int64)
         s = r.summary
         comm = int(s["communication_time"])
-        rows.append({"rank": r.rank, "source_file": str(r.profile.get("source_file") or r.source),
-                     "gpus": int(s["gpus"]),
-                     "iterations": int(durations.size), "total_iterations": int(s["total_iterations"]),
-                     "avg_iteration_time": float(durations.mean()) if durations.size else 0.0,
-                     "max_iteration_time": int(durations.max()) if durations.size else 0,
-                     "gpu_utilization": float(s["gpu_utilization"]), "communication_time": comm,
-                     "overlapped_communication_pct": 100.0 * int(s["overlapped_communication_time"]) / comm
-                     if comm else 0.0, "times_slowest": slowest[r.rank]})
+        rows.append(
+            {
+                "rank": r.rank,
+                "source_file": str(r.profile.get("source_file") or r.source),
+                "gpus": int(s["gpus"]),
+                "iterations": int(durations.size),
+                "total_iterations": int(s["total_iterations"]),
+                "avg_iteration_time": float(durations.mean()) if durations.size else 0.0,
+                "max_iteration_time": int(durations.max()) if durations.size else 0,
+                "gpu_utilization": float(s["gpu_utilization"]),
+                "communication_time": comm,
+                "overlapped_communication_pct": 100.0 * int(s["overlapped_communication_time"]) / comm if comm else 0.0,
+                "times_slowest": slowest[r.rank],
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def _cells(row: dict) -> list:
-    return [int(row["rank"]), row["source_file"], int(row["gpus"]), int(row["iterations"]),
-            f"{row['avg_iteration_time']:.1f}", int(row["max_iteration_time"]), f"{row['gpu_utilization']:.1f}",
-            int(row["communication_time"]), f"{row['overlapped_communication_pct']:.1f}", int(row["times_slowest"])]
+    return [
+        int(row["rank"]),
+        row["source_file"],
+        int(row["gpus"]),
+        int(row["iterations"]),
+        f"{row['avg_iteration_time']:.1f}",
+        int(row["max_iteration_time"]),
+        f"{row['gpu_utilization']:.1f}",
+        int(row["communication_time"]),
+        f"{row['overlapped_communication_pct']:.1f}",
+        int(row["times_slowest"]),
+    ]
 
 
 def write_report(table: pd.DataFrame, out_dir: Path, base_name: str, formats: list[str], place) -> list[Path]:
@@ -98,10 +123,18 @@ def write_report(table: pd.DataFrame, out_dir: Path, base_name: str, formats: li
         written.append(final)
     if "json" in formats:
         final = Path(out_dir) / f"{base_name}_{REPORT_NAME}.json"
-        rows = [[float(c) if isinstance(c, str) and k not in ("source_file",) else c
-                 for (k, _), c in zip(COLUMNS, _cells(row))] for row in records]
-        doc = {"report": REPORT_NAME, "dlprof_version": __version__,
-               "sections": [{"title": "Ranks", "columns": [label for _, label in COLUMNS], "rows": rows}]}
+        rows = [
+            [
+                float(c) if isinstance(c, str) and k not in ("source_file",) else c
+                for (k, _), c in zip(COLUMNS, _cells(row))
+            ]
+            for row in records
+        ]
+        doc = {
+            "report": REPORT_NAME,
+            "dlprof_version": __version__,
+            "sections": [{"title": "Ranks", "columns": [label for _, label in COLUMNS], "rows": rows}],
+        }
         Path(place(final)).write_text(json.dumps(doc) + "\n", encoding="utf-8")
         written.append(final)
     return written

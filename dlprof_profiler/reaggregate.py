@@ -1,6 +1,7 @@
 """`python -m dlprof_profiler.reaggregate --database FILE [--key_node K] [--iter_start N] [--iter_stop N]`:
 append a new aggregation to a DLProf database in place (what the viewer's Reaggregate runs, in its own
 process). Prints one JSON line: {"status": "succeeded", "aggr_id": N} or {"status": "failed", "message": ...}."""
+
 from __future__ import annotations
 
 import argparse
@@ -21,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     log.set_verbosity(log.MINIMAL)
     from dlprof_profiler.pipeline import reaggregate_in_place
+
     try:
         aggr_id = reaggregate_in_place(args.database, args.key_node or None, args.iter_start, args.iter_stop)
     except DLProfError as exc:

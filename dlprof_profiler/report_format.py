@@ -7,6 +7,7 @@ once per distinct value, then taken by code), and whole lines joined by Arrow co
 go to the file straight from the Arrow buffer. A table's rows come either as whole columns or as an
 iterable of chunks, so a report of any length is written in memory bounded by the chunk size.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,7 @@ import pyarrow.compute as pc
 # Column formats: q = always-quoted text, t = bare text (quoted only when CSV needs it), i = integer,
 # a = average (one decimal), p = percentage (one decimal), y = yes/no.
 TEXT_FORMATS = ("q", "t")
-FORMATS = ("q", "t", "i", "a", "p", "y", "n", "m")   # n, m: integer / average, blank (JSON null) when missing
+FORMATS = ("q", "t", "i", "a", "p", "y", "n", "m")  # n, m: integer / average, blank (JSON null) when missing
 CHUNK_ROWS = 65_536  # rows formatted at a time: the memory of writing does not grow with the table
 CSV, JSON = "csv", "json"
 
@@ -48,8 +49,8 @@ class Table:
     columns: list[str]
     formats: list[str]
     data: dict | None = None
-    header_prefix: str | None = ""    # None: no header line (label/value sections); summary headers start ","
-    bare: bool = False                # the summary file quotes nothing
+    header_prefix: str | None = ""  # None: no header line (label/value sections); summary headers start ","
+    bare: bool = False  # the summary file quotes nothing
     chunks: Iterable | Callable[[], Iterable] | None = None
 
     def __post_init__(self):
@@ -77,8 +78,10 @@ class Table:
         source = self.chunks() if callable(self.chunks) else self.chunks
         if source is self.chunks and iter(source) is source:  # a one-shot iterator
             if self._consumed:
-                raise RuntimeError(f"table {self.title!r}: its chunk iterator was already consumed; "
-                                   "give a function returning the chunks to write it again")
+                raise RuntimeError(
+                    f"table {self.title!r}: its chunk iterator was already consumed; "
+                    "give a function returning the chunks to write it again"
+                )
             self._consumed = True
         for chunk in source:
             for part in _chunk_parts(chunk):
@@ -122,14 +125,15 @@ def _slice(values, lo: int, hi: int):
 
 # ---------------------------------------------------------------------------- cells of one column
 
+
 @dataclass
 class _Coded:
     """Cells as a formatted dictionary (its last entry is the cell of a missing value) taken by codes."""
 
-    dictionary: pa.Array          # formatted strings
-    codes: np.ndarray             # positions in `dictionary`
-    group: tuple | None = None    # columns with the same group share `codes` and merge before the take
-    stable: bool = False          # the same dictionary object in every chunk (derived strings are remembered)
+    dictionary: pa.Array  # formatted strings
+    codes: np.ndarray  # positions in `dictionary`
+    group: tuple | None = None  # columns with the same group share `codes` and merge before the take
+    stable: bool = False  # the same dictionary object in every chunk (derived strings are remembered)
 
 
 def _cells_as_array(cells) -> pa.Array:
@@ -179,8 +183,11 @@ class _Formatter:
         s = values if isinstance(values, pd.Series) else pd.Series(values)
         if isinstance(s.dtype, pd.CategoricalDtype):
             cats = s.cat.categories
-            return _Coded(self.text_dictionary(("categories", id(cats)), cats, lambda: _as_strings(cats), fmt),
-                          _with_missing_slot(s.cat.codes.to_numpy(), len(cats)), stable=True)
+            return _Coded(
+                self.text_dictionary(("categories", id(cats)), cats, lambda: _as_strings(cats), fmt),
+                _with_missing_slot(s.cat.codes.to_numpy(), len(cats)),
+                stable=True,
+            )
         raw = s.to_numpy(dtype=object)
         if pd.api.types.infer_dtype(raw, skipna=True) not in ("string", "empty"):
             # not only strings: the text of each value, as DLProf's writer did (small tables only)
@@ -190,8 +197,9 @@ class _Formatter:
 
     def _arrow_coded(self, values: pa.DictionaryArray, fmt: str, cache: bool = True) -> _Coded:
         dictionary, indices = values.dictionary, values.indices
-        codes = indices.to_numpy(zero_copy_only=False) if indices.null_count == 0 else \
-            pc.fill_null(indices, -1).to_numpy()
+        codes = (
+            indices.to_numpy(zero_copy_only=False) if indices.null_count == 0 else pc.fill_null(indices, -1).to_numpy()
+        )
         group = ("indices", _buffers_key(indices))
         if len(dictionary) > _LOCAL_DICTIONARY_FACTOR * len(codes) + CHUNK_ROWS:
             # a large string table (of the whole engine, say): format only what this chunk uses
@@ -235,7 +243,6 @@ class _Formatter:
         if fmt in ("a", "p"):
             return self.decimals(values)
         return self.flags(values)
-
 
     def optional(self, values, fmt: str) -> pa.Array:
         """Numbers that may be missing (NaN/None): blank in CSV, null in JSON."""
@@ -401,7 +408,7 @@ class _ChunkWriter:
             return _Coded(self._joined((a.dictionary, b.dictionary), self.sep, stable), a.codes, a.group, stable)
         width = len(b.dictionary)
         combinations = len(a.dictionary) * width
-        if combinations >= 2 ** 62:
+        if combinations >= 2**62:
             return None
         pair = a.codes.astype(np.int64) * width + b.codes
         if combinations <= 4 * n:  # few possible pairs: mark the ones present instead of hashing
@@ -416,8 +423,9 @@ class _ChunkWriter:
             codes, distinct = pd.factorize(pair)
             if distinct.size > _MERGE_SHARE * n:
                 return None
-        dictionary = pc.binary_join_element_wise(a.dictionary.take(pa.array(distinct // width)),
-                                                 b.dictionary.take(pa.array(distinct % width)), self.sep)
+        dictionary = pc.binary_join_element_wise(
+            a.dictionary.take(pa.array(distinct // width)), b.dictionary.take(pa.array(distinct % width)), self.sep
+        )
         return _Coded(dictionary, codes)
 
 
@@ -435,10 +443,11 @@ def _write_string_bytes(fh, arr: pa.Array, skip: int = 0) -> None:
     data = arr.buffers()[2]
     if data is None:
         return
-    fh.write(memoryview(data)[int(offsets[0]) + skip:int(offsets[-1])])
+    fh.write(memoryview(data)[int(offsets[0]) + skip : int(offsets[-1])])
 
 
 # ---------------------------------------------------------------------------- sections and files
+
 
 def header_line(table: Table) -> str | None:
     """`prefix` + column names, each quoted only if CSV needs it; None for label/value sections."""
@@ -458,15 +467,22 @@ class SectionWriters:
     each table's rows, so a streamed table is produced once whatever the number of formats."""
 
     def __init__(self, files: dict, report_name: str, version: str):
-        self.files = files          # format ("csv" / "json") -> binary file object
+        self.files = files  # format ("csv" / "json") -> binary file object
         self.report_name = report_name
         self.version = version
         self.sections = 0
 
     def begin(self) -> None:
         if JSON in self.files:
-            self.files[JSON].write(('{"report": ' + json.dumps(self.report_name) + ', "dlprof_version": '
-                                    + json.dumps(self.version) + ', "sections": [').encode("utf-8"))
+            self.files[JSON].write(
+                (
+                    '{"report": '
+                    + json.dumps(self.report_name)
+                    + ', "dlprof_version": '
+                    + json.dumps(self.version)
+                    + ', "sections": ['
+                ).encode("utf-8")
+            )
 
     def table(self, table: Table) -> None:
         first = self.sections == 0
@@ -482,8 +498,16 @@ class SectionWriters:
             writers[CSV] = _ChunkWriter(fh, CSV, table.bare)
         if JSON in self.files:
             fh = self.files[JSON]
-            fh.write((("" if first else ",\n") + '{"title": ' + json.dumps(table.title) + ', "columns": '
-                      + json.dumps(table.columns) + ', "rows": [').encode("utf-8"))
+            fh.write(
+                (
+                    ("" if first else ",\n")
+                    + '{"title": '
+                    + json.dumps(table.title)
+                    + ', "columns": '
+                    + json.dumps(table.columns)
+                    + ', "rows": ['
+                ).encode("utf-8")
+            )
             writers[JSON] = _ChunkWriter(fh, JSON, table.bare)
         for chunk in table.iter_chunks():
             columns = [chunk[c] for c in table.columns]

@@ -2,6 +2,7 @@
 and JSON: the layout of each report. Values are formatted and written by `report_format`, column by column
 and a chunk of rows at a time; the per-launch iteration report is built chunk by chunk from kernel-launch
 rows (integer columns and codes into string dictionaries), so it can be streamed in final row order."""
+
 from __future__ import annotations
 
 from contextlib import ExitStack, nullcontext
@@ -19,8 +20,14 @@ from dlprof_profiler.atomic import atomic_path
 from dlprof_profiler.report_format import SectionWriters, Table
 
 REPORT_FILES = {
-    "summary": "summary", "detail": "detailed", "iteration": "iteration", "kernel": "kernel",
-    "tensor": "tensor_core", "op_type": "op_type", "group_node": "group_op", "expert_systems": "expert_systems",
+    "summary": "summary",
+    "detail": "detailed",
+    "iteration": "iteration",
+    "kernel": "kernel",
+    "tensor": "tensor_core",
+    "op_type": "op_type",
+    "group_node": "group_op",
+    "expert_systems": "expert_systems",
     "diff": "diff",
 }
 SIMPLE_MODE_REPORTS = ("summary", "kernel")
@@ -34,8 +41,9 @@ class Report:
     sections: list[Table] = field(default_factory=list)
 
 
-def write_report(report: Report, out_dir: Path, base_name: str, formats: list[str], suffix: str = "",
-                 place=None) -> list[Path]:
+def write_report(
+    report: Report, out_dir: Path, base_name: str, formats: list[str], suffix: str = "", place=None
+) -> list[Path]:
     """Write one report in each format, every format in one pass over the rows; `place(final_path)` gives
     where to write (staging), default a temporary file renamed into place."""
     stem = f"{base_name}_{REPORT_FILES[report.name]}{suffix}"
@@ -59,14 +67,19 @@ def report_paths(out_dir: Path, base_name: str, reports: list[str], formats: lis
 
 # ---------------------------------------------------------------------------- report builders
 
+
 def _stat_columns(metric: str) -> list[str]:
     return [h.format(m=metric) for h in STAT_HEADERS]
 
 
 def _stats_data(frame: pd.DataFrame, prefix: str, metric: str) -> dict:
     names = _stat_columns(metric)
-    return {names[0]: frame[f"{prefix}_total"], names[1]: frame[f"{prefix}_avg"],
-            names[2]: frame[f"{prefix}_min"], names[3]: frame[f"{prefix}_max"]}
+    return {
+        names[0]: frame[f"{prefix}_total"],
+        names[1]: frame[f"{prefix}_avg"],
+        names[2]: frame[f"{prefix}_min"],
+        names[3]: frame[f"{prefix}_max"],
+    }
 
 
 def aggregation_title(agg: Aggregation) -> str:
@@ -115,50 +128,125 @@ def cudnn_version(raw) -> str | None:
     return f"{value // 1000}.{(value % 1000) // 100}.{value % 100}"
 
 
-def summary_report(agg: Aggregation, trace_system: dict, trace_meta: dict, devices: pd.DataFrame,
-                   config: dict) -> Report:
+def summary_report(
+    agg: Aggregation, trace_system: dict, trace_meta: dict, devices: pd.DataFrame, config: dict
+) -> Report:
     s = agg.summary
     names = devices["name"].fillna("").astype(str).tolist() if len(devices) else []
-    dlprof_info = trace_system.get("dlprof_system_info") or {}   # DLProf 1.8's SystemInfo table, if any
-    rows = [("GPU Count", str(len(devices))), ("GPU Name(s)", "; ".join(sorted(set(names))) if names else ""),
-            ("CPU Model", str(trace_system.get("CpuDescription", "") or "Unknown")),
-            ("GPU Driver Version", driver_version(trace_system.get("NvDriverVersion"))),
-            ("Framework", _framework_text(agg, config)), ("CUDA Version", _cuda_version(trace_system, config))]
+    dlprof_info = trace_system.get("dlprof_system_info") or {}  # DLProf 1.8's SystemInfo table, if any
+    rows = [
+        ("GPU Count", str(len(devices))),
+        ("GPU Name(s)", "; ".join(sorted(set(names))) if names else ""),
+        ("CPU Model", str(trace_system.get("CpuDescription", "") or "Unknown")),
+        ("GPU Driver Version", driver_version(trace_system.get("NvDriverVersion"))),
+        ("Framework", _framework_text(agg, config)),
+        ("CUDA Version", _cuda_version(trace_system, config)),
+    ]
     cudnn = cudnn_version(config.get("cudnn_version"))
     if cudnn:
         rows.append(("cuDNN Version", cudnn))
-    rows += [("NSys Version", str(trace_meta.get("nsys_build") or trace_meta.get("nsys_version", "unknown"))),
-             ("DLProf Version", f"v{__version__}"), ("DLProf Build", f"dlprof_profiler {__version__}")]
-    rows = [(label, str(dlprof_info.get(label) or value) if value in ("Unknown", "unknown", "") else value)
-            for label, value in rows]
-    system = Table("System Config", ["name", "value"], ["t", "t"], {
-        "name": [r[0] for r in rows], "value": [r[1] for r in rows]}, bare=True)
+    rows += [
+        ("NSys Version", str(trace_meta.get("nsys_build") or trace_meta.get("nsys_version", "unknown"))),
+        ("DLProf Version", f"v{__version__}"),
+        ("DLProf Build", f"dlprof_profiler {__version__}"),
+    ]
+    rows = [
+        (label, str(dlprof_info.get(label) or value) if value in ("Unknown", "unknown", "") else value)
+        for label, value in rows
+    ]
+    system = Table(
+        "System Config",
+        ["name", "value"],
+        ["t", "t"],
+        {"name": [r[0] for r in rows], "value": [r[1] for r in rows]},
+        bare=True,
+    )
     pct = s["pct"]
-    summary = Table("Summary Report", ["name", "value"], ["t", "t"], {
-        "name": ["Wall Clock Time (ns)", "Tensor Core Kernel Utilization %", "GPU Utilization %",
-                 "Tensor Core Kernel Duration %", "Non-Tensor Core Kernel Duration %", "Memory Duration %",
-                 "Dataloader Duration %", "IO Duration %", "CPU Duration %", "Other Duration %"],
-        "value": [str(int(s["wall_time"]))] + [f"{round(float(v), 1):.1f}" for v in (
-            s["tc_utilization"], s["gpu_utilization"], pct["tc"], pct["non_tc"], pct["memory"], pct["dataloader"],
-            pct["io"], pct["cpu"], pct["other"])]}, bare=True)
-    iterations = Table("Iterations", ["name", "value"], ["t", "t"], {
-        "name": ["Total Iterations", "Aggregated Iterations", "Start Iteration", "Stop Iteration",
-                 "Average Iteration Time (ns)", "Iteration Time Standard Deviation"],
-        "value": [str(s["total_iterations"]), str(s["aggregated_iterations"]), str(s["iter_start"]),
-                  str(s["iter_stop"]), f"{round(float(s['avg_iteration_time']), 1):.1f}",
-                  f"{round(float(s['iteration_std']), 1):.1f}"]}, bare=True)
+    summary = Table(
+        "Summary Report",
+        ["name", "value"],
+        ["t", "t"],
+        {
+            "name": [
+                "Wall Clock Time (ns)",
+                "Tensor Core Kernel Utilization %",
+                "GPU Utilization %",
+                "Tensor Core Kernel Duration %",
+                "Non-Tensor Core Kernel Duration %",
+                "Memory Duration %",
+                "Dataloader Duration %",
+                "IO Duration %",
+                "CPU Duration %",
+                "Other Duration %",
+            ],
+            "value": [str(int(s["wall_time"]))]
+            + [
+                f"{round(float(v), 1):.1f}"
+                for v in (
+                    s["tc_utilization"],
+                    s["gpu_utilization"],
+                    pct["tc"],
+                    pct["non_tc"],
+                    pct["memory"],
+                    pct["dataloader"],
+                    pct["io"],
+                    pct["cpu"],
+                    pct["other"],
+                )
+            ],
+        },
+        bare=True,
+    )
+    iterations = Table(
+        "Iterations",
+        ["name", "value"],
+        ["t", "t"],
+        {
+            "name": [
+                "Total Iterations",
+                "Aggregated Iterations",
+                "Start Iteration",
+                "Stop Iteration",
+                "Average Iteration Time (ns)",
+                "Iteration Time Standard Deviation",
+            ],
+            "value": [
+                str(s["total_iterations"]),
+                str(s["aggregated_iterations"]),
+                str(s["iter_start"]),
+                str(s["iter_stop"]),
+                f"{round(float(s['avg_iteration_time']), 1):.1f}",
+                f"{round(float(s['iteration_std']), 1):.1f}",
+            ],
+        },
+        bare=True,
+    )
     o = s["ops"]
-    ops = Table("All Ops", ["", "GPU Time (ns)", "CPU Time (ns)", "# Ops"], ["t", "i", "i", "i"], {
-        "": ["All ops", "Ops using TC", "Ops eligible for TC but not using", "All other ops"],
-        "GPU Time (ns)": [o[k]["gpu_time"] for k in ("all", "using_tc", "eligible_not_using", "other")],
-        "CPU Time (ns)": [o[k]["cpu_time"] for k in ("all", "using_tc", "eligible_not_using", "other")],
-        "# Ops": [o[k]["count"] for k in ("all", "using_tc", "eligible_not_using", "other")]}, bare=True)
+    ops = Table(
+        "All Ops",
+        ["", "GPU Time (ns)", "CPU Time (ns)", "# Ops"],
+        ["t", "i", "i", "i"],
+        {
+            "": ["All ops", "Ops using TC", "Ops eligible for TC but not using", "All other ops"],
+            "GPU Time (ns)": [o[k]["gpu_time"] for k in ("all", "using_tc", "eligible_not_using", "other")],
+            "CPU Time (ns)": [o[k]["cpu_time"] for k in ("all", "using_tc", "eligible_not_using", "other")],
+            "# Ops": [o[k]["count"] for k in ("all", "using_tc", "eligible_not_using", "other")],
+        },
+        bare=True,
+    )
     k = s["kernels"]
-    kernels = Table("All Kernels", ["", "GPU Time (ns)", "CPU Time (ns)", "# Kernels"], ["t", "i", "i", "i"], {
-        "": ["All kernels", "Kernels using TC", "Memory", "All other kernels"],
-        "GPU Time (ns)": [k[x]["gpu_time"] for x in ("all", "tc", "memory", "other")],
-        "CPU Time (ns)": [k[x]["cpu_time"] for x in ("all", "tc", "memory", "other")],
-        "# Kernels": [k[x]["count"] for x in ("all", "tc", "memory", "other")]}, bare=True)
+    kernels = Table(
+        "All Kernels",
+        ["", "GPU Time (ns)", "CPU Time (ns)", "# Kernels"],
+        ["t", "i", "i", "i"],
+        {
+            "": ["All kernels", "Kernels using TC", "Memory", "All other kernels"],
+            "GPU Time (ns)": [k[x]["gpu_time"] for x in ("all", "tc", "memory", "other")],
+            "CPU Time (ns)": [k[x]["cpu_time"] for x in ("all", "tc", "memory", "other")],
+            "# Kernels": [k[x]["count"] for x in ("all", "tc", "memory", "other")],
+        },
+        bare=True,
+    )
     for t in (system, summary, iterations):
         t.columns = ["name", "value"]
     return Report("summary", [_headerless(system), _headerless(summary), _headerless(iterations), ops, kernels])
@@ -175,18 +263,36 @@ def detailed_report(agg: Aggregation, instances: pd.DataFrame | None = None, fir
     `first_calls(column, op_index)` giving them)."""
     ops = agg.ops.sort_values("op_id", kind="stable") if len(agg.ops) else agg.ops
     op_index = ops["op_index"] if len(ops) else []
-    shapes = first_calls("input_shapes", op_index) if first_calls is not None \
+    shapes = (
+        first_calls("input_shapes", op_index)
+        if first_calls is not None
         else first_call_values(instances, "input_shapes", op_index)
-    columns = (["Op ID", "Op Name", "Direction", "Op Type", "No. Calls", "TC Eligible", "Using TC"]
-               + _stat_columns("CPU Time") + _stat_columns("GPU Time") + _stat_columns("CPU Overhead")
-               + _stat_columns("GPU Idle") + ["Data Type", "Stack Trace", "Input Shapes"])
+    )
+    columns = (
+        ["Op ID", "Op Name", "Direction", "Op Type", "No. Calls", "TC Eligible", "Using TC"]
+        + _stat_columns("CPU Time")
+        + _stat_columns("GPU Time")
+        + _stat_columns("CPU Overhead")
+        + _stat_columns("GPU Idle")
+        + ["Data Type", "Stack Trace", "Input Shapes"]
+    )
     formats = ["q", "q", "t", "q", "i", "y", "y"] + ["i", "a", "i", "i"] * 4 + ["t", "q", "q"]
-    data = {"Op ID": ops["op_id"], "Op Name": ops["name"], "Direction": ops["direction"],
-            "Op Type": ops["op_type"], "No. Calls": ops["calls"], "TC Eligible": ops["tc_eligible"],
-            "Using TC": ops["using_tc"], **_stats_data(ops, "cpu", "CPU Time"), **_stats_data(ops, "gpu", "GPU Time"),
-            **_stats_data(ops, "overhead", "CPU Overhead"), **_stats_data(ops, "idle", "GPU Idle"),
-            "Data Type": ops["data_type"], "Stack Trace": ops["stack_trace"],
-            "Input Shapes": shapes}
+    data = {
+        "Op ID": ops["op_id"],
+        "Op Name": ops["name"],
+        "Direction": ops["direction"],
+        "Op Type": ops["op_type"],
+        "No. Calls": ops["calls"],
+        "TC Eligible": ops["tc_eligible"],
+        "Using TC": ops["using_tc"],
+        **_stats_data(ops, "cpu", "CPU Time"),
+        **_stats_data(ops, "gpu", "GPU Time"),
+        **_stats_data(ops, "overhead", "CPU Overhead"),
+        **_stats_data(ops, "idle", "GPU Idle"),
+        "Data Type": ops["data_type"],
+        "Stack Trace": ops["stack_trace"],
+        "Input Shapes": shapes,
+    }
     return Report("detail", [Table(aggregation_title(agg), columns, formats, data)])
 
 
@@ -215,13 +321,57 @@ def _op_columns(frame: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
 
 # ---------------------------------------------------------------------------- the iteration report
 
-ITERATION_COLUMNS = ["Iteration", "Op ID", "Op Name", "Direction", "Op Type", "Kernel Name", "Device ID",
-                     "GPU Start Time (ns)", "GPU Duration (ns)", "API Call Start (ns)", "API Call Time (ns)",
-                     "Uses TC", "Grid X", "Grid Y", "Grid Z", "Block X", "Block Y", "Block Z", "Data Types",
-                     "Input Shapes", "Parameters", "Output Shapes", "Long Kernel Name"]
+ITERATION_COLUMNS = [
+    "Iteration",
+    "Op ID",
+    "Op Name",
+    "Direction",
+    "Op Type",
+    "Kernel Name",
+    "Device ID",
+    "GPU Start Time (ns)",
+    "GPU Duration (ns)",
+    "API Call Start (ns)",
+    "API Call Time (ns)",
+    "Uses TC",
+    "Grid X",
+    "Grid Y",
+    "Grid Z",
+    "Block X",
+    "Block Y",
+    "Block Z",
+    "Data Types",
+    "Input Shapes",
+    "Parameters",
+    "Output Shapes",
+    "Long Kernel Name",
+]
 # API Call Start/Time are blank for a kernel without a launching API call (not DLProf's -1 placeholder)
-ITERATION_FORMATS = ["i", "q", "q", "t", "q", "q", "i", "i", "i", "n", "n", "y", "i", "i", "i", "i", "i", "i", "t",
-                     "q", "q", "q", "q"]
+ITERATION_FORMATS = [
+    "i",
+    "q",
+    "q",
+    "t",
+    "q",
+    "q",
+    "i",
+    "i",
+    "i",
+    "n",
+    "n",
+    "y",
+    "i",
+    "i",
+    "i",
+    "i",
+    "i",
+    "i",
+    "t",
+    "q",
+    "q",
+    "q",
+    "q",
+]
 
 # A chunk of kernel-launch rows, one row per kernel launch in report order, every column an integer (or
 # bool) array of the chunk's length (NumPy or Arrow):
@@ -230,10 +380,30 @@ ITERATION_FORMATS = ["i", "q", "q", "t", "q", "q", "i", "i", "i", "n", "n", "y",
 #   codes into LaunchDictionaries (-1 or null = none, written as an empty text): op_index (the op columns),
 #   kernel_name, long_kernel_name, and the launching op instance's data_type, input_shapes, parameters,
 #   output_shapes.
-LAUNCH_CODES = ("op_index", "kernel_name", "long_kernel_name", "data_type", "input_shapes", "parameters",
-                "output_shapes")
-LAUNCH_NUMBERS = ("iteration", "device_id", "gpu_start", "gpu_duration", "api_start", "api_duration", "uses_tc",
-                  "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
+LAUNCH_CODES = (
+    "op_index",
+    "kernel_name",
+    "long_kernel_name",
+    "data_type",
+    "input_shapes",
+    "parameters",
+    "output_shapes",
+)
+LAUNCH_NUMBERS = (
+    "iteration",
+    "device_id",
+    "gpu_start",
+    "gpu_duration",
+    "api_start",
+    "api_duration",
+    "uses_tc",
+    "grid_x",
+    "grid_y",
+    "grid_z",
+    "block_x",
+    "block_y",
+    "block_z",
+)
 LAUNCH_COLUMNS = LAUNCH_NUMBERS + LAUNCH_CODES
 
 
@@ -285,18 +455,29 @@ def launch_report_columns(chunk, dicts: LaunchDictionaries) -> dict:
 
     def coded(indices: pa.Array, dictionary: pa.Array) -> pa.DictionaryArray:
         return pa.DictionaryArray.from_arrays(indices, dictionary)
+
     op = _codes_array(chunk["op_index"])
     text = {c: _codes_array(chunk[c]) for c in LAUNCH_CODES if c != "op_index"}
     return {
-        "Iteration": chunk["iteration"], "Op ID": coded(op, dicts.op_id), "Op Name": coded(op, dicts.op_name),
-        "Direction": coded(op, dicts.direction), "Op Type": coded(op, dicts.op_type),
-        "Kernel Name": coded(text["kernel_name"], dicts.kernel_name), "Device ID": chunk["device_id"],
-        "GPU Start Time (ns)": chunk["gpu_start"], "GPU Duration (ns)": chunk["gpu_duration"],
+        "Iteration": chunk["iteration"],
+        "Op ID": coded(op, dicts.op_id),
+        "Op Name": coded(op, dicts.op_name),
+        "Direction": coded(op, dicts.direction),
+        "Op Type": coded(op, dicts.op_type),
+        "Kernel Name": coded(text["kernel_name"], dicts.kernel_name),
+        "Device ID": chunk["device_id"],
+        "GPU Start Time (ns)": chunk["gpu_start"],
+        "GPU Duration (ns)": chunk["gpu_duration"],
         "API Call Start (ns)": _without_launch_call(chunk["api_start"]),
         "API Call Time (ns)": _without_launch_call(chunk["api_duration"]),
-        "Uses TC": chunk["uses_tc"], "Grid X": chunk["grid_x"], "Grid Y": chunk["grid_y"],
-        "Grid Z": chunk["grid_z"], "Block X": chunk["block_x"], "Block Y": chunk["block_y"],
-        "Block Z": chunk["block_z"], "Data Types": coded(text["data_type"], dicts.data_type),
+        "Uses TC": chunk["uses_tc"],
+        "Grid X": chunk["grid_x"],
+        "Grid Y": chunk["grid_y"],
+        "Grid Z": chunk["grid_z"],
+        "Block X": chunk["block_x"],
+        "Block Y": chunk["block_y"],
+        "Block Z": chunk["block_z"],
+        "Data Types": coded(text["data_type"], dicts.data_type),
         "Input Shapes": coded(text["input_shapes"], dicts.input_shapes),
         "Parameters": coded(text["parameters"], dicts.parameters),
         "Output Shapes": coded(text["output_shapes"], dicts.output_shapes),
@@ -308,11 +489,22 @@ def iteration_report_from_chunks(chunks, dicts: LaunchDictionaries) -> Report:
     """The iteration report streamed from kernel-launch chunks already in report row order (iteration, op
     first start, kernel name, GPU start). `chunks`: an iterable of chunks, or a function returning one
     (then the report can be written more than once)."""
+
     def report_chunks():
         source = chunks() if callable(chunks) else chunks
         return (launch_report_columns(chunk, dicts) for chunk in source)
-    return Report("iteration", [Table("Iteration Report", ITERATION_COLUMNS, ITERATION_FORMATS,
-                                      chunks=report_chunks if callable(chunks) else report_chunks())])
+
+    return Report(
+        "iteration",
+        [
+            Table(
+                "Iteration Report",
+                ITERATION_COLUMNS,
+                ITERATION_FORMATS,
+                chunks=report_chunks if callable(chunks) else report_chunks(),
+            )
+        ],
+    )
 
 
 def _string_array(values) -> pa.Array:
@@ -338,8 +530,8 @@ def launch_rows(agg: Aggregation, instances: pd.DataFrame, ops: pd.DataFrame, gp
     n_ops = int(ops["op_index"].max()) + 1 if len(ops) else 0
     names = gpu["name"].cat.categories.to_numpy(dtype=object) if len(gpu) else np.zeros(0, dtype=object)
     long_names = gpu["long_name"].cat.categories.to_numpy(dtype=object) if len(gpu) else np.zeros(0, dtype=object)
-    by_launch = {}     # per launch row, in launch order
-    by_activity = {}   # per gpu activity row
+    by_launch = {}  # per launch row, in launch order
+    by_activity = {}  # per gpu activity row
     instance_text = {}
     order = np.zeros(0, dtype=np.int64)
     activity = np.zeros(0, dtype=np.int64)
@@ -353,18 +545,33 @@ def launch_rows(agg: Aggregation, instances: pd.DataFrame, ops: pd.DataFrame, gp
         for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"):
             by_activity[c] = gpu[c].to_numpy()
         by_launch["kernel_name"] = launches["name_code"].to_numpy(np.int64)
-        for c in ("iteration", "op_index", "device_id", "gpu_start", "gpu_duration", "api_start", "api_duration",
-                  "uses_tc"):
+        for c in (
+            "iteration",
+            "op_index",
+            "device_id",
+            "gpu_start",
+            "gpu_duration",
+            "api_start",
+            "api_duration",
+            "uses_tc",
+        ):
             by_launch[c] = launches[c].to_numpy()
         order = _report_order(by_launch, ops, n_ops, names)
-    dicts = launch_dictionaries(ops, names, long_names, {c: instance_text.get(c, np.zeros(0, dtype=object))
-                                                         for c in ("data_type", "input_shapes", "parameters",
-                                                                   "output_shapes")})
+    dicts = launch_dictionaries(
+        ops,
+        names,
+        long_names,
+        {
+            c: instance_text.get(c, np.zeros(0, dtype=object))
+            for c in ("data_type", "input_shapes", "parameters", "output_shapes")
+        },
+    )
 
     def rows_between(lo: int, hi: int) -> dict:
         take = order[lo:hi]
         rows = activity[take]
         return {**{c: v[take] for c, v in by_launch.items()}, **{c: v[rows] for c, v in by_activity.items()}}
+
     return dicts, order.size, rows_between
 
 
@@ -376,10 +583,16 @@ def launch_dictionaries(ops: pd.DataFrame, kernel_names, long_kernel_names, inst
 
     def op_field(column):
         return _string_array(_by_position(op_pos, ops[column].to_numpy(dtype=object), n_ops))
-    return LaunchDictionaries(op_id=op_field("op_id"), op_name=op_field("name"), direction=op_field("direction"),
-                              op_type=op_field("op_type"), kernel_name=_string_array(kernel_names),
-                              long_kernel_name=_string_array(long_kernel_names),
-                              **{c: _string_array(v) for c, v in instance_text.items()})
+
+    return LaunchDictionaries(
+        op_id=op_field("op_id"),
+        op_name=op_field("name"),
+        direction=op_field("direction"),
+        op_type=op_field("op_type"),
+        kernel_name=_string_array(kernel_names),
+        long_kernel_name=_string_array(long_kernel_names),
+        **{c: _string_array(v) for c, v in instance_text.items()},
+    )
 
 
 def _report_order(columns: dict, ops: pd.DataFrame, n_ops: int, names: np.ndarray) -> np.ndarray:
@@ -392,7 +605,7 @@ def _report_order(columns: dict, ops: pd.DataFrame, n_ops: int, names: np.ndarra
     iteration = columns["iteration"].astype(np.int64)
     keys = [iteration - iteration.min(), op_rank[columns["op_index"]], name_rank[columns["kernel_name"]]]
     sizes = [int(k.max()) + 1 for k in keys]
-    if sizes[0] * sizes[1] * sizes[2] < 2 ** 62:  # one mixed-radix key: a two-key sort instead of four
+    if sizes[0] * sizes[1] * sizes[2] < 2**62:  # one mixed-radix key: a two-key sort instead of four
         return np.lexsort((columns["gpu_start"], (keys[0] * sizes[1] + keys[1]) * sizes[2] + keys[2]))
     return np.lexsort((columns["gpu_start"], keys[2], keys[1], keys[0]))
 
@@ -400,19 +613,33 @@ def _report_order(columns: dict, ops: pd.DataFrame, n_ops: int, names: np.ndarra
 def iteration_report(agg: Aggregation, instances: pd.DataFrame, ops: pd.DataFrame, gpu: pd.DataFrame) -> Report:
     """One row per kernel launch of the aggregation, streamed: the launch rows are ordered when the report
     is written, then formatted a chunk at a time."""
+
     def chunks():
         dicts, n, rows_between = launch_rows(agg, instances, ops, gpu)
         step = report_format.CHUNK_ROWS
         for lo in range(0, n, step):
             yield launch_report_columns(rows_between(lo, lo + step), dicts)
+
     return Report("iteration", [Table("Iteration Report", ITERATION_COLUMNS, ITERATION_FORMATS, chunks=chunks)])
 
 
 def kernel_report(agg: Aggregation, ops: pd.DataFrame) -> Report:
     k = agg.kernels
-    columns = ["Kernel Name", "Op ID", "Op Name", "Direction", "Uses TC", "Total GPU Time (ns)", "Avg GPU Time (ns)",
-               "Min GPU Time (ns)", "Max GPU Time (ns)", "Total API Time (ns)", "Avg API Time (ns)",
-               "Min API Time (ns)", "Max API Time (ns)"]
+    columns = [
+        "Kernel Name",
+        "Op ID",
+        "Op Name",
+        "Direction",
+        "Uses TC",
+        "Total GPU Time (ns)",
+        "Avg GPU Time (ns)",
+        "Min GPU Time (ns)",
+        "Max GPU Time (ns)",
+        "Total API Time (ns)",
+        "Avg API Time (ns)",
+        "Min API Time (ns)",
+        "Max API Time (ns)",
+    ]
     # API figures are blank for kernels no API call launched (0 would read as an instant launch)
     formats = ["q", "q", "q", "t", "y", "i", "a", "i", "i", "n", "m", "n", "n"]
     if len(k):
@@ -423,66 +650,120 @@ def kernel_report(agg: Aggregation, ops: pd.DataFrame) -> Report:
                 k = k.copy()
                 for c in ("api_total", "api_avg", "api_min", "api_max"):
                     k[c] = k[c].astype(np.float64).where(~none, np.nan)
-    data = {"Kernel Name": k.get("name", []), "Op ID": k.get("op_id", []), "Op Name": k.get("name_op", []),
-            "Direction": k.get("direction", []), "Uses TC": k.get("uses_tc", []),
-            "Total GPU Time (ns)": k.get("gpu_total", []), "Avg GPU Time (ns)": k.get("gpu_avg", []),
-            "Min GPU Time (ns)": k.get("gpu_min", []), "Max GPU Time (ns)": k.get("gpu_max", []),
-            "Total API Time (ns)": k.get("api_total", []), "Avg API Time (ns)": k.get("api_avg", []),
-            "Min API Time (ns)": k.get("api_min", []), "Max API Time (ns)": k.get("api_max", [])}
+    data = {
+        "Kernel Name": k.get("name", []),
+        "Op ID": k.get("op_id", []),
+        "Op Name": k.get("name_op", []),
+        "Direction": k.get("direction", []),
+        "Uses TC": k.get("uses_tc", []),
+        "Total GPU Time (ns)": k.get("gpu_total", []),
+        "Avg GPU Time (ns)": k.get("gpu_avg", []),
+        "Min GPU Time (ns)": k.get("gpu_min", []),
+        "Max GPU Time (ns)": k.get("gpu_max", []),
+        "Total API Time (ns)": k.get("api_total", []),
+        "Avg API Time (ns)": k.get("api_avg", []),
+        "Min API Time (ns)": k.get("api_min", []),
+        "Max API Time (ns)": k.get("api_max", []),
+    }
     return Report("kernel", [Table("Kernel Report", columns, formats, data)])
 
 
 def tensor_core_report(agg: Aggregation) -> Report:
     t = agg.tensor_core
-    columns = ["Op ID", "Op Name", "Direction", "Op Type", "Uses TC", "Total GPU Time (ns)", "TC GPU Time (ns)",
-               "Non-TC GPU Time (ns)", "TC Utilization (%)", "Total Kernel Count", "TC Kernel Count",
-               "TC Kernel Names", "Non-TC Kernel Count", "Non-TC Kernel Names"]
+    columns = [
+        "Op ID",
+        "Op Name",
+        "Direction",
+        "Op Type",
+        "Uses TC",
+        "Total GPU Time (ns)",
+        "TC GPU Time (ns)",
+        "Non-TC GPU Time (ns)",
+        "TC Utilization (%)",
+        "Total Kernel Count",
+        "TC Kernel Count",
+        "TC Kernel Names",
+        "Non-TC Kernel Count",
+        "Non-TC Kernel Names",
+    ]
     formats = ["q", "q", "t", "q", "y", "i", "i", "i", "p", "i", "i", "q", "i", "q"]
-    data = {"Op ID": t["op_id"], "Op Name": t["name"], "Direction": t["direction"], "Op Type": t["op_type"],
-            "Uses TC": t["using_tc"], "Total GPU Time (ns)": t["total_gpu_time"],
-            "TC GPU Time (ns)": t["tc_gpu_time"], "Non-TC GPU Time (ns)": t["non_tc_gpu_time"],
-            "TC Utilization (%)": t["tc_utilization"], "Total Kernel Count": t["total_kernel_count"],
-            "TC Kernel Count": t["tc_kernel_count"],
-            "TC Kernel Names": t["tc_kernel_names"].map(", ".join) if len(t) else [],
-            "Non-TC Kernel Count": t["non_tc_kernel_count"],
-            "Non-TC Kernel Names": t["non_tc_kernel_names"].map(", ".join) if len(t) else []}
+    data = {
+        "Op ID": t["op_id"],
+        "Op Name": t["name"],
+        "Direction": t["direction"],
+        "Op Type": t["op_type"],
+        "Uses TC": t["using_tc"],
+        "Total GPU Time (ns)": t["total_gpu_time"],
+        "TC GPU Time (ns)": t["tc_gpu_time"],
+        "Non-TC GPU Time (ns)": t["non_tc_gpu_time"],
+        "TC Utilization (%)": t["tc_utilization"],
+        "Total Kernel Count": t["total_kernel_count"],
+        "TC Kernel Count": t["tc_kernel_count"],
+        "TC Kernel Names": t["tc_kernel_names"].map(", ".join) if len(t) else [],
+        "Non-TC Kernel Count": t["non_tc_kernel_count"],
+        "Non-TC Kernel Names": t["non_tc_kernel_names"].map(", ".join) if len(t) else [],
+    }
     return Report("tensor", [Table("Tensor Core Report", columns, formats, data)])
 
 
 def op_type_report(agg: Aggregation) -> Report:
     t = agg.op_types
-    columns = (["Op Type", "# Ops", "# Calls"] + _stat_columns("CPU Time") + _stat_columns("GPU Time")
-               + _stat_columns("CPU Overhead") + _stat_columns("GPU Idle"))
+    columns = (
+        ["Op Type", "# Ops", "# Calls"]
+        + _stat_columns("CPU Time")
+        + _stat_columns("GPU Time")
+        + _stat_columns("CPU Overhead")
+        + _stat_columns("GPU Idle")
+    )
     formats = ["q", "i", "i"] + ["i", "a", "i", "i"] * 4
-    data = {"Op Type": t["op_type"], "# Ops": t["n_ops"], "# Calls": t["calls"],
-            **_stats_data(t, "cpu", "CPU Time"), **_stats_data(t, "gpu", "GPU Time"),
-            **_stats_data(t, "overhead", "CPU Overhead"), **_stats_data(t, "idle", "GPU Idle")}
+    data = {
+        "Op Type": t["op_type"],
+        "# Ops": t["n_ops"],
+        "# Calls": t["calls"],
+        **_stats_data(t, "cpu", "CPU Time"),
+        **_stats_data(t, "gpu", "GPU Time"),
+        **_stats_data(t, "overhead", "CPU Overhead"),
+        **_stats_data(t, "idle", "GPU Idle"),
+    }
     return Report("op_type", [Table("Op Type Summary Report", columns, formats, data)])
 
 
 def group_op_report(agg: Aggregation) -> Report:
     g = agg.groups
-    columns = (["Name", "Num Calls Aggregated", "Num TC Eligible Ops", "Num Ops Using TC"]
-               + _stat_columns("CPU Time") + _stat_columns("GPU Time") + _stat_columns("CPU Overhead")
-               + _stat_columns("GPU Idle"))
+    columns = (
+        ["Name", "Num Calls Aggregated", "Num TC Eligible Ops", "Num Ops Using TC"]
+        + _stat_columns("CPU Time")
+        + _stat_columns("GPU Time")
+        + _stat_columns("CPU Overhead")
+        + _stat_columns("GPU Idle")
+    )
     formats = ["q", "i", "i", "i"] + ["i", "a", "i", "i"] * 4
     if len(g) == 0:
         data = {c: [] for c in columns}
     else:
-        data = {"Name": g["name"], "Num Calls Aggregated": g["calls"], "Num TC Eligible Ops": g["n_tc_eligible"],
-                "Num Ops Using TC": g["n_using_tc"], **_stats_data(g, "cpu", "CPU Time"),
-                **_stats_data(g, "gpu", "GPU Time"), **_stats_data(g, "overhead", "CPU Overhead"),
-                **_stats_data(g, "idle", "GPU Idle")}
+        data = {
+            "Name": g["name"],
+            "Num Calls Aggregated": g["calls"],
+            "Num TC Eligible Ops": g["n_tc_eligible"],
+            "Num Ops Using TC": g["n_using_tc"],
+            **_stats_data(g, "cpu", "CPU Time"),
+            **_stats_data(g, "gpu", "GPU Time"),
+            **_stats_data(g, "overhead", "CPU Overhead"),
+            **_stats_data(g, "idle", "GPU Idle"),
+        }
     return Report("group_node", [Table("Group Op Report", columns, formats, data)])
 
 
 def expert_systems_report(findings: list[dict]) -> Report:
-    data = {"Problem": [f.get("problem", "") for f in findings],
-            "Recommendation": [f.get("recommendation", "") for f in findings]}
+    data = {
+        "Problem": [f.get("problem", "") for f in findings],
+        "Recommendation": [f.get("recommendation", "") for f in findings],
+    }
     return Report("expert_systems", [Table("Expert Systems Feedback", ["Problem", "Recommendation"], ["q", "q"], data)])
 
 
 # ---------------------------------------------------------------------------- the diff report
+
 
 def _figure_text(value, kind: str) -> str:
     if value is None or (isinstance(value, float) and not np.isfinite(value)):
@@ -492,15 +773,28 @@ def _figure_text(value, kind: str) -> str:
     return f"{round(float(value), 1):.1f}"
 
 
-DIFF_COMPARED = ["Present In", "No. Calls", "Baseline No. Calls", "GPU Time (ns)", "Baseline GPU Time (ns)",
-                 "Delta GPU Time (ns)", "Delta GPU Time %"]
+DIFF_COMPARED = [
+    "Present In",
+    "No. Calls",
+    "Baseline No. Calls",
+    "GPU Time (ns)",
+    "Baseline GPU Time (ns)",
+    "Delta GPU Time (ns)",
+    "Delta GPU Time %",
+]
 DIFF_COMPARED_FORMATS = ["t", "i", "i", "i", "i", "i", "m"]
 
 
 def _compared_data(frame: pd.DataFrame) -> dict:
-    return {"Present In": frame["presence"], "No. Calls": frame["calls"], "Baseline No. Calls": frame["baseline_calls"],
-            "GPU Time (ns)": frame["gpu_time"], "Baseline GPU Time (ns)": frame["baseline_gpu_time"],
-            "Delta GPU Time (ns)": frame["delta"], "Delta GPU Time %": frame["delta_pct"]}
+    return {
+        "Present In": frame["presence"],
+        "No. Calls": frame["calls"],
+        "Baseline No. Calls": frame["baseline_calls"],
+        "GPU Time (ns)": frame["gpu_time"],
+        "Baseline GPU Time (ns)": frame["baseline_gpu_time"],
+        "Delta GPU Time (ns)": frame["delta"],
+        "Delta GPU Time %": frame["delta_pct"],
+    }
 
 
 def diff_report(comparison) -> Report:
@@ -508,25 +802,45 @@ def diff_report(comparison) -> Report:
     direction) and per kernel name the GPU time of both sides and its change, largest change first
     (compare.Comparison; the Compare view shows the same rows)."""
     after, base = comparison.after, comparison.baseline
-    compared = Table("Compared Profiles", ["", "Baseline", "After"], ["t", "t", "t"], {
-        "": ["Profile", "Key Node", "Iterations"],
-        "Baseline": [base.label, base.key_node or "(none found)", base.iterations_text()],
-        "After": [after.label, after.key_node or "(none found)", after.iterations_text()]}, bare=True)
+    compared = Table(
+        "Compared Profiles",
+        ["", "Baseline", "After"],
+        ["t", "t", "t"],
+        {
+            "": ["Profile", "Key Node", "Iterations"],
+            "Baseline": [base.label, base.key_node or "(none found)", base.iterations_text()],
+            "After": [after.label, after.key_node or "(none found)", after.iterations_text()],
+        },
+        bare=True,
+    )
     s = comparison.summary
     kinds = s["kind"].tolist()
-    summary = Table("Diff Summary", ["", "Baseline", "After", "Delta"], ["t", "t", "t", "t"], {
-        "": s["label"].tolist(),
-        "Baseline": [_figure_text(v, k) for v, k in zip(s["baseline"].tolist(), kinds)],
-        "After": [_figure_text(v, k) for v, k in zip(s["after"].tolist(), kinds)],
-        "Delta": [_figure_text(v, k) for v, k in zip(s["delta"].tolist(), kinds)]}, bare=True)
+    summary = Table(
+        "Diff Summary",
+        ["", "Baseline", "After", "Delta"],
+        ["t", "t", "t", "t"],
+        {
+            "": s["label"].tolist(),
+            "Baseline": [_figure_text(v, k) for v, k in zip(s["baseline"].tolist(), kinds)],
+            "After": [_figure_text(v, k) for v, k in zip(s["after"].tolist(), kinds)],
+            "Delta": [_figure_text(v, k) for v, k in zip(s["delta"].tolist(), kinds)],
+        },
+        bare=True,
+    )
     ops = comparison.ops
-    op_table = Table("Op Diff", ["Op Name", "Direction", "Op Type"] + DIFF_COMPARED,
-                     ["q", "t", "q"] + DIFF_COMPARED_FORMATS,
-                     {"Op Name": ops["name"], "Direction": ops["direction"], "Op Type": ops["op_type"],
-                      **_compared_data(ops)})
+    op_table = Table(
+        "Op Diff",
+        ["Op Name", "Direction", "Op Type"] + DIFF_COMPARED,
+        ["q", "t", "q"] + DIFF_COMPARED_FORMATS,
+        {"Op Name": ops["name"], "Direction": ops["direction"], "Op Type": ops["op_type"], **_compared_data(ops)},
+    )
     k = comparison.kernels
-    kernel_table = Table("Kernel Diff", ["Kernel Name", "Uses TC"] + DIFF_COMPARED, ["q", "y"] + DIFF_COMPARED_FORMATS,
-                         {"Kernel Name": k["name"], "Uses TC": k["uses_tc"], **_compared_data(k)})
+    kernel_table = Table(
+        "Kernel Diff",
+        ["Kernel Name", "Uses TC"] + DIFF_COMPARED,
+        ["q", "y"] + DIFF_COMPARED_FORMATS,
+        {"Kernel Name": k["name"], "Uses TC": k["uses_tc"], **_compared_data(k)},
+    )
     return Report("diff", [compared, summary, op_table, kernel_table])
 
 
@@ -536,10 +850,14 @@ def build_reports(names: list[str], agg: Aggregation, dm, trace, config: dict, f
     out_of_core = dm.instances is None and hasattr(dm, "iteration_report")
     builders = {
         "summary": lambda: summary_report(agg, trace.system, trace.meta, trace.devices, config),
-        "detail": lambda: detailed_report(agg, first_calls=dm.first_call_values) if out_of_core
-        else detailed_report(agg, dm.instances),
-        "iteration": lambda: dm.iteration_report(agg) if out_of_core
-        else iteration_report(agg, dm.instances, dm.ops, trace.gpu),
+        "detail": lambda: (
+            detailed_report(agg, first_calls=dm.first_call_values)
+            if out_of_core
+            else detailed_report(agg, dm.instances)
+        ),
+        "iteration": lambda: (
+            dm.iteration_report(agg) if out_of_core else iteration_report(agg, dm.instances, dm.ops, trace.gpu)
+        ),
         "kernel": lambda: kernel_report(agg, dm.ops),
         "tensor": lambda: tensor_core_report(agg),
         "op_type": lambda: op_type_report(agg),

@@ -6,6 +6,7 @@ Format-neutral: it works on the trace frames any ingest adapter produces. A miss
 zero duration are kept. Positional ids (`api_id`, `activity_id`: a row's position in its frame) are
 renumbered after a drop; `range_id` is the source's own id and is kept.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,8 +35,8 @@ class Dropped:
 
     frame: str
     what: str
-    missing: int    # start or end not recorded
-    reversed: int   # end before start
+    missing: int  # start or end not recorded
+    reversed: int  # end before start
 
     @property
     def total(self) -> int:
@@ -69,8 +70,9 @@ def invalid_rows(start, end) -> tuple[np.ndarray, np.ndarray]:
     return missing, ~missing & (e < s)
 
 
-def drop_invalid_times(frame: pd.DataFrame, what: str = "rows", name: str = "",
-                       id_column: str | None = None) -> tuple[pd.DataFrame, Dropped]:
+def drop_invalid_times(
+    frame: pd.DataFrame, what: str = "rows", name: str = "", id_column: str | None = None
+) -> tuple[pd.DataFrame, Dropped]:
     """The frame without rows whose times are missing or reversed (start/end as int64), and what went."""
     if len(frame) == 0 or "start" not in frame or "end" not in frame:
         return frame, Dropped(name, what, 0, 0)
@@ -115,14 +117,18 @@ def drop_warnings(source, drops: list[Dropped], core_before: int, core_after: in
     if drops:
         detail = "; ".join(d.describe() for d in drops)
         if core_before and not core_after:
-            raise DLProfError(f"{source}: no usable events: every NVTX range, CUDA API call and GPU "
-                              f"activity has a missing or reversed timestamp ({detail})")
+            raise DLProfError(
+                f"{source}: no usable events: every NVTX range, CUDA API call and GPU "
+                f"activity has a missing or reversed timestamp ({detail})"
+            )
         warnings.append(f"{source}: dropped rows with impossible timestamps: {detail}")
     ids, calls = shared
     if ids:
-        warnings.append(f"{source}: {ids:,} correlation id(s) are used by more than one CUDA API call of "
-                        f"the same process ({calls:,} calls); each GPU activity is attributed to the nearest "
-                        "such call starting before it")
+        warnings.append(
+            f"{source}: {ids:,} correlation id(s) are used by more than one CUDA API call of "
+            f"the same process ({calls:,} calls); each GPU activity is attributed to the nearest "
+            "such call starting before it"
+        )
     return warnings
 
 
@@ -139,6 +145,7 @@ def sanitize_trace(trace: Trace) -> Trace:
             drops.append(dropped)
     before = sum(len(getattr(trace, f)) for f in CORE_FRAMES)
     after = sum(len(changes.get(f, getattr(trace, f))) for f in CORE_FRAMES)
-    warnings = list(trace.warnings) + drop_warnings(trace.source, drops, before, after,
-                                                    shared_correlation_ids(changes.get("api_calls", trace.api_calls)))
+    warnings = list(trace.warnings) + drop_warnings(
+        trace.source, drops, before, after, shared_correlation_ids(changes.get("api_calls", trace.api_calls))
+    )
     return dataclasses.replace(trace, warnings=warnings, **changes)

@@ -1,4 +1,5 @@
 """Opening input SQLite files safely: read-only, checked, tolerant of text that is not UTF-8."""
+
 from __future__ import annotations
 
 import os
@@ -38,8 +39,7 @@ def check_sqlite_file(path: Path) -> None:
     valid_for = int.from_bytes(header[92:96], "big")
     # The in-header page count is trustworthy only when written by the same change as the counter.
     if page_count and valid_for == change_counter and size < page_size * page_count:
-        raise DLProfError(f"{path}: truncated SQLite file ({size} bytes, header says "
-                          f"{page_size * page_count})")
+        raise DLProfError(f"{path}: truncated SQLite file ({size} bytes, header says {page_size * page_count})")
     if size % page_size:
         raise DLProfError(f"{path}: truncated SQLite file (size {size} is not a multiple of the page size)")
 
@@ -60,8 +60,9 @@ class SqliteSource:
         uri = f"{self.path.resolve().as_uri()}?{flags}"
         try:
             self.con = sqlite3.connect(uri, uri=True, check_same_thread=False)
-            self.tables = {row[0] for row in self.con.execute(
-                "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+            self.tables = {
+                row[0] for row in self.con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")
+            }
         except sqlite3.DatabaseError as exc:
             raise DLProfError(f"{self.path}: unreadable SQLite file ({exc})") from None
         self._columns: dict[str, list[str]] = {}
@@ -79,13 +80,14 @@ class SqliteSource:
 
     def columns(self, table: str) -> list[str]:
         if table not in self._columns:
-            self._columns[table] = [r[1] for r in self.con.execute(f'PRAGMA table_info("{table}")')] \
-                if table in self.tables else []
+            self._columns[table] = (
+                [r[1] for r in self.con.execute(f'PRAGMA table_info("{table}")')] if table in self.tables else []
+            )
         return self._columns[table]
 
     def col(self, table: str, name: str, default: str = "NULL") -> str:
         """The column's name if the table has it, else a default SQL expression aliased to that name."""
-        return f'"{name}"' if name in self.columns(table) else f"{default} AS \"{name}\""
+        return f'"{name}"' if name in self.columns(table) else f'{default} AS "{name}"'
 
     def count(self, table: str) -> int:
         if not self.has(table):
@@ -112,7 +114,6 @@ class SqliteSource:
             raise self._damaged(exc) from None
         finally:
             self.con.text_factory = str
-
 
     def _batches(self, sql: str, params, convert) -> list:
         """convert(rows) for each batch of rows; text that is not valid UTF-8 is decoded with replacement
@@ -145,6 +146,7 @@ class SqliteSource:
         try:
             if self._adbc is None:
                 import adbc_driver_sqlite.dbapi as adbc
+
                 flags = "mode=ro&immutable=1" if self.immutable else "mode=ro"
                 self._adbc = adbc.connect(f"{self.path.resolve().as_uri()}?{flags}")
             cursor = self._adbc.cursor()
@@ -170,6 +172,7 @@ class SqliteSource:
         SQLite driver, else (text that is not UTF-8) through the sqlite3 module with lenient decoding."""
         try:
             import adbc_driver_sqlite.dbapi as adbc
+
             flags = "mode=ro&immutable=1" if self.immutable else "mode=ro"
             con = adbc.connect(f"{self.path.resolve().as_uri()}?{flags}")
         except ImportError:
@@ -184,10 +187,11 @@ class SqliteSource:
                     for column in batch.columns:
                         if pa.types.is_string(column.type):
                             column.validate(full=True)
-                    if batch.schema != schema:   # by position: the query's column names are its expressions
+                    if batch.schema != schema:  # by position: the query's column names are its expressions
                         batch = pa.RecordBatch.from_arrays(
                             [c if c.type == f.type else c.cast(f.type) for c, f in zip(batch.columns, schema)],
-                            schema=schema)
+                            schema=schema,
+                        )
                     yield batch
                     done += batch.num_rows
                 cursor.close()
@@ -227,8 +231,12 @@ class SqliteSource:
         """Integer columns of a query as numpy arrays (the query must not return NULLs: coalesce them)."""
         table = None if params else self._adbc_table(sql)
         if table is not None and all(pa.types.is_integer(c.type) or c.null_count == len(c) for c in table.columns):
-            return {name: np.asarray(table.column(i).to_numpy(), dtype=np.int64) if table.num_rows
-                    else np.zeros(0, dtype=np.int64) for i, name in enumerate(names)}
+            return {
+                name: np.asarray(table.column(i).to_numpy(), dtype=np.int64)
+                if table.num_rows
+                else np.zeros(0, dtype=np.int64)
+                for i, name in enumerate(names)
+            }
         parts = self._batches(sql, params, lambda rows: np.array(rows, dtype=np.int64))
         matrix = np.concatenate(parts) if parts else np.zeros((0, len(names)), dtype=np.int64)
         return {name: np.ascontiguousarray(matrix[:, i]) for i, name in enumerate(names)}
@@ -247,17 +255,22 @@ class SqliteSource:
 
     def text_column(self, sql: str, params=()) -> np.ndarray:
         """One text column as an object array (None for NULL)."""
+
         def convert(rows):
             part = np.empty(len(rows), dtype=object)
             part[:] = [r[0] for r in rows]
             return part
+
         parts = self._batches(sql, params, convert)
         return np.concatenate(parts) if parts else np.zeros(0, dtype=object)
 
     def frame(self, sql: str, columns: list[str], params=()) -> pd.DataFrame:
         rows = self.fetchall(sql, params)
-        return pd.DataFrame.from_records(rows, columns=columns) if rows else pd.DataFrame(
-            {c: pd.Series(dtype="int64") for c in columns})
+        return (
+            pd.DataFrame.from_records(rows, columns=columns)
+            if rows
+            else pd.DataFrame({c: pd.Series(dtype="int64") for c in columns})
+        )
 
     def _damaged(self, exc: Exception) -> DLProfError:
         return DLProfError(f"{self.path}: damaged or truncated SQLite file ({exc})")

@@ -26,10 +26,14 @@ from dlprof_profiler.sqlite_source import SqliteSource
 from dlprof_profiler.trace import KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, Trace
 
 DEFAULT_MEMORY_LIMIT = "1200MB"
-_RANGES = ('SELECT range_id, domain_code, text, start, "end", global_tid, pid, event_type, unclosed '
-           "FROM ranges WHERE {where} ORDER BY range_id")
-_API = ('SELECT api_id, name_code, start, "end", global_tid, pid, correlation_id, event_class, return_value '
-        "FROM api WHERE {where} ORDER BY api_id")
+_RANGES = (
+    'SELECT range_id, domain_code, text, start, "end", global_tid, pid, event_type, unclosed '
+    "FROM ranges WHERE {where} ORDER BY range_id"
+)
+_API = (
+    'SELECT api_id, name_code, start, "end", global_tid, pid, correlation_id, event_class, return_value '
+    "FROM api WHERE {where} ORDER BY api_id"
+)
 _GPU = "SELECT * FROM gpu WHERE {where} ORDER BY activity_id"
 I64 = pa.int64()
 
@@ -47,8 +51,12 @@ class TraceStore:
         tmp = self.workdir / "spill"
         tmp.mkdir(exist_ok=True)
         self.con = duckdb.connect(str(self.path))
-        for setting in (f"SET memory_limit = '{memory_limit}'", f"SET threads = {int(threads)}",
-                        f"SET temp_directory = '{tmp}'", "SET preserve_insertion_order = false"):
+        for setting in (
+            f"SET memory_limit = '{memory_limit}'",
+            f"SET threads = {int(threads)}",
+            f"SET temp_directory = '{tmp}'",
+            "SET preserve_insertion_order = false",
+        ):
             self.con.execute(setting).fetchall()
         self.trace: Trace | None = None
         self.counts: dict = {}
@@ -56,11 +64,11 @@ class TraceStore:
         self.gpu_long: np.ndarray = np.zeros(0, dtype=object)  # long kernel name per long code
         self.api_names: np.ndarray = np.zeros(0, dtype=object)  # API name per name code
         self.domains: list[str] = []
-        self.drops: dict = {}     # frame -> rows dropped for impossible timestamps (sanitize.py)
-        self.before: dict = {}    # frame -> rows staged before the drop
+        self.drops: dict = {}  # frame -> rows dropped for impossible timestamps (sanitize.py)
+        self.before: dict = {}  # frame -> rows staged before the drop
         self.unclosed = 0
-        self.raw_end: dict = {}   # table -> latest end among the rows as exported (the capture end)
-        self.raw_devices: list = []   # devices of the GPU activities as exported
+        self.raw_end: dict = {}  # table -> latest end among the rows as exported (the capture end)
+        self.raw_devices: list = []  # devices of the GPU activities as exported
 
     def close(self) -> None:
         try:
@@ -116,9 +124,11 @@ class TraceStore:
             with log.stage("Staging GPU activities"):
                 self._stage_gpu(src)
             from dlprof_profiler.sanitize import drop_invalid_times
+
             trace.syncs, self.drops["syncs"] = drop_invalid_times(nsys.read_syncs(src), "GPU synchronizations", "syncs")
             trace.io_calls, self.drops["io_calls"] = drop_invalid_times(
-                nsys.read_io_calls(src, strings or _NoStrings(self)), "I/O calls", "io_calls")
+                nsys.read_io_calls(src, strings or _NoStrings(self)), "I/O calls", "io_calls"
+            )
             capture_end = self._capture_end(src, trace.meta)
             with log.stage("Staging NVTX ranges"):
                 trace.domain_map = self._stage_ranges(src, capture_end)
@@ -276,7 +286,7 @@ class TraceStore:
                 source = columns.get(f)
                 default = "0" if (f == "copy_kind" and kind == KIND_MEMCPY) else "-1"
                 if f in ("start", "end"):
-                    exprs.append(f'"{source}"')   # NULL stays NULL: damage, dropped and counted below
+                    exprs.append(f'"{source}"')  # NULL stays NULL: damage, dropped and counted below
                 else:
                     exprs.append(nsys._int_col(src, table, source, default) if source else "-1")
             name = f"raw_gpu_{kind}"
@@ -295,7 +305,8 @@ class TraceStore:
                     SELECT r.*, {kind}::TINYINT AS kind,
                            coalesce(ss.value, sl.value, '{UNKNOWN_KERNEL}') AS name,
                            coalesce(sl.value, ss.value, '{UNKNOWN_KERNEL}') AS long_name
-                    FROM {table} r LEFT JOIN strings ss ON ss.id = r.short_id LEFT JOIN strings sl ON sl.id = r.long_id""")
+                    FROM {table} r LEFT JOIN strings ss ON ss.id = r.short_id
+                    LEFT JOIN strings sl ON sl.id = r.long_id""")
             elif kind == KIND_MEMCPY:
                 cases = " ".join(f"WHEN {k} THEN '{v}'" for k, v in nsys.COPY_KIND_LABELS.items())
                 label = f"CASE r.copy_kind {cases} ELSE '{nsys.COPY_KIND_LABELS[0]}' END"
@@ -442,17 +453,21 @@ class TraceStore:
         # (not sorted: every reader orders what it reads; the segments read a start-ordered copy made once the
         # ranges are classified, see store_model.StoreAnalysis.segments)
         self.con.unregister("_domains")
-        self.unclosed = int(self.scalar(f'SELECT count(*) FROM raw_ranges WHERE "end" < 0 '
-                                        f"AND event_type <> {nsys.NVTX_DOMAIN_CREATE}"))
-        self._count_drops("ranges", "NVTX ranges", "raw_ranges", unclosed_end=-1,
-                          where=f"event_type <> {nsys.NVTX_DOMAIN_CREATE}")
+        self.unclosed = int(
+            self.scalar(f'SELECT count(*) FROM raw_ranges WHERE "end" < 0 AND event_type <> {nsys.NVTX_DOMAIN_CREATE}')
+        )
+        self._count_drops(
+            "ranges", "NVTX ranges", "raw_ranges", unclosed_end=-1, where=f"event_type <> {nsys.NVTX_DOMAIN_CREATE}"
+        )
         self.run("DROP TABLE raw_ranges")
         return mapping
 
-    def _count_drops(self, frame: str, what: str, table: str, unclosed_end: int | None = None,
-                     where: str = "true") -> None:
+    def _count_drops(
+        self, frame: str, what: str, table: str, unclosed_end: int | None = None, where: str = "true"
+    ) -> None:
         """Rows of a staged table with a missing start or end, or ending before they start (sanitize.py)."""
         from dlprof_profiler.sanitize import Dropped
+
         end_missing = 'r."end" IS NULL' if unclosed_end is None else "false"
         reversed_ = 'r."end" < r.start' if unclosed_end is None else f'r."end" <> {unclosed_end} AND r."end" < r.start'
         missing, rev, total = self.sql(f"""
@@ -466,16 +481,21 @@ class TraceStore:
     def _warnings(self, trace: Trace) -> list[str]:
         """The ingest's warnings (counts as staged) and sanitize.py's (rows dropped, shared correlation ids)."""
         from dlprof_profiler.sanitize import CORE_FRAMES, TIMED_FRAMES, drop_warnings
+
         path = self.export
         out = []
         if not trace.has_cuda_tables:
-            out.append(f"{path}: no CUDA trace tables (CUPTI_ACTIVITY_KIND_*): the capture holds no CUDA API calls "
-                       "or GPU activities, so every GPU figure is zero")
+            out.append(
+                f"{path}: no CUDA trace tables (CUPTI_ACTIVITY_KIND_*): the capture holds no CUDA API calls "
+                "or GPU activities, so every GPU figure is zero"
+            )
         elif self.before.get("gpu", 0) == 0:
             out.append(f"{path}: no GPU activities (kernels, memcpys, memsets) were captured")
         if not trace.has_nvtx or self.before.get("ranges", 0) == 0:
-            out.append(f"{path}: no NVTX ranges: ops cannot be named, every GPU activity is reported under the API "
-                       "call that launched it")
+            out.append(
+                f"{path}: no NVTX ranges: ops cannot be named, every GPU activity is reported under the API "
+                "call that launched it"
+            )
         if self.unclosed:
             out.append(f"{path}: {self.unclosed} NVTX ranges were never closed; they end at the capture end")
         drops = [self.drops[name] for name, _, _ in TIMED_FRAMES if name in self.drops and self.drops[name].total]
@@ -500,8 +520,11 @@ class TraceStore:
     def frame_chunks(self, frame: str, rows: int):
         """Every row of `ranges`, `api_calls` or `gpu` in id order, as frames of `rows` rows at most (streamed
         on a cursor of its own: the store stays usable meanwhile)."""
-        query, convert = {"ranges": (_RANGES, self._ranges_of), "api_calls": (_API, self._api_of),
-                          "gpu": (_GPU, self._gpu_of)}[frame]
+        query, convert = {
+            "ranges": (_RANGES, self._ranges_of),
+            "api_calls": (_API, self._api_of),
+            "gpu": (_GPU, self._gpu_of),
+        }[frame]
         for table in self.batches(query.format(where="true"), rows):
             yield convert(table if frame == "ranges" else table.to_pandas())
 

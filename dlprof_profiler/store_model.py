@@ -162,11 +162,16 @@ class StoreAnalysis:
                    bool_or(i.dataloader = 1) AS dataloader, sum(r."end" - r.start) AS total_time
             FROM ranges r JOIN range_info i USING (range_id) GROUP BY ALL ORDER BY min(r.range_id)""")
         domains = np.array(self.store.domains, dtype=object)
-        return pd.DataFrame({"domain": domains[f["domain_code"].to_numpy(np.int64)] if len(f) else [],
-                             "label": self.pool.decode(f["label_code"].to_numpy(np.int64)),
-                             "kind": f["kind"].to_numpy(np.int64), "num_ranges": f["num_ranges"].to_numpy(np.int64),
-                             "dataloader": f["dataloader"].to_numpy(dtype=bool),
-                             "total_time": f["total_time"].to_numpy(np.int64)})
+        return pd.DataFrame(
+            {
+                "domain": domains[f["domain_code"].to_numpy(np.int64)] if len(f) else [],
+                "label": self.pool.decode(f["label_code"].to_numpy(np.int64)),
+                "kind": f["kind"].to_numpy(np.int64),
+                "num_ranges": f["num_ranges"].to_numpy(np.int64),
+                "dataloader": f["dataloader"].to_numpy(dtype=bool),
+                "total_time": f["total_time"].to_numpy(np.int64),
+            }
+        )
 
     def domain_facts(self, domain: str, mode: str | None) -> DomainFacts:
         if mode == "simple" or domain not in self.store.domains:
@@ -423,10 +428,16 @@ class StoreSink:
         # registered as Arrow tables: DuckDB reads the arrays as they are (a pandas frame would copy them)
         for table, data in (
             (self.inst, pa.table(frame)),
-            (f"api_owner_{self.d}", pa.table({"api_id": np.asarray(api_ids, np.int64),
-                                              "instance_id": np.asarray(api_owner, np.int64)})),
-            (f"gpu_owner_{self.d}", pa.table({"activity_id": np.asarray(activity_ids, np.int64),
-                                              "instance_id": np.asarray(gpu_owner, np.int64)})),
+            (
+                f"api_owner_{self.d}",
+                pa.table({"api_id": np.asarray(api_ids, np.int64), "instance_id": np.asarray(api_owner, np.int64)}),
+            ),
+            (
+                f"gpu_owner_{self.d}",
+                pa.table(
+                    {"activity_id": np.asarray(activity_ids, np.int64), "instance_id": np.asarray(gpu_owner, np.int64)}
+                ),
+            ),
         ):
             if data.num_rows:
                 con.register("_rows", data)
@@ -453,14 +464,17 @@ class StoreSink:
         # call: correlate.call_metrics), 0 on its other instances
         # (summed only over the calls of several instances: nearly every call is one instance)
         sums = ", ".join(f'sum(x."{m}") AS "{m}"' for m in CALL_METRICS)
-        calls = ", ".join(f'CASE WHEN i.call_id <> i.instance_id THEN 0 ELSE coalesce(m."{m}", i."{m}") END '
-                          f'AS "call_{m}"' for m in CALL_METRICS)
+        calls = ", ".join(
+            f'CASE WHEN i.call_id <> i.instance_id THEN 0 ELSE coalesce(m."{m}", i."{m}") END AS "call_{m}"'
+            for m in CALL_METRICS
+        )
         # every instance takes the op of its call; one pass writes the instances in start order
         self.a.run(f"""CREATE OR REPLACE TABLE inst_sorted_{self.d} AS
                        WITH grouped AS (SELECT DISTINCT call_id FROM {self.inst} WHERE call_id <> instance_id),
                             multi AS (SELECT x.call_id, {sums} FROM {self.inst} x JOIN grouped USING (call_id)
                                       GROUP BY x.call_id)
-                       SELECT i.* REPLACE (coalesce(o.op_index, -1) AS op_index), (i.call_id = i.instance_id) AS is_call,
+                       SELECT i.* REPLACE (coalesce(o.op_index, -1) AS op_index),
+                              (i.call_id = i.instance_id) AS is_call,
                               {calls}
                        FROM {self.inst} i LEFT JOIN op_of_call_{self.d} o ON o.call_id = i.call_id
                        LEFT JOIN multi m ON m.call_id = i.instance_id
@@ -514,7 +528,8 @@ class StoreSink:
         con.register("_part", part)
         inside = store.frame("""
             WITH a AS (SELECT p.instance_id, greatest(x.start, p.start) AS s, least(x."end", p."end") AS e
-                       FROM _part p JOIN api x ON x.global_tid = p.global_tid AND x.start < p."end" AND x."end" > p.start
+                       FROM _part p JOIN api x
+                         ON x.global_tid = p.global_tid AND x.start < p."end" AND x."end" > p.start
                        WHERE p.global_tid >= 0),
                  w AS (SELECT *, max(e) OVER (PARTITION BY instance_id ORDER BY s, e
                                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach FROM a)
@@ -529,7 +544,8 @@ class StoreSink:
             FROM w GROUP BY 1""")
         dev = store.frame(f"""
             SELECT instance_id, device_id FROM (
-                SELECT instance_id, device_id, row_number() OVER (PARTITION BY instance_id ORDER BY d DESC, device_id) rn
+                SELECT instance_id, device_id,
+                       row_number() OVER (PARTITION BY instance_id ORDER BY d DESC, device_id) rn
                 FROM (SELECT o.instance_id, x.device_id, sum(x."end" - x.start + 1) AS d
                       FROM gpu_owner_{self.d} o JOIN _partial USING (instance_id) JOIN gpu x USING (activity_id)
                       GROUP BY ALL)) WHERE rn = 1""")
@@ -573,8 +589,10 @@ class StoreSink:
         `op_of_call_{d}` (call_id, op_index) for every call."""
         store, pool = self.a.store, self.a.pool
         heads = f"heads_{self.d}"
-        store.con.register("_bounds", pd.DataFrame({"t": np.asarray(bounds, dtype=np.int64),
-                                                    "k": np.arange(1, len(bounds) + 1, dtype=np.int64)}))
+        store.con.register(
+            "_bounds",
+            pd.DataFrame({"t": np.asarray(bounds, dtype=np.int64), "k": np.arange(1, len(bounds) + 1, dtype=np.int64)}),
+        )
         # ops are made of calls: the first instance of each call stands for it (correlate.op_table), numbered
         # per iteration, thread, name and direction; only the columns the op table needs are kept
         self.a.run(f"""
@@ -628,9 +646,17 @@ class StoreSink:
         from dlprof_profiler.correlate import finish_op_table
 
         ops, op_index = finish_op_table(groups, domain, family)
-        store.con.register("_ops", pd.DataFrame({"name_code": g["name_code"].to_numpy(np.int64),
-                                                 "direction_code": g["direction_code"].to_numpy(np.int64),
-                                                 "nth": g["nth"].to_numpy(np.int64), "op_index": op_index}))
+        store.con.register(
+            "_ops",
+            pd.DataFrame(
+                {
+                    "name_code": g["name_code"].to_numpy(np.int64),
+                    "direction_code": g["direction_code"].to_numpy(np.int64),
+                    "nth": g["nth"].to_numpy(np.int64),
+                    "op_index": op_index,
+                }
+            ),
+        )
         self.a.run(f"""CREATE OR REPLACE TABLE op_of_call_{self.d} AS
                        SELECT h.instance_id AS call_id, o.op_index FROM {heads} h
                        JOIN _ops o USING (name_code, direction_code, nth)""")
@@ -639,8 +665,20 @@ class StoreSink:
         return ops
 
 
-LAUNCH_FIELDS = ("activity_id", "iteration", "instance", "op_index", "name_code", "device_id", "gpu_start",
-                 "gpu_duration", "api_row", "api_start", "api_duration", "uses_tc")   # aggregate._launch_rows
+LAUNCH_FIELDS = (
+    "activity_id",
+    "iteration",
+    "instance",
+    "op_index",
+    "name_code",
+    "device_id",
+    "gpu_start",
+    "gpu_duration",
+    "api_row",
+    "api_start",
+    "api_duration",
+    "uses_tc",
+)  # aggregate._launch_rows
 
 
 class LaunchSpill:
@@ -656,7 +694,7 @@ class LaunchSpill:
 
     def __call__(self, launches: pd.DataFrame) -> None:
         frame = {c: launches[c].to_numpy().astype(np.int64) for c in LAUNCH_FIELDS}
-        frame["seq"] = self.rows + np.arange(len(launches), dtype=np.int64)   # launch order breaks ties
+        frame["seq"] = self.rows + np.arange(len(launches), dtype=np.int64)  # launch order breaks ties
         self.rows += len(launches)
         con = self.a.store.con
         con.register("_launches", pa.table(frame))
@@ -667,8 +705,9 @@ class LaunchSpill:
         """Record batches of kernel-launch rows (reports.LAUNCH_COLUMNS) in report order: iteration, the op's
         first start, kernel name, GPU start, launch order (reports._report_order)."""
         store = self.a.store
-        first = pd.DataFrame({"op_index": ops["op_index"].to_numpy(np.int64),
-                              "first_start": ops["first_start"].to_numpy(np.int64)})
+        first = pd.DataFrame(
+            {"op_index": ops["op_index"].to_numpy(np.int64), "first_start": ops["first_start"].to_numpy(np.int64)}
+        )
         reader = store.con.cursor()
         try:
             reader.register("_op_first", first)
@@ -705,8 +744,9 @@ class StoreDomainModel:
         sink = self.sink
         f = sink.a.store.frame(f"""SELECT DISTINCT ON (op_index) op_index, {column}_code AS code
                                    FROM inst_sorted_{sink.d} ORDER BY op_index, start, instance_id""")
-        values = pd.Series(sink.a.pool.decode(f["code"].to_numpy(np.int64)), index=f["op_index"].to_numpy(np.int64),
-                           dtype=object)
+        values = pd.Series(
+            sink.a.pool.decode(f["code"].to_numpy(np.int64)), index=f["op_index"].to_numpy(np.int64), dtype=object
+        )
         out = values.reindex(op_index).to_numpy(dtype=object).copy()
         out[pd.isna(out)] = None
         return out
@@ -719,19 +759,25 @@ class StoreDomainModel:
         f = sink.a.store.frame(f"""SELECT DISTINCT ON (op_index) op_index, {column}_code AS code
                                    FROM inst_sorted_{sink.d} WHERE {column}_code >= 0 AND {column}_code <> {empty}
                                    ORDER BY op_index, start, instance_id""")
-        return pd.Series(pool.decode(f["code"].to_numpy(np.int64)), index=f["op_index"].to_numpy(np.int64),
-                         dtype=object)
+        return pd.Series(
+            pool.decode(f["code"].to_numpy(np.int64)), index=f["op_index"].to_numpy(np.int64), dtype=object
+        )
 
     def iteration_report(self, agg):
         """The iteration report of one aggregation, streamed from its spilled launch rows."""
         from dlprof_profiler import report_format, reports
+
         store, spill = self.sink.a.store, agg.launch_spill
         text = self.sink.a.pool.array()
-        dicts = reports.launch_dictionaries(self.ops, store.gpu_short, store.gpu_long,
-                                            dict.fromkeys(("data_type", "input_shapes", "parameters",
-                                                           "output_shapes"), text))
-        return reports.iteration_report_from_chunks(lambda: spill.report_chunks(self.ops, report_format.CHUNK_ROWS),
-                                                    dicts)
+        dicts = reports.launch_dictionaries(
+            self.ops,
+            store.gpu_short,
+            store.gpu_long,
+            dict.fromkeys(("data_type", "input_shapes", "parameters", "output_shapes"), text),
+        )
+        return reports.iteration_report_from_chunks(
+            lambda: spill.report_chunks(self.ops, report_format.CHUNK_ROWS), dicts
+        )
 
     def instances_where(self, where: str = "true", params=None) -> pd.DataFrame:
         """Instances as the in-memory model holds them (text columns decoded)."""
@@ -838,7 +884,7 @@ class StoreModel:
 
 # ---------------------------------------------------------------------------- the DLProf database
 
-WRITE_ROWS = 1 << 18   # rows read from the store and queued for the database writer at a time
+WRITE_ROWS = 1 << 18  # rows read from the store and queued for the database writer at a time
 
 
 class DatabaseFeed:
@@ -848,6 +894,7 @@ class DatabaseFeed:
 
     def __init__(self, writer, sa: StoreAnalysis, corr, primary: str, profile: dict):
         import threading
+
         self.writer, self.sa, self.corr, self.primary, self.profile = writer, sa, corr, primary, profile
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="dlprof-db-feed", daemon=True)
@@ -865,10 +912,13 @@ class DatabaseFeed:
         if self._error is not None:
             raise self._error
         corr, writer = self.corr, self.writer
-        domains = {name: {"family": corr.family, "has_markers": dm.has_markers, "num_ranges": dm.n_ranges}
-                   for name, dm in corr.domains.items()}
-        ids = writer.finish(self.profile, self.primary, domains, corr.config, corr.range_labels,
-                            kernel_tc_pairs(self.sa))
+        domains = {
+            name: {"family": corr.family, "has_markers": dm.has_markers, "num_ranges": dm.n_ranges}
+            for name, dm in corr.domains.items()
+        }
+        ids = writer.finish(
+            self.profile, self.primary, domains, corr.config, corr.range_labels, kernel_tc_pairs(self.sa)
+        )
         return ids, writer.op_index_maps()
 
     def _run(self) -> None:
@@ -884,17 +934,20 @@ def feed_database(writer, sa: StoreAnalysis, corr) -> None:
 
     store = sa.store
     trace = store.trace
-    for frame in ("ranges", "api_calls", "gpu"):   # the order _raw_rows writes a whole trace in
+    for frame in ("ranges", "api_calls", "gpu"):  # the order _raw_rows writes a whole trace in
         for chunk in store.frame_chunks(frame, WRITE_ROWS):
             writer.add_raw(SimpleNamespace(**{frame: chunk}))
     writer.add_raw(SimpleNamespace(syncs=trace.syncs, io_calls=trace.io_calls))
     for name, dm in corr.domains.items():
-        writer.add_ops(name, dm.ops)   # first: the domain's ops get consecutive database op indexes
+        writer.add_ops(name, dm.ops)  # first: the domain's ops get consecutive database op indexes
         d = dm.sink.d
         for table in store.batches(f"SELECT * FROM inst_sorted_{d} ORDER BY instance_id", WRITE_ROWS):
             writer.add_domain_model(name, _decoded_instances(table.to_pandas(), sa.pool, name))
-        for table in store.batches(f"SELECT activity_id, owner AS instance_id, api_id, launch AS launch_time "
-                                   f"FROM acts_{d} ORDER BY activity_id", WRITE_ROWS):
+        for table in store.batches(
+            f"SELECT activity_id, owner AS instance_id, api_id, launch AS launch_time "
+            f"FROM acts_{d} ORDER BY activity_id",
+            WRITE_ROWS,
+        ):
             writer.add_domain_model(name, None, table.to_pandas())
 
 
@@ -910,10 +963,16 @@ def kernel_tc_pairs(sa: StoreAnalysis) -> pd.DataFrame:
     store = sa.store
     kernels = sa.tc_pairs
     others = store.frame(f"SELECT DISTINCT name_code, long_code FROM gpu WHERE kind <> {KIND_KERNEL}")
-    pairs = pd.concat([kernels[["name_code", "long_code", "uses_tc", "tc_rule"]],
-                       others.assign(uses_tc=False, tc_rule="")], ignore_index=True)
+    pairs = pd.concat(
+        [kernels[["name_code", "long_code", "uses_tc", "tc_rule"]], others.assign(uses_tc=False, tc_rule="")],
+        ignore_index=True,
+    )
     pairs = pairs.drop_duplicates(["name_code", "long_code"])
-    return pd.DataFrame({"name": store.gpu_short[pairs["name_code"].to_numpy(np.int64)],
-                         "long_name": store.gpu_long[pairs["long_code"].to_numpy(np.int64)],
-                         "uses_tc": pairs["uses_tc"].to_numpy(dtype=bool).astype(np.int64),
-                         "tc_rule": pd.Series(pairs["tc_rule"].to_numpy(dtype=object), dtype=object)})
+    return pd.DataFrame(
+        {
+            "name": store.gpu_short[pairs["name_code"].to_numpy(np.int64)],
+            "long_name": store.gpu_long[pairs["long_code"].to_numpy(np.int64)],
+            "uses_tc": pairs["uses_tc"].to_numpy(dtype=bool).astype(np.int64),
+            "tc_rule": pd.Series(pairs["tc_rule"].to_numpy(dtype=object), dtype=object),
+        }
+    )

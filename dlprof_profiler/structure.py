@@ -1,5 +1,6 @@
 """Range trees per CPU thread: parents, depths, innermost enclosing range of a point, values carried down
 the tree. All vectorized: one pass per tree level at most, never one per range."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,12 +17,11 @@ class ThreadTimeKeys:
         times = [np.asarray(t, dtype=np.int64) for t in times]
         nonempty = [t for t in times if t.size]
         # few distinct threads: hashing beats sorting every id
-        self.threads = np.sort(pd.unique(np.concatenate(tids))) if any(t.size for t in tids) \
-            else np.zeros(0, np.int64)
+        self.threads = np.sort(pd.unique(np.concatenate(tids))) if any(t.size for t in tids) else np.zeros(0, np.int64)
         self.tmin = int(min(t.min() for t in nonempty)) if nonempty else 0
         tmax = int(max(t.max() for t in nonempty)) if nonempty else 0
         self.span = tmax - self.tmin + 2
-        if max(len(self.threads), 1) * self.span >= 2 ** 62:
+        if max(len(self.threads), 1) * self.span >= 2**62:
             raise OverflowError("time span too large for combined thread/time keys")
 
     def rank(self, tids) -> np.ndarray:
@@ -127,7 +127,7 @@ def levels(depth: np.ndarray) -> list[np.ndarray]:
         return []
     order = np.argsort(depth, kind="stable")
     bounds = np.searchsorted(depth[order], np.arange(depth.max() + 2))
-    return [order[bounds[d]:bounds[d + 1]] for d in range(depth.max() + 1)]
+    return [order[bounds[d] : bounds[d + 1]] for d in range(depth.max() + 1)]
 
 
 def outermost_flagged(parent: np.ndarray, depth: np.ndarray, flagged: np.ndarray) -> np.ndarray:

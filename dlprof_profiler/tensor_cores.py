@@ -4,6 +4,7 @@ Rules are ordered, negatives first; the id of the deciding rule is kept so repor
 established PyProf/Kineto substring list is the baseline; Hopper/Blackwell patterns are a separate,
 versioned heuristic set.
 """
+
 from __future__ import annotations
 
 import re
@@ -15,17 +16,38 @@ RULESET_VERSION = "2026.1"
 
 # Substrings from NVIDIA PyProf's TC list (also Kineto's), plus XProf's i16832.
 BASELINE_SUBSTRINGS = (
-    "h884", "s884", "h1688", "s1688", "hmma", "i8816", "16816", "c1688", "i16832",
-    "dgrad_1x1_stride_2x2", "first_layer_wgrad_kernel", "conv1x1", "conv2d_c1_k1", "direct_group",
-    "xmma_implicit_gemm", "xmma_sparse_conv", "xmma_warp_specialized_implicit_gemm", "xmma_gemm",
+    "h884",
+    "s884",
+    "h1688",
+    "s1688",
+    "hmma",
+    "i8816",
+    "16816",
+    "c1688",
+    "i16832",
+    "dgrad_1x1_stride_2x2",
+    "first_layer_wgrad_kernel",
+    "conv1x1",
+    "conv2d_c1_k1",
+    "direct_group",
+    "xmma_implicit_gemm",
+    "xmma_sparse_conv",
+    "xmma_warp_specialized_implicit_gemm",
+    "xmma_gemm",
     "xmma_sparse_gemm",
 )
 
 # (rule id, regex, uses TC). Checked in order on the short and the demangled name; first match decides.
 RULES = (
     ("neg:ffma", re.compile(r"_ffma_|ffma_"), False),
-    ("neg:simt-gemm", re.compile(r"(?<!tensorop_)(?<![hsi])sgemm(?!.*tensorop)|scudnn|gcgemm|gemv|gemmSN|fft2d|"
-                                 r"winograd(?!.*fused)"), False),
+    (
+        "neg:simt-gemm",
+        re.compile(
+            r"(?<!tensorop_)(?<![hsi])sgemm(?!.*tensorop)|scudnn|gcgemm|gemv|gemmSN|fft2d|"
+            r"winograd(?!.*fused)"
+        ),
+        False,
+    ),
     ("tc:mma-shape", re.compile(r"tensor\d+x\d+x\d+"), True),
     ("tc:mma-code", re.compile(r"(?:^|_)[hsic]?(?:884|1688|16816|16832|8816)|hmma|imma|bmma|dmma"), True),
     ("tc:cutlass-tensorop", re.compile(r"cutlass.*tensorop|cutlass3x_sm\d+_tensorop"), True),
@@ -37,32 +59,115 @@ RULES = (
 )
 
 PYTORCH_ELIGIBLE = {
-    "_convolution", "_convolution_nogroup", "conv1d", "conv2d", "conv3d", "conv_tbc", "conv_transpose1d",
-    "conv_transpose2d", "conv_transpose3d", "convolution", "cudnn_convolution", "cudnn_convolution_transpose",
-    "prelu", "addmm", "addmv", "addr", "matmul", "mm", "mv", "linear", "addbmm", "baddbmm", "bmm",
-    "chain_matmul", "linalg_multi_dot", "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell", "lstm_cell",
-    "gru_cell", "rnn_tanh_cell", "rnn_relu_cell", "addmm_", "cudnn_convolution_backward",
-    "cudnn_convolution_backward_input", "cudnn_convolution_backward_weight",
-    "cudnn_convolution_transpose_backward", "cudnn_convolution_transpose_backward_input",
-    "cudnn_convolution_transpose_backward_weight", "convolution_backward", "scaled_dot_product_attention",
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_flash_attention_backward",
-    "_efficient_attention_forward", "_efficient_attention_backward", "_scaled_mm", "_int_mm", "lstm", "gru",
-    "rnn_tanh", "rnn_relu", "_cudnn_rnn", "_cudnn_rnn_backward", "einsum", "tensordot",
+    "_convolution",
+    "_convolution_nogroup",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_tbc",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "conv_transpose3d",
+    "convolution",
+    "cudnn_convolution",
+    "cudnn_convolution_transpose",
+    "prelu",
+    "addmm",
+    "addmv",
+    "addr",
+    "matmul",
+    "mm",
+    "mv",
+    "linear",
+    "addbmm",
+    "baddbmm",
+    "bmm",
+    "chain_matmul",
+    "linalg_multi_dot",
+    "_thnn_fused_lstm_cell",
+    "_thnn_fused_gru_cell",
+    "lstm_cell",
+    "gru_cell",
+    "rnn_tanh_cell",
+    "rnn_relu_cell",
+    "addmm_",
+    "cudnn_convolution_backward",
+    "cudnn_convolution_backward_input",
+    "cudnn_convolution_backward_weight",
+    "cudnn_convolution_transpose_backward",
+    "cudnn_convolution_transpose_backward_input",
+    "cudnn_convolution_transpose_backward_weight",
+    "convolution_backward",
+    "scaled_dot_product_attention",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_flash_attention_forward",
+    "_flash_attention_backward",
+    "_efficient_attention_forward",
+    "_efficient_attention_backward",
+    "_scaled_mm",
+    "_int_mm",
+    "lstm",
+    "gru",
+    "rnn_tanh",
+    "rnn_relu",
+    "_cudnn_rnn",
+    "_cudnn_rnn_backward",
+    "einsum",
+    "tensordot",
     # backward nodes, compared after stripping the trailing version digit
-    "CudnnConvolutionBackward", "CudnnConvolutionTransposeBackward", "ConvolutionBackward", "BmmBackward",
-    "MmBackward", "AddmmBackward", "AddmvBackward", "MvBackward", "AddbmmBackward", "BaddbmmBackward",
-    "ScaledDotProductFlashAttentionBackward", "ScaledDotProductEfficientAttentionBackward",
-    "LinearBackward", "CudnnRnnBackward",
+    "CudnnConvolutionBackward",
+    "CudnnConvolutionTransposeBackward",
+    "ConvolutionBackward",
+    "BmmBackward",
+    "MmBackward",
+    "AddmmBackward",
+    "AddmvBackward",
+    "MvBackward",
+    "AddbmmBackward",
+    "BaddbmmBackward",
+    "ScaledDotProductFlashAttentionBackward",
+    "ScaledDotProductEfficientAttentionBackward",
+    "LinearBackward",
+    "CudnnRnnBackward",
     # functional / module names used by DLProf markers
-    "Linear", "Conv1d", "Conv2d", "Conv3d", "LSTM", "GRU", "RNN", "MultiheadAttention",
+    "Linear",
+    "Conv1d",
+    "Conv2d",
+    "Conv3d",
+    "LSTM",
+    "GRU",
+    "RNN",
+    "MultiheadAttention",
 }
 TENSORFLOW_ELIGIBLE = {
-    "Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3D", "Conv3DBackpropInputV2",
-    "Conv3DBackpropFilterV2", "DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
-    "DepthwiseConv2dNativeBackpropFilter", "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",
-    "_FusedConv2D", "_FusedMatMul", "CudnnRNN", "CudnnRNNV2", "CudnnRNNV3", "CudnnRNNBackprop",
-    "CudnnRNNBackpropV2", "CudnnRNNBackpropV3", "BlockLSTM", "BlockLSTMV2", "BlockLSTMGrad", "Einsum", "XlaDot",
+    "Conv2D",
+    "Conv2DBackpropInput",
+    "Conv2DBackpropFilter",
+    "Conv3D",
+    "Conv3DBackpropInputV2",
+    "Conv3DBackpropFilterV2",
+    "DepthwiseConv2dNative",
+    "DepthwiseConv2dNativeBackpropInput",
+    "DepthwiseConv2dNativeBackpropFilter",
+    "MatMul",
+    "BatchMatMul",
+    "BatchMatMulV2",
+    "BatchMatMulV3",
+    "_FusedConv2D",
+    "_FusedMatMul",
+    "CudnnRNN",
+    "CudnnRNNV2",
+    "CudnnRNNV3",
+    "CudnnRNNBackprop",
+    "CudnnRNNBackpropV2",
+    "CudnnRNNBackpropV3",
+    "BlockLSTM",
+    "BlockLSTMV2",
+    "BlockLSTMGrad",
+    "Einsum",
+    "XlaDot",
 }
 TENSORRT_ELIGIBLE_PATTERN = re.compile(r"conv|gemm|matmul|fullyconnected|fc|attention|deconv", re.IGNORECASE)
 _TRAILING_DIGITS = re.compile(r"\d+$")
@@ -148,9 +253,13 @@ def precision_by_op(kernels: pd.DataFrame) -> pd.Series:
     names = kernels["name"].to_numpy(dtype=object)
     codes, uniques = pd.factorize(names)
     precision = np.array([kernel_precision(str(u)) for u in uniques] + [None], dtype=object)
-    frame = pd.DataFrame({"op": kernels["op_index"].to_numpy(np.int64),
-                          "dtype": precision[np.where(codes >= 0, codes, len(uniques))],
-                          "time": kernels["gpu_total"].to_numpy(np.int64)})
+    frame = pd.DataFrame(
+        {
+            "op": kernels["op_index"].to_numpy(np.int64),
+            "dtype": precision[np.where(codes >= 0, codes, len(uniques))],
+            "time": kernels["gpu_total"].to_numpy(np.int64),
+        }
+    )
     frame = frame[frame["dtype"].notna()]
     if frame.empty:
         return pd.Series(dtype=object)

@@ -1,4 +1,5 @@
 """The trace frames every ingest adapter produces and every later stage reads."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,17 +14,48 @@ DEFAULT_DOMAIN = "default"
 
 # A start or end time the source did not record (NULL in an export): ingest adapters write it so that
 # sanitize.py can find and drop such rows; no later stage ever sees it.
-MISSING_TIME = -(2 ** 63)
+MISSING_TIME = -(2**63)
 
 RANGE_COLUMNS = ["range_id", "domain", "text", "start", "end", "global_tid", "pid", "event_type", "unclosed"]
-API_COLUMNS = ["api_id", "name", "start", "end", "global_tid", "pid", "correlation_id", "event_class",
-               "return_value"]
-GPU_COLUMNS = ["activity_id", "kind", "name", "long_name", "start", "end", "device_id", "stream_id",
-               "context_id", "pid", "correlation_id", "grid_x", "grid_y", "grid_z", "block_x", "block_y",
-               "block_z", "registers", "static_smem", "dynamic_smem", "bytes", "copy_kind", "src_kind",
-               "dst_kind", "graph_node_id"]
-DEVICE_COLUMNS = ["device_id", "name", "compute_major", "compute_minor", "sm_count", "total_memory",
-                  "bus_location", "chip_name", "uuid"]
+API_COLUMNS = ["api_id", "name", "start", "end", "global_tid", "pid", "correlation_id", "event_class", "return_value"]
+GPU_COLUMNS = [
+    "activity_id",
+    "kind",
+    "name",
+    "long_name",
+    "start",
+    "end",
+    "device_id",
+    "stream_id",
+    "context_id",
+    "pid",
+    "correlation_id",
+    "grid_x",
+    "grid_y",
+    "grid_z",
+    "block_x",
+    "block_y",
+    "block_z",
+    "registers",
+    "static_smem",
+    "dynamic_smem",
+    "bytes",
+    "copy_kind",
+    "src_kind",
+    "dst_kind",
+    "graph_node_id",
+]
+DEVICE_COLUMNS = [
+    "device_id",
+    "name",
+    "compute_major",
+    "compute_minor",
+    "sm_count",
+    "total_memory",
+    "bus_location",
+    "chip_name",
+    "uuid",
+]
 
 
 def pid_of(global_ids) -> np.ndarray:
@@ -44,19 +76,21 @@ class Trace:
     """What a capture holds, in frames. Times are integer ns on the capture's session timeline."""
 
     source: Path
-    meta: dict = field(default_factory=dict)          # exporter, schema version, export time ...
-    system: dict = field(default_factory=dict)        # CPU model, driver and CUDA versions, host ...
+    meta: dict = field(default_factory=dict)  # exporter, schema version, export time ...
+    system: dict = field(default_factory=dict)  # CPU model, driver and CUDA versions, host ...
     devices: pd.DataFrame = field(default_factory=lambda: empty_frame(DEVICE_COLUMNS))
     processes: pd.DataFrame = field(default_factory=lambda: empty_frame(["pid", "name"]))
     threads: pd.DataFrame = field(default_factory=lambda: empty_frame(["global_tid", "pid", "tid", "name"]))
     ranges: pd.DataFrame = field(default_factory=lambda: empty_frame(RANGE_COLUMNS))
     api_calls: pd.DataFrame = field(default_factory=lambda: empty_frame(API_COLUMNS))
     gpu: pd.DataFrame = field(default_factory=lambda: empty_frame(GPU_COLUMNS))
-    syncs: pd.DataFrame = field(default_factory=lambda: empty_frame(
-        ["start", "end", "device_id", "stream_id", "pid", "correlation_id", "sync_type"]))
-    io_calls: pd.DataFrame = field(default_factory=lambda: empty_frame(
-        ["start", "end", "global_tid", "pid", "name"]))
-    domain_map: dict = field(default_factory=dict)   # (pid, NVTX domain handle) -> domain name
+    syncs: pd.DataFrame = field(
+        default_factory=lambda: empty_frame(
+            ["start", "end", "device_id", "stream_id", "pid", "correlation_id", "sync_type"]
+        )
+    )
+    io_calls: pd.DataFrame = field(default_factory=lambda: empty_frame(["start", "end", "global_tid", "pid", "name"]))
+    domain_map: dict = field(default_factory=dict)  # (pid, NVTX domain handle) -> domain name
     warnings: list = field(default_factory=list)
     has_cuda_tables: bool = False
     has_nvtx: bool = False
@@ -83,9 +117,13 @@ class Trace:
 def make_frame(columns: dict) -> pd.DataFrame:
     """A DataFrame from arrays that keeps object arrays as object columns (pandas 3 would infer its
     Arrow-backed string dtype and copy every string)."""
-    return pd.DataFrame({k: (pd.Series(v, dtype=object, copy=False)
-                             if isinstance(v, np.ndarray) and v.dtype == object else v)
-                         for k, v in columns.items()}, copy=False)
+    return pd.DataFrame(
+        {
+            k: (pd.Series(v, dtype=object, copy=False) if isinstance(v, np.ndarray) and v.dtype == object else v)
+            for k, v in columns.items()
+        },
+        copy=False,
+    )
 
 
 def obj(values, index=None) -> pd.Series:
@@ -101,11 +139,11 @@ def combined_codes(*arrays) -> np.ndarray:
     fast = _one_key(arrays)
     if fast is not None:
         key, radix = fast
-        if radix <= max(4096, min(2 * key.size, 1 << 22)):   # few possible keys: a table in cache, no hashing
+        if radix <= max(4096, min(2 * key.size, 1 << 22)):  # few possible keys: a table in cache, no hashing
             return _first_appearance_codes(key, radix)
         return pd.factorize(key)[0].astype(np.int64, copy=False)
     codes = None
-    for values in arrays:   # stepwise, so the mixed-radix products never overflow
+    for values in arrays:  # stepwise, so the mixed-radix products never overflow
         c, uniques = pd.factorize(np.asarray(values))
         if codes is None:
             codes = c.astype(np.int64)
@@ -118,7 +156,7 @@ def combined_codes(*arrays) -> np.ndarray:
 def _first_appearance_codes(key: np.ndarray, radix: int) -> np.ndarray:
     """pd.factorize(key)[0] for keys in [0, radix): dense codes in order of first appearance."""
     first = np.full(radix, -1, dtype=np.int64)
-    first[key[::-1]] = np.arange(key.size - 1, -1, -1)   # the last write, the first row, wins
+    first[key[::-1]] = np.arange(key.size - 1, -1, -1)  # the last write, the first row, wins
     present = np.flatnonzero(first >= 0)
     code_of = np.empty(radix, dtype=np.int64)
     code_of[present[np.argsort(first[present], kind="stable")]] = np.arange(present.size)
@@ -140,7 +178,7 @@ def _one_key(arrays) -> tuple[np.ndarray, int] | None:
             low = int(values.min()) if values.size else 0
             span = (int(values.max()) - low + 1) if values.size else 1
             digit = values - low if low else values
-            sparse = span > 4 * values.size   # a few far-apart values (thread ids): number them instead
+            sparse = span > 4 * values.size  # a few far-apart values (thread ids): number them instead
         if sparse or values.dtype.kind not in "iub":
             digit, uniques = pd.factorize(values)
             if values.size and (digit < 0).any():

@@ -7,6 +7,7 @@ schema, written by tests/nsys_builder.py) of a small CNN trained with PyTorch on
 The sample ships with the project so the README's quick start runs without a GPU; this script shows
 exactly what is in it and regenerates it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,46 +27,70 @@ PID = 4321
 # (label, forward kernel, its duration in us, backward kernel, its duration in us); fp16 convolutions use
 # Tensor Cores, the fp32 linear layer does not (a case for AMP), the rest are elementwise kernels.
 LAYERS = [
-    ("aten::conv2d", "volta_fp16_s884cudnn_fp16_128x128_ldg8_relu_f2f_exp_small_nhwc_tn_v1", 180,
-     "volta_fp16_s884cudnn_fp16_256x64_ldg8_dgrad_f2f_exp_small_nhwc_tn_v1", 260),
+    (
+        "aten::conv2d",
+        "volta_fp16_s884cudnn_fp16_128x128_ldg8_relu_f2f_exp_small_nhwc_tn_v1",
+        180,
+        "volta_fp16_s884cudnn_fp16_256x64_ldg8_dgrad_f2f_exp_small_nhwc_tn_v1",
+        260,
+    ),
     ("aten::batch_norm", "cudnn::bn_fw_tr_1C11_kernel_NCHW", 40, "cudnn::bn_bw_1C11_kernel_new", 55),
     ("aten::relu", "vectorized_elementwise_kernel", 15, "vectorized_elementwise_kernel", 18),
-    ("aten::conv2d", "sm80_xmma_fprop_implicit_gemm_f16f16_f16f16_f16_nhwckrsc_nhwc_tilesize128x128x32_stage4_"
-                     "warpsize2x2x1_g1_tensor16x8x16_execute_kernel", 150,
-     "sm80_xmma_dgrad_implicit_gemm_f16f16_f16f16_f16_nhwckrsc_nhwc_tilesize128x128x32_stage4_warpsize2x2x1_g1_"
-     "tensor16x8x16_execute_kernel", 210),
+    (
+        "aten::conv2d",
+        "sm80_xmma_fprop_implicit_gemm_f16f16_f16f16_f16_nhwckrsc_nhwc_tilesize128x128x32_stage4_"
+        "warpsize2x2x1_g1_tensor16x8x16_execute_kernel",
+        150,
+        "sm80_xmma_dgrad_implicit_gemm_f16f16_f16f16_f16_nhwckrsc_nhwc_tilesize128x128x32_stage4_warpsize2x2x1_g1_"
+        "tensor16x8x16_execute_kernel",
+        210,
+    ),
     ("aten::batch_norm", "cudnn::bn_fw_tr_1C11_kernel_NCHW", 35, "cudnn::bn_bw_1C11_kernel_new", 50),
     ("aten::relu", "vectorized_elementwise_kernel", 12, "vectorized_elementwise_kernel", 15),
     ("aten::adaptive_avg_pool2d", "reduce_kernel", 25, "elementwise_kernel", 20),
     ("aten::linear", "volta_sgemm_128x64_nn", 120, "volta_sgemm_64x64_nt", 160),
     ("aten::cross_entropy_loss", "reduce_kernel", 20, "elementwise_kernel", 15),
 ]
-BACKWARD_NODES = {"aten::conv2d": "ConvolutionBackward0", "aten::batch_norm": "CudnnBatchNormBackward0",
-                  "aten::relu": "ReluBackward0", "aten::adaptive_avg_pool2d": "MeanBackward1",
-                  "aten::linear": "AddmmBackward0", "aten::cross_entropy_loss": "NllLossBackward0"}
+BACKWARD_NODES = {
+    "aten::conv2d": "ConvolutionBackward0",
+    "aten::batch_norm": "CudnnBatchNormBackward0",
+    "aten::relu": "ReluBackward0",
+    "aten::adaptive_avg_pool2d": "MeanBackward1",
+    "aten::linear": "AddmmBackward0",
+    "aten::cross_entropy_loss": "NllLossBackward0",
+}
 
 
 def build(path: Path, iterations: int = 12, seed: int = 7) -> Path:
     rng = np.random.default_rng(seed)
     exp = NsysExport(schema="2022.4")
-    exp.add_gpu(device_id=0, name="NVIDIA A100-SXM4-40GB", total_memory=42505273344, sm_count=108, compute=(8, 0),
-                bus_location="0000:07:00.0", chip_name="GA100")
+    exp.add_gpu(
+        device_id=0,
+        name="NVIDIA A100-SXM4-40GB",
+        total_memory=42505273344,
+        sm_count=108,
+        compute=(8, 0),
+        bus_location="0000:07:00.0",
+        chip_name="GA100",
+    )
     exp.system_env("CpuDescription", "AMD EPYC 7742 64-Core Processor")
     exp.system_env("NvDriverVersion", "535.104.05")
     exp.system_env("CudaDriverVersion", "12020")
     exp.system_env("Hostname", "trainer-01")
     main = exp.add_thread(pid=PID, tid=PID, name="python", process_name="python")
     grad = exp.add_thread(pid=PID, tid=PID + 1, name="pt_autograd_0", process_name="python")
-    config = ('{"model_config": {"torch_version": "2.3.1", "cuda_version": "12.1", "cudnn_version": 8902, '
-              '"cudnn_benchmark": true, "amp_enabled": true, "detect_anomaly": false, "emit_nvtx": true, '
-              '"num_workers": 2, "pin_memory": false, "batch_size": 32, "gpu_total_memory": 42505273344, '
-              '"gpu_name": "NVIDIA A100-SXM4-40GB"}}')
+    config = (
+        '{"model_config": {"torch_version": "2.3.1", "cuda_version": "12.1", "cudnn_version": 8902, '
+        '"cudnn_benchmark": true, "amp_enabled": true, "detect_anomaly": false, "emit_nvtx": true, '
+        '"num_workers": 2, "pin_memory": false, "batch_size": 32, "gpu_total_memory": 42505273344, '
+        '"gpu_name": "NVIDIA A100-SXM4-40GB"}}'
+    )
     exp.push_pop(main, 500_000, 500_000, config)
     op_id, seq = 1, 0
-    t = 1_000_000          # CPU clock (ns)
-    gpu = 1_000_000        # the GPU stream's clock: kernels queue behind each other
+    t = 1_000_000  # CPU clock (ns)
+    gpu = 1_000_000  # the GPU stream's clock: kernels queue behind each other
     for it in range(iterations):
-        slow = 4.0 if it < 2 else 1.0   # warm-up iterations: cuDNN autotuning and allocator growth
+        slow = 4.0 if it < 2 else 1.0  # warm-up iterations: cuDNN autotuning and allocator growth
 
         def rng_range(thread, start, end, text):
             nonlocal op_id
@@ -81,6 +106,7 @@ def build(path: Path, iterations: int = 12, seed: int = 7) -> Path:
         gpu += 120_000
         rng_range(main, t, t + 12_000, f"aten::to, seq = {seq}")
         t += 15_000
+
         def op(thread, start, cpu, text, kernel, dur_us):
             """An op range launching one kernel a third of the way in; returns where the op ends."""
             nonlocal gpu
@@ -108,8 +134,7 @@ def build(path: Path, iterations: int = 12, seed: int = 7) -> Path:
         rng_range(main, t + 5_000, t + 50_000, f"aten::_foreach_add_, seq = {seq}")
         call = t + 10_000
         launch_start = max(gpu, call + 6_000)
-        exp.launch(main, call, call + 5_000, launch_start, launch_start + 45_000,
-                   kernel="multi_tensor_apply_kernel")
+        exp.launch(main, call, call + 5_000, launch_start, launch_start + 45_000, kernel="multi_tensor_apply_kernel")
         gpu = launch_start + 45_000
         t += step + 3_000
         # the loss is read back every iteration: the host waits for the GPU

@@ -9,6 +9,7 @@ or under the profiler (see examples/README.md):
     dlprof --mode=pytorch --output_path=./event_files python examples/pytorch_train_cpu.py
     nsys profile -t cuda,nvtx -s none --export=sqlite -o rep python examples/pytorch_train_cpu.py
 """
+
 import argparse
 import os
 import sys
@@ -69,8 +70,10 @@ def main(argv=None) -> int:
     # so it is switched off on CPU-only builds (our markers alone then give names and direction).
     with torch.autograd.profiler.emit_nvtx(enabled=torch.cuda.is_available(), record_shapes=True):
         final_loss = train(args.iterations, args.batch_size)
-    print("trained %d iterations, final loss %.4f, annotations %s"
-          % (args.iterations, final_loss, "on" if dlprof_pytorch.is_active() else "off (no profiler attached)"))
+    print(
+        "trained %d iterations, final loss %.4f, annotations %s"
+        % (args.iterations, final_loss, "on" if dlprof_pytorch.is_active() else "off (no profiler attached)")
+    )
     return 0
 
 

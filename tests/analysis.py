@@ -1,4 +1,5 @@
 """Run the engine in-process on an export and give tests the frames to check."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,8 +44,13 @@ class Analysis:
         return set(self.ops(domain)["name"])
 
 
-def analyze(path: Path, key_node: str | None = None, mode: str | None = None, iter_start: int | None = None,
-            iter_stop: int | None = None) -> Analysis:
+def analyze(
+    path: Path,
+    key_node: str | None = None,
+    mode: str | None = None,
+    iter_start: int | None = None,
+    iter_stop: int | None = None,
+) -> Analysis:
     """ingest (any format) -> correlate -> iterate -> aggregate, through the engine's façade."""
     trace = sanitize_trace(read_trace(Path(path)))
     config = AnalysisConfig(mode=mode, key_node=key_node, iter_start=iter_start, iter_stop=iter_stop)

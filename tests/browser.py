@@ -5,6 +5,7 @@ TensorBoard serving a logdir, downloads into a temporary folder, screenshots und
         b.open_dlprof(tb.url)          # TensorBoard's #dlprof tab, switched into the plugin iframe
         b.wait_css("[data-metric=wall_time]")
 """
+
 from __future__ import annotations
 
 import base64
@@ -27,9 +28,20 @@ ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
-CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-                "--disable-default-apps", "--disable-extensions", "--lang=en-US", "--force-device-scale-factor=1"]
+CHROME_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--lang=en-US",
+    "--force-device-scale-factor=1",
+]
 
 
 def browser_missing_reason() -> str | None:
@@ -45,13 +57,15 @@ def browser_missing_reason() -> str | None:
     return None
 
 
-requires_browser = pytest.mark.skipif(browser_missing_reason() is not None,
-                                      reason=browser_missing_reason() or "browser available")
+requires_browser = pytest.mark.skipif(
+    browser_missing_reason() is not None, reason=browser_missing_reason() or "browser available"
+)
 
 
 # ---------------------------------------------------------------------------- formatting, as format.js does
 # Intl.NumberFormat("en-US") rounds the exact value of the double half away from zero; Decimal(float) is that
 # exact value, so ROUND_HALF_UP on it gives the same digits.
+
 
 def _round_text(value: float, digits: int, keep_zeros: bool = False) -> str:
     d = Decimal(float(value)).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP)
@@ -78,7 +92,7 @@ def fmt_offset_ns(ns) -> str:
         return "—"
     n = int(round(ns))
     sign, a = ("−" if n < 0 else "+"), abs(n)
-    for scale, unit, digits in ((10 ** 9, "s", 9), (10 ** 6, "ms", 6), (10 ** 3, "µs", 3)):
+    for scale, unit, digits in ((10**9, "s", 9), (10**6, "ms", 6), (10**3, "µs", 3)):
         if a >= scale:
             return f"{sign}{a // scale:,}.{a % scale:0{digits}d} {unit}"
     return f"{sign}{a} ns"
@@ -95,6 +109,7 @@ def fmt_int(v) -> str:
 
 
 # ---------------------------------------------------------------------------- TensorBoard
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -114,7 +129,7 @@ class TensorBoard:
     def __init__(self, logdir: Path, timeout: float = 90.0, path_prefix: str = "", extra_args=()):
         self.logdir = Path(logdir)
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}{path_prefix}"   # TensorBoard's root, with --path_prefix
+        self.url = f"http://127.0.0.1:{self.port}{path_prefix}"  # TensorBoard's root, with --path_prefix
         self.path_prefix = path_prefix
         self.extra_args = list(extra_args) + ([f"--path_prefix={path_prefix}"] if path_prefix else [])
         self.timeout = timeout
@@ -126,9 +141,23 @@ class TensorBoard:
         self.log = open(ARTIFACTS / f"tensorboard_{self.port}.log", "w")
         exe = Path(sys.executable).with_name("tensorboard")
         cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "tensorboard.main"]
-        self.proc = subprocess.Popen(cmd + ["--logdir", str(self.logdir), "--port", str(self.port),
-                                            "--host", "127.0.0.1", "--reload_interval", "5", *self.extra_args],
-                                     stdout=self.log, stderr=subprocess.STDOUT, cwd=str(ROOT))
+        self.proc = subprocess.Popen(
+            cmd
+            + [
+                "--logdir",
+                str(self.logdir),
+                "--port",
+                str(self.port),
+                "--host",
+                "127.0.0.1",
+                "--reload_interval",
+                "5",
+                *self.extra_args,
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=str(ROOT),
+        )
         deadline = time.time() + self.timeout
         last = None
         while time.time() < deadline:
@@ -162,6 +191,7 @@ class TensorBoard:
 
 # ---------------------------------------------------------------------------- the browser
 
+
 class Browser:
     """Headless Debian Chromium driven by Selenium, with a fresh profile and a download folder."""
 
@@ -184,19 +214,23 @@ class Browser:
             opts.add_argument(flag)
         opts.add_argument(f"--user-data-dir={self.profile_dir}")
         opts.add_argument(f"--window-size={self.width},{self.height}")
-        opts.add_experimental_option("prefs", {
-            "download.default_directory": str(self.download_dir),
-            "download.prompt_for_download": False,
-            "download.directory_upgrade": True,
-            "safebrowsing.enabled": False,
-            "profile.default_content_setting_values.automatic_downloads": 1,
-        })
+        opts.add_experimental_option(
+            "prefs",
+            {
+                "download.default_directory": str(self.download_dir),
+                "download.prompt_for_download": False,
+                "download.directory_upgrade": True,
+                "safebrowsing.enabled": False,
+                "profile.default_content_setting_values.automatic_downloads": 1,
+            },
+        )
         opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
         service = Service(executable_path=CHROMEDRIVER, log_output=str(self._artifact("chromedriver.log")))
         self.driver = webdriver.Chrome(service=service, options=opts)
         self.driver.set_script_timeout(30)
-        self.driver.execute_cdp_cmd("Browser.setDownloadBehavior",
-                                    {"behavior": "allow", "downloadPath": str(self.download_dir)})
+        self.driver.execute_cdp_cmd(
+            "Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(self.download_dir)}
+        )
         return self
 
     def __exit__(self, *exc):
@@ -216,29 +250,38 @@ class Browser:
     def open_dlprof(self, tb_url: str, timeout: float = 30.0):
         """TensorBoard's DLPROF tab; switches into the plugin's iframe and waits for the UI."""
         from selenium.webdriver.common.by import By
+
         d = self.driver
         d.switch_to.default_content()
         d.get(f"{tb_url}/#dlprof")
-        frame = self.wait(lambda drv: drv.find_element(By.CSS_SELECTOR, "iframe[src*='plugin_entry.html?name=dlprof']"),
-                          timeout, "the DLPROF plugin iframe")
+        frame = self.wait(
+            lambda drv: drv.find_element(By.CSS_SELECTOR, "iframe[src*='plugin_entry.html?name=dlprof']"),
+            timeout,
+            "the DLPROF plugin iframe",
+        )
         d.switch_to.frame(frame)
         self.wait_css("#dlprof-app", timeout)
         return self
 
     # -- waiting and finding
     def wait(self, predicate, timeout: float = 15.0, what: str = "condition"):
-        from selenium.common.exceptions import (NoSuchElementException, StaleElementReferenceException,
-                                                TimeoutException)
+        from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException, TimeoutException
         from selenium.webdriver.support.ui import WebDriverWait
+
         try:
-            return WebDriverWait(self.driver, timeout, poll_frequency=0.05,
-                                 ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)
-                                 ).until(predicate)
-        except TimeoutException:
+            return WebDriverWait(
+                self.driver,
+                timeout,
+                poll_frequency=0.05,
+                ignored_exceptions=(NoSuchElementException, StaleElementReferenceException),
+            ).until(predicate)
+        except TimeoutException as exc:
             name = "timeout_" + "".join(ch if ch.isalnum() else "_" for ch in what)[:60] + ".png"
             with contextlib.suppress(Exception):
                 self.driver.save_screenshot(str(self._artifact(name)))
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}; console: {self.console()[-5:]}")
+            raise AssertionError(
+                f"timed out after {timeout}s waiting for {what}; console: {self.console()[-5:]}"
+            ) from exc
 
     def wait_css(self, css: str, timeout: float = 15.0, visible: bool = False):
         from selenium.webdriver.common.by import By
@@ -246,6 +289,7 @@ class Browser:
         def find(d):
             el = d.find_element(By.CSS_SELECTOR, css)
             return el if (not visible or el.is_displayed()) else False
+
         return self.wait(find, timeout, css)
 
     def wait_text(self, css: str, text: str, timeout: float = 15.0):
@@ -255,14 +299,17 @@ class Browser:
         def find(d):
             el = d.find_element(By.CSS_SELECTOR, css)
             return el if text in el.text else False
+
         return self.wait(find, timeout, f"{text!r} in {css}")
 
     def css(self, css: str):
         from selenium.webdriver.common.by import By
+
         return self.driver.find_element(By.CSS_SELECTOR, css)
 
     def all(self, css: str):
         from selenium.webdriver.common.by import By
+
         return self.driver.find_elements(By.CSS_SELECTOR, css)
 
     def js(self, script: str, *args):
@@ -285,8 +332,11 @@ class Browser:
         before = before or set()
         deadline = time.time() + timeout
         while time.time() < deadline:
-            done = [p for p in self.download_dir.iterdir()
-                    if p.name.endswith(suffix) and p.name not in before and not p.name.endswith(".crdownload")]
+            done = [
+                p
+                for p in self.download_dir.iterdir()
+                if p.name.endswith(suffix) and p.name not in before and not p.name.endswith(".crdownload")
+            ]
             if done:
                 path = max(done, key=lambda p: p.stat().st_mtime)
                 if path.stat().st_size > 0:
@@ -307,16 +357,26 @@ class Browser:
         d.switch_to.default_content()
         try:
             top = int(d.execute_script("return Math.max(document.documentElement.clientHeight, 600);"))
-            frame_top = int(d.execute_script(
-                "const f = document.querySelector(\"iframe[src*='plugin_entry.html?name=dlprof']\");"
-                "return f ? Math.round(f.getBoundingClientRect().top) : 0;"))
+            frame_top = int(
+                d.execute_script(
+                    "const f = document.querySelector(\"iframe[src*='plugin_entry.html?name=dlprof']\");"
+                    "return f ? Math.round(f.getBoundingClientRect().top) : 0;"
+                )
+            )
             total = max(top, frame_top + height + 8)
-            d.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                              {"width": self.width, "height": total, "deviceScaleFactor": 1, "mobile": False})
-            time.sleep(0.6)   # TensorBoard relayouts the iframe
-            shot = d.execute_cdp_cmd("Page.captureScreenshot", {
-                "format": "png", "captureBeyondViewport": False,
-                "clip": {"x": 0, "y": 0, "width": self.width, "height": total, "scale": scale}})
+            d.execute_cdp_cmd(
+                "Emulation.setDeviceMetricsOverride",
+                {"width": self.width, "height": total, "deviceScaleFactor": 1, "mobile": False},
+            )
+            time.sleep(0.6)  # TensorBoard relayouts the iframe
+            shot = d.execute_cdp_cmd(
+                "Page.captureScreenshot",
+                {
+                    "format": "png",
+                    "captureBeyondViewport": False,
+                    "clip": {"x": 0, "y": 0, "width": self.width, "height": total, "scale": scale},
+                },
+            )
             path.write_bytes(base64.b64decode(shot["data"]))
         finally:
             d.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
@@ -328,6 +388,7 @@ class Browser:
 def query(db, sql: str, args=()):
     """Rows of a read-only query on a DLProf database (the tests' independent view of the figures)."""
     import sqlite3
+
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         return con.execute(sql, args).fetchall()

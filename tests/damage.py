@@ -1,6 +1,7 @@
 """Damaged copies of exports and databases for the hardening tests: NULL or reversed timestamps (the nsys
 schema declares most times NOT NULL, so the constraint is dropped first, as a foreign or broken exporter
 would), dropped tables, cut files."""
+
 from __future__ import annotations
 
 import hashlib

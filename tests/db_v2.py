@@ -1,6 +1,7 @@
 """A DLProf database of schema 2.0 (what dlprof wrote before schema 3.0), built in tests: the 2.0 layout
 (names as text on every row, no rank) filled from the engine's frames with plain sqlite3 inserts, so the
 readers of old databases (engine and viewer) are tested without keeping an old binary file."""
+
 from __future__ import annotations
 
 import json
@@ -140,8 +141,14 @@ CREATE INDEX idx_owner_launch ON read_only_activity_owners(domain_id, launch_tim
 def _values(frame: pd.DataFrame, columns: list[str]) -> list[tuple]:
     out = []
     for row in frame[columns].astype(object).itertuples(index=False):
-        out.append(tuple(None if (v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NA) else
-                         (int(v) if isinstance(v, (bool, np.bool_, np.integer)) else v) for v in row))
+        out.append(
+            tuple(
+                None
+                if (v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NA)
+                else (int(v) if isinstance(v, (bool, np.bool_, np.integer)) else v)
+                for v in row
+            )
+        )
     return out
 
 
@@ -149,61 +156,150 @@ def write_v2_database(path: Path, trace, corr, primary: str, profile: dict) -> d
     """The raw tables of a 2.0 database for an analysed trace; returns {domain: domain_id} (op_index offsets
     are the domains' op counts before them, as 2.0 numbered them). Aggregations are appended by the caller."""
     from dlprof_profiler.database import launch_times
+
     con = sqlite3.connect(path)
     con.executescript(SCHEMA_2_0)
     domain_ids = {name: i for i, name in enumerate(corr.domains)}
 
     def ins(table: str, rows: list, n: int) -> None:
         con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * n)})", rows)
+
     ins("db_version", [("2.0.0", "2.0.0", "dlprof 2.0.0")], 3)
-    ins("profile_info", [(k, v if isinstance(v, str) or v is None else json.dumps(v))
-                         for k, v in {**profile, "primary_domain": primary}.items()], 2)
+    ins(
+        "profile_info",
+        [
+            (k, v if isinstance(v, str) or v is None else json.dumps(v))
+            for k, v in {**profile, "primary_domain": primary}.items()
+        ],
+        2,
+    )
     system = {**trace.system, **{f"nsys:{k}": v for k, v in trace.meta.items()}}
     ins("read_only_system_config", [(str(k), None if v is None else str(v)) for k, v in system.items()], 2)
     ins("read_only_model_config", [(k, json.dumps(v)) for k, v in corr.config.items()], 2)
     ins("read_only_gpu_infos", _values(trace.devices, list(trace.devices.columns)), 9)
     ins("read_only_processes", _values(trace.processes, ["pid", "name"]), 2)
     ins("read_only_threads", _values(trace.threads, ["global_tid", "pid", "tid", "name"]), 4)
-    ins("read_only_domains", [(i, n, corr.family, int(corr.domains[n].has_markers), int(corr.domains[n].n_ranges),
-                               int(n == primary)) for n, i in domain_ids.items()], 6)
+    ins(
+        "read_only_domains",
+        [
+            (i, n, corr.family, int(corr.domains[n].has_markers), int(corr.domains[n].n_ranges), int(n == primary))
+            for n, i in domain_ids.items()
+        ],
+        6,
+    )
     r = trace.ranges.assign(domain_id=trace.ranges["domain"].map(domain_ids).fillna(-1).astype(int))
-    ins("read_only_ranges", _values(r, ["range_id", "domain_id", "text", "start", "end", "global_tid", "pid",
-                                        "event_type", "unclosed"]), 9)
-    ins("read_only_cuda_calls", _values(trace.api_calls, ["api_id", "name", "start", "end", "global_tid", "pid",
-                                                           "correlation_id", "event_class", "return_value"]), 9)
+    ins(
+        "read_only_ranges",
+        _values(r, ["range_id", "domain_id", "text", "start", "end", "global_tid", "pid", "event_type", "unclosed"]),
+        9,
+    )
+    ins(
+        "read_only_cuda_calls",
+        _values(
+            trace.api_calls,
+            ["api_id", "name", "start", "end", "global_tid", "pid", "correlation_id", "event_class", "return_value"],
+        ),
+        9,
+    )
     gpu_columns = list(trace.gpu.columns)
     ins("read_only_gpu_activities", _values(trace.gpu, gpu_columns), len(gpu_columns))
-    pairs = pd.DataFrame({"name": trace.gpu["name"].astype(object), "long_name": trace.gpu["long_name"].astype(object),
-                          "uses_tc": corr.uses_tc.astype(int), "tc_rule": corr.tc_rule}).drop_duplicates(
-        ["name", "long_name"])
+    pairs = pd.DataFrame(
+        {
+            "name": trace.gpu["name"].astype(object),
+            "long_name": trace.gpu["long_name"].astype(object),
+            "uses_tc": corr.uses_tc.astype(int),
+            "tc_rule": corr.tc_rule,
+        }
+    ).drop_duplicates(["name", "long_name"])
     ins("read_only_kernel_tc", _values(pairs, ["name", "long_name", "uses_tc", "tc_rule"]), 4)
     ins("read_only_cuda_syncs", _values(trace.syncs, list(trace.syncs.columns)), 7)
     ins("read_only_io_calls", _values(trace.io_calls, ["start", "end", "global_tid", "pid", "name"]), 5)
     labels = corr.range_labels
     if labels is not None and len(labels):
-        ins("read_only_range_labels", _values(labels.assign(domain_id=labels["domain"].map(domain_ids)),
-                                              ["domain_id", "label", "kind", "num_ranges"]), 4)
+        ins(
+            "read_only_range_labels",
+            _values(
+                labels.assign(domain_id=labels["domain"].map(domain_ids)), ["domain_id", "label", "kind", "num_ranges"]
+            ),
+            4,
+        )
     launch = launch_times(trace, corr.gpu_api)
     offset = 0
     for name, dm in corr.domains.items():
         did = domain_ids[name]
         ops = dm.ops.assign(domain_id=did, op_index=dm.ops["op_index"] + offset)
-        ins("read_only_ops", _values(ops, ["op_index", "domain_id", "op_id", "name", "direction", "op_type", "label",
-                                           "tc_eligible", "data_type", "stack_trace", "device_id", "first_start",
-                                           "n_instances", "kind"]), 14)
+        ins(
+            "read_only_ops",
+            _values(
+                ops,
+                [
+                    "op_index",
+                    "domain_id",
+                    "op_id",
+                    "name",
+                    "direction",
+                    "op_type",
+                    "label",
+                    "tc_eligible",
+                    "data_type",
+                    "stack_trace",
+                    "device_id",
+                    "first_start",
+                    "n_instances",
+                    "kind",
+                ],
+            ),
+            14,
+        )
         inst = dm.instances
-        source = np.where(inst["range_id"] >= 0, inst["range_id"],
-                          np.where(inst["api_id"] >= 0, inst["api_id"], inst["activity_id"]))
+        source = np.where(
+            inst["range_id"] >= 0, inst["range_id"], np.where(inst["api_id"] >= 0, inst["api_id"], inst["activity_id"])
+        )
         rows = inst.assign(domain_id=did, source_id=source, op_index=inst["op_index"] + offset)
-        ins("read_only_op_instances", _values(rows, [
-            "domain_id", "instance_id", "op_index", "kind", "source_id", "start", "end", "pid", "global_tid",
-            "device_id", "cpu_overhead", "gpu_time", "gpu_start", "gpu_end", "n_gpu", "n_kernels"]), 16)
-        details = rows[rows[["data_type", "input_shapes", "output_shapes", "parameters", "stack_trace"]]
-                       .notna().any(axis=1)]
-        ins("read_only_op_instance_details", _values(details, ["domain_id", "instance_id", "data_type", "input_shapes",
-                                                               "output_shapes", "parameters", "stack_trace"]), 7)
-        owners = pd.DataFrame({"domain_id": did, "activity_id": np.arange(len(dm.gpu_instance)),
-                               "instance_id": dm.gpu_instance, "launch_time": launch})
+        ins(
+            "read_only_op_instances",
+            _values(
+                rows,
+                [
+                    "domain_id",
+                    "instance_id",
+                    "op_index",
+                    "kind",
+                    "source_id",
+                    "start",
+                    "end",
+                    "pid",
+                    "global_tid",
+                    "device_id",
+                    "cpu_overhead",
+                    "gpu_time",
+                    "gpu_start",
+                    "gpu_end",
+                    "n_gpu",
+                    "n_kernels",
+                ],
+            ),
+            16,
+        )
+        details = rows[
+            rows[["data_type", "input_shapes", "output_shapes", "parameters", "stack_trace"]].notna().any(axis=1)
+        ]
+        ins(
+            "read_only_op_instance_details",
+            _values(
+                details,
+                ["domain_id", "instance_id", "data_type", "input_shapes", "output_shapes", "parameters", "stack_trace"],
+            ),
+            7,
+        )
+        owners = pd.DataFrame(
+            {
+                "domain_id": did,
+                "activity_id": np.arange(len(dm.gpu_instance)),
+                "instance_id": dm.gpu_instance,
+                "launch_time": launch,
+            }
+        )
         ins("read_only_activity_owners", _values(owners, ["domain_id", "activity_id", "instance_id", "launch_time"]), 4)
         offset += len(dm.ops)
     con.executescript(INDEXES_2_0)

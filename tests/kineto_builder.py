@@ -1,6 +1,7 @@
 """Write Kineto (torch.profiler) Chrome-trace JSON files from code, in the layout PyTorch 2.x writes:
 times in integer ns here, written as microsecond decimals with 3 places (`"ts": 1000000000.123`),
 `baseTimeNanoseconds`, `process_name`/`thread_name` metadata, `ac2g` flow arrows, the profiler span."""
+
 from __future__ import annotations
 
 import gzip
@@ -21,25 +22,44 @@ class KinetoTrace:
     def __init__(self, pid: int = 4242, base_ns: int = 1_700_000_000_000_000_000, dialect: str = "2.x"):
         self.pid = pid
         self.base_ns = base_ns
-        self.dialect = dialect          # "2.x" (cpu_op, cuda_runtime, kernel ...) or "2021" (Operator, Runtime ...)
-        self.events: list[str] = []     # JSON texts, so times stay exact decimals
+        self.dialect = dialect  # "2.x" (cpu_op, cuda_runtime, kernel ...) or "2021" (Operator, Runtime ...)
+        self.events: list[str] = []  # JSON texts, so times stay exact decimals
         self.top: dict = {"schemaVersion": 1, "deviceProperties": []}
         self.next_correlation = 1000
         self.next_external = 1
 
     def cat(self, name: str) -> str:
         if self.dialect == "2021":
-            return {"cpu_op": "Operator", "cuda_runtime": "Runtime", "kernel": "Kernel", "gpu_memcpy": "Memcpy",
-                    "gpu_memset": "Memset"}.get(name, name)
+            return {
+                "cpu_op": "Operator",
+                "cuda_runtime": "Runtime",
+                "kernel": "Kernel",
+                "gpu_memcpy": "Memcpy",
+                "gpu_memset": "Memset",
+            }.get(name, name)
         return name
 
-    def _event(self, ph: str, cat: str | None, name: str, pid, tid, ts: int, dur: int | None = None,
-               args: dict | None = None, extra: dict | None = None) -> None:
+    def _event(
+        self,
+        ph: str,
+        cat: str | None,
+        name: str,
+        pid,
+        tid,
+        ts: int,
+        dur: int | None = None,
+        args: dict | None = None,
+        extra: dict | None = None,
+    ) -> None:
         parts = [f'"ph": "{ph}"']
         if cat is not None:
             parts.append(f'"cat": {json.dumps(cat)}')
-        parts += [f'"name": {json.dumps(name)}', f'"pid": {json.dumps(pid)}', f'"tid": {json.dumps(tid)}',
-                  f'"ts": {us(ts)}']
+        parts += [
+            f'"name": {json.dumps(name)}',
+            f'"pid": {json.dumps(pid)}',
+            f'"tid": {json.dumps(tid)}',
+            f'"ts": {us(ts)}',
+        ]
         if dur is not None:
             parts.append(f'"dur": {us(dur)}')
         for key, value in (extra or {}).items():
@@ -53,8 +73,18 @@ class KinetoTrace:
 
     # -------------------------------------------------------------- CPU side
 
-    def cpu_op(self, tid: int, ts: int, dur: int, name: str, seq: int | None = None, fwd_tid: int | None = None,
-               dims=None, types=None, stack: str | None = None) -> int:
+    def cpu_op(
+        self,
+        tid: int,
+        ts: int,
+        dur: int,
+        name: str,
+        seq: int | None = None,
+        fwd_tid: int | None = None,
+        dims=None,
+        types=None,
+        stack: str | None = None,
+    ) -> int:
         ext = self.next_external
         self.next_external += 1
         args = {"External id": ext, "Record function id": 0}
@@ -72,16 +102,31 @@ class KinetoTrace:
 
     def annotation(self, tid: int, ts: int, dur: int, name: str) -> None:
         # 2021 traces had no user_annotation category: record_function labels were Operator events
-        self._event("X", self.cat("cpu_op") if self.dialect == "2021" else "user_annotation", name, self.pid,
-                    self.tid_value(tid), ts, dur,
-                    {"External id": self.next_external})
+        self._event(
+            "X",
+            self.cat("cpu_op") if self.dialect == "2021" else "user_annotation",
+            name,
+            self.pid,
+            self.tid_value(tid),
+            ts,
+            dur,
+            {"External id": self.next_external},
+        )
         self.next_external += 1
 
     def python(self, tid: int, ts: int, dur: int, name: str) -> None:
         self._event("X", "python_function", name, self.pid, tid, ts, dur, {"Python id": len(self.events)})
 
-    def runtime(self, tid: int, ts: int, dur: int, name: str = "cudaLaunchKernel", correlation: int | None = None,
-                flow: bool = True, args_correlation: bool = True) -> int:
+    def runtime(
+        self,
+        tid: int,
+        ts: int,
+        dur: int,
+        name: str = "cudaLaunchKernel",
+        correlation: int | None = None,
+        flow: bool = True,
+        args_correlation: bool = True,
+    ) -> int:
         corr = correlation if correlation is not None else self.next_correlation
         self.next_correlation = max(self.next_correlation, corr) + 1
         args = {"cbid": 211}
@@ -94,8 +139,19 @@ class KinetoTrace:
 
     # -------------------------------------------------------------- GPU side
 
-    def _gpu(self, cat: str, name: str, device: int, stream: int, ts: int, dur: int, correlation: int,
-             args: dict, flow: bool = True, args_correlation: bool = True) -> None:
+    def _gpu(
+        self,
+        cat: str,
+        name: str,
+        device: int,
+        stream: int,
+        ts: int,
+        dur: int,
+        correlation: int,
+        args: dict,
+        flow: bool = True,
+        args_correlation: bool = True,
+    ) -> None:
         args = {"device": device, "context": 1, "stream": stream, **args}
         if args_correlation:
             args["correlation"] = correlation
@@ -104,15 +160,45 @@ class KinetoTrace:
         if flow:
             self._event("f", "ac2g", "ac2g", device, tid, ts, extra={"id": correlation, "bp": "e"})
 
-    def kernel(self, name: str, ts: int, dur: int, correlation: int, device: int = 0, stream: int = 7,
-               grid=(1, 1, 1), block=(128, 1, 1), **kw) -> None:
-        self._gpu("kernel", name, device, stream, ts, dur, correlation,
-                  {"registers per thread": 32, "shared memory": 0, "grid": list(grid), "block": list(block)}, **kw)
+    def kernel(
+        self,
+        name: str,
+        ts: int,
+        dur: int,
+        correlation: int,
+        device: int = 0,
+        stream: int = 7,
+        grid=(1, 1, 1),
+        block=(128, 1, 1),
+        **kw,
+    ) -> None:
+        self._gpu(
+            "kernel",
+            name,
+            device,
+            stream,
+            ts,
+            dur,
+            correlation,
+            {"registers per thread": 32, "shared memory": 0, "grid": list(grid), "block": list(block)},
+            **kw,
+        )
 
-    def memcpy(self, ts: int, dur: int, correlation: int, direction: str = "HtoD", nbytes: int = 4096,
-               device: int = 0, stream: int = 7) -> None:
-        label = {"HtoD": "Memcpy HtoD (Pageable -> Device)", "DtoH": "Memcpy DtoH (Device -> Pageable)",
-                 "DtoD": "Memcpy DtoD (Device -> Device)"}[direction]
+    def memcpy(
+        self,
+        ts: int,
+        dur: int,
+        correlation: int,
+        direction: str = "HtoD",
+        nbytes: int = 4096,
+        device: int = 0,
+        stream: int = 7,
+    ) -> None:
+        label = {
+            "HtoD": "Memcpy HtoD (Pageable -> Device)",
+            "DtoH": "Memcpy DtoH (Device -> Pageable)",
+            "DtoD": "Memcpy DtoD (Device -> Device)",
+        }[direction]
         self._gpu("gpu_memcpy", label, device, stream, ts, dur, correlation, {"bytes": nbytes})
 
     def memset(self, ts: int, dur: int, correlation: int, nbytes: int = 64, device: int = 0, stream: int = 7) -> None:
@@ -134,8 +220,16 @@ class KinetoTrace:
         self._event("X", "Trace", "PyTorch Profiler (0)", "Spans", "PyTorch Profiler", ts, dur, {"Op count": 0})
 
     def device(self, device_id: int, name: str = "NVIDIA A100-SXM4-40GB", sms: int = 108) -> None:
-        self.top["deviceProperties"].append({"id": device_id, "name": name, "totalGlobalMem": 42505273344,
-                                             "computeMajor": 8, "computeMinor": 0, "numSms": sms})
+        self.top["deviceProperties"].append(
+            {
+                "id": device_id,
+                "name": name,
+                "totalGlobalMem": 42505273344,
+                "computeMajor": 8,
+                "computeMinor": 0,
+                "numSms": sms,
+            }
+        )
 
     def text(self) -> str:
         head = {k: v for k, v in self.top.items()}

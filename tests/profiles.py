@@ -3,6 +3,7 @@
 `training_profile` is a small PyTorch emit_nvtx-style training run on one A100; its layout per iteration
 is documented next to the code so tests can derive every expected number by hand.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -12,14 +13,14 @@ from pathlib import Path
 from tests.nsys_builder import NsysExport
 
 PID = 100
-TC_CONV = "volta_fp16_s884cudnn_fp16_128x128_ldg8_relu_f2f_exp_small_nhwc_tn_v1"   # uses Tensor Cores
-RELU = "vectorized_elementwise_kernel"                                            # no TC
-SGEMM = "volta_sgemm_32x32_sliced1x4_tn"                                          # no TC (fp32 SIMT)
+TC_CONV = "volta_fp16_s884cudnn_fp16_128x128_ldg8_relu_f2f_exp_small_nhwc_tn_v1"  # uses Tensor Cores
+RELU = "vectorized_elementwise_kernel"  # no TC
+SGEMM = "volta_sgemm_32x32_sliced1x4_tn"  # no TC (fp32 SIMT)
 TC_WGRAD = "volta_fp16_s884cudnn_fp16_256x64_ldg8_dgrad_f2f_exp_small_nhwc_tn_v1"  # uses Tensor Cores
-ADD = "multi_tensor_apply_kernel"                                                 # no TC
+ADD = "multi_tensor_apply_kernel"  # no TC
 
 ITERATION_SPAN = 100_000  # ns between iteration bases
-BASE = 1_000_000          # first iteration base
+BASE = 1_000_000  # first iteration base
 
 
 def training_profile(path: Path, iterations: int = 3, schema: str = "2022.4") -> Path:
@@ -27,7 +28,7 @@ def training_profile(path: Path, iterations: int = 3, schema: str = "2022.4") ->
 
     main thread (tid 100)
       [T+0,     T+5000)   enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__   (scope, dataloader)
-      [T+6000,  T+9000)   aten::to, seq                  -> cudaMemcpyAsync [T+6500,T+7500) -> memcpy HtoD [T+7000,T+8000)
+      [T+6000,  T+9000)   aten::to, seq        -> cudaMemcpyAsync [T+6500,T+7500) -> memcpy HtoD [T+7000,T+8000)
       [T+10000, T+20000)  aten::conv2d, seq=S           -> nested aten::convolution [T+11000,T+19000)
                               cudaLaunchKernel [T+12000,T+13000) -> TC_CONV [T+14000,T+24000)
       [T+21000, T+25000)  aten::relu, seq=S+1           -> cudaLaunchKernel [T+22000,T+23000) -> RELU [T+25000,T+27000)
@@ -39,8 +40,10 @@ def training_profile(path: Path, iterations: int = 3, schema: str = "2022.4") ->
                               cudaLaunchKernel [T+72000,T+73000) -> ADD [T+74000,T+76000)
       [T+85000, T+90000)  cudaDeviceSynchronize outside every range (unassociated)
     autograd thread (tid 101)
-      [T+50000, T+56000)  AddmmBackward0, seq=S+3       -> cudaLaunchKernel [T+51000,T+52000) -> SGEMM [T+53000,T+61000)
-      [T+57000, T+65000)  ConvolutionBackward0, seq=S   -> cudaLaunchKernel [T+58000,T+59000) -> TC_WGRAD [T+62000,T+68000)
+      [T+50000, T+56000)  AddmmBackward0, seq=S+3       -> cudaLaunchKernel [T+51000,T+52000)
+                                                          -> SGEMM [T+53000,T+61000)
+      [T+57000, T+65000)  ConvolutionBackward0, seq=S   -> cudaLaunchKernel [T+58000,T+59000)
+                                                          -> TC_WGRAD [T+62000,T+68000)
     """
     exp = NsysExport(schema=schema)
     exp.add_gpu(device_id=0, name="NVIDIA A100-SXM4-40GB", total_memory=42505273344, sm_count=108, compute=(8, 0))
@@ -87,8 +90,9 @@ def training_profile(path: Path, iterations: int = 3, schema: str = "2022.4") ->
 
 def run_dlprof(*args: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
     """Run the dlprof CLI in a subprocess (as users do); returns the completed process."""
-    proc = subprocess.run([sys.executable, "-m", "dlprof_profiler", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dlprof_profiler", *args], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"dlprof {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -120,31 +124,47 @@ def backward_calls_profile(path: Path, iterations: int = 3) -> Path:
         t = BASE + i * ITERATION_SPAN
         fwd, bwd = 10 + 2 * i, 11 + 2 * i
         exp.push_pop(main, t, t + 10000, stack)
-        exp.push_pop(main, t + 100, t + 9900, "{'mod': 'torch.nn.functional', 'op': 'linear', 'callid': %d, "
-                                              "'args': [{'name': '', 'type': 'tensor', 'shape': (4, 3), "
-                                              "'dtype': 'float32'}]}" % fwd)
+        exp.push_pop(
+            main,
+            t + 100,
+            t + 9900,
+            "{'mod': 'torch.nn.functional', 'op': 'linear', 'callid': %d, "
+            "'args': [{'name': '', 'type': 'tensor', 'shape': (4, 3), "
+            "'dtype': 'float32'}]}" % fwd,
+        )
         exp.launch(main, t + 1000, t + 2000, t + 3000, t + 8000, kernel=SGEMM)
         for node, (a, b) in (("AddmmBackward0", (20000, 26000)), ("TBackward0", (27000, 31000))):
             exp.push_pop(grad, t + a, t + b, stack)
-            exp.push_pop(grad, t + a + 100, t + b - 100,
-                          "{'mod': 'torch.nn.functional', 'op': 'linear', 'dir': 'bprop', 'node': '%s', "
-                          "'fwdCallid': %d, 'callid': %d, 'args': []}" % (node, fwd, bwd))
+            exp.push_pop(
+                grad,
+                t + a + 100,
+                t + b - 100,
+                "{'mod': 'torch.nn.functional', 'op': 'linear', 'dir': 'bprop', 'node': '%s', "
+                "'fwdCallid': %d, 'callid': %d, 'args': []}" % (node, fwd, bwd),
+            )
             exp.launch(grad, t + a + 1000, t + a + 2000, t + a + 2500, t + a + 4500, kernel=SGEMM)
         exp.push_pop(main, t + 40000, t + 45000, "Optimizer.step#SGD.step")
     exp.set_session(start_time=0)
     return exp.write(path)
 
 
-RANK_BASE = 1_000_000           # first iteration base of every rank
-RANK_ITERATION = 50_000         # iteration length of a rank at normal speed (ns)
-SLOW_ITERATION = 80_000         # ... and of the slow rank
-RANK_STEPS = 3                  # optimizer steps: iterations 0..2 full, iteration 3 the 1000 ns tail
+RANK_BASE = 1_000_000  # first iteration base of every rank
+RANK_ITERATION = 50_000  # iteration length of a rank at normal speed (ns)
+SLOW_ITERATION = 80_000  # ... and of the slow rank
+RANK_STEPS = 3  # optimizer steps: iterations 0..2 full, iteration 3 the 1000 ns tail
 COMPUTE = "volta_sgemm_32x32_sliced1x4_tn"
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
 
 
-def rank_profile(path: Path, rank: int, slow: bool = False, host: str = "node0", env_rank: bool = False,
-                 epoch_ns: int | None = None, steps: int = RANK_STEPS) -> Path:
+def rank_profile(
+    path: Path,
+    rank: int,
+    slow: bool = False,
+    host: str = "node0",
+    env_rank: bool = False,
+    epoch_ns: int | None = None,
+    steps: int = RANK_STEPS,
+) -> Path:
     """One rank of a data-parallel job on one GPU (process 1000 + rank). Per iteration (base T = RANK_BASE + i * L,
     L = RANK_ITERATION, or SLOW_ITERATION for the slow rank; all times ns):
 

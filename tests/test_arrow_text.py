@@ -1,11 +1,21 @@
 """Byte-level helpers over Arrow string arrays, checked against Python's own string operations."""
+
 import numpy as np
 import pyarrow as pa
 
 from dlprof_profiler import arrow_text as at
 
-TEXTS = ["aten::mm, seq = 12, op_id = 3", "é, seq = -7", "seq = 1", "", "x, seq = 1234567890123456789",
-         "y, seq = ", "z, seq = 00042x", "w, seq = -", "multi\nline, seq = 5"]
+TEXTS = [
+    "aten::mm, seq = 12, op_id = 3",
+    "é, seq = -7",
+    "seq = 1",
+    "",
+    "x, seq = 1234567890123456789",
+    "y, seq = ",
+    "z, seq = 00042x",
+    "w, seq = -",
+    "multi\nline, seq = 5",
+]
 
 
 def test_find_and_prefixes_match_python():
@@ -15,8 +25,8 @@ def test_find_and_prefixes_match_python():
     cut = np.where(pos >= 0, pos, 1 << 40)
     expected = [t.encode()[:p].decode() if p >= 0 else t for t, p in zip(TEXTS, pos)]
     assert at.prefixes(texts, cut).to_pylist() == expected
-    assert at.prefixes(texts, np.full(len(TEXTS), 1 << 40)) is texts      # nothing cut: the same array
-    sliced = texts.slice(1, 3)                                               # an array that is a slice
+    assert at.prefixes(texts, np.full(len(TEXTS), 1 << 40)) is texts  # nothing cut: the same array
+    sliced = texts.slice(1, 3)  # an array that is a slice
     assert at.prefixes(sliced, np.array([2, 0, 0])).to_pylist() == ["é", "", ""]
 
 
@@ -35,11 +45,12 @@ def test_ints_at_reads_what_python_int_reads():
         if p < 0:
             assert d == 0
             continue
-        rest = text.encode()[p + len(", seq = "):]
+        rest = text.encode()[p + len(", seq = ") :]
         sign = rest[:1] == b"-"
         run = len(rest[sign:]) - len(rest[sign:].lstrip(b"0123456789"))
         assert d == min(run, at.MAX_DIGITS + 1), text
         assert at.number_at(texts, np.array([p + len(", seq = ") if t == text else -1 for t in TEXTS]))[
-            TEXTS.index(text)] == (run >= 1)
+            TEXTS.index(text)
+        ] == (run >= 1)
         if 1 <= run <= at.MAX_DIGITS:
-            assert v == int(rest[:sign + run]), text
+            assert v == int(rest[: sign + run]), text

@@ -2,6 +2,7 @@
 shows the numbers of the diff report `dlprof --baseline` wrote (summary, every op and kernel row, in order),
 two aggregations of one run compare as the hand-computed training profile says, and the baseline survives a
 reload (URL state)."""
+
 from __future__ import annotations
 
 import csv
@@ -18,10 +19,15 @@ from tests.test_compare import AFTER, BEFORE, needs_fixtures, read_sections
 
 pytestmark = [pytest.mark.browser, requires_browser, needs_fixtures]
 
-SUMMARY_KEYS = {"Average Iteration Time (ns)": "avg_iteration_time", "GPU Utilization %": "gpu_utilization",
-                "Total GPU Time (ns)": "total_gpu_time", "Kernel GPU Time (ns)": "kernel_gpu_time",
-                "Wall Clock Time (ns)": "wall_time", "Aggregated Iterations": "aggregated_iterations",
-                "Tensor Core Kernel Utilization %": "tc_utilization"}
+SUMMARY_KEYS = {
+    "Average Iteration Time (ns)": "avg_iteration_time",
+    "GPU Utilization %": "gpu_utilization",
+    "Total GPU Time (ns)": "total_gpu_time",
+    "Kernel GPU Time (ns)": "kernel_gpu_time",
+    "Wall Clock Time (ns)": "wall_time",
+    "Aggregated Iterations": "aggregated_iterations",
+    "Tensor Core Kernel Utilization %": "tc_utilization",
+}
 
 
 @pytest.fixture(scope="module")
@@ -29,13 +35,27 @@ def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("compare")
     logdir = root / "logdir"
     run_dlprof(f"--database={BEFORE}", f"--output_path={logdir / 'before'}", "--reports=summary", "-v", "quiet")
-    run_dlprof(f"--database={AFTER}", f"--baseline={BEFORE}", f"--output_path={logdir / 'after'}",
-               "--reports=summary", "-v", "quiet")
+    run_dlprof(
+        f"--database={AFTER}",
+        f"--baseline={BEFORE}",
+        f"--output_path={logdir / 'after'}",
+        "--reports=summary",
+        "-v",
+        "quiet",
+    )
     training = training_profile(root / "training.sqlite")
     run_dlprof(f"--database={training}", f"--output_path={logdir / 'training'}", "--reports=summary", "-v", "quiet")
     # a second aggregation of the same run: iterations 1..2 (the loops 1 and 2 of the training profile)
-    run_dlprof(f"--database={logdir / 'training' / 'dlprof_dldb.sqlite'}", f"--output_path={logdir / 'training'}",
-               "--force=true", "--iter_start=1", "--iter_stop=2", "--reports=summary", "-v", "quiet")
+    run_dlprof(
+        f"--database={logdir / 'training' / 'dlprof_dldb.sqlite'}",
+        f"--output_path={logdir / 'training'}",
+        "--force=true",
+        "--iter_start=1",
+        "--iter_stop=2",
+        "--reports=summary",
+        "-v",
+        "quiet",
+    )
     report = read_sections(logdir / "after" / "dlprof_diff.csv")
     with TensorBoard(logdir) as tb, Browser(1600, 1000) as b:
         b.open_dlprof(tb.url)
@@ -45,18 +65,31 @@ def env(tmp_path_factory):
 
 def open_compare(b, run: str, base_run: str, base_aggr: str | None = None):
     from selenium.webdriver.support.ui import Select
+
     select_run(b, run)
     goto_compare(b)
     if b.js("return document.getElementById('compare-base-run').value") != base_run:
         Select(b.css("#compare-base-run")).select_by_value(base_run)
     if base_aggr is not None:
-        b.wait(lambda d: b.js("return [...document.querySelectorAll('#compare-base-aggr option')].some("
-                              "(o) => o.value === arguments[0])", base_aggr), what="the baseline's aggregations")
+        b.wait(
+            lambda d: b.js(
+                "return [...document.querySelectorAll('#compare-base-aggr option')].some("
+                "(o) => o.value === arguments[0])",
+                base_aggr,
+            ),
+            what="the baseline's aggregations",
+        )
         if b.js("return document.getElementById('compare-base-aggr').value") != base_aggr:
             Select(b.css("#compare-base-aggr")).select_by_value(base_aggr)
-    b.wait(lambda d: b.js("return document.querySelector('.view-compare').dataset.ready === '1' && "
-                          "document.getElementById('compare-after').textContent.includes('baseline: ' + arguments[0])",
-                          base_run + (f" · aggregation {base_aggr}" if base_aggr else "")), 30, "the comparison")
+    b.wait(
+        lambda d: b.js(
+            "return document.querySelector('.view-compare').dataset.ready === '1' && "
+            "document.getElementById('compare-after').textContent.includes('baseline: ' + arguments[0])",
+            base_run + (f" · aggregation {base_aggr}" if base_aggr else ""),
+        ),
+        30,
+        "the comparison",
+    )
     return table_in(b, "#compare-ops"), table_in(b, "#compare-kernels")
 
 
@@ -66,8 +99,10 @@ def goto_compare(b):
 
 
 def summary_cells(b) -> dict:
-    return b.js("const out = {}; for (const tr of document.querySelectorAll('#compare-summary tbody tr')) "
-                "out[tr.dataset.key] = [...tr.querySelectorAll('td')].map((td) => td.innerText.trim()); return out;")
+    return b.js(
+        "const out = {}; for (const tr of document.querySelectorAll('#compare-summary tbody tr')) "
+        "out[tr.dataset.key] = [...tr.querySelectorAll('td')].map((td) => td.innerText.trim()); return out;"
+    )
 
 
 def exported_csv(b, dt) -> list[list[str]]:
@@ -85,18 +120,25 @@ def test_compare_view_shows_the_diff_reports_numbers(env):
     for label, base, after, delta in report["Diff Summary"][1:]:
         key = SUMMARY_KEYS[label]
         if label.endswith("%"):
-            assert cells[key] == [f"{base} %", f"{after} %", f"{'+' if float(delta) > 0 else ''}{delta} pp"
-                                  .replace("-", "−")], label
+            assert cells[key] == [
+                f"{base} %",
+                f"{after} %",
+                f"{'+' if float(delta) > 0 else ''}{delta} pp".replace("-", "−"),
+            ], label
         elif key == "aggregated_iterations":
             assert cells[key] == [fmt_int(int(base)), fmt_int(int(after)), fmt_int(int(delta))], label
         else:
             sign = "+" if float(delta) > 0 else ""
-            assert cells[key] == [fmt_ns(float(base)), fmt_ns(float(after)),
-                                  (sign + fmt_ns(float(delta))).replace("-", "−")], label
+            assert cells[key] == [
+                fmt_ns(float(base)),
+                fmt_ns(float(after)),
+                (sign + fmt_ns(float(delta))).replace("-", "−"),
+            ], label
     # the first page of ops: the report's first rows, in its order (largest change first)
     first = rows(ops_dt)
-    assert [(r["op_name"], r["direction"], r["presence"]) for r in first] == \
-        [(r[0], r[1], r[3]) for r in report["Op Diff"][1:len(first) + 1]]
+    assert [(r["op_name"], r["direction"], r["presence"]) for r in first] == [
+        (r[0], r[1], r[3]) for r in report["Op Diff"][1 : len(first) + 1]
+    ]
     # every row of both tables, exported: the report's rows, number for number
     for dt, title in ((ops_dt, "Op Diff"), (kernels_dt, "Kernel Diff")):
         header, *exported = exported_csv(b, dt)
@@ -121,7 +163,7 @@ def test_two_aggregations_of_one_run(env):
     header, *exported = exported_csv(b, ops_dt)
     col = {name: i for i, name in enumerate(header)}
     with_gpu = [r for r in exported if int(r[col["Baseline GPU Time (ns)"]]) > 0]
-    assert len(with_gpu) == 7   # to, conv2d, relu, linear, their two backward ops and add_ launch GPU work
+    assert len(with_gpu) == 7  # to, conv2d, relu, linear, their two backward ops and add_ launch GPU work
     for r in with_gpu:
         assert r[col["Present In"]] == "both"
         assert (int(r[col["No. Calls"]]), int(r[col["Baseline No. Calls"]])) == (2, 3)
@@ -136,7 +178,13 @@ def test_the_baseline_is_kept_in_the_url(env):
     open_compare(b, "after/dlprof", "before/dlprof")
     assert "p.dlprof.base_run=before%2Fdlprof" in b.js("return window.parent.location.hash;")
     reopen(b)
-    b.wait(lambda d: b.js("return document.querySelector('.view-compare') && "
-                          "document.querySelector('.view-compare').dataset.ready === '1'"), 30, "compare after reload")
+    b.wait(
+        lambda d: b.js(
+            "return document.querySelector('.view-compare') && "
+            "document.querySelector('.view-compare').dataset.ready === '1'"
+        ),
+        30,
+        "compare after reload",
+    )
     assert b.js("return document.getElementById('compare-base-run').value") == "before/dlprof"
     assert b.css("#run-select").get_attribute("value") == "after/dlprof"

@@ -2,6 +2,7 @@
 no CUDA), shown in a real headless Chromium inside a real TensorBoard. The Iterations chart stacks the data-loading,
 CPU and other classes of each iteration, in the proportions computed straight from the torch.profiler trace: the
 DataLoader ranges, and the op ranges outside them (docs/DESIGN.md, "Summary time breakdown")."""
+
 from __future__ import annotations
 
 import gzip
@@ -25,7 +26,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "pytorch_train_cpu.
 
 
 def _ns(value) -> int:
-    return int(Decimal(value) * 1000)   # Kineto's microsecond decimals, exactly
+    return int(Decimal(value) * 1000)  # Kineto's microsecond decimals, exactly
 
 
 def _union(intervals) -> list[list[int]]:
@@ -62,10 +63,12 @@ def classes_from_trace(trace: Path) -> list[dict]:
     with gzip.open(trace, "rb") as fh:
         events = [e for e in json.load(fh, parse_float=Decimal)["traceEvents"] if e.get("ph") == "X"]
     span = lambda e: (_ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]))  # noqa: E731
-    ends = sorted(span(e)[1] for e in events if e.get("cat") == "user_annotation"
-                  and re.fullmatch(r"ProfilerStep#\d+", e["name"]))
-    loader = _union(span(e) for e in events if e.get("cat") == "user_annotation"
-                    and e["name"].startswith("enumerate(DataLoader)#"))
+    ends = sorted(
+        span(e)[1] for e in events if e.get("cat") == "user_annotation" and re.fullmatch(r"ProfilerStep#\d+", e["name"])
+    )
+    loader = _union(
+        span(e) for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("enumerate(DataLoader)#")
+    )
     ops = _union(span(e) for e in events if e.get("cat") == "cpu_op")
     out = []
     for a, b in zip(ends[:-1], ends[1:]):
@@ -78,8 +81,17 @@ def classes_from_trace(trace: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     logdir = tmp_path_factory.mktemp("cpu_capture") / "logdir"
-    run_dlprof("--backend=torch", f"--output_path={logdir / 'cpu'}", "--reports=summary", "-v", "quiet",
-               sys.executable, str(EXAMPLE), "--iterations", "6")
+    run_dlprof(
+        "--backend=torch",
+        f"--output_path={logdir / 'cpu'}",
+        "--reports=summary",
+        "-v",
+        "quiet",
+        sys.executable,
+        str(EXAMPLE),
+        "--iterations",
+        "6",
+    )
     with TensorBoard(logdir) as tb, Browser(1600, 1000) as b:
         b.open_dlprof(tb.url)
         b.wait_css("#view .view", 30)
@@ -92,12 +104,14 @@ def test_a_cpu_only_capture_shows_its_time_classes(env):
     assert len(expected) >= 4
     select_run(b, "cpu/dlprof")
     goto(b, "iterations")
-    for k, want in enumerate(expected, start=1):   # iteration k lies between the k-th and (k+1)-th step ends
+    for k, want in enumerate(expected, start=1):  # iteration k lies between the k-th and (k+1)-th step ends
         bar = b.css(f"#iterations-chart g.bar[data-iteration='{k}']")
-        heights = b.js("const out = {}; for (const r of arguments[0].querySelectorAll('rect.seg')) "
-                       "out[r.getAttribute('class').split('seg-')[1]] = Number(r.getAttribute('height')); return out;",
-                       bar)
-        assert {"dataloader", "cpu", "other"} >= set(heights) >= {"cpu", "other"}, heights   # not one grey bar
+        heights = b.js(
+            "const out = {}; for (const r of arguments[0].querySelectorAll('rect.seg')) "
+            "out[r.getAttribute('class').split('seg-')[1]] = Number(r.getAttribute('height')); return out;",
+            bar,
+        )
+        assert {"dataloader", "cpu", "other"} >= set(heights) >= {"cpu", "other"}, heights  # not one grey bar
         # the same pixels per ns for every segment of the bar (drawn at least half a pixel high)
         big = max(("dataloader", "cpu", "other"), key=lambda c: want[c])
         scale = heights[big] / want[big]

@@ -3,6 +3,7 @@
 Figures are read from the DLProf database the UI reads (sqlite3) and formatted as format.js does, so the
 tests check what a user sees against the source of truth.
 """
+
 from __future__ import annotations
 
 import random
@@ -16,18 +17,25 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.browser import (ARTIFACTS, Browser, TensorBoard, fmt_int, fmt_ns, fmt_pct, free_port, query,
-                           requires_browser)
+from tests.browser import ARTIFACTS, Browser, TensorBoard, fmt_int, fmt_ns, fmt_pct, free_port, query, requires_browser
 from tests.profiles import make_logdir
 
 pytestmark = [pytest.mark.browser, requires_browser]
 
 RUN = "training/dlprof"
-PANELS = ["panel-gpu-utilization", "panel-performance", "panel-tensor-core", "panel-op-summary",
-          "panel-kernel-summary", "panel-iterations", "panel-top-ops", "panel-system", "panel-recommendations",
-          "panel-guidance"]
-SCREENSHOT_LIMIT = 1_000_000   # bytes: a full-page PNG; the committed copy in docs/ is reduced by hand
-
+PANELS = [
+    "panel-gpu-utilization",
+    "panel-performance",
+    "panel-tensor-core",
+    "panel-op-summary",
+    "panel-kernel-summary",
+    "panel-iterations",
+    "panel-top-ops",
+    "panel-system",
+    "panel-recommendations",
+    "panel-guidance",
+]
+SCREENSHOT_LIMIT = 1_000_000  # bytes: a full-page PNG; the committed copy in docs/ is reduced by hand
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +54,7 @@ def dash(env):
     """The Dashboard view, details pane closed."""
     b = env.b
     if b.js("return document.getElementById('view').dataset.view") == "dashboard":
-        b.click("button.nav-item[data-view=gpus]")   # leave and come back: a fresh Dashboard
+        b.click("button.nav-item[data-view=gpus]")  # leave and come back: a fresh Dashboard
     b.click("button.nav-item[data-view=dashboard]")
     b.wait_css("#panel-top-ops tbody tr")
     return env
@@ -56,9 +64,12 @@ def newest_summary(db: Path) -> dict:
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     con.row_factory = sqlite3.Row
     try:
-        return dict(con.execute(
-            "SELECT m.* FROM model_summary m JOIN read_only_domains d ON d.domain_id = m.domain_id "
-            "WHERE d.is_primary = 1 ORDER BY m.aggr_id DESC LIMIT 1").fetchone())
+        return dict(
+            con.execute(
+                "SELECT m.* FROM model_summary m JOIN read_only_domains d ON d.domain_id = m.domain_id "
+                "WHERE d.is_primary = 1 ORDER BY m.aggr_id DESC LIMIT 1"
+            ).fetchone()
+        )
     finally:
         con.close()
 
@@ -125,14 +136,22 @@ def test_all_ten_panels_render(dash):
 
 def test_top_ten_first_row_is_the_op_with_the_most_gpu_time(dash):
     b, sm = dash.b, newest_summary(dash.db)
-    expected = query(dash.db, "SELECT o.op_id, o.op_name, o.direction, n.gpu_total FROM op_nodes n "
-                              "JOIN read_only_ops o ON o.op_index = n.op_index WHERE n.aggr_id = ? "
-                              "ORDER BY n.gpu_total DESC, n.op_index LIMIT 10", (sm["aggr_id"],))
+    expected = query(
+        dash.db,
+        "SELECT o.op_id, o.op_name, o.direction, n.gpu_total FROM op_nodes n "
+        "JOIN read_only_ops o ON o.op_index = n.op_index WHERE n.aggr_id = ? "
+        "ORDER BY n.gpu_total DESC, n.op_index LIMIT 10",
+        (sm["aggr_id"],),
+    )
     rows = b.all("#panel-top-ops tbody tr")
     assert len(rows) == len(expected) == 8
     first = rows[0]
     cell = lambda row, key: row.find_element("css selector", f"td[data-key={key}]").text  # noqa: E731
-    assert (cell(first, "op_id"), cell(first, "op_name"), cell(first, "direction")) == ("CONV2D_1", "/aten::conv2d", "fprop")
+    assert (cell(first, "op_id"), cell(first, "op_name"), cell(first, "direction")) == (
+        "CONV2D_1",
+        "/aten::conv2d",
+        "fprop",
+    )
     assert expected[0][:3] == ("CONV2D_1", "/aten::conv2d", "fprop")
     assert cell(first, "gpu_total") == fmt_ns(expected[0][3]) == "30 µs"
     assert [cell(r, "op_id") for r in rows] == [e[0] for e in expected]
@@ -146,13 +165,17 @@ def test_selecting_a_top_op_fills_the_details_pane(dash):
     b.wait_text("#op-details [data-field=op_id]", "CONV2D_1")
     assert b.css("#op-details [data-field=op_type]").text == "conv2d"
     assert b.css("#op-details [data-field=using_tc]").text == "Yes"
-    op_index, cpu_total, gpu_avg = query(dash.db, "SELECT n.op_index, n.cpu_total, n.gpu_avg FROM op_nodes n JOIN "
-                                         "read_only_ops o ON o.op_index = n.op_index WHERE o.op_id = 'CONV2D_1' "
-                                         "ORDER BY n.aggr_id DESC LIMIT 1")[0]
+    op_index, cpu_total, gpu_avg = query(
+        dash.db,
+        "SELECT n.op_index, n.cpu_total, n.gpu_avg FROM op_nodes n JOIN "
+        "read_only_ops o ON o.op_index = n.op_index WHERE o.op_id = 'CONV2D_1' "
+        "ORDER BY n.aggr_id DESC LIMIT 1",
+    )[0]
     stats = details.find_element("css selector", "table.stats").text
     assert f"CPU Time {fmt_ns(cpu_total)}" in stats and fmt_ns(gpu_avg) in stats
-    kernels = query(dash.db, "SELECT kernel_name FROM kernel_summaries WHERE op_index = ? ORDER BY gpu_total DESC",
-                    (op_index,))
+    kernels = query(
+        dash.db, "SELECT kernel_name FROM kernel_summaries WHERE op_index = ? ORDER BY gpu_total DESC", (op_index,)
+    )
     table = b.wait_css("#op-details .datatable[data-state=ready]")
     rows = table.find_elements("css selector", "tbody tr[data-key]")
     assert [r.find_element("css selector", "td[data-key=kernel_name]").text for r in rows] == [k[0] for k in kernels]
@@ -180,13 +203,35 @@ def test_units_are_humane_and_match_the_test_formatter(dash):
     """format.js in the browser and tests/browser.py's formatter agree (so the other tests' expectations hold)."""
     b = dash.b
     rng = random.Random(7)
-    values = [0, 1, 999, 1000, 1500, 30_000, 322_500, 506_779.044554922, 999_999, 1_000_000, 1_290_000, 2.5e9,
-              12_345_678_901, 0.5, 99.995] + [rng.uniform(0, 1e10) for _ in range(40)] + [rng.randrange(10 ** 7) for _ in range(40)]
-    out = b.driver.execute_async_script("""
+    values = (
+        [
+            0,
+            1,
+            999,
+            1000,
+            1500,
+            30_000,
+            322_500,
+            506_779.044554922,
+            999_999,
+            1_000_000,
+            1_290_000,
+            2.5e9,
+            12_345_678_901,
+            0.5,
+            99.995,
+        ]
+        + [rng.uniform(0, 1e10) for _ in range(40)]
+        + [rng.randrange(10**7) for _ in range(40)]
+    )
+    out = b.driver.execute_async_script(
+        """
         const [values, done] = arguments;
         import(new URL("./format.js", document.baseURI).href).then((f) => done({
           ns: values.map(f.fmtNs), pct: values.map((v) => f.fmtPct(v / 1e6)), int: values.map(f.fmtInt)}));
-    """, values)
+    """,
+        values,
+    )
     assert out["ns"][:4] == ["0 ns", "1 ns", "999 ns", "1 µs"]
     assert out["ns"][5:7] == ["30 µs", "322.5 µs"] and out["ns"][10] == "1.29 ms" and out["ns"][11] == "2.5 s"
     assert out["ns"][12] == "12.35 s" and out["int"][12] == "12,345,678,901"
@@ -221,9 +266,10 @@ def test_dlprofviewer_serves_the_same_ui_standalone(env, tmp_path):
             try:
                 urllib.request.urlopen(url + "data/plugin/dlprof/runs", timeout=2).read()
                 break
-            except OSError:
+            except OSError as exc:
                 if time.time() > deadline or proc.poll() is not None:
-                    raise AssertionError(f"dlprofviewer did not start: {(tmp_path / 'viewer.log').read_text()}")
+                    log = (tmp_path / "viewer.log").read_text()
+                    raise AssertionError(f"dlprofviewer did not start: {log}") from exc
                 time.sleep(0.2)
         with Browser() as b:
             b.driver.get(url)

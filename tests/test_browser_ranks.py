@@ -1,5 +1,6 @@
 """The Ranks view and the Rank selector in a real headless Chromium inside a real TensorBoard, on a 4-rank run
 with a slow rank 2 (tests/profiles.rank_profile). Expected values come from the database (sqlite3)."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -27,14 +28,17 @@ def env(tmp_path_factory):
 
 def select(b, css: str, value: str):
     from selenium.webdriver.support.ui import Select
+
     Select(b.css(css)).select_by_value(value)
 
 
 def open_run(b, run: str):
     if b.js("return document.getElementById('run-select').value") != run:
         select(b, "#run-select", run)
-    b.wait(lambda d: b.js("return document.getElementById('run-select').value") == run and b.all("#view .view"),
-           what=f"run {run}")
+    b.wait(
+        lambda d: b.js("return document.getElementById('run-select').value") == run and b.all("#view .view"),
+        what=f"run {run}",
+    )
 
 
 def goto(b, view: str):
@@ -49,15 +53,25 @@ def test_ranks_view_shows_the_cross_rank_table_and_the_straggler(env):
     assert [o.get_attribute("value") for o in b.all("#rank-select option")] == ["0", "1", "2", "3"]
     goto(b, "ranks")
     b.wait(lambda d: len(b.all("#rank-table tbody tr")) == 4, what="the four ranks")
-    rows = query(db, "SELECT rank, iterations, avg_iteration_time, max_iteration_time, gpu_utilization, "
-                     "communication_time, overlapped_communication_pct, times_slowest, straggler FROM rank_summary "
-                     "WHERE aggr_id = 1 ORDER BY rank")
+    rows = query(
+        db,
+        "SELECT rank, iterations, avg_iteration_time, max_iteration_time, gpu_utilization, "
+        "communication_time, overlapped_communication_pct, times_slowest, straggler FROM rank_summary "
+        "WHERE aggr_id = 1 ORDER BY rank",
+    )
     for rank, its, avg, mx, util, comm, overlap, slowest, straggler in rows:
         row = b.css(f"#rank-table tbody tr[data-rank='{rank}']")
         cells = [td.text for td in row.find_elements("css selector", "td")]
         assert cells[0].startswith(str(rank))
-        assert cells[3:10] == [fmt_int(its), fmt_ns(avg), fmt_ns(mx), fmt_pct(util), fmt_ns(comm), fmt_pct(overlap),
-                               fmt_int(slowest)]
+        assert cells[3:10] == [
+            fmt_int(its),
+            fmt_ns(avg),
+            fmt_ns(mx),
+            fmt_pct(util),
+            fmt_ns(comm),
+            fmt_pct(overlap),
+            fmt_int(slowest),
+        ]
         assert ("straggler" in row.get_attribute("class")) == bool(straggler) == (rank == SLOW)
     assert b.css(f"#rank-table tbody tr[data-rank='{SLOW}'] .straggler-badge").text.lower() == "straggler"
     series = b.all("#rank-iterations g.rank-series")
@@ -75,16 +89,31 @@ def test_rank_selector_applies_to_every_view(env):
     goto(b, "dashboard")
     for rank in ("2", "0"):
         select(b, "#rank-select", rank)
-        gpu = query(db, "SELECT n.gpu_total FROM op_nodes n JOIN read_only_ops o ON o.op_index = n.op_index "
-                        "WHERE n.aggr_id = 1 AND n.rank = ? AND o.op_name = '/aten::conv2d'", (int(rank),))[0][0]
-        b.wait(lambda d: f"rank {rank}" in b.css(".view-subtitle").text and b.all("#panel-top-ops tbody tr")
-               and fmt_ns(gpu) in b.css("#panel-top-ops").text, what=f"rank {rank}'s top ops")
+        gpu = query(
+            db,
+            "SELECT n.gpu_total FROM op_nodes n JOIN read_only_ops o ON o.op_index = n.op_index "
+            "WHERE n.aggr_id = 1 AND n.rank = ? AND o.op_name = '/aten::conv2d'",
+            (int(rank),),
+        )[0][0]
+        b.wait(
+            lambda d: (
+                f"rank {rank}" in b.css(".view-subtitle").text
+                and b.all("#panel-top-ops tbody tr")
+                and fmt_ns(gpu) in b.css("#panel-top-ops").text
+            ),
+            what=f"rank {rank}'s top ops",
+        )
     assert b.js("return window.parent.location.hash").find("p.dlprof.rank=0") >= 0
     goto(b, "ranks")
     b.wait(lambda d: b.all("#rank-table tbody tr[data-rank='3'] button"), what="the rank table")
     b.click("#rank-table tbody tr[data-rank='3'] button")
-    b.wait(lambda d: b.js("return document.getElementById('view').dataset.view") == "dashboard"
-           and b.js("return document.getElementById('rank-select').value") == "3", what="rank 3's dashboard")
+    b.wait(
+        lambda d: (
+            b.js("return document.getElementById('view').dataset.view") == "dashboard"
+            and b.js("return document.getElementById('rank-select').value") == "3"
+        ),
+        what="rank 3's dashboard",
+    )
 
 
 def test_single_rank_runs_hide_the_selector(env):

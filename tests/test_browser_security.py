@@ -2,6 +2,7 @@
 submit forms and fetches to dlprofviewer's reaggregate route and get 403 (or are stopped by the browser),
 a rebound host name gets 403, the databases stay unchanged; the real frontend's Reaggregate keeps working in
 dlprofviewer and in TensorBoard with --path_prefix; names holding HTML are shown as text."""
+
 from __future__ import annotations
 
 import json
@@ -29,7 +30,7 @@ def attack_pages(viewer: str) -> dict:
     """Pages of the attacker's site, aimed at the viewer at `viewer` (http://127.0.0.1:PORT)."""
     target = f"{viewer}{API}reaggregate"
     # text/plain form: name + '=' + value is the body, so it can carry JSON (the classic trick)
-    name = json.dumps(dict(BODY, domain=""))[:-2]         # ... "domain": "   (the body ends "domain": "="})
+    name = json.dumps(dict(BODY, domain=""))[:-2]  # ... "domain": "   (the body ends "domain": "="})
     text_form = f"""<!DOCTYPE html><html><body>
 <form id="f" method="POST" enctype="text/plain" action="{target}">
 <input type="hidden" name='{name}' value='"}}'></form>
@@ -43,7 +44,8 @@ window.results = {{}};
 const body = JSON.stringify({json.dumps(BODY)});
 const settle = (key, p) => p.then((r) => {{ window.results[key] = r.type + " " + r.status; }},
                                   (e) => {{ window.results[key] = "blocked"; }});
-settle("simple", fetch("{target}", {{method: "POST", mode: "no-cors", headers: {{"Content-Type": "text/plain"}}, body}}));
+settle("simple", fetch("{target}", {{method: "POST", mode: "no-cors",
+  headers: {{"Content-Type": "text/plain"}}, body}}));
 settle("preflighted", fetch("{target}", {{method: "POST", body,
   headers: {{"Content-Type": "application/json", "X-DLProf-Request": "1"}}}}));
 settle("read", fetch("{viewer}{API}runs"));
@@ -59,6 +61,7 @@ def sites(tmp_path_factory):
     export = hostile_names_profile(work / "hostile.sqlite")
     assert run_cli(f"--database={export}", f"--output_path={work}", "--base_name=hostile", "--reports=summary")[0] == 0
     from tests.profiles import training_profile
+
     training = training_profile(work / "training.sqlite")
     assert run_cli(f"--database={training}", f"--output_path={work}", "--base_name=reagg", "--reports=summary")[0] == 0
     port, attacker_port = free_port(), free_port()
@@ -69,18 +72,35 @@ def sites(tmp_path_factory):
         (pages / name).write_text(html)
     viewer_log = open(work / "viewer.log", "w")
     exe = Path(sys.executable).parent / "dlprofviewer"
-    viewer = subprocess.Popen(([str(exe)] if exe.exists() else [sys.executable, "-m", "dlprof_plugin.viewer"]) +
-                              [str(work / "reagg_dldb.sqlite"), str(work / "hostile_dldb.sqlite"), f"--port={port}",
-                               "--host=127.0.0.1"], stdout=viewer_log, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL, cwd=ROOT)
-    attacker = subprocess.Popen([sys.executable, "-m", "http.server", str(attacker_port), "--bind", "127.0.0.1",
-                                 "--directory", str(pages)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    viewer = subprocess.Popen(
+        ([str(exe)] if exe.exists() else [sys.executable, "-m", "dlprof_plugin.viewer"])
+        + [str(work / "reagg_dldb.sqlite"), str(work / "hostile_dldb.sqlite"), f"--port={port}", "--host=127.0.0.1"],
+        stdout=viewer_log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
+    attacker = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(attacker_port), "--bind", "127.0.0.1", "--directory", str(pages)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_until(lambda: request(port, "GET", API + "runs", timeout=5)[0] == 200, 60, "dlprofviewer", viewer)
-        wait_until(lambda: request(attacker_port, "GET", "/fetches.html", timeout=5)[0] == 200, 30,
-                   "the attacker's site", attacker)
-        yield {"viewer": viewer_url, "port": port, "attacker": f"http://localhost:{attacker_port}",
-               "db": work / "reagg_dldb.sqlite", "log": work / "viewer.log", "training": training}
+        wait_until(
+            lambda: request(attacker_port, "GET", "/fetches.html", timeout=5)[0] == 200,
+            30,
+            "the attacker's site",
+            attacker,
+        )
+        yield {
+            "viewer": viewer_url,
+            "port": port,
+            "attacker": f"http://localhost:{attacker_port}",
+            "db": work / "reagg_dldb.sqlite",
+            "log": work / "viewer.log",
+            "training": training,
+        }
     finally:
         stop(viewer)
         stop(attacker)
@@ -118,8 +138,10 @@ def test_a_cross_origin_form_is_refused(sites, browser, page):
     assert "cross-site request refused" in json.loads(text)["error"]
     assert requests_logged(sites["log"], "POST")[posts:] == [403]
     assert unchanged(sites) == before
-    assert json.loads(request(sites["port"], "GET", API + "reaggregate_status?run=reagg_dldb")[2])["job"][
-        "status"] == "idle"
+    assert (
+        json.loads(request(sites["port"], "GET", API + "reaggregate_status?run=reagg_dldb")[2])["job"]["status"]
+        == "idle"
+    )
 
 
 def test_cross_origin_fetches_are_refused_or_stopped(sites, browser):
@@ -129,8 +151,9 @@ def test_cross_origin_fetches_are_refused_or_stopped(sites, browser):
     posts = len(requests_logged(sites["log"], "POST"))
     options = len(requests_logged(sites["log"], "OPTIONS"))
     browser.driver.get(f"{sites['attacker']}/fetches.html")
-    results = browser.wait(lambda d: (r := d.execute_script("return window.results")) and len(r) == 3 and r, 20,
-                           "the fetches")
+    results = browser.wait(
+        lambda d: (r := d.execute_script("return window.results")) and len(r) == 3 and r, 20, "the fetches"
+    )
     assert results == {"simple": "opaque 0", "preflighted": "blocked", "read": "blocked"}, results
     assert requests_logged(sites["log"], "POST")[posts:] == [403]
     assert requests_logged(sites["log"], "OPTIONS")[options:] == [405]
@@ -179,14 +202,15 @@ def test_html_in_names_is_shown_as_text(sites, browser):
     select_row(b, b.css("#iterations-table .datatable"), "iteration", "0")
     kernels = b.css("#iteration-kernels .datatable")
     b.wait(lambda d: HTML_KERNEL in kernels.text, 15, "the kernel named with HTML")
-    assert "k_\ufffd_kernel" in kernels.text    # not UTF-8 in the database: decoded with replacement
+    assert "k_\ufffd_kernel" in kernels.text  # not UTF-8 in the database: decoded with replacement
     assert b.js("return [window.__xss, document.querySelectorAll('#view img, #view script').length]") == [None, 0]
 
 
 def test_the_frontends_reaggregate_still_works_in_tensorboard_with_a_path_prefix(sites, tmp_path):
     logdir = tmp_path / "logdir"
-    assert run_cli(f"--database={sites['training']}", f"--output_path={logdir / 'training'}",
-                   "--reports=summary")[0] == 0
+    assert (
+        run_cli(f"--database={sites['training']}", f"--output_path={logdir / 'training'}", "--reports=summary")[0] == 0
+    )
     db = logdir / "training" / "dlprof_dldb.sqlite"
     with TensorBoard(logdir, path_prefix="/pfx") as tb, Browser() as b:
         b.open_dlprof(tb.url)

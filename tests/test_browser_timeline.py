@@ -2,6 +2,7 @@
 hand-computed training profile's boxes where its times say, the launch arrow and the GPU-gap hover, zoom (wheel,
 shift-drag, keys) and pan, an op's details on click, and a view of 3 x 10^5 events that stays light (merged
 boxes, quick draws). Screenshots and the measured times go to test-artifacts/."""
+
 from __future__ import annotations
 
 import json
@@ -16,14 +17,16 @@ from tests.test_plugin_timeline import GPU, T1
 
 pytestmark = [pytest.mark.browser, requires_browser]
 
-BIG = 100_000   # ops, each launching one kernel: 3 x 10^5 events in one iteration
+BIG = 100_000  # ops, each launching one kernel: 3 x 10^5 events in one iteration
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("timeline")
-    logdir = make_logdir(root / "logdir", {"training": training_profile(root / "training.sqlite"),
-                                           "big": big_profile(root / "big.sqlite", BIG)})
+    logdir = make_logdir(
+        root / "logdir",
+        {"training": training_profile(root / "training.sqlite"), "big": big_profile(root / "big.sqlite", BIG)},
+    )
     with TensorBoard(logdir) as tb, Browser(1600, 1000) as b:
         b.open_dlprof(tb.url)
         b.wait_css("#view .view", 30)
@@ -36,6 +39,7 @@ def dataset(b) -> dict:
 
 def wait_window(b, window: tuple | None = None, timeout: float = 30.0, changed_from: str | None = None) -> dict:
     """Wait until the view has drawn an answer (for `window`, or for any window but `changed_from`)."""
+
     def done(d):
         ds = dataset(b)
         if ds.get("ready") != "1" or ds.get("loading") == "1" or not ds.get("window"):
@@ -45,6 +49,7 @@ def wait_window(b, window: tuple | None = None, timeout: float = 30.0, changed_f
         if changed_from is not None and ds["window"] == changed_from:
             return False
         return ds
+
     return b.wait(done, timeout, f"the timeline window {window or 'to change'}")
 
 
@@ -56,16 +61,26 @@ def point(b, row: str, t: float) -> dict:
 
 def mouse(b, kind: str, p: dict, **extra):
     """A mouse event at page point p on the canvas (window events for move/up while dragging)."""
-    b.js("const [kind, x, y, extra] = arguments; const c = document.getElementById('timeline-canvas');"
-         "const target = (kind === 'mouseup' || (kind === 'mousemove' && extra.window)) ? window : c;"
-         "target.dispatchEvent(new MouseEvent(kind, {clientX: x, clientY: y, bubbles: true, cancelable: true, "
-         "button: 0, shiftKey: !!extra.shift}));", kind, p["x"], p["y"], extra)
+    b.js(
+        "const [kind, x, y, extra] = arguments; const c = document.getElementById('timeline-canvas');"
+        "const target = (kind === 'mouseup' || (kind === 'mousemove' && extra.window)) ? window : c;"
+        "target.dispatchEvent(new MouseEvent(kind, {clientX: x, clientY: y, bubbles: true, cancelable: true, "
+        "button: 0, shiftKey: !!extra.shift}));",
+        kind,
+        p["x"],
+        p["y"],
+        extra,
+    )
 
 
 def wheel(b, p: dict, delta: float):
-    b.js("const c = document.getElementById('timeline-canvas'); c.dispatchEvent(new WheelEvent('wheel', "
-         "{clientX: arguments[0], clientY: arguments[1], deltaY: arguments[2], bubbles: true, cancelable: true}));",
-         p["x"], p["y"], delta)
+    b.js(
+        "const c = document.getElementById('timeline-canvas'); c.dispatchEvent(new WheelEvent('wheel', "
+        "{clientX: arguments[0], clientY: arguments[1], deltaY: arguments[2], bubbles: true, cancelable: true}));",
+        p["x"],
+        p["y"],
+        delta,
+    )
 
 
 def view(b) -> dict:
@@ -73,8 +88,11 @@ def view(b) -> dict:
 
 
 def choose_iteration(b, iteration: int):
-    b.js("const i = document.getElementById('timeline-iteration'); i.value = String(arguments[0]);"
-         "i.dispatchEvent(new Event('change'));", iteration)
+    b.js(
+        "const i = document.getElementById('timeline-iteration'); i.value = String(arguments[0]);"
+        "i.dispatchEvent(new Event('change'));",
+        iteration,
+    )
 
 
 def tip(b) -> str:
@@ -85,8 +103,10 @@ def test_opens_from_the_iterations_view_on_the_iteration(env):
     b = env.b
     select_run(b, "training/dlprof")
     goto(b, "iterations")
-    b.js("arguments[0].dispatchEvent(new MouseEvent('dblclick', {bubbles: true}));",
-         b.css("#iterations-chart g.bar[data-iteration='1']"))
+    b.js(
+        "arguments[0].dispatchEvent(new MouseEvent('dblclick', {bubbles: true}));",
+        b.css("#iterations-chart g.bar[data-iteration='1']"),
+    )
     wait_window(b, (1_080_000, 1_180_000))
     assert b.css(".view-title").text == "Timeline"
     assert b.css("#timeline-iteration").get_attribute("value") == "1"
@@ -108,11 +128,11 @@ def test_kernel_hover_draws_its_launch_arrow_and_gap_hover_tells_the_cpu(env):
     b.click("button.nav-item[data-view=timeline]")
     choose_iteration(b, 1)
     wait_window(b, (1_080_000, 1_180_000))
-    start, end, name, _, launch = GPU[3]   # the forward SGEMM, launched at T1 + 29 us
+    start, end, name, _, launch = GPU[3]  # the forward SGEMM, launched at T1 + 29 us
     mouse(b, "mousemove", point(b, "g0.7", (start + end) / 2))
     b.wait(lambda d: name in tip(b), what="the kernel's tooltip")
     text = tip(b)
-    assert "Kernel" in text and "+57.000 µs" in text and "+49.000 µs" in text   # start and launch from T1 - 20 us
+    assert "Kernel" in text and "+57.000 µs" in text and "+49.000 µs" in text  # start and launch from T1 - 20 us
     assert dataset(b)["arrows"] == "1"
     b.screenshot("timeline_launch_arrow.png", full_page=False)
     # its launching API call: the arrow to the kernel
@@ -146,9 +166,9 @@ def test_zoom_pan_and_details(env):
     assert (at - v["t0"]) / (v["t1"] - v["t0"]) == pytest.approx((at - 1_080_000) / 100_000, abs=1.01 / width)
     t0, t1 = (int(x) for x in ds["window"].split(","))
     assert t0 == int(v["t0"]) and t1 == -int(-v["t1"] // 1)
-    assert int(ds["events"]) < 23   # fewer events in a narrower window
+    assert int(ds["events"]) < 23  # fewer events in a narrower window
     # shift-drag zooms into the range
-    px = (v["t1"] - v["t0"]) / width   # ns per pixel before the selection
+    px = (v["t1"] - v["t0"]) / width  # ns per pixel before the selection
     a, z = point(b, "g0.7", T1 + 30_000), point(b, "g0.7", T1 + 50_000)
     mouse(b, "mousedown", a, shift=True)
     mouse(b, "mousemove", z, window=True, shift=True)
@@ -166,8 +186,10 @@ def test_zoom_pan_and_details(env):
     moved = view(b)
     assert moved["t0"] == pytest.approx(v["t0"] - 100 * span / width, abs=span / width)
     # 0 on the keyboard: the whole iteration again
-    b.js("document.getElementById('timeline-canvas').dispatchEvent(new KeyboardEvent('keydown', {key: '0', "
-         "bubbles: true}));")
+    b.js(
+        "document.getElementById('timeline-canvas').dispatchEvent(new KeyboardEvent('keydown', {key: '0', "
+        "bubbles: true}));"
+    )
     wait_window(b, (1_080_000, 1_180_000))
     # a click on an op opens its details
     mouse(b, "mousedown", point(b, "t0.0", T1 + 15_000))
@@ -180,8 +202,10 @@ def test_three_hundred_thousand_events_stay_fluid(env):
     """One iteration holding 10^5 ops, 10^5 launch calls and 10^5 kernels: the answers hold merged boxes, the
     canvas draws in milliseconds, and every zoom step gets its window."""
     b, db = env.b, env.db("big")
-    n_events = sum(query(db, f"SELECT count(*) FROM {t}")[0][0] for t in ("raw_op_instances", "raw_api_calls",
-                                                                           "raw_gpu_activities"))
+    n_events = sum(
+        query(db, f"SELECT count(*) FROM {t}")[0][0]
+        for t in ("raw_op_instances", "raw_api_calls", "raw_gpu_activities")
+    )
     assert n_events == 3 * BIG
     select_run(b, "big/dlprof")
     b.click("button.nav-item[data-view=timeline]")
@@ -190,24 +214,38 @@ def test_three_hundred_thousand_events_stay_fluid(env):
     rows = len(b.js("return document.querySelector('.view-timeline').timelineState().rows;"))
     width = b.js("return document.getElementById('timeline-canvas').clientWidth") - 240
     assert int(ds["boxes"]) <= rows * (2 * width + 2)
-    measured = [{"step": "open", "events": int(ds["events"]), "boxes": int(ds["boxes"]),
-                 "fetch_ms": int(ds["fetchMs"]), "draw_ms": float(ds["drawMs"])}]
+    measured = [
+        {
+            "step": "open",
+            "events": int(ds["events"]),
+            "boxes": int(ds["boxes"]),
+            "fetch_ms": int(ds["fetchMs"]),
+            "draw_ms": float(ds["drawMs"]),
+        }
+    ]
     b.screenshot("timeline_big_whole.png", full_page=False)
     # a merged box tells how many events it holds
     v = view(b)
     mouse(b, "mousemove", point(b, "g0.7", (v["t0"] + v["t1"]) / 2))
     b.wait(lambda d: "events merged" in tip(b), what="a merged box's tooltip")
-    for step in range(6):   # zoom in at the middle, 4x per step
+    for step in range(6):  # zoom in at the middle, 4x per step
         p = point(b, "g0.7", (view(b)["t0"] + view(b)["t1"]) / 2)
         wheel(b, p, -924)
         ds = wait_window(b, changed_from=ds["window"], timeout=60)
-        measured.append({"step": f"zoom {step + 1}", "span_ns": int(view(b)["t1"] - view(b)["t0"]),
-                         "events": int(ds["events"]), "boxes": int(ds["boxes"]), "fetch_ms": int(ds["fetchMs"]),
-                         "draw_ms": float(ds["drawMs"])})
+        measured.append(
+            {
+                "step": f"zoom {step + 1}",
+                "span_ns": int(view(b)["t1"] - view(b)["t0"]),
+                "events": int(ds["events"]),
+                "boxes": int(ds["boxes"]),
+                "fetch_ms": int(ds["fetchMs"]),
+                "draw_ms": float(ds["drawMs"]),
+            }
+        )
         assert int(ds["boxes"]) <= rows * (2 * width + 2)
     b.screenshot("timeline_big_zoomed.png", full_page=False)
     (ARTIFACTS / "timeline_fluid.json").write_text(json.dumps(measured, indent=1))
-    assert measured[-1]["events"] < 1000   # zoomed in to a few dozen ops
+    assert measured[-1]["events"] < 1000  # zoomed in to a few dozen ops
     for m in measured:
-        assert m["draw_ms"] < 100, measured     # a redraw (every pan or zoom frame) stays far under a frame budget
+        assert m["draw_ms"] < 100, measured  # a redraw (every pan or zoom frame) stays far under a frame budget
         assert m["fetch_ms"] < 10_000, measured

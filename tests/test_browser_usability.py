@@ -2,6 +2,7 @@
 report's: GRAPHS beside DLPROF, CPU-only iteration charts, the details drawer, column filter errors, kernel
 start times, the re-aggregation form, dark mode, the URL state, the favicon, Top 10's TC Eligible column, the
 versions in System Configuration and the Ops table's sort column. Screenshots go to test-artifacts/."""
+
 from __future__ import annotations
 
 import random
@@ -15,12 +16,22 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.browser import (ARTIFACTS, Browser, TensorBoard, fmt_offset_ns, free_port, http_json, query,
-                           requires_browser)
+from tests.browser import ARTIFACTS, Browser, TensorBoard, fmt_offset_ns, free_port, http_json, query, requires_browser
 from tests.nsys_builder import NsysExport
 from tests.profiles import make_logdir, training_profile
-from tests.test_browser_views import (aggr_id, goto, info, renders, rows, search, select_row, select_run, set_value,
-                                      table_in, wait_table)
+from tests.test_browser_views import (
+    aggr_id,
+    goto,
+    info,
+    renders,
+    rows,
+    search,
+    select_row,
+    select_run,
+    set_value,
+    table_in,
+    wait_table,
+)
 
 pytestmark = [pytest.mark.browser, requires_browser]
 
@@ -52,8 +63,9 @@ def cpu_profile(path: Path) -> Path:
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("usability")
     training = training_profile(root / "training.sqlite")
-    logdir = make_logdir(root / "logdir", runs={"training": training, "reagg": training,
-                                                "cpu": cpu_profile(root / "cpu.sqlite")})
+    logdir = make_logdir(
+        root / "logdir", runs={"training": training, "reagg": training, "cpu": cpu_profile(root / "cpu.sqlite")}
+    )
     with TensorBoard(logdir) as tb, Browser(WIDTH, HEIGHT) as b:
         b.open_dlprof(tb.url)
         b.wait_css("#view .view", 30)
@@ -61,13 +73,18 @@ def env(tmp_path_factory):
 
 
 def rect(b, el) -> dict:
-    return b.js("const r = arguments[0].getBoundingClientRect(); return {left: r.left, right: r.right, "
-                "top: r.top, bottom: r.bottom, width: r.width, height: r.height};", el)
+    return b.js(
+        "const r = arguments[0].getBoundingClientRect(); return {left: r.left, right: r.right, "
+        "top: r.top, bottom: r.bottom, width: r.width, height: r.height};",
+        el,
+    )
 
 
 def viewport(b) -> dict:
-    return b.js("return {width: document.documentElement.clientWidth, height: document.documentElement.clientHeight,"
-                "scrollWidth: document.documentElement.scrollWidth};")
+    return b.js(
+        "return {width: document.documentElement.clientWidth, height: document.documentElement.clientHeight,"
+        "scrollWidth: document.documentElement.scrollWidth};"
+    )
 
 
 def parent_hash(b) -> str:
@@ -92,15 +109,20 @@ def close_details(b):
 
 # ---------------------------------------------------------------------------- item 1: GRAPHS beside DLPROF
 
-DEEP_FIND = ("const walk = (root, sel) => { for (const el of root.querySelectorAll('*')) { if (el.matches(sel)) "
-             "return el; if (el.shadowRoot) { const f = walk(el.shadowRoot, sel); if (f) return f; } } return null; };"
-             "return walk(document, arguments[0]);")
+DEEP_FIND = (
+    "const walk = (root, sel) => { for (const el of root.querySelectorAll('*')) { if (el.matches(sel)) "
+    "return el; if (el.shadowRoot) { const f = walk(el.shadowRoot, sel); if (f) return f; } } return null; };"
+    "return walk(document, arguments[0]);"
+)
 # {node name: fill of its shape} of the nodes GRAPHS draws (inside its shadow roots)
-NODE_FILLS = ("const out = {}; const walk = (root) => { for (const el of root.querySelectorAll('g.node[data-name]')) {"
-              "const shape = el.querySelector('.nodeshape ellipse, .nodeshape rect');"
-              "out[el.getAttribute('data-name')] = shape ? getComputedStyle(shape).fill : null; }"
-              "for (const el of root.querySelectorAll('*')) if (el.shadowRoot) walk(el.shadowRoot); };"
-              "walk(document); return out;")
+NODE_FILLS = (
+    "const out = {}; const walk = (root) => { for (const el of root.querySelectorAll('g.node[data-name]')) {"
+    "const shape = el.querySelector('.nodeshape ellipse, .nodeshape rect');"
+    "out[el.getAttribute('data-name')] = shape ? getComputedStyle(shape).fill : null; }"
+    "for (const el of root.querySelectorAll('*')) if (el.shadowRoot) walk(el.shadowRoot); };"
+    "walk(document); return out;"
+)
+
 
 def test_graphs_tab_is_active_and_shows_the_node_the_details_name(env):
     b, tb = env.b, env.tb
@@ -119,25 +141,45 @@ def test_graphs_tab_is_active_and_shows_the_node_the_details_name(env):
         d.get(f"{tb.url}/#graphs")
         # the run and its dlprof/op_time tag in GRAPHS' dropdowns, then "Color by: Compute time"
         controls = b.wait(lambda drv: drv.execute_script(DEEP_FIND, "tf-graph-controls"), 60, "GRAPHS' controls")
-        b.wait(lambda drv: drv.execute_script("return (arguments[0].datasets || []).length", controls) == 3, 60,
-               "GRAPHS' runs")
-        d.execute_script("const c = arguments[0]; c._selectedRunIndex = c.datasets.findIndex((r) => "
-                         "r.name === 'training/dlprof');", controls)
-        b.wait(lambda drv: drv.execute_script(NODE_FILLS).get("aten::conv2d (bprop)") is not None, 60,
-               "the training run's graph")
-        d.execute_script("const c = arguments[0], r = c.datasets[c._selectedRunIndex];"
-                         "c._selectedTagIndex = r.tags.findIndex((t) => t.tag === 'dlprof/op_time');", controls)
+        b.wait(
+            lambda drv: drv.execute_script("return (arguments[0].datasets || []).length", controls) == 3,
+            60,
+            "GRAPHS' runs",
+        )
+        d.execute_script(
+            "const c = arguments[0]; c._selectedRunIndex = c.datasets.findIndex((r) => r.name === 'training/dlprof');",
+            controls,
+        )
+        b.wait(
+            lambda drv: drv.execute_script(NODE_FILLS).get("aten::conv2d (bprop)") is not None,
+            60,
+            "the training run's graph",
+        )
+        d.execute_script(
+            "const c = arguments[0], r = c.datasets[c._selectedRunIndex];"
+            "c._selectedTagIndex = r.tags.findIndex((t) => t.tag === 'dlprof/op_time');",
+            controls,
+        )
         b.wait(lambda drv: drv.execute_script("return !!arguments[0].stats", controls), 60, "the op times loaded")
         d.execute_script("arguments[0].colorBy = 'compute_time';", controls)
-        fills = b.wait(lambda drv: (f := drv.execute_script(NODE_FILLS)) and f.get("aten::conv2d") != f.get("aten::to")
-                       and f, 30, "nodes coloured by compute time")
+        fills = b.wait(
+            lambda drv: (f := drv.execute_script(NODE_FILLS)) and f.get("aten::conv2d") != f.get("aten::to") and f,
+            30,
+            "nodes coloured by compute time",
+        )
         d.save_screenshot(str(ARTIFACTS / "graphs_tab_compute_time.png"))
         assert {"aten::conv2d", "aten::linear (bprop)", "Optimizer.step#SGD.step"} <= set(fills)
         # darker (less green) for more time: conv2d 30 us > linear 24 us = linear (bprop) > conv2d (bprop) 18 us >
         # the sync 15 us > relu 6 us = the optimizer step's scope (its add_, 6 us) > to 3 us
         green = {name: int(re.findall(r"\d+", fill)[1]) for name, fill in fills.items()}
-        order = ["aten::conv2d", "aten::linear", "aten::conv2d (bprop)", "unassociated_cudaDeviceSynchronize_v3020",
-                 "aten::relu", "aten::to"]
+        order = [
+            "aten::conv2d",
+            "aten::linear",
+            "aten::conv2d (bprop)",
+            "unassociated_cudaDeviceSynchronize_v3020",
+            "aten::relu",
+            "aten::to",
+        ]
         assert [green[n] for n in order] == sorted(green[n] for n in order) and len({green[n] for n in order}) == 6
         assert green["aten::linear"] == green["aten::linear (bprop)"]
         assert green["Optimizer.step#SGD.step"] == green["aten::relu"]
@@ -149,21 +191,30 @@ def test_graphs_tab_is_active_and_shows_the_node_the_details_name(env):
 
 # ---------------------------------------------------------------------------- item 4: CPU-only runs
 
+
 def test_cpu_only_iterations_show_their_time_classes(env):
     b, db = env.b, env.db("cpu")
     select_run(b, "cpu/dlprof")
-    expected = {it: dict(zip(("dataloader", "cpu", "other"), v)) for it, *v in query(
-        db, "SELECT iter_value, dataloader_time, cpu_time, other_time FROM iteration_summary WHERE aggr_id = ?",
-        (aggr_id(db),))}
-    assert expected[1] == expected[2] == {"dataloader": 30000, "cpu": 28000, "other": 42000}   # cpu_profile
+    expected = {
+        it: dict(zip(("dataloader", "cpu", "other"), v))
+        for it, *v in query(
+            db,
+            "SELECT iter_value, dataloader_time, cpu_time, other_time FROM iteration_summary WHERE aggr_id = ?",
+            (aggr_id(db),),
+        )
+    }
+    assert expected[1] == expected[2] == {"dataloader": 30000, "cpu": 28000, "other": 42000}  # cpu_profile
     for view, chart in (("iterations", "#iterations-chart"), ("dashboard", "#panel-iterations")):
         goto(b, view)
         b.wait_css(f"{chart} g.bar")
         for it in (1, 2):
-            heights = b.js("const out = {}; for (const r of arguments[0].querySelectorAll('rect.seg')) "
-                           "out[r.getAttribute('class').split('seg-')[1]] = Number(r.getAttribute('height'));"
-                           "return out;", b.css(f"{chart} g.bar[data-iteration='{it}']"))
-            assert set(heights) == {"dataloader", "cpu", "other"}, heights   # not one grey bar
+            heights = b.js(
+                "const out = {}; for (const r of arguments[0].querySelectorAll('rect.seg')) "
+                "out[r.getAttribute('class').split('seg-')[1]] = Number(r.getAttribute('height'));"
+                "return out;",
+                b.css(f"{chart} g.bar[data-iteration='{it}']"),
+            )
+            assert set(heights) == {"dataloader", "cpu", "other"}, heights  # not one grey bar
             total = sum(expected[it].values())
             for key, ns in expected[it].items():
                 assert heights[key] / sum(heights.values()) == pytest.approx(ns / total, rel=1e-6), (view, it, key)
@@ -174,6 +225,7 @@ def test_cpu_only_iterations_show_their_time_classes(env):
 
 
 # ---------------------------------------------------------------------------- item 5: the details drawer
+
 
 def test_details_drawer_opens_in_sight_and_nothing_in_it_is_wider(env):
     b = env.b
@@ -190,14 +242,17 @@ def test_details_drawer_opens_in_sight_and_nothing_in_it_is_wider(env):
     assert box["left"] >= 0 and box["width"] <= view["width"]
     assert view["scrollWidth"] <= view["width"], "the page scrolls sideways"
     # never wider than the pane: every element outside a sideways-scrolling table box fits in it
-    overflow = b.js("""
+    overflow = b.js(
+        """
         const pane = arguments[0], p = pane.getBoundingClientRect(), out = [];
         for (const el of pane.querySelectorAll('*')) {
           if (el.closest('.dt-scroll') && !el.classList.contains('dt-scroll')) continue;
           const r = el.getBoundingClientRect();
           if (r.width && (r.left < p.left - 0.5 || r.right > p.right + 0.5)) out.push(el.tagName + '.' + el.className);
         }
-        return out;""", pane)
+        return out;""",
+        pane,
+    )
     assert not overflow, overflow
     assert rect(b, b.css("#op-details"))["width"] <= box["width"]
     for label in ("Minimum", "Maximum"):
@@ -217,11 +272,13 @@ def test_details_drawer_opens_in_sight_and_nothing_in_it_is_wider(env):
     # Escape closes it (the kernel row just clicked has the focus)
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.keys import Keys
+
     ActionChains(b.driver).send_keys(Keys.ESCAPE).perform()
     b.wait(lambda d: not b.css("#details-pane").is_displayed(), what="drawer closed")
 
 
 # ---------------------------------------------------------------------------- item 6: column filter errors
+
 
 def test_a_bad_column_filter_is_shown_at_the_filter_and_the_rows_stay(env):
     b = env.b
@@ -254,6 +311,7 @@ def test_a_bad_column_filter_is_shown_at_the_filter_and_the_rows_stay(env):
 
 # ---------------------------------------------------------------------------- item 10: the Ops table's sort column
 
+
 def test_the_ops_tables_sort_column_is_in_sight_at_1600_px(env):
     b = env.b
     select_run(b, "training/dlprof")
@@ -269,15 +327,20 @@ def test_the_ops_tables_sort_column_is_in_sight_at_1600_px(env):
 
 # ---------------------------------------------------------------------------- item 8: kernel start times
 
+
 def test_kernel_starts_are_shown_from_the_iteration_start_to_the_nanosecond(env):
     b, db = env.b, env.db("training")
     rng = random.Random(15)
-    values = [0, 1, 999, 1000, 12_345, 999_999, 1_000_000, 1_234_567, 2_000_000_001, 12_345_678_901] + \
-        [rng.randrange(10 ** 10) for _ in range(30)]
-    out = b.driver.execute_async_script("""
+    values = [0, 1, 999, 1000, 12_345, 999_999, 1_000_000, 1_234_567, 2_000_000_001, 12_345_678_901] + [
+        rng.randrange(10**10) for _ in range(30)
+    ]
+    out = b.driver.execute_async_script(
+        """
         const [values, done] = arguments;
         import(new URL("./format.js", document.baseURI).href).then((f) => done(values.map(f.fmtOffsetNs)));
-    """, values)
+    """,
+        values,
+    )
     assert out[:6] == ["+0 ns", "+1 ns", "+999 ns", "+1.000 µs", "+12.345 µs", "+999.999 µs"]
     assert out[6:9] == ["+1.000000 ms", "+1.234567 ms", "+2.000000001 s"]
     assert out == [fmt_offset_ns(v) for v in values]
@@ -288,18 +351,23 @@ def test_kernel_starts_are_shown_from_the_iteration_start_to_the_nanosecond(env)
     before = renders(kernels)
     select_row(b, its, "iteration", "1")
     wait_table(b, kernels, before)
-    start, stop = query(db, "SELECT start_time, stop_time FROM iteration_summary WHERE aggr_id = ? AND iter_value = 1",
-                        (aggr_id(db),))[0]
-    assert (start, stop) == (1_080_000, 1_180_000)   # ends of the first two optimizer steps (training_profile)
-    launches = query(db, "SELECT g.start, w.launch_time FROM read_only_activity_owners w "
-                         "JOIN read_only_gpu_activities g ON g.activity_id = w.activity_id "
-                         "WHERE w.launch_time >= ? AND w.launch_time < ? AND g.kind = 0 ORDER BY g.start",
-                     (start, stop))
+    start, stop = query(
+        db, "SELECT start_time, stop_time FROM iteration_summary WHERE aggr_id = ? AND iter_value = 1", (aggr_id(db),)
+    )[0]
+    assert (start, stop) == (1_080_000, 1_180_000)  # ends of the first two optimizer steps (training_profile)
+    launches = query(
+        db,
+        "SELECT g.start, w.launch_time FROM read_only_activity_owners w "
+        "JOIN read_only_gpu_activities g ON g.activity_id = w.activity_id "
+        "WHERE w.launch_time >= ? AND w.launch_time < ? AND g.kind = 0 ORDER BY g.start",
+        (start, stop),
+    )
     got = rows(kernels)
-    assert [(r["gpu_start_offset"], r["api_start_offset"]) for r in got] == \
-        [(fmt_offset_ns(g - start), fmt_offset_ns(a - start)) for g, a in launches]
-    assert got[0]["gpu_start_offset"] == "+34.000 µs"   # TC_CONV at T+14000 = 1,114,000 ns
-    assert len(set(r["gpu_start_offset"] for r in got)) == len(got)   # distinct, in order
+    assert [(r["gpu_start_offset"], r["api_start_offset"]) for r in got] == [
+        (fmt_offset_ns(g - start), fmt_offset_ns(a - start)) for g, a in launches
+    ]
+    assert got[0]["gpu_start_offset"] == "+34.000 µs"  # TC_CONV at T+14000 = 1,114,000 ns
+    assert len(set(r["gpu_start_offset"] for r in got)) == len(got)  # distinct, in order
     labels = [th.text for th in kernels.find_elements("css selector", "thead tr.dt-head th")]
     assert any(t.startswith("GPU Start (from iteration start)") for t in labels)
     assert not any(t.startswith("GPU Start Time") for t in labels)
@@ -309,15 +377,23 @@ def test_kernel_starts_are_shown_from_the_iteration_start_to_the_nanosecond(env)
 
 # ---------------------------------------------------------------------------- item 10: Top 10 and System Config
 
+
 def test_top_ten_has_tc_eligible_and_system_config_the_versions(env):
     import tensorboard.version
 
     from dlprof_profiler import __version__
+
     b, db = env.b, env.db("training")
     select_run(b, "training/dlprof")
     goto(b, "dashboard")
-    eligible = dict(query(db, "SELECT o.op_id, n.tc_eligible FROM op_nodes n JOIN read_only_ops o "
-                              "ON o.op_index = n.op_index WHERE n.aggr_id = ?", (aggr_id(db),)))
+    eligible = dict(
+        query(
+            db,
+            "SELECT o.op_id, n.tc_eligible FROM op_nodes n JOIN read_only_ops o "
+            "ON o.op_index = n.op_index WHERE n.aggr_id = ?",
+            (aggr_id(db),),
+        )
+    )
     assert "TC Eligible" in [th.text for th in b.all("#panel-top-ops thead th")]
     cell = lambda tr, key: tr.find_element("css selector", f"td[data-key={key}]").text  # noqa: E731
     shown = {cell(tr, "op_id"): cell(tr, "tc_eligible") for tr in b.all("#panel-top-ops tbody tr")}
@@ -330,14 +406,20 @@ def test_top_ten_has_tc_eligible_and_system_config_the_versions(env):
 
 # ---------------------------------------------------------------------------- item 10: dark mode
 
+
 def theme_menu(b, choice: str):
     """TensorBoard's theme menu (top-level page): Browser default, Light or Dark."""
     d = b.driver
     d.switch_to.default_content()
     try:
         d.find_element("css selector", "button[aria-label='Menu for changing light or dark theme']").click()
-        item = b.wait(lambda drv: [e for e in drv.find_elements("css selector", "button[mat-menu-item]")
-                                   if e.text.strip() == choice], 10, f"the {choice} menu item")[0]
+        item = b.wait(
+            lambda drv: [
+                e for e in drv.find_elements("css selector", "button[mat-menu-item]") if e.text.strip() == choice
+            ],
+            10,
+            f"the {choice} menu item",
+        )[0]
         item.click()
         b.wait(lambda drv: not drv.find_elements("css selector", "button[mat-menu-item]"), 10, "the menu closed")
     finally:
@@ -373,6 +455,7 @@ def test_dark_mode_follows_tensorboard(env):
 
 # ---------------------------------------------------------------------------- item 10: the URL keeps the state
 
+
 def test_view_and_selection_survive_a_reload(env):
     b, db = env.b, env.db("training")
     select_run(b, "training/dlprof")
@@ -393,8 +476,14 @@ def test_view_and_selection_survive_a_reload(env):
     # another view and an iteration
     goto(b, "kernels_by_iteration")
     select_row(b, table_in(b, "#iterations-table"), "iteration", "2")
-    b.wait(lambda d: "p.dlprof.iteration=2" in parent_hash(b) and not re.search(r"p\.dlprof\.op=\d", parent_hash(b))
-           and "p.dlprof.view=kernels_by_iteration" in parent_hash(b), what="the iteration in the URL")
+    b.wait(
+        lambda d: (
+            "p.dlprof.iteration=2" in parent_hash(b)
+            and not re.search(r"p\.dlprof\.op=\d", parent_hash(b))
+            and "p.dlprof.view=kernels_by_iteration" in parent_hash(b)
+        ),
+        what="the iteration in the URL",
+    )
     reopen(b)
     b.wait_text("#iteration-kernels .card-title", "Kernels of iteration 2")
     kernels = wait_table(b, b.css("#iteration-kernels .datatable"))
@@ -403,6 +492,7 @@ def test_view_and_selection_survive_a_reload(env):
 
 
 # ---------------------------------------------------------------------------- item 9: re-aggregation
+
 
 def aggregations(db) -> list[tuple]:
     return query(db, "SELECT aggr_id, key_node, iter_start, iter_stop FROM aggregations ORDER BY aggr_id")
@@ -418,8 +508,14 @@ def dialog_ok(b, dialog_id: str):
 
 def ready(b, aggr: str):
     """The Iterations view of aggregation `aggr`, its data loaded (the form is filled then)."""
-    b.wait(lambda d: b.js("return document.getElementById('aggr-select').value") == aggr
-           and b.all(".view-iterations[data-ready='1']"), 30, f"the Iterations view of aggregation {aggr}")
+    b.wait(
+        lambda d: (
+            b.js("return document.getElementById('aggr-select').value") == aggr
+            and b.all(".view-iterations[data-ready='1']")
+        ),
+        30,
+        f"the Iterations view of aggregation {aggr}",
+    )
 
 
 def test_reaggregate_form(env):
@@ -447,6 +543,7 @@ def test_reaggregate_form(env):
     ready(b, "2")
     # ... and twice, from aggregation 1: the one it made is offered
     from selenium.webdriver.support.ui import Select
+
     Select(b.css("#aggr-select")).select_by_value("1")
     b.wait_css("#iterations-chart g.bar")
     b.wait_css("#apply-proposal", visible=True)
@@ -491,6 +588,7 @@ def test_reaggregate_form(env):
 
 # ---------------------------------------------------------------------------- item 10: dlprofviewer
 
+
 def test_dlprofviewer_favicon_theme_and_url_state(env, tmp_path):
     db = env.db("training")
     port = free_port()
@@ -513,16 +611,18 @@ def test_dlprofviewer_favicon_theme_and_url_state(env, tmp_path):
             assert resp.status == 200 and resp.headers["Content-Type"].startswith("image/svg+xml")
         with Browser(WIDTH, HEIGHT) as b:
             d = b.driver
-            d.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme",
-                                                                           "value": "dark"}]})
+            d.execute_cdp_cmd(
+                "Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": "dark"}]}
+            )
             d.get(url)
             b.wait_css("#panel-top-ops tbody tr", 30)
             assert b.js("return document.documentElement.dataset.theme") == "dark"
-            d.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme",
-                                                                           "value": "light"}]})
+            d.execute_cdp_cmd(
+                "Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": "light"}]}
+            )
             b.wait(lambda drv: b.js("return document.documentElement.dataset.theme") == "light", what="light")
             severe = [m for m in b.console() if "SEVERE" in m]
-            assert not severe, severe   # no 404 for /favicon.ico (or anything else)
+            assert not severe, severe  # no 404 for /favicon.ico (or anything else)
             b.click("button.nav-item[data-view=ops_kernels]")
             select_row(b, table_in(b, "#ops"), "op_id", "CONV2D_1")
             b.wait_text("#op-details [data-field=op_id]", "CONV2D_1")
@@ -531,7 +631,7 @@ def test_dlprofviewer_favicon_theme_and_url_state(env, tmp_path):
             d.refresh()
             b.wait_text("#op-details [data-field=op_id]", "CONV2D_1", 30)
             assert b.js("return document.getElementById('view').dataset.view") == "ops_kernels"
-            assert not b.all("#op-details [data-field=graph_node]")   # no GRAPHS tab without TensorBoard
+            assert not b.all("#op-details [data-field=graph_node]")  # no GRAPHS tab without TensorBoard
             assert len(rows(wait_table(b, b.css("#op-kernels .datatable")))) == 1
     finally:
         proc.terminate()

@@ -1,5 +1,6 @@
 """The DLPROF tab's views, data tables, exports and re-aggregation in a real headless Chromium inside a real
 TensorBoard. Expected values come from the DLProf databases (sqlite3) and from the engine itself."""
+
 from __future__ import annotations
 
 import csv
@@ -16,8 +17,17 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tests.browser import (ARTIFACTS, Browser, TensorBoard, fmt_int, fmt_ns, fmt_offset_ns, fmt_pct, query,
-                           requires_browser)
+from tests.browser import (
+    ARTIFACTS,
+    Browser,
+    TensorBoard,
+    fmt_int,
+    fmt_ns,
+    fmt_offset_ns,
+    fmt_pct,
+    query,
+    requires_browser,
+)
 from tests.nsys_builder import NsysExport
 from tests.profiles import make_logdir, run_dlprof, training_profile
 
@@ -39,6 +49,7 @@ VIEWS = {
 
 # ---------------------------------------------------------------------------- profiles
 
+
 def stack_profile(path: Path) -> Path:
     """Two iterations of one conv2d with nvidia_dlprof_pytorch_nvtx-style markers (traceMarker / mod-op dict /
     aten range), so the op carries a long Python stack trace."""
@@ -49,10 +60,15 @@ def stack_profile(path: Path) -> Path:
     frames.append("/home/user/project/model.py:88: in forward: x = self.conv(x)")
     for i in range(2):
         t = 1_000_000 + i * 100_000
-        exp.push_pop(tid, t, t + 20000, repr({"traceMarker": frames,
-                                              "funcStack": "Net::_call_impl/Net::forward/Conv2d::forward/conv2d"}))
-        exp.push_pop(tid, t + 100, t + 19900, repr({"mod": "torch.nn.functional", "op": "conv2d", "args": [],
-                                                    "dir": "fprop"}))
+        exp.push_pop(
+            tid,
+            t,
+            t + 20000,
+            repr({"traceMarker": frames, "funcStack": "Net::_call_impl/Net::forward/Conv2d::forward/conv2d"}),
+        )
+        exp.push_pop(
+            tid, t + 100, t + 19900, repr({"mod": "torch.nn.functional", "op": "conv2d", "args": [], "dir": "fprop"})
+        )
         exp.push_pop(tid, t + 200, t + 19800, f"aten::conv2d, seq = {i}, op_id = {i}")
         exp.launch(tid, t + 1000, t + 2000, t + 3000, t + 9000, kernel="volta_sgemm_128x64_nn")
         exp.push_pop(tid, t + 50000, t + 60000, "Optimizer.step#SGD.step")
@@ -69,11 +85,17 @@ def big_profile(path: Path, n: int = BIG_OPS) -> Path:
     tid = exp.add_thread(pid=9, tid=9, name="python", process_name="python")
     i = np.arange(n, dtype=np.int64)
     t = 1_000_000 + i * 10_000
-    exp.push_pop_many(np.full(n, tid), t, t + 8000,
-                      np.array([f"aten::relu, seq = {k}, op_id = {k}" for k in range(n)], dtype=object))
+    exp.push_pop_many(
+        np.full(n, tid), t, t + 8000, np.array([f"aten::relu, seq = {k}, op_id = {k}" for k in range(n)], dtype=object)
+    )
     exp.runtime_many(np.full(n, tid), t + 1000, t + 2000, np.full(n, "cudaLaunchKernel_v7000", dtype=object), i + 1)
-    exp.kernels_many(np.full(n, 9), i + 1, t + 3000, t + 4000 + (i * 7919) % 5000,
-                     np.full(n, "vectorized_elementwise_kernel", dtype=object))
+    exp.kernels_many(
+        np.full(n, 9),
+        i + 1,
+        t + 3000,
+        t + 4000 + (i * 7919) % 5000,
+        np.full(n, "vectorized_elementwise_kernel", dtype=object),
+    )
     exp.set_session(start_time=0)
     return exp.write(path)
 
@@ -82,16 +104,25 @@ def big_profile(path: Path, n: int = BIG_OPS) -> Path:
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("views")
     training = training_profile(root / "training.sqlite")
-    logdir = make_logdir(root / "logdir", runs={"training": training, "reagg": training, "proposal": training,
-                                                "stack": stack_profile(root / "stack.sqlite"),
-                                                "big": big_profile(root / "big.sqlite")})
-    run_dlprof(f"--database={training}", f"--output_path={logdir / 'plain'}", "--reports=summary", "-v", "quiet",
-               "--mode=nvtx")
+    logdir = make_logdir(
+        root / "logdir",
+        runs={
+            "training": training,
+            "reagg": training,
+            "proposal": training,
+            "stack": stack_profile(root / "stack.sqlite"),
+            "big": big_profile(root / "big.sqlite"),
+        },
+    )
+    run_dlprof(
+        f"--database={training}", f"--output_path={logdir / 'plain'}", "--reports=summary", "-v", "quiet", "--mode=nvtx"
+    )
     with TensorBoard(logdir) as tb, Browser() as b:
         b.open_dlprof(tb.url)
         b.wait_css("#view .view", 30)
-        yield SimpleNamespace(tb=tb, b=b, root=root, logdir=logdir, training=training,
-                              db=lambda run: logdir / run / "dlprof_dldb.sqlite")
+        yield SimpleNamespace(
+            tb=tb, b=b, root=root, logdir=logdir, training=training, db=lambda run: logdir / run / "dlprof_dldb.sqlite"
+        )
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -111,8 +142,14 @@ def select_run(b, run: str):
             return False
 
     b.wait(chosen, what=f"choosing run {run}")
-    b.wait(lambda d: b.js("return document.getElementById('run-select').value") == run
-           and run in b.css(".view-subtitle").text and b.all("#view .view"), what=f"run {run}")
+    b.wait(
+        lambda d: (
+            b.js("return document.getElementById('run-select').value") == run
+            and run in b.css(".view-subtitle").text
+            and b.all("#view .view")
+        ),
+        what=f"run {run}",
+    )
 
 
 def goto(b, view: str):
@@ -130,8 +167,11 @@ def renders(dt) -> int:
 
 def wait_table(b, dt, after: int | None = None, timeout: float = 15.0):
     """Wait until a data table has rendered (more than `after` times when given)."""
-    b.wait(lambda d: dt.get_attribute("data-state") == "ready" and (after is None or renders(dt) > after),
-           timeout, "table rendered")
+    b.wait(
+        lambda d: dt.get_attribute("data-state") == "ready" and (after is None or renders(dt) > after),
+        timeout,
+        "table rendered",
+    )
     return dt
 
 
@@ -143,12 +183,16 @@ def rows(dt) -> list[dict]:
     """Visible rows as {column key: cell text} (one script call: fast even for 100-row pages)."""
     return dt.parent.execute_script(
         "return [...arguments[0].querySelectorAll('tbody tr[data-key]')].map((tr) => Object.fromEntries("
-        "[...tr.querySelectorAll('td')].map((td) => [td.dataset.key, td.innerText.trim()])));", dt)
+        "[...tr.querySelectorAll('td')].map((td) => [td.dataset.key, td.innerText.trim()])));",
+        dt,
+    )
 
 
 def headers(dt) -> list[str]:
-    return [th.get_attribute("textContent").replace("↕", "").replace("▲", "").replace("▼", "").strip()
-            for th in dt.find_elements("css selector", "thead tr.dt-head th")]
+    return [
+        th.get_attribute("textContent").replace("↕", "").replace("▲", "").replace("▼", "").strip()
+        for th in dt.find_elements("css selector", "thead tr.dt-head th")
+    ]
 
 
 def info(dt) -> str:
@@ -157,8 +201,9 @@ def info(dt) -> str:
 
 def set_value(b, el, value: str):
     """Type into an input the way a user does (value + input event)."""
-    b.js("arguments[0].value = arguments[1]; arguments[0].dispatchEvent(new Event('input', {bubbles: true}));",
-         el, value)
+    b.js(
+        "arguments[0].value = arguments[1]; arguments[0].dispatchEvent(new Event('input', {bubbles: true}));", el, value
+    )
 
 
 def search(b, dt, value: str, column: str | None = None):
@@ -183,11 +228,13 @@ def sort_button(dt, key: str):
 def select_row(b, dt, column: str, text: str, timeout: float = 10.0):
     """Click the row whose cell in column reads text (waiting for it to be listed), on that cell, as a user
     does (a row can be wider than the table's box, which scrolls sideways)."""
+
     def find(d):
         for tr in dt.find_elements("css selector", "tbody tr[data-key]"):
             if tr.find_element("css selector", f"td[data-key={column}]").text == text:
                 return tr
         return False
+
     tr = b.wait(find, timeout, f"a row with {column} = {text!r}")
     cell = tr.find_element("css selector", f"td[data-key={column}]")
     b.js("arguments[0].scrollIntoView({block: 'center', inline: 'nearest'});", cell)
@@ -200,6 +247,7 @@ def aggr_id(db: Path, newest: bool = True) -> int:
 
 
 # ---------------------------------------------------------------------------- views
+
 
 def test_every_view_renders(env):
     b = env.b
@@ -215,14 +263,22 @@ def test_op_type_summary_shows_every_statistic_per_op_type(env):
     select_run(b, "training/dlprof")
     goto(b, "op_types")
     dt = table_in(b, "#op-types")
-    expected = query(db, "SELECT op_type, num_ops, num_calls, cpu_total, gpu_total, gpu_avg, idle_max "
-                         "FROM op_type_metrics WHERE aggr_id = ? ORDER BY gpu_total DESC, op_type", (aggr_id(db),))
+    expected = query(
+        db,
+        "SELECT op_type, num_ops, num_calls, cpu_total, gpu_total, gpu_avg, idle_max "
+        "FROM op_type_metrics WHERE aggr_id = ? ORDER BY gpu_total DESC, op_type",
+        (aggr_id(db),),
+    )
     got = rows(dt)
     assert [r["op_type"] for r in got] == [e[0] for e in expected]
-    for r, (op_type, num_ops, num_calls, cpu_total, gpu_total, gpu_avg, idle_max) in zip(got, expected):
+    for r, (_op_type, num_ops, num_calls, cpu_total, gpu_total, gpu_avg, idle_max) in zip(got, expected):
         assert (r["num_ops"], r["num_calls"]) == (fmt_int(num_ops), fmt_int(num_calls))
-        assert (r["cpu_total"], r["gpu_total"], r["gpu_avg"], r["idle_max"]) == \
-               (fmt_ns(cpu_total), fmt_ns(gpu_total), fmt_ns(gpu_avg), fmt_ns(idle_max))
+        assert (r["cpu_total"], r["gpu_total"], r["gpu_avg"], r["idle_max"]) == (
+            fmt_ns(cpu_total),
+            fmt_ns(gpu_total),
+            fmt_ns(gpu_avg),
+            fmt_ns(idle_max),
+        )
     labels = headers(dt)
     for stat in ("CPU Time", "GPU Time", "CPU Overhead", "GPU Idle"):
         for agg in ("Total", "Avg.", "Min", "Max"):
@@ -241,11 +297,16 @@ def test_ops_and_kernels_selecting_an_op_fills_its_kernels(env):
     select_row(b, ops, "op_id", "LINEAR_2")
     wait_table(b, kernels, before)
     op_index = query(db, "SELECT op_index FROM read_only_ops WHERE op_id = 'LINEAR_2'")[0][0]
-    expected = query(db, "SELECT kernel_name, num_calls, gpu_total, api_total FROM kernel_summaries "
-                         "WHERE aggr_id = ? AND op_index = ? ORDER BY gpu_total DESC", (aggr_id(db), op_index))
+    expected = query(
+        db,
+        "SELECT kernel_name, num_calls, gpu_total, api_total FROM kernel_summaries "
+        "WHERE aggr_id = ? AND op_index = ? ORDER BY gpu_total DESC",
+        (aggr_id(db), op_index),
+    )
     got = rows(kernels)
-    assert [(r["kernel_name"], r["num_calls"], r["gpu_total"], r["api_total"]) for r in got] == \
-           [(k, fmt_int(n), fmt_ns(g), fmt_ns(a)) for k, n, g, a in expected]
+    assert [(r["kernel_name"], r["num_calls"], r["gpu_total"], r["api_total"]) for r in got] == [
+        (k, fmt_int(n), fmt_ns(g), fmt_ns(a)) for k, n, g, a in expected
+    ]
     assert got[0]["direction"] == "bprop" and got[0]["op_id"] == "LINEAR_2"
     assert "Kernels of LINEAR_2" in b.css("#op-kernels .card-title").text
     # the details pane shows the op; a kernel row shows the kernel
@@ -255,8 +316,11 @@ def test_ops_and_kernels_selecting_an_op_fills_its_kernels(env):
 
 
 def iteration_bounds(db: Path, iteration: int) -> tuple[int, int]:
-    return query(db, "SELECT start_time, stop_time FROM iteration_summary WHERE aggr_id = ? AND iter_value = ?",
-                 (aggr_id(db), iteration))[0]
+    return query(
+        db,
+        "SELECT start_time, stop_time FROM iteration_summary WHERE aggr_id = ? AND iter_value = ?",
+        (aggr_id(db), iteration),
+    )[0]
 
 
 def test_kernels_by_iteration(env):
@@ -264,14 +328,21 @@ def test_kernels_by_iteration(env):
     select_run(b, "training/dlprof")
     goto(b, "kernels_by_iteration")
     its = table_in(b, "#iterations-table")
-    expected = query(db, "SELECT iter_value, start_time, duration, kernels, tc_kernels, kernel_time_per_gpu, "
-                         "tc_kernel_time_per_gpu FROM iteration_summary WHERE aggr_id = ? ORDER BY iter_value",
-                     (aggr_id(db),))
+    expected = query(
+        db,
+        "SELECT iter_value, start_time, duration, kernels, tc_kernels, kernel_time_per_gpu, "
+        "tc_kernel_time_per_gpu FROM iteration_summary WHERE aggr_id = ? ORDER BY iter_value",
+        (aggr_id(db),),
+    )
     got = rows(its)
     assert [r["iteration"] for r in got] == [str(e[0]) for e in expected] == ["0", "1", "2", "3"]
-    for r, (it, start, duration, kernels, tc_kernels, kt, tct) in zip(got, expected):
-        assert (r["start"], r["duration"], r["kernels"], r["tc_kernels"]) == \
-               (fmt_ns(start), fmt_ns(duration), fmt_int(kernels), fmt_int(tc_kernels))
+    for r, (_it, start, duration, kernels, tc_kernels, kt, tct) in zip(got, expected):
+        assert (r["start"], r["duration"], r["kernels"], r["tc_kernels"]) == (
+            fmt_ns(start),
+            fmt_ns(duration),
+            fmt_int(kernels),
+            fmt_int(tc_kernels),
+        )
         pct = 100 * kt / duration if duration else 0
         tc_pct = 100 * tct / kt if kt else 0
         assert r["kernel_time_per_gpu"] == f"{fmt_ns(kt)} ({fmt_pct(pct)})"
@@ -285,14 +356,19 @@ def test_kernels_by_iteration(env):
     select_row(b, its, "iteration", "1")
     wait_table(b, kernels, before)
     start, stop = iteration_bounds(db, 1)
-    launches = query(db, "SELECT g.name, g.start, g.\"end\" - g.start FROM read_only_activity_owners w "
-                         "JOIN read_only_gpu_activities g ON g.activity_id = w.activity_id WHERE w.launch_time >= ? "
-                         "AND w.launch_time < ? AND g.kind = 0 ORDER BY g.start", (start, stop))
+    launches = query(
+        db,
+        'SELECT g.name, g.start, g."end" - g.start FROM read_only_activity_owners w '
+        "JOIN read_only_gpu_activities g ON g.activity_id = w.activity_id WHERE w.launch_time >= ? "
+        "AND w.launch_time < ? AND g.kind = 0 ORDER BY g.start",
+        (start, stop),
+    )
     got = rows(kernels)
     assert len(got) == len(launches) == 6
     # kernel starts from the iteration's start, to the nanosecond (issue 15, item 8)
-    assert [(r["kernel_name"], r["gpu_start_offset"], r["gpu_duration"]) for r in got] == \
-           [(n, fmt_offset_ns(s - start), fmt_ns(d)) for n, s, d in launches]
+    assert [(r["kernel_name"], r["gpu_start_offset"], r["gpu_duration"]) for r in got] == [
+        (n, fmt_offset_ns(s - start), fmt_ns(d)) for n, s, d in launches
+    ]
     assert "Kernels of iteration 1" in b.css("#iteration-kernels .card-title").text
 
 
@@ -306,11 +382,17 @@ def test_kernels_by_op(env):
     select_row(b, its, "iteration", "2")
     wait_table(b, ops, before)
     start, stop = iteration_bounds(db, 2)
-    expected = query(db, "SELECT o.op_id, count(*), sum(i.gpu_time) FROM read_only_op_instances i JOIN read_only_ops o "
-                         "ON o.op_index = i.op_index WHERE i.start >= ? AND i.start < ? GROUP BY i.op_index "
-                         "ORDER BY sum(i.gpu_time) DESC, i.op_index", (start, stop))
+    expected = query(
+        db,
+        "SELECT o.op_id, count(*), sum(i.gpu_time) FROM read_only_op_instances i JOIN read_only_ops o "
+        "ON o.op_index = i.op_index WHERE i.start >= ? AND i.start < ? GROUP BY i.op_index "
+        "ORDER BY sum(i.gpu_time) DESC, i.op_index",
+        (start, stop),
+    )
     got = rows(ops)
-    assert [(r["op_id"], r["calls"], r["gpu_time"]) for r in got] == [(o, fmt_int(c), fmt_ns(g)) for o, c, g in expected]
+    assert [(r["op_id"], r["calls"], r["gpu_time"]) for r in got] == [
+        (o, fmt_int(c), fmt_ns(g)) for o, c, g in expected
+    ]
     kernels = b.css("#kbo-kernels .datatable")
     before = renders(kernels)
     select_row(b, ops, "op_id", "CONV2D_1")
@@ -318,10 +400,14 @@ def test_kernels_by_op(env):
     got = rows(kernels)
     assert len(got) == 1
     assert got[0]["kernel_name"].startswith("volta_fp16_s884cudnn_fp16_128x128")
-    first_kernel = query(db, "SELECT min(g.start) FROM read_only_gpu_activities g JOIN read_only_activity_owners w "
-                             "ON w.activity_id = g.activity_id JOIN read_only_op_instances i ON i.domain_id = w.domain_id "
-                             "AND i.instance_id = w.instance_id JOIN read_only_ops o ON o.op_index = i.op_index "
-                             "WHERE o.op_id = 'CONV2D_1' AND i.start >= ? AND i.start < ?", (start, stop))[0][0]
+    first_kernel = query(
+        db,
+        "SELECT min(g.start) FROM read_only_gpu_activities g JOIN read_only_activity_owners w "
+        "ON w.activity_id = g.activity_id JOIN read_only_op_instances i ON i.domain_id = w.domain_id "
+        "AND i.instance_id = w.instance_id JOIN read_only_ops o ON o.op_index = i.op_index "
+        "WHERE o.op_id = 'CONV2D_1' AND i.start >= ? AND i.start < ?",
+        (start, stop),
+    )[0][0]
     assert got[0]["gpu_start_offset"] == fmt_offset_ns(first_kernel - start)
     assert "CONV2D_1 in iteration 2" in b.css("#kbo-kernels .card-title").text
 
@@ -330,8 +416,9 @@ def test_gpus_view(env):
     b, db = env.b, env.db("training")
     select_run(b, "training/dlprof")
     goto(b, "gpus")
-    name, major, minor, sms, memory = query(db, "SELECT name, compute_major, compute_minor, sm_count, total_memory "
-                                                "FROM read_only_gpu_infos")[0]
+    name, major, minor, sms, memory = query(
+        db, "SELECT name, compute_major, compute_minor, sm_count, total_memory FROM read_only_gpu_infos"
+    )[0]
     row = b.css("#gpu-properties tbody tr[data-device='0']").text
     assert name in row and f"{major}.{minor}" in row and str(sms) in row and "39.59 GiB" in row
     util = query(db, "SELECT gpu_utilization FROM device_utilization WHERE aggr_id = ?", (aggr_id(db),))[0][0]
@@ -345,8 +432,9 @@ def test_group_ops_hierarchy_expands(env):
     select_run(b, "training/dlprof")
     goto(b, "group_ops")
     top = [tr.get_attribute("data-name") for tr in b.all("#group-tree tr.tree-row")]
-    assert top == sorted(n for (n,) in query(db, "SELECT name FROM group_ops WHERE aggr_id = ? AND level <= 0",
-                                                 (aggr_id(db),)))
+    assert top == sorted(
+        n for (n,) in query(db, "SELECT name FROM group_ops WHERE aggr_id = ? AND level <= 0", (aggr_id(db),))
+    )
     root = b.css("#group-tree tr.tree-row[data-name='/'] .tree-toggle")
     assert root.get_attribute("aria-expanded") == "false"
     root.click()
@@ -357,10 +445,13 @@ def test_group_ops_hierarchy_expands(env):
     b.wait(lambda d: not b.all("#group-tree tr.tree-row[data-name='/Optimizer.step#SGD.step/']"), what="collapsed")
     assert b.css("#group-tree tr.tree-row[data-name='_CompleteModel_'] .tree-toggle").get_attribute("disabled")
     flat = table_in(b, "#group-table")
-    assert f"of {query(db, 'SELECT count(*) FROM group_ops WHERE aggr_id = ?', (aggr_id(db),))[0][0]} entries" in info(flat)
+    assert f"of {query(db, 'SELECT count(*) FROM group_ops WHERE aggr_id = ?', (aggr_id(db),))[0][0]} entries" in info(
+        flat
+    )
 
 
 # ---------------------------------------------------------------------------- the data table
+
 
 def test_search_filter_and_sort_on_the_server(env):
     b, db = env.b, env.db("training")
@@ -409,15 +500,28 @@ def test_search_filter_and_sort_on_the_server(env):
     assert [r["cpu_avg"] for r in rows(dt)] == [fmt_ns(v) for (v,) in reversed(cpu)]
     # text sorts ascending first
     click_and_wait(b, dt, sort_button(dt, "op_id"))
-    ids = [r[0] for r in query(db, "SELECT o.op_id FROM op_nodes n JOIN read_only_ops o ON o.op_index = n.op_index "
-                                   "WHERE n.aggr_id = ? ORDER BY o.op_id", (aggr,))]
+    ids = [
+        r[0]
+        for r in query(
+            db,
+            "SELECT o.op_id FROM op_nodes n JOIN read_only_ops o ON o.op_index = n.op_index "
+            "WHERE n.aggr_id = ? ORDER BY o.op_id",
+            (aggr,),
+        )
+    ]
     assert [r["op_id"] for r in rows(dt)] == ids
     # page size
     from selenium.webdriver.support.ui import Select
+
     before = renders(dt)
     Select(dt.find_element("css selector", "select.dt-pagesize")).select_by_value("25")
     wait_table(b, dt, before)
-    assert [o.text for o in Select(dt.find_element("css selector", "select.dt-pagesize")).options] == ["10", "25", "50", "100"]
+    assert [o.text for o in Select(dt.find_element("css selector", "select.dt-pagesize")).options] == [
+        "10",
+        "25",
+        "50",
+        "100",
+    ]
 
 
 def test_exports_of_the_filtered_rows(env):
@@ -457,12 +561,16 @@ def test_exports_of_the_filtered_rows(env):
     # clipboard: the filtered rows as tab-separated text
     origin = env.tb.url
     b.driver.switch_to.default_content()
-    b.driver.execute_cdp_cmd("Browser.grantPermissions", {"origin": origin, "permissions": ["clipboardReadWrite",
-                                                                                            "clipboardSanitizedWrite"]})
+    b.driver.execute_cdp_cmd(
+        "Browser.grantPermissions", {"origin": origin, "permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"]}
+    )
     frame = b.css("iframe[src*='plugin_entry.html?name=dlprof']")
     b.driver.switch_to.frame(frame)
-    b.js("window.__copied = null; const w = navigator.clipboard && navigator.clipboard.writeText.bind(navigator.clipboard);"
-         "if (w) navigator.clipboard.writeText = (t) => { window.__copied = t; return w(t); };")
+    b.js(
+        "window.__copied = null;"
+        "const w = navigator.clipboard && navigator.clipboard.writeText.bind(navigator.clipboard);"
+        "if (w) navigator.clipboard.writeText = (t) => { window.__copied = t; return w(t); };"
+    )
     dt.find_element("css selector", "button.dt-copy").click()
     b.wait(lambda d: dt.get_attribute("data-copied") == "2", what="copied")
     copied = b.js("return window.__copied;")
@@ -497,6 +605,7 @@ def test_a_table_of_100000_ops_stays_responsive(env):
     timings["next page"] = click_and_wait(b, dt, dt.find_element("css selector", ".dt-pager button.next"))
     assert info(dt) == f"Showing 11 to 20 of {BIG_OPS:,} entries" and rows(dt)[0]["op_id"] != first
     from selenium.webdriver.support.ui import Select
+
     before = renders(dt)
     started = time.perf_counter()
     Select(dt.find_element("css selector", "select.dt-pagesize")).select_by_value("100")
@@ -508,19 +617,24 @@ def test_a_table_of_100000_ops_stays_responsive(env):
     timings["sort max GPU time"] = click_and_wait(b, dt, sort_button(dt, "gpu_max"))
     assert rows(dt)[0]["gpu_max"] == fmt_ns(query(db, "SELECT max(gpu_max) FROM op_nodes")[0][0])
     timings["sort op name"] = click_and_wait(b, dt, sort_button(dt, "op_name"))
-    assert rows(dt)[0]["op_name"] == query(db, "SELECT min(o.op_name) FROM op_nodes n JOIN read_only_ops o "
-                                               "ON o.op_index = n.op_index")[0][0]
+    assert (
+        rows(dt)[0]["op_name"]
+        == query(db, "SELECT min(o.op_name) FROM op_nodes n JOIN read_only_ops o ON o.op_index = n.op_index")[0][0]
+    )
     started = time.perf_counter()
     search(b, dt, "relu[77777]")
-    timings["search"] = time.perf_counter() - started - 0.25   # minus the search box's debounce
+    timings["search"] = time.perf_counter() - started - 0.25  # minus the search box's debounce
     assert [r["op_name"] for r in rows(dt)] == ["/aten::relu[77777]"]
     assert info(dt) == f"Showing 1 to 1 of 1 entries (filtered from {BIG_OPS:,} total entries)"
-    (ARTIFACTS / "big_table_timings.json").write_text(json.dumps({k: round(v, 3) for k, v in timings.items()}, indent=1))
+    (ARTIFACTS / "big_table_timings.json").write_text(
+        json.dumps({k: round(v, 3) for k, v in timings.items()}, indent=1)
+    )
     slow = {k: round(v, 3) for k, v in timings.items() if v >= 1.0}
     assert not slow, f"slower than a second: {slow} (all: {timings})"
 
 
 # ---------------------------------------------------------------------------- framework-specific columns
+
 
 def test_direction_and_stack_trace_only_for_pytorch_runs(env):
     b = env.b
@@ -541,8 +655,10 @@ def test_direction_and_stack_trace_only_for_pytorch_runs(env):
     goto(b, "dashboard")
     assert "Direction" not in b.css("#panel-top-ops thead").text
     # this run found no key node: the expert systems say so in Recommendations, with a severity badge
-    findings = query(env.db("plain"), "SELECT exp_sys_id, severity, problem, recommendation FROM "
-                                      "expert_systems_feedback WHERE aggr_id = 1")
+    findings = query(
+        env.db("plain"),
+        "SELECT exp_sys_id, severity, problem, recommendation FROM expert_systems_feedback WHERE aggr_id = 1",
+    )
     shown = b.all("#panel-recommendations li.finding")
     assert len(shown) == len(findings) >= 1
     exp_sys, severity, problem, recommendation = findings[0]
@@ -577,11 +693,29 @@ def test_long_cells_collapse_behind_see_more(env):
 
 # ---------------------------------------------------------------------------- iterations and re-aggregation
 
+
 def engine_summary(export: Path, out: Path, start: int, stop: int) -> dict:
     """{row label: value} of the engine's own summary report for an iteration range."""
-    subprocess.run([sys.executable, "-m", "dlprof_profiler", f"--database={export}", "--iter_start", str(start),
-                    "--iter_stop", str(stop), "--reports=summary", "--formats=json", f"--output_path={out}",
-                    "-v", "quiet"], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dlprof_profiler",
+            f"--database={export}",
+            "--iter_start",
+            str(start),
+            "--iter_stop",
+            str(stop),
+            "--reports=summary",
+            "--formats=json",
+            f"--output_path={out}",
+            "-v",
+            "quiet",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     doc = json.loads((out / "dlprof_summary.json").read_text())
     return {row[0]: row[1] for sec in doc["sections"] for row in sec["rows"] if len(row) == 2}
 
@@ -614,8 +748,10 @@ def test_iterations_view_and_reaggregation(env, tmp_path):
     set_value(b, start, "1")
     set_value(b, stop, "2")
     assert not b.css("#reaggregate").get_attribute("disabled")
-    hit = {g.get_attribute("data-iteration"): g.find_element("css selector", "rect.hit")
-           for g in b.all("#iterations-chart g.bar")}
+    hit = {
+        g.get_attribute("data-iteration"): g.find_element("css selector", "rect.hit")
+        for g in b.all("#iterations-chart g.bar")
+    }
     x_start = float(b.css("#iterations-chart line.marker-start").get_attribute("x1"))
     x_stop = float(b.css("#iterations-chart line.marker-stop").get_attribute("x1"))
     assert x_start == pytest.approx(float(hit["1"].get_attribute("x")))

@@ -8,6 +8,7 @@ Three kinds of tests:
   end to end. Tests of the capture alone use a stand-in analysis engine; the end-to-end test with the real
   engine is skipped while `dlprof_profiler.pipeline` cannot be imported.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -52,20 +53,29 @@ usage: nsys profile [<args>] [application] [<application args>]
 \t-y, --delay=
 """
 # A newer nsys adds --pytorch.
-HELP_2024 = HELP_2022_4 + """
+HELP_2024 = (
+    HELP_2022_4
+    + """
 \t--pytorch=
 \t   Possible values are 'autograd-nvtx', 'autograd-shapes-nvtx' or 'none'.
 """
+)
 # An old nsys without --export, --cpuctxsw and --capture-range-end.
-HELP_2020 = "\n".join(line for line in HELP_2022_4.splitlines()
-                      if not any(x in line for x in ("--export", "--cpuctxsw", "--capture-range-end")))
+HELP_2020 = "\n".join(
+    line
+    for line in HELP_2022_4.splitlines()
+    if not any(x in line for x in ("--export", "--cpuctxsw", "--capture-range-end"))
+)
 
-NSYS_2022 = NsysInfo(path="/usr/bin/nsys", version="2022.4.2.1", options=profile_options(HELP_2022_4),
-                     help_text=HELP_2022_4)
-NSYS_2024 = NsysInfo(path="/usr/bin/nsys", version="2024.6.1.90", options=profile_options(HELP_2024),
-                     help_text=HELP_2024)
-NSYS_2020 = NsysInfo(path="/opt/nsys/bin/nsys", version="2020.3.4.32", options=profile_options(HELP_2020),
-                     help_text=HELP_2020)
+NSYS_2022 = NsysInfo(
+    path="/usr/bin/nsys", version="2022.4.2.1", options=profile_options(HELP_2022_4), help_text=HELP_2022_4
+)
+NSYS_2024 = NsysInfo(
+    path="/usr/bin/nsys", version="2024.6.1.90", options=profile_options(HELP_2024), help_text=HELP_2024
+)
+NSYS_2020 = NsysInfo(
+    path="/opt/nsys/bin/nsys", version="2020.3.4.32", options=profile_options(HELP_2020), help_text=HELP_2020
+)
 
 
 def parse(*argv):
@@ -78,15 +88,28 @@ def nsys_cmd(*argv, info=NSYS_2022):
 
 def options_of(cmd, command_len):
     """The nsys options of a built command: between `profile` and the user's command."""
-    return cmd[2:len(cmd) - command_len]
+    return cmd[2 : len(cmd) - command_len]
 
 
 # ------------------------------------------------------------------------------------------- pure: command
 
+
 def test_default_command_traces_cuda_nvtx_without_sampling_and_exports_sqlite(tmp_path):
     cmd = nsys_cmd(f"--output_path={tmp_path}", "python", "train.py")
-    assert cmd == ["/usr/bin/nsys", "profile", "-t", "cuda,nvtx", "-s", "none", "--cpuctxsw=none",
-                   "--export=sqlite", "-o", str(tmp_path / "nsys_profile"), "python", "train.py"]
+    assert cmd == [
+        "/usr/bin/nsys",
+        "profile",
+        "-t",
+        "cuda,nvtx",
+        "-s",
+        "none",
+        "--cpuctxsw=none",
+        "--export=sqlite",
+        "-o",
+        str(tmp_path / "nsys_profile"),
+        "python",
+        "train.py",
+    ]
 
 
 def test_output_is_absolute_and_uses_nsys_base_name(tmp_path, monkeypatch):
@@ -103,7 +126,7 @@ def test_percent_in_base_name_is_escaped_for_nsys(tmp_path):
 def test_force_adds_force_overwrite_only_when_given(tmp_path):
     assert "-f" not in nsys_cmd(f"--output_path={tmp_path}", "python", "t.py")
     cmd = nsys_cmd(f"--output_path={tmp_path}", "--force", "python", "t.py")
-    assert cmd[cmd.index("-f"):cmd.index("-f") + 2] == ["-f", "true"]
+    assert cmd[cmd.index("-f") : cmd.index("-f") + 2] == ["-f", "true"]
     assert "-f" not in nsys_cmd(f"--output_path={tmp_path}", "--force=false", "python", "t.py")
 
 
@@ -121,8 +144,9 @@ def test_profile_range_uses_cuda_profiler_api_and_lets_the_program_finish(tmp_pa
     opts = options_of(nsys_cmd(f"--output_path={tmp_path}", "--nsys_profile_range", "python", "t.py"), 2)
     assert opts[opts.index("-c") + 1] == "cudaProfilerApi"
     assert "--capture-range-end=stop" in opts
-    opts = options_of(nsys_cmd(f"--output_path={tmp_path}", "--nsys_profile_range=true", "python", "t.py",
-                               info=NSYS_2020), 2)
+    opts = options_of(
+        nsys_cmd(f"--output_path={tmp_path}", "--nsys_profile_range=true", "python", "t.py", info=NSYS_2020), 2
+    )
     assert opts[opts.index("-c") + 1] == "cudaProfilerApi"
     assert not any(o.startswith("--capture-range-end") for o in opts)
 
@@ -134,14 +158,17 @@ def test_detailed_mode_adds_osrt_sampling_and_backtraces(tmp_path):
     assert "--cudabacktrace=all" in opts
 
 
-@pytest.mark.parametrize("user, expected", [
-    ("-t osrt,cublas", "cuda,nvtx,osrt,cublas"),
-    ("--trace=osrt", "cuda,nvtx,osrt"),
-    ("--trace osrt", "cuda,nvtx,osrt"),
-    ("-tnvtx", "cuda,nvtx"),
-    ("-t none", "cuda,nvtx"),          # DLProf's needs stay
-    ("-t nvtx,cuda", "cuda,nvtx"),
-])
+@pytest.mark.parametrize(
+    "user, expected",
+    [
+        ("-t osrt,cublas", "cuda,nvtx,osrt,cublas"),
+        ("--trace=osrt", "cuda,nvtx,osrt"),
+        ("--trace osrt", "cuda,nvtx,osrt"),
+        ("-tnvtx", "cuda,nvtx"),
+        ("-t none", "cuda,nvtx"),  # DLProf's needs stay
+        ("-t nvtx,cuda", "cuda,nvtx"),
+    ],
+)
 def test_user_trace_is_merged_and_keeps_cuda_nvtx(tmp_path, user, expected):
     cmd = nsys_cmd(f"--output_path={tmp_path}", f"--nsys_opts={user}", "python", "t.py")
     opts = options_of(cmd, 2)
@@ -149,12 +176,15 @@ def test_user_trace_is_merged_and_keeps_cuda_nvtx(tmp_path, user, expected):
     assert opts[opts.index("-t") + 1] == expected
 
 
-@pytest.mark.parametrize("user, expected", [
-    ("--export=json", "--export=sqlite,json"),
-    ("--export json,hdf", "--export=sqlite,json,hdf"),
-    ("--export=none", "--export=sqlite"),
-    ("--export=sqlite", "--export=sqlite"),
-])
+@pytest.mark.parametrize(
+    "user, expected",
+    [
+        ("--export=json", "--export=sqlite,json"),
+        ("--export json,hdf", "--export=sqlite,json,hdf"),
+        ("--export=none", "--export=sqlite"),
+        ("--export=sqlite", "--export=sqlite"),
+    ],
+)
 def test_user_export_is_merged_and_keeps_sqlite(tmp_path, user, expected):
     opts = options_of(nsys_cmd(f"--output_path={tmp_path}", f"--nsys_opts={user}", "python", "t.py"), 2)
     assert [o for o in opts if o.startswith("--export")] == [expected]
@@ -162,28 +192,33 @@ def test_user_export_is_merged_and_keeps_sqlite(tmp_path, user, expected):
 
 def contains(seq, sub):
     """Whether `sub` occurs in `seq` as consecutive items."""
-    return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+    return any(seq[i : i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
 
 
-@pytest.mark.parametrize("user, dropped", [
-    ("-s process-tree", ["-s", "none"]),
-    ("--sample=process-tree", ["-s", "none"]),
-    ("--cpuctxsw=process-tree", ["--cpuctxsw=none"]),
-    ("-y 9", ["-y", "1"]),
-    ("--duration=7", ["-d", "2"]),
-])
+@pytest.mark.parametrize(
+    "user, dropped",
+    [
+        ("-s process-tree", ["-s", "none"]),
+        ("--sample=process-tree", ["-s", "none"]),
+        ("--cpuctxsw=process-tree", ["--cpuctxsw=none"]),
+        ("-y 9", ["-y", "1"]),
+        ("--duration=7", ["-d", "2"]),
+    ],
+)
 def test_user_values_win_over_dlprof_defaults(tmp_path, user, dropped):
-    opts = options_of(nsys_cmd(f"--output_path={tmp_path}", "-y", "1", "-d", "2", f"--nsys_opts={user}",
-                               "python", "t.py"), 2)
+    opts = options_of(
+        nsys_cmd(f"--output_path={tmp_path}", "-y", "1", "-d", "2", f"--nsys_opts={user}", "python", "t.py"), 2
+    )
     assert not contains(opts, dropped)
     assert contains(opts, user.split())
 
 
 def test_other_user_options_pass_through_in_order(tmp_path):
-    opts = options_of(nsys_cmd(f"--output_path={tmp_path}", "--nsys_opts=--stats=true -e A=1,B=2 --wait primary",
-                               "python", "t.py"), 2)
+    opts = options_of(
+        nsys_cmd(f"--output_path={tmp_path}", "--nsys_opts=--stats=true -e A=1,B=2 --wait primary", "python", "t.py"), 2
+    )
     i = opts.index("--stats=true")
-    assert opts[i:i + 5] == ["--stats=true", "-e", "A=1,B=2", "--wait", "primary"]
+    assert opts[i : i + 5] == ["--stats=true", "-e", "A=1,B=2", "--wait", "primary"]
 
 
 @pytest.mark.parametrize("user", ["-o elsewhere", "--output=elsewhere", "python", "-t cuda stray"])
@@ -199,8 +234,9 @@ def test_pytorch_mode_adds_autograd_nvtx_only_when_nsys_has_it(tmp_path):
     assert not any(o.startswith("--pytorch") for o in nsys_cmd(*base, info=NSYS_2022))
     cmd = nsys_cmd(base[0], base[1], "--nsys_opts=--pytorch=none", *base[2:], info=NSYS_2024)
     assert [o for o in cmd if o.startswith("--pytorch")] == ["--pytorch=none"]
-    assert "--pytorch=autograd-nvtx" not in nsys_cmd(f"--output_path={tmp_path}", "--mode=nvtx", "python", "t.py",
-                                                     info=NSYS_2024)
+    assert "--pytorch=autograd-nvtx" not in nsys_cmd(
+        f"--output_path={tmp_path}", "--mode=nvtx", "python", "t.py", info=NSYS_2024
+    )
 
 
 def test_old_nsys_without_export_or_cpuctxsw_options(tmp_path):
@@ -212,7 +248,7 @@ def test_old_nsys_without_export_or_cpuctxsw_options(tmp_path):
 def test_user_command_is_not_interpreted(tmp_path):
     command = ["python", "train.py", "-o", "x", "--output_path=y", "-t", "none", "--force", "--", "a b", "", "$HOME"]
     cmd = nsys_cmd(f"--output_path={tmp_path}", *command)
-    assert cmd[-len(command):] == command
+    assert cmd[-len(command) :] == command
     assert cmd[cmd.index("-o") + 1] == str(tmp_path / "nsys_profile")
 
 
@@ -222,12 +258,40 @@ def test_launcher_goes_just_before_the_command(tmp_path):
     assert cmd[-4:] == ["L1", "L2", "python", "t.py"]
 
 
-EQUALS_FORM = ["--output_path=OUT", "--nsys_base_name=cap", "--delay=3", "--duration=20", "--nsys_opts=-t osrt",
-               "--force=true", "--mode=pytorch", "--nsys_profile_range=true", "--detailed_mode=false",
-               "--verbosity=quiet"]
-SPACE_FORM = ["--output_path", "OUT", "--nsys_base_name", "cap", "-y", "3", "-d", "20", "--nsys_opts", "-t osrt",
-              "-f", "true", "-m", "pytorch", "--nsys_profile_range", "true", "--detailed_mode", "false",
-              "-v", "quiet"]
+EQUALS_FORM = [
+    "--output_path=OUT",
+    "--nsys_base_name=cap",
+    "--delay=3",
+    "--duration=20",
+    "--nsys_opts=-t osrt",
+    "--force=true",
+    "--mode=pytorch",
+    "--nsys_profile_range=true",
+    "--detailed_mode=false",
+    "--verbosity=quiet",
+]
+SPACE_FORM = [
+    "--output_path",
+    "OUT",
+    "--nsys_base_name",
+    "cap",
+    "-y",
+    "3",
+    "-d",
+    "20",
+    "--nsys_opts",
+    "-t osrt",
+    "-f",
+    "true",
+    "-m",
+    "pytorch",
+    "--nsys_profile_range",
+    "true",
+    "--detailed_mode",
+    "false",
+    "-v",
+    "quiet",
+]
 
 
 def test_option_forms_equals_and_space_give_the_same_command(tmp_path):
@@ -240,7 +304,7 @@ def test_option_forms_equals_and_space_give_the_same_command(tmp_path):
     opts = options_of(cmd, len(command))
     assert opts[opts.index("-t") + 1] == "cuda,nvtx,osrt" and opts[opts.index("-y") + 1] == "3"
     assert opts[opts.index("-d") + 1] == "20" and "-f" in opts and "--pytorch=autograd-nvtx" in opts
-    assert opts[opts.index("-o") + 1] == str(tmp_path / "cap") and cmd[-len(command):] == command
+    assert opts[opts.index("-o") + 1] == str(tmp_path / "cap") and cmd[-len(command) :] == command
 
 
 def test_nsys_opts_space_form_with_a_single_option(tmp_path):
@@ -251,14 +315,18 @@ def test_nsys_opts_space_form_with_a_single_option(tmp_path):
 
 # ------------------------------------------------------------------------------------------- pure: helpers
 
-@pytest.mark.parametrize("text, version", [
-    ("NVIDIA Nsight Systems version 2022.4.2.1-df9881f\n", "2022.4.2.1"),
-    ("NVIDIA Nsight Systems version 2020.3.1.72-5fcd1e1", "2020.3.1.72"),
-    ("NVIDIA Nsight Systems version 2024.6.1.90-246160830v0", "2024.6.1.90"),
-    ("2019.5.2.16-b54ef97", "2019.5.2.16"),
-    ("nsys: command failed", None),
-    ("", None),
-])
+
+@pytest.mark.parametrize(
+    "text, version",
+    [
+        ("NVIDIA Nsight Systems version 2022.4.2.1-df9881f\n", "2022.4.2.1"),
+        ("NVIDIA Nsight Systems version 2020.3.1.72-5fcd1e1", "2020.3.1.72"),
+        ("NVIDIA Nsight Systems version 2024.6.1.90-246160830v0", "2024.6.1.90"),
+        ("2019.5.2.16-b54ef97", "2019.5.2.16"),
+        ("nsys: command failed", None),
+        ("", None),
+    ],
+)
 def test_parse_nsys_version(text, version):
     assert capture.parse_nsys_version(text) == version
 
@@ -280,13 +348,19 @@ def test_profile_options_from_help():
 
 
 def test_generated_paths_from_nsys_output():
-    output = ("Failed to create '/out/nsys_profile.nsys-rep': File exists.\r\n"
-              "Generating '/tmp/nsys-report-3a4b.qdstrm'\n[1/2] [===100%] nsys_profile.nsys-rep\r\n"
-              "Generated:\n    /tmp/nsys-report-62b7.nsys-rep\n    /tmp/nsys-report-e76d.sqlite\n"
-              'Saved report file to "/data/run 1/x.qdrep"\n')
+    output = (
+        "Failed to create '/out/nsys_profile.nsys-rep': File exists.\r\n"
+        "Generating '/tmp/nsys-report-3a4b.qdstrm'\n[1/2] [===100%] nsys_profile.nsys-rep\r\n"
+        "Generated:\n    /tmp/nsys-report-62b7.nsys-rep\n    /tmp/nsys-report-e76d.sqlite\n"
+        'Saved report file to "/data/run 1/x.qdrep"\n'
+    )
     assert capture.generated_paths(output) == [
-        Path("/out/nsys_profile.nsys-rep"), Path("/tmp/nsys-report-3a4b.qdstrm"),
-        Path("/tmp/nsys-report-62b7.nsys-rep"), Path("/tmp/nsys-report-e76d.sqlite"), Path("/data/run 1/x.qdrep")]
+        Path("/out/nsys_profile.nsys-rep"),
+        Path("/tmp/nsys-report-3a4b.qdstrm"),
+        Path("/tmp/nsys-report-62b7.nsys-rep"),
+        Path("/tmp/nsys-report-e76d.sqlite"),
+        Path("/data/run 1/x.qdrep"),
+    ]
     assert capture.generated_paths("[1/2] [===100%] nsys_profile.nsys-rep\n") == []
 
 
@@ -364,6 +438,7 @@ def test_check_output_path_read_only_folder(tmp_path):
 
 # ------------------------------------------------------------------------------------------- the launcher
 
+
 def run_launcher(tmp_path, command):
     status = tmp_path / "status"
     done = subprocess.run(capture.launcher_command(status) + command, capture_output=True, text=True, timeout=60)
@@ -373,7 +448,9 @@ def run_launcher(tmp_path, command):
 def test_launcher_records_exit_status_and_signals(tmp_path):
     done, status = run_launcher(tmp_path, [sys.executable, "-c", "import sys; sys.exit(7)"])
     assert (done.returncode, status) == (7, "7")
-    done, status = run_launcher(tmp_path, [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"])
+    done, status = run_launcher(
+        tmp_path, [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"]
+    )
     assert (done.returncode, status) == (143, "143")
     done, status = run_launcher(tmp_path, ["no-such-program-dlprof"])
     assert (done.returncode, status) == (127, "127") and "cannot run no-such-program-dlprof" in done.stderr
@@ -382,11 +459,12 @@ def test_launcher_records_exit_status_and_signals(tmp_path):
 def test_launcher_gives_the_program_default_signal_dispositions(tmp_path):
     # Python ignores SIGPIPE; an ignored signal would stay ignored in the program after exec.
     done, _ = run_launcher(tmp_path, ["cat", "/proc/self/status"])
-    ignored = int(next(l for l in done.stdout.splitlines() if l.startswith("SigIgn:")).split()[1], 16)
+    ignored = int(next(ln for ln in done.stdout.splitlines() if ln.startswith("SigIgn:")).split()[1], 16)
     assert not ignored & (1 << (signal.SIGPIPE - 1))
 
 
 # ------------------------------------------------------------------------------------------- stand-in engine
+
 
 class FakePipeline(types.ModuleType):
     """Stands in for dlprof_profiler.pipeline: records the call, writes its planned outputs."""
@@ -484,7 +562,7 @@ STAND_IN = textwrap.dedent('''\
     sys.exit(2)
 ''')
 
-IMPORTER = textwrap.dedent('''\
+IMPORTER = textwrap.dedent("""\
     #!{python}
     import json, sys
     from pathlib import Path
@@ -492,7 +570,7 @@ IMPORTER = textwrap.dedent('''\
     with open({log!r}, "a") as f:
         f.write(json.dumps(["QdstrmImporter"] + args) + "\\n")
     Path(args[args.index("-o") + 1]).write_bytes(b"imported")
-''')
+""")
 
 
 class StandIn:
@@ -528,10 +606,10 @@ def exits_with(status):
 
 
 def test_exit_status_comes_from_the_launcher_when_nsys_does_not_pass_it_on(tmp_path, monkeypatch, fake_pipeline):
-    standin = StandIn(tmp_path, monkeypatch, rc=0)   # this nsys always exits 0
+    standin = StandIn(tmp_path, monkeypatch, rc=0)  # this nsys always exits 0
     out = tmp_path / "out"
     assert cli.main(["--output_path", str(out), *exits_with(3)]) == 3
-    (source, cap), = fake_pipeline.calls
+    ((source, cap),) = fake_pipeline.calls
     assert source == out / "nsys_profile.sqlite"
     assert cap["exit_status"] == 3 and cap["interrupted"] is False and cap["nsys_version"] == "2022.4.2.1"
     assert cap["command"] == exits_with(3)
@@ -551,21 +629,32 @@ def test_lone_qdstrm_is_imported_then_exported(tmp_path, monkeypatch, fake_pipel
     standin = StandIn(tmp_path, monkeypatch, writes=[".qdstrm"])
     out = tmp_path / "out"
     assert cli.main(["--output_path", str(out), *exits_with(0)]) == 0
-    importer_call, = [c for c in standin.calls() if c[0] == "QdstrmImporter"]
+    (importer_call,) = [c for c in standin.calls() if c[0] == "QdstrmImporter"]
     assert importer_call[1:] == ["-i", str(out / "nsys_profile.qdstrm"), "-o", str(out / "nsys_profile.nsys-rep")]
-    export_call, = [c for c in standin.calls() if c[1:2] == ["export"]]
-    assert export_call[1:] == ["export", "--type", "sqlite", "-o", str(out / "nsys_profile.sqlite"),
-                               str(out / "nsys_profile.nsys-rep")]
-    (source, cap), = fake_pipeline.calls
+    (export_call,) = [c for c in standin.calls() if c[1:2] == ["export"]]
+    assert export_call[1:] == [
+        "export",
+        "--type",
+        "sqlite",
+        "-o",
+        str(out / "nsys_profile.sqlite"),
+        str(out / "nsys_profile.nsys-rep"),
+    ]
+    ((source, cap),) = fake_pipeline.calls
     assert source == out / "nsys_profile.sqlite" and cap["report_path"] == str(out / "nsys_profile.nsys-rep")
 
 
 def test_old_nsys_report_without_sqlite_is_exported(tmp_path, monkeypatch, fake_pipeline):
-    standin = StandIn(tmp_path, monkeypatch, version="NVIDIA Nsight Systems version 2021.3.1.54-ee9c30a",
-                      help=HELP_2020, writes=[".qdrep"])
+    standin = StandIn(
+        tmp_path,
+        monkeypatch,
+        version="NVIDIA Nsight Systems version 2021.3.1.54-ee9c30a",
+        help=HELP_2020,
+        writes=[".qdrep"],
+    )
     out = tmp_path / "out"
     assert cli.main(["--output_path", str(out), *exits_with(0)]) == 0
-    profile, = standin.profile_calls()
+    (profile,) = standin.profile_calls()
     assert not any(a.startswith("--export") for a in profile)
     assert (out / "nsys_profile.sqlite").read_bytes() == b"exported " + str(out / "nsys_profile.qdrep").encode()
     assert fake_pipeline.calls[0][1]["report_path"] == str(out / "nsys_profile.qdrep")
@@ -597,9 +686,22 @@ def test_no_nsys_on_path_as_a_subprocess(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     env = dict(os.environ, PATH=str(empty), PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, "-m", "dlprof_profiler", "--backend=nsys",
-                           f"--output_path={tmp_path / 'out'}", sys.executable, "-c", "pass"],
-                          capture_output=True, text=True, env=env, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dlprof_profiler",
+            "--backend=nsys",
+            f"--output_path={tmp_path / 'out'}",
+            sys.executable,
+            "-c",
+            "pass",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1
     assert "not on PATH" in done.stderr and not (tmp_path / "out").exists()
 
@@ -626,7 +728,7 @@ def test_existing_outputs_need_force(tmp_path, monkeypatch, fake_pipeline, capsy
         (out / existing).unlink()
     (out / "nsys_profile.nsys-rep").write_text("old")
     assert cli.main(["--output_path", str(out), "--force", *exits_with(0)]) == 0
-    profile, = standin.profile_calls()
+    (profile,) = standin.profile_calls()
     assert profile[profile.index("-f") + 1] == "true"
     assert (out / "nsys_profile.nsys-rep").read_text() == "capture"
 
@@ -666,6 +768,7 @@ def test_analysis_failure_is_reported(tmp_path, monkeypatch, fake_pipeline, caps
 
     def broken(source, args, capture=None):
         raise DLProfError(f"{source}: not an Nsight Systems export")
+
     monkeypatch.setattr(fake_pipeline, "run_analysis", broken)
     assert cli.main(["-v", "quiet", "--output_path", str(tmp_path / "out"), *exits_with(3)]) == 1
     assert "not an Nsight Systems export" in capsys.readouterr().err
@@ -688,6 +791,7 @@ def test_third_interrupt_abandons_a_stuck_capture(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------- real nsys
+
 
 def _nvtx_library_loads() -> bool:
     try:
@@ -740,12 +844,13 @@ def _run_cli(tmp_path, argv, env_extra, runner=True, **popen):
     if runner:
         (tmp_path / "runner.py").write_text(RUNNER)
         head = [sys.executable, str(tmp_path / "runner.py")]
-    else:   # the `dlprof` console script when the package is installed, as the README's quick start runs it
+    else:  # the `dlprof` console script when the package is installed, as the README's quick start runs it
         script_path = Path(sys.executable).parent / "dlprof"
         head = [str(script_path)] if script_path.exists() else [sys.executable, "-m", "dlprof_profiler"]
     argv = [a.replace("PROGRAM", str(script)) for a in argv]
-    return subprocess.Popen(head + argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path, **popen)
+    return subprocess.Popen(
+        head + argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, **popen
+    )
 
 
 @pytest.fixture(scope="module")
@@ -755,8 +860,11 @@ def quiet_run(tmp_path_factory):
         pytest.skip("needs nsys and libnvToolsExt.so.1")
     tmp = tmp_path_factory.mktemp("quiet_run")
     out = tmp / "out dir"
-    proc = _run_cli(tmp, ["-v", "quiet", "--output_path", str(out), "--nsys_base_name", "cap",
-                          sys.executable, "PROGRAM", *USER_ARGS], {"DLPROF_TEST_STATUS": "3"})
+    proc = _run_cli(
+        tmp,
+        ["-v", "quiet", "--output_path", str(out), "--nsys_base_name", "cap", sys.executable, "PROGRAM", *USER_ARGS],
+        {"DLPROF_TEST_STATUS": "3"},
+    )
     stdout, stderr = proc.communicate(timeout=120)
     return types.SimpleNamespace(tmp=tmp, out=out, code=proc.returncode, stdout=stdout, stderr=stderr)
 
@@ -792,8 +900,7 @@ class TestRealNsys:
 
     def test_ctrl_c_lets_nsys_write_the_report_then_analyses_it(self, tmp_path):
         out = tmp_path / "out"
-        proc = _run_cli(tmp_path, [f"--output_path={out}", sys.executable, "PROGRAM"],
-                        {"DLPROF_TEST_SLEEP": "60"})
+        proc = _run_cli(tmp_path, [f"--output_path={out}", sys.executable, "PROGRAM"], {"DLPROF_TEST_SLEEP": "60"})
         deadline = time.time() + 60
         while not (tmp_path / "started").exists():
             assert proc.poll() is None and time.time() < deadline, proc.communicate()
@@ -801,19 +908,19 @@ class TestRealNsys:
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=120)
         assert proc.returncode == 130, stderr
-        assert "program interrupted" in stdout and "Generated" in stdout    # info shows nsys's output
+        assert "program interrupted" in stdout and "Generated" in stdout  # info shows nsys's output
         cap = json.loads((out / "capture.json").read_text())["capture"]
         assert cap["interrupted"] is True and cap["exit_status"] == 5
         with sqlite3.connect(out / "nsys_profile.sqlite") as db:
             assert db.execute("SELECT count(*) FROM NVTX_EVENTS WHERE text = 'train_step'").fetchone()[0] == 3
 
-
     def test_duration_ends_the_program_and_its_status_is_reported(self, tmp_path):
         out = tmp_path / "out"
-        proc = _run_cli(tmp_path, ["--output_path", str(out), "-d", "1", sys.executable, "PROGRAM"],
-                        {"DLPROF_TEST_SLEEP": "30"})
+        proc = _run_cli(
+            tmp_path, ["--output_path", str(out), "-d", "1", sys.executable, "PROGRAM"], {"DLPROF_TEST_SLEEP": "30"}
+        )
         stdout, stderr = proc.communicate(timeout=120)
-        assert proc.returncode == 143, stderr      # nsys ends the program with SIGTERM after --duration
+        assert proc.returncode == 143, stderr  # nsys ends the program with SIGTERM after --duration
         assert "ended by SIGTERM" in stdout and "--duration" in stdout
         cap = json.loads((out / "capture.json").read_text())["capture"]
         assert cap["exit_status"] == 143 and cap["interrupted"] is False
@@ -832,7 +939,7 @@ class TestRealNsys:
         fake_target = layout / "arch" / "target-linux-x64"
         fake_target.mkdir(parents=True)
         for entry in target.iterdir():
-            if entry.name == "nsys":      # the binary must be a real file here: nsys looks beside its own path
+            if entry.name == "nsys":  # the binary must be a real file here: nsys looks beside its own path
                 try:
                     os.link(entry, fake_target / "nsys")
                 except OSError:
@@ -844,8 +951,11 @@ class TestRealNsys:
         (bin_dir / "nsys").symlink_to(fake_target / "nsys")
         (bin_dir.parent / "host-linux-x64").symlink_to(Path(importer).parent)
         out = tmp_path / "out"
-        proc = _run_cli(tmp_path, ["--output_path", str(out), sys.executable, "PROGRAM"],
-                        {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+        proc = _run_cli(
+            tmp_path,
+            ["--output_path", str(out), sys.executable, "PROGRAM"],
+            {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"},
+        )
         stdout, stderr = proc.communicate(timeout=120)
         assert proc.returncode == 0, stderr
         assert "importing it with" in stdout
@@ -854,6 +964,7 @@ class TestRealNsys:
             assert db.execute("SELECT count(*) FROM NVTX_EVENTS WHERE text = 'forward'").fetchone()[0] == 3
         cap = json.loads((out / "capture.json").read_text())["capture"]
         assert cap["report_path"] == str(out / "nsys_profile.nsys-rep")
+
 
 def _engine_importable():
     try:
@@ -873,10 +984,17 @@ def test_end_to_end_real_nsys_reports_and_database(tmp_path):
     proc = _run_cli(tmp_path, ["--output_path=./event_files", sys.executable, "PROGRAM"], {}, runner=False)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr
-    for name in ("nsys_profile.nsys-rep", "nsys_profile.sqlite", "dlprof_dldb.sqlite", "dlprof_summary.csv",
-                 "dlprof_detailed.csv", "dlprof_expert_systems.csv"):
+    for name in (
+        "nsys_profile.nsys-rep",
+        "nsys_profile.sqlite",
+        "dlprof_dldb.sqlite",
+        "dlprof_summary.csv",
+        "dlprof_detailed.csv",
+        "dlprof_expert_systems.csv",
+    ):
         assert (out / name).is_file(), name
     from dlprof_profiler import pipeline
+
     args = cli.parse_args(["--output_path", str(out), sys.executable, "x.py"])
     for path in pipeline.planned_outputs(args):
         assert Path(path).exists(), path

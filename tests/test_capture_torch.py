@@ -1,5 +1,6 @@
 """`dlprof --backend=torch`: real captures of CPU PyTorch programs with torch.profiler, analysed, and checked
 against the trace the program wrote (read here with the standard library) and the program's own log."""
+
 from __future__ import annotations
 
 import gzip
@@ -63,8 +64,13 @@ def events(trace: Path) -> list:
 
 
 def steps_in(evs) -> list[int]:
-    return sorted(int(m.group(1)) for e in evs if e.get("cat") == "user_annotation"
-                  for m in [re.fullmatch(r"ProfilerStep#(\d+)", e["name"])] if m)
+    return sorted(
+        int(m.group(1))
+        for e in evs
+        if e.get("cat") == "user_annotation"
+        for m in [re.fullmatch(r"ProfilerStep#(\d+)", e["name"])]
+        if m
+    )
 
 
 def dlprof(tmp_path, *options, env=None, check=False):
@@ -74,10 +80,12 @@ def dlprof(tmp_path, *options, env=None, check=False):
 
 def run_dlprof_env(args, env, check):
     import subprocess
+
     repo = Path(__file__).resolve().parents[1]
     env = dict(env, PYTHONPATH=str(repo) + os.pathsep + env.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-m", "dlprof_profiler", *args], capture_output=True, text=True,
-                          env=env, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dlprof_profiler", *args], capture_output=True, text=True, env=env, timeout=900
+    )
     if check and proc.returncode:
         raise AssertionError(f"dlprof exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -99,15 +107,21 @@ def test_capture_analyse_and_pass_the_exit_status(tmp_path):
     own = tmp_path / "own_site"
     own.mkdir()
     (own / "sitecustomize.py").write_text(f"open({str(tmp_path / 'own_site_ran')!r}, 'w').close()\n")
-    proc = dlprof(tmp_path, "--reports=all", sys.executable, str(script), "3", "0",
-                  env={"TRAIN_EXIT": "3", "PYTHONPATH": str(own)})
+    proc = dlprof(
+        tmp_path,
+        "--reports=all",
+        sys.executable,
+        str(script),
+        "3",
+        "0",
+        env={"TRAIN_EXIT": "3", "PYTHONPATH": str(own)},
+    )
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "Backend: torch.profiler (Kineto)" in proc.stdout
     assert (tmp_path / "own_site_ran").exists()
     out = tmp_path / "out"
     trace = out / "dlprof.pt.trace.json.gz"
-    for name in ("summary", "detailed", "iteration", "kernel", "tensor_core", "op_type", "group_op",
-                 "expert_systems"):
+    for name in ("summary", "detailed", "iteration", "kernel", "tensor_core", "op_type", "group_op", "expert_systems"):
         assert (out / f"dlprof_{name}.csv").exists(), name
     evs = events(trace)
     # ProfilerStep#0 opens when profiling starts, each optimizer step closes one and opens the next
@@ -118,15 +132,23 @@ def test_capture_analyse_and_pass_the_exit_status(tmp_path):
     assert sql(db, "SELECT count(*) FROM read_only_ranges WHERE text LIKE '%, op_id = %'")[0][0] == len(ops)
     # each forward aten::linear (inside a Linear module) is one call of the ops named after the modules
     linear = sum(1 for e in ops if e["name"] == "aten::linear")
-    calls = sql(db, "SELECT sum(n.num_calls) FROM op_nodes n JOIN read_only_ops o USING (op_index) "
-                    "WHERE o.direction = 'fprop' AND o.op_name LIKE '%/Linear_%/aten::linear'")[0][0]
+    calls = sql(
+        db,
+        "SELECT sum(n.num_calls) FROM op_nodes n JOIN read_only_ops o USING (op_index) "
+        "WHERE o.direction = 'fprop' AND o.op_name LIKE '%/Linear_%/aten::linear'",
+    )[0][0]
     assert linear == 6 and calls == linear
     names = {r[0] for r in sql(db, "SELECT op_name FROM read_only_ops")}
     assert "/ProfilerStep/Sequential_0/Linear_0/aten::linear" in names
     assert "/ProfilerStep/Optimizer.step#SGD.step/aten::add_" in names
     # backward ops carry the forward op's name
-    directions = dict(sql(db, "SELECT direction, count(*) FROM read_only_ops "
-                              "WHERE op_name = '/ProfilerStep/Sequential_0/Linear_0/aten::linear' GROUP BY 1"))
+    directions = dict(
+        sql(
+            db,
+            "SELECT direction, count(*) FROM read_only_ops "
+            "WHERE op_name = '/ProfilerStep/Sequential_0/Linear_0/aten::linear' GROUP BY 1",
+        )
+    )
     assert directions == {"fprop": 1, "bprop": 1}
     stacks = [r[0] for r in sql(db, "SELECT stack_trace FROM read_only_ops WHERE stack_trace IS NOT NULL")]
     assert stacks and all("train.py(" in s and "sitecustomize" not in s for s in stacks)
@@ -139,7 +161,7 @@ def test_capture_iterations_keep_only_the_window(tmp_path):
     evs = events(tmp_path / "out" / "dlprof.pt.trace.json.gz")
     assert steps_in(evs) == [2, 3]
     linear = sum(1 for e in evs if e.get("cat") == "cpu_op" and e["name"] == "aten::linear")
-    assert linear == 2 * 2       # two iterations of two Linear layers
+    assert linear == 2 * 2  # two iterations of two Linear layers
 
 
 def test_delay_starts_collection_later(tmp_path):
@@ -148,8 +170,16 @@ def test_delay_starts_collection_later(tmp_path):
     delay), 10 iterations 0.5 s apart: collection starts at the first module call after the delay, so
     exactly the iterations that end after that are recorded, and the first ones are not."""
     script = train_script(tmp_path)
-    proc = dlprof(tmp_path, "--delay=45", "--reports=summary", sys.executable, str(script), "10", "0.5",
-                  env={"TRAIN_BEFORE_DELAY": "2.5"})
+    proc = dlprof(
+        tmp_path,
+        "--delay=45",
+        "--reports=summary",
+        sys.executable,
+        str(script),
+        "10",
+        "0.5",
+        env={"TRAIN_BEFORE_DELAY": "2.5"},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     t0 = float((tmp_path / "train.log.t0").read_text())
     log = [json.loads(line) for line in (tmp_path / "train.log").read_text().splitlines()]
@@ -159,16 +189,16 @@ def test_delay_starts_collection_later(tmp_path):
     evs = events(trace)
     base = json.loads(gzip.open(trace).read())["baseTimeNanoseconds"]
     first_op = min(Decimal(str(e["ts"])) for e in evs if e.get("cat") == "cpu_op") * 1000 + base
-    assert first_op >= Decimal(t0 + 45) * 10 ** 9
-    after = [r["step"] for r in log if "end" in r and Decimal(r["end"]) * 10 ** 9 > first_op]
-    assert 1 <= len(after) < 10                      # the first iterations ran before the delay
+    assert first_op >= Decimal(t0 + 45) * 10**9
+    after = [r["step"] for r in log if "end" in r and Decimal(r["end"]) * 10**9 > first_op]
+    assert 1 <= len(after) < 10  # the first iterations ran before the delay
     assert steps_in(evs) == list(range(len(after) + 1))
 
 
 def test_duration_ends_the_program_with_sigterm(tmp_path):
     script = train_script(tmp_path)
     proc = dlprof(tmp_path, "--duration=3", "--reports=summary", sys.executable, str(script), "200", "0.2")
-    assert proc.returncode == 128 + 15, proc.stdout + proc.stderr        # SIGTERM, as with nsys
+    assert proc.returncode == 128 + 15, proc.stdout + proc.stderr  # SIGTERM, as with nsys
     log = [json.loads(line) for line in (tmp_path / "train.log").read_text().splitlines()]
     done = [r["step"] for r in log if "end" in r]
     recorded = steps_in(events(tmp_path / "out" / "dlprof.pt.trace.json.gz"))
@@ -199,6 +229,7 @@ def test_no_trace_is_a_clear_error(tmp_path):
 
 # ---------------------------------------------------------------------------- options (no capture)
 
+
 def test_backend_default_follows_nsys_on_path(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     assert cli.choose_backend(None)[0] == "torch"
@@ -228,7 +259,6 @@ def test_command_environment_puts_the_hook_first():
 def test_existing_trace_needs_force(tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "dlprof.pt.trace.json.gz").write_bytes(b"old")
-    proc = run_dlprof("--backend=torch", f"--output_path={tmp_path / 'out'}", sys.executable, "-c", "pass",
-                      check=False)
+    proc = run_dlprof("--backend=torch", f"--output_path={tmp_path / 'out'}", sys.executable, "-c", "pass", check=False)
     assert proc.returncode == 1 and "already exists" in proc.stderr
     assert (tmp_path / "out" / "dlprof.pt.trace.json.gz").read_bytes() == b"old"

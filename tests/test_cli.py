@@ -1,4 +1,5 @@
 """`dlprof --database` from the command line: good runs, bad input, outputs that appear whole or not at all."""
+
 import hashlib
 import os
 import sqlite3
@@ -44,11 +45,14 @@ def test_input_is_never_modified(tmp_path, export):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o", "t.sqlite"]  # no journal left beside it
 
 
-@pytest.mark.parametrize("content,message", [
-    (None, "no such file"),
-    (b"", "empty file"),
-    (b"hello, this is not a database" * 10, "not an SQLite database"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (None, "no such file"),
+        (b"", "empty file"),
+        (b"hello, this is not a database" * 10, "not an SQLite database"),
+    ],
+)
 def test_unreadable_inputs(tmp_path, content, message):
     path = tmp_path / "input.sqlite"
     if content is not None:
@@ -100,20 +104,24 @@ def test_exports_without_cuda_or_nvtx_warn_and_still_report(tmp_path):
 
 
 def test_key_node_not_found_warns_and_gives_one_iteration(tmp_path, export):
-    proc = run_dlprof(f"--database={export}", "--key_node=nope", "--reports=summary,expert_systems",
-                      f"--output_path={tmp_path / 'o'}")
+    proc = run_dlprof(
+        f"--database={export}", "--key_node=nope", "--reports=summary,expert_systems", f"--output_path={tmp_path / 'o'}"
+    )
     assert "key node 'nope' found" in proc.stderr or "key node 'nope'" in proc.stderr
     text = (tmp_path / "o" / "dlprof_summary.csv").read_text()
     assert "Total Iterations,1" in text and "Start Iteration,0" in text and "Stop Iteration,0" in text
     assert "key op nope not found" in (tmp_path / "o" / "dlprof_expert_systems.csv").read_text()
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--iter_start=2", "--iter_stop=1"], "--iter_stop 1 is below --iter_start 2"),
-    (["--iter_start=7"], "outside the profile"),
-    (["--iter_start=-1"], "invalid arguments"),
-    (["--reports=summary,bogus"], "invalid arguments"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--iter_start=2", "--iter_stop=1"], "--iter_stop 1 is below --iter_start 2"),
+        (["--iter_start=7"], "outside the profile"),
+        (["--iter_start=-1"], "invalid arguments"),
+        (["--reports=summary,bogus"], "invalid arguments"),
+    ],
+)
 def test_bad_iteration_ranges_and_options(tmp_path, export, args, message):
     proc = run_dlprof(f"--database={export}", *args, f"--output_path={tmp_path / 'o'}", check=False)
     assert proc.returncode == 2
@@ -145,14 +153,21 @@ def test_existing_outputs_need_force(tmp_path, export):
 
 def test_a_failure_after_reading_leaves_no_partial_output(tmp_path, export):
     out = tmp_path / "o"
-    proc = run_dlprof(f"--database={export}", "--key_node=Optimizer.step#SGD.step", "--iter_start=3",
-                      "--iter_stop=9", f"--output_path={out}", check=False)
+    proc = run_dlprof(
+        f"--database={export}",
+        "--key_node=Optimizer.step#SGD.step",
+        "--iter_start=3",
+        "--iter_stop=9",
+        f"--output_path={out}",
+        check=False,
+    )
     assert proc.returncode == 2
     assert not out.exists()  # the folder it created, empty after the failure, is removed too
 
 
 def test_dump_model_data(tmp_path, export):
     import json
+
     run_dlprof(f"--database={export}", "--dump_model_data=true", f"--output_path={tmp_path / 'o'}")
     doc = json.loads((tmp_path / "o" / "dlprof_model_data.json").read_text())
     names = {op["name"] for op in doc["default"]["ops"]}
@@ -163,10 +178,20 @@ def test_dlprof_18_database_is_refused_with_the_file_to_give_instead(tmp_path):
     """DLProf 1.8's own database (its table names: reference dlprof_outputs.md §6) holds no NVTX ranges or
     API calls to rebuild the op model from: one line saying so and naming the export to give instead."""
     import sqlite3
+
     db = tmp_path / "dlprof_dldb.sqlite"
     con = sqlite3.connect(db)
-    for table in ("dictionary", "metric", "read_only_ops", "read_only_op_instances", "read_only_kernels",
-                  "node_time_metrics", "op_nodes", "aggregations", "db_version"):
+    for table in (
+        "dictionary",
+        "metric",
+        "read_only_ops",
+        "read_only_op_instances",
+        "read_only_kernels",
+        "node_time_metrics",
+        "op_nodes",
+        "aggregations",
+        "db_version",
+    ):
         con.execute(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY)")
     con.execute("INSERT INTO db_version VALUES (1)")
     con.commit()

@@ -1,6 +1,7 @@
 """Comparing with a baseline (`dlprof --baseline`, the diff report): compare.py's rows on a hand-computed pair of
 profiles, the identity "op deltas add up to the change of total GPU time" on the real before/after exports,
 per-kernel GPU times against SQL sums over those exports, and the command line's rules."""
+
 from __future__ import annotations
 
 import csv
@@ -26,6 +27,7 @@ needs_fixtures = pytest.mark.skipif(not (BEFORE.exists() and AFTER.exists()), re
 
 # ---------------------------------------------------------------------------- hand-computed profiles
 
+
 def _profile(path: Path, calls: list[tuple]) -> Path:
     """One thread of emit_nvtx-style ops, each launching one kernel: calls = [(label, seq, start, kernel,
     kernel start, kernel end)]; op [start, start + 3000), launch [start + 100, start + 200)."""
@@ -41,26 +43,40 @@ def _profile(path: Path, calls: list[tuple]) -> Path:
 
 def hand_before(path: Path) -> Path:
     """/aten::mm -> gemm_a 10 us; /aten::relu -> relu_k 3 us; /aten::relu[2] -> relu_k 2 us."""
-    return _profile(path, [("aten::mm", 1, 1000, "gemm_a", 2000, 12000),
-                           ("aten::relu", 2, 6000, "relu_k", 12000, 15000),
-                           ("aten::relu", 3, 20000, "relu_k", 22000, 24000)])
+    return _profile(
+        path,
+        [
+            ("aten::mm", 1, 1000, "gemm_a", 2000, 12000),
+            ("aten::relu", 2, 6000, "relu_k", 12000, 15000),
+            ("aten::relu", 3, 20000, "relu_k", 22000, 24000),
+        ],
+    )
 
 
 def hand_after(path: Path) -> Path:
     """/aten::mm -> gemm_a 6 us; /aten::relu -> relu_k 3 us; /aten::add -> add_k 1 us."""
-    return _profile(path, [("aten::mm", 1, 1000, "gemm_a", 2000, 8000),
-                           ("aten::relu", 2, 6000, "relu_k", 9000, 12000),
-                           ("aten::add", 3, 13000, "add_k", 13500, 14500)])
+    return _profile(
+        path,
+        [
+            ("aten::mm", 1, 1000, "gemm_a", 2000, 8000),
+            ("aten::relu", 2, 6000, "relu_k", 9000, 12000),
+            ("aten::add", 3, 13000, "add_k", 13500, 14500),
+        ],
+    )
 
 
 # (name, direction, presence, calls, baseline calls, GPU time, baseline GPU time, delta, delta %), by |delta|
-HAND_OPS = [("/aten::mm", "fprop", "both", 1, 1, 6000, 10000, -4000, -40.0),
-            ("/aten::relu[2]", "fprop", "baseline only", 0, 1, 0, 2000, -2000, -100.0),
-            ("/aten::add", "fprop", "after only", 1, 0, 1000, 0, 1000, None),
-            ("/aten::relu", "fprop", "both", 1, 1, 3000, 3000, 0, 0.0)]
-HAND_KERNELS = [("gemm_a", "both", 1, 1, 6000, 10000, -4000, -40.0),
-                ("relu_k", "both", 1, 2, 3000, 5000, -2000, -40.0),
-                ("add_k", "after only", 1, 0, 1000, 0, 1000, None)]
+HAND_OPS = [
+    ("/aten::mm", "fprop", "both", 1, 1, 6000, 10000, -4000, -40.0),
+    ("/aten::relu[2]", "fprop", "baseline only", 0, 1, 0, 2000, -2000, -100.0),
+    ("/aten::add", "fprop", "after only", 1, 0, 1000, 0, 1000, None),
+    ("/aten::relu", "fprop", "both", 1, 1, 3000, 3000, 0, 0.0),
+]
+HAND_KERNELS = [
+    ("gemm_a", "both", 1, 1, 6000, 10000, -4000, -40.0),
+    ("relu_k", "both", 1, 2, 3000, 5000, -2000, -40.0),
+    ("add_k", "after only", 1, 0, 1000, 0, 1000, None),
+]
 
 
 def read_sections(path: Path) -> dict:
@@ -84,8 +100,14 @@ def as_number(text: str):
 def hand(tmp_path_factory):
     root = tmp_path_factory.mktemp("hand")
     before, after = hand_before(root / "before.sqlite"), hand_after(root / "after.sqlite")
-    run_dlprof(f"--database={after}", f"--baseline={before}", f"--output_path={root / 'out'}",
-               "--formats=csv,json", "-v", "quiet")
+    run_dlprof(
+        f"--database={after}",
+        f"--baseline={before}",
+        f"--output_path={root / 'out'}",
+        "--formats=csv,json",
+        "-v",
+        "quiet",
+    )
     return root, before, after
 
 
@@ -94,15 +116,25 @@ def test_hand_computed_diff_report(hand):
     sections = read_sections(root / "out" / "dlprof_diff.csv")
     assert list(sections) == ["Compared Profiles", "Diff Summary", "Op Diff", "Kernel Diff"]
     header, *rows = sections["Op Diff"]
-    assert header == ["Op Name", "Direction", "Op Type", "Present In", "No. Calls", "Baseline No. Calls",
-                      "GPU Time (ns)", "Baseline GPU Time (ns)", "Delta GPU Time (ns)", "Delta GPU Time %"]
+    assert header == [
+        "Op Name",
+        "Direction",
+        "Op Type",
+        "Present In",
+        "No. Calls",
+        "Baseline No. Calls",
+        "GPU Time (ns)",
+        "Baseline GPU Time (ns)",
+        "Delta GPU Time (ns)",
+        "Delta GPU Time %",
+    ]
     got = [(r[0], r[1], r[3]) + tuple(as_number(v) for v in r[4:]) for r in rows]
     assert got == HAND_OPS
     header, *rows = sections["Kernel Diff"]
     assert header[:3] == ["Kernel Name", "Uses TC", "Present In"]
     assert [(r[0], r[2]) + tuple(as_number(v) for v in r[3:]) for r in rows] == HAND_KERNELS
     summary = {r[0]: r[1:] for r in sections["Diff Summary"][1:]}
-    assert summary["Total GPU Time (ns)"] == ["15000", "10000", "-5000"]   # the op deltas' sum
+    assert summary["Total GPU Time (ns)"] == ["15000", "10000", "-5000"]  # the op deltas' sum
     assert summary["Kernel GPU Time (ns)"] == ["15000", "10000", "-5000"]
     assert sum(r[7] for r in HAND_OPS) == -5000
     compared = {r[0]: r[1:] for r in sections["Compared Profiles"][1:]}
@@ -124,14 +156,31 @@ def test_hand_computed_json_has_the_same_tables(hand):
 def test_compare_module_on_frames():
     """compare.py alone: names shared by several ops sum, a missing direction is the empty text, ties of |delta|
     are ordered by the key."""
-    after = pd.DataFrame({"name": ["/a", "/b", "/b", "x"], "direction": ["fprop", "bprop", "bprop", None],
-                          "op_type": ["a", "b", "b", "x"], "calls": [1, 2, 3, 4], "gpu_time": [5, 20, 30, 7]})
-    base = pd.DataFrame({"name": ["/a", "/c", "x"], "direction": ["fprop", "fprop", np.nan],
-                         "op_type": ["a", "c", "x"], "calls": [1, 1, 4], "gpu_time": [10, 5, 7]})
+    after = pd.DataFrame(
+        {
+            "name": ["/a", "/b", "/b", "x"],
+            "direction": ["fprop", "bprop", "bprop", None],
+            "op_type": ["a", "b", "b", "x"],
+            "calls": [1, 2, 3, 4],
+            "gpu_time": [5, 20, 30, 7],
+        }
+    )
+    base = pd.DataFrame(
+        {
+            "name": ["/a", "/c", "x"],
+            "direction": ["fprop", "fprop", np.nan],
+            "op_type": ["a", "c", "x"],
+            "calls": [1, 1, 4],
+            "gpu_time": [10, 5, 7],
+        }
+    )
     out = compare.compare_ops(after, base)
     assert out[["name", "direction", "presence", "calls", "baseline_calls", "delta"]].values.tolist() == [
-        ["/b", "bprop", "after only", 5, 0, 50], ["/a", "fprop", "both", 1, 1, -5],
-        ["/c", "fprop", "baseline only", 0, 1, -5], ["x", "", "both", 4, 4, 0]]
+        ["/b", "bprop", "after only", 5, 0, 50],
+        ["/a", "fprop", "both", 1, 1, -5],
+        ["/c", "fprop", "baseline only", 0, 1, -5],
+        ["x", "", "both", 4, 4, 0],
+    ]
     assert out["delta"].sum() == after["gpu_time"].sum() - base["gpu_time"].sum()
     assert math.isnan(out["delta_pct"].iloc[0]) and out["delta_pct"].iloc[1] == -50.0
     empty = compare.compare_ops(after.iloc[:0], base.iloc[:0])
@@ -139,6 +188,7 @@ def test_compare_module_on_frames():
 
 
 # ---------------------------------------------------------------------------- the real before/after exports
+
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
@@ -152,9 +202,13 @@ def kernel_sums(export: Path) -> dict:
     """{short kernel name: (launches, summed duration)} straight from the export."""
     con = sqlite3.connect(f"file:{export}?mode=ro", uri=True)
     try:
-        return {name: (n, total) for name, n, total in con.execute(
-            'SELECT s.value, count(*), sum(k."end" - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k '
-            "JOIN StringIds s ON s.id = k.shortName GROUP BY s.value")}
+        return {
+            name: (n, total)
+            for name, n, total in con.execute(
+                'SELECT s.value, count(*), sum(k."end" - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k '
+                "JOIN StringIds s ON s.id = k.shortName GROUP BY s.value"
+            )
+        }
     finally:
         con.close()
 
@@ -204,8 +258,14 @@ def test_kernel_rows_equal_sql_sums_over_the_exports(real):
 @needs_fixtures
 def test_a_dlprof_database_as_baseline_gives_the_same_diff(real, tmp_path):
     out = tmp_path / "o"
-    run_dlprof(f"--database={AFTER}", f"--baseline={real / 'before' / 'dlprof_dldb.sqlite'}",
-               f"--output_path={out}", "--reports=summary", "-v", "quiet")
+    run_dlprof(
+        f"--database={AFTER}",
+        f"--baseline={real / 'before' / 'dlprof_dldb.sqlite'}",
+        f"--output_path={out}",
+        "--reports=summary",
+        "-v",
+        "quiet",
+    )
     mine = read_sections(out / "dlprof_diff.csv")
     theirs = read_sections(real / "after" / "dlprof_diff.csv")
     for title in ("Diff Summary", "Op Diff", "Kernel Diff"):
@@ -214,21 +274,27 @@ def test_a_dlprof_database_as_baseline_gives_the_same_diff(real, tmp_path):
 
 # ---------------------------------------------------------------------------- command line
 
+
 def test_diff_rules_of_the_command_line(hand, tmp_path):
     root, before, after = hand
-    proc = run_dlprof(f"--database={after}", "--reports=summary,diff", f"--output_path={tmp_path / 'a'}",
-                      check=False)
+    proc = run_dlprof(f"--database={after}", "--reports=summary,diff", f"--output_path={tmp_path / 'a'}", check=False)
     assert proc.returncode == 2 and "--baseline" in proc.stderr and not (tmp_path / "a").exists()
     run_dlprof(f"--database={after}", "--reports=all", f"--output_path={tmp_path / 'b'}", "-v", "quiet")
     assert not (tmp_path / "b" / "dlprof_diff.csv").exists() and (tmp_path / "b" / "dlprof_kernel.csv").exists()
-    run_dlprof(f"--database={after}", "--reports=all", f"--baseline={before}", f"--output_path={tmp_path / 'c'}",
-               "-v", "quiet")
+    run_dlprof(
+        f"--database={after}", "--reports=all", f"--baseline={before}", f"--output_path={tmp_path / 'c'}", "-v", "quiet"
+    )
     assert (tmp_path / "c" / "dlprof_diff.csv").exists()
     # an existing diff needs --force like every output
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "dlprof_diff.csv").write_text("an earlier diff")
-    proc = run_dlprof(f"--database={after}", f"--baseline={before}", "--reports=summary",
-                      f"--output_path={tmp_path / 'd'}", check=False)
+    proc = run_dlprof(
+        f"--database={after}",
+        f"--baseline={before}",
+        "--reports=summary",
+        f"--output_path={tmp_path / 'd'}",
+        check=False,
+    )
     assert proc.returncode != 0 and "dlprof_diff.csv" in proc.stderr
 
 
@@ -248,15 +314,29 @@ def test_a_bad_baseline_is_one_line_naming_it_and_nothing_is_written(hand, tmp_p
 def test_the_baseline_gets_the_runs_iteration_range(tmp_path):
     """--iter_start/--iter_stop apply to both; a range the baseline does not have names the baseline."""
     from tests.profiles import training_profile
+
     three = training_profile(tmp_path / "three.sqlite", iterations=3)
     two = training_profile(tmp_path / "two.sqlite", iterations=1)
-    proc = run_dlprof(f"--database={three}", f"--baseline={two}", "--iter_start=1", "--iter_stop=3",
-                      f"--output_path={tmp_path / 'o'}", check=False)
+    proc = run_dlprof(
+        f"--database={three}",
+        f"--baseline={two}",
+        "--iter_start=1",
+        "--iter_stop=3",
+        f"--output_path={tmp_path / 'o'}",
+        check=False,
+    )
     lines = [line for line in proc.stderr.splitlines() if line.strip() and "ERROR" in line]
     assert proc.returncode != 0 and len(lines) == 1 and str(two) in lines[0], proc.stderr
     assert not (tmp_path / "o").exists()
-    run_dlprof(f"--database={three}", f"--baseline={three}", "--iter_start=1", "--iter_stop=2",
-               f"--output_path={tmp_path / 'p'}", "-v", "quiet")
+    run_dlprof(
+        f"--database={three}",
+        f"--baseline={three}",
+        "--iter_start=1",
+        "--iter_stop=2",
+        f"--output_path={tmp_path / 'p'}",
+        "-v",
+        "quiet",
+    )
     sections = read_sections(tmp_path / "p" / "dlprof_diff.csv")
     assert {r[0]: r[1:] for r in sections["Compared Profiles"][1:]}["Iterations"] == ["1 to 2 of 4", "1 to 2 of 4"]
     assert all(int(r[8]) == 0 and r[3] == "both" for r in sections["Op Diff"][1:])

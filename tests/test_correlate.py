@@ -1,4 +1,5 @@
 """Correlation on hand-built profiles: every expected value below is derived by hand from the layout."""
+
 import pytest
 
 from tests.analysis import analyze
@@ -27,8 +28,12 @@ def test_design_naming_example(tmp_path):
             exp.push_pop(t, s, s + 90, f"aten::conv1d, seq = {seq}, op_id = {seq}")
             exp.launch(t, s + 10, s + 20, s + 30, s + 40, kernel="conv_kernel")
     a = analyze(exp.write(tmp_path / "p.sqlite"))
-    assert a.op_names() == {"/a/b/aten::conv1d", "/a/b/aten::conv1d[2]", "/a/b[2]/aten::conv1d",
-                            "/a/b[2]/aten::conv1d[2]"}
+    assert a.op_names() == {
+        "/a/b/aten::conv1d",
+        "/a/b/aten::conv1d[2]",
+        "/a/b[2]/aten::conv1d",
+        "/a/b[2]/aten::conv1d[2]",
+    }
     for name in a.op_names():
         op = a.op(name)
         assert op["calls"] == 1 and op["gpu_total"] == 10 and op["op_type"] == "conv1d"
@@ -54,8 +59,8 @@ def test_correlation_ids_repeat_across_processes(tmp_path):
     exp.push_pop(t2, 0, 100, "aten::relu, seq = 1, op_id = 1")
     c1 = exp.runtime(t1, 10, 20, correlation_id=5)
     c2 = exp.runtime(t2, 10, 20, correlation_id=5)
-    exp.kernel(PID, c1, 30, 40, "mm_kernel")          # 10 ns, belongs to process 100's call
-    exp.kernel(200, c2, 30, 70, "relu_kernel")        # 40 ns, belongs to process 200's call
+    exp.kernel(PID, c1, 30, 40, "mm_kernel")  # 10 ns, belongs to process 100's call
+    exp.kernel(200, c2, 30, 70, "relu_kernel")  # 40 ns, belongs to process 200's call
     a = analyze(exp.write(tmp_path / "p.sqlite"))
     assert a.op("/aten::mm")["gpu_total"] == 10
     assert a.op("/aten::relu")["gpu_total"] == 40
@@ -65,13 +70,17 @@ def test_calls_outside_ranges_and_orphan_kernels_become_unassociated_ops(tmp_pat
     exp, t = new_export()
     other = exp.add_thread(pid=PID, tid=PID + 1, name="worker")
     exp.push_pop(t, 0, 100, "aten::add, seq = 1, op_id = 1")
-    exp.launch(other, 10, 20, 30, 40, kernel="k_other_thread")      # inside the range's time, other thread
-    exp.runtime(t, 200, 260, name="cudaDeviceSynchronize_v3020")     # after every range
-    exp.kernel(PID, 999, 500, 530, "orphan_kernel")                  # no API call with that id
+    exp.launch(other, 10, 20, 30, 40, kernel="k_other_thread")  # inside the range's time, other thread
+    exp.runtime(t, 200, 260, name="cudaDeviceSynchronize_v3020")  # after every range
+    exp.kernel(PID, 999, 500, 530, "orphan_kernel")  # no API call with that id
     a = analyze(exp.write(tmp_path / "p.sqlite"))
     launch = a.op("unassociated_cudaLaunchKernel_v7000")
-    assert (launch["calls"], launch["gpu_total"], launch["op_type"], launch["direction"]) == \
-        (1, 10, "cudaLaunchKernel_v7000", "")
+    assert (launch["calls"], launch["gpu_total"], launch["op_type"], launch["direction"]) == (
+        1,
+        10,
+        "cudaLaunchKernel_v7000",
+        "",
+    )
     sync = a.op("unassociated_cudaDeviceSynchronize_v3020")
     assert (sync["cpu_total"], sync["op_id"]) == (60, "CUDADEVICESYNCHRONIZE_V3020_1")
     orphan = a.op("unassociated_orphan_kernel")
@@ -116,7 +125,7 @@ def test_unlinked_backward_nodes_keep_their_own_names(tmp_path):
 def test_scope_range_launching_directly_is_an_op_too(tmp_path):
     exp, t = new_export()
     exp.push_pop(t, 0, 1000, "Optimizer.step#SGD.step, op_id = 1")
-    exp.launch(t, 10, 20, 30, 50, kernel="direct")                   # the scope's own call
+    exp.launch(t, 10, 20, 30, 50, kernel="direct")  # the scope's own call
     exp.push_pop(t, 100, 200, "aten::add_, seq = 2, op_id = 2")
     exp.launch(t, 110, 120, 130, 160, kernel="add")
     a = analyze(exp.write(tmp_path / "p.sqlite"))
@@ -133,7 +142,7 @@ def test_domain_without_markers_makes_leaf_ranges_ops(tmp_path):
     exp.launch(t, 110, 120, 130, 200, kernel="f")
     exp.push_pop(t, 500, 900, "backward")
     exp.launch(t, 510, 520, 530, 650, kernel="b")
-    exp.launch(t, 950, 960, 970, 980, kernel="stray")                 # in train, outside both leaves
+    exp.launch(t, 950, 960, 970, 980, kernel="stray")  # in train, outside both leaves
     a = analyze(exp.write(tmp_path / "p.sqlite"))
     assert a.corr.mode == "nvtx"
     assert a.op_names() == {"/train/forward", "/train/backward", "/train"}
@@ -151,19 +160,23 @@ def test_op_ids_count_per_type_in_execution_order(tmp_path):
         exp.launch(t, i * 100 + 10, i * 100 + 20, i * 100 + 30, i * 100 + 40, kernel="k")
     a = analyze(exp.write(tmp_path / "p.sqlite"))
     ids = dict(zip(a.ops()["name"], a.ops()["op_id"]))
-    assert ids == {"/aten::conv2d": "CONV2D_1", "/aten::relu": "RELU_1", "/aten::conv2d[2]": "CONV2D_2",
-                   "/aten::uniform_": "UNIFORM__1"}
+    assert ids == {
+        "/aten::conv2d": "CONV2D_1",
+        "/aten::relu": "RELU_1",
+        "/aten::conv2d[2]": "CONV2D_2",
+        "/aten::uniform_": "UNIFORM__1",
+    }
 
 
 def test_instance_metrics_flatten_overlaps(tmp_path):
     exp, t = new_export()
     exp.push_pop(t, 0, 1000, "aten::bmm, seq = 1, op_id = 1")
     c1 = exp.runtime(t, 100, 200)
-    c2 = exp.runtime(t, 150, 300)       # overlaps the first call: API time flattened = 200
-    c3 = exp.runtime(t, 500, 600)       # + 100 -> 300, CPU overhead = 1000 - 300 = 700
+    c2 = exp.runtime(t, 150, 300)  # overlaps the first call: API time flattened = 200
+    c3 = exp.runtime(t, 500, 600)  # + 100 -> 300, CPU overhead = 1000 - 300 = 700
     exp.kernel(PID, c1, 1000, 1500, "a", stream_id=7)
-    exp.kernel(PID, c2, 1200, 1800, "b", stream_id=8)   # concurrent: busy [1000, 1800) = 800
-    exp.kernel(PID, c3, 2000, 2100, "c", stream_id=7)   # + 100 -> GPU time 900, span 1100 -> idle 200
+    exp.kernel(PID, c2, 1200, 1800, "b", stream_id=8)  # concurrent: busy [1000, 1800) = 800
+    exp.kernel(PID, c3, 2000, 2100, "c", stream_id=7)  # + 100 -> GPU time 900, span 1100 -> idle 200
     a = analyze(exp.write(tmp_path / "p.sqlite"))
     op = a.op("/aten::bmm")
     assert (op["cpu_total"], op["overhead_total"], op["gpu_total"], op["idle_total"]) == (1000, 700, 900, 200)
@@ -188,11 +201,15 @@ def test_top_level_numbering_restarts_every_iteration(tmp_path):
 
 def dlprof_marker_profile(tmp_path, with_backward_marker=False):
     exp, t = new_export()
-    trace = ("{'traceMarker': ['train.py:57', 'model.py:30'], 'funcStack': "
-             "'/<module>/Net::_call_impl/Net::forward/Conv2d::_call_impl(2)/Conv2d::forward/conv2d'}")
-    args = ("{'mod': 'torch.nn.functional', 'op': 'conv2d', 'callid': 12, 'args': [{'name': '', 'type': 'tensor', "
-            "'shape': (8, 3, 64, 64), 'dtype': 'float16'}, {'name': '', 'type': 'tensor', 'shape': (16, 3, 3, 3), "
-            "'dtype': 'float16'}, {'name': 'stride', 'type': 'int', 'value': 1}]}")
+    trace = (
+        "{'traceMarker': ['train.py:57', 'model.py:30'], 'funcStack': "
+        "'/<module>/Net::_call_impl/Net::forward/Conv2d::_call_impl(2)/Conv2d::forward/conv2d'}"
+    )
+    args = (
+        "{'mod': 'torch.nn.functional', 'op': 'conv2d', 'callid': 12, 'args': [{'name': '', 'type': 'tensor', "
+        "'shape': (8, 3, 64, 64), 'dtype': 'float16'}, {'name': '', 'type': 'tensor', 'shape': (16, 3, 3, 3), "
+        "'dtype': 'float16'}, {'name': 'stride', 'type': 'int', 'value': 1}]}"
+    )
     exp.push_pop(t, 0, 1000, trace)
     exp.push_pop(t, 10, 990, "{'mod': 'torch.nn.functional', 'strRepr': 'Conv2d(3, 16, kernel_size=(3, 3))'}")
     exp.push_pop(t, 20, 980, args)
@@ -201,8 +218,12 @@ def dlprof_marker_profile(tmp_path, with_backward_marker=False):
     grad = exp.add_thread(pid=PID, tid=PID + 1, name="autograd")
     if with_backward_marker:
         exp.push_pop(grad, 2000, 3000, trace)
-        exp.push_pop(grad, 2010, 2990, "{'mod': 'torch.nn.functional', 'op': 'conv2d', 'dir': 'bprop', "
-                                       "'fwdCallid': 12, 'args': []}")
+        exp.push_pop(
+            grad,
+            2010,
+            2990,
+            "{'mod': 'torch.nn.functional', 'op': 'conv2d', 'dir': 'bprop', 'fwdCallid': 12, 'args': []}",
+        )
     else:
         exp.push_pop(grad, 2000, 3000, "ConvolutionBackward0, seq = 4, op_id = 2")
     exp.launch(grad, 2100, 2110, 2200, 2300, kernel="wgrad")
@@ -236,8 +257,13 @@ def test_dlprof_markers_without_backward_markers_make_one_backward_op(tmp_path):
     a = analyze(exp.write(tmp_path / "p.sqlite"))
     assert a.op_names() == {"/module/linear", "backward"}
     bwd = a.op("backward")
-    assert (bwd["calls"], bwd["direction"], bwd["op_type"], bwd["gpu_total"], bwd["cpu_total"]) == \
-        (1, "bprop", "backward", 50, 210)
+    assert (bwd["calls"], bwd["direction"], bwd["op_type"], bwd["gpu_total"], bwd["cpu_total"]) == (
+        1,
+        "bprop",
+        "backward",
+        50,
+        210,
+    )
 
 
 def test_tensorflow_node_ranges(tmp_path):
@@ -285,7 +311,7 @@ def test_domains_are_kept_apart(tmp_path):
     exp.push_pop(t, 0, 1000, "c10d::allreduce_, op_id = 1")
     exp.push_pop(t, 100, 900, "ncclAllReduce", domain_id=1)
     exp.launch(t, 200, 210, 300, 700, kernel="ncclDevKernel_AllReduce_Sum_f32_RING_LL")
-    exp.push_pop(t, 2000, 2100, "ncclGroupEnd", domain_id=2)   # a handle with no create row
+    exp.push_pop(t, 2000, 2100, "ncclGroupEnd", domain_id=2)  # a handle with no create row
     exp.launch(t, 2010, 2020, 2030, 2040, kernel="k")
     a = analyze(exp.write(tmp_path / "p.sqlite"))
     assert set(a.corr.domains) == {"default", "NCCL", "domain2"}
@@ -303,19 +329,23 @@ def test_a_reused_correlation_id_links_each_activity_to_the_nearest_call_before_
     t2 = exp.add_thread(pid=200, tid=200, name="python", process_name="python")
     exp.push_pop(t, 0, 250, "aten::mm, seq = 1, op_id = 1")
     exp.push_pop(t, 900, 1550, "aten::relu, seq = 2, op_id = 2")
-    exp.runtime(t, 100, 200, correlation_id=5)          # api row 0 (100 ns)
-    exp.runtime(t2, 150, 160, correlation_id=5)         # api row 1, the other process
-    exp.runtime(t, 1000, 1500, correlation_id=5)        # api row 2 (500 ns)
-    exp.kernel(PID, 5, 50, 60, "k_before_every_call")   # no call before it: the earliest call (row 0)
-    exp.kernel(200, 5, 170, 180, "k_other_process")     # row 1
-    exp.kernel(PID, 5, 300, 400, "k_after_first")       # nearest call before it: row 0
-    exp.kernel(PID, 5, 1600, 1700, "k_after_second")    # nearest call before it: row 2
+    exp.runtime(t, 100, 200, correlation_id=5)  # api row 0 (100 ns)
+    exp.runtime(t2, 150, 160, correlation_id=5)  # api row 1, the other process
+    exp.runtime(t, 1000, 1500, correlation_id=5)  # api row 2 (500 ns)
+    exp.kernel(PID, 5, 50, 60, "k_before_every_call")  # no call before it: the earliest call (row 0)
+    exp.kernel(200, 5, 170, 180, "k_other_process")  # row 1
+    exp.kernel(PID, 5, 300, 400, "k_after_first")  # nearest call before it: row 0
+    exp.kernel(PID, 5, 1600, 1700, "k_after_second")  # nearest call before it: row 2
     a = analyze(exp.write(tmp_path / "p.sqlite"))
     names = a.trace.gpu["name"].astype(str).tolist()
     assert dict(zip(names, a.corr.gpu_api.tolist())) == {
-        "k_before_every_call": 0, "k_other_process": 1, "k_after_first": 0, "k_after_second": 2}
-    assert a.op("/aten::mm")["gpu_total"] == 10 + 100          # k_before_every_call + k_after_first
-    assert a.op("/aten::relu")["gpu_total"] == 100             # k_after_second, launched by the 500 ns call
+        "k_before_every_call": 0,
+        "k_other_process": 1,
+        "k_after_first": 0,
+        "k_after_second": 2,
+    }
+    assert a.op("/aten::mm")["gpu_total"] == 10 + 100  # k_before_every_call + k_after_first
+    assert a.op("/aten::relu")["gpu_total"] == 100  # k_after_second, launched by the 500 ns call
     kernels = a.aggs["default"].kernels
     api_of = dict(zip(kernels["name"].astype(str), kernels["api_total"]))
     assert (api_of["k_after_first"], api_of["k_after_second"]) == (100, 500)
@@ -334,9 +364,27 @@ def _instance_key_frame(dm):
     inst = dm.instances.copy()
     inst["op_name"] = dm.ops.set_index("op_index")["name"].reindex(inst["op_index"]).to_numpy()
     keys = ["kind", "range_id", "api_id", "activity_id"]
-    cols = keys + ["start", "end", "pid", "global_tid", "device_id", "cpu_time", "cpu_overhead", "gpu_time",
-                   "gpu_start", "gpu_end", "gpu_idle", "n_gpu", "n_kernels", "name", "direction", "op_type",
-                   "data_type", "op_name", "op_index"]
+    cols = keys + [
+        "start",
+        "end",
+        "pid",
+        "global_tid",
+        "device_id",
+        "cpu_time",
+        "cpu_overhead",
+        "gpu_time",
+        "gpu_start",
+        "gpu_end",
+        "gpu_idle",
+        "n_gpu",
+        "n_kernels",
+        "name",
+        "direction",
+        "op_type",
+        "data_type",
+        "op_name",
+        "op_index",
+    ]
     return inst[cols].sort_values(keys).reset_index(drop=True)
 
 
@@ -348,14 +396,24 @@ def _owner_keys(dm, owners):
 
 def correlation_with_cuts(a, cuts):
     from dlprof_profiler import correlate as C
+
     classified = (a.corr.range_info, a.corr.mode, a.corr.family, dict(a.corr.config))
     links = (a.corr.gpu_api, a.corr.thread_device, a.corr.process_device)
     return C.correlate(a.trace, a.corr.mode, a.iterations.boundaries, classified, links, cuts=cuts)
 
 
-@pytest.mark.parametrize("profile", ["training", "naming", "dlprof", "dlprof_backward_pass",
-                                     "pytorch_2gpu_nccl_nsys2026.2_before.sqlite", "nvfuser_h200_nsys2025.1.sqlite",
-                                     "cuda_app_no_nvtx_nsys2021.3.sqlite"])
+@pytest.mark.parametrize(
+    "profile",
+    [
+        "training",
+        "naming",
+        "dlprof",
+        "dlprof_backward_pass",
+        "pytorch_2gpu_nccl_nsys2026.2_before.sqlite",
+        "nvfuser_h200_nsys2025.1.sqlite",
+        "cuda_app_no_nvtx_nsys2021.3.sqlite",
+    ],
+)
 def test_correlation_does_not_depend_on_segments(tmp_path, profile):
     """Correlating segment by segment (ranges still open carried across) gives the model of one pass."""
     import numpy as np
@@ -364,6 +422,7 @@ def test_correlation_does_not_depend_on_segments(tmp_path, profile):
     from tests import profiles
     from tests.test_aggregate import _cut_points
     from tests.test_fixtures import FIXTURES
+
     if profile == "training":
         path = profiles.training_profile(tmp_path / "t.sqlite")
     elif profile == "naming":
@@ -400,8 +459,9 @@ def test_correlation_does_not_depend_on_segments(tmp_path, profile):
             pd.testing.assert_frame_equal(dm.ops, other.ops, check_dtype=False)
             pd.testing.assert_frame_equal(_instance_key_frame(dm), _instance_key_frame(other), check_dtype=False)
             for attr in ("api_instance", "gpu_instance"):
-                pd.testing.assert_frame_equal(_owner_keys(dm, getattr(dm, attr)),
-                                              _owner_keys(other, getattr(other, attr)), check_dtype=False)
+                pd.testing.assert_frame_equal(
+                    _owner_keys(dm, getattr(dm, attr)), _owner_keys(other, getattr(other, attr)), check_dtype=False
+                )
             assert np.array_equal(np.sort(other.instances["instance_id"].to_numpy()), np.arange(len(other.instances)))
 
 
@@ -415,8 +475,10 @@ def test_tensorrt_onnx_paths_name_ops_without_double_slashes(tmp_path):
     exp.launch(t, 510, 520, 530, 560, kernel="gemm")
     a = analyze(exp.write(tmp_path / "p.sqlite"))
     names = a.op_names("TensorRT")
-    assert names == {"/ExecutionContext::execute/backbone/conv1/Conv + /backbone/relu/Relu",
-                     "/ExecutionContext::execute/head/fc/Gemm"}
+    assert names == {
+        "/ExecutionContext::execute/backbone/conv1/Conv + /backbone/relu/Relu",
+        "/ExecutionContext::execute/head/fc/Gemm",
+    }
     conv = a.op("/ExecutionContext::execute/backbone/conv1/Conv + /backbone/relu/Relu", domain="TensorRT")
     assert (conv["op_type"], conv["op_id"]) == ("Conv+Relu", "CONV_RELU_1")
     assert a.op("/ExecutionContext::execute/head/fc/Gemm", domain="TensorRT")["op_id"] == "GEMM_1"

@@ -1,5 +1,6 @@
 """The DLProf database (schema 3.0): every raw fact round-trips, names go through the string table, rank 0,
 the writer's segment API, re-aggregation in place keeping the earlier aggregations."""
+
 import hashlib
 import json
 import re
@@ -26,9 +27,23 @@ from tests.profiles import run_dlprof
 
 PID, OTHER_PID = 100, 200
 SHORT, LONG = "gemm_kernel", "void gemm_kernel<float, 128>(float const*, float*)"
-OP_COLUMNS = ["op_index", "domain", "op_id", "name", "direction", "op_type", "label", "tc_eligible", "data_type",
-              "stack_trace", "device_id", "first_start", "n_instances", "kind"]
-BAD_NAME = b"copy_\xff_kernel"          # invalid UTF-8 in the export: read as copy_\ufffd_kernel
+OP_COLUMNS = [
+    "op_index",
+    "domain",
+    "op_id",
+    "name",
+    "direction",
+    "op_type",
+    "label",
+    "tc_eligible",
+    "data_type",
+    "stack_trace",
+    "device_id",
+    "first_start",
+    "n_instances",
+    "kind",
+]
+BAD_NAME = b"copy_\xff_kernel"  # invalid UTF-8 in the export: read as copy_\ufffd_kernel
 
 
 @pytest.fixture
@@ -55,14 +70,26 @@ def mixed_profile(path):
     exp.system_env("CpuDescription", "Test CPU")
     exp.system_env("Hostname", "node7")
     main = exp.add_thread(pid=PID, tid=PID, name="python", process_name="python")
-    worker = main + 2                          # thread PID + 2: ranges and calls, but no ThreadNames row
+    worker = main + 2  # thread PID + 2: ranges and calls, but no ThreadNames row
     other = exp.add_thread(pid=OTHER_PID, tid=OTHER_PID, name="helper", process_name="helper")
     exp.add_domain(main, domain_id=5, name="MyDomain")
     exp.push_pop(main, 1_000, 9_000, "aten::conv2d, seq = 12, op_id = 345")
     exp.push_pop(main, 1_500, 8_000, "aten::convolution, op_id = 346")
-    exp.launch(main, 2_000, 3_000, 4_000, 6_000, kernel=SHORT, demangled_name=LONG, grid=(4, 2, 1),
-               block=(256, 1, 1), registers=64, static_smem=1024, dynamic_smem=2048)
-    exp.push_pop(main, 10_000, 12_000, "aten::relu, seq = 007, op_id = 1")          # not as Python writes ints
+    exp.launch(
+        main,
+        2_000,
+        3_000,
+        4_000,
+        6_000,
+        kernel=SHORT,
+        demangled_name=LONG,
+        grid=(4, 2, 1),
+        block=(256, 1, 1),
+        registers=64,
+        static_smem=1024,
+        dynamic_smem=2048,
+    )
+    exp.push_pop(main, 10_000, 12_000, "aten::relu, seq = 007, op_id = 1")  # not as Python writes ints
     exp.push_pop(main, 12_500, 13_000, "aten::mm, seq = 3, op_id = 4, sizes = [[2, 3], [3, 4]]")
     corr = exp.runtime(main, 12_600, 12_700, name="cudaMemcpyAsync_v3020")
     exp.memcpy(PID, corr, 12_800, 12_900, bytes=4096, copy_kind=2)
@@ -72,7 +99,7 @@ def mixed_profile(path):
     exp.memset(PID, corr, 15_700, 15_800, bytes=64)
     corr = exp.runtime(other, 21_000, 21_100, name="cudaLaunchKernel_v7000")
     exp.kernel(OTHER_PID, corr, 22_000, 23_000, BAD_NAME, device_id=0)
-    exp.kernel(OTHER_PID, 999, 24_000, 25_000, "orphan_kernel")        # no API call with this correlation id
+    exp.kernel(OTHER_PID, 999, 24_000, 25_000, "orphan_kernel")  # no API call with this correlation id
     corr = exp.runtime(main, 26_000, 27_000, name="cudaStreamSynchronize_v3020")
     exp.sync(PID, corr, 26_100, 26_900)
     exp.osrt(main, 27_500, 27_800, name="read")
@@ -87,8 +114,13 @@ def _same_frame(ours: pd.DataFrame, theirs: pd.DataFrame, what: str) -> None:
     assert len(ours) == len(theirs), what
     for c in ours.columns:
         a, b = ours[c], theirs[c]
-        if isinstance(a.dtype, pd.CategoricalDtype) or isinstance(b.dtype, pd.CategoricalDtype) \
-                or a.dtype == object or b.dtype == object or str(a.dtype) in ("str", "string"):
+        if (
+            isinstance(a.dtype, pd.CategoricalDtype)
+            or isinstance(b.dtype, pd.CategoricalDtype)
+            or a.dtype == object
+            or b.dtype == object
+            or str(a.dtype) in ("str", "string")
+        ):
             a = [None if pd.isna(v) else str(v) for v in a.astype(object)]
             b = [None if pd.isna(v) else str(v) for v in b.astype(object)]
             assert a == b, f"{what}.{c}"
@@ -134,29 +166,56 @@ def test_names_are_stored_once_in_the_string_table(mixed):
     _, path = mixed
     values = [r[0] for r in query(path, "SELECT value FROM strings")]
     assert len(values) == len(set(values))
-    kernels = dict(query(path, "SELECT s.value, count(*) FROM raw_gpu_activities g JOIN strings s ON s.id = g.name_id "
-                               "GROUP BY 1"))
-    assert kernels == {SHORT: 1, "copy_\ufffd_kernel": 1, "orphan_kernel": 1, "[CUDA memcpy DtoH]": 1,
-                       "[CUDA memset]": 1}
+    kernels = dict(
+        query(path, "SELECT s.value, count(*) FROM raw_gpu_activities g JOIN strings s ON s.id = g.name_id GROUP BY 1")
+    )
+    assert kernels == {
+        SHORT: 1,
+        "copy_\ufffd_kernel": 1,
+        "orphan_kernel": 1,
+        "[CUDA memcpy DtoH]": 1,
+        "[CUDA memset]": 1,
+    }
     # the long name is stored only where it differs from the name
     assert query(path, "SELECT s.value FROM raw_gpu_activities g JOIN strings s ON s.id = g.long_name_id") == [(LONG,)]
-    assert query(path, "SELECT grid_x, grid_y, block_x, registers, static_smem, dynamic_smem FROM raw_gpu_activities "
-                       "WHERE long_name_id IS NOT NULL") == [(4, 2, 256, 64, 1024, 2048)]
-    apis = [r[0] for r in query(path, "SELECT s.value FROM raw_api_calls c JOIN strings s ON s.id = c.name_id "
-                                      "ORDER BY c.api_id")]
-    assert apis == ["cudaLaunchKernel_v7000", "cudaMemcpyAsync_v3020", "cudaMemsetAsync_v3020",
-                    "cudaLaunchKernel_v7000", "cudaStreamSynchronize_v3020"]
+    assert query(
+        path,
+        "SELECT grid_x, grid_y, block_x, registers, static_smem, dynamic_smem FROM raw_gpu_activities "
+        "WHERE long_name_id IS NOT NULL",
+    ) == [(4, 2, 256, 64, 1024, 2048)]
+    apis = [
+        r[0]
+        for r in query(path, "SELECT s.value FROM raw_api_calls c JOIN strings s ON s.id = c.name_id ORDER BY c.api_id")
+    ]
+    assert apis == [
+        "cudaLaunchKernel_v7000",
+        "cudaMemcpyAsync_v3020",
+        "cudaMemsetAsync_v3020",
+        "cudaLaunchKernel_v7000",
+        "cudaStreamSynchronize_v3020",
+    ]
     # PyTorch per-call fields are integers; texts not written exactly as Python writes them are kept whole
-    ranges = query(path, "SELECT s.value, r.seq, r.op_id FROM raw_ranges r JOIN strings s ON s.id = r.text_id "
-                         "ORDER BY r.start")
-    assert ranges == [("aten::conv2d", 12, 345), ("aten::convolution", None, 346),
-                      ("aten::relu, seq = 007, op_id = 1", None, None),
-                      ("aten::mm, seq = 3, op_id = 4, sizes = [[2, 3], [3, 4]]", None, None),
-                      ("ProfilerStep#1", None, 7), ("async range", None, None), ("never closed", None, None)]
+    ranges = query(
+        path, "SELECT s.value, r.seq, r.op_id FROM raw_ranges r JOIN strings s ON s.id = r.text_id ORDER BY r.start"
+    )
+    assert ranges == [
+        ("aten::conv2d", 12, 345),
+        ("aten::convolution", None, 346),
+        ("aten::relu, seq = 007, op_id = 1", None, None),
+        ("aten::mm, seq = 3, op_id = 4, sizes = [[2, 3], [3, 4]]", None, None),
+        ("ProfilerStep#1", None, 7),
+        ("async range", None, None),
+        ("never closed", None, None),
+    ]
     # the 2.0 layout's view gives the texts back
-    assert query(path, "SELECT text FROM read_only_ranges ORDER BY start")[0] == ("aten::conv2d, seq = 12, op_id = 345",)
-    threads = query(path, "SELECT t.global_tid, t.pid, t.tid, s.value FROM raw_threads t LEFT JOIN strings s "
-                          "ON s.id = t.name_id ORDER BY t.global_tid")
+    assert query(path, "SELECT text FROM read_only_ranges ORDER BY start")[0] == (
+        "aten::conv2d, seq = 12, op_id = 345",
+    )
+    threads = query(
+        path,
+        "SELECT t.global_tid, t.pid, t.tid, s.value FROM raw_threads t LEFT JOIN strings s "
+        "ON s.id = t.name_id ORDER BY t.global_tid",
+    )
     assert [t[1:] for t in threads] == [(PID, PID, "python"), (PID, PID + 2, None), (OTHER_PID, OTHER_PID, "helper")]
 
 
@@ -164,30 +223,44 @@ def test_everything_is_rank_zero(mixed):
     _, path = mixed
     tables = [r[0] for r in query(path, "SELECT name FROM sqlite_master WHERE type = 'table'")]
     with_rank = [t for t in tables if any(c[1] == "rank" for c in query(path, f'PRAGMA table_info("{t}")'))]
-    assert set(with_rank) >= {contract.RAW_RANGES, contract.RAW_API_CALLS, contract.RAW_GPU_ACTIVITIES,
-                              contract.RAW_OP_INSTANCES, contract.RAW_ACTIVITY_OWNERS, contract.RAW_OPS,
-                              contract.RAW_THREADS, contract.RAW_DOMAINS, contract.OP_NODES, contract.MODEL_SUMMARY,
-                              contract.ITERATION_LIST, contract.KERNEL_SUMMARIES, contract.GROUP_OPS,
-                              contract.EXPERT_SYSTEMS_FEEDBACK}
+    assert set(with_rank) >= {
+        contract.RAW_RANGES,
+        contract.RAW_API_CALLS,
+        contract.RAW_GPU_ACTIVITIES,
+        contract.RAW_OP_INSTANCES,
+        contract.RAW_ACTIVITY_OWNERS,
+        contract.RAW_OPS,
+        contract.RAW_THREADS,
+        contract.RAW_DOMAINS,
+        contract.OP_NODES,
+        contract.MODEL_SUMMARY,
+        contract.ITERATION_LIST,
+        contract.KERNEL_SUMMARIES,
+        contract.GROUP_OPS,
+        contract.EXPERT_SYSTEMS_FEEDBACK,
+    }
     # every table but the database-wide ones (versions, profile, strings, aggregations headers) has a rank
     assert set(tables) - set(with_rank) == {"db_version", "profile_info", "strings", "aggregations"}
     for table in with_rank:
         assert query(path, f"SELECT DISTINCT rank FROM {table}") in ([(0,)], []), table
     assert query(path, "SELECT rank, source_file, host_name, nsys_version FROM ranks") == [
-        (0, str(mixed[0].resolve()), "node7", "2024.6.2.25")]
+        (0, str(mixed[0].resolve()), "node7", "2024.6.2.25")
+    ]
     # rank 0's database-wide keys are the engine's ids
     assert query(path, "SELECT min(activity_id), max(activity_id), count(*) FROM raw_gpu_activities") == [(0, 4, 5)]
 
 
 def test_schema_and_first_aggregation(db):
     assert query(db, "SELECT current_version FROM db_version") == [(DB_SCHEMA_VERSION,)] == [("3.0.0",)]
-    assert query(db, "SELECT aggr_id, key_node, iter_start, iter_stop, total_iterations FROM aggregations") == \
-        [(1, "Optimizer.step#SGD.step", 0, 3, 4)]
+    assert query(db, "SELECT aggr_id, key_node, iter_start, iter_stop, total_iterations FROM aggregations") == [
+        (1, "Optimizer.step#SGD.step", 0, 3, 4)
+    ]
     assert query(db, "SELECT wall_time, iter_total FROM model_summary WHERE aggr_id = 1") == [(290_000, 4)]
     assert query(db, "SELECT count(*) FROM read_only_ranges") == [(36,)]
     assert query(db, "SELECT count(*) FROM read_only_gpu_activities") == [(21,)]
-    top = query(db, "SELECT op_name, direction, gpu_total FROM view_op_nodes WHERE aggr_id = 1 "
-                    "ORDER BY gpu_total DESC LIMIT 1")
+    top = query(
+        db, "SELECT op_name, direction, gpu_total FROM view_op_nodes WHERE aggr_id = 1 ORDER BY gpu_total DESC LIMIT 1"
+    )
     assert top == [("/aten::conv2d", "fprop", 30_000)]
     # 36 emit_nvtx texts, each with its own op_id: 12 distinct shared texts stored
     assert query(db, "SELECT count(DISTINCT text_id), count(op_id) FROM raw_ranges") == [(12, 36)]
@@ -195,18 +268,40 @@ def test_schema_and_first_aggregation(db):
 
 def test_viewer_indexes_only(db):
     indexes = {r[0] for r in query(db, "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")}
-    assert indexes == {"idx_instances_start", "idx_instances_op", "idx_owner_instance", "idx_owner_launch",
-                       "idx_op_nodes_gpu", "idx_kernel_summaries", "idx_group_ops"}
+    assert indexes == {
+        "idx_instances_start",
+        "idx_instances_op",
+        "idx_owner_instance",
+        "idx_owner_launch",
+        "idx_op_nodes_gpu",
+        "idx_kernel_summaries",
+        "idx_group_ops",
+    }
     # the op index holds only instances with GPU work (the training profile's 36 ranges give 24 op instances,
     # 3 iterations x 7 of them with kernels or copies)
     assert query(db, "SELECT count(*) FROM raw_op_instances INDEXED BY idx_instances_op WHERE n_gpu > 0") == [(21,)]
 
 
-@pytest.mark.parametrize("text", [
-    "", "aten::mm", "aten::mm, seq = 0", "aten::mm, op_id = 0", "aten::mm, seq = -3, op_id = 9",
-    "aten::mm, seq = 1, op_id = 2, sizes = [[1]]", "a, op_id = 05", "a, seq = -0", "a, op_id = 5, seq = 3",
-    "é\n, op_id = 123456789012345678", "a, op_id = 1234567890123456789", "a, op_id = ", "a, seq = 5x, op_id = 2",
-    "x, seq = 7, op_id = 8, op_id = 9", "{'funcStack': 'a', 'callid': 3}"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "aten::mm",
+        "aten::mm, seq = 0",
+        "aten::mm, op_id = 0",
+        "aten::mm, seq = -3, op_id = 9",
+        "aten::mm, seq = 1, op_id = 2, sizes = [[1]]",
+        "a, op_id = 05",
+        "a, seq = -0",
+        "a, op_id = 5, seq = 3",
+        "é\n, op_id = 123456789012345678",
+        "a, op_id = 1234567890123456789",
+        "a, op_id = ",
+        "a, seq = 5x, op_id = 2",
+        "x, seq = 7, op_id = 8, op_id = 9",
+        "{'funcStack': 'a', 'callid': 3}",
+    ],
+)
 def test_call_fields_split_and_join_exactly(text):
     shared, seq, op_id = split_call_fields(pa.array([text, "pad, op_id = 1"]))
     assert join_call_fields(shared, seq, op_id).to_pylist()[0] == text
@@ -231,18 +326,35 @@ def _python_split(text: str):
 
     def canonical(piece):
         return re.fullmatch(r"-?[0-9]{1,18}", piece) is not None and str(int(piece)) == piece
-    seq = text[s + len(", seq = "):o if o >= 0 else len(text)] if s >= 0 else None
-    op = text[o + len(", op_id = "):] if o >= 0 else None
+
+    seq = text[s + len(", seq = ") : o if o >= 0 else len(text)] if s >= 0 else None
+    op = text[o + len(", op_id = ") :] if o >= 0 else None
     if (seq is not None and not canonical(seq)) or (op is not None and not canonical(op)):
         return text, None, None
-    return text[:s if s >= 0 else o], None if seq is None else int(seq), None if op is None else int(op)
+    return text[: s if s >= 0 else o], None if seq is None else int(seq), None if op is None else int(op)
 
 
 def test_call_fields_split_as_python_reads_integers():
-    texts = ["a, seq = 0", "a, seq = -0", "a, seq = +5", "a, seq = 007", "a, seq = -05", "a, seq = 10, op_id = 0",
-             "é, seq = -123456789012345678, op_id = 999999999999999999", "a, op_id = 1234567890123456789",
-             "a, seq = 1 , op_id = 2", "a, seq = 1, op_id = 2x", "a, seq = ٣", "a, seq = -", "a, op_id = -7",
-             "a, seq = 12, op_id = 3, op_id = 4", "a, seq = 3, seq = 4", "a, op_id = 2, seq = 1", ", seq = 1", "x"]
+    texts = [
+        "a, seq = 0",
+        "a, seq = -0",
+        "a, seq = +5",
+        "a, seq = 007",
+        "a, seq = -05",
+        "a, seq = 10, op_id = 0",
+        "é, seq = -123456789012345678, op_id = 999999999999999999",
+        "a, op_id = 1234567890123456789",
+        "a, seq = 1 , op_id = 2",
+        "a, seq = 1, op_id = 2x",
+        "a, seq = ٣",
+        "a, seq = -",
+        "a, op_id = -7",
+        "a, seq = 12, op_id = 3, op_id = 4",
+        "a, seq = 3, seq = 4",
+        "a, op_id = 2, seq = 1",
+        ", seq = 1",
+        "x",
+    ]
     shared, seq, op_id = split_call_fields(pa.array(texts))
     got = list(zip(shared.to_pylist(), seq.to_pylist(), op_id.to_pylist()))
     assert got == [_python_split(t) for t in texts]
@@ -264,24 +376,42 @@ def test_segments_write_the_same_database(tmp_path, mixed):
     ids = database.domain_ids_for(corr)
     writer = database.DatabaseWriter(path, database.Header.from_trace(trace, ids), queue_size=1)
     for seg in range(3):
-        writer.add_raw(types.SimpleNamespace(**{
-            name: _segments(getattr(trace, name), bounds)[seg]
-            for name in ("ranges", "api_calls", "gpu", "syncs", "io_calls")}))
+        writer.add_raw(
+            types.SimpleNamespace(
+                **{
+                    name: _segments(getattr(trace, name), bounds)[seg]
+                    for name in ("ranges", "api_calls", "gpu", "syncs", "io_calls")
+                }
+            )
+        )
     launch = database.launch_times(trace, corr.gpu_api)
     api_id = np.where(corr.gpu_api >= 0, corr.gpu_api, -1)
     for name, dm in corr.domains.items():
-        owners = pd.DataFrame({"activity_id": trace.gpu["activity_id"], "instance_id": dm.gpu_instance,
-                               "api_id": api_id, "launch_time": launch, "start": trace.gpu["start"]})
+        owners = pd.DataFrame(
+            {
+                "activity_id": trace.gpu["activity_id"],
+                "instance_id": dm.gpu_instance,
+                "api_id": api_id,
+                "launch_time": launch,
+                "start": trace.gpu["start"],
+            }
+        )
         for inst, own in zip(_segments(dm.instances, bounds)[::-1], _segments(owners, bounds)):  # any order
             writer.add_domain_model(name, inst, own.drop(columns="start"))
     for name, dm in corr.domains.items():
         writer.add_ops(name, dm.ops)
-    domains = {n: {"family": corr.family, "has_markers": dm.has_markers, "num_ranges": dm.n_ranges}
-               for n, dm in corr.domains.items()}
+    domains = {
+        n: {"family": corr.family, "has_markers": dm.has_markers, "num_ranges": dm.n_ranges}
+        for n, dm in corr.domains.items()
+    }
     profile = dict(query(whole, "SELECT name, value FROM profile_info"))
     profile.pop("primary_domain")
-    assert writer.finish(profile, "default", domains, corr.config, corr.range_labels,
-                         database.kernel_tc_pairs(trace, corr)) == ids
+    assert (
+        writer.finish(
+            profile, "default", domains, corr.config, corr.range_labels, database.kernel_tc_pairs(trace, corr)
+        )
+        == ids
+    )
     t1, c1, p1, d1, _ = database.load_model(whole)
     t2, c2, p2, d2, _offsets = database.load_model(path)
     for name in ("ranges", "api_calls", "gpu", "syncs", "io_calls"):
@@ -303,6 +433,7 @@ def test_op_model_is_queued_before_aggregation(mixed, monkeypatch):
     from dlprof_profiler import analysis as engine
     from dlprof_profiler.ingest import read_trace
     from dlprof_profiler.sanitize import sanitize_trace
+
     events = []
     real_aggregate = engine.aggregate
     monkeypatch.setattr(engine, "aggregate", lambda *a, **k: events.append("aggregate") or real_aggregate(*a, **k))
@@ -315,13 +446,14 @@ def test_op_model_is_queued_before_aggregation(mixed, monkeypatch):
 
 INDEXED_QUERIES = {
     "idx_instances_start": "SELECT count(*), sum(start) FROM raw_op_instances INDEXED BY idx_instances_start "
-                           "WHERE domain_id >= 0",
+    "WHERE domain_id >= 0",
     "idx_instances_op": "SELECT count(*), sum(start) FROM raw_op_instances INDEXED BY idx_instances_op "
-                        "WHERE domain_id >= 0 AND n_gpu > 0",
+    "WHERE domain_id >= 0 AND n_gpu > 0",
     "idx_owner_instance": "SELECT count(*), sum(instance_id) FROM raw_activity_owners INDEXED BY idx_owner_instance "
-                          "WHERE instance_id >= 0",
+    "WHERE instance_id >= 0",
     "idx_owner_launch": "SELECT count(*), sum(launch_time) FROM raw_activity_owners INDEXED BY idx_owner_launch "
-                        "WHERE domain_id >= 0"}
+    "WHERE domain_id >= 0",
+}
 
 
 def test_deferred_indexes_give_the_same_database(tmp_path, mixed):
@@ -331,22 +463,35 @@ def test_deferred_indexes_give_the_same_database(tmp_path, mixed):
     results = []
     for deferred in (False, True):
         path = tmp_path / f"deferred_{deferred}.sqlite"
-        writer = database.DatabaseWriter(path, database.Header.from_trace(a.trace, database.domain_ids_for(a.corr)),
-                                         deferred_indexes=deferred)
+        writer = database.DatabaseWriter(
+            path, database.Header.from_trace(a.trace, database.domain_ids_for(a.corr)), deferred_indexes=deferred
+        )
         writer.add_raw(a.trace)
         first, *others = list(a.corr.domains)
         writer.add_ops(first, a.corr.domains[first].ops)
-        writer.add_domain_model(first, a.corr.domains[first].instances,
-                                database._owner_chunks(a.trace, a.corr.gpu_api, a.corr.domains[first].gpu_instance))
-        writer.build_indexes()            # the other domains' rows come after the indexes exist
+        writer.add_domain_model(
+            first,
+            a.corr.domains[first].instances,
+            database._owner_chunks(a.trace, a.corr.gpu_api, a.corr.domains[first].gpu_instance),
+        )
+        writer.build_indexes()  # the other domains' rows come after the indexes exist
         database.finish_analysis(writer, a.trace, a.corr, "default", {"profile_end": a.trace.profile_end})
         assert others, "the mixed profile has a second domain"
         counts = {name: query(path, sql)[0] for name, sql in INDEXED_QUERIES.items()}
-        plain = {name: query(path, sql.replace(f"INDEXED BY {name}", "NOT INDEXED"))[0]
-                 for name, sql in INDEXED_QUERIES.items()}
+        plain = {
+            name: query(path, sql.replace(f"INDEXED BY {name}", "NOT INDEXED"))[0]
+            for name, sql in INDEXED_QUERIES.items()
+        }
         assert counts == plain and all(c[0] > 0 for c in counts.values())
-        results.append((counts, {t: query(path, f"SELECT * FROM {t} ORDER BY rowid") for t in
-                                 ("raw_op_instances", "raw_activity_owners", "raw_ranges", "raw_ops")}))
+        results.append(
+            (
+                counts,
+                {
+                    t: query(path, f"SELECT * FROM {t} ORDER BY rowid")
+                    for t in ("raw_op_instances", "raw_activity_owners", "raw_ranges", "raw_ops")
+                },
+            )
+        )
     assert results[0] == results[1]
 
 
@@ -354,10 +499,10 @@ def test_writer_errors_reach_the_caller(tmp_path, mixed):
     with pytest.raises(DLProfError, match="could not write the database"):
         database.DatabaseWriter(tmp_path / "missing" / "x.sqlite", database.Header())
     writer = database.DatabaseWriter(tmp_path / "x.sqlite", database.Header(domain_ids={"default": 0}))
-    writer.add_raw(types.SimpleNamespace(ranges=pd.DataFrame({"text": ["a"]})))   # no start column
+    writer.add_raw(types.SimpleNamespace(ranges=pd.DataFrame({"text": ["a"]})))  # no start column
     with pytest.raises(KeyError):
         writer.finish({}, "default")
-    writer.wait()   # stopped: returns at once
+    writer.wait()  # stopped: returns at once
     # a writer abandoned without finish stops without writing what is still queued
     writer = database.DatabaseWriter(tmp_path / "y.sqlite", database.Header(domain_ids={"default": 0}))
     writer.add_raw(analyze(mixed[0]).trace)
@@ -373,15 +518,22 @@ def test_reaggregation_appends_and_keeps_the_earlier_ones(db, tmp_path):
     assert query(db, "SELECT wall_time FROM model_summary WHERE aggr_id = 1") == [(290_000,)]
     assert query(db, "SELECT wall_time, rank FROM model_summary WHERE aggr_id = 2") == [(199_000, 0)]
     # the same numbers as a separate run of the engine on the original export for that range
-    run_dlprof(f"--database={tmp_path / 't.sqlite'}", "--iter_start=1", "--iter_stop=2", "--reports=summary",
-               "--formats=json", f"--output_path={tmp_path / 'sub'}")
+    run_dlprof(
+        f"--database={tmp_path / 't.sqlite'}",
+        "--iter_start=1",
+        "--iter_stop=2",
+        "--reports=summary",
+        "--formats=json",
+        f"--output_path={tmp_path / 'sub'}",
+    )
     doc = json.loads((tmp_path / "sub" / "dlprof_summary.json").read_text())
     wall = dict(doc["sections"][1]["rows"])["Wall Clock Time (ns)"]
     assert int(wall) == 199_000
     # a new key node
     aggr3 = reaggregate_in_place(db, key_node="aten::relu")
-    assert query(db, "SELECT key_node, total_iterations FROM aggregations WHERE aggr_id = ?", (aggr3,)) == \
-        [("aten::relu", 4)]
+    assert query(db, "SELECT key_node, total_iterations FROM aggregations WHERE aggr_id = ?", (aggr3,)) == [
+        ("aten::relu", 4)
+    ]
 
 
 def test_failed_reaggregation_leaves_the_file_as_it_was(db):
@@ -394,12 +546,31 @@ def test_failed_reaggregation_leaves_the_file_as_it_was(db):
 
 
 def test_reaggregate_module_reports_json(db):
-    proc = subprocess.run([sys.executable, "-m", "dlprof_profiler.reaggregate", "--database", str(db),
-                           "--iter_start", "0", "--iter_stop", "0"], capture_output=True, text=True, timeout=300,
-                          check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dlprof_profiler.reaggregate",
+            "--database",
+            str(db),
+            "--iter_start",
+            "0",
+            "--iter_stop",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0 and json.loads(proc.stdout) == {"status": "succeeded", "aggr_id": 2}
-    proc = subprocess.run([sys.executable, "-m", "dlprof_profiler.reaggregate", "--database", str(db),
-                           "--iter_start", "5"], capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dlprof_profiler.reaggregate", "--database", str(db), "--iter_start", "5"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     result = json.loads(proc.stdout)
     assert proc.returncode != 0 and result["status"] == "failed" and "outside the profile" in result["message"]
 
@@ -409,19 +580,24 @@ def test_cli_reaggregation_copies_the_input_database(db, tmp_path):
     run_dlprof(f"--database={db}", "--key_node=aten::relu", "--reports=summary", f"--output_path={tmp_path / 'r'}")
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
     new = tmp_path / "r" / "dlprof_dldb.sqlite"
-    assert query(new, "SELECT aggr_id, key_node FROM aggregations ORDER BY aggr_id") == \
-        [(1, "Optimizer.step#SGD.step"), (2, "aten::relu")]
+    assert query(new, "SELECT aggr_id, key_node FROM aggregations ORDER BY aggr_id") == [
+        (1, "Optimizer.step#SGD.step"),
+        (2, "aten::relu"),
+    ]
     # its own folder updates the run (the expert systems' proposed command), never without --force
     proc = run_dlprof(f"--database={db}", f"--output_path={db.parent}", check=False)
     assert proc.returncode == 2 and "would replace the input: add --force=true" in proc.stderr
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
     run_dlprof(f"--database={db}", f"--output_path={db.parent}", "--key_node=aten::relu", "-f", "true")
-    assert query(db, "SELECT aggr_id, key_node FROM aggregations ORDER BY aggr_id") == \
-        [(1, "Optimizer.step#SGD.step"), (2, "aten::relu")]
+    assert query(db, "SELECT aggr_id, key_node FROM aggregations ORDER BY aggr_id") == [
+        (1, "Optimizer.step#SGD.step"),
+        (2, "aten::relu"),
+    ]
 
 
 def test_event_file_is_readable_by_tensorboard(db):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     run_dir = db.parent / "dlprof"
     acc = EventAccumulator(str(run_dir), size_guidance={"tensors": 0, "scalars": 0})
     acc.Reload()
@@ -432,18 +608,32 @@ def test_event_file_is_readable_by_tensorboard(db):
     meta = json.loads(event.tensor_proto.string_val[0])
     assert meta["database"] == "../dlprof_dldb.sqlite" and meta["mode"] == "pytorch"
     assert acc.SummaryMetadata("dlprof/profile").data_class == 2  # DATA_CLASS_TENSOR: the data server keeps it
-    times = acc.Tensors("dlprof/iteration_time_ms") if "dlprof/iteration_time_ms" in tags["tensors"] else \
-        acc.Scalars("dlprof/iteration_time_ms")
+    times = (
+        acc.Tensors("dlprof/iteration_time_ms")
+        if "dlprof/iteration_time_ms" in tags["tensors"]
+        else acc.Scalars("dlprof/iteration_time_ms")
+    )
     assert len(times) == 4
 
 
 def test_contract_codes_are_the_engines():
     from dlprof_profiler import correlate, event_files, trace
     from dlprof_profiler.experts import base
+
     assert (trace.KIND_KERNEL, trace.KIND_MEMCPY, trace.KIND_MEMSET) == (0, 1, 2)
-    assert (correlate.RANGE_OP, correlate.SCOPE_OP, correlate.UNASSOCIATED_API, correlate.UNASSOCIATED_GPU,
-            correlate.BACKWARD_PASS) == (contract.RANGE_OP, contract.SCOPE_OP, contract.UNASSOCIATED_API,
-                                         contract.UNASSOCIATED_GPU, contract.BACKWARD_PASS)
+    assert (
+        correlate.RANGE_OP,
+        correlate.SCOPE_OP,
+        correlate.UNASSOCIATED_API,
+        correlate.UNASSOCIATED_GPU,
+        correlate.BACKWARD_PASS,
+    ) == (
+        contract.RANGE_OP,
+        contract.SCOPE_OP,
+        contract.UNASSOCIATED_API,
+        contract.UNASSOCIATED_GPU,
+        contract.BACKWARD_PASS,
+    )
     assert base.SEVERITIES == contract.SEVERITIES
     assert event_files.PLUGIN_NAME == contract.PLUGIN_NAME == "dlprof"
     # the contract module imports nothing (the plugin loads it without the engine)

@@ -1,5 +1,6 @@
 """Databases of schema 2.0 (written by dlprof before 3.0) still open: the engine reloads and re-aggregates
 them in their own layout, the viewer serves them (with names that are not UTF-8 decoded leniently)."""
+
 from __future__ import annotations
 
 import json
@@ -25,10 +26,19 @@ ADD = "multi_tensor_apply_kernel"
 
 
 def _profile_info(export, corr) -> dict:
-    return {"profile_name": "dlprof", "source_file": str(export), "source_kind": "nsys_sqlite",
-            "nsys_version": "2022.4.2.1", "schema_version": "x", "mode": corr.mode, "family": corr.family or "",
-            "dlprof_version": "2.0.0", "created_utc": "2024-01-01T00:00:00Z", "profile_end": 1_290_000,
-            "base_name": "dlprof"}
+    return {
+        "profile_name": "dlprof",
+        "source_file": str(export),
+        "source_kind": "nsys_sqlite",
+        "nsys_version": "2022.4.2.1",
+        "schema_version": "x",
+        "mode": corr.mode,
+        "family": corr.family or "",
+        "dlprof_version": "2.0.0",
+        "created_utc": "2024-01-01T00:00:00Z",
+        "profile_end": 1_290_000,
+        "base_name": "dlprof",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +52,10 @@ def v2(tmp_path_factory):
     ids = write_v2_database(path, a.trace, a.corr, "default", _profile_info(export, a.corr))
     offsets = database.op_index_offsets(a.corr)
     from dlprof_profiler import expert_systems
-    findings = {n: expert_systems.detect(a.trace, a.corr, a.corr.domains[n], agg, a.iterations)
-                for n, agg in a.aggs.items()}
+
+    findings = {
+        n: expert_systems.detect(a.trace, a.corr, a.corr.domains[n], agg, a.iterations) for n, agg in a.aggs.items()
+    }
     database.append_aggregation(path, a.aggs, ids, offsets, a.iterations, findings)
     run_dlprof(f"--database={export}", "--reports=summary", f"--output_path={base / 'v3'}", "-v", "quiet")
     return {"export": export, "v2": path, "v3": base / "v3" / "dlprof_dldb.sqlite", "base": base}
@@ -71,8 +83,21 @@ def test_a_2_0_database_reloads_as_3_0_does(v2):
     for c in ("range_id", "domain", "text", "start", "end", "global_tid", "pid", "event_type", "unclosed"):
         assert [str(v) for v in ra[c].astype(object)] == [str(v) for v in rb[c].astype(object)], c
     assert np.array_equal(old[1].uses_tc, new[1].uses_tc) and old[3] == new[3] == {"default": 0}
-    for c in ("op_index", "kind", "start", "end", "pid", "global_tid", "device_id", "cpu_time", "cpu_overhead",
-              "gpu_time", "gpu_idle", "n_kernels", "name"):
+    for c in (
+        "op_index",
+        "kind",
+        "start",
+        "end",
+        "pid",
+        "global_tid",
+        "device_id",
+        "cpu_time",
+        "cpu_overhead",
+        "gpu_time",
+        "gpu_idle",
+        "n_kernels",
+        "name",
+    ):
         assert old[1].domains["default"].instances[c].tolist() == new[1].domains["default"].instances[c].tolist(), c
     assert old[1].domains["default"].ops["op_id"].tolist() == new[1].domains["default"].ops["op_id"].tolist()
 
@@ -85,11 +110,13 @@ def test_reloaded_api_calls_keep_their_op_instances(v2, which):
     a = analyze(v2["export"])
     trace, corr = database.load_model(v2[which])[:2]
     fresh, loaded = a.corr.domains["default"], corr.domains["default"]
+
     # instance ids differ between a fresh model and a reload; compare the op and interval each call maps to
     def owners(dm, api):
         inst = dm.instances.set_index("instance_id")
         rows = inst.loc[dm.api_instance]
         return list(zip(rows["op_index"], rows["start"], rows["end"], api["start"]))
+
     assert len(loaded.api_instance) == len(trace.api_calls) == len(a.trace.api_calls) == 24
     assert (loaded.api_instance >= 0).all()
     assert owners(loaded, trace.api_calls) == owners(fresh, a.trace.api_calls)
@@ -108,23 +135,35 @@ def test_a_2_0_database_is_reaggregated_in_its_own_layout(v2, tmp_path):
     assert rows(path, "SELECT aggr_id, wall_time FROM model_summary ORDER BY aggr_id") == [(1, 290_000), (2, 199_000)]
     assert rows(path, "SELECT current_version FROM db_version") == [("2.0.0",)]
     # the CLI copies it (to a 2.0 file with one more aggregation)
-    run_dlprof(f"--database={path}", "--key_node=aten::relu", "--reports=summary", f"--output_path={tmp_path / 'o'}",
-               "-v", "quiet")
+    run_dlprof(
+        f"--database={path}",
+        "--key_node=aten::relu",
+        "--reports=summary",
+        f"--output_path={tmp_path / 'o'}",
+        "-v",
+        "quiet",
+    )
     copy = tmp_path / "o" / "dlprof_dldb.sqlite"
-    assert rows(copy, "SELECT aggr_id, key_node, total_iterations FROM aggregations ORDER BY aggr_id")[-1] == \
-        (3, "aten::relu", 4)
+    assert rows(copy, "SELECT aggr_id, key_node, total_iterations FROM aggregations ORDER BY aggr_id")[-1] == (
+        3,
+        "aten::relu",
+        4,
+    )
 
 
 @pytest.fixture(scope="module")
 def v2_viewer(v2):
     port = checks.free_port()
     with open(v2["base"] / "viewer.log", "w") as log:
-        proc = subprocess.Popen(_viewer() + [str(v2["v2"]), f"--port={port}", "--host=127.0.0.1", "--quiet"],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            _viewer() + [str(v2["v2"]), f"--port={port}", "--host=127.0.0.1", "--quiet"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         api = checks.Api(f"http://127.0.0.1:{port}")
         try:
-            checks.wait_until(lambda: api.raw(api.url("runs"), timeout=5)[0] == 200, 30, "dlprofviewer to start",
-                              proc)
+            checks.wait_until(lambda: api.raw(api.url("runs"), timeout=5)[0] == 200, 30, "dlprofviewer to start", proc)
             yield api
         finally:
             checks.stop(proc)
@@ -149,9 +188,10 @@ def test_names_that_are_not_utf8_are_shown_with_replacement_characters(v2, tmp_p
     other tool) is read leniently from the first failure on."""
     from dlprof_plugin.runs import RunInfo, StaticRuns
     from dlprof_plugin.service import Service
+
     path = tmp_path / f"{schema}.sqlite"
     path.write_bytes(v2[schema].read_bytes())
-    bad = "CAST(X'6d756c74695f74656e736f72ff5f6170706c795f6b65726e656c' AS TEXT)"   # multi_tensor\xff_apply_kernel
+    bad = "CAST(X'6d756c74695f74656e736f72ff5f6170706c795f6b65726e656c' AS TEXT)"  # multi_tensor\xff_apply_kernel
     con = sqlite3.connect(path)
     if schema == "v2":
         con.execute(f"UPDATE read_only_gpu_activities SET name = {bad}, long_name = {bad} WHERE name = ?", (ADD,))
@@ -163,7 +203,7 @@ def test_names_that_are_not_utf8_are_shown_with_replacement_characters(v2, tmp_p
     con.close()
     service = Service(StaticRuns({"r": RunInfo(run="r", database=str(path), shown_database=path.name)}))
     shown = "multi_tensor\ufffd_apply_kernel"
-    for _ in range(2):   # 3.0: the first attempt may fail (and switch the file to lenient decoding)
+    for _ in range(2):  # 3.0: the first attempt may fail (and switch the file to lenient decoding)
         request = Request(EnvironBuilder(path="/table/kernels", query_string={"run": "r", "limit": 100}).get_environ())
         reply = service.handle("table/kernels", request, None, "")
         if reply.status == 200:
@@ -180,9 +220,14 @@ FIXTURE_DIR = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 REPORTS = ("summary", "detailed", "kernel", "iteration", "op_type", "group_op")
 
 
-@pytest.mark.parametrize("fixture", ["nsys/pytorch_2gpu_nccl_nsys2026.2_after.sqlite",
-                                     "kineto/pytorch_ddp_2gpu_nccl.json.gz",
-                                     "kineto/resnet50_v100_2021format.pt.trace.json.gz"])
+@pytest.mark.parametrize(
+    "fixture",
+    [
+        "nsys/pytorch_2gpu_nccl_nsys2026.2_after.sqlite",
+        "kineto/pytorch_ddp_2gpu_nccl.json.gz",
+        "kineto/resnet50_v100_2021format.pt.trace.json.gz",
+    ],
+)
 def test_a_database_gives_the_reports_of_its_capture(fixture, tmp_path):
     """Re-aggregating the database dlprof wrote gives the reports of the capture, byte for byte (every
     figure, the backward calls grouped per forward call, the op names and ids): the database keeps what the
@@ -190,12 +235,13 @@ def test_a_database_gives_the_reports_of_its_capture(fixture, tmp_path):
     source = FIXTURE_DIR / fixture
     reports = "--reports=summary,detail,kernel,iteration,op_type,group_node"
     run_dlprof(f"--database={source}", reports, f"--output_path={tmp_path / 'a'}", "-v", "quiet")
-    run_dlprof(f"--database={tmp_path / 'a' / 'dlprof_dldb.sqlite'}", reports, f"--output_path={tmp_path / 'b'}",
-               "-v", "quiet")
+    run_dlprof(
+        f"--database={tmp_path / 'a' / 'dlprof_dldb.sqlite'}", reports, f"--output_path={tmp_path / 'b'}", "-v", "quiet"
+    )
     for name in REPORTS:
         a = (tmp_path / "a" / f"dlprof_{name}.csv").read_text().splitlines()
         b = (tmp_path / "b" / f"dlprof_{name}.csv").read_text().splitlines()
-        if name == "summary":   # the run's own facts: when, from which file
+        if name == "summary":  # the run's own facts: when, from which file
             own = ("Time Stamp", "Profile Name", "File", "Dlprof")
             a, b = ([line for line in x if not line.startswith(own)] for x in (a, b))
         assert len(a) > 2 and a == b, name

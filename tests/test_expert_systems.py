@@ -1,5 +1,6 @@
 """Expert systems: for every detector a generated profile that triggers it and one that does not, with the
 problem text checked; the finding contract; unknown facts reported at detailed verbosity."""
+
 from __future__ import annotations
 
 import json
@@ -23,21 +24,43 @@ TC_GEMM = "sm80_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x32_stage4_warps
 FP32_CONV = "volta_scudnn_128x64_relu_interior_nn_v1"
 FP32_WGRAD = "volta_scudnn_128x32_relu_small_nn_v1"
 FP32_GEMM = "volta_sgemm_128x64_nn"
-PLAIN_GEMM = "gemmSN_NN_kernel"          # neither a Tensor Core nor a 16-bit kernel name
+PLAIN_GEMM = "gemmSN_NN_kernel"  # neither a Tensor Core nor a 16-bit kernel name
 ADD = "multi_tensor_apply_kernel"
 ELEMENTWISE = "vectorized_elementwise_kernel"
 A100_MEMORY = 42505273344
 
 
-def loop_profile(path: Path, *, n_iter: int = 4, start: int = 0, span: int = ITER, config: dict | None = None,
-                 markers: str = "emit_nvtx", conv_kernel: str = TC_CONV, linear_kernel: str = TC_GEMM,
-                 bwd_kernels: tuple = (TC_WGRAD, TC_GEMM), dtype: str = "float16",
-                 linear_shapes: tuple = ((8, 256), (64, 256)), memcpy_src: int = 1,
-                 memcpy_api: str = "cudaMemcpyAsync_v3020", stall: int = 0, stall_label: str = LOADER,
-                 stall_apis: tuple = (), stall_io: tuple = (), sync: int = 0, elementwise: int = 0,
-                 elementwise_kernel: str = ELEMENTWISE, devices: tuple = (0,), scale: dict | None = None,
-                 idle_gpus: tuple = (), blocking_launches: bool = False, backward_markers: bool = True,
-                 outer: str | None = None, stall_pieces: int = 1, setup: bool = True) -> Path:
+def loop_profile(
+    path: Path,
+    *,
+    n_iter: int = 4,
+    start: int = 0,
+    span: int = ITER,
+    config: dict | None = None,
+    markers: str = "emit_nvtx",
+    conv_kernel: str = TC_CONV,
+    linear_kernel: str = TC_GEMM,
+    bwd_kernels: tuple = (TC_WGRAD, TC_GEMM),
+    dtype: str = "float16",
+    linear_shapes: tuple = ((8, 256), (64, 256)),
+    memcpy_src: int = 1,
+    memcpy_api: str = "cudaMemcpyAsync_v3020",
+    stall: int = 0,
+    stall_label: str = LOADER,
+    stall_apis: tuple = (),
+    stall_io: tuple = (),
+    sync: int = 0,
+    elementwise: int = 0,
+    elementwise_kernel: str = ELEMENTWISE,
+    devices: tuple = (0,),
+    scale: dict | None = None,
+    idle_gpus: tuple = (),
+    blocking_launches: bool = False,
+    backward_markers: bool = True,
+    outer: str | None = None,
+    stall_pieces: int = 1,
+    setup: bool = True,
+) -> Path:
     """A PyTorch training loop, one process per device in `devices`, n_iter iterations of `span` + `stall` ns
     from `start`; every iteration but the last ends with an `Optimizer.step#SGD.step` range (the default key
     node), so all n_iter iteration intervals are equally long (iteration 0 is longer by `start`: with `setup`,
@@ -114,10 +137,18 @@ def loop_profile(path: Path, *, n_iter: int = 4, start: int = 0, span: int = ITE
             op(main, s, s + 300 * US, LOADER)
             op(main, s + 300 * US, s + 500 * US, "aten::to", seq + 5, [tensor((8, 3, 32, 32))])
             corr = exp.runtime(main, s + 350 * US, s + 400 * US, name=memcpy_api)
-            exp.memcpy(pid, corr, s + 400 * US, s + 500 * US, bytes=1 << 20, copy_kind=1, src_kind=memcpy_src,
-                       dst_kind=2, device_id=dev)
-            op(main, s + 500 * US, s + 700 * US, "aten::conv2d", seq,
-               [tensor((8, 3, 32, 32)), tensor((16, 3, 3, 3))])
+            exp.memcpy(
+                pid,
+                corr,
+                s + 400 * US,
+                s + 500 * US,
+                bytes=1 << 20,
+                copy_kind=1,
+                src_kind=memcpy_src,
+                dst_kind=2,
+                device_id=dev,
+            )
+            op(main, s + 500 * US, s + 700 * US, "aten::conv2d", seq, [tensor((8, 3, 32, 32)), tensor((16, 3, 3, 3))])
             kernel(main, s + 550 * US, 4 * MS, conv_kernel)
             op(main, s + 700 * US, s + 900 * US, "aten::linear", seq + 2, [tensor(x) for x in linear_shapes])
             kernel(main, s + 750 * US, 2 * MS, linear_kernel)
@@ -161,9 +192,19 @@ def one(findings: list[dict], exp_sys_id: str) -> dict:
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory):
     """The steady, well-configured loop: no detector fires."""
-    config = {"amp_enabled": True, "cudnn_benchmark": True, "detect_anomaly": False, "gradcheck": False,
-              "gradgradcheck": False, "autograd_profile": False, "emit_nvtx": True, "num_workers": 4,
-              "pin_memory": True, "batch_size": 256, "max_memory_reserved": 30 << 30}
+    config = {
+        "amp_enabled": True,
+        "cudnn_benchmark": True,
+        "detect_anomaly": False,
+        "gradcheck": False,
+        "gradgradcheck": False,
+        "autograd_profile": False,
+        "emit_nvtx": True,
+        "num_workers": 4,
+        "pin_memory": True,
+        "batch_size": 256,
+        "max_memory_reserved": 30 << 30,
+    }
     path = loop_profile(tmp_path_factory.mktemp("es") / "baseline.sqlite", config=config)
     return path, run(path)
 
@@ -175,27 +216,54 @@ def make(tmp_path):
     def build(**kwargs) -> Path:
         counter[0] += 1
         return loop_profile(tmp_path / f"p{counter[0]}.sqlite", **kwargs)
+
     return build
 
 
 # ---------------------------------------------------------------------------- contract
 
+
 def test_baseline_is_silent(baseline):
     # as DLProf did, a profile without DALI hears of it, as information only
-    assert [(f["id"], f["severity"], f["problem"].split(" (")[0]) for f in baseline[1]] == \
-        [("dataloader_detector", "info", "No DALI ops detected")]
+    assert [(f["id"], f["severity"], f["problem"].split(" (")[0]) for f in baseline[1]] == [
+        ("dataloader_detector", "info", "No DALI ops detected")
+    ]
 
 
 def test_every_finding_follows_the_contract(make):
-    path = make(start=6 * MS, stall=3 * MS, memcpy_src=0, sync=600 * US, conv_kernel=FP32_CONV,
-                linear_kernel=FP32_GEMM, bwd_kernels=(FP32_WGRAD, FP32_GEMM),
-                config={"amp_enabled": False, "cudnn_benchmark": False, "detect_anomaly": True,
-                        "max_memory_reserved": 4 << 30, "num_workers": 0})
+    path = make(
+        start=6 * MS,
+        stall=3 * MS,
+        memcpy_src=0,
+        sync=600 * US,
+        conv_kernel=FP32_CONV,
+        linear_kernel=FP32_GEMM,
+        bwd_kernels=(FP32_WGRAD, FP32_GEMM),
+        config={
+            "amp_enabled": False,
+            "cudnn_benchmark": False,
+            "detect_anomaly": True,
+            "max_memory_reserved": 4 << 30,
+            "num_workers": 0,
+        },
+    )
     findings = run(path)
     ids = {f["id"] for f in findings}
-    assert {"bad_iteration_range_detector", "slow_api_detector", "gpu_gap_detector", "dataloader_detector",
-            "amp_detector", "cudnn_benchmark_detector", "batch_size_detector", "pageable_memcpy_detector",
-            "sync_api_detector"} <= ids <= set(DETECTORS)
+    assert (
+        {
+            "bad_iteration_range_detector",
+            "slow_api_detector",
+            "gpu_gap_detector",
+            "dataloader_detector",
+            "amp_detector",
+            "cudnn_benchmark_detector",
+            "batch_size_detector",
+            "pageable_memcpy_detector",
+            "sync_api_detector",
+        }
+        <= ids
+        <= set(DETECTORS)
+    )
     for f in findings:
         assert set(f) == {"id", "severity", "problem", "recommendation", "link", "action", "data"}
         assert f["severity"] in ("error", "warning", "info")
@@ -221,6 +289,7 @@ def test_a_failing_detector_is_skipped_with_a_warning(make, monkeypatch, capsys,
 
     def broken(ctx):
         raise ValueError("boom")
+
     monkeypatch.setitem(DETECTORS, "amp_detector", broken)
     findings = expert_systems.detect(a.trace, a.corr, a.domain(), a.agg(), a.iterations)
     assert only(findings, "slow_api_detector")
@@ -251,6 +320,7 @@ def test_unknown_facts_are_named_at_detailed_verbosity(make, capsys, verbosity):
 
 # ---------------------------------------------------------------------------- iterations
 
+
 def test_no_iterations(baseline, make):
     assert not only(baseline[1], "no_iterations_detector")
     path = make()
@@ -258,54 +328,80 @@ def test_no_iterations(baseline, make):
     assert f["problem"] == "Unable to split profile into training iterations: key op no_such_node not found"
     assert f["recommendation"].startswith("Specify key op by setting the --key_op argument")
     assert "Optimizer.step#SGD.step (3 times)" in f["recommendation"]
-    assert f["action"] == {"type": "reaggregate", "key_node": "Optimizer.step#SGD.step",
-                           "command": "dlprof --database=<db> --key_op='Optimizer.step#SGD.step'"}
+    assert f["action"] == {
+        "type": "reaggregate",
+        "key_node": "Optimizer.step#SGD.step",
+        "command": "dlprof --database=<db> --key_op='Optimizer.step#SGD.step'",
+    }
     # nothing looked for (nvtx mode has no default key node): DLProf's sentence, no empty name in it
     f = one(run(path, mode="nvtx"), "no_iterations_detector")
-    assert f["problem"] == ("Unable to split profile into training iterations: key op not found (no --key_op given "
-                            "and nvtx profiles have no default key op)")
+    assert f["problem"] == (
+        "Unable to split profile into training iterations: key op not found (no --key_op given "
+        "and nvtx profiles have no default key op)"
+    )
     # a PyTorch profile without its default key op: named
     f = one(run(make(n_iter=1)), "no_iterations_detector")
-    assert f["problem"] == ("Unable to split profile into training iterations: key op not found (no --key_op given; "
-                            "the pytorch default, Optimizer.step# or ProfilerStep#N ranges, is not in the profile)")
+    assert f["problem"] == (
+        "Unable to split profile into training iterations: key op not found (no --key_op given; "
+        "the pytorch default, Optimizer.step# or ProfilerStep#N ranges, is not in the profile)"
+    )
 
 
 def test_bad_iteration_range(baseline, make):
     assert not only(baseline[1], "bad_iteration_range_detector")
     path = make(start=5 * MS, n_iter=5)  # iteration 0 holds 5 ms of start-up: 15 ms instead of 10 ms
     f = one(run(path), "bad_iteration_range_detector")
-    assert f["problem"] == ("Iteration 0 of the aggregated range 0..4 is not steady (median iteration time 10.0 ms): "
-                            "iteration 0 took 14.9 ms (1.49x the median)")
-    assert f["recommendation"] == ("Aggregate the steady iterations 1..4 only: set --iter_start 1 --iter_stop 4, "
-                                   "or apply this proposal in the Iterations view")
-    assert f["action"] == {"type": "reaggregate", "iter_start": 1, "iter_stop": 4,
-                           "command": "dlprof --database=<db> --iter_start 1 --iter_stop 4"}
+    assert f["problem"] == (
+        "Iteration 0 of the aggregated range 0..4 is not steady (median iteration time 10.0 ms): "
+        "iteration 0 took 14.9 ms (1.49x the median)"
+    )
+    assert f["recommendation"] == (
+        "Aggregate the steady iterations 1..4 only: set --iter_start 1 --iter_stop 4, "
+        "or apply this proposal in the Iterations view"
+    )
+    assert f["action"] == {
+        "type": "reaggregate",
+        "iter_start": 1,
+        "iter_stop": 4,
+        "command": "dlprof --database=<db> --iter_start 1 --iter_stop 4",
+    }
     # rendered for a run: its database, its folder (so the run is updated), paths quoted for the shell
-    assert render_command(f["action"], Path("out dir/dlprof_dldb.sqlite")) == \
-        "dlprof --database='out dir/dlprof_dldb.sqlite' --output_path='out dir' --force=true " \
+    assert (
+        render_command(f["action"], Path("out dir/dlprof_dldb.sqlite"))
+        == "dlprof --database='out dir/dlprof_dldb.sqlite' --output_path='out dir' --force=true "
         "--iter_start 1 --iter_stop 4"
-    assert render_command(f["action"], Path("/r/exp1_dldb.sqlite"), "trial") == \
-        "dlprof --database=/r/exp1_dldb.sqlite --output_path=/r --base_name=exp1 --profile_name=trial --force=true " \
+    )
+    assert (
+        render_command(f["action"], Path("/r/exp1_dldb.sqlite"), "trial")
+        == "dlprof --database=/r/exp1_dldb.sqlite --output_path=/r --base_name=exp1 --profile_name=trial --force=true "
         "--iter_start 1 --iter_stop 4"
-    assert render_command(f["action"], Path("/r/exp1_dldb.sqlite"), "exp1") == \
-        "dlprof --database=/r/exp1_dldb.sqlite --output_path=/r --base_name=exp1 --force=true " \
+    )
+    assert (
+        render_command(f["action"], Path("/r/exp1_dldb.sqlite"), "exp1")
+        == "dlprof --database=/r/exp1_dldb.sqlite --output_path=/r --base_name=exp1 --force=true "
         "--iter_start 1 --iter_stop 4"
+    )
     # the proposal applied: steady, silent
     assert not only(run(path, iter_start=1, iter_stop=4), "bad_iteration_range_detector")
     # a key node given by the user is repeated in the command
     f = one(run(path, key_node="Optimizer.step#SGD.step"), "bad_iteration_range_detector")
-    assert f["action"]["command"] == ("dlprof --database=<db> --key_op='Optimizer.step#SGD.step' "
-                                      "--iter_start 1 --iter_stop 4")
+    assert f["action"]["command"] == (
+        "dlprof --database=<db> --key_op='Optimizer.step#SGD.step' --iter_start 1 --iter_stop 4"
+    )
     assert f["action"]["key_node"] == "Optimizer.step#SGD.step"
 
 
 # ---------------------------------------------------------------------------- utilization
 
+
 def test_underutilized_gpu(baseline, make):
     assert not only(baseline[1], "underutilized_gpu_detector")
     f = one(run(make(stall=12 * MS)), "underutilized_gpu_detector")  # 12 ms of data loading per 22 ms
-    m = re.fullmatch(r"The GPU is underutilized: Only (\d+\.\d)% of the profiled time is spent on GPU kernel "
-                     r"operations", f["problem"])
+    m = re.fullmatch(
+        r"The GPU is underutilized: Only (\d+\.\d)% of the profiled time is spent on GPU kernel "
+        r"operations",
+        f["problem"],
+    )
     assert m and float(m.group(1)) < 50
     assert re.match(r"Dataloader has the highest \(non-GPU\) usage at \d+\.\d%\. ", f["recommendation"])
 
@@ -315,28 +411,36 @@ def test_unused_gpu(make):
     unused = [f for f in findings if f["data"]["kind"] == "unused"]
     assert len(unused) == 1 and unused[0]["problem"] == (
         "GPU 1 (NVIDIA A100-SXM4-40GB) ran no kernel or memory operation in the aggregated iterations while "
-        "1 other GPU did")
-    assert not [f for f in only(run(make(devices=(0, 1))), "underutilized_gpu_detector")
-                if f["data"]["kind"] == "unused"]
+        "1 other GPU did"
+    )
+    assert not [
+        f for f in only(run(make(devices=(0, 1))), "underutilized_gpu_detector") if f["data"]["kind"] == "unused"
+    ]
 
 
 def test_imbalanced_gpus(make):
     assert not only(run(make(devices=(0, 1))), "imbalanced_gpus_detector")
     f = one(run(make(devices=(0, 1), scale={1: 0.5})), "imbalanced_gpus_detector")
     # GPU 1 runs every kernel in half the time (the memcpys keep their length)
-    assert f["problem"] == ("GPU work is imbalanced across 2 GPUs: GPU 1 is busy 44.8% of the time and GPU 0 88.7% "
-                            "(17.1 ms, 49.4% less work on the least busy GPU)")
+    assert f["problem"] == (
+        "GPU work is imbalanced across 2 GPUs: GPU 1 is busy 44.8% of the time and GPU 0 88.7% "
+        "(17.1 ms, 49.4% less work on the least busy GPU)"
+    )
     assert f["data"]["min_device"] == 1 and f["data"]["max_device"] == 0
 
 
 def test_dataloader(baseline, make):
     assert [f["severity"] for f in only(baseline[1], "dataloader_detector")] == ["info"]
     f = one(run(make(stall=3 * MS, config={"num_workers": 0, "pin_memory": False})), "dataloader_detector")
-    assert re.fullmatch(r"No DALI ops detected; data loading takes 2\d\.\d% of the profiled time while the GPU is "
-                        r"idle", f["problem"]), f["problem"]
+    assert re.fullmatch(
+        r"No DALI ops detected; data loading takes 2\d\.\d% of the profiled time while the GPU is "
+        r"idle",
+        f["problem"],
+    ), f["problem"]
     assert f["recommendation"].startswith(
         "Consider using NVIDIA DALI, a library that is a high performance alternative to built-in data loaders "
-        "and data iterators. Learn more here: https://developer.nvidia.com/DALI")
+        "and data iterators. Learn more here: https://developer.nvidia.com/DALI"
+    )
     assert "num_workers=0" in f["recommendation"] and "pin_memory=True" in f["recommendation"]
     f = one(run(make(stall=3 * MS, stall_label="DALI:decode")), "dataloader_detector")
     assert f["problem"].startswith("DALI is used, but data loading takes")
@@ -345,12 +449,15 @@ def test_dataloader(baseline, make):
 def test_no_fusion(baseline, make):
     assert not only(baseline[1], "no_fusion_detector")
     f = one(run(make(elementwise=60, span=16 * MS)), "no_fusion_detector")
-    assert re.fullmatch(r"60 unfused elementwise kernels per iteration take 24\.0 ms, 4\d\.\d% of the GPU kernel "
-                        r"time \(average 100\.0 us each\): vectorized_elementwise_kernel \(24\.0 ms\)",
-                        f["problem"]), f["problem"]
+    assert re.fullmatch(
+        r"60 unfused elementwise kernels per iteration take 24\.0 ms, 4\d\.\d% of the GPU kernel "
+        r"time \(average 100\.0 us each\): vectorized_elementwise_kernel \(24\.0 ms\)",
+        f["problem"],
+    ), f["problem"]
     assert "torch.compile" in f["recommendation"]
-    assert not only(run(make(elementwise=60, span=16 * MS, elementwise_kernel="triton_poi_fused_relu_0")),
-                    "no_fusion_detector")
+    assert not only(
+        run(make(elementwise=60, span=16 * MS, elementwise_kernel="triton_poi_fused_relu_0")), "no_fusion_detector"
+    )
 
 
 # ---------------------------------------------------------------------------- Tensor Cores
@@ -363,10 +470,13 @@ def test_amp(baseline, make):
     f = one(run(make(config={"amp_enabled": False}, **FP32)), "amp_detector")
     # eligible ops: conv2d and linear, forward and backward (the backward ones take the forward names):
     # 4 x (4 + 2 + 2 + 0.5) ms of the 4 x 8.5 + 3 x 0.1 ms of kernels
-    assert f["problem"] == ("4 ops were eligible to use tensor cores but none are using FP16 (34.0 ms, 99.1% of "
-                            "the GPU kernel time)")
-    assert f["recommendation"] == ("Try enabling AMP (Automatic Mixed Precision). For more information: "
-                                   "https://developer.nvidia.com/automatic-mixed-precision")
+    assert f["problem"] == (
+        "4 ops were eligible to use tensor cores but none are using FP16 (34.0 ms, 99.1% of the GPU kernel time)"
+    )
+    assert f["recommendation"] == (
+        "Try enabling AMP (Automatic Mixed Precision). For more information: "
+        "https://developer.nvidia.com/automatic-mixed-precision"
+    )
     assert f["action"]["type"] == "show_ops" and len(f["action"]["op_ids"]) == 4
     # AMP on: silent; data types known (DLProf markers) without metadata: they decide
     assert not only(run(make(config={"amp_enabled": True}, **FP32)), "amp_detector")
@@ -379,28 +489,36 @@ def test_bad_tensor_shape(baseline, make):
     assert not only(baseline[1], "bad_tensor_shape_detector")
     path = make(markers="dlprof", dtype="float16", linear_kernel=PLAIN_GEMM, linear_shapes=((8, 250), (64, 250)))
     f = one(run(path), "bad_tensor_shape_detector")
-    assert f["problem"] == ("1 Tensor Core eligible op ran without Tensor Core kernels (8.0 ms, 23.3% of the GPU "
-                            "kernel time): LINEAR_1 /linear (float16; 8.0 ms; K:250 not a multiple of 8)")
+    assert f["problem"] == (
+        "1 Tensor Core eligible op ran without Tensor Core kernels (8.0 ms, 23.3% of the GPU "
+        "kernel time): LINEAR_1 /linear (float16; 8.0 ms; K:250 not a multiple of 8)"
+    )
     assert f["recommendation"].startswith("Make their dimensions multiples of 8 for FP16/BF16")
     assert f["severity"] == "warning" and f["data"]["ops"][0]["bad_dims"] == ["K:250"]
     # multiples of 8 and a Tensor Core kernel: silent
-    assert not only(run(make(markers="dlprof", dtype="float16", linear_shapes=((8, 256), (64, 256)))),
-                    "bad_tensor_shape_detector")
+    assert not only(
+        run(make(markers="dlprof", dtype="float16", linear_shapes=((8, 256), (64, 256)))), "bad_tensor_shape_detector"
+    )
     # FP32 ops while AMP is on ran outside autocast: the data type is the cause
-    f = one(run(make(markers="dlprof", dtype="float32", linear_kernel=PLAIN_GEMM, config={"amp_enabled": True})),
-            "bad_tensor_shape_detector")
+    f = one(
+        run(make(markers="dlprof", dtype="float32", linear_kernel=PLAIN_GEMM, config={"amp_enabled": True})),
+        "bad_tensor_shape_detector",
+    )
     assert "LINEAR_1 /linear (float32; 8.0 ms)" in f["problem"]
     assert f["recommendation"].startswith("Run them in FP16/BF16")
 
 
 # ---------------------------------------------------------------------------- framework settings
 
+
 def test_cudnn_benchmark(baseline, make):
     assert not only(baseline[1], "cudnn_benchmark_detector")
     f = one(run(make(config={"cudnn_benchmark": False})), "cudnn_benchmark_detector")
-    assert re.fullmatch(r"cuDNN benchmark mode is off \(torch.backends.cudnn.benchmark = False\) while convolutions "
-                        r"take 24\.0 ms, 70\.0% of the GPU kernel time \(2 convolution ops\)", f["problem"]), \
-        f["problem"]
+    assert re.fullmatch(
+        r"cuDNN benchmark mode is off \(torch.backends.cudnn.benchmark = False\) while convolutions "
+        r"take 24\.0 ms, 70\.0% of the GPU kernel time \(2 convolution ops\)",
+        f["problem"],
+    ), f["problem"]
     assert f["recommendation"].startswith("Set torch.backends.cudnn.benchmark = True")
     # DLProf's key spelling
     assert one(run(make(config={"cudnn_benchmark_disabled": True})), "cudnn_benchmark_detector")
@@ -410,15 +528,19 @@ def test_cudnn_benchmark(baseline, make):
 
 def test_slow_api(baseline, make):
     assert not only(baseline[1], "slow_api_detector")
-    f = one(run(make(config={"detect_anomaly": True, "autograd_profile": True, "gradcheck": False})),
-            "slow_api_detector")
+    f = one(
+        run(make(config={"detect_anomaly": True, "autograd_profile": True, "gradcheck": False})), "slow_api_detector"
+    )
     assert f["severity"] == "error"
-    assert f["problem"] == ("Slow debugging APIs were on during the profiled run, so every time in this profile is "
-                            "inflated: anomaly detection (torch.autograd.detect_anomaly / set_detect_anomaly); the "
-                            "autograd profiler (torch.profiler / torch.autograd.profiler.profile and its "
-                            "record_function ranges)")
-    assert f["recommendation"].startswith("Turn them off for training and profiling: "
-                                          "torch.autograd.set_detect_anomaly(False); stop torch.profiler")
+    assert f["problem"] == (
+        "Slow debugging APIs were on during the profiled run, so every time in this profile is "
+        "inflated: anomaly detection (torch.autograd.detect_anomaly / set_detect_anomaly); the "
+        "autograd profiler (torch.profiler / torch.autograd.profiler.profile and its "
+        "record_function ranges)"
+    )
+    assert f["recommendation"].startswith(
+        "Turn them off for training and profiling: torch.autograd.set_detect_anomaly(False); stop torch.profiler"
+    )
     f = one(run(make(n_iter=3, elementwise=10, blocking_launches=True)), "slow_api_detector")
     assert "blocking kernel launches (" in f["problem"] and "CUDA_LAUNCH_BLOCKING=1?" in f["problem"]
     assert "unset CUDA_LAUNCH_BLOCKING" in f["recommendation"]
@@ -430,19 +552,23 @@ def test_emit_nvtx(baseline, make):
     assert not only(run(make(markers="dlprof", config={"emit_nvtx": False})), "emit_nvtx_detector")
     f = one(run(make(markers="dlprof", backward_markers=False, config={"emit_nvtx": False})), "emit_nvtx_detector")
     # 4 x 2.5 ms of the ops' 4 x 8.6 ms - 0.1 ms GPU time (memcpy included)
-    assert f["problem"] == ("The backward pass appears as an undivided 'backward' op (4 calls, 10.0 ms GPU time, "
-                            "28.8% of the ops' GPU time): PyTorch's emit_nvtx was not enabled (model_config "
-                            "emit_nvtx = false)")
+    assert f["problem"] == (
+        "The backward pass appears as an undivided 'backward' op (4 calls, 10.0 ms GPU time, "
+        "28.8% of the ops' GPU time): PyTorch's emit_nvtx was not enabled (model_config "
+        "emit_nvtx = false)"
+    )
     assert "torch.autograd.profiler.emit_nvtx()" in f["recommendation"]
 
 
 def test_batch_size(baseline, make):
     assert not only(baseline[1], "batch_size_detector")  # 30 GiB of 39.6 GiB used
     f = one(run(make(config={"max_memory_reserved": 8 << 30, "batch_size": 32})), "batch_size_detector")
-    assert f["problem"] == ("GPU Memory is underutilized: Only 20.2% of GPU Memory is used (peak 8.0 GiB of "
-                            "39.6 GiB, batch size 32)")
-    assert f["recommendation"].startswith("Try increasing batch size by 4x to increase data throughput "
-                                          "(batch size 128 instead of 32)")
+    assert f["problem"] == (
+        "GPU Memory is underutilized: Only 20.2% of GPU Memory is used (peak 8.0 GiB of 39.6 GiB, batch size 32)"
+    )
+    assert f["recommendation"].startswith(
+        "Try increasing batch size by 4x to increase data throughput (batch size 128 instead of 32)"
+    )
     # the memory size from the run metadata wins over TARGET_INFO_GPU
     f = one(run(make(config={"max_memory_allocated": 4 << 30, "gpu_total_memory": 16 << 30})), "batch_size_detector")
     assert f["problem"] == "GPU Memory is underutilized: Only 25.0% of GPU Memory is used (peak 4.0 GiB of 16.0 GiB)"
@@ -451,13 +577,16 @@ def test_batch_size(baseline, make):
 
 # ---------------------------------------------------------------------------- CUDA API rules
 
+
 def test_pageable_memcpy(baseline, make):
     assert not only(baseline[1], "pageable_memcpy_detector")
     f = one(run(make(memcpy_src=0, config={"pin_memory": False})), "pageable_memcpy_detector")
-    assert f["problem"] == ("4 asynchronous memcpy operations (cudaMemcpyAsync (4)) used pageable host memory: "
-                            "4.0 MiB, 400.0 us on the GPU and 200.0 us in the calls (4 Host-to-Device); launched "
-                            "from /aten::to (4). Copies from pageable memory are staged by the driver and do not "
-                            "overlap with the host")
+    assert f["problem"] == (
+        "4 asynchronous memcpy operations (cudaMemcpyAsync (4)) used pageable host memory: "
+        "4.0 MiB, 400.0 us on the GPU and 200.0 us in the calls (4 Host-to-Device); launched "
+        "from /aten::to (4). Copies from pageable memory are staged by the driver and do not "
+        "overlap with the host"
+    )
     assert f["recommendation"].startswith("Copy from pinned (page-locked) host memory")
     assert f["recommendation"].endswith("(this run's DataLoader has pin_memory=False)")
 
@@ -465,9 +594,11 @@ def test_pageable_memcpy(baseline, make):
 def test_sync_memcpy(baseline, make):
     assert not only(baseline[1], "sync_memcpy_detector")
     f = one(run(make(memcpy_api="cudaMemcpy_v3020")), "sync_memcpy_detector")
-    assert f["problem"] == ("4 memcpy operations ran synchronously with the host (cudaMemcpy (4)): the calls blocked "
-                            "the host for 200.0 us (0.5% of the wall clock time) for 400.0 us of GPU work; launched "
-                            "from /aten::to (4)")
+    assert f["problem"] == (
+        "4 memcpy operations ran synchronously with the host (cudaMemcpy (4)): the calls blocked "
+        "the host for 200.0 us (0.5% of the wall clock time) for 400.0 us of GPU work; launched "
+        "from /aten::to (4)"
+    )
     assert f["severity"] == "info" and "cudaMemcpyAsync" in f["recommendation"]
 
 
@@ -475,26 +606,36 @@ def test_sync_api(baseline, make):
     assert not only(baseline[1], "sync_api_detector")
     assert not only(run(make(sync=20 * US)), "sync_api_detector")  # 0.2% of the thread's time
     f = one(run(make(sync=600 * US)), "sync_api_detector")
-    assert re.fullmatch(r"Explicit synchronizations blocked the host for 2\.4 ms, 6\.\d% of the calling thread's "
-                        r"time: cudaStreamSynchronize \(4 calls, 2\.4 ms\); called from "
-                        r"unassociated_cudaStreamSynchronize_v3020 \(2\.4 ms\)\. After they returned the GPU stayed "
-                        r"idle for .* until new work arrived", f["problem"]), f["problem"]
+    assert re.fullmatch(
+        r"Explicit synchronizations blocked the host for 2\.4 ms, 6\.\d% of the calling thread's "
+        r"time: cudaStreamSynchronize \(4 calls, 2\.4 ms\); called from "
+        r"unassociated_cudaStreamSynchronize_v3020 \(2\.4 ms\)\. After they returned the GPU stayed "
+        r"idle for .* until new work arrived",
+        f["problem"],
+    ), f["problem"]
     assert "tensor.item()" in f["recommendation"]
 
 
 def test_gpu_gaps(baseline, make):
     assert not only(baseline[1], "gpu_gap_detector")
-    path = make(stall=3 * MS, stall_label="data_prep", stall_apis=(("cudaStreamSynchronize_v3020", 1 * MS),),
-                stall_io=(("read", 500 * US),))
+    path = make(
+        stall=3 * MS,
+        stall_label="data_prep",
+        stall_apis=(("cudaStreamSynchronize_v3020", 1 * MS),),
+        stall_io=(("read", 500 * US),),
+    )
     f = one(run(path), "gpu_gap_detector")
     gaps = f["data"]["gaps"]
-    assert f["data"]["count"] == 3 and len(gaps) == 3   # the gaps before iterations 1..3 (iteration 0 has none)
+    assert f["data"]["count"] == 3 and len(gaps) == 3  # the gaps before iterations 1..3 (iteration 0 has none)
     first = gaps[0]
-    assert first["duration"] == 3 * MS + 520 * US      # ADD ends 120 us before the stall, memcpy starts 400 us after
-    assert "Longest: gap of 3.5 ms on GPU 0 at 12.880 ms: CPU in data_prep (3.0 ms), cudaStreamSynchronize " \
-           "(1.0 ms), cudaMemcpyAsync (50.0 us), read (500.0 us); gap of 3.5 ms on GPU 0 at 25.880 ms" in f["problem"]
-    assert f["problem"].startswith("GPU 0 (NVIDIA A100-SXM4-40GB) was idle in 3 gaps of at least 1.0 ms, 10.6 ms in "
-                                   "total")
+    assert first["duration"] == 3 * MS + 520 * US  # ADD ends 120 us before the stall, memcpy starts 400 us after
+    assert (
+        "Longest: gap of 3.5 ms on GPU 0 at 12.880 ms: CPU in data_prep (3.0 ms), cudaStreamSynchronize "
+        "(1.0 ms), cudaMemcpyAsync (50.0 us), read (500.0 us); gap of 3.5 ms on GPU 0 at 25.880 ms" in f["problem"]
+    )
+    assert f["problem"].startswith(
+        "GPU 0 (NVIDIA A100-SXM4-40GB) was idle in 3 gaps of at least 1.0 ms, 10.6 ms in total"
+    )
     # the innermost range covering the gap is named, not the ranges enclosing it
     f = one(run(make(stall=3 * MS, stall_label=LOADER, outer="train_step")), "gpu_gap_detector")
     assert "CPU in " + LOADER + " (3.0 ms), cudaMemcpyAsync (50.0 us); gap" in f["problem"], f["problem"]
@@ -537,8 +678,10 @@ def test_printed_command_updates_the_run(make, tmp_path, names):
     assert sorted(p.relative_to(work) for p in work.rglob("*") if "tfevents" not in p.name) == before
     con = sqlite3.connect(run_dir / f"{base}_dldb.sqlite")
     try:
-        assert con.execute("SELECT aggr_id, iter_start, iter_stop FROM aggregations ORDER BY aggr_id").fetchall() \
-            == [(1, 0, 4), (2, 1, 4)]
+        assert con.execute("SELECT aggr_id, iter_start, iter_stop FROM aggregations ORDER BY aggr_id").fetchall() == [
+            (1, 0, 4),
+            (2, 1, 4),
+        ]
     finally:
         con.close()
     events = list((run_dir / run_name).glob("*tfevents*"))
@@ -565,7 +708,16 @@ def test_no_gpu_advice_without_gpu_activity(tmp_path):
         exp.push_pop(main, t + 9 * MS, t + 10 * MS, "Optimizer.step#SGD.step")
     exp.push_pop(main, 0, 0, json.dumps({"model_config": {"num_workers": 0, "max_memory_reserved": 1 << 20}}))
     findings = run(exp.write(tmp_path / "cpu.sqlite"))
-    gpu_advice = {"underutilized_gpu_detector", "imbalanced_gpus_detector", "dataloader_detector", "amp_detector",
-                  "bad_tensor_shape_detector", "pageable_memcpy_detector", "batch_size_detector", "no_fusion_detector",
-                  "cudnn_benchmark_detector", "gpu_gap_detector"}
+    gpu_advice = {
+        "underutilized_gpu_detector",
+        "imbalanced_gpus_detector",
+        "dataloader_detector",
+        "amp_detector",
+        "bad_tensor_shape_detector",
+        "pageable_memcpy_detector",
+        "batch_size_detector",
+        "no_fusion_detector",
+        "cudnn_benchmark_detector",
+        "gpu_gap_detector",
+    }
     assert not {f["id"] for f in findings} & gpu_advice

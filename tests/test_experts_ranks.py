@@ -1,10 +1,16 @@
 """Cross-rank detectors (experts/ranks.py) at their thresholds, on hand-made rank results."""
+
 from __future__ import annotations
 
 import pandas as pd
 
-from dlprof_profiler.experts.ranks import (CONSISTENT_SHARE, EXPOSED_SHARE, IMBALANCE_SHARE, STRAGGLER_FACTOR,
-                                           detect_ranks)
+from dlprof_profiler.experts.ranks import (
+    CONSISTENT_SHARE,
+    EXPOSED_SHARE,
+    IMBALANCE_SHARE,
+    STRAGGLER_FACTOR,
+    detect_ranks,
+)
 from dlprof_profiler.rank_report import rank_table
 from tests.test_rank_report import result
 
@@ -20,10 +26,12 @@ def job(durations: dict, compute: dict | None = None, comm: dict | None = None, 
         c, o = (comm or {}).get(rank, (0, 0))
         r = result(rank, starts, ends, host=f"h{rank}", comm=c, overlap=o)
         work = (compute or {}).get(rank, 0)
-        r.kernels = pd.DataFrame({"name": ["gemm", "ncclKernel"], "count": [n, n], "gpu_total": [work, c],
-                                  "communication": [False, True]})
-        r.ops = pd.DataFrame({"name": ["/step/linear"], "direction": ["fprop"], "calls": [n], "cpu_total": [10 * n],
-                              "gpu_total": [work]})
+        r.kernels = pd.DataFrame(
+            {"name": ["gemm", "ncclKernel"], "count": [n, n], "gpu_total": [work, c], "communication": [False, True]}
+        )
+        r.ops = pd.DataFrame(
+            {"name": ["/step/linear"], "direction": ["fprop"], "calls": [n], "cpu_total": [10 * n], "gpu_total": [work]}
+        )
         out.append(r)
     return out
 

@@ -1,5 +1,6 @@
 """Every real export in ../shared/fixtures/nsys is processed, and exact figures agree with direct SQL over
 the file (an independent computation)."""
+
 import shutil
 import sqlite3
 from pathlib import Path
@@ -32,7 +33,9 @@ def table_sum(path, table, expr="sum(end - start)", group=""):
     rows, tables = sql(path, "SELECT 1")
     if table not in tables:
         return {} if group else 0
-    rows, _ = sql(path, f"SELECT {group + ', ' if group else ''}{expr} FROM {table} {'GROUP BY ' + group if group else ''}")
+    rows, _ = sql(
+        path, f"SELECT {group + ', ' if group else ''}{expr} FROM {table} {'GROUP BY ' + group if group else ''}"
+    )
     return {r[0]: r[1] for r in rows} if group else (rows[0][0] or 0)
 
 
@@ -83,7 +86,7 @@ def test_utilization_averages_the_gpus_used(fixture_copies):
     assert devices.loc[0, "gpu_utilization"] > 0 and devices.loc[1:, "gpu_utilization"].eq(0).all()
     assert devices.loc[1:, "other_pct"].eq(100.0).all()
     assert s["gpu_utilization"] == pytest.approx(devices.loc[0, "gpu_utilization"])
-    busy = merged_busy(a.trace.gpu)   # independent: union of GPU 0's activities over the window
+    busy = merged_busy(a.trace.gpu)  # independent: union of GPU 0's activities over the window
     assert s["gpu_utilization"] == pytest.approx(100.0 * busy / s["wall_time"])
 
 
@@ -126,7 +129,8 @@ def test_cli_writes_every_report_and_the_database_reloads_identically(fixture_co
     trace, corr, profile, domain_ids, offsets = database.load_model(out / "dlprof_dldb.sqlite")
     fresh = analyze(path)
     pd.testing.assert_frame_equal(
-        trace.gpu.drop(columns=["name", "long_name"]), fresh.trace.gpu.drop(columns=["name", "long_name"]))
+        trace.gpu.drop(columns=["name", "long_name"]), fresh.trace.gpu.drop(columns=["name", "long_name"])
+    )
     assert trace.gpu["name"].astype(str).tolist() == fresh.trace.gpu["name"].astype(str).tolist()
     pd.testing.assert_frame_equal(trace.api_calls.drop(columns=["name"]), fresh.trace.api_calls.drop(columns=["name"]))
     assert trace.api_calls["name"].astype(str).tolist() == fresh.trace.api_calls["name"].astype(str).tolist()
@@ -139,8 +143,20 @@ def test_cli_writes_every_report_and_the_database_reloads_identically(fixture_co
     assert np.array_equal(corr.gpu_api, fresh.corr.gpu_api) and np.array_equal(corr.uses_tc, fresh.corr.uses_tc)
     for domain, dm in fresh.corr.domains.items():
         loaded = corr.domains[domain]
-        for column in ("op_index", "kind", "start", "end", "pid", "global_tid", "device_id", "cpu_time",
-                       "cpu_overhead", "gpu_time", "gpu_idle", "n_kernels"):
+        for column in (
+            "op_index",
+            "kind",
+            "start",
+            "end",
+            "pid",
+            "global_tid",
+            "device_id",
+            "cpu_time",
+            "cpu_overhead",
+            "gpu_time",
+            "gpu_idle",
+            "n_kernels",
+        ):
             assert (loaded.instances[column].to_numpy() == dm.instances[column].to_numpy()).all(), column
         assert loaded.ops["name"].tolist() == dm.ops["name"].tolist()
         assert loaded.ops["op_id"].tolist() == dm.ops["op_id"].tolist()

@@ -1,6 +1,7 @@
 """The op hierarchy as a TensorBoard graph (graph_events, written by event_files): the event file read back with
 TensorBoard's own loader, checked against the hand-computed training profile (tests/profiles.py), and a real
 TensorBoard serving it in the GRAPHS tab."""
+
 from __future__ import annotations
 
 import subprocess
@@ -19,22 +20,34 @@ from tests import test_plugin_checks as checks
 from tests.nsys_builder import NsysExport
 from tests.profiles import make_logdir, run_dlprof, training_profile
 
-CALLS = 3   # training_profile's iterations: every op runs once per iteration
+CALLS = 3  # training_profile's iterations: every op runs once per iteration
 # node name: (op type, Op ID, direction, GPU ns per call, CPU ns per call), from training_profile's docstring
 TRAINING = {
-    "aten::to": ("to", "TO_1", "fprop", 1000, 3000),                                   # memcpy [T+7000,T+8000)
-    "aten::conv2d": ("conv2d", "CONV2D_1", "fprop", 10000, 10000),                     # TC_CONV [T+14000,T+24000)
-    "aten::relu": ("relu", "RELU_1", "fprop", 2000, 4000),                             # RELU [T+25000,T+27000)
-    "aten::linear": ("linear", "LINEAR_1", "fprop", 8000, 10000),                      # SGEMM [T+37000,T+45000)
-    "aten::linear (bprop)": ("linear", "LINEAR_2", "bprop", 8000, 6000),               # AddmmBackward0
-    "aten::conv2d (bprop)": ("conv2d", "CONV2D_2", "bprop", 6000, 8000),               # ConvolutionBackward0
-    "Optimizer.step#SGD.step/aten::add_": ("add_", "ADD__1", "fprop", 2000, 8000),     # ADD [T+74000,T+76000)
-    "unassociated_cudaDeviceSynchronize_v3020": ("cudaDeviceSynchronize_v3020", "CUDADEVICESYNCHRONIZE_V3020_1",
-                                                 None, 0, 5000),                       # [T+85000,T+90000)
+    "aten::to": ("to", "TO_1", "fprop", 1000, 3000),  # memcpy [T+7000,T+8000)
+    "aten::conv2d": ("conv2d", "CONV2D_1", "fprop", 10000, 10000),  # TC_CONV [T+14000,T+24000)
+    "aten::relu": ("relu", "RELU_1", "fprop", 2000, 4000),  # RELU [T+25000,T+27000)
+    "aten::linear": ("linear", "LINEAR_1", "fprop", 8000, 10000),  # SGEMM [T+37000,T+45000)
+    "aten::linear (bprop)": ("linear", "LINEAR_2", "bprop", 8000, 6000),  # AddmmBackward0
+    "aten::conv2d (bprop)": ("conv2d", "CONV2D_2", "bprop", 6000, 8000),  # ConvolutionBackward0
+    "Optimizer.step#SGD.step/aten::add_": ("add_", "ADD__1", "fprop", 2000, 8000),  # ADD [T+74000,T+76000)
+    "unassociated_cudaDeviceSynchronize_v3020": (
+        "cudaDeviceSynchronize_v3020",
+        "CUDADEVICESYNCHRONIZE_V3020_1",
+        None,
+        0,
+        5000,
+    ),  # [T+85000,T+90000)
 }
-TRAINING_OP_NAMES = ["/aten::to", "/aten::conv2d", "/aten::relu", "/aten::linear", "/aten::linear (bprop)",
-                     "/aten::conv2d (bprop)", "/Optimizer.step#SGD.step/aten::add_",
-                     "unassociated_cudaDeviceSynchronize_v3020"]
+TRAINING_OP_NAMES = [
+    "/aten::to",
+    "/aten::conv2d",
+    "/aten::relu",
+    "/aten::linear",
+    "/aten::linear (bprop)",
+    "/aten::conv2d (bprop)",
+    "/Optimizer.step#SGD.step/aten::add_",
+    "unassociated_cudaDeviceSynchronize_v3020",
+]
 
 
 def read_graph(run_dir: Path) -> tuple[graph_pb2.GraphDef, config_pb2.RunMetadata, dict]:
@@ -64,8 +77,13 @@ def training(tmp_path_factory):
     base = tmp_path_factory.mktemp("graph_events")
     export = training_profile(base / "training.sqlite")
     root = make_logdir(base / "logdir", {"training": export})
-    return {"base": base, "export": export, "run": root / "training" / "dlprof", "logdir": root,
-            "db": root / "training" / "dlprof_dldb.sqlite"}
+    return {
+        "base": base,
+        "export": export,
+        "run": root / "training" / "dlprof",
+        "logdir": root,
+        "db": root / "training" / "dlprof_dldb.sqlite",
+    }
 
 
 def test_nodes_are_the_ops_with_their_scopes_types_and_attributes(training):
@@ -81,11 +99,12 @@ def test_nodes_are_the_ops_with_their_scopes_types_and_attributes(training):
         assert attr["calls"].i == CALLS
         assert (attr["gpu_time_ns"].i, attr["cpu_time_ns"].i) == (CALLS * gpu, CALLS * cpu), name
         assert node.device == ("/device:GPU:0" if gpu else "/device:CPU:0"), name
-        assert not node.input   # the profile records no data flow
+        assert not node.input  # the profile records no data flow
     # the op name (its leading / gone) is the node name; backward ops carry their direction
     assert nodes["aten::conv2d (bprop)"].attr["op_name"].s.decode() == "/aten::conv2d"
-    assert nodes["Optimizer.step#SGD.step/aten::add_"].attr["op_name"].s.decode() == \
-        "/Optimizer.step#SGD.step/aten::add_"
+    assert (
+        nodes["Optimizer.step#SGD.step/aten::add_"].attr["op_name"].s.decode() == "/Optimizer.step#SGD.step/aten::add_"
+    )
     # emit_nvtx without record_shapes: no data type or shapes to show
     assert not any(k in n.attr for n in graph.node for k in ("data_type", "T", "input_shapes", "_output_shapes"))
 
@@ -96,7 +115,7 @@ def test_run_metadata_gives_each_node_its_compute_time(training):
     assert set(stats) == set(TRAINING)
     for name, (_, _, _, gpu, cpu) in TRAINING.items():
         device, s = stats[name]
-        ns = CALLS * (gpu or cpu)   # GPU time where the op ran GPU work, else its CPU time
+        ns = CALLS * (gpu or cpu)  # GPU time where the op ran GPU work, else its CPU time
         assert device == ("/device:GPU:0" if gpu else "/device:CPU:0"), name
         assert s.all_end_rel_nanos == s.op_end_rel_nanos == ns, name
         assert s.all_end_rel_micros == s.op_end_rel_micros == round(ns / 1000), name
@@ -107,8 +126,9 @@ def test_run_metadata_gives_each_node_its_compute_time(training):
     durations = [stats[n][1].all_end_rel_nanos for n in order]
     # from 1 us: TensorBoard's text-format graph route leaves a zero start out and the page then drops the node
     assert starts == [1000 + sum(durations[:k]) for k in range(len(order))]
-    assert [stats[n][1].all_start_micros for n in order] == \
-        [1 + sum(stats[m][1].all_end_rel_micros for m in order[:k]) for k in range(len(order))]
+    assert [stats[n][1].all_start_micros for n in order] == [
+        1 + sum(stats[m][1].all_end_rel_micros for m in order[:k]) for k in range(len(order))
+    ]
 
 
 def test_reaggregated_database_writes_the_aggregations_totals(training, tmp_path):
@@ -116,17 +136,24 @@ def test_reaggregated_database_writes_the_aggregations_totals(training, tmp_path
     starts at the session start and ends at the first optimizer step, so iterations 1 and 2 hold one call each of
     every op but the last iteration's sync and the first iteration's ops)."""
     out = tmp_path / "out"
-    run_dlprof(f"--database={training['db']}", f"--output_path={out}", "--iter_start", "1", "--iter_stop", "2",
-               "-v", "quiet")
+    run_dlprof(
+        f"--database={training['db']}", f"--output_path={out}", "--iter_start", "1", "--iter_stop", "2", "-v", "quiet"
+    )
     graph, meta, _ = read_graph(out / "dlprof")
     import sqlite3
+
     con = sqlite3.connect(out / "dlprof_dldb.sqlite")
-    expected = {n: (c, g, t) for n, c, g, t in con.execute(
-        "SELECT o.op_name || CASE WHEN o.direction = 'bprop' THEN ' (bprop)' ELSE '' END, n.num_calls, n.gpu_total, "
-        "n.cpu_total FROM op_nodes n JOIN read_only_ops o ON o.op_index = n.op_index")}
+    expected = {
+        n: (c, g, t)
+        for n, c, g, t in con.execute(
+            "SELECT o.op_name || CASE WHEN o.direction = 'bprop' THEN ' (bprop)' ELSE '' END, "
+            "n.num_calls, n.gpu_total, n.cpu_total FROM op_nodes n JOIN read_only_ops o ON o.op_index = n.op_index"
+        )
+    }
     con.close()
-    nodes = {n.attr["op_name"].s.decode() + (" (bprop)" if n.attr["direction"].s == b"bprop" else ""): n
-             for n in graph.node}
+    nodes = {
+        n.attr["op_name"].s.decode() + (" (bprop)" if n.attr["direction"].s == b"bprop" else ""): n for n in graph.node
+    }
     assert set(nodes) == set(TRAINING_OP_NAMES)
     for name, node in nodes.items():
         calls, gpu, cpu = expected.get(name, (0, 0, 0))
@@ -138,18 +165,17 @@ def test_reaggregated_database_writes_the_aggregations_totals(training, tmp_path
     assert node_stats(meta)["aten::conv2d"][1].all_end_rel_nanos == 20_000
 
 
-
 def test_node_names_keep_scopes_directions_and_tensorboards_strict_hierarchy():
-    names = graph_events.node_names(["/a/b", "/a", "/a/b/c", "x", "/x", "/y[2]"],
-                                    ["fprop", "fprop", "bprop", "", "fprop", "bprop"])
+    names = graph_events.node_names(
+        ["/a/b", "/a", "/a/b/c", "x", "/x", "/y[2]"], ["fprop", "fprop", "bprop", "", "fprop", "bprop"]
+    )
     # "a" and "a/b" are also name scopes: TensorBoard shows such a node inside its scope as "(b)"
     assert names == ["a/b/(b)", "a/(a)", "a/b/c (bprop)", "x", "x (#2)", "y[2] (bprop)"]
     assert len(set(names)) == len(names)
 
 
 def test_shapes_parse_as_dlprof_writes_them():
-    assert graph_events.parse_shapes("<N:8, C:3, H:32, W:32>; <K:16, C:3, R:3, S:3>") == [[8, 3, 32, 32],
-                                                                                          [16, 3, 3, 3]]
+    assert graph_events.parse_shapes("<N:8, C:3, H:32, W:32>; <K:16, C:3, R:3, S:3>") == [[8, 3, 32, 32], [16, 3, 3, 3]]
     assert graph_events.parse_shapes("<4>; <>") == [[4], []]
     assert graph_events.parse_shapes("[2, 3]") is None and graph_events.parse_shapes(None) is None
     assert graph_events.parse_shapes("<a, b>") is None
@@ -161,14 +187,17 @@ def test_data_type_and_shapes_of_dlprof_markers(tmp_path):
     exp = NsysExport(schema="2022.4")
     exp.add_gpu(device_id=0)
     tid = exp.add_thread(pid=7, tid=7, name="python", process_name="python")
-    args = [{"name": "input", "type": "tensor", "shape": [8, 3, 32, 32], "dtype": "torch.float16"},
-            {"name": "weight", "type": "tensor", "shape": [16, 3, 3, 3], "dtype": "torch.float16"},
-            {"name": "padding", "type": "int", "value": 1}]
+    args = [
+        {"name": "input", "type": "tensor", "shape": [8, 3, 32, 32], "dtype": "torch.float16"},
+        {"name": "weight", "type": "tensor", "shape": [16, 3, 3, 3], "dtype": "torch.float16"},
+        {"name": "padding", "type": "int", "value": 1},
+    ]
     for i in range(2):
         t = 1_000_000 + i * 100_000
         exp.push_pop(tid, t, t + 20000, repr({"traceMarker": ["train.py:1"], "funcStack": "Net::forward/conv2d"}))
-        exp.push_pop(tid, t + 100, t + 19900, repr({"mod": "torch.nn.functional", "op": "conv2d", "args": args,
-                                                    "dir": "fprop"}))
+        exp.push_pop(
+            tid, t + 100, t + 19900, repr({"mod": "torch.nn.functional", "op": "conv2d", "args": args, "dir": "fprop"})
+        )
         exp.launch(tid, t + 1000, t + 2000, t + 3000, t + 9000, kernel="volta_fp16_s884cudnn_fp16_128x128_nhwc")
         exp.push_pop(tid, t + 50000, t + 60000, "Optimizer.step#SGD.step")
     exp.set_session(start_time=0)
@@ -186,6 +215,7 @@ def test_data_type_and_shapes_of_dlprof_markers(tmp_path):
 
 # ---------------------------------------------------------------------------- a real TensorBoard
 
+
 def _get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=10) as resp:
         return resp.read()
@@ -199,12 +229,26 @@ def test_tensorboard_shows_graphs_beside_dlprof(training, load_fast, tmp_path):
     exe = Path(sys.executable).parent / "tensorboard"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "tensorboard.main"]
     log = open(tmp_path / "tb.log", "w")
-    proc = subprocess.Popen(cmd + ["--logdir", str(training["logdir"]), "--port", str(port), "--host", "127.0.0.1",
-                                   f"--load_fast={load_fast}", "--reload_interval", "2"],
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        cmd
+        + [
+            "--logdir",
+            str(training["logdir"]),
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            f"--load_fast={load_fast}",
+            "--reload_interval",
+            "2",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}/data"
     try:
         import json
+
         deadline = time.time() + 90
         listing = {}
         while time.time() < deadline:
@@ -221,11 +265,14 @@ def test_tensorboard_shows_graphs_beside_dlprof(training, load_fast, tmp_path):
         info = json.loads(_get(f"{base}/plugin/graphs/info"))
         run = info["training/dlprof"]
         assert run["run_graph"] is True and run["tags"]["dlprof/op_time"]["profile"] is True
-        graph = text_format.Parse(_get(f"{base}/plugin/graphs/graph?run=training/dlprof").decode(),
-                                  graph_pb2.GraphDef())
+        graph = text_format.Parse(
+            _get(f"{base}/plugin/graphs/graph?run=training/dlprof").decode(), graph_pb2.GraphDef()
+        )
         assert {n.name for n in graph.node} == set(TRAINING)
-        meta = text_format.Parse(_get(f"{base}/plugin/graphs/run_metadata?run=training/dlprof&tag=dlprof/op_time")
-                                 .decode(), config_pb2.RunMetadata())
+        meta = text_format.Parse(
+            _get(f"{base}/plugin/graphs/run_metadata?run=training/dlprof&tag=dlprof/op_time").decode(),
+            config_pb2.RunMetadata(),
+        )
         assert node_stats(meta)["aten::linear (bprop)"][1].all_end_rel_nanos == CALLS * 8000
         # the DLPROF tab names each op's node
         op = json.loads(_get(f"{base}/plugin/dlprof/op?run=training/dlprof&op_index=5"))
@@ -245,28 +292,64 @@ def test_the_wire_encoding_is_protobufs():
     varints are protobuf's, and its messages parse back into what the protobuf API builds."""
     from google.protobuf.internal.encoder import _VarintBytes
     from tensorboard.compat.proto import attr_value_pb2, tensor_shape_pb2
-    values = [0, 1, 127, 128, 300, 16383, 16384, 2 ** 35, 2 ** 63 - 1]
+
+    values = [0, 1, 127, 128, 300, 16383, 16384, 2**35, 2**63 - 1]
     assert graph_events._varints(values).to_pylist() == [_VarintBytes(v) for v in values]
     import pandas as pd
-    table = pd.DataFrame({"op_index": [0, 1], "op_id": ["CONV2D_1", "X_1"], "name": ["/net/conv", "/x"],
-                          "direction": ["bprop", None], "op_type": ["conv2d", None], "data_type": ["float16", None],
-                          "device_id": [1, -1], "calls": [2, 0], "gpu_total": [5000, 0], "cpu_total": [7, -3],
-                          "input_shapes": ["<N:8, C:3>", None], "output_shapes": ["<8, 0>", None]})
+
+    table = pd.DataFrame(
+        {
+            "op_index": [0, 1],
+            "op_id": ["CONV2D_1", "X_1"],
+            "name": ["/net/conv", "/x"],
+            "direction": ["bprop", None],
+            "op_type": ["conv2d", None],
+            "data_type": ["float16", None],
+            "device_id": [1, -1],
+            "calls": [2, 0],
+            "gpu_total": [5000, 0],
+            "cpu_total": [7, -3],
+            "input_shapes": ["<N:8, C:3>", None],
+            "output_shapes": ["<8, 0>", None],
+        }
+    )
     graph = graph_pb2.GraphDef.FromString(graph_events.graph_def(table))
     expected = graph_pb2.GraphDef()
     node = expected.node.add(name="net/conv (bprop)", op="conv2d", device="/device:GPU:1")
     AV = attr_value_pb2.AttrValue
-    for key, value in {"op_name": AV(s=b"/net/conv"), "op_id": AV(s=b"CONV2D_1"), "calls": AV(i=2),
-                       "gpu_time_ns": AV(i=5000), "cpu_time_ns": AV(i=7), "direction": AV(s=b"bprop"),
-                       "data_type": AV(s=b"float16"), "T": AV(type=types_pb2.DT_HALF),
-                       "input_shapes": AV(s=b"<N:8, C:3>"), "output_shapes": AV(s=b"<8, 0>"),
-                       "_output_shapes": AV(list=AV.ListValue(shape=[tensor_shape_pb2.TensorShapeProto(dim=[
-                           tensor_shape_pb2.TensorShapeProto.Dim(size=8),
-                           tensor_shape_pb2.TensorShapeProto.Dim(size=0)])]))}.items():
+    for key, value in {
+        "op_name": AV(s=b"/net/conv"),
+        "op_id": AV(s=b"CONV2D_1"),
+        "calls": AV(i=2),
+        "gpu_time_ns": AV(i=5000),
+        "cpu_time_ns": AV(i=7),
+        "direction": AV(s=b"bprop"),
+        "data_type": AV(s=b"float16"),
+        "T": AV(type=types_pb2.DT_HALF),
+        "input_shapes": AV(s=b"<N:8, C:3>"),
+        "output_shapes": AV(s=b"<8, 0>"),
+        "_output_shapes": AV(
+            list=AV.ListValue(
+                shape=[
+                    tensor_shape_pb2.TensorShapeProto(
+                        dim=[
+                            tensor_shape_pb2.TensorShapeProto.Dim(size=8),
+                            tensor_shape_pb2.TensorShapeProto.Dim(size=0),
+                        ]
+                    )
+                ]
+            )
+        ),
+    }.items():
         node.attr[key].CopyFrom(value)
     node = expected.node.add(name="x", op="op", device="/device:CPU:0")
-    for key, value in {"op_name": AV(s=b"/x"), "op_id": AV(s=b"X_1"), "calls": AV(i=0), "gpu_time_ns": AV(i=0),
-                       "cpu_time_ns": AV(i=-3)}.items():
+    for key, value in {
+        "op_name": AV(s=b"/x"),
+        "op_id": AV(s=b"X_1"),
+        "calls": AV(i=0),
+        "gpu_time_ns": AV(i=0),
+        "cpu_time_ns": AV(i=-3),
+    }.items():
         node.attr[key].CopyFrom(value)
     expected.versions.producer = 1
     assert graph == expected
@@ -274,5 +357,6 @@ def test_the_wire_encoding_is_protobufs():
     assert graph.node[1].attr["calls"].WhichOneof("value") == "i"
     meta = config_pb2.RunMetadata.FromString(graph_events.run_metadata(table))
     (gpu,) = [d for d in meta.step_stats.dev_stats if d.device == "/device:GPU:1"]
-    assert [(s.node_name, s.all_start_micros, s.all_end_rel_micros, s.all_end_rel_nanos) for s in gpu.node_stats] == \
-        [("net/conv (bprop)", 1, 5, 5000)]
+    assert [(s.node_name, s.all_start_micros, s.all_end_rel_micros, s.all_end_rel_nanos) for s in gpu.node_stats] == [
+        ("net/conv (bprop)", 1, 5, 5000)
+    ]

@@ -7,6 +7,7 @@ The HTTP cases run a real dlprofviewer and a real TensorBoard (with --path_prefi
 HTTP status; every refused request leaves the database byte-for-byte unchanged. Browser cases (a page of
 another origin submitting a form and a fetch): tests/test_browser_security.py.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,18 +39,23 @@ from tests.damage import damaged_copy, sha256
 from tests.nsys_builder import NsysExport
 from tests.test_plugin_checks import free_port, stop, wait_until
 
-T0 = profiles.BASE                     # training_profile: iteration i starts at T0 + i * 100_000
-BUSY_PER_ITERATION = 37_000            # its GPU busy time per iteration (no overlaps), 3 iterations
-WALL = 290_000                         # first recorded event (T0) to the last sync's end (T0 + 290_000)
+T0 = profiles.BASE  # training_profile: iteration i starts at T0 + i * 100_000
+BUSY_PER_ITERATION = 37_000  # its GPU busy time per iteration (no overlaps), 3 iterations
+WALL = 290_000  # first recorded event (T0) to the last sync's end (T0 + 290_000)
 ROOT = Path(__file__).resolve().parents[1]
 HTML_OP = '<img src=x onerror="window.__xss=1">'
 HTML_KERNEL = "<script>window.__xss=2</script>"
-BAD_UTF8_KERNEL = b"k_\xff_kernel"     # written as TEXT: not valid UTF-8
-NOT_NULL_TABLES = ["NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL",
-                   "CUPTI_ACTIVITY_KIND_MEMCPY"]
+BAD_UTF8_KERNEL = b"k_\xff_kernel"  # written as TEXT: not valid UTF-8
+NOT_NULL_TABLES = [
+    "NVTX_EVENTS",
+    "CUPTI_ACTIVITY_KIND_RUNTIME",
+    "CUPTI_ACTIVITY_KIND_KERNEL",
+    "CUPTI_ACTIVITY_KIND_MEMCPY",
+]
 
 
 # ---------------------------------------------------------------------------- inputs
+
 
 def hostile_names_profile(path: Path) -> Path:
     """Three `step` scopes, each with a leaf range whose name is HTML (launching a kernel named with HTML) and a
@@ -100,6 +106,7 @@ def base(tmp_path_factory):
 
 # ---------------------------------------------------------------------------- running the command line
 
+
 def run_cli(*argv: str) -> tuple[int, str]:
     """`dlprof ARGS` in this process (the console script's entry point): (exit status, stderr)."""
     err, out = io.StringIO(), io.StringIO()
@@ -112,8 +119,14 @@ def run_cli(*argv: str) -> tuple[int, str]:
 
 
 def dlprof_process(*argv: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "dlprof_profiler", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", "dlprof_profiler", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        **kwargs,
+    )
 
 
 def error_line(stderr: str) -> str:
@@ -152,14 +165,15 @@ def summary_value(folder: Path, label: str) -> str:
 
 # ---------------------------------------------------------------------------- command-line cases
 
+
 @dataclass
 class Case:
     id: str
-    make: Callable                 # make(work, base) -> (input to keep unchanged or None, extra args)
+    make: Callable  # make(work, base) -> (input to keep unchanged or None, extra args)
     exit: int
-    says: tuple = ()               # in the one error line (failures) or in stderr (success)
+    says: tuple = ()  # in the one error line (failures) or in stderr (success)
     check: Callable | None = None  # check(output folder) for runs that succeed
-    output_exists: bool = False    # the output folder exists before the run (then it must stay as it was)
+    output_exists: bool = False  # the output folder exists before the run (then it must stay as it was)
     marks: list = field(default_factory=list)
 
 
@@ -169,12 +183,13 @@ def _copy(name, content=None, *, cut=None, garbage=False):
         if content is not None:
             path.write_bytes(content)
         elif cut is not None:
-            path.write_bytes(base["export"].read_bytes()[:cut(base["export"].stat().st_size)])
+            path.write_bytes(base["export"].read_bytes()[: cut(base["export"].stat().st_size)])
         elif garbage:
             data = bytearray(base["export"].read_bytes())
-            data[2 * 4096: 8 * 4096] = b"\xff" * (6 * 4096)
+            data[2 * 4096 : 8 * 4096] = b"\xff" * (6 * 4096)
             path.write_bytes(bytes(data))
         return path, [f"--database={path}"]
+
     return make
 
 
@@ -182,6 +197,7 @@ def _damaged(*statements, nullable=(), source="export", extra=()):
     def make(work, base):
         path = damaged_copy(base[source], work / "input.sqlite", *statements, nullable=nullable)
         return path, [f"--database={path}", *extra]
+
     return make
 
 
@@ -190,6 +206,7 @@ def _export(*extra, source="export"):
         path = work / "input.sqlite"
         shutil.copy(base[source], path)
         return path, [f"--database={path}", *extra]
+
     return make
 
 
@@ -240,6 +257,7 @@ def _gpu_utilization(expected: str):
     def check(out):
         assert summary_value(out, "GPU Utilization %") == expected
         assert summary_value(out, "Wall Clock Time (ns)") == str(WALL)
+
     return check
 
 
@@ -262,60 +280,126 @@ CASES = [
     Case("missing-file", _missing, 1, ("missing.sqlite: no such file",)),
     Case("directory", _directory, 1, ("is a directory",)),
     Case("empty-file", _copy("empty.sqlite", b""), 1, ("empty file",)),
-    Case("text-file", _copy("notes.sqlite", b"these are notes, not a database\n" * 20), 1,
-         ("not an SQLite database",)),
+    Case("text-file", _copy("notes.sqlite", b"these are notes, not a database\n" * 20), 1, ("not an SQLite database",)),
     Case("truncated-half", _copy("cut.sqlite", cut=lambda n: n // 2), 1, ("truncated SQLite file",)),
     Case("truncated-header", _copy("cut.sqlite", cut=lambda n: 60), 1, ("truncated SQLite file",)),
     Case("garbage-pages", _copy("garbage.sqlite", garbage=True), 1, ("damaged or truncated SQLite file",)),
     Case("foreign-sqlite", _foreign, 1, ("not an Nsight Systems export or DLProf database",)),
-    Case("export-without-StringIds", _damaged("DROP TABLE StringIds"), 1,
-         ("input.sqlite: damaged Nsight Systems export", "StringIds")),
-    Case("dlprof-db-missing-iteration_list", _damaged("DROP TABLE iteration_list", source="db"), 1,
-         ("input.sqlite: damaged DLProf database: table iteration_list missing",)),
-    Case("dlprof-db-missing-raw-table", _damaged("DROP TABLE raw_gpu_activities", source="db"), 1,
-         ("input.sqlite: damaged DLProf database: table raw_gpu_activities missing",)),
-    Case("dlprof-db-newer-schema", _damaged("UPDATE db_version SET current_version = '9.0'", source="db"), 1,
-         ("input.sqlite: DLProf database schema 9.0 is not supported",)),
-    Case("nvtx-start-null", _damaged(f"UPDATE NVTX_EVENTS SET start = NULL WHERE start IN ({T0 + 6000}, {T0 + 21000})",
-                                     nullable=NOT_NULL_TABLES), 0,
-         ("dropped rows with impossible timestamps: 2 NVTX ranges (2 without a start or end time)",),
-         _gpu_utilization(f"{100 * 3 * BUSY_PER_ITERATION / WALL:.1f}")),
-    Case("runtime-start-and-end-null", _damaged(
-        f"UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET start = NULL WHERE start = {T0 + 12000}",
-        f"UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET \"end\" = NULL WHERE start = {T0 + 22000}", nullable=NOT_NULL_TABLES),
-        0, ("2 CUDA API calls (2 without a start or end time)",), _gpu_utilization(f"{100 * 3 * BUSY_PER_ITERATION / WALL:.1f}")),
+    Case(
+        "export-without-StringIds",
+        _damaged("DROP TABLE StringIds"),
+        1,
+        ("input.sqlite: damaged Nsight Systems export", "StringIds"),
+    ),
+    Case(
+        "dlprof-db-missing-iteration_list",
+        _damaged("DROP TABLE iteration_list", source="db"),
+        1,
+        ("input.sqlite: damaged DLProf database: table iteration_list missing",),
+    ),
+    Case(
+        "dlprof-db-missing-raw-table",
+        _damaged("DROP TABLE raw_gpu_activities", source="db"),
+        1,
+        ("input.sqlite: damaged DLProf database: table raw_gpu_activities missing",),
+    ),
+    Case(
+        "dlprof-db-newer-schema",
+        _damaged("UPDATE db_version SET current_version = '9.0'", source="db"),
+        1,
+        ("input.sqlite: DLProf database schema 9.0 is not supported",),
+    ),
+    Case(
+        "nvtx-start-null",
+        _damaged(
+            f"UPDATE NVTX_EVENTS SET start = NULL WHERE start IN ({T0 + 6000}, {T0 + 21000})", nullable=NOT_NULL_TABLES
+        ),
+        0,
+        ("dropped rows with impossible timestamps: 2 NVTX ranges (2 without a start or end time)",),
+        _gpu_utilization(f"{100 * 3 * BUSY_PER_ITERATION / WALL:.1f}"),
+    ),
+    Case(
+        "runtime-start-and-end-null",
+        _damaged(
+            f"UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET start = NULL WHERE start = {T0 + 12000}",
+            f'UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET "end" = NULL WHERE start = {T0 + 22000}',
+            nullable=NOT_NULL_TABLES,
+        ),
+        0,
+        ("2 CUDA API calls (2 without a start or end time)",),
+        _gpu_utilization(f"{100 * 3 * BUSY_PER_ITERATION / WALL:.1f}"),
+    ),
     # busy time without the first TC_CONV kernel: 3 * 37_000 - 10_000 = 101_000 of 290_000 ns = 34.83 %
-    Case("kernel-start-null", _damaged(KERNEL_NULL.format(T0 + 14000), nullable=NOT_NULL_TABLES), 0,
-         ("1 GPU activities (1 without a start or end time)",), _gpu_utilization("34.8")),
-    Case("reversed-times", _damaged(
-        f"UPDATE NVTX_EVENTS SET \"end\" = start - 1 WHERE start = {T0 + 21000}",
-        f"UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET start = \"end\" + 500 WHERE start = {T0 + 22000}",
-        f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET \"end\" = start - 2000 WHERE start = {T0 + 25000}"), 0,
-        (("1 NVTX ranges (1 ending before they start); 1 CUDA API calls (1 ending before they start); "
-          "1 GPU activities (1 ending before they start)"),),
-        _gpu_utilization(f"{100 * (3 * BUSY_PER_ITERATION - 2000) / WALL:.1f}")),
-    Case("every-timestamp-missing", _damaged(*(f"UPDATE {t} SET start = NULL" for t in NOT_NULL_TABLES),
-                                             nullable=NOT_NULL_TABLES), 1,
-         ("input.sqlite: no usable events", "missing or reversed timestamp")),
-    Case("duplicate-correlation-ids", _duplicate_ids, 0,
-         ("1 correlation id(s) are used by more than one CUDA API call of the same process (2 calls)",),
-         _kernel_api_times),
-    Case("key-node-not-found", _export("--key_node=NoSuchNode"), 0,
-         ("key node 'NoSuchNode' not found: the whole profile is one iteration",)),
-    Case("reports-bogus-value", _export("--reports", "summary", "bogus", "--"), 2,
-         ("--reports: unknown value 'bogus'",)),
+    Case(
+        "kernel-start-null",
+        _damaged(KERNEL_NULL.format(T0 + 14000), nullable=NOT_NULL_TABLES),
+        0,
+        ("1 GPU activities (1 without a start or end time)",),
+        _gpu_utilization("34.8"),
+    ),
+    Case(
+        "reversed-times",
+        _damaged(
+            f'UPDATE NVTX_EVENTS SET "end" = start - 1 WHERE start = {T0 + 21000}',
+            f'UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET start = "end" + 500 WHERE start = {T0 + 22000}',
+            f'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = start - 2000 WHERE start = {T0 + 25000}',
+        ),
+        0,
+        (
+            (
+                "1 NVTX ranges (1 ending before they start); 1 CUDA API calls (1 ending before they start); "
+                "1 GPU activities (1 ending before they start)"
+            ),
+        ),
+        _gpu_utilization(f"{100 * (3 * BUSY_PER_ITERATION - 2000) / WALL:.1f}"),
+    ),
+    Case(
+        "every-timestamp-missing",
+        _damaged(*(f"UPDATE {t} SET start = NULL" for t in NOT_NULL_TABLES), nullable=NOT_NULL_TABLES),
+        1,
+        ("input.sqlite: no usable events", "missing or reversed timestamp"),
+    ),
+    Case(
+        "duplicate-correlation-ids",
+        _duplicate_ids,
+        0,
+        ("1 correlation id(s) are used by more than one CUDA API call of the same process (2 calls)",),
+        _kernel_api_times,
+    ),
+    Case(
+        "key-node-not-found",
+        _export("--key_node=NoSuchNode"),
+        0,
+        ("key node 'NoSuchNode' not found: the whole profile is one iteration",),
+    ),
+    Case(
+        "reports-bogus-value", _export("--reports", "summary", "bogus", "--"), 2, ("--reports: unknown value 'bogus'",)
+    ),
     Case("formats-bogus-value", _export("--formats=csv,pdf"), 2, ("unknown value 'pdf'",)),
     Case("iter-range-outside-profile", _export("--iter_start=7"), 2, ("outside the profile",)),
     Case("iter-stop-below-start", _export("--iter_start=2", "--iter_stop=1"), 2, ("below --iter_start 2",)),
     Case("base-name-path-traversal", _export("--base_name=../escape"), 2, ("invalid name '../escape'",)),
-    Case("output-path-is-a-file", _output_is_a_file, 1, ("output path exists and is not a directory",),
-         output_exists=True),
-    Case("existing-outputs-without-force", _existing_outputs, 1, ("output file exists", "--force"),
-         output_exists=True),
-    Case("output-would-replace-input", _output_replaces_input, 2, ("the output database would replace the input",),
-         output_exists=True),
-    Case("html-in-names", _export("--reports=kernel,detail", "--formats=csv,json", source="hostile"), 0,
-         check=_hostile_names_verbatim),
+    Case(
+        "output-path-is-a-file",
+        _output_is_a_file,
+        1,
+        ("output path exists and is not a directory",),
+        output_exists=True,
+    ),
+    Case("existing-outputs-without-force", _existing_outputs, 1, ("output file exists", "--force"), output_exists=True),
+    Case(
+        "output-would-replace-input",
+        _output_replaces_input,
+        2,
+        ("the output database would replace the input",),
+        output_exists=True,
+    ),
+    Case(
+        "html-in-names",
+        _export("--reports=kernel,detail", "--formats=csv,json", source="hostile"),
+        0,
+        check=_hostile_names_verbatim,
+    ),
 ]
 
 
@@ -354,21 +438,29 @@ def test_cli(case, base, tmp_path):
 def test_cli_dropped_rows_are_left_out_of_the_database_too(base, tmp_path):
     """The raw tables copied into the database hold the rows the analysis used (ids match), so re-aggregating
     the database gives the same figures."""
-    path = damaged_copy(base["export"], tmp_path / "k.sqlite", KERNEL_NULL.format(T0 + 14000),
-                        f"UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET start = \"end\" + 1 WHERE start = {T0 + 22000}",
-                        nullable=NOT_NULL_TABLES)
+    path = damaged_copy(
+        base["export"],
+        tmp_path / "k.sqlite",
+        KERNEL_NULL.format(T0 + 14000),
+        f'UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET start = "end" + 1 WHERE start = {T0 + 22000}',
+        nullable=NOT_NULL_TABLES,
+    )
     assert run_cli(f"--database={path}", f"--output_path={tmp_path / 'a'}", "--reports=summary")[0] == 0
     db = tmp_path / "a" / "dlprof_dldb.sqlite"
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    gpu = con.execute("SELECT count(*), min(activity_id), max(activity_id), min(\"end\" - start) "
-                      "FROM read_only_gpu_activities").fetchone()
-    api = con.execute("SELECT count(*), max(api_id), min(\"end\" - start) FROM read_only_cuda_calls").fetchone()
+    gpu = con.execute(
+        'SELECT count(*), min(activity_id), max(activity_id), min("end" - start) FROM read_only_gpu_activities'
+    ).fetchone()
+    api = con.execute('SELECT count(*), max(api_id), min("end" - start) FROM read_only_cuda_calls').fetchone()
     con.close()
     # per iteration 7 GPU activities and 8 API calls (memcpy, six launches, a synchronize); one of each dropped
     assert gpu == (3 * 7 - 1, 0, 3 * 7 - 2, 1000) and api == (3 * 8 - 1, 3 * 8 - 2, 1000)
     assert run_cli(f"--database={db}", f"--output_path={tmp_path / 'b'}", "--reports=summary")[0] == 0
-    assert summary_value(tmp_path / "b", "GPU Utilization %") == summary_value(tmp_path / "a", "GPU Utilization %") \
+    assert (
+        summary_value(tmp_path / "b", "GPU Utilization %")
+        == summary_value(tmp_path / "a", "GPU Utilization %")
         == "34.8"
+    )
 
 
 def test_cli_report_write_failure_is_one_line_without_output(base, tmp_path, monkeypatch):
@@ -378,6 +470,7 @@ def test_cli_report_write_failure_is_one_line_without_output(base, tmp_path, mon
     def full(report, out_dir, base_name, formats, suffix, path_of):
         target = path_of(out_dir / f"{base_name}_summary.csv")
         raise OSError(28, "No space left on device", str(target))
+
     monkeypatch.setattr(reports, "write_report", full)
     out = tmp_path / "out"
     code, stderr = run_cli(f"--database={base['export']}", f"--output_path={out}")
@@ -388,15 +481,17 @@ def test_cli_report_write_failure_is_one_line_without_output(base, tmp_path, mon
 
 # ---------------------------------------------------------------------------- processes: kill, disk full, concurrency
 
+
 def test_cli_disk_full_file_size_limit(base, tmp_path):
     """RLIMIT_FSIZE (the run may not grow a file past 100 kB) stands in for a full disk."""
+
     def limit():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
     out = tmp_path / "out"
     before = sha256(base["export"])
-    proc = dlprof_process(f"--database={base['export']}", f"--output_path={out}", "--reports=all",
-                          preexec_fn=limit)
+    proc = dlprof_process(f"--database={base['export']}", f"--output_path={out}", "--reports=all", preexec_fn=limit)
     _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 1
     assert f"ERROR: {out / 'dlprof_dldb.sqlite'}: could not write the database" in error_line(stderr)
@@ -412,8 +507,7 @@ def test_cli_two_runs_into_one_folder(base, tmp_path):
     second = dlprof_process(f"--database={base['export']}", f"--output_path={out}", "--force")
     _, stderr = second.communicate(timeout=60)
     assert second.returncode == 1 and time.monotonic() - started < 30
-    assert f"ERROR: {out}: another dlprof run (pid {first.pid}) is writing to this output folder" in \
-        error_line(stderr)
+    assert f"ERROR: {out}: another dlprof run (pid {first.pid}) is writing to this output folder" in error_line(stderr)
     _, stderr = first.communicate(timeout=300)
     assert first.returncode == 0, stderr
     assert (out / "dlprof_iteration.csv").is_file() and not (out / LOCK_NAME).exists()
@@ -427,7 +521,7 @@ def test_cli_kill_9_while_writing_then_the_next_run_cleans_up(base, tmp_path):
     out = tmp_path / "out"
     proc = dlprof_process(f"--database={export}", f"--output_path={out}", "--reports=all")
     deadline = time.monotonic() + 120
-    while not list(out.glob(f"{STAGING_PREFIX}*/dlprof_dldb.sqlite")):   # the raw copy starts after ingest
+    while not list(out.glob(f"{STAGING_PREFIX}*/dlprof_dldb.sqlite")):  # the raw copy starts after ingest
         assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it was killed"
         time.sleep(0.01)
     proc.kill()
@@ -443,8 +537,10 @@ def test_cli_kill_9_while_writing_then_the_next_run_cleans_up(base, tmp_path):
 
 # ---------------------------------------------------------------------------- HTTP: dlprofviewer
 
-def request(port: int, method: str, path: str, headers: dict | None = None, body: bytes | None = None,
-            timeout: float = 30) -> tuple[int, dict, bytes]:
+
+def request(
+    port: int, method: str, path: str, headers: dict | None = None, body: bytes | None = None, timeout: float = 30
+) -> tuple[int, dict, bytes]:
     """One HTTP request with exactly these headers (Host included; None leaves a header out), raw path."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
@@ -472,19 +568,37 @@ def viewer(base, tmp_path_factory):
     """dlprofviewer on two databases: `hostile_dldb` (hostile names; never written: its hash is checked) and
     `reagg_dldb` (the training profile, re-aggregated by the accepted requests)."""
     work = tmp_path_factory.mktemp("viewer")
-    assert run_cli(f"--database={base['hostile']}", f"--output_path={work}", "--base_name=hostile",
-                   "--reports=summary")[0] == 0
+    assert (
+        run_cli(f"--database={base['hostile']}", f"--output_path={work}", "--base_name=hostile", "--reports=summary")[0]
+        == 0
+    )
     shutil.copy(base["db"], work / "reagg_dldb.sqlite")
     port = free_port()
     log_file = open(work / "viewer.log", "w")
-    proc = subprocess.Popen(_viewer_command() + [str(work / "hostile_dldb.sqlite"), str(work / "reagg_dldb.sqlite"),
-                                                 f"--port={port}", "--host=127.0.0.1", "--allowed_hosts=viewer.test"],
-                            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT)
+    proc = subprocess.Popen(
+        _viewer_command()
+        + [
+            str(work / "hostile_dldb.sqlite"),
+            str(work / "reagg_dldb.sqlite"),
+            f"--port={port}",
+            "--host=127.0.0.1",
+            "--allowed_hosts=viewer.test",
+        ],
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
     try:
-        wait_until(lambda: request(port, "GET", "/data/plugin/dlprof/runs", timeout=5)[0] == 200, 60,
-                   "dlprofviewer", proc)
-        yield {"port": port, "hostile": work / "hostile_dldb.sqlite", "reagg": work / "reagg_dldb.sqlite",
-               "log": work / "viewer.log"}
+        wait_until(
+            lambda: request(port, "GET", "/data/plugin/dlprof/runs", timeout=5)[0] == 200, 60, "dlprofviewer", proc
+        )
+        yield {
+            "port": port,
+            "hostile": work / "hostile_dldb.sqlite",
+            "reagg": work / "reagg_dldb.sqlite",
+            "log": work / "viewer.log",
+        }
     finally:
         stop(proc)
         log_file.close()
@@ -500,47 +614,108 @@ def _same_origin(port):
 
 # (id, method, path, headers(port), body, status)
 CSRF_CASES = [
-    ("form-text-plain", "POST", "reaggregate", lambda p: {"Content-Type": "text/plain",
-                                                          "Origin": "http://evil.example"}, GOOD_BODY, 403),
-    ("form-urlencoded", "POST", "reaggregate", lambda p: {"Content-Type": "application/x-www-form-urlencoded",
-                                                          "Origin": "http://evil.example"},
-     b"run=hostile_dldb&iter_start=0", 403),
-    ("form-multipart", "POST", "reaggregate", lambda p: {"Content-Type": "multipart/form-data; boundary=x",
-                                                         "Origin": "null"},
-     b'--x\r\nContent-Disposition: form-data; name="run"\r\n\r\nhostile_dldb\r\n--x--\r\n', 403),
-    ("json-without-request-header", "POST", "reaggregate", lambda p: {"Content-Type": "application/json",
-                                                                      "Origin": f"http://127.0.0.1:{p}"},
-     GOOD_BODY, 403),
-    ("header-with-text-plain", "POST", "reaggregate", lambda p: {**_same_origin(p), "Content-Type": "text/plain"},
-     GOOD_BODY, 403),
-    ("foreign-origin", "POST", "reaggregate", lambda p: {**_same_origin(p), "Origin": "http://evil.example"},
-     GOOD_BODY, 403),
+    (
+        "form-text-plain",
+        "POST",
+        "reaggregate",
+        lambda p: {"Content-Type": "text/plain", "Origin": "http://evil.example"},
+        GOOD_BODY,
+        403,
+    ),
+    (
+        "form-urlencoded",
+        "POST",
+        "reaggregate",
+        lambda p: {"Content-Type": "application/x-www-form-urlencoded", "Origin": "http://evil.example"},
+        b"run=hostile_dldb&iter_start=0",
+        403,
+    ),
+    (
+        "form-multipart",
+        "POST",
+        "reaggregate",
+        lambda p: {"Content-Type": "multipart/form-data; boundary=x", "Origin": "null"},
+        b'--x\r\nContent-Disposition: form-data; name="run"\r\n\r\nhostile_dldb\r\n--x--\r\n',
+        403,
+    ),
+    (
+        "json-without-request-header",
+        "POST",
+        "reaggregate",
+        lambda p: {"Content-Type": "application/json", "Origin": f"http://127.0.0.1:{p}"},
+        GOOD_BODY,
+        403,
+    ),
+    (
+        "header-with-text-plain",
+        "POST",
+        "reaggregate",
+        lambda p: {**_same_origin(p), "Content-Type": "text/plain"},
+        GOOD_BODY,
+        403,
+    ),
+    (
+        "foreign-origin",
+        "POST",
+        "reaggregate",
+        lambda p: {**_same_origin(p), "Origin": "http://evil.example"},
+        GOOD_BODY,
+        403,
+    ),
     ("origin-null", "POST", "reaggregate", lambda p: {**_same_origin(p), "Origin": "null"}, GOOD_BODY, 403),
-    ("origin-other-port", "POST", "reaggregate", lambda p: {**_same_origin(p), "Origin": f"http://127.0.0.1:{p + 1}"},
-     GOOD_BODY, 403),
-    ("foreign-referer", "POST", "reaggregate", lambda p: {**_same_origin(p), "Origin": None,
-                                                          "Referer": "http://evil.example/attack.html"},
-     GOOD_BODY, 403),
+    (
+        "origin-other-port",
+        "POST",
+        "reaggregate",
+        lambda p: {**_same_origin(p), "Origin": f"http://127.0.0.1:{p + 1}"},
+        GOOD_BODY,
+        403,
+    ),
+    (
+        "foreign-referer",
+        "POST",
+        "reaggregate",
+        lambda p: {**_same_origin(p), "Origin": None, "Referer": "http://evil.example/attack.html"},
+        GOOD_BODY,
+        403,
+    ),
     ("bare-route-form", "POST", "/reaggregate", lambda p: {"Content-Type": "text/plain"}, GOOD_BODY, 403),
-    ("rebinding-post", "POST", "reaggregate", lambda p: {**_same_origin(p), "Host": f"attacker.example:{p}",
-                                                         "Origin": f"http://attacker.example:{p}"}, GOOD_BODY, 403),
+    (
+        "rebinding-post",
+        "POST",
+        "reaggregate",
+        lambda p: {**_same_origin(p), "Host": f"attacker.example:{p}", "Origin": f"http://attacker.example:{p}"},
+        GOOD_BODY,
+        403,
+    ),
     ("rebinding-get-runs", "GET", "runs", lambda p: {"Host": f"attacker.example:{p}"}, None, 403),
     ("rebinding-get-page", "GET", "/", lambda p: {"Host": f"attacker.example:{p}"}, None, 403),
     ("rebinding-get-static", "GET", "index.js", lambda p: {"Host": f"attacker.example:{p}"}, None, 403),
-    ("rebinding-get-table", "GET", "table/ops?run=hostile_dldb", lambda p: {"Host": f"attacker.example:{p}"}, None,
-     403),
+    (
+        "rebinding-get-table",
+        "GET",
+        "table/ops?run=hostile_dldb",
+        lambda p: {"Host": f"attacker.example:{p}"},
+        None,
+        403,
+    ),
     ("rebinding-localhost-suffix", "GET", "runs", lambda p: {"Host": f"localhost.attacker.example:{p}"}, None, 403),
     ("host-localhost", "GET", "runs", lambda p: {"Host": f"localhost:{p}"}, None, 200),
     ("host-ipv6-loopback", "GET", "runs", lambda p: {"Host": f"[::1]:{p}"}, None, 200),
     ("host-allowed-by-flag", "GET", "runs", lambda p: {"Host": f"viewer.test:{p}"}, None, 200),
     ("no-host-header", "GET", "runs", lambda p: {"Host": None}, None, 200),
     ("nested-json-5000", "POST", "reaggregate", _same_origin, b"[" * 5000 + b"]" * 5000, 400),
-    ("nested-json-in-field", "POST", "reaggregate", _same_origin,
-     b'{"run": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400),
+    ("nested-json-in-field", "POST", "reaggregate", _same_origin, b'{"run": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400),
     ("body-too-large", "POST", "reaggregate", _same_origin, b" " * (65 * 1024) + b"{}", 413),
     ("body-not-json", "POST", "reaggregate", _same_origin, b"run=hostile_dldb", 400),
-    ("preflight-options", "OPTIONS", "reaggregate", lambda p: {"Origin": "http://evil.example",
-                                                               "Access-Control-Request-Method": "POST"}, None, 405),
+    (
+        "preflight-options",
+        "OPTIONS",
+        "reaggregate",
+        lambda p: {"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"},
+        None,
+        405,
+    ),
 ]
 
 
@@ -561,15 +736,32 @@ def test_viewer_request(case, viewer):
     assert sha256(viewer["hostile"]) == before
 
 
-TRAVERSAL = [   # raw request paths: the API prefix, the viewer's bare routes, and the run/domain parameters
-    API + "../../../etc/passwd", API + "..%2F..%2F..%2Fetc%2Fpasswd", API + "%2e%2e/%2e%2e/etc/passwd",
-    API + "%252e%252e%252fetc%252fpasswd", API + "....//....//etc/passwd", API + "..\\..\\etc\\passwd",
-    API + "..%5c..%5cetc%5cpasswd", API + "%2fetc%2fpasswd", API + "/etc/passwd", API + "index.js%00.png",
-    API + "..;/..;/etc/passwd", API + ".%2e/.%2e/etc/passwd", API + "__init__.py", API + ".hidden.js",
-    API + "%c0%ae%c0%ae/%c0%ae%c0%ae/etc/passwd", "/../../../etc/passwd", "/..%2f..%2fetc%2fpasswd",
-    API + "runs?run=../../etc/passwd", API + "dashboard?run=..%2F..%2Fetc%2Fpasswd", API + "dashboard?run=/etc/passwd",
-    API + "dashboard?run=C:%5CWindows%5Cwin.ini", API + "dashboard?run=%5C%5Cserver%5Cshare",
-    API + "dashboard?run=hostile_dldb/../../x", API + "dashboard?run=%00", API + "table/ops?run=hostile_dldb&domain=../../x",
+TRAVERSAL = [  # raw request paths: the API prefix, the viewer's bare routes, and the run/domain parameters
+    API + "../../../etc/passwd",
+    API + "..%2F..%2F..%2Fetc%2Fpasswd",
+    API + "%2e%2e/%2e%2e/etc/passwd",
+    API + "%252e%252e%252fetc%252fpasswd",
+    API + "....//....//etc/passwd",
+    API + "..\\..\\etc\\passwd",
+    API + "..%5c..%5cetc%5cpasswd",
+    API + "%2fetc%2fpasswd",
+    API + "/etc/passwd",
+    API + "index.js%00.png",
+    API + "..;/..;/etc/passwd",
+    API + ".%2e/.%2e/etc/passwd",
+    API + "__init__.py",
+    API + ".hidden.js",
+    API + "%c0%ae%c0%ae/%c0%ae%c0%ae/etc/passwd",
+    "/../../../etc/passwd",
+    "/..%2f..%2fetc%2fpasswd",
+    API + "runs?run=../../etc/passwd",
+    API + "dashboard?run=..%2F..%2Fetc%2Fpasswd",
+    API + "dashboard?run=/etc/passwd",
+    API + "dashboard?run=C:%5CWindows%5Cwin.ini",
+    API + "dashboard?run=%5C%5Cserver%5Cshare",
+    API + "dashboard?run=hostile_dldb/../../x",
+    API + "dashboard?run=%00",
+    API + "table/ops?run=hostile_dldb&domain=../../x",
     API + "dashboard?run=hostile_dldb&domain=/etc/passwd",
 ]
 
@@ -579,28 +771,59 @@ def test_viewer_path_traversal_in_routes_and_parameters(viewer):
     port = viewer["port"]
     for path in TRAVERSAL:
         code, headers, body = request(port, "GET", path)
-        if path.startswith(API + "runs?"):   # runs takes no run parameter: the listing, no file
+        if path.startswith(API + "runs?"):  # runs takes no run parameter: the listing, no file
             assert code == 200 and b"root:" not in body
             continue
         assert code in (400, 404), (path, code, body[:200])
         assert b"root:" not in body and headers["content-type"].startswith("application/json"), path
-    code, _, body = request(port, "POST", API + "reaggregate", _same_origin(port),
-                            json.dumps({"run": "../../etc/passwd"}).encode())
+    code, _, body = request(
+        port, "POST", API + "reaggregate", _same_origin(port), json.dumps({"run": "../../etc/passwd"}).encode()
+    )
     assert code == 400 and b"root:" not in body
     assert len(TRAVERSAL) + 1 == 27
 
 
-SQL_PAYLOADS = ["'", "' OR '1'='1", "1 OR 1=1", "1; DROP TABLE aggregations; --", '" OR ""="',
-                "%' UNION SELECT name, sql FROM sqlite_master --", ") OR (1=1", "\\", "%"]
+SQL_PAYLOADS = [
+    "'",
+    "' OR '1'='1",
+    "1 OR 1=1",
+    "1; DROP TABLE aggregations; --",
+    '" OR ""="',
+    "%' UNION SELECT name, sql FROM sqlite_master --",
+    ") OR (1=1",
+    "\\",
+    "%",
+]
 SQL_ROUTES = {
-    "dashboard": ["run", "aggr", "domain"], "gpus": ["aggr", "domain"], "iterations": ["aggr", "domain"],
-    "expert_systems": ["aggr", "domain"], "op": ["op_index", "aggr", "domain"], "aggregations": ["run"],
-    "domains": ["run"], "system": ["run"], "reaggregate_status": ["run"],
-    "table/ops": ["run", "aggr", "domain", "sort", "order", "q", "offset", "limit", "format", "col.op_name",
-                  "col.gpu_total", "col.using_tc"],
-    "table/kernels": ["op_index", "q", "col.kernel_name"], "table/group_ops": ["parent"],
-    "table/iteration_kernels": ["iteration", "sort"], "table/iteration_ops": ["iteration", "q"],
-    "table/key_nodes": ["q", "col.name"], "table/expert_systems": ["q"],
+    "dashboard": ["run", "aggr", "domain"],
+    "gpus": ["aggr", "domain"],
+    "iterations": ["aggr", "domain"],
+    "expert_systems": ["aggr", "domain"],
+    "op": ["op_index", "aggr", "domain"],
+    "aggregations": ["run"],
+    "domains": ["run"],
+    "system": ["run"],
+    "reaggregate_status": ["run"],
+    "table/ops": [
+        "run",
+        "aggr",
+        "domain",
+        "sort",
+        "order",
+        "q",
+        "offset",
+        "limit",
+        "format",
+        "col.op_name",
+        "col.gpu_total",
+        "col.using_tc",
+    ],
+    "table/kernels": ["op_index", "q", "col.kernel_name"],
+    "table/group_ops": ["parent"],
+    "table/iteration_kernels": ["iteration", "sort"],
+    "table/iteration_ops": ["iteration", "q"],
+    "table/key_nodes": ["q", "col.name"],
+    "table/expert_systems": ["q"],
 }
 
 
@@ -608,6 +831,7 @@ def test_viewer_sql_injection_in_every_route_parameter(viewer):
     """Every payload in every parameter of every route: answered (200, 400, 404), never 500; text searches
     match the payload literally (no op name contains it); the database is unchanged."""
     import urllib.parse
+
     port, db = viewer["port"], viewer["hostile"]
     before = sha256(db)
     defaults = {"run": "hostile_dldb", "op_index": "0", "iteration": "0"}
@@ -620,8 +844,11 @@ def test_viewer_sql_injection_in_every_route_parameter(viewer):
                 code, _, body = request(port, "GET", API + route + "?" + urllib.parse.urlencode(params))
                 count += 1
                 assert code in (200, 400, 404), (route, name, payload, code, body[:300])
-                if code == 200 and name in ("q", "col.op_name", "col.kernel_name", "col.name") \
-                        and route != "table/expert_systems":   # its texts hold '%'; names hold no payload
+                if (
+                    code == 200
+                    and name in ("q", "col.op_name", "col.kernel_name", "col.name")
+                    and route != "table/expert_systems"
+                ):  # its texts hold '%'; names hold no payload
                     assert json.loads(body)["filtered"] == 0, (route, name, payload)
     assert count > 300 and sha256(db) == before
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
@@ -642,9 +869,11 @@ def test_viewer_html_names_are_json_text(viewer):
 
 def test_viewer_invalid_utf8_names_are_decoded_with_replacement(viewer):
     port = viewer["port"]
-    for route in ("table/iteration_kernels?run=hostile_dldb&iteration=0&limit=100",
-                  "table/iteration_op_kernels?run=hostile_dldb&iteration=0&op_index=1&limit=100",
-                  "table/kernels?run=hostile_dldb&limit=100"):
+    for route in (
+        "table/iteration_kernels?run=hostile_dldb&iteration=0&limit=100",
+        "table/iteration_op_kernels?run=hostile_dldb&iteration=0&op_index=1&limit=100",
+        "table/kernels?run=hostile_dldb&limit=100",
+    ):
         code, _, body = request(port, "GET", API + route)
         assert code == 200, body[:300]
         assert "k_\ufffd_kernel" in json.dumps(json.loads(body), ensure_ascii=False), route
@@ -657,9 +886,14 @@ def test_viewer_accepted_reaggregation_with_concurrent_requests(viewer):
     body = json.dumps({"run": "reagg_dldb", "key_node": None, "iter_start": 1, "iter_stop": 2}).encode()
     code, _, payload = request(port, "POST", API + "reaggregate", _same_origin(port), body)
     assert code == 202, payload
-    routes = ["dashboard?run=reagg_dldb&aggr=1", "table/ops?run=reagg_dldb&aggr=1&sort=op_name",
-              "table/iteration_kernels?run=reagg_dldb&aggr=1&iteration=1", "aggregations?run=reagg_dldb",
-              "table/key_nodes?run=reagg_dldb", "runs"]
+    routes = [
+        "dashboard?run=reagg_dldb&aggr=1",
+        "table/ops?run=reagg_dldb&aggr=1&sort=op_name",
+        "table/iteration_kernels?run=reagg_dldb&aggr=1&iteration=1",
+        "aggregations?run=reagg_dldb",
+        "table/key_nodes?run=reagg_dldb",
+        "runs",
+    ]
     statuses, lock = [], threading.Lock()
 
     def worker(k):
@@ -667,33 +901,39 @@ def test_viewer_accepted_reaggregation_with_concurrent_requests(viewer):
             code, headers, _ = request(port, "GET", API + routes[i % len(routes)], timeout=60)
             with lock:
                 statuses.append(200 if code == 200 else (code, headers.get("retry-after")))
+
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(16)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=300)
-    assert len(statuses) == 1000 and all(s == 200 or s == (503, "1") for s in statuses), \
-        [s for s in statuses if s != 200][:5]
+    assert len(statuses) == 1000 and all(s == 200 or s == (503, "1") for s in statuses), [
+        s for s in statuses if s != 200
+    ][:5]
 
     def finished():
         job = json.loads(request(port, "GET", API + "reaggregate_status?run=reagg_dldb")[2])["job"]
         return job if job["status"] != "running" else None
+
     job = wait_until(finished, 120, "the re-aggregation")
     assert job["status"] == "succeeded" and job["aggr_id"] == 2, job
 
 
 # ---------------------------------------------------------------------------- re-aggregation jobs killed
 
+
 def _killed_job(monkeypatch, db: Path, script: str) -> dict:
     """Run a job whose engine process is `script` (it kills itself with SIGKILL), through the viewer's
     JobManager wired as the Service wires it; returns the finished job."""
     from dlprof_plugin.db import Registry
+
     registry = Registry()
     monkeypatch.setattr(jobs_mod, "command", lambda database, *a: [sys.executable, "-c", script, database])
     manager = jobs_mod.JobManager(aggregations=lambda database: registry.get(database).aggregations())
     manager.start(str(db), None, 1, 2)
-    return wait_until(lambda: manager.status(str(db)) if manager.status(str(db))["status"] != "running" else None,
-                      120, "the job")
+    return wait_until(
+        lambda: manager.status(str(db)) if manager.status(str(db))["status"] != "running" else None, 120, "the job"
+    )
 
 
 KILL_AFTER_COMMIT = """import os, signal, sys
@@ -715,8 +955,11 @@ def test_job_killed_just_after_its_commit_is_reported_succeeded(base, tmp_path, 
     assert job["status"] == "succeeded" and job["aggr_id"] == 2, job
     assert "after committing it" in job["message"]
     con = sqlite3.connect(db)
-    assert con.execute("SELECT aggr_id, iter_start, iter_stop FROM aggregations ORDER BY aggr_id").fetchall()[-1] \
-        == (2, 1, 2)
+    assert con.execute("SELECT aggr_id, iter_start, iter_stop FROM aggregations ORDER BY aggr_id").fetchall()[-1] == (
+        2,
+        1,
+        2,
+    )
     con.close()
 
 
@@ -728,13 +971,14 @@ def test_job_killed_before_its_commit_is_reported_failed_and_rolled_back(base, t
     con.close()
     job = _killed_job(monkeypatch, db, KILL_BEFORE_COMMIT)
     assert job["status"] == "failed", job
-    con = sqlite3.connect(db)   # a writable connection rolls the hot journal back
+    con = sqlite3.connect(db)  # a writable connection rolls the hot journal back
     assert con.execute("SELECT count(*) FROM aggregations").fetchone()[0] == 1
     assert con.execute("SELECT count(*) FROM op_nodes").fetchone()[0] == op_nodes > 0
     con.close()
 
 
 # ---------------------------------------------------------------------------- HTTP: TensorBoard with --path_prefix
+
 
 @pytest.fixture(scope="module")
 def tensorboard(base, tmp_path_factory):
@@ -744,13 +988,26 @@ def tensorboard(base, tmp_path_factory):
     log_file = open(logdir.parent / f"{logdir.name}.log", "w")
     exe = Path(sys.executable).parent / "tensorboard"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "tensorboard.main"]
-    proc = subprocess.Popen(cmd + [f"--logdir={logdir}", f"--port={port}", "--host=127.0.0.1", "--path_prefix=/pfx",
-                                   "--reload_interval=1", "--dlprof_allowed_hosts=tb.test"],
-                            stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT)
+    proc = subprocess.Popen(
+        cmd
+        + [
+            f"--logdir={logdir}",
+            f"--port={port}",
+            "--host=127.0.0.1",
+            "--path_prefix=/pfx",
+            "--reload_interval=1",
+            "--dlprof_allowed_hosts=tb.test",
+        ],
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
 
     def ready():
         code, _, body = request(port, "GET", "/pfx" + API + "runs", timeout=5)
         return code == 200 and json.loads(body)["runs"]
+
     try:
         wait_until(ready, 90, "TensorBoard with the DLPROF plugin", proc)
         yield {"port": port, "db": logdir / "training" / "dlprof_dldb.sqlite"}
@@ -760,10 +1017,20 @@ def tensorboard(base, tmp_path_factory):
 
 
 TB_CASES = [
-    ("form-text-plain", "POST", "reaggregate", lambda p: {"Content-Type": "text/plain",
-                                                          "Origin": "http://evil.example"}, 403),
-    ("json-without-request-header", "POST", "reaggregate", lambda p: {"Content-Type": "application/json",
-                                                                      "Origin": f"http://127.0.0.1:{p}"}, 403),
+    (
+        "form-text-plain",
+        "POST",
+        "reaggregate",
+        lambda p: {"Content-Type": "text/plain", "Origin": "http://evil.example"},
+        403,
+    ),
+    (
+        "json-without-request-header",
+        "POST",
+        "reaggregate",
+        lambda p: {"Content-Type": "application/json", "Origin": f"http://127.0.0.1:{p}"},
+        403,
+    ),
     ("foreign-origin", "POST", "reaggregate", lambda p: {**_same_origin(p), "Origin": "http://evil.example"}, 403),
     ("origin-null", "POST", "reaggregate", lambda p: {**_same_origin(p), "Origin": "null"}, 403),
     ("rebinding-get-runs", "GET", "runs", lambda p: {"Host": f"attacker.example:{p}"}, 403),
@@ -778,8 +1045,9 @@ def test_tensorboard_request(case, tensorboard):
     _, method, route, headers, status = case
     port, db = tensorboard["port"], tensorboard["db"]
     before = sha256(db)
-    body = json.dumps({"run": "training/dlprof", "iter_start": 1, "iter_stop": 2}).encode() \
-        if method == "POST" else None
+    body = (
+        json.dumps({"run": "training/dlprof", "iter_start": 1, "iter_stop": 2}).encode() if method == "POST" else None
+    )
     code, _, payload = request(port, method, "/pfx" + API + route, headers(port), body)
     assert code == status, payload[:300]
     if status == 403:
@@ -796,12 +1064,15 @@ def test_tensorboard_accepts_the_frontends_reaggregation(tensorboard):
     def finished():
         job = json.loads(request(port, "GET", "/pfx" + API + "reaggregate_status?run=training/dlprof")[2])["job"]
         return job if job["status"] != "running" else None
+
     job = wait_until(finished, 120, "the re-aggregation")
     assert job["status"] == "succeeded" and job["aggr_id"] == 2, job
 
 
 def test_the_frontend_sends_the_request_header():
     api_js = (ROOT / "frontend_static" / "api.js").read_text()
-    assert f'REQUEST_HEADER = "{REQUEST_HEADER}"' in api_js and "[REQUEST_HEADER]: \"1\"" in api_js
-    assert os.path.isfile(ROOT / "frontend_static" / "jobs.js") and \
-        'postJSON("reaggregate"' in (ROOT / "frontend_static" / "jobs.js").read_text()
+    assert f'REQUEST_HEADER = "{REQUEST_HEADER}"' in api_js and '[REQUEST_HEADER]: "1"' in api_js
+    assert (
+        os.path.isfile(ROOT / "frontend_static" / "jobs.js")
+        and 'postJSON("reaggregate"' in (ROOT / "frontend_static" / "jobs.js").read_text()
+    )

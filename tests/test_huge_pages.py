@@ -1,4 +1,5 @@
 """The in-memory analysis turns transparent huge pages off for its own process (huge_pages.py)."""
+
 import json
 import subprocess
 import sys
@@ -23,5 +24,5 @@ def test_huge_pages_off_for_the_process_after_the_call():
     done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True)
     turned_off, before, after = json.loads(done.stdout)
     assert turned_off is True
-    if before:   # Linux 5.x and later report it in /proc/<pid>/status
+    if before:  # Linux 5.x and later report it in /proc/<pid>/status
         assert before == ["1"] and after == ["0"]

@@ -1,4 +1,5 @@
 """Ingest across nsys export schemas: the same capture written with each version's schema reads alike."""
+
 import pytest
 
 from dlprof_profiler.errors import DLProfError
@@ -43,8 +44,11 @@ def test_every_schema_reads_alike(tmp_path, schema, variant):
     assert gpu["long_name"].astype(str).tolist()[0] == "void k1<float>(float*)"
     assert (gpu["end"] - gpu["start"]).tolist() == [50, 20, 5] and gpu["bytes"].tolist()[1:] == [4096, 64]
     api = trace.api_calls
-    assert api["name"].astype(str).tolist() == ["cudaLaunchKernel_v7000", "cudaMemcpyAsync_v3020",
-                                                "cudaMemsetAsync_v3020"]
+    assert api["name"].astype(str).tolist() == [
+        "cudaLaunchKernel_v7000",
+        "cudaMemcpyAsync_v3020",
+        "cudaMemsetAsync_v3020",
+    ]
     assert (api["pid"] == 7).all() and len(set(api["correlation_id"])) == 3
     dev = trace.devices.iloc[0]
     assert (dev["name"], dev["sm_count"], dev["compute_major"]) == ("NVIDIA A100-SXM4-40GB", 108, 8)
@@ -71,6 +75,7 @@ def test_kernel_device_not_listed_is_added(tmp_path):
 
 def test_not_an_export(tmp_path):
     import sqlite3
+
     path = tmp_path / "x.sqlite"
     sqlite3.connect(path).execute("CREATE TABLE t (a)").connection.close()
     with pytest.raises(DLProfError, match="not an Nsight Systems export"):
@@ -79,6 +84,7 @@ def test_not_an_export(tmp_path):
 
 def test_peak_gpu_memory_from_cuda_memory_usage_events(tmp_path):
     import sqlite3
+
     exp = NsysExport()
     exp.add_gpu(device_id=0, total_memory=40 << 30)
     t = exp.add_thread(pid=1, tid=1, name="python", process_name="python")
@@ -86,20 +92,24 @@ def test_peak_gpu_memory_from_cuda_memory_usage_events(tmp_path):
     path = exp.write(tmp_path / "p.sqlite")
     con = sqlite3.connect(path)
     # the columns nsys writes with --cuda-memory-usage=true (subset the reader uses)
-    con.execute("CREATE TABLE CUDA_GPU_MEMORY_USAGE_EVENTS (start INTEGER NOT NULL, globalPid INTEGER, "
-                "deviceId INTEGER, address INTEGER, bytes INTEGER, memKind INTEGER, memoryOperationType INTEGER, "
-                "correlationId INTEGER)")
+    con.execute(
+        "CREATE TABLE CUDA_GPU_MEMORY_USAGE_EVENTS (start INTEGER NOT NULL, globalPid INTEGER, "
+        "deviceId INTEGER, address INTEGER, bytes INTEGER, memKind INTEGER, memoryOperationType INTEGER, "
+        "correlationId INTEGER)"
+    )
     gib = 1 << 30
-    events = [(10, 0, 4 * gib, 0), (20, 0, 2 * gib, 0), (30, 0, 4 * gib, 1), (40, 0, 1 * gib, 0),
-              (15, 1, 1 * gib, 0)]
-    con.executemany("INSERT INTO CUDA_GPU_MEMORY_USAGE_EVENTS (start, deviceId, bytes, memoryOperationType) "
-                    "VALUES (?, ?, ?, ?)", events)
+    events = [(10, 0, 4 * gib, 0), (20, 0, 2 * gib, 0), (30, 0, 4 * gib, 1), (40, 0, 1 * gib, 0), (15, 1, 1 * gib, 0)]
+    con.executemany(
+        "INSERT INTO CUDA_GPU_MEMORY_USAGE_EVENTS (start, deviceId, bytes, memoryOperationType) VALUES (?, ?, ?, ?)",
+        events,
+    )
     con.commit()
     con.close()
     trace = read_nsys_export(path)
-    assert trace.meta["gpu_peak_memory"] == 6 * gib   # 4 + 2 GiB before the first free on GPU 0
+    assert trace.meta["gpu_peak_memory"] == 6 * gib  # 4 + 2 GiB before the first free on GPU 0
     from tests.analysis import analyze
     from dlprof_profiler import expert_systems
+
     a = analyze(path)
     assert a.corr.config["peak_memory"] == 6 * gib
     findings = expert_systems.detect(a.trace, a.corr, a.domain(), a.agg(), a.iterations)

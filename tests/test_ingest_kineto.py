@@ -1,6 +1,7 @@
 """Kineto (torch.profiler) traces: every real trace in ../shared/fixtures/kineto is read with exact figures
 (checked against direct sums over the JSON with the standard library and Decimal, independent of the
 adapter), and hand-written traces check the mapping: ops, scopes, backward links, flows, exact times."""
+
 import csv
 import gzip
 import json
@@ -59,10 +60,10 @@ def expected_sums(doc: dict) -> dict:
             gpu[key][1] += ns(e["dur"])
         elif cat in API_CATS:
             api[e["name"]] += 1
-        elif cat in OP_CATS and ("#" not in e["name"] or "::" in e["name"]):   # not a record_function label
+        elif cat in OP_CATS and ("#" not in e["name"] or "::" in e["name"]):  # not a record_function label
             ops += 1
         if cat in ("user_annotation", "operator") and re.fullmatch(r"ProfilerStep#\d+", e["name"]):
-            steps += 1      # the CPU-side step ranges (2021 traces record them as Operator events)
+            steps += 1  # the CPU-side step ranges (2021 traces record them as Operator events)
     return {"gpu": {k: tuple(v) for k, v in gpu.items()}, "api": api, "steps": steps, "ops": ops}
 
 
@@ -89,8 +90,12 @@ def test_fixture_frames_match_direct_sums(fixture_copies, name):
     trace = a.trace
     gpu = trace.gpu
     got = defaultdict(lambda: [0, 0])
-    for kind, long_name, device, dur in zip(gpu["kind"].tolist(), gpu["long_name"].astype(str).tolist(),
-                                            gpu["device_id"].tolist(), (gpu["end"] - gpu["start"]).tolist()):
+    for kind, long_name, device, dur in zip(
+        gpu["kind"].tolist(),
+        gpu["long_name"].astype(str).tolist(),
+        gpu["device_id"].tolist(),
+        (gpu["end"] - gpu["start"]).tolist(),
+    ):
         got[(kind, long_name, device)][0] += 1
         got[(kind, long_name, device)][1] += dur
     assert {k: tuple(v) for k, v in got.items()} == want["gpu"]
@@ -103,8 +108,11 @@ def test_fixture_frames_match_direct_sums(fixture_copies, name):
     else:
         assert a.iterations.key_node != "ProfilerStep"
     # every GPU activity whose correlation id has a runtime call in the JSON is linked to it
-    runtime_ids = {e["args"]["correlation"] for e in doc["traceEvents"] if e.get("ph") == "X"
-                   and str(e.get("cat", "")).lower() in API_CATS and "correlation" in (e.get("args") or {})}
+    runtime_ids = {
+        e["args"]["correlation"]
+        for e in doc["traceEvents"]
+        if e.get("ph") == "X" and str(e.get("cat", "")).lower() in API_CATS and "correlation" in (e.get("args") or {})
+    }
     linked = a.corr.gpu_api >= 0
     assert linked.sum() == int(gpu["correlation_id"].isin(list(runtime_ids)).sum())
     # nothing is dropped: every GPU activity belongs to one op instance, and the summary adds them all
@@ -122,8 +130,9 @@ def test_fixture_times_are_exact_nanoseconds(fixture_copies, name):
     """Kernel start times, relative to the first kernel, equal the JSON decimals to the nanosecond."""
     path = fixture_copies / name
     doc = load_json(path)
-    starts = sorted(ns(e["ts"]) for e in doc["traceEvents"] if e.get("ph") == "X"
-                    and str(e.get("cat", "")).lower() in GPU_CATS)
+    starts = sorted(
+        ns(e["ts"]) for e in doc["traceEvents"] if e.get("ph") == "X" and str(e.get("cat", "")).lower() in GPU_CATS
+    )
     trace = read_kineto_trace(path)
     ours = np.sort(trace.gpu["start"].to_numpy())
     assert len(ours) == len(starts)
@@ -155,6 +164,7 @@ def test_backward_ops_link_to_the_forward_ops_of_their_fwdbwd_flows(fixture_copi
         g = tids[(pid, tid)]
         hit = inst[(inst["global_tid"] == g) & (inst["start"] <= t) & (inst["end"] > t)]
         return hit.sort_values("start").iloc[-1] if len(hit) else None
+
     checked = 0
     for pair in ends.values():
         if "s" not in pair or "f" not in pair:
@@ -244,8 +254,16 @@ def training_trace(steps: int = 2, dialect: str = "2.x") -> KinetoTrace:
             k.python(MAIN, s + 1500, 37_500, "torch/nn/modules/module.py(1): _call_impl")
             k.python(MAIN, s + 2000, 18_000, "nn.Module: Linear_0")
         stack = "train.py(5): step;train.py(10): <module>" if dialect == "2021" else None
-        k.cpu_op(MAIN, s + 3000, 16_000, "aten::linear", seq=10 * i + 1, dims=[[8, 16], [32, 16], [32]],
-                 types=["float", "float", "float"], stack=stack)
+        k.cpu_op(
+            MAIN,
+            s + 3000,
+            16_000,
+            "aten::linear",
+            seq=10 * i + 1,
+            dims=[[8, 16], [32, 16], [32]],
+            types=["float", "float", "float"],
+            stack=stack,
+        )
         k.cpu_op(MAIN, s + 4000, 14_000, "aten::addmm", seq=10 * i + 2)
         c = k.runtime(MAIN, s + 5000, 1000)
         k.kernel("volta_sgemm_128x64_nn", s + 7000, 8000, c, grid=(64, 2, 1))
@@ -253,15 +271,18 @@ def training_trace(steps: int = 2, dialect: str = "2.x") -> KinetoTrace:
             k.python(MAIN, s + 21_000, 9000, "nn.Module: ReLU_0")
         k.cpu_op(MAIN, s + 22_000, 7000, "aten::relu", seq=10 * i + 3)
         c = k.runtime(MAIN, s + 23_000, 1000)
-        k.kernel("void at::native::vectorized_elementwise_kernel<4, at::native::Relu>(int, float*)",
-                 s + 31_000, 2000, c)
-        k.cpu_op(GRAD, s + 50_000, 6000, "autograd::engine::evaluate_function: ReluBackward0", seq=10 * i + 3,
-                 fwd_tid=1)
+        k.kernel(
+            "void at::native::vectorized_elementwise_kernel<4, at::native::Relu>(int, float*)", s + 31_000, 2000, c
+        )
+        k.cpu_op(
+            GRAD, s + 50_000, 6000, "autograd::engine::evaluate_function: ReluBackward0", seq=10 * i + 3, fwd_tid=1
+        )
         k.cpu_op(GRAD, s + 50_500, 5000, "ReluBackward0", seq=10 * i + 3, fwd_tid=1)
         c = k.runtime(GRAD, s + 51_000, 1000)
         k.kernel("void at::native::threshold_kernel<float>(float*)", s + 57_000, 2000, c)
-        k.cpu_op(GRAD, s + 60_000, 10_000, "autograd::engine::evaluate_function: AddmmBackward0",
-                 seq=10 * i + 2, fwd_tid=1)
+        k.cpu_op(
+            GRAD, s + 60_000, 10_000, "autograd::engine::evaluate_function: AddmmBackward0", seq=10 * i + 2, fwd_tid=1
+        )
         k.cpu_op(GRAD, s + 60_500, 9000, "AddmmBackward0", seq=10 * i + 2, fwd_tid=1)
         c = k.runtime(GRAD, s + 61_000, 1000)
         k.kernel("volta_sgemm_128x64_nt", s + 63_000, 5000, c)
@@ -286,7 +307,7 @@ def test_training_trace_ops_scopes_iterations_and_directions(tmp_path):
     # backward nodes take the name of the forward op their sequence number points to
     relu_back = a.op("/ProfilerStep/Net_0/ReLU_0/aten::relu", "bprop")
     assert relu_back["calls"] == 2 and relu_back["gpu_total"] == 2 * 2000 and relu_back["cpu_total"] == 2 * 6000
-    linear_back = a.op("/ProfilerStep/Net_0/Linear_0/aten::linear", "bprop")   # AddmmBackward0 -> addmm in linear
+    linear_back = a.op("/ProfilerStep/Net_0/Linear_0/aten::linear", "bprop")  # AddmmBackward0 -> addmm in linear
     assert linear_back["calls"] == 2 and linear_back["gpu_total"] == 2 * 5000
     step = a.op("/ProfilerStep/Optimizer.step#SGD.step/aten::add_", "fprop")
     assert step["calls"] == 2 and step["gpu_total"] == 2 * 2000
@@ -304,17 +325,21 @@ def test_training_trace_details_and_exact_times(tmp_path):
     assert gpu["start"].tolist()[:3] == [650 + 7 + T0 - origin, 7000 + 7 + T0 - origin, 31_000 + 7 + T0 - origin]
     assert trace.meta["session_start_ns"] == 1_700_000_000_000_000_000 + origin
     names = gpu["name"].astype(str).tolist()
-    assert names[:4] == ["[CUDA memcpy HtoD]", "volta_sgemm_128x64_nn", "vectorized_elementwise_kernel",
-                         "threshold_kernel"]
+    assert names[:4] == [
+        "[CUDA memcpy HtoD]",
+        "volta_sgemm_128x64_nn",
+        "vectorized_elementwise_kernel",
+        "threshold_kernel",
+    ]
     assert gpu["long_name"].astype(str).tolist()[0] == "Memcpy HtoD (Pageable -> Device)"
     assert gpu["copy_kind"].tolist()[0] == 1 and gpu["bytes"].tolist()[0] == 4096
     assert (gpu["grid_x"].tolist()[1], gpu["grid_y"].tolist()[1], gpu["block_x"].tolist()[1]) == (64, 2, 128)
     assert set(trace.threads["name"]) == {"python", "pt_autograd_0"}
     ranges = trace.ranges
     linear = ranges[ranges["text"].str.startswith("aten::linear")].iloc[0]
-    assert linear["text"] == "aten::linear, seq = 1, op_id = 3"   # External id 3 (step annotation 1, aten::to 2)
+    assert linear["text"] == "aten::linear, seq = 1, op_id = 3"  # External id 3 (step annotation 1, aten::to 2)
     assert linear["data_type"] == "float" and linear["input_shapes"] == "<8, 16>; <32, 16>; <32>"
-    assert linear["stack_trace"] == "train.py(5): step"       # module and torch frames are not user frames
+    assert linear["stack_trace"] == "train.py(5): step"  # module and torch frames are not user frames
     assert set(ranges["text"]) >= {"Net_0", "Linear_0", "ReLU_0", "ProfilerStep#1", "Optimizer.step#SGD.step"}
     assert not ranges["text"].str.contains("_call_impl").any()
 
@@ -330,7 +355,7 @@ def test_2021_dialect_hand_written(tmp_path):
     assert linear["calls"] == 2 and linear["gpu_total"] == 16_000
     assert a.op("/ProfilerStep/aten::linear", "bprop")["gpu_total"] == 10_000
     stacks = a.domain().instances["stack_trace"].dropna().unique().tolist()
-    assert stacks == ["train.py(10): <module>\ntrain.py(5): step"]     # outermost frame first
+    assert stacks == ["train.py(10): <module>\ntrain.py(5): step"]  # outermost frame first
 
 
 def test_gpu_activities_link_through_flows_when_args_lack_correlation(tmp_path):
@@ -354,8 +379,8 @@ def test_python_stack_traces_nest_user_frames(tmp_path):
     k.python(MAIN, 200, 8000, "model.py(12): forward")
     k.python(MAIN, 300, 7000, "torch/nn/functional.py(9): linear")
     k.cpu_op(MAIN, 400, 6000, "aten::linear", seq=1)
-    k.cpu_op(MAIN, 500, 100, "aten::t")                  # folded into linear, same stack
-    k.cpu_op(MAIN, 9500, 200, "aten::add", seq=2)        # inside <module> only
+    k.cpu_op(MAIN, 500, 100, "aten::t")  # folded into linear, same stack
+    k.cpu_op(MAIN, 9500, 200, "aten::add", seq=2)  # inside <module> only
     trace = read_kineto_trace(k.write(tmp_path / "stack.json"))
     stacks = dict(zip(trace.ranges["text"].str.split(",").str[0], trace.ranges["stack_trace"]))
     assert stacks["aten::linear"] == "train.py(30): <module>\nmodel.py(12): forward"
@@ -367,12 +392,16 @@ def test_memory_events_give_peak_device_memory(tmp_path):
     k = KinetoTrace()
     k.cpu_op(MAIN, 0, 1000, "aten::empty")
     for t, total in ((100, 1 << 20), (200, 3 << 20), (300, 2 << 20)):
-        k.raw('{"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 4242, "tid": 10, '
-              f'"ts": {t}.0, "args": {{"Total Allocated": {total}, "Bytes": 1, "Device Type": 1, "Device Id": 0}}}}')
-    k.raw('{"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 4242, "tid": 10, '
-          '"ts": 400.0, "args": {"Total Allocated": 99999999, "Bytes": 1, "Device Type": 0, "Device Id": -1}}')
+        k.raw(
+            '{"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 4242, "tid": 10, '
+            f'"ts": {t}.0, "args": {{"Total Allocated": {total}, "Bytes": 1, "Device Type": 1, "Device Id": 0}}}}'
+        )
+    k.raw(
+        '{"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 4242, "tid": 10, '
+        '"ts": 400.0, "args": {"Total Allocated": 99999999, "Bytes": 1, "Device Type": 0, "Device Id": -1}}'
+    )
     trace = read_kineto_trace(k.write(tmp_path / "mem.json"))
-    assert trace.meta["gpu_peak_memory"] == 3 << 20          # device (CUDA) memory only, not host memory
+    assert trace.meta["gpu_peak_memory"] == 3 << 20  # device (CUDA) memory only, not host memory
 
 
 def test_thread_ids_beyond_24_bits_stay_distinct(tmp_path):
@@ -386,6 +415,7 @@ def test_thread_ids_beyond_24_bits_stay_distinct(tmp_path):
 
 
 # ---------------------------------------------------------------------------- bad input
+
 
 def test_malformed_events_are_skipped_with_warnings(tmp_path):
     k = KinetoTrace()
@@ -409,23 +439,33 @@ def test_names_that_are_numbers_or_escaped_read_as_texts(tmp_path):
     k.raw('{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 4242, "tid": 10, "ts": 5.0, "dur": 1.0}')
     k.raw('{"ph": "X", "cat": "cpu_op", "name": null, "pid": 4242, "tid": 10, "ts": 7.0, "dur": 1.0}')
     trace = read_kineto_trace(k.write(tmp_path / "names.json"))
-    assert trace.ranges["text"].tolist() == ["7, op_id = 0", "aten::mm, op_id = 1", "aten::mm, op_id = 2",
-                                             ", op_id = 3"]
+    assert trace.ranges["text"].tolist() == [
+        "7, op_id = 0",
+        "aten::mm, op_id = 1",
+        "aten::mm, op_id = 2",
+        ", op_id = 3",
+    ]
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"", "empty file"),
-    (b'{"traceEvents": [{"ph": "X", ', "not valid JSON"),
-    (b'{"traceEvents": [{"ph": "X"}, {"ph": "X", "name": x}, {"ph": "X"}], "n": 1}', "not valid JSON"),
-    (b'{"traceEvents": [{"ph": "X"}, {"ph": "X"}], "n": 1, }', "not valid JSON"),
-    (b'{"traceEvents": {"a": 1}}', "traceEvents is not an array"),
-    (b'{"traceEvents": []}', "holds no events"),
-    (b'{"traceEvents": [{"ph": "X", "args": [1, 2]}]}', "unexpected event content"),
-    (b'{"traceEvents": [{"ph": "X", "name": ["aten::mm"]}]}', "unexpected event content (an event name is an array"),
-    (b'{"schemaVersion": 1}', "not an SQLite database (Nsight Systems export, DLProf database) nor a Kineto trace"),
-    (b"[1, 2, 3]", "not an SQLite database (Nsight Systems export, DLProf database) nor a Kineto trace"),
-    (b"garbage", "not an SQLite database (Nsight Systems export, DLProf database) nor a Kineto trace"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "empty file"),
+        (b'{"traceEvents": [{"ph": "X", ', "not valid JSON"),
+        (b'{"traceEvents": [{"ph": "X"}, {"ph": "X", "name": x}, {"ph": "X"}], "n": 1}', "not valid JSON"),
+        (b'{"traceEvents": [{"ph": "X"}, {"ph": "X"}], "n": 1, }', "not valid JSON"),
+        (b'{"traceEvents": {"a": 1}}', "traceEvents is not an array"),
+        (b'{"traceEvents": []}', "holds no events"),
+        (b'{"traceEvents": [{"ph": "X", "args": [1, 2]}]}', "unexpected event content"),
+        (
+            b'{"traceEvents": [{"ph": "X", "name": ["aten::mm"]}]}',
+            "unexpected event content (an event name is an array",
+        ),
+        (b'{"schemaVersion": 1}', "not an SQLite database (Nsight Systems export, DLProf database) nor a Kineto trace"),
+        (b"[1, 2, 3]", "not an SQLite database (Nsight Systems export, DLProf database) nor a Kineto trace"),
+        (b"garbage", "not an SQLite database (Nsight Systems export, DLProf database) nor a Kineto trace"),
+    ],
+)
 def test_bad_files_give_one_line_errors(tmp_path, content, message):
     path = tmp_path / "bad.json"
     path.write_bytes(content)
@@ -451,6 +491,7 @@ def test_gzip_beyond_the_trusted_ratio_and_several_members(tmp_path):
     """A text compressed far more than JSON usually is (the buffer grows as it inflates), and a file of
     several gzip members (concatenated .gz files), read whole."""
     from dlprof_profiler import kineto_decode
+
     text = training_trace(steps=1).text().encode()
     spaced = text.replace(b"[", b"[" + b" " * 5_000_000, 1)
     path = tmp_path / "spaced.json.gz"
@@ -466,7 +507,7 @@ def test_gzip_beyond_the_trusted_ratio_and_several_members(tmp_path):
 
 def test_detection_is_by_content_not_name(tmp_path):
     k = training_trace(steps=1)
-    plain = k.write(tmp_path / "capture.sqlite")            # JSON under a misleading name
+    plain = k.write(tmp_path / "capture.sqlite")  # JSON under a misleading name
     zipped = k.write(tmp_path / "capture.bin", gz=True)
     assert ingest.trace_format(plain) == ingest.KINETO and ingest.trace_format(zipped) == ingest.KINETO
     assert len(ingest.read_trace(zipped).gpu) == len(ingest.read_trace(plain).gpu) == 6
@@ -476,6 +517,7 @@ def test_event_split_survives_separators_inside_strings(tmp_path):
     """The decoder cuts the event array between events at '}, {'; the same text inside a name must not
     be taken for a cut."""
     from dlprof_profiler import kineto_decode
+
     k = KinetoTrace()
     for i in range(300):
         k.cpu_op(MAIN, i * 1000, 500, "weird}, {name" if i % 7 == 0 else "aten::mm", seq=i)
@@ -488,10 +530,11 @@ def test_event_split_survives_separators_inside_strings(tmp_path):
 
 def _decode_counting_validations(path, monkeypatch):
     from dlprof_profiler import kineto_decode
+
     calls = []
     real = kineto_decode._validated_outline
     monkeypatch.setattr(kineto_decode, "_validated_outline", lambda *a: calls.append(1) or real(*a))
-    return kineto_decode.decode(path, chunk_bytes=1), bool(calls)     # every "}, {" is a cut
+    return kineto_decode.decode(path, chunk_bytes=1), bool(calls)  # every "}, {" is a cut
 
 
 def test_usual_layout_is_read_in_one_pass(tmp_path, monkeypatch):
@@ -507,15 +550,18 @@ EVENT = '{"ph": "X", "cat": "cpu_op", "name": "%s", "pid": 1, "tid": 2, "ts": %d
 EVENTS = "[" + ", ".join(EVENT % (name, i) for i, name in enumerate(["a", "b}, {c", "d"])) + "]"
 
 
-@pytest.mark.parametrize("text, one_pass", [
-    ('{"traceEvents": %s, "deviceProperties": [{"id": 0}, {"id": 1}]}' % EVENTS, False),  # "}, {" after it
-    ('{"x": {"traceEvents": [{"a": 1}]}, "traceEvents": %s}' % EVENTS, False),          # a nested key first
-    ('{"traceEvents": [%s], "traceEvents": %s}' % (EVENT % ("z", 0), EVENTS), False),  # the last key counts
-    ('{"traceEvents": %s, "traceName": "x}, {y"}' % EVENTS, True),             # a "}, {" in a string after it
-    ('{"traceEvents": %s, "INFO": ["a] b", "c]"], "n": 1}' % EVENTS, True),
-    ('\n {"traceEvents" :\n[ %s ] }\n' % EVENTS[1:-1], True),
-    ('{"traceEvents": []}', True),
-])
+@pytest.mark.parametrize(
+    "text, one_pass",
+    [
+        ('{"traceEvents": %s, "deviceProperties": [{"id": 0}, {"id": 1}]}' % EVENTS, False),  # "}, {" after it
+        ('{"x": {"traceEvents": [{"a": 1}]}, "traceEvents": %s}' % EVENTS, False),  # a nested key first
+        ('{"traceEvents": [%s], "traceEvents": %s}' % (EVENT % ("z", 0), EVENTS), False),  # the last key counts
+        ('{"traceEvents": %s, "traceName": "x}, {y"}' % EVENTS, True),  # a "}, {" in a string after it
+        ('{"traceEvents": %s, "INFO": ["a] b", "c]"], "n": 1}' % EVENTS, True),
+        ('\n {"traceEvents" :\n[ %s ] }\n' % EVENTS[1:-1], True),
+        ('{"traceEvents": []}', True),
+    ],
+)
 def test_other_layouts_read_like_json_load(tmp_path, monkeypatch, text, one_pass):
     """Layouts the one-pass reading does not expect go through the validating path; either way the
     events and the metadata are those json.load sees."""
@@ -533,12 +579,28 @@ def test_decimal_parser_is_exact():
     import msgspec
 
     from dlprof_profiler.kineto_decode import decimal_ns
-    texts = ["1712195495519695.8", "4.928", "0", "-12.5", "1e-05", "1.5E+3", "0.0005", "0.0004", "-0.0005",
-             "4203669604595.407", "0.30000000000000004", "7E2", "2.5e-4", "1.23456789012345678901234"]
+
+    texts = [
+        "1712195495519695.8",
+        "4.928",
+        "0",
+        "-12.5",
+        "1e-05",
+        "1.5E+3",
+        "0.0005",
+        "0.0004",
+        "-0.0005",
+        "4203669604595.407",
+        "0.30000000000000004",
+        "7E2",
+        "2.5e-4",
+        "1.23456789012345678901234",
+    ]
     values, ok = decimal_ns([msgspec.Raw(t.encode()) for t in texts])
     assert ok.all() and values.tolist() == [ns(t) for t in texts]
-    values, ok = decimal_ns([msgspec.Raw(t) for t in (b"null", b'"12"', b"", b"true", b"1e400", b"[1]",
-                                                     b"99999999999999999.9")])
+    values, ok = decimal_ns(
+        [msgspec.Raw(t) for t in (b"null", b'"12"', b"", b"true", b"1e400", b"[1]", b"99999999999999999.9")]
+    )
     assert not ok.any()
 
 
@@ -549,15 +611,28 @@ def test_plain_decimals_take_the_arrow_path_and_stay_exact(monkeypatch):
     import msgspec
 
     from dlprof_profiler import kineto_decode
-    plain = ["1712195495519695.800", "4.928", "0", "-12.5", "1623142623460016", "9223372036854775.807",
-             "9223372036854775.808", "-9223372036854775.807", "99999999999999999999999", "", "0.07", "-0"]
+
+    plain = [
+        "1712195495519695.800",
+        "4.928",
+        "0",
+        "-12.5",
+        "1623142623460016",
+        "9223372036854775.807",
+        "9223372036854775.808",
+        "-9223372036854775.807",
+        "99999999999999999999999",
+        "",
+        "0.07",
+        "-0",
+    ]
     called = []
     real = kineto_decode._decimal_ns_by_characters
     monkeypatch.setattr(kineto_decode, "_decimal_ns_by_characters", lambda *a: called.append(1) or real(*a))
     values, ok = kineto_decode.decimal_ns([msgspec.Raw(t.encode()) for t in plain])
     assert not called
     want = [ns(t) if t else None for t in plain]
-    fits = [w is not None and -2 ** 63 < w < 2 ** 63 for w in want]
+    fits = [w is not None and -(2**63) < w < 2**63 for w in want]
     assert ok.tolist() == fits == [True] * 6 + [False, True, False, False, True, True]
     assert [v for v, f in zip(values.tolist(), fits) if f] == [w for w, f in zip(want, fits) if f]
     for odd in ("0.0005", "1e-05", "null", '"12"'):
@@ -573,27 +648,42 @@ def test_integer_columns_from_mixed_json_scalars():
     """pid/tid/args integers: plain ints (the fast path), ints mixed with the profiler's text ids, numeric
     text (2021 thread ids), floats (truncated), booleans, nulls, and integers past int64."""
     from dlprof_profiler.kineto_decode import to_int
+
     assert to_int([3, 4, 5]).tolist() == [3, 4, 5]
-    mixed = [25738, "Spans", "12", None, 2.7, True, -4, 2 ** 62 + 1]
-    assert to_int(mixed, default=-9).tolist() == [25738, -9, 12, -9, 2, 1, -4, 2 ** 62 + 1]
+    mixed = [25738, "Spans", "12", None, 2.7, True, -4, 2**62 + 1]
+    assert to_int(mixed, default=-9).tolist() == [25738, -9, 12, -9, 2, 1, -4, 2**62 + 1]
     assert to_int(["25738", "stream 7", "3"]).tolist() == [25738, -1, 3]
-    assert to_int(["a", 1, 2 ** 70, 3]).tolist() == [-1, 1, -1, 3]
+    assert to_int(["a", 1, 2**70, 3]).tolist() == [-1, 1, -1, 3]
 
 
 def test_short_kernel_names():
-    assert short_kernel_name("void at::native::vectorized_elementwise_kernel<4, at::native::Relu, "
-                             "at::detail::Array<char*, 2> >(int, at::native::Relu, at::detail::Array<char*, 2>)") \
+    assert (
+        short_kernel_name(
+            "void at::native::vectorized_elementwise_kernel<4, at::native::Relu, "
+            "at::detail::Array<char*, 2> >(int, at::native::Relu, at::detail::Array<char*, 2>)"
+        )
         == "vectorized_elementwise_kernel"
-    assert short_kernel_name("void at::native::(anonymous namespace)::CatArrayBatchedCopy<int>(int*)") \
+    )
+    assert (
+        short_kernel_name("void at::native::(anonymous namespace)::CatArrayBatchedCopy<int>(int*)")
         == "CatArrayBatchedCopy"
+    )
     assert short_kernel_name("volta_sgemm_128x64_nn") == "volta_sgemm_128x64_nn"
-    assert short_kernel_name("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4>"
-                             "(cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4::Params)") == "Kernel"
-    assert short_kernel_name("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)") \
+    assert (
+        short_kernel_name(
+            "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4>"
+            "(cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4::Params)"
+        )
+        == "Kernel"
+    )
+    assert (
+        short_kernel_name("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)")
         == "ncclKernel_AllReduce_RING_LL_Sum_float"
+    )
 
 
 # ---------------------------------------------------------------------------- the command line
+
 
 @pytest.mark.parametrize("name", NAMES)
 def test_cli_writes_every_report_and_the_database(fixture_copies, tmp_path, name):
@@ -602,18 +692,29 @@ def test_cli_writes_every_report_and_the_database(fixture_copies, tmp_path, name
     import sqlite3
 
     from tests.profiles import run_dlprof
+
     path = fixture_copies / name
     out = tmp_path / "out"
     run_dlprof(f"--database={path}", f"--output_path={out}", "--reports=all", "--formats=csv,json", "-v", "quiet")
-    for report in ("summary", "detailed", "iteration", "kernel", "tensor_core", "op_type", "group_op",
-                   "expert_systems"):
+    for report in (
+        "summary",
+        "detailed",
+        "iteration",
+        "kernel",
+        "tensor_core",
+        "op_type",
+        "group_op",
+        "expert_systems",
+    ):
         assert (out / f"dlprof_{report}.csv").exists() and (out / f"dlprof_{report}.json").exists(), report
     assert list((out / "dlprof").glob("events.out.tfevents.*"))
     db = out / "dlprof_dldb.sqlite"
     con = sqlite3.connect(db)
     try:
-        rows = con.execute('SELECT kind, long_name, device_id, count(*), sum("end" - start) '
-                           "FROM read_only_gpu_activities GROUP BY 1, 2, 3").fetchall()
+        rows = con.execute(
+            'SELECT kind, long_name, device_id, count(*), sum("end" - start) '
+            "FROM read_only_gpu_activities GROUP BY 1, 2, 3"
+        ).fetchall()
         profile = dict(con.execute("SELECT name, value FROM profile_info").fetchall())
     finally:
         con.close()
@@ -645,12 +746,18 @@ def test_other_devices_map_like_cuda(tmp_path):
     categories; they map to API calls and kernels like CUDA's."""
     k = KinetoTrace()
     k.cpu_op(MAIN, 0, 10_000, "aten::mm", seq=1)
-    k.raw('{"ph": "X", "cat": "mtia_runtime", "name": "mtiaLaunchKernel", "pid": 4242, "tid": 10, '
-          '"ts": 1.000, "dur": 2.000, "args": {"correlation": 77}}')
-    k.raw('{"ph": "X", "cat": "mtia_ccp_events", "name": "mm_kernel", "pid": 1, "tid": 3, '
-          '"ts": 4.000, "dur": 3.500, "args": {"correlation": 77, "device": 1, "stream": 3}}')
-    k.raw('{"ph": "X", "cat": "privateuse1_runtime", "name": "npuMalloc", "pid": 4242, "tid": 10, '
-          '"ts": 8.000, "dur": 1.000, "args": {"correlation": 78}}')
+    k.raw(
+        '{"ph": "X", "cat": "mtia_runtime", "name": "mtiaLaunchKernel", "pid": 4242, "tid": 10, '
+        '"ts": 1.000, "dur": 2.000, "args": {"correlation": 77}}'
+    )
+    k.raw(
+        '{"ph": "X", "cat": "mtia_ccp_events", "name": "mm_kernel", "pid": 1, "tid": 3, '
+        '"ts": 4.000, "dur": 3.500, "args": {"correlation": 77, "device": 1, "stream": 3}}'
+    )
+    k.raw(
+        '{"ph": "X", "cat": "privateuse1_runtime", "name": "npuMalloc", "pid": 4242, "tid": 10, '
+        '"ts": 8.000, "dur": 1.000, "args": {"correlation": 78}}'
+    )
     a = analyze(k.write(tmp_path / "mtia.json"))
     assert a.trace.api_calls["name"].astype(str).tolist() == ["mtiaLaunchKernel", "npuMalloc"]
     gpu = a.trace.gpu
@@ -667,29 +774,46 @@ def _run_measured(args: list[str], tmp_path: Path) -> tuple[subprocess.Completed
         out.seek(0)
         err.seek(0)
         result = subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
-    return result, usage.ru_maxrss / 2 ** 20
+    return result, usage.ru_maxrss / 2**20
 
 
 def _bad_inputs(tmp_path: Path) -> dict:
     good = training_trace(steps=1).text().encode()
     packed = gzip.compress(good)
     files = {
-        "truncated gzip": ("t.json.gz", packed[: len(packed) // 2] + b"\xff\xff\xff\xff",
-                           "damaged or truncated gzip data"),
+        "truncated gzip": (
+            "t.json.gz",
+            packed[: len(packed) // 2] + b"\xff\xff\xff\xff",
+            "damaged or truncated gzip data",
+        ),
         "invalid JSON": ("i.json", good.replace(b'"ph": "X"', b'"ph": X', 1), "not valid JSON"),
         "truncated JSON": ("j.json", good[: len(good) // 2], "not valid JSON"),
         "not a trace": ("n.json", b'{"schemaVersion": 1, "events": []}', "nor a Kineto trace"),
         "not an array": ("a.json", b'{"traceEvents": {"ph": "X"}}', "traceEvents is not an array"),
         "event not an object": ("o.json", b'{"traceEvents": [{"ph": "X"}, 7]}', "unexpected event content"),
-        "no usable time": ("u.json", b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1}]}',
-                           "no event has a usable time"),
+        "no usable time": (
+            "u.json",
+            b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1}]}',
+            "no event has a usable time",
+        ),
         "no events": ("e.json", b'{"traceEvents": []}', "the trace holds no events"),
     }
     return {case: (tmp_path / name, content, message) for case, (name, content, message) in files.items()}
 
 
-@pytest.mark.parametrize("case", ["truncated gzip", "invalid JSON", "truncated JSON", "not a trace", "not an array",
-                                  "event not an object", "no usable time", "no events"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "truncated gzip",
+        "invalid JSON",
+        "truncated JSON",
+        "not a trace",
+        "not an array",
+        "event not an object",
+        "no usable time",
+        "no events",
+    ],
+)
 def test_cli_bad_input_one_line_no_output(tmp_path, case):
     """Through the command line: one line on stderr naming the file and the problem, a non-zero exit
     status, no output folder; a truncated gzip does not allocate the size its damaged trailer claims."""
@@ -732,5 +856,4 @@ def test_cli_bad_events_warn_and_the_rest_is_counted(tmp_path):
 
 
 def run_dlprof_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dlprof_profiler", *args], capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run([sys.executable, "-m", "dlprof_profiler", *args], capture_output=True, text=True, timeout=600)

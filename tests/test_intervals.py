@@ -1,4 +1,5 @@
 """Interval algebra against brute force over integer time points (an independent oracle)."""
+
 import numpy as np
 import pytest
 
@@ -38,7 +39,7 @@ def test_union_and_merge_match_brute_force(seed):
         assert c == brute_union(clipped)
 
 
-@pytest.mark.parametrize("scale", [10, 2 ** 61])   # small values: one accumulate; huge ones: the fallback
+@pytest.mark.parametrize("scale", [10, 2**61])  # small values: one accumulate; huge ones: the fallback
 def test_grouped_cummax_restarts_at_each_group(scale):
     rng = np.random.default_rng(7)
     values = rng.integers(-scale, scale, 200)

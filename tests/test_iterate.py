@@ -1,4 +1,5 @@
 """Iteration splitting (DESIGN.md "Iterations") on hand-built profiles."""
+
 import numpy as np
 import pytest
 
@@ -15,7 +16,7 @@ def steps_profile(tmp_path, ends=(1000, 2000, 3000), label="train_step", devices
         exp.add_gpu(device_id=dev)
     for pid, dev in devices:
         t = exp.add_thread(pid=pid, tid=pid, name="python", process_name="python")
-        for i, end in enumerate(ends):
+        for _i, end in enumerate(ends):
             exp.push_pop(t, end - 100, end, label)
             exp.launch(t, end - 90, end - 80, end - 70, end - 60, kernel="k", device_id=dev)
         exp.runtime(t, extra_end - 10, extra_end, name="cudaDeviceSynchronize_v3020")
@@ -32,7 +33,7 @@ def test_n_key_nodes_give_n_plus_one_iterations(tmp_path):
     assert it.ends.tolist() == [1000, 2000, 3000, 3500]
     s = a.agg().summary
     assert (s["total_iterations"], s["aggregated_iterations"], s["iter_start"], s["iter_stop"]) == (4, 4, 0, 3)
-    assert s["wall_time"] == 2600                        # from the first event (900) to the last (3500)
+    assert s["wall_time"] == 2600  # from the first event (900) to the last (3500)
     assert s["avg_iteration_time"] == pytest.approx(2600 / 4)
     # iteration durations 100, 1000, 1000, 500 -> sample standard deviation
     assert s["iteration_std"] == pytest.approx(np.std([100, 1000, 1000, 500], ddof=1))
@@ -44,6 +45,7 @@ def test_key_node_not_found_means_one_iteration(tmp_path):
     s = a.agg().summary
     assert (s["total_iterations"], s["aggregated_iterations"], s["iter_start"], s["iter_stop"]) == (1, 1, 0, 0)
     from dlprof_profiler import expert_systems
+
     findings = expert_systems.detect(a.trace, a.corr, a.domain(), a.agg(), a.iterations)
     texts = [f["problem"] for f in findings]
     assert "Unable to split profile into training iterations: key op no_such_node not found" in texts
@@ -54,7 +56,7 @@ def test_iteration_range_selects_items_by_start(tmp_path):
     agg = a.agg()
     # iterations 1 and 2: [1000, 3000); the window ends at the latest end of their items
     assert agg.window_start == 1000
-    assert agg.window_end == 3000   # the step range ending at 3000 starts in iteration 2
+    assert agg.window_end == 3000  # the step range ending at 3000 starts in iteration 2
     assert agg.summary["wall_time"] == 2000 and agg.summary["aggregated_iterations"] == 2
     # the kernels launched in iterations 1 and 2 (the steps ending at 2000 and 3000)
     assert agg.summary["kernels"]["all"]["gpu_time"] == 20
@@ -125,20 +127,20 @@ def test_key_node_matches_labels_texts_names_and_op_ids(tmp_path):
         exp.push_pop(t, end - 400, end - 300, f"aten::add_, seq = {i}, op_id = {10 * i + 1}")
         exp.launch(t, end - 390, end - 380, end - 370, end - 360, kernel="k")
     path = exp.write(tmp_path / "p.sqlite")
-    by_label = analyze(path, key_node="aten::add_")          # an op label
+    by_label = analyze(path, key_node="aten::add_")  # an op label
     assert by_label.iterations.boundaries.tolist() == [700, 1700]
-    by_text = analyze(path, key_node="ProfilerStep#1, op_id = 0")   # the full range text
+    by_text = analyze(path, key_node="ProfilerStep#1, op_id = 0")  # the full range text
     assert by_text.iterations.boundaries.tolist() == [1000]
-    by_counter = analyze(path, key_node="ProfilerStep")      # the label without its #N counter
+    by_counter = analyze(path, key_node="ProfilerStep")  # the label without its #N counter
     assert by_counter.iterations.boundaries.tolist() == [1000, 2000]
-    default = analyze(path)                                  # PyTorch default: ProfilerStep#N
+    default = analyze(path)  # PyTorch default: ProfilerStep#N
     assert default.iterations.source == "default" and default.iterations.boundaries.tolist() == [1000, 2000]
     # the step counter is not part of op names, so each step's add_ is the same op
     op = default.op("/ProfilerStep/aten::add_")
     assert op["calls"] == 2
-    by_op_id = analyze(path, key_node=op["op_id"])           # an Op ID
+    by_op_id = analyze(path, key_node=op["op_id"])  # an Op ID
     assert by_op_id.iterations.found and by_op_id.iterations.boundaries.tolist() == [700, 1700]
-    by_name = analyze(path, key_node="/ProfilerStep/aten::add_")     # an op name
+    by_name = analyze(path, key_node="/ProfilerStep/aten::add_")  # an op name
     assert by_name.iterations.boundaries.tolist() == [700, 1700]
 
 

@@ -52,6 +52,7 @@ NSYS_TIMEOUT_S = 90
 # helpers
 # ---------------------------------------------------------------------------
 
+
 def open_ro(path: Path) -> sqlite3.Connection:
     """Read-only connection with a lenient text factory (exports may hold invalid UTF-8)."""
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
@@ -134,9 +135,23 @@ def nsys_stats(path: Path, *reports: str) -> dict:
     """Run ``nsys stats`` (CSV) on ``path``; returns report -> list of row dicts."""
     base = path.parent / f"{path.stem}_stats"
     proc = subprocess.run(
-        ["timeout", str(NSYS_TIMEOUT_S), "nsys", "stats", "-q", "-r", ",".join(reports), "-f", "csv",
-         "-o", str(base), str(path)],
-        capture_output=True, text=True)
+        [
+            "timeout",
+            str(NSYS_TIMEOUT_S),
+            "nsys",
+            "stats",
+            "-q",
+            "-r",
+            ",".join(reports),
+            "-f",
+            "csv",
+            "-o",
+            str(base),
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
     result = {}
     for report in reports:
@@ -158,6 +173,7 @@ def row_where(rows, **match):
 # ids, lazy tables, NVTX rows, correlation ids
 # ---------------------------------------------------------------------------
 
+
 def test_global_ids():
     assert global_tid(3594, 3594) == 0x0001_000E0A_000E0A
     assert global_pid(3594) == 0x0001_000E0A_000000
@@ -170,8 +186,16 @@ def test_lazy_creates_only_tables_with_rows(tmp_path):
     exp.launch(tid, 0, 10, 20, 30)
     con = open_ro(exp.write(tmp_path / "lazy.sqlite"))
     tables = set(tables_of(con))
-    assert {"StringIds", "ThreadNames", "TARGET_INFO_SYSTEM_ENV", "EXPORT_META_DATA", "ANALYSIS_DETAILS",
-            "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "PROCESSES"} <= tables
+    assert {
+        "StringIds",
+        "ThreadNames",
+        "TARGET_INFO_SYSTEM_ENV",
+        "EXPORT_META_DATA",
+        "ANALYSIS_DETAILS",
+        "CUPTI_ACTIVITY_KIND_KERNEL",
+        "CUPTI_ACTIVITY_KIND_RUNTIME",
+        "PROCESSES",
+    } <= tables
     assert not tables & {"NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_MEMCPY", "OSRT_API", "TARGET_INFO_GPU"}
 
     full = NsysExport(schema="2022.4", lazy=False)
@@ -210,8 +234,10 @@ def test_nvtx_rows(tmp_path):
     ]
     assert con.execute("SELECT globalPid, pid, name FROM PROCESSES").fetchall() == [(global_pid(5), 5, "trainer")]
     assert con.execute("""SELECT s.value, t.globalTid, t.priority FROM ThreadNames t
-                          JOIN StringIds s ON s.id = t.nameId""").fetchall() == [("main", tid, 20),
-                                                                                  ("worker", other, 20)]
+                          JOIN StringIds s ON s.id = t.nameId""").fetchall() == [
+        ("main", tid, 20),
+        ("worker", other, 20),
+    ]
 
 
 def test_correlation_ids_auto_increment_per_process(tmp_path):
@@ -224,22 +250,32 @@ def test_correlation_ids_auto_increment_per_process(tmp_path):
     assert exp.launch(a, 8, 9, 10, 11) == 41
     con = open_ro(exp.write(tmp_path / "corr.sqlite"))
     assert con.execute("SELECT correlationId, globalPid FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchall() == [
-        (41, global_pid(1))]
+        (41, global_pid(1))
+    ]
 
 
 # ---------------------------------------------------------------------------
 # schema of each version vs real exports
 # ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("schema", ["2021.3", "2024.6", "2026.2"])
 def test_schema_matches_fixture_exports(tmp_path, schema):
     generated = write_populated(tmp_path, schema)
     references = [FIXTURES / name for name in REFERENCE_EXPORTS[schema] + NEAREST_EXPORTS.get(schema, [])]
     compared = assert_layouts_match(generated, references, UNVERIFIABLE[schema])
-    expected_core = {"StringIds", "ThreadNames", "TARGET_INFO_GPU", "CUPTI_ACTIVITY_KIND_KERNEL",
-                     "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
-                     "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "TARGET_INFO_SYSTEM_ENV",
-                     "TARGET_INFO_SESSION_START_TIME"}
+    expected_core = {
+        "StringIds",
+        "ThreadNames",
+        "TARGET_INFO_GPU",
+        "CUPTI_ACTIVITY_KIND_KERNEL",
+        "CUPTI_ACTIVITY_KIND_RUNTIME",
+        "CUPTI_ACTIVITY_KIND_MEMCPY",
+        "CUPTI_ACTIVITY_KIND_MEMSET",
+        "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
+        "TARGET_INFO_SYSTEM_ENV",
+        "TARGET_INFO_SESSION_START_TIME",
+    }
     assert expected_core <= set(compared)
 
 
@@ -251,7 +287,10 @@ def test_metadata_and_enums_match_fixture(tmp_path, schema):
     assert gen.execute(meta).fetchone() == ref.execute(meta).fetchone()
     gen_keys = {r[0] for r in gen.execute("SELECT name FROM META_DATA_EXPORT")}
     ref_keys = {r[0] for r in ref.execute("SELECT name FROM META_DATA_EXPORT")} - {
-        "DERIVED_FROM", "DERIVED_WINDOW_NS", "DERIVED_BY"}  # added by the fixture's trimming script
+        "DERIVED_FROM",
+        "DERIVED_WINDOW_NS",
+        "DERIVED_BY",
+    }  # added by the fixture's trimming script
     assert gen_keys == ref_keys
     enum_tables = [t for t in tables_of(gen) if t.startswith("ENUM_")]
     assert "ENUM_CUDA_KERNEL_LAUNCH_TYPE" in enum_tables
@@ -272,10 +311,12 @@ def test_schema_versions_differ_where_nsys_changed(tmp_path):
     assert len(cols["2022.4"]["TARGET_INFO_GPU"]) == 41
 
     con = open_ro(write_populated(tmp_path, "2026.2"))
-    assert con.execute("SELECT DISTINCT tensorSizeMinusOneElements, greenContextId FROM "
-                       "CUPTI_ACTIVITY_KIND_KERNEL").fetchall() == [("[]", 0)]
-    start, clock = con.execute("SELECT a.startTime, s.systemClockNs FROM ANALYSIS_DETAILS a, "
-                               "TARGET_INFO_SESSION_START_TIME s").fetchone()
+    assert con.execute(
+        "SELECT DISTINCT tensorSizeMinusOneElements, greenContextId FROM CUPTI_ACTIVITY_KIND_KERNEL"
+    ).fetchall() == [("[]", 0)]
+    start, clock = con.execute(
+        "SELECT a.startTime, s.systemClockNs FROM ANALYSIS_DETAILS a, TARGET_INFO_SESSION_START_TIME s"
+    ).fetchone()
     assert start == clock == 0
     assert con.execute("SELECT gpuId, cudaId, pid FROM TARGET_INFO_CUDA_DEVICE").fetchall() == [(0, 0, 100)]
 
@@ -295,6 +336,7 @@ def test_session_window(tmp_path):
 # invalid UTF-8, DLProf-modified files, bulk forms
 # ---------------------------------------------------------------------------
 
+
 def test_invalid_utf8_roundtrip(tmp_path):
     exp = NsysExport(schema="2021.3")
     tid = exp.add_thread(pid=1, tid=1, name=b"thr\xff")
@@ -303,10 +345,11 @@ def test_invalid_utf8_roundtrip(tmp_path):
     path = exp.write(tmp_path / "bad.sqlite")
     con = open_ro(path)
     assert con.execute("SELECT value, typeof(value) FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Bad'").fetchone() == (
-        "\ufffd\ufffdabc", "text")
+        "\ufffd\ufffdabc",
+        "text",
+    )
     assert con.execute("SELECT text, typeof(text) FROM NVTX_EVENTS").fetchone() == ("range\ufffd", "text")
-    assert con.execute("SELECT s.value FROM ThreadNames JOIN StringIds s ON s.id = nameId").fetchone() == (
-        "thr\ufffd",)
+    assert con.execute("SELECT s.value FROM ThreadNames JOIN StringIds s ON s.id = nameId").fetchone() == ("thr\ufffd",)
     raw = sqlite3.connect(path)
     raw.text_factory = bytes
     assert raw.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Bad'").fetchone() == (b"\xff\xfeabc",)
@@ -325,7 +368,9 @@ def test_dlprof_modified(tmp_path):
     assert names[-2:] == ["kernel_name", "long_kernel_name"]
     assert names[:-2] == [c.name for c in table_columns("2022.4")["CUPTI_ACTIVITY_KIND_KERNEL"]]
     assert con.execute("SELECT kernel_name, long_kernel_name FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchall() == [
-        ("gemm", "void gemm<float>(float*)"), ("relu", "relu")]
+        ("gemm", "void gemm<float>(float*)"),
+        ("relu", "relu"),
+    ]
     assert layout(con, "SystemInfo") == [("name", "TEXT", 0, 0), ("value", "TEXT", 0, 0)]
     assert ("dlprof_version", "1.8.0") in con.execute("SELECT name, value FROM SystemInfo").fetchall()
 
@@ -337,8 +382,15 @@ def test_bulk_forms_are_fast(tmp_path):
     starts = np.arange(n, dtype=np.int64) * 100
     corr = np.arange(1, n + 1)
     begin = time.perf_counter()
-    exp.kernels_many(np.full(n, 100), corr, starts + 20, starts + 50, np.array(["A", "B"])[np.arange(n) % 2],
-                     device_ids=np.arange(n) % 2, stream_ids=7)
+    exp.kernels_many(
+        np.full(n, 100),
+        corr,
+        starts + 20,
+        starts + 50,
+        np.array(["A", "B"])[np.arange(n) % 2],
+        device_ids=np.arange(n) % 2,
+        stream_ids=7,
+    )
     exp.runtime_many(np.full(m, tid), starts[:m], starts[:m] + 10, ["cudaLaunchKernel_v7000"] * m, corr[:m])
     exp.push_pop_many(np.full(m, tid), starts[:m], starts[:m] + 60, ["r"] * m)
     path = exp.write(tmp_path / "big.sqlite")
@@ -347,10 +399,16 @@ def test_bulk_forms_are_fast(tmp_path):
     assert con.execute("SELECT count(*), sum(end - start) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone() == (n, 30 * n)
     assert con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone() == (m,)
     assert con.execute("SELECT count(*), max(end) FROM NVTX_EVENTS WHERE eventType = 59").fetchone() == (
-        m, (m - 1) * 100 + 60)
+        m,
+        (m - 1) * 100 + 60,
+    )
     assert con.execute("""SELECT s.value, k.deviceId, k.gridId, k.streamId FROM CUPTI_ACTIVITY_KIND_KERNEL k
                           JOIN StringIds s ON s.id = k.shortName WHERE k.correlationId = 2""").fetchone() == (
-        "B", 1, 2, 7)
+        "B",
+        1,
+        2,
+        7,
+    )
     assert exp.runtime(tid, 0, 1) == m + 1  # bulk ids advance the per-process counter
     assert elapsed < 20, f"{n + 2 * m} rows took {elapsed:.1f} s"
 
@@ -358,6 +416,7 @@ def test_bulk_forms_are_fast(tmp_path):
 # ---------------------------------------------------------------------------
 # nsys 2022.4: schema of a --lazy=false export, and nsys stats figures
 # ---------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def nsys_2022_exports(tmp_path_factory):
@@ -371,18 +430,50 @@ def nsys_2022_exports(tmp_path_factory):
     script.write_text("import time\ntime.sleep(0.2)\n")
     session = f"nsysbuilder-{uuid.uuid4().hex[:12]}"
     profile = subprocess.run(
-        ["timeout", str(NSYS_TIMEOUT_S), "nsys", "profile", f"--session-new={session}", "-t", "cuda,nvtx",
-         "-s", "none", "--cpuctxsw=none", "--export=sqlite", "-o", str(work / "rep"), "-f", "true",
-         "python3", str(script)],
-        capture_output=True, text=True)
+        [
+            "timeout",
+            str(NSYS_TIMEOUT_S),
+            "nsys",
+            "profile",
+            f"--session-new={session}",
+            "-t",
+            "cuda,nvtx",
+            "-s",
+            "none",
+            "--cpuctxsw=none",
+            "--export=sqlite",
+            "-o",
+            str(work / "rep"),
+            "-f",
+            "true",
+            "python3",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if profile.returncode == 124:
         kill_session(session)
         pytest.skip("nsys profile timed out (another nsys session holding the session manager?)")
     assert profile.returncode == 0, profile.stderr
     export = subprocess.run(
-        ["timeout", str(NSYS_TIMEOUT_S), "nsys", "export", "--type", "sqlite", "--lazy=false",
-         "-o", str(work / "full.sqlite"), "-f", "true", str(work / "rep.nsys-rep")],
-        capture_output=True, text=True)
+        [
+            "timeout",
+            str(NSYS_TIMEOUT_S),
+            "nsys",
+            "export",
+            "--type",
+            "sqlite",
+            "--lazy=false",
+            "-o",
+            str(work / "full.sqlite"),
+            "-f",
+            "true",
+            str(work / "rep.nsys-rep"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert export.returncode == 0, export.stderr
     return work / "rep.sqlite", work / "full.sqlite"
 
@@ -422,9 +513,9 @@ def kernel_profile() -> NsysExport:
     exp.push_pop(main, 0, 1000, "outer")
     exp.push_pop(main, 100, 400, "inner")
     exp.start_end(main, 50, 650, "phase")
-    exp.push_pop(worker, 0, 1000, "worker_range")            # other thread: contains no launch of main
+    exp.push_pop(worker, 0, 1000, "worker_range")  # other thread: contains no launch of main
     exp.push_pop(main, 700, 800, "allreduce", domain_id=1, registered=True)
-    exp.push_pop(main, 1050, None, "unclosed")                # clamped to the last NVTX timestamp (2000)
+    exp.push_pop(main, 1050, None, "unclosed")  # clamped to the last NVTX timestamp (2000)
     exp.mark(main, 2000, "last")
     for api_start, duration in [(110, 10), (200, 20), (300, 30)]:
         exp.launch(main, api_start, api_start + 5, 5000 + api_start, 5000 + api_start + duration, kernel="A")
@@ -450,8 +541,15 @@ def kernel_stats(tmp_path_factory):
 def test_nsys_gpukernsum(kernel_stats):
     rows = kernel_stats["gpukernsum"]
     a = row_where(rows, Name="A")
-    assert (a["Total Time (ns)"], a["Instances"], a["Avg (ns)"], a["Med (ns)"], a["Min (ns)"], a["Max (ns)"],
-            a["StdDev (ns)"]) == ("60", "3", "20.0", "20.0", "10", "30", "10.0")
+    assert (
+        a["Total Time (ns)"],
+        a["Instances"],
+        a["Avg (ns)"],
+        a["Med (ns)"],
+        a["Min (ns)"],
+        a["Max (ns)"],
+        a["StdDev (ns)"],
+    ) == ("60", "3", "20.0", "20.0", "10", "30", "10.0")
     assert (row_where(rows, Name="B")["Total Time (ns)"], row_where(rows, Name="B")["Instances"]) == ("40", "1")
     assert sorted(r["Name"] for r in rows) == ["A", "B", "C", "ncclKernel"]
 
@@ -459,8 +557,9 @@ def test_nsys_gpukernsum(kernel_stats):
 @pytest.mark.nsys
 def test_nsys_nvtxkernsum(kernel_stats):
     rows = kernel_stats["nvtxkernsum"]
-    got = {(r["NVTX Range"], r["Style"], r["Kernel Name"]): (r["Kern Inst"], r["Total Time (ns)"], r["TID"])
-           for r in rows}
+    got = {
+        (r["NVTX Range"], r["Style"], r["Kernel Name"]): (r["Kern Inst"], r["Total Time (ns)"], r["TID"]) for r in rows
+    }
     assert got == {
         ("outer", "PushPop", "A"): ("3", "60", "100"),
         ("outer", "PushPop", "B"): ("1", "40", "100"),
@@ -476,7 +575,7 @@ def test_nsys_nvtxkernsum(kernel_stats):
 @pytest.mark.nsys
 def test_nsys_cudaapisum(kernel_stats):
     rows = kernel_stats["cudaapisum"]
-    launch = row_where(rows, Name="cudaLaunchKernel")      # _v7000 suffix stripped for display
+    launch = row_where(rows, Name="cudaLaunchKernel")  # _v7000 suffix stripped for display
     assert (launch["Num Calls"], launch["Total Time (ns)"]) == ("6", str(5 * 3 + 10 + 10 + 6))
     assert row_where(rows, Name="cudaMemcpyAsync")["Num Calls"] == "2"
     assert row_where(rows, Name="cuMemAlloc_v2")["Total Time (ns)"] == "100"  # not a _vNNNN suffix
@@ -499,8 +598,7 @@ def test_nsys_nvtxsum(kernel_stats):
 @pytest.mark.nsys
 def test_nsys_gpumemtimesum(kernel_stats):
     got = {r["Operation"]: (r["Count"], r["Total Time (ns)"]) for r in kernel_stats["gpumemtimesum"]}
-    assert got == {"[CUDA memcpy HtoD]": ("1", "100"), "[CUDA memcpy DtoH]": ("1", "60"),
-                   "[CUDA memset]": ("1", "25")}
+    assert got == {"[CUDA memcpy HtoD]": ("1", "100"), "[CUDA memcpy DtoH]": ("1", "60"), "[CUDA memset]": ("1", "25")}
 
 
 @pytest.mark.nsys

@@ -1,6 +1,7 @@
 """Cross-checks against Nsight Systems' own `nsys stats` reports on the same SQLite files: per-kernel
 totals (gpukernsum), API totals (cudaapisum), memory totals (gpumemtimesum), range durations (nvtxsum)
 and kernel-to-range attribution at every nesting level (nvtxkernsum)."""
+
 import csv
 import re
 import shutil
@@ -27,8 +28,12 @@ _SUFFIX = re.compile(r"_v\d+$")
 def nsys_stats(path: Path, report: str) -> list[dict]:
     """Rows of one nsys stats report as dicts (an empty list when the report has no data)."""
     base = path.with_suffix("")
-    proc = subprocess.run([NSYS, "stats", "-q", "-r", report, "-f", "csv", "-o", str(base), str(path)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [NSYS, "stats", "-q", "-r", report, "-f", "csv", "-o", str(base), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = Path(f"{base}_{report.replace(':', '_')}.csv")
     if proc.returncode not in (0, 27) or not out.exists():
         raise AssertionError(f"nsys stats {report} failed ({proc.returncode}): {proc.stderr}")
@@ -59,8 +64,9 @@ def random_profile(path: Path, seed: int) -> Path:
                 for _ in range(int(rng.integers(1, 3))):
                     k = int(rng.integers(0, 3))
                     gpu_start = 100_000 + counter * 1000 + int(rng.integers(0, 500))
-                    exp.launch(t, clock + 3, clock + 7, gpu_start, gpu_start + int(rng.integers(1, 400)),
-                               kernel=f"kernel_{k}")
+                    exp.launch(
+                        t, clock + 3, clock + 7, gpu_start, gpu_start + int(rng.integers(1, 400)), kernel=f"kernel_{k}"
+                    )
                     clock += 10
         while stack:
             clock += 10
@@ -111,8 +117,9 @@ def test_cudaapisum_and_gpumemtimesum(generated, tmp_path):
     for name, d in zip(api["name"].astype(str), (api["end"] - api["start"]).to_numpy()):
         ours[_SUFFIX.sub("", name)][0] += int(d)
         ours[_SUFFIX.sub("", name)][1] += 1
-    theirs = {row["Name"]: [int(row["Total Time (ns)"]), int(row["Num Calls"])]
-              for row in nsys_stats(path, "cudaapisum")}
+    theirs = {
+        row["Name"]: [int(row["Total Time (ns)"]), int(row["Num Calls"])] for row in nsys_stats(path, "cudaapisum")
+    }
     assert dict(ours) == theirs
     gpu = a.trace.gpu
     memory = gpu[gpu["kind"] != 0]
@@ -120,8 +127,9 @@ def test_cudaapisum_and_gpumemtimesum(generated, tmp_path):
     for name, d in zip(memory["name"].astype(str), (memory["end"] - memory["start"]).to_numpy()):
         ours_mem[name][0] += int(d)
         ours_mem[name][1] += 1
-    theirs_mem = {row["Operation"]: [int(row["Total Time (ns)"]), int(row["Count"])]
-                  for row in nsys_stats(path, "gpumemtimesum")}
+    theirs_mem = {
+        row["Operation"]: [int(row["Total Time (ns)"]), int(row["Count"])] for row in nsys_stats(path, "gpumemtimesum")
+    }
     assert dict(ours_mem) == theirs_mem
     # and the summary's Memory row is their total
     assert a.agg().summary["kernels"]["memory"]["gpu_time"] == sum(v[0] for v in theirs_mem.values())
@@ -143,10 +151,16 @@ def test_nvtxkernsum_attribution_at_every_level(generated):
         a = analyze(path)
         trace = a.trace
         ranges, api, gpu = trace.ranges, trace.api_calls, trace.gpu
-        forest = RangeForest(ranges["global_tid"].to_numpy(), ranges["start"].to_numpy(), ranges["end"].to_numpy(),
-                             ranges["range_id"].to_numpy())
-        keys = ThreadTimeKeys([ranges["global_tid"].to_numpy(), api["global_tid"].to_numpy()],
-                              [ranges["start"].to_numpy(), ranges["end"].to_numpy(), api["start"].to_numpy()])
+        forest = RangeForest(
+            ranges["global_tid"].to_numpy(),
+            ranges["start"].to_numpy(),
+            ranges["end"].to_numpy(),
+            ranges["range_id"].to_numpy(),
+        )
+        keys = ThreadTimeKeys(
+            [ranges["global_tid"].to_numpy(), api["global_tid"].to_numpy()],
+            [ranges["start"].to_numpy(), ranges["end"].to_numpy(), api["start"].to_numpy()],
+        )
         innermost = forest.innermost_at(keys, api["global_tid"].to_numpy(), api["start"].to_numpy())
         texts = ranges["text"].astype(str).to_numpy()
         ours = defaultdict(int)
@@ -165,8 +179,7 @@ def test_nvtxkernsum_attribution_at_every_level(generated):
         # leaf ranges are op instances of this marker-free profile: their accumulated kernel time agrees
         dm = a.domain()
         inst = dm.instances
-        kernel_time = np.bincount(dm.gpu_instance, weights=(gpu["end"] - gpu["start"]).to_numpy(),
-                                  minlength=len(inst))
+        kernel_time = np.bincount(dm.gpu_instance, weights=(gpu["end"] - gpu["start"]).to_numpy(), minlength=len(inst))
         leaf = set(np.flatnonzero(np.bincount(forest.parent[forest.parent >= 0], minlength=len(ranges)) == 0))
         row_of_range = {rid: i for i, rid in enumerate(ranges["range_id"])}
         checked = 0

@@ -1,5 +1,6 @@
 """Range texts' per-call fields: the vectorized parsing gives exactly what the grammar's regular
 expressions (nvtx_markers._PT_FIELDS and the seq / op_id patterns, run by Arrow's RE2) give."""
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -8,13 +9,29 @@ import pytest
 from dlprof_profiler import nvtx_markers as nm
 
 TEXTS = [
-    "aten::mm, seq = 1, op_id = 2", "aten::mm, op_id = 2", "aten::mm, seq = -3", "x, seq = , seq = 4",
-    "aten::add, seq = 1\nmore, op_id = 3", "multi\nline, seq = 5", "trailing, seq = 1\n",
-    "a, sizes = [[1, 2], [3]], op_id = 4", "b, input_op_ids = [1, 2]", "aten::relu, seq = 007, op_id = 1",
-    "ProfilerStep#3", "Optimizer.step#SGD.step, op_id = 0", "", "é, seq = 5, op_id = 6",
-    "aten::mm, seq = x, op_id = 7", "aten::mm, seq = --1", "aten::mm, seq = 1, seq = 2", "MulBackward0, seq = 12",
-    "autograd::engine::evaluate_function: MulBackward0, op_id = 44", "aten::x, seq = 1234567890123456789012",
-    "a, op_id = 1, seq = 2", "aten::mm, seq = 1, op_id = 2, sizes = []", "no fields, just, commas = 3",
+    "aten::mm, seq = 1, op_id = 2",
+    "aten::mm, op_id = 2",
+    "aten::mm, seq = -3",
+    "x, seq = , seq = 4",
+    "aten::add, seq = 1\nmore, op_id = 3",
+    "multi\nline, seq = 5",
+    "trailing, seq = 1\n",
+    "a, sizes = [[1, 2], [3]], op_id = 4",
+    "b, input_op_ids = [1, 2]",
+    "aten::relu, seq = 007, op_id = 1",
+    "ProfilerStep#3",
+    "Optimizer.step#SGD.step, op_id = 0",
+    "",
+    "é, seq = 5, op_id = 6",
+    "aten::mm, seq = x, op_id = 7",
+    "aten::mm, seq = --1",
+    "aten::mm, seq = 1, seq = 2",
+    "MulBackward0, seq = 12",
+    "autograd::engine::evaluate_function: MulBackward0, op_id = 44",
+    "aten::x, seq = 1234567890123456789012",
+    "a, op_id = 1, seq = 2",
+    "aten::mm, seq = 1, op_id = 2, sizes = []",
+    "no fields, just, commas = 3",
     "{'mod': 'torch.nn.functional', 'op': 'conv2d', 'callid': 4, 'args': []}",
 ]
 
@@ -22,7 +39,7 @@ TEXTS = [
 def regex_seq(texts: pa.Array, mask: np.ndarray) -> list:
     """The regex's seq, as an int where it fits int64."""
     found = pc.struct_field(pc.extract_regex(texts, r", seq = (?P<seq>-?\d+)"), [0]).to_pylist()
-    return [int(v) if m and v is not None and abs(int(v)) < 10 ** 18 else -1 for v, m in zip(found, mask)]
+    return [int(v) if m and v is not None and abs(int(v)) < 10**18 else -1 for v, m in zip(found, mask)]
 
 
 @pytest.mark.parametrize("repeat", [1, 50])
@@ -34,16 +51,25 @@ def test_call_fields_parse_as_the_regexes_do(repeat):
         assert pos.tolist() == [t.encode().find(marker.encode()) for t in texts.to_pylist()]
     plain = ~np.asarray(pc.starts_with(texts, "{").to_numpy(zero_copy_only=False), dtype=bool)
     has, seq = nm._int_fields(texts, marker_at, plain)
-    expected_has = np.asarray(pc.match_substring_regex(texts, r", (?:seq|op_id) = -?\d+").to_numpy(
-        zero_copy_only=False), dtype=bool) & plain
+    expected_has = (
+        np.asarray(
+            pc.match_substring_regex(texts, r", (?:seq|op_id) = -?\d+").to_numpy(zero_copy_only=False), dtype=bool
+        )
+        & plain
+    )
     assert has.tolist() == expected_has.tolist()
     assert seq.tolist() == regex_seq(texts, has)
 
 
 def test_seq_too_long_for_int64_is_no_seq():
     """A seq of more digits than int64 holds is no seq (it used to stop the run with an Arrow error)."""
-    texts = pa.array(["aten::x, seq = 1234567890123456789012", "aten::y, seq = , seq = 99999999999999999999",
-                      "aten::z, seq = 999999999999999999, op_id = 1"])
+    texts = pa.array(
+        [
+            "aten::x, seq = 1234567890123456789012",
+            "aten::y, seq = , seq = 99999999999999999999",
+            "aten::z, seq = 999999999999999999, op_id = 1",
+        ]
+    )
     _, marker_at = nm._strip_call_fields(texts)
     has, seq = nm._int_fields(texts, marker_at, np.ones(3, dtype=bool))
     assert has.tolist() == [True, True, True]

@@ -1,5 +1,6 @@
 """Output folders: created and removed again when left empty, one run at a time (lock), stale staging
 folders of killed runs cleaned, staging paths never shown."""
+
 import os
 import subprocess
 import sys
@@ -26,7 +27,7 @@ def test_created_folders_are_removed_when_left_empty(tmp_path):
     assert not (tmp_path / "a").exists()
     with OutputFolder(out):
         (out / "report.csv").write_text("x")
-    assert sorted(p.name for p in out.iterdir()) == ["report.csv"]   # outputs stay, the lock file goes
+    assert sorted(p.name for p in out.iterdir()) == ["report.csv"]  # outputs stay, the lock file goes
 
 
 def test_an_existing_folder_is_kept(tmp_path):
@@ -42,12 +43,12 @@ def test_a_second_run_into_a_locked_folder_fails_at_once_naming_the_folder_and_p
             pass
         assert time.monotonic() - started < 5
         assert str(err.value).startswith(f"{tmp_path}: another dlprof run (pid {os.getpid()})")
-    with OutputFolder(tmp_path):   # released
+    with OutputFolder(tmp_path):  # released
         pass
 
 
 def test_a_lock_left_by_a_killed_run_does_not_block(tmp_path):
-    (tmp_path / LOCK_NAME).write_text(f"{dead_pid()} {outputs._host()}\n")   # the kernel dropped its lock
+    (tmp_path / LOCK_NAME).write_text(f"{dead_pid()} {outputs._host()}\n")  # the kernel dropped its lock
     with OutputFolder(tmp_path):
         assert (tmp_path / LOCK_NAME).read_text().split()[0] == str(os.getpid())
     assert not (tmp_path / LOCK_NAME).exists()
@@ -57,8 +58,10 @@ def test_staging_folders_carry_their_owner_and_are_never_named_in_messages(tmp_p
     staging = Staging(tmp_path)
     assert staging.root.name.startswith(f".dlprof-staging-{os.getpid()}@{outputs._host()}.")
     staged = staging.path(tmp_path / "dlprof_dldb.sqlite")
-    assert unstaged(f"{staged}: could not write the database (disk full)") == \
-        f"{tmp_path / 'dlprof_dldb.sqlite'}: could not write the database (disk full)"
+    assert (
+        unstaged(f"{staged}: could not write the database (disk full)")
+        == f"{tmp_path / 'dlprof_dldb.sqlite'}: could not write the database (disk full)"
+    )
     staging.discard()
 
 

@@ -3,6 +3,7 @@
 Every check talks HTTP to a running server (`Api`) and compares with the database read directly with
 sqlite3 and with the hand-computed training profile of tests/profiles.py. No tests are defined here.
 """
+
 from __future__ import annotations
 
 import csv
@@ -26,13 +27,13 @@ from dlprof_plugin.security import REQUEST_HEADER
 from tests.profiles import run_dlprof
 
 # ---------------------------------------------------------------------------- the training profile, by hand
-WALL_TIME = 290_000              # first recorded event (1_000_000) to the last cudaDeviceSynchronize end (1_290_000)
-ITERATIONS = 4                   # 3 optimizer steps -> 4 intervals
+WALL_TIME = 290_000  # first recorded event (1_000_000) to the last cudaDeviceSynchronize end (1_290_000)
+ITERATIONS = 4  # 3 optimizer steps -> 4 intervals
 KEY_NODE = "Optimizer.step#SGD.step"
-N_OPS = 8                        # to, conv2d, relu, linear, linear(bprop), conv2d(bprop), add_, unassociated sync
-TOP_OP = ("CONV2D_1", 30_000)    # 3 x TC_CONV [T+14000, T+24000)
-KERNELS_PER_ITERATION = 6        # conv, relu, sgemm, sgemm (backward), wgrad, add (the memcpy is not a kernel)
-ITER1 = (1_080_000, 1_180_000)   # iteration 1 = [end of step 0, end of step 1)
+N_OPS = 8  # to, conv2d, relu, linear, linear(bprop), conv2d(bprop), add_, unassociated sync
+TOP_OP = ("CONV2D_1", 30_000)  # 3 x TC_CONV [T+14000, T+24000)
+KERNELS_PER_ITERATION = 6  # conv, relu, sgemm, sgemm (backward), wgrad, add (the memcpy is not a kernel)
+ITER1 = (1_080_000, 1_180_000)  # iteration 1 = [end of step 0, end of step 1)
 
 
 def free_port() -> int:
@@ -51,8 +52,14 @@ class Api:
         q = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
         return f"{self.base}{self.prefix}{route}" + (f"?{q}" if q else "")
 
-    def raw(self, url: str, data: bytes | None = None, method: str | None = None, timeout: float = 30,
-            headers: dict | None = None):
+    def raw(
+        self,
+        url: str,
+        data: bytes | None = None,
+        method: str | None = None,
+        timeout: float = 30,
+        headers: dict | None = None,
+    ):
         req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
         if data is not None and not req.has_header("Content-type"):
             req.add_header("Content-Type", "application/json")
@@ -116,6 +123,7 @@ def db_rows(db: Path, sql: str, params=()) -> list[tuple]:
 
 # ---------------------------------------------------------------------------- checks
 
+
 def check_runs(api: Api, expected: dict[str, Path]) -> None:
     runs = {r["run"]: r for r in api.get("runs")["runs"]}
     assert set(runs) == set(expected)
@@ -129,13 +137,15 @@ def check_runs(api: Api, expected: dict[str, Path]) -> None:
 def check_metadata_routes(api: Api, run: str, db: Path) -> None:
     aggrs = api.get("aggregations", run=run)
     assert aggrs["aggregations"][0]["aggr_id"] == 1 and aggrs["newest"] == max(
-        a["aggr_id"] for a in aggrs["aggregations"])
+        a["aggr_id"] for a in aggrs["aggregations"]
+    )
     first = aggrs["aggregations"][0]
     assert first["key_node"] == KEY_NODE and first["key_found"] is True and first["total_iterations"] == ITERATIONS
     assert aggrs["job"]["status"] in ("idle", "succeeded", "failed")
     domains = api.get("domains", run=run)["domains"]
-    assert [d["name"] for d in domains] == [r[0] for r in db_rows(db, "SELECT name FROM read_only_domains "
-                                                                      "ORDER BY domain_id")]
+    assert [d["name"] for d in domains] == [
+        r[0] for r in db_rows(db, "SELECT name FROM read_only_domains ORDER BY domain_id")
+    ]
     assert domains[0]["is_primary"] is True
     system = api.get("system", run=run)
     assert system["gpus"][0]["name"] == "NVIDIA A100-SXM4-40GB" and system["gpus"][0]["compute_capability"] == "8.0"
@@ -149,16 +159,24 @@ def check_metadata_routes(api: Api, run: str, db: Path) -> None:
     assert len(it["iterations"]) == ITERATIONS and it["key_node"] == KEY_NODE
     assert (it["iter_start"], it["iter_stop"]) == (0, ITERATIONS - 1)
     assert [(r["iteration"], r["start"], r["end"]) for r in it["iterations"]] == [
-        tuple(r) for r in db_rows(db, "SELECT iter_value, start_time, stop_time FROM iteration_summary "
-                                      "WHERE aggr_id = 1 ORDER BY iter_value")]
+        tuple(r)
+        for r in db_rows(
+            db, "SELECT iter_value, start_time, stop_time FROM iteration_summary WHERE aggr_id = 1 ORDER BY iter_value"
+        )
+    ]
     assert (it["iterations"][1]["start"], it["iterations"][1]["end"]) == ITER1
     assert it["iterations"][1]["kernels"] == KERNELS_PER_ITERATION
     findings = api.get("expert_systems", run=run, aggr=1)["findings"]
-    assert sorted(f["exp_sys_id"] for f in findings) == sorted(r[0] for r in db_rows(
-        db, "SELECT exp_sys_id FROM expert_systems_feedback WHERE aggr_id = 1"))
+    assert sorted(f["exp_sys_id"] for f in findings) == sorted(
+        r[0] for r in db_rows(db, "SELECT exp_sys_id FROM expert_systems_feedback WHERE aggr_id = 1")
+    )
     # the training profile's slow first iteration, low GPU use, pageable copies and host syncs
-    assert {"bad_iteration_range_detector", "underutilized_gpu_detector", "pageable_memcpy_detector",
-            "sync_api_detector"} <= {f["exp_sys_id"] for f in findings}
+    assert {
+        "bad_iteration_range_detector",
+        "underutilized_gpu_detector",
+        "pageable_memcpy_detector",
+        "sync_api_detector",
+    } <= {f["exp_sys_id"] for f in findings}
     assert api.get("reaggregate_status", run=run)["job"]["status"] in ("idle", "succeeded", "failed")
 
 
@@ -168,24 +186,48 @@ def check_dashboard(api: Api, run: str, db: Path) -> None:
     assert s["wall_time"] == WALL_TIME and s["iter_total"] == ITERATIONS and s["iter_aggregated"] == ITERATIONS
     assert (s["iter_start"], s["iter_stop"], s["key_node"], s["key_found"]) == (0, 3, KEY_NODE, True)
     assert s["avg_iteration_time"] == pytest.approx(WALL_TIME / ITERATIONS)
-    ms = db_rows(db, "SELECT wall_time, tc_utilization, gpu_utilization, tc_duration_pct, other_duration_pct, "
-                     "iteration_time_std_dev FROM model_summary WHERE aggr_id = 1")[0]
-    assert (s["wall_time"], s["tc_utilization"], s["gpu_utilization"], s["tc_duration_pct"],
-            s["other_duration_pct"], s["iteration_time_std_dev"]) == pytest.approx(ms)
-    pct = sum(s[k] for k in ("tc_duration_pct", "non_tc_duration_pct", "memory_duration_pct",
-                             "dataloader_duration_pct", "io_duration_pct", "cpu_duration_pct", "other_duration_pct"))
+    ms = db_rows(
+        db,
+        "SELECT wall_time, tc_utilization, gpu_utilization, tc_duration_pct, other_duration_pct, "
+        "iteration_time_std_dev FROM model_summary WHERE aggr_id = 1",
+    )[0]
+    assert (
+        s["wall_time"],
+        s["tc_utilization"],
+        s["gpu_utilization"],
+        s["tc_duration_pct"],
+        s["other_duration_pct"],
+        s["iteration_time_std_dev"],
+    ) == pytest.approx(ms)
+    pct = sum(
+        s[k]
+        for k in (
+            "tc_duration_pct",
+            "non_tc_duration_pct",
+            "memory_duration_pct",
+            "dataloader_duration_pct",
+            "io_duration_pct",
+            "cpu_duration_pct",
+            "other_duration_pct",
+        )
+    )
     assert pct == pytest.approx(100.0)
-    assert s["tc_utilization"] == pytest.approx(50.0)   # TC kernels 48 us of 96 us in eligible ops
+    assert s["tc_utilization"] == pytest.approx(50.0)  # TC kernels 48 us of 96 us in eligible ops
     assert d["op_summary"]["all"] == {"gpu_time": 111_000, "cpu_time": 162_000, "count": N_OPS}
     assert d["op_summary"]["using_tc"]["count"] == 2 and d["op_summary"]["eligible_not_using"]["count"] == 2
     assert d["kernel_summary"]["all"]["gpu_time"] == 111_000 and d["kernel_summary"]["tc"]["gpu_time"] == 48_000
-    assert d["tensor_core"] == {"tc_utilization": pytest.approx(50.0), "eligible_ops": 4, "using_tc_ops": 2,
-                                "eligible_not_using_ops": 2}
+    assert d["tensor_core"] == {
+        "tc_utilization": pytest.approx(50.0),
+        "eligible_ops": 4,
+        "using_tc_ops": 2,
+        "eligible_not_using_ops": 2,
+    }
     assert len(d["iterations"]) == ITERATIONS
     top = d["top_ops"]
     assert (top[0]["op_id"], top[0]["gpu_total"]) == TOP_OP and top[0]["using_tc"] is True
-    assert [t["gpu_total"] for t in top] == [r[0] for r in db_rows(
-        db, "SELECT gpu_total FROM op_nodes WHERE aggr_id = 1 ORDER BY gpu_total DESC LIMIT 10")]
+    assert [t["gpu_total"] for t in top] == [
+        r[0] for r in db_rows(db, "SELECT gpu_total FROM op_nodes WHERE aggr_id = 1 ORDER BY gpu_total DESC LIMIT 10")
+    ]
     assert d["system"]["gpu_count"] == 1 and d["system"]["gpu_names"] == "NVIDIA A100-SXM4-40GB"
     assert d["system"]["cuda_version"] == "12.2" and d["system"]["driver_version"] == "535.104.05"
     assert d["mode"] == "pytorch" and d["domain"] == "default" and d["aggregation"]["aggr_id"] == 1
@@ -201,11 +243,19 @@ def check_tables(api: Api, run: str, db: Path) -> None:
     assert doc["total"] == doc["filtered"] == N_OPS and doc["sort"] == "gpu_total" and doc["order"] == "desc"
     assert doc["columns"][0]["key"] == "op_index" and doc["columns"][0]["hidden"] is True
     keys = {c["key"] for c in doc["columns"]}
-    assert {"direction", "stack_trace", "overhead_total", "idle_max", "tc_eligible"} <= keys   # PyTorch run
-    expect = {r[0]: r[1:] for r in db_rows(db, "SELECT op_id, num_calls, gpu_total, cpu_total, overhead_total, "
-                                               "using_tc FROM view_op_nodes WHERE aggr_id = 1")}
-    assert {r["op_id"]: (r["num_calls"], r["gpu_total"], r["cpu_total"], r["overhead_total"], int(r["using_tc"]))
-            for r in rows} == expect
+    assert {"direction", "stack_trace", "overhead_total", "idle_max", "tc_eligible"} <= keys  # PyTorch run
+    expect = {
+        r[0]: r[1:]
+        for r in db_rows(
+            db,
+            "SELECT op_id, num_calls, gpu_total, cpu_total, overhead_total, "
+            "using_tc FROM view_op_nodes WHERE aggr_id = 1",
+        )
+    }
+    assert {
+        r["op_id"]: (r["num_calls"], r["gpu_total"], r["cpu_total"], r["overhead_total"], int(r["using_tc"]))
+        for r in rows
+    } == expect
     assert [r["gpu_total"] for r in rows] == sorted((r["gpu_total"] for r in rows), reverse=True)
     assert (rows[0]["op_id"], rows[0]["gpu_total"]) == TOP_OP
     # sort, pages
@@ -221,7 +271,7 @@ def check_tables(api: Api, run: str, db: Path) -> None:
     assert [r["op_id"] for r in hits] == ["LINEAR_2"]
     doc, hits = api.table("ops", run=run, aggr=1, **{"col.gpu_total": "6000..18000", "col.using_tc": "no"})
     assert {r["op_id"] for r in hits} == {"RELU_1", "ADD__1"}
-    doc, hits = api.table("ops", run=run, aggr=1, **{"col.op_name": "%"})   # LIKE wildcards are literal
+    doc, hits = api.table("ops", run=run, aggr=1, **{"col.op_name": "%"})  # LIKE wildcards are literal
     assert doc["filtered"] == 0
     # kernels (all, and of one op)
     doc, rows = api.table("kernels", run=run, aggr=1)
@@ -233,8 +283,9 @@ def check_tables(api: Api, run: str, db: Path) -> None:
     # op types, tensor core, group ops, iterations, expert systems
     doc, rows = api.table("op_types", run=run, aggr=1)
     assert {r["op_type"]: (r["num_ops"], r["num_calls"], r["gpu_total"]) for r in rows} == {
-        r[0]: r[1:] for r in db_rows(db, "SELECT op_type, num_ops, num_calls, gpu_total FROM op_type_metrics "
-                                         "WHERE aggr_id = 1")}
+        r[0]: r[1:]
+        for r in db_rows(db, "SELECT op_type, num_ops, num_calls, gpu_total FROM op_type_metrics WHERE aggr_id = 1")
+    }
     doc, rows = api.table("tensor_core", run=run, aggr=1)
     assert doc["total"] == 4 and rows[0]["total_gpu_time"] == 30_000 and rows[0]["tc_utilization"] == 100.0
     assert rows[0]["tc_kernel_names"].startswith("volta_fp16_s884cudnn") and rows[0]["uses_tc"] is True
@@ -259,11 +310,22 @@ def check_tables(api: Api, run: str, db: Path) -> None:
     starts = [r["gpu_start"] for r in rows]
     assert starts == sorted(starts) and all(ITER1[0] <= r["api_start"] < ITER1[1] for r in rows)
     first = rows[0]
-    assert (first["op_id"], first["gpu_start"], first["gpu_duration"], first["api_start"], first["api_time"],
-            first["uses_tc"], first["iteration"]) == ("CONV2D_1", 1_114_000, 10_000, 1_112_000, 1_000, True, 1)
-    expect = db_rows(db, 'SELECT g.start FROM read_only_activity_owners w JOIN read_only_gpu_activities g '
-                         'ON g.activity_id = w.activity_id WHERE w.launch_time >= ? AND w.launch_time < ? '
-                         'AND g.kind = 0 ORDER BY g.start', ITER1)
+    assert (
+        first["op_id"],
+        first["gpu_start"],
+        first["gpu_duration"],
+        first["api_start"],
+        first["api_time"],
+        first["uses_tc"],
+        first["iteration"],
+    ) == ("CONV2D_1", 1_114_000, 10_000, 1_112_000, 1_000, True, 1)
+    expect = db_rows(
+        db,
+        "SELECT g.start FROM read_only_activity_owners w JOIN read_only_gpu_activities g "
+        "ON g.activity_id = w.activity_id WHERE w.launch_time >= ? AND w.launch_time < ? "
+        "AND g.kind = 0 ORDER BY g.start",
+        ITER1,
+    )
     assert starts == [r[0] for r in expect]
     doc, _ = api.table("iteration_kernels", run=run, aggr=1, iteration=3)
     assert doc["total"] == 0
@@ -271,19 +333,33 @@ def check_tables(api: Api, run: str, db: Path) -> None:
     assert doc["total"] == N_OPS and rows[0]["op_id"] == "CONV2D_1" and rows[0]["gpu_time"] == 10_000
     assert all(r["calls"] == 1 for r in rows)
     doc, rows = api.table("iteration_op_kernels", run=run, aggr=1, iteration=1, op_index=conv["op_index"])
-    assert doc["total"] == 1 and rows[0]["kernel_name"].startswith("volta_fp16_s884cudnn") \
+    assert (
+        doc["total"] == 1
+        and rows[0]["kernel_name"].startswith("volta_fp16_s884cudnn")
         and rows[0]["gpu_start"] == 1_114_000
+    )
     doc, rows = api.table("key_nodes", run=run, q="Optimizer", limit=100)
     assert any(r["kind"] == "op" and r["name"] == "/Optimizer.step#SGD.step/aten::add_" for r in rows)
     # the default key node, a scope range, listed by its label (its text without ", op_id = N")
-    assert {"kind": "nvtx_range", "name": KEY_NODE, "op_id": None, "label": None, "op_type": None,
-            "instances": 3} in rows
+    assert {
+        "kind": "nvtx_range",
+        "name": KEY_NODE,
+        "op_id": None,
+        "label": None,
+        "op_type": None,
+        "instances": 3,
+    } in rows
     doc, rows = api.table("key_nodes", run=run, limit=1000)
     assert doc["total"] >= N_OPS and sum(r["kind"] == "op" for r in rows) == N_OPS
     # one op
     op = api.get("op", run=run, aggr=1, op_index=conv["op_index"])
-    assert (op["op_id"], op["num_calls"], op["gpu_total"], op["cpu_avg"], op["direction"]) == \
-        ("CONV2D_1", 3, 30_000, 10_000.0, "fprop")
+    assert (op["op_id"], op["num_calls"], op["gpu_total"], op["cpu_avg"], op["direction"]) == (
+        "CONV2D_1",
+        3,
+        30_000,
+        10_000.0,
+        "fprop",
+    )
     assert len(op["kernels"]) == 1 and op["kernels"][0]["gpu_total"] == 30_000 and "stack_trace" in op
 
 
@@ -322,7 +398,7 @@ def check_exports(api: Api, run: str) -> None:
 
 BAD_REQUESTS = [
     # (route, params, status)
-    ("dashboard", {}, 400),                                          # run missing
+    ("dashboard", {}, 400),  # run missing
     ("dashboard", {"run": "no_such_run"}, 404),
     ("dashboard", {"run": "../training"}, 400),
     ("dashboard", {"run": "/etc/passwd"}, 400),
@@ -342,11 +418,11 @@ BAD_REQUESTS = [
     ("table/ops", {"col.no_such_column": "1"}, 400),
     ("table/ops", {"col.using_tc": "perhaps"}, 400),
     ("table/ops", {"format": "pdf"}, 400),
-    ("table/iteration_kernels", {}, 400),                           # iteration missing
+    ("table/iteration_kernels", {}, 400),  # iteration missing
     ("table/iteration_kernels", {"iteration": "99"}, 404),
     ("table/iteration_op_kernels", {"iteration": "1", "op_index": "9999"}, 404),
     ("table/group_ops", {"parent": "/no/such/group/"}, 404),
-    ("table/iteration_kernels", {"iteration": "1", "sort": "api_time"}, 400),   # computed per page
+    ("table/iteration_kernels", {"iteration": "1", "sort": "api_time"}, 400),  # computed per page
     ("op", {}, 400),
     ("op", {"op_index": "9999"}, 404),
     ("no_such_route", {}, 404),
@@ -366,15 +442,19 @@ def check_bad_requests(api: Api, run: str) -> None:
         assert code == status, f"{route} {params}: {code} {body[:200]!r}"
         assert headers["Content-Type"].startswith("application/json"), (route, headers["Content-Type"])
         assert isinstance(json.loads(body)["error"], str)
-    for body, status in [(b"not json", 400), (b"[1, 2]", 400), (json.dumps({"run": run, "iter_start": -1}).encode(), 400),
-                         (json.dumps({"run": run, "iter_start": "1"}).encode(), 400),
-                         (json.dumps({"run": run, "iter_start": 2, "iter_stop": 1}).encode(), 400),
-                         (json.dumps({"run": run, "key_node": 5}).encode(), 400),
-                         (json.dumps({"run": "no_such_run"}).encode(), 404),
-                         (json.dumps({"run": "../x"}).encode(), 400)]:
+    for body, status in [
+        (b"not json", 400),
+        (b"[1, 2]", 400),
+        (json.dumps({"run": run, "iter_start": -1}).encode(), 400),
+        (json.dumps({"run": run, "iter_start": "1"}).encode(), 400),
+        (json.dumps({"run": run, "iter_start": 2, "iter_stop": 1}).encode(), 400),
+        (json.dumps({"run": run, "key_node": 5}).encode(), 400),
+        (json.dumps({"run": "no_such_run"}).encode(), 404),
+        (json.dumps({"run": "../x"}).encode(), 400),
+    ]:
         code, doc = api.post("reaggregate", body)
         assert code == status and "error" in doc, (body, code, doc)
-    code, _, _ = api.raw(api.url("reaggregate"))          # GET on a POST route
+    code, _, _ = api.raw(api.url("reaggregate"))  # GET on a POST route
     assert code == 405
 
 
@@ -389,12 +469,17 @@ def check_static(api: Api) -> None:
 
 
 def check_concurrency(api: Api, run: str) -> None:
-    urls = [api.url("dashboard", run=run, aggr=1), api.url("table/ops", run=run, aggr=1, sort="op_name"),
-            api.url("table/iteration_kernels", run=run, aggr=1, iteration=1), api.url("table/key_nodes", run=run)]
+    urls = [
+        api.url("dashboard", run=run, aggr=1),
+        api.url("table/ops", run=run, aggr=1, sort="op_name"),
+        api.url("table/iteration_kernels", run=run, aggr=1, iteration=1),
+        api.url("table/key_nodes", run=run),
+    ]
     results = []
 
     def worker(u):
         results.append(api.raw(u)[0])
+
     threads = [threading.Thread(target=worker, args=(urls[i % len(urls)],)) for i in range(24)]
     for t in threads:
         t.start()
@@ -407,6 +492,7 @@ def wait_job(api: Api, run: str, timeout: float = 120) -> dict:
     def done():
         job = api.get("reaggregate_status", run=run)["job"]
         return job if job["status"] != "running" else None
+
     return wait_until(done, timeout, "the re-aggregation job")
 
 
@@ -424,9 +510,9 @@ def check_reaggregation(api: Api, run: str, db: Path, work: Path) -> None:
     before = api.get("aggregations", run=run)["aggregations"]
     status, doc = api.post("reaggregate", {"run": run, "key_node": None, "iter_start": 1, "iter_stop": 2}, expect=202)
     assert doc["job"]["status"] == "running" and doc["job"]["iter_start"] == 1
-    status, doc = api.post("reaggregate", {"run": run})                 # one job per database
+    status, doc = api.post("reaggregate", {"run": run})  # one job per database
     assert status == 409 and "already running" in doc["error"]
-    assert api.get("table/ops", run=run, aggr=1)["total"] == N_OPS     # readers keep working meanwhile
+    assert api.get("table/ops", run=run, aggr=1)["total"] == N_OPS  # readers keep working meanwhile
     job = wait_job(api, run)
     assert job["status"] == "succeeded", job
     new_id = job["aggr_id"]
@@ -437,23 +523,37 @@ def check_reaggregation(api: Api, run: str, db: Path, work: Path) -> None:
     assert (row["iter_start"], row["iter_stop"], row["key_node"]) == (1, 2, KEY_NODE)
     # the same aggregation computed by the CLI, from its reports
     out = work / f"reference_{new_id}"
-    run_dlprof(f"--database={db}", f"--output_path={out}", "--iter_start", "1", "--iter_stop", "2",
-               "--reports=summary,detail", "-v", "quiet", "--force")
+    run_dlprof(
+        f"--database={db}",
+        f"--output_path={out}",
+        "--iter_start",
+        "1",
+        "--iter_stop",
+        "2",
+        "--reports=summary,detail",
+        "-v",
+        "quiet",
+        "--force",
+    )
     summary = _summary_csv(out / "dlprof_summary.csv")
     dash = api.get("dashboard", run=run, aggr=new_id)["summary"]
     assert dash["wall_time"] == int(summary["Wall Clock Time (ns)"]) < WALL_TIME
     assert dash["iter_aggregated"] == int(summary["Aggregated Iterations"]) == 2
     assert (dash["iter_start"], dash["iter_stop"]) == (1, 2)
-    for key, label in (("gpu_utilization", "GPU Utilization %"), ("tc_utilization", "Tensor Core Kernel Utilization %"),
-                       ("cpu_duration_pct", "CPU Duration %"), ("other_duration_pct", "Other Duration %")):
+    for key, label in (
+        ("gpu_utilization", "GPU Utilization %"),
+        ("tc_utilization", "Tensor Core Kernel Utilization %"),
+        ("cpu_duration_pct", "CPU Duration %"),
+        ("other_duration_pct", "Other Duration %"),
+    ):
         assert f"{round(dash[key], 1):.1f}" == summary[label], key
     assert f"{round(dash['avg_iteration_time'], 1):.1f}" == summary["Average Iteration Time (ns)"]
-    lines = (out / "dlprof_detailed.csv").read_text().splitlines()[1:]   # line 1 is the title
+    lines = (out / "dlprof_detailed.csv").read_text().splitlines()[1:]  # line 1 is the title
     detail = list(csv.DictReader(lines))
     _, ops = api.table("ops", run=run, aggr=new_id, limit=1000)
     assert {r["op_id"]: (r["num_calls"], r["gpu_total"], r["cpu_total"]) for r in ops} == {
-        r["Op ID"]: (int(r["No. Calls"]), int(r["Total GPU Time (ns)"]), int(r["Total CPU Time (ns)"]))
-        for r in detail}
+        r["Op ID"]: (int(r["No. Calls"]), int(r["Total GPU Time (ns)"]), int(r["Total CPU Time (ns)"])) for r in detail
+    }
     assert all(r["num_calls"] <= 2 for r in ops)
     # a failing job: reported, nothing added
     status, doc = api.post("reaggregate", {"run": run, "key_node": "no_such_key_node_xyz"}, expect=202)

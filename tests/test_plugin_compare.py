@@ -1,6 +1,7 @@
 """The plugin's compare routes (in process, through dlprofviewer's WSGI app): the summary and the paged tables
 against the diff report of the hand-computed pair of profiles, the defaults of the baseline, and bad
 parameters."""
+
 from __future__ import annotations
 
 import pytest
@@ -36,8 +37,11 @@ def test_summary_route(client):
     assert doc["after"]["run"] == "dlprof_dldb" and doc["baseline"]["run"] == "before/dlprof_dldb"
     assert doc["baseline"]["domain"] == doc["after"]["domain"] == "default"
     figures = {r["key"]: r for r in doc["summary"]}
-    assert (figures["total_gpu_time"]["baseline"], figures["total_gpu_time"]["after"],
-            figures["total_gpu_time"]["delta"]) == (15000, 10000, -5000)
+    assert (
+        figures["total_gpu_time"]["baseline"],
+        figures["total_gpu_time"]["after"],
+        figures["total_gpu_time"]["delta"],
+    ) == (15000, 10000, -5000)
     assert figures["kernel_gpu_time"]["delta"] == -5000
     assert doc["ops"] == {"both": 2, "after only": 1, "baseline only": 1}
     assert doc["kernels"] == {"both": 2, "after only": 1, "baseline only": 0}
@@ -47,14 +51,42 @@ def test_tables_hold_the_diff_rows_in_the_reports_order(client):
     doc = get(client, f"/table/compare_ops?{RUNS}")
     keys = [c["key"] for c in doc["columns"]]
     assert doc["sort"] == "abs_delta" and doc["order"] == "desc" and doc["total"] == 4
-    got = [tuple(r[keys.index(k)] for k in ("op_name", "direction", "presence", "calls", "baseline_calls",
-                                            "gpu_time", "baseline_gpu_time", "delta", "delta_pct"))
-           for r in doc["rows"]]
+    got = [
+        tuple(
+            r[keys.index(k)]
+            for k in (
+                "op_name",
+                "direction",
+                "presence",
+                "calls",
+                "baseline_calls",
+                "gpu_time",
+                "baseline_gpu_time",
+                "delta",
+                "delta_pct",
+            )
+        )
+        for r in doc["rows"]
+    ]
     assert got == HAND_OPS
     doc = get(client, f"/table/compare_kernels?{RUNS}")
     keys = [c["key"] for c in doc["columns"]]
-    got = [tuple(r[keys.index(k)] for k in ("kernel_name", "presence", "calls", "baseline_calls", "gpu_time",
-                                            "baseline_gpu_time", "delta", "delta_pct")) for r in doc["rows"]]
+    got = [
+        tuple(
+            r[keys.index(k)]
+            for k in (
+                "kernel_name",
+                "presence",
+                "calls",
+                "baseline_calls",
+                "gpu_time",
+                "baseline_gpu_time",
+                "delta",
+                "delta_pct",
+            )
+        )
+        for r in doc["rows"]
+    ]
     assert got == HAND_KERNELS
 
 
@@ -78,13 +110,16 @@ def test_baseline_defaults_to_the_run_itself(client):
     assert doc["baseline"]["run"] == "dlprof_dldb" and all(r["delta"] == 0 for r in doc["summary"])
 
 
-@pytest.mark.parametrize("query,status,text", [
-    ("run=dlprof_dldb&base_run=nope", 404, "unknown run 'nope'"),
-    ("run=dlprof_dldb&base_aggr=9", 404, "unknown aggregation 9"),
-    ("run=dlprof_dldb&base_aggr=x", 400, "'base_aggr' must be an integer"),
-    ("run=dlprof_dldb&base_domain=NCCL", 404, "unknown domain 'NCCL'"),
-    ("run=dlprof_dldb&base_run=../x", 400, "invalid run"),
-])
+@pytest.mark.parametrize(
+    "query,status,text",
+    [
+        ("run=dlprof_dldb&base_run=nope", 404, "unknown run 'nope'"),
+        ("run=dlprof_dldb&base_aggr=9", 404, "unknown aggregation 9"),
+        ("run=dlprof_dldb&base_aggr=x", 400, "'base_aggr' must be an integer"),
+        ("run=dlprof_dldb&base_domain=NCCL", 404, "unknown domain 'NCCL'"),
+        ("run=dlprof_dldb&base_run=../x", 400, "invalid run"),
+    ],
+)
 def test_bad_baselines(client, query, status, text):
     doc = get(client, f"/compare?{query}", status)
     assert text in doc["error"]
@@ -100,6 +135,6 @@ def test_a_2_0_database_compares_with_its_3_0_twin(v2):
     assert all(r["delta"] == 0 for r in doc["summary"]) and doc["summary"][2]["after"] > 0
     assert doc["ops"]["both"] > 0 and doc["ops"]["after only"] == doc["ops"]["baseline only"] == 0
     rows = get(client, "/table/compare_ops?run=dlprof_dldb&base_run=v3/dlprof_dldb&limit=100")["rows"]
-    assert rows and all(r[9] == 0 for r in rows)   # delta
+    assert rows and all(r[9] == 0 for r in rows)  # delta
     doc = get(client, "/timeline?run=dlprof_dldb&iteration=1", 404)
     assert "schema 3.0" in doc["error"]

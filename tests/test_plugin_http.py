@@ -1,6 +1,7 @@
 """The DLPROF TensorBoard plugin over HTTP: a real `tensorboard` subprocess per data-server mode (the Rust
 data server with the default --load_fast=auto, and the Python multiplexer with --load_fast=false), every
 route checked against the database (sqlite3) and the hand-computed training profile."""
+
 from __future__ import annotations
 
 import json
@@ -29,10 +30,19 @@ def _tensorboard() -> list[str]:
 def _forged_run(root: Path, name: str, database: str) -> None:
     """A run directory whose dlprof event file names `database` (relative to the run directory)."""
     from dlprof_profiler import event_files
+
     run_dir = root / name / "dlprof"
     run_dir.mkdir(parents=True)
-    meta = {"database": database, "profile_name": "dlprof", "aggr_id": 1, "mode": "pytorch",
-            "primary_domain": "default", "nsys_version": "x", "dlprof_version": "x", "source_file": ""}
+    meta = {
+        "database": database,
+        "profile_name": "dlprof",
+        "aggr_id": 1,
+        "mode": "pytorch",
+        "primary_domain": "default",
+        "nsys_version": "x",
+        "dlprof_version": "x",
+        "source_file": "",
+    }
     empty = pd.DataFrame({"iteration": [], "duration": [], "gpu_utilization": [], "tc_kernel_time_per_gpu": []})
     event_files.write_event_file(run_dir / event_files.event_file_name(), meta, empty)
 
@@ -60,9 +70,19 @@ def tb(request, logdir, tmp_path_factory):
     port = checks.free_port()
     log_path = tmp_path_factory.mktemp("tb_log") / "tensorboard.log"
     log = open(log_path, "w")
-    proc = subprocess.Popen(_tensorboard() + [f"--logdir={logdir}", f"--port={port}", "--host=127.0.0.1",
-                                              f"--load_fast={request.param}", "--reload_interval=1"],
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        _tensorboard()
+        + [
+            f"--logdir={logdir}",
+            f"--port={port}",
+            "--host=127.0.0.1",
+            f"--load_fast={request.param}",
+            "--reload_interval=1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     api = checks.Api(f"http://127.0.0.1:{port}")
 
     def ready():
@@ -71,6 +91,7 @@ def tb(request, logdir, tmp_path_factory):
             return False
         runs = {r["run"] for r in api.get("runs")["runs"]}
         return runs >= {f"{r}/dlprof" for r in RUNS}
+
     try:
         checks.wait_until(ready, 60, "TensorBoard to list the dlprof runs", proc)
         yield {"api": api, "mode": request.param, "log": log_path, "logdir": logdir}
@@ -89,7 +110,7 @@ def test_plugin_listed_and_data_server_mode(tb):
     assert entry["enabled"] is True and entry["tab_name"] == "DLPROF" and entry["disable_reload"] is True
     assert entry["loading_mechanism"] == {"type": "IFRAME", "module_path": "/data/plugin/dlprof/index.js"}
     text = tb["log"].read_text()
-    if tb["mode"] == "auto":      # the Rust data server is really in use (context.multiplexer is None)
+    if tb["mode"] == "auto":  # the Rust data server is really in use (context.multiplexer is None)
         assert "fast data loading" in text, text[-2000:]
     else:
         assert "fast data loading" not in text
@@ -113,7 +134,7 @@ def test_metadata_routes(tb):
 def test_dashboard(tb):
     checks.check_dashboard(tb["api"], "training/dlprof", _db(tb, "training"))
     other = tb["api"].get("dashboard", run="other/dlprof")["summary"]
-    assert other["iter_total"] == 3 and other["wall_time"] == 190_000   # 2 training iterations from 1_000_000
+    assert other["iter_total"] == 3 and other["wall_time"] == 190_000  # 2 training iterations from 1_000_000
 
 
 def test_tables(tb):

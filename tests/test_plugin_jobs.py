@@ -1,5 +1,6 @@
 """Re-aggregation jobs (dlprof_plugin/jobs.py): what a failed job tells the browser names the database file, never
 where it lives on the server."""
+
 from __future__ import annotations
 
 import os
@@ -19,10 +20,14 @@ RUN = "dlprof_dldb"
 def test_messages_lose_the_database_directory(tmp_path):
     db = str(tmp_path / "run" / "dlprof_dldb.sqlite")
     folder = os.path.dirname(db)
-    assert without_paths(f"{db}: iteration range 7..9 is outside the profile", db) == \
-        "dlprof_dldb.sqlite: iteration range 7..9 is outside the profile"
-    assert without_paths(f"cannot write {folder}/dlprof_dldb.sqlite-journal in {folder}", db) == \
-        "cannot write dlprof_dldb.sqlite-journal in ."
+    assert (
+        without_paths(f"{db}: iteration range 7..9 is outside the profile", db)
+        == "dlprof_dldb.sqlite: iteration range 7..9 is outside the profile"
+    )
+    assert (
+        without_paths(f"cannot write {folder}/dlprof_dldb.sqlite-journal in {folder}", db)
+        == "cannot write dlprof_dldb.sqlite-journal in ."
+    )
     # a symlinked directory: its real path goes too
     link = tmp_path / "link"
     os.symlink(tmp_path / "run", link)
@@ -42,8 +47,12 @@ def viewer(tmp_path_factory):
     exe = Path(sys.executable).parent / "dlprofviewer"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "dlprof_plugin.viewer"]
     log = open(base / "viewer.log", "w")
-    proc = subprocess.Popen(cmd + [str(db), f"--port={port}", "--host=127.0.0.1", "--quiet"], stdout=log,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd + [str(db), f"--port={port}", "--host=127.0.0.1", "--quiet"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     api = checks.Api(f"http://127.0.0.1:{port}")
     try:
         checks.wait_until(lambda: api.raw(api.url("runs"), timeout=5)[0] == 200, 30, "dlprofviewer to start", proc)
@@ -56,11 +65,14 @@ def viewer(tmp_path_factory):
 def test_a_range_outside_the_profile_fails_without_the_server_path(viewer):
     api, db = viewer["api"], viewer["db"]
     api.post("reaggregate", {"run": RUN, "key_node": None, "iter_start": 40, "iter_stop": 50}, expect=202)
-    job = checks.wait_until(lambda: (j := api.get("reaggregate_status", run=RUN)["job"])["status"] != "running" and j,
-                            120, "the job to end")
+    job = checks.wait_until(
+        lambda: (j := api.get("reaggregate_status", run=RUN)["job"])["status"] != "running" and j, 120, "the job to end"
+    )
     assert job["status"] == "failed"
     # the engine's reason, with the iterations the profile has (0..3), naming the file only
-    assert job["message"] == ("dlprof_dldb.sqlite: iteration range 40..50 is outside the profile, which has "
-                              "iterations 0..3 (key node 'Optimizer.step#SGD.step')")
+    assert job["message"] == (
+        "dlprof_dldb.sqlite: iteration range 40..50 is outside the profile, which has "
+        "iterations 0..3 (key node 'Optimizer.step#SGD.step')"
+    )
     assert str(db.parent) not in job["message"] and "/" not in job["message"].split(":")[0]
     assert [a["aggr_id"] for a in api.get("aggregations", run=RUN)["aggregations"]] == [1]

@@ -1,6 +1,7 @@
 """The multi-rank routes and the `rank` parameter (dlprof_plugin/ranks.py, service.py) over HTTP against a real
 TensorBoard process, on a 4-rank run with a slow rank 2 (tests/profiles.rank_profile); expected values from the
 database (sqlite3) and the profile's hand-computed figures."""
+
 from __future__ import annotations
 
 import json
@@ -25,9 +26,12 @@ def tb(tmp_path_factory):
     run_dlprof(f"--database={','.join(map(str, files))}", f"--output_path={logdir / 'job'}", "-v", "quiet")
     port = checks.free_port()
     log = open(base / "tensorboard.log", "w")
-    proc = subprocess.Popen(_tensorboard() + [f"--logdir={logdir}", f"--port={port}", "--host=127.0.0.1",
-                                              "--reload_interval=1"],
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        _tensorboard() + [f"--logdir={logdir}", f"--port={port}", "--host=127.0.0.1", "--reload_interval=1"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     api = checks.Api(f"http://127.0.0.1:{port}")
 
     def ready():
@@ -35,6 +39,7 @@ def tb(tmp_path_factory):
         if status != 200 or not json.loads(body).get("dlprof", {}).get("enabled"):
             return False
         return {RUN, "single/dlprof"} <= {r["run"] for r in api.get("runs")["runs"]}
+
     try:
         checks.wait_until(ready, 60, "TensorBoard to list the runs", proc)
         yield {"api": api, "db": logdir / "job" / "dlprof_dldb.sqlite", "files": files}
@@ -47,7 +52,8 @@ def test_ranks_route(tb):
     doc = tb["api"].get("ranks", run=RUN)
     assert doc["default"] == 0
     assert [(r["rank"], r["source_file"], r["host_name"]) for r in doc["ranks"]] == [
-        (r, str(tb["files"][r].resolve()), "node0") for r in range(4)]
+        (r, str(tb["files"][r].resolve()), "node0") for r in range(4)
+    ]
     single = tb["api"].get("ranks", run="single/dlprof")
     assert [r["rank"] for r in single["ranks"]] == [0] and single["default"] == 0
     assert single["ranks"][0]["source_file"].endswith("training.sqlite")
@@ -55,18 +61,25 @@ def test_ranks_route(tb):
 
 def test_rank_summary_route(tb):
     doc = tb["api"].get("rank_summary", run=RUN)
-    rows = checks.db_rows(tb["db"], "SELECT rank, avg_iteration_time, times_slowest, straggler FROM rank_summary "
-                                    "WHERE aggr_id = 1 ORDER BY rank")
-    assert [(r["rank"], r["avg_iteration_time"], r["times_slowest"], r["straggler"]) for r in doc["ranks"]] == \
-        [(r, a, t, bool(s)) for r, a, t, s in rows]
+    rows = checks.db_rows(
+        tb["db"],
+        "SELECT rank, avg_iteration_time, times_slowest, straggler FROM rank_summary WHERE aggr_id = 1 ORDER BY rank",
+    )
+    assert [(r["rank"], r["avg_iteration_time"], r["times_slowest"], r["straggler"]) for r in doc["ranks"]] == [
+        (r, a, t, bool(s)) for r, a, t, s in rows
+    ]
     assert doc["stragglers"] == [SLOW]
     for rank in range(4):
         length = SLOW_ITERATION if rank == SLOW else RANK_ITERATION
         assert [it["duration"] for it in doc["iterations"][str(rank)]] == [length] * RANK_STEPS + [1000]
     assert [f["exp_sys_id"] for f in doc["findings"]] == ["straggler_rank_detector", "load_imbalance_detector"]
     assert doc["findings"][0]["data"]["rank"] == SLOW
-    assert tb["api"].get("rank_summary", run="single/dlprof") == {"ranks": [], "iterations": {}, "findings": [],
-                                                                  "stragglers": []}
+    assert tb["api"].get("rank_summary", run="single/dlprof") == {
+        "ranks": [],
+        "iterations": {},
+        "findings": [],
+        "stragglers": [],
+    }
 
 
 def test_every_route_shows_the_chosen_rank(tb):

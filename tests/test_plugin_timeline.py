@@ -2,6 +2,7 @@
 hand-computed training profile, its GPU idle gaps and what the CPU did in one, windows of a generated 2-GPU
 profile against SQL over its database (every overlapping event, and nothing else), the merging of events
 shorter than a pixel (bounded answers, counts and busy times kept), and bad requests."""
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ from dlprof_profiler import contract as K
 from tests import test_plugin_checks as checks
 from tests.profiles import make_logdir, training_profile
 
-KERNELS = 20_000   # benchmarks/bench_engine.generate: 20 iterations of 1000 kernels on 2 GPUs
+KERNELS = 20_000  # benchmarks/bench_engine.generate: 20 iterations of 1000 kernels on 2 GPUs
 
 
 def _tensorboard() -> list[str]:
@@ -27,15 +28,19 @@ def _tensorboard() -> list[str]:
 @pytest.fixture(scope="module")
 def tb(tmp_path_factory):
     from benchmarks.bench_engine import generate
+
     base = tmp_path_factory.mktemp("plugin_timeline")
     export = training_profile(base / "training.sqlite")
     bench = generate(base / "bench.sqlite", KERNELS)
     logdir = make_logdir(base / "logdir", {"training": export, "bench": bench})
     port = checks.free_port()
     log = open(base / "tensorboard.log", "w")
-    proc = subprocess.Popen(_tensorboard() + [f"--logdir={logdir}", f"--port={port}", "--host=127.0.0.1",
-                                              "--reload_interval=1"],
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        _tensorboard() + [f"--logdir={logdir}", f"--port={port}", "--host=127.0.0.1", "--reload_interval=1"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     api = checks.Api(f"http://127.0.0.1:{port}")
 
     def ready():
@@ -43,6 +48,7 @@ def tb(tmp_path_factory):
         if status != 200 or not json.loads(body).get("dlprof", {}).get("enabled"):
             return False
         return {r["run"] for r in api.get("runs")["runs"]} >= {"training/dlprof", "bench/dlprof"}
+
     try:
         checks.wait_until(ready, 60, "TensorBoard to list the dlprof runs", proc)
         yield {"api": api, "db": lambda run: logdir / run / "dlprof_dldb.sqlite"}
@@ -57,47 +63,83 @@ def events(doc: dict) -> list[dict]:
     out = []
     for i in range(len(ev["start"])):
         row = doc["rows"][ev["row"][i]]
-        out.append({"row": row, "start": ev["start"][i], "end": ev["end"][i], "kind": ev["kind"][i],
-                    "key": ev["key"][i], "op": ev["op"][i], "name": doc["names"][ev["name"][i]], "n": ev["n"][i],
-                    "busy": ev["busy"][i]})
+        out.append(
+            {
+                "row": row,
+                "start": ev["start"][i],
+                "end": ev["end"][i],
+                "kind": ev["kind"][i],
+                "key": ev["key"][i],
+                "op": ev["op"][i],
+                "name": doc["names"][ev["name"][i]],
+                "n": ev["n"][i],
+                "busy": ev["busy"][i],
+            }
+        )
     return out
 
 
 # ---------------------------------------------------------------------------- the training profile by hand
 
-T1 = 1_100_000   # base of the profile's second loop; iteration 1 = [T0 + 80 us, T1 + 80 us) (tests/profiles.py)
+T1 = 1_100_000  # base of the profile's second loop; iteration 1 = [T0 + 80 us, T1 + 80 us) (tests/profiles.py)
 SYNC = "unassociated_cudaDeviceSynchronize_v3020"
-MAIN_OPS = [(1_085_000, 1_090_000, SYNC), (T1 + 6000, T1 + 9000, "/aten::to"),
-            (T1 + 10000, T1 + 20000, "/aten::conv2d"), (T1 + 21000, T1 + 25000, "/aten::relu"),
-            (T1 + 26000, T1 + 36000, "/aten::linear"),
-            (T1 + 71000, T1 + 79000, "/Optimizer.step#SGD.step/aten::add_")]
+MAIN_OPS = [
+    (1_085_000, 1_090_000, SYNC),
+    (T1 + 6000, T1 + 9000, "/aten::to"),
+    (T1 + 10000, T1 + 20000, "/aten::conv2d"),
+    (T1 + 21000, T1 + 25000, "/aten::relu"),
+    (T1 + 26000, T1 + 36000, "/aten::linear"),
+    (T1 + 71000, T1 + 79000, "/Optimizer.step#SGD.step/aten::add_"),
+]
 GRAD_OPS = [(T1 + 50000, T1 + 56000, "/aten::linear"), (T1 + 57000, T1 + 65000, "/aten::conv2d")]
-MAIN_API = [(1_085_000, 1_090_000, "cudaDeviceSynchronize_v3020"), (T1 + 6500, T1 + 7500, "cudaMemcpyAsync_v3020"),
-            (T1 + 12000, T1 + 13000, "cudaLaunchKernel_v7000"), (T1 + 22000, T1 + 23000, "cudaLaunchKernel_v7000"),
-            (T1 + 29000, T1 + 30000, "cudaLaunchKernel_v7000"), (T1 + 72000, T1 + 73000, "cudaLaunchKernel_v7000")]
+MAIN_API = [
+    (1_085_000, 1_090_000, "cudaDeviceSynchronize_v3020"),
+    (T1 + 6500, T1 + 7500, "cudaMemcpyAsync_v3020"),
+    (T1 + 12000, T1 + 13000, "cudaLaunchKernel_v7000"),
+    (T1 + 22000, T1 + 23000, "cudaLaunchKernel_v7000"),
+    (T1 + 29000, T1 + 30000, "cudaLaunchKernel_v7000"),
+    (T1 + 72000, T1 + 73000, "cudaLaunchKernel_v7000"),
+]
 GRAD_API = [(T1 + 51000, T1 + 52000, "cudaLaunchKernel_v7000"), (T1 + 58000, T1 + 59000, "cudaLaunchKernel_v7000")]
 # GPU 0, stream 7: (start, end, name, kind, launching call's start)
-GPU = [(T1 + 7000, T1 + 8000, "[CUDA memcpy HtoD]", K.KIND_MEMCPY, T1 + 6500),
-       (T1 + 14000, T1 + 24000, "volta_fp16_s884cudnn_fp16_128x128_ldg8_relu_f2f_exp_small_nhwc_tn_v1", 0, T1 + 12000),
-       (T1 + 25000, T1 + 27000, "vectorized_elementwise_kernel", 0, T1 + 22000),
-       (T1 + 37000, T1 + 45000, "volta_sgemm_32x32_sliced1x4_tn", 0, T1 + 29000),
-       (T1 + 53000, T1 + 61000, "volta_sgemm_32x32_sliced1x4_tn", 0, T1 + 51000),
-       (T1 + 62000, T1 + 68000, "volta_fp16_s884cudnn_fp16_256x64_ldg8_dgrad_f2f_exp_small_nhwc_tn_v1", 0, T1 + 58000),
-       (T1 + 74000, T1 + 76000, "multi_tensor_apply_kernel", 0, T1 + 72000)]
+GPU = [
+    (T1 + 7000, T1 + 8000, "[CUDA memcpy HtoD]", K.KIND_MEMCPY, T1 + 6500),
+    (T1 + 14000, T1 + 24000, "volta_fp16_s884cudnn_fp16_128x128_ldg8_relu_f2f_exp_small_nhwc_tn_v1", 0, T1 + 12000),
+    (T1 + 25000, T1 + 27000, "vectorized_elementwise_kernel", 0, T1 + 22000),
+    (T1 + 37000, T1 + 45000, "volta_sgemm_32x32_sliced1x4_tn", 0, T1 + 29000),
+    (T1 + 53000, T1 + 61000, "volta_sgemm_32x32_sliced1x4_tn", 0, T1 + 51000),
+    (T1 + 62000, T1 + 68000, "volta_fp16_s884cudnn_fp16_256x64_ldg8_dgrad_f2f_exp_small_nhwc_tn_v1", 0, T1 + 58000),
+    (T1 + 74000, T1 + 76000, "multi_tensor_apply_kernel", 0, T1 + 72000),
+]
 # no kernel on GPU 0 in [1,080,000, 1,180,000) between the kernels above (the memcpy is no kernel)
-GAPS = [(1_080_000, T1 + 14000), (T1 + 24000, T1 + 25000), (T1 + 27000, T1 + 37000), (T1 + 45000, T1 + 53000),
-        (T1 + 61000, T1 + 62000), (T1 + 68000, T1 + 74000), (T1 + 76000, T1 + 80000)]
+GAPS = [
+    (1_080_000, T1 + 14000),
+    (T1 + 24000, T1 + 25000),
+    (T1 + 27000, T1 + 37000),
+    (T1 + 45000, T1 + 53000),
+    (T1 + 61000, T1 + 62000),
+    (T1 + 68000, T1 + 74000),
+    (T1 + 76000, T1 + 80000),
+]
 
 
 def test_an_iteration_of_the_training_profile(tb):
     doc = tb["api"].get("timeline", run="training/dlprof", iteration=1, width=2000)
-    assert doc["window"] == [1_080_000, 1_180_000] and doc["iteration"] == {"iteration": 1, "start": 1_080_000,
-                                                                            "end": 1_180_000}
-    assert [(r["id"], r["kind"]) for r in doc["rows"]] == [("t0.0", "ops"), ("t0.api", "api"), ("t1.0", "ops"),
-                                                          ("t1.api", "api"), ("g0.7", "gpu")]
+    assert doc["window"] == [1_080_000, 1_180_000] and doc["iteration"] == {
+        "iteration": 1,
+        "start": 1_080_000,
+        "end": 1_180_000,
+    }
+    assert [(r["id"], r["kind"]) for r in doc["rows"]] == [
+        ("t0.0", "ops"),
+        ("t0.api", "api"),
+        ("t1.0", "ops"),
+        ("t1.api", "api"),
+        ("g0.7", "gpu"),
+    ]
     assert doc["rows"][0]["label"] == "python (pid 100, tid 100)" and doc["rows"][2]["tid"] == 101
     got = events(doc)
-    assert all(e["n"] == 1 and e["busy"] == e["end"] - e["start"] for e in got)   # nothing under a pixel
+    assert all(e["n"] == 1 and e["busy"] == e["end"] - e["start"] for e in got)  # nothing under a pixel
     by_row = lambda rid: [(e["start"], e["end"], e["name"]) for e in got if e["row"]["id"] == rid]  # noqa: E731
     assert by_row("t0.0") == MAIN_OPS and by_row("t1.0") == GRAD_OPS
     assert by_row("t0.api") == MAIN_API and by_row("t1.api") == GRAD_API
@@ -131,26 +173,39 @@ def test_what_the_cpu_did_in_a_gap(tb):
     # aten::to and its copy call
     doc = tb["api"].get("timeline_gap", run="training/dlprof", t0=1_080_000, t1=T1 + 14000)
     (main,) = doc["threads"]
-    assert [(o["name"], o["overlap"]) for o in main["ops"]] == [(SYNC, 5000), ("/aten::conv2d", 4000),
-                                                                ("/aten::to", 3000)]
-    assert main["ops_time"] == 5000 + 4000 + 3000   # longest first: the sync, conv2d from T1 + 10 us, to
+    assert [(o["name"], o["overlap"]) for o in main["ops"]] == [
+        (SYNC, 5000),
+        ("/aten::conv2d", 4000),
+        ("/aten::to", 3000),
+    ]
+    assert main["ops_time"] == 5000 + 4000 + 3000  # longest first: the sync, conv2d from T1 + 10 us, to
     assert {a["name"]: a["overlap"] for a in main["api_calls"]} == {
-        "cudaDeviceSynchronize_v3020": 5000, "cudaLaunchKernel_v7000": 1000, "cudaMemcpyAsync_v3020": 1000}
+        "cudaDeviceSynchronize_v3020": 5000,
+        "cudaLaunchKernel_v7000": 1000,
+        "cudaMemcpyAsync_v3020": 1000,
+    }
 
 
 # ---------------------------------------------------------------------------- windows against SQL
+
 
 def _sql_keys(db: Path, t0: int, t1: int) -> dict:
     """Keys of the events overlapping [t0, t1), by a full scan of each table (no index, no binary search)."""
     over = "start < ? AND start + max(duration, 1) > ?"
     domain = checks.db_rows(db, f"SELECT domain_id FROM {K.RAW_DOMAINS} WHERE is_primary")[0][0]
     return {
-        "ops": {r[0] for r in checks.db_rows(
-            db, f"SELECT instance_id FROM {K.RAW_OP_INSTANCES} WHERE domain_id = ? AND kind != ? AND {over}",
-            (domain, K.UNASSOCIATED_GPU, t1, t0))},
+        "ops": {
+            r[0]
+            for r in checks.db_rows(
+                db,
+                f"SELECT instance_id FROM {K.RAW_OP_INSTANCES} WHERE domain_id = ? AND kind != ? AND {over}",
+                (domain, K.UNASSOCIATED_GPU, t1, t0),
+            )
+        },
         "api": {r[0] for r in checks.db_rows(db, f"SELECT api_id FROM {K.RAW_API_CALLS} WHERE {over}", (t1, t0))},
-        "gpu": {r[0] for r in checks.db_rows(db, f"SELECT activity_id FROM {K.RAW_GPU_ACTIVITIES} WHERE {over}",
-                                             (t1, t0))},
+        "gpu": {
+            r[0] for r in checks.db_rows(db, f"SELECT activity_id FROM {K.RAW_GPU_ACTIVITIES} WHERE {over}", (t1, t0))
+        },
     }
 
 
@@ -158,8 +213,11 @@ def _busy(db: Path, t0: int, t1: int) -> int:
     """Summed durations of the events overlapping [t0, t1) (all three tables)."""
     over = "start < ? AND start + max(duration, 1) > ?"
     domain = checks.db_rows(db, f"SELECT domain_id FROM {K.RAW_DOMAINS} WHERE is_primary")[0][0]
-    total = checks.db_rows(db, f"SELECT coalesce(sum(duration), 0) FROM {K.RAW_OP_INSTANCES} WHERE domain_id = ? "
-                               f"AND kind != ? AND {over}", (domain, K.UNASSOCIATED_GPU, t1, t0))[0][0]
+    total = checks.db_rows(
+        db,
+        f"SELECT coalesce(sum(duration), 0) FROM {K.RAW_OP_INSTANCES} WHERE domain_id = ? AND kind != ? AND {over}",
+        (domain, K.UNASSOCIATED_GPU, t1, t0),
+    )[0][0]
     for table in (K.RAW_API_CALLS, K.RAW_GPU_ACTIVITIES):
         total += checks.db_rows(db, f"SELECT coalesce(sum(duration), 0) FROM {table} WHERE {over}", (t1, t0))[0][0]
     return total
@@ -171,7 +229,7 @@ def test_windows_send_exactly_the_events_in_view(tb):
     assert len(its) == KERNELS // 1000 + 1
     lo, hi = its[1]["start"], its[-2]["end"]
     rng = random.Random(7)
-    windows = [(its[5]["start"], its[5]["end"])]   # an iteration
+    windows = [(its[5]["start"], its[5]["end"])]  # an iteration
     for _ in range(6):
         span = rng.choice([20_000, 300_000, 2_000_000, 15_000_000])
         a = rng.randrange(lo, hi - span)
@@ -181,7 +239,7 @@ def test_windows_send_exactly_the_events_in_view(tb):
         doc = api.get("timeline", run="bench/dlprof", t0=t0, t1=t1, width=20_000)
         got = events(doc)
         expected = _sql_keys(db, t0, t1)
-        if (t1 - t0) / 20_000 <= 400:   # the shortest events last 500 ns
+        if (t1 - t0) / 20_000 <= 400:  # the shortest events last 500 ns
             assert all(e["n"] == 1 for e in got)
             kinds = {"ops": 10, "api": 11}
             for name, keys in expected.items():
@@ -193,20 +251,20 @@ def test_windows_send_exactly_the_events_in_view(tb):
 def test_events_under_a_pixel_are_merged_into_bounded_boxes(tb):
     api, db = tb["api"], tb["db"]("bench")
     its = api.get("iterations", run="bench/dlprof")["iterations"]
-    t0, t1 = its[1]["start"], its[-2]["end"]          # 19 iterations of 4,000 events
+    t0, t1 = its[1]["start"], its[-2]["end"]  # 19 iterations of 4,000 events
     for width in (200, 1000):
         doc = api.get("timeline", run="bench/dlprof", t0=t0, t1=t1, width=width)
         got = events(doc)
         n_events = sum(len(k) for k in _sql_keys(db, t0, t1).values())
         assert doc["counts"]["events"] == n_events == 76_000
-        assert sum(e["n"] for e in got) == n_events            # every event is in one box
+        assert sum(e["n"] for e in got) == n_events  # every event is in one box
         assert sum(e["busy"] for e in got) == _busy(db, t0, t1)
         per_row = {}
         for e in got:
             per_row[e["row"]["id"]] = per_row.get(e["row"]["id"], 0) + 1
         assert max(per_row.values()) <= 2 * width + 2 and len(got) < n_events / 10
         ns_per_px = (t1 - t0) / width
-        for e in got:   # a box is an event of a pixel or more, or merges neighbours, or is alone
+        for e in got:  # a box is an event of a pixel or more, or merges neighbours, or is alone
             assert e["n"] > 1 or e["end"] - e["start"] >= ns_per_px or e["key"] is not None
             assert (e["key"] is None) == (e["n"] > 1)
 
@@ -215,26 +273,30 @@ def test_rows_select_the_groups_sent(tb):
     api = tb["api"]
     full = api.get("timeline", run="training/dlprof", iteration=1, width=2000)
     part = api.get("timeline", run="training/dlprof", iteration=1, width=2000, rows="t1,g0.7")
-    assert [r["id"] for r in part["rows"]] == [r["id"] for r in full["rows"]]   # rows are still listed
+    assert [r["id"] for r in part["rows"]] == [r["id"] for r in full["rows"]]  # rows are still listed
     sent = {part["rows"][r]["group"] for r in part["events"]["row"]}
     assert sent == {"t1", "g0.7"}
     assert part["gaps"] == full["gaps"]
 
 
-@pytest.mark.parametrize("params,status,text", [
-    ({}, 400, "'iteration'"),
-    ({"iteration": 99}, 404, "unknown iteration 99"),
-    ({"t0": 5}, 400, "both t0 and t1"),
-    ({"t0": 10, "t1": 10}, 400, "'t1' must be greater"),
-    ({"iteration": 1, "width": 0}, 400, "'width' must be at least 1"),
-    ({"iteration": 1, "width": 10 ** 6}, 400, "at most"),
-    ({"iteration": "x"}, 400, "must be an integer"),
-])
+@pytest.mark.parametrize(
+    "params,status,text",
+    [
+        ({}, 400, "'iteration'"),
+        ({"iteration": 99}, 404, "unknown iteration 99"),
+        ({"t0": 5}, 400, "both t0 and t1"),
+        ({"t0": 10, "t1": 10}, 400, "'t1' must be greater"),
+        ({"iteration": 1, "width": 0}, 400, "'width' must be at least 1"),
+        ({"iteration": 1, "width": 10**6}, 400, "at most"),
+        ({"iteration": "x"}, 400, "must be an integer"),
+    ],
+)
 def test_bad_requests(tb, params, status, text):
     doc = tb["api"].get("timeline", expect=status, run="training/dlprof", **params)
     assert text in doc["error"]
-    doc = tb["api"].get("timeline_gap", expect=status if "width" not in params else 200, run="training/dlprof",
-                        **params)
+    doc = tb["api"].get(
+        "timeline_gap", expect=status if "width" not in params else 200, run="training/dlprof", **params
+    )
     if "width" not in params:
         assert text in doc["error"]
 
@@ -245,6 +307,7 @@ def test_a_window_of_too_many_events_is_refused(tb, monkeypatch):
 
     from dlprof_plugin import timeline
     from dlprof_plugin.viewer import build_app
+
     monkeypatch.setattr(timeline, "MAX_EVENTS", 5000)
     client = Client(build_app([str(tb["db"]("bench"))]))
     its = client.get("/iterations?run=dlprof_dldb").get_json()["iterations"]

@@ -1,5 +1,6 @@
 """`dlprofviewer` over HTTP: the same routes and checks as the TensorBoard plugin, served without TensorBoard
 at /data/plugin/dlprof/<route> and at /<route>, plus the page at / that loads the frontend module."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,12 @@ def viewer(tmp_path_factory):
     port = checks.free_port()
     log_path = base / "viewer.log"
     log = open(log_path, "w")
-    proc = subprocess.Popen(_viewer() + [str(db), f"--port={port}", "--host=127.0.0.1", "--quiet"],
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        _viewer() + [str(db), f"--port={port}", "--host=127.0.0.1", "--quiet"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     api = checks.Api(f"http://127.0.0.1:{port}")
     try:
         checks.wait_until(lambda: api.raw(api.url("runs"), timeout=5)[0] == 200, 30, "dlprofviewer to start", proc)
@@ -47,7 +52,7 @@ def test_page_loads_the_frontend_module(viewer):
     assert status == 200 and headers["Content-Type"].startswith("text/html")
     assert '<base href="data/plugin/dlprof/">' in page and 'import("./index.js")' in page and "m.render()" in page
     csp = headers["Content-Security-Policy"]
-    assert "default-src 'self'" in csp and "'sha256-" in csp      # only this inline script may run
+    assert "default-src 'self'" in csp and "'sha256-" in csp  # only this inline script may run
 
 
 def test_routes_at_both_prefixes(viewer):
@@ -115,15 +120,24 @@ def test_recovers_from_an_interrupted_write(viewer):
     the server rolls it back once (as any read-write SQLite connection would) and answers as before."""
     api, db = viewer["api"], viewer["db"]
     before = api.get("dashboard", run=RUN, aggr=1)["summary"]
-    writer = subprocess.Popen([sys.executable, "-c", (
-        "import sqlite3, sys, time\n"
-        f"con = sqlite3.connect({str(db)!r})\n"
-        "con.execute('PRAGMA cache_size = 1')\n"
-        "con.execute('BEGIN IMMEDIATE')\n"
-        "con.execute('UPDATE model_summary SET wall_time = wall_time + 1')\n"
-        "con.execute('UPDATE raw_gpu_activities SET start = start + 1')\n"
-        "print('written', flush=True)\n"
-        "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sqlite3, sys, time\n"
+                f"con = sqlite3.connect({str(db)!r})\n"
+                "con.execute('PRAGMA cache_size = 1')\n"
+                "con.execute('BEGIN IMMEDIATE')\n"
+                "con.execute('UPDATE model_summary SET wall_time = wall_time + 1')\n"
+                "con.execute('UPDATE raw_gpu_activities SET start = start + 1')\n"
+                "print('written', flush=True)\n"
+                "time.sleep(60)\n"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert writer.stdout.readline().strip() == "written"
     finally:
@@ -141,15 +155,19 @@ def test_torch_profiler_trace_database(tmp_path):
     follow its ProfilerStep#N ranges and every kernel launch of the JSON is counted with its exact time."""
     from tests.profiles import run_dlprof
     from tests.test_ingest_kineto import FIXTURES, expected_sums, load_json
+
     trace = FIXTURES / "pytorch_ddp_2gpu_nccl.json.gz"
     want = expected_sums(load_json(trace))
     kernels = [v for k, v in want["gpu"].items() if k[0] == 0]
     out = tmp_path / "out"
     run_dlprof(f"--database={trace}", f"--output_path={out}", "--reports=summary", "-v", "quiet")
     port = checks.free_port()
-    proc = subprocess.Popen(_viewer() + [str(out / "dlprof_dldb.sqlite"), f"--port={port}", "--host=127.0.0.1",
-                                         "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        _viewer() + [str(out / "dlprof_dldb.sqlite"), f"--port={port}", "--host=127.0.0.1", "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+    )
     api = checks.Api(f"http://127.0.0.1:{port}")
     try:
         checks.wait_until(lambda: api.raw(api.url("runs"), timeout=5)[0] == 200, 30, "dlprofviewer to start", proc)

@@ -1,4 +1,5 @@
 """dlprof_profiler.pytorch: markers through a recording backend, and one real Nsight Systems capture."""
+
 from __future__ import annotations
 
 import ast
@@ -46,6 +47,7 @@ THIS = str(HERE)
 
 # ---------------------------------------------------------------------------------------------- models
 
+
 class Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -65,6 +67,7 @@ def block(x):
 
 
 # ---------------------------------------------------------------------------------------------- helpers
+
 
 @pytest.fixture
 def rec():
@@ -93,8 +96,7 @@ def ops(backend: RecordingBackend, direction=None, op=None):
         trace = next(a for a in rng.ancestors() if a.text.startswith("{'traceMarker'"))
         tvalue = ast.literal_eval(trace.text)
         rec = dict(value)
-        rec.update(funcStack=tvalue.get("funcStack"), trace=tvalue["traceMarker"], range=rng,
-                   trace_range=trace)
+        rec.update(funcStack=tvalue.get("funcStack"), trace=tvalue["traceMarker"], range=rng, trace_range=trace)
         if (direction is None or rec["dir"] == direction) and (op is None or rec["op"] == op):
             out.append(rec)
     return out
@@ -114,6 +116,7 @@ def trace_value(record: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- names
+
 
 def test_forward_names_hierarchy_and_numbering(rec):
     torch.manual_seed(0)
@@ -137,8 +140,13 @@ def test_forward_names_hierarchy_and_numbering(rec):
     ]
     # class names: one (element, class) pair per module element of funcStack
     assert [trace_value(r)["modules"] for r in fwd] == [
-        [("model", "Net"), ("conv1", "Conv2d")], [("model", "Net")], [("model", "Net"), ("conv2", "Conv2d")],
-        [("model", "Net")], [("model", "Net")], [("model", "Net"), ("fc", "Linear")]]
+        [("model", "Net"), ("conv1", "Conv2d")],
+        [("model", "Net")],
+        [("model", "Net"), ("conv2", "Conv2d")],
+        [("model", "Net")],
+        [("model", "Net")],
+        [("model", "Net"), ("fc", "Linear")],
+    ]
     # the three markers nest: trace > argument, and the backend saw balanced push/pop
     for r in fwd:
         assert r["range"].parent is r["trace_range"]
@@ -168,7 +176,10 @@ def test_same_call_site_keeps_name_two_call_sites_get_numbers(rec):
     model(x)
     model(x)
     assert [r["funcStack"] for r in ops(rec, "fprop", "linear")] == [
-        f"/{me}/model(2)/fc/linear", f"/{me}/model(3)/fc/linear", f"/{me}/model(4)/fc/linear"]
+        f"/{me}/model(2)/fc/linear",
+        f"/{me}/model(3)/fc/linear",
+        f"/{me}/model(4)/fc/linear",
+    ]
 
 
 def test_names_do_not_depend_on_module_hooks(rec):
@@ -232,19 +243,28 @@ def test_transformer_encoder_layers_have_attribute_paths(rec):
     fwd = ops(rec, "fprop")
     by_op: dict = {}
     for r in fwd:
-        by_op.setdefault(r["op"], []).append(r["funcStack"][len(f"/{me}/"):])
-    assert by_op["linear"] == ["model/encoder/layers.0/linear1/linear", "model/encoder/layers.0/linear2/linear",
-                               "model/encoder/layers.1/linear1/linear", "model/encoder/layers.1/linear2/linear",
-                               "model/head/linear"]
+        by_op.setdefault(r["op"], []).append(r["funcStack"][len(f"/{me}/") :])
+    assert by_op["linear"] == [
+        "model/encoder/layers.0/linear1/linear",
+        "model/encoder/layers.0/linear2/linear",
+        "model/encoder/layers.1/linear1/linear",
+        "model/encoder/layers.1/linear2/linear",
+        "model/head/linear",
+    ]
     assert by_op["multi_head_attention_forward"] == [
-        f"model/encoder/layers.{i}/self_attn/multi_head_attention_forward" for i in (0, 1)]
+        f"model/encoder/layers.{i}/self_attn/multi_head_attention_forward" for i in (0, 1)
+    ]
     assert by_op["layer_norm"] == [f"model/encoder/layers.{i}/norm{n}/layer_norm" for i in (0, 1) for n in (1, 2)]
     # each op of one forward pass has a name of its own: nothing merges the two layers
     names = [r["funcStack"] for r in fwd]
     assert len(set(names)) == len(names)
     linear1 = next(r for r in fwd if r["funcStack"].endswith("layers.1/linear1/linear"))
-    assert trace_value(linear1)["modules"] == [("model", "TinyTransformer"), ("encoder", "TransformerEncoder"),
-                                               ("layers.1", "TransformerEncoderLayer"), ("linear1", "Linear")]
+    assert trace_value(linear1)["modules"] == [
+        ("model", "TinyTransformer"),
+        ("encoder", "TransformerEncoder"),
+        ("layers.1", "TransformerEncoderLayer"),
+        ("linear1", "Linear"),
+    ]
     # backward ranges carry the forward call's names
     rec.clear()
     model(x).sum().backward()
@@ -280,8 +300,10 @@ def test_root_module_names(rec):
     built = [r["funcStack"] for r in ops(rec, "fprop")]
     assert built and all(f.startswith(f"/{me}/Net::__init__/") for f in built)
     # (Conv2d.__init__ runs _ConvNd.__init__ on the same object: the runtime class names both frames)
-    assert f"/{me}/Net::__init__/Conv2d::__init__/Conv2d::__init__/Conv2d::reset_parameters/kaiming_uniform_/uniform_" \
+    assert (
+        f"/{me}/Net::__init__/Conv2d::__init__/Conv2d::__init__/Conv2d::reset_parameters/kaiming_uniform_/uniform_"
         in built
+    )
 
 
 class _Unhashable(nn.Module):
@@ -319,6 +341,7 @@ def test_stack_trace_user_frames_script_first(rec):
 
 # ---------------------------------------------------------------------------------------------- arguments
 
+
 def test_shapes_dtypes_scalars_and_keywords(rec):
     x = torch.randn(2, 3, 8, 8)
     w = torch.randn(5, 3, 3, 3)
@@ -332,8 +355,13 @@ def test_shapes_dtypes_scalars_and_keywords(rec):
     x[:, 0]
     recs = ops(rec, "fprop")
     assert [(r["mod"], r["op"]) for r in recs] == [
-        ("torch.nn.functional", "conv2d"), ("torch", "add"), ("Tensor", "to"), ("torch", "cat"),
-        ("torch", "clamp"), ("Tensor", "__getitem__")]
+        ("torch.nn.functional", "conv2d"),
+        ("torch", "add"),
+        ("Tensor", "to"),
+        ("torch", "cat"),
+        ("torch", "clamp"),
+        ("Tensor", "__getitem__"),
+    ]
     conv, add, to, cat, clamp, getitem = (r["args"] for r in recs)
     assert conv == [
         {"name": "", "type": "tensor", "shape": (2, 3, 8, 8), "dtype": "float32"},
@@ -345,9 +373,12 @@ def test_shapes_dtypes_scalars_and_keywords(rec):
     assert add[2] == {"name": "alpha", "type": "int", "value": 2}
     assert to[1] == {"name": "", "type": "dtype", "value": "bfloat16"}
     assert cat == [{"name": "", "type": "tensor", "shape": (6,), "dtype": "int64"}] * 2 + [
-        {"name": "dim", "type": "int", "value": 0}]
-    assert clamp[1:] == [{"name": "min", "type": "float", "value": "-inf"},
-                         {"name": "max", "type": "float", "value": "inf"}]
+        {"name": "dim", "type": "int", "value": 0}
+    ]
+    assert clamp[1:] == [
+        {"name": "min", "type": "float", "value": "-inf"},
+        {"name": "max", "type": "float", "value": "inf"},
+    ]
     assert getitem[1] == {"name": "", "type": "slice", "value": (None, None, None)}
     assert getitem[2] == {"name": "", "type": "int", "value": 0}
     for text in rec.texts():  # every marker reads back with literal_eval / json
@@ -363,13 +394,18 @@ def test_positional_scalars_carry_parameter_names(rec):
     torch.arange(5)  # docstring "arange(start=0, end, ...)" is ambiguous: no name
     F.dropout(x, 0.5, False)  # Python function: its signature
     conv, total, arange, dropout = (r["args"] for r in ops(rec, "fprop"))
-    assert conv[2:] == [{"name": "bias", "type": "NoneType", "value": None},
-                        {"name": "stride", "type": "int", "value": 2},
-                        {"name": "padding", "type": "int", "value": 1}]
+    assert conv[2:] == [
+        {"name": "bias", "type": "NoneType", "value": None},
+        {"name": "stride", "type": "int", "value": 2},
+        {"name": "padding", "type": "int", "value": 1},
+    ]
     assert conv[0]["name"] == conv[1]["name"] == ""  # tensors stay unnamed, as in PyProf
     assert total[1:] == [{"name": "dim", "type": "int", "value": 1}, {"name": "keepdim", "type": "bool", "value": True}]
     assert arange == [{"name": "", "type": "int", "value": 5}]
-    assert dropout[1:] == [{"name": "p", "type": "float", "value": 0.5}, {"name": "training", "type": "bool", "value": False}]
+    assert dropout[1:] == [
+        {"name": "p", "type": "float", "value": 0.5},
+        {"name": "training", "type": "bool", "value": False},
+    ]
 
 
 def test_inner_torch_calls_are_not_annotated(rec):
@@ -378,8 +414,7 @@ def test_inner_torch_calls_are_not_annotated(rec):
     F.relu(x)  # F.relu calls torch.relu inside
     F.softmax(x, dim=0)  # calls Tensor.softmax inside
     recs = ops(rec)
-    assert [(r["mod"], r["op"]) for r in recs] == [("torch.nn.functional", "relu"),
-                                                    ("torch.nn.functional", "softmax")]
+    assert [(r["mod"], r["op"]) for r in recs] == [("torch.nn.functional", "relu"), ("torch.nn.functional", "softmax")]
 
 
 def test_rnn_module_marker(rec):
@@ -404,6 +439,7 @@ def test_rnn_module_marker(rec):
 
 # ---------------------------------------------------------------------------------------------- direction
 
+
 def _train_step(model, x, y):
     out = model(x)
     loss = F.cross_entropy(out, y)
@@ -422,9 +458,14 @@ def _check_direction(rec):
         assert b["range"].parent is b["trace_range"] and b["trace_range"].parent is None
         assert b["range"].start > f["range"].end
     linked = {(fwd[b["fwdCallid"]]["op"], b["node"]) for b in bwd}
-    assert {("conv2d", "ConvolutionBackward0"), ("relu", "ReluBackward0"), ("linear", "AddmmBackward0"),
-            ("flatten", "ViewBackward0"), ("cross_entropy", "NllLossBackward0"),
-            ("cross_entropy", "LogSoftmaxBackward0")} <= linked
+    assert {
+        ("conv2d", "ConvolutionBackward0"),
+        ("relu", "ReluBackward0"),
+        ("linear", "AddmmBackward0"),
+        ("flatten", "ViewBackward0"),
+        ("cross_entropy", "NllLossBackward0"),
+        ("cross_entropy", "LogSoftmaxBackward0"),
+    } <= linked
     # every forward op that needs a gradient got a backward range, each fwdCallid of one op only
     assert {fwd[b["fwdCallid"]]["op"] for b in bwd} == {"conv2d", "relu", "flatten", "linear", "cross_entropy"}
     return fwd, bwd
@@ -512,6 +553,7 @@ def test_no_backward_links_under_no_grad(rec):
 
 # ---------------------------------------------------------------------------------------------- foreach, linalg
 
+
 def test_foreach_optimizers_and_clip_grad_norm_are_annotated(rec):
     """AdamW and SGD with foreach=True and clip_grad_norm_ run torch._foreach_* ops: each is one op with its
     tensor lists described element by element (the parameters' shapes)."""
@@ -530,8 +572,13 @@ def test_foreach_optimizers_and_clip_grad_norm_are_annotated(rec):
         clip = [r for r in recs if "/clip_grad_norm_/" in r["funcStack"]]
         foreach = {r["op"] for r in in_step if r["op"].startswith("_foreach_")}
         if opt is adamw:
-            assert {"_foreach_lerp_", "_foreach_addcmul_", "_foreach_addcdiv_", "_foreach_sqrt",
-                    "_foreach_mul_"} <= foreach
+            assert {
+                "_foreach_lerp_",
+                "_foreach_addcmul_",
+                "_foreach_addcdiv_",
+                "_foreach_sqrt",
+                "_foreach_mul_",
+            } <= foreach
         else:
             assert "_foreach_add_" in foreach
         assert all(r["mod"] == "torch" for r in in_step if r["op"].startswith("_foreach_"))
@@ -543,8 +590,9 @@ def test_foreach_optimizers_and_clip_grad_norm_are_annotated(rec):
 
 
 def test_linalg_functions_are_wrapped(rec):
-    linalg_functions = [n for n, f in vars(torch.linalg).items()
-                        if not n.startswith("_") and callable(f) and not isinstance(f, type)]
+    linalg_functions = [
+        n for n, f in vars(torch.linalg).items() if not n.startswith("_") and callable(f) and not isinstance(f, type)
+    ]
     assert all(getattr(getattr(torch.linalg, n), "__dlprof_original__", None) is not None for n in linalg_functions)
     foreach = [n for n in vars(torch) if n.startswith("_foreach_")]
     assert foreach and all(getattr(torch, n).__dlprof_original__ is not None for n in foreach)
@@ -553,12 +601,16 @@ def test_linalg_functions_are_wrapped(rec):
     torch.linalg.norm(a)
     torch.norm(a)
     torch.linalg.matmul(a, a)
-    assert [(r["mod"], r["op"]) for r in ops(rec)] == [("torch.linalg", "linalg_norm"), ("torch", "norm"),
-                                                       ("torch.linalg", "linalg_matmul")]
+    assert [(r["mod"], r["op"]) for r in ops(rec)] == [
+        ("torch.linalg", "linalg_norm"),
+        ("torch", "norm"),
+        ("torch.linalg", "linalg_matmul"),
+    ]
     assert ops(rec)[2]["args"] == [{"name": "", "type": "tensor", "shape": (3, 3), "dtype": "float32"}] * 2
 
 
 # ---------------------------------------------------------------------------------------------- scopes, config
+
 
 def test_dataloader_and_optimizer_scopes(rec):
     model = Net()
@@ -589,9 +641,23 @@ def test_config_marker(rec, monkeypatch):
     first = configs(rec)[0]
     assert first["torch_version"] == torch.__version__
     assert first["cuda_version"] == torch.version.cuda
-    for key in ("cudnn_version", "cudnn_benchmark", "cudnn_benchmark_disabled", "amp_enabled", "autocast",
-                "detect_anomaly", "gradcheck", "gradgradcheck", "autograd_profile", "emit_nvtx",
-                "num_workers", "pin_memory", "batch_size", "gpu_total_memory", "gpu_name"):
+    for key in (
+        "cudnn_version",
+        "cudnn_benchmark",
+        "cudnn_benchmark_disabled",
+        "amp_enabled",
+        "autocast",
+        "detect_anomaly",
+        "gradcheck",
+        "gradgradcheck",
+        "autograd_profile",
+        "emit_nvtx",
+        "num_workers",
+        "pin_memory",
+        "batch_size",
+        "gpu_total_memory",
+        "gpu_name",
+    ):
         assert key in first
     assert first["batch_size"] is None and first["autocast"] is False
     if not torch.cuda.is_available():
@@ -622,14 +688,21 @@ def test_config_marker(rec, monkeypatch):
 
 # ---------------------------------------------------------------------------------------------- install
 
+
 def _snapshot():
     from torch.utils.data import dataloader
 
     return {
-        "torch.conv2d": torch.conv2d, "torch.add": torch.add, "torch.einsum": torch.einsum,
-        "F.relu": F.relu, "F.conv2d": F.conv2d, "F.linear": F.linear,
-        "Tensor.add": torch.Tensor.add, "Tensor.__add__": torch.Tensor.__add__,
-        "Tensor.__getitem__": torch.Tensor.__getitem__, "Tensor.split": torch.Tensor.split,
+        "torch.conv2d": torch.conv2d,
+        "torch.add": torch.add,
+        "torch.einsum": torch.einsum,
+        "F.relu": F.relu,
+        "F.conv2d": F.conv2d,
+        "F.linear": F.linear,
+        "Tensor.add": torch.Tensor.add,
+        "Tensor.__add__": torch.Tensor.__add__,
+        "Tensor.__getitem__": torch.Tensor.__getitem__,
+        "Tensor.split": torch.Tensor.split,
         "next": dataloader._BaseDataLoaderIter.__dict__["__next__"],
         "iter": dataloader.DataLoader.__dict__["__iter__"],
         "LSTM.forward": nn.LSTM.__dict__["forward"],
@@ -757,8 +830,13 @@ def test_torchscript_and_tracing_still_work(rec):
 
 
 def test_auto_backend_needs_a_profiler(monkeypatch):
-    for name in ("NVTX_INJECTION64_PATH", "NVTX_INJECTION32_PATH", "NVTX_DISABLE", "DLPROF_DISABLE",
-                 "DLPROF_FORCE_NVTX"):
+    for name in (
+        "NVTX_INJECTION64_PATH",
+        "NVTX_INJECTION32_PATH",
+        "NVTX_DISABLE",
+        "DLPROF_DISABLE",
+        "DLPROF_FORCE_NVTX",
+    ):
         monkeypatch.delenv(name, raising=False)
     assert NvtxBackend().enabled is False
     monkeypatch.setenv("NVTX_INJECTION64_PATH", "/opt/nsys/libToolsInjection64.so")
@@ -770,11 +848,32 @@ def test_auto_backend_needs_a_profiler(monkeypatch):
 # ---------------------------------------------------------------------------------------------- engine
 
 DLPROF_18_DETAIL_COLUMNS = [  # dlprof_detailed.csv of DLProf 1.8 (reference/dlprof_outputs.md 4.2)
-    "Op ID", "Op Name", "Direction", "Op Type", "No. Calls", "TC Eligible", "Using TC", "Total CPU Time (ns)",
-    "Avg. CPU Time (ns)", "Min CPU Time (ns)", "Max CPU Time (ns)", "Total GPU Time (ns)", "Avg. GPU Time (ns)",
-    "Min GPU Time (ns)", "Max GPU Time (ns)", "Total CPU Overhead (ns)", "Avg. CPU Overhead (ns)",
-    "Min CPU Overhead (ns)", "Max CPU Overhead (ns)", "Total GPU Idle (ns)", "Avg. GPU Idle (ns)",
-    "Min GPU Idle (ns)", "Max GPU Idle (ns)", "Data Type", "Stack Trace"]
+    "Op ID",
+    "Op Name",
+    "Direction",
+    "Op Type",
+    "No. Calls",
+    "TC Eligible",
+    "Using TC",
+    "Total CPU Time (ns)",
+    "Avg. CPU Time (ns)",
+    "Min CPU Time (ns)",
+    "Max CPU Time (ns)",
+    "Total GPU Time (ns)",
+    "Avg. GPU Time (ns)",
+    "Min GPU Time (ns)",
+    "Max GPU Time (ns)",
+    "Total CPU Overhead (ns)",
+    "Avg. CPU Overhead (ns)",
+    "Min CPU Overhead (ns)",
+    "Max CPU Overhead (ns)",
+    "Total GPU Idle (ns)",
+    "Avg. GPU Idle (ns)",
+    "Min GPU Idle (ns)",
+    "Max GPU Idle (ns)",
+    "Data Type",
+    "Stack Trace",
+]
 OLD_STACK = "/<module>/Net::_call_impl/Net::forward/Conv2d::_call_impl(2)/Conv2d::forward/conv2d"
 NEW_STACK = "/<module>/main/model/encoder/layers.1/linear1/linear"
 
@@ -800,25 +899,65 @@ def marker_profile(path: Path) -> Path:
     main = exp.add_thread(pid=100, tid=100, name="python", process_name="python")
     grad = exp.add_thread(pid=100, tid=101, name="pt_autograd_0")
     exp.push_pop(main, 0, 1000, repr({"traceMarker": ["train.py:57", "model.py:30"], "funcStack": OLD_STACK}))
-    exp.push_pop(main, 20, 980, repr({"mod": "torch.nn.functional", "op": "conv2d", "callid": 1,
-                                      "args": [_tensor((8, 3, 64, 64)), _tensor((16, 3, 3, 3))]}))
+    exp.push_pop(
+        main,
+        20,
+        980,
+        repr(
+            {
+                "mod": "torch.nn.functional",
+                "op": "conv2d",
+                "callid": 1,
+                "args": [_tensor((8, 3, 64, 64)), _tensor((16, 3, 3, 3))],
+            }
+        ),
+    )
     exp.launch(main, 40, 50, 60, 260, kernel="volta_fp16_s884cudnn_fp16_128x128_ldg8_relu_f2f_exp_small_nhwc_tn_v1")
-    modules = [("model", "TinyTransformer"), ("encoder", "TransformerEncoder"),
-               ("layers.1", "TransformerEncoderLayer"), ("linear1", "Linear")]
+    modules = [
+        ("model", "TinyTransformer"),
+        ("encoder", "TransformerEncoder"),
+        ("layers.1", "TransformerEncoderLayer"),
+        ("linear1", "Linear"),
+    ]
     trace = repr({"traceMarker": ["train.py:9", "model.py:20"], "funcStack": NEW_STACK, "modules": modules})
     exp.push_pop(main, 3200, 3400, "Optimizer.step#SGD.step")
     for start, callid, batch in ((2000, 12, 8), (4000, 14, 4)):
         exp.push_pop(main, start, start + 1000, trace)
-        exp.push_pop(main, start + 10, start + 990, repr({
-            "mod": "torch.nn.functional", "op": "linear", "callid": callid, "dir": "fprop",
-            "args": [_tensor((batch, 256)), _tensor((64, 256)), _tensor((64,))]}))
-        exp.launch(main, start + 20, start + 30, start + 100, start + 100 + 200 // (8 // batch),
-                   kernel="volta_sgemm_128x64_nn")
+        exp.push_pop(
+            main,
+            start + 10,
+            start + 990,
+            repr(
+                {
+                    "mod": "torch.nn.functional",
+                    "op": "linear",
+                    "callid": callid,
+                    "dir": "fprop",
+                    "args": [_tensor((batch, 256)), _tensor((64, 256)), _tensor((64,))],
+                }
+            ),
+        )
+        exp.launch(
+            main, start + 20, start + 30, start + 100, start + 100 + 200 // (8 // batch), kernel="volta_sgemm_128x64_nn"
+        )
     for start, end, node in ((6000, 6500, "AddmmBackward0"), (7000, 7200, "TBackward0")):
         exp.push_pop(grad, start, end, trace)
-        exp.push_pop(grad, start + 10, end - 10, repr({
-            "mod": "torch.nn.functional", "op": "linear", "callid": 20, "dir": "bprop", "fwdCallid": 12,
-            "node": node, "args": [_tensor((8, 256)), _tensor((64, 256)), _tensor((64,))]}))
+        exp.push_pop(
+            grad,
+            start + 10,
+            end - 10,
+            repr(
+                {
+                    "mod": "torch.nn.functional",
+                    "op": "linear",
+                    "callid": 20,
+                    "dir": "bprop",
+                    "fwdCallid": 12,
+                    "node": node,
+                    "args": [_tensor((8, 256)), _tensor((64, 256)), _tensor((64,))],
+                }
+            ),
+        )
     return exp.write(path)
 
 
@@ -858,8 +997,10 @@ def test_input_shapes_in_detailed_report_and_viewer(tmp_path):
     table = {(r[1], r[2]): dict(zip(rows[1], r)) for r in rows[2:]}
     linear = "<N:8, K:256>; <M:64, K:256>; <64>"  # the first call's (batch 8), not the second's (batch 4)
     expected = {
-        ("/module/Net::_call_impl/Net::forward/Conv2d::_call_impl[2]/Conv2d::forward/conv2d", "fprop"):
-            "<N:8, C:3, H:64, W:64>; <K:16, C:3, R:3, S:3>",
+        (
+            "/module/Net::_call_impl/Net::forward/Conv2d::_call_impl[2]/Conv2d::forward/conv2d",
+            "fprop",
+        ): "<N:8, C:3, H:64, W:64>; <K:16, C:3, R:3, S:3>",
         ("/module/main/model/encoder/layers.1/linear1/linear", "fprop"): linear,
         ("/module/main/model/encoder/layers.1/linear1/linear", "bprop"): linear,
     }
@@ -871,8 +1012,7 @@ def test_input_shapes_in_detailed_report_and_viewer(tmp_path):
     client = Client(build_app([str(out / "dlprof_dldb.sqlite")]))
 
     def table_rows(**params):
-        reply = client.get("/data/plugin/dlprof/table/ops", query_string=dict(run="dlprof_dldb", limit=100,
-                                                                              **params))
+        reply = client.get("/data/plugin/dlprof/table/ops", query_string=dict(run="dlprof_dldb", limit=100, **params))
         assert reply.status_code == 200, reply.get_data()[:300]
         body = json.loads(reply.get_data())
         keys = [c["key"] for c in body["columns"]]
@@ -883,7 +1023,8 @@ def test_input_shapes_in_detailed_report_and_viewer(tmp_path):
     by_shape = [r["input_shapes"] for r in table_rows(sort="input_shapes", order="asc")]
     assert by_shape == sorted(expected.values())
     assert [r["op_name"] for r in table_rows(**{"col.input_shapes": "K:16"})] == [
-        "/module/Net::_call_impl/Net::forward/Conv2d::_call_impl[2]/Conv2d::forward/conv2d"]
+        "/module/Net::_call_impl/Net::forward/Conv2d::_call_impl[2]/Conv2d::forward/conv2d"
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- nsys
@@ -900,8 +1041,9 @@ def _kill_nsys_agents(frontend_pid: int) -> None:
             args = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"--start-agent" in args and any(a.startswith(b"--session-name=") and a.endswith(b"-%d" % frontend_pid)
-                                            for a in args):
+        if b"--start-agent" in args and any(
+            a.startswith(b"--session-name=") and a.endswith(b"-%d" % frontend_pid) for a in args
+        ):
             try:
                 os.kill(int(entry.name), 9)
             except OSError:
@@ -922,8 +1064,21 @@ def _nsys_profile(tmp_path: Path, script: Path, *args: str) -> tuple[Path, str]:
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     for name in ("NVTX_DISABLE", "DLPROF_DISABLE"):
         env.pop(name, None)
-    cmd = [nsys, "profile", "-t", "cuda,nvtx", "-s", "none", "--cpuctxsw=none", "--export=sqlite",
-           "-o", str(out), sys.executable, str(script), *args]
+    cmd = [
+        nsys,
+        "profile",
+        "-t",
+        "cuda,nvtx",
+        "-s",
+        "none",
+        "--cpuctxsw=none",
+        "--export=sqlite",
+        "-o",
+        str(out),
+        sys.executable,
+        str(script),
+        *args,
+    ]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=NSYS_TIMEOUT)
@@ -950,7 +1105,8 @@ def test_example_under_nsys(nsys_capture):
     con = sqlite3.connect(str(db))
     rows = con.execute(
         "SELECT n.start, n.end, n.globalTid, coalesce(s.value, n.text) FROM NVTX_EVENTS n "
-        "LEFT JOIN StringIds s ON s.id = n.textId WHERE n.eventType = 59 ORDER BY n.start").fetchall()
+        "LEFT JOIN StringIds s ON s.id = n.textId WHERE n.eventType = 59 ORDER BY n.start"
+    ).fetchall()
     con.close()
     texts = [r[3] for r in rows if r[3]]
     traces = [ast.literal_eval(t) for t in texts if t.startswith("{'traceMarker'")]
@@ -987,20 +1143,23 @@ def test_example_under_nsys_detail_report(nsys_capture, tmp_path):
 
     db = nsys_capture
     out = tmp_path / "out"
-    code = dlprof_main(["--database=%s" % db, "--output_path=%s" % out, "--reports=detail", "--mode=pytorch",
-                        "--force=true"])
+    code = dlprof_main(
+        ["--database=%s" % db, "--output_path=%s" % out, "--reports=detail", "--mode=pytorch", "--force=true"]
+    )
     assert code == 0
     rows = list(csv.reader((out / "dlprof_detailed.csv").open()))
     header = next(i for i, r in enumerate(rows) if r and r[0] == "Op ID")
-    table = [dict(zip(rows[header], r)) for r in rows[header + 1:] if len(r) == len(rows[header])]
+    table = [dict(zip(rows[header], r)) for r in rows[header + 1 :] if len(r) == len(rows[header])]
     by_type = {}
     for r in table:
         by_type.setdefault((r["Op Type"], r["Direction"]), []).append(r)
     for op in ("conv2d", "linear", "relu", "max_pool2d", "cross_entropy"):
         assert (op, "fprop") in by_type and (op, "bprop") in by_type, op
     conv = by_type[("conv2d", "fprop")]
-    assert {r["Op Name"] for r in conv} == {"/module/main/train/model/conv1/conv2d",
-                                             "/module/main/train/model/conv2/conv2d"}
+    assert {r["Op Name"] for r in conv} == {
+        "/module/main/train/model/conv1/conv2d",
+        "/module/main/train/model/conv2/conv2d",
+    }
     assert all(r["Data Type"] == "float32" for r in conv)
     assert all(str(EXAMPLE) in r["Stack Trace"] for r in conv)
 
@@ -1024,16 +1183,17 @@ def models_capture(tmp_path_factory):
     run_dlprof(f"--database={db}", f"--output_path={out}", "--reports=detail", "--mode=pytorch")
     main_pid = int(re.search(r"pid (\d+) annotations on", stdout).group(1))
     worker_pid, worker_active = (int(v) for v in report.read_text().split())
-    return types.SimpleNamespace(db=db, out=out, main_pid=main_pid, worker_pid=worker_pid,
-                                 worker_active=worker_active)
+    return types.SimpleNamespace(db=db, out=out, main_pid=main_pid, worker_pid=worker_pid, worker_active=worker_active)
 
 
 def _export_texts(db: Path) -> list:
     """(pid, text) of every push/pop range of the export, in start order."""
     con = sqlite3.connect(str(db))
     try:
-        rows = con.execute("SELECT n.globalTid, coalesce(s.value, n.text) FROM NVTX_EVENTS n LEFT JOIN StringIds s "
-                           "ON s.id = n.textId WHERE n.eventType = 59 ORDER BY n.start").fetchall()
+        rows = con.execute(
+            "SELECT n.globalTid, coalesce(s.value, n.text) FROM NVTX_EVENTS n LEFT JOIN StringIds s "
+            "ON s.id = n.textId WHERE n.eventType = 59 ORDER BY n.start"
+        ).fetchall()
     finally:
         con.close()
     return [((tid >> 24) & 0xFFFFFF, text) for tid, text in rows if text]
@@ -1049,15 +1209,26 @@ def test_models_under_nsys_markers(models_capture):
     stacks = {ast.literal_eval(t)["funcStack"] for _, t in texts if t.startswith("{'traceMarker'")}
     prefix = "/<module>/main/"
     for layer in (0, 1):
-        for name in ("self_attn/multi_head_attention_forward", "linear1/linear", "linear2/linear",
-                     "norm1/layer_norm", "norm2/layer_norm"):
+        for name in (
+            "self_attn/multi_head_attention_forward",
+            "linear1/linear",
+            "linear2/linear",
+            "norm1/layer_norm",
+            "norm2/layer_norm",
+        ):
             assert f"{prefix}model/encoder/layers.{layer}/{name}" in stacks
     assert {prefix + "seq/0/linear", prefix + "seq/1/linear", prefix + "model/head/linear"} <= stacks
     # foreach optimizers and clip_grad_norm_ are annotated inside their step / clip frames
     args = [ast.literal_eval(t) for _, t in texts if t.startswith("{'mod'") and "'op'" in t]
     ops_seen = {a["op"] for a in args}
-    assert {"_foreach_lerp_", "_foreach_addcdiv_", "_foreach_add_", "_foreach_norm", "linalg_vector_norm",
-            "linalg_matrix_norm"} <= ops_seen
+    assert {
+        "_foreach_lerp_",
+        "_foreach_addcdiv_",
+        "_foreach_add_",
+        "_foreach_norm",
+        "linalg_vector_norm",
+        "linalg_matrix_norm",
+    } <= ops_seen
     # one backward call id per forward call (one backward pass each), never a forward call id
     forward_ids = {a["callid"] for a in args if a["dir"] == "fprop"}
     per_call: dict = {}
@@ -1067,8 +1238,9 @@ def test_models_under_nsys_markers(models_capture):
             per_call.setdefault(a["fwdCallid"], set()).add(a["callid"])
     assert per_call and all(len(ids) == 1 for ids in per_call.values())
     assert not forward_ids & set().union(*per_call.values())
-    linear_nodes = [a["node"] for a in args if a["dir"] == "bprop" and a["op"] == "linear"
-                    and len(a["args"][0]["shape"]) == 2]  # the Sequential's 2-D linears
+    linear_nodes = [
+        a["node"] for a in args if a["dir"] == "bprop" and a["op"] == "linear" and len(a["args"][0]["shape"]) == 2
+    ]  # the Sequential's 2-D linears
     assert linear_nodes and set(linear_nodes) == {"AddmmBackward0", "TBackward0"}
 
 
@@ -1090,8 +1262,11 @@ def test_models_under_nsys_detail_report_and_viewer(models_capture):
     table = _detail_rows(models_capture.out)
     linears = {r["Op Name"]: r for r in table if r["Op Type"] == "linear" and r["Direction"] == "fprop"}
     base = "/module/main/"
-    assert set(linears) == {f"{base}model/encoder/layers.{i}/linear{n}/linear" for i in (0, 1) for n in (1, 2)} \
-        | {base + "model/head/linear", base + "seq/0/linear", base + "seq/1/linear"}
+    assert set(linears) == {f"{base}model/encoder/layers.{i}/linear{n}/linear" for i in (0, 1) for n in (1, 2)} | {
+        base + "model/head/linear",
+        base + "seq/0/linear",
+        base + "seq/1/linear",
+    }
     assert {r["Op Name"] for r in table if r["Op Type"] == "linear" and r["Direction"] == "bprop"} == set(linears)
     # shapes: batch 4, sequence 5, d_model 16, feed-forward 32; Sequential 8 -> 8 -> 2 (DLProf labels 2-D linears)
     assert linears[base + "model/encoder/layers.0/linear1/linear"]["Input Shapes"] == "<4, 5, 16>; <32, 16>; <32>"
@@ -1103,9 +1278,11 @@ def test_models_under_nsys_detail_report_and_viewer(models_capture):
     # of its linears is two ops of one call (an op is the n-th call of a name within an iteration)
     fprop = [r for r in table if r["Op Type"] == "linear" and r["Direction"] == "fprop"]
     calls = sorted((r["Op Name"], r["No. Calls"]) for r in fprop)
-    assert calls == sorted([(f"{base}model/encoder/layers.{i}/linear{n}/linear", "2") for i in (0, 1) for n in (1, 2)]
-                           + [(base + "model/head/linear", "2")]
-                           + [(base + f"seq/{i}/linear", "1") for i in (0, 1) for _ in range(2)])
+    assert calls == sorted(
+        [(f"{base}model/encoder/layers.{i}/linear{n}/linear", "2") for i in (0, 1) for n in (1, 2)]
+        + [(base + "model/head/linear", "2")]
+        + [(base + f"seq/{i}/linear", "1") for i in (0, 1) for _ in range(2)]
+    )
     assert len({r["Op ID"] for r in fprop}) == len(fprop)
     assert all(r["Data Type"] == "float32" for r in fprop)
     types_seen = {r["Op Type"] for r in table}

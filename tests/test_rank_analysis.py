@@ -1,5 +1,6 @@
 """One rank in a worker (rank_analysis.py), run in this process: its database and reports go into the staging
 folder, only small frames come back (figures of tests/profiles.rank_profile, computed by hand)."""
+
 from __future__ import annotations
 
 import sqlite3
@@ -18,8 +19,9 @@ def task_for(tmp_path: Path, source: Path, rank: int, index: int) -> tuple[RankT
     out.mkdir(exist_ok=True)
     staging = Staging(out)
     args: Namespace = parse_args([f"--database={source}", f"--output_path={out}", "--reports=summary,kernel"])
-    return RankTask(rank=rank, index=index, source=str(source), args=args, output_dir=str(out),
-                    staging_root=str(staging.root)), staging
+    return RankTask(
+        rank=rank, index=index, source=str(source), args=args, output_dir=str(out), staging_root=str(staging.root)
+    ), staging
 
 
 def test_a_rank_in_a_worker(tmp_path):
@@ -35,7 +37,7 @@ def test_a_rank_in_a_worker(tmp_path):
     assert kernels.loc["ncclDevKernel_AllReduce_Sum_f32_RING_LL", "communication"]
     assert int(kernels.loc["volta_sgemm_32x32_sliced1x4_tn", "gpu_total"]) == RANK_STEPS * 40_000
     assert not kernels.loc["volta_sgemm_32x32_sliced1x4_tn", "communication"]
-    assert result.graph is None   # only the first rank's op graph is kept (the TensorBoard run shows it)
+    assert result.graph is None  # only the first rank's op graph is kept (the TensorBoard run shows it)
     # its reports in the staging folder under their final names with the rank suffix
     assert sorted(Path(f).name for f in result.finals) == ["dlprof_kernel_rank5.csv", "dlprof_summary_rank5.csv"]
     assert (staging.root / "dlprof_summary_rank5.csv").exists()
@@ -45,10 +47,16 @@ def test_a_rank_in_a_worker(tmp_path):
         assert con.execute(f"SELECT DISTINCT rank FROM {K.RAW_GPU_ACTIVITIES}").fetchall() == [(5,)]
         assert {r[0] >> K.ID_BITS for r in con.execute(f"SELECT activity_id FROM {K.RAW_GPU_ACTIVITIES}")} == {5}
         assert con.execute(f"SELECT domain_id, rank FROM {K.RAW_DOMAINS}").fetchall() == [(2 * DOMAINS_PER_RANK, 5)]
-        assert {r[0] >> K.ID_BITS for r in con.execute(f"SELECT instance_id FROM {K.RAW_OP_INSTANCES}")} == \
-            {2 * DOMAINS_PER_RANK}
-        assert con.execute("SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name IN "
-                           "('idx_instances_start', 'idx_instances_op')").fetchone()[0] == 0   # the merge builds them
+        assert {r[0] >> K.ID_BITS for r in con.execute(f"SELECT instance_id FROM {K.RAW_OP_INSTANCES}")} == {
+            2 * DOMAINS_PER_RANK
+        }
+        assert (
+            con.execute(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name IN "
+                "('idx_instances_start', 'idx_instances_op')"
+            ).fetchone()[0]
+            == 0
+        )  # the merge builds them
     finally:
         con.close()
     staging.discard()

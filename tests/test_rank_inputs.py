@@ -1,4 +1,5 @@
 """Which files `--database` names in a multi-rank analysis and which rank each one is (rank_inputs.py)."""
+
 from __future__ import annotations
 
 import shutil
@@ -36,9 +37,9 @@ def test_comma_list_ranks_in_the_order_given(tmp_path):
 
 
 def test_recorded_ranks_win_and_the_others_take_free_numbers(tmp_path):
-    a = rank_profile(tmp_path / "a.sqlite", 1, env_rank=True)       # RANK=1 in the environment nsys saw
-    b = kineto(tmp_path / "b.json.gz", 0, gz=True)                  # distributedInfo rank 0
-    c = rank_profile(tmp_path / "c.sqlite", 5)                      # nothing recorded
+    a = rank_profile(tmp_path / "a.sqlite", 1, env_rank=True)  # RANK=1 in the environment nsys saw
+    b = kineto(tmp_path / "b.json.gz", 0, gz=True)  # distributedInfo rank 0
+    c = rank_profile(tmp_path / "c.sqlite", 5)  # nothing recorded
     entries = resolve(f"{c},{a},{b}")
     assert ranks_of(entries) == {"b.json.gz": (0, True), "a.sqlite": (1, True), "c.sqlite": (2, False)}
     assert [e.rank for e in entries] == [0, 1, 2]
@@ -48,16 +49,20 @@ def test_glob_sorts_names_naturally(tmp_path):
     for i in (10, 2, 1):
         rank_profile(tmp_path / f"report_{i}.sqlite", 0)
     entries = resolve(str(tmp_path / "report_*.sqlite"))
-    assert [(Path(e.path).name, e.rank) for e in entries] == [("report_1.sqlite", 0), ("report_2.sqlite", 1),
-                                                               ("report_10.sqlite", 2)]
+    assert [(Path(e.path).name, e.rank) for e in entries] == [
+        ("report_1.sqlite", 0),
+        ("report_2.sqlite", 1),
+        ("report_10.sqlite", 2),
+    ]
 
 
 def test_directory_of_exports_is_ranks_and_skips_dlprof_databases(tmp_path):
     for i in range(2):
         rank_profile(tmp_path / f"r{i}.sqlite", i, env_rank=True)
     (tmp_path / "notes.txt").write_text("not a profile")
-    shutil.copy(FIXTURES / "nsys" / "cuda_app_no_nvtx_nsys2021.3.sqlite", tmp_path / "r9.sqlite")   # no rank
+    shutil.copy(FIXTURES / "nsys" / "cuda_app_no_nvtx_nsys2021.3.sqlite", tmp_path / "r9.sqlite")  # no rank
     from tests.profiles import run_dlprof
+
     run_dlprof(f"--database={tmp_path / 'r0.sqlite'}", f"--output_path={tmp_path / 'out'}", "-v", "quiet")
     shutil.copy(tmp_path / "out" / "dlprof_dldb.sqlite", tmp_path / "dlprof_dldb.sqlite")
     entries = resolve(str(tmp_path))
@@ -74,7 +79,7 @@ def test_kineto_folder_without_ranks_stays_one_capture(tmp_path):
 def test_kineto_folder_with_ranks_leaves_the_launcher_out(tmp_path, capsys):
     kineto(tmp_path / "1.pt.trace.json", 1)
     kineto(tmp_path / "2.pt.trace.json", 0)
-    kineto(tmp_path / "3.pt.trace.json", None)     # torchrun itself: no process group
+    kineto(tmp_path / "3.pt.trace.json", None)  # torchrun itself: no process group
     entries = resolve(str(tmp_path))
     assert ranks_of(entries) == {"2.pt.trace.json": (0, True), "1.pt.trace.json": (1, True)}
     assert "3.pt.trace.json" in capsys.readouterr().err
@@ -95,6 +100,7 @@ def test_bad_lists_are_one_line_errors_naming_the_file(tmp_path, case):
         spec, named = f"{a},{tmp_path / 'd'}", "d: is a directory"
     elif case == "dlprof_db":
         from tests.profiles import run_dlprof
+
         run_dlprof(f"--database={a}", f"--output_path={tmp_path / 'o'}", "-v", "quiet")
         spec, named = f"{a},{tmp_path / 'o' / 'dlprof_dldb.sqlite'}", "a DLProf database cannot be one rank"
     elif case == "no_match":
@@ -119,13 +125,14 @@ def test_fixture_ranks(tmp_path):
     """The DDP trace records rank 0, the 8xA100 one rank 3; the real 2-GPU nsys exports record none."""
     kin = FIXTURES / "kineto"
     entries = resolve(f"{kin / 'pytorch_8xa100_rank3.json.gz'},{kin / 'pytorch_ddp_2gpu_nccl.json.gz'}")
-    assert ranks_of(entries) == {"pytorch_ddp_2gpu_nccl.json.gz": (0, True),
-                                 "pytorch_8xa100_rank3.json.gz": (3, True)}
+    assert ranks_of(entries) == {"pytorch_ddp_2gpu_nccl.json.gz": (0, True), "pytorch_8xa100_rank3.json.gz": (3, True)}
     ns = FIXTURES / "nsys"
     after, before = ns / "pytorch_2gpu_nccl_nsys2026.2_after.sqlite", ns / "pytorch_2gpu_nccl_nsys2026.2_before.sqlite"
     entries = resolve(f"{after},{before}")
     assert [(Path(e.path).name, e.rank, e.recorded) for e in entries] == [
-        ("pytorch_2gpu_nccl_nsys2026.2_after.sqlite", 0, False), ("pytorch_2gpu_nccl_nsys2026.2_before.sqlite", 1, False)]
+        ("pytorch_2gpu_nccl_nsys2026.2_after.sqlite", 0, False),
+        ("pytorch_2gpu_nccl_nsys2026.2_before.sqlite", 1, False),
+    ]
 
 
 def test_single_file_and_comma_in_a_real_name(tmp_path):

@@ -1,5 +1,6 @@
 """Ranks' databases merged into one (rank_merge.py): the first file renamed, the others appended with their
 string ids and op indexes shifted, every rank readable as before."""
+
 from __future__ import annotations
 
 import sqlite3
@@ -17,8 +18,9 @@ from tests.test_rank_analysis import task_for
 def test_merge_shifts_names_and_op_indexes(tmp_path):
     results = []
     for index, rank in enumerate((0, 3)):
-        task, staging = task_for(tmp_path, rank_profile(tmp_path / f"r{rank}.sqlite", rank, slow=rank == 3), rank,
-                                 index)
+        task, staging = task_for(
+            tmp_path, rank_profile(tmp_path / f"r{rank}.sqlite", rank, slow=rank == 3), rank, index
+        )
         (staging.root / ".ranks").mkdir(exist_ok=True)
         results.append(analyze_rank(task))
     first = sqlite3.connect(results[0].database)
@@ -28,23 +30,43 @@ def test_merge_shifts_names_and_op_indexes(tmp_path):
     merged = MergedDatabase(tmp_path / "run.sqlite")
     for r in results:
         merged.add(r.database, r.rank)
-    table = pd.DataFrame([{"rank": r.rank, "source_file": r.source, "gpus": 1, "iterations": 4,
-                           "total_iterations": 4, "avg_iteration_time": 1.0, "max_iteration_time": 1,
-                           "gpu_utilization": 1.0, "communication_time": 0, "overlapped_communication_pct": 0.0,
-                           "times_slowest": 0} for r in results])
+    table = pd.DataFrame(
+        [
+            {
+                "rank": r.rank,
+                "source_file": r.source,
+                "gpus": 1,
+                "iterations": 4,
+                "total_iterations": 4,
+                "avg_iteration_time": 1.0,
+                "max_iteration_time": 1,
+                "gpu_utilization": 1.0,
+                "communication_time": 0,
+                "overlapped_communication_pct": 0.0,
+                "times_slowest": 0,
+            }
+            for r in results
+        ]
+    )
     merged.finish({"ranks": [0, 3]}, {"elapsed_seconds": 1.5}, table, [])
     con = sqlite3.connect(tmp_path / "run.sqlite")
     try:
         # rank 3's strings follow rank 0's; every name of rank 3 resolves to its own text
         assert con.execute("SELECT min(id) FROM strings").fetchone()[0] == 0
-        names = con.execute("SELECT DISTINCT s.value FROM raw_gpu_activities g JOIN strings s ON s.id = g.name_id "
-                            "WHERE g.rank = 3 ORDER BY 1").fetchall()
+        names = con.execute(
+            "SELECT DISTINCT s.value FROM raw_gpu_activities g JOIN strings s ON s.id = g.name_id "
+            "WHERE g.rank = 3 ORDER BY 1"
+        ).fetchall()
         assert names == [("ncclDevKernel_AllReduce_Sum_f32_RING_LL",), ("volta_sgemm_32x32_sliced1x4_tn",)]
         assert con.execute("SELECT min(name_id) FROM raw_gpu_activities WHERE rank = 3").fetchone()[0] > strings0[1]
         # op indexes: rank 0's 0..n-1, rank 3's next; the derived tables point at the same ops
         assert con.execute("SELECT min(op_index) FROM raw_ops WHERE rank = 3").fetchone()[0] == ops0
-        assert con.execute("SELECT count(*) FROM op_nodes n JOIN raw_ops o ON o.op_index = n.op_index "
-                           "WHERE n.rank != o.rank").fetchone()[0] == 0
+        assert (
+            con.execute(
+                "SELECT count(*) FROM op_nodes n JOIN raw_ops o ON o.op_index = n.op_index WHERE n.rank != o.rank"
+            ).fetchone()[0]
+            == 0
+        )
         assert dict(con.execute(f"SELECT rank, count(*) FROM {K.RANK_PROFILE_INFO} GROUP BY rank")).keys() == {0, 3}
         assert con.execute("SELECT elapsed_seconds FROM aggregations").fetchall() == [(1.5,)]
         assert con.execute(f"SELECT rank FROM {K.RANK_SUMMARY} ORDER BY rank").fetchall() == [(0,), (3,)]
@@ -53,5 +75,8 @@ def test_merge_shifts_names_and_op_indexes(tmp_path):
     for r in results:
         _, corr, profile, _, _ = database.load_model(tmp_path / "run.sqlite", r.rank)
         assert profile["source_file"] == str(r.source)
-        assert corr.domains["default"].ops["name"].tolist() == ["/aten::conv2d", "/c10d::allreduce_",
-                                                                 "unassociated_cudaDeviceSynchronize_v3020"]
+        assert corr.domains["default"].ops["name"].tolist() == [
+            "/aten::conv2d",
+            "/c10d::allreduce_",
+            "unassociated_cudaDeviceSynchronize_v3020",
+        ]

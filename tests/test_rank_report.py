@@ -1,5 +1,6 @@
 """The cross-rank figures (rank_report.py): iterations matched by index, the last rank to finish on a shared
 clock or by duration, and the report files."""
+
 from __future__ import annotations
 
 import csv
@@ -12,16 +13,46 @@ from dlprof_profiler.rank_report import rank_table, shared_clock, slowest_counts
 
 def result(rank: int, starts: list[int], ends: list[int], aggregated=None, host="h", epoch=0, comm=0, overlap=0):
     n = len(starts)
-    it = pd.DataFrame({"iteration": range(n), "start": starts, "end": ends,
-                       "duration": [e - s for s, e in zip(starts, ends)],
-                       "aggregated": aggregated if aggregated is not None else [True] * n,
-                       "gpu_utilization": 0.0, "tc_kernel_time_per_gpu": 0.0})
-    summary = {"gpus": 1, "gpu_utilization": 50.0, "total_iterations": n, "aggregated_iterations": n,
-               "iter_start": 0, "iter_stop": n - 1, "wall_time": ends[-1] - starts[0], "communication_time": comm,
-               "overlapped_communication_time": overlap, "key_node": "k", "key_found": True}
-    return RankResult(rank=rank, source=f"r{rank}", database="", finals=[], profile={}, primary="default",
-                      mode="pytorch", summary=summary, iterations=it, ops=pd.DataFrame(), kernels=pd.DataFrame(),
-                      findings=[], epoch_ns=epoch, host=host)
+    it = pd.DataFrame(
+        {
+            "iteration": range(n),
+            "start": starts,
+            "end": ends,
+            "duration": [e - s for s, e in zip(starts, ends)],
+            "aggregated": aggregated if aggregated is not None else [True] * n,
+            "gpu_utilization": 0.0,
+            "tc_kernel_time_per_gpu": 0.0,
+        }
+    )
+    summary = {
+        "gpus": 1,
+        "gpu_utilization": 50.0,
+        "total_iterations": n,
+        "aggregated_iterations": n,
+        "iter_start": 0,
+        "iter_stop": n - 1,
+        "wall_time": ends[-1] - starts[0],
+        "communication_time": comm,
+        "overlapped_communication_time": overlap,
+        "key_node": "k",
+        "key_found": True,
+    }
+    return RankResult(
+        rank=rank,
+        source=f"r{rank}",
+        database="",
+        finals=[],
+        profile={},
+        primary="default",
+        mode="pytorch",
+        summary=summary,
+        iterations=it,
+        ops=pd.DataFrame(),
+        kernels=pd.DataFrame(),
+        findings=[],
+        epoch_ns=epoch,
+        host=host,
+    )
 
 
 def test_last_to_finish_on_a_shared_clock():

@@ -1,4 +1,5 @@
 """Reports in DLProf 1.8's files, sections, columns and value formats, written by the real CLI."""
+
 import csv
 import importlib.util
 import io
@@ -47,16 +48,21 @@ def test_every_report_file_in_both_formats(out):
 def test_summary_sections(out):
     text = read(out / "dlprof_summary.csv")
     sections = text.strip("\n").split("\n\n")
-    assert [s.split("\n")[0] for s in sections] == ["System Config", "Summary Report", "Iterations", "All Ops",
-                                                    "All Kernels"]
+    assert [s.split("\n")[0] for s in sections] == [
+        "System Config",
+        "Summary Report",
+        "Iterations",
+        "All Ops",
+        "All Kernels",
+    ]
     assert '"' not in text  # the summary file quotes nothing
     lines = text.splitlines()
     assert "GPU Count,1" in lines and "GPU Name(s),NVIDIA A100-SXM4-40GB" in lines
     assert "CPU Model,Test CPU @ 2.00GHz" in lines and "CUDA Version,12.2" in lines
     assert "Wall Clock Time (ns),290000" in lines
     assert "Tensor Core Kernel Utilization %,50.0" in lines
-    assert "GPU Utilization %,38.3" in lines                # 111,000 / 290,000
-    assert "Dataloader Duration %,5.2" in lines            # 15,000 / 290,000
+    assert "GPU Utilization %,38.3" in lines  # 111,000 / 290,000
+    assert "Dataloader Duration %,5.2" in lines  # 15,000 / 290,000
     assert "Total Iterations,4" in lines and "Average Iteration Time (ns),72500.0" in lines
     assert ",GPU Time (ns),CPU Time (ns),# Ops" in lines
     assert "Ops using TC,48000,54000,2" in lines
@@ -66,24 +72,39 @@ def test_summary_sections(out):
 def test_detailed_report_layout_and_quoting(out):
     lines = read(out / "dlprof_detailed.csv").splitlines()
     assert lines[0] == "All Iterations"
-    assert lines[1] == ("Op ID,Op Name,Direction,Op Type,No. Calls,TC Eligible,Using TC,Total CPU Time (ns),"
-                        "Avg. CPU Time (ns),Min CPU Time (ns),Max CPU Time (ns),Total GPU Time (ns),Avg. GPU Time (ns),"
-                        "Min GPU Time (ns),Max GPU Time (ns),Total CPU Overhead (ns),Avg. CPU Overhead (ns),"
-                        "Min CPU Overhead (ns),Max CPU Overhead (ns),Total GPU Idle (ns),Avg. GPU Idle (ns),"
-                        "Min GPU Idle (ns),Max GPU Idle (ns),Data Type,Stack Trace,"
-                        "Input Shapes")  # DLProf 1.8's columns, then ours
-    assert ('"CONV2D_1","/aten::conv2d",fprop,"conv2d",3,yes,yes,30000,10000.0,10000,10000,30000,10000.0,10000,'
-            '10000,27000,9000.0,9000,9000,0,0.0,0,0,,"",""') in lines  # emit_nvtx without sizes: no shapes
-    assert any(line.startswith('"CUDADEVICESYNCHRONIZE_V3020_1","unassociated_cudaDeviceSynchronize_v3020",,'
-                               '"cudaDeviceSynchronize_v3020",3,no,no,15000,5000.0') for line in lines)
+    assert lines[1] == (
+        "Op ID,Op Name,Direction,Op Type,No. Calls,TC Eligible,Using TC,Total CPU Time (ns),"
+        "Avg. CPU Time (ns),Min CPU Time (ns),Max CPU Time (ns),Total GPU Time (ns),Avg. GPU Time (ns),"
+        "Min GPU Time (ns),Max GPU Time (ns),Total CPU Overhead (ns),Avg. CPU Overhead (ns),"
+        "Min CPU Overhead (ns),Max CPU Overhead (ns),Total GPU Idle (ns),Avg. GPU Idle (ns),"
+        "Min GPU Idle (ns),Max GPU Idle (ns),Data Type,Stack Trace,"
+        "Input Shapes"
+    )  # DLProf 1.8's columns, then ours
+    assert (
+        '"CONV2D_1","/aten::conv2d",fprop,"conv2d",3,yes,yes,30000,10000.0,10000,10000,30000,10000.0,10000,'
+        '10000,27000,9000.0,9000,9000,0,0.0,0,0,,"",""'
+    ) in lines  # emit_nvtx without sizes: no shapes
+    assert any(
+        line.startswith(
+            '"CUDADEVICESYNCHRONIZE_V3020_1","unassociated_cudaDeviceSynchronize_v3020",,'
+            '"cudaDeviceSynchronize_v3020",3,no,no,15000,5000.0'
+        )
+        for line in lines
+    )
     ids = [row[0] for row in csv.reader(io.StringIO("\n".join(lines[2:])))]
     assert ids == sorted(ids)  # rows ordered by Op ID as a string
 
 
 def test_iteration_report_has_one_row_per_kernel_launch(out):
     rows = list(csv.reader(io.StringIO(read(out / "dlprof_iteration.csv"))))
-    assert rows[0] == ["Iteration Report"] and rows[1][:6] == ["Iteration", "Op ID", "Op Name", "Direction",
-                                                               "Op Type", "Kernel Name"]
+    assert rows[0] == ["Iteration Report"] and rows[1][:6] == [
+        "Iteration",
+        "Op ID",
+        "Op Name",
+        "Direction",
+        "Op Type",
+        "Kernel Name",
+    ]
     data = rows[2:]
     assert len(data) == 18  # 6 kernels x 3 iterations, memcpys excluded
     conv = [r for r in data if r[1] == "CONV2D_1"]
@@ -113,24 +134,39 @@ def test_expert_systems_report(out):
 
 def test_group_op_report_ends_with_the_complete_model(out):
     rows = list(csv.reader(io.StringIO(read(out / "dlprof_group_op.csv"))))
-    assert rows[0] == ["Group Op Report"] and rows[1][:4] == ["Name", "Num Calls Aggregated", "Num TC Eligible Ops",
-                                                             "Num Ops Using TC"]
+    assert rows[0] == ["Group Op Report"] and rows[1][:4] == [
+        "Name",
+        "Num Calls Aggregated",
+        "Num TC Eligible Ops",
+        "Num Ops Using TC",
+    ]
     assert rows[-1][0] == "_CompleteModel_" and rows[2][0] == "/"
 
 
 def test_reports_as_space_separated_words(tmp_path):
     export = profiles.training_profile(tmp_path / "t.sqlite")
-    run_dlprof(f"--database={export}", "--reports", "kernel", "op_type", "--", f"--output_path={tmp_path / 'o'}",
-               "--formats", "json", "--")
+    run_dlprof(
+        f"--database={export}",
+        "--reports",
+        "kernel",
+        "op_type",
+        "--",
+        f"--output_path={tmp_path / 'o'}",
+        "--formats",
+        "json",
+        "--",
+    )
     assert sorted(p.name for p in (tmp_path / "o").glob("dlprof_*")) == [
-        "dlprof_dldb.sqlite", "dlprof_kernel.json", "dlprof_op_type.json"]
+        "dlprof_dldb.sqlite",
+        "dlprof_kernel.json",
+        "dlprof_op_type.json",
+    ]
 
 
 def test_simple_mode_writes_totals_and_kernels_only(tmp_path):
     export = profiles.training_profile(tmp_path / "t.sqlite")
     proc = run_dlprof(f"--database={export}", "--mode=simple", "--reports=all", f"--output_path={tmp_path / 'o'}")
-    assert sorted(p.name for p in (tmp_path / "o").glob("dlprof_*.csv")) == ["dlprof_kernel.csv",
-                                                                          "dlprof_summary.csv"]
+    assert sorted(p.name for p in (tmp_path / "o").glob("dlprof_*.csv")) == ["dlprof_kernel.csv", "dlprof_summary.csv"]
     assert "simple mode writes only the summary and kernel reports" in proc.stderr
     kernels = list(csv.reader(io.StringIO((tmp_path / "o" / "dlprof_kernel.csv").read_text())))[2:]
     assert {r[2] for r in kernels} == {"unassociated_cudaLaunchKernel_v7000"}
@@ -138,6 +174,7 @@ def test_simple_mode_writes_totals_and_kernels_only(tmp_path):
 
 def test_base_name_and_other_domains(tmp_path):
     from tests.nsys_builder import NsysExport
+
     exp = NsysExport()
     exp.add_gpu(device_id=0)
     t = exp.add_thread(pid=1, tid=1, name="python", process_name="python")
@@ -146,8 +183,13 @@ def test_base_name_and_other_domains(tmp_path):
     exp.push_pop(t, 0, 100, "ncclSend", domain_id=1)
     exp.launch(t, 10, 20, 30, 40, kernel="k")
     export = exp.write(tmp_path / "t.sqlite")
-    run_dlprof(f"--database={export}", "--domain=all", "--reports=detail", "--base_name=run7",
-               f"--output_path={tmp_path / 'o'}")
+    run_dlprof(
+        f"--database={export}",
+        "--domain=all",
+        "--reports=detail",
+        "--base_name=run7",
+        f"--output_path={tmp_path / 'o'}",
+    )
     names = sorted(p.name for p in (tmp_path / "o").glob("run7_*"))
     assert names == ["run7_detailed.csv", "run7_detailed_NCCL.csv", "run7_dldb.sqlite"]
     assert '"/ncclSend"' in (tmp_path / "o" / "run7_detailed_NCCL.csv").read_text()
@@ -170,14 +212,19 @@ def test_value_formats_written_by_hand(tmp_path):
     """Each column kind, checked against text written by hand (DLProf 1.8's conventions, §3 of the
     reference): always-quoted text, text quoted only when needed, integers (missing 0, halves to even),
     one-decimal averages and percentages, yes/no."""
-    table = Table("T", ["Q", "T", "I", "A", "P", "Y"], ["q", "t", "i", "a", "p", "y"], data={
-        "Q": ['a"b', "", None, "x,y", "é"],
-        "T": ["plain", "a,b", None, 'say "hi"', "line\nbreak"],
-        "I": [1, -1, 2.5, None, 3.5],
-        "A": [1234567.0, 4812.25, None, -0.04, 2.0 / 3],
-        "P": [42.66, 0.0, 100.0, 12345678901234567.0, float("inf")],
-        "Y": [True, False, None, 1, 0],
-    })
+    table = Table(
+        "T",
+        ["Q", "T", "I", "A", "P", "Y"],
+        ["q", "t", "i", "a", "p", "y"],
+        data={
+            "Q": ['a"b', "", None, "x,y", "é"],
+            "T": ["plain", "a,b", None, 'say "hi"', "line\nbreak"],
+            "I": [1, -1, 2.5, None, 3.5],
+            "A": [1234567.0, 4812.25, None, -0.04, 2.0 / 3],
+            "P": [42.66, 0.0, 100.0, 12345678901234567.0, float("inf")],
+            "Y": [True, False, None, 1, 0],
+        },
+    )
     out = write(current.Report("detail", [table]), tmp_path)
     assert out["csv"].decode("utf-8") == (
         "T\nQ,T,I,A,P,Y\n"
@@ -185,20 +232,33 @@ def test_value_formats_written_by_hand(tmp_path):
         '"","a,b",-1,4812.2,0.0,no\n'
         '"",,2,0.0,100.0,no\n'
         '"x,y","say ""hi""",0,-0.0,12345678901234568.0,yes\n'
-        '"é","line\nbreak",4,0.7,inf,no\n')
+        '"é","line\nbreak",4,0.7,inf,no\n'
+    )
     assert out["json"].decode("ascii") == (
         '{"report": "detail", "dlprof_version": "' + current.__version__ + '", "sections": [{"title": "T", '
         '"columns": ["Q", "T", "I", "A", "P", "Y"], "rows": ['
         '["a\\"b", "plain", 1, 1234567.0, 42.7, "yes"], ["", "a,b", -1, 4812.2, 0.0, "no"], '
         '["", "", 2, 0.0, 100.0, "no"], ["x,y", "say \\"hi\\"", 0, -0.0, 1.2345678901234568e+16, "yes"], '
-        '["\\u00e9", "line\\nbreak", 4, 0.7, Infinity, "no"]]}]}\n')
+        '["\\u00e9", "line\\nbreak", 4, 0.7, Infinity, "no"]]}]}\n'
+    )
 
 
 def test_summary_sections_quote_nothing_but_what_csv_needs(tmp_path):
-    label = Table("Labels", ["name", "value"], ["t", "t"], {"name": ["GPU Name(s)", "x"], "value": ["A, B", "1"]},
-                  header_prefix=None, bare=True)
-    counts = Table("All Ops", ["", "GPU Time (ns)", "a,b"], ["q", "i", "i"], {"": ["All ops"], "GPU Time (ns)": [5],
-                                                                              "a,b": [6]}, bare=True)
+    label = Table(
+        "Labels",
+        ["name", "value"],
+        ["t", "t"],
+        {"name": ["GPU Name(s)", "x"], "value": ["A, B", "1"]},
+        header_prefix=None,
+        bare=True,
+    )
+    counts = Table(
+        "All Ops",
+        ["", "GPU Time (ns)", "a,b"],
+        ["q", "i", "i"],
+        {"": ["All ops"], "GPU Time (ns)": [5], "a,b": [6]},
+        bare=True,
+    )
     text = write(current.Report("summary", [label, counts]), tmp_path, ["csv"])["csv"].decode()
     assert text == 'Labels\nGPU Name(s),"A, B"\nx,1\n\nAll Ops\n,GPU Time (ns),"a,b"\nAll ops,5,6\n'
 
@@ -222,10 +282,15 @@ def awkward_columns(n: int, seed: int = 0) -> dict:
     floats = rng.normal(0, 1e4, n).round(2)
     floats[rng.random(n) < 0.1] = np.nan
     floats[rng.random(n) < 0.05] = rng.integers(-50, 50, int((rng.random(n) < 0.05).sum()) or 1)[0] * 0.05
-    ints = rng.integers(-10**15, 10**15, n)
+    ints = rng.integers(-(10**15), 10**15, n)
     ints[rng.random(n) < 0.5] = rng.integers(0, 40, int((rng.random(n) < 0.5).sum()) or 1)[0]
-    return {"text_codes": text_codes, "floats": floats, "ints": ints, "small": rng.integers(0, 7, n),
-            "flags": rng.random(n) < 0.4}
+    return {
+        "text_codes": text_codes,
+        "floats": floats,
+        "ints": ints,
+        "small": rng.integers(0, 7, n),
+        "flags": rng.random(n) < 0.4,
+    }
 
 
 AWKWARD_COLUMNS = ["Q", "T", "I", "S", "A", "P", "Y", "Q2"]
@@ -234,8 +299,16 @@ AWKWARD_FORMATS = ["q", "t", "i", "i", "a", "p", "y", "q"]
 
 def awkward_whole(cols: dict) -> dict:
     texts = np.array(TEXTS + [None], dtype=object)[cols["text_codes"]]
-    return {"Q": texts, "T": texts[::-1].copy(), "I": cols["ints"], "S": cols["small"], "A": cols["floats"],
-            "P": cols["floats"] * 3.7, "Y": cols["flags"], "Q2": pd.Categorical(texts)}
+    return {
+        "Q": texts,
+        "T": texts[::-1].copy(),
+        "I": cols["ints"],
+        "S": cols["small"],
+        "A": cols["floats"],
+        "P": cols["floats"] * 3.7,
+        "Y": cols["flags"],
+        "Q2": pd.Categorical(texts),
+    }
 
 
 def test_chunks_of_every_shape_write_what_whole_columns_write(tmp_path, monkeypatch):
@@ -251,16 +324,30 @@ def test_chunks_of_every_shape_write_what_whole_columns_write(tmp_path, monkeypa
 
     def chunk(lo, hi, shape):
         part = {k: v[lo:hi] for k, v in cols.items()}
-        c = {"Q": coded(part["text_codes"]), "T": whole["T"][lo:hi], "I": part["ints"], "S": pa.array(part["small"]),
-             "A": part["floats"], "P": pd.Series(part["floats"] * 3.7), "Y": pa.array(part["flags"]),
-             "Q2": pd.Series(whole["Q2"][lo:hi])}
+        c = {
+            "Q": coded(part["text_codes"]),
+            "T": whole["T"][lo:hi],
+            "I": part["ints"],
+            "S": pa.array(part["small"]),
+            "A": part["floats"],
+            "P": pd.Series(part["floats"] * 3.7),
+            "Y": pa.array(part["flags"]),
+            "Q2": pd.Series(whole["Q2"][lo:hi]),
+        }
         if shape == "batch":
-            return pa.RecordBatch.from_pydict({k: c[k] for k in ("Q", "I", "S", "Y")} | {
-                "T": pa.array(list(c["T"]), type=pa.string(), from_pandas=True), "A": pa.array(c["A"]), "P": pa.array(c["P"]),
-                "Q2": pa.array(list(c["Q2"]), type=pa.string(), from_pandas=True)})
+            return pa.RecordBatch.from_pydict(
+                {k: c[k] for k in ("Q", "I", "S", "Y")}
+                | {
+                    "T": pa.array(list(c["T"]), type=pa.string(), from_pandas=True),
+                    "A": pa.array(c["A"]),
+                    "P": pa.array(c["P"]),
+                    "Q2": pa.array(list(c["Q2"]), type=pa.string(), from_pandas=True),
+                }
+            )
         if shape == "table":
             return pa.Table.from_batches([chunk(lo, hi, "batch")])
         return c
+
     bounds = [0, 1, 50, 51, 300, 500]
     for shape in ("dict", "batch", "table"):
         parts = [chunk(lo, hi, shape) for lo, hi in zip(bounds, bounds[1:])]
@@ -276,12 +363,18 @@ def test_shared_dictionaries_are_formatted_once(tmp_path, monkeypatch):
     def counting(self, strings, fmt):
         calls.append((self.target, fmt, len(strings)))
         return original(self, strings, fmt)
+
     monkeypatch.setattr(report_format._Formatter, "_format_text", counting)
     dictionary = pa.array(["a", "b,c", 'd"e'])
     op = pa.array(np.arange(400) % 3)
-    chunks = [{"X": pa.DictionaryArray.from_arrays(op.slice(lo, 40), dictionary),
-               "Y": pa.DictionaryArray.from_arrays(op.slice(lo, 40), dictionary), "N": np.arange(40)}
-              for lo in range(0, 400, 40)]
+    chunks = [
+        {
+            "X": pa.DictionaryArray.from_arrays(op.slice(lo, 40), dictionary),
+            "Y": pa.DictionaryArray.from_arrays(op.slice(lo, 40), dictionary),
+            "N": np.arange(40),
+        }
+        for lo in range(0, 400, 40)
+    ]
     table = Table("T", ["X", "Y", "N"], ["q", "t", "i"], chunks=chunks)
     out = write(current.Report("kernel", [table]), tmp_path)
     # 10 chunks of 40 rows, split into 30 pieces: the dictionary is formatted once per column kind and format
@@ -294,8 +387,12 @@ def test_large_string_table_formats_only_what_a_chunk_uses(tmp_path, monkeypatch
     monkeypatch.setattr(report_format, "CHUNK_ROWS", 10)
     strings = [f"name {i}, #{i}" for i in range(5000)]
     codes = np.array([4999, 0, -1, 17, 17, 2500] * 5)
-    table = Table("T", ["S"], ["q"], chunks=[{"S": pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0),
-                                                                                   pa.array(strings))}])
+    table = Table(
+        "T",
+        ["S"],
+        ["q"],
+        chunks=[{"S": pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), pa.array(strings))}],
+    )
     lines = write(current.Report("kernel", [table]), tmp_path, ["csv"])["csv"].decode().splitlines()[2:]
     assert lines == [f'"{strings[c]}"' if c >= 0 else '""' for c in codes]
 
@@ -321,33 +418,60 @@ def test_bad_tables_are_refused():
 
 # ---------------------------------------------------------------------------- the iteration report from launch chunks
 
+
 def launch_dictionaries() -> current.LaunchDictionaries:
     return current.LaunchDictionaries(
-        op_id=pa.array(["CONV2D_1", "UNASSOCIATED_1"]), op_name=pa.array(["/net/conv2d", "unassociated_k"]),
-        direction=pa.array(["fprop", None]), op_type=pa.array(["conv2d", "k"]),
-        kernel_name=pa.array(["gemm", "relu"]), long_kernel_name=pa.array(["void gemm<float, 2>(float*, int)", "relu"]),
-        data_type=pa.array(["float16"]), input_shapes=pa.array(["<N:8, C:3>; <16>"]), parameters=pa.array([""]),
-        output_shapes=pa.array(["<N:8, K:16>"]))
+        op_id=pa.array(["CONV2D_1", "UNASSOCIATED_1"]),
+        op_name=pa.array(["/net/conv2d", "unassociated_k"]),
+        direction=pa.array(["fprop", None]),
+        op_type=pa.array(["conv2d", "k"]),
+        kernel_name=pa.array(["gemm", "relu"]),
+        long_kernel_name=pa.array(["void gemm<float, 2>(float*, int)", "relu"]),
+        data_type=pa.array(["float16"]),
+        input_shapes=pa.array(["<N:8, C:3>; <16>"]),
+        parameters=pa.array([""]),
+        output_shapes=pa.array(["<N:8, K:16>"]),
+    )
 
 
 def launch_chunk(lo: int, hi: int) -> dict:
-    rows = {"iteration": [0, 1, 1], "op_index": [0, 0, 1], "kernel_name": [0, 1, 1], "long_kernel_name": [0, 1, 1],
-            "device_id": [0, 0, 1], "gpu_start": [1_014_000, 1_114_000, 1_200_000], "gpu_duration": [10_000, 2000, 5],
-            "api_start": [1_012_000, 1_112_000, -1], "api_duration": [1000, 1000, -1], "uses_tc": [True, False, False],
-            "grid_x": [4, 1, 1], "grid_y": [2, 1, 1], "grid_z": [1, 1, 1], "block_x": [128, 256, 32],
-            "block_y": [1, 1, 1], "block_z": [1, 1, 1], "data_type": [0, 0, -1], "input_shapes": [0, -1, -1],
-            "parameters": [0, 0, -1], "output_shapes": [0, -1, -1]}
+    rows = {
+        "iteration": [0, 1, 1],
+        "op_index": [0, 0, 1],
+        "kernel_name": [0, 1, 1],
+        "long_kernel_name": [0, 1, 1],
+        "device_id": [0, 0, 1],
+        "gpu_start": [1_014_000, 1_114_000, 1_200_000],
+        "gpu_duration": [10_000, 2000, 5],
+        "api_start": [1_012_000, 1_112_000, -1],
+        "api_duration": [1000, 1000, -1],
+        "uses_tc": [True, False, False],
+        "grid_x": [4, 1, 1],
+        "grid_y": [2, 1, 1],
+        "grid_z": [1, 1, 1],
+        "block_x": [128, 256, 32],
+        "block_y": [1, 1, 1],
+        "block_z": [1, 1, 1],
+        "data_type": [0, 0, -1],
+        "input_shapes": [0, -1, -1],
+        "parameters": [0, 0, -1],
+        "output_shapes": [0, -1, -1],
+    }
     return {k: np.array(v[lo:hi]) for k, v in rows.items()}
 
 
 ITERATION_LINES = [
     "Iteration Report",
     ",".join(current.ITERATION_COLUMNS),
-    ('0,"CONV2D_1","/net/conv2d",fprop,"conv2d","gemm",0,1014000,10000,1012000,1000,yes,4,2,1,128,1,1,float16,'
-     '"<N:8, C:3>; <16>","","<N:8, K:16>","void gemm<float, 2>(float*, int)"'),
-    ('1,"CONV2D_1","/net/conv2d",fprop,"conv2d","relu",0,1114000,2000,1112000,1000,no,1,1,1,256,1,1,float16,"","","",'
-     '"relu"'),
-    '1,"UNASSOCIATED_1","unassociated_k",,"k","relu",1,1200000,5,,,no,1,1,1,32,1,1,,"","","","relu"',   # no launch call
+    (
+        '0,"CONV2D_1","/net/conv2d",fprop,"conv2d","gemm",0,1014000,10000,1012000,1000,yes,4,2,1,128,1,1,float16,'
+        '"<N:8, C:3>; <16>","","<N:8, K:16>","void gemm<float, 2>(float*, int)"'
+    ),
+    (
+        '1,"CONV2D_1","/net/conv2d",fprop,"conv2d","relu",0,1114000,2000,1112000,1000,no,1,1,1,256,1,1,float16,"","","",'
+        '"relu"'
+    ),
+    '1,"UNASSOCIATED_1","unassociated_k",,"k","relu",1,1200000,5,,,no,1,1,1,32,1,1,,"","","","relu"',  # no launch call
 ]
 
 
@@ -359,8 +483,31 @@ def test_iteration_report_from_launch_chunks_by_hand(tmp_path, monkeypatch):
         out = write(current.iteration_report_from_chunks(lambda c=chunks: iter(c), dicts), tmp_path / str(id(chunks)))
         assert out["csv"].decode().splitlines() == ITERATION_LINES
         doc = json.loads(out["json"])
-        assert doc["sections"][0]["rows"][2] == [1, "UNASSOCIATED_1", "unassociated_k", "", "k", "relu", 1, 1200000, 5,
-                                                 None, None, "no", 1, 1, 1, 32, 1, 1, "", "", "", "", "relu"]
+        assert doc["sections"][0]["rows"][2] == [
+            1,
+            "UNASSOCIATED_1",
+            "unassociated_k",
+            "",
+            "k",
+            "relu",
+            1,
+            1200000,
+            5,
+            None,
+            None,
+            "no",
+            1,
+            1,
+            1,
+            32,
+            1,
+            1,
+            "",
+            "",
+            "",
+            "",
+            "relu",
+        ]
     with pytest.raises(KeyError, match="uses_tc"):
         current.launch_report_columns({k: v for k, v in launch_chunk(0, 1).items() if k != "uses_tc"}, dicts)
 
@@ -390,10 +537,16 @@ def test_iteration_report_matches_the_export_by_sql(tmp_path):
 
 # ---------------------------------------------------------------------------- byte for byte against the old writer
 
+
 def old_reports_source() -> str:
     try:
-        done = subprocess.run(["git", "-C", str(ROOT), "show", f"{BRANCH_POINT}:dlprof_profiler/reports.py"],
-                              check=False, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{BRANCH_POINT}:dlprof_profiler/reports.py"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except OSError:
         done = None
     if done is None or done.returncode != 0:
@@ -416,7 +569,9 @@ def old_writer(tmp_path_factory):
     """The old writer alone: reports.py at the branch point up to its report builders (so it does not depend
     on the engine's frames of the day)."""
     source = old_reports_source()
-    head = source.split("# ---------------------------------------------------------------------------- report builders")[0]
+    head = source.split(
+        "# ---------------------------------------------------------------------------- report builders"
+    )[0]
     head = "\n".join(line for line in head.splitlines() if not line.startswith("from dlprof_profiler.aggregate"))
     return load_module(head, "old_report_writer", tmp_path_factory.mktemp("old_writer"))
 
@@ -427,7 +582,7 @@ def old_reports(tmp_path_factory):
     return load_module(old_reports_source(), "old_reports", tmp_path_factory.mktemp("old_reports"))
 
 
-MISSING_SENTINEL = -987654321   # what the old writer gets for a missing number of the new formats n and m
+MISSING_SENTINEL = -987654321  # what the old writer gets for a missing number of the new formats n and m
 
 
 def old_write(old, report, out: Path, formats=("csv", "json")) -> dict:
@@ -474,8 +629,13 @@ def test_awkward_tables_match_the_old_writer(old_writer, tmp_path, seed):
     cols = awkward_columns(3000, seed)
     whole = awkward_whole(cols)
     whole["Q2"] = np.asarray(whole["Q2"], dtype=object)  # the old writer read categoricals as their text
-    report = current.Report("detail", [Table("T", AWKWARD_COLUMNS, AWKWARD_FORMATS, whole),
-                                       Table("Bare", AWKWARD_COLUMNS, AWKWARD_FORMATS, whole, bare=True)])
+    report = current.Report(
+        "detail",
+        [
+            Table("T", AWKWARD_COLUMNS, AWKWARD_FORMATS, whole),
+            Table("Bare", AWKWARD_COLUMNS, AWKWARD_FORMATS, whole, bare=True),
+        ],
+    )
     assert write(report, tmp_path / "new") == old_write(old_writer, report, tmp_path / "old")
 
 
@@ -502,8 +662,10 @@ def profile_cases():
 @pytest.fixture(scope="module")
 def profile_files(tmp_path_factory):
     root = tmp_path_factory.mktemp("profiles")
-    files = {"training": profiles.training_profile(root / "training.sqlite"),
-             "sample": ROOT / "examples" / "sample_pytorch_training.sqlite"}
+    files = {
+        "training": profiles.training_profile(root / "training.sqlite"),
+        "sample": ROOT / "examples" / "sample_pytorch_training.sqlite",
+    }
     for p in sorted(FIXTURES.glob("*.sqlite")):  # copied before anything could touch them
         files[p.name] = shutil.copy(p, root / p.name)
     return files
@@ -511,8 +673,9 @@ def profile_files(tmp_path_factory):
 
 @pytest.mark.filterwarnings("ignore:The 'lsuffix' and 'rsuffix' keywords")  # the old builders' joins
 @pytest.mark.parametrize("name,start,stop", profile_cases())
-def test_every_report_matches_the_old_writer_byte_for_byte(profile_files, old_writer, old_reports, tmp_path, name,
-                                                           start, stop):
+def test_every_report_matches_the_old_writer_byte_for_byte(
+    profile_files, old_writer, old_reports, tmp_path, name, start, stop
+):
     """Every report of every test profile and real fixture, in CSV and JSON: (1) today's tables written by the
     old writer and by the new one; (2) the old builders and writer against the new ones on today's engine."""
     a = analyze(Path(profile_files[name]), iter_start=start, iter_stop=stop)
@@ -530,7 +693,7 @@ def test_every_report_matches_the_old_writer_byte_for_byte(profile_files, old_wr
             # changed on purpose after the old builders' commit: the detailed report's Input Shapes column, the
             # summary's System Config (driver version as written, cuDNN version)
             if new_report.name in ("detail", "summary", "iteration", "kernel"):
-                continue    # (and the blank API figures of kernels without a launch call)
+                continue  # (and the blank API figures of kernels without a launch call)
             (where / "old_builders").mkdir()
             old_report_files = old_reports.write_report(old_report, where / "old_builders", "t", ["csv", "json"])
             assert new == {p.suffix[1:]: p.read_bytes() for p in old_report_files}, (domain, new_report.name)
@@ -547,6 +710,7 @@ def test_system_config_versions_as_dlprof_wrote_them(tmp_path):
     import json as _json
 
     from dlprof_profiler.reports import cudnn_version, driver_version
+
     assert driver_version("5154304") == "515.43.04" and driver_version("5206105") == "520.61.05"
     assert driver_version("535.104.05") == "535.104.05" and driver_version(None) == "Unknown"
     assert cudnn_version(8902) == "8.9.2" and cudnn_version(90100) == "9.1.0" and cudnn_version(None) is None

@@ -1,9 +1,19 @@
 """The viewer's request checks (dlprof_plugin/security.py): Host names against DNS rebinding, and what a
 state-changing request needs against cross-site request forgery. Over HTTP: tests/test_hardening.py."""
+
 import pytest
 
-from dlprof_plugin.security import (REQUEST_HEADER, HostPolicy, host_allowed, is_loopback_address, parse_allowed,
-                                    policy_for_bind, refusal, same_origin, split_host)
+from dlprof_plugin.security import (
+    REQUEST_HEADER,
+    HostPolicy,
+    host_allowed,
+    is_loopback_address,
+    parse_allowed,
+    policy_for_bind,
+    refusal,
+    same_origin,
+    split_host,
+)
 
 LOOPBACK = policy_for_bind("127.0.0.1")
 
@@ -15,22 +25,41 @@ class Headers(dict):
         return next((v for k, v in self.items() if k.lower() == name.lower()), default)
 
 
-@pytest.mark.parametrize("value,expected", [
-    ("localhost:6006", ("localhost", 6006)), ("127.0.0.1", ("127.0.0.1", None)), ("[::1]:8000", ("::1", 8000)),
-    ("[::1]", ("::1", None)), ("::1", ("::1", None)), ("LocalHost.:80", ("localhost", 80)),
-    ("attacker.example:6006", ("attacker.example", 6006)), ("", ("", None)),
-])
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        ("localhost:6006", ("localhost", 6006)),
+        ("127.0.0.1", ("127.0.0.1", None)),
+        ("[::1]:8000", ("::1", 8000)),
+        ("[::1]", ("::1", None)),
+        ("::1", ("::1", None)),
+        ("LocalHost.:80", ("localhost", 80)),
+        ("attacker.example:6006", ("attacker.example", 6006)),
+        ("", ("", None)),
+    ],
+)
 def test_split_host(value, expected):
     assert split_host(value) == expected
 
 
-@pytest.mark.parametrize("host,served", [
-    ("localhost:6006", True), ("127.0.0.1:6006", True), ("127.8.9.10:6006", True), ("[::1]:6006", True),
-    ("10.0.0.5:6006", True), ("[fe80::1]:6006", True),            # IP addresses cannot be rebound
-    ("dlprof.localhost:6006", True), ("LOCALHOST.:6006", True),
-    ("attacker.example:6006", False), ("localhost.attacker.example", False), ("127.0.0.1.nip.io", False),
-    ("myproxy.example", False), (None, True),                     # no Host: not a browser
-])
+@pytest.mark.parametrize(
+    "host,served",
+    [
+        ("localhost:6006", True),
+        ("127.0.0.1:6006", True),
+        ("127.8.9.10:6006", True),
+        ("[::1]:6006", True),
+        ("10.0.0.5:6006", True),
+        ("[fe80::1]:6006", True),  # IP addresses cannot be rebound
+        ("dlprof.localhost:6006", True),
+        ("LOCALHOST.:6006", True),
+        ("attacker.example:6006", False),
+        ("localhost.attacker.example", False),
+        ("127.0.0.1.nip.io", False),
+        ("myproxy.example", False),
+        (None, True),  # no Host: not a browser
+    ],
+)
 def test_loopback_binding_serves_loopback_names_and_addresses_only(host, served):
     assert host_allowed(host, LOOPBACK) is served
 
@@ -46,22 +75,40 @@ def test_allowed_names_are_added_and_other_bindings_serve_any_name():
     assert parse_allowed(None) == frozenset() and parse_allowed(["a,b", "c"]) == {"a", "b", "c"}
 
 
-@pytest.mark.parametrize("host,loopback", [
-    (None, True), ("localhost", True), ("127.0.0.1", True), ("::1", True), ("[::1]", True),
-    ("0.0.0.0", False), ("::", False), ("192.168.1.7", False),
-])
+@pytest.mark.parametrize(
+    "host,loopback",
+    [
+        (None, True),
+        ("localhost", True),
+        ("127.0.0.1", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("192.168.1.7", False),
+    ],
+)
 def test_which_bindings_are_loopback(host, loopback):
     assert is_loopback_address(host) is loopback
 
 
-@pytest.mark.parametrize("url,host,same", [
-    ("http://127.0.0.1:6006", "127.0.0.1:6006", True), ("http://localhost", "localhost:80", True),
-    ("https://viewer.example", "viewer.example", True), ("http://127.0.0.1:6006/#dlprof", "127.0.0.1:6006", True),
-    ("http://127.0.0.1:6007", "127.0.0.1:6006", False), ("http://localhost:6006", "127.0.0.1:6006", False),
-    ("https://127.0.0.1:6006", "127.0.0.1:6006", True), ("http://evil.example", "127.0.0.1:6006", False),
-    ("null", "127.0.0.1:6006", False), ("file:///tmp/x.html", "127.0.0.1:6006", False),
-    ("http://127.0.0.1:notaport", "127.0.0.1:6006", False), ("http://[::1]:6006", "[::1]:6006", True),
-])
+@pytest.mark.parametrize(
+    "url,host,same",
+    [
+        ("http://127.0.0.1:6006", "127.0.0.1:6006", True),
+        ("http://localhost", "localhost:80", True),
+        ("https://viewer.example", "viewer.example", True),
+        ("http://127.0.0.1:6006/#dlprof", "127.0.0.1:6006", True),
+        ("http://127.0.0.1:6007", "127.0.0.1:6006", False),
+        ("http://localhost:6006", "127.0.0.1:6006", False),
+        ("https://127.0.0.1:6006", "127.0.0.1:6006", True),
+        ("http://evil.example", "127.0.0.1:6006", False),
+        ("null", "127.0.0.1:6006", False),
+        ("file:///tmp/x.html", "127.0.0.1:6006", False),
+        ("http://127.0.0.1:notaport", "127.0.0.1:6006", False),
+        ("http://[::1]:6006", "[::1]:6006", True),
+    ],
+)
 def test_same_origin(url, host, same):
     assert same_origin(url, host) is same
 
@@ -69,27 +116,60 @@ def test_same_origin(url, host, same):
 GOOD = {"Host": "127.0.0.1:6006", REQUEST_HEADER: "1", "Origin": "http://127.0.0.1:6006"}
 
 
-@pytest.mark.parametrize("case,method,headers,mimetype,refused", [
-    ("the frontend's POST", "POST", GOOD, "application/json", None),
-    ("a client without Origin", "POST", {"Host": "127.0.0.1:6006", REQUEST_HEADER: "1"}, "application/json", None),
-    ("same-origin Referer", "POST", {"Host": "127.0.0.1:6006", REQUEST_HEADER: "1",
-                                     "Referer": "http://127.0.0.1:6006/x"}, "application/json", None),
-    ("a GET from anywhere", "GET", {"Host": "localhost:6006", "Origin": "http://evil.example"}, "", None),
-    ("form, text/plain", "POST", {"Host": "127.0.0.1:6006", "Origin": "http://evil.example"}, "text/plain",
-     "X-DLProf-Request"),
-    ("form, urlencoded", "POST", {"Host": "127.0.0.1:6006"}, "application/x-www-form-urlencoded",
-     "X-DLProf-Request"),
-    ("header but a form body", "POST", {"Host": "127.0.0.1:6006", REQUEST_HEADER: "1"}, "text/plain",
-     "application/json"),
-    ("foreign Origin", "POST", dict(GOOD, Origin="http://evil.example"), "application/json", "Origin"),
-    ("Origin null", "POST", dict(GOOD, Origin="null"), "application/json", "Origin"),
-    ("foreign Referer", "POST", {"Host": "127.0.0.1:6006", REQUEST_HEADER: "1",
-                                 "Referer": "http://evil.example/page"}, "application/json", "Referer"),
-    ("other methods too", "DELETE", {"Host": "127.0.0.1:6006"}, "", "X-DLProf-Request"),
-    ("rebound host, GET", "GET", {"Host": "attacker.example:6006"}, "", "host 'attacker.example'"),
-    ("rebound host, same origin", "POST", dict(GOOD, Host="attacker.example:6006",
-                                               Origin="http://attacker.example:6006"), "application/json", "host"),
-])
+@pytest.mark.parametrize(
+    "case,method,headers,mimetype,refused",
+    [
+        ("the frontend's POST", "POST", GOOD, "application/json", None),
+        ("a client without Origin", "POST", {"Host": "127.0.0.1:6006", REQUEST_HEADER: "1"}, "application/json", None),
+        (
+            "same-origin Referer",
+            "POST",
+            {"Host": "127.0.0.1:6006", REQUEST_HEADER: "1", "Referer": "http://127.0.0.1:6006/x"},
+            "application/json",
+            None,
+        ),
+        ("a GET from anywhere", "GET", {"Host": "localhost:6006", "Origin": "http://evil.example"}, "", None),
+        (
+            "form, text/plain",
+            "POST",
+            {"Host": "127.0.0.1:6006", "Origin": "http://evil.example"},
+            "text/plain",
+            "X-DLProf-Request",
+        ),
+        (
+            "form, urlencoded",
+            "POST",
+            {"Host": "127.0.0.1:6006"},
+            "application/x-www-form-urlencoded",
+            "X-DLProf-Request",
+        ),
+        (
+            "header but a form body",
+            "POST",
+            {"Host": "127.0.0.1:6006", REQUEST_HEADER: "1"},
+            "text/plain",
+            "application/json",
+        ),
+        ("foreign Origin", "POST", dict(GOOD, Origin="http://evil.example"), "application/json", "Origin"),
+        ("Origin null", "POST", dict(GOOD, Origin="null"), "application/json", "Origin"),
+        (
+            "foreign Referer",
+            "POST",
+            {"Host": "127.0.0.1:6006", REQUEST_HEADER: "1", "Referer": "http://evil.example/page"},
+            "application/json",
+            "Referer",
+        ),
+        ("other methods too", "DELETE", {"Host": "127.0.0.1:6006"}, "", "X-DLProf-Request"),
+        ("rebound host, GET", "GET", {"Host": "attacker.example:6006"}, "", "host 'attacker.example'"),
+        (
+            "rebound host, same origin",
+            "POST",
+            dict(GOOD, Host="attacker.example:6006", Origin="http://attacker.example:6006"),
+            "application/json",
+            "host",
+        ),
+    ],
+)
 def test_refusals(case, method, headers, mimetype, refused):
     reason = refusal(method, Headers(headers), mimetype, LOOPBACK)
     if refused is None:

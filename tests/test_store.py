@@ -1,6 +1,7 @@
 """The out-of-core path (DuckDB store, segment by segment) against the in-memory engine on the same files:
 the staged frames equal read_nsys_export's, and every aggregation table and finding is the same however
 the profile is split into segments."""
+
 import pandas as pd
 import pytest
 
@@ -26,15 +27,17 @@ def damaged(tmp_path_factory, training):
     """The training profile with missing and reversed times in every table and a reused correlation id."""
     d = tmp_path_factory.mktemp("damaged")
     return damage.damaged_copy(
-        training, d / "damaged.sqlite",
+        training,
+        d / "damaged.sqlite",
         "UPDATE NVTX_EVENTS SET start = NULL WHERE rowid = 3",
-        "UPDATE NVTX_EVENTS SET \"end\" = start - 10 WHERE rowid = 7",
-        "UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET \"end\" = NULL WHERE rowid = 2",
+        'UPDATE NVTX_EVENTS SET "end" = start - 10 WHERE rowid = 7',
+        'UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET "end" = NULL WHERE rowid = 2',
         "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = NULL WHERE rowid = 4",
-        "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET \"end\" = start - 5 WHERE rowid = 9",
+        'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = start - 5 WHERE rowid = 9',
         "UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET correlationId = "
         "(SELECT correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE rowid = 5) WHERE rowid = 12",
-        nullable=("NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL"))
+        nullable=("NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL"),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +64,16 @@ def test_staged_frames_equal_the_in_memory_ingest(name, named, tmp_path):
         store.load()
         staged = store.whole_trace()
         for frame in ("ranges", "api_calls", "gpu", "devices", "threads", "processes", "io_calls", "syncs"):
-            pd.testing.assert_frame_equal(getattr(expected, frame).reset_index(drop=True),
-                                          getattr(staged, frame).reset_index(drop=True), check_dtype=False,
-                                          check_categorical=False, obj=frame)
+            pd.testing.assert_frame_equal(
+                getattr(expected, frame).reset_index(drop=True),
+                getattr(staged, frame).reset_index(drop=True),
+                check_dtype=False,
+                check_categorical=False,
+                obj=frame,
+            )
         for attr in ("meta", "system", "domain_map", "warnings", "has_cuda_tables", "has_nvtx"):
             assert getattr(expected, attr) == getattr(staged, attr), attr
-        if name == "damaged":   # the damage is there: 2 ranges, 1 API call, 2 kernels dropped; one id shared
+        if name == "damaged":  # the damage is there: 2 ranges, 1 API call, 2 kernels dropped; one id shared
             text = " ".join(staged.warnings)
             assert "2 NVTX ranges (1 without a start or end time, 1 ending before they start)" in text
             assert "1 CUDA API calls (1 without a start or end time)" in text
@@ -94,17 +101,22 @@ def test_out_of_core_analysis_equals_the_in_memory_one(name, named, tmp_path):
         for domain, agg in expected.aggregations.items():
             other = result.aggregations[domain]
             for table in ("ops", "op_types", "kernels", "tensor_core", "groups", "devices", "iterations"):
-                pd.testing.assert_frame_equal(getattr(agg, table).reset_index(drop=True),
-                                              getattr(other, table).reset_index(drop=True), check_dtype=False,
-                                              obj=f"{domain} {table} ({events_per_segment} events per segment)")
+                pd.testing.assert_frame_equal(
+                    getattr(agg, table).reset_index(drop=True),
+                    getattr(other, table).reset_index(drop=True),
+                    check_dtype=False,
+                    obj=f"{domain} {table} ({events_per_segment} events per segment)",
+                )
             _same_dict(agg.summary, other.summary)
-            assert [(f["id"], f["problem"]) for f in expected.findings[domain]] == \
-                [(f["id"], f["problem"]) for f in result.findings[domain]]
+            assert [(f["id"], f["problem"]) for f in expected.findings[domain]] == [
+                (f["id"], f["problem"]) for f in result.findings[domain]
+            ]
 
 
 def test_segments_are_cut_where_the_plan_says(training, tmp_path):
     """A small budget really splits the work (so the equality above is not trivially one segment)."""
     from dlprof_profiler.store_model import StoreAnalysis
+
     store = TraceStore(FIXTURES / "pytorch_2gpu_nccl_nsys2026.2_before.sqlite", tmp_path / "s")
     try:
         store.load()
@@ -120,30 +132,57 @@ def test_segments_are_cut_where_the_plan_says(training, tmp_path):
         store.close()
 
 
-VOLATILE = {"aggregations": ("created_utc", "elapsed_seconds")}   # and profile_info's created_utc row
+VOLATILE = {"aggregations": ("created_utc", "elapsed_seconds")}  # and profile_info's created_utc row
 
 
 def _database_content(path):
     """Every view (names joined as text, as schema 2.0 read) and every table without string ids, rows sorted;
     the moment and duration of the run left out."""
     import sqlite3
+
     con = sqlite3.connect(path)
     try:
         objects = con.execute("SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view')").fetchall()
         content = {}
         for name, kind in objects:
             columns = [r[1] for r in con.execute(f"PRAGMA table_info('{name}')")]
-            if kind == "table" and (name == "strings" or any(c.endswith("_id") and c not in (
-                    "domain_id", "device_id", "range_id", "api_id", "activity_id", "instance_id", "correlation_id",
-                    "stream_id", "context_id", "process_id", "thread_id", "source_id", "call_id", "op_id",
-                    "graph_node_id", "aggr_id", "label_id") for c in columns)):
-                continue   # holds string ids: compared through its view
-            if kind == "table" and name.startswith("raw_") and any(c in ("name_id", "text_id", "label_id") for c in
-                                                                     columns):
+            if kind == "table" and (
+                name == "strings"
+                or any(
+                    c.endswith("_id")
+                    and c
+                    not in (
+                        "domain_id",
+                        "device_id",
+                        "range_id",
+                        "api_id",
+                        "activity_id",
+                        "instance_id",
+                        "correlation_id",
+                        "stream_id",
+                        "context_id",
+                        "process_id",
+                        "thread_id",
+                        "source_id",
+                        "call_id",
+                        "op_id",
+                        "graph_node_id",
+                        "aggr_id",
+                        "label_id",
+                    )
+                    for c in columns
+                )
+            ):
+                continue  # holds string ids: compared through its view
+            if (
+                kind == "table"
+                and name.startswith("raw_")
+                and any(c in ("name_id", "text_id", "label_id") for c in columns)
+            ):
                 continue
             keep = [c for c in columns if c not in VOLATILE.get(name.removeprefix("view_"), ())]
             rows = con.execute(f"SELECT {', '.join(chr(34) + c + chr(34) for c in keep)} FROM '{name}'").fetchall()
-            if name in ("profile_info", "rank_profile_info"):   # name/value rows: when the run was is volatile
+            if name in ("profile_info", "rank_profile_info"):  # name/value rows: when the run was is volatile
                 rows = [r for r in rows if "created_utc" not in r[:2]]
             content[name] = (keep, sorted(rows, key=repr))
         return content
@@ -156,11 +195,18 @@ def test_out_of_core_run_writes_what_the_in_memory_run_writes(name, named, tmp_p
     """`dlprof --out_of_core=on` and `=off` on the same export: every report byte for byte, the database's
     content (through its views where it holds string ids) and the op model dump."""
     import json
+
     path = _path(name, named)
     out = {mode: tmp_path / mode for mode in ("on", "off")}
     for mode, folder in out.items():
-        run_dlprof(f"--database={path}", f"--out_of_core={mode}", "--reports=all", "--formats=csv,json",
-                   f"--output_path={folder}", "--dump_model_data=true")
+        run_dlprof(
+            f"--database={path}",
+            f"--out_of_core={mode}",
+            "--reports=all",
+            "--formats=csv,json",
+            f"--output_path={folder}",
+            "--dump_model_data=true",
+        )
     reports = sorted(p.name for p in out["off"].glob("dlprof_*") if p.suffix in (".csv", ".json"))
     assert reports == sorted(p.name for p in out["on"].glob("dlprof_*") if p.suffix in (".csv", ".json"))
     assert "dlprof_summary.csv" in reports and ("dlprof_iteration.csv" in reports or name not in named)
@@ -177,4 +223,4 @@ def test_out_of_core_run_writes_what_the_in_memory_run_writes(name, named, tmp_p
     assert set(on) == set(off)
     for table in off:
         assert on[table] == off[table], table
-    assert not any(p.name.startswith(".dlprof") for p in out["on"].iterdir())   # the store went with the staging
+    assert not any(p.name.startswith(".dlprof") for p in out["on"].iterdir())  # the store went with the staging

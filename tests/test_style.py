@@ -1,4 +1,5 @@
 """ruff keeps lint and format: the suite fails on either, so CI (which runs the suite) does."""
+
 from __future__ import annotations
 
 import shutil

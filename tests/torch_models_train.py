@@ -4,6 +4,7 @@ A 2-layer Transformer encoder with a linear head (AdamW, foreach), then an ``nn.
 layers (SGD with momentum, foreach, gradient clipping); the batches come from a DataLoader with one forked
 worker, which writes what ``is_active()`` says in the worker to ``--worker-report``.
 """
+
 import argparse
 import os
 import sys
@@ -32,6 +33,7 @@ def report_worker(path: str):
     def init(worker_id: int) -> None:
         with open(path, "w") as out:
             out.write(f"{os.getpid()} {int(dlprof_pytorch.is_active())}\n")
+
     return init
 
 

@@ -4,6 +4,7 @@ Each detector documents its inputs and thresholds in its docstring and module co
 docs/expert_systems.md). Findings are dicts: id, severity (error | warning | info), problem (with the figures
 that triggered it), recommendation, link (https), action (None or a dict the viewer/CLI can apply), data.
 """
+
 from __future__ import annotations
 
 import re
@@ -12,14 +13,22 @@ from pathlib import Path
 
 from dlprof_profiler import log
 from dlprof_profiler.experts.base import Context
-from dlprof_profiler.experts.framework import (batch_size_detector, cudnn_benchmark_detector, emit_nvtx_detector,
-                                               slow_api_detector)
+from dlprof_profiler.experts.framework import (
+    batch_size_detector,
+    cudnn_benchmark_detector,
+    emit_nvtx_detector,
+    slow_api_detector,
+)
 from dlprof_profiler.experts.gaps import gpu_gap_detector
 from dlprof_profiler.experts.iterations import bad_iteration_range_detector, no_iterations_detector
 from dlprof_profiler.experts.tensor_cores import amp_detector, bad_tensor_shape_detector
 from dlprof_profiler.experts.transfers import pageable_memcpy_detector, sync_api_detector, sync_memcpy_detector
-from dlprof_profiler.experts.utilization import (dataloader_detector, imbalanced_gpus_detector, no_fusion_detector,
-                                                 underutilized_gpu_detector)
+from dlprof_profiler.experts.utilization import (
+    dataloader_detector,
+    imbalanced_gpus_detector,
+    no_fusion_detector,
+    underutilized_gpu_detector,
+)
 
 # Run order = order of the findings (the viewer sorts by severity, then by this order).
 DETECTORS = {
@@ -68,8 +77,9 @@ def detect(trace, corr, dm, agg, iterations, strict: bool = False, only=None, da
 _DATABASE_NAME = re.compile(r"(?P<base>.+)_dldb\.sqlite")
 
 
-def render_command(action: dict | None, database, profile_name: str | None = None,
-                   options: tuple | list = ()) -> str | None:
+def render_command(
+    action: dict | None, database, profile_name: str | None = None, options: tuple | list = ()
+) -> str | None:
     """The CLI command of a finding's action, for the run whose DLProf database is `database`: `<db>` becomes
     its path, followed by `--output_path=<the database's folder>` (and `--base_name`, `--profile_name` when
     the run used other names than the defaults), so the command updates that run (the database gains the new

@@ -5,6 +5,7 @@ A detector is a function `detector(ctx: Context) -> list[dict]`. It reads only t
 (trace, correlation, domain model, aggregation, iterations) through the context, never files; it loops at
 most per GPU or per finding, never per kernel, API call or range (profiles hold 10^6 kernels).
 """
+
 from __future__ import annotations
 
 import math
@@ -22,16 +23,30 @@ DLPROF_GUIDE = "https://docs.nvidia.com/deeplearning/frameworks/dlprof-user-guid
 TUNING_GUIDE = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"
 
 
-
 # ---------------------------------------------------------------------------- findings
 
-def finding(exp_sys_id: str, severity: str, problem: str, recommendation: str, link: str,
-            data: dict | None = None, action: dict | None = None) -> dict:
+
+def finding(
+    exp_sys_id: str,
+    severity: str,
+    problem: str,
+    recommendation: str,
+    link: str,
+    data: dict | None = None,
+    action: dict | None = None,
+) -> dict:
     """One expert-system finding as the engine stores it (expert_systems_feedback, CSV, viewer)."""
     assert severity in SEVERITIES, severity
     assert link.startswith("https://"), link
-    return {"id": exp_sys_id, "severity": severity, "problem": problem, "recommendation": recommendation,
-            "link": link, "action": plain(action) if action is not None else None, "data": plain(data or {})}
+    return {
+        "id": exp_sys_id,
+        "severity": severity,
+        "problem": problem,
+        "recommendation": recommendation,
+        "link": link,
+        "action": plain(action) if action is not None else None,
+        "data": plain(data or {}),
+    }
 
 
 def plain(value):
@@ -55,6 +70,7 @@ def plain(value):
 
 
 # ---------------------------------------------------------------------------- formatting
+
 
 def fmt_time(ns) -> str:
     """A duration: `850 ns`, `12.5 us`, `12.3 ms`, `1.234 s` (ASCII units: the CSV is read by spreadsheets)."""
@@ -94,7 +110,7 @@ def short(text, limit: int = 80) -> str:
     """A label cut to `limit` characters, keeping its end (op names are paths: the leaf matters)."""
     text = "" if text is None or (isinstance(text, float) and math.isnan(text)) else str(text)
     text = " ".join(text.split())
-    return text if len(text) <= limit else "..." + text[-(limit - 3):]
+    return text if len(text) <= limit else "..." + text[-(limit - 3) :]
 
 
 def counted(items: list[tuple[str, int]], limit: int = 3) -> str:
@@ -114,16 +130,18 @@ def codes_and_categories(series: pd.Series) -> tuple[np.ndarray, np.ndarray]:
 
 # ---------------------------------------------------------------------------- context
 
+
 class Context:
     """One aggregation of one domain, with the derived facts several detectors need (each computed once).
     Reads beyond the aggregation tables go through `data` (experts/data.py): in memory or from the store."""
 
     def __init__(self, trace, corr, dm, agg, iterations, data=None):
         from dlprof_profiler.experts.data import MemoryData
+
         self.trace, self.corr, self.dm, self.agg, self.iterations = trace, corr, dm, agg, iterations
         self.data = data if data is not None else MemoryData(trace, corr, dm, agg, iterations)
         self.config = dict(getattr(corr, "config", None) or {})
-        self.silent: list[tuple[str, str]] = []   # (detector id, unknown fact) for --verbosity=detailed
+        self.silent: list[tuple[str, str]] = []  # (detector id, unknown fact) for --verbosity=detailed
 
     # -- facts -----------------------------------------------------------------------------------------
     def unknown(self, exp_sys_id: str, fact: str) -> None:
@@ -155,8 +173,9 @@ class Context:
         """Ranges per (domain, label): kind, count, data loading, total duration."""
         labels = getattr(self.corr, "range_labels", None)
         if labels is None:
-            return pd.DataFrame({"domain": [], "label": [], "kind": [], "num_ranges": [], "dataloader": [],
-                                 "total_time": []})
+            return pd.DataFrame(
+                {"domain": [], "label": [], "kind": [], "num_ranges": [], "dataloader": [], "total_time": []}
+            )
         return labels
 
     # -- aggregation window ----------------------------------------------------------------------------
@@ -221,8 +240,14 @@ class Context:
         """Per (kernel name, op) of the aggregation: name, op_index, count, gpu_total."""
         k = self.agg.kernels
         if k is None or len(k) == 0 or "gpu_total" not in k.columns:
-            return pd.DataFrame({"name": pd.Series(dtype=object), "op_index": pd.Series(dtype="int64"),
-                                 "count": pd.Series(dtype="int64"), "gpu_total": pd.Series(dtype="int64")})
+            return pd.DataFrame(
+                {
+                    "name": pd.Series(dtype=object),
+                    "op_index": pd.Series(dtype="int64"),
+                    "count": pd.Series(dtype="int64"),
+                    "gpu_total": pd.Series(dtype="int64"),
+                }
+            )
         return k
 
     @cached_property

@@ -4,6 +4,7 @@ memory operations and named API calls of the aggregated iterations, GPU gaps, th
 time window, GPU idle time after given moments, and the first input shapes of some ops.
 
 Every method returns small frames (selected rows only): detectors never see a whole trace."""
+
 from __future__ import annotations
 
 import re
@@ -35,8 +36,21 @@ def _iteration_bounds(iterations, agg) -> tuple[int, int]:
     return lo, hi
 
 
-MEMORY_COLUMNS = ["kind", "copy_kind", "src_kind", "dst_kind", "bytes", "start", "end", "device_id", "api_id",
-                  "api_name", "api_start", "api_end", "owner_op"]
+MEMORY_COLUMNS = [
+    "kind",
+    "copy_kind",
+    "src_kind",
+    "dst_kind",
+    "bytes",
+    "start",
+    "end",
+    "device_id",
+    "api_id",
+    "api_name",
+    "api_start",
+    "api_end",
+    "owner_op",
+]
 API_COLUMNS = ["api_id", "start", "end", "global_tid", "pid", "name", "owner_op"]
 
 
@@ -67,15 +81,22 @@ class MemoryData:
         if len(gpu) == 0:
             return pd.DataFrame({c: [] for c in MEMORY_COLUMNS})
         from dlprof_profiler.model_chunks import launch_times
+
         launch = launch_times(self.trace, self.corr.gpu_api)
         kind = gpu["kind"].to_numpy()
-        rows = np.flatnonzero(((kind == KIND_MEMCPY) | (kind == KIND_MEMSET)) & (launch >= self.lo) & (launch < self.hi))
+        rows = np.flatnonzero(
+            ((kind == KIND_MEMCPY) | (kind == KIND_MEMSET)) & (launch >= self.lo) & (launch < self.hi)
+        )
         api_rows = self.corr.gpu_api[rows]
         has = api_rows >= 0
         safe = np.maximum(api_rows, 0)
         base = self._api_base()
-        out = pd.DataFrame({c: gpu[c].to_numpy()[rows] for c in ("kind", "copy_kind", "src_kind", "dst_kind",
-                                                                  "bytes", "start", "end", "device_id")})
+        out = pd.DataFrame(
+            {
+                c: gpu[c].to_numpy()[rows]
+                for c in ("kind", "copy_kind", "src_kind", "dst_kind", "bytes", "start", "end", "device_id")
+            }
+        )
         out["api_id"] = np.where(has, api_rows, -1)
         out["api_name"] = np.where(has, base[safe] if len(base) else "", "")
         out["api_start"] = np.where(has, api["start"].to_numpy(np.int64)[safe] if len(api) else -1, -1)
@@ -90,9 +111,16 @@ class MemoryData:
         base = self._api_base()
         start = api["start"].to_numpy(np.int64)
         rows = np.flatnonzero(np.isin(base, list(names)) & (start >= self.lo) & (start < self.hi))
-        out = pd.DataFrame({"api_id": rows, "start": start[rows], "end": api["end"].to_numpy(np.int64)[rows],
-                            "global_tid": api["global_tid"].to_numpy(np.int64)[rows],
-                            "pid": api["pid"].to_numpy(np.int64)[rows], "name": base[rows]})
+        out = pd.DataFrame(
+            {
+                "api_id": rows,
+                "start": start[rows],
+                "end": api["end"].to_numpy(np.int64)[rows],
+                "global_tid": api["global_tid"].to_numpy(np.int64)[rows],
+                "pid": api["pid"].to_numpy(np.int64)[rows],
+                "name": base[rows],
+            }
+        )
         out["owner_op"] = self._owner_op(self.dm.api_instance[rows])
         return out
 
@@ -136,34 +164,57 @@ class MemoryData:
         r = trace.ranges
         out = {}
         if len(r) and info is not None and len(info) == len(r):
-            keep = np.isin(r["pid"].to_numpy(np.int64), pids) & (r["end"].to_numpy(np.int64) > t0) & \
-                (r["start"].to_numpy(np.int64) < t1) & (r["end"].to_numpy(np.int64) > r["start"].to_numpy(np.int64))
+            keep = (
+                np.isin(r["pid"].to_numpy(np.int64), pids)
+                & (r["end"].to_numpy(np.int64) > t0)
+                & (r["start"].to_numpy(np.int64) < t1)
+                & (r["end"].to_numpy(np.int64) > r["start"].to_numpy(np.int64))
+            )
             rows = np.flatnonzero(keep)
             labels = info["label"].to_numpy(dtype=object)[rows]
             texts = r["text"].to_numpy(dtype=object)[rows]
-            out["ranges"] = pd.DataFrame({"label": np.where(pd.isna(labels), texts, labels),
-                                          "start": r["start"].to_numpy(np.int64)[rows],
-                                          "end": r["end"].to_numpy(np.int64)[rows],
-                                          "tid": r["global_tid"].to_numpy(np.int64)[rows],
-                                          "loader": info["dataloader"].to_numpy(dtype=bool)[rows]})
+            out["ranges"] = pd.DataFrame(
+                {
+                    "label": np.where(pd.isna(labels), texts, labels),
+                    "start": r["start"].to_numpy(np.int64)[rows],
+                    "end": r["end"].to_numpy(np.int64)[rows],
+                    "tid": r["global_tid"].to_numpy(np.int64)[rows],
+                    "loader": info["dataloader"].to_numpy(dtype=bool)[rows],
+                }
+            )
         else:
             out["ranges"] = pd.DataFrame({"label": [], "start": [], "end": [], "tid": [], "loader": []})
         api = trace.api_calls
         if len(api):
-            keep = np.isin(api["pid"].to_numpy(np.int64), pids) & (api["end"].to_numpy(np.int64) > t0) & \
-                (api["start"].to_numpy(np.int64) < t1)
+            keep = (
+                np.isin(api["pid"].to_numpy(np.int64), pids)
+                & (api["end"].to_numpy(np.int64) > t0)
+                & (api["start"].to_numpy(np.int64) < t1)
+            )
             rows = np.flatnonzero(keep)
-            out["api"] = pd.DataFrame({"name": self._api_base()[rows], "start": api["start"].to_numpy(np.int64)[rows],
-                                       "end": api["end"].to_numpy(np.int64)[rows]})
+            out["api"] = pd.DataFrame(
+                {
+                    "name": self._api_base()[rows],
+                    "start": api["start"].to_numpy(np.int64)[rows],
+                    "end": api["end"].to_numpy(np.int64)[rows],
+                }
+            )
         else:
             out["api"] = pd.DataFrame({"name": [], "start": [], "end": []})
         io = trace.io_calls
         if len(io):
-            keep = np.isin(io["pid"].to_numpy(np.int64), pids) & (io["end"].to_numpy(np.int64) > t0) & \
-                (io["start"].to_numpy(np.int64) < t1)
-            out["io"] = pd.DataFrame({"name": io["name"].to_numpy(dtype=object)[keep],
-                                      "start": io["start"].to_numpy(np.int64)[keep],
-                                      "end": io["end"].to_numpy(np.int64)[keep]})
+            keep = (
+                np.isin(io["pid"].to_numpy(np.int64), pids)
+                & (io["end"].to_numpy(np.int64) > t0)
+                & (io["start"].to_numpy(np.int64) < t1)
+            )
+            out["io"] = pd.DataFrame(
+                {
+                    "name": io["name"].to_numpy(dtype=object)[keep],
+                    "start": io["start"].to_numpy(np.int64)[keep],
+                    "end": io["end"].to_numpy(np.int64)[keep],
+                }
+            )
         else:
             out["io"] = pd.DataFrame({"name": [], "start": [], "end": []})
         return out
@@ -179,7 +230,7 @@ class MemoryData:
                 continue
             s, e = seg
             t = times[devices == d]
-            i = np.searchsorted(s, t, side="right") - 1        # last segment starting at or before t
+            i = np.searchsorted(s, t, side="right") - 1  # last segment starting at or before t
             busy = (i >= 0) & (e[np.maximum(i, 0)] > t)
             nxt = i + 1
             idle = ~busy & (nxt < s.size)
@@ -228,7 +279,8 @@ class StoreData:
             con.unregister("_api_base")
 
     def memory_ops(self) -> pd.DataFrame:
-        f = self._with_api_names(f"""
+        f = self._with_api_names(
+            f"""
             SELECT g.kind, g.copy_kind, g.src_kind, g.dst_kind, g.bytes, g.start, g."end", g.device_id, g.api_id,
                    coalesce(n.base, '') AS api_name, coalesce(a.start, -1) AS api_start,
                    coalesce(a."end", -1) AS api_end, coalesce(i.op_index, -1) AS owner_op
@@ -237,31 +289,39 @@ class StoreData:
             LEFT JOIN gpu_owner_{self.d} o ON o.activity_id = g.activity_id
             LEFT JOIN inst_sorted_{self.d} i ON i.instance_id = o.instance_id
             WHERE g.kind IN ({KIND_MEMCPY}, {KIND_MEMSET}) AND g.launch >= $1 AND g.launch < $2
-            ORDER BY g.activity_id""", [self.lo, self.hi])
+            ORDER BY g.activity_id""",
+            [self.lo, self.hi],
+        )
         return f[MEMORY_COLUMNS]
 
     def named_api_calls(self, names: set) -> pd.DataFrame:
         codes = self._api_base.loc[self._api_base["base"].isin(names), "name_code"].tolist()
         if not codes:
             return pd.DataFrame({c: [] for c in API_COLUMNS})
-        f = self._with_api_names(f"""
+        f = self._with_api_names(
+            f"""
             SELECT a.api_id, a.start, a."end", a.global_tid, a.pid, n.base AS name, coalesce(i.op_index, -1) AS owner_op
             FROM api a JOIN _api_base n ON n.name_code = a.name_code
             LEFT JOIN api_owner_{self.d} o ON o.api_id = a.api_id
             LEFT JOIN inst_sorted_{self.d} i ON i.instance_id = o.instance_id
-            WHERE a.name_code IN ({','.join(map(str, codes))}) AND a.start >= $1 AND a.start < $2
-            ORDER BY a.api_id""", [self.lo, self.hi])
+            WHERE a.name_code IN ({",".join(map(str, codes))}) AND a.start >= $1 AND a.start < $2
+            ORDER BY a.api_id""",
+            [self.lo, self.hi],
+        )
         return f[API_COLUMNS]
 
     def gpu_gaps(self, ws: int, we: int, min_length: int) -> pd.DataFrame:
-        f = self.store.frame("""
+        f = self.store.frame(
+            """
             WITH w AS (SELECT device_id, greatest(start, $1) AS s, least("end", $2) AS e, pid FROM gpu
                        WHERE "end" > $1 AND start < $2),
                  r AS (SELECT device_id, s, e, max(e) OVER (PARTITION BY device_id ORDER BY s, e
                                                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
                        FROM w)
             SELECT device_id, reach AS start, s AS "end" FROM r
-            WHERE reach IS NOT NULL AND s - reach >= $3 ORDER BY device_id, s""", [ws, we, max(int(min_length), 1)])
+            WHERE reach IS NOT NULL AND s - reach >= $3 ORDER BY device_id, s""",
+            [ws, we, max(int(min_length), 1)],
+        )
         pids = self.store.frame('SELECT DISTINCT device_id, pid FROM gpu WHERE "end" > $1 AND start < $2', [ws, we])
         by_dev = {int(d): tuple(sorted(g["pid"].tolist())) for d, g in pids.groupby("device_id")}
         f["pids"] = [by_dev.get(int(d), ()) for d in f["device_id"]]
@@ -269,33 +329,52 @@ class StoreData:
 
     def cpu_activity(self, pids, t0: int, t1: int) -> dict:
         pid_list = ",".join(str(int(p)) for p in pids) or "-1"
-        ranges = self.store.frame(f"""
+        ranges = self.store.frame(
+            f"""
             SELECT i.label_code, r.text, r.start, r."end", r.global_tid AS tid, i.dataloader = 1 AS loader
             FROM ranges r JOIN range_info i USING (range_id)
-            WHERE r.pid IN ({pid_list}) AND r."end" > $1 AND r.start < $2 AND r."end" > r.start""", [t0, t1])
+            WHERE r.pid IN ({pid_list}) AND r."end" > $1 AND r.start < $2 AND r."end" > r.start""",
+            [t0, t1],
+        )
         labels = self.sa.pool.decode(ranges.pop("label_code").to_numpy(np.int64))
         texts = ranges.pop("text").to_numpy(dtype=object)
         ranges.insert(0, "label", np.where(pd.isna(labels), texts, labels))
         ranges["loader"] = ranges["loader"].astype(bool)
-        api = self._with_api_names(f"""
+        api = self._with_api_names(
+            f"""
             SELECT coalesce(n.base, '') AS name, a.start, a."end" FROM api a
             LEFT JOIN _api_base n ON n.name_code = a.name_code
-            WHERE a.pid IN ({pid_list}) AND a."end" > $1 AND a.start < $2""", [t0, t1])
+            WHERE a.pid IN ({pid_list}) AND a."end" > $1 AND a.start < $2""",
+            [t0, t1],
+        )
         io = self.store.trace.io_calls
-        keep = np.isin(io["pid"].to_numpy(np.int64), np.asarray(list(pids), dtype=np.int64)) & \
-            (io["end"].to_numpy(np.int64) > t0) & (io["start"].to_numpy(np.int64) < t1) if len(io) else \
-            np.zeros(0, dtype=bool)
-        return {"ranges": ranges, "api": api,
-                "io": pd.DataFrame({"name": io["name"].to_numpy(dtype=object)[keep] if len(io) else [],
-                                    "start": io["start"].to_numpy(np.int64)[keep] if len(io) else [],
-                                    "end": io["end"].to_numpy(np.int64)[keep] if len(io) else []})}
+        keep = (
+            np.isin(io["pid"].to_numpy(np.int64), np.asarray(list(pids), dtype=np.int64))
+            & (io["end"].to_numpy(np.int64) > t0)
+            & (io["start"].to_numpy(np.int64) < t1)
+            if len(io)
+            else np.zeros(0, dtype=bool)
+        )
+        return {
+            "ranges": ranges,
+            "api": api,
+            "io": pd.DataFrame(
+                {
+                    "name": io["name"].to_numpy(dtype=object)[keep] if len(io) else [],
+                    "start": io["start"].to_numpy(np.int64)[keep] if len(io) else [],
+                    "end": io["end"].to_numpy(np.int64)[keep] if len(io) else [],
+                }
+            ),
+        }
 
     def idle_after(self, times: np.ndarray, devices: np.ndarray) -> int:
         if len(times) == 0:
             return 0
         con = self.store.con
-        con.register("_t", pd.DataFrame({"t": np.asarray(times, dtype=np.int64),
-                                         "device_id": np.asarray(devices, dtype=np.int64)}))
+        con.register(
+            "_t",
+            pd.DataFrame({"t": np.asarray(times, dtype=np.int64), "device_id": np.asarray(devices, dtype=np.int64)}),
+        )
         try:
             f = self.store.frame("""
                 WITH g AS (SELECT device_id, start, max("end") OVER (PARTITION BY device_id ORDER BY start, "end"

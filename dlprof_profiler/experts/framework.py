@@ -2,6 +2,7 @@
 markers of our PyTorch instrumentation) and the export (GPU memory from TARGET_INFO_GPU): cuDNN benchmark
 mode, slow debugging APIs, emit_nvtx, batch size versus GPU memory. A fact that is missing is unknown: the
 detector stays silent and records it for --verbosity=detailed."""
+
 from __future__ import annotations
 
 import math
@@ -31,14 +32,18 @@ MEMORY_UNDERUSE_PCT = 50.0
 PEAK_MEMORY_KEYS = ("max_memory_reserved", "max_memory_allocated", "gpu_memory_used", "peak_memory")
 
 SLOW_APIS = (
-    (("detect_anomaly", "autograd_set_detect_anomaly"),
-     "anomaly detection (torch.autograd.detect_anomaly / set_detect_anomaly)",
-     "torch.autograd.set_detect_anomaly(False)"),
+    (
+        ("detect_anomaly", "autograd_set_detect_anomaly"),
+        "anomaly detection (torch.autograd.detect_anomaly / set_detect_anomaly)",
+        "torch.autograd.set_detect_anomaly(False)",
+    ),
     (("gradcheck",), "torch.autograd.gradcheck", "remove gradcheck calls from the training run"),
     (("gradgradcheck",), "torch.autograd.gradgradcheck", "remove gradgradcheck calls from the training run"),
-    (("autograd_profile",), "the autograd profiler (torch.profiler / torch.autograd.profiler.profile and its "
-                            "record_function ranges)", "stop torch.profiler / autograd.profiler.profile while "
-                                                       "profiling with dlprof"),
+    (
+        ("autograd_profile",),
+        "the autograd profiler (torch.profiler / torch.autograd.profiler.profile and its record_function ranges)",
+        "stop torch.profiler / autograd.profiler.profile while profiling with dlprof",
+    ),
 )
 
 
@@ -70,12 +75,18 @@ def cudnn_benchmark_detector(ctx: Context) -> list[dict]:
     ops_text = f" ({n_ops} convolution op{'s' if n_ops != 1 else ''})" if n_ops else ""
     data = {"conv_kernel_time": conv, "conv_share_pct": share, "conv_ops": n_ops}
     if ctx.cfg_bool("cudnn_enabled") is False:
-        return [finding("cudnn_benchmark_detector", severity,
-                        f"cuDNN is disabled (torch.backends.cudnn.enabled = False) while convolutions take "
-                        f"{fmt_time(conv)}, {fmt_pct(share)} of the GPU kernel time{ops_text}",
-                        "Enable cuDNN (torch.backends.cudnn.enabled = True) and set torch.backends.cudnn.benchmark "
-                        "= True when the input shapes do not change between iterations",
-                        TUNING_GUIDE + "#enable-cudnn-auto-tuner", dict(data, cudnn_enabled=False))]
+        return [
+            finding(
+                "cudnn_benchmark_detector",
+                severity,
+                f"cuDNN is disabled (torch.backends.cudnn.enabled = False) while convolutions take "
+                f"{fmt_time(conv)}, {fmt_pct(share)} of the GPU kernel time{ops_text}",
+                "Enable cuDNN (torch.backends.cudnn.enabled = True) and set torch.backends.cudnn.benchmark "
+                "= True when the input shapes do not change between iterations",
+                TUNING_GUIDE + "#enable-cudnn-auto-tuner",
+                dict(data, cudnn_enabled=False),
+            )
+        ]
     bench = ctx.cfg_bool("cudnn_benchmark")
     if bench is None:
         disabled = ctx.cfg_bool("cudnn_benchmark_disabled")
@@ -85,13 +96,19 @@ def cudnn_benchmark_detector(ctx: Context) -> list[dict]:
         return []
     if bench:
         return []
-    return [finding("cudnn_benchmark_detector", severity,
-                    f"cuDNN benchmark mode is off (torch.backends.cudnn.benchmark = False) while convolutions take "
-                    f"{fmt_time(conv)}, {fmt_pct(share)} of the GPU kernel time{ops_text}",
-                    "Set torch.backends.cudnn.benchmark = True when the input shapes do not change between "
-                    "iterations: cuDNN then times its convolution algorithms once per input shape and uses the "
-                    "fastest (leave it off when shapes vary from batch to batch)",
-                    TUNING_GUIDE + "#enable-cudnn-auto-tuner", dict(data, cudnn_benchmark=False))]
+    return [
+        finding(
+            "cudnn_benchmark_detector",
+            severity,
+            f"cuDNN benchmark mode is off (torch.backends.cudnn.benchmark = False) while convolutions take "
+            f"{fmt_time(conv)}, {fmt_pct(share)} of the GPU kernel time{ops_text}",
+            "Set torch.backends.cudnn.benchmark = True when the input shapes do not change between "
+            "iterations: cuDNN then times its convolution algorithms once per input shape and uses the "
+            "fastest (leave it off when shapes vary from batch to batch)",
+            TUNING_GUIDE + "#enable-cudnn-auto-tuner",
+            dict(data, cudnn_benchmark=False),
+        )
+    ]
 
 
 def launch_blocking(ctx: Context) -> dict | None:
@@ -121,20 +138,32 @@ def slow_api_detector(ctx: Context) -> list[dict]:
                 missing.append(keys[0])
     blocking = launch_blocking(ctx)
     if blocking:
-        on.append(f"blocking kernel launches ({blocking['waited']} of {blocking['kernels']} kernels of 20 us or "
-                  "more ended before their launch call returned: CUDA_LAUNCH_BLOCKING=1?)")
+        on.append(
+            f"blocking kernel launches ({blocking['waited']} of {blocking['kernels']} kernels of 20 us or "
+            "more ended before their launch call returned: CUDA_LAUNCH_BLOCKING=1?)"
+        )
         advice.append("unset CUDA_LAUNCH_BLOCKING")
     if not on:
         if missing:
-            ctx.unknown("slow_api_detector", "whether debugging APIs were on (model_config "
-                                             + ", ".join(missing) + ")")
+            ctx.unknown("slow_api_detector", "whether debugging APIs were on (model_config " + ", ".join(missing) + ")")
         return []
-    problem = ("Slow debugging APIs were on during the profiled run, so every time in this profile is inflated: "
-               + "; ".join(on))
-    recommendation = ("Turn them off for training and profiling: " + "; ".join(advice)
-                      + ". Use them only in short debugging runs")
-    return [finding("slow_api_detector", "error", problem, recommendation, TUNING_GUIDE + "#disable-debugging-apis",
-                    {"enabled": on, "unknown": missing, "launch_blocking": blocking})]
+    problem = (
+        "Slow debugging APIs were on during the profiled run, so every time in this profile is inflated: "
+        + "; ".join(on)
+    )
+    recommendation = (
+        "Turn them off for training and profiling: " + "; ".join(advice) + ". Use them only in short debugging runs"
+    )
+    return [
+        finding(
+            "slow_api_detector",
+            "error",
+            problem,
+            recommendation,
+            TUNING_GUIDE + "#disable-debugging-apis",
+            {"enabled": on, "unknown": missing, "launch_blocking": blocking},
+        )
+    ]
 
 
 def emit_nvtx_detector(ctx: Context) -> list[dict]:
@@ -149,15 +178,23 @@ def emit_nvtx_detector(ctx: Context) -> list[dict]:
     emit = ctx.cfg_bool("emit_nvtx")
     said = " (model_config emit_nvtx = false)" if emit is False else ""
     link = "https://pytorch.org/docs/stable/autograd.html#torch.autograd.profiler.emit_nvtx"
-    recommendation = ("Run the training loop inside `with torch.autograd.profiler.emit_nvtx():` so that every "
-                      "backward op gets its own NVTX range and is matched to its forward op")
+    recommendation = (
+        "Run the training loop inside `with torch.autograd.profiler.emit_nvtx():` so that every "
+        "backward op gets its own NVTX range and is matched to its forward op"
+    )
     if not any_marker:
         if not ctx.data.has_ranges_or_gpu():
             return []
-        return [finding("emit_nvtx_detector", "warning",
-                        "No PyTorch op markers in this PyTorch profile: GPU work cannot be attributed to PyTorch "
-                        f"ops{said}", recommendation + " (or use dlprof_profiler.pytorch.init())", link,
-                        {"emit_nvtx": emit, "backward_lumped": False})]
+        return [
+            finding(
+                "emit_nvtx_detector",
+                "warning",
+                f"No PyTorch op markers in this PyTorch profile: GPU work cannot be attributed to PyTorch ops{said}",
+                recommendation + " (or use dlprof_profiler.pytorch.init())",
+                link,
+                {"emit_nvtx": emit, "backward_lumped": False},
+            )
+        ]
     if ops is None or len(ops) == 0 or "kind" not in ops.columns:
         return []
     lumped = ops[(ops["kind"].to_numpy() == BACKWARD_PASS)]
@@ -167,11 +204,21 @@ def emit_nvtx_detector(ctx: Context) -> list[dict]:
     total = int(ops["gpu_total"].sum())
     share = 100.0 * gpu / total if total else 0.0
     calls = int(lumped["calls"].sum())
-    problem = (f"The backward pass appears as an undivided 'backward' op ({calls} call{'s' if calls > 1 else ''}, "
-               f"{fmt_time(gpu)} GPU time, {fmt_pct(share)} of the ops' GPU time): PyTorch's emit_nvtx was not "
-               f"enabled{said}")
-    return [finding("emit_nvtx_detector", "warning", problem, recommendation, link,
-                    {"emit_nvtx": emit, "backward_lumped": True, "backward_gpu_time": gpu, "share_pct": share})]
+    problem = (
+        f"The backward pass appears as an undivided 'backward' op ({calls} call{'s' if calls > 1 else ''}, "
+        f"{fmt_time(gpu)} GPU time, {fmt_pct(share)} of the ops' GPU time): PyTorch's emit_nvtx was not "
+        f"enabled{said}"
+    )
+    return [
+        finding(
+            "emit_nvtx_detector",
+            "warning",
+            problem,
+            recommendation,
+            link,
+            {"emit_nvtx": emit, "backward_lumped": True, "backward_gpu_time": gpu, "share_pct": share},
+        )
+    ]
 
 
 def batch_size_detector(ctx: Context) -> list[dict]:
@@ -180,7 +227,7 @@ def batch_size_detector(ctx: Context) -> list[dict]:
     Threshold: peak use < MEMORY_UNDERUSE_PCT (50%) of the memory. Proposes the largest power-of-two factor
     K with K x peak <= memory."""
     if int((ctx.agg.summary or {}).get("n_visible_gpus", 0)) == 0 and not ctx.data.has_gpu_work():
-        return []   # no GPU ran anything: no GPU advice
+        return []  # no GPU ran anything: no GPU advice
     used = ctx.cfg(*PEAK_MEMORY_KEYS)
     total = ctx.cfg("gpu_total_memory")
     if total is None:
@@ -205,9 +252,10 @@ def batch_size_detector(ctx: Context) -> list[dict]:
         return []
     factor = 2 ** int(math.floor(math.log2(total / used)))
     batch = ctx.cfg("batch_size")
-    problem = (f"GPU Memory is underutilized: Only {pct:.1f}% of GPU Memory is used "
-               f"(peak {fmt_bytes(used)} of {fmt_bytes(total)}"
-               + (f", batch size {batch})" if batch is not None else ")"))
+    problem = (
+        f"GPU Memory is underutilized: Only {pct:.1f}% of GPU Memory is used "
+        f"(peak {fmt_bytes(used)} of {fmt_bytes(total)}" + (f", batch size {batch})" if batch is not None else ")")
+    )
     recommendation = f"Try increasing batch size by {factor}x to increase data throughput"
     if batch is not None:
         try:
@@ -215,9 +263,16 @@ def batch_size_detector(ctx: Context) -> list[dict]:
         except (TypeError, ValueError):
             pass
     recommendation += "; scale the learning rate with the batch size"
-    return [finding("batch_size_detector", "info", problem, recommendation, TUNING_GUIDE,
-                    {"memory_used": used, "memory_total": total, "used_pct": pct, "factor": factor,
-                     "batch_size": batch})]
+    return [
+        finding(
+            "batch_size_detector",
+            "info",
+            problem,
+            recommendation,
+            TUNING_GUIDE,
+            {"memory_used": used, "memory_total": total, "used_pct": pct, "factor": factor, "batch_size": batch},
+        )
+    ]
 
 
 def _device_memory(ctx: Context):

@@ -1,6 +1,7 @@
 """Long GPU gaps: per GPU, idle intervals between GPU activities inside the aggregation window, each reported
 with the CPU activity (NVTX ranges, CUDA API calls, OS I/O calls) of the processes driving that GPU during it,
 so the user sees what starved the GPU."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,10 +16,10 @@ from dlprof_profiler.experts.transfers import NSYS_GUIDE, SYNC_APIS
 # cannot change the iteration time by more than 5%, so in long iterations only gaps that matter are listed.
 GAP_MIN_NS = 1_000_000
 GAP_MIN_ITERATION_FRACTION = 0.05
-TOP_GAPS = 5                      # gaps described per GPU (the longest)
-RANGE_MIN_OVERLAP = 0.10          # a range is named when it covers >= 10% of the gap
-MAX_CPU_ITEMS = 3                 # ranges / API names / I/O names listed per gap
-WARNING_PCT = 10.0                # gaps totalling >= 10% of the wall clock time: warning, else info
+TOP_GAPS = 5  # gaps described per GPU (the longest)
+RANGE_MIN_OVERLAP = 0.10  # a range is named when it covers >= 10% of the gap
+MAX_CPU_ITEMS = 3  # ranges / API names / I/O names listed per gap
+WARNING_PCT = 10.0  # gaps totalling >= 10% of the wall clock time: warning, else info
 
 
 def gpu_gap_detector(ctx: Context) -> list[dict]:
@@ -55,17 +56,32 @@ def _gap_finding(ctx: Context, device: int, threshold: int, count: int, total: i
         head = f"gap of {fmt_time(g['duration'])} on GPU {device} at {fmt_at(g['start'])}"
         if not g["cpu"]:
             return head + ": no NVTX range, CUDA API or I/O call on the CPU (host code outside the profiled ranges)"
-        return head + ": CPU in " + ", ".join(
-            f"{short(c['name'], 70)}" + (f" x{c['count']}" if c.get("count", 1) > 1 else "")
-            + f" ({fmt_time(c['overlap'])})" for c in g["cpu"])
-    problem = (f"{ctx.device_label(device)} was idle in {count} gap{'s' if count > 1 else ''} of at least "
-               f"{fmt_time(threshold)}, {fmt_time(total)} in total ({fmt_pct(pct)} of the wall clock time). "
-               + ("Longest: " if count > 1 else "") + "; ".join(describe(g) for g in gaps)
-               + (f"; and {count - len(gaps)} more" if count > len(gaps) else ""))
-    return finding("gpu_gap_detector", "warning" if pct >= WARNING_PCT else "info", problem,
-                   _advice(ctx, gaps), NSYS_GUIDE,
-                   {"device_id": device, "threshold": threshold, "count": count, "total": total, "pct": pct,
-                    "gaps": gaps})
+        return (
+            head
+            + ": CPU in "
+            + ", ".join(
+                f"{short(c['name'], 70)}"
+                + (f" x{c['count']}" if c.get("count", 1) > 1 else "")
+                + f" ({fmt_time(c['overlap'])})"
+                for c in g["cpu"]
+            )
+        )
+
+    problem = (
+        f"{ctx.device_label(device)} was idle in {count} gap{'s' if count > 1 else ''} of at least "
+        f"{fmt_time(threshold)}, {fmt_time(total)} in total ({fmt_pct(pct)} of the wall clock time). "
+        + ("Longest: " if count > 1 else "")
+        + "; ".join(describe(g) for g in gaps)
+        + (f"; and {count - len(gaps)} more" if count > len(gaps) else "")
+    )
+    return finding(
+        "gpu_gap_detector",
+        "warning" if pct >= WARNING_PCT else "info",
+        problem,
+        _advice(ctx, gaps),
+        NSYS_GUIDE,
+        {"device_id": device, "threshold": threshold, "count": count, "total": total, "pct": pct, "gaps": gaps},
+    )
 
 
 def _advice(ctx: Context, gaps: list) -> str:
@@ -76,16 +92,22 @@ def _advice(ctx: Context, gaps: list) -> str:
                 weight[c["category"]] += c["overlap"]
     span = sum(g["duration"] for g in gaps) or 1
     main = max(weight, key=weight.get)
-    base = ("Keep the GPU fed during these gaps: move the host work listed for each gap off the training "
-            "loop's critical path or overlap it with GPU work")
+    base = (
+        "Keep the GPU fed during these gaps: move the host work listed for each gap off the training "
+        "loop's critical path or overlap it with GPU work"
+    )
     if weight[main] < 0.25 * span:
         return base + " (asynchronous execution, CUDA Graphs for launch-bound phases)"
     if main == "dataloader":
-        return ("The GPU waits for data: load batches ahead of the GPU with DataLoader workers (num_workers > 0), "
-                "prefetching and pinned memory, or NVIDIA DALI. " + base)
+        return (
+            "The GPU waits for data: load batches ahead of the GPU with DataLoader workers (num_workers > 0), "
+            "prefetching and pinned memory, or NVIDIA DALI. " + base
+        )
     if main == "sync":
-        return ("The GPU waits behind host synchronizations: remove torch.cuda.synchronize(), .item(), .cpu() and "
-                "similar calls from the training loop or do them every N iterations. " + base)
+        return (
+            "The GPU waits behind host synchronizations: remove torch.cuda.synchronize(), .item(), .cpu() and "
+            "similar calls from the training loop or do them every N iterations. " + base
+        )
     return "The GPU waits for file I/O: cache the dataset in memory or read it in background workers. " + base
 
 
@@ -108,8 +130,11 @@ class _CpuActivity:
         self.i_s, self.i_e = i["start"].to_numpy(np.int64), i["end"].to_numpy(np.int64)
 
     def during(self, gs: int, ge: int) -> list[dict]:
-        return self._ranges(gs, ge) + self._grouped(self.a_name, self.a_s, self.a_e, gs, ge, "api") \
+        return (
+            self._ranges(gs, ge)
+            + self._grouped(self.a_name, self.a_s, self.a_e, gs, ge, "api")
             + self._grouped(self.i_name, self.i_s, self.i_e, gs, ge, "io")
+        )
 
     def _ranges(self, gs: int, ge: int) -> list[dict]:
         """The most specific ranges active in the gap: single ranges covering >= RANGE_MIN_OVERLAP of it, and
@@ -124,35 +149,70 @@ class _CpuActivity:
             return []
         big = hit[ov[hit] >= thr]
         big = big[np.argsort(-ov[big], kind="stable")][:200]
-        big = big[np.lexsort((-self.r_e[big], self.r_s[big], self.r_tid[big]))]   # parents before children
+        big = big[np.lexsort((-self.r_e[big], self.r_s[big], self.r_tid[big]))]  # parents before children
         small = hit[ov[hit] < thr]
-        groups = pd.DataFrame({"name": self.r_label[small].astype(str), "ov": ov[small], "s": self.r_s[small],
-                               "e": self.r_e[small], "tid": self.r_tid[small], "loader": self.r_loader[small]})
-        groups = groups.groupby("name", sort=False).agg(
-            ov=("ov", "sum"), count=("ov", "size"), s=("s", "min"), e=("e", "max"), tid=("tid", "min"),
-            tids=("tid", "nunique"), loader=("loader", "any")).reset_index()
+        groups = pd.DataFrame(
+            {
+                "name": self.r_label[small].astype(str),
+                "ov": ov[small],
+                "s": self.r_s[small],
+                "e": self.r_e[small],
+                "tid": self.r_tid[small],
+                "loader": self.r_loader[small],
+            }
+        )
+        groups = (
+            groups.groupby("name", sort=False)
+            .agg(
+                ov=("ov", "sum"),
+                count=("ov", "size"),
+                s=("s", "min"),
+                e=("e", "max"),
+                tid=("tid", "min"),
+                tids=("tid", "nunique"),
+                loader=("loader", "any"),
+            )
+            .reset_index()
+        )
         groups = groups[groups["ov"] >= thr]
         n_big = big.size
-        items = pd.DataFrame({
-            "name": np.concatenate([self.r_label[big].astype(str), groups["name"].to_numpy(dtype=object)]),
-            "ov": np.concatenate([ov[big], groups["ov"].to_numpy(np.int64)]),
-            "count": np.concatenate([np.ones(n_big, np.int64), groups["count"].to_numpy(np.int64)]),
-            "s": np.concatenate([self.r_s[big], groups["s"].to_numpy(np.int64)]),
-            "e": np.concatenate([self.r_e[big], groups["e"].to_numpy(np.int64)]),
-            "tid": np.concatenate([self.r_tid[big], np.where(groups["tids"].to_numpy() == 1,
-                                                             groups["tid"].to_numpy(np.int64), -1)]),
-            "loader": np.concatenate([self.r_loader[big], groups["loader"].to_numpy(dtype=bool)])})
+        items = pd.DataFrame(
+            {
+                "name": np.concatenate([self.r_label[big].astype(str), groups["name"].to_numpy(dtype=object)]),
+                "ov": np.concatenate([ov[big], groups["ov"].to_numpy(np.int64)]),
+                "count": np.concatenate([np.ones(n_big, np.int64), groups["count"].to_numpy(np.int64)]),
+                "s": np.concatenate([self.r_s[big], groups["s"].to_numpy(np.int64)]),
+                "e": np.concatenate([self.r_e[big], groups["e"].to_numpy(np.int64)]),
+                "tid": np.concatenate(
+                    [self.r_tid[big], np.where(groups["tids"].to_numpy() == 1, groups["tid"].to_numpy(np.int64), -1)]
+                ),
+                "loader": np.concatenate([self.r_loader[big], groups["loader"].to_numpy(dtype=bool)]),
+            }
+        )
         if items.empty:
             return []
         s, e, tid = items["s"].to_numpy(), items["e"].to_numpy(), items["tid"].to_numpy()
         n = len(items)
-        encloses = (tid[:, None] == tid[None, :]) & (tid[:, None] >= 0) & (s[:, None] <= s[None, :]) & \
-            (e[:, None] >= e[None, :]) & ~np.eye(n, dtype=bool)
-        encloses[n_big:, :] = False                                       # a label group encloses nothing
+        encloses = (
+            (tid[:, None] == tid[None, :])
+            & (tid[:, None] >= 0)
+            & (s[:, None] <= s[None, :])
+            & (e[:, None] >= e[None, :])
+            & ~np.eye(n, dtype=bool)
+        )
+        encloses[n_big:, :] = False  # a label group encloses nothing
         encloses[:n_big, :n_big] &= np.triu(np.ones((n_big, n_big), dtype=bool), 1)  # identical ranges: keep one
         items = items[~encloses.any(axis=1)].sort_values("ov", ascending=False, kind="stable").head(MAX_CPU_ITEMS)
-        return [{"kind": "range", "name": str(r.name), "overlap": int(r.ov), "count": int(r.count),
-                 "category": "dataloader" if r.loader else "range"} for r in items.itertuples(index=False)]
+        return [
+            {
+                "kind": "range",
+                "name": str(r.name),
+                "overlap": int(r.ov),
+                "count": int(r.count),
+                "category": "dataloader" if r.loader else "range",
+            }
+            for r in items.itertuples(index=False)
+        ]
 
     @staticmethod
     def _grouped(names, starts, ends, gs: int, ge: int, kind: str) -> list[dict]:
@@ -165,5 +225,13 @@ class _CpuActivity:
         frame = pd.DataFrame({"name": names[hit].astype(str), "ov": ov[hit]})
         grouped = frame.groupby("name").agg(ov=("ov", "sum"), count=("ov", "size"))
         grouped = grouped.sort_values("ov", ascending=False).head(MAX_CPU_ITEMS)
-        return [{"kind": kind, "name": str(k), "overlap": int(r.ov), "count": int(r["count"]),
-                 "category": ("sync" if kind == "api" and k in SYNC_APIS else kind)} for k, r in grouped.iterrows()]
+        return [
+            {
+                "kind": kind,
+                "name": str(k),
+                "overlap": int(r.ov),
+                "count": int(r["count"]),
+                "category": ("sync" if kind == "api" and k in SYNC_APIS else kind),
+            }
+            for k, r in grouped.iterrows()
+        ]

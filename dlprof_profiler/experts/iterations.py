@@ -1,4 +1,5 @@
 """Iteration detectors: the key node was not found; the aggregated range holds warm-up or tail iterations."""
+
 from __future__ import annotations
 
 import re
@@ -16,7 +17,7 @@ from dlprof_profiler.experts.base import DLPROF_GUIDE, Context, finding, fmt_tim
 # iterations (cuDNN autotuning, allocator growth, lazy initialisation) take 2x and more, and the first and
 # last intervals also hold the program's start-up and tear-down.
 STEADY_FACTOR = 1.25
-MIN_ITERATIONS = 3          # fewer iterations: no median to judge by
+MIN_ITERATIONS = 3  # fewer iterations: no median to judge by
 
 # no_iterations_detector: proposed key nodes are range labels repeated at least this often.
 CANDIDATE_MIN_COUNT = 2
@@ -50,16 +51,29 @@ def no_iterations_detector(ctx: Context) -> list[dict]:
     if candidates:
         listed = ", ".join(f"{c['name']} ({c['count']} times)" for c in candidates)
         recommendation += f"; ranges repeated in this profile: {listed}"
-        action = {"type": "reaggregate", "key_node": candidates[0]["name"],
-                  "command": _command(None, key_node=candidates[0]["name"])}
-    return [finding("no_iterations_detector", "warning",
-                    _not_found(ctx, key),
-                    recommendation, DLPROF_GUIDE, {"key_node": key, "source": it.source, "candidates": candidates},
-                    action)]
+        action = {
+            "type": "reaggregate",
+            "key_node": candidates[0]["name"],
+            "command": _command(None, key_node=candidates[0]["name"]),
+        }
+    return [
+        finding(
+            "no_iterations_detector",
+            "warning",
+            _not_found(ctx, key),
+            recommendation,
+            DLPROF_GUIDE,
+            {"key_node": key, "source": it.source, "candidates": candidates},
+            action,
+        )
+    ]
 
 
-DEFAULT_KEY_OPS = {"pytorch": "Optimizer.step# or ProfilerStep#N ranges", "tensorflow": "a global_step node",
-                   "tensorrt": "ExecutionContext::execute/enqueue ranges"}
+DEFAULT_KEY_OPS = {
+    "pytorch": "Optimizer.step# or ProfilerStep#N ranges",
+    "tensorflow": "a global_step node",
+    "tensorrt": "ExecutionContext::execute/enqueue ranges",
+}
 
 
 def _not_found(ctx: Context, key: str) -> str:
@@ -67,9 +81,11 @@ def _not_found(ctx: Context, key: str) -> str:
     if key:
         return f"Unable to split profile into training iterations: key op {key} not found"
     looked = DEFAULT_KEY_OPS.get(ctx.corr.family or "")
-    return ("Unable to split profile into training iterations: key op not found (no --key_op given"
-            + (f"; the {ctx.corr.family} default, {looked}, is not in the profile)" if looked else
-               f" and {ctx.corr.mode} profiles have no default key op)"))
+    return "Unable to split profile into training iterations: key op not found (no --key_op given" + (
+        f"; the {ctx.corr.family} default, {looked}, is not in the profile)"
+        if looked
+        else f" and {ctx.corr.mode} profiles have no default key op)"
+    )
 
 
 def key_node_candidates(ctx: Context, limit: int = 3) -> list[dict]:
@@ -83,17 +99,27 @@ def key_node_candidates(ctx: Context, limit: int = 3) -> list[dict]:
         return []
     sub = labels[keep]
     stripped = pd.Series([_COUNTER.sub("", str(u)) for u in sub["label"]], dtype=object)
-    frame = pd.DataFrame({"name": stripped, "count": sub["num_ranges"].to_numpy(np.int64),
-                          "total": sub["total_time"].to_numpy(np.float64)})
+    frame = pd.DataFrame(
+        {
+            "name": stripped,
+            "count": sub["num_ranges"].to_numpy(np.int64),
+            "total": sub["total_time"].to_numpy(np.float64),
+        }
+    )
     frame = frame.groupby("name", sort=False).agg(count=("count", "sum"), total=("total", "sum")).reset_index()
-    frame = frame[(frame["count"] >= CANDIDATE_MIN_COUNT) & (frame["name"].str.len().between(1, 200))
-                  & ~frame["name"].str.contains(_OP_LIKE)]
+    frame = frame[
+        (frame["count"] >= CANDIDATE_MIN_COUNT)
+        & (frame["name"].str.len().between(1, 200))
+        & ~frame["name"].str.contains(_OP_LIKE)
+    ]
     if frame.empty:
         return []
     frame["step_like"] = frame["name"].str.contains(_STEP_LIKE)
     frame = frame.sort_values(["step_like", "total", "name"], ascending=[False, False, True], kind="stable")
-    return [{"name": str(r.name), "count": int(r.count), "total_time": int(r.total)}
-            for r in frame.head(limit).itertuples(index=False)]
+    return [
+        {"name": str(r.name), "count": int(r.count), "total_time": int(r.total)}
+        for r in frame.head(limit).itertuples(index=False)
+    ]
 
 
 def bad_iteration_range_detector(ctx: Context) -> list[dict]:
@@ -130,23 +156,41 @@ def bad_iteration_range_detector(ctx: Context) -> list[dict]:
         if dur[i] <= 0:
             return f"iteration {i} is empty (the profile ends with the key node)"
         return f"iteration {i} took {fmt_time(dur[i])} ({ratio[i]:.2f}x the median)"
+
     shown = ", ".join(describe(i) for i in edges[:5]) + (f" and {len(edges) - 5} more" if len(edges) > 5 else "")
     if len(edges) <= 2:
         subject = f"Iteration{'s' if len(edges) > 1 else ''} {' and '.join(str(i) for i in edges)}"
     else:
         subject = f"{len(edges)} iterations"
-    problem = (f"{subject} of the aggregated range {start}..{stop} {'are' if len(edges) > 1 else 'is'} not "
-               f"steady (median iteration time {fmt_time(median)}): {shown}")
+    problem = (
+        f"{subject} of the aggregated range {start}..{stop} {'are' if len(edges) > 1 else 'is'} not "
+        f"steady (median iteration time {fmt_time(median)}): {shown}"
+    )
     if inner:
-        problem += (f"; inside the proposed range, {', '.join(describe(i) for i in inner[:3])}"
-                    + (f" and {len(inner) - 3} more deviate" if len(inner) > 3 else ""))
-    recommendation = (f"Aggregate the steady iterations {first}..{last} only: set --iter_start {first} "
-                      f"--iter_stop {last}, or apply this proposal in the Iterations view")
-    action = {"type": "reaggregate", "iter_start": first, "iter_stop": last,
-              "command": _command(it, iter_start=first, iter_stop=last)}
+        problem += f"; inside the proposed range, {', '.join(describe(i) for i in inner[:3])}" + (
+            f" and {len(inner) - 3} more deviate" if len(inner) > 3 else ""
+        )
+    recommendation = (
+        f"Aggregate the steady iterations {first}..{last} only: set --iter_start {first} "
+        f"--iter_stop {last}, or apply this proposal in the Iterations view"
+    )
+    action = {
+        "type": "reaggregate",
+        "iter_start": first,
+        "iter_stop": last,
+        "command": _command(it, iter_start=first, iter_stop=last),
+    }
     if it.source == "user" and it.key_node:
         action["key_node"] = it.key_node
-    data = {"iter_start": start, "iter_stop": stop, "proposed_start": first, "proposed_stop": last,
-            "median_duration": median, "unsteady": edges, "inner_unsteady": inner,
-            "durations": {str(i): int(dur[i]) for i in edges + inner}, "steady_factor": STEADY_FACTOR}
+    data = {
+        "iter_start": start,
+        "iter_stop": stop,
+        "proposed_start": first,
+        "proposed_stop": last,
+        "median_duration": median,
+        "unsteady": edges,
+        "inner_unsteady": inner,
+        "durations": {str(i): int(dur[i]) for i in edges + inner},
+        "steady_factor": STEADY_FACTOR,
+    }
     return [finding("bad_iteration_range_detector", "warning", problem, recommendation, DLPROF_GUIDE, data, action)]

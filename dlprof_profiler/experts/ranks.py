@@ -3,6 +3,7 @@ communication, ranks with different iteration counts. They read the ranks' small
 (rank_analysis.RankResult) and the cross-rank table (rank_report.rank_table), never the raw data; their findings
 are stored with rank contract.ALL_RANKS and listed first in the run's dlprof_expert_systems.csv (Rank `all`).
 See docs/expert_systems.md."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -45,7 +46,7 @@ class RankContext:
     def median_rank(self, exclude: int | None = None) -> int:
         """The rank whose average iteration time is the median of the ranks' (the lower one of an even count)."""
         t = self.table if exclude is None else self.table.drop(index=exclude)
-        order = t.sort_values("avg_iteration_time", kind="stable")   # ties: the lower rank first
+        order = t.sort_values("avg_iteration_time", kind="stable")  # ties: the lower rank first
         return int(order.index[(len(order) - 1) // 2])
 
     def per_iteration(self, rank: int, frame: pd.DataFrame, key, column: str) -> pd.Series:
@@ -78,13 +79,26 @@ def iteration_count_detector(ctx: RankContext) -> list[dict]:
         return []
     low = min(counts.values())
     listed = ", ".join(f"rank {r}: {n}" for r, n in counts.items())
-    problem = (f"Ranks have different iteration counts ({listed}): iterations are matched across ranks by index, "
-               f"so only iterations 0..{low - 1} compare like with like")
-    recommendation = (f"Profile the same training steps on every rank (the same --capture_iterations, delay or "
-                      f"nsys capture range), or aggregate the iterations all ranks have: --iter_stop {low - 1}")
+    problem = (
+        f"Ranks have different iteration counts ({listed}): iterations are matched across ranks by index, "
+        f"so only iterations 0..{low - 1} compare like with like"
+    )
+    recommendation = (
+        f"Profile the same training steps on every rank (the same --capture_iterations, delay or "
+        f"nsys capture range), or aggregate the iterations all ranks have: --iter_stop {low - 1}"
+    )
     action = {"type": "reaggregate", "iter_stop": low - 1, "command": f"dlprof --database=<db> --iter_stop {low - 1}"}
-    return [finding("rank_iteration_count_detector", "warning", problem, recommendation, DLPROF_GUIDE,
-                    {"iterations": {str(r): n for r, n in counts.items()}}, action)]
+    return [
+        finding(
+            "rank_iteration_count_detector",
+            "warning",
+            problem,
+            recommendation,
+            DLPROF_GUIDE,
+            {"iterations": {str(r): n for r, n in counts.items()}},
+            action,
+        )
+    ]
 
 
 def straggler_rank_detector(ctx: RankContext) -> list[dict]:
@@ -100,8 +114,10 @@ def straggler_rank_detector(ctx: RankContext) -> list[dict]:
     for rank in ctx.table.sort_values("avg_iteration_time", ascending=False, kind="stable").index.tolist()[:3]:
         rank = int(rank)
         median_rank = ctx.median_rank(exclude=rank)
-        avg, ref = float(ctx.table.loc[rank, "avg_iteration_time"]), float(ctx.table.loc[median_rank,
-                                                                                         "avg_iteration_time"])
+        avg, ref = (
+            float(ctx.table.loc[rank, "avg_iteration_time"]),
+            float(ctx.table.loc[median_rank, "avg_iteration_time"]),
+        )
         if ref <= 0 or avg < STRAGGLER_FACTOR * ref:
             continue
         mine = durations[rank]
@@ -114,8 +130,9 @@ def straggler_rank_detector(ctx: RankContext) -> list[dict]:
     return out
 
 
-def _straggler(ctx: RankContext, rank: int, median_rank: int, avg: float, ref: float, slower: int,
-               matched: int) -> dict:
+def _straggler(
+    ctx: RankContext, rank: int, median_rank: int, avg: float, ref: float, slower: int, matched: int
+) -> dict:
     mine, theirs = ctx.by_rank[rank], ctx.by_rank[median_rank]
     key = ["name", "direction"]
 
@@ -125,24 +142,39 @@ def _straggler(ctx: RankContext, rank: int, median_rank: int, avg: float, ref: f
         diff = a.sub(b, fill_value=0.0)
         diff = diff[diff > 0].sort_values(ascending=False, kind="stable").head(TOP_DIFFERENCES)
         return [(_label(k), float(v)) for k, v in diff.items()]
+
     ops_gpu = differences(mine.ops, theirs.ops, key, "gpu_total")
     ops_cpu = differences(mine.ops, theirs.ops, key, "cpu_total")
     kernels = differences(mine.kernels, theirs.kernels, "name", "gpu_total")
 
     def listed(items):
         return ", ".join(f"{short(name, 60)} (+{fmt_time(v)})" for name, v in items) or "none"
-    problem = (f"Rank {rank} is a straggler: its iterations take {fmt_time(avg)} on average, {avg / ref:.2f}x the "
-               f"median rank (rank {median_rank}: {fmt_time(ref)}), and it is slower than the median of the ranks in "
-               f"{slower} of {matched} matched iterations. Where its extra time goes, per iteration against rank "
-               f"{median_rank}: ops by GPU time: {listed(ops_gpu)}; ops by CPU time: {listed(ops_cpu)}; kernels: "
-               f"{listed(kernels)}")
-    recommendation = (f"Compare rank {rank}'s own reports (*_rank{rank}.csv) with rank {median_rank}'s: larger inputs "
-                      f"on that rank (balance the data sharding, bucket sequence lengths), a slower or shared GPU "
-                      f"(clocks, thermal throttling, another process), or a busier host (CPU contention, data-loading "
-                      f"workers); every collective waits for the slowest rank")
-    data = {"rank": rank, "median_rank": median_rank, "avg_iteration_time": avg, "median_avg_iteration_time": ref,
-            "ratio": avg / ref, "slower_iterations": slower, "matched_iterations": matched,
-            "ops_gpu": ops_gpu, "ops_cpu": ops_cpu, "kernels": kernels}
+
+    problem = (
+        f"Rank {rank} is a straggler: its iterations take {fmt_time(avg)} on average, {avg / ref:.2f}x the "
+        f"median rank (rank {median_rank}: {fmt_time(ref)}), and it is slower than the median of the ranks in "
+        f"{slower} of {matched} matched iterations. Where its extra time goes, per iteration against rank "
+        f"{median_rank}: ops by GPU time: {listed(ops_gpu)}; ops by CPU time: {listed(ops_cpu)}; kernels: "
+        f"{listed(kernels)}"
+    )
+    recommendation = (
+        f"Compare rank {rank}'s own reports (*_rank{rank}.csv) with rank {median_rank}'s: larger inputs "
+        f"on that rank (balance the data sharding, bucket sequence lengths), a slower or shared GPU "
+        f"(clocks, thermal throttling, another process), or a busier host (CPU contention, data-loading "
+        f"workers); every collective waits for the slowest rank"
+    )
+    data = {
+        "rank": rank,
+        "median_rank": median_rank,
+        "avg_iteration_time": avg,
+        "median_avg_iteration_time": ref,
+        "ratio": avg / ref,
+        "slower_iterations": slower,
+        "matched_iterations": matched,
+        "ops_gpu": ops_gpu,
+        "ops_cpu": ops_cpu,
+        "kernels": kernels,
+    }
     return finding("straggler_rank_detector", "warning", problem, recommendation, DDP_NOTES, data)
 
 
@@ -168,14 +200,30 @@ def load_imbalance_detector(ctx: RankContext) -> list[dict]:
         return []
     share = (top - work[idlest]) / top
     listed = ", ".join(f"rank {r}: {fmt_time(v)}" for r, v in sorted(work.items())[:8])
-    problem = (f"Load imbalance across ranks: per iteration, rank {busiest} runs {fmt_time(top)} of compute "
-               f"kernels and rank {idlest} {fmt_time(work[idlest])} ({fmt_pct(100 * share)} less); the others wait "
-               f"for rank {busiest} at every collective ({listed})")
-    recommendation = ("Give every rank the same work: shard the data evenly (drop_last, equal shard sizes), bucket "
-                      "variable-length samples, and balance the layers of pipeline stages")
-    return [finding("load_imbalance_detector", "warning", problem, recommendation, DDP_NOTES,
-                    {"compute_per_iteration": {str(r): v for r, v in work.items()}, "busiest": busiest,
-                     "idlest": idlest, "share": share})]
+    problem = (
+        f"Load imbalance across ranks: per iteration, rank {busiest} runs {fmt_time(top)} of compute "
+        f"kernels and rank {idlest} {fmt_time(work[idlest])} ({fmt_pct(100 * share)} less); the others wait "
+        f"for rank {busiest} at every collective ({listed})"
+    )
+    recommendation = (
+        "Give every rank the same work: shard the data evenly (drop_last, equal shard sizes), bucket "
+        "variable-length samples, and balance the layers of pipeline stages"
+    )
+    return [
+        finding(
+            "load_imbalance_detector",
+            "warning",
+            problem,
+            recommendation,
+            DDP_NOTES,
+            {
+                "compute_per_iteration": {str(r): v for r, v in work.items()},
+                "busiest": busiest,
+                "idlest": idlest,
+                "share": share,
+            },
+        )
+    ]
 
 
 def exposed_communication_detector(ctx: RankContext) -> list[dict]:
@@ -188,21 +236,36 @@ def exposed_communication_detector(ctx: RankContext) -> list[dict]:
         gpu_time = float(s["wall_time"]) * max(int(s["gpus"]), 1)
         exposed = int(s["communication_time"]) - int(s["overlapped_communication_time"])
         if gpu_time > 0 and exposed > 0:
-            rows.append((r.rank, exposed, exposed / gpu_time,
-                         exposed / max(int(ctx.table.loc[r.rank, "iterations"]), 1)))
+            rows.append(
+                (r.rank, exposed, exposed / gpu_time, exposed / max(int(ctx.table.loc[r.rank, "iterations"]), 1))
+            )
     flagged = sorted((x for x in rows if x[2] >= EXPOSED_SHARE), key=lambda x: -x[2])
     if not flagged:
         return []
-    listed = ", ".join(f"rank {r}: {fmt_time(per_it)} per iteration ({fmt_pct(100 * share)} of its GPU time)"
-                       for r, _, share, per_it in flagged[:8])
-    problem = (f"Exposed communication: collective (NCCL) kernels run with no compute kernel on the same GPU on "
-               f"{len(flagged)} of {len(ctx.results)} ranks: {listed}")
-    recommendation = ("Overlap communication with compute: let DDP all-reduce gradients during the backward pass "
-                      "(bucket_cap_mb, gradient_as_bucket_view=True, no extra synchronization), prefetch FSDP "
-                      "all-gathers (forward_prefetch, backward_prefetch), and accumulate gradients over several "
-                      "micro-batches with no_sync() to communicate less often")
-    return [finding("exposed_communication_detector", "warning", problem, recommendation, DDP_NOTES,
-                    {"exposed": {str(r): {"time": e, "share": s, "per_iteration": p} for r, e, s, p in flagged}})]
+    listed = ", ".join(
+        f"rank {r}: {fmt_time(per_it)} per iteration ({fmt_pct(100 * share)} of its GPU time)"
+        for r, _, share, per_it in flagged[:8]
+    )
+    problem = (
+        f"Exposed communication: collective (NCCL) kernels run with no compute kernel on the same GPU on "
+        f"{len(flagged)} of {len(ctx.results)} ranks: {listed}"
+    )
+    recommendation = (
+        "Overlap communication with compute: let DDP all-reduce gradients during the backward pass "
+        "(bucket_cap_mb, gradient_as_bucket_view=True, no extra synchronization), prefetch FSDP "
+        "all-gathers (forward_prefetch, backward_prefetch), and accumulate gradients over several "
+        "micro-batches with no_sync() to communicate less often"
+    )
+    return [
+        finding(
+            "exposed_communication_detector",
+            "warning",
+            problem,
+            recommendation,
+            DDP_NOTES,
+            {"exposed": {str(r): {"time": e, "share": s, "per_iteration": p} for r, e, s, p in flagged}},
+        )
+    ]
 
 
 RANK_DETECTORS = {

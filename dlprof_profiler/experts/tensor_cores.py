@@ -1,5 +1,6 @@
 """Tensor Core detectors: AMP not used (DLProf's amp_detector); eligible ops kept off Tensor Cores by their
 dimensions or data type (bad_tensor_shape_detector)."""
+
 from __future__ import annotations
 
 import re
@@ -83,8 +84,9 @@ def amp_detector(ctx: Context) -> list[dict]:
     if amp is None:
         known = sorted(set(types.tolist()) - {""})
         if not known:
-            ctx.unknown("amp_detector", "whether AMP is used (model_config amp_enabled; the eligible ops carry "
-                                        "no data type)")
+            ctx.unknown(
+                "amp_detector", "whether AMP is used (model_config amp_enabled; the eligible ops carry no data type)"
+            )
             return []
         reason = "data types " + ", ".join(known)
     else:
@@ -92,15 +94,33 @@ def amp_detector(ctx: Context) -> list[dict]:
     n = len(elig)
     time = int(elig["kernel_time"].sum())
     share = 100.0 * time / ctx.kernel_time if ctx.kernel_time else 0.0
-    problem = (f"{n} ops were eligible to use tensor cores but none are using FP16 "
-               f"({fmt_time(time)}, {fmt_pct(share)} of the GPU kernel time)")
-    recommendation = ("Try enabling AMP (Automatic Mixed Precision). For more information: "
-                      "https://developer.nvidia.com/automatic-mixed-precision")
+    problem = (
+        f"{n} ops were eligible to use tensor cores but none are using FP16 "
+        f"({fmt_time(time)}, {fmt_pct(share)} of the GPU kernel time)"
+    )
+    recommendation = (
+        "Try enabling AMP (Automatic Mixed Precision). For more information: "
+        "https://developer.nvidia.com/automatic-mixed-precision"
+    )
     order = elig.sort_values("kernel_time", ascending=False, kind="stable")
-    data = {"eligible_ops": n, "kernel_time": time, "kernel_share_pct": share, "evidence": reason,
-            "op_ids": order["op_id"].head(100).tolist()}
-    return [finding("amp_detector", "warning", problem, recommendation, AMP_LINK, data,
-                    {"type": "show_ops", "filter": "is_bad_data_type", "op_ids": data["op_ids"]})]
+    data = {
+        "eligible_ops": n,
+        "kernel_time": time,
+        "kernel_share_pct": share,
+        "evidence": reason,
+        "op_ids": order["op_id"].head(100).tolist(),
+    }
+    return [
+        finding(
+            "amp_detector",
+            "warning",
+            problem,
+            recommendation,
+            AMP_LINK,
+            data,
+            {"type": "show_ops", "filter": "is_bad_data_type", "op_ids": data["op_ids"]},
+        )
+    ]
 
 
 def bad_dims(shapes: str, multiple: int) -> list[str]:
@@ -149,11 +169,17 @@ def bad_tensor_shape_detector(ctx: Context) -> list[dict]:
     if amp is True:
         cause[is_fp32] = "dtype"
         cause[unknown] = "dims or dtype"
-    flagged = cand[cause != ""].assign(cause=cause[cause != ""], dtype=types[cause != ""],
-                                       multiple=np.where(is_int8[cause != ""], MULTIPLE_INT8, MULTIPLE_16BIT))
+    flagged = cand[cause != ""].assign(
+        cause=cause[cause != ""],
+        dtype=types[cause != ""],
+        multiple=np.where(is_int8[cause != ""], MULTIPLE_INT8, MULTIPLE_16BIT),
+    )
     if amp is None and unknown.any():
-        ctx.unknown("bad_tensor_shape_detector", f"the data type of {int(unknown.sum())} eligible op(s) without "
-                                                 "Tensor Core kernels (op data types; model_config amp_enabled)")
+        ctx.unknown(
+            "bad_tensor_shape_detector",
+            f"the data type of {int(unknown.sum())} eligible op(s) without "
+            "Tensor Core kernels (op data types; model_config amp_enabled)",
+        )
     if flagged.empty:
         return []
     time = int(flagged["kernel_time"].sum())
@@ -172,23 +198,53 @@ def bad_tensor_shape_detector(ctx: Context) -> list[dict]:
         elif shape and "dims" in r.cause:
             what.append(f"shapes {short(shape, 60)}")
         parts.append(f"{r.op_id} {short(r.name, 60)} ({'; '.join(what)})")
-        details.append({"op_id": r.op_id, "name": r.name, "data_type": r.dtype, "kernel_time": int(r.kernel_time),
-                        "cause": r.cause, "input_shapes": shape, "bad_dims": dims})
+        details.append(
+            {
+                "op_id": r.op_id,
+                "name": r.name,
+                "data_type": r.dtype,
+                "kernel_time": int(r.kernel_time),
+                "cause": r.cause,
+                "input_shapes": shape,
+                "bad_dims": dims,
+            }
+        )
     more = len(flagged) - 5
-    problem = (f"{len(flagged)} Tensor Core eligible op{'s' if len(flagged) > 1 else ''} ran without Tensor Core "
-               f"kernels ({fmt_time(time)}, {fmt_pct(share)} of the GPU kernel time): " + ", ".join(parts)
-               + (f" and {more} more" if more > 0 else ""))
+    problem = (
+        f"{len(flagged)} Tensor Core eligible op{'s' if len(flagged) > 1 else ''} ran without Tensor Core "
+        f"kernels ({fmt_time(time)}, {fmt_pct(share)} of the GPU kernel time): "
+        + ", ".join(parts)
+        + (f" and {more} more" if more > 0 else "")
+    )
     causes = set(flagged["cause"].tolist())
     advice = []
     if causes & {"dims", "dims or dtype"}:
-        advice.append("Make their dimensions multiples of 8 for FP16/BF16 (16 for INT8): pad input and output "
-                      "channels, hidden and vocabulary sizes, and use batch sizes that are multiples of 8, so "
-                      "cuBLAS and cuDNN can pick Tensor Core kernels")
+        advice.append(
+            "Make their dimensions multiples of 8 for FP16/BF16 (16 for INT8): pad input and output "
+            "channels, hidden and vocabulary sizes, and use batch sizes that are multiples of 8, so "
+            "cuBLAS and cuDNN can pick Tensor Core kernels"
+        )
     if causes & {"dtype", "dims or dtype"}:
-        advice.append("Run them in FP16/BF16: keep them inside the autocast region and feed them half-precision "
-                      "tensors (FP32 and FP64 inputs keep them off Tensor Cores)")
-    data = {"ops": details, "n_ops": len(flagged), "kernel_time": time, "kernel_share_pct": share,
-            "op_ids": flagged["op_id"].head(100).tolist()}
+        advice.append(
+            "Run them in FP16/BF16: keep them inside the autocast region and feed them half-precision "
+            "tensors (FP32 and FP64 inputs keep them off Tensor Cores)"
+        )
+    data = {
+        "ops": details,
+        "n_ops": len(flagged),
+        "kernel_time": time,
+        "kernel_share_pct": share,
+        "op_ids": flagged["op_id"].head(100).tolist(),
+    }
     severity = "warning" if share >= WARNING_SHARE_PCT else "info"
-    return [finding("bad_tensor_shape_detector", severity, problem, "; ".join(advice), SHAPE_LINK, data,
-                    {"type": "show_ops", "op_ids": data["op_ids"]})]
+    return [
+        finding(
+            "bad_tensor_shape_detector",
+            severity,
+            problem,
+            "; ".join(advice),
+            SHAPE_LINK,
+            data,
+            {"type": "show_ops", "op_ids": data["op_ids"]},
+        )
+    ]

@@ -1,5 +1,6 @@
 """CUDA API rules of Nsight Systems' expert system that matter for training: asynchronous copies from
 pageable memory, synchronous memcpy/memset, explicit synchronizations blocking the host."""
+
 from __future__ import annotations
 
 import re
@@ -7,7 +8,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from dlprof_profiler.experts.base import (TUNING_GUIDE, Context, counted, finding, fmt_bytes, fmt_pct, fmt_time)
+from dlprof_profiler.experts.base import TUNING_GUIDE, Context, counted, finding, fmt_bytes, fmt_pct, fmt_time
 from dlprof_profiler.trace import KIND_MEMCPY, KIND_MEMSET
 
 MEM_PAGEABLE = 0
@@ -21,8 +22,15 @@ HOST_WARNING_PCT = 1.0
 # threads' time (wall clock time x calling threads); warning when the GPU then stays idle (until new work
 # arrives) for >= HOST_WARNING_PCT of the wall clock time, else info.
 SYNC_BLOCKED_PCT = 1.0
-SYNC_APIS = {"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaThreadSynchronize",
-             "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize"}
+SYNC_APIS = {
+    "cudaDeviceSynchronize",
+    "cudaStreamSynchronize",
+    "cudaEventSynchronize",
+    "cudaThreadSynchronize",
+    "cuCtxSynchronize",
+    "cuStreamSynchronize",
+    "cuEventSynchronize",
+}
 _MEM_API = re.compile(r"^cu(?:da)?Mem(?:cpy|set)")
 
 PINNED_LINK = "https://pytorch.org/docs/stable/notes/cuda.html#use-pinned-memory-buffers"
@@ -58,8 +66,11 @@ def pageable_memcpy_detector(ctx: Context) -> list[dict]:
     unknown = is_async & ((src < 0) & (dst < 0))
     if not pageable.any():
         if unknown.any():
-            ctx.unknown("pageable_memcpy_detector", f"the host memory kind of {int(unknown.sum())} asynchronous "
-                                                    "memcpy(s) (no srcKind/dstKind in the export)")
+            ctx.unknown(
+                "pageable_memcpy_detector",
+                f"the host memory kind of {int(unknown.sum())} asynchronous "
+                "memcpy(s) (no srcKind/dstKind in the export)",
+            )
         return []
     sel = ops_frame[pageable]
     n = int(len(sel))
@@ -70,22 +81,41 @@ def pageable_memcpy_detector(ctx: Context) -> list[dict]:
     kinds_text = ", ".join(f"{int(v)} {COPY_NAMES.get(int(k), 'other')}" for k, v in kinds.items())
     apis = _by_name(names[pageable])
     ops = ctx.top_ops(sel["owner_op"].to_numpy(np.int64))
-    problem = (f"{n} asynchronous memcpy operation{'s' if n > 1 else ''} ({counted(apis)}) used pageable host "
-               f"memory: {fmt_bytes(nbytes)}, {fmt_time(gpu_time)} on the GPU and {fmt_time(host)} in the calls "
-               f"({kinds_text})" + (f"; launched from {counted(ops)}" if ops else "")
-               + ". Copies from pageable memory are staged by the driver and do not overlap with the host")
-    recommendation = ("Copy from pinned (page-locked) host memory: DataLoader(pin_memory=True) or "
-                      "tensor.pin_memory(), then .to(device, non_blocking=True); in CUDA code allocate host "
-                      "buffers with cudaMallocHost or cudaHostAlloc")
+    problem = (
+        f"{n} asynchronous memcpy operation{'s' if n > 1 else ''} ({counted(apis)}) used pageable host "
+        f"memory: {fmt_bytes(nbytes)}, {fmt_time(gpu_time)} on the GPU and {fmt_time(host)} in the calls "
+        f"({kinds_text})"
+        + (f"; launched from {counted(ops)}" if ops else "")
+        + ". Copies from pageable memory are staged by the driver and do not overlap with the host"
+    )
+    recommendation = (
+        "Copy from pinned (page-locked) host memory: DataLoader(pin_memory=True) or "
+        "tensor.pin_memory(), then .to(device, non_blocking=True); in CUDA code allocate host "
+        "buffers with cudaMallocHost or cudaHostAlloc"
+    )
     pin = ctx.cfg_bool("pin_memory")
     if pin is False:
         recommendation += " (this run's DataLoader has pin_memory=False)"
     share = 100.0 * host / ctx.wall if ctx.wall else 0.0
-    return [finding("pageable_memcpy_detector", "warning" if share >= HOST_WARNING_PCT else "info", problem,
-                    recommendation, PINNED_LINK,
-                    {"count": n, "bytes": nbytes, "gpu_time": gpu_time, "host_time": host, "host_pct": share,
-                     "copy_kinds": {COPY_NAMES.get(int(k), str(int(k))): int(v) for k, v in kinds.items()},
-                     "apis": dict(apis), "ops": dict(ops)})]
+    return [
+        finding(
+            "pageable_memcpy_detector",
+            "warning" if share >= HOST_WARNING_PCT else "info",
+            problem,
+            recommendation,
+            PINNED_LINK,
+            {
+                "count": n,
+                "bytes": nbytes,
+                "gpu_time": gpu_time,
+                "host_time": host,
+                "host_pct": share,
+                "copy_kinds": {COPY_NAMES.get(int(k), str(int(k))): int(v) for k, v in kinds.items()},
+                "apis": dict(apis),
+                "ops": dict(ops),
+            },
+        )
+    ]
 
 
 def sync_memcpy_detector(ctx: Context) -> list[dict]:
@@ -114,16 +144,34 @@ def sync_memcpy_detector(ctx: Context) -> list[dict]:
     apis = _by_name(names[hit])
     ops = ctx.top_ops(sel["owner_op"].to_numpy(np.int64))
     share = 100.0 * host / ctx.wall if ctx.wall else 0.0
-    problem = (f"{what} operations ran synchronously with the host ({counted(apis)}): the calls blocked the host "
-               f"for {fmt_time(host)} ({fmt_pct(share)} of the wall clock time) for {fmt_time(gpu_time)} of GPU work"
-               + (f"; launched from {counted(ops)}" if ops else ""))
-    recommendation = ("Use the asynchronous versions (cudaMemcpyAsync, cudaMemsetAsync) on a stream with pinned "
-                      "host memory and synchronize only where the result is needed; in PyTorch copy with "
-                      ".to(device, non_blocking=True) from pinned memory")
-    return [finding("sync_memcpy_detector", "warning" if share >= HOST_WARNING_PCT else "info", problem,
-                    recommendation, NSYS_GUIDE,
-                    {"memcpy": n_copy, "memset": n_set, "host_time": host, "host_pct": share, "gpu_time": gpu_time,
-                     "apis": dict(apis), "ops": dict(ops)})]
+    problem = (
+        f"{what} operations ran synchronously with the host ({counted(apis)}): the calls blocked the host "
+        f"for {fmt_time(host)} ({fmt_pct(share)} of the wall clock time) for {fmt_time(gpu_time)} of GPU work"
+        + (f"; launched from {counted(ops)}" if ops else "")
+    )
+    recommendation = (
+        "Use the asynchronous versions (cudaMemcpyAsync, cudaMemsetAsync) on a stream with pinned "
+        "host memory and synchronize only where the result is needed; in PyTorch copy with "
+        ".to(device, non_blocking=True) from pinned memory"
+    )
+    return [
+        finding(
+            "sync_memcpy_detector",
+            "warning" if share >= HOST_WARNING_PCT else "info",
+            problem,
+            recommendation,
+            NSYS_GUIDE,
+            {
+                "memcpy": n_copy,
+                "memset": n_set,
+                "host_time": host,
+                "host_pct": share,
+                "gpu_time": gpu_time,
+                "apis": dict(apis),
+                "ops": dict(ops),
+            },
+        )
+    ]
 
 
 def sync_api_detector(ctx: Context) -> list[dict]:
@@ -154,21 +202,42 @@ def sync_api_detector(ctx: Context) -> list[dict]:
     api_text = ", ".join(f"{k} ({int(r.calls)} calls, {fmt_time(r.time)})" for k, r in per_api.head(3).iterrows())
     ops = ctx.top_ops(calls["owner_op"].to_numpy(np.int64), dur)
     ops_text = ", ".join(f"{name} ({fmt_time(t)})" for name, t in ops)
-    problem = (f"Explicit synchronizations blocked the host for {fmt_time(blocked)}, {fmt_pct(share)} of the "
-               + (f"{n_threads} calling threads' time" if n_threads > 1 else "calling thread's time") + f": {api_text}"
-               + (f"; called from {ops_text}" if ops_text else "")
-               + f". After they returned the GPU stayed idle for {fmt_time(idle_after)} ({fmt_pct(idle_pct)} of the "
-               "wall clock time) until new work arrived")
+    problem = (
+        f"Explicit synchronizations blocked the host for {fmt_time(blocked)}, {fmt_pct(share)} of the "
+        + (f"{n_threads} calling threads' time" if n_threads > 1 else "calling thread's time")
+        + f": {api_text}"
+        + (f"; called from {ops_text}" if ops_text else "")
+        + f". After they returned the GPU stayed idle for {fmt_time(idle_after)} ({fmt_pct(idle_pct)} of the "
+        "wall clock time) until new work arrived"
+    )
     if ctx.is_pytorch or ctx.corr.family is None:
-        recommendation = ("Remove synchronizations from the training loop: torch.cuda.synchronize(), tensor.item(), "
-                          ".cpu(), .numpy(), print(tensor) and Python conditions on GPU tensors wait for the GPU. "
-                          "Read such values every N iterations, or copy them with non_blocking=True into pinned "
-                          "memory and wait on a CUDA event only when they are needed")
+        recommendation = (
+            "Remove synchronizations from the training loop: torch.cuda.synchronize(), tensor.item(), "
+            ".cpu(), .numpy(), print(tensor) and Python conditions on GPU tensors wait for the GPU. "
+            "Read such values every N iterations, or copy them with non_blocking=True into pinned "
+            "memory and wait on a CUDA event only when they are needed"
+        )
     else:
-        recommendation = ("Remove synchronizations from the training loop: fetch values from the GPU every N steps "
-                          "only, and let the framework's asynchronous execution keep the GPU queue full")
-    return [finding("sync_api_detector", "warning" if idle_pct >= HOST_WARNING_PCT else "info", problem,
-                    recommendation, TUNING_GUIDE + "#avoid-unnecessary-cpu-gpu-synchronization",
-                    {"calls": int(len(calls)), "blocked_time": blocked, "blocked_pct": share, "threads": n_threads,
-                     "gpu_idle_after": idle_after, "gpu_idle_after_pct": idle_pct,
-                     "apis": {k: int(r.time) for k, r in per_api.iterrows()}, "ops": dict(ops)})]
+        recommendation = (
+            "Remove synchronizations from the training loop: fetch values from the GPU every N steps "
+            "only, and let the framework's asynchronous execution keep the GPU queue full"
+        )
+    return [
+        finding(
+            "sync_api_detector",
+            "warning" if idle_pct >= HOST_WARNING_PCT else "info",
+            problem,
+            recommendation,
+            TUNING_GUIDE + "#avoid-unnecessary-cpu-gpu-synchronization",
+            {
+                "calls": int(len(calls)),
+                "blocked_time": blocked,
+                "blocked_pct": share,
+                "threads": n_threads,
+                "gpu_idle_after": idle_after,
+                "gpu_idle_after_pct": idle_pct,
+                "apis": {k: int(r.time) for k, r in per_api.iterrows()},
+                "ops": dict(ops),
+            },
+        )
+    ]

@@ -1,5 +1,6 @@
 """Where the time goes: underutilized or unused GPUs, imbalanced GPUs, data loading, unfused elementwise
 kernels. Inputs are the aggregation's time breakdown (summary and per-GPU class times) and kernel launches."""
+
 from __future__ import annotations
 
 import re
@@ -25,8 +26,11 @@ DATALOADER_PCT = 10.0
 # with >= FUSION_MIN_PER_ITERATION such launches per aggregated iteration.
 FUSION_SHARE_PCT = 30.0
 FUSION_MIN_PER_ITERATION = 20
-ELEMENTWISE_KERNEL = re.compile(r"elementwise|pointwise|reduce_kernel|EigenMetaKernel|batch_norm|layer_norm|"
-                                r"softmax|dropout", re.IGNORECASE)
+ELEMENTWISE_KERNEL = re.compile(
+    r"elementwise|pointwise|reduce_kernel|EigenMetaKernel|batch_norm|layer_norm|"
+    r"softmax|dropout",
+    re.IGNORECASE,
+)
 FUSED_KERNEL = re.compile(r"triton|nvfuser|CudaCodeGen|fusion|multi_tensor_apply|jit_", re.IGNORECASE)
 
 CLASS_LABELS = {"dataloader": "Dataloader", "io": "IO", "cpu": "CPU", "other": "Other"}
@@ -35,7 +39,7 @@ _CLASS_ADVICE = {
     "dataloader": "Consider speeding up data loading: more DataLoader workers, pinned memory, or NVIDIA DALI",
     "io": "Consider faster storage, caching the dataset in memory, and reading it in background workers",
     "other": "The GPU waits while no profiled op, data loading or I/O runs: see the GPU gaps for the host "
-             "activity in that time, and annotate the host code outside the profiled ranges with NVTX",
+    "activity in that time, and annotate the host code outside the profiled ranges with NVTX",
 }
 
 
@@ -45,7 +49,7 @@ def underutilized_gpu_detector(ctx: Context) -> list[dict]:
     summary = ctx.agg.summary or {}
     n_gpus = int(summary.get("n_visible_gpus", 0))
     if n_gpus == 0:
-        return []   # no GPU ran anything: no GPU advice
+        return []  # no GPU ran anything: no GPU advice
     out = []
     devices = ctx.agg.devices
     if devices is not None and len(devices) > 1:
@@ -54,26 +58,41 @@ def underutilized_gpu_detector(ctx: Context) -> list[dict]:
         unused = ids[busy == 0]
         if unused.size and (busy > 0).any():
             labels = ", ".join(ctx.device_label(int(d)) for d in unused)
-            out.append(finding(
-                "underutilized_gpu_detector", "warning",
-                f"{labels} ran no kernel or memory operation in the aggregated iterations while "
-                f"{int((busy > 0).sum())} other GPU{'s' if (busy > 0).sum() > 1 else ''} did",
-                "Use every GPU you reserve: launch one data-parallel process per GPU (torchrun "
-                "--nproc_per_node, DistributedDataParallel), or make only the GPUs you use visible "
-                "(CUDA_VISIBLE_DEVICES)", "https://pytorch.org/docs/stable/notes/ddp.html",
-                {"kind": "unused", "unused_devices": unused.tolist(), "busy_devices": ids[busy > 0].tolist()}))
+            out.append(
+                finding(
+                    "underutilized_gpu_detector",
+                    "warning",
+                    f"{labels} ran no kernel or memory operation in the aggregated iterations while "
+                    f"{int((busy > 0).sum())} other GPU{'s' if (busy > 0).sum() > 1 else ''} did",
+                    "Use every GPU you reserve: launch one data-parallel process per GPU (torchrun "
+                    "--nproc_per_node, DistributedDataParallel), or make only the GPUs you use visible "
+                    "(CUDA_VISIBLE_DEVICES)",
+                    "https://pytorch.org/docs/stable/notes/ddp.html",
+                    {"kind": "unused", "unused_devices": unused.tolist(), "busy_devices": ids[busy > 0].tolist()},
+                )
+            )
     util = float(summary.get("gpu_utilization", 0.0))
     if util < GPU_UTILIZATION_PCT:
         pct = summary.get("pct", {})
         cls = max(CLASS_LABELS, key=lambda c: float(pct.get(c, 0.0)))
         share = float(pct.get(cls, 0.0))
-        out.append(finding(
-            "underutilized_gpu_detector", "warning",
-            f"The GPU is underutilized: Only {util:.1f}% of the profiled time is spent on GPU kernel operations",
-            f"{CLASS_LABELS[cls]} has the highest (non-GPU) usage at {share:.1f}%. {_CLASS_ADVICE[cls]}",
-            DLPROF_GUIDE, {"kind": "low_utilization", "gpu_utilization": util, "threshold_pct": GPU_UTILIZATION_PCT,
-                           "top_class": cls, "top_class_pct": share,
-                           "class_pct": {k: float(v) for k, v in pct.items()}}))
+        out.append(
+            finding(
+                "underutilized_gpu_detector",
+                "warning",
+                f"The GPU is underutilized: Only {util:.1f}% of the profiled time is spent on GPU kernel operations",
+                f"{CLASS_LABELS[cls]} has the highest (non-GPU) usage at {share:.1f}%. {_CLASS_ADVICE[cls]}",
+                DLPROF_GUIDE,
+                {
+                    "kind": "low_utilization",
+                    "gpu_utilization": util,
+                    "threshold_pct": GPU_UTILIZATION_PCT,
+                    "top_class": cls,
+                    "top_class_pct": share,
+                    "class_pct": {k: float(v) for k, v in pct.items()},
+                },
+            )
+        )
     return out
 
 
@@ -96,16 +115,27 @@ def imbalanced_gpus_detector(ctx: Context) -> list[dict]:
     hi_dev, lo_dev = int(d[np.argmax(b)]), int(d[np.argmin(b)])
     per = {int(x): 100.0 * int(y) / ctx.wall for x, y in zip(d, b)}
     gap = 100.0 * (hi - lo) / hi
-    problem = (f"GPU work is imbalanced across {int(used.sum())} GPUs: GPU {lo_dev} is busy {fmt_pct(per[lo_dev])} of "
-               f"the time and GPU {hi_dev} {fmt_pct(per[hi_dev])} ({fmt_time(hi - lo)}, {gap:.1f}% less work on the "
-               "least busy GPU)")
-    recommendation = ("Give every GPU the same work: one DistributedDataParallel process per GPU with equal batch "
-                      "sizes and data shards (nn.DataParallel runs the loss and the optimizer on GPU 0), and move "
-                      "work done only by one rank (logging, evaluation, checkpointing) out of the training loop")
-    return [finding("imbalanced_gpus_detector", "warning", problem, recommendation,
-                    "https://pytorch.org/docs/stable/notes/cuda.html#use-nn-parallel-distributeddataparallel-instead-"
-                    "of-multiprocessing-or-nn-dataparallel",
-                    {"busy_pct": per, "min_device": lo_dev, "max_device": hi_dev, "imbalance_pct": gap})]
+    problem = (
+        f"GPU work is imbalanced across {int(used.sum())} GPUs: GPU {lo_dev} is busy {fmt_pct(per[lo_dev])} of "
+        f"the time and GPU {hi_dev} {fmt_pct(per[hi_dev])} ({fmt_time(hi - lo)}, {gap:.1f}% less work on the "
+        "least busy GPU)"
+    )
+    recommendation = (
+        "Give every GPU the same work: one DistributedDataParallel process per GPU with equal batch "
+        "sizes and data shards (nn.DataParallel runs the loss and the optimizer on GPU 0), and move "
+        "work done only by one rank (logging, evaluation, checkpointing) out of the training loop"
+    )
+    return [
+        finding(
+            "imbalanced_gpus_detector",
+            "warning",
+            problem,
+            recommendation,
+            "https://pytorch.org/docs/stable/notes/cuda.html#use-nn-parallel-distributeddataparallel-instead-"
+            "of-multiprocessing-or-nn-dataparallel",
+            {"busy_pct": per, "min_device": lo_dev, "max_device": hi_dev, "imbalance_pct": gap},
+        )
+    ]
 
 
 def _dali_used(ctx: Context) -> bool:
@@ -125,7 +155,7 @@ def dataloader_detector(ctx: Context) -> list[dict]:
     wall clock time (with DALI too)."""
     summary = ctx.agg.summary or {}
     if int(summary.get("n_visible_gpus", 0)) == 0:
-        return []   # no GPU ran anything: data loading cannot starve it
+        return []  # no GPU ran anything: data loading cannot starve it
     pct = float(summary.get("pct", {}).get("dataloader", 0.0))
     slow = pct >= DATALOADER_PCT
     figures = f"data loading takes {pct:.1f}% of the profiled time while the GPU is idle"
@@ -133,22 +163,44 @@ def dataloader_detector(ctx: Context) -> list[dict]:
     if _dali_used(ctx):
         if not slow:
             return []
-        return [finding("dataloader_detector", "warning", f"DALI is used, but {figures}",
-                        "Move more of the input pipeline to the GPU (DALI GPU operators, mixed image decoding), "
-                        "and raise the pipeline's num_threads and prefetch_queue_depth",
-                        "https://docs.nvidia.com/deeplearning/dali/user-guide/docs/index.html", dict(data, dali=True))]
-    recommendation = ("Consider using NVIDIA DALI, a library that is a high performance alternative to built-in "
-                      "data loaders and data iterators. Learn more here: https://developer.nvidia.com/DALI")
+        return [
+            finding(
+                "dataloader_detector",
+                "warning",
+                f"DALI is used, but {figures}",
+                "Move more of the input pipeline to the GPU (DALI GPU operators, mixed image decoding), "
+                "and raise the pipeline's num_threads and prefetch_queue_depth",
+                "https://docs.nvidia.com/deeplearning/dali/user-guide/docs/index.html",
+                dict(data, dali=True),
+            )
+        ]
+    recommendation = (
+        "Consider using NVIDIA DALI, a library that is a high performance alternative to built-in "
+        "data loaders and data iterators. Learn more here: https://developer.nvidia.com/DALI"
+    )
     workers, pin = ctx.cfg("num_workers"), ctx.cfg_bool("pin_memory")
     if slow and workers is not None and int(workers) == 0:
-        recommendation += (". The PyTorch DataLoader loads in the training process (num_workers=0): give it "
-                           "worker processes (num_workers > 0)")
+        recommendation += (
+            ". The PyTorch DataLoader loads in the training process (num_workers=0): give it "
+            "worker processes (num_workers > 0)"
+        )
     if slow and pin is False:
         recommendation += ". Set pin_memory=True so batches are copied to the GPU asynchronously"
-    problem = f"No DALI ops detected; {figures}" if slow else \
-        f"No DALI ops detected (data loading takes {pct:.1f}% of the profiled time while the GPU is idle)"
-    return [finding("dataloader_detector", "warning" if slow else "info", problem, recommendation,
-                    "https://developer.nvidia.com/DALI", dict(data, dali=False, num_workers=workers, pin_memory=pin))]
+    problem = (
+        f"No DALI ops detected; {figures}"
+        if slow
+        else f"No DALI ops detected (data loading takes {pct:.1f}% of the profiled time while the GPU is idle)"
+    )
+    return [
+        finding(
+            "dataloader_detector",
+            "warning" if slow else "info",
+            problem,
+            recommendation,
+            "https://developer.nvidia.com/DALI",
+            dict(data, dali=False, num_workers=workers, pin_memory=pin),
+        )
+    ]
 
 
 def no_fusion_detector(ctx: Context) -> list[dict]:
@@ -170,16 +222,34 @@ def no_fusion_detector(ctx: Context) -> list[dict]:
     by_name = k[hit].groupby("name", sort=False)["gpu_total"].sum()
     top = by_name.sort_values(ascending=False, kind="stable").head(3)
     top_text = ", ".join(f"{short(name, 50)} ({fmt_time(v)})" for name, v in top.items())
-    problem = (f"{per_iteration:.0f} unfused elementwise kernels per iteration take {fmt_time(time)}, "
-               f"{fmt_pct(share)} of the GPU kernel time (average {fmt_time(time / n)} each): {top_text}")
+    problem = (
+        f"{per_iteration:.0f} unfused elementwise kernels per iteration take {fmt_time(time)}, "
+        f"{fmt_pct(share)} of the GPU kernel time (average {fmt_time(time / n)} each): {top_text}"
+    )
     if ctx.corr.family == "tensorflow":
-        recommendation = ("Fuse them with XLA: compile the model with jit_compile=True or set "
-                          "TF_XLA_FLAGS=--tf_xla_auto_jit=2")
+        recommendation = (
+            "Fuse them with XLA: compile the model with jit_compile=True or set TF_XLA_FLAGS=--tf_xla_auto_jit=2"
+        )
         link = "https://www.tensorflow.org/xla"
     else:
-        recommendation = ("Fuse elementwise ops: compile the model with torch.compile, use fused optimizers "
-                          "(fused=True or foreach=True) and fused layers (e.g. apex or Transformer Engine)")
+        recommendation = (
+            "Fuse elementwise ops: compile the model with torch.compile, use fused optimizers "
+            "(fused=True or foreach=True) and fused layers (e.g. apex or Transformer Engine)"
+        )
         link = "https://pytorch.org/docs/stable/generated/torch.compile.html"
-    return [finding("no_fusion_detector", "warning" if share >= 50.0 else "info", problem, recommendation, link,
-                    {"kernels": n, "per_iteration": per_iteration, "kernel_time": time, "share_pct": share,
-                     "top_kernels": [str(name) for name in top.index]})]
+    return [
+        finding(
+            "no_fusion_detector",
+            "warning" if share >= 50.0 else "info",
+            problem,
+            recommendation,
+            link,
+            {
+                "kernels": n,
+                "per_iteration": per_iteration,
+                "kernel_time": time,
+                "share_pct": share,
+                "top_kernels": [str(name) for name in top.index],
+            },
+        )
+    ]

@@ -27,6 +27,7 @@ marker and ``{'mod': ..., 'op': ..., 'callid': 40, 'dir': 'bprop', 'fwdCallid': 
 and backward pass, shared by its nodes). Scopes (:mod:`.scopes`): ``enumerate(DataLoader)#...__next__`` and
 ``Optimizer.step#SGD.step``. Config marker (:mod:`.metadata`): ``{"model_config": {...}}`` as JSON.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,8 +60,9 @@ _user_enabled = True
 
 
 def _update_active() -> None:
-    STATE.active = bool(STATE.installed and _user_enabled and not STATE.forked_child
-                        and getattr(STATE.backend, "enabled", False))
+    STATE.active = bool(
+        STATE.installed and _user_enabled and not STATE.forked_child and getattr(STATE.backend, "enabled", False)
+    )
 
 
 def _after_fork_in_child() -> None:
@@ -75,11 +77,18 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def init(enable_function_stack: Optional[bool] = None, record_shapes: Optional[bool] = None, *,
-         backend: Any = None, link_backward: Optional[bool] = None,
-         distinguish_instances: Optional[bool] = None, max_backward_nodes: Optional[int] = None,
-         wrap_dataloader: Optional[bool] = None, wrap_optimizer: Optional[bool] = None,
-         wrap_rnn: Optional[bool] = None) -> Any:
+def init(
+    enable_function_stack: Optional[bool] = None,
+    record_shapes: Optional[bool] = None,
+    *,
+    backend: Any = None,
+    link_backward: Optional[bool] = None,
+    distinguish_instances: Optional[bool] = None,
+    max_backward_nodes: Optional[int] = None,
+    wrap_dataloader: Optional[bool] = None,
+    wrap_optimizer: Optional[bool] = None,
+    wrap_rnn: Optional[bool] = None,
+) -> Any:
     """Patch torch so its calls emit DLProf markers. Returns the backend in use.
 
     ``backend``: ``"auto"`` (default: the nvtx package, active only when a profiler is attached),
@@ -101,10 +110,14 @@ def init(enable_function_stack: Optional[bool] = None, record_shapes: Optional[b
     from .stack import StackCapture
 
     given = {
-        "enable_function_stack": enable_function_stack, "record_shapes": record_shapes,
-        "link_backward": link_backward, "distinguish_instances": distinguish_instances,
-        "max_backward_nodes": max_backward_nodes, "wrap_dataloader": wrap_dataloader,
-        "wrap_optimizer": wrap_optimizer, "wrap_rnn": wrap_rnn,
+        "enable_function_stack": enable_function_stack,
+        "record_shapes": record_shapes,
+        "link_backward": link_backward,
+        "distinguish_instances": distinguish_instances,
+        "max_backward_nodes": max_backward_nodes,
+        "wrap_dataloader": wrap_dataloader,
+        "wrap_optimizer": wrap_optimizer,
+        "wrap_rnn": wrap_rnn,
     }
     with STATE.lock:
         if STATE.installed:

@@ -14,6 +14,7 @@ and DLProf set in the profiled process. Without it every NVTX call is a no-op, s
 switches itself off and the wrappers cost one attribute test. ``DLPROF_FORCE_NVTX=1`` overrides the check
 (for a tool injected some other way).
 """
+
 from __future__ import annotations
 
 import os
@@ -119,8 +120,12 @@ class NvtxBackend:
                 continue
             for attr in ("get_event_attributes", "get_registered_string"):
                 fn = getattr(cls, attr, None)
-                if fn is not None and hasattr(fn, "cache_clear") and hasattr(fn, "cache_info") \
-                        and all(fn is not c for c in caches):
+                if (
+                    fn is not None
+                    and hasattr(fn, "cache_clear")
+                    and hasattr(fn, "cache_info")
+                    and all(fn is not c for c in caches)
+                ):
                     caches.append(fn)
         return caches
 
@@ -241,6 +246,6 @@ def resolve_backend(backend: Any = "auto") -> Any:
     if not hasattr(backend, "enabled"):
         try:
             backend.enabled = True
-        except Exception:
-            raise TypeError("backend object needs an 'enabled' attribute")
+        except Exception as exc:
+            raise TypeError("backend object needs an 'enabled' attribute") from exc
     return backend

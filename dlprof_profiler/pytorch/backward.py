@@ -18,6 +18,7 @@ adjacent (autograd interleaves the nodes of other ops), so one backward call is 
 one ``(process, callid)``: counting those, not the ranges, gives one bprop call per forward call and pass.
 Backward call ids come from the counter of forward call ids, so the two never collide.
 """
+
 from __future__ import annotations
 
 import threading
@@ -129,8 +130,9 @@ def _make_hooks(trace_txt: str, bprop_txt: tuple[str, str], call: BackwardCall, 
     return pre_hook, post_hook
 
 
-def attach(outputs: Any, stop_fns: List[Any], trace_txt: str, mod: str, op: str, callid: int,
-           args: List[Dict[str, Any]]) -> int:
+def attach(
+    outputs: Any, stop_fns: List[Any], trace_txt: str, mod: str, op: str, callid: int, args: List[Dict[str, Any]]
+) -> int:
     """Hook the autograd nodes created by one forward call; returns how many were hooked."""
     roots = []
     for t in iter_tensors(outputs):
@@ -140,7 +142,7 @@ def attach(outputs: Any, stop_fns: List[Any], trace_txt: str, mod: str, op: str,
                 roots.append(fn)
     if not roots:
         return 0
-    keep = list(stop_fns)          # hold references so ids stay unique during the walk
+    keep = list(stop_fns)  # hold references so ids stay unique during the walk
     call = BackwardCall()
     stop = {id(fn) for fn in stop_fns}
     seen = set()

@@ -17,6 +17,7 @@ with their name:
 - ``slice``: ``{'type': 'slice', 'value': (start, stop, step)}``; ``...``: ``{'type': 'ellipsis', 'value': '...'}``;
 - anything else: ``{'name': ..., 'type': <class name>}``.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,9 +39,9 @@ __all__ = [
     "config_marker",
 ]
 
-MAX_ARGS = 64          # argument entries per marker
-MAX_SEQ = 64           # elements kept of a list/tuple value
-MAX_STR = 256          # characters kept of a string value
+MAX_ARGS = 64  # argument entries per marker
+MAX_SEQ = 64  # elements kept of a list/tuple value
+MAX_STR = 256  # characters kept of a string value
 
 _DTYPE_NAMES: Dict[Any, str] = {}
 
@@ -106,8 +107,12 @@ def literal(value: Any, _depth: int = 0) -> Any:
 
 
 _SCALAR_TYPES = (bool, int, float, str, type(None), complex)
-_TORCH_ENUMS = {torch.dtype: "dtype", torch.device: "device", torch.layout: "layout",
-                torch.memory_format: "memory_format"}
+_TORCH_ENUMS = {
+    torch.dtype: "dtype",
+    torch.device: "device",
+    torch.layout: "layout",
+    torch.memory_format: "memory_format",
+}
 
 
 def _is_scalar_seq(seq: Sequence[Any], depth: int = 0) -> bool:
@@ -154,12 +159,18 @@ def _describe(value: Any, name: str, out: List[Dict[str, Any]], tensors: Optiona
         out.append({"name": name, "type": enum, "value": text})
         return
     if isinstance(value, _SCALAR_TYPES):  # subclasses (IntEnum, numpy bool...) and complex
-        out.append({"name": name, "type": t.__name__ if t is complex else type(literal(value)).__name__,
-                    "value": literal(value)})
+        out.append(
+            {
+                "name": name,
+                "type": t.__name__ if t is complex else type(literal(value)).__name__,
+                "value": literal(value),
+            }
+        )
         return
     if t is slice:
-        out.append({"name": name, "type": "slice",
-                    "value": (literal(value.start), literal(value.stop), literal(value.step))})
+        out.append(
+            {"name": name, "type": "slice", "value": (literal(value.start), literal(value.stop), literal(value.step))}
+        )
         return
     if value is Ellipsis:
         out.append({"name": name, "type": "ellipsis", "value": "..."})
@@ -180,8 +191,13 @@ def _describe(value: Any, name: str, out: List[Dict[str, Any]], tensors: Optiona
     out.append({"name": name, "type": t.__name__})
 
 
-def describe_args(args: Sequence[Any], kwargs: Dict[str, Any], shapes: bool = True,
-                  tensors: Optional[list] = None, names: Sequence[str] = ()) -> List[Dict[str, Any]]:
+def describe_args(
+    args: Sequence[Any],
+    kwargs: Dict[str, Any],
+    shapes: bool = True,
+    tensors: Optional[list] = None,
+    names: Sequence[str] = (),
+) -> List[Dict[str, Any]]:
     """Argument descriptions; tensors met are appended to ``tensors`` when given.
 
     ``names``: parameter names of the positional arguments (from :func:`positional_names`); non-tensor
@@ -191,8 +207,11 @@ def describe_args(args: Sequence[Any], kwargs: Dict[str, Any], shapes: bool = Tr
     n_names = len(names)
     for i, value in enumerate(args):
         name = ""
-        if i < n_names and not isinstance(value, torch.Tensor) and not (
-                isinstance(value, (list, tuple)) and not _is_scalar_seq(value)):
+        if (
+            i < n_names
+            and not isinstance(value, torch.Tensor)
+            and not (isinstance(value, (list, tuple)) and not _is_scalar_seq(value))
+        ):
             name = names[i]
         _describe(value, name, out, tensors, shapes)
     if kwargs:
@@ -286,8 +305,17 @@ def arg_marker(mod: str, op: str, callid: int, args: List[Dict[str, Any]]) -> st
 def bprop_marker(mod: str, op: str, bwd_callid: int, fwd_callid: int, node: str, args: List[Dict[str, Any]]) -> str:
     """Marker of one autograd node of a forward call: ``callid`` is the backward call (shared by the call's
     nodes in one backward pass), ``fwdCallid`` the forward call."""
-    return repr({"mod": mod, "op": op, "callid": bwd_callid, "dir": "bprop", "fwdCallid": fwd_callid, "node": node,
-                 "args": args})
+    return repr(
+        {
+            "mod": mod,
+            "op": op,
+            "callid": bwd_callid,
+            "dir": "bprop",
+            "fwdCallid": fwd_callid,
+            "node": node,
+            "args": args,
+        }
+    )
 
 
 def config_marker(config: Dict[str, Any]) -> str:

@@ -21,6 +21,7 @@ of the first top-level module call, whichever comes first), ``gpu_total_memory``
 or until CUDA is initialised), ``gpu_name``, ``num_gpus``, ``python_version``, ``dlprof_version``.
 Switches are sticky: once true they stay true.
 """
+
 from __future__ import annotations
 
 import platform
@@ -35,8 +36,16 @@ from .runtime import STATE
 
 __all__ = ["ModelConfig", "install_metadata_patches"]
 
-_STICKY = ("amp_enabled", "autocast", "detect_anomaly", "autograd_set_detect_anomaly", "gradcheck",
-           "gradgradcheck", "autograd_profile", "emit_nvtx")
+_STICKY = (
+    "amp_enabled",
+    "autocast",
+    "detect_anomaly",
+    "autograd_set_detect_anomaly",
+    "gradcheck",
+    "gradgradcheck",
+    "autograd_profile",
+    "emit_nvtx",
+)
 
 
 def _cudnn_version() -> Optional[int]:
@@ -96,8 +105,8 @@ class ModelConfig:
             "dlprof_version": dlprof_version,
         }
         self._emitted: Optional[str] = None
-        self.wants_loader = True       # DataLoader facts still unknown
-        self.batch_hook: Any = None    # global forward pre-hook handle while batch_size is unknown
+        self.wants_loader = True  # DataLoader facts still unknown
+        self.batch_hook: Any = None  # global forward pre-hook handle while batch_size is unknown
         self._gpu_known = False
         self._refresh_gpu()
 
@@ -218,6 +227,7 @@ class ModelConfig:
 
 # -- patches that switch keys on ------------------------------------------------------------------------
 
+
 def _flagging(orig, keys: Dict[str, Any], when=None):
     """Wrap ``orig`` to set config ``keys`` (then call it) when ``when(*args, **kwargs)`` is true."""
 
@@ -268,22 +278,34 @@ def install_metadata_patches(patcher, config: ModelConfig, handles: List[Any]) -
     try:
         from torch.amp import autocast_mode
 
-        patch(autocast_mode.autocast, "__enter__", {"autocast": True, "amp_enabled": True},
-              lambda self, *a, **k: bool(getattr(self, "_enabled", True)))
+        patch(
+            autocast_mode.autocast,
+            "__enter__",
+            {"autocast": True, "amp_enabled": True},
+            lambda self, *a, **k: bool(getattr(self, "_enabled", True)),
+        )
     except Exception:  # pragma: no cover
         pass
     scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
     if scaler is not None:
-        patch(scaler, "__init__", {"amp_enabled": True},
-              lambda self, *a, **k: bool(k.get("enabled", a[5] if len(a) > 5 else True)))
+        patch(
+            scaler,
+            "__init__",
+            {"amp_enabled": True},
+            lambda self, *a, **k: bool(k.get("enabled", a[5] if len(a) > 5 else True)),
+        )
 
     # anomaly detection, gradcheck
     patch(torch, "set_anomaly_enabled", {"detect_anomaly": True}, lambda mode, *a, **k: bool(mode))
     try:
         from torch.autograd import anomaly_mode
 
-        patch(anomaly_mode.set_detect_anomaly, "__init__", {"autograd_set_detect_anomaly": True},
-              lambda self, mode, *a, **k: bool(mode))
+        patch(
+            anomaly_mode.set_detect_anomaly,
+            "__init__",
+            {"autograd_set_detect_anomaly": True},
+            lambda self, mode, *a, **k: bool(mode),
+        )
     except Exception:  # pragma: no cover
         pass
     gc_module = sys.modules.get("torch.autograd.gradcheck")
@@ -296,6 +318,7 @@ def install_metadata_patches(patcher, config: ModelConfig, handles: List[Any]) -
     # batch size from the first top-level module call (until a DataLoader batch gave it)
     register = getattr(torch.nn.modules.module, "register_module_forward_pre_hook", None)
     if register is not None and config.values.get("batch_size") is None:
+
         def _batch_hook(module, args):
             cfg = STATE.config
             if cfg is not None:

@@ -24,6 +24,7 @@ Only the outermost patched call of a thread is annotated: calls torch makes insi
 
 Cost with no profiler: the wrapper tests ``STATE.active`` and calls the original.
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,8 +39,15 @@ from . import backward as _backward
 from .markers import arg_marker, describe_args, module_marker, positional_names, trace_marker
 from .runtime import STATE
 
-__all__ = ["Patcher", "select_targets", "op_name", "make_wrapper", "make_module_wrapper", "install_ops",
-           "install_jit_guard"]
+__all__ = [
+    "Patcher",
+    "select_targets",
+    "op_name",
+    "make_wrapper",
+    "make_module_wrapper",
+    "install_ops",
+    "install_jit_guard",
+]
 
 _MISSING = object()
 
@@ -86,34 +94,151 @@ class Patcher:
 
 # -- selection --------------------------------------------------------------------------------------
 
-_TORCH_SKIP_PREFIXES = ("is_", "get_", "set_", "can_", "autocast_", "clear_autocast", "parse_", "import_ir_module",
-                        "fbgemm_", "q_", "sym_", "unify_", "merge_type", "init_num", "vitals", "read_vitals",
-                        "use_deterministic", "are_deterministic", "compiled_with")
-_TORCH_SKIP = {"promote_types", "result_type", "wait", "fork", "numel", "cudnn_is_acceptable", "from_file",
-               "broadcast_shapes", "typename", "compile", "cond", "vmap", "load", "save", "manual_seed", "seed",
-               "initial_seed"}
+_TORCH_SKIP_PREFIXES = (
+    "is_",
+    "get_",
+    "set_",
+    "can_",
+    "autocast_",
+    "clear_autocast",
+    "parse_",
+    "import_ir_module",
+    "fbgemm_",
+    "q_",
+    "sym_",
+    "unify_",
+    "merge_type",
+    "init_num",
+    "vitals",
+    "read_vitals",
+    "use_deterministic",
+    "are_deterministic",
+    "compiled_with",
+)
+_TORCH_SKIP = {
+    "promote_types",
+    "result_type",
+    "wait",
+    "fork",
+    "numel",
+    "cudnn_is_acceptable",
+    "from_file",
+    "broadcast_shapes",
+    "typename",
+    "compile",
+    "cond",
+    "vmap",
+    "load",
+    "save",
+    "manual_seed",
+    "seed",
+    "initial_seed",
+}
 
-_FUNCTIONAL_SKIP = {"assert_int_or_pair", "has_torch_function", "has_torch_function_unary",
-                    "has_torch_function_variadic", "handle_torch_function", "boolean_dispatch"}
+_FUNCTIONAL_SKIP = {
+    "assert_int_or_pair",
+    "has_torch_function",
+    "has_torch_function_unary",
+    "has_torch_function_variadic",
+    "handle_torch_function",
+    "boolean_dispatch",
+}
 
 TENSOR_DUNDERS = (
-    "__add__", "__radd__", "__iadd__", "__sub__", "__rsub__", "__isub__", "__mul__", "__rmul__", "__imul__",
-    "__matmul__", "__rmatmul__", "__imatmul__", "__truediv__", "__rtruediv__", "__itruediv__", "__div__",
-    "__rdiv__", "__idiv__", "__floordiv__", "__rfloordiv__", "__ifloordiv__", "__mod__", "__rmod__", "__imod__",
-    "__pow__", "__rpow__", "__ipow__", "__neg__", "__pos__", "__abs__", "__invert__", "__and__", "__rand__",
-    "__iand__", "__or__", "__ror__", "__ior__", "__xor__", "__rxor__", "__ixor__", "__lshift__", "__rlshift__",
-    "__ilshift__", "__rshift__", "__rrshift__", "__irshift__", "__lt__", "__le__", "__gt__", "__ge__", "__eq__",
-    "__ne__", "__getitem__", "__setitem__",
+    "__add__",
+    "__radd__",
+    "__iadd__",
+    "__sub__",
+    "__rsub__",
+    "__isub__",
+    "__mul__",
+    "__rmul__",
+    "__imul__",
+    "__matmul__",
+    "__rmatmul__",
+    "__imatmul__",
+    "__truediv__",
+    "__rtruediv__",
+    "__itruediv__",
+    "__div__",
+    "__rdiv__",
+    "__idiv__",
+    "__floordiv__",
+    "__rfloordiv__",
+    "__ifloordiv__",
+    "__mod__",
+    "__rmod__",
+    "__imod__",
+    "__pow__",
+    "__rpow__",
+    "__ipow__",
+    "__neg__",
+    "__pos__",
+    "__abs__",
+    "__invert__",
+    "__and__",
+    "__rand__",
+    "__iand__",
+    "__or__",
+    "__ror__",
+    "__ior__",
+    "__xor__",
+    "__rxor__",
+    "__ixor__",
+    "__lshift__",
+    "__rlshift__",
+    "__ilshift__",
+    "__rshift__",
+    "__rrshift__",
+    "__irshift__",
+    "__lt__",
+    "__le__",
+    "__gt__",
+    "__ge__",
+    "__eq__",
+    "__ne__",
+    "__getitem__",
+    "__setitem__",
 )
 _TENSOR_SKIP = {
     # metadata queries, no work
-    "size", "dim", "ndimension", "numel", "nelement", "stride", "storage_offset", "data_ptr", "element_size",
-    "get_device", "type", "dense_dim", "sparse_dim", "has_names", "dim_order", "untyped_storage", "storage",
-    "storage_type", "tolist", "numpy", "nbytes", "itemsize",
+    "size",
+    "dim",
+    "ndimension",
+    "numel",
+    "nelement",
+    "stride",
+    "storage_offset",
+    "data_ptr",
+    "element_size",
+    "get_device",
+    "type",
+    "dense_dim",
+    "sparse_dim",
+    "has_names",
+    "dim_order",
+    "untyped_storage",
+    "storage",
+    "storage_type",
+    "tolist",
+    "numpy",
+    "nbytes",
+    "itemsize",
     # autograd / module plumbing
-    "backward", "register_hook", "register_post_accumulate_grad_hook", "retain_grad", "requires_grad_",
-    "module_load", "share_memory_", "apply_", "map_", "map2_", "reinforce", "as_subclass",
-    "_make_subclass", "new_tensor",
+    "backward",
+    "register_hook",
+    "register_post_accumulate_grad_hook",
+    "retain_grad",
+    "requires_grad_",
+    "module_load",
+    "share_memory_",
+    "apply_",
+    "map_",
+    "map2_",
+    "reinforce",
+    "as_subclass",
+    "_make_subclass",
+    "new_tensor",
 }
 _TENSOR_SKIP_PREFIXES = ("is_", "_")
 
@@ -200,8 +325,17 @@ def _find_is_compiling() -> Callable[[], bool]:
 _is_compiling = _find_is_compiling()
 
 
-def _call(orig: Callable, mod: str, op: str, label: str, args: tuple, kwargs: dict, frame,
-          module_obj: Any = None, names: Sequence[str] = ()) -> Any:
+def _call(
+    orig: Callable,
+    mod: str,
+    op: str,
+    label: str,
+    args: tuple,
+    kwargs: dict,
+    frame,
+    module_obj: Any = None,
+    names: Sequence[str] = (),
+) -> Any:
     """Run ``orig`` inside the trace + (module) + argument markers; hook its autograd nodes."""
     state = STATE
     if _tracing_state() is not None:  # torch.jit.trace records the ATen calls; leave them alone
@@ -212,8 +346,7 @@ def _call(orig: Callable, mod: str, op: str, label: str, args: tuple, kwargs: di
     try:
         func_stack, trace, modules = state.stack.capture(frame, label, opts.enable_function_stack)
         tensors: List[Any] = []
-        desc = describe_args(args if module_obj is None else args[1:], kwargs, opts.record_shapes, tensors,
-                             names)
+        desc = describe_args(args if module_obj is None else args[1:], kwargs, opts.record_shapes, tensors, names)
         callid = state.next_callid()
         trace_txt = trace_marker(trace, func_stack, modules)
         texts = [trace_txt]

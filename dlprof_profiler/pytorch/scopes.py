@@ -8,6 +8,7 @@
   the global optimizer step pre/post hooks (PyTorch >= 2.0), else by wrapping ``step`` of the optimizers in
   ``torch.optim``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, List

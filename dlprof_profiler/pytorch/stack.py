@@ -42,6 +42,7 @@ loop get ``(2)``, ``(3)``...
 
 traceMarker lists the user frames as ``file:line``, outermost (script) frame first, innermost last.
 """
+
 from __future__ import annotations
 
 import os
@@ -100,9 +101,18 @@ class StackCapture:
         self._stdlib = [_norm_dir(os.path.dirname(os.path.abspath(os.__file__)))]
         for key in ("stdlib", "platstdlib"):
             try:
-                self._stdlib.append(_norm_dir(sysconfig.get_paths(vars={
-                    "base": sys.base_prefix, "platbase": sys.base_exec_prefix,
-                    "installed_base": sys.base_prefix, "installed_platbase": sys.base_exec_prefix})[key]))
+                self._stdlib.append(
+                    _norm_dir(
+                        sysconfig.get_paths(
+                            vars={
+                                "base": sys.base_prefix,
+                                "platbase": sys.base_exec_prefix,
+                                "installed_base": sys.base_prefix,
+                                "installed_platbase": sys.base_exec_prefix,
+                            }
+                        )[key]
+                    )
+                )
             except Exception:
                 pass
         self._kinds: Dict[str, int] = {}
@@ -173,7 +183,7 @@ class StackCapture:
                 append((f, code, kind))
             f = f.f_back
         if first_user >= 0:
-            del shown[first_user + 1:]
+            del shown[first_user + 1 :]
         shown.reverse()
         return shown
 

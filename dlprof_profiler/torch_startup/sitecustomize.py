@@ -20,6 +20,7 @@ environment variable (JSON). Python imports `sitecustomize` at start-up; this on
 It uses only the standard library and torch: the profiled interpreter need not have dlprof installed.
 Any failure is reported in one line on stderr and leaves the program running unprofiled.
 """
+
 import json
 import os
 import sys
@@ -41,40 +42,50 @@ class _Capture:
 
     def __init__(self, config):
         import time
+
         self.time = time.time
         self.config = config
         self.folder = config["dir"]
         self.start_at = float(config.get("t0") or self.time()) + float(config.get("delay") or 0)
         self.duration = config.get("duration")
         self.stop_at = None
-        self.state = "waiting"          # waiting -> recording -> written
+        self.state = "waiting"  # waiting -> recording -> written
         self.prof = None
         self.module_hook = None
         self.path = os.path.join(self.folder, "%d.pt.trace.json.gz" % os.getpid())
 
     def attach(self, torch):
         from torch.profiler import ProfilerAction, profile, schedule
+
         window = self.config.get("iterations")
         if window:
             first, last = int(window[0]), int(window[1])
-            plan = schedule(wait=max(first - 1, 0), warmup=1 if first > 0 else 0, active=last - first + 1,
-                            repeat=1)
+            plan = schedule(wait=max(first - 1, 0), warmup=1 if first > 0 else 0, active=last - first + 1, repeat=1)
         else:
+
             def plan(step):
                 return ProfilerAction.RECORD
-        self.prof = profile(schedule=plan, on_trace_ready=self._write, record_shapes=True,
-                            with_stack=bool(self.config.get("with_stack", True)),
-                            profile_memory=bool(self.config.get("profile_memory", False)))
+
+        self.prof = profile(
+            schedule=plan,
+            on_trace_ready=self._write,
+            record_shapes=True,
+            with_stack=bool(self.config.get("with_stack", True)),
+            profile_memory=bool(self.config.get("profile_memory", False)),
+        )
         self._hook_optimizer_steps(torch)
         if self.time() >= self.start_at and not self.duration:
             self._start()
         else:
             from torch.nn.modules.module import register_module_forward_pre_hook
+
             self.module_hook = register_module_forward_pre_hook(self._on_module)
             self._tick()
         import atexit
+
         atexit.register(self.finish)
         import signal
+
         if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
             signal.signal(signal.SIGTERM, self._on_sigterm)
 
@@ -85,10 +96,12 @@ class _Capture:
         our call after the range closes. Nested steps (an optimizer stepping another) count once.
         Without that method (other torch versions), a global step post-hook is used instead."""
         import functools
+
         optimizer = torch.optim.Optimizer
         original = getattr(optimizer, "profile_hook_step", None)
         if original is None:
             from torch.optim.optimizer import register_optimizer_step_post_hook
+
             register_optimizer_step_post_hook(self._on_step)
             return
         capture = self
@@ -106,7 +119,9 @@ class _Capture:
                     depth[0] -= 1
                     if depth[0] == 0:
                         capture._on_step()
+
             return step
+
         optimizer.profile_hook_step = staticmethod(profile_hook_step)
 
     def _start(self):
@@ -125,6 +140,7 @@ class _Capture:
             self.finish()
             _warn("--duration elapsed: trace written, ending the program with SIGTERM (as nsys does)")
             import signal
+
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
 
@@ -157,17 +173,18 @@ class _Capture:
         if self.state != "recording":
             return
         try:
-            self.prof.stop()          # while recording, stopping calls on_trace_ready (_write)
+            self.prof.stop()  # while recording, stopping calls on_trace_ready (_write)
         except Exception as exc:
             self._fail(exc)
             return
-        if self.state == "recording":   # the iteration window was never reached: nothing to write
+        if self.state == "recording":  # the iteration window was never reached: nothing to write
             self.state = "stopped"
             _warn("the program ended before the iteration window: no trace written")
 
     def _on_sigterm(self, signum, frame):
         self.finish()
         import signal
+
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -187,6 +204,7 @@ class _TorchImportWatcher:
             return None
         sys.meta_path.remove(self)
         import importlib.util
+
         spec = importlib.util.find_spec("torch")
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
@@ -200,10 +218,11 @@ class _TorchImportWatcher:
                 capture.attach(module)
             except Exception as exc:
                 capture._fail(exc)
+
         loader.exec_module = exec_module
         return spec
 
-    def find_module(self, name, path=None):   # Python < 3.4 protocol: unused
+    def find_module(self, name, path=None):  # Python < 3.4 protocol: unused
         return None
 
 
@@ -219,6 +238,7 @@ def _chain():
     """Run the next `sitecustomize` on sys.path (this one shadows it) under the name sitecustomize."""
     import importlib.machinery
     import importlib.util
+
     rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
     if spec is None or spec.loader is None:
