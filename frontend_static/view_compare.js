@@ -96,6 +96,10 @@ export function mount(el) {
 
   let tables = null;
   const baseline = () => ({base_run: state.base_run, base_aggr: state.base_aggr});
+  // Answers can arrive out of order (the initial baseline's while the user already picked another): each
+  // choice and each load takes a number, and only the newest one's answer is shown.
+  let choice = 0;
+  let loads = 0;
 
   function renderSummary(doc) {
     const rows = (doc.summary || []).map((r) => h("tr", {dataset: {key: r.key}},
@@ -116,14 +120,15 @@ export function mount(el) {
   }
 
   async function load() {
+    const mine = ++loads;
     el.dataset.ready = "";
     const params = {...scope(), ...baseline()};
     try {
       const doc = await getJSON("compare", params);
-      if (!alive) return;
+      if (!alive || mine !== loads) return;
       renderSummary(doc);
     } catch (err) {
-      if (!alive) return;
+      if (!alive || mine !== loads) return;
       replace(summary.body, placeholder(`Could not compare: ${err.message}`));
       reportError(err);
       return;
@@ -141,7 +146,7 @@ export function mount(el) {
     }
   }
 
-  async function fillAggregations(run, wanted) {
+  async function fillAggregations(run, wanted, mine) {
     let data;
     try {
       data = await getJSON("aggregations", {run});
@@ -149,6 +154,7 @@ export function mount(el) {
       reportError(err);
       return null;
     }
+    if (mine !== choice) return null;
     const aggs = (data.aggregations || []).slice().sort((a, b) => Number(a.aggr_id) - Number(b.aggr_id));
     const ids = aggs.map((a) => String(a.aggr_id));
     const chosen = wanted !== null && wanted !== undefined && ids.includes(String(wanted)) ? String(wanted)
@@ -159,8 +165,14 @@ export function mount(el) {
   }
 
   async function choose(run, aggr) {
-    const chosen = await fillAggregations(run, aggr);
-    if (!alive || chosen === null) return;
+    const mine = ++choice;
+    // the previous run's aggregations must not be picked while this run's are on their way
+    replace(aggrSelect, h("option", {value: ""}, "Loading…"));
+    aggrSelect.disabled = true;
+    const chosen = await fillAggregations(run, aggr, mine);
+    if (!alive || mine !== choice) return;
+    aggrSelect.disabled = false;
+    if (chosen === null) return;
     update({base_run: run, base_aggr: chosen});
     await load();
   }
@@ -168,7 +180,8 @@ export function mount(el) {
   replace(runSelect, ...state.runs.map((r) => h("option", {value: r.run}, runLabel(r.run))));
   runSelect.addEventListener("change", () => choose(runSelect.value, null));
   aggrSelect.addEventListener("change", () => {
-    update({base_aggr: aggrSelect.value});
+    choice += 1; // a baseline run still being chosen must not override this pick
+    update({base_run: runSelect.value, base_aggr: aggrSelect.value});
     load();
   });
   const known = state.runs.some((r) => r.run === state.base_run);

@@ -6,6 +6,7 @@ reload (URL state)."""
 from __future__ import annotations
 
 import csv
+import time
 import io
 from types import SimpleNamespace
 
@@ -188,3 +189,42 @@ def test_the_baseline_is_kept_in_the_url(env):
     )
     assert b.js("return document.getElementById('compare-base-run').value") == "before/dlprof"
     assert b.css("#run-select").get_attribute("value") == "after/dlprof"
+
+
+def test_a_late_answer_for_the_previous_baseline_does_not_replace_the_chosen_one(env):
+    """The view opens on the URL's baseline and the user picks another before its answers arrive: the slow
+    answers (held back here by wrapping fetch) must not bring the first baseline back."""
+    b = env.b
+    open_compare(b, "after/dlprof", "training/dlprof")
+    b.click("button.nav-item[data-view=dashboard]")
+    b.js(
+        "const real = window.fetch; let held = 0;"
+        "window.fetch = (url, opts) => {"
+        "  const u = String(url);"
+        "  if ((u.includes('/aggregations') || u.includes('/compare')) && u.includes('training') && held < 4) {"
+        "    held += 1;"
+        "    return new Promise((ok) => setTimeout(ok, 2500)).then(() => real(url, opts));"
+        "  }"
+        "  return real(url, opts);"
+        "};"
+        "window.__restoreFetch = () => { window.fetch = real; };"
+    )
+    try:
+        goto_compare(b)
+        from selenium.webdriver.support.ui import Select
+
+        Select(b.css("#compare-base-run")).select_by_value("before/dlprof")
+        b.wait(
+            lambda d: b.js(
+                "return document.querySelector('.view-compare').dataset.ready === '1' && "
+                "document.getElementById('compare-after').textContent.includes('baseline: before/dlprof')"
+            ),
+            30,
+            "the chosen baseline's comparison",
+        )
+        time.sleep(3.5)  # the held answers for training/dlprof have arrived by now
+        assert "baseline: before/dlprof" in b.css("#compare-after").text
+        assert b.js("return document.getElementById('compare-base-run').value") == "before/dlprof"
+        assert "p.dlprof.base_run=before%2Fdlprof" in b.js("return window.parent.location.hash;")
+    finally:
+        b.js("window.__restoreFetch && window.__restoreFetch();")
