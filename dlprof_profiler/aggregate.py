@@ -553,27 +553,6 @@ def tensor_core_table(
     return rows.sort_values("op_id", kind="stable").reset_index(drop=True)
 
 
-def activity_iterations(trace: Trace, corr: Correlation, iterations: Iterations) -> np.ndarray:
-    """A GPU activity belongs to the iteration of the API call that launched it (own start if none)."""
-    from dlprof_profiler.model_chunks import launch_times
-
-    if len(trace.gpu) == 0:
-        return np.zeros(0, dtype=np.int64)
-    return iterations.of(launch_times(trace, corr.gpu_api))
-
-
-def with_launch_details(launches: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame:
-    """Kernel launch rows with names, long names and grid/block sizes (for the iteration report)."""
-    out = launches.copy()
-    rows = launches["activity_id"].to_numpy() if len(launches) else np.zeros(0, dtype=np.int64)
-    for column in ("name", "long_name"):
-        cats = gpu[column].cat.categories.to_numpy(dtype=object) if len(gpu) else np.zeros(0, dtype=object)
-        out[column] = obj(cats[gpu[column].cat.codes.to_numpy()[rows]] if len(rows) else [], out.index)
-    for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"):
-        out[c] = gpu[c].to_numpy()[rows]
-    return out
-
-
 # ---------------------------------------------------------------------------- group nodes
 
 

@@ -266,28 +266,6 @@ def reaggregation_iterations(trace: Trace, corr: Correlation, key_node: str | No
     return iterations
 
 
-def segment_cuts(iterations: iterate.Iterations, times: np.ndarray, events_per_segment: int) -> tuple:
-    """Cut times that split the work into segments of about `events_per_segment` events (sorted `times`),
-    at iteration boundaries when iterations are small enough, else inside them."""
-    if times.size <= events_per_segment:
-        return ()
-    cuts = []
-    last = 0
-    bounds = iterations.boundaries
-    b_pos = np.searchsorted(times, bounds)
-    for pos in b_pos.tolist():
-        if pos - last >= events_per_segment:
-            cuts.append(int(times[pos]))
-            last = pos
-    # iterations larger than a segment are cut inside
-    edges = [0] + [int(np.searchsorted(times, c)) for c in cuts] + [times.size]
-    extra = []
-    for a, b in zip(edges[:-1], edges[1:]):
-        for p in range(a + events_per_segment, b - events_per_segment // 2, events_per_segment):
-            extra.append(int(times[p]))
-    return tuple(sorted(set(cuts + extra)))
-
-
 # ---------------------------------------------------------------------------- out of core
 
 EVENTS_PER_SEGMENT = 2_000_000

@@ -21,14 +21,3 @@ def atomic_path(target: Path | str, suffix: str = ""):
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise
-
-
-def write_text_atomic(target: Path | str, text: str, encoding: str = "utf-8") -> None:
-    """Write a whole text file atomically."""
-    with atomic_path(target) as tmp:
-        tmp.write_text(text, encoding=encoding, newline="")
-
-
-def write_bytes_atomic(target: Path | str, data: bytes) -> None:
-    with atomic_path(target) as tmp:
-        tmp.write_bytes(data)

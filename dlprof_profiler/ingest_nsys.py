@@ -598,12 +598,6 @@ def _capture_end(trace: Trace, latest_nvtx) -> int:
 RANGE_FRAME_COLUMNS = ["range_id", "domain", "text", "start", "end", "global_tid", "pid", "event_type", "unclosed"]
 
 
-def read_ranges(src: SqliteSource, strings: StringTable, capture_end: int) -> tuple[pd.DataFrame, dict]:
-    """NVTX push/pop and start/end ranges (in rowid order) with resolved text and domain names; range_id is
-    the rowid. Also returns the (pid, domain handle) -> domain name map."""
-    return ranges_frame(read_range_columns(src, strings), capture_end)
-
-
 def read_range_columns(src: SqliteSource, strings: StringTable) -> dict:
     """What ranges_frame needs from NVTX_EVENTS: the range and domain-create rows' integer columns, their
     texts (registered strings resolved) and `latest`, the latest end or time of any NVTX event."""

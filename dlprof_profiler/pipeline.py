@@ -17,7 +17,6 @@ from dlprof_profiler.analysis import (
     Analysis,
     AnalysisConfig,
     analyze,
-    key_node_from_ops,
     reaggregation_iterations,
     reanalyze,
 )
@@ -248,11 +247,6 @@ def run_store_analysis(source: Path, args: Namespace, capture: dict | None = Non
             feed.join()  # the feeding thread reads the store: it stops once the writer is closed
         if store is not None:
             store.close()
-
-
-def _key_node_from_ops(trace, corr, key: str, iterations):
-    """A key node given as an op name or Op ID (kept for callers of the old entry point)."""
-    return key_node_from_ops(corr, key, iterations)
 
 
 def _profile_info(

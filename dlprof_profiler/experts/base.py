@@ -120,14 +120,6 @@ def counted(items: list[tuple[str, int]], limit: int = 3) -> str:
     return shown + (f" and {rest} more" if rest > 0 else "")
 
 
-def codes_and_categories(series: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """Integer codes and their distinct values (object array) of a name column, categorical or not."""
-    if isinstance(series.dtype, pd.CategoricalDtype):
-        return series.cat.codes.to_numpy(np.int64), series.cat.categories.to_numpy(dtype=object)
-    codes, uniques = pd.factorize(series.to_numpy(dtype=object))
-    return codes.astype(np.int64), np.asarray(uniques, dtype=object)
-
-
 # ---------------------------------------------------------------------------- context
 
 
