@@ -425,6 +425,19 @@ def op_type_statistics(ops: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values("op_type", kind="stable").reset_index(drop=True)
 
 
+def with_launch_details(launches: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame:
+    """Kernel launch rows with names, long names and grid/block sizes: what the iteration report of the
+    branch point read (tests/test_reports.py runs that writer for its byte-for-byte comparison)."""
+    out = launches.copy()
+    rows = launches["activity_id"].to_numpy() if len(launches) else np.zeros(0, dtype=np.int64)
+    for column in ("name", "long_name"):
+        cats = gpu[column].cat.categories.to_numpy(dtype=object) if len(gpu) else np.zeros(0, dtype=object)
+        out[column] = obj(cats[gpu[column].cat.codes.to_numpy()[rows]] if len(rows) else [], out.index)
+    for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"):
+        out[c] = gpu[c].to_numpy()[rows]
+    return out
+
+
 # ---------------------------------------------------------------------------- kernel launches
 
 LAUNCH_COLUMNS = [
