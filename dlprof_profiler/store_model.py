@@ -889,18 +889,32 @@ WRITE_ROWS = 1 << 18  # rows read from the store and queued for the database wri
 
 class DatabaseFeed:
     """Feeds a new database's writer (database.DatabaseWriter) from the store, as database.finish_analysis does
-    from frames, on a thread of its own (reading through cursors of its own), so the reports are written
-    meanwhile. `start()`, then `finish()` -> ({domain name: domain_id}, op index maps)."""
+    from frames, on a thread of its own (reading through cursors of its own): `start_raw()` once the domains
+    are known queues the raw facts while the analysis goes on; `set_model(corr, primary, profile)` and
+    `start()` then queue the op model while the reports are written; `finish()` -> ({domain name: domain_id},
+    op index maps). `cancel()` lets the thread stop without a model (the analysis failed)."""
 
-    def __init__(self, writer, sa: StoreAnalysis, corr, primary: str, profile: dict):
+    def __init__(self, writer, sa: StoreAnalysis):
         import threading
 
-        self.writer, self.sa, self.corr, self.primary, self.profile = writer, sa, corr, primary, profile
+        self.writer, self.sa = writer, sa
+        self.corr = self.primary = self.profile = None
         self._error: BaseException | None = None
+        self._model_ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dlprof-db-feed", daemon=True)
 
-    def start(self) -> None:
+    def start_raw(self) -> None:
         self._thread.start()
+
+    def set_model(self, corr, primary: str, profile: dict) -> None:
+        self.corr, self.primary, self.profile = corr, primary, profile
+
+    def start(self) -> None:
+        """The model is complete: queue it after the raw facts."""
+        self._model_ready.set()
+
+    def cancel(self) -> None:
+        self._model_ready.set()
 
     def join(self) -> None:
         """Wait for the feeding thread (also after a failure elsewhere: the store must outlive it)."""
@@ -923,13 +937,16 @@ class DatabaseFeed:
 
     def _run(self) -> None:
         try:
-            feed_database(self.writer, self.sa, self.corr)
+            feed_raw(self.writer, self.sa)
+            self._model_ready.wait()
+            if self.corr is not None and self._error is None:
+                feed_model(self.writer, self.sa, self.corr)
         except BaseException as exc:  # noqa: BLE001 - re-raised by finish() on the analysis thread
             self._error = exc
 
 
-def feed_database(writer, sa: StoreAnalysis, corr) -> None:
-    """Queue the raw facts and every domain's op model, a chunk of rows at a time."""
+def feed_raw(writer, sa: StoreAnalysis) -> None:
+    """Queue the raw facts, a chunk of rows at a time."""
     from types import SimpleNamespace
 
     store = sa.store
@@ -938,6 +955,11 @@ def feed_database(writer, sa: StoreAnalysis, corr) -> None:
         for chunk in store.frame_chunks(frame, WRITE_ROWS):
             writer.add_raw(SimpleNamespace(**{frame: chunk}))
     writer.add_raw(SimpleNamespace(syncs=trace.syncs, io_calls=trace.io_calls))
+
+
+def feed_model(writer, sa: StoreAnalysis, corr) -> None:
+    """Queue every domain's op model, a chunk of rows at a time."""
+    store = sa.store
     for name, dm in corr.domains.items():
         writer.add_ops(name, dm.ops)  # first: the domain's ops get consecutive database op indexes
         d = dm.sink.d
