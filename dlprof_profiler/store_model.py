@@ -64,6 +64,17 @@ INSTANCE_INT = [
 ]
 CALL_METRICS = ("cpu_time", "cpu_overhead", "gpu_time", "gpu_idle", "n_kernels")  # correlate.CALL_METRICS
 CLASSIFY_BATCH = 1 << 20
+# the ranges' own columns range_info holds (as the store's `ranges` table types them)
+RANGE_COLUMNS = [
+    ("range_id", "BIGINT"),
+    ("domain_code", "BIGINT"),
+    ("start", "BIGINT"),
+    ("end", "BIGINT"),
+    ("global_tid", "BIGINT"),
+    ("pid", "BIGINT"),
+    ("event_type", "TINYINT"),
+    ("unclosed", "BOOLEAN"),
+]
 
 
 class StringPool:
@@ -113,25 +124,31 @@ class StoreAnalysis:
 
     # -- classification -------------------------------------------------------------------------------
     def classify(self, mode: str | None) -> tuple[str, str | None, dict]:
-        """Classify every range (in batches) into `range_info`; returns (mode, family, run config)."""
+        """Classify every range (in batches) into `range_info`, which holds the ranges' own columns too (every
+        later query reads it alone, without joining the ranges); returns (mode, family, run config)."""
         families = None
         if mode in corr_mod.FAMILY_OF_MODE:
             fam = corr_mod.FAMILY_OF_MODE[mode]
             families = {fam} if fam else set()
         if mode == "simple":
             families = set()
-        cols = ", ".join([f"{c} BIGINT" for c in ["range_id"] + INFO_INT] + [f"{c}_code BIGINT" for c in INFO_TEXT])
+        cols = ", ".join(
+            [f'"{c}" {t}' for c, t in RANGE_COLUMNS]
+            + [f"{c} BIGINT" for c in INFO_INT]
+            + [f"{c}_code BIGINT" for c in INFO_TEXT]
+        )
         self.run(f"CREATE OR REPLACE TABLE range_info ({cols})")
         domains = np.array(self.store.domains, dtype=object)
         reader = self.store.con.cursor()
-        result = reader.sql("SELECT range_id, domain_code, text FROM ranges").to_arrow_reader(CLASSIFY_BATCH)
+        own = ", ".join(f'"{c}"' for c, _ in RANGE_COLUMNS)
+        result = reader.sql(f"SELECT text, {own} FROM ranges").to_arrow_reader(CLASSIFY_BATCH)
         kinds_seen = np.zeros(8, dtype=np.int64)
         for batch in result:
-            texts = pd.Series(batch.column(2), dtype="str")
-            dom = domains[batch.column(1).to_numpy()] if len(domains) else np.zeros(0, object)
+            texts = pd.Series(batch.column(0), dtype="str")
+            dom = domains[batch.column("domain_code").to_numpy()] if len(domains) else np.zeros(0, object)
             info = nm.classify_ranges(texts, dom, families)
             self.config_entries += info.attrs.get("config", [])
-            frame = {"range_id": batch.column(0).to_numpy()}
+            frame = {c: batch.column(c) for c, _ in RANGE_COLUMNS}
             for c in INFO_INT:
                 frame[c] = info[c].to_numpy().astype(np.int64)
             for c in INFO_TEXT:
@@ -158,9 +175,9 @@ class StoreAnalysis:
     def range_labels(self) -> pd.DataFrame:
         """Ranges per (domain, label) (correlate.range_label_counts)."""
         f = self.store.frame("""
-            SELECT r.domain_code, i.label_code, arg_min(i.kind, r.range_id) AS kind, count(*) AS num_ranges,
-                   bool_or(i.dataloader = 1) AS dataloader, sum(r."end" - r.start) AS total_time
-            FROM ranges r JOIN range_info i USING (range_id) GROUP BY ALL ORDER BY min(r.range_id)""")
+            SELECT domain_code, label_code, arg_min(kind, range_id) AS kind, count(*) AS num_ranges,
+                   bool_or(dataloader = 1) AS dataloader, sum("end" - start) AS total_time
+            FROM range_info GROUP BY ALL ORDER BY min(range_id)""")
         domains = np.array(self.store.domains, dtype=object)
         return pd.DataFrame(
             {
@@ -182,16 +199,14 @@ class StoreAnalysis:
         f = self.store.frame(f"""
             SELECT count(*) AS n, bool_or(i.kind IN ({markers})) AS has_markers,
                    bool_or(i.kind = {nm.DL_ARG}) AS dl_args
-            FROM ranges r JOIN range_info i USING (range_id)
-            WHERE r.domain_code = {code} AND i.kind <> {nm.CONFIG}""")
+            FROM range_info i WHERE i.domain_code = {code} AND i.kind <> {nm.CONFIG}""")
         pids = self.store.frame(f"""
-            SELECT r.pid, bool_or(i.kind = {nm.DL_ARG}) AS arg,
+            SELECT i.pid, bool_or(i.kind = {nm.DL_ARG}) AS arg,
                    bool_or(i.kind IN ({nm.PT_OP}, {nm.DL_ARG}) AND (i.backward = 1 OR i.direction_code = {back})) AS bwd
-            FROM ranges r JOIN range_info i USING (range_id)
-            WHERE r.domain_code = {code} AND i.kind <> {nm.CONFIG} GROUP BY r.pid""")
+            FROM range_info i WHERE i.domain_code = {code} AND i.kind <> {nm.CONFIG} GROUP BY i.pid""")
         threads = self.store.frame(f"""
-            SELECT DISTINCT r.global_tid FROM ranges r JOIN range_info i USING (range_id)
-            WHERE r.domain_code = {code} AND i.kind IN ({nm.PT_OP}, {nm.DL_ARG})""")
+            SELECT DISTINCT i.global_tid FROM range_info i
+            WHERE i.domain_code = {code} AND i.kind IN ({nm.PT_OP}, {nm.DL_ARG})""")
         row = f.iloc[0]
         return DomainFacts(
             n_ranges=int(row["n"]),
@@ -242,7 +257,9 @@ class StoreAnalysis:
         self.run("""
             CREATE OR REPLACE TABLE gpu_by_launch AS
             SELECT g.*, l.api_id, l.launch, l.api_duration, l.uses_tc
-            FROM gpu g JOIN gpu_launch l USING (activity_id) ORDER BY l.launch, g.activity_id""")
+            FROM gpu g JOIN gpu_launch l USING (activity_id)""")
+        # (not sorted by launch: the activities are in start order, a few microseconds after their launch, so
+        # a segment's WHERE launch BETWEEN reads a stretch of row groups; its readers order what they read)
 
         def best(key: str, where: str) -> dict:
             f = self.store.frame(f"""
@@ -273,10 +290,10 @@ class StoreAnalysis:
             params = None
         else:
             code = self.pool.code.get(key, -2)
-            where, params = f"(r.text = $1 OR i.label_code = {code})", [key]
+            where = f"(i.label_code = {code} OR i.range_id IN (SELECT range_id FROM ranges WHERE text = $1))"
+            params = [key]
         return self.store.frame(
-            f"""SELECT r.start, r."end", r.pid, r.global_tid FROM ranges r
-                                    JOIN range_info i USING (range_id) WHERE {where} ORDER BY r.range_id""",
+            f"""SELECT i.start, i."end", i.pid, i.global_tid FROM range_info i WHERE {where} ORDER BY i.range_id""",
             params,
         )
 
@@ -337,13 +354,9 @@ class StoreAnalysis:
             SELECT DISTINCT r.range_id FROM ranges r JOIN _cuts c ON r.start < c.t AND r."end" > c.t""")
         self.store.con.unregister("_cuts")
         crossing_ids = crossing["range_id"].to_numpy(np.int64)
-        # the ranges with their classification in start order, once: a segment then reads a stretch of it
-        # (zone maps) instead of joining the whole classification
-        cols = ", ".join([f"i.{c}" for c in INFO_INT] + [f"i.{c}_code" for c in INFO_TEXT])
-        self.run(f"""CREATE OR REPLACE TABLE ranges_classified AS
-                     SELECT r.range_id, r.domain_code, r.start, r."end", r.global_tid, r.pid, r.event_type, r.unclosed,
-                            {cols}
-                     FROM ranges r JOIN range_info i USING (range_id) ORDER BY r.start""")
+        # a segment reads a stretch of range_info by start: its row groups' zone maps skip the others (it is
+        # in the export's order, which nsys writes in start order; not sorted again: a sort of every range
+        # spilled to disk at 10^7 kernels)
         context_all = (
             self._ranges_where(f"range_id IN ({','.join(map(str, crossing_ids))})") if crossing_ids.size else None
         )
@@ -365,7 +378,7 @@ class StoreAnalysis:
 
     def _ranges_where(self, where: str, params=None) -> tuple[pd.DataFrame, pd.DataFrame]:
         store = self.store
-        f = store.frame(f"SELECT * FROM ranges_classified r WHERE {where} ORDER BY r.range_id", params)
+        f = store.frame(f"SELECT * FROM range_info r WHERE {where} ORDER BY r.range_id", params)
         domains = np.array(store.domains, dtype=object)
         ranges = make_frame(
             {
@@ -603,30 +616,27 @@ class StoreSink:
                                       ORDER BY i.start, i.instance_id) AS nth
             FROM {self.inst} i ASOF LEFT JOIN _bounds b ON i.start >= b.t WHERE i.call_id = i.instance_id""")
         store.con.unregister("_bounds")
-        first = store.frame(f"""
-            SELECT DISTINCT ON (name_code, direction_code, nth) name_code, direction_code, nth, op_type_code,
-                   label_code, kind, start AS first_start
-            FROM {heads} ORDER BY name_code, direction_code, nth, start, instance_id""")
-        if len(first) == 0:
+        # one hash aggregation over the (few) ops instead of a sort of every call per column: the first call
+        # is the one of the earliest (start, instance_id); its device the one most calls ran on (lowest on ties)
+        first_of = "{'s': start, 'i': instance_id}"
+        g = store.frame(f"""
+            WITH dev AS (SELECT name_code, direction_code, nth, arg_min(device_id, {{'c': -c, 'd': device_id}}) AS dev
+                         FROM (SELECT name_code, direction_code, nth, device_id, count(*) AS c FROM {heads}
+                               WHERE device_id >= 0 GROUP BY ALL) GROUP BY ALL),
+                 agg AS (SELECT name_code, direction_code, nth, arg_min(op_type_code, {first_of}) AS op_type_code,
+                                arg_min(label_code, {first_of}) AS label_code, arg_min(kind, {first_of}) AS kind,
+                                min(start) AS first_start, count(*) AS n,
+                                arg_min(data_type_code, {first_of}) FILTER (WHERE data_type_code >= 0) AS data_type,
+                                arg_min(stack_trace_code, {first_of}) FILTER (WHERE stack_trace_code >= 0)
+                                    AS stack_trace
+                         FROM {heads} GROUP BY ALL)
+            SELECT agg.*, dev.dev AS device_id FROM agg LEFT JOIN dev USING (name_code, direction_code, nth)
+            ORDER BY name_code, direction_code, nth""")
+        if len(g) == 0:
             from dlprof_profiler.correlate import op_table
 
             self.a.run(f"CREATE OR REPLACE TABLE op_of_call_{self.d} (call_id BIGINT, op_index BIGINT)")
             return op_table(pd.DataFrame(), domain, family)
-        keys = ["name_code", "direction_code", "nth"]
-        counts = store.frame(f"SELECT name_code, direction_code, nth, count(*) AS n FROM {heads} GROUP BY ALL")
-        given = {}
-        for column in ("data_type", "stack_trace"):
-            given[column] = store.frame(f"""
-                SELECT DISTINCT ON (name_code, direction_code, nth) name_code, direction_code, nth, {column}_code AS v
-                FROM {heads} WHERE {column}_code >= 0 ORDER BY name_code, direction_code, nth, start, instance_id""")
-        dev = store.frame(f"""
-            SELECT DISTINCT ON (name_code, direction_code, nth) name_code, direction_code, nth, device_id FROM (
-                SELECT name_code, direction_code, nth, device_id, count(*) AS c FROM {heads} WHERE device_id >= 0
-                GROUP BY ALL) ORDER BY name_code, direction_code, nth, c DESC, device_id""")
-        g = first.merge(counts, on=keys, how="left")
-        for column, frame in given.items():
-            g = g.merge(frame.rename(columns={"v": column}), on=keys, how="left")
-        g = g.merge(dev, on=keys, how="left")
         groups = make_frame(
             {
                 "name": pool.decode(g["name_code"]),
@@ -806,8 +816,7 @@ class StoreModel:
         self.ops = dm.ops
         self._device_ids, self._device_pids = device_ids, device_pids
         store = analysis.store
-        loader = store.frame("""SELECT r.start, r."end", r.pid FROM ranges r JOIN range_info i USING (range_id)
-                                WHERE i.dataloader = 1 ORDER BY r.start""")
+        loader = store.frame("""SELECT start, "end", pid FROM range_info WHERE dataloader = 1 ORDER BY start""")
         self.loader = make_frame({c: loader[c].to_numpy(np.int64) for c in ("start", "end", "pid")})
         self.io = make_frame({c: io_calls[c].to_numpy(np.int64) for c in ("start", "end", "pid")})
 
