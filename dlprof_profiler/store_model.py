@@ -237,27 +237,25 @@ class StoreAnalysis:
         )
         self.tc_pairs = pairs.assign(uses_tc=uses, tc_rule=rules)
         self.store.con.register("_tc", self.tc_pairs[["name_code", "long_code", "uses_tc"]])
+        # one table of the activities with their links (joining them back to the activities cost a hash join
+        # of every activity)
         self.run("""
-            CREATE OR REPLACE TABLE gpu_launch AS
+            CREATE OR REPLACE TABLE gpu_by_launch AS
             WITH calls AS (SELECT pid, correlation_id, start, max(api_id) AS api_id FROM api
                            WHERE correlation_id >= 0 GROUP BY ALL),
                  first_call AS (SELECT pid, correlation_id, min(api_id) AS api_id FROM api
                                 WHERE correlation_id >= 0 GROUP BY ALL),
                  nearest AS (SELECT g.activity_id, c.api_id FROM gpu g ASOF LEFT JOIN calls c
                              ON g.pid = c.pid AND g.correlation_id = c.correlation_id AND g.start >= c.start)
-            SELECT g.activity_id, coalesce(n.api_id, f.api_id, -1) AS api_id, coalesce(a.start, g.start) AS launch,
-                   coalesce(a."end" - a.start, -1) AS api_duration, coalesce(a.global_tid, -1) AS api_tid,
-                   (g.kind = 0 AND coalesce(t.uses_tc, false)) AS uses_tc
+            SELECT g.*, coalesce(n.api_id, f.api_id, -1) AS api_id, coalesce(a.start, g.start) AS launch,
+                   coalesce(a."end" - a.start, -1) AS api_duration,
+                   (g.kind = 0 AND coalesce(t.uses_tc, false)) AS uses_tc, coalesce(a.global_tid, -1) AS api_tid
             FROM gpu g
             JOIN nearest n USING (activity_id)
             LEFT JOIN first_call f ON f.pid = g.pid AND f.correlation_id = g.correlation_id
             LEFT JOIN api a ON a.api_id = coalesce(n.api_id, f.api_id)
             LEFT JOIN _tc t ON t.name_code = g.name_code AND t.long_code = g.long_code""")
         self.store.con.unregister("_tc")
-        self.run("""
-            CREATE OR REPLACE TABLE gpu_by_launch AS
-            SELECT g.*, l.api_id, l.launch, l.api_duration, l.uses_tc
-            FROM gpu g JOIN gpu_launch l USING (activity_id)""")
         # (not sorted by launch: the activities are in start order, a few microseconds after their launch, so
         # a segment's WHERE launch BETWEEN reads a stretch of row groups; its readers order what they read)
 
@@ -266,11 +264,11 @@ class StoreAnalysis:
                 SELECT k, dev FROM (
                     SELECT k, dev, row_number() OVER (PARTITION BY k ORDER BY s DESC, dev) AS rn
                     FROM (SELECT {key} AS k, g.device_id AS dev, sum(g."end" - g.start + 1) AS s
-                          FROM gpu g JOIN gpu_launch l USING (activity_id) WHERE {where} GROUP BY ALL))
+                          FROM gpu_by_launch g WHERE {where} GROUP BY ALL))
                 WHERE rn = 1""")
             return dict(zip(f["k"].astype(int), f["dev"].astype(int)))
 
-        return best("l.api_tid", "l.api_id >= 0"), best("g.pid", "g.pid >= 0")
+        return best("g.api_tid", "g.api_id >= 0"), best("g.pid", "g.pid >= 0")
 
     def device_pids(self) -> dict:
         f = self.store.frame("SELECT DISTINCT device_id, pid FROM gpu")
@@ -308,7 +306,7 @@ class StoreAnalysis:
         lo = int(
             self.store.scalar(
                 "SELECT least((SELECT min(start) FROM ranges), (SELECT min(start) FROM api), "
-                "(SELECT min(launch) FROM gpu_launch))"
+                "(SELECT min(launch) FROM gpu_by_launch))"
             )
             or 0
         )
@@ -318,7 +316,7 @@ class StoreAnalysis:
             SELECT b, sum(n) AS n FROM (
                 SELECT (start - {lo}) // {width} AS b, count(*) AS n FROM ranges GROUP BY b
                 UNION ALL SELECT (start - {lo}) // {width} AS b, count(*) AS n FROM api GROUP BY b
-                UNION ALL SELECT (launch - {lo}) // {width} AS b, count(*) AS n FROM gpu_launch GROUP BY b)
+                UNION ALL SELECT (launch - {lo}) // {width} AS b, count(*) AS n FROM gpu_by_launch GROUP BY b)
             GROUP BY b ORDER BY b""")
         edges = lo + f["b"].to_numpy(np.int64) * width  # bucket starts
         cum = np.cumsum(f["n"].to_numpy(np.int64))
@@ -878,8 +876,8 @@ class StoreModel:
             )
             acts = self._acts("launch >= $1 AND launch < $2", params)
             running = store.frame(
-                """SELECT g.start, g."end", g.device_id, g.kind, l.uses_tc, g.name_code FROM gpu g
-                                     JOIN gpu_launch l USING (activity_id) WHERE g.start >= $1 AND g.start < $2""",
+                """SELECT start, "end", device_id, kind, uses_tc, name_code FROM gpu_by_launch
+                   WHERE start >= $1 AND start < $2""",
                 params,
             )
             running["uses_tc"] = running["uses_tc"].astype(bool)
@@ -972,13 +970,14 @@ def feed_model(writer, sa: StoreAnalysis, corr) -> None:
     for name, dm in corr.domains.items():
         writer.add_ops(name, dm.ops)  # first: the domain's ops get consecutive database op indexes
         d = dm.sink.d
-        for table in store.batches(f"SELECT * FROM inst_sorted_{d} ORDER BY instance_id", WRITE_ROWS):
+        query = f"SELECT * FROM inst_sorted_{d} WHERE {{where}} ORDER BY instance_id"
+        for table in store.ordered_batches(query, f"inst_sorted_{d}", "instance_id", WRITE_ROWS):
             writer.add_domain_model(name, _decoded_instances(table.to_pandas(), sa.pool, name))
-        for table in store.batches(
+        query = (
             f"SELECT activity_id, owner AS instance_id, api_id, launch AS launch_time "
-            f"FROM acts_{d} ORDER BY activity_id",
-            WRITE_ROWS,
-        ):
+            f"FROM acts_{d} WHERE {{where}} ORDER BY activity_id"
+        )
+        for table in store.ordered_batches(query, f"acts_{d}", "activity_id", WRITE_ROWS):
             writer.add_domain_model(name, None, table.to_pandas())
 
 
