@@ -479,7 +479,9 @@ class StoreSink:
             f'CASE WHEN i.call_id <> i.instance_id THEN 0 ELSE coalesce(m."{m}", i."{m}") END AS "call_{m}"'
             for m in CALL_METRICS
         )
-        # every instance takes the op of its call; one pass writes the instances in start order
+        # every instance takes the op of its call, in one pass; not sorted (a sort of every instance spilled to
+        # disk at 10^7 kernels): the instances come segment by segment, so a chunk's WHERE start range reads a
+        # stretch of row groups, and every reader orders what it reads (start, instance_id)
         self.a.run(f"""CREATE OR REPLACE TABLE inst_sorted_{self.d} AS
                        WITH grouped AS (SELECT DISTINCT call_id FROM {self.inst} WHERE call_id <> instance_id),
                             multi AS (SELECT x.call_id, {sums} FROM {self.inst} x JOIN grouped USING (call_id)
@@ -488,8 +490,7 @@ class StoreSink:
                               (i.call_id = i.instance_id) AS is_call,
                               {calls}
                        FROM {self.inst} i LEFT JOIN op_of_call_{self.d} o ON o.call_id = i.call_id
-                       LEFT JOIN multi m ON m.call_id = i.instance_id
-                       ORDER BY i.start, i.instance_id""")
+                       LEFT JOIN multi m ON m.call_id = i.instance_id""")
         self.a.run(f"DROP TABLE {self.inst}")
         self.a.run(f"DROP TABLE op_of_call_{self.d}")
         self.a.run(f"""
@@ -499,8 +500,7 @@ class StoreSink:
                    i.op_index AS owner_op, i.start AS owner_start
             FROM gpu_by_launch g JOIN gpu_owner_{self.d} o USING (activity_id)
             LEFT JOIN api a ON a.api_id = g.api_id
-            JOIN inst_sorted_{self.d} i ON i.instance_id = o.instance_id
-            ORDER BY g.launch, g.activity_id""")
+            JOIN inst_sorted_{self.d} i ON i.instance_id = o.instance_id""")
         n_inst = int(self.a.store.scalar(f"SELECT count(*) FROM inst_sorted_{self.d}"))
         return StoreDomainModel(
             domain=c.domain,
@@ -790,7 +790,7 @@ class StoreDomainModel:
     def instances_where(self, where: str = "true", params=None) -> pd.DataFrame:
         """Instances as the in-memory model holds them (text columns decoded)."""
         sink = self.sink
-        f = sink.a.store.frame(f"SELECT * FROM inst_sorted_{sink.d} WHERE {where}", params)
+        f = sink.a.store.frame(f"SELECT * FROM inst_sorted_{sink.d} WHERE {where} ORDER BY start, instance_id", params)
         for c in INSTANCE_TEXT:
             f[c] = sink.a.pool.decode(f.pop(f"{c}_code").to_numpy(np.int64))
         f["domain"] = self.domain
@@ -861,7 +861,9 @@ class StoreModel:
         return self._acts("false", None)
 
     def _acts(self, where: str, params) -> pd.DataFrame:
-        f = self.a.store.frame(f"SELECT * FROM acts_{self.dm.sink.d} WHERE {where}", params)
+        f = self.a.store.frame(
+            f"SELECT * FROM acts_{self.dm.sink.d} WHERE {where} ORDER BY launch, activity_id", params
+        )
         f["uses_tc"] = f["uses_tc"].astype(bool)
         return f
 
@@ -871,7 +873,7 @@ class StoreModel:
             params = [lo, hi]
             inst = store.frame(
                 f"""SELECT {", ".join(f'"{c}"' for c in INSTANCE_FIELDS)}
-                    FROM inst_sorted_{d} WHERE start >= $1 AND start < $2""",
+                    FROM inst_sorted_{d} WHERE start >= $1 AND start < $2 ORDER BY start, instance_id""",
                 params,
             )
             acts = self._acts("launch >= $1 AND launch < $2", params)
