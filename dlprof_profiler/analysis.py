@@ -277,9 +277,11 @@ def analyze_store(
     source_name: str | None = None,
     events_per_segment: int = EVENTS_PER_SEGMENT,
     detect: bool = True,
+    on_planned=None,
 ) -> Analysis:
     """The same analysis over a TraceStore, segment by segment: memory is bounded by a segment, not the
-    profile (see store_model.py)."""
+    profile (see store_model.py). `on_planned(store_analysis, domains)` is called once the domains that get an
+    op model are known, before the correlation (the database writer can start on the raw facts then)."""
     from dlprof_profiler.aggregate import aggregate_model
     from dlprof_profiler.correlate import DomainCorrelator, segment_rows
     from dlprof_profiler.store_model import LaunchSpill, StoreAnalysis, StoreModel, StoreSink
@@ -300,6 +302,8 @@ def analyze_store(
     )
     cuts = config.cuts if config.cuts is not None else tuple(sa.plan_cuts(iterations.boundaries, events_per_segment))
     domains = sa.domain_order(mode)
+    if on_planned is not None:
+        on_planned(sa, domains)
     correlators = {
         d: DomainCorrelator(
             d,

@@ -233,17 +233,28 @@ def run_store_analysis(source: Path, args: Namespace, capture: dict | None = Non
             log.warning(text)
         if capture and capture.get("nsys_build"):
             trace.meta["nsys_build"] = capture["nsys_build"]
-        result = analyze_store(store, AnalysisConfig.from_args(args), str(source))
+
+        def start_database(sa, domains):
+            # the raw facts are written from the store while the analysis goes on (as the in-memory path does)
+            nonlocal writer, feed
+            header = database.Header.from_trace(trace, database.domain_ids_for(domains))
+            # every row comes at once from the store: the indexes are cheaper built once, sorted, after them
+            writer = database.DatabaseWriter(staging.path(database_path(args)), header, deferred_indexes=True)
+            feed = DatabaseFeed(writer, sa)
+            feed.start_raw()
+
+        result = analyze_store(store, AnalysisConfig.from_args(args), str(source), on_planned=start_database)
         profile = _profile_info(args, source, trace, result.corr, capture, store.profile_start, store.profile_end)
-        header = database.Header.from_trace(trace, database.domain_ids_for(result.corr))
-        writer = database.DatabaseWriter(staging.path(database_path(args)), header)
-        feed = DatabaseFeed(writer, result.corr.store, result.corr, result.primary, profile)
+        feed.set_model(result.corr, result.primary, profile)
         return _write_outputs(args, out_dir, source, result, profile, staging, feed, writer, started)
     except BaseException:
+        if feed is not None:
+            feed.cancel()
         staging.discard_after(writer)
         raise
     finally:
         if feed is not None:
+            feed.cancel()  # (no-op once the model was fed)
             feed.join()  # the feeding thread reads the store: it stops once the writer is closed
         if store is not None:
             store.close()

@@ -177,7 +177,9 @@ def _analyze_rank_out_of_core(task: RankTask, started: float) -> RankResult:
         header = database.Header.from_trace(trace, {name: base + i for i, name in enumerate(names)}, rank=rank)
         writer = database.DatabaseWriter(task.database, header, raw_indexes=task.index == 0, final_indexes=False)
         profile = _profile_info(args, source, trace, result.corr, None, store.profile_start, store.profile_end)
-        feed = DatabaseFeed(writer, result.corr.store, result.corr, result.primary, profile)
+        feed = DatabaseFeed(writer, result.corr.store)
+        feed.set_model(result.corr, result.primary, profile)
+        feed.start_raw()
         feed.start()  # the database is written while the reports are
         _write_reports(
             args,

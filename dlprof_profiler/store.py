@@ -26,6 +26,7 @@ from dlprof_profiler.sqlite_source import SqliteSource
 from dlprof_profiler.trace import KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, Trace
 
 DEFAULT_MEMORY_LIMIT = "1200MB"
+SORT_SPAN_ROWS = 1 << 22  # rows an id-ordered read sorts at a time (see TraceStore.ordered_batches)
 _RANGES = (
     'SELECT range_id, domain_code, text, start, "end", global_tid, pid, event_type, unclosed '
     "FROM ranges WHERE {where} ORDER BY range_id"
@@ -119,10 +120,13 @@ class TraceStore:
                     "CUPTI_ACTIVITY_KIND_MEMSET",
                 )
             )
+            api_read, gpu_reads, ranges_read = self._api_read(src), self._gpu_reads(src), self._ranges_read(src)
+            with log.stage("Reading the CUDA API calls, GPU activities and NVTX ranges into the store"):
+                self._read_tables([api_read, *gpu_reads, ranges_read])
             with log.stage("Staging CUDA API calls"):
-                self._stage_api(src)
+                self._stage_api()
             with log.stage("Staging GPU activities"):
-                self._stage_gpu(src)
+                self._gpu_names([(table, kind) for table, _, _, kind in gpu_reads])
             from dlprof_profiler.sanitize import drop_invalid_times
 
             trace.syncs, self.drops["syncs"] = drop_invalid_times(nsys.read_syncs(src), "GPU synchronizations", "syncs")
@@ -131,7 +135,7 @@ class TraceStore:
             )
             capture_end = self._capture_end(src, trace.meta)
             with log.stage("Staging NVTX ranges"):
-                trace.domain_map = self._stage_ranges(src, capture_end)
+                trace.domain_map = self._stage_ranges(capture_end)
             used = [(d,) for d in self.raw_devices]
             trace.devices = nsys.read_devices(
                 src, pd.DataFrame({"device_id": np.array([r[0] for r in used], dtype=np.int64)})
@@ -168,6 +172,32 @@ class TraceStore:
         schema = pa.schema([("id", I64), ("value", pa.string())])
         self._insert("strings", src, "SELECT id, value FROM StringIds" if src.has("StringIds") else None, schema)
 
+    def _read_tables(self, reads: list[tuple]) -> None:
+        """Stream queries of the export into new DuckDB tables (empty when a query is None), at once, each on
+        connections of its own: ADBC reads SQLite in C without the GIL and DuckDB inserts without it, so the
+        reads share the cores (as ingest_nsys reads the export)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        for table, _, schema, *_ in reads:
+            cols = ", ".join(f'"{f.name}" {_duck_type(f.type)}' for f in schema)
+            self.run(f"CREATE OR REPLACE TABLE {table} ({cols})")
+
+        def read(table: str, query: str, schema: pa.Schema) -> None:
+            src, cursor = SqliteSource(self.export, immutable=True), self.con.cursor()
+            try:
+                for batch in src.record_batches(query, schema):
+                    cursor.register("_batch", batch)
+                    cursor.execute(f"INSERT INTO {table} SELECT * FROM _batch").fetchall()
+                    cursor.unregister("_batch")
+            finally:
+                cursor.close()
+                src.close()
+
+        with ThreadPoolExecutor(max_workers=3, thread_name_prefix="dlprof-stage") as pool:
+            done = [pool.submit(read, table, query, schema) for table, query, schema, *_ in reads if query]
+            for future in done:
+                future.result()
+
     def _insert(self, table: str, src: SqliteSource, query: str | None, schema: pa.Schema) -> None:
         """Stream a query of the export into a new DuckDB table (empty when `query` is None)."""
         cols = ", ".join(f'"{f.name}" {_duck_type(f.type)}' for f in schema)
@@ -179,7 +209,8 @@ class TraceStore:
             self.run(f"INSERT INTO {table} SELECT * FROM _batch")
             self.con.unregister("_batch")
 
-    def _stage_api(self, src: SqliteSource) -> None:
+    def _api_read(self, src: SqliteSource) -> tuple:
+        """(table, query of the export or None, schema) of the raw CUDA API calls."""
         t = "CUPTI_ACTIVITY_KIND_RUNTIME"
         names = ["rowid", "start", "end", "global_tid", "correlation_id", "name_id", "event_class", "return_value"]
         schema = pa.schema([(n, I64) for n in names])
@@ -190,7 +221,9 @@ class TraceStore:
                 f"coalesce(nameId, -1), coalesce(eventClass, 0), "
                 f"coalesce({src.col(t, 'returnValue', '0')}, 0) FROM {t}"
             )
-        self._insert("raw_api", src, query, schema)
+        return "raw_api", query, schema
+
+    def _stage_api(self) -> None:
         names_table = self.frame(
             "SELECT DISTINCT r.name_id, s.value FROM raw_api r LEFT JOIN strings s ON s.id = r.name_id"
         )
@@ -221,7 +254,8 @@ class TraceStore:
         self.raw_end["api"] = self.scalar('SELECT max("end") FROM raw_api')
         self.run("DROP TABLE raw_api")
 
-    def _stage_gpu(self, src: SqliteSource) -> None:
+    def _gpu_reads(self, src: SqliteSource) -> list[tuple]:
+        """(table, query of the export, schema, kind) of the raw GPU activities, per activity table."""
         kt, mt, st = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"
         # our column <- export column, per table (absent columns read as -1, as ingest_nsys reads them)
         common = {
@@ -289,10 +323,8 @@ class TraceStore:
                     exprs.append(f'"{source}"')  # NULL stays NULL: damage, dropped and counted below
                 else:
                     exprs.append(nsys._int_col(src, table, source, default) if source else "-1")
-            name = f"raw_gpu_{kind}"
-            self._insert(name, src, f"SELECT {', '.join(exprs)} FROM {table}", schema)
-            parts.append((name, kind))
-        self._gpu_names(parts)
+            parts.append((f"raw_gpu_{kind}", f"SELECT {', '.join(exprs)} FROM {table}", schema, kind))
+        return parts
 
     def _gpu_names(self, parts: list[tuple[str, int]]) -> None:
         """GPU activity names as ingest_nsys gives them: a kernel's short and long names stand in for each
@@ -397,7 +429,8 @@ class TraceStore:
         latest = max(ends)
         return int(stop) if isinstance(stop, int) and stop >= latest else latest
 
-    def _stage_ranges(self, src: SqliteSource, capture_end: int) -> dict:
+    def _ranges_read(self, src: SqliteSource) -> tuple:
+        """(table, query of the export or None, schema) of the raw NVTX ranges."""
         t = "NVTX_EVENTS"
         fields = [
             ("range_id", I64),
@@ -418,7 +451,9 @@ class TraceStore:
                 f"{nsys._int_col(src, t, 'domainId', '0')}, {nsys._int_col(src, t, 'textId')}, "
                 f"{src.col(t, 'text')} FROM {t} WHERE eventType IN ({types})"
             )
-        self._insert("raw_ranges", src, query, schema)
+        return "raw_ranges", query, schema
+
+    def _stage_ranges(self, capture_end: int) -> dict:
         # domain handles are per process: (pid, domainId) -> name, from the domain-create rows
         created = self.frame(f"""
             SELECT ((r.global_tid >> 24) & 16777215) AS pid, r.domain_id, coalesce(s.value, r.text, '') AS name
@@ -520,12 +555,12 @@ class TraceStore:
     def frame_chunks(self, frame: str, rows: int):
         """Every row of `ranges`, `api_calls` or `gpu` in id order, as frames of `rows` rows at most (streamed
         on a cursor of its own: the store stays usable meanwhile)."""
-        query, convert = {
-            "ranges": (_RANGES, self._ranges_of),
-            "api_calls": (_API, self._api_of),
-            "gpu": (_GPU, self._gpu_of),
+        query, convert, table_name, key = {
+            "ranges": (_RANGES, self._ranges_of, "ranges", "range_id"),
+            "api_calls": (_API, self._api_of, "api", "api_id"),
+            "gpu": (_GPU, self._gpu_of, "gpu", "activity_id"),
         }[frame]
-        for table in self.batches(query.format(where="true"), rows):
+        for table in self.ordered_batches(query, table_name, key, rows):
             yield convert(table if frame == "ranges" else table.to_pandas())
 
     def batches(self, query: str, rows: int):
@@ -534,6 +569,25 @@ class TraceStore:
         try:
             for batch in cursor.sql(query).to_arrow_reader(rows):
                 yield pa.Table.from_batches([batch])
+        finally:
+            cursor.close()
+
+    def ordered_batches(self, query: str, table: str, key: str, rows: int, span_rows: int = SORT_SPAN_ROWS):
+        """`query` (holding `WHERE {where} ORDER BY key`, `key` a unique integer column of `table`) `rows` at
+        a time, on a cursor of its own, sorted one stretch of keys of about `span_rows` rows at a time: bounded
+        sorts that stay in memory (a sort of every row spilled to disk at 10^7 kernels), each stretch read
+        through the zone maps of a table stored roughly in key order."""
+        cursor = self.con.cursor()
+        try:
+            lo, hi, n = cursor.execute(f"SELECT min({key}), max({key}), count(*) FROM {table}").fetchall()[0]
+            if not n:
+                return
+            width = (int(hi) - int(lo)) // max(1, -(-int(n) // span_rows)) + 1
+            for start in range(int(lo), int(hi) + 1, width):
+                where = f"{key} >= {start} AND {key} < {start + width}"
+                for batch in cursor.sql(query.format(where=where)).to_arrow_reader(rows):
+                    if batch.num_rows:
+                        yield pa.Table.from_batches([batch])
         finally:
             cursor.close()
 

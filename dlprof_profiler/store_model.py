@@ -64,6 +64,17 @@ INSTANCE_INT = [
 ]
 CALL_METRICS = ("cpu_time", "cpu_overhead", "gpu_time", "gpu_idle", "n_kernels")  # correlate.CALL_METRICS
 CLASSIFY_BATCH = 1 << 20
+# the ranges' own columns range_info holds (as the store's `ranges` table types them)
+RANGE_COLUMNS = [
+    ("range_id", "BIGINT"),
+    ("domain_code", "BIGINT"),
+    ("start", "BIGINT"),
+    ("end", "BIGINT"),
+    ("global_tid", "BIGINT"),
+    ("pid", "BIGINT"),
+    ("event_type", "TINYINT"),
+    ("unclosed", "BOOLEAN"),
+]
 
 
 class StringPool:
@@ -113,25 +124,31 @@ class StoreAnalysis:
 
     # -- classification -------------------------------------------------------------------------------
     def classify(self, mode: str | None) -> tuple[str, str | None, dict]:
-        """Classify every range (in batches) into `range_info`; returns (mode, family, run config)."""
+        """Classify every range (in batches) into `range_info`, which holds the ranges' own columns too (every
+        later query reads it alone, without joining the ranges); returns (mode, family, run config)."""
         families = None
         if mode in corr_mod.FAMILY_OF_MODE:
             fam = corr_mod.FAMILY_OF_MODE[mode]
             families = {fam} if fam else set()
         if mode == "simple":
             families = set()
-        cols = ", ".join([f"{c} BIGINT" for c in ["range_id"] + INFO_INT] + [f"{c}_code BIGINT" for c in INFO_TEXT])
+        cols = ", ".join(
+            [f'"{c}" {t}' for c, t in RANGE_COLUMNS]
+            + [f"{c} BIGINT" for c in INFO_INT]
+            + [f"{c}_code BIGINT" for c in INFO_TEXT]
+        )
         self.run(f"CREATE OR REPLACE TABLE range_info ({cols})")
         domains = np.array(self.store.domains, dtype=object)
         reader = self.store.con.cursor()
-        result = reader.sql("SELECT range_id, domain_code, text FROM ranges").to_arrow_reader(CLASSIFY_BATCH)
+        own = ", ".join(f'"{c}"' for c, _ in RANGE_COLUMNS)
+        result = reader.sql(f"SELECT text, {own} FROM ranges").to_arrow_reader(CLASSIFY_BATCH)
         kinds_seen = np.zeros(8, dtype=np.int64)
         for batch in result:
-            texts = pd.Series(batch.column(2), dtype="str")
-            dom = domains[batch.column(1).to_numpy()] if len(domains) else np.zeros(0, object)
+            texts = pd.Series(batch.column(0), dtype="str")
+            dom = domains[batch.column("domain_code").to_numpy()] if len(domains) else np.zeros(0, object)
             info = nm.classify_ranges(texts, dom, families)
             self.config_entries += info.attrs.get("config", [])
-            frame = {"range_id": batch.column(0).to_numpy()}
+            frame = {c: batch.column(c) for c, _ in RANGE_COLUMNS}
             for c in INFO_INT:
                 frame[c] = info[c].to_numpy().astype(np.int64)
             for c in INFO_TEXT:
@@ -158,9 +175,9 @@ class StoreAnalysis:
     def range_labels(self) -> pd.DataFrame:
         """Ranges per (domain, label) (correlate.range_label_counts)."""
         f = self.store.frame("""
-            SELECT r.domain_code, i.label_code, arg_min(i.kind, r.range_id) AS kind, count(*) AS num_ranges,
-                   bool_or(i.dataloader = 1) AS dataloader, sum(r."end" - r.start) AS total_time
-            FROM ranges r JOIN range_info i USING (range_id) GROUP BY ALL ORDER BY min(r.range_id)""")
+            SELECT domain_code, label_code, arg_min(kind, range_id) AS kind, count(*) AS num_ranges,
+                   bool_or(dataloader = 1) AS dataloader, sum("end" - start) AS total_time
+            FROM range_info GROUP BY ALL ORDER BY min(range_id)""")
         domains = np.array(self.store.domains, dtype=object)
         return pd.DataFrame(
             {
@@ -182,16 +199,14 @@ class StoreAnalysis:
         f = self.store.frame(f"""
             SELECT count(*) AS n, bool_or(i.kind IN ({markers})) AS has_markers,
                    bool_or(i.kind = {nm.DL_ARG}) AS dl_args
-            FROM ranges r JOIN range_info i USING (range_id)
-            WHERE r.domain_code = {code} AND i.kind <> {nm.CONFIG}""")
+            FROM range_info i WHERE i.domain_code = {code} AND i.kind <> {nm.CONFIG}""")
         pids = self.store.frame(f"""
-            SELECT r.pid, bool_or(i.kind = {nm.DL_ARG}) AS arg,
+            SELECT i.pid, bool_or(i.kind = {nm.DL_ARG}) AS arg,
                    bool_or(i.kind IN ({nm.PT_OP}, {nm.DL_ARG}) AND (i.backward = 1 OR i.direction_code = {back})) AS bwd
-            FROM ranges r JOIN range_info i USING (range_id)
-            WHERE r.domain_code = {code} AND i.kind <> {nm.CONFIG} GROUP BY r.pid""")
+            FROM range_info i WHERE i.domain_code = {code} AND i.kind <> {nm.CONFIG} GROUP BY i.pid""")
         threads = self.store.frame(f"""
-            SELECT DISTINCT r.global_tid FROM ranges r JOIN range_info i USING (range_id)
-            WHERE r.domain_code = {code} AND i.kind IN ({nm.PT_OP}, {nm.DL_ARG})""")
+            SELECT DISTINCT i.global_tid FROM range_info i
+            WHERE i.domain_code = {code} AND i.kind IN ({nm.PT_OP}, {nm.DL_ARG})""")
         row = f.iloc[0]
         return DomainFacts(
             n_ranges=int(row["n"]),
@@ -222,38 +237,38 @@ class StoreAnalysis:
         )
         self.tc_pairs = pairs.assign(uses_tc=uses, tc_rule=rules)
         self.store.con.register("_tc", self.tc_pairs[["name_code", "long_code", "uses_tc"]])
+        # one table of the activities with their links (joining them back to the activities cost a hash join
+        # of every activity)
         self.run("""
-            CREATE OR REPLACE TABLE gpu_launch AS
+            CREATE OR REPLACE TABLE gpu_by_launch AS
             WITH calls AS (SELECT pid, correlation_id, start, max(api_id) AS api_id FROM api
                            WHERE correlation_id >= 0 GROUP BY ALL),
                  first_call AS (SELECT pid, correlation_id, min(api_id) AS api_id FROM api
                                 WHERE correlation_id >= 0 GROUP BY ALL),
                  nearest AS (SELECT g.activity_id, c.api_id FROM gpu g ASOF LEFT JOIN calls c
                              ON g.pid = c.pid AND g.correlation_id = c.correlation_id AND g.start >= c.start)
-            SELECT g.activity_id, coalesce(n.api_id, f.api_id, -1) AS api_id, coalesce(a.start, g.start) AS launch,
-                   coalesce(a."end" - a.start, -1) AS api_duration, coalesce(a.global_tid, -1) AS api_tid,
-                   (g.kind = 0 AND coalesce(t.uses_tc, false)) AS uses_tc
+            SELECT g.*, coalesce(n.api_id, f.api_id, -1) AS api_id, coalesce(a.start, g.start) AS launch,
+                   coalesce(a."end" - a.start, -1) AS api_duration,
+                   (g.kind = 0 AND coalesce(t.uses_tc, false)) AS uses_tc, coalesce(a.global_tid, -1) AS api_tid
             FROM gpu g
             JOIN nearest n USING (activity_id)
             LEFT JOIN first_call f ON f.pid = g.pid AND f.correlation_id = g.correlation_id
             LEFT JOIN api a ON a.api_id = coalesce(n.api_id, f.api_id)
             LEFT JOIN _tc t ON t.name_code = g.name_code AND t.long_code = g.long_code""")
         self.store.con.unregister("_tc")
-        self.run("""
-            CREATE OR REPLACE TABLE gpu_by_launch AS
-            SELECT g.*, l.api_id, l.launch, l.api_duration, l.uses_tc
-            FROM gpu g JOIN gpu_launch l USING (activity_id) ORDER BY l.launch, g.activity_id""")
+        # (not sorted by launch: the activities are in start order, a few microseconds after their launch, so
+        # a segment's WHERE launch BETWEEN reads a stretch of row groups; its readers order what they read)
 
         def best(key: str, where: str) -> dict:
             f = self.store.frame(f"""
                 SELECT k, dev FROM (
                     SELECT k, dev, row_number() OVER (PARTITION BY k ORDER BY s DESC, dev) AS rn
                     FROM (SELECT {key} AS k, g.device_id AS dev, sum(g."end" - g.start + 1) AS s
-                          FROM gpu g JOIN gpu_launch l USING (activity_id) WHERE {where} GROUP BY ALL))
+                          FROM gpu_by_launch g WHERE {where} GROUP BY ALL))
                 WHERE rn = 1""")
             return dict(zip(f["k"].astype(int), f["dev"].astype(int)))
 
-        return best("l.api_tid", "l.api_id >= 0"), best("g.pid", "g.pid >= 0")
+        return best("g.api_tid", "g.api_id >= 0"), best("g.pid", "g.pid >= 0")
 
     def device_pids(self) -> dict:
         f = self.store.frame("SELECT DISTINCT device_id, pid FROM gpu")
@@ -273,10 +288,10 @@ class StoreAnalysis:
             params = None
         else:
             code = self.pool.code.get(key, -2)
-            where, params = f"(r.text = $1 OR i.label_code = {code})", [key]
+            where = f"(i.label_code = {code} OR i.range_id IN (SELECT range_id FROM ranges WHERE text = $1))"
+            params = [key]
         return self.store.frame(
-            f"""SELECT r.start, r."end", r.pid, r.global_tid FROM ranges r
-                                    JOIN range_info i USING (range_id) WHERE {where} ORDER BY r.range_id""",
+            f"""SELECT i.start, i."end", i.pid, i.global_tid FROM range_info i WHERE {where} ORDER BY i.range_id""",
             params,
         )
 
@@ -291,7 +306,7 @@ class StoreAnalysis:
         lo = int(
             self.store.scalar(
                 "SELECT least((SELECT min(start) FROM ranges), (SELECT min(start) FROM api), "
-                "(SELECT min(launch) FROM gpu_launch))"
+                "(SELECT min(launch) FROM gpu_by_launch))"
             )
             or 0
         )
@@ -301,7 +316,7 @@ class StoreAnalysis:
             SELECT b, sum(n) AS n FROM (
                 SELECT (start - {lo}) // {width} AS b, count(*) AS n FROM ranges GROUP BY b
                 UNION ALL SELECT (start - {lo}) // {width} AS b, count(*) AS n FROM api GROUP BY b
-                UNION ALL SELECT (launch - {lo}) // {width} AS b, count(*) AS n FROM gpu_launch GROUP BY b)
+                UNION ALL SELECT (launch - {lo}) // {width} AS b, count(*) AS n FROM gpu_by_launch GROUP BY b)
             GROUP BY b ORDER BY b""")
         edges = lo + f["b"].to_numpy(np.int64) * width  # bucket starts
         cum = np.cumsum(f["n"].to_numpy(np.int64))
@@ -337,13 +352,9 @@ class StoreAnalysis:
             SELECT DISTINCT r.range_id FROM ranges r JOIN _cuts c ON r.start < c.t AND r."end" > c.t""")
         self.store.con.unregister("_cuts")
         crossing_ids = crossing["range_id"].to_numpy(np.int64)
-        # the ranges with their classification in start order, once: a segment then reads a stretch of it
-        # (zone maps) instead of joining the whole classification
-        cols = ", ".join([f"i.{c}" for c in INFO_INT] + [f"i.{c}_code" for c in INFO_TEXT])
-        self.run(f"""CREATE OR REPLACE TABLE ranges_classified AS
-                     SELECT r.range_id, r.domain_code, r.start, r."end", r.global_tid, r.pid, r.event_type, r.unclosed,
-                            {cols}
-                     FROM ranges r JOIN range_info i USING (range_id) ORDER BY r.start""")
+        # a segment reads a stretch of range_info by start: its row groups' zone maps skip the others (it is
+        # in the export's order, which nsys writes in start order; not sorted again: a sort of every range
+        # spilled to disk at 10^7 kernels)
         context_all = (
             self._ranges_where(f"range_id IN ({','.join(map(str, crossing_ids))})") if crossing_ids.size else None
         )
@@ -365,7 +376,7 @@ class StoreAnalysis:
 
     def _ranges_where(self, where: str, params=None) -> tuple[pd.DataFrame, pd.DataFrame]:
         store = self.store
-        f = store.frame(f"SELECT * FROM ranges_classified r WHERE {where} ORDER BY r.range_id", params)
+        f = store.frame(f"SELECT * FROM range_info r WHERE {where} ORDER BY r.range_id", params)
         domains = np.array(store.domains, dtype=object)
         ranges = make_frame(
             {
@@ -468,7 +479,9 @@ class StoreSink:
             f'CASE WHEN i.call_id <> i.instance_id THEN 0 ELSE coalesce(m."{m}", i."{m}") END AS "call_{m}"'
             for m in CALL_METRICS
         )
-        # every instance takes the op of its call; one pass writes the instances in start order
+        # every instance takes the op of its call, in one pass; not sorted (a sort of every instance spilled to
+        # disk at 10^7 kernels): the instances come segment by segment, so a chunk's WHERE start range reads a
+        # stretch of row groups, and every reader orders what it reads (start, instance_id)
         self.a.run(f"""CREATE OR REPLACE TABLE inst_sorted_{self.d} AS
                        WITH grouped AS (SELECT DISTINCT call_id FROM {self.inst} WHERE call_id <> instance_id),
                             multi AS (SELECT x.call_id, {sums} FROM {self.inst} x JOIN grouped USING (call_id)
@@ -477,8 +490,7 @@ class StoreSink:
                               (i.call_id = i.instance_id) AS is_call,
                               {calls}
                        FROM {self.inst} i LEFT JOIN op_of_call_{self.d} o ON o.call_id = i.call_id
-                       LEFT JOIN multi m ON m.call_id = i.instance_id
-                       ORDER BY i.start, i.instance_id""")
+                       LEFT JOIN multi m ON m.call_id = i.instance_id""")
         self.a.run(f"DROP TABLE {self.inst}")
         self.a.run(f"DROP TABLE op_of_call_{self.d}")
         self.a.run(f"""
@@ -488,8 +500,7 @@ class StoreSink:
                    i.op_index AS owner_op, i.start AS owner_start
             FROM gpu_by_launch g JOIN gpu_owner_{self.d} o USING (activity_id)
             LEFT JOIN api a ON a.api_id = g.api_id
-            JOIN inst_sorted_{self.d} i ON i.instance_id = o.instance_id
-            ORDER BY g.launch, g.activity_id""")
+            JOIN inst_sorted_{self.d} i ON i.instance_id = o.instance_id""")
         n_inst = int(self.a.store.scalar(f"SELECT count(*) FROM inst_sorted_{self.d}"))
         return StoreDomainModel(
             domain=c.domain,
@@ -603,30 +614,27 @@ class StoreSink:
                                       ORDER BY i.start, i.instance_id) AS nth
             FROM {self.inst} i ASOF LEFT JOIN _bounds b ON i.start >= b.t WHERE i.call_id = i.instance_id""")
         store.con.unregister("_bounds")
-        first = store.frame(f"""
-            SELECT DISTINCT ON (name_code, direction_code, nth) name_code, direction_code, nth, op_type_code,
-                   label_code, kind, start AS first_start
-            FROM {heads} ORDER BY name_code, direction_code, nth, start, instance_id""")
-        if len(first) == 0:
+        # one hash aggregation over the (few) ops instead of a sort of every call per column: the first call
+        # is the one of the earliest (start, instance_id); its device the one most calls ran on (lowest on ties)
+        first_of = "{'s': start, 'i': instance_id}"
+        g = store.frame(f"""
+            WITH dev AS (SELECT name_code, direction_code, nth, arg_min(device_id, {{'c': -c, 'd': device_id}}) AS dev
+                         FROM (SELECT name_code, direction_code, nth, device_id, count(*) AS c FROM {heads}
+                               WHERE device_id >= 0 GROUP BY ALL) GROUP BY ALL),
+                 agg AS (SELECT name_code, direction_code, nth, arg_min(op_type_code, {first_of}) AS op_type_code,
+                                arg_min(label_code, {first_of}) AS label_code, arg_min(kind, {first_of}) AS kind,
+                                min(start) AS first_start, count(*) AS n,
+                                arg_min(data_type_code, {first_of}) FILTER (WHERE data_type_code >= 0) AS data_type,
+                                arg_min(stack_trace_code, {first_of}) FILTER (WHERE stack_trace_code >= 0)
+                                    AS stack_trace
+                         FROM {heads} GROUP BY ALL)
+            SELECT agg.*, dev.dev AS device_id FROM agg LEFT JOIN dev USING (name_code, direction_code, nth)
+            ORDER BY name_code, direction_code, nth""")
+        if len(g) == 0:
             from dlprof_profiler.correlate import op_table
 
             self.a.run(f"CREATE OR REPLACE TABLE op_of_call_{self.d} (call_id BIGINT, op_index BIGINT)")
             return op_table(pd.DataFrame(), domain, family)
-        keys = ["name_code", "direction_code", "nth"]
-        counts = store.frame(f"SELECT name_code, direction_code, nth, count(*) AS n FROM {heads} GROUP BY ALL")
-        given = {}
-        for column in ("data_type", "stack_trace"):
-            given[column] = store.frame(f"""
-                SELECT DISTINCT ON (name_code, direction_code, nth) name_code, direction_code, nth, {column}_code AS v
-                FROM {heads} WHERE {column}_code >= 0 ORDER BY name_code, direction_code, nth, start, instance_id""")
-        dev = store.frame(f"""
-            SELECT DISTINCT ON (name_code, direction_code, nth) name_code, direction_code, nth, device_id FROM (
-                SELECT name_code, direction_code, nth, device_id, count(*) AS c FROM {heads} WHERE device_id >= 0
-                GROUP BY ALL) ORDER BY name_code, direction_code, nth, c DESC, device_id""")
-        g = first.merge(counts, on=keys, how="left")
-        for column, frame in given.items():
-            g = g.merge(frame.rename(columns={"v": column}), on=keys, how="left")
-        g = g.merge(dev, on=keys, how="left")
         groups = make_frame(
             {
                 "name": pool.decode(g["name_code"]),
@@ -782,7 +790,7 @@ class StoreDomainModel:
     def instances_where(self, where: str = "true", params=None) -> pd.DataFrame:
         """Instances as the in-memory model holds them (text columns decoded)."""
         sink = self.sink
-        f = sink.a.store.frame(f"SELECT * FROM inst_sorted_{sink.d} WHERE {where}", params)
+        f = sink.a.store.frame(f"SELECT * FROM inst_sorted_{sink.d} WHERE {where} ORDER BY start, instance_id", params)
         for c in INSTANCE_TEXT:
             f[c] = sink.a.pool.decode(f.pop(f"{c}_code").to_numpy(np.int64))
         f["domain"] = self.domain
@@ -806,8 +814,7 @@ class StoreModel:
         self.ops = dm.ops
         self._device_ids, self._device_pids = device_ids, device_pids
         store = analysis.store
-        loader = store.frame("""SELECT r.start, r."end", r.pid FROM ranges r JOIN range_info i USING (range_id)
-                                WHERE i.dataloader = 1 ORDER BY r.start""")
+        loader = store.frame("""SELECT start, "end", pid FROM range_info WHERE dataloader = 1 ORDER BY start""")
         self.loader = make_frame({c: loader[c].to_numpy(np.int64) for c in ("start", "end", "pid")})
         self.io = make_frame({c: io_calls[c].to_numpy(np.int64) for c in ("start", "end", "pid")})
 
@@ -854,7 +861,9 @@ class StoreModel:
         return self._acts("false", None)
 
     def _acts(self, where: str, params) -> pd.DataFrame:
-        f = self.a.store.frame(f"SELECT * FROM acts_{self.dm.sink.d} WHERE {where}", params)
+        f = self.a.store.frame(
+            f"SELECT * FROM acts_{self.dm.sink.d} WHERE {where} ORDER BY launch, activity_id", params
+        )
         f["uses_tc"] = f["uses_tc"].astype(bool)
         return f
 
@@ -864,13 +873,13 @@ class StoreModel:
             params = [lo, hi]
             inst = store.frame(
                 f"""SELECT {", ".join(f'"{c}"' for c in INSTANCE_FIELDS)}
-                    FROM inst_sorted_{d} WHERE start >= $1 AND start < $2""",
+                    FROM inst_sorted_{d} WHERE start >= $1 AND start < $2 ORDER BY start, instance_id""",
                 params,
             )
             acts = self._acts("launch >= $1 AND launch < $2", params)
             running = store.frame(
-                """SELECT g.start, g."end", g.device_id, g.kind, l.uses_tc, g.name_code FROM gpu g
-                                     JOIN gpu_launch l USING (activity_id) WHERE g.start >= $1 AND g.start < $2""",
+                """SELECT start, "end", device_id, kind, uses_tc, name_code FROM gpu_by_launch
+                   WHERE start >= $1 AND start < $2""",
                 params,
             )
             running["uses_tc"] = running["uses_tc"].astype(bool)
@@ -889,18 +898,32 @@ WRITE_ROWS = 1 << 18  # rows read from the store and queued for the database wri
 
 class DatabaseFeed:
     """Feeds a new database's writer (database.DatabaseWriter) from the store, as database.finish_analysis does
-    from frames, on a thread of its own (reading through cursors of its own), so the reports are written
-    meanwhile. `start()`, then `finish()` -> ({domain name: domain_id}, op index maps)."""
+    from frames, on a thread of its own (reading through cursors of its own): `start_raw()` once the domains
+    are known queues the raw facts while the analysis goes on; `set_model(corr, primary, profile)` and
+    `start()` then queue the op model while the reports are written; `finish()` -> ({domain name: domain_id},
+    op index maps). `cancel()` lets the thread stop without a model (the analysis failed)."""
 
-    def __init__(self, writer, sa: StoreAnalysis, corr, primary: str, profile: dict):
+    def __init__(self, writer, sa: StoreAnalysis):
         import threading
 
-        self.writer, self.sa, self.corr, self.primary, self.profile = writer, sa, corr, primary, profile
+        self.writer, self.sa = writer, sa
+        self.corr = self.primary = self.profile = None
         self._error: BaseException | None = None
+        self._model_ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dlprof-db-feed", daemon=True)
 
-    def start(self) -> None:
+    def start_raw(self) -> None:
         self._thread.start()
+
+    def set_model(self, corr, primary: str, profile: dict) -> None:
+        self.corr, self.primary, self.profile = corr, primary, profile
+
+    def start(self) -> None:
+        """The model is complete: queue it after the raw facts."""
+        self._model_ready.set()
+
+    def cancel(self) -> None:
+        self._model_ready.set()
 
     def join(self) -> None:
         """Wait for the feeding thread (also after a failure elsewhere: the store must outlive it)."""
@@ -923,13 +946,16 @@ class DatabaseFeed:
 
     def _run(self) -> None:
         try:
-            feed_database(self.writer, self.sa, self.corr)
+            feed_raw(self.writer, self.sa)
+            self._model_ready.wait()
+            if self.corr is not None and self._error is None:
+                feed_model(self.writer, self.sa, self.corr)
         except BaseException as exc:  # noqa: BLE001 - re-raised by finish() on the analysis thread
             self._error = exc
 
 
-def feed_database(writer, sa: StoreAnalysis, corr) -> None:
-    """Queue the raw facts and every domain's op model, a chunk of rows at a time."""
+def feed_raw(writer, sa: StoreAnalysis) -> None:
+    """Queue the raw facts, a chunk of rows at a time."""
     from types import SimpleNamespace
 
     store = sa.store
@@ -938,16 +964,22 @@ def feed_database(writer, sa: StoreAnalysis, corr) -> None:
         for chunk in store.frame_chunks(frame, WRITE_ROWS):
             writer.add_raw(SimpleNamespace(**{frame: chunk}))
     writer.add_raw(SimpleNamespace(syncs=trace.syncs, io_calls=trace.io_calls))
+
+
+def feed_model(writer, sa: StoreAnalysis, corr) -> None:
+    """Queue every domain's op model, a chunk of rows at a time."""
+    store = sa.store
     for name, dm in corr.domains.items():
         writer.add_ops(name, dm.ops)  # first: the domain's ops get consecutive database op indexes
         d = dm.sink.d
-        for table in store.batches(f"SELECT * FROM inst_sorted_{d} ORDER BY instance_id", WRITE_ROWS):
+        query = f"SELECT * FROM inst_sorted_{d} WHERE {{where}} ORDER BY instance_id"
+        for table in store.ordered_batches(query, f"inst_sorted_{d}", "instance_id", WRITE_ROWS):
             writer.add_domain_model(name, _decoded_instances(table.to_pandas(), sa.pool, name))
-        for table in store.batches(
+        query = (
             f"SELECT activity_id, owner AS instance_id, api_id, launch AS launch_time "
-            f"FROM acts_{d} ORDER BY activity_id",
-            WRITE_ROWS,
-        ):
+            f"FROM acts_{d} WHERE {{where}} ORDER BY activity_id"
+        )
+        for table in store.ordered_batches(query, f"acts_{d}", "activity_id", WRITE_ROWS):
             writer.add_domain_model(name, None, table.to_pandas())
 
 

@@ -396,7 +396,7 @@ class StoreData:
         idx = ",".join(str(int(i)) for i in op_indices)
         f = self.store.frame(f"""
             SELECT DISTINCT ON (op_index) op_index, input_shapes_code FROM inst_sorted_{self.d}
-            WHERE op_index IN ({idx}) AND input_shapes_code >= 0 ORDER BY op_index, start""")
+            WHERE op_index IN ({idx}) AND input_shapes_code >= 0 ORDER BY op_index, start, instance_id""")
         values = self.sa.pool.decode(f["input_shapes_code"].to_numpy(np.int64))
         return {int(o): str(v) for o, v in zip(f["op_index"], values) if v is not None and str(v) != ""}
 
