@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from dlprof_profiler import contract as K
 from dlprof_profiler import arrow_text
-from dlprof_profiler.trace import combined_codes, pid_of, tid_of
+from dlprof_profiler.trace import GPU_COLUMNS, combined_codes, pid_of, tid_of
 
 # PyTorch's per-call fields, stored as integers when written as Python writes integers (so they round-trip)
 _SEQ, _OP_ID = ", seq = ", ", op_id = "
@@ -321,26 +321,8 @@ def api_rows(api: pd.DataFrame, rank: int, reg: Registry) -> pa.Table:
     )
 
 
-GPU_PLAIN = [
-    "device_id",
-    "stream_id",
-    "context_id",
-    "correlation_id",
-    "grid_x",
-    "grid_y",
-    "grid_z",
-    "block_x",
-    "block_y",
-    "block_z",
-    "registers",
-    "static_smem",
-    "dynamic_smem",
-    "bytes",
-    "copy_kind",
-    "src_kind",
-    "dst_kind",
-    "graph_node_id",
-]
+# the GPU activity columns copied as they are (identity, kind, names, times and pid are encoded)
+GPU_PLAIN = [c for c in GPU_COLUMNS if c not in ("activity_id", "kind", "name", "long_name", "start", "end", "pid")]
 
 
 def gpu_rows(gpu: pd.DataFrame, rank: int, reg: Registry) -> pa.Table:

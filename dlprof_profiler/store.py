@@ -23,7 +23,7 @@ from dlprof_profiler import ingest_nsys as nsys
 from dlprof_profiler import log
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.sqlite_source import SqliteSource
-from dlprof_profiler.trace import KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, Trace
+from dlprof_profiler.trace import GPU_COLUMNS, KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, Trace
 
 DEFAULT_MEMORY_LIMIT = "1200MB"
 SORT_SPAN_ROWS = 1 << 22  # rows an id-ordered read sorts at a time (see TraceStore.ordered_batches)
@@ -383,36 +383,8 @@ class TraceStore:
         self.run("DROP TABLE gpu_named")
 
     def _empty_gpu(self) -> None:
-        cols = ", ".join(
-            f'"{c}" BIGINT'
-            for c in (
-                "activity_id",
-                "kind",
-                "name_code",
-                "long_code",
-                "start",
-                "end",
-                "device_id",
-                "stream_id",
-                "context_id",
-                "pid",
-                "correlation_id",
-                "grid_x",
-                "grid_y",
-                "grid_z",
-                "block_x",
-                "block_y",
-                "block_z",
-                "registers",
-                "static_smem",
-                "dynamic_smem",
-                "bytes",
-                "copy_kind",
-                "src_kind",
-                "dst_kind",
-                "graph_node_id",
-            )
-        )
+        codes = {"name": "name_code", "long_name": "long_code"}  # names are string-table codes in the store
+        cols = ", ".join(f'"{codes.get(c, c)}" BIGINT' for c in GPU_COLUMNS)
         self.run(f"CREATE OR REPLACE TABLE gpu ({cols})")
 
     def _capture_end(self, src: SqliteSource, meta: dict) -> int:

@@ -11,7 +11,8 @@ import pyarrow as pa
 
 from dlprof_profiler import correlate as corr_mod
 from dlprof_profiler import nvtx_markers as nm
-from dlprof_profiler.correlate import BACKWARD_PASS, UNASSOCIATED_GPU, DomainFacts, Segment
+from dlprof_profiler.aggregate import LAUNCH_COLUMNS
+from dlprof_profiler.correlate import BACKWARD_PASS, INSTANCE_COLUMNS, UNASSOCIATED_GPU, DomainFacts, Segment
 from dlprof_profiler.model_chunks import INSTANCE_FIELDS, TIME_MAX, TIME_MIN, ModelChunk, chunk_bounds
 from dlprof_profiler.store import TraceStore
 from dlprof_profiler.tensor_cores import kernel_uses_tc
@@ -40,28 +41,8 @@ INSTANCE_TEXT = [
     "parameters",
     "stack_trace",
 ]
-INSTANCE_INT = [
-    "instance_id",
-    "op_index",
-    "kind",
-    "range_id",
-    "api_id",
-    "activity_id",
-    "start",
-    "end",
-    "pid",
-    "global_tid",
-    "device_id",
-    "cpu_time",
-    "cpu_overhead",
-    "gpu_time",
-    "gpu_start",
-    "gpu_end",
-    "gpu_idle",
-    "n_gpu",
-    "n_kernels",
-    "call_id",
-]
+# the instances' integer columns (correlate.INSTANCE_COLUMNS without the domain and the texts) and call_id
+INSTANCE_INT = [c for c in INSTANCE_COLUMNS if c != "domain" and c not in INSTANCE_TEXT] + ["call_id"]
 CALL_METRICS = ("cpu_time", "cpu_overhead", "gpu_time", "gpu_idle", "n_kernels")  # correlate.CALL_METRICS
 CLASSIFY_BATCH = 1 << 20
 # the ranges' own columns range_info holds (as the store's `ranges` table types them)
@@ -673,20 +654,7 @@ class StoreSink:
         return ops
 
 
-LAUNCH_FIELDS = (
-    "activity_id",
-    "iteration",
-    "instance",
-    "op_index",
-    "name_code",
-    "device_id",
-    "gpu_start",
-    "gpu_duration",
-    "api_row",
-    "api_start",
-    "api_duration",
-    "uses_tc",
-)  # aggregate._launch_rows
+LAUNCH_FIELDS = tuple(LAUNCH_COLUMNS)  # aggregate._launch_rows
 
 
 class LaunchSpill:
