@@ -283,6 +283,17 @@ class Browser:
                 f"timed out after {timeout}s waiting for {what}; console: {self.console()[-5:]}"
             ) from exc
 
+    def choose(self, css: str, value: str, timeout: float = 15.0):
+        """Choose an option of a <select> by value; a list re-rendered meanwhile (stale element) is tried again
+        (wait ignores stale elements)."""
+        from selenium.webdriver.support.ui import Select
+
+        def chosen(d) -> bool:
+            Select(self.css(css)).select_by_value(value)
+            return True
+
+        return self.wait(chosen, timeout, f"choosing {value!r} in {css}")
+
     def wait_css(self, css: str, timeout: float = 15.0, visible: bool = False):
         from selenium.webdriver.common.by import By
 

@@ -27,9 +27,7 @@ def env(tmp_path_factory):
 
 
 def select(b, css: str, value: str):
-    from selenium.webdriver.support.ui import Select
-
-    Select(b.css(css)).select_by_value(value)
+    b.choose(css, value)
 
 
 def open_run(b, run: str):

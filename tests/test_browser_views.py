@@ -129,19 +129,9 @@ def env(tmp_path_factory):
 
 
 def select_run(b, run: str):
-    from selenium.common.exceptions import StaleElementReferenceException
-    from selenium.webdriver.support.ui import Select
-
-    def chosen(d) -> bool:
-        # The run list is re-rendered when TensorBoard reports new runs: a stale <select> means "try again".
-        try:
-            if b.js("return document.getElementById('run-select').value") != run:
-                Select(b.css("#run-select")).select_by_value(run)
-            return True
-        except StaleElementReferenceException:
-            return False
-
-    b.wait(chosen, what=f"choosing run {run}")
+    # the run list is re-rendered when TensorBoard reports new runs: b.choose tries a stale <select> again
+    if b.js("return document.getElementById('run-select').value") != run:
+        b.choose("#run-select", run)
     b.wait(
         lambda d: (
             b.js("return document.getElementById('run-select').value") == run
