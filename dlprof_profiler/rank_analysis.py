@@ -82,11 +82,10 @@ def analyze_rank(task: RankTask) -> RankResult:
     if out_of_core(Path(task.source), task.args):
         return _analyze_rank_out_of_core(task, started)
     from dlprof_profiler import correlate as corr_mod
-    from dlprof_profiler import database, graph_events, ingest
+    from dlprof_profiler import database, ingest
     from dlprof_profiler.analysis import AnalysisConfig, analyze
-    from dlprof_profiler.errors import DLProfError
     from dlprof_profiler.outputs import Staging
-    from dlprof_profiler.pipeline import _dump_model, _profile_info, _write_reports
+    from dlprof_profiler.pipeline import _profile_info
     from dlprof_profiler.sanitize import sanitize_trace
 
     args, source, rank = task.args, Path(task.source), task.rank
@@ -94,18 +93,8 @@ def analyze_rank(task: RankTask) -> RankResult:
     trace = sanitize_trace(ingest.read_trace(source))
     for text in trace.warnings:
         log.warning(f"rank {rank}: {text}")
-    names = corr_mod.domain_order(trace, args.mode)
-    if len(names) >= DOMAINS_PER_RANK:
-        raise DLProfError(
-            f"{source}: {len(names)} NVTX domains; a rank of a multi-rank analysis may have at most "
-            f"{DOMAINS_PER_RANK - 1}"
-        )
-    base = task.index * DOMAINS_PER_RANK
-    header = database.Header.from_trace(trace, {name: base + i for i, name in enumerate(names)}, rank=rank)
     task.database.parent.mkdir(exist_ok=True)  # in the run's staging folder, which must exist
-    # the first rank's file becomes the run's database (its indexes kept up to date while appending); the others
-    # are copied into it, which maintains them there; the random-key index is built once after the merge
-    writer = database.DatabaseWriter(task.database, header, raw_indexes=task.index == 0, final_indexes=False)
+    writer = _rank_writer(task, trace, corr_mod.domain_order(trace, args.mode))
     try:
         writer.add_raw(trace)
         result = analyze(trace, AnalysisConfig.from_args(args), str(source))
@@ -125,9 +114,35 @@ def analyze_rank(task: RankTask) -> RankResult:
         time.perf_counter() - started,
         rank=rank,
     )
+    _write_rank_reports(task, trace, result, staging)
+    return _result(task, result, profile, [str(m[1]) for m in staging.moves], _rank_graph(task, result), trace, started)
+
+
+def _rank_writer(task: RankTask, trace, names: list):
+    """The rank's database writer, its NVTX domains numbered from the rank's position x DOMAINS_PER_RANK."""
+    from dlprof_profiler import database
+    from dlprof_profiler.errors import DLProfError
+
+    if len(names) >= DOMAINS_PER_RANK:
+        raise DLProfError(
+            f"{task.source}: {len(names)} NVTX domains; a rank of a multi-rank analysis may have at most "
+            f"{DOMAINS_PER_RANK - 1}"
+        )
+    base = task.index * DOMAINS_PER_RANK
+    header = database.Header.from_trace(trace, {name: base + i for i, name in enumerate(names)}, rank=task.rank)
+    # the first rank's file becomes the run's database (its indexes kept up to date while appending); the others
+    # are copied into it, which maintains them there; the random-key index is built once after the merge
+    return database.DatabaseWriter(task.database, header, raw_indexes=task.index == 0, final_indexes=False)
+
+
+def _write_rank_reports(task: RankTask, trace, result, staging) -> None:
+    """The rank's reports (and model dump), with the rank's suffix in their names."""
+    from dlprof_profiler.pipeline import _dump_model, _write_reports
+
+    args, out = task.args, Path(task.output_dir)
     _write_reports(
         args,
-        Path(task.output_dir),
+        out,
         trace,
         result.corr,
         result.aggregations,
@@ -137,23 +152,25 @@ def analyze_rank(task: RankTask) -> RankResult:
         rank_suffix=task.suffix,
     )
     if args.dump_model_data:
-        _dump_model(staging.path(Path(task.output_dir) / f"{args.base_name}_model_data{task.suffix}.json"), result.corr)
-    graph = (
-        graph_events.op_graph(result.corr.domains[result.primary], result.aggregations[result.primary])
-        if task.index == 0
-        else None
-    )
-    return _result(task, result, profile, [str(m[1]) for m in staging.moves], graph, trace, started)
+        _dump_model(staging.path(out / f"{args.base_name}_model_data{task.suffix}.json"), result.corr)
+
+
+def _rank_graph(task: RankTask, result):
+    """The GRAPHS op graph: the lowest rank's only."""
+    from dlprof_profiler import graph_events
+
+    if task.index != 0:
+        return None
+    return graph_events.op_graph(result.corr.domains[result.primary], result.aggregations[result.primary])
 
 
 def _analyze_rank_out_of_core(task: RankTask, started: float) -> RankResult:
     """analyze_rank for a large nsys export: staged in a store in the run's staging folder (as
     pipeline.run_store_analysis does), so a worker's memory stays bounded whatever the rank's size."""
-    from dlprof_profiler import database, graph_events
+    from dlprof_profiler import database
     from dlprof_profiler.analysis import AnalysisConfig, analyze_store
-    from dlprof_profiler.errors import DLProfError
     from dlprof_profiler.outputs import Staging
-    from dlprof_profiler.pipeline import _dump_model, _profile_info, _write_reports
+    from dlprof_profiler.pipeline import _profile_info
     from dlprof_profiler.store import TraceStore
     from dlprof_profiler.store_model import DatabaseFeed
 
@@ -167,35 +184,13 @@ def _analyze_rank_out_of_core(task: RankTask, started: float) -> RankResult:
         for text in trace.warnings:
             log.warning(f"rank {rank}: {text}")
         result = analyze_store(store, AnalysisConfig.from_args(args), str(source))
-        names = list(result.corr.domains)
-        if len(names) >= DOMAINS_PER_RANK:
-            raise DLProfError(
-                f"{source}: {len(names)} NVTX domains; a rank of a multi-rank analysis may have at "
-                f"most {DOMAINS_PER_RANK - 1}"
-            )
-        base = task.index * DOMAINS_PER_RANK
-        header = database.Header.from_trace(trace, {name: base + i for i, name in enumerate(names)}, rank=rank)
-        writer = database.DatabaseWriter(task.database, header, raw_indexes=task.index == 0, final_indexes=False)
+        writer = _rank_writer(task, trace, list(result.corr.domains))
         profile = _profile_info(args, source, trace, result.corr, None, store.profile_start, store.profile_end)
         feed = DatabaseFeed(writer, result.corr.store)
         feed.set_model(result.corr, result.primary, profile)
         feed.start_raw()
         feed.start()  # the database is written while the reports are
-        _write_reports(
-            args,
-            Path(task.output_dir),
-            trace,
-            result.corr,
-            result.aggregations,
-            result.findings,
-            result.primary,
-            staging,
-            rank_suffix=task.suffix,
-        )
-        if args.dump_model_data:
-            _dump_model(
-                staging.path(Path(task.output_dir) / f"{args.base_name}_model_data{task.suffix}.json"), result.corr
-            )
+        _write_rank_reports(task, trace, result, staging)
         domain_ids, offsets = feed.finish()
         database.append_aggregation(
             task.database,
@@ -207,11 +202,7 @@ def _analyze_rank_out_of_core(task: RankTask, started: float) -> RankResult:
             time.perf_counter() - started,
             rank=rank,
         )
-        graph = (
-            graph_events.op_graph(result.corr.domains[result.primary], result.aggregations[result.primary])
-            if task.index == 0
-            else None
-        )
+        graph = _rank_graph(task, result)
         return _result(task, result, profile, [str(m[1]) for m in staging.moves], graph, trace, started)
     except BaseException:
         if writer is not None:
