@@ -1046,44 +1046,31 @@ def _stack_traces(info, kinds, parent, depth) -> np.ndarray:
 def _unassociated_api_instances(api: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
     names = api["name"].astype(object).to_numpy(dtype=object)[rows]
     names = np.where(pd.isna(names), "<unknown api>", names)
-    return make_frame(
-        {
-            "op_index": -1,
-            "kind": np.full(rows.size, UNASSOCIATED_API, dtype=np.int8),
-            "range_id": -1,
-            "api_id": api["api_id"].to_numpy(np.int64)[rows],
-            "activity_id": -1,
-            "start": api["start"].to_numpy(np.int64)[rows],
-            "end": api["end"].to_numpy(np.int64)[rows],
-            "pid": api["pid"].to_numpy(np.int64)[rows],
-            "global_tid": api["global_tid"].to_numpy(np.int64)[rows],
-            "data_type": None,
-            "input_shapes": None,
-            "output_shapes": None,
-            "parameters": None,
-            "stack_trace": None,
-            "name": concat_distinct(names, lambda name: f"unassociated_{name}"),
-            "label": names,
-            "op_type": names,
-            "direction": "",
-            "range_row": -1,
-        }
-    )
+    api_ids = api["api_id"].to_numpy(np.int64)[rows]
+    return _unassociated_instances(UNASSOCIATED_API, api, rows, names, api_ids, -1, api["global_tid"])
 
 
 def _unassociated_gpu_instances(gpu: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
     names = gpu["name"].astype(object).to_numpy(dtype=object)[rows]
+    activity_ids = gpu["activity_id"].to_numpy(np.int64)[rows]
+    return _unassociated_instances(UNASSOCIATED_GPU, gpu, rows, names, -1, activity_ids, None)
+
+
+def _unassociated_instances(kind, events, rows, names, api_id, activity_id, global_tid) -> pd.DataFrame:
+    """One op instance per API call or GPU activity outside every range, named `unassociated_<name>`
+    (`global_tid` None: no CPU thread)."""
+    tids = np.full(rows.size, -1, dtype=np.int64) if global_tid is None else global_tid.to_numpy(np.int64)[rows]
     return make_frame(
         {
             "op_index": -1,
-            "kind": np.full(rows.size, UNASSOCIATED_GPU, dtype=np.int8),
+            "kind": np.full(rows.size, kind, dtype=np.int8),
             "range_id": -1,
-            "api_id": -1,
-            "activity_id": gpu["activity_id"].to_numpy(np.int64)[rows],
-            "start": gpu["start"].to_numpy(np.int64)[rows],
-            "end": gpu["end"].to_numpy(np.int64)[rows],
-            "pid": gpu["pid"].to_numpy(np.int64)[rows],
-            "global_tid": np.full(rows.size, -1, dtype=np.int64),
+            "api_id": api_id,
+            "activity_id": activity_id,
+            "start": events["start"].to_numpy(np.int64)[rows],
+            "end": events["end"].to_numpy(np.int64)[rows],
+            "pid": events["pid"].to_numpy(np.int64)[rows],
+            "global_tid": tids,
             "data_type": None,
             "input_shapes": None,
             "output_shapes": None,
