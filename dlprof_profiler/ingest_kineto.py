@@ -37,6 +37,7 @@ from dlprof_profiler.ingest_nsys import COPY_KIND_LABELS, MEMSET_LABEL
 from dlprof_profiler.nvtx_markers import format_shapes
 from dlprof_profiler.structure import RangeForest, levels, nearest_flagged_ancestor
 from dlprof_profiler.trace import (
+    DEVICE_COLUMNS,
     API_COLUMNS,
     DEFAULT_DOMAIN,
     GPU_COLUMNS,
@@ -702,17 +703,7 @@ def _devices(props, gpu: pd.DataFrame) -> pd.DataFrame:
             )
     devices = pd.DataFrame(
         rows,
-        columns=[
-            "device_id",
-            "name",
-            "compute_major",
-            "compute_minor",
-            "sm_count",
-            "total_memory",
-            "bus_location",
-            "chip_name",
-            "uuid",
-        ],
+        columns=list(DEVICE_COLUMNS),
     )
     devices = devices.drop_duplicates("device_id")
     seen = set(np.unique(gpu["device_id"].to_numpy()).tolist()) - {-1} if len(gpu) else set()

@@ -19,6 +19,7 @@ from dlprof_profiler import log
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.sqlite_source import SqliteSource
 from dlprof_profiler.trace import (
+    DEVICE_COLUMNS,
     DEFAULT_DOMAIN,
     GPU_COLUMNS,
     KIND_KERNEL,
@@ -743,32 +744,10 @@ def read_devices(src: SqliteSource, gpu: pd.DataFrame) -> pd.DataFrame:
     devices = (
         pd.DataFrame.from_records(
             rows,
-            columns=[
-                "device_id",
-                "name",
-                "compute_major",
-                "compute_minor",
-                "sm_count",
-                "total_memory",
-                "bus_location",
-                "chip_name",
-                "uuid",
-            ],
+            columns=list(DEVICE_COLUMNS),
         )
         if rows
-        else pd.DataFrame(
-            columns=[
-                "device_id",
-                "name",
-                "compute_major",
-                "compute_minor",
-                "sm_count",
-                "total_memory",
-                "bus_location",
-                "chip_name",
-                "uuid",
-            ]
-        )
+        else pd.DataFrame(columns=list(DEVICE_COLUMNS))
     )
     if "TARGET_INFO_CUDA_GPU" in src.tables and len(devices) and devices["sm_count"].isna().all():
         _fill_from_cuda_gpu(src, devices)
