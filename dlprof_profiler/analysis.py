@@ -278,10 +278,12 @@ def analyze_store(
     events_per_segment: int = EVENTS_PER_SEGMENT,
     detect: bool = True,
     on_planned=None,
+    on_correlated=None,
 ) -> Analysis:
     """The same analysis over a TraceStore, segment by segment: memory is bounded by a segment, not the
     profile (see store_model.py). `on_planned(store_analysis, domains)` is called once the domains that get an
-    op model are known, before the correlation (the database writer can start on the raw facts then)."""
+    op model are known, before the correlation (the database writer can start on the raw facts then), and
+    `on_correlated(corr)` once the op model is complete, before aggregation (the writer can take it then)."""
     from dlprof_profiler.aggregate import aggregate_model
     from dlprof_profiler.correlate import DomainCorrelator, segment_rows
     from dlprof_profiler.store_model import LaunchSpill, StoreAnalysis, StoreModel, StoreSink
@@ -289,6 +291,11 @@ def analyze_store(
     source_name = source_name or str(store.export)
     stages = _Stages()
     sa = StoreAnalysis(store)
+    # the domains do not depend on the classification (only --mode simple or no ranges give one "default"):
+    # the database writer starts on the raw facts now, while the ranges are classified and linked
+    domains = sa.domain_order(config.mode)
+    if on_planned is not None:
+        on_planned(sa, domains)
     mode, family, run_config = stages.run("Classifying NVTX ranges", lambda: sa.classify(config.mode))
     trace = store.trace
     if "gpu_peak_memory" in trace.meta and not any(
@@ -301,9 +308,6 @@ def analyze_store(
         sa, labels, family, config.key_node, thread_dev, process_dev, store.profile_end, store.profile_start
     )
     cuts = config.cuts if config.cuts is not None else tuple(sa.plan_cuts(iterations.boundaries, events_per_segment))
-    domains = sa.domain_order(mode)
-    if on_planned is not None:
-        on_planned(sa, domains)
     correlators = {
         d: DomainCorrelator(
             d,
@@ -342,6 +346,8 @@ def analyze_store(
         range_labels=labels,
     )
     corr.store = sa
+    if on_correlated is not None:
+        on_correlated(corr)
     if config.key_node and not iterations.found:
         iterations = _store_key_node_from_ops(sa, corr, config.key_node, iterations)
     primary = choose_domain(corr, config.domain, source_name)

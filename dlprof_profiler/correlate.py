@@ -218,11 +218,22 @@ def link_gpu_to_api(trace: Trace) -> np.ndarray:
     When a process reuses a correlation id, an activity takes the nearest call of that key starting at or
     before its own start (as nsys attributes them), else the key's earliest call; equal starts: the later row."""
     gpu, api = trace.gpu, trace.api_calls
-    out = np.full(len(gpu), -1, dtype=np.int64)
-    if len(gpu) == 0 or len(api) == 0:
+    return launch_rows(
+        api["pid"].to_numpy(np.int64),
+        api["correlation_id"].to_numpy(np.int64),
+        api["start"].to_numpy(np.int64),
+        gpu["pid"].to_numpy(np.int64),
+        gpu["correlation_id"].to_numpy(np.int64),
+        gpu["start"].to_numpy(np.int64),
+    )
+
+
+def launch_rows(api_pid, api_corr, api_start, gpu_pid, gpu_corr, gpu_start) -> np.ndarray:
+    """link_gpu_to_api over columns: the API calls' and the GPU activities' process, correlation id and start
+    (the calls in their order: ties go to the later row)."""
+    out = np.full(len(gpu_pid), -1, dtype=np.int64)
+    if len(gpu_pid) == 0 or len(api_pid) == 0:
         return out
-    api_corr, gpu_corr = api["correlation_id"].to_numpy(np.int64), gpu["correlation_id"].to_numpy(np.int64)
-    api_pid, gpu_pid = api["pid"].to_numpy(np.int64), gpu["pid"].to_numpy(np.int64)
     if (
         max(api_pid.max(), gpu_pid.max()) < 1 << 24
         and min(api_pid.min(), gpu_pid.min()) >= 0
@@ -231,9 +242,8 @@ def link_gpu_to_api(trace: Trace) -> np.ndarray:
         api_key, gpu_key = (api_pid << 38) | np.maximum(api_corr, 0), (gpu_pid << 38) | np.maximum(gpu_corr, 0)
     else:  # ids beyond the packed range: dense codes of the pairs
         codes = combined_codes(np.concatenate([api_pid, gpu_pid]), np.concatenate([api_corr, gpu_corr]))
-        api_key, gpu_key = codes[: len(api)], codes[len(api) :]
+        api_key, gpu_key = codes[: len(api_pid)], codes[len(api_pid) :]
     api_key = np.where(api_corr >= 0, api_key, -1)  # no correlation id: never linked
-    api_start = api["start"].to_numpy(np.int64)
     order = np.argsort(api_key, kind="stable")
     sorted_keys = api_key[order]
     first = np.ones(sorted_keys.size, dtype=bool)
@@ -249,7 +259,7 @@ def link_gpu_to_api(trace: Trace) -> np.ndarray:
     if shared.size:
         in_shared = np.isin(api_key, np.unique(gpu_key[shared])) & (api_corr >= 0)
         rows = np.flatnonzero(in_shared)
-        pick = _nearest_call(api_key[rows], api_start[rows], gpu_key[shared], gpu["start"].to_numpy(np.int64)[shared])
+        pick = _nearest_call(api_key[rows], api_start[rows], gpu_key[shared], gpu_start[shared])
         out[shared] = np.where(pick >= 0, rows[np.maximum(pick, 0)], -1)
     return out
 

@@ -37,6 +37,7 @@ import pyarrow as pa
 from dlprof_profiler import __version__
 from dlprof_profiler import contract as K
 from dlprof_profiler import db_encode as E
+from dlprof_profiler import log
 from dlprof_profiler.aggregate import CLASSES, Aggregation
 from dlprof_profiler.db_schema import FINAL_INDEXES, RAW_INDEXES, SCHEMA
 from dlprof_profiler.errors import DLProfError
@@ -175,6 +176,11 @@ class DatabaseWriter:
             kernel_tc,
         )
         self._close()
+        st = self.stats
+        log.detail(
+            f"database writer: {st['rows']:,} rows, busy {st['seconds_busy']:.1f} s (CPU: encoding "
+            f"{st['encode_cpu']:.1f} s, inserting {st['insert_cpu']:.1f} s, indexing {st['index_cpu']:.1f} s)"
+        )
         return {name: self.registry.domains[name] for name in (domains or {}) if name in self.registry.domains}
 
     def op_index_maps(self) -> dict:

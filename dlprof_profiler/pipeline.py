@@ -243,9 +243,15 @@ def run_store_analysis(source: Path, args: Namespace, capture: dict | None = Non
             feed = DatabaseFeed(writer, sa)
             feed.start_raw()
 
-        result = analyze_store(store, AnalysisConfig.from_args(args), str(source), on_planned=start_database)
+        def feed_model(corr):
+            # the op model is written while the analysis aggregates (the writer is the last to finish)
+            feed.start_model(corr)
+
+        result = analyze_store(
+            store, AnalysisConfig.from_args(args), str(source), on_planned=start_database, on_correlated=feed_model
+        )
         profile = _profile_info(args, source, trace, result.corr, capture, store.profile_start, store.profile_end)
-        feed.set_model(result.corr, result.primary, profile)
+        feed.set_final(result.primary, profile)
         return _write_outputs(args, out_dir, source, result, profile, staging, feed, writer, started)
     except BaseException:
         if feed is not None:

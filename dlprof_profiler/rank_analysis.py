@@ -187,9 +187,9 @@ def _analyze_rank_out_of_core(task: RankTask, started: float) -> RankResult:
         writer = _rank_writer(task, trace, list(result.corr.domains))
         profile = _profile_info(args, source, trace, result.corr, None, store.profile_start, store.profile_end)
         feed = DatabaseFeed(writer, result.corr.store)
-        feed.set_model(result.corr, result.primary, profile)
+        feed.set_final(result.primary, profile)
         feed.start_raw()
-        feed.start()  # the database is written while the reports are
+        feed.start_model(result.corr)  # the database is written while the reports are
         _write_rank_reports(task, trace, result, staging)
         domain_ids, offsets = feed.finish()
         database.append_aggregation(

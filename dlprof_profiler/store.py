@@ -23,7 +23,7 @@ from dlprof_profiler import ingest_nsys as nsys
 from dlprof_profiler import log
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.sqlite_source import SqliteSource
-from dlprof_profiler.trace import GPU_COLUMNS, KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, Trace
+from dlprof_profiler.trace import GPU_COLUMNS, KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, Trace, make_frame
 
 DEFAULT_MEMORY_LIMIT = "1200MB"
 SORT_SPAN_ROWS = 1 << 22  # rows an id-ordered read sorts at a time (see TraceStore.ordered_batches)
@@ -90,6 +90,10 @@ class TraceStore:
 
     def frame(self, query: str, params=None) -> pd.DataFrame:
         return self.sql(query, params).df()
+
+    def columns(self, query: str, params=None) -> dict:
+        """A query's result as numpy arrays by column (no DataFrame: building one copied every column once more)."""
+        return self.sql(query, params).fetchnumpy()
 
     def arrow(self, query: str, params=None) -> pa.Table:
         return (self.con.sql(query, params=params) if params is not None else self.con.sql(query)).to_arrow_table()
@@ -519,7 +523,7 @@ class TraceStore:
         return self._ranges_of(self.arrow(_RANGES.format(where=where), params))
 
     def api_frame(self, where: str = "true", params=None) -> pd.DataFrame:
-        return self._api_of(self.frame(_API.format(where=where), params))
+        return self._api_of(make_frame(self.columns(_API.format(where=where), params)))
 
     def gpu_frame(self, where: str = "true", params=None) -> pd.DataFrame:
         return self._gpu_of(self.frame(_GPU.format(where=where), params))

@@ -199,7 +199,8 @@ class StoreAnalysis:
         )
 
     def domain_order(self, mode: str | None) -> list[str]:
-        """Domains in order of first appearance (by range_id), as correlate.domain_order."""
+        """Domains in order of first appearance (by range_id), as correlate.domain_order. The same for the
+        --mode given and the mode the classification then finds: it finds "simple" only without ranges."""
         if mode == "simple" or self.store.counts["ranges"] == 0:
             return ["default"]
         f = self.store.frame("SELECT domain_code FROM ranges GROUP BY domain_code ORDER BY min(range_id)")
@@ -217,28 +218,7 @@ class StoreAnalysis:
             self.store.gpu_long[pairs["long_code"].to_numpy(np.int64)],
         )
         self.tc_pairs = pairs.assign(uses_tc=uses, tc_rule=rules)
-        self.store.con.register("_tc", self.tc_pairs[["name_code", "long_code", "uses_tc"]])
-        # one table of the activities with their links (joining them back to the activities cost a hash join
-        # of every activity)
-        self.run("""
-            CREATE OR REPLACE TABLE gpu_by_launch AS
-            WITH calls AS (SELECT pid, correlation_id, start, max(api_id) AS api_id FROM api
-                           WHERE correlation_id >= 0 GROUP BY ALL),
-                 first_call AS (SELECT pid, correlation_id, min(api_id) AS api_id FROM api
-                                WHERE correlation_id >= 0 GROUP BY ALL),
-                 nearest AS (SELECT g.activity_id, c.api_id FROM gpu g ASOF LEFT JOIN calls c
-                             ON g.pid = c.pid AND g.correlation_id = c.correlation_id AND g.start >= c.start)
-            SELECT g.*, coalesce(n.api_id, f.api_id, -1) AS api_id, coalesce(a.start, g.start) AS launch,
-                   coalesce(a."end" - a.start, -1) AS api_duration,
-                   (g.kind = 0 AND coalesce(t.uses_tc, false)) AS uses_tc, coalesce(a.global_tid, -1) AS api_tid
-            FROM gpu g
-            JOIN nearest n USING (activity_id)
-            LEFT JOIN first_call f ON f.pid = g.pid AND f.correlation_id = g.correlation_id
-            LEFT JOIN api a ON a.api_id = coalesce(n.api_id, f.api_id)
-            LEFT JOIN _tc t ON t.name_code = g.name_code AND t.long_code = g.long_code""")
-        self.store.con.unregister("_tc")
-        # (not sorted by launch: the activities are in start order, a few microseconds after their launch, so
-        # a segment's WHERE launch BETWEEN reads a stretch of row groups; its readers order what they read)
+        self._link_table()
 
         def best(key: str, where: str) -> dict:
             f = self.store.frame(f"""
@@ -250,6 +230,49 @@ class StoreAnalysis:
             return dict(zip(f["k"].astype(int), f["dev"].astype(int)))
 
         return best("g.api_tid", "g.api_id >= 0"), best("g.pid", "g.pid >= 0")
+
+    def _link_table(self) -> None:
+        """`gpu_by_launch`: the activities with their links, one table (a join back to the activities would cost
+        a hash join of every activity). The links are computed over columns in memory (correlate.launch_rows; a
+        SQL ASOF join of every activity spilled to disk at 10^7 kernels and took 2.5x longer) and put beside the
+        activities by position when the activities are stored in activity_id order, as staging writes them."""
+        con = self.store.con
+        con.execute("SET preserve_insertion_order = true").fetchall()  # scans in storage order
+        try:
+            api = _by_id(
+                con.execute('SELECT api_id, pid, correlation_id, start, "end", global_tid, name_code FROM api')
+            )
+            gpu = _by_id(
+                con.execute("SELECT activity_id, pid, correlation_id, start, kind, name_code, long_code FROM gpu")
+            )
+            row = corr_mod.launch_rows(
+                api["pid"], api["correlation_id"], api["start"], gpu["pid"], gpu["correlation_id"], gpu["start"]
+            )
+            tc = self.tc_pairs
+            n_long = max(len(self.store.gpu_long), 1)
+            pair_key = tc["name_code"].to_numpy(np.int64) * n_long + tc["long_code"].to_numpy(np.int64)
+            pair = pd.Index(pair_key).get_indexer(gpu["name_code"] * n_long + gpu["long_code"])
+            in_order = bool(gpu.pop("in_order"))
+            links = pa.table(
+                {
+                    "activity_id": gpu["activity_id"],
+                    "api_id": row,
+                    "launch": _gather(api["start"], row, gpu["start"]),
+                    "api_duration": _gather(api["end"] - api["start"], row, -1),
+                    "uses_tc": (gpu["kind"] == KIND_KERNEL) & _gather(tc["uses_tc"].to_numpy(bool), pair, False),
+                    "api_tid": _gather(api["global_tid"], row, -1),
+                    "api_name": _gather(api["name_code"], row, -1),
+                }
+            )
+            del api, gpu, row, pair
+            con.register("_links", links)
+            if in_order:
+                self.run("CREATE OR REPLACE TABLE gpu_by_launch AS SELECT * FROM gpu POSITIONAL JOIN _links")
+            else:
+                self.run("CREATE OR REPLACE TABLE gpu_by_launch AS SELECT * FROM gpu JOIN _links USING (activity_id)")
+            con.unregister("_links")
+        finally:
+            con.execute("SET preserve_insertion_order = false").fetchall()
 
     def device_pids(self) -> dict:
         f = self.store.frame("SELECT DISTINCT device_id, pid FROM gpu")
@@ -357,47 +380,46 @@ class StoreAnalysis:
 
     def _ranges_where(self, where: str, params=None) -> tuple[pd.DataFrame, pd.DataFrame]:
         store = self.store
-        f = store.frame(f"SELECT * FROM range_info r WHERE {where} ORDER BY r.range_id", params)
+        f = store.columns(f"SELECT * FROM range_info r WHERE {where} ORDER BY r.range_id", params)
         domains = np.array(store.domains, dtype=object)
         ranges = make_frame(
             {
-                "range_id": f["range_id"].to_numpy(np.int64),
-                "domain": domains[f["domain_code"].to_numpy(np.int64)] if len(f) else np.zeros(0, object),
-                "start": f["start"].to_numpy(np.int64),
-                "end": f["end"].to_numpy(np.int64),
-                "global_tid": f["global_tid"].to_numpy(np.int64),
-                "pid": f["pid"].to_numpy(np.int64),
-                "event_type": f["event_type"].to_numpy().astype(np.int8),
-                "unclosed": f["unclosed"].to_numpy().astype(bool),
+                "range_id": f["range_id"].astype(np.int64, copy=False),
+                "domain": domains[f["domain_code"]] if len(f["domain_code"]) else np.zeros(0, object),
+                "start": f["start"].astype(np.int64, copy=False),
+                "end": f["end"].astype(np.int64, copy=False),
+                "global_tid": f["global_tid"].astype(np.int64, copy=False),
+                "pid": f["pid"].astype(np.int64, copy=False),
+                "event_type": f["event_type"].astype(np.int8, copy=False),
+                "unclosed": f["unclosed"].astype(bool, copy=False),
             }
         )
-        info = {c: f[c].to_numpy(np.int64) for c in ("kind", "seq", "callid", "fwd_callid")}
+        info = {c: f[c].astype(np.int64, copy=False) for c in ("kind", "seq", "callid", "fwd_callid")}
         info["kind"] = info["kind"].astype(np.int8)
-        info["backward"] = f["backward"].to_numpy().astype(bool)
-        info["dataloader"] = f["dataloader"].to_numpy().astype(bool)
+        info["backward"] = f["backward"].astype(bool)
+        info["dataloader"] = f["dataloader"].astype(bool)
         for c in INFO_TEXT:
-            info[c] = self.pool.decode(f[f"{c}_code"].to_numpy(np.int64))
+            info[c] = self.pool.decode(f[f"{c}_code"])
         return ranges, make_frame(info)
 
     def _gpu_launched(self, lo: int, hi: int, api: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
         from dlprof_profiler.trace import GPU_COLUMNS
 
         store = self.store
-        f = store.frame("SELECT * FROM gpu_by_launch WHERE launch >= $1 AND launch < $2 ORDER BY activity_id", [lo, hi])
-        api_id = f.pop("api_id").to_numpy(np.int64)
-        for c in ("launch", "api_duration", "uses_tc"):
-            f.pop(c)
+        stored = {"name": "name_code", "long_name": "long_code"}
+        cols = ", ".join(f'"{stored.get(c, c)}"' for c in GPU_COLUMNS)
+        f = store.columns(
+            f"SELECT {cols}, api_id FROM gpu_by_launch WHERE launch >= $1 AND launch < $2 ORDER BY activity_id",
+            [lo, hi],
+        )
+        api_id = f["api_id"].astype(np.int64, copy=False)
         f["kind"] = f["kind"].astype(np.int8)
-        f["name"] = pd.Categorical.from_codes(
-            f.pop("name_code").to_numpy(np.int64), categories=pd.Index(store.gpu_short, dtype=object)
-        )
-        f["long_name"] = pd.Categorical.from_codes(
-            f.pop("long_code").to_numpy(np.int64), categories=pd.Index(store.gpu_long, dtype=object)
-        )
+        f["name"] = pd.Categorical.from_codes(f["name_code"], categories=pd.Index(store.gpu_short, dtype=object))
+        f["long_name"] = pd.Categorical.from_codes(f["long_code"], categories=pd.Index(store.gpu_long, dtype=object))
         first = int(api["api_id"].iloc[0]) if len(api) else 0
         local = api_id - first
         ok = (api_id >= 0) & (local >= 0) & (local < len(api))
-        return f[GPU_COLUMNS], np.where(ok, local, -1).astype(np.int64)
+        return make_frame({c: f[c] for c in GPU_COLUMNS}), np.where(ok, local, -1).astype(np.int64)
 
 
 class StoreSink:
@@ -477,10 +499,9 @@ class StoreSink:
         self.a.run(f"""
             CREATE OR REPLACE TABLE acts_{self.d} AS
             SELECT g.activity_id, g.kind, g.name_code, g.start, g."end", g.device_id, g.pid, g.launch, g.api_id,
-                   g.api_duration, coalesce(a.name_code, -1) AS api_name, g.uses_tc, o.instance_id AS owner,
+                   g.api_duration, g.api_name, g.uses_tc, o.instance_id AS owner,
                    i.op_index AS owner_op, i.start AS owner_start
             FROM gpu_by_launch g JOIN gpu_owner_{self.d} o USING (activity_id)
-            LEFT JOIN api a ON a.api_id = g.api_id
             JOIN inst_sorted_{self.d} i ON i.instance_id = o.instance_id""")
         n_inst = int(self.a.store.scalar(f"SELECT count(*) FROM inst_sorted_{self.d}"))
         return StoreDomainModel(
@@ -867,9 +888,10 @@ WRITE_ROWS = 1 << 18  # rows read from the store and queued for the database wri
 class DatabaseFeed:
     """Feeds a new database's writer (database.DatabaseWriter) from the store, as database.finish_analysis does
     from frames, on a thread of its own (reading through cursors of its own): `start_raw()` once the domains
-    are known queues the raw facts while the analysis goes on; `set_model(corr, primary, profile)` and
-    `start()` then queue the op model while the reports are written; `finish()` -> ({domain name: domain_id},
-    op index maps). `cancel()` lets the thread stop without a model (the analysis failed)."""
+    are known queues the raw facts while the analysis goes on; `start_model(corr)` then queues the op model
+    while the analysis aggregates and the reports are written; `set_final(primary, profile)` and `finish()`
+    -> ({domain name: domain_id}, op index maps). `cancel()` lets the thread stop without a model (the
+    analysis failed)."""
 
     def __init__(self, writer, sa: StoreAnalysis):
         import threading
@@ -883,12 +905,17 @@ class DatabaseFeed:
     def start_raw(self) -> None:
         self._thread.start()
 
-    def set_model(self, corr, primary: str, profile: dict) -> None:
-        self.corr, self.primary, self.profile = corr, primary, profile
+    def start_model(self, corr) -> None:
+        """The op model is complete: queue it after the raw facts."""
+        self.corr = corr
+        self._model_ready.set()
+
+    def set_final(self, primary: str, profile: dict) -> None:
+        """What `finish` writes last: the primary domain and the profile's facts."""
+        self.primary, self.profile = primary, profile
 
     def start(self) -> None:
-        """The model is complete: queue it after the raw facts."""
-        self._model_ready.set()
+        """Nothing left to start: `start_model` queued the model (pipeline._write_outputs calls this)."""
 
     def cancel(self) -> None:
         self._model_ready.set()
@@ -949,6 +976,25 @@ def feed_model(writer, sa: StoreAnalysis, corr) -> None:
         )
         for table in store.ordered_batches(query, f"acts_{d}", "activity_id", WRITE_ROWS):
             writer.add_domain_model(name, None, table.to_pandas())
+
+
+def _by_id(result) -> dict:
+    """A query's columns (the first an id) as int64 arrays in id order; `in_order`: whether they came so."""
+    columns = {k: np.asarray(v, dtype=np.int64) for k, v in result.fetchnumpy().items()}
+    ids = next(iter(columns.values()))
+    in_order = bool(np.all(ids[1:] > ids[:-1]))
+    if not in_order:
+        order = np.argsort(ids, kind="stable")
+        columns = {k: v[order] for k, v in columns.items()}
+    columns["in_order"] = in_order
+    return columns
+
+
+def _gather(values: np.ndarray, rows: np.ndarray, default) -> np.ndarray:
+    """values[rows], `default` where a row is -1."""
+    if len(values) == 0:
+        return np.broadcast_to(np.asarray(default, dtype=values.dtype), rows.shape).copy()
+    return np.where(rows >= 0, values[np.maximum(rows, 0)], default)
 
 
 def _decoded_instances(f: pd.DataFrame, pool: StringPool, domain: str) -> pd.DataFrame:
