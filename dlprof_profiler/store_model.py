@@ -239,35 +239,37 @@ class StoreAnalysis:
         con = self.store.con
         con.execute("SET preserve_insertion_order = true").fetchall()  # scans in storage order
         try:
-            api = _by_id(
-                con.execute('SELECT api_id, pid, correlation_id, start, "end", global_tid, name_code FROM api')
-            )
-            gpu = _by_id(
-                con.execute("SELECT activity_id, pid, correlation_id, start, kind, name_code, long_code FROM gpu")
-            )
+            # read in steps, each dropped once used: the peak is the link's own arrays (about 100 bytes per
+            # activity and call), not every column at once
+            api, api_order = _by_id(con.execute("SELECT api_id, pid, correlation_id, start FROM api"))
+            gpu, gpu_order = _by_id(con.execute("SELECT activity_id, pid, correlation_id, start FROM gpu"))
             row = corr_mod.launch_rows(
                 api["pid"], api["correlation_id"], api["start"], gpu["pid"], gpu["correlation_id"], gpu["start"]
             )
+            links = {"activity_id": gpu["activity_id"], "api_id": row}
+            act_start = gpu["start"]
+            del api, gpu
+            call, _ = _by_id(con.execute('SELECT api_id, start, "end", global_tid, name_code FROM api'), api_order)
+            links["launch"] = _gather(call["start"], row, act_start)
+            links["api_duration"] = _gather(call["end"] - call["start"], row, -1)
+            del act_start
+            links["api_tid"] = _gather(call["global_tid"], row, -1)
+            links["api_name"] = _gather(call["name_code"], row, -1)
+            del call
+            own, _ = _by_id(con.execute("SELECT activity_id, kind, name_code, long_code FROM gpu"), gpu_order)
             tc = self.tc_pairs
             n_long = max(len(self.store.gpu_long), 1)
             pair_key = tc["name_code"].to_numpy(np.int64) * n_long + tc["long_code"].to_numpy(np.int64)
-            pair = pd.Index(pair_key).get_indexer(gpu["name_code"] * n_long + gpu["long_code"])
-            in_order = bool(gpu.pop("in_order"))
-            links = pa.table(
-                {
-                    "activity_id": gpu["activity_id"],
-                    "api_id": row,
-                    "launch": _gather(api["start"], row, gpu["start"]),
-                    "api_duration": _gather(api["end"] - api["start"], row, -1),
-                    "uses_tc": (gpu["kind"] == KIND_KERNEL) & _gather(tc["uses_tc"].to_numpy(bool), pair, False),
-                    "api_tid": _gather(api["global_tid"], row, -1),
-                    "api_name": _gather(api["name_code"], row, -1),
-                }
-            )
-            del api, gpu, row, pair
-            con.register("_links", links)
-            if in_order:
-                self.run("CREATE OR REPLACE TABLE gpu_by_launch AS SELECT * FROM gpu POSITIONAL JOIN _links")
+            pair = pd.Index(pair_key).get_indexer(own["name_code"] * n_long + own["long_code"])
+            links["uses_tc"] = (own["kind"] == KIND_KERNEL) & _gather(tc["uses_tc"].to_numpy(bool), pair, False)
+            del own, pair
+            columns = ["activity_id", "api_id", "launch", "api_duration", "uses_tc", "api_tid", "api_name"]
+            con.register("_links", pa.table({c: links.pop(c) for c in columns}))
+            if gpu_order is None:  # stored in id order
+                self.run(
+                    "CREATE OR REPLACE TABLE gpu_by_launch AS "
+                    "SELECT g.*, l.* EXCLUDE (activity_id) FROM gpu g POSITIONAL JOIN _links l"
+                )
             else:
                 self.run("CREATE OR REPLACE TABLE gpu_by_launch AS SELECT * FROM gpu JOIN _links USING (activity_id)")
             con.unregister("_links")
@@ -978,16 +980,17 @@ def feed_model(writer, sa: StoreAnalysis, corr) -> None:
             writer.add_domain_model(name, None, table.to_pandas())
 
 
-def _by_id(result) -> dict:
-    """A query's columns (the first an id) as int64 arrays in id order; `in_order`: whether they came so."""
+def _by_id(result, order: np.ndarray | None = None) -> tuple[dict, np.ndarray | None]:
+    """A query's columns (the first an id) as int64 arrays in id order, and the order they were put in (None:
+    they came in it). `order`: the one an earlier read of the same rows needed (the scan order is stable)."""
     columns = {k: np.asarray(v, dtype=np.int64) for k, v in result.fetchnumpy().items()}
-    ids = next(iter(columns.values()))
-    in_order = bool(np.all(ids[1:] > ids[:-1]))
-    if not in_order:
-        order = np.argsort(ids, kind="stable")
+    if order is None:
+        ids = next(iter(columns.values()))
+        if not bool(np.all(ids[1:] > ids[:-1])):
+            order = np.argsort(ids, kind="stable")
+    if order is not None:
         columns = {k: v[order] for k, v in columns.items()}
-    columns["in_order"] = in_order
-    return columns
+    return columns, order
 
 
 def _gather(values: np.ndarray, rows: np.ndarray, default) -> np.ndarray:

@@ -132,6 +132,39 @@ def test_segments_are_cut_where_the_plan_says(training, tmp_path):
         store.close()
 
 
+def _links_of(store) -> tuple[pd.DataFrame, tuple]:
+    from dlprof_profiler.store_model import StoreAnalysis
+
+    sa = StoreAnalysis(store)
+    devices = sa.link_launches()
+    links = store.frame("SELECT * FROM gpu_by_launch ORDER BY activity_id")
+    return links, devices
+
+
+def test_launch_links_do_not_depend_on_the_storage_order(tmp_path):
+    """The links are put beside the activities by position when the store holds them in id order (as staging
+    writes them); stored in another order, they are joined by id: the same table either way."""
+    path = FIXTURES / "pytorch_2gpu_nccl_nsys2026.2_before.sqlite"
+    store = TraceStore(path, tmp_path / "in_order")
+    try:
+        store.load()
+        expected, expected_devices = _links_of(store)
+    finally:
+        store.close()
+    store = TraceStore(path, tmp_path / "shuffled")
+    try:
+        store.load()
+        for table, key in (("gpu", "activity_id"), ("api", "api_id")):
+            store.run(f"CREATE OR REPLACE TABLE {table} AS SELECT * FROM {table} ORDER BY hash({key})")
+        assert store.scalar("SELECT count(*) FILTER (WHERE activity_id <> rowid) FROM gpu") > 0
+        links, devices = _links_of(store)
+    finally:
+        store.close()
+    assert (expected["api_id"] >= 0).sum() > 1000  # real launches were linked
+    pd.testing.assert_frame_equal(links, expected)
+    assert devices == expected_devices
+
+
 VOLATILE = {"aggregations": ("created_utc", "elapsed_seconds")}  # and profile_info's created_utc row
 
 
