@@ -331,60 +331,65 @@ class TraceStore:
         return parts
 
     def _gpu_names(self, parts: list[tuple[str, int]]) -> None:
-        """GPU activity names as ingest_nsys gives them: a kernel's short and long names stand in for each
-        other when one is unknown; memcpys are named by copy kind, memsets `[CUDA memset]`; codes index the
-        sorted distinct names."""
-        selects = []
-        for table, kind in parts:
-            if kind == KIND_KERNEL:
-                selects.append(f"""
-                    SELECT r.*, {kind}::TINYINT AS kind,
-                           coalesce(ss.value, sl.value, '{UNKNOWN_KERNEL}') AS name,
-                           coalesce(sl.value, ss.value, '{UNKNOWN_KERNEL}') AS long_name
-                    FROM {table} r LEFT JOIN strings ss ON ss.id = r.short_id
-                    LEFT JOIN strings sl ON sl.id = r.long_id""")
-            elif kind == KIND_MEMCPY:
-                cases = " ".join(f"WHEN {k} THEN '{v}'" for k, v in nsys.COPY_KIND_LABELS.items())
-                label = f"CASE r.copy_kind {cases} ELSE '{nsys.COPY_KIND_LABELS[0]}' END"
-                selects.append(
-                    f"SELECT r.*, {kind}::TINYINT AS kind, {label} AS name, {label} AS long_name FROM {table} r"
-                )
-            else:
-                selects.append(
-                    f"SELECT r.*, {kind}::TINYINT AS kind, '{nsys.MEMSET_LABEL}' AS name, "
-                    f"'{nsys.MEMSET_LABEL}' AS long_name FROM {table} r"
-                )
-        if not selects:
+        """GPU activities as ingest_nsys gives them: a kernel's short and long names stand in for each other
+        when one is unknown; memcpys are named by copy kind, memsets `[CUDA memset]`; codes index the sorted
+        distinct names. Names are resolved per distinct (kind, short id, long id, copy kind), not per row."""
+        if not parts:
             self._empty_gpu()
             return
-        self.run(f"CREATE OR REPLACE TABLE gpu_named AS {' UNION ALL '.join(selects)}")
-        self._count_drops("gpu", "GPU activities", "gpu_named")
-        self.raw_end["gpu"] = self.scalar('SELECT max("end") FROM gpu_named')
-        self.raw_devices = [r[0] for r in self.sql("SELECT DISTINCT device_id FROM gpu_named").fetchall()]
-        self.run('DELETE FROM gpu_named WHERE start IS NULL OR "end" IS NULL OR "end" < start')
-        for table, _ in parts:
-            self.run(f"DROP TABLE {table}")
-        short = self.frame("SELECT DISTINCT name FROM gpu_named ORDER BY name")["name"].to_numpy(dtype=object)
-        long = self.frame("SELECT DISTINCT long_name FROM gpu_named ORDER BY long_name")["long_name"].to_numpy(
-            dtype=object
+        # the key of an activity's names: the string ids of a kernel, the copy kind of a memcpy
+        keyed = []
+        for table, kind in parts:
+            short = "r.short_id" if kind == KIND_KERNEL else "-1"
+            long = "r.long_id" if kind == KIND_KERNEL else "-1"
+            copy = "r.copy_kind" if kind == KIND_MEMCPY else "-1"
+            keyed.append(
+                f"SELECT r.*, {kind}::TINYINT AS kind, {short} AS key_short, {long} AS key_long, {copy} AS key_copy "
+                f"FROM {table} r"
+            )
+        self.run(f"CREATE OR REPLACE TEMP VIEW gpu_raw AS {' UNION ALL '.join(keyed)}")
+        self._count_drops("gpu", "GPU activities", "gpu_raw")
+        self.raw_end["gpu"] = self.scalar('SELECT max("end") FROM gpu_raw')
+        self.raw_devices = [r[0] for r in self.sql("SELECT DISTINCT device_id FROM gpu_raw").fetchall()]
+        keys = self.frame("""
+            SELECT k.kind, k.key_short, k.key_long, k.key_copy, ss.value AS short_text, sl.value AS long_text
+            FROM (SELECT DISTINCT kind, key_short, key_long, key_copy FROM gpu_raw
+                  WHERE start IS NOT NULL AND "end" IS NOT NULL AND "end" >= start) k
+            LEFT JOIN strings ss ON ss.id = k.key_short LEFT JOIN strings sl ON sl.id = k.key_long""")
+        kind = keys["kind"].to_numpy(np.int64)
+        short_text = keys["short_text"].to_numpy(dtype=object)
+        long_text = keys["long_text"].to_numpy(dtype=object)
+        copy_label = np.array(
+            [nsys.COPY_KIND_LABELS.get(int(c), nsys.COPY_KIND_LABELS[0]) for c in keys["key_copy"]], dtype=object
         )
-        self.gpu_short, self.gpu_long = _sorted_text(short), _sorted_text(long)
-        self.con.register("_short", pd.DataFrame({"name": self.gpu_short, "name_code": np.arange(len(self.gpu_short))}))
-        self.con.register(
-            "_long", pd.DataFrame({"long_name": self.gpu_long, "long_code": np.arange(len(self.gpu_long))})
+        known_short, known_long = pd.notna(short_text), pd.notna(long_text)
+        kernel_name = np.where(known_short, short_text, np.where(known_long, long_text, UNKNOWN_KERNEL))
+        kernel_long = np.where(known_long, long_text, np.where(known_short, short_text, UNKNOWN_KERNEL))
+        other = np.where(kind == KIND_MEMCPY, copy_label, nsys.MEMSET_LABEL)
+        name = np.where(kind == KIND_KERNEL, kernel_name, other)
+        long_name = np.where(kind == KIND_KERNEL, kernel_long, other)
+        self.gpu_short = _sorted_text(np.unique(name.astype(object)) if len(name) else name)
+        self.gpu_long = _sorted_text(np.unique(long_name.astype(object)) if len(long_name) else long_name)
+        codes = keys[["kind", "key_short", "key_long", "key_copy"]].assign(
+            name_code=np.searchsorted(self.gpu_short, name).astype(np.int64) if len(name) else [],
+            long_code=np.searchsorted(self.gpu_long, long_name).astype(np.int64) if len(name) else [],
         )
+        self.con.register("_names", codes)
         self.run("""
             CREATE OR REPLACE TABLE gpu AS
             SELECT (row_number() OVER (ORDER BY g.start, g.kind, g.rowid) - 1)::BIGINT AS activity_id, g.kind,
-                   s.name_code::BIGINT AS name_code, l.long_code::BIGINT AS long_code, g.start, g."end",
+                   n.name_code::BIGINT AS name_code, n.long_code::BIGINT AS long_code, g.start, g."end",
                    g.device_id, g.stream_id, g.context_id, ((g.global_pid >> 24) & 16777215)::BIGINT AS pid,
                    g.correlation_id, g.grid_x, g.grid_y, g.grid_z, g.block_x, g.block_y, g.block_z, g.registers,
                    g.static_smem, g.dynamic_smem, g.bytes, g.copy_kind, g.src_kind, g.dst_kind, g.graph_node_id
-            FROM gpu_named g JOIN _short s ON s.name = g.name JOIN _long l ON l.long_name = g.long_name
+            FROM gpu_raw g JOIN _names n ON n.kind = g.kind AND n.key_short = g.key_short
+                 AND n.key_long = g.key_long AND n.key_copy = g.key_copy
+            WHERE g.start IS NOT NULL AND g."end" IS NOT NULL AND g."end" >= g.start
             ORDER BY g.start, g.kind, g.rowid""")
-        self.con.unregister("_short")
-        self.con.unregister("_long")
-        self.run("DROP TABLE gpu_named")
+        self.con.unregister("_names")
+        self.run("DROP VIEW gpu_raw")
+        for table, _ in parts:
+            self.run(f"DROP TABLE {table}")
 
     def _empty_gpu(self) -> None:
         codes = {"name": "name_code", "long_name": "long_code"}  # names are string-table codes in the store
