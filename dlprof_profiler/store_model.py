@@ -30,6 +30,9 @@ INFO_TEXT = [
     "direction",
 ]
 INFO_INT = ["kind", "seq", "backward", "dataloader", "callid", "fwd_callid"]
+# range_info's narrow columns (a third less to insert for every range): flags and codes into the string pool
+INFO_TYPES = {"kind": ("TINYINT", np.int8), "backward": ("TINYINT", np.int8), "dataloader": ("TINYINT", np.int8)}
+CODE_TYPE = ("INTEGER", np.int32)
 INSTANCE_TEXT = [
     "name",
     "label",
@@ -115,8 +118,8 @@ class StoreAnalysis:
             families = set()
         cols = ", ".join(
             [f'"{c}" {t}' for c, t in RANGE_COLUMNS]
-            + [f"{c} BIGINT" for c in INFO_INT]
-            + [f"{c}_code BIGINT" for c in INFO_TEXT]
+            + [f"{c} {INFO_TYPES.get(c, ('BIGINT',))[0]}" for c in INFO_INT]
+            + [f"{c}_code {CODE_TYPE[0]}" for c in INFO_TEXT]
         )
         self.run(f"CREATE OR REPLACE TABLE range_info ({cols})")
         domains = np.array(self.store.domains, dtype=object)
@@ -131,10 +134,10 @@ class StoreAnalysis:
             self.config_entries += info.attrs.get("config", [])
             frame = {c: batch.column(c) for c, _ in RANGE_COLUMNS}
             for c in INFO_INT:
-                frame[c] = info[c].to_numpy().astype(np.int64)
+                frame[c] = info[c].to_numpy().astype(INFO_TYPES.get(c, (None, np.int64))[1])
             for c in INFO_TEXT:
-                frame[f"{c}_code"] = self.pool.encode(info[c].to_numpy(dtype=object))
-            kinds_seen += np.bincount(frame["kind"], minlength=8)[:8]
+                frame[f"{c}_code"] = self.pool.encode(info[c].to_numpy(dtype=object)).astype(CODE_TYPE[1])
+            kinds_seen += np.bincount(frame["kind"].astype(np.int64), minlength=8)[:8]
             self.store.con.register("_info", pa.table(frame))
             self.run("INSERT INTO range_info SELECT * FROM _info")
             self.store.con.unregister("_info")
