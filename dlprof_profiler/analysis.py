@@ -318,7 +318,7 @@ def analyze_store(
             process_dev,
             0,
             0,
-            sink=StoreSink(sa, i),
+            sink=StoreSink(sa, i, iterations.boundaries),
         )
         for i, d in enumerate(domains)
     }

@@ -430,11 +430,16 @@ class StoreAnalysis:
 class StoreSink:
     """Where a DomainCorrelator writes one domain's op model: tables in the store."""
 
-    def __init__(self, analysis: StoreAnalysis, domain_index: int):
+    def __init__(self, analysis: StoreAnalysis, domain_index: int, bounds):
         self.a = analysis
         self.d = domain_index
         self.inst = f"inst_{domain_index}"
-        cols = ", ".join([f'"{c}" BIGINT' for c in INSTANCE_INT] + [f"{c}_code BIGINT" for c in INSTANCE_TEXT])
+        # the iteration of an instance's start (the ops' numbering restarts in each one): kept as a column, an
+        # ASOF join of every call against the iteration bounds cost a sort of every call
+        self.bounds = np.sort(np.asarray(bounds, dtype=np.int64))
+        cols = ", ".join(
+            [f'"{c}" BIGINT' for c in INSTANCE_INT] + [f"{c}_code BIGINT" for c in INSTANCE_TEXT] + ["iteration BIGINT"]
+        )
         self.a.run(f"CREATE OR REPLACE TABLE {self.inst} ({cols})")
         self.a.run(f"CREATE OR REPLACE TABLE api_owner_{domain_index} (api_id BIGINT, instance_id BIGINT)")
         self.a.run(f"CREATE OR REPLACE TABLE gpu_owner_{domain_index} (activity_id BIGINT, instance_id BIGINT)")
@@ -444,6 +449,7 @@ class StoreSink:
         frame = {c: instances[c].to_numpy(np.int64) for c in INSTANCE_INT}
         for c in INSTANCE_TEXT:
             frame[f"{c}_code"] = self.a.pool.encode(instances[c].to_numpy(dtype=object))
+        frame["iteration"] = self._iteration(frame["start"])
         # registered as Arrow tables: DuckDB reads the arrays as they are (a pandas frame would copy them)
         for table, data in (
             (self.inst, pa.table(frame)),
@@ -478,7 +484,7 @@ class StoreSink:
                 ),
                 ["kind"],
             )
-        ops = self._op_table(c.domain, c.family, c.bounds)
+        ops = self._op_table(c.domain, c.family)
         # a call's metrics on its first instance (the autograd nodes of one forward call are one backward
         # call: correlate.call_metrics), 0 on its other instances
         # (summed only over the calls of several instances: nearly every call is one instance)
@@ -494,7 +500,7 @@ class StoreSink:
                        WITH grouped AS (SELECT DISTINCT call_id FROM {self.inst} WHERE call_id <> instance_id),
                             multi AS (SELECT x.call_id, {sums} FROM {self.inst} x JOIN grouped USING (call_id)
                                       GROUP BY x.call_id)
-                       SELECT i.* REPLACE (coalesce(o.op_index, -1) AS op_index),
+                       SELECT i.* EXCLUDE (iteration) REPLACE (coalesce(o.op_index, -1) AS op_index),
                               (i.call_id = i.instance_id) AS is_call,
                               {calls}
                        FROM {self.inst} i LEFT JOIN op_of_call_{self.d} o ON o.call_id = i.call_id
@@ -518,6 +524,10 @@ class StoreSink:
             sink=self,
             n_instances=n_inst,
         )
+
+    def _iteration(self, start: np.ndarray) -> np.ndarray:
+        """Number of iteration bounds at or before each start (0: before the first)."""
+        return np.searchsorted(self.bounds, start, side="right").astype(np.int64)
 
     def _update(self, frame: pd.DataFrame, columns: list[str]) -> None:
         con = self.a.store.con
@@ -598,29 +608,25 @@ class StoreSink:
                 "n_gpu": n,
                 "n_kernels": g["k"].fillna(0).to_numpy(np.int64),
                 "device_id": device,
+                "iteration": self._iteration(start),
             }
         )
         self._update(out, [c for c in out.columns if c != "instance_id"])
 
-    def _op_table(self, domain: str, family: str | None, bounds: np.ndarray) -> pd.DataFrame:
+    def _op_table(self, domain: str, family: str | None) -> pd.DataFrame:
         """The op table (correlate.op_table) computed in the store: one row per (name, direction, nth); leaves
         `op_of_call_{d}` (call_id, op_index) for every call."""
         store, pool = self.a.store, self.a.pool
         heads = f"heads_{self.d}"
-        store.con.register(
-            "_bounds",
-            pd.DataFrame({"t": np.asarray(bounds, dtype=np.int64), "k": np.arange(1, len(bounds) + 1, dtype=np.int64)}),
-        )
         # ops are made of calls: the first instance of each call stands for it (correlate.op_table), numbered
         # per iteration, thread, name and direction; only the columns the op table needs are kept
         self.a.run(f"""
             CREATE OR REPLACE TABLE {heads} AS
             SELECT i.instance_id, i.name_code, i.direction_code, i.op_type_code, i.label_code, i.kind, i.start,
                    i.data_type_code, i.stack_trace_code, i.device_id,
-                   row_number() OVER (PARTITION BY coalesce(b.k, 0), i.global_tid, i.name_code, i.direction_code
+                   row_number() OVER (PARTITION BY i.iteration, i.global_tid, i.name_code, i.direction_code
                                       ORDER BY i.start, i.instance_id) AS nth
-            FROM {self.inst} i ASOF LEFT JOIN _bounds b ON i.start >= b.t WHERE i.call_id = i.instance_id""")
-        store.con.unregister("_bounds")
+            FROM {self.inst} i WHERE i.call_id = i.instance_id""")
         # one hash aggregation over the (few) ops instead of a sort of every call per column: the first call
         # is the one of the earliest (start, instance_id); its device the one most calls ran on (lowest on ties)
         first_of = "{'s': start, 'i': instance_id}"
