@@ -861,28 +861,31 @@ class StoreModel:
         return self._acts("false", None)
 
     def _acts(self, where: str, params) -> pd.DataFrame:
-        f = self.a.store.frame(
+        f = self.a.store.columns(
             f"SELECT * FROM acts_{self.dm.sink.d} WHERE {where} ORDER BY launch, activity_id", params
         )
         f["uses_tc"] = f["uses_tc"].astype(bool)
-        return f
+        return make_frame(f)
 
     def chunks(self, cuts=None):
         store, d = self.a.store, self.dm.sink.d
         for lo, hi in chunk_bounds(cuts):
             params = [lo, hi]
-            inst = store.frame(
-                f"""SELECT {", ".join(f'"{c}"' for c in INSTANCE_FIELDS)}
-                    FROM inst_sorted_{d} WHERE start >= $1 AND start < $2 ORDER BY start, instance_id""",
-                params,
+            inst = make_frame(
+                store.columns(
+                    f"""SELECT {", ".join(f'"{c}"' for c in INSTANCE_FIELDS)}
+                        FROM inst_sorted_{d} WHERE start >= $1 AND start < $2 ORDER BY start, instance_id""",
+                    params,
+                )
             )
             acts = self._acts("launch >= $1 AND launch < $2", params)
-            running = store.frame(
+            running = store.columns(
                 """SELECT start, "end", device_id, kind, uses_tc, name_code FROM gpu_by_launch
                    WHERE start >= $1 AND start < $2""",
                 params,
             )
             running["uses_tc"] = running["uses_tc"].astype(bool)
+            running = make_frame(running)
 
             def within(frame):
                 t = frame["start"].to_numpy(np.int64)
