@@ -49,6 +49,7 @@ class TraceStore:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.path = self.workdir / "trace.duckdb"
+        self.memory_limit = memory_limit
         tmp = self.workdir / "spill"
         tmp.mkdir(exist_ok=True)
         self.con = duckdb.connect(str(self.path))

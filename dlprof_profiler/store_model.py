@@ -48,6 +48,7 @@ INSTANCE_TEXT = [
 INSTANCE_INT = [c for c in INSTANCE_COLUMNS if c != "domain" and c not in INSTANCE_TEXT] + ["call_id"]
 CALL_METRICS = ("cpu_time", "cpu_overhead", "gpu_time", "gpu_idle", "n_kernels")  # correlate.CALL_METRICS
 CLASSIFY_BATCH = 1 << 20
+LINK_STORE_MEMORY = "400MB"  # the store's memory limit while the launch links are computed in memory
 # the ranges' own columns range_info holds (as the store's `ranges` table types them)
 RANGE_COLUMNS = [
     ("range_id", "BIGINT"),
@@ -241,6 +242,8 @@ class StoreAnalysis:
         activities by position when the activities are stored in activity_id order, as staging writes them."""
         con = self.store.con
         con.execute("SET preserve_insertion_order = true").fetchall()  # scans in storage order
+        # the store's cache gives way to the link's arrays while they live (the peak of the run at 10^7)
+        con.execute(f"SET memory_limit = '{LINK_STORE_MEMORY}'").fetchall()
         try:
             # read in steps, each dropped once used: the peak is the link's own arrays (about 100 bytes per
             # activity and call), not every column at once
@@ -268,6 +271,7 @@ class StoreAnalysis:
             del own, pair
             columns = ["activity_id", "api_id", "launch", "api_duration", "uses_tc", "api_tid", "api_name"]
             con.register("_links", pa.table({c: links.pop(c) for c in columns}))
+            con.execute(f"SET memory_limit = '{self.store.memory_limit}'").fetchall()
             if gpu_order is None:  # stored in id order
                 self.run(
                     "CREATE OR REPLACE TABLE gpu_by_launch AS "
@@ -278,6 +282,7 @@ class StoreAnalysis:
             con.unregister("_links")
         finally:
             con.execute("SET preserve_insertion_order = false").fetchall()
+            con.execute(f"SET memory_limit = '{self.store.memory_limit}'").fetchall()
 
     def device_pids(self) -> dict:
         f = self.store.frame("SELECT DISTINCT device_id, pid FROM gpu")
