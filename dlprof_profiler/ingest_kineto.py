@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 
 from dlprof_profiler import kineto_decode as kd
 from dlprof_profiler.errors import DLProfError
-from dlprof_profiler.ingest_nsys import COPY_KIND_LABELS, MEMSET_LABEL
+from dlprof_profiler.ingest_nsys import COPY_KIND_LABELS, MEMSET_LABEL, copy_kind_label
 from dlprof_profiler.nvtx_markers import format_shapes
 from dlprof_profiler.structure import RangeForest, levels, nearest_flagged_ancestor
 from dlprof_profiler.trace import (
@@ -634,7 +634,7 @@ def _gpu_names(ev: _Events, name_codes, kind, arg_kind) -> tuple[pd.Categorical,
             short_text[j] = MEMSET_LABEL
         else:
             code = _copy_kind_of(name) or _copy_kind_of(ev.strings[arg_kind[i]] if arg_kind[i] >= 0 else "")
-            short_text[j] = COPY_KIND_LABELS.get(code, COPY_KIND_LABELS[0])
+            short_text[j] = copy_kind_label(code)
 
     def categorical(texts):
         distinct, remap = np.unique(texts.astype(str), return_inverse=True)

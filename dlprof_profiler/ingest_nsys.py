@@ -52,6 +52,13 @@ COPY_KIND_LABELS = {
     13: "[CUDA Unified Memory memcpy DtoD]",
 }
 MEMSET_LABEL = "[CUDA memset]"
+
+
+def copy_kind_label(code) -> str:
+    """The name of a memcpy of copy kind `code` (unknown kinds: `[CUDA memcpy Unknown]`)."""
+    return COPY_KIND_LABELS.get(code, COPY_KIND_LABELS[0])
+
+
 IO_CALLS = (
     "read",
     "write",

@@ -243,12 +243,12 @@ def run_store_analysis(source: Path, args: Namespace, capture: dict | None = Non
             feed = DatabaseFeed(writer, sa)
             feed.start_raw()
 
-        def feed_model(corr):
+        def queue_model(corr):
             # the op model is written while the analysis aggregates (the writer is the last to finish)
             feed.start_model(corr)
 
         result = analyze_store(
-            store, AnalysisConfig.from_args(args), str(source), on_planned=start_database, on_correlated=feed_model
+            store, AnalysisConfig.from_args(args), str(source), on_planned=start_database, on_correlated=queue_model
         )
         profile = _profile_info(args, source, trace, result.corr, capture, store.profile_start, store.profile_end)
         feed.set_final(result.primary, profile)

@@ -360,20 +360,17 @@ class TraceStore:
         kind = keys["kind"].to_numpy(np.int64)
         short_text = keys["short_text"].to_numpy(dtype=object)
         long_text = keys["long_text"].to_numpy(dtype=object)
-        copy_label = np.array(
-            [nsys.COPY_KIND_LABELS.get(int(c), nsys.COPY_KIND_LABELS[0]) for c in keys["key_copy"]], dtype=object
-        )
+        copy_label = np.array([nsys.copy_kind_label(int(c)) for c in keys["key_copy"]], dtype=object)
         known_short, known_long = pd.notna(short_text), pd.notna(long_text)
         kernel_name = np.where(known_short, short_text, np.where(known_long, long_text, UNKNOWN_KERNEL))
         kernel_long = np.where(known_long, long_text, np.where(known_short, short_text, UNKNOWN_KERNEL))
         other = np.where(kind == KIND_MEMCPY, copy_label, nsys.MEMSET_LABEL)
         name = np.where(kind == KIND_KERNEL, kernel_name, other)
         long_name = np.where(kind == KIND_KERNEL, kernel_long, other)
-        self.gpu_short = _sorted_text(np.unique(name.astype(object)) if len(name) else name)
-        self.gpu_long = _sorted_text(np.unique(long_name.astype(object)) if len(long_name) else long_name)
+        self.gpu_short, self.gpu_long = _sorted_text(pd.unique(name)), _sorted_text(pd.unique(long_name))
         codes = keys[["kind", "key_short", "key_long", "key_copy"]].assign(
-            name_code=np.searchsorted(self.gpu_short, name).astype(np.int64) if len(name) else [],
-            long_code=np.searchsorted(self.gpu_long, long_name).astype(np.int64) if len(name) else [],
+            name_code=np.searchsorted(self.gpu_short, name).astype(np.int64),
+            long_code=np.searchsorted(self.gpu_long, long_name).astype(np.int64),
         )
         self.con.register("_names", codes)
         self.run("""

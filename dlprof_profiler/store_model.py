@@ -16,7 +16,7 @@ from dlprof_profiler.correlate import BACKWARD_PASS, INSTANCE_COLUMNS, UNASSOCIA
 from dlprof_profiler.model_chunks import INSTANCE_FIELDS, TIME_MAX, TIME_MIN, ModelChunk, chunk_bounds
 from dlprof_profiler.store import TraceStore
 from dlprof_profiler.tensor_cores import kernel_uses_tc
-from dlprof_profiler.trace import KIND_KERNEL, make_frame
+from dlprof_profiler.trace import GPU_COLUMNS, KIND_KERNEL, make_frame
 
 INFO_TEXT = [
     "label",
@@ -413,8 +413,6 @@ class StoreAnalysis:
         return ranges, make_frame(info)
 
     def _gpu_launched(self, lo: int, hi: int, api: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
-        from dlprof_profiler.trace import GPU_COLUMNS
-
         store = self.store
         stored = {"name": "name_code", "long_name": "long_code"}
         cols = ", ".join(f'"{stored.get(c, c)}"' for c in GPU_COLUMNS)
