@@ -101,6 +101,20 @@ def generate(path: Path, n_kernels: int, seed: int = 0, chunk: int = 1_000_000, 
     return exp.write(path)
 
 
+def generate_apart(path: Path, n_kernels: int, **options) -> Path:
+    """generate() in a process of its own: a child forked later from this process would inherit its memory
+    high-water mark (Linux keeps ru_maxrss across fork and exec), so generating a large export here would
+    show as the peak RSS of every dlprof measured after it."""
+    import multiprocessing
+
+    proc = multiprocessing.get_context("spawn").Process(target=generate, args=(path, n_kernels), kwargs=options)
+    proc.start()
+    proc.join()
+    if proc.exitcode != 0:
+        raise SystemExit(f"generating {path} failed (exit status {proc.exitcode})")
+    return path
+
+
 def run_measured(cmd: list[str], env=None) -> tuple[float, float, str, int]:
     """(wall seconds, peak RSS MB, combined output, exit status) of a child process."""
     started = time.perf_counter()
@@ -172,7 +186,7 @@ def main() -> int:
         path = args.cache / f"bench2gpu_{n}.sqlite"
         if not path.exists():
             started = time.perf_counter()
-            generate(path, n)
+            generate_apart(path, n)
             print(f"generated {path} ({path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - started:.1f} s")
         load = os.getloadavg()[0]
         ref = nsys_stats(path)

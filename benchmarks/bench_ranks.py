@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_engine import generate  # noqa: E402
+from benchmarks.bench_engine import generate_apart  # noqa: E402
 
 STRAGGLER_SLOWDOWN = 1.25
 WORKER = re.compile(r"rank (\d+): analysed in ([\d.]+) s \(worker peak memory ([\d.]+) GB\)")
@@ -103,7 +103,7 @@ def main() -> int:
         path = args.cache / f"rank{rank}_{args.kernels}_{slowdown:.2f}.sqlite"
         if not path.exists():
             started = time.perf_counter()
-            generate(path, args.kernels, seed=rank, slowdown=slowdown)
+            generate_apart(path, args.kernels, seed=rank, slowdown=slowdown)
             seconds = time.perf_counter() - started
             print(f"generated {path.name} ({path.stat().st_size / 1e6:.0f} MB) in {seconds:.0f} s", flush=True)
         files.append(path)
