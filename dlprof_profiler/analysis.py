@@ -318,7 +318,7 @@ def analyze_store(
             process_dev,
             0,
             0,
-            sink=StoreSink(sa, i, iterations.boundaries),
+            sink=StoreSink(sa, i, iterations.boundaries, cuts),
         )
         for i, d in enumerate(domains)
     }

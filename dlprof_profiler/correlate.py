@@ -597,13 +597,7 @@ class DomainCorrelator:
         self._link_backward(instances, info, ranges, op_root, row_instance, hi)
         self._remember_open(instances, hi)
         if self.sink is not None:
-            self.sink.add(
-                instances,
-                api["api_id"].to_numpy(np.int64),
-                api_instance,
-                seg.gpu["activity_id"].to_numpy(np.int64),
-                gpu_instance,
-            )
+            self.sink.add(seg, instances, api_instance, gpu_instance)
             return
         self.chunks.append(instances)
         self.api_instance[api["api_id"].to_numpy(np.int64)] = api_instance

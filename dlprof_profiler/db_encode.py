@@ -68,10 +68,11 @@ def arrow_strings(values) -> pa.Array:
 
 def string_codes(values) -> tuple[np.ndarray, list]:
     """(code per row, -1 for a missing name; the distinct names) of a text column: categoricals use their
-    codes, Arrow strings are dictionary-encoded in C, other columns factorized."""
+    codes (their categories may be many more than the rows use: the caller converts the ones it needs with
+    str()), Arrow strings are dictionary-encoded in C, other columns factorized."""
     if isinstance(values, (pd.Series, pd.Categorical)) and isinstance(values.dtype, pd.CategoricalDtype):
         cat = values.array if isinstance(values, pd.Series) else values
-        return np.asarray(cat.codes, dtype=np.int64), [str(c) for c in cat.categories]
+        return np.asarray(cat.codes, dtype=np.int64), cat.categories.to_numpy(dtype=object)
     if isinstance(values, (pa.Array, pa.ChunkedArray)) or (
         isinstance(values, pd.Series) and isinstance(values.array, pd.arrays.ArrowStringArray)
     ):
@@ -130,7 +131,7 @@ class StringIds:
         # only the names rows use (a categorical may carry every string of the export)
         used = np.flatnonzero(np.bincount(codes + 1, minlength=len(uniques) + 1)[1:])
         lut = np.full(len(uniques) + 1, -1, dtype=np.int64)  # code -1 -> last entry -> -1
-        lut[used] = self.ids([uniques[i] for i in used])
+        lut[used] = self.ids([str(uniques[i]) for i in used])
         return lut[codes]
 
     def one(self, value) -> int:
@@ -205,7 +206,7 @@ class Registry:
     def domain_column(self, names) -> np.ndarray:
         """domain_id per row; a domain not given at the start gets the next free id (no op model)."""
         codes, uniques = string_codes(names)
-        lut = np.array([self.domain(u) for u in uniques] + [-1], dtype=np.int64)
+        lut = np.array([self.domain(str(u)) for u in uniques] + [-1], dtype=np.int64)
         return lut[codes] if codes.size else codes
 
     def domain(self, name: str) -> int:

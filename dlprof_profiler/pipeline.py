@@ -9,6 +9,8 @@ import time
 from argparse import Namespace
 from pathlib import Path
 
+import pandas as pd
+
 
 from dlprof_profiler import __version__, log
 from dlprof_profiler import compare, database, event_files, graph_events, ingest, reports
@@ -506,11 +508,9 @@ def _instance_chunks(corr, dm, rows: int = 1 << 18):
         for lo in range(0, len(dm.instances), rows):
             yield dm.instances.iloc[lo : lo + rows]
         return
-    columns = ", ".join(f'"{c}"' for c in MODEL_INSTANCE_COLUMNS)
-    for table in corr.store.store.batches(
-        f"SELECT {columns} FROM inst_sorted_{dm.sink.d} ORDER BY start, instance_id", rows
-    ):
-        yield table.to_pandas()
+    for cols in dm.sink.instances_by_start(MODEL_INSTANCE_COLUMNS):
+        for lo in range(0, cols["start"].size, rows):
+            yield pd.DataFrame({c: v[lo : lo + rows] for c, v in cols.items()}, copy=False)
 
 
 def _run_options(args) -> list[str]:

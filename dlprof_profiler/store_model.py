@@ -13,7 +13,8 @@ from dlprof_profiler import correlate as corr_mod
 from dlprof_profiler import nvtx_markers as nm
 from dlprof_profiler.aggregate import LAUNCH_COLUMNS
 from dlprof_profiler.correlate import BACKWARD_PASS, INSTANCE_COLUMNS, UNASSOCIATED_GPU, DomainFacts, Segment
-from dlprof_profiler.model_chunks import INSTANCE_FIELDS, TIME_MAX, TIME_MIN, ModelChunk, chunk_bounds
+from dlprof_profiler.model_chunks import ACTIVITY_FIELDS, INSTANCE_FIELDS, TIME_MAX, TIME_MIN, ModelChunk, chunk_bounds
+from dlprof_profiler.parts import PartTable, int_schema, read_part
 from dlprof_profiler.store import TraceStore
 from dlprof_profiler.tensor_cores import kernel_uses_tc
 from dlprof_profiler.trace import GPU_COLUMNS, KIND_KERNEL, make_frame
@@ -33,6 +34,8 @@ INFO_INT = ["kind", "seq", "backward", "dataloader", "callid", "fwd_callid"]
 # range_info's narrow columns (a third less to insert for every range): flags and codes into the string pool
 INFO_TYPES = {"kind": ("TINYINT", np.int8), "backward": ("TINYINT", np.int8), "dataloader": ("TINYINT", np.int8)}
 CODE_TYPE = ("INTEGER", np.int32)
+# the texts of an instance the database keeps (db_encode.DETAIL_COLUMNS)
+DETAIL_TEXT = ["data_type", "input_shapes", "output_shapes", "parameters", "stack_trace"]
 INSTANCE_TEXT = [
     "name",
     "label",
@@ -47,6 +50,17 @@ INSTANCE_TEXT = [
 # the instances' integer columns (correlate.INSTANCE_COLUMNS without the domain and the texts) and call_id
 INSTANCE_INT = [c for c in INSTANCE_COLUMNS if c != "domain" and c not in INSTANCE_TEXT] + ["call_id"]
 CALL_METRICS = ("cpu_time", "cpu_overhead", "gpu_time", "gpu_idle", "n_kernels")  # correlate.CALL_METRICS
+# a domain's instances as correlation writes them (`iteration`: of their start), and as aggregation reads them
+INST_SCHEMA = int_schema(INSTANCE_INT + [f"{c}_code" for c in INSTANCE_TEXT] + ["iteration"])
+SORTED_SCHEMA = pa.schema(
+    [(c, pa.int64()) for c in INSTANCE_INT + [f"{c}_code" for c in INSTANCE_TEXT]]
+    + [("is_call", pa.bool_())]
+    + [(f"call_{m}", pa.int64()) for m in CALL_METRICS]
+)
+# the GPU activities of each segment (those launched in it) with their launches: every domain's owners of
+# them are written in the same order
+ACTS_COLUMNS = [c for c in ACTIVITY_FIELDS if c not in ("owner", "owner_op", "owner_start")]
+ACTS_SCHEMA = pa.schema([(c, pa.bool_() if c == "uses_tc" else pa.int64()) for c in ACTS_COLUMNS])
 CLASSIFY_BATCH = 1 << 20
 LINK_STORE_MEMORY = "400MB"  # the store's memory limit while the launch links are computed in memory
 # the ranges' own columns range_info holds (as the store's `ranges` table types them)
@@ -103,9 +117,24 @@ class StoreAnalysis:
         self.pool = StringPool()
         self.config_entries: list[dict] = []
         self.crossing: pd.DataFrame | None = None
+        self.parts_folder = store.workdir / "parts"
+        self.views: dict[str, PartTable] = {}  # part tables queryable by SQL (see `cursor`)
+        self.acts = PartTable(self.parts_folder, "acts", ACTS_SCHEMA)  # per segment: its GPU activities
 
     def run(self, statement: str, params=None) -> None:
         self.store.run(statement, params)
+
+    def publish(self, table: PartTable) -> None:
+        """Make a complete part table queryable by its name on the store's connection (and on `cursor()`s)."""
+        self.views[table.name] = table
+        table.register(self.store.con)
+
+    def cursor(self):
+        """A cursor of the store's database on which every published part table is queryable too."""
+        cursor = self.store.con.cursor()
+        for table in self.views.values():
+            table.register(cursor)
+        return cursor
 
     # -- classification -------------------------------------------------------------------------------
     def classify(self, mode: str | None) -> tuple[str, str | None, dict]:
@@ -372,7 +401,7 @@ class StoreAnalysis:
         context_all = (
             self._ranges_where(f"range_id IN ({','.join(map(str, crossing_ids))})") if crossing_ids.size else None
         )
-        for lo, hi in chunk_bounds(cuts):
+        for j, (lo, hi) in enumerate(chunk_bounds(cuts)):
             params = [lo, hi]
             own_r, own_i = self._ranges_where("r.start >= $1 AND r.start < $2", params)
             if context_all is not None:
@@ -385,8 +414,9 @@ class StoreAnalysis:
                 ranges, info, context = own_r, own_i, np.zeros(len(own_r), dtype=bool)
             ranges["context"] = context
             api = store.api_frame("start >= $1 AND start < $2", params)
-            gpu, gpu_api = self._gpu_launched(lo, hi, api)
+            gpu, gpu_api = self._gpu_launched(j, lo, hi, api)
             yield Segment(lo, hi, ranges, info, api, gpu, gpu_api)
+        self.publish(self.acts)
 
     def _ranges_where(self, where: str, params=None) -> tuple[pd.DataFrame, pd.DataFrame]:
         store = self.store
@@ -412,14 +442,19 @@ class StoreAnalysis:
             info[c] = self.pool.decode(f[f"{c}_code"])
         return ranges, make_frame(info)
 
-    def _gpu_launched(self, lo: int, hi: int, api: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    def _gpu_launched(self, j: int, lo: int, hi: int, api: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+        """The GPU activities launched in [lo, hi) (segment j) and each one's launching call in `api`; they
+        are kept with their launches as the segment's part of `acts` (aggregation reads them from there)."""
         store = self.store
         stored = {"name": "name_code", "long_name": "long_code"}
         cols = ", ".join(f'"{stored.get(c, c)}"' for c in GPU_COLUMNS)
+        links = ", ".join(f'"{c}"' for c in ("launch", "api_duration", "api_name", "uses_tc"))
         f = store.columns(
-            f"SELECT {cols}, api_id FROM gpu_by_launch WHERE launch >= $1 AND launch < $2 ORDER BY activity_id",
+            f"SELECT {cols}, api_id, {links} FROM gpu_by_launch WHERE launch >= $1 AND launch < $2 "
+            "ORDER BY activity_id",
             [lo, hi],
         )
+        self.acts.append({c: f[c] for c in ACTS_COLUMNS}, tag=j)
         api_id = f["api_id"].astype(np.int64, copy=False)
         f["kind"] = f["kind"].astype(np.int8)
         f["name"] = pd.Categorical.from_codes(f["name_code"], categories=pd.Index(store.gpu_short, dtype=object))
@@ -431,50 +466,48 @@ class StoreAnalysis:
 
 
 class StoreSink:
-    """Where a DomainCorrelator writes one domain's op model: tables in the store."""
+    """Where a DomainCorrelator writes one domain's op model: part files (parts.py), one per time segment."""
 
-    def __init__(self, analysis: StoreAnalysis, domain_index: int, bounds):
+    def __init__(self, analysis: StoreAnalysis, domain_index: int, bounds, cuts=()):
         self.a = analysis
         self.d = domain_index
-        self.inst = f"inst_{domain_index}"
         # the iteration of an instance's start (the ops' numbering restarts in each one): kept as a column, an
         # ASOF join of every call against the iteration bounds cost a sort of every call
         self.bounds = np.sort(np.asarray(bounds, dtype=np.int64))
-        cols = ", ".join(
-            [f'"{c}" BIGINT' for c in INSTANCE_INT] + [f"{c}_code BIGINT" for c in INSTANCE_TEXT] + ["iteration BIGINT"]
-        )
-        self.a.run(f"CREATE OR REPLACE TABLE {self.inst} ({cols})")
-        self.a.run(f"CREATE OR REPLACE TABLE api_owner_{domain_index} (api_id BIGINT, instance_id BIGINT)")
-        self.a.run(f"CREATE OR REPLACE TABLE gpu_owner_{domain_index} (activity_id BIGINT, instance_id BIGINT)")
+        self.cuts = np.sort(np.asarray(list(cuts), dtype=np.int64))  # chunk j: [cuts[j - 1], cuts[j])
+        folder = analysis.parts_folder
+        self.inst = PartTable(folder, f"inst_{domain_index}", INST_SCHEMA)
+        self.api_owner = PartTable(folder, f"api_owner_{domain_index}", int_schema(["api_id", "instance_id"]))
+        self.gpu_owner = PartTable(folder, f"gpu_owner_{domain_index}", int_schema(["activity_id", "instance_id"]))
+        self.inst_sorted = PartTable(folder, f"inst_sorted_{domain_index}", SORTED_SCHEMA)
+        self.patch = pd.DataFrame({"instance_id": pd.array([], dtype="Int64")})  # completed and re-kinded ones
+        self.inst_op = self.inst_start = None  # per instance id, once finished: its op and its start
 
-    def add(self, instances: pd.DataFrame, api_ids, api_owner, activity_ids, gpu_owner) -> None:
-        con = self.a.store.con
+    def chunk_of(self, times) -> np.ndarray:
+        """The time chunk (segment) of each time."""
+        return np.searchsorted(self.cuts, np.asarray(times, dtype=np.int64), side="right")
+
+    def add(self, seg, instances: pd.DataFrame, api_owner, gpu_owner) -> None:
+        """One segment's new instances and the owners of its API calls and GPU activities."""
+        k = int(self.chunk_of([seg.lo])[0])
         frame = {c: instances[c].to_numpy(np.int64) for c in INSTANCE_INT}
         for c in INSTANCE_TEXT:
             frame[f"{c}_code"] = self.a.pool.encode(instances[c].to_numpy(dtype=object))
         frame["iteration"] = self._iteration(frame["start"])
-        # registered as Arrow tables: DuckDB reads the arrays as they are (a pandas frame would copy them)
-        for table, data in (
-            (self.inst, pa.table(frame)),
-            (
-                f"api_owner_{self.d}",
-                pa.table({"api_id": np.asarray(api_ids, np.int64), "instance_id": np.asarray(api_owner, np.int64)}),
-            ),
-            (
-                f"gpu_owner_{self.d}",
-                pa.table(
-                    {"activity_id": np.asarray(activity_ids, np.int64), "instance_id": np.asarray(gpu_owner, np.int64)}
-                ),
-            ),
-        ):
-            if data.num_rows:
-                con.register("_rows", data)
-                self.a.run(f"INSERT INTO {table} SELECT * FROM _rows")
-                con.unregister("_rows")
+        self.inst.append(frame, tag=k)
+        self.api_owner.append(
+            {"api_id": seg.api["api_id"].to_numpy(np.int64), "instance_id": np.asarray(api_owner, np.int64)}, tag=k
+        )
+        self.gpu_owner.append(
+            {"activity_id": seg.gpu["activity_id"].to_numpy(np.int64), "instance_id": np.asarray(gpu_owner, np.int64)},
+            tag=k,
+        )
 
     # -- completing the model ---------------------------------------------------------------------------
     def finish(self, c) -> "StoreDomainModel":
         """Complete the partial instances, build the op table, give every instance its op_index."""
+        for table in (self.inst, self.api_owner, self.gpu_owner):
+            self.a.publish(table)
         if c.partial:
             self._complete(c)
         if c.kind_of:
@@ -487,37 +520,11 @@ class StoreSink:
                 ),
                 ["kind"],
             )
-        ops = self._op_table(c.domain, c.family)
-        # a call's metrics on its first instance (the autograd nodes of one forward call are one backward
-        # call: correlate.call_metrics), 0 on its other instances
-        # (summed only over the calls of several instances: nearly every call is one instance)
-        sums = ", ".join(f'sum(x."{m}") AS "{m}"' for m in CALL_METRICS)
-        calls = ", ".join(
-            f'CASE WHEN i.call_id <> i.instance_id THEN 0 ELSE coalesce(m."{m}", i."{m}") END AS "call_{m}"'
-            for m in CALL_METRICS
-        )
-        # every instance takes the op of its call, in one pass; not sorted (a sort of every instance spilled to
-        # disk at 10^7 kernels): the instances come segment by segment, so a chunk's WHERE start range reads a
-        # stretch of row groups, and every reader orders what it reads (start, instance_id)
-        self.a.run(f"""CREATE OR REPLACE TABLE inst_sorted_{self.d} AS
-                       WITH grouped AS (SELECT DISTINCT call_id FROM {self.inst} WHERE call_id <> instance_id),
-                            multi AS (SELECT x.call_id, {sums} FROM {self.inst} x JOIN grouped USING (call_id)
-                                      GROUP BY x.call_id)
-                       SELECT i.* EXCLUDE (iteration) REPLACE (coalesce(o.op_index, -1) AS op_index),
-                              (i.call_id = i.instance_id) AS is_call,
-                              {calls}
-                       FROM {self.inst} i LEFT JOIN op_of_call_{self.d} o ON o.call_id = i.call_id
-                       LEFT JOIN multi m ON m.call_id = i.instance_id""")
-        self.a.run(f"DROP TABLE {self.inst}")
-        self.a.run(f"DROP TABLE op_of_call_{self.d}")
-        self.a.run(f"""
-            CREATE OR REPLACE TABLE acts_{self.d} AS
-            SELECT g.activity_id, g.kind, g.name_code, g.start, g."end", g.device_id, g.pid, g.launch, g.api_id,
-                   g.api_duration, g.api_name, g.uses_tc, o.instance_id AS owner,
-                   i.op_index AS owner_op, i.start AS owner_start
-            FROM gpu_by_launch g JOIN gpu_owner_{self.d} o USING (activity_id)
-            JOIN inst_sorted_{self.d} i ON i.instance_id = o.instance_id""")
-        n_inst = int(self.a.store.scalar(f"SELECT count(*) FROM inst_sorted_{self.d}"))
+        self.a.store.con.register(f"_patch_{self.d}", self.patch)
+        ops, op_of_call = self._op_table(c.domain, c.family, c.next_id)
+        self._sort_instances(op_of_call, self._call_sums(), c.next_id)
+        self.a.publish(self.inst_sorted)
+        self.a.store.con.unregister(f"_patch_{self.d}")
         return StoreDomainModel(
             domain=c.domain,
             family=c.family,
@@ -525,30 +532,113 @@ class StoreSink:
             ops=ops,
             n_ranges=c.facts.n_ranges,
             sink=self,
-            n_instances=n_inst,
+            n_instances=self.inst_sorted.rows,
         )
+
+    def _patched(self) -> str:
+        """The instances with the completed columns (a query over the instance parts and the patch)."""
+        columns = [c for c in self.patch.columns if c != "instance_id"]
+        if not columns:
+            return self.inst.name
+        replaced = ", ".join(f'coalesce(p."{c}", i."{c}") AS "{c}"' for c in columns)
+        return (
+            f"(SELECT i.* REPLACE ({replaced}) FROM {self.inst.name} i LEFT JOIN _patch_{self.d} p USING (instance_id))"
+        )
+
+    def _call_sums(self) -> pd.DataFrame:
+        """Per call of several instances (the autograd nodes of one forward call: correlate.call_metrics), the
+        sums of its instances' metrics (nearly every call is one instance: only those are summed)."""
+        sums = ", ".join(f'sum(x."{m}") AS "{m}"' for m in CALL_METRICS)
+        inst = self._patched()
+        return self.a.store.frame(f"""
+            WITH grouped AS (SELECT DISTINCT call_id FROM {self.inst.name} WHERE call_id <> instance_id)
+            SELECT x.call_id, {sums} FROM {inst} x JOIN grouped USING (call_id) GROUP BY x.call_id
+            ORDER BY x.call_id""")
+
+    def _sort_instances(self, op_of_call: np.ndarray, multi: pd.DataFrame, n_ids: int) -> None:
+        """`inst_sorted`: every instance with its op (its call's), whether it is a call and the call's metrics
+        (0 on a call's other instances), written by the chunk its start falls in; per instance id its op and
+        start are kept for the GPU activities it owns."""
+        self.inst_op = np.full(max(n_ids, 1), -1, dtype=np.int32)
+        self.inst_start = np.zeros(max(n_ids, 1), dtype=np.int64)
+        patch = self.patch
+        patch_ids = patch["instance_id"].to_numpy(np.int64)
+        multi_ids = multi["call_id"].to_numpy(np.int64)
+        for part in self.inst.parts:
+            table = read_part(part.path)
+            # the part's columns as they are (views of the file); only patched columns are copied
+            cols = {name: table.column(name).to_numpy() for name in SORTED_SCHEMA.names if name in table.column_names}
+            ids = cols["instance_id"]
+            _apply_patch(cols, ids, patch, patch_ids)
+            call = cols["call_id"]
+            cols["op_index"] = op_of_call[call].astype(np.int64)
+            is_call = call == ids
+            pos = np.searchsorted(multi_ids, ids)
+            in_multi = pos < multi_ids.size
+            in_multi[in_multi] = multi_ids[pos[in_multi]] == ids[in_multi]
+            for m in CALL_METRICS:
+                own = cols[m]
+                if in_multi.any():
+                    own = own.copy()
+                    own[in_multi] = multi[m].to_numpy(np.int64)[pos[in_multi]]
+                cols[f"call_{m}"] = np.where(is_call, own, 0)
+            cols["is_call"] = is_call
+            self.inst_op[ids] = cols["op_index"]
+            self.inst_start[ids] = cols["start"]
+            chunk = self.chunk_of(cols["start"])
+            chunks = np.unique(chunk)
+            for j in chunks:
+                # nearly every instance starts in the segment that made it: one part, not a copy
+                part_cols = cols if chunks.size == 1 else {k: v[chunk == j] for k, v in cols.items()}
+                self.inst_sorted.append({c: part_cols[c] for c in SORTED_SCHEMA.names}, tag=int(j), source=part.tag)
+            del table, cols
+
+    def instances_by_start(self, columns):
+        """Per time chunk, the columns of the instances starting in it, in (start, instance_id) order."""
+        for j in range(self.cuts.size + 1):
+            yield _sorted_columns(self.inst_sorted.read(tag=j, columns=list(columns)), "start", "instance_id")
+
+    def activities(self, j: int) -> dict:
+        """The GPU activities launched in segment j with their owners in this domain (model_chunks.ACTIVITY_FIELDS)
+        in (launch, activity_id) order."""
+        acts = self.a.acts.read(tag=j)
+        cols = {c: acts.column(c).to_numpy() for c in ACTS_COLUMNS}
+        owner = self.gpu_owner.read(tag=j).column("instance_id").to_numpy()
+        cols["owner"] = owner
+        cols["owner_op"] = self.inst_op[owner].astype(np.int64)
+        cols["owner_start"] = self.inst_start[owner]
+        if owner.size > 1:
+            order = np.lexsort((cols["activity_id"], cols["launch"]))
+            cols = {c: v[order] for c, v in cols.items()}
+        return cols
 
     def _iteration(self, start: np.ndarray) -> np.ndarray:
         """Number of iteration bounds at or before each start (0: before the first)."""
         return np.searchsorted(self.bounds, start, side="right").astype(np.int64)
 
     def _update(self, frame: pd.DataFrame, columns: list[str]) -> None:
-        con = self.a.store.con
-        con.register("_upd", frame)
-        sets = ", ".join(f'"{c}" = u."{c}"' for c in columns)
-        self.a.run(f"UPDATE {self.inst} SET {sets} FROM _upd u WHERE {self.inst}.instance_id = u.instance_id")
-        con.unregister("_upd")
+        """Completed columns of some instances (applied to every later read of them)."""
+        new = frame[["instance_id"] + columns].astype("Int64")  # nullable: a row patches only its columns
+        merged = self.patch.astype({"instance_id": "Int64"}).merge(
+            new, on="instance_id", how="outer", suffixes=("", "_new")
+        )
+        for c in columns:
+            if f"{c}_new" in merged:
+                merged[c] = merged[f"{c}_new"].combine_first(merged[c])
+                del merged[f"{c}_new"]
+        self.patch = merged.sort_values("instance_id", ignore_index=True)
 
     def _complete(self, c) -> None:
         """Metrics of the instances that crossed segment bounds, over all their API calls and activities
         (as correlate.instance_metrics computes them)."""
         store, con = self.a.store, self.a.store.con
+        inst, api_owner, gpu_owner = self.inst.name, self.api_owner.name, self.gpu_owner.name
         con.register("_partial", pd.DataFrame({"instance_id": np.array(sorted(c.partial), dtype=np.int64)}))
         part = store.frame(
-            f'SELECT instance_id, kind, start, "end", pid, global_tid FROM {self.inst} '
+            f'SELECT instance_id, kind, start, "end", pid, global_tid FROM {inst} '
             "JOIN _partial USING (instance_id) ORDER BY instance_id"
         )
-        span = store.frame(f"""SELECT o.instance_id, min(a.start) AS s, max(a."end") AS e FROM api_owner_{self.d} o
+        span = store.frame(f"""SELECT o.instance_id, min(a.start) AS s, max(a."end") AS e FROM {api_owner} o
                                JOIN _partial USING (instance_id) JOIN api a USING (api_id) GROUP BY 1""")
         back = part["kind"].to_numpy() == BACKWARD_PASS
         if back.any() and len(span):
@@ -567,7 +657,7 @@ class StoreSink:
             SELECT instance_id, sum(greatest(0, e - greatest(s, coalesce(reach, s)))) AS inside FROM w GROUP BY 1""")
         gpu = store.frame(f"""
             WITH g AS (SELECT o.instance_id, x.start AS s, x."end" AS e, x.kind, x.device_id
-                       FROM gpu_owner_{self.d} o JOIN _partial USING (instance_id) JOIN gpu x USING (activity_id)),
+                       FROM {gpu_owner} o JOIN _partial USING (instance_id) JOIN gpu x USING (activity_id)),
                  w AS (SELECT *, max(e) OVER (PARTITION BY instance_id ORDER BY s, e
                                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach FROM g)
             SELECT instance_id, sum(greatest(0, e - greatest(s, coalesce(reach, s)))) AS busy, min(s) AS gs,
@@ -578,7 +668,7 @@ class StoreSink:
                 SELECT instance_id, device_id,
                        row_number() OVER (PARTITION BY instance_id ORDER BY d DESC, device_id) rn
                 FROM (SELECT o.instance_id, x.device_id, sum(x."end" - x.start + 1) AS d
-                      FROM gpu_owner_{self.d} o JOIN _partial USING (instance_id) JOIN gpu x USING (activity_id)
+                      FROM {gpu_owner} o JOIN _partial USING (instance_id) JOIN gpu x USING (activity_id)
                       GROUP BY ALL)) WHERE rn = 1""")
         con.unregister("_part")
         con.unregister("_partial")
@@ -616,20 +706,20 @@ class StoreSink:
         )
         self._update(out, [c for c in out.columns if c != "instance_id"])
 
-    def _op_table(self, domain: str, family: str | None) -> pd.DataFrame:
-        """The op table (correlate.op_table) computed in the store: one row per (name, direction, nth); leaves
-        `op_of_call_{d}` (call_id, op_index) for every call."""
+    def _op_table(self, domain: str, family: str | None, n_ids: int) -> tuple[pd.DataFrame, np.ndarray]:
+        """The op table (correlate.op_table) computed in the store: one row per (name, direction, nth); and per
+        instance id that is a call (the first instance of it), its op_index (-1 elsewhere)."""
         store, pool = self.a.store, self.a.pool
         heads = f"heads_{self.d}"
         # ops are made of calls: the first instance of each call stands for it (correlate.op_table), numbered
         # per iteration, thread, name and direction; only the columns the op table needs are kept
-        self.a.run(f"""
+        store.run(f"""
             CREATE OR REPLACE TABLE {heads} AS
             SELECT i.instance_id, i.name_code, i.direction_code, i.op_type_code, i.label_code, i.kind, i.start,
                    i.data_type_code, i.stack_trace_code, i.device_id,
                    row_number() OVER (PARTITION BY i.iteration, i.global_tid, i.name_code, i.direction_code
                                       ORDER BY i.start, i.instance_id) AS nth
-            FROM {self.inst} i WHERE i.call_id = i.instance_id""")
+            FROM {self._patched()} i WHERE i.call_id = i.instance_id""")
         # one hash aggregation over the (few) ops instead of a sort of every call per column: the first call
         # is the one of the earliest (start, instance_id); its device the one most calls ran on (lowest on ties)
         first_of = "{'s': start, 'i': instance_id}"
@@ -646,11 +736,12 @@ class StoreSink:
                          FROM {heads} GROUP BY ALL)
             SELECT agg.*, dev.dev AS device_id FROM agg LEFT JOIN dev USING (name_code, direction_code, nth)
             ORDER BY name_code, direction_code, nth""")
+        op_of_call = np.full(max(n_ids, 1), -1, dtype=np.int32)
         if len(g) == 0:
             from dlprof_profiler.correlate import op_table
 
-            self.a.run(f"CREATE OR REPLACE TABLE op_of_call_{self.d} (call_id BIGINT, op_index BIGINT)")
-            return op_table(pd.DataFrame(), domain, family)
+            store.run(f"DROP TABLE {heads}")
+            return op_table(pd.DataFrame(), domain, family), op_of_call
         groups = make_frame(
             {
                 "name": pool.decode(g["name_code"]),
@@ -681,12 +772,34 @@ class StoreSink:
                 }
             ),
         )
-        self.a.run(f"""CREATE OR REPLACE TABLE op_of_call_{self.d} AS
-                       SELECT h.instance_id AS call_id, o.op_index FROM {heads} h
-                       JOIN _ops o USING (name_code, direction_code, nth)""")
+        result = store.con.sql(
+            f"SELECT h.instance_id, o.op_index FROM {heads} h JOIN _ops o USING (name_code, direction_code, nth)"
+        )
+        for batch in result.to_arrow_reader(1 << 20):
+            op_of_call[batch.column(0).to_numpy()] = batch.column(1).to_numpy()
         store.con.unregister("_ops")
-        self.a.run(f"DROP TABLE {heads}")
-        return ops
+        store.run(f"DROP TABLE {heads}")
+        return ops, op_of_call
+
+
+def _apply_patch(cols: dict, ids: np.ndarray, patch: pd.DataFrame, patch_ids: np.ndarray) -> None:
+    """Overwrite the patched columns of the patched instances among `ids` (in place)."""
+    if patch_ids.size == 0:
+        return
+    pos = np.searchsorted(patch_ids, ids)
+    hit = pos < patch_ids.size
+    hit[hit] = patch_ids[pos[hit]] == ids[hit]
+    if not hit.any():
+        return
+    rows, at = np.flatnonzero(hit), pos[hit]
+    for c in patch.columns:
+        if c == "instance_id" or c not in cols:
+            continue
+        values = patch[c]
+        given = ~values.isna().to_numpy()[at]
+        if given.any():
+            column = cols[c] = np.array(cols[c], dtype=np.int64)  # a writable copy
+            column[rows[given]] = values.to_numpy(dtype=np.int64, na_value=0)[at[given]]
 
 
 LAUNCH_FIELDS = tuple(LAUNCH_COLUMNS)  # aggregate._launch_rows
@@ -715,11 +828,10 @@ class LaunchSpill:
     def report_chunks(self, ops: pd.DataFrame, rows_per_chunk: int):
         """Record batches of kernel-launch rows (reports.LAUNCH_COLUMNS) in report order: iteration, the op's
         first start, kernel name, GPU start, launch order (reports._report_order)."""
-        store = self.a.store
         first = pd.DataFrame(
             {"op_index": ops["op_index"].to_numpy(np.int64), "first_start": ops["first_start"].to_numpy(np.int64)}
         )
-        reader = store.con.cursor()
+        reader = self.a.cursor()
         try:
             reader.register("_op_first", first)
             # kernel names: codes into the sorted distinct names, so their order is the names' order
@@ -829,7 +941,7 @@ class StoreModel:
         value = self.a.store.scalar(
             f"""SELECT greatest(
             (SELECT max("end") FROM inst_sorted_{d} WHERE start >= $1 AND start < $2),
-            (SELECT max("end") FROM acts_{d} WHERE launch >= $1 AND launch < $2))""",
+            (SELECT max("end") FROM acts WHERE launch >= $1 AND launch < $2))""",
             [lo, hi],
         )
         return None if value is None else int(value)
@@ -861,31 +973,19 @@ class StoreModel:
         return self._device_pids
 
     def empty_acts(self) -> pd.DataFrame:
-        return self._acts("false", None)
-
-    def _acts(self, where: str, params) -> pd.DataFrame:
-        f = self.a.store.columns(
-            f"SELECT * FROM acts_{self.dm.sink.d} WHERE {where} ORDER BY launch, activity_id", params
-        )
-        f["uses_tc"] = f["uses_tc"].astype(bool)
-        return make_frame(f)
+        return make_frame({c: np.zeros(0, dtype=bool if c == "uses_tc" else np.int64) for c in ACTIVITY_FIELDS})
 
     def chunks(self, cuts=None):
-        store, d = self.a.store, self.dm.sink.d
-        for lo, hi in chunk_bounds(cuts):
-            params = [lo, hi]
-            inst = make_frame(
-                store.columns(
-                    f"""SELECT {", ".join(f'"{c}"' for c in INSTANCE_FIELDS)}
-                        FROM inst_sorted_{d} WHERE start >= $1 AND start < $2 ORDER BY start, instance_id""",
-                    params,
-                )
-            )
-            acts = self._acts("launch >= $1 AND launch < $2", params)
+        sink, store = self.dm.sink, self.a.store
+        bounds = chunk_bounds(cuts)
+        if len(bounds) != sink.cuts.size + 1 or any(lo != int(c) for (lo, _), c in zip(bounds[1:], sink.cuts)):
+            raise ValueError("an out-of-core model is read in the time segments it was correlated in")
+        for j, ((lo, hi), inst) in enumerate(zip(bounds, sink.instances_by_start(INSTANCE_FIELDS))):
+            acts = sink.activities(j)
             running = store.columns(
                 """SELECT start, "end", device_id, kind, uses_tc, name_code FROM gpu_by_launch
                    WHERE start >= $1 AND start < $2""",
-                params,
+                [lo, hi],
             )
             running["uses_tc"] = running["uses_tc"].astype(bool)
             running = make_frame(running)
@@ -894,7 +994,17 @@ class StoreModel:
                 t = frame["start"].to_numpy(np.int64)
                 return frame[(t >= lo) & (t < hi)]
 
-            yield ModelChunk(lo, hi, inst, acts, running, within(self.loader), within(self.io))
+            yield ModelChunk(lo, hi, make_frame(inst), make_frame(acts), running, within(self.loader), within(self.io))
+
+
+def _sorted_columns(table: pa.Table, *keys: str) -> dict:
+    """An Arrow table's columns as numpy arrays, rows in the order of `keys` (the first the major one)."""
+    cols = {c: table.column(c).to_numpy() for c in table.column_names}
+    if table.num_rows > 1:
+        order = np.lexsort(tuple(cols[k] for k in reversed(keys)))
+        if not bool(np.all(order[1:] > order[:-1])):
+            cols = {c: v[order] for c, v in cols.items()}
+    return cols
 
 
 # ---------------------------------------------------------------------------- the DLProf database
@@ -979,20 +1089,30 @@ def feed_raw(writer, sa: StoreAnalysis) -> None:
 
 
 def feed_model(writer, sa: StoreAnalysis, corr) -> None:
-    """Queue every domain's op model, a chunk of rows at a time."""
-    store = sa.store
+    """Queue every domain's op model, a chunk of rows at a time (instances in id order: the segments made
+    them in that order; activity owners segment by segment, in activity id order within each)."""
+    strings = pd.CategoricalDtype(pd.Index(sa.pool.array(), dtype=object))
     for name, dm in corr.domains.items():
         writer.add_ops(name, dm.ops)  # first: the domain's ops get consecutive database op indexes
-        d = dm.sink.d
-        query = f"SELECT * FROM inst_sorted_{d} WHERE {{where}} ORDER BY instance_id"
-        for table in store.ordered_batches(query, f"inst_sorted_{d}", "instance_id", WRITE_ROWS):
-            writer.add_domain_model(name, _decoded_instances(table.to_pandas(), sa.pool, name))
-        query = (
-            f"SELECT activity_id, owner AS instance_id, api_id, launch AS launch_time "
-            f"FROM acts_{d} WHERE {{where}} ORDER BY activity_id"
-        )
-        for table in store.ordered_batches(query, f"acts_{d}", "activity_id", WRITE_ROWS):
-            writer.add_domain_model(name, None, table.to_pandas())
+        sink = dm.sink
+        for k in sink.inst_sorted.sources():
+            cols = _sorted_columns(sink.inst_sorted.read(source=k), "instance_id")
+            n = cols["instance_id"].size
+            for lo in range(0, n, WRITE_ROWS):
+                part = {c: v[lo : lo + WRITE_ROWS] for c, v in cols.items()}
+                writer.add_domain_model(name, _instances_frame(part, strings))
+        for k in sa.acts.sources():
+            acts = sa.acts.read(tag=k, columns=["activity_id", "api_id", "launch"])
+            owners = {
+                "activity_id": acts.column("activity_id").to_numpy(),
+                "instance_id": sink.gpu_owner.read(tag=k).column("instance_id").to_numpy(),
+                "api_id": acts.column("api_id").to_numpy(),
+                "launch_time": acts.column("launch").to_numpy(),
+            }
+            for lo in range(0, owners["activity_id"].size, WRITE_ROWS):
+                writer.add_domain_model(
+                    name, None, pd.DataFrame({c: v[lo : lo + WRITE_ROWS] for c, v in owners.items()}, copy=False)
+                )
 
 
 def _by_id(result, order: np.ndarray | None = None) -> tuple[dict, np.ndarray | None]:
@@ -1015,11 +1135,17 @@ def _gather(values: np.ndarray, rows: np.ndarray, default) -> np.ndarray:
     return np.where(rows >= 0, values[np.maximum(rows, 0)], default)
 
 
-def _decoded_instances(f: pd.DataFrame, pool: StringPool, domain: str) -> pd.DataFrame:
-    for c in INSTANCE_TEXT:
-        f[c] = pool.decode(f.pop(f"{c}_code").to_numpy(np.int64))
-    f["domain"] = domain
-    return f
+def _instances_frame(cols: dict, strings: pd.CategoricalDtype) -> pd.DataFrame:
+    """Instances as the database writer takes them: the detail texts as categoricals over the string pool
+    (the writer looks up only the strings the rows use; no text is built per row)."""
+    frame = {c: v for c, v in cols.items() if not c.endswith("_code")}
+    for c in DETAIL_TEXT:
+        codes = cols[f"{c}_code"]
+        if (codes < 0).all():
+            frame[c] = pd.Series(np.full(codes.size, None, dtype=object), dtype=object, copy=False)
+        else:
+            frame[c] = pd.Categorical.from_codes(codes, dtype=strings)
+    return pd.DataFrame(frame, copy=False)
 
 
 def kernel_tc_pairs(sa: StoreAnalysis) -> pd.DataFrame:

@@ -1,0 +1,113 @@
+"""Tables of an out-of-core analysis kept on disk as Arrow IPC files, a part at a time.
+
+A part is written whole once (at the speed of a memory copy: no encoding, no compression) and read back
+memory-mapped, so reading a time segment's rows copies nothing. Each part carries a tag (the time segment or
+chunk it belongs to) and the segment it was written from, so a reader takes just the parts it needs. For
+ad-hoc SQL (the expert systems' queries, the op table) a table is registered in a DuckDB connection as a
+view over its files (`register`); no row is copied into DuckDB.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.ipc as ipc
+
+_SERIAL = itertools.count()
+
+
+@dataclass(frozen=True)
+class Part:
+    path: Path
+    tag: int  # the time chunk its rows belong to
+    source: int  # the time segment it was written from
+    rows: int
+
+
+class PartTable:
+    """One table as Arrow IPC files in a folder (see the module docstring)."""
+
+    def __init__(self, folder: Path, name: str, schema: pa.Schema):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.name = name
+        self.schema = schema
+        self.parts: list[Part] = []
+
+    @property
+    def rows(self) -> int:
+        return sum(p.rows for p in self.parts)
+
+    def append(self, columns, tag: int = 0, source: int | None = None) -> None:
+        """Write rows (a dict of arrays or an Arrow table, in the table's column order) as a new part."""
+        table = columns if isinstance(columns, pa.Table) else pa.table(columns, schema=self.schema)
+        if table.num_rows == 0:
+            return
+        if table.schema != self.schema:
+            table = table.cast(self.schema)
+        path = self.folder / f"{self.name}.{next(_SERIAL)}.arrow"
+        with ipc.new_file(path, self.schema) as out:
+            out.write_table(table, max_chunksize=1 << 20)
+        self.parts.append(Part(path, int(tag), int(tag if source is None else source), table.num_rows))
+
+    def read(self, tag: int | None = None, source: int | None = None, columns=None) -> pa.Table:
+        """The rows of the parts with this tag and/or source (all parts without either), in writing order."""
+        chosen = [p for p in self.parts if (tag is None or p.tag == tag) and (source is None or p.source == source)]
+        tables = [read_part(p.path, columns) for p in chosen]
+        if not tables:
+            schema = self.schema if columns is None else pa.schema([self.schema.field(c) for c in columns])
+            return schema.empty_table()
+        return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+
+    def sources(self) -> list[int]:
+        return sorted({p.source for p in self.parts})
+
+    def dataset(self):
+        """Every part as one pyarrow dataset (or an empty table), for SQL."""
+        if not self.parts:
+            return self.schema.empty_table()
+        return pads.dataset([str(p.path) for p in self.parts], schema=self.schema, format="ipc")
+
+    def register(self, con, name: str | None = None) -> None:
+        """Make the table queryable as `name` (default: its own) on a DuckDB connection or cursor."""
+        con.register(name or self.name, self.dataset())
+
+    def drop(self) -> None:
+        for p in self.parts:
+            p.path.unlink(missing_ok=True)
+        self.parts = []
+
+
+def read_part(path: Path, columns=None) -> pa.Table:
+    """One part, memory-mapped (its buffers are views of the file)."""
+    with pa.memory_map(str(path)) as source:
+        table = ipc.open_file(source).read_all()
+    return table.select(columns) if columns is not None else table
+
+
+def numpy_columns(table: pa.Table, columns=None) -> dict:
+    """Columns of an Arrow table as numpy arrays (views where the data allow it)."""
+    names = table.column_names if columns is None else columns
+    out = {}
+    for name in names:
+        column = table.column(name)
+        out[name] = column.to_numpy() if column.num_chunks != 1 else column.chunk(0).to_numpy(zero_copy_only=False)
+    return out
+
+
+def schema_of(int64: list[str] = (), **typed) -> pa.Schema:
+    """A schema of int64 columns, then typed ones (`name=pa type`)."""
+    return pa.schema([(c, pa.int64()) for c in int64] + list(typed.items()))
+
+
+def int_schema(columns) -> pa.Schema:
+    """A schema of columns that are all int64."""
+    return pa.schema([(c, pa.int64()) for c in columns])
+
+
+EMPTY = np.zeros(0, dtype=np.int64)
