@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.ipc as ipc
 
@@ -27,16 +28,20 @@ class Part:
     tag: int  # the time chunk its rows belong to
     source: int  # the time segment it was written from
     rows: int
+    low: int = 0  # the least and greatest value of the table's key column in the part (see PartTable.key)
+    high: int = -1
 
 
 class PartTable:
     """One table as Arrow IPC files in a folder (see the module docstring)."""
 
-    def __init__(self, folder: Path, name: str, schema: pa.Schema):
+    def __init__(self, folder: Path, name: str, schema: pa.Schema, key: str | None = None):
+        """`key`: an integer column whose range each part records, for `read_range`."""
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.name = name
         self.schema = schema
+        self.key = key
         self.parts: list[Part] = []
 
     @property
@@ -53,7 +58,11 @@ class PartTable:
         path = self.folder / f"{self.name}.{next(_SERIAL)}.arrow"
         with ipc.new_file(path, self.schema) as out:
             out.write_table(table, max_chunksize=1 << 20)
-        self.parts.append(Part(path, int(tag), int(tag if source is None else source), table.num_rows))
+        low, high = 0, -1
+        if self.key is not None:
+            values = table.column(self.key)
+            low, high = int(pc.min(values).as_py()), int(pc.max(values).as_py())
+        self.parts.append(Part(path, int(tag), int(tag if source is None else source), table.num_rows, low, high))
 
     def read(self, tag: int | None = None, source: int | None = None, columns=None) -> pa.Table:
         """The rows of the parts with this tag and/or source (all parts without either), in writing order."""
@@ -63,6 +72,27 @@ class PartTable:
             schema = self.schema if columns is None else pa.schema([self.schema.field(c) for c in columns])
             return schema.empty_table()
         return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+
+    def read_range(self, lo: int, hi: int, columns=None) -> dict:
+        """Numpy columns of the rows whose key is in [lo, hi), from the parts whose key range meets it."""
+        names = list(self.schema.names if columns is None else columns)
+        if self.key not in names:
+            names.append(self.key)
+        found = []
+        for p in self.parts:
+            if p.high >= lo and p.low < hi:
+                table = read_part(p.path, names)
+                key = table.column(self.key).to_numpy()
+                if p.low >= lo and p.high < hi:
+                    found.append({c: table.column(c).to_numpy() for c in names})
+                else:
+                    rows = np.flatnonzero((key >= lo) & (key < hi))
+                    found.append({c: table.column(c).to_numpy()[rows] for c in names})
+        if not found:
+            return {c: np.zeros(0, dtype=self.schema.field(c).type.to_pandas_dtype()) for c in names}
+        if len(found) == 1:
+            return found[0]
+        return {c: np.concatenate([f[c] for f in found]) for c in names}
 
     def sources(self) -> list[int]:
         return sorted({p.source for p in self.parts})

@@ -65,15 +65,21 @@ CLASSIFY_BATCH = 1 << 20
 LINK_STORE_MEMORY = "400MB"  # the store's memory limit while the launch links are computed in memory
 # the ranges' own columns range_info holds (as the store's `ranges` table types them)
 RANGE_COLUMNS = [
-    ("range_id", "BIGINT"),
-    ("domain_code", "BIGINT"),
-    ("start", "BIGINT"),
-    ("end", "BIGINT"),
-    ("global_tid", "BIGINT"),
-    ("pid", "BIGINT"),
-    ("event_type", "TINYINT"),
-    ("unclosed", "BOOLEAN"),
+    ("range_id", pa.int64()),
+    ("domain_code", pa.int64()),
+    ("start", pa.int64()),
+    ("end", pa.int64()),
+    ("global_tid", pa.int64()),
+    ("pid", pa.int64()),
+    ("event_type", pa.int8()),
+    ("unclosed", pa.bool_()),
 ]
+# every range with its classification: the ranges' own columns, INFO_INT and a string pool code per INFO_TEXT
+RANGE_INFO_SCHEMA = pa.schema(
+    RANGE_COLUMNS
+    + [(c, pa.from_numpy_dtype(INFO_TYPES.get(c, (None, np.int64))[1])) for c in INFO_INT]
+    + [(f"{c}_code", pa.from_numpy_dtype(CODE_TYPE[1])) for c in INFO_TEXT]
+)
 
 
 class StringPool:
@@ -146,12 +152,7 @@ class StoreAnalysis:
             families = {fam} if fam else set()
         if mode == "simple":
             families = set()
-        cols = ", ".join(
-            [f'"{c}" {t}' for c, t in RANGE_COLUMNS]
-            + [f"{c} {INFO_TYPES.get(c, ('BIGINT',))[0]}" for c in INFO_INT]
-            + [f"{c}_code {CODE_TYPE[0]}" for c in INFO_TEXT]
-        )
-        self.run(f"CREATE OR REPLACE TABLE range_info ({cols})")
+        self.range_info = PartTable(self.parts_folder, "range_info", RANGE_INFO_SCHEMA, key="start")
         domains = np.array(self.store.domains, dtype=object)
         reader = self.store.con.cursor()
         own = ", ".join(f'"{c}"' for c, _ in RANGE_COLUMNS)
@@ -168,9 +169,8 @@ class StoreAnalysis:
             for c in INFO_TEXT:
                 frame[f"{c}_code"] = self.pool.encode(info[c].to_numpy(dtype=object)).astype(CODE_TYPE[1])
             kinds_seen += np.bincount(frame["kind"].astype(np.int64), minlength=8)[:8]
-            self.store.con.register("_info", pa.table(frame))
-            self.run("INSERT INTO range_info SELECT * FROM _info")
-            self.store.con.unregister("_info")
+            self.range_info.append(frame)
+        self.publish(self.range_info)
         reader.close()
         config = {}
         for entry in self.config_entries:
@@ -388,40 +388,39 @@ class StoreAnalysis:
         return sorted(set(cuts))
 
     def segments(self, cuts: list[int]):
-        """Segment by segment, the frames correlation needs (see correlate.Segment)."""
+        """Segment by segment, the frames correlation needs (see correlate.Segment). A segment's own ranges are
+        read from the parts of range_info whose starts meet it (the export's order, which nsys writes nearly in
+        start order, keeps that to a part or two); the ranges still open at its start (context) are those of
+        earlier segments ending after it, carried from segment to segment."""
         store = self.store
-        self.store.con.register("_cuts", pd.DataFrame({"t": np.asarray(cuts, dtype=np.int64)}))
-        crossing = store.frame("""
-            SELECT DISTINCT r.range_id FROM ranges r JOIN _cuts c ON r.start < c.t AND r."end" > c.t""")
-        self.store.con.unregister("_cuts")
-        crossing_ids = crossing["range_id"].to_numpy(np.int64)
-        # a segment reads a stretch of range_info by start: its row groups' zone maps skip the others (it is
-        # in the export's order, which nsys writes in start order; not sorted again: a sort of every range
-        # spilled to disk at 10^7 kernels)
-        context_all = (
-            self._ranges_where(f"range_id IN ({','.join(map(str, crossing_ids))})") if crossing_ids.size else None
-        )
+        carried = None  # range_info columns of the ranges open at the end of the previous segment
         for j, (lo, hi) in enumerate(chunk_bounds(cuts)):
-            params = [lo, hi]
-            own_r, own_i = self._ranges_where("r.start >= $1 AND r.start < $2", params)
-            if context_all is not None:
-                r_all, i_all = context_all
-                m = (r_all["start"].to_numpy(np.int64) < lo) & (r_all["end"].to_numpy(np.int64) > lo)
-                ranges = pd.concat([r_all[m], own_r], ignore_index=True)
-                info = pd.concat([i_all[m], own_i], ignore_index=True)
-                context = np.concatenate([np.ones(int(m.sum()), dtype=bool), np.zeros(len(own_r), dtype=bool)])
+            own = _by_range_id(self.range_info.read_range(lo, hi))
+            if carried is not None:
+                open_rows = np.flatnonzero(carried["end"] > lo)
+                context = {c: v[open_rows] for c, v in carried.items()}
+                rows = {c: np.concatenate([context[c], own[c]]) for c in own}
+                flags = np.concatenate([np.ones(open_rows.size, dtype=bool), np.zeros(own["start"].size, dtype=bool)])
             else:
-                ranges, info, context = own_r, own_i, np.zeros(len(own_r), dtype=bool)
-            ranges["context"] = context
-            api = store.api_frame("start >= $1 AND start < $2", params)
+                context, rows = None, own
+                flags = np.zeros(own["start"].size, dtype=bool)
+            ranges, info = self._range_frames(rows)
+            ranges["context"] = flags
+            # (context and own ranges each in range_id order, as correlation expects)
+            still = own["end"] > hi
+            later = {c: v[still] for c, v in own.items()}
+            if context is not None:
+                keep = context["end"] > hi
+                later = _by_range_id({c: np.concatenate([context[c][keep], later[c]]) for c in later})
+            carried = later
+            api = store.api_frame("start >= $1 AND start < $2", [lo, hi])
             gpu, gpu_api = self._gpu_launched(j, lo, hi, api)
             yield Segment(lo, hi, ranges, info, api, gpu, gpu_api)
         self.publish(self.acts)
 
-    def _ranges_where(self, where: str, params=None) -> tuple[pd.DataFrame, pd.DataFrame]:
-        store = self.store
-        f = store.columns(f"SELECT * FROM range_info r WHERE {where} ORDER BY r.range_id", params)
-        domains = np.array(store.domains, dtype=object)
+    def _range_frames(self, f: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """range_info columns -> the ranges and their classification as correlation takes them."""
+        domains = np.array(self.store.domains, dtype=object)
         ranges = make_frame(
             {
                 "range_id": f["range_id"].astype(np.int64, copy=False),
@@ -995,6 +994,15 @@ class StoreModel:
                 return frame[(t >= lo) & (t < hi)]
 
             yield ModelChunk(lo, hi, make_frame(inst), make_frame(acts), running, within(self.loader), within(self.io))
+
+
+def _by_range_id(cols: dict) -> dict:
+    """Numpy columns with rows in range_id order (unchanged when they are)."""
+    ids = cols["range_id"]
+    if ids.size > 1 and not bool(np.all(ids[1:] > ids[:-1])):
+        order = np.argsort(ids, kind="stable")
+        return {c: v[order] for c, v in cols.items()}
+    return cols
 
 
 def _sorted_columns(table: pa.Table, *keys: str) -> dict:
