@@ -92,8 +92,8 @@ def aggregate_model(
     model, iterations: Iterations, iter_start: int, iter_stop: int, cuts=None, keep_launches=True
 ) -> Aggregation:
     """Aggregate a model that yields time chunks (in memory or from an out-of-core store). `keep_launches`:
-    True keeps the kernel-launch rows (the iteration report) in `kernel_launches`, a function receives them
-    chunk by chunk instead."""
+    True keeps the kernel-launch rows (the iteration report) in `kernel_launches`; a function receives them
+    instead, chunk by chunk, as (launches, chunk)."""
     window_start = int(iterations.starts[iter_start])
     window_end = model.window_end(iterations, iter_start, iter_stop)
     window_end = max(window_end if window_end is not None else int(iterations.ends[iter_stop]), window_start)
@@ -196,7 +196,7 @@ class Accumulator:
             self.tc_names.append(launches[["op_index", "name_code", "uses_tc"]].drop_duplicates())
             self._launch_facts(launches)
             if callable(self.keep_launches):  # a sink (an out-of-core run spills them)
-                self.keep_launches(launches)
+                self.keep_launches(launches, chunk)
             elif self.keep_launches:
                 self.agg.launch_chunks.append(launches)
         self.groups.flush(chunk.hi)

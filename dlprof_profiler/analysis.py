@@ -356,7 +356,7 @@ def analyze_store(
     device_pids = sa.device_pids()
 
     def aggregate_domain(dm):
-        spill = LaunchSpill(sa, dm.sink.d, 0)  # the iteration report's rows, read back when it is written
+        spill = LaunchSpill(sa, dm.sink, 0)  # the iteration report's rows, read back when it is written
         agg = aggregate_model(
             StoreModel(sa, dm, mode, device_ids, device_pids, trace.io_calls),
             iterations,

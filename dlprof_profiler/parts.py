@@ -1,7 +1,7 @@
 """Tables of an out-of-core analysis kept on disk as Arrow IPC files, a part at a time.
 
-A part is written whole once (at the speed of a memory copy: no encoding, no compression) and read back
-memory-mapped, so reading a time segment's rows copies nothing. Each part carries a tag (the time segment or
+A part is written whole once (LZ4-compressed Arrow buffers: no encoding) and read back whole, so a time
+segment's rows come back as the arrays they were. Each part carries a tag (the time segment or
 chunk it belongs to) and the segment it was written from, so a reader takes just the parts it needs. For
 ad-hoc SQL (the expert systems' queries, the op table) a table is registered in a DuckDB connection as a
 view over its files (`register`); no row is copied into DuckDB.
@@ -20,6 +20,10 @@ import pyarrow.dataset as pads
 import pyarrow.ipc as ipc
 
 _SERIAL = itertools.count()
+# LZ4: the columns are mostly small integers and -1s: a third of the bytes, and compressing them costs less than
+# handing the kernel three times as many pages to write (measured: 10^6 instances, 204 MB: 0.40 s to write
+# plain, 0.17 s compressed; reading back 0.02 s / 0.09 s)
+WRITE_OPTIONS = ipc.IpcWriteOptions(compression=__import__("os").environ.get("DLPROF_PART_COMPRESSION", "lz4") or None)
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ class PartTable:
         if table.schema != self.schema:
             table = table.cast(self.schema)
         path = self.folder / f"{self.name}.{next(_SERIAL)}.arrow"
-        with ipc.new_file(path, self.schema) as out:
+        with ipc.new_file(path, self.schema, options=WRITE_OPTIONS) as out:
             out.write_table(table, max_chunksize=1 << 20)
         low, high = 0, -1
         if self.key is not None:
@@ -93,6 +97,28 @@ class PartTable:
         if len(found) == 1:
             return found[0]
         return {c: np.concatenate([f[c] for f in found]) for c in names}
+
+    def lookup(self, keys: np.ndarray, columns) -> dict:
+        """Numpy columns of the rows with the given key values (a unique key, in increasing order within each
+        part), in the order of `keys`; rows of keys not found are 0."""
+        keys = np.asarray(keys, dtype=np.int64)
+        out = {c: np.zeros(keys.size, dtype=self.schema.field(c).type.to_pandas_dtype()) for c in columns}
+        if keys.size == 0:
+            return out
+        lo, hi = int(keys.min()), int(keys.max())
+        for p in self.parts:
+            if p.high < lo or p.low > hi:
+                continue
+            inside = np.flatnonzero((keys >= p.low) & (keys <= p.high))
+            if inside.size == 0:
+                continue
+            table = read_part(p.path, [self.key, *columns])
+            stored = table.column(self.key).to_numpy()
+            at = np.minimum(np.searchsorted(stored, keys[inside]), stored.size - 1)
+            found = stored[at] == keys[inside]
+            for c in columns:
+                out[c][inside[found]] = table.column(c).to_numpy()[at[found]]
+        return out
 
     def sources(self) -> list[int]:
         return sorted({p.source for p in self.parts})

@@ -51,15 +51,25 @@ INSTANCE_TEXT = [
 INSTANCE_INT = [c for c in INSTANCE_COLUMNS if c != "domain" and c not in INSTANCE_TEXT] + ["call_id"]
 CALL_METRICS = ("cpu_time", "cpu_overhead", "gpu_time", "gpu_idle", "n_kernels")  # correlate.CALL_METRICS
 # a domain's instances as correlation writes them (`iteration`: of their start), and as aggregation reads them
-INST_SCHEMA = int_schema(INSTANCE_INT + [f"{c}_code" for c in INSTANCE_TEXT] + ["iteration"])
+# (narrow where the values are: a fifth less to write and read for every instance)
+_INSTANCE_FIELDS = [(c, pa.int8() if c == "kind" else pa.int64()) for c in INSTANCE_INT] + [
+    (f"{c}_code", pa.from_numpy_dtype(CODE_TYPE[1])) for c in INSTANCE_TEXT
+]
+INST_SCHEMA = pa.schema(_INSTANCE_FIELDS + [("iteration", pa.int32())])
 SORTED_SCHEMA = pa.schema(
-    [(c, pa.int64()) for c in INSTANCE_INT + [f"{c}_code" for c in INSTANCE_TEXT]]
-    + [("is_call", pa.bool_())]
-    + [(f"call_{m}", pa.int64()) for m in CALL_METRICS]
+    _INSTANCE_FIELDS + [("is_call", pa.bool_())] + [(f"call_{m}", pa.int64()) for m in CALL_METRICS]
 )
 # the GPU activities of each segment (those launched in it) with their launches: every domain's owners of
 # them are written in the same order
-ACTS_COLUMNS = [c for c in ACTIVITY_FIELDS if c not in ("owner", "owner_op", "owner_start")]
+ACTS_COLUMNS = [c for c in ACTIVITY_FIELDS if c not in ("owner", "owner_op", "owner_start")] + [
+    "grid_x",
+    "grid_y",
+    "grid_z",
+    "block_x",
+    "block_y",
+    "block_z",
+    "long_code",
+]
 ACTS_SCHEMA = pa.schema([(c, pa.bool_() if c == "uses_tc" else pa.int64()) for c in ACTS_COLUMNS])
 CLASSIFY_BATCH = 1 << 20
 LINK_STORE_MEMORY = "400MB"  # the store's memory limit while the launch links are computed in memory
@@ -475,7 +485,7 @@ class StoreSink:
         self.bounds = np.sort(np.asarray(bounds, dtype=np.int64))
         self.cuts = np.sort(np.asarray(list(cuts), dtype=np.int64))  # chunk j: [cuts[j - 1], cuts[j])
         folder = analysis.parts_folder
-        self.inst = PartTable(folder, f"inst_{domain_index}", INST_SCHEMA)
+        self.inst = PartTable(folder, f"inst_{domain_index}", INST_SCHEMA, key="instance_id")
         self.api_owner = PartTable(folder, f"api_owner_{domain_index}", int_schema(["api_id", "instance_id"]))
         self.gpu_owner = PartTable(folder, f"gpu_owner_{domain_index}", int_schema(["activity_id", "instance_id"]))
         self.inst_sorted = PartTable(folder, f"inst_sorted_{domain_index}", SORTED_SCHEMA)
@@ -489,10 +499,10 @@ class StoreSink:
     def add(self, seg, instances: pd.DataFrame, api_owner, gpu_owner) -> None:
         """One segment's new instances and the owners of its API calls and GPU activities."""
         k = int(self.chunk_of([seg.lo])[0])
-        frame = {c: instances[c].to_numpy(np.int64) for c in INSTANCE_INT}
+        frame = {c: instances[c].to_numpy(np.int8 if c == "kind" else np.int64) for c in INSTANCE_INT}
         for c in INSTANCE_TEXT:
-            frame[f"{c}_code"] = self.a.pool.encode(instances[c].to_numpy(dtype=object))
-        frame["iteration"] = self._iteration(frame["start"])
+            frame[f"{c}_code"] = self.a.pool.encode(instances[c].to_numpy(dtype=object)).astype(CODE_TYPE[1])
+        frame["iteration"] = self._iteration(frame["start"]).astype(np.int32)
         self.inst.append(frame, tag=k)
         self.api_owner.append(
             {"api_id": seg.api["api_id"].to_numpy(np.int64), "instance_id": np.asarray(api_owner, np.int64)}, tag=k
@@ -591,6 +601,10 @@ class StoreSink:
                 part_cols = cols if chunks.size == 1 else {k: v[chunk == j] for k, v in cols.items()}
                 self.inst_sorted.append({c: part_cols[c] for c in SORTED_SCHEMA.names}, tag=int(j), source=part.tag)
             del table, cols
+
+    def instance_values(self, ids, columns) -> dict:
+        """Columns of the given instances as correlation wrote them (not completed: their texts, say)."""
+        return self.inst.lookup(np.asarray(ids, dtype=np.int64), columns)
 
     def instances_by_start(self, columns):
         """Per time chunk, the columns of the instances starting in it, in (start, instance_id) order."""
@@ -804,49 +818,106 @@ def _apply_patch(cols: dict, ids: np.ndarray, patch: pd.DataFrame, patch_ids: np
 LAUNCH_FIELDS = tuple(LAUNCH_COLUMNS)  # aggregate._launch_rows
 
 
+# what a kernel-launch row of the iteration report takes from its GPU activity and from its launching instance
+LAUNCH_ACTIVITY = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "long_code"]
+LAUNCH_INSTANCE = ["data_type", "input_shapes", "parameters", "output_shapes"]
+LAUNCH_SPILL_SCHEMA = pa.schema(
+    [(c, pa.bool_() if c == "uses_tc" else pa.int64()) for c in LAUNCH_FIELDS]
+    + [("seq", pa.int64())]
+    + [(c, pa.int64()) for c in LAUNCH_ACTIVITY]
+    + [(c, pa.from_numpy_dtype(CODE_TYPE[1])) for c in LAUNCH_INSTANCE]
+)
+# an iteration whose launch rows outgrow this is ordered by DuckDB (which spills), not in memory
+REPORT_SORT_ROWS = 1 << 21
+
+
 class LaunchSpill:
-    """The kernel-launch rows of one aggregation of one domain, spilled into the store chunk by chunk (the
-    aggregation's `keep_launches` sink) and read back in the iteration report's order."""
+    """The kernel-launch rows of one aggregation of one domain, spilled chunk by chunk (the aggregation's
+    `keep_launches` sink) with everything the iteration report shows of them, and read back in its order."""
 
-    def __init__(self, analysis: StoreAnalysis, domain_index: int, serial: int):
-        self.a, self.d = analysis, domain_index
-        self.table = f"launches_{domain_index}_{serial}"
+    def __init__(self, analysis: StoreAnalysis, sink: "StoreSink", serial: int):
+        self.a, self.sink = analysis, sink
+        self.parts = PartTable(analysis.parts_folder, f"launches_{sink.d}_{serial}", LAUNCH_SPILL_SCHEMA)
         self.rows = 0
-        cols = ", ".join(f'"{c}" BIGINT' for c in LAUNCH_FIELDS) + ", seq BIGINT"
-        self.a.run(f"CREATE OR REPLACE TABLE {self.table} ({cols})")
 
-    def __call__(self, launches: pd.DataFrame) -> None:
-        frame = {c: launches[c].to_numpy().astype(np.int64) for c in LAUNCH_FIELDS}
+    def __call__(self, launches: pd.DataFrame, chunk) -> None:
+        frame = {c: launches[c].to_numpy() for c in LAUNCH_FIELDS}
         frame["seq"] = self.rows + np.arange(len(launches), dtype=np.int64)  # launch order breaks ties
         self.rows += len(launches)
-        con = self.a.store.con
-        con.register("_launches", pa.table(frame))
-        self.a.run(f"INSERT INTO {self.table} SELECT * FROM _launches")
-        con.unregister("_launches")
+        acts = chunk.acts
+        at = pd.Index(acts["activity_id"].to_numpy(np.int64)).get_indexer(frame["activity_id"])
+        for c in LAUNCH_ACTIVITY:
+            frame[c] = acts[c].to_numpy(np.int64)[at]
+        codes = self.sink.instance_values(frame["instance"], [f"{c}_code" for c in LAUNCH_INSTANCE])
+        for c in LAUNCH_INSTANCE:
+            frame[c] = codes[f"{c}_code"]
+        self.parts.append(frame)
 
     def report_chunks(self, ops: pd.DataFrame, rows_per_chunk: int):
-        """Record batches of kernel-launch rows (reports.LAUNCH_COLUMNS) in report order: iteration, the op's
-        first start, kernel name, GPU start, launch order (reports._report_order)."""
+        """Chunks of kernel-launch rows (reports.LAUNCH_COLUMNS) in report order: iteration, the op's first
+        start, kernel name, GPU start, launch order (reports._report_order). The rows were spilled in launch
+        order, so an iteration's rows are in one part or in consecutive ones: each part is ordered in memory,
+        the rows of its last iteration held back until the next part has added its own."""
+        n_ops = int(ops["op_index"].max()) + 1 if len(ops) else 0
+        first_start = np.full(n_ops + 1, TIME_MAX, dtype=np.int64)  # ops without a first start sort last
+        first_start[ops["op_index"].to_numpy(np.int64)] = ops["first_start"].to_numpy(np.int64)
+        op_rank = np.unique(first_start, return_inverse=True)[1].reshape(-1)  # equal starts, equal ranks
+        held = None
+        for part in self.parts.parts:
+            table = read_part(part.path)
+            cols = {c: table.column(c).to_numpy() for c in table.column_names}
+            if held is not None:
+                cols = {c: np.concatenate([held[c], cols[c]]) for c in cols}
+            order = np.lexsort(
+                (cols["seq"], cols["gpu_start"], cols["name_code"], op_rank[cols["op_index"]], cols["iteration"])
+            )
+            cols = {c: v[order] for c, v in cols.items()}
+            last = cols["iteration"][-1]
+            done = int(np.searchsorted(cols["iteration"], last, side="left"))
+            yield from _report_batches({c: v[:done] for c, v in cols.items()}, rows_per_chunk)
+            held = {c: v[done:] for c, v in cols.items()}
+            if held["iteration"].size > REPORT_SORT_ROWS:  # one iteration of very many launches: not in memory
+                yield from self._sorted_by_duckdb(int(last), ops, rows_per_chunk)
+                return
+        if held is not None:
+            yield from _report_batches(held, rows_per_chunk)
+
+    def _sorted_by_duckdb(self, from_iteration: int, ops: pd.DataFrame, rows_per_chunk: int):
+        """The rows of the iterations from `from_iteration` on, ordered by DuckDB over the spilled parts."""
         first = pd.DataFrame(
             {"op_index": ops["op_index"].to_numpy(np.int64), "first_start": ops["first_start"].to_numpy(np.int64)}
         )
         reader = self.a.cursor()
         try:
+            self.parts.register(reader, "_launches")
             reader.register("_op_first", first)
-            # kernel names: codes into the sorted distinct names, so their order is the names' order
             result = reader.sql(f"""
-                SELECT l.iteration, l.device_id, l.gpu_start, l.gpu_duration, l.api_start, l.api_duration,
-                       l.uses_tc::BOOLEAN AS uses_tc, g.grid_x, g.grid_y, g.grid_z, g.block_x, g.block_y, g.block_z,
-                       l.op_index, l.name_code AS kernel_name, g.long_code AS long_kernel_name,
-                       i.data_type_code AS data_type, i.input_shapes_code AS input_shapes,
-                       i.parameters_code AS parameters, i.output_shapes_code AS output_shapes
-                FROM {self.table} l JOIN gpu g USING (activity_id)
-                JOIN inst_sorted_{self.d} i ON i.instance_id = l.instance
-                LEFT JOIN _op_first f ON f.op_index = l.op_index
+                SELECT l.* FROM _launches l LEFT JOIN _op_first f ON f.op_index = l.op_index
+                WHERE l.iteration >= {int(from_iteration)}
                 ORDER BY l.iteration, coalesce(f.first_start, {TIME_MAX}), l.name_code, l.gpu_start, l.seq""")
-            yield from result.to_arrow_reader(rows_per_chunk)
+            for batch in result.to_arrow_reader(rows_per_chunk):
+                yield _report_columns({c: batch.column(c).to_numpy(zero_copy_only=False) for c in batch.schema.names})
         finally:
             reader.close()
+
+
+def _report_batches(cols: dict, rows_per_chunk: int):
+    n = cols["iteration"].size
+    for lo in range(0, n, rows_per_chunk):
+        yield _report_columns({c: v[lo : lo + rows_per_chunk] for c, v in cols.items()})
+
+
+def _report_columns(cols: dict) -> dict:
+    """Spilled launch rows -> reports.LAUNCH_COLUMNS."""
+    out = {c: cols[c] for c in ("iteration", "device_id", "gpu_start", "gpu_duration", "api_start", "api_duration")}
+    out["uses_tc"] = cols["uses_tc"].astype(bool)
+    for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "op_index"):
+        out[c] = cols[c]
+    out["kernel_name"] = cols["name_code"]  # codes into the sorted distinct names
+    out["long_kernel_name"] = cols["long_code"]
+    for c in LAUNCH_INSTANCE:
+        out[c] = cols[c]
+    return out
 
 
 class StoreDomainModel:

@@ -113,6 +113,38 @@ def test_out_of_core_analysis_equals_the_in_memory_one(name, named, tmp_path):
             ]
 
 
+@pytest.mark.parametrize("name", ["training", "nvfuser_h200_nsys2025.1.sqlite"])
+def test_iteration_report_rows_are_ordered_alike_in_memory_and_by_duckdb(name, named, tmp_path, monkeypatch):
+    """The iteration report's launch rows are ordered part by part in memory; an iteration of more rows than
+    REPORT_SORT_ROWS (the whole profile, when it has no key node) is ordered by DuckDB instead: the same rows
+    in the same order either way (the in-memory order is compared with the in-memory engine's byte for byte
+    by the report tests above)."""
+    import numpy as np
+
+    from dlprof_profiler import store_model
+
+    store = TraceStore(_path(name, named), tmp_path / "store")
+    try:
+        store.load()
+        result = analyze_store(store, AnalysisConfig(), events_per_segment=25 if name in named else 2000)
+        dm, agg = result.corr.domains[result.primary], result.aggregations[result.primary]
+        assert len(agg.launch_spill.parts.parts) > 1  # spilled in several parts
+
+        def rows():
+            chunks = list(agg.launch_spill.report_chunks(dm.ops, 64))
+            return {c: np.concatenate([np.asarray(chunk[c]) for chunk in chunks]) for c in chunks[0]}
+
+        in_memory = rows()
+        monkeypatch.setattr(store_model, "REPORT_SORT_ROWS", 1)
+        by_duckdb = rows()
+    finally:
+        store.close()
+    assert in_memory["iteration"].size > 0
+    assert set(in_memory) == set(by_duckdb)
+    for column, values in in_memory.items():
+        assert values.tolist() == by_duckdb[column].tolist(), column
+
+
 def test_segments_are_cut_where_the_plan_says(training, tmp_path):
     """A small budget really splits the work (so the equality above is not trivially one segment)."""
     from dlprof_profiler.store_model import StoreAnalysis
