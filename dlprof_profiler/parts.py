@@ -1,16 +1,16 @@
 """Tables of an out-of-core analysis kept on disk as Arrow IPC files, a part at a time.
 
-A part is written whole once (LZ4-compressed Arrow buffers: no encoding) and read back whole, so a time
-segment's rows come back as the arrays they were. Each part carries a tag (the time segment or
-chunk it belongs to) and the segment it was written from, so a reader takes just the parts it needs. For
-ad-hoc SQL (the expert systems' queries, the op table) a table is registered in a DuckDB connection as a
-view over its files (`register`); no row is copied into DuckDB.
+A part is written whole once (Arrow buffers as they are: no encoding) and read back memory-mapped, so a time
+segment's rows come back without a copy. Each part carries a tag (the time chunk it belongs to), the segment
+it was written from and the range of its key columns, so a reader takes just the parts it needs. For ad-hoc
+SQL (the expert systems' queries, the op table) a table is registered in a DuckDB connection as a view over
+its files (`register`); no row is copied into DuckDB.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +20,6 @@ import pyarrow.dataset as pads
 import pyarrow.ipc as ipc
 
 _SERIAL = itertools.count()
-# LZ4: the columns are mostly small integers and -1s: a third of the bytes, and compressing them costs less than
-# handing the kernel three times as many pages to write (measured: 10^6 instances, 204 MB: 0.40 s to write
-# plain, 0.17 s compressed; reading back 0.02 s / 0.09 s)
-WRITE_OPTIONS = ipc.IpcWriteOptions(compression=__import__("os").environ.get("DLPROF_PART_COMPRESSION", "lz4") or None)
 
 
 @dataclass(frozen=True)
@@ -32,20 +28,22 @@ class Part:
     tag: int  # the time chunk its rows belong to
     source: int  # the time segment it was written from
     rows: int
-    low: int = 0  # the least and greatest value of the table's key column in the part (see PartTable.key)
-    high: int = -1
+    bounds: dict = field(default_factory=dict)  # key column -> (least, greatest) value in the part
 
 
 class PartTable:
     """One table as Arrow IPC files in a folder (see the module docstring)."""
 
-    def __init__(self, folder: Path, name: str, schema: pa.Schema, key: str | None = None):
-        """`key`: an integer column whose range each part records, for `read_range`."""
+    def __init__(self, folder: Path, name: str, schema: pa.Schema, keys=(), compression: str | None = None):
+        """`keys`: integer columns whose range each part records (`read_range`, `lookup`), the first the default.
+        `compression`: for parts written once and read once, where fewer bytes to write beat a copy on reading
+        (lz4)."""
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.name = name
         self.schema = schema
-        self.key = key
+        self.keys = tuple(keys)
+        self.options = ipc.IpcWriteOptions(compression=compression)
         self.parts: list[Part] = []
 
     @property
@@ -60,64 +58,72 @@ class PartTable:
         if table.schema != self.schema:
             table = table.cast(self.schema)
         path = self.folder / f"{self.name}.{next(_SERIAL)}.arrow"
-        with ipc.new_file(path, self.schema, options=WRITE_OPTIONS) as out:
+        with ipc.new_file(path, self.schema, options=self.options) as out:
             out.write_table(table, max_chunksize=1 << 20)
-        low, high = 0, -1
-        if self.key is not None:
-            values = table.column(self.key)
-            low, high = int(pc.min(values).as_py()), int(pc.max(values).as_py())
-        self.parts.append(Part(path, int(tag), int(tag if source is None else source), table.num_rows, low, high))
+        bounds = {}
+        for key in self.keys:
+            low, high = pc.min_max(table.column(key)).values()
+            bounds[key] = (int(low.as_py()), int(high.as_py()))
+        self.parts.append(Part(path, int(tag), int(tag if source is None else source), table.num_rows, bounds))
 
     def read(self, tag: int | None = None, source: int | None = None, columns=None) -> pa.Table:
         """The rows of the parts with this tag and/or source (all parts without either), in writing order."""
         chosen = [p for p in self.parts if (tag is None or p.tag == tag) and (source is None or p.source == source)]
-        tables = [read_part(p.path, columns) for p in chosen]
+        tables = [self.read_part(p, columns) for p in chosen]
         if not tables:
             schema = self.schema if columns is None else pa.schema([self.schema.field(c) for c in columns])
             return schema.empty_table()
         return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
-    def read_range(self, lo: int, hi: int, columns=None) -> dict:
-        """Numpy columns of the rows whose key is in [lo, hi), from the parts whose key range meets it."""
+    def read_part(self, part: Part, columns=None) -> pa.Table:
+        return read_part(part.path, columns, self.schema)
+
+    def read_range(self, lo: int, hi: int, columns=None, key: str | None = None) -> dict:
+        """Numpy columns of the rows whose key is in [lo, hi), from the parts whose key range meets it, in the
+        parts' order."""
+        key = key or self.keys[0]
         names = list(self.schema.names if columns is None else columns)
-        if self.key not in names:
-            names.append(self.key)
+        wanted = names if key in names else names + [key]
         found = []
         for p in self.parts:
-            if p.high >= lo and p.low < hi:
-                table = read_part(p.path, names)
-                key = table.column(self.key).to_numpy()
-                if p.low >= lo and p.high < hi:
-                    found.append({c: table.column(c).to_numpy() for c in names})
-                else:
-                    rows = np.flatnonzero((key >= lo) & (key < hi))
-                    found.append({c: table.column(c).to_numpy()[rows] for c in names})
+            low, high = p.bounds[key]
+            if high < lo or low >= hi:
+                continue
+            table = self.read_part(p, wanted)
+            if low >= lo and high < hi:
+                found.append({c: _numpy(table.column(c)) for c in names})
+            else:
+                values = _numpy(table.column(key))
+                rows = np.flatnonzero((values >= lo) & (values < hi))
+                found.append({c: _numpy(table.column(c))[rows] for c in names})
         if not found:
             return {c: np.zeros(0, dtype=self.schema.field(c).type.to_pandas_dtype()) for c in names}
         if len(found) == 1:
             return found[0]
         return {c: np.concatenate([f[c] for f in found]) for c in names}
 
-    def lookup(self, keys: np.ndarray, columns) -> dict:
-        """Numpy columns of the rows with the given key values (a unique key, in increasing order within each
-        part), in the order of `keys`; rows of keys not found are 0."""
+    def lookup(self, keys: np.ndarray, columns, key: str | None = None) -> dict:
+        """Numpy columns of the rows with the given values of a unique key that increases within each part,
+        in the order of `keys`; rows of values not found are 0."""
+        key = key or self.keys[0]
         keys = np.asarray(keys, dtype=np.int64)
         out = {c: np.zeros(keys.size, dtype=self.schema.field(c).type.to_pandas_dtype()) for c in columns}
         if keys.size == 0:
             return out
         lo, hi = int(keys.min()), int(keys.max())
         for p in self.parts:
-            if p.high < lo or p.low > hi:
+            low, high = p.bounds[key]
+            if high < lo or low > hi:
                 continue
-            inside = np.flatnonzero((keys >= p.low) & (keys <= p.high))
+            inside = np.flatnonzero((keys >= low) & (keys <= high))
             if inside.size == 0:
                 continue
-            table = read_part(p.path, [self.key, *columns])
-            stored = table.column(self.key).to_numpy()
+            table = self.read_part(p, [key, *columns])
+            stored = _numpy(table.column(key))
             at = np.minimum(np.searchsorted(stored, keys[inside]), stored.size - 1)
             found = stored[at] == keys[inside]
             for c in columns:
-                out[c][inside[found]] = table.column(c).to_numpy()[at[found]]
+                out[c][inside[found]] = _numpy(table.column(c))[at[found]]
         return out
 
     def sources(self) -> list[int]:
@@ -139,31 +145,23 @@ class PartTable:
         self.parts = []
 
 
-def read_part(path: Path, columns=None) -> pa.Table:
-    """One part, memory-mapped (its buffers are views of the file)."""
+def read_part(path: Path, columns=None, schema: pa.Schema | None = None) -> pa.Table:
+    """One part (the named columns only), memory-mapped: its buffers are views of the file unless compressed."""
+    options = None
+    if columns is not None and schema is not None:
+        options = ipc.IpcReadOptions(included_fields=[schema.get_field_index(c) for c in columns])
     with pa.memory_map(str(path)) as source:
-        table = ipc.open_file(source).read_all()
-    return table.select(columns) if columns is not None else table
+        table = ipc.open_file(source, options=options).read_all()
+    return table.select(list(columns)) if columns is not None else table
 
 
-def numpy_columns(table: pa.Table, columns=None) -> dict:
-    """Columns of an Arrow table as numpy arrays (views where the data allow it)."""
-    names = table.column_names if columns is None else columns
-    out = {}
-    for name in names:
-        column = table.column(name)
-        out[name] = column.to_numpy() if column.num_chunks != 1 else column.chunk(0).to_numpy(zero_copy_only=False)
-    return out
-
-
-def schema_of(int64: list[str] = (), **typed) -> pa.Schema:
-    """A schema of int64 columns, then typed ones (`name=pa type`)."""
-    return pa.schema([(c, pa.int64()) for c in int64] + list(typed.items()))
+def _numpy(column) -> np.ndarray:
+    """A column as a numpy array (a view where the data allow it)."""
+    if isinstance(column, pa.ChunkedArray) and column.num_chunks == 1:
+        column = column.chunk(0)
+    return column.to_numpy(zero_copy_only=False) if isinstance(column, pa.Array) else column.to_numpy()
 
 
 def int_schema(columns) -> pa.Schema:
     """A schema of columns that are all int64."""
     return pa.schema([(c, pa.int64()) for c in columns])
-
-
-EMPTY = np.zeros(0, dtype=np.int64)

@@ -162,7 +162,7 @@ class StoreAnalysis:
             families = {fam} if fam else set()
         if mode == "simple":
             families = set()
-        self.range_info = PartTable(self.parts_folder, "range_info", RANGE_INFO_SCHEMA, key="start")
+        self.range_info = PartTable(self.parts_folder, "range_info", RANGE_INFO_SCHEMA, keys=("start",))
         domains = np.array(self.store.domains, dtype=object)
         reader = self.store.con.cursor()
         own = ", ".join(f'"{c}"' for c, _ in RANGE_COLUMNS)
@@ -485,7 +485,7 @@ class StoreSink:
         self.bounds = np.sort(np.asarray(bounds, dtype=np.int64))
         self.cuts = np.sort(np.asarray(list(cuts), dtype=np.int64))  # chunk j: [cuts[j - 1], cuts[j])
         folder = analysis.parts_folder
-        self.inst = PartTable(folder, f"inst_{domain_index}", INST_SCHEMA, key="instance_id")
+        self.inst = PartTable(folder, f"inst_{domain_index}", INST_SCHEMA, keys=("instance_id",))
         self.api_owner = PartTable(folder, f"api_owner_{domain_index}", int_schema(["api_id", "instance_id"]))
         self.gpu_owner = PartTable(folder, f"gpu_owner_{domain_index}", int_schema(["activity_id", "instance_id"]))
         self.inst_sorted = PartTable(folder, f"inst_sorted_{domain_index}", SORTED_SCHEMA)
