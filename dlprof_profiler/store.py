@@ -1,17 +1,20 @@
-"""The out-of-core trace store: a large nsys export staged in a DuckDB database on disk, read segment by
-segment, so a profile of 10^7 kernels is analysed in bounded memory.
+"""The out-of-core trace store: a large nsys export staged on disk as Arrow part files (parts.py), read segment
+by segment, so a profile of 10^7 kernels is analysed in bounded memory.
 
-Staging copies the export's NVTX, CUDA runtime and GPU activity rows (streamed through Arrow) and derives
-the same frames `ingest_nsys.read_nsys_export` builds in memory: names as integer codes into sorted
-dictionaries, GPU activities in (start, kind, rowid) order, API calls in (start, rowid) order, ranges with
-their domain, text, and unclosed ends at the capture end. DuckDB sorts, joins and aggregates with a memory
-limit, spilling to its temporary directory; Python only ever holds one segment (and small per-name
-tables) at a time.
+Staging streams the export's NVTX ranges, CUDA API calls and GPU activities (ADBC record batches, each table
+on a thread and a connection of its own) into part files, then derives what ingest_nsys.read_nsys_export
+derives in memory: API calls in (start, rowid) order and GPU activities in (start, kind, rowid) order, their
+position in that order their id; names as integer codes into sorted dictionaries; every GPU activity linked to
+its launching call (correlate.launch_rows, over columns held in memory), with its launch time; ranges with
+their domain and, never closed, ending at the capture end. Python holds the columns of one part at a time,
+and a few integer columns of every API call and GPU activity while linking them. The staged tables are views
+of a DuckDB connection for the expert systems' queries; no row is copied into DuckDB.
 """
 
 from __future__ import annotations
 
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import duckdb
@@ -21,28 +24,89 @@ import pyarrow as pa
 
 from dlprof_profiler import ingest_nsys as nsys
 from dlprof_profiler import log
+from dlprof_profiler.correlate import launch_rows
 from dlprof_profiler.errors import DLProfError
+from dlprof_profiler.parts import PartTable, int_schema
+from dlprof_profiler.sanitize import Dropped, invalid_rows
 from dlprof_profiler.sqlite_source import SqliteSource
-from dlprof_profiler.trace import GPU_COLUMNS, KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, Trace, make_frame
+from dlprof_profiler.tensor_cores import kernel_uses_tc
+from dlprof_profiler.trace import (
+    API_COLUMNS,
+    GPU_COLUMNS,
+    KIND_KERNEL,
+    KIND_MEMCPY,
+    KIND_MEMSET,
+    MISSING_TIME,
+    Trace,
+    combined_codes,
+    make_frame,
+    pid_of,
+)
 
 DEFAULT_MEMORY_LIMIT = "1200MB"
-SORT_SPAN_ROWS = 1 << 22  # rows an id-ordered read sorts at a time (see TraceStore.ordered_batches)
-_RANGES = (
-    'SELECT range_id, domain_code, text, start, "end", global_tid, pid, event_type, unclosed '
-    "FROM ranges WHERE {where} ORDER BY range_id"
-)
-_API = (
-    'SELECT api_id, name_code, start, "end", global_tid, pid, correlation_id, event_class, return_value '
-    "FROM api WHERE {where} ORDER BY api_id"
-)
-_GPU = "SELECT * FROM gpu WHERE {where} ORDER BY activity_id"
-I64 = pa.int64()
-
+STAGE_ROWS = 1 << 20  # rows of a staged part
 UNKNOWN_KERNEL = nsys.UNKNOWN_KERNEL
+
+RAW_API = ["rowid", "start", "end", "global_tid", "correlation_id", "name_id", "event_class", "return_value"]
+API_STORED = [
+    "api_id",
+    "name_code",
+    "start",
+    "end",
+    "global_tid",
+    "pid",
+    "correlation_id",
+    "event_class",
+    "return_value",
+]
+# a GPU activity as exported (every kind in one layout: absent columns -1), and as staged: in id order, named
+# by codes, with its launch (gpu_by_launch)
+RAW_GPU = [
+    "rowid",
+    "start",
+    "end",
+    "device_id",
+    "stream_id",
+    "context_id",
+    "global_pid",
+    "correlation_id",
+    "grid_x",
+    "grid_y",
+    "grid_z",
+    "block_x",
+    "block_y",
+    "block_z",
+    "registers",
+    "static_smem",
+    "dynamic_smem",
+    "graph_node_id",
+    "bytes",
+    "copy_kind",
+    "src_kind",
+    "dst_kind",
+    "short_id",
+    "long_id",
+]
+LINK_COLUMNS = ["api_id", "launch", "api_duration", "api_tid", "api_name", "uses_tc"]
+GPU_STORED = [{"name": "name_code", "long_name": "long_code"}.get(c, c) for c in GPU_COLUMNS]
+GPU_SCHEMA = pa.schema(
+    [(c, pa.int8() if c == "kind" else pa.int64()) for c in GPU_STORED]
+    + [(c, pa.bool_() if c == "uses_tc" else pa.int64()) for c in LINK_COLUMNS]
+)
+RANGES_SCHEMA = pa.schema(
+    [(c, pa.int64()) for c in ("range_id", "start", "end", "global_tid", "pid", "domain_id")]
+    + [("event_type", pa.int8()), ("text", pa.string())]
+)  # `end` as exported: -1 for a range never closed (see ranges_of)
+# GPU activity kinds in the order activity ids break ties of start time (ingest_nsys.read_gpu_activities)
+GPU_TABLES = (
+    ("CUPTI_ACTIVITY_KIND_KERNEL", KIND_KERNEL),
+    ("CUPTI_ACTIVITY_KIND_MEMCPY", KIND_MEMCPY),
+    ("CUPTI_ACTIVITY_KIND_MEMSET", KIND_MEMSET),
+)
 
 
 class TraceStore:
-    """An nsys export staged for out-of-core analysis (a DuckDB file in `workdir`)."""
+    """An nsys export staged for out-of-core analysis (part files and a DuckDB database in `workdir`)."""
 
     def __init__(self, export: Path, workdir: Path, memory_limit: str = DEFAULT_MEMORY_LIMIT, threads: int = 2):
         self.export = Path(export)
@@ -60,23 +124,50 @@ class TraceStore:
             "SET preserve_insertion_order = false",
         ):
             self.con.execute(setting).fetchall()
+        folder = self.workdir / "staged"
+        self.raw_ranges = PartTable(folder, "ranges_raw", RANGES_SCHEMA, keys=("start", "range_id"))
+        self.api = PartTable(folder, "api", int_schema(API_STORED), keys=("start", "api_id"))
+        self.gpu = PartTable(folder, "gpu", GPU_SCHEMA, keys=("start", "launch", "activity_id"))
+        self.views: dict[str, PartTable] = {}
         self.trace: Trace | None = None
         self.counts: dict = {}
         self.gpu_short: np.ndarray = np.zeros(0, dtype=object)  # short kernel name per name code
         self.gpu_long: np.ndarray = np.zeros(0, dtype=object)  # long kernel name per long code
         self.api_names: np.ndarray = np.zeros(0, dtype=object)  # API name per name code
-        self.domains: list[str] = []
+        self.domains: list[str] = []  # domain name per domain code
+        self.domain_first: list[int] = []  # domain codes in order of their first range (by range_id)
+        self.domain_code: dict = {}  # (pid, domain handle) -> domain code
+        self.capture_end = 0
         self.drops: dict = {}  # frame -> rows dropped for impossible timestamps (sanitize.py)
-        self.before: dict = {}  # frame -> rows staged before the drop
+        self.before: dict = {}  # frame -> rows read before the drop
         self.unclosed = 0
-        self.raw_end: dict = {}  # table -> latest end among the rows as exported (the capture end)
-        self.raw_devices: list = []  # devices of the GPU activities as exported
+        self.thread_device: dict = {}  # the device each thread / process launches most GPU time on
+        self.process_device: dict = {}
+        self.device_pids: dict = {}  # device -> processes with GPU activities on it
+        self.kernel_pairs = pd.DataFrame()  # distinct (name_code, long_code) of kernels: uses_tc, tc_rule
+        self.other_pairs = pd.DataFrame()  # distinct (name_code, long_code) of memcpys and memsets
+        self._profile_start = self._profile_end = 0
+        self._shared = (0, 0)
 
     def close(self) -> None:
         try:
             self.con.close()
         finally:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- SQL over the staged tables (and the analysis' own, see publish) ---------------------------------
+    def publish(self, table: PartTable, name: str | None = None) -> None:
+        """Make a complete part table queryable as `name` (default: its own) on the store's connection and on
+        every `cursor()`."""
+        self.views[name or table.name] = table
+        table.register(self.con, name)
+
+    def cursor(self):
+        """A cursor of the store's database on which every published table is queryable too."""
+        cursor = self.con.cursor()
+        for name, table in self.views.items():
+            table.register(cursor, name)
+        return cursor
 
     def sql(self, query: str, params=None):
         return self.con.execute(query, params) if params is not None else self.con.execute(query)
@@ -93,11 +184,8 @@ class TraceStore:
         return self.sql(query, params).df()
 
     def columns(self, query: str, params=None) -> dict:
-        """A query's result as numpy arrays by column (no DataFrame: building one copied every column once more)."""
+        """A query's result as numpy arrays by column."""
         return self.sql(query, params).fetchnumpy()
-
-    def arrow(self, query: str, params=None) -> pa.Table:
-        return (self.con.sql(query, params=params) if params is not None else self.con.sql(query)).to_arrow_table()
 
     # -- staging --------------------------------------------------------------------------------------
     def load(self) -> Trace:
@@ -112,52 +200,49 @@ class TraceStore:
             trace = Trace(source=self.export)
             trace.meta = nsys.read_meta(src)
             trace.system = nsys.read_system_env(src)
-            strings = nsys.StringTable(src) if not src.has("StringIds") or src.count("StringIds") < 1_000_000 else None
-            self._stage_strings(src)
-            trace.processes, trace.threads = nsys.read_processes_threads(src, strings or _NoStrings(self))
+            strings = _ExportStrings(src)
+            trace.processes, trace.threads = nsys.read_processes_threads(src, strings)
             trace.has_nvtx = src.has("NVTX_EVENTS")
-            trace.has_cuda_tables = any(
-                src.has(t)
-                for t in (
-                    "CUPTI_ACTIVITY_KIND_RUNTIME",
-                    "CUPTI_ACTIVITY_KIND_KERNEL",
-                    "CUPTI_ACTIVITY_KIND_MEMCPY",
-                    "CUPTI_ACTIVITY_KIND_MEMSET",
-                )
-            )
-            api_read, gpu_reads, ranges_read = self._api_read(src), self._gpu_reads(src), self._ranges_read(src)
-            with log.stage("Reading the CUDA API calls, GPU activities and NVTX ranges into the store"):
-                self._read_tables([api_read, *gpu_reads, ranges_read])
-            with log.stage("Staging CUDA API calls"):
-                self._stage_api()
-            with log.stage("Staging GPU activities"):
-                self._gpu_names([(table, kind) for table, _, _, kind in gpu_reads])
+            trace.has_cuda_tables = any(src.has(t) for t in ("CUPTI_ACTIVITY_KIND_RUNTIME", *dict(GPU_TABLES)))
+            with log.stage("Reading the NVTX ranges, CUDA API calls and GPU activities"):
+                with ThreadPoolExecutor(max_workers=4, thread_name_prefix="dlprof-stage") as pool:
+                    ranges = pool.submit(self._own_source, self._read_ranges)
+                    latest = pool.submit(self._own_source, _latest_nvtx)
+                    gpu = pool.submit(self._own_source, self._read_gpu)
+                    api = self._read_api(src)
+                    gpu, ranges, latest = gpu.result(), ranges.result(), latest.result()
             from dlprof_profiler.sanitize import drop_invalid_times
 
             trace.syncs, self.drops["syncs"] = drop_invalid_times(nsys.read_syncs(src), "GPU synchronizations", "syncs")
             trace.io_calls, self.drops["io_calls"] = drop_invalid_times(
-                nsys.read_io_calls(src, strings or _NoStrings(self)), "I/O calls", "io_calls"
+                nsys.read_io_calls(src, strings), "I/O calls", "io_calls"
             )
-            capture_end = self._capture_end(src, trace.meta)
-            with log.stage("Staging NVTX ranges"):
-                trace.domain_map = self._stage_ranges(capture_end)
-            used = [(d,) for d in self.raw_devices]
+            self.capture_end = _capture_end([api["raw_end"], gpu["raw_end"], latest], trace.meta)
+            with log.stage("Staging CUDA API calls"):
+                links = self._stage_api(api, strings)
+            with log.stage("Staging GPU activities and linking them to their launches"):
+                self._stage_gpu(gpu, links, strings)
+            del links
+            trace.domain_map = self._domain_codes(ranges)
             trace.devices = nsys.read_devices(
-                src, pd.DataFrame({"device_id": np.array([r[0] for r in used], dtype=np.int64)})
+                src, pd.DataFrame({"device_id": np.array(sorted(gpu["devices"]), dtype=np.int64)})
             )
             peak = nsys.read_peak_memory(src)
             if peak is not None:
                 trace.meta["gpu_peak_memory"] = peak
-            trace.meta["capture_end"] = int(capture_end)
+            trace.meta["capture_end"] = int(self.capture_end)
         finally:
             src.close()
-        self.counts = {t: int(self.scalar(f"SELECT count(*) FROM {t}")) for t in ("ranges", "api", "gpu")}
-        self._profile_end = int(
-            self.scalar(
-                'SELECT greatest(coalesce((SELECT max("end") FROM ranges), 0), '
-                'coalesce((SELECT max("end") FROM api), 0), coalesce((SELECT max("end") FROM gpu), 0))'
-            )
-        )
+        self.counts = {"ranges": self.raw_ranges.rows, "api": self.api.rows, "gpu": self.gpu.rows}
+        self._profile_start = min([s for s in (ranges["first"], api["first"], gpu["first"]) if s is not None] or [0])
+        ends = [api["last"], gpu["last"], ranges["last"]]
+        if ranges["unclosed_start"] is not None:  # never closed: ends at the capture end (or at its start)
+            ends.append(max(self.capture_end, ranges["unclosed_start"]))
+        self._profile_end = max([e for e in ends if e is not None] or [0])
+        for table in (self.api, self.gpu):
+            self.publish(table)
+        self.publish(self.gpu, "gpu_by_launch")
+        self.publish(self.raw_ranges, "ranges")  # (their texts: range_info has the rest, see StoreAnalysis)
         trace.warnings = self._warnings(trace)
         self.trace = trace
         return trace
@@ -169,329 +254,327 @@ class TraceStore:
     @property
     def profile_start(self) -> int:
         """Start of the first recorded event (Trace.profile_start)."""
-        starts = [self.scalar(f"SELECT min(start) FROM {t}") for t in ("ranges", "api", "gpu")]
-        starts = [int(v) for v in starts if v is not None]
-        return min(starts) if starts else 0
+        return self._profile_start
 
-    def _stage_strings(self, src: SqliteSource) -> None:
-        schema = pa.schema([("id", I64), ("value", pa.string())])
-        self._insert("strings", src, "SELECT id, value FROM StringIds" if src.has("StringIds") else None, schema)
+    def _own_source(self, read):
+        src = SqliteSource(self.export, immutable=True)
+        try:
+            return read(src)
+        finally:
+            src.close()
 
-    def _read_tables(self, reads: list[tuple]) -> None:
-        """Stream queries of the export into new DuckDB tables (empty when a query is None), at once, each on
-        connections of its own: ADBC reads SQLite in C without the GIL and DuckDB inserts without it, so the
-        reads share the cores (as ingest_nsys reads the export)."""
-        from concurrent.futures import ThreadPoolExecutor
+    def _count(self, frame: str, what: str, start: np.ndarray, end: np.ndarray, closed=None) -> np.ndarray:
+        """Rows with possible times (sanitize.invalid_rows; `closed`: where `end` is a real end), counted."""
+        missing, reversed_ = invalid_rows(start, end)
+        if closed is not None:
+            missing = start == MISSING_TIME
+            reversed_ = ~missing & closed & (end < start)
+        old = self.drops.get(frame, Dropped(frame, what, 0, 0))
+        self.drops[frame] = Dropped(frame, what, old.missing + int(missing.sum()), old.reversed + int(reversed_.sum()))
+        self.before[frame] = self.before.get(frame, 0) + start.size
+        return ~(missing | reversed_)
 
-        for table, _, schema, *_ in reads:
-            cols = ", ".join(f'"{f.name}" {_duck_type(f.type)}' for f in schema)
-            self.run(f"CREATE OR REPLACE TABLE {table} ({cols})")
-
-        def read(table: str, query: str, schema: pa.Schema) -> None:
-            src, cursor = SqliteSource(self.export, immutable=True), self.con.cursor()
-            try:
-                for batch in src.record_batches(query, schema):
-                    cursor.register("_batch", batch)
-                    cursor.execute(f"INSERT INTO {table} SELECT * FROM _batch").fetchall()
-                    cursor.unregister("_batch")
-            finally:
-                cursor.close()
-                src.close()
-
-        with ThreadPoolExecutor(max_workers=3, thread_name_prefix="dlprof-stage") as pool:
-            done = [pool.submit(read, table, query, schema) for table, query, schema, *_ in reads if query]
-            for future in done:
-                future.result()
-
-    def _insert(self, table: str, src: SqliteSource, query: str | None, schema: pa.Schema) -> None:
-        """Stream a query of the export into a new DuckDB table (empty when `query` is None)."""
-        cols = ", ".join(f'"{f.name}" {_duck_type(f.type)}' for f in schema)
-        self.run(f"CREATE OR REPLACE TABLE {table} ({cols})")
-        if query is None:
-            return
-        for batch in src.record_batches(query, schema):
-            self.con.register("_batch", batch)
-            self.run(f"INSERT INTO {table} SELECT * FROM _batch")
-            self.con.unregister("_batch")
-
-    def _api_read(self, src: SqliteSource) -> tuple:
-        """(table, query of the export or None, schema) of the raw CUDA API calls."""
+    # CUDA API calls -------------------------------------------------------------------------------------
+    def _read_api(self, src: SqliteSource) -> dict:
+        """Raw parts of the API calls with possible times, and the columns their order and links need."""
         t = "CUPTI_ACTIVITY_KIND_RUNTIME"
-        names = ["rowid", "start", "end", "global_tid", "correlation_id", "name_id", "event_class", "return_value"]
-        schema = pa.schema([(n, I64) for n in names])
-        query = None
+        raw = PartTable(self.workdir / "staged", "api_raw", int_schema(RAW_API), keys=("start",))
+        out = {"raw": raw, "raw_end": None, "first": None, "last": None, "names": set()}
+        keep = {c: [] for c in ("rowid", "start")}
         if src.has(t):
             query = (
-                f"SELECT rowid, start, end, coalesce(globalTid, 0), coalesce(correlationId, -1), "
-                f"coalesce(nameId, -1), coalesce(eventClass, 0), "
-                f"coalesce({src.col(t, 'returnValue', '0')}, 0) FROM {t}"
+                f"SELECT rowid, coalesce(start, {MISSING_TIME}), coalesce(end, {MISSING_TIME}), "
+                f"coalesce(globalTid, 0), coalesce(correlationId, -1), coalesce(nameId, -1), "
+                f"coalesce(eventClass, 0), coalesce({src.col(t, 'returnValue', '0')}, 0) FROM {t}"
             )
-        return "raw_api", query, schema
+            for batch in src.record_batches(query, int_schema(RAW_API), STAGE_ROWS):
+                cols = {c: batch.column(i).to_numpy() for i, c in enumerate(RAW_API)}
+                _track_end(out, cols["end"])
+                ok = self._count("api_calls", "CUDA API calls", cols["start"], cols["end"])
+                if not ok.all():
+                    cols = {c: v[ok] for c, v in cols.items()}
+                if cols["start"].size == 0:
+                    continue
+                _track(out, "first", int(cols["start"].min()), min)
+                _track(out, "last", int(cols["end"].max()), max)
+                raw.append(cols)
+                for c in keep:
+                    keep[c].append(cols[c])
+                out["names"].update(np.unique(cols["name_id"]).tolist())
+        out.update({c: _joined(v) for c, v in keep.items()})
+        return out
 
-    def _stage_api(self) -> None:
-        names_table = self.frame(
-            "SELECT DISTINCT r.name_id, s.value FROM raw_api r LEFT JOIN strings s ON s.id = r.name_id"
-        )
-        values = names_table["value"].to_numpy(dtype=object)
-        # categories as ingest_nsys builds them: distinct values of the string table that are used
-        known = pd.notna(values)
-        cats = np.array(sorted(set(values[known].tolist())), dtype=object)
-        self.api_names = cats
-        code = pd.Series(
-            np.searchsorted(cats, values[known]).astype(np.int64) if known.any() else [],
-            index=names_table["name_id"].to_numpy()[known],
-            dtype=np.int64,
-        )
-        self.con.register(
-            "_api_name_codes",
-            pd.DataFrame({"name_id": code.index.to_numpy(np.int64), "name_code": code.to_numpy(np.int64)}),
-        )
-        self.run("""
-            CREATE OR REPLACE TABLE api AS
-            SELECT (row_number() OVER (ORDER BY r.start, r.rowid) - 1)::BIGINT AS api_id,
-                   coalesce(c.name_code, -1)::BIGINT AS name_code, r.start, r."end", r.global_tid,
-                   ((r.global_tid >> 24) & 16777215)::BIGINT AS pid, r.correlation_id, r.event_class, r.return_value
-            FROM raw_api r LEFT JOIN _api_name_codes c ON c.name_id = r.name_id
-            WHERE r.start IS NOT NULL AND r."end" IS NOT NULL AND r."end" >= r.start
-            ORDER BY r.start, r.rowid""")
-        self.con.unregister("_api_name_codes")
-        self._count_drops("api_calls", "CUDA API calls", "raw_api")
-        self.raw_end["api"] = self.scalar('SELECT max("end") FROM raw_api')
-        self.run("DROP TABLE raw_api")
+    def _stage_api(self, api: dict, strings) -> dict:
+        """The API calls in (start, rowid) order as the `api` table, name codes into the sorted distinct names;
+        returns the columns of every call that linking the GPU activities needs, in id order."""
+        raw: PartTable = api["raw"]
+        ids = np.array(sorted(api["names"]), dtype=np.int64)
+        texts = strings.lookup(ids)
+        known = np.array([t is not None for t in texts], dtype=bool)
+        self.api_names = np.array(sorted(set(texts[known].tolist())), dtype=object)
+        code_of_id = np.where(known, np.searchsorted(self.api_names, np.where(known, texts, "")), -1).astype(np.int64)
+        order = nsys._order_by(api["rowid"], api["start"])
+        n = api["start"].size
+        del api["rowid"], api["start"]
+        links = {c: np.empty(n, dtype=np.int64) for c in ("pid", "correlation_id", "start", "end", "tid", "name")}
+        for lo, cols in _in_order(raw, order, RAW_API):
+            m = cols["start"].size
+            name_code = code_of_id[np.searchsorted(ids, cols["name_id"])] if ids.size else np.full(m, -1)
+            pid = pid_of(cols["global_tid"])
+            self.api.append(
+                {
+                    "api_id": np.arange(lo, lo + m, dtype=np.int64),
+                    "name_code": name_code,
+                    "start": cols["start"],
+                    "end": cols["end"],
+                    "global_tid": cols["global_tid"],
+                    "pid": pid,
+                    "correlation_id": cols["correlation_id"],
+                    "event_class": cols["event_class"],
+                    "return_value": cols["return_value"],
+                }
+            )
+            part = slice(lo, lo + m)
+            links["pid"][part], links["correlation_id"][part] = pid, cols["correlation_id"]
+            links["start"][part], links["end"][part] = cols["start"], cols["end"]
+            links["tid"][part], links["name"][part] = cols["global_tid"], name_code
+        raw.drop()
+        from dlprof_profiler.sanitize import shared_correlation_ids
 
-    def _gpu_reads(self, src: SqliteSource) -> list[tuple]:
-        """(table, query of the export, schema, kind) of the raw GPU activities, per activity table."""
-        kt, mt, st = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"
-        # our column <- export column, per table (absent columns read as -1, as ingest_nsys reads them)
-        common = {
-            "start": "start",
-            "end": "end",
-            "device_id": "deviceId",
-            "stream_id": "streamId",
-            "context_id": "contextId",
-            "global_pid": "globalPid",
-            "correlation_id": "correlationId",
-            "graph_node_id": "graphNodeId",
-        }
-        kernel = {
-            **common,
-            "grid_x": "gridX",
-            "grid_y": "gridY",
-            "grid_z": "gridZ",
-            "block_x": "blockX",
-            "block_y": "blockY",
-            "block_z": "blockZ",
-            "registers": "registersPerThread",
-            "static_smem": "staticSharedMemory",
-            "dynamic_smem": "dynamicSharedMemory",
-            "short_id": "shortName",
-            "long_id": "demangledName",
-        }
-        memcpy = {**common, "bytes": "bytes", "copy_kind": "copyKind", "src_kind": "srcKind", "dst_kind": "dstKind"}
-        memset = {**common, "bytes": "bytes", "dst_kind": "memKind"}
-        fields = [
-            "rowid",
-            "start",
-            "end",
-            "device_id",
-            "stream_id",
-            "context_id",
-            "global_pid",
-            "correlation_id",
-            "grid_x",
-            "grid_y",
-            "grid_z",
-            "block_x",
-            "block_y",
-            "block_z",
-            "registers",
-            "static_smem",
-            "dynamic_smem",
-            "graph_node_id",
-            "bytes",
-            "copy_kind",
-            "src_kind",
-            "dst_kind",
-            "short_id",
-            "long_id",
-        ]
-        schema = pa.schema([(n, I64) for n in fields])
-        parts = []
-        for table, kind, columns in ((kt, KIND_KERNEL, kernel), (mt, KIND_MEMCPY, memcpy), (st, KIND_MEMSET, memset)):
+        self._shared = shared_correlation_ids(pd.DataFrame({k: links[k] for k in ("pid", "correlation_id")}))
+        return links
+
+    # GPU activities --------------------------------------------------------------------------------------
+    def _read_gpu(self, src: SqliteSource) -> dict:
+        """Raw parts of the kernels, memcpys and memsets with possible times (kernels first, then memcpys, then
+        memsets, each in rowid order), the columns their order and links need, and their distinct name keys."""
+        raw = PartTable(self.workdir / "staged", "gpu_raw", int_schema(RAW_GPU + ["kind"]), compression="lz4")
+        out = {"raw": raw, "raw_end": None, "first": None, "last": None, "devices": set(), "keys": set()}
+        keep = {c: [] for c in ("rowid", "kind", "start", "pid", "correlation_id")}
+        for table, kind in GPU_TABLES:
             if not src.has(table):
                 continue
-            exprs = ["rowid"]
-            for f in fields[1:]:
-                source = columns.get(f)
-                default = "0" if (f == "copy_kind" and kind == KIND_MEMCPY) else "-1"
-                if f in ("start", "end"):
-                    exprs.append(f'"{source}"')  # NULL stays NULL: damage, dropped and counted below
-                else:
-                    exprs.append(nsys._int_col(src, table, source, default) if source else "-1")
-            parts.append((f"raw_gpu_{kind}", f"SELECT {', '.join(exprs)} FROM {table}", schema, kind))
-        return parts
+            for batch in src.record_batches(_gpu_query(src, table, kind), int_schema(RAW_GPU), STAGE_ROWS):
+                cols = {c: batch.column(i).to_numpy() for i, c in enumerate(RAW_GPU)}
+                _track_end(out, cols["end"])
+                out["devices"].update(np.unique(cols["device_id"]).tolist())
+                ok = self._count("gpu", "GPU activities", cols["start"], cols["end"])
+                if not ok.all():
+                    cols = {c: v[ok] for c, v in cols.items()}
+                if cols["start"].size == 0:
+                    continue
+                _track(out, "first", int(cols["start"].min()), min)
+                _track(out, "last", int(cols["end"].max()), max)
+                cols["kind"] = np.full(cols["start"].size, kind, dtype=np.int64)
+                raw.append(cols)
+                keep["rowid"].append(cols["rowid"])
+                keep["kind"].append(cols["kind"].astype(np.int8))
+                keep["start"].append(cols["start"])
+                keep["pid"].append(pid_of(cols["global_pid"]))
+                keep["correlation_id"].append(cols["correlation_id"])
+                out["keys"].update(_name_keys(kind, cols))
+        out.update({c: _joined(v) for c, v in keep.items()})
+        return out
 
-    def _gpu_names(self, parts: list[tuple[str, int]]) -> None:
-        """GPU activities as ingest_nsys gives them: a kernel's short and long names stand in for each other
-        when one is unknown; memcpys are named by copy kind, memsets `[CUDA memset]`; codes index the sorted
-        distinct names. Names are resolved per distinct (kind, short id, long id, copy kind), not per row."""
-        if not parts:
-            self._empty_gpu()
-            return
-        # the key of an activity's names: the string ids of a kernel, the copy kind of a memcpy
-        keyed = []
-        for table, kind in parts:
-            short = "r.short_id" if kind == KIND_KERNEL else "-1"
-            long = "r.long_id" if kind == KIND_KERNEL else "-1"
-            copy = "r.copy_kind" if kind == KIND_MEMCPY else "-1"
-            keyed.append(
-                f"SELECT r.*, {kind}::TINYINT AS kind, {short} AS key_short, {long} AS key_long, {copy} AS key_copy "
-                f"FROM {table} r"
+    def _stage_gpu(self, gpu: dict, api: dict, strings) -> None:
+        """The GPU activities in (start, kind, rowid) order as the `gpu` table (which is gpu_by_launch too): name
+        codes, the launching call (correlate.launch_rows), launch time, call duration, thread and name, Tensor
+        Core use; the device each thread and process launches most GPU time on."""
+        raw: PartTable = gpu["raw"]
+        key_codes = self._gpu_names(gpu["keys"], strings)
+        start = gpu["start"]
+        order = np.lexsort((gpu.pop("rowid"), gpu["kind"], start))
+        if bool(np.all(order[1:] > order[:-1])):
+            order = None
+        sorted_by_id = (lambda v: v) if order is None else (lambda v: v[order])
+        row = launch_rows(
+            api["pid"],
+            api["correlation_id"],
+            api["start"],
+            sorted_by_id(gpu.pop("pid")),
+            sorted_by_id(gpu.pop("correlation_id")),
+            sorted_by_id(gpu.pop("start")),
+        )
+        del gpu["kind"]
+        pairs = self.kernel_pairs
+        n_long = max(len(self.gpu_long), 1)
+        tc_key = pd.Index(pairs["name_code"].to_numpy(np.int64) * n_long + pairs["long_code"].to_numpy(np.int64))
+        tc_uses = pairs["uses_tc"].to_numpy(dtype=bool)
+        by_thread, by_process = {}, {}
+        device_pids = set()
+        for lo, cols in _in_order(raw, order, RAW_GPU + ["kind"]):
+            m = cols["start"].size
+            link = row[lo : lo + m]
+            has = link >= 0
+            at = np.maximum(link, 0)
+            names = key_codes.loc_codes(cols)
+            kernel = cols["kind"] == KIND_KERNEL
+            uses = np.zeros(m, dtype=bool)
+            if kernel.any():
+                hit = tc_key.get_indexer(names[0][kernel] * n_long + names[1][kernel])
+                uses[kernel] = np.where(hit >= 0, tc_uses[np.maximum(hit, 0)], False)
+            pid = pid_of(cols["global_pid"])
+            staged = {
+                "activity_id": np.arange(lo, lo + m, dtype=np.int64),
+                "kind": cols["kind"].astype(np.int8),
+                "name_code": names[0],
+                "long_code": names[1],
+                "pid": pid,
+            }
+            for c in GPU_STORED:
+                if c not in staged:
+                    staged[c] = cols[c]
+            staged.update(
+                api_id=np.where(has, link, -1),
+                launch=np.where(has, api["start"][at], cols["start"]) if api["start"].size else cols["start"],
+                api_duration=np.where(has, api["end"][at] - api["start"][at], -1) if has.any() else np.full(m, -1),
+                api_tid=np.where(has, api["tid"][at], -1) if has.any() else np.full(m, -1),
+                api_name=np.where(has, api["name"][at], -1) if has.any() else np.full(m, -1),
+                uses_tc=uses,
             )
-        self.run(f"CREATE OR REPLACE TEMP VIEW gpu_raw AS {' UNION ALL '.join(keyed)}")
-        self._count_drops("gpu", "GPU activities", "gpu_raw")
-        self.raw_end["gpu"] = self.scalar('SELECT max("end") FROM gpu_raw')
-        self.raw_devices = [r[0] for r in self.sql("SELECT DISTINCT device_id FROM gpu_raw").fetchall()]
-        keys = self.frame("""
-            SELECT k.kind, k.key_short, k.key_long, k.key_copy, ss.value AS short_text, sl.value AS long_text
-            FROM (SELECT DISTINCT kind, key_short, key_long, key_copy FROM gpu_raw
-                  WHERE start IS NOT NULL AND "end" IS NOT NULL AND "end" >= start) k
-            LEFT JOIN strings ss ON ss.id = k.key_short LEFT JOIN strings sl ON sl.id = k.key_long""")
-        kind = keys["kind"].to_numpy(np.int64)
-        short_text = keys["short_text"].to_numpy(dtype=object)
-        long_text = keys["long_text"].to_numpy(dtype=object)
-        copy_label = np.array([nsys.copy_kind_label(int(c)) for c in keys["key_copy"]], dtype=object)
-        known_short, known_long = pd.notna(short_text), pd.notna(long_text)
+            self.gpu.append(staged)
+            busy = cols["end"] - cols["start"] + 1
+            _add_sums(by_thread, staged["api_tid"], cols["device_id"], busy, staged["api_tid"] >= 0)
+            _add_sums(by_process, pid, cols["device_id"], busy, pid >= 0)
+            device_pids.update(zip(*np.unique(np.stack([cols["device_id"], pid]), axis=1).tolist()))
+        raw.drop()
+        self.thread_device, self.process_device = _most_busy(by_thread), _most_busy(by_process)
+        self.device_pids = {}
+        for device, pid in device_pids:
+            self.device_pids.setdefault(int(device), set()).add(int(pid))
+
+    def _gpu_names(self, keys: set, strings) -> "_GpuNameCodes":
+        """Names per distinct (kind, short id, long id, copy kind), as ingest_nsys gives them: a kernel's short
+        and long names stand in for each other when one is unknown; memcpys are named by copy kind, memsets
+        `[CUDA memset]`; codes index the sorted distinct names. Sets the kernel name pairs' Tensor Core use."""
+        keys = np.array(sorted(keys), dtype=np.int64).reshape(-1, 4)
+        kind, short_id, long_id, copy = keys.T
+        short_text, long_text = strings.lookup(short_id), strings.lookup(long_id)
+        copy_label = np.array([nsys.copy_kind_label(int(c)) for c in copy], dtype=object)
+        known_short = np.array([t is not None for t in short_text], dtype=bool)
+        known_long = np.array([t is not None for t in long_text], dtype=bool)
         kernel_name = np.where(known_short, short_text, np.where(known_long, long_text, UNKNOWN_KERNEL))
         kernel_long = np.where(known_long, long_text, np.where(known_short, short_text, UNKNOWN_KERNEL))
         other = np.where(kind == KIND_MEMCPY, copy_label, nsys.MEMSET_LABEL)
-        name = np.where(kind == KIND_KERNEL, kernel_name, other)
-        long_name = np.where(kind == KIND_KERNEL, kernel_long, other)
-        self.gpu_short, self.gpu_long = _sorted_text(pd.unique(name)), _sorted_text(pd.unique(long_name))
-        codes = keys[["kind", "key_short", "key_long", "key_copy"]].assign(
-            name_code=np.searchsorted(self.gpu_short, name).astype(np.int64),
-            long_code=np.searchsorted(self.gpu_long, long_name).astype(np.int64),
+        name = np.where(kind == KIND_KERNEL, kernel_name, other).astype(object)
+        long_name = np.where(kind == KIND_KERNEL, kernel_long, other).astype(object)
+        self.gpu_short = np.array(sorted(set(name.tolist())), dtype=object)
+        self.gpu_long = np.array(sorted(set(long_name.tolist())), dtype=object)
+        name_code = np.searchsorted(self.gpu_short, name).astype(np.int64) if name.size else np.zeros(0, np.int64)
+        long_code = np.searchsorted(self.gpu_long, long_name).astype(np.int64) if name.size else np.zeros(0, np.int64)
+        pairs = pd.DataFrame({"kind": kind, "name_code": name_code, "long_code": long_code})
+        kernels = pairs[pairs["kind"] == KIND_KERNEL].drop_duplicates(["name_code", "long_code"])
+        uses, rules = kernel_uses_tc(
+            self.gpu_short[kernels["name_code"].to_numpy(np.int64)],
+            self.gpu_long[kernels["long_code"].to_numpy(np.int64)],
         )
-        self.con.register("_names", codes)
-        self.run("""
-            CREATE OR REPLACE TABLE gpu AS
-            SELECT (row_number() OVER (ORDER BY g.start, g.kind, g.rowid) - 1)::BIGINT AS activity_id, g.kind,
-                   n.name_code::BIGINT AS name_code, n.long_code::BIGINT AS long_code, g.start, g."end",
-                   g.device_id, g.stream_id, g.context_id, ((g.global_pid >> 24) & 16777215)::BIGINT AS pid,
-                   g.correlation_id, g.grid_x, g.grid_y, g.grid_z, g.block_x, g.block_y, g.block_z, g.registers,
-                   g.static_smem, g.dynamic_smem, g.bytes, g.copy_kind, g.src_kind, g.dst_kind, g.graph_node_id
-            FROM gpu_raw g JOIN _names n ON n.kind = g.kind AND n.key_short = g.key_short
-                 AND n.key_long = g.key_long AND n.key_copy = g.key_copy
-            WHERE g.start IS NOT NULL AND g."end" IS NOT NULL AND g."end" >= g.start
-            ORDER BY g.start, g.kind, g.rowid""")
-        self.con.unregister("_names")
-        self.run("DROP VIEW gpu_raw")
-        for table, _ in parts:
-            self.run(f"DROP TABLE {table}")
+        self.kernel_pairs = (
+            kernels[["name_code", "long_code"]].assign(uses_tc=uses, tc_rule=rules).reset_index(drop=True)
+        )
+        self.other_pairs = (
+            pairs[pairs["kind"] != KIND_KERNEL][["name_code", "long_code"]].drop_duplicates().reset_index(drop=True)
+        )
+        return _GpuNameCodes(keys, name_code, long_code)
 
-    def _empty_gpu(self) -> None:
-        codes = {"name": "name_code", "long_name": "long_code"}  # names are string-table codes in the store
-        cols = ", ".join(f'"{codes.get(c, c)}" BIGINT' for c in GPU_COLUMNS)
-        self.run(f"CREATE OR REPLACE TABLE gpu ({cols})")
-
-    def _capture_end(self, src: SqliteSource, meta: dict) -> int:
-        ends = [0]
-        for table in ("api", "gpu"):
-            value = self.raw_end.get(table)
-            if value is not None:
-                ends.append(int(value))
-        if src.has("NVTX_EVENTS"):
-            value = src.query_scalar("SELECT max(coalesce(end, start)) FROM NVTX_EVENTS")
-            if value is not None:
-                ends.append(int(value))
-        stop = meta.get("session_stop")
-        latest = max(ends)
-        return int(stop) if isinstance(stop, int) and stop >= latest else latest
-
-    def _ranges_read(self, src: SqliteSource) -> tuple:
-        """(table, query of the export or None, schema) of the raw NVTX ranges."""
+    # NVTX ranges -------------------------------------------------------------------------------------------
+    def _read_ranges(self, src: SqliteSource) -> dict:
+        """Raw parts of the NVTX ranges with possible times (texts resolved, in rowid order), the domains'
+        create rows, and per (process, domain handle) the first range."""
         t = "NVTX_EVENTS"
-        fields = [
-            ("range_id", I64),
-            ("event_type", I64),
-            ("start", I64),
-            ("end", I64),
-            ("global_tid", I64),
-            ("domain_id", I64),
-            ("text_id", I64),
-            ("text", pa.string()),
-        ]
-        schema = pa.schema(fields)
-        query = None
-        if src.has(t):
-            types = ",".join(map(str, nsys.NVTX_RANGE_TYPES + (nsys.NVTX_DOMAIN_CREATE,)))
-            query = (
-                f"SELECT rowid, eventType, start, coalesce(end, -1), coalesce(globalTid, 0), "
-                f"{nsys._int_col(src, t, 'domainId', '0')}, {nsys._int_col(src, t, 'textId')}, "
-                f"{src.col(t, 'text')} FROM {t} WHERE eventType IN ({types})"
-            )
-        return "raw_ranges", query, schema
+        out = {"first": None, "last": None, "unclosed_start": None, "created": {}, "handles": {}}
+        if not src.has(t):
+            return out
+        types = ",".join(map(str, nsys.NVTX_RANGE_TYPES + (nsys.NVTX_DOMAIN_CREATE,)))
+        inline = 'e."text"' if "text" in src.columns(t) else "NULL"
+        # registered strings (textId) take precedence over inline text (ingest_nsys.range_columns)
+        if src.has("StringIds") and "textId" in src.columns(t):
+            text, joined = f"coalesce(s.value, {inline}, '')", "LEFT JOIN StringIds s ON s.id = e.textId"
+        else:
+            text, joined = f"coalesce({inline}, '')", ""
+        domain = 'coalesce(e."domainId", 0)' if "domainId" in src.columns(t) else "0"
+        query = (
+            f'SELECT e.rowid, e.eventType, coalesce(e.start, {MISSING_TIME}), coalesce(e."end", -1), '
+            f"coalesce(e.globalTid, 0), {domain}, {text} "
+            f"FROM {t} e {joined} WHERE e.eventType IN ({types}) ORDER BY e.rowid"
+        )
+        names = ["range_id", "event_type", "start", "end", "global_tid", "domain_id", "text"]
+        schema = pa.schema([(c, pa.string() if c == "text" else pa.int64()) for c in names])
+        for batch in src.record_batches(query, schema, STAGE_ROWS):
+            cols = {c: batch.column(i) for i, c in enumerate(names)}
+            ints = {c: cols[c].to_numpy() for c in names if c != "text"}
+            pid = pid_of(ints["global_tid"])
+            create = ints["event_type"] == nsys.NVTX_DOMAIN_CREATE
+            if create.any():
+                for p, d, name in zip(
+                    pid[create], ints["domain_id"][create], cols["text"].filter(pa.array(create)).to_pylist()
+                ):
+                    out["created"][(int(p), int(d))] = str(name)
+            start, end = ints["start"], ints["end"]
+            closed = end >= 0  # -1 (or any negative end): never closed
+            ok = self._count("ranges", "NVTX ranges", start[~create], end[~create], closed[~create])
+            keep = np.flatnonzero(~create)[ok]
+            if keep.size == 0:
+                continue
+            rows = {c: v[keep] for c, v in ints.items()}
+            rows["pid"] = pid[keep]
+            rows["event_type"] = rows["event_type"].astype(np.int8)
+            rows["text"] = cols["text"].take(pa.array(keep))
+            self.raw_ranges.append({c: rows[c] for c in RANGES_SCHEMA.names})
+            s, e = rows["start"], rows["end"]
+            _track(out, "first", int(s.min()), min)
+            closed_rows = e >= 0
+            if closed_rows.any():
+                _track(out, "last", int(e[closed_rows].max()), max)
+            if not closed_rows.all():
+                self.unclosed += int((~closed_rows).sum())
+                _track(out, "unclosed_start", int(s[~closed_rows].max()), max)
+            handles = combined_codes(rows["pid"], rows["domain_id"])
+            _, first = np.unique(handles, return_index=True)
+            for i in first:
+                key = (int(rows["pid"][i]), int(rows["domain_id"][i]))
+                out["handles"].setdefault(key, int(rows["range_id"][i]))
+        return out
 
-    def _stage_ranges(self, capture_end: int) -> dict:
-        # domain handles are per process: (pid, domainId) -> name, from the domain-create rows
-        created = self.frame(f"""
-            SELECT ((r.global_tid >> 24) & 16777215) AS pid, r.domain_id, coalesce(s.value, r.text, '') AS name
-            FROM raw_ranges r LEFT JOIN strings s ON s.id = r.text_id
-            WHERE r.event_type = {nsys.NVTX_DOMAIN_CREATE}""")
-        names = {(int(p), int(d)): str(n) for p, d, n in created.itertuples(index=False)}
-        pairs = self.frame(f"""SELECT DISTINCT ((global_tid >> 24) & 16777215) AS pid, domain_id FROM raw_ranges
-                               WHERE event_type <> {nsys.NVTX_DOMAIN_CREATE}""")
-        mapping = nsys.domain_name_map(pairs["pid"].to_numpy(np.int64), pairs["domain_id"].to_numpy(np.int64), names)
+    def _domain_codes(self, ranges: dict) -> dict:
+        """(process, domain handle) -> domain name of the handles the ranges use; domain codes in order of the
+        names, and the codes in order of their first range."""
+        handles = ranges["handles"]
+        pids = np.array([k[0] for k in handles], dtype=np.int64)
+        dids = np.array([k[1] for k in handles], dtype=np.int64)
+        mapping = nsys.domain_name_map(pids, dids, ranges["created"])
         self.domains = list(dict.fromkeys(mapping.values()))
-        dom_code = {name: i for i, name in enumerate(self.domains)}
-        self.con.register(
-            "_domains",
-            pd.DataFrame(
-                {
-                    "pid": np.array([k[0] for k in mapping], dtype=np.int64),
-                    "domain_id": np.array([k[1] for k in mapping], dtype=np.int64),
-                    "domain_code": np.array([dom_code[v] for v in mapping.values()], dtype=np.int64),
-                }
-            ),
-        )
-        end = f'CASE WHEN r."end" < 0 THEN greatest({int(capture_end)}, r.start) ELSE r."end" END'
-        self.run(f"""
-            CREATE OR REPLACE TABLE ranges AS
-            SELECT r.range_id, d.domain_code, coalesce(s.value, r.text, '') AS text, r.start, {end} AS "end",
-                   r.global_tid, ((r.global_tid >> 24) & 16777215)::BIGINT AS pid, r.event_type::TINYINT AS event_type,
-                   (r."end" < 0) AS unclosed
-            FROM raw_ranges r
-            JOIN _domains d ON d.pid = ((r.global_tid >> 24) & 16777215) AND d.domain_id = r.domain_id
-            LEFT JOIN strings s ON s.id = r.text_id
-            WHERE r.event_type <> {nsys.NVTX_DOMAIN_CREATE} AND r.start IS NOT NULL AND {end} >= r.start""")
-        # (not sorted: every reader orders what it reads; the segments read a start-ordered copy made once the
-        # ranges are classified, see store_model.StoreAnalysis.segments)
-        self.con.unregister("_domains")
-        self.unclosed = int(
-            self.scalar(f'SELECT count(*) FROM raw_ranges WHERE "end" < 0 AND event_type <> {nsys.NVTX_DOMAIN_CREATE}')
-        )
-        self._count_drops(
-            "ranges", "NVTX ranges", "raw_ranges", unclosed_end=-1, where=f"event_type <> {nsys.NVTX_DOMAIN_CREATE}"
-        )
-        self.run("DROP TABLE raw_ranges")
+        code = {name: i for i, name in enumerate(self.domains)}
+        self.domain_code = {k: code[v] for k, v in mapping.items()}
+        first = {}
+        for key, range_id in handles.items():
+            c = self.domain_code[key]
+            first[c] = min(first.get(c, range_id), range_id)
+        self.domain_first = sorted(first, key=first.get)
         return mapping
 
-    def _count_drops(
-        self, frame: str, what: str, table: str, unclosed_end: int | None = None, where: str = "true"
-    ) -> None:
-        """Rows of a staged table with a missing start or end, or ending before they start (sanitize.py)."""
-        from dlprof_profiler.sanitize import Dropped
+    def range_parts(self):
+        """Per staged part, the ranges' columns in range_id order as ingest_nsys gives them (a domain code for
+        the domain, never closed ranges ending at the capture end) and their texts (an Arrow array)."""
+        for part in self.raw_ranges.parts:
+            yield self.ranges_of(self.raw_ranges.read_part(part))
 
-        end_missing = 'r."end" IS NULL' if unclosed_end is None else "false"
-        reversed_ = 'r."end" < r.start' if unclosed_end is None else f'r."end" <> {unclosed_end} AND r."end" < r.start'
-        missing, rev, total = self.sql(f"""
-            SELECT count(*) FILTER (WHERE r.start IS NULL OR {end_missing}),
-                   count(*) FILTER (WHERE r.start IS NOT NULL AND NOT ({end_missing}) AND {reversed_}),
-                   count(*)
-            FROM {table} r WHERE {where}""").fetchall()[0]
-        self.before[frame] = int(total)
-        self.drops[frame] = Dropped(frame, what, int(missing), int(rev))
+    def ranges_of(self, table: pa.Table) -> dict:
+        cols = {c: table.column(c).to_numpy() for c in RANGES_SCHEMA.names if c != "text"}
+        unclosed = cols["end"] < 0
+        if unclosed.any():
+            cols["end"] = np.where(unclosed, np.maximum(self.capture_end, cols["start"]), cols["end"])
+        cols["unclosed"] = unclosed
+        handles = combined_codes(cols["pid"], cols["domain_id"])
+        first = np.unique(handles, return_index=True)[1]
+        lut = np.zeros(int(handles.max()) + 1 if handles.size else 0, dtype=np.int64)
+        for i in first:
+            lut[handles[i]] = self.domain_code[(int(cols["pid"][i]), int(cols["domain_id"][i]))]
+        cols["domain_code"] = lut[handles] if handles.size else handles
+        text = table.column("text")
+        cols["text"] = text.combine_chunks() if isinstance(text, pa.ChunkedArray) else text
+        return cols
 
+    # facts --------------------------------------------------------------------------------------------
     def _warnings(self, trace: Trace) -> list[str]:
         """The ingest's warnings (counts as staged) and sanitize.py's (rows dropped, shared correlation ids)."""
         from dlprof_profiler.sanitize import CORE_FRAMES, TIMED_FRAMES, drop_warnings
@@ -516,101 +599,62 @@ class TraceStore:
         table = {"ranges": "ranges", "api_calls": "api", "gpu": "gpu"}
         before = sum(self.before.get(f, 0) for f in CORE_FRAMES)
         after = sum(self.counts[table[f]] for f in CORE_FRAMES)
-        shared = self.sql("""SELECT count(*), coalesce(sum(n), 0) FROM (
-                                 SELECT count(*) AS n FROM api WHERE correlation_id >= 0
-                                 GROUP BY pid, correlation_id HAVING count(*) > 1)""").fetchall()[0]
-        return out + drop_warnings(path, drops, before, after, (int(shared[0]), int(shared[1])))
+        return out + drop_warnings(path, drops, before, after, self._shared)
 
-    # -- frames, as ingest_nsys builds them (for slices of the timeline) --------------------------------
-    def ranges_frame(self, where: str = "true", params=None) -> pd.DataFrame:
-        return self._ranges_of(self.arrow(_RANGES.format(where=where), params))
+    # -- frames, as ingest_nsys builds them -------------------------------------------------------------
+    def api_frame_of(self, cols: dict) -> pd.DataFrame:
+        """API call columns (the `api` table's) -> trace.api_calls' layout."""
+        frame = {c: cols[c] for c in API_STORED if c != "name_code"}
+        frame["name"] = pd.Categorical.from_codes(
+            np.asarray(cols["name_code"], dtype=np.int64), categories=pd.Index(self.api_names, dtype=object)
+        )
+        return make_frame({c: frame[c] for c in API_COLUMNS})
 
-    def api_frame(self, where: str = "true", params=None) -> pd.DataFrame:
-        return self._api_of(make_frame(self.columns(_API.format(where=where), params)))
+    def gpu_frame_of(self, cols: dict) -> pd.DataFrame:
+        """GPU activity columns (the `gpu` table's) -> trace.gpu's layout."""
+        frame = {c: cols[c] for c in GPU_STORED if c not in ("name_code", "long_code")}
+        frame["kind"] = np.asarray(cols["kind"]).astype(np.int8)
+        frame["name"] = pd.Categorical.from_codes(
+            np.asarray(cols["name_code"], dtype=np.int64), categories=pd.Index(self.gpu_short, dtype=object)
+        )
+        frame["long_name"] = pd.Categorical.from_codes(
+            np.asarray(cols["long_code"], dtype=np.int64), categories=pd.Index(self.gpu_long, dtype=object)
+        )
+        return make_frame({c: frame[c] for c in GPU_COLUMNS})
 
-    def gpu_frame(self, where: str = "true", params=None) -> pd.DataFrame:
-        return self._gpu_of(self.frame(_GPU.format(where=where), params))
-
-    def frame_chunks(self, frame: str, rows: int):
-        """Every row of `ranges`, `api_calls` or `gpu` in id order, as frames of `rows` rows at most (streamed
-        on a cursor of its own: the store stays usable meanwhile)."""
-        query, convert, table_name, key = {
-            "ranges": (_RANGES, self._ranges_of, "ranges", "range_id"),
-            "api_calls": (_API, self._api_of, "api", "api_id"),
-            "gpu": (_GPU, self._gpu_of, "gpu", "activity_id"),
-        }[frame]
-        for table in self.ordered_batches(query, table_name, key, rows):
-            yield convert(table if frame == "ranges" else table.to_pandas())
-
-    def batches(self, query: str, rows: int):
-        """A query's result `rows` at a time (Arrow tables), on a cursor of its own."""
-        cursor = self.con.cursor()
-        try:
-            for batch in cursor.sql(query).to_arrow_reader(rows):
-                yield pa.Table.from_batches([batch])
-        finally:
-            cursor.close()
-
-    def ordered_batches(self, query: str, table: str, key: str, rows: int, span_rows: int = SORT_SPAN_ROWS):
-        """`query` (holding `WHERE {where} ORDER BY key`, `key` a unique integer column of `table`) `rows` at
-        a time, on a cursor of its own, sorted one stretch of keys of about `span_rows` rows at a time: bounded
-        sorts that stay in memory (a sort of every row spilled to disk at 10^7 kernels), each stretch read
-        through the zone maps of a table stored roughly in key order."""
-        cursor = self.con.cursor()
-        try:
-            lo, hi, n = cursor.execute(f"SELECT min({key}), max({key}), count(*) FROM {table}").fetchall()[0]
-            if not n:
-                return
-            width = (int(hi) - int(lo)) // max(1, -(-int(n) // span_rows)) + 1
-            for start in range(int(lo), int(hi) + 1, width):
-                where = f"{key} >= {start} AND {key} < {start + width}"
-                for batch in cursor.sql(query.format(where=where)).to_arrow_reader(rows):
-                    if batch.num_rows:
-                        yield pa.Table.from_batches([batch])
-        finally:
-            cursor.close()
-
-    def _ranges_of(self, table: pa.Table) -> pd.DataFrame:
+    def ranges_frame_of(self, cols: dict) -> pd.DataFrame:
+        """range_parts' columns -> trace.ranges' layout."""
         domains = np.array(self.domains, dtype=object)
-        codes = table.column("domain_code").to_numpy()
+        codes = np.asarray(cols["domain_code"], dtype=np.int64)
         return pd.DataFrame(
             {
-                "range_id": table.column("range_id").to_numpy(),
-                "domain": pd.Series(domains[codes] if len(codes) else np.zeros(0, object), dtype=object),
-                "text": pd.Series(
-                    table.column("text").combine_chunks() if table.num_rows else pa.array([], pa.string()), dtype="str"
-                ),
-                "start": table.column("start").to_numpy(),
-                "end": table.column("end").to_numpy(),
-                "global_tid": table.column("global_tid").to_numpy(),
-                "pid": table.column("pid").to_numpy(),
-                "event_type": table.column("event_type").to_numpy().astype(np.int8),
-                "unclosed": table.column("unclosed").to_numpy(zero_copy_only=False).astype(bool),
+                "range_id": cols["range_id"],
+                "domain": pd.Series(domains[codes] if codes.size else np.zeros(0, object), dtype=object),
+                "text": pd.Series(cols["text"], dtype="str"),
+                "start": cols["start"],
+                "end": cols["end"],
+                "global_tid": cols["global_tid"],
+                "pid": cols["pid"],
+                "event_type": np.asarray(cols["event_type"]).astype(np.int8),
+                "unclosed": np.asarray(cols["unclosed"], dtype=bool),
             },
             copy=False,
         )
 
-    def _api_of(self, f: pd.DataFrame) -> pd.DataFrame:
-        f.insert(
-            1,
-            "name",
-            pd.Categorical.from_codes(
-                f.pop("name_code").to_numpy(np.int64), categories=pd.Index(self.api_names, dtype=object)
-            ),
-        )
-        return f
+    def api_window(self, lo: int, hi: int) -> pd.DataFrame:
+        """The API calls starting in [lo, hi), in id order."""
+        return self.api_frame_of(self.api.read_range(lo, hi, key="start"))
 
-    def _gpu_of(self, f: pd.DataFrame) -> pd.DataFrame:
-        from dlprof_profiler.trace import GPU_COLUMNS
-
-        f["kind"] = f["kind"].astype(np.int8)
-        f["name"] = pd.Categorical.from_codes(
-            f.pop("name_code").to_numpy(np.int64), categories=pd.Index(self.gpu_short, dtype=object)
-        )
-        f["long_name"] = pd.Categorical.from_codes(
-            f.pop("long_code").to_numpy(np.int64), categories=pd.Index(self.gpu_long, dtype=object)
-        )
-        return f[GPU_COLUMNS]
+    def frame_chunks(self, frame: str):
+        """Every row of `ranges`, `api_calls` or `gpu` in id order, a staged part at a time."""
+        if frame == "ranges":
+            for cols in self.range_parts():
+                yield self.ranges_frame_of(cols)
+            return
+        table, convert = {"api_calls": (self.api, self.api_frame_of), "gpu": (self.gpu, self.gpu_frame_of)}[frame]
+        for part in table.parts:
+            data = table.read_part(part)
+            yield convert({c: data.column(c).to_numpy() for c in data.column_names})
 
     def whole_trace(self) -> Trace:
         """Every frame in memory, exactly as read_nsys_export builds them (for small stores and tests)."""
@@ -629,32 +673,205 @@ class TraceStore:
             has_cuda_tables=trace.has_cuda_tables,
             has_nvtx=trace.has_nvtx,
         )
-        out.ranges = self.ranges_frame()
-        out.api_calls = self.api_frame()
-        out.gpu = self.gpu_frame()
+        for name in ("ranges", "api_calls", "gpu"):
+            chunks = list(self.frame_chunks(name))
+            if chunks:
+                setattr(out, name, pd.concat(chunks, ignore_index=True) if len(chunks) > 1 else chunks[0])
+            else:
+                empty = {
+                    "ranges": lambda: self.ranges_frame_of(
+                        {
+                            c: np.zeros(0, np.int64)
+                            for c in (
+                                "range_id",
+                                "domain_code",
+                                "start",
+                                "end",
+                                "global_tid",
+                                "pid",
+                                "event_type",
+                                "unclosed",
+                            )
+                        }
+                        | {"text": pa.array([], pa.string())}
+                    ),
+                    "api_calls": lambda: self.api_frame_of({c: np.zeros(0, np.int64) for c in API_STORED}),
+                    "gpu": lambda: self.gpu_frame_of({c: np.zeros(0, np.int64) for c in GPU_STORED}),
+                }[name]
+                setattr(out, name, empty())
         return out
 
 
-class _NoStrings:
-    """Names of threads and I/O calls looked up in the staged string table (huge StringIds tables)."""
+class _GpuNameCodes:
+    """(name code, long name code) of GPU activities from their name key (see _name_keys)."""
 
-    def __init__(self, store: TraceStore):
-        self.store = store
+    def __init__(self, keys: np.ndarray, name_code: np.ndarray, long_code: np.ndarray):
+        self.index = pd.MultiIndex.from_arrays([keys[:, c] for c in range(4)]) if len(keys) else None
+        self.name_code, self.long_code = name_code, long_code
+
+    def loc_codes(self, cols: dict) -> tuple[np.ndarray, np.ndarray]:
+        k = _key_columns(int(cols["kind"][0]) if cols["kind"].size else KIND_KERNEL, cols, per_row=True)
+        if self.index is None or k[0].size == 0:
+            return np.zeros(k[0].size, np.int64), np.zeros(k[0].size, np.int64)
+        at = self.index.get_indexer(pd.MultiIndex.from_arrays(list(k)))
+        return self.name_code[at], self.long_code[at]
+
+
+def _key_columns(kind, cols: dict, per_row: bool = False) -> tuple:
+    """An activity's name key: (kind, short id, long id, copy kind), the ids -1 where they name nothing."""
+    kinds = cols["kind"] if per_row else np.full(cols["start"].size, kind, dtype=np.int64)
+    kinds = np.asarray(kinds, dtype=np.int64)
+    is_kernel, is_copy = kinds == KIND_KERNEL, kinds == KIND_MEMCPY
+    return (
+        kinds,
+        np.where(is_kernel, cols["short_id"], -1),
+        np.where(is_kernel, cols["long_id"], -1),
+        np.where(is_copy, cols["copy_kind"], -1),
+    )
+
+
+def _name_keys(kind: int, cols: dict) -> set:
+    """The distinct name keys of one table's batch of activities."""
+    keys = np.stack(_key_columns(kind, cols), axis=1)
+    return {tuple(row) for row in np.unique(keys, axis=0).tolist()}
+
+
+def _gpu_query(src: SqliteSource, table: str, kind: int) -> str:
+    """The export's columns of one GPU activity table in RAW_GPU's layout (absent columns read as -1, as
+    ingest_nsys reads them; a missing time as MISSING_TIME: damage, dropped and counted)."""
+    common = {
+        "start": "start",
+        "end": "end",
+        "device_id": "deviceId",
+        "stream_id": "streamId",
+        "context_id": "contextId",
+        "global_pid": "globalPid",
+        "correlation_id": "correlationId",
+        "graph_node_id": "graphNodeId",
+    }
+    kernel = {
+        **common,
+        "grid_x": "gridX",
+        "grid_y": "gridY",
+        "grid_z": "gridZ",
+        "block_x": "blockX",
+        "block_y": "blockY",
+        "block_z": "blockZ",
+        "registers": "registersPerThread",
+        "static_smem": "staticSharedMemory",
+        "dynamic_smem": "dynamicSharedMemory",
+        "short_id": "shortName",
+        "long_id": "demangledName",
+    }
+    memcpy = {**common, "bytes": "bytes", "copy_kind": "copyKind", "src_kind": "srcKind", "dst_kind": "dstKind"}
+    memset = {**common, "bytes": "bytes", "dst_kind": "memKind"}
+    columns = {KIND_KERNEL: kernel, KIND_MEMCPY: memcpy, KIND_MEMSET: memset}[kind]
+    exprs = ["rowid"]
+    for f in RAW_GPU[1:]:
+        source = columns.get(f)
+        default = "0" if (f == "copy_kind" and kind == KIND_MEMCPY) else "-1"
+        exprs.append(nsys._int_col(src, table, source, default) if source else "-1")
+    return f"SELECT {', '.join(exprs)} FROM {table}"
+
+
+def _latest_nvtx(src: SqliteSource):
+    """The latest end or time of any NVTX event (the capture end takes it into account)."""
+    if not src.has("NVTX_EVENTS"):
+        return None
+    value = src.query_scalar("SELECT max(coalesce(end, start)) FROM NVTX_EVENTS")
+    return None if value is None else int(value)
+
+
+def _capture_end(latest: list, meta: dict) -> int:
+    """The session's stop time, unless some event ends later (ingest_nsys._capture_end)."""
+    ends = [0] + [int(v) for v in latest if v is not None]
+    stop = meta.get("session_stop")
+    last = max(ends)
+    return int(stop) if isinstance(stop, int) and stop >= last else last
+
+
+def _track_end(out: dict, end: np.ndarray) -> None:
+    """The latest end among rows as exported (missing ends aside): the capture end takes it into account."""
+    real = end[end != MISSING_TIME]
+    if real.size:
+        _track(out, "raw_end", int(real.max()), max)
+        return
+
+
+def _track(out: dict, key: str, value: int, pick) -> None:
+    out[key] = value if out.get(key) is None else pick(out[key], value)
+
+
+def _joined(arrays: list) -> np.ndarray:
+    if not arrays:
+        return np.zeros(0, dtype=np.int64)
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+
+def _in_order(raw: PartTable, order: np.ndarray | None, columns: list[str]):
+    """(first id, columns) of the raw parts' rows in the given order (None: as they are), a part's worth at a
+    time: each window gathers its rows from the parts they are in (one or two when the export is nearly
+    sorted)."""
+    rows = STAGE_ROWS
+    offsets = np.cumsum([0] + [p.rows for p in raw.parts])
+    total = int(offsets[-1])
+    if order is None:
+        for i, part in enumerate(raw.parts):
+            table = raw.read_part(part, columns)
+            yield int(offsets[i]), {c: table.column(c).to_numpy() for c in columns}
+        return
+    for lo in range(0, total, rows):
+        want = order[lo : lo + rows]
+        which = np.searchsorted(offsets, want, side="right") - 1
+        out = {}
+        for i in np.unique(which):
+            at = np.flatnonzero(which == i)
+            table = raw.read_part(raw.parts[i], columns)
+            local = want[at] - offsets[i]
+            for c in columns:
+                values = table.column(c).to_numpy()
+                if c not in out:
+                    out[c] = np.empty(want.size, dtype=values.dtype)
+                out[c][at] = values[local]
+        yield lo, out
+
+
+def _add_sums(sums: dict, key: np.ndarray, device: np.ndarray, weight: np.ndarray, valid: np.ndarray) -> None:
+    """Add per (key, device) sums of `weight` over the valid rows into `sums`."""
+    if not valid.any():
+        return
+    frame = pd.DataFrame({"k": key[valid], "d": device[valid], "w": weight[valid]})
+    for (k, d), w in frame.groupby(["k", "d"], sort=False)["w"].sum().items():
+        sums[(int(k), int(d))] = sums.get((int(k), int(d)), 0) + int(w)
+
+
+def _most_busy(sums: dict) -> dict:
+    """key -> the device with the largest sum (the lowest device on ties; correlate.work_devices)."""
+    best = {}
+    for (k, d), _sum in sorted(sums.items(), key=lambda kv: (kv[0][0], -kv[1], kv[0][1])):
+        best.setdefault(k, d)
+    return best
+
+
+class _ExportStrings:
+    """Names of the export's string ids, looked up in its StringIds table when asked (it may hold millions)."""
+
+    def __init__(self, src: SqliteSource):
+        self.src = src
+        self.present = src.has("StringIds")
 
     def lookup(self, ids) -> np.ndarray:
+        """Strings for the ids (None where an id is unknown)."""
         ids = np.asarray(ids, dtype=np.int64)
-        if ids.size == 0:
-            return np.zeros(0, dtype=object)
-        self.store.con.register("_ids", pd.DataFrame({"id": ids, "pos": np.arange(ids.size)}))
-        f = self.store.frame("SELECT i.pos, s.value FROM _ids i LEFT JOIN strings s ON s.id = i.id ORDER BY i.pos")
-        self.store.con.unregister("_ids")
-        return f["value"].to_numpy(dtype=object)
-
-
-def _sorted_text(values: np.ndarray) -> np.ndarray:
-    """Distinct texts in Python's order (code points), as numpy's unique gives them."""
-    return np.array(sorted(values.tolist()), dtype=object)
-
-
-def _duck_type(t: pa.DataType) -> str:
-    return "VARCHAR" if pa.types.is_string(t) else "BIGINT"
+        out = np.full(ids.size, None, dtype=object)
+        if ids.size == 0 or not self.present:
+            return out
+        distinct = np.unique(ids[ids >= 0])
+        found = {}
+        for lo in range(0, distinct.size, 500):
+            chunk = ",".join(str(int(i)) for i in distinct[lo : lo + 500])
+            for i, value in self.src.fetchall(f"SELECT id, value FROM StringIds WHERE id IN ({chunk})"):
+                found[int(i)] = value if value is not None else ""
+        for pos, i in enumerate(ids.tolist()):
+            out[pos] = found.get(i)
+        return out

@@ -16,8 +16,7 @@ from dlprof_profiler.correlate import BACKWARD_PASS, INSTANCE_COLUMNS, UNASSOCIA
 from dlprof_profiler.model_chunks import ACTIVITY_FIELDS, INSTANCE_FIELDS, TIME_MAX, TIME_MIN, ModelChunk, chunk_bounds
 from dlprof_profiler.parts import PartTable, int_schema, read_part
 from dlprof_profiler.store import TraceStore
-from dlprof_profiler.tensor_cores import kernel_uses_tc
-from dlprof_profiler.trace import GPU_COLUMNS, KIND_KERNEL, make_frame
+from dlprof_profiler.trace import KIND_KERNEL, make_frame
 
 INFO_TEXT = [
     "label",
@@ -72,7 +71,6 @@ ACTS_COLUMNS = [c for c in ACTIVITY_FIELDS if c not in ("owner", "owner_op", "ow
 ]
 ACTS_SCHEMA = pa.schema([(c, pa.bool_() if c == "uses_tc" else pa.int64()) for c in ACTS_COLUMNS])
 CLASSIFY_BATCH = 1 << 20
-LINK_STORE_MEMORY = "400MB"  # the store's memory limit while the launch links are computed in memory
 # the ranges' own columns range_info holds (as the store's `ranges` table types them)
 RANGE_COLUMNS = [
     ("range_id", pa.int64()),
@@ -134,23 +132,17 @@ class StoreAnalysis:
         self.config_entries: list[dict] = []
         self.crossing: pd.DataFrame | None = None
         self.parts_folder = store.workdir / "parts"
-        self.views: dict[str, PartTable] = {}  # part tables queryable by SQL (see `cursor`)
         self.acts = PartTable(self.parts_folder, "acts", ACTS_SCHEMA)  # per segment: its GPU activities
 
     def run(self, statement: str, params=None) -> None:
         self.store.run(statement, params)
 
     def publish(self, table: PartTable) -> None:
-        """Make a complete part table queryable by its name on the store's connection (and on `cursor()`s)."""
-        self.views[table.name] = table
-        table.register(self.store.con)
+        """Make a complete part table queryable by its name (TraceStore.publish)."""
+        self.store.publish(table)
 
     def cursor(self):
-        """A cursor of the store's database on which every published part table is queryable too."""
-        cursor = self.store.con.cursor()
-        for table in self.views.values():
-            table.register(cursor)
-        return cursor
+        return self.store.cursor()
 
     # -- classification -------------------------------------------------------------------------------
     def classify(self, mode: str | None) -> tuple[str, str | None, dict]:
@@ -164,16 +156,13 @@ class StoreAnalysis:
             families = set()
         self.range_info = PartTable(self.parts_folder, "range_info", RANGE_INFO_SCHEMA, keys=("start",))
         domains = np.array(self.store.domains, dtype=object)
-        reader = self.store.con.cursor()
-        own = ", ".join(f'"{c}"' for c, _ in RANGE_COLUMNS)
-        result = reader.sql(f"SELECT text, {own} FROM ranges").to_arrow_reader(CLASSIFY_BATCH)
         kinds_seen = np.zeros(8, dtype=np.int64)
-        for batch in result:
-            texts = pd.Series(batch.column(0), dtype="str")
-            dom = domains[batch.column("domain_code").to_numpy()] if len(domains) else np.zeros(0, object)
+        for part in self.store.range_parts():
+            texts = pd.Series(part["text"], dtype="str")
+            dom = domains[part["domain_code"]] if len(domains) else np.zeros(0, object)
             info = nm.classify_ranges(texts, dom, families)
             self.config_entries += info.attrs.get("config", [])
-            frame = {c: batch.column(c) for c, _ in RANGE_COLUMNS}
+            frame = {c: part[c] for c, _ in RANGE_COLUMNS}
             for c in INFO_INT:
                 frame[c] = info[c].to_numpy().astype(INFO_TYPES.get(c, (None, np.int64))[1])
             for c in INFO_TEXT:
@@ -181,7 +170,6 @@ class StoreAnalysis:
             kinds_seen += np.bincount(frame["kind"].astype(np.int64), minlength=8)[:8]
             self.range_info.append(frame)
         self.publish(self.range_info)
-        reader.close()
         config = {}
         for entry in self.config_entries:
             config.update(entry)
@@ -246,86 +234,17 @@ class StoreAnalysis:
         --mode given and the mode the classification then finds: it finds "simple" only without ranges."""
         if mode == "simple" or self.store.counts["ranges"] == 0:
             return ["default"]
-        f = self.store.frame("SELECT domain_code FROM ranges GROUP BY domain_code ORDER BY min(range_id)")
-        return [self.store.domains[c] for c in f["domain_code"].tolist()]
+        return [self.store.domains[c] for c in self.store.domain_first]
 
     # -- launches ---------------------------------------------------------------------------------------
     def link_launches(self) -> tuple[dict, dict]:
-        """Each GPU activity's launching API call (same process and correlation id: the nearest call at or
-        before it, else the first; correlate.link_gpu_to_api),
-        launch time and call duration, Tensor Core use; the device each thread and process launches most
-        GPU time on."""
-        pairs = self.store.frame("SELECT DISTINCT name_code, long_code FROM gpu WHERE kind = 0")
-        uses, rules = kernel_uses_tc(
-            self.store.gpu_short[pairs["name_code"].to_numpy(np.int64)],
-            self.store.gpu_long[pairs["long_code"].to_numpy(np.int64)],
-        )
-        self.tc_pairs = pairs.assign(uses_tc=uses, tc_rule=rules)
-        self._link_table()
-
-        def best(key: str, where: str) -> dict:
-            f = self.store.frame(f"""
-                SELECT k, dev FROM (
-                    SELECT k, dev, row_number() OVER (PARTITION BY k ORDER BY s DESC, dev) AS rn
-                    FROM (SELECT {key} AS k, g.device_id AS dev, sum(g."end" - g.start + 1) AS s
-                          FROM gpu_by_launch g WHERE {where} GROUP BY ALL))
-                WHERE rn = 1""")
-            return dict(zip(f["k"].astype(int), f["dev"].astype(int)))
-
-        return best("g.api_tid", "g.api_id >= 0"), best("g.pid", "g.pid >= 0")
-
-    def _link_table(self) -> None:
-        """`gpu_by_launch`: the activities with their links, one table (a join back to the activities would cost
-        a hash join of every activity). The links are computed over columns in memory (correlate.launch_rows; a
-        SQL ASOF join of every activity spilled to disk at 10^7 kernels and took 2.5x longer) and put beside the
-        activities by position when the activities are stored in activity_id order, as staging writes them."""
-        con = self.store.con
-        con.execute("SET preserve_insertion_order = true").fetchall()  # scans in storage order
-        # the store's cache gives way to the link's arrays while they live (the peak of the run at 10^7)
-        con.execute(f"SET memory_limit = '{LINK_STORE_MEMORY}'").fetchall()
-        try:
-            # read in steps, each dropped once used: the peak is the link's own arrays (about 100 bytes per
-            # activity and call), not every column at once
-            api, api_order = _by_id(con.execute("SELECT api_id, pid, correlation_id, start FROM api"))
-            gpu, gpu_order = _by_id(con.execute("SELECT activity_id, pid, correlation_id, start FROM gpu"))
-            row = corr_mod.launch_rows(
-                api["pid"], api["correlation_id"], api["start"], gpu["pid"], gpu["correlation_id"], gpu["start"]
-            )
-            links = {"activity_id": gpu["activity_id"], "api_id": row}
-            act_start = gpu["start"]
-            del api, gpu
-            call, _ = _by_id(con.execute('SELECT api_id, start, "end", global_tid, name_code FROM api'), api_order)
-            links["launch"] = _gather(call["start"], row, act_start)
-            links["api_duration"] = _gather(call["end"] - call["start"], row, -1)
-            del act_start
-            links["api_tid"] = _gather(call["global_tid"], row, -1)
-            links["api_name"] = _gather(call["name_code"], row, -1)
-            del call
-            own, _ = _by_id(con.execute("SELECT activity_id, kind, name_code, long_code FROM gpu"), gpu_order)
-            tc = self.tc_pairs
-            n_long = max(len(self.store.gpu_long), 1)
-            pair_key = tc["name_code"].to_numpy(np.int64) * n_long + tc["long_code"].to_numpy(np.int64)
-            pair = pd.Index(pair_key).get_indexer(own["name_code"] * n_long + own["long_code"])
-            links["uses_tc"] = (own["kind"] == KIND_KERNEL) & _gather(tc["uses_tc"].to_numpy(bool), pair, False)
-            del own, pair
-            columns = ["activity_id", "api_id", "launch", "api_duration", "uses_tc", "api_tid", "api_name"]
-            con.register("_links", pa.table({c: links.pop(c) for c in columns}))
-            con.execute(f"SET memory_limit = '{self.store.memory_limit}'").fetchall()
-            if gpu_order is None:  # stored in id order
-                self.run(
-                    "CREATE OR REPLACE TABLE gpu_by_launch AS "
-                    "SELECT g.*, l.* EXCLUDE (activity_id) FROM gpu g POSITIONAL JOIN _links l"
-                )
-            else:
-                self.run("CREATE OR REPLACE TABLE gpu_by_launch AS SELECT * FROM gpu JOIN _links USING (activity_id)")
-            con.unregister("_links")
-        finally:
-            con.execute("SET preserve_insertion_order = false").fetchall()
-            con.execute(f"SET memory_limit = '{self.store.memory_limit}'").fetchall()
+        """The device each thread and process launches most GPU time on (staging linked every GPU activity to
+        its launching call: the store's gpu_by_launch), and the kernel name pairs' Tensor Core use."""
+        self.tc_pairs = self.store.kernel_pairs
+        return dict(self.store.thread_device), dict(self.store.process_device)
 
     def device_pids(self) -> dict:
-        f = self.store.frame("SELECT DISTINCT device_id, pid FROM gpu")
-        return {int(d): set(g["pid"].tolist()) for d, g in f.groupby("device_id")}
+        return {d: set(p) for d, p in self.store.device_pids.items()}
 
     # -- iterations -------------------------------------------------------------------------------------
     def key_node_ranges(self, key: str, labels: pd.DataFrame, stripped: bool) -> pd.DataFrame:
@@ -423,7 +342,7 @@ class StoreAnalysis:
                 keep = context["end"] > hi
                 later = _by_range_id({c: np.concatenate([context[c][keep], later[c]]) for c in later})
             carried = later
-            api = store.api_frame("start >= $1 AND start < $2", [lo, hi])
+            api = store.api_window(lo, hi)
             gpu, gpu_api = self._gpu_launched(j, lo, hi, api)
             yield Segment(lo, hi, ranges, info, api, gpu, gpu_api)
         self.publish(self.acts)
@@ -455,23 +374,13 @@ class StoreAnalysis:
         """The GPU activities launched in [lo, hi) (segment j) and each one's launching call in `api`; they
         are kept with their launches as the segment's part of `acts` (aggregation reads them from there)."""
         store = self.store
-        stored = {"name": "name_code", "long_name": "long_code"}
-        cols = ", ".join(f'"{stored.get(c, c)}"' for c in GPU_COLUMNS)
-        links = ", ".join(f'"{c}"' for c in ("launch", "api_duration", "api_name", "uses_tc"))
-        f = store.columns(
-            f"SELECT {cols}, api_id, {links} FROM gpu_by_launch WHERE launch >= $1 AND launch < $2 "
-            "ORDER BY activity_id",
-            [lo, hi],
-        )
+        f = store.gpu.read_range(lo, hi, key="launch")  # in activity_id order, as staged
         self.acts.append({c: f[c] for c in ACTS_COLUMNS}, tag=j)
-        api_id = f["api_id"].astype(np.int64, copy=False)
-        f["kind"] = f["kind"].astype(np.int8)
-        f["name"] = pd.Categorical.from_codes(f["name_code"], categories=pd.Index(store.gpu_short, dtype=object))
-        f["long_name"] = pd.Categorical.from_codes(f["long_code"], categories=pd.Index(store.gpu_long, dtype=object))
+        api_id = f["api_id"]
         first = int(api["api_id"].iloc[0]) if len(api) else 0
         local = api_id - first
         ok = (api_id >= 0) & (local >= 0) & (local < len(api))
-        return make_frame({c: f[c] for c in GPU_COLUMNS}), np.where(ok, local, -1).astype(np.int64)
+        return store.gpu_frame_of(f), np.where(ok, local, -1).astype(np.int64)
 
 
 class StoreSink:
@@ -1029,10 +938,7 @@ class StoreModel:
             ids = np.asarray(ids, dtype=np.int64)
             if ids.size == 0:
                 return np.zeros(0, dtype=object)
-            store.con.register("_ids", pd.DataFrame({"activity_id": ids, "pos": np.arange(ids.size)}))
-            f = store.frame("SELECT i.pos, g.long_code FROM _ids i JOIN gpu g USING (activity_id) ORDER BY i.pos")
-            store.con.unregister("_ids")
-            return store.gpu_long[f["long_code"].to_numpy(np.int64)]
+            return store.gpu_long[store.gpu.lookup(ids, ["long_code"], key="activity_id")["long_code"]]
 
         return short, long_names
 
@@ -1052,13 +958,9 @@ class StoreModel:
             raise ValueError("an out-of-core model is read in the time segments it was correlated in")
         for j, ((lo, hi), inst) in enumerate(zip(bounds, sink.instances_by_start(INSTANCE_FIELDS))):
             acts = sink.activities(j)
-            running = store.columns(
-                """SELECT start, "end", device_id, kind, uses_tc, name_code FROM gpu_by_launch
-                   WHERE start >= $1 AND start < $2""",
-                [lo, hi],
+            running = make_frame(
+                store.gpu.read_range(lo, hi, ["start", "end", "device_id", "kind", "uses_tc", "name_code"], key="start")
             )
-            running["uses_tc"] = running["uses_tc"].astype(bool)
-            running = make_frame(running)
 
             def within(frame):
                 t = frame["start"].to_numpy(np.int64)
@@ -1162,7 +1064,7 @@ def feed_raw(writer, sa: StoreAnalysis) -> None:
     store = sa.store
     trace = store.trace
     for frame in ("ranges", "api_calls", "gpu"):  # the order _raw_rows writes a whole trace in
-        for chunk in store.frame_chunks(frame, WRITE_ROWS):
+        for chunk in store.frame_chunks(frame):
             writer.add_raw(SimpleNamespace(**{frame: chunk}))
     writer.add_raw(SimpleNamespace(syncs=trace.syncs, io_calls=trace.io_calls))
 
@@ -1194,26 +1096,6 @@ def feed_model(writer, sa: StoreAnalysis, corr) -> None:
                 )
 
 
-def _by_id(result, order: np.ndarray | None = None) -> tuple[dict, np.ndarray | None]:
-    """A query's columns (the first an id) as int64 arrays in id order, and the order they were put in (None:
-    they came in it). `order`: the one an earlier read of the same rows needed (the scan order is stable)."""
-    columns = {k: np.asarray(v, dtype=np.int64) for k, v in result.fetchnumpy().items()}
-    if order is None:
-        ids = next(iter(columns.values()))
-        if not bool(np.all(ids[1:] > ids[:-1])):
-            order = np.argsort(ids, kind="stable")
-    if order is not None:
-        columns = {k: v[order] for k, v in columns.items()}
-    return columns, order
-
-
-def _gather(values: np.ndarray, rows: np.ndarray, default) -> np.ndarray:
-    """values[rows], `default` where a row is -1."""
-    if len(values) == 0:
-        return np.broadcast_to(np.asarray(default, dtype=values.dtype), rows.shape).copy()
-    return np.where(rows >= 0, values[np.maximum(rows, 0)], default)
-
-
 def _instances_frame(cols: dict, strings: pd.CategoricalDtype) -> pd.DataFrame:
     """Instances as the database writer takes them: the detail texts as categoricals over the string pool
     (the writer looks up only the strings the rows use; no text is built per row)."""
@@ -1231,7 +1113,7 @@ def kernel_tc_pairs(sa: StoreAnalysis) -> pd.DataFrame:
     """Tensor Core use per distinct (name, long name) of the GPU activities (database.kernel_tc_pairs)."""
     store = sa.store
     kernels = sa.tc_pairs
-    others = store.frame(f"SELECT DISTINCT name_code, long_code FROM gpu WHERE kind <> {KIND_KERNEL}")
+    others = store.other_pairs
     pairs = pd.concat(
         [kernels[["name_code", "long_code", "uses_tc", "tc_rule"]], others.assign(uses_tc=False, tc_rule="")],
         ignore_index=True,

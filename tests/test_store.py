@@ -164,37 +164,51 @@ def test_segments_are_cut_where_the_plan_says(training, tmp_path):
         store.close()
 
 
-def _links_of(store) -> tuple[pd.DataFrame, tuple]:
-    from dlprof_profiler.store_model import StoreAnalysis
+def test_staging_does_not_depend_on_the_exports_row_order(tmp_path, monkeypatch):
+    """An export whose API calls and kernels are stored out of time order (a shuffled copy), staged in parts of
+    a few hundred rows: the same frames as the in-memory ingest of that file, and every GPU activity linked to
+    the launch correlate.link_gpu_to_api finds."""
+    import shutil
+    import sqlite3
 
-    sa = StoreAnalysis(store)
-    devices = sa.link_launches()
-    links = store.frame("SELECT * FROM gpu_by_launch ORDER BY activity_id")
-    return links, devices
+    import numpy as np
 
+    from dlprof_profiler import store as store_module
+    from dlprof_profiler.correlate import link_gpu_to_api
 
-def test_launch_links_do_not_depend_on_the_storage_order(tmp_path):
-    """The links are put beside the activities by position when the store holds them in id order (as staging
-    writes them); stored in another order, they are joined by id: the same table either way."""
-    path = FIXTURES / "pytorch_2gpu_nccl_nsys2026.2_before.sqlite"
-    store = TraceStore(path, tmp_path / "in_order")
+    path = tmp_path / "shuffled.sqlite"
+    shutil.copy(FIXTURES / "pytorch_2gpu_nccl_nsys2026.2_before.sqlite", path)
+    con = sqlite3.connect(path)
+    for table in ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL"):
+        con.execute(f"CREATE TABLE shuffled AS SELECT * FROM {table} ORDER BY random()")
+        con.execute(f"DROP TABLE {table}")
+        con.execute(f"ALTER TABLE shuffled RENAME TO {table}")
+    con.commit()
+    starts = [r[0] for r in con.execute("SELECT start FROM CUPTI_ACTIVITY_KIND_RUNTIME ORDER BY rowid")]
+    con.close()
+    assert starts != sorted(starts)
+    monkeypatch.setattr(store_module, "STAGE_ROWS", 500)
+    expected = sanitize_trace(read_nsys_export(path))
+    store = TraceStore(path, tmp_path / "store")
     try:
         store.load()
-        expected, expected_devices = _links_of(store)
+        assert len(store.api.parts) > 5 and len(store.gpu.parts) > 5
+        staged = store.whole_trace()
+        for frame in ("ranges", "api_calls", "gpu"):
+            pd.testing.assert_frame_equal(
+                getattr(expected, frame).reset_index(drop=True),
+                getattr(staged, frame).reset_index(drop=True),
+                check_dtype=False,
+                check_categorical=False,
+                obj=frame,
+            )
+        linked = store.frame("SELECT activity_id, api_id FROM gpu_by_launch ORDER BY activity_id")
     finally:
         store.close()
-    store = TraceStore(path, tmp_path / "shuffled")
-    try:
-        store.load()
-        for table, key in (("gpu", "activity_id"), ("api", "api_id")):
-            store.run(f"CREATE OR REPLACE TABLE {table} AS SELECT * FROM {table} ORDER BY hash({key})")
-        assert store.scalar("SELECT count(*) FILTER (WHERE activity_id <> rowid) FROM gpu") > 0
-        links, devices = _links_of(store)
-    finally:
-        store.close()
-    assert (expected["api_id"] >= 0).sum() > 1000  # real launches were linked
-    pd.testing.assert_frame_equal(links, expected)
-    assert devices == expected_devices
+    launches = link_gpu_to_api(expected)
+    assert (launches >= 0).sum() > 1000  # real launches were linked
+    assert linked["activity_id"].tolist() == list(range(len(expected.gpu)))
+    assert linked["api_id"].tolist() == np.where(launches >= 0, launches, -1).tolist()
 
 
 VOLATILE = {"aggregations": ("created_utc", "elapsed_seconds")}  # and profile_info's created_utc row

@@ -331,9 +331,9 @@ class StoreData:
         pid_list = ",".join(str(int(p)) for p in pids) or "-1"
         ranges = self.store.frame(
             f"""
-            SELECT i.label_code, r.text, r.start, r."end", r.global_tid AS tid, i.dataloader = 1 AS loader
-            FROM ranges r JOIN range_info i USING (range_id)
-            WHERE r.pid IN ({pid_list}) AND r."end" > $1 AND r.start < $2 AND r."end" > r.start""",
+            SELECT i.label_code, r.text, i.start, i."end", i.global_tid AS tid, i.dataloader = 1 AS loader
+            FROM range_info i JOIN ranges r USING (range_id)
+            WHERE i.pid IN ({pid_list}) AND i."end" > $1 AND i.start < $2 AND i."end" > i.start""",
             [t0, t1],
         )
         labels = self.sa.pool.decode(ranges.pop("label_code").to_numpy(np.int64))
