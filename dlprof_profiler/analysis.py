@@ -277,15 +277,16 @@ def analyze_store(
     source_name: str | None = None,
     events_per_segment: int = EVENTS_PER_SEGMENT,
     detect: bool = True,
-    on_planned=None,
+    on_segment=None,
     on_correlated=None,
 ) -> Analysis:
     """The same analysis over a TraceStore, segment by segment: memory is bounded by a segment, not the
-    profile (see store_model.py). `on_planned(store_analysis, domains)` is called once the domains that get an
-    op model are known, before the correlation (the database writer can start on the raw facts then), and
-    `on_correlated(corr)` once the op model is complete, before aggregation (the writer can take it then)."""
+    profile (see store_model.py). `on_segment(k, {domain: StoreSink})` is called once time segment k is
+    correlated (the database writer can take its GPU activity owners then), `on_correlated(corr)` once the op
+    model is complete, before aggregation."""
     from dlprof_profiler.aggregate import aggregate_model
     from dlprof_profiler.correlate import DomainCorrelator, segment_rows
+    from dlprof_profiler.process_memory import release_unused_memory
     from dlprof_profiler.store_model import LaunchSpill, StoreAnalysis, StoreModel, StoreSink
 
     source_name = source_name or str(store.export)
@@ -294,9 +295,8 @@ def analyze_store(
     # the domains do not depend on the classification (only --mode simple or no ranges give one "default"):
     # the database writer starts on the raw facts now, while the ranges are classified and linked
     domains = sa.domain_order(config.mode)
-    if on_planned is not None:
-        on_planned(sa, domains)
     mode, family, run_config = stages.run("Classifying NVTX ranges", lambda: sa.classify(config.mode))
+    release_unused_memory()
     trace = store.trace
     if "gpu_peak_memory" in trace.meta and not any(
         k in run_config for k in ("max_memory_reserved", "max_memory_allocated")
@@ -328,6 +328,10 @@ def analyze_store(
         for n, seg in enumerate(sa.segments(list(cuts)), 1):
             for d, c in correlators.items():
                 c.add(seg, segment_rows(seg, d, mode))
+            del seg
+            if on_segment is not None:
+                on_segment(n - 1, {d: c.sink for d, c in correlators.items()})
+            release_unused_memory()  # a segment's frees, before the next one's allocations
             progress.update(n)
         return {d: c.sink.finish(c) for d, c in correlators.items()}
 

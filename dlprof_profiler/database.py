@@ -147,11 +147,11 @@ class DatabaseWriter:
         its instances (ops are numbered in the database in order of first sight)."""
         self._submit(self._op_rows, domain, ops)
 
-    def build_indexes(self) -> None:
-        """Build the secondary indexes not built yet, on the writer's thread, once the rows queued so far are
-        in (for a caller that has queued every op instance and activity owner: the index work then overlaps
-        the analysis instead of waiting for finish; rows added later still go into the indexes)."""
-        self._submit(self._index_rows)
+    def build_indexes(self, table: str | None = None) -> None:
+        """Build the secondary indexes not built yet (of `table` only, if given), on the writer's thread, once
+        the rows queued so far are in (for a caller that has queued every row of them: the index work then
+        overlaps the analysis instead of waiting for finish; rows added later still go into the indexes)."""
+        self._submit(self._index_rows, table)
 
     def finish(
         self,
@@ -258,10 +258,12 @@ class DatabaseWriter:
                     cursor.adbc_ingest(K.STRINGS, pending, mode="append")
                 if fn in (self._final_rows, self._index_rows) and self._indexes:
                     cpu = time.thread_time()
+                    table = args[0] if fn == self._index_rows else None
+                    now = [s for s in self._indexes if table is None or f" ON {table}(" in s]
                     cursor.execute(f"PRAGMA cache_size=-{SORT_CACHE_KIB}")
-                    for statement in self._indexes:
+                    for statement in now:
                         cursor.execute(statement)
-                    self._indexes = []
+                    self._indexes = [s for s in self._indexes if s not in now]
                     cursor.execute(f"PRAGMA cache_size=-{INSERT_CACHE_KIB}")
                     self.stats["index_cpu"] += time.thread_time() - cpu
                 self.stats["seconds_busy"] += time.perf_counter() - started
@@ -319,7 +321,7 @@ class DatabaseWriter:
         for chunk in _chunks(owners):
             yield K.RAW_ACTIVITY_OWNERS, E.owner_rows(chunk, domain, self.rank, self.registry)
 
-    def _index_rows(self):
+    def _index_rows(self, table=None):
         return  # no rows: _run builds the indexes after this item
         yield
 

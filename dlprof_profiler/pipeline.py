@@ -23,7 +23,7 @@ from dlprof_profiler.analysis import (
     reanalyze,
 )
 from dlprof_profiler.errors import DLProfError
-from dlprof_profiler.huge_pages import avoid_huge_pages
+from dlprof_profiler.process_memory import avoid_huge_pages
 from dlprof_profiler.outputs import Staging, prepare_output_dir, refuse_existing
 from dlprof_profiler.sanitize import sanitize_trace
 from dlprof_profiler.sqlite_source import check_sqlite_file
@@ -137,7 +137,7 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
     """Analyse an nsys SQLite export or Kineto trace and write every output; returns the exit status (0)."""
     if out_of_core(source, args):
         return run_store_analysis(source, args, capture)
-    avoid_huge_pages()  # its large short-lived arrays fault in faster as ordinary pages (huge_pages.py)
+    avoid_huge_pages()  # its large short-lived arrays fault in faster as ordinary pages (process_memory.py)
     started = time.perf_counter()
     out_dir = prepare_output_dir(Path(args.output_path))
     refuse_existing(planned_outputs(args), args.force)
@@ -224,8 +224,22 @@ def run_store_analysis(source: Path, args: Namespace, capture: dict | None = Non
     store = writer = feed = None
     try:
         store = TraceStore(source, staging.root / "out_of_core")
+
+        def start_database(trace):
+            # the raw facts are written from the store while the rest is staged and analysed (as the in-memory
+            # path writes them while it analyses)
+            nonlocal writer, feed
+            if capture and capture.get("nsys_build"):
+                trace.meta["nsys_build"] = capture["nsys_build"]
+            header = database.Header.from_trace(trace, database.domain_ids_for(store.domain_order(args.mode)))
+            # every row comes at once from the store: the indexes are cheaper built once, sorted, after them
+            writer = database.DatabaseWriter(staging.path(database_path(args)), header, deferred_indexes=True)
+            feed = DatabaseFeed(writer, store)
+            feed.raw_ranges()
+
         with log.stage(f"Reading {source} out of core (staged on disk in {out_dir})"):
-            trace = store.load()
+            trace = store.load(on_read=start_database)
+        feed.raw_calls()
         log.info(
             f"  {store.counts['ranges']:,} NVTX ranges, {store.counts['api']:,} CUDA API calls, "
             f"{store.counts['gpu']:,} GPU activities, {len(trace.devices)} GPUs; "
@@ -233,24 +247,10 @@ def run_store_analysis(source: Path, args: Namespace, capture: dict | None = Non
         )
         for text in trace.warnings:
             log.warning(text)
-        if capture and capture.get("nsys_build"):
-            trace.meta["nsys_build"] = capture["nsys_build"]
-
-        def start_database(sa, domains):
-            # the raw facts are written from the store while the analysis goes on (as the in-memory path does)
-            nonlocal writer, feed
-            header = database.Header.from_trace(trace, database.domain_ids_for(domains))
-            # every row comes at once from the store: the indexes are cheaper built once, sorted, after them
-            writer = database.DatabaseWriter(staging.path(database_path(args)), header, deferred_indexes=True)
-            feed = DatabaseFeed(writer, sa)
-            feed.start_raw()
-
-        def queue_model(corr):
-            # the op model is written while the analysis aggregates (the writer is the last to finish)
-            feed.start_model(corr)
-
+        # each segment's GPU activity owners are written once it is correlated, the op model once complete
+        # (while the analysis aggregates: the writer is the last to finish)
         result = analyze_store(
-            store, AnalysisConfig.from_args(args), str(source), on_planned=start_database, on_correlated=queue_model
+            store, AnalysisConfig.from_args(args), str(source), on_segment=feed.owners, on_correlated=feed.model
         )
         profile = _profile_info(args, source, trace, result.corr, capture, store.profile_start, store.profile_end)
         feed.set_final(result.primary, profile)

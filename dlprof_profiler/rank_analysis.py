@@ -186,10 +186,11 @@ def _analyze_rank_out_of_core(task: RankTask, started: float) -> RankResult:
         result = analyze_store(store, AnalysisConfig.from_args(args), str(source))
         writer = _rank_writer(task, trace, list(result.corr.domains))
         profile = _profile_info(args, source, trace, result.corr, None, store.profile_start, store.profile_end)
-        feed = DatabaseFeed(writer, result.corr.store)
+        feed = DatabaseFeed(writer, store)
         feed.set_final(result.primary, profile)
-        feed.start_raw()
-        feed.start_model(result.corr)  # the database is written while the reports are
+        feed.raw_ranges()
+        feed.raw_calls()
+        feed.model(result.corr)  # the database is written while the reports are
         _write_rank_reports(task, trace, result, staging)
         domain_ids, offsets = feed.finish()
         database.append_aggregation(

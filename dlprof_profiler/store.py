@@ -27,6 +27,7 @@ from dlprof_profiler import log
 from dlprof_profiler.correlate import launch_rows
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.parts import PartTable, int_schema
+from dlprof_profiler.process_memory import release_unused_memory
 from dlprof_profiler.sanitize import Dropped, invalid_rows
 from dlprof_profiler.sqlite_source import SqliteSource
 from dlprof_profiler.tensor_cores import kernel_uses_tc
@@ -45,6 +46,7 @@ from dlprof_profiler.trace import (
 
 DEFAULT_MEMORY_LIMIT = "1200MB"
 STAGE_ROWS = 1 << 20  # rows of a staged part
+READ_ROWS = 1 << 18  # rows read from the export at a time (each reading thread holds a batch or two)
 UNKNOWN_KERNEL = nsys.UNKNOWN_KERNEL
 
 RAW_API = ["rowid", "start", "end", "global_tid", "correlation_id", "name_id", "event_class", "return_value"]
@@ -155,6 +157,13 @@ class TraceStore:
         finally:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
+    def domain_order(self, mode: str | None) -> list[str]:
+        """Domains in order of first appearance (by range_id), as correlate.domain_order. The same for the
+        --mode given and the mode the classification then finds: it finds "simple" only without ranges."""
+        if mode == "simple" or self.raw_ranges.rows == 0:
+            return ["default"]
+        return [self.domains[c] for c in self.domain_first]
+
     # -- SQL over the staged tables (and the analysis' own, see publish) ---------------------------------
     def publish(self, table: PartTable, name: str | None = None) -> None:
         """Make a complete part table queryable as `name` (default: its own) on the store's connection and on
@@ -188,8 +197,10 @@ class TraceStore:
         return self.sql(query, params).fetchnumpy()
 
     # -- staging --------------------------------------------------------------------------------------
-    def load(self) -> Trace:
-        """Stage the export; return a Trace holding its small frames (the large ones live in the store)."""
+    def load(self, on_read=None) -> Trace:
+        """Stage the export; return a Trace holding its small frames (the large ones live in the store).
+        `on_read(trace)` is called once the export is read, the trace's small frames are complete and the
+        ranges can be read (`frame_chunks`), before the API calls and GPU activities are staged."""
         src = SqliteSource(self.export, immutable=True)
         try:
             if not any(src.has(t) for t in nsys.KNOWN_NSYS_TABLES):
@@ -218,11 +229,7 @@ class TraceStore:
                 nsys.read_io_calls(src, strings), "I/O calls", "io_calls"
             )
             self.capture_end = _capture_end([api["raw_end"], gpu["raw_end"], latest], trace.meta)
-            with log.stage("Staging CUDA API calls"):
-                links = self._stage_api(api, strings)
-            with log.stage("Staging GPU activities and linking them to their launches"):
-                self._stage_gpu(gpu, links, strings)
-            del links
+            release_unused_memory()  # what the reading threads' batches left with the allocators
             trace.domain_map = self._domain_codes(ranges)
             trace.devices = nsys.read_devices(
                 src, pd.DataFrame({"device_id": np.array(sorted(gpu["devices"]), dtype=np.int64)})
@@ -231,6 +238,15 @@ class TraceStore:
             if peak is not None:
                 trace.meta["gpu_peak_memory"] = peak
             trace.meta["capture_end"] = int(self.capture_end)
+            self.trace = trace
+            if on_read is not None:
+                on_read(trace)
+            with log.stage("Staging CUDA API calls"):
+                links = self._stage_api(api, strings)
+            with log.stage("Staging GPU activities and linking them to their launches"):
+                self._stage_gpu(gpu, links, strings)
+            del links
+            release_unused_memory()
         finally:
             src.close()
         self.counts = {"ranges": self.raw_ranges.rows, "api": self.api.rows, "gpu": self.gpu.rows}
@@ -287,7 +303,7 @@ class TraceStore:
                 f"coalesce(globalTid, 0), coalesce(correlationId, -1), coalesce(nameId, -1), "
                 f"coalesce(eventClass, 0), coalesce({src.col(t, 'returnValue', '0')}, 0) FROM {t}"
             )
-            for batch in src.record_batches(query, int_schema(RAW_API), STAGE_ROWS):
+            for batch in src.record_batches(query, int_schema(RAW_API), READ_ROWS):
                 cols = {c: batch.column(i).to_numpy() for i, c in enumerate(RAW_API)}
                 _track_end(out, cols["end"])
                 ok = self._count("api_calls", "CUDA API calls", cols["start"], cols["end"])
@@ -354,7 +370,7 @@ class TraceStore:
         for table, kind in GPU_TABLES:
             if not src.has(table):
                 continue
-            for batch in src.record_batches(_gpu_query(src, table, kind), int_schema(RAW_GPU), STAGE_ROWS):
+            for batch in src.record_batches(_gpu_query(src, table, kind), int_schema(RAW_GPU), READ_ROWS):
                 cols = {c: batch.column(i).to_numpy() for i, c in enumerate(RAW_GPU)}
                 _track_end(out, cols["end"])
                 out["devices"].update(np.unique(cols["device_id"]).tolist())
@@ -499,7 +515,7 @@ class TraceStore:
         )
         names = ["range_id", "event_type", "start", "end", "global_tid", "domain_id", "text"]
         schema = pa.schema([(c, pa.string() if c == "text" else pa.int64()) for c in names])
-        for batch in src.record_batches(query, schema, STAGE_ROWS):
+        for batch in src.record_batches(query, schema, READ_ROWS):
             cols = {c: batch.column(i) for i, c in enumerate(names)}
             ints = {c: cols[c].to_numpy() for c in names if c != "text"}
             pid = pid_of(ints["global_tid"])

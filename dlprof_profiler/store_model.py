@@ -9,12 +9,14 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from dlprof_profiler import contract as K
 from dlprof_profiler import correlate as corr_mod
 from dlprof_profiler import nvtx_markers as nm
 from dlprof_profiler.aggregate import LAUNCH_COLUMNS
 from dlprof_profiler.correlate import BACKWARD_PASS, INSTANCE_COLUMNS, UNASSOCIATED_GPU, DomainFacts, Segment
 from dlprof_profiler.model_chunks import ACTIVITY_FIELDS, INSTANCE_FIELDS, TIME_MAX, TIME_MIN, ModelChunk, chunk_bounds
 from dlprof_profiler.parts import PartTable, int_schema, read_part
+from dlprof_profiler.process_memory import release_unused_memory
 from dlprof_profiler.store import TraceStore
 from dlprof_profiler.trace import KIND_KERNEL, make_frame
 
@@ -230,11 +232,7 @@ class StoreAnalysis:
         )
 
     def domain_order(self, mode: str | None) -> list[str]:
-        """Domains in order of first appearance (by range_id), as correlate.domain_order. The same for the
-        --mode given and the mode the classification then finds: it finds "simple" only without ranges."""
-        if mode == "simple" or self.store.counts["ranges"] == 0:
-            return ["default"]
-        return [self.store.domains[c] for c in self.store.domain_first]
+        return self.store.domain_order(mode)
 
     # -- launches ---------------------------------------------------------------------------------------
     def link_launches(self) -> tuple[dict, dict]:
@@ -967,6 +965,7 @@ class StoreModel:
                 return frame[(t >= lo) & (t < hi)]
 
             yield ModelChunk(lo, hi, make_frame(inst), make_frame(acts), running, within(self.loader), within(self.io))
+            release_unused_memory()  # the chunk's frees, before the next one's allocations
 
 
 def _by_range_id(cols: dict) -> dict:
@@ -994,43 +993,90 @@ WRITE_ROWS = 1 << 18  # rows read from the store and queued for the database wri
 
 
 class DatabaseFeed:
-    """Feeds a new database's writer (database.DatabaseWriter) from the store, as database.finish_analysis does
-    from frames, on a thread of its own (reading through cursors of its own): `start_raw()` once the domains
-    are known queues the raw facts while the analysis goes on; `start_model(corr)` then queues the op model
-    while the analysis aggregates and the reports are written; `set_final(primary, profile)` and `finish()`
-    -> ({domain name: domain_id}, op index maps). `cancel()` lets the thread stop without a model (the
+    """Feeds a new database's writer (database.DatabaseWriter) from the store as the analysis makes things, on a
+    thread of its own (the writer's queue is short: waiting for it must not hold up the analysis): the raw
+    facts once staged (`raw_ranges`, `raw_calls`), each time segment's GPU activity owners once correlated
+    (`owners`), the op model once complete (`model`), each table's indexes once its rows are in. The rows
+    themselves are read from the part files and encoded on the writer's thread. `set_final(primary, profile)`
+    and `finish()` -> ({domain name: domain_id}, op index maps); `cancel()` drops what is not queued yet (the
     analysis failed)."""
 
-    def __init__(self, writer, sa: StoreAnalysis):
+    def __init__(self, writer, store):
+        import queue
         import threading
 
-        self.writer, self.sa = writer, sa
+        self.writer, self.store = writer, store
         self.corr = self.primary = self.profile = None
+        self._tasks: queue.Queue = queue.Queue()
+        self._owned: dict = {}  # domain -> the segments whose owners are queued
         self._error: BaseException | None = None
-        self._model_ready = threading.Event()
+        self._cancelled = False
         self._thread = threading.Thread(target=self._run, name="dlprof-db-feed", daemon=True)
-
-    def start_raw(self) -> None:
         self._thread.start()
 
-    def start_model(self, corr) -> None:
-        """The op model is complete: queue it after the raw facts."""
+    def raw_ranges(self) -> None:
+        from types import SimpleNamespace
+
+        self._tasks.put(lambda: self.writer.add_raw(SimpleNamespace(ranges=self.store.frame_chunks("ranges"))))
+
+    def raw_calls(self) -> None:
+        """The API calls, GPU activities, synchronizations and I/O calls (once staged)."""
+        from types import SimpleNamespace
+
+        trace = self.store.trace
+        for frame in ("api_calls", "gpu"):  # the order _raw_rows writes a whole trace in
+            self._tasks.put(
+                lambda frame=frame: self.writer.add_raw(SimpleNamespace(**{frame: self.store.frame_chunks(frame)}))
+            )
+        self._tasks.put(lambda: self.writer.add_raw(SimpleNamespace(syncs=trace.syncs, io_calls=trace.io_calls)))
+
+    def owners(self, segment: int, sinks: dict) -> None:
+        """The owners of segment `segment`'s GPU activities in each domain ({domain name: StoreSink})."""
+        for name, sink in sinks.items():
+            self._owned.setdefault(name, set()).add(segment)
+            self._tasks.put(
+                lambda name=name, sink=sink: self.writer.add_domain_model(name, None, _owners(sink, segment))
+            )
+
+    def model(self, corr) -> None:
+        """The op model is complete: every domain's ops and instances (and the owners not queued yet), then the
+        indexes."""
         self.corr = corr
-        self._model_ready.set()
+        for name, dm in corr.domains.items():
+            sink = dm.sink
+            rest = [k for k in sink.a.acts.sources() if k not in self._owned.get(name, set())]
+            for k in rest:
+                self._tasks.put(
+                    lambda name=name, sink=sink, k=k: self.writer.add_domain_model(name, None, _owners(sink, k))
+                )
+        self._tasks.put(lambda: self.writer.build_indexes(K.RAW_ACTIVITY_OWNERS))
+        strings = pd.CategoricalDtype(pd.Index(corr.store.pool.array(), dtype=object))
+        for name, dm in corr.domains.items():
+            self._tasks.put(lambda name=name, dm=dm: self._instances(name, dm, strings))
+        self._tasks.put(self.writer.build_indexes)
+
+    def _instances(self, name: str, dm, strings) -> None:
+        """A domain's ops (first: they get consecutive database op indexes), then its instances in id order (the
+        segments made them in that order)."""
+        self.writer.add_ops(name, dm.ops)
+        sink = dm.sink
+        self.writer.add_domain_model(name, _instance_frames(sink, strings), None)
 
     def set_final(self, primary: str, profile: dict) -> None:
         """What `finish` writes last: the primary domain and the profile's facts."""
         self.primary, self.profile = primary, profile
 
     def start(self) -> None:
-        """Nothing left to start: `start_model` queued the model (pipeline._write_outputs calls this)."""
+        """Nothing left to start: `model` queued the model (pipeline._write_outputs calls this)."""
 
     def cancel(self) -> None:
-        self._model_ready.set()
+        self._cancelled = True
+        self._tasks.put(None)
 
     def join(self) -> None:
         """Wait for the feeding thread (also after a failure elsewhere: the store must outlive it)."""
         if self._thread.is_alive():
+            self._tasks.put(None)
             self._thread.join()
 
     def finish(self) -> tuple[dict, dict]:
@@ -1043,57 +1089,44 @@ class DatabaseFeed:
             for name, dm in corr.domains.items()
         }
         ids = writer.finish(
-            self.profile, self.primary, domains, corr.config, corr.range_labels, kernel_tc_pairs(self.sa)
+            self.profile, self.primary, domains, corr.config, corr.range_labels, kernel_tc_pairs(corr.store)
         )
         return ids, writer.op_index_maps()
 
     def _run(self) -> None:
-        try:
-            feed_raw(self.writer, self.sa)
-            self._model_ready.wait()
-            if self.corr is not None and self._error is None:
-                feed_model(self.writer, self.sa, self.corr)
-        except BaseException as exc:  # noqa: BLE001 - re-raised by finish() on the analysis thread
-            self._error = exc
+        while True:
+            task = self._tasks.get()
+            if task is None:
+                return
+            if self._cancelled or self._error is not None:
+                continue
+            try:
+                task()
+            except BaseException as exc:  # noqa: BLE001 - re-raised by finish() on the analysis thread
+                self._error = exc
 
 
-def feed_raw(writer, sa: StoreAnalysis) -> None:
-    """Queue the raw facts, a chunk of rows at a time."""
-    from types import SimpleNamespace
+def _owners(sink: "StoreSink", segment: int):
+    """A domain's owners of one segment's GPU activities in activity id order, as frames (read on the writer's
+    thread)."""
+    acts = sink.a.acts.read(tag=segment, columns=["activity_id", "api_id", "launch"])
+    owners = {
+        "activity_id": acts.column("activity_id").to_numpy(),
+        "instance_id": sink.gpu_owner.read(tag=segment).column("instance_id").to_numpy(),
+        "api_id": acts.column("api_id").to_numpy(),
+        "launch_time": acts.column("launch").to_numpy(),
+    }
+    for lo in range(0, owners["activity_id"].size, WRITE_ROWS):
+        yield pd.DataFrame({c: v[lo : lo + WRITE_ROWS] for c, v in owners.items()}, copy=False)
 
-    store = sa.store
-    trace = store.trace
-    for frame in ("ranges", "api_calls", "gpu"):  # the order _raw_rows writes a whole trace in
-        for chunk in store.frame_chunks(frame):
-            writer.add_raw(SimpleNamespace(**{frame: chunk}))
-    writer.add_raw(SimpleNamespace(syncs=trace.syncs, io_calls=trace.io_calls))
 
-
-def feed_model(writer, sa: StoreAnalysis, corr) -> None:
-    """Queue every domain's op model, a chunk of rows at a time (instances in id order: the segments made
-    them in that order; activity owners segment by segment, in activity id order within each)."""
-    strings = pd.CategoricalDtype(pd.Index(sa.pool.array(), dtype=object))
-    for name, dm in corr.domains.items():
-        writer.add_ops(name, dm.ops)  # first: the domain's ops get consecutive database op indexes
-        sink = dm.sink
-        for k in sink.inst_sorted.sources():
-            cols = _sorted_columns(sink.inst_sorted.read(source=k), "instance_id")
-            n = cols["instance_id"].size
-            for lo in range(0, n, WRITE_ROWS):
-                part = {c: v[lo : lo + WRITE_ROWS] for c, v in cols.items()}
-                writer.add_domain_model(name, _instances_frame(part, strings))
-        for k in sa.acts.sources():
-            acts = sa.acts.read(tag=k, columns=["activity_id", "api_id", "launch"])
-            owners = {
-                "activity_id": acts.column("activity_id").to_numpy(),
-                "instance_id": sink.gpu_owner.read(tag=k).column("instance_id").to_numpy(),
-                "api_id": acts.column("api_id").to_numpy(),
-                "launch_time": acts.column("launch").to_numpy(),
-            }
-            for lo in range(0, owners["activity_id"].size, WRITE_ROWS):
-                writer.add_domain_model(
-                    name, None, pd.DataFrame({c: v[lo : lo + WRITE_ROWS] for c, v in owners.items()}, copy=False)
-                )
+def _instance_frames(sink: "StoreSink", strings: pd.CategoricalDtype):
+    """A domain's instances in id order, WRITE_ROWS at a time, as the writer takes them."""
+    for k in sink.inst_sorted.sources():
+        cols = _sorted_columns(sink.inst_sorted.read(source=k), "instance_id")
+        n = cols["instance_id"].size
+        for lo in range(0, n, WRITE_ROWS):
+            yield _instances_frame({c: v[lo : lo + WRITE_ROWS] for c, v in cols.items()}, strings)
 
 
 def _instances_frame(cols: dict, strings: pd.CategoricalDtype) -> pd.DataFrame:

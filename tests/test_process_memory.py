@@ -1,4 +1,4 @@
-"""The in-memory analysis turns transparent huge pages off for its own process (huge_pages.py)."""
+"""The in-memory analysis turns transparent huge pages off for its own process (process_memory.py)."""
 
 import json
 import subprocess
@@ -10,7 +10,7 @@ import pytest
 # turns it back on first.
 PROBE = """
 import ctypes, ctypes.util, json
-from dlprof_profiler.huge_pages import PR_SET_THP_DISABLE, avoid_huge_pages
+from dlprof_profiler.process_memory import PR_SET_THP_DISABLE, avoid_huge_pages
 ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").prctl(PR_SET_THP_DISABLE, 0, 0, 0, 0)
 def thp():
     return [line.split()[1] for line in open('/proc/self/status') if line.startswith('THP_enabled')]
