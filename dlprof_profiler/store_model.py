@@ -60,8 +60,8 @@ INST_SCHEMA = pa.schema(_INSTANCE_FIELDS + [("iteration", pa.int32())])
 SORTED_SCHEMA = pa.schema(
     _INSTANCE_FIELDS + [("is_call", pa.bool_())] + [(f"call_{m}", pa.int64()) for m in CALL_METRICS]
 )
-# the GPU activities of each segment (those launched in it) with their launches: every domain's owners of
-# them are written in the same order
+# what aggregation reads of each segment's GPU activities (those launched in it, read from the staged
+# gpu_by_launch in activity id order: every domain's owners of them were written in that order)
 ACTS_COLUMNS = [c for c in ACTIVITY_FIELDS if c not in ("owner", "owner_op", "owner_start")] + [
     "grid_x",
     "grid_y",
@@ -71,7 +71,6 @@ ACTS_COLUMNS = [c for c in ACTIVITY_FIELDS if c not in ("owner", "owner_op", "ow
     "block_z",
     "long_code",
 ]
-ACTS_SCHEMA = pa.schema([(c, pa.bool_() if c == "uses_tc" else pa.int64()) for c in ACTS_COLUMNS])
 CLASSIFY_BATCH = 1 << 20
 # the ranges' own columns range_info holds (as the store's `ranges` table types them)
 RANGE_COLUMNS = [
@@ -134,7 +133,7 @@ class StoreAnalysis:
         self.config_entries: list[dict] = []
         self.crossing: pd.DataFrame | None = None
         self.parts_folder = store.workdir / "parts"
-        self.acts = PartTable(self.parts_folder, "acts", ACTS_SCHEMA)  # per segment: its GPU activities
+        self.bounds: list = []  # the time segments: (lo, hi) pairs, once `segments` has planned them
 
     def run(self, statement: str, params=None) -> None:
         self.store.run(statement, params)
@@ -314,6 +313,11 @@ class StoreAnalysis:
             last = int(cum[i])
         return sorted(set(cuts))
 
+    def segment_activities(self, j: int, columns=None) -> dict:
+        """Columns of the GPU activities launched in time segment j, in activity id order (as staged)."""
+        lo, hi = self.bounds[j]
+        return self.store.gpu.read_range(lo, hi, columns, key="launch")
+
     def segments(self, cuts: list[int]):
         """Segment by segment, the frames correlation needs (see correlate.Segment). A segment's own ranges are
         read from the parts of range_info whose starts meet it (the export's order, which nsys writes nearly in
@@ -321,7 +325,8 @@ class StoreAnalysis:
         earlier segments ending after it, carried from segment to segment."""
         store = self.store
         carried = None  # range_info columns of the ranges open at the end of the previous segment
-        for j, (lo, hi) in enumerate(chunk_bounds(cuts)):
+        self.bounds = chunk_bounds(cuts)
+        for j, (lo, hi) in enumerate(self.bounds):
             own = _by_range_id(self.range_info.read_range(lo, hi))
             if carried is not None:
                 open_rows = np.flatnonzero(carried["end"] > lo)
@@ -343,7 +348,6 @@ class StoreAnalysis:
             api = store.api_window(lo, hi)
             gpu, gpu_api = self._gpu_launched(j, lo, hi, api)
             yield Segment(lo, hi, ranges, info, api, gpu, gpu_api)
-        self.publish(self.acts)
 
     def _range_frames(self, f: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
         """range_info columns -> the ranges and their classification as correlation takes them."""
@@ -369,11 +373,9 @@ class StoreAnalysis:
         return ranges, make_frame(info)
 
     def _gpu_launched(self, j: int, lo: int, hi: int, api: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
-        """The GPU activities launched in [lo, hi) (segment j) and each one's launching call in `api`; they
-        are kept with their launches as the segment's part of `acts` (aggregation reads them from there)."""
+        """The GPU activities launched in [lo, hi) (segment j) and each one's launching call in `api`."""
         store = self.store
-        f = store.gpu.read_range(lo, hi, key="launch")  # in activity_id order, as staged
-        self.acts.append({c: f[c] for c in ACTS_COLUMNS}, tag=j)
+        f = self.segment_activities(j)
         api_id = f["api_id"]
         first = int(api["api_id"].iloc[0]) if len(api) else 0
         local = api_id - first
@@ -521,8 +523,7 @@ class StoreSink:
     def activities(self, j: int) -> dict:
         """The GPU activities launched in segment j with their owners in this domain (model_chunks.ACTIVITY_FIELDS)
         in (launch, activity_id) order."""
-        acts = self.a.acts.read(tag=j)
-        cols = {c: acts.column(c).to_numpy() for c in ACTS_COLUMNS}
+        cols = self.a.segment_activities(j, ACTS_COLUMNS)
         owner = self.gpu_owner.read(tag=j).column("instance_id").to_numpy()
         cols["owner"] = owner
         cols["owner_op"] = self.inst_op[owner].astype(np.int64)
@@ -918,7 +919,7 @@ class StoreModel:
         value = self.a.store.scalar(
             f"""SELECT greatest(
             (SELECT max("end") FROM inst_sorted_{d} WHERE start >= $1 AND start < $2),
-            (SELECT max("end") FROM acts WHERE launch >= $1 AND launch < $2))""",
+            (SELECT max("end") FROM gpu_by_launch WHERE launch >= $1 AND launch < $2))""",
             [lo, hi],
         )
         return None if value is None else int(value)
@@ -1044,7 +1045,7 @@ class DatabaseFeed:
         self.corr = corr
         for name, dm in corr.domains.items():
             sink = dm.sink
-            rest = [k for k in sink.a.acts.sources() if k not in self._owned.get(name, set())]
+            rest = [k for k in range(len(sink.a.bounds)) if k not in self._owned.get(name, set())]
             for k in rest:
                 self._tasks.put(
                     lambda name=name, sink=sink, k=k: self.writer.add_domain_model(name, None, _owners(sink, k))
@@ -1109,12 +1110,12 @@ class DatabaseFeed:
 def _owners(sink: "StoreSink", segment: int):
     """A domain's owners of one segment's GPU activities in activity id order, as frames (read on the writer's
     thread)."""
-    acts = sink.a.acts.read(tag=segment, columns=["activity_id", "api_id", "launch"])
+    acts = sink.a.segment_activities(segment, ["activity_id", "api_id", "launch"])
     owners = {
-        "activity_id": acts.column("activity_id").to_numpy(),
+        "activity_id": acts["activity_id"],
         "instance_id": sink.gpu_owner.read(tag=segment).column("instance_id").to_numpy(),
-        "api_id": acts.column("api_id").to_numpy(),
-        "launch_time": acts.column("launch").to_numpy(),
+        "api_id": acts["api_id"],
+        "launch_time": acts["launch"],
     }
     for lo in range(0, owners["activity_id"].size, WRITE_ROWS):
         yield pd.DataFrame({c: v[lo : lo + WRITE_ROWS] for c, v in owners.items()}, copy=False)
