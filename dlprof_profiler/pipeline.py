@@ -237,16 +237,19 @@ def run_store_analysis(source: Path, args: Namespace, capture: dict | None = Non
             feed = DatabaseFeed(writer, store)
             feed.raw_ranges()
 
+        def staged(trace):
+            log.info(
+                f"  {store.counts['ranges']:,} NVTX ranges, {store.counts['api']:,} CUDA API calls, "
+                f"{store.counts['gpu']:,} GPU activities, {len(trace.devices)} GPUs; "
+                f"nsys {trace.meta.get('nsys_version')}"
+            )
+            for text in trace.warnings:
+                log.warning(text)
+
+        store.on_staged = staged
         with log.stage(f"Reading {source} out of core (staged on disk in {out_dir})"):
             trace = store.load(on_read=start_database)
-        feed.raw_calls()
-        log.info(
-            f"  {store.counts['ranges']:,} NVTX ranges, {store.counts['api']:,} CUDA API calls, "
-            f"{store.counts['gpu']:,} GPU activities, {len(trace.devices)} GPUs; "
-            f"nsys {trace.meta.get('nsys_version')}"
-        )
-        for text in trace.warnings:
-            log.warning(text)
+        feed.raw_calls()  # (written once staged: the ranges are classified meanwhile)
         # each segment's GPU activity owners are written once it is correlated, the op model once complete
         # (while the analysis aggregates: the writer is the last to finish)
         result = analyze_store(

@@ -180,9 +180,13 @@ def _analyze_rank_out_of_core(task: RankTask, started: float) -> RankResult:
     store = TraceStore(source, task.database.parent / f"store_rank_{rank}")
     writer = feed = None
     try:
+
+        def staged(trace):
+            for text in trace.warnings:
+                log.warning(f"rank {rank}: {text}")
+
+        store.on_staged = staged
         trace = store.load()
-        for text in trace.warnings:
-            log.warning(f"rank {rank}: {text}")
         result = analyze_store(store, AnalysisConfig.from_args(args), str(source))
         writer = _rank_writer(task, trace, list(result.corr.domains))
         profile = _profile_info(args, source, trace, result.corr, None, store.profile_start, store.profile_end)

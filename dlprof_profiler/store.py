@@ -14,6 +14,7 @@ of a DuckDB connection for the expert systems' queries; no row is copied into Du
 from __future__ import annotations
 
 import shutil
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -150,6 +151,9 @@ class TraceStore:
         self.other_pairs = pd.DataFrame()  # distinct (name_code, long_code) of memcpys and memsets
         self._profile_start = self._profile_end = 0
         self._shared = (0, 0)
+        self._staging = self._read = None
+        self.staged = threading.Event()  # set once the API calls and GPU activities are staged (see load)
+        self.on_staged = None  # called with the trace by wait_staged, once
 
     def close(self) -> None:
         try:
@@ -198,9 +202,10 @@ class TraceStore:
 
     # -- staging --------------------------------------------------------------------------------------
     def load(self, on_read=None) -> Trace:
-        """Stage the export; return a Trace holding its small frames (the large ones live in the store).
-        `on_read(trace)` is called once the export is read, the trace's small frames are complete and the
-        ranges can be read (`frame_chunks`), before the API calls and GPU activities are staged."""
+        """Read the export; return a Trace holding its small frames (the large ones live in the store). The API
+        calls and GPU activities are then staged on a thread of their own while the caller goes on (classifying
+        the ranges, say): `wait_staged()` before using them. `on_read(trace)` is called once the export is read
+        and the trace's small frames are complete, before that staging starts."""
         src = SqliteSource(self.export, immutable=True)
         try:
             if not any(src.has(t) for t in nsys.KNOWN_NSYS_TABLES):
@@ -238,9 +243,21 @@ class TraceStore:
             if peak is not None:
                 trace.meta["gpu_peak_memory"] = peak
             trace.meta["capture_end"] = int(self.capture_end)
-            self.trace = trace
-            if on_read is not None:
-                on_read(trace)
+        finally:
+            src.close()
+        self.trace = trace
+        self.publish(self.raw_ranges, "ranges")  # (their texts: range_info has the rest, see StoreAnalysis)
+        if on_read is not None:
+            on_read(trace)
+        self._read = (ranges, api, gpu)
+        staging = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlprof-stage-calls")
+        self._staging = staging.submit(self._own_source, lambda own: self._stage_calls(own, api, gpu))
+        staging.shutdown(wait=False)
+        return trace
+
+    def _stage_calls(self, src: SqliteSource, api: dict, gpu: dict) -> None:
+        try:
+            strings = _ExportStrings(src)
             with log.stage("Staging CUDA API calls"):
                 links = self._stage_api(api, strings)
             with log.stage("Staging GPU activities and linking them to their launches"):
@@ -248,7 +265,16 @@ class TraceStore:
             del links
             release_unused_memory()
         finally:
-            src.close()
+            self.staged.set()  # (also after a failure: nothing waits forever; wait_staged raises it)
+
+    def wait_staged(self) -> Trace:
+        """Wait for the API calls and GPU activities to be staged (once; raises what staging raised); then the
+        store's counts, profile bounds, warnings and SQL views are complete."""
+        if self._staging is None:
+            return self.trace
+        staging, self._staging = self._staging, None
+        staging.result()
+        ranges, api, gpu = self._read
         self.counts = {"ranges": self.raw_ranges.rows, "api": self.api.rows, "gpu": self.gpu.rows}
         self._profile_start = min([s for s in (ranges["first"], api["first"], gpu["first"]) if s is not None] or [0])
         ends = [api["last"], gpu["last"], ranges["last"]]
@@ -258,10 +284,10 @@ class TraceStore:
         for table in (self.api, self.gpu):
             self.publish(table)
         self.publish(self.gpu, "gpu_by_launch")
-        self.publish(self.raw_ranges, "ranges")  # (their texts: range_info has the rest, see StoreAnalysis)
-        trace.warnings = self._warnings(trace)
-        self.trace = trace
-        return trace
+        self.trace.warnings = self._warnings(self.trace)
+        if self.on_staged is not None:
+            self.on_staged(self.trace)
+        return self.trace
 
     @property
     def profile_end(self) -> int:
@@ -667,6 +693,7 @@ class TraceStore:
             for cols in self.range_parts():
                 yield self.ranges_frame_of(cols)
             return
+        self.staged.wait()
         table, convert = {"api_calls": (self.api, self.api_frame_of), "gpu": (self.gpu, self.gpu_frame_of)}[frame]
         for part in table.parts:
             data = table.read_part(part)
@@ -674,7 +701,7 @@ class TraceStore:
 
     def whole_trace(self) -> Trace:
         """Every frame in memory, exactly as read_nsys_export builds them (for small stores and tests)."""
-        trace = self.trace
+        trace = self.wait_staged()
         out = Trace(
             source=trace.source,
             meta=dict(trace.meta),

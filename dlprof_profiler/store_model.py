@@ -182,7 +182,7 @@ class StoreAnalysis:
             elif kinds_seen[nm.TRT_LAYER]:
                 mode = "tensorrt"
             else:
-                mode = "nvtx" if self.store.counts["ranges"] else "simple"
+                mode = "nvtx" if self.store.raw_ranges.rows else "simple"
         return mode, corr_mod.FAMILY_OF_MODE.get(mode), config
 
     def range_labels(self) -> pd.DataFrame:
@@ -237,6 +237,7 @@ class StoreAnalysis:
     def link_launches(self) -> tuple[dict, dict]:
         """The device each thread and process launches most GPU time on (staging linked every GPU activity to
         its launching call: the store's gpu_by_launch), and the kernel name pairs' Tensor Core use."""
+        self.store.wait_staged()
         self.tc_pairs = self.store.kernel_pairs
         return dict(self.store.thread_device), dict(self.store.process_device)
 

@@ -192,6 +192,7 @@ def test_staging_does_not_depend_on_the_exports_row_order(tmp_path, monkeypatch)
     store = TraceStore(path, tmp_path / "store")
     try:
         store.load()
+        store.wait_staged()
         assert len(store.api.parts) > 5 and len(store.gpu.parts) > 5
         staged = store.whole_trace()
         for frame in ("ranges", "api_calls", "gpu"):
