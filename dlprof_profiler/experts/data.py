@@ -261,7 +261,8 @@ class MemoryData:
 
 
 class StoreData:
-    """The detectors' reads over a model in the out-of-core store (SQL; only selected rows come back)."""
+    """The detectors' reads over a model in the out-of-core store: the staged tables' part files scanned a
+    part at a time (only selected rows are kept), SQL for the small reads."""
 
     def __init__(self, sa, dm, agg, iterations):
         self.sa, self.store, self.dm, self.agg, self.iterations = sa, sa.store, dm, agg, iterations
@@ -269,6 +270,9 @@ class StoreData:
         self.d = dm.sink.d
         base = _base_names(self.store.api_names)
         self._api_base = pd.DataFrame({"name_code": np.arange(len(base), dtype=np.int64), "base": base})
+        self._base = np.append(base, "")  # (code -1: no name)
+        self._memory = None
+        self._busy = None
 
     def _with_api_names(self, query: str, params) -> pd.DataFrame:
         con = self.store.con
@@ -278,54 +282,101 @@ class StoreData:
         finally:
             con.unregister("_api_base")
 
+    def _selected(self, table, columns: list[str], keep) -> dict:
+        """The rows of a staged table that `keep(columns of a part)` selects, in the table's order."""
+        found = []
+        for part in table.parts:
+            data = table.read_part(part, columns)
+            cols = {c: data.column(c).to_numpy() for c in columns}
+            rows = np.flatnonzero(keep(cols))
+            if rows.size:
+                found.append({c: v[rows] for c, v in cols.items()})
+        if not found:
+            return {c: np.zeros(0, dtype=table.schema.field(c).type.to_pandas_dtype()) for c in columns}
+        return {c: np.concatenate([f[c] for f in found]) for c in columns}
+
+    def _owner_op(self, owners, key: str, ids: np.ndarray, times: np.ndarray) -> np.ndarray:
+        """The op of the instance owning each row (API call or GPU activity; `owners`: the sink's owner table
+        of such rows, `key` its id column), -1 where none: rows of time segment j are looked up in that
+        segment's part of the owner table (in id order)."""
+        sink = self.dm.sink
+        out = np.full(ids.size, -1, dtype=np.int64)
+        segment = sink.chunk_of(times)
+        for j in np.unique(segment).tolist():
+            rows = np.flatnonzero(segment == j)
+            part = owners.read(tag=j)
+            stored = part.column(key).to_numpy()
+            if stored.size == 0:
+                continue
+            at = np.minimum(np.searchsorted(stored, ids[rows]), stored.size - 1)
+            found = stored[at] == ids[rows]
+            owner = part.column("instance_id").to_numpy()[at[found]]
+            out[rows[found]] = sink.inst_op[owner]
+        return out
+
     def memory_ops(self) -> pd.DataFrame:
-        f = self._with_api_names(
-            f"""
-            SELECT g.kind, g.copy_kind, g.src_kind, g.dst_kind, g.bytes, g.start, g."end", g.device_id, g.api_id,
-                   coalesce(n.base, '') AS api_name, coalesce(a.start, -1) AS api_start,
-                   coalesce(a."end", -1) AS api_end, coalesce(i.op_index, -1) AS owner_op
-            FROM gpu_by_launch g LEFT JOIN api a ON a.api_id = g.api_id
-            LEFT JOIN _api_base n ON n.name_code = a.name_code
-            LEFT JOIN gpu_owner_{self.d} o ON o.activity_id = g.activity_id
-            LEFT JOIN inst_sorted_{self.d} i ON i.instance_id = o.instance_id
-            WHERE g.kind IN ({KIND_MEMCPY}, {KIND_MEMSET}) AND g.launch >= $1 AND g.launch < $2
-            ORDER BY g.activity_id""",
-            [self.lo, self.hi],
-        )
-        return f[MEMORY_COLUMNS]
+        if self._memory is None:
+            lo, hi = self.lo, self.hi
+            store, sink = self.store, self.dm.sink
+            names = ["kind", "copy_kind", "src_kind", "dst_kind", "bytes", "start", "end", "device_id"]
+            g = self._selected(
+                store.gpu,
+                names + ["api_id", "launch", "activity_id"],
+                lambda c: (
+                    ((c["kind"] == KIND_MEMCPY) | (c["kind"] == KIND_MEMSET)) & (c["launch"] >= lo) & (c["launch"] < hi)
+                ),
+            )
+            out = pd.DataFrame({c: g[c] for c in names})
+            api_id = g["api_id"].astype(np.int64)
+            has = api_id >= 0
+            calls = store.api.lookup(api_id[has], ["start", "end", "name_code"], key="api_id")
+            out["api_id"] = np.where(has, api_id, -1)
+            name = np.full(api_id.size, -1, dtype=np.int64)
+            name[has] = calls["name_code"]
+            out["api_name"] = self._base[name]
+            for c in ("start", "end"):
+                values = np.full(api_id.size, -1, dtype=np.int64)
+                values[has] = calls[c]
+                out[f"api_{c}"] = values
+            out["owner_op"] = self._owner_op(sink.gpu_owner, "activity_id", g["activity_id"], g["launch"])
+            self._memory = out[MEMORY_COLUMNS]
+        return self._memory
 
     def named_api_calls(self, names: set) -> pd.DataFrame:
-        codes = self._api_base.loc[self._api_base["base"].isin(names), "name_code"].tolist()
-        if not codes:
+        codes = self._api_base.loc[self._api_base["base"].isin(names), "name_code"].to_numpy(np.int64)
+        if not codes.size:
             return pd.DataFrame({c: [] for c in API_COLUMNS})
-        f = self._with_api_names(
-            f"""
-            SELECT a.api_id, a.start, a."end", a.global_tid, a.pid, n.base AS name, coalesce(i.op_index, -1) AS owner_op
-            FROM api a JOIN _api_base n ON n.name_code = a.name_code
-            LEFT JOIN api_owner_{self.d} o ON o.api_id = a.api_id
-            LEFT JOIN inst_sorted_{self.d} i ON i.instance_id = o.instance_id
-            WHERE a.name_code IN ({",".join(map(str, codes))}) AND a.start >= $1 AND a.start < $2
-            ORDER BY a.api_id""",
-            [self.lo, self.hi],
+        lo, hi, sink = self.lo, self.hi, self.dm.sink
+        a = self._selected(
+            self.store.api,
+            ["api_id", "start", "end", "global_tid", "pid", "name_code"],
+            lambda c: np.isin(c["name_code"], codes) & (c["start"] >= lo) & (c["start"] < hi),
         )
-        return f[API_COLUMNS]
+        out = pd.DataFrame({c: a[c] for c in ("api_id", "start", "end", "global_tid", "pid")})
+        out["name"] = self._base[a["name_code"]]
+        out["owner_op"] = self._owner_op(sink.api_owner, "api_id", a["api_id"], a["start"])
+        return out[API_COLUMNS]
+
+    def _gpu_by_device(self, keep) -> dict:
+        """Per device, (start, end, pid) of the GPU activities `keep` selects."""
+        g = self._selected(self.store.gpu, ["device_id", "start", "end", "pid"], keep)
+        return {
+            int(d): (g["start"][g["device_id"] == d], g["end"][g["device_id"] == d], g["pid"][g["device_id"] == d])
+            for d in np.unique(g["device_id"]).tolist()
+        }
 
     def gpu_gaps(self, ws: int, we: int, min_length: int) -> pd.DataFrame:
-        f = self.store.frame(
-            """
-            WITH w AS (SELECT device_id, greatest(start, $1) AS s, least("end", $2) AS e, pid FROM gpu
-                       WHERE "end" > $1 AND start < $2),
-                 r AS (SELECT device_id, s, e, max(e) OVER (PARTITION BY device_id ORDER BY s, e
-                                                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
-                       FROM w)
-            SELECT device_id, reach AS start, s AS "end" FROM r
-            WHERE reach IS NOT NULL AND s - reach >= $3 ORDER BY device_id, s""",
-            [ws, we, max(int(min_length), 1)],
-        )
-        pids = self.store.frame('SELECT DISTINCT device_id, pid FROM gpu WHERE "end" > $1 AND start < $2', [ws, we])
-        by_dev = {int(d): tuple(sorted(g["pid"].tolist())) for d, g in pids.groupby("device_id")}
-        f["pids"] = [by_dev.get(int(d), ()) for d in f["device_id"]]
-        return f
+        """MemoryData.gpu_gaps over the staged GPU activities."""
+        rows = []
+        for d, (s, e, pid) in self._gpu_by_device(lambda c: (c["end"] > ws) & (c["start"] < we)).items():
+            seg_s, seg_e = merge_intervals(np.clip(s, ws, we), np.clip(e, ws, we))
+            if seg_s.size < 2:
+                continue
+            gap_s, gap_e = seg_e[:-1], seg_s[1:]
+            long_ = (gap_e - gap_s) >= min_length
+            pids = tuple(np.unique(pid).tolist())
+            rows += [(d, int(a), int(b), pids) for a, b in zip(gap_s[long_], gap_e[long_])]
+        return pd.DataFrame(rows, columns=["device_id", "start", "end", "pids"])
 
     def cpu_activity(self, pids, t0: int, t1: int) -> dict:
         pid_list = ",".join(str(int(p)) for p in pids) or "-1"
@@ -367,28 +418,13 @@ class StoreData:
             ),
         }
 
-    def idle_after(self, times: np.ndarray, devices: np.ndarray) -> int:
-        if len(times) == 0:
-            return 0
-        con = self.store.con
-        con.register(
-            "_t",
-            pd.DataFrame({"t": np.asarray(times, dtype=np.int64), "device_id": np.asarray(devices, dtype=np.int64)}),
-        )
-        try:
-            f = self.store.frame("""
-                WITH g AS (SELECT device_id, start, max("end") OVER (PARTITION BY device_id ORDER BY start, "end"
-                                                                     ROWS UNBOUNDED PRECEDING) AS reach
-                           FROM gpu WHERE device_id IN (SELECT DISTINCT device_id FROM _t)),
-                     before AS (SELECT t.t, t.device_id, g.reach FROM _t t
-                                ASOF LEFT JOIN g ON t.device_id = g.device_id AND t.t >= g.start),
-                     nxt AS (SELECT b.t, b.device_id, b.reach, n.start AS next_start FROM before b
-                             ASOF LEFT JOIN g n ON b.device_id = n.device_id AND n.start > b.t)
-                SELECT device_id, next_start, max(next_start - t) AS idle FROM nxt
-                WHERE next_start IS NOT NULL AND (reach IS NULL OR reach <= t) GROUP BY ALL""")
-        finally:
-            con.unregister("_t")
-        return int(f["idle"].sum()) if len(f) else 0
+    def _busy_segments(self) -> dict:
+        if self._busy is None:
+            everything = self._gpu_by_device(lambda c: np.ones(c["start"].size, dtype=bool))
+            self._busy = {d: merge_intervals(s, e) for d, (s, e, _) in everything.items()}
+        return self._busy
+
+    idle_after = MemoryData.idle_after
 
     def first_shapes(self, op_indices: np.ndarray) -> dict:
         if len(op_indices) == 0:
