@@ -322,7 +322,7 @@ class TraceStore:
         t = "CUPTI_ACTIVITY_KIND_RUNTIME"
         raw = PartTable(self.workdir / "staged", "api_raw", int_schema(RAW_API), keys=("start",))
         out = {"raw": raw, "raw_end": None, "first": None, "last": None, "names": set()}
-        keep = {c: [] for c in ("rowid", "start")}
+        keep = _Columns({"rowid": np.int64, "start": np.int64}, _rows_at_most(src, [t]))
         if src.has(t):
             query = (
                 f"SELECT rowid, coalesce(start, {MISSING_TIME}), coalesce(end, {MISSING_TIME}), "
@@ -340,10 +340,10 @@ class TraceStore:
                 _track(out, "first", int(cols["start"].min()), min)
                 _track(out, "last", int(cols["end"].max()), max)
                 raw.append(cols)
-                for c in keep:
-                    keep[c].append(cols[c])
+                keep.add(rowid=cols["rowid"], start=cols["start"])
                 out["names"].update(pd.unique(cols["name_id"]).tolist())
-        out.update({c: _joined(v) for c, v in keep.items()})
+                release_unused_memory()  # the batch's, before the next one's
+        out.update(keep.arrays())
         return out
 
     def _stage_api(self, api: dict, strings) -> dict:
@@ -392,7 +392,10 @@ class TraceStore:
         memsets, each in rowid order), the columns their order and links need, and their distinct name keys."""
         raw = PartTable(self.workdir / "staged", "gpu_raw", int_schema(RAW_GPU + ["kind"]), compression="lz4")
         out = {"raw": raw, "raw_end": None, "first": None, "last": None, "devices": set(), "keys": set()}
-        keep = {c: [] for c in ("rowid", "kind", "start", "pid", "correlation_id")}
+        keep = _Columns(
+            {"rowid": np.int64, "kind": np.int8, "start": np.int64, "pid": np.int64, "correlation_id": np.int64},
+            _rows_at_most(src, [t for t, _ in GPU_TABLES]),
+        )
         for table, kind in GPU_TABLES:
             if not src.has(table):
                 continue
@@ -409,13 +412,16 @@ class TraceStore:
                 _track(out, "last", int(cols["end"].max()), max)
                 cols["kind"] = np.full(cols["start"].size, kind, dtype=np.int64)
                 raw.append(cols)
-                keep["rowid"].append(cols["rowid"])
-                keep["kind"].append(cols["kind"].astype(np.int8))
-                keep["start"].append(cols["start"])
-                keep["pid"].append(pid_of(cols["global_pid"]))
-                keep["correlation_id"].append(cols["correlation_id"])
+                keep.add(
+                    rowid=cols["rowid"],
+                    kind=cols["kind"],
+                    start=cols["start"],
+                    pid=pid_of(cols["global_pid"]),
+                    correlation_id=cols["correlation_id"],
+                )
                 out["keys"].update(_name_keys(kind, cols))
-        out.update({c: _joined(v) for c, v in keep.items()})
+                release_unused_memory()
+        out.update(keep.arrays())
         return out
 
     def _stage_gpu(self, gpu: dict, api: dict, strings) -> None:
@@ -855,10 +861,34 @@ def _track(out: dict, key: str, value: int, pick) -> None:
     out[key] = value if out.get(key) is None else pick(out[key], value)
 
 
-def _joined(arrays: list) -> np.ndarray:
-    if not arrays:
-        return np.zeros(0, dtype=np.int64)
-    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+class _Columns:
+    """Columns filled a batch at a time into arrays allocated once (no list of batches concatenated at the
+    end: that held every column twice at the peak of reading)."""
+
+    def __init__(self, dtypes: dict, capacity: int):
+        self.columns = {c: np.empty(capacity, dtype=t) for c, t in dtypes.items()}
+        self.size = 0
+
+    def add(self, **batch) -> None:
+        n = len(next(iter(batch.values())))
+        if self.size + n > len(next(iter(self.columns.values()))):  # more rows than the rowids promised
+            self.columns = {c: np.resize(v, max(2 * len(v), self.size + n)) for c, v in self.columns.items()}
+        for c, v in batch.items():
+            self.columns[c][self.size : self.size + n] = v
+        self.size += n
+
+    def arrays(self) -> dict:
+        return {c: v[: self.size] for c, v in self.columns.items()}
+
+
+def _rows_at_most(src: SqliteSource, tables: list[str]) -> int:
+    """An upper bound of the tables' rows from their rowid range (read from the b-tree's ends, no scan)."""
+    total = 0
+    for t in tables:
+        if src.has(t):
+            lo, hi = src.fetchall(f"SELECT min(rowid), max(rowid) FROM {t}")[0]
+            total += 0 if lo is None else int(hi) - int(lo) + 1
+    return total
 
 
 def _in_order(raw: PartTable, order: np.ndarray | None, columns: list[str]):
