@@ -316,6 +316,25 @@ class TraceStore:
         self.before[frame] = self.before.get(frame, 0) + start.size
         return ~(missing | reversed_)
 
+    def _kept_batches(
+        self, src: SqliteSource, query: str, columns: list, out: dict, frame: str, what: str, devices: bool = False
+    ):
+        """The query's record batches as numpy columns, rows of impossible times counted and dropped; tracks
+        the capture's first and last times (and the devices, of GPU activities) in `out`."""
+        for batch in src.record_batches(query, int_schema(columns), READ_ROWS):
+            cols = {c: batch.column(i).to_numpy() for i, c in enumerate(columns)}
+            _track_end(out, cols["end"])
+            if devices:
+                out["devices"].update(pd.unique(cols["device_id"]).tolist())
+            ok = self._count(frame, what, cols["start"], cols["end"])
+            if not ok.all():
+                cols = {c: v[ok] for c, v in cols.items()}
+            if cols["start"].size == 0:
+                continue
+            _track(out, "first", int(cols["start"].min()), min)
+            _track(out, "last", int(cols["end"].max()), max)
+            yield cols
+
     # CUDA API calls -------------------------------------------------------------------------------------
     def _read_api(self, src: SqliteSource) -> dict:
         """Raw parts of the API calls with possible times, and the columns their order and links need."""
@@ -329,16 +348,7 @@ class TraceStore:
                 f"coalesce(globalTid, 0), coalesce(correlationId, -1), coalesce(nameId, -1), "
                 f"coalesce(eventClass, 0), coalesce({src.col(t, 'returnValue', '0')}, 0) FROM {t}"
             )
-            for batch in src.record_batches(query, int_schema(RAW_API), READ_ROWS):
-                cols = {c: batch.column(i).to_numpy() for i, c in enumerate(RAW_API)}
-                _track_end(out, cols["end"])
-                ok = self._count("api_calls", "CUDA API calls", cols["start"], cols["end"])
-                if not ok.all():
-                    cols = {c: v[ok] for c, v in cols.items()}
-                if cols["start"].size == 0:
-                    continue
-                _track(out, "first", int(cols["start"].min()), min)
-                _track(out, "last", int(cols["end"].max()), max)
+            for cols in self._kept_batches(src, query, RAW_API, out, "api_calls", "CUDA API calls"):
                 raw.append(cols)
                 keep.add(rowid=cols["rowid"], start=cols["start"])
                 out["names"].update(pd.unique(cols["name_id"]).tolist())
@@ -399,17 +409,8 @@ class TraceStore:
         for table, kind in GPU_TABLES:
             if not src.has(table):
                 continue
-            for batch in src.record_batches(_gpu_query(src, table, kind), int_schema(RAW_GPU), READ_ROWS):
-                cols = {c: batch.column(i).to_numpy() for i, c in enumerate(RAW_GPU)}
-                _track_end(out, cols["end"])
-                out["devices"].update(pd.unique(cols["device_id"]).tolist())
-                ok = self._count("gpu", "GPU activities", cols["start"], cols["end"])
-                if not ok.all():
-                    cols = {c: v[ok] for c, v in cols.items()}
-                if cols["start"].size == 0:
-                    continue
-                _track(out, "first", int(cols["start"].min()), min)
-                _track(out, "last", int(cols["end"].max()), max)
+            query = _gpu_query(src, table, kind)
+            for cols in self._kept_batches(src, query, RAW_GPU, out, "gpu", "GPU activities", devices=True):
                 cols["kind"] = np.full(cols["start"].size, kind, dtype=np.int64)
                 raw.append(cols)
                 keep.add(

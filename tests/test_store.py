@@ -55,6 +55,20 @@ def _path(name, named):
     return named.get(name) or FIXTURES / name
 
 
+TRACE_FRAMES = ("ranges", "api_calls", "gpu", "devices", "threads", "processes", "io_calls", "syncs")
+
+
+def _assert_same_frames(expected, staged, frames) -> None:
+    for frame in frames:
+        pd.testing.assert_frame_equal(
+            getattr(expected, frame).reset_index(drop=True),
+            getattr(staged, frame).reset_index(drop=True),
+            check_dtype=False,
+            check_categorical=False,
+            obj=frame,
+        )
+
+
 @pytest.mark.parametrize("name", ["training", "damaged"] + FIXTURE_NAMES)
 def test_staged_frames_equal_the_in_memory_ingest(name, named, tmp_path):
     path = _path(name, named)
@@ -63,14 +77,7 @@ def test_staged_frames_equal_the_in_memory_ingest(name, named, tmp_path):
     try:
         store.load()
         staged = store.whole_trace()
-        for frame in ("ranges", "api_calls", "gpu", "devices", "threads", "processes", "io_calls", "syncs"):
-            pd.testing.assert_frame_equal(
-                getattr(expected, frame).reset_index(drop=True),
-                getattr(staged, frame).reset_index(drop=True),
-                check_dtype=False,
-                check_categorical=False,
-                obj=frame,
-            )
+        _assert_same_frames(expected, staged, TRACE_FRAMES)
         for attr in ("meta", "system", "domain_map", "warnings", "has_cuda_tables", "has_nvtx"):
             assert getattr(expected, attr) == getattr(staged, attr), attr
         if name == "damaged":  # the damage is there: 2 ranges, 1 API call, 2 kernels dropped; one id shared
@@ -195,14 +202,7 @@ def test_staging_does_not_depend_on_the_exports_row_order(tmp_path, monkeypatch)
         store.wait_staged()
         assert len(store.api.parts) > 5 and len(store.gpu.parts) > 5
         staged = store.whole_trace()
-        for frame in ("ranges", "api_calls", "gpu"):
-            pd.testing.assert_frame_equal(
-                getattr(expected, frame).reset_index(drop=True),
-                getattr(staged, frame).reset_index(drop=True),
-                check_dtype=False,
-                check_categorical=False,
-                obj=frame,
-            )
+        _assert_same_frames(expected, staged, ("ranges", "api_calls", "gpu"))
         linked = store.frame("SELECT activity_id, api_id FROM gpu_by_launch ORDER BY activity_id")
     finally:
         store.close()
