@@ -18,6 +18,7 @@ from dlprof_profiler import __version__, report_format
 from dlprof_profiler.aggregate import Aggregation
 from dlprof_profiler.atomic import atomic_path
 from dlprof_profiler.report_format import SectionWriters, Table
+from dlprof_profiler.trace import LAUNCH_SHAPE
 
 REPORT_FILES = {
     "summary": "summary",
@@ -397,12 +398,7 @@ LAUNCH_NUMBERS = (
     "api_start",
     "api_duration",
     "uses_tc",
-    "grid_x",
-    "grid_y",
-    "grid_z",
-    "block_x",
-    "block_y",
-    "block_z",
+    *LAUNCH_SHAPE,
 )
 LAUNCH_COLUMNS = LAUNCH_NUMBERS + LAUNCH_CODES
 

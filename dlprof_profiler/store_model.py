@@ -18,7 +18,7 @@ from dlprof_profiler.model_chunks import ACTIVITY_FIELDS, INSTANCE_FIELDS, TIME_
 from dlprof_profiler.parts import PartTable, int_schema, read_part
 from dlprof_profiler.process_memory import release_unused_memory
 from dlprof_profiler.store import TraceStore
-from dlprof_profiler.trace import KIND_KERNEL, make_frame
+from dlprof_profiler.trace import KIND_KERNEL, LAUNCH_SHAPE, make_frame
 
 INFO_TEXT = [
     "label",
@@ -63,12 +63,7 @@ SORTED_SCHEMA = pa.schema(
 # what aggregation reads of each segment's GPU activities (those launched in it, read from the staged
 # gpu_by_launch in activity id order: every domain's owners of them were written in that order)
 ACTS_COLUMNS = [c for c in ACTIVITY_FIELDS if c not in ("owner", "owner_op", "owner_start")] + [
-    "grid_x",
-    "grid_y",
-    "grid_z",
-    "block_x",
-    "block_y",
-    "block_z",
+    *LAUNCH_SHAPE,
     "long_code",
 ]
 CLASSIFY_BATCH = 1 << 20

@@ -17,6 +17,7 @@ DEFAULT_DOMAIN = "default"
 MISSING_TIME = -(2**63)
 
 RANGE_COLUMNS = ["range_id", "domain", "text", "start", "end", "global_tid", "pid", "event_type", "unclosed"]
+LAUNCH_SHAPE = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]  # a kernel launch's grid and block
 API_COLUMNS = ["api_id", "name", "start", "end", "global_tid", "pid", "correlation_id", "event_class", "return_value"]
 GPU_COLUMNS = [
     "activity_id",
@@ -30,12 +31,7 @@ GPU_COLUMNS = [
     "context_id",
     "pid",
     "correlation_id",
-    "grid_x",
-    "grid_y",
-    "grid_z",
-    "block_x",
-    "block_y",
-    "block_z",
+    *LAUNCH_SHAPE,
     "registers",
     "static_smem",
     "dynamic_smem",
