@@ -23,7 +23,7 @@ from dlprof_profiler.analysis import (
     reanalyze,
 )
 from dlprof_profiler.errors import DLProfError
-from dlprof_profiler.process_memory import avoid_huge_pages
+from dlprof_profiler.process_memory import avoid_huge_pages, reuse_freed_memory
 from dlprof_profiler.outputs import Staging, prepare_output_dir, refuse_existing
 from dlprof_profiler.sanitize import sanitize_trace
 from dlprof_profiler.sqlite_source import check_sqlite_file
@@ -138,6 +138,7 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
     if out_of_core(source, args):
         return run_store_analysis(source, args, capture)
     avoid_huge_pages()  # its large short-lived arrays fault in faster as ordinary pages (process_memory.py)
+    reuse_freed_memory()  # and fault in once, not again after every free (process_memory.py)
     started = time.perf_counter()
     out_dir = prepare_output_dir(Path(args.output_path))
     refuse_existing(planned_outputs(args), args.force)

@@ -10,7 +10,13 @@ s without; user time +0.3 s; wall 0.5-1.2 s shorter). The process keeps using or
 An out-of-core analysis works a part of the profile at a time, but the allocators keep what it frees for
 reuse: Arrow's (mimalloc) and glibc's malloc (one arena per thread). After staging 3·10^6 kernels on four
 threads, 0.8 GB of the process's 1.0 GB was such free memory. Handing it back between stages keeps the peak
-the size of the largest stage's work."""
+the size of the largest stage's work.
+
+The in-memory analysis does the opposite with glibc's malloc: it keeps what it frees (up to 32 MB a block) for
+reuse instead of handing each block back and faulting fresh pages in for the next (`reuse_freed_memory`). At
+10^6 kernels that halved the page faults (1.3 -> 0.7 million) and the system time (5.0 -> 3.3 s) for 0.2 GB
+more at the peak; at 1.5·10^6 kernels, the largest profile analysed in memory by default, 3.51 GB against
+3.46 GB, 24.4 s against 26.3 s."""
 
 from __future__ import annotations
 
@@ -19,6 +25,8 @@ import ctypes.util
 import sys
 
 PR_SET_THP_DISABLE = 41  # linux/prctl.h, Linux 3.15+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # malloc.h
+REUSED_BLOCK = 32 << 20  # glibc's largest mmap threshold on 64-bit: larger blocks are always mapped apart
 
 
 def avoid_huge_pages() -> bool:
@@ -45,3 +53,16 @@ def release_unused_memory() -> None:
             libc.malloc_trim(0)
         except (OSError, AttributeError):  # not glibc: nothing to trim
             pass
+
+
+def reuse_freed_memory() -> bool:
+    """Keep glibc's freed blocks of up to 32 MB in the heap for reuse, never trimming its top (see the module
+    docstring); False where that is not possible (not glibc)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        # a fixed threshold (glibc's own adapts, and trims the heap's top above twice it)
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, REUSED_BLOCK)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 0x7FFFFFFF))
+    except (OSError, AttributeError):
+        return False

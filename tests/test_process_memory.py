@@ -26,3 +26,41 @@ def test_huge_pages_off_for_the_process_after_the_call():
     assert turned_off is True
     if before:  # Linux 5.x and later report it in /proc/<pid>/status
         assert before == ["1"] and after == ["0"]
+
+
+# A 20 MB block allocated, touched and freed twice in a fresh process. glibc maps the first apart (above its
+# initial 128 KB threshold) and the second, after raising the threshold, from a heap top it has not touched
+# yet: both fault their pages in. With reuse_freed_memory the first comes from the heap and the second reuses
+# its pages: next to no faults.
+REUSE_PROBE = """
+import ctypes, ctypes.util, json, resource, sys
+from dlprof_profiler.process_memory import reuse_freed_memory
+libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+size = 20 << 20
+done = reuse_freed_memory() if sys.argv[1] == "reuse" else None
+faults = []
+for _ in range(2):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    block = libc.malloc(size)
+    ctypes.memset(block, 1, size)
+    libc.free(block)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps([done, faults]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_freed_blocks_are_reused_after_the_call():
+    def probe(mode):
+        done = subprocess.run([sys.executable, "-c", REUSE_PROBE, mode], capture_output=True, text=True, check=True)
+        return json.loads(done.stdout)
+
+    pages = (20 << 20) // 4096
+    _, default_faults = probe("default")
+    assert default_faults[1] > pages // 2  # glibc's own setting: the second block faults its pages in again
+    done, reuse_faults = probe("reuse")
+    assert done is True
+    assert reuse_faults[0] > pages // 2  # the first block is new memory either way
+    assert reuse_faults[1] < pages // 20  # the second reuses the first's pages
