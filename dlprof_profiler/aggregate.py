@@ -20,7 +20,7 @@ from dlprof_profiler.correlate import BACKWARD_PASS, RANGE_OP, SCOPE_OP, UNASSOC
 from dlprof_profiler.intervals import StreamingUnion, covered_length, merge_intervals
 from dlprof_profiler.iterate import Iterations
 from dlprof_profiler.tensor_cores import precision_by_op
-from dlprof_profiler.trace import KIND_KERNEL, Trace, make_frame, obj
+from dlprof_profiler.trace import KIND_KERNEL, LAUNCH_SHAPE, Trace, make_frame, obj
 
 CLASSES = ("tc", "non_tc", "memory", "dataloader", "io", "cpu", "other")
 HALF_PRECISION = ("float16", "half", "bfloat16", "float8_e4m3fn", "float8_e5m2")
@@ -185,7 +185,8 @@ class Accumulator:
                     )
                 )
         self._summary_kernels(acts, sel_act, kernel, uses_tc, dur)
-        launches = _launch_rows(acts[sel_act & kernel], act_iter[sel_act & kernel])
+        launched = acts[sel_act & kernel]
+        launches = _launch_rows(launched, act_iter[sel_act & kernel])
         if len(launches):
             self.kernel_parts.append(_kernel_partial(launches))
             self.tc_parts.append(
@@ -196,7 +197,7 @@ class Accumulator:
             self.tc_names.append(launches[["op_index", "name_code", "uses_tc"]].drop_duplicates())
             self._launch_facts(launches)
             if callable(self.keep_launches):  # a sink (an out-of-core run spills them)
-                self.keep_launches(launches, chunk)
+                self.keep_launches(launches, launched)
             elif self.keep_launches:
                 self.agg.launch_chunks.append(launches)
         self.groups.flush(chunk.hi)
@@ -433,7 +434,7 @@ def with_launch_details(launches: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFra
     for column in ("name", "long_name"):
         cats = gpu[column].cat.categories.to_numpy(dtype=object) if len(gpu) else np.zeros(0, dtype=object)
         out[column] = obj(cats[gpu[column].cat.codes.to_numpy()[rows]] if len(rows) else [], out.index)
-    for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"):
+    for c in LAUNCH_SHAPE:
         out[c] = gpu[c].to_numpy()[rows]
     return out
 

@@ -292,8 +292,7 @@ def analyze_store(
     source_name = source_name or str(store.export)
     stages = _Stages()
     sa = StoreAnalysis(store)
-    # the domains do not depend on the classification (only --mode simple or no ranges give one "default"):
-    # the database writer starts on the raw facts now, while the ranges are classified and linked
+    # the domains do not depend on the classification (only --mode simple or no ranges give one "default")
     domains = sa.domain_order(config.mode)
     mode, family, run_config = stages.run("Classifying NVTX ranges", lambda: sa.classify(config.mode))
     release_unused_memory()
@@ -360,7 +359,7 @@ def analyze_store(
     device_pids = sa.device_pids()
 
     def aggregate_domain(dm):
-        spill = LaunchSpill(sa, dm.sink, 0)  # the iteration report's rows, read back when it is written
+        spill = LaunchSpill(dm.sink)  # the iteration report's rows, read back when it is written
         agg = aggregate_model(
             StoreModel(sa, dm, mode, device_ids, device_pids, trace.io_calls),
             iterations,

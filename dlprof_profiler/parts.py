@@ -78,9 +78,9 @@ class PartTable:
     def read_part(self, part: Part, columns=None) -> pa.Table:
         return read_part(part.path, columns, self.schema)
 
-    def read_range(self, lo: int, hi: int, columns=None, key: str | None = None) -> dict:
+    def read_range(self, lo: int, hi: int, columns=None, key: str | None = None, where=None) -> dict:
         """Numpy columns of the rows whose key is in [lo, hi), from the parts whose key range meets it, in the
-        parts' order."""
+        parts' order; `where(columns of a part)`: a mask of the rows to keep besides (read as `columns`)."""
         key = key or self.keys[0]
         names = list(self.schema.names if columns is None else columns)
         wanted = names if key in names else names + [key]
@@ -90,12 +90,16 @@ class PartTable:
             if high < lo or low >= hi:
                 continue
             table = self.read_part(p, wanted)
-            if low >= lo and high < hi:
-                found.append({c: _numpy(table.column(c)) for c in names})
-            else:
-                values = _numpy(table.column(key))
-                rows = np.flatnonzero((values >= lo) & (values < hi))
-                found.append({c: _numpy(table.column(c))[rows] for c in names})
+            cols = {c: _numpy(table.column(c)) for c in wanted}
+            if low >= lo and high < hi and where is None:
+                found.append({c: cols[c] for c in names})
+                continue
+            keep = (cols[key] >= lo) & (cols[key] < hi)
+            if where is not None:
+                keep &= where(cols)
+            rows = np.flatnonzero(keep)
+            if rows.size:
+                found.append({c: cols[c][rows] for c in names})
         if not found:
             return {c: np.zeros(0, dtype=self.schema.field(c).type.to_pandas_dtype()) for c in names}
         if len(found) == 1:

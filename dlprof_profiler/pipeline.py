@@ -153,8 +153,7 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
     )
     for text in trace.warnings:
         log.warning(text)
-    if capture and capture.get("nsys_build"):
-        trace.meta["nsys_build"] = capture["nsys_build"]  # the nsys that captured it, with its build suffix
+    _stamp_capture(trace, capture)
     staging = Staging(out_dir)
     writer = None
     try:
@@ -174,6 +173,12 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
     except BaseException:
         staging.discard_after(writer)
         raise
+
+
+def _stamp_capture(trace, capture: dict | None) -> None:
+    """Record the nsys that captured the trace, with its build suffix (the export's metadata lacks it)."""
+    if capture and capture.get("nsys_build"):
+        trace.meta["nsys_build"] = capture["nsys_build"]
 
 
 def out_of_core(source: Path, args: Namespace) -> bool:
@@ -230,8 +235,7 @@ def run_store_analysis(source: Path, args: Namespace, capture: dict | None = Non
             # the raw facts are written from the store while the rest is staged and analysed (as the in-memory
             # path writes them while it analyses)
             nonlocal writer, feed
-            if capture and capture.get("nsys_build"):
-                trace.meta["nsys_build"] = capture["nsys_build"]
+            _stamp_capture(trace, capture)
             header = database.Header.from_trace(trace, database.domain_ids_for(store.domain_order(args.mode)))
             # every row comes at once from the store: the indexes are cheaper built once, sorted, after them
             writer = database.DatabaseWriter(staging.path(database_path(args)), header, deferred_indexes=True)

@@ -22,11 +22,18 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import sys
 
 PR_SET_THP_DISABLE = 41  # linux/prctl.h, Linux 3.15+
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # malloc.h
 REUSED_BLOCK = 32 << 20  # glibc's largest mmap threshold on 64-bit: larger blocks are always mapped apart
+
+
+@functools.cache
+def _libc():
+    """The C library, looked up once (find_library runs ldconfig: milliseconds, and this is called per batch)."""
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
 def avoid_huge_pages() -> bool:
@@ -35,8 +42,7 @@ def avoid_huge_pages() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        return libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0
+        return _libc().prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
 
@@ -49,8 +55,7 @@ def release_unused_memory() -> None:
     pa.default_memory_pool().release_unused()
     if sys.platform.startswith("linux"):
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            libc.malloc_trim(0)
+            _libc().malloc_trim(0)
         except (OSError, AttributeError):  # not glibc: nothing to trim
             pass
 
@@ -61,7 +66,7 @@ def reuse_freed_memory() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = _libc()
         # a fixed threshold (glibc's own adapts, and trims the heap's top above twice it)
         return bool(libc.mallopt(M_MMAP_THRESHOLD, REUSED_BLOCK)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 0x7FFFFFFF))
     except (OSError, AttributeError):

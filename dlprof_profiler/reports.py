@@ -538,7 +538,7 @@ def launch_rows(agg: Aggregation, instances: pd.DataFrame, ops: pd.DataFrame, gp
             codes, instance_text[c] = pd.factorize(instances[c].to_numpy(dtype=object)[inst], use_na_sentinel=True)
             by_launch[c] = codes.astype(np.int64)
         by_activity["long_kernel_name"] = gpu["long_name"].cat.codes.to_numpy(np.int64)
-        for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"):
+        for c in LAUNCH_SHAPE:
             by_activity[c] = gpu[c].to_numpy()
         by_launch["kernel_name"] = launches["name_code"].to_numpy(np.int64)
         for c in (

@@ -29,7 +29,15 @@ from dlprof_profiler.correlate import launch_rows
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.parts import PartTable, int_schema
 from dlprof_profiler.process_memory import release_unused_memory
-from dlprof_profiler.sanitize import Dropped, invalid_rows
+from dlprof_profiler.sanitize import (
+    CORE_FRAMES,
+    TIMED_FRAMES,
+    Dropped,
+    drop_invalid_times,
+    drop_warnings,
+    invalid_rows,
+    shared_correlation_ids,
+)
 from dlprof_profiler.sqlite_source import SqliteSource
 from dlprof_profiler.tensor_cores import kernel_uses_tc
 from dlprof_profiler.trace import (
@@ -112,7 +120,6 @@ class TraceStore:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.path = self.workdir / "trace.duckdb"
-        self.memory_limit = memory_limit
         tmp = self.workdir / "spill"
         tmp.mkdir(exist_ok=True)
         self.con = duckdb.connect(str(self.path))
@@ -192,10 +199,6 @@ class TraceStore:
     def frame(self, query: str, params=None) -> pd.DataFrame:
         return self.sql(query, params).df()
 
-    def columns(self, query: str, params=None) -> dict:
-        """A query's result as numpy arrays by column."""
-        return self.sql(query, params).fetchnumpy()
-
     # -- staging --------------------------------------------------------------------------------------
     def load(self, on_read=None) -> Trace:
         """Read the export; return a Trace holding its small frames (the large ones live in the store). The API
@@ -218,13 +221,11 @@ class TraceStore:
             trace.has_cuda_tables = any(src.has(t) for t in ("CUPTI_ACTIVITY_KIND_RUNTIME", *dict(GPU_TABLES)))
             with log.stage("Reading the NVTX ranges, CUDA API calls and GPU activities"):
                 with ThreadPoolExecutor(max_workers=4, thread_name_prefix="dlprof-stage") as pool:
-                    ranges = pool.submit(self._own_source, self._read_ranges)
-                    latest = pool.submit(self._own_source, _latest_nvtx)
-                    gpu = pool.submit(self._own_source, self._read_gpu)
+                    ranges = pool.submit(nsys._with_own_source, self.export, self._read_ranges)
+                    latest = pool.submit(nsys._with_own_source, self.export, _latest_nvtx)
+                    gpu = pool.submit(nsys._with_own_source, self.export, self._read_gpu)
                     api = self._read_api(src)
                     gpu, ranges, latest = gpu.result(), ranges.result(), latest.result()
-            from dlprof_profiler.sanitize import drop_invalid_times
-
             trace.syncs, self.drops["syncs"] = drop_invalid_times(nsys.read_syncs(src), "GPU synchronizations", "syncs")
             trace.io_calls, self.drops["io_calls"] = drop_invalid_times(
                 nsys.read_io_calls(src, strings), "I/O calls", "io_calls"
@@ -247,7 +248,7 @@ class TraceStore:
             on_read(trace)
         self._read = (ranges, api, gpu)
         staging = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlprof-stage-calls")
-        self._staging = staging.submit(self._own_source, lambda own: self._stage_calls(own, api, gpu))
+        self._staging = staging.submit(nsys._with_own_source, self.export, self._stage_calls, api, gpu)
         staging.shutdown(wait=False)
         return trace
 
@@ -293,13 +294,6 @@ class TraceStore:
     def profile_start(self) -> int:
         """Start of the first recorded event (Trace.profile_start)."""
         return self._profile_start
-
-    def _own_source(self, read):
-        src = SqliteSource(self.export, immutable=True)
-        try:
-            return read(src)
-        finally:
-            src.close()
 
     def _count(self, frame: str, what: str, start: np.ndarray, end: np.ndarray, closed=None) -> np.ndarray:
         """Rows with possible times (sanitize.invalid_rows; `closed`: where `end` is a real end), counted."""
@@ -387,8 +381,6 @@ class TraceStore:
             links["start"][part], links["end"][part] = cols["start"], cols["end"]
             links["tid"][part], links["name"][part] = cols["global_tid"], name_code
         raw.drop()
-        from dlprof_profiler.sanitize import shared_correlation_ids
-
         self._shared = shared_correlation_ids(pd.DataFrame({k: links[k] for k in ("pid", "correlation_id")}))
         return links
 
@@ -469,14 +461,18 @@ class TraceStore:
             for c in GPU_STORED:
                 if c not in staged:
                     staged[c] = cols[c]
-            staged.update(
-                api_id=np.where(has, link, -1),
-                launch=np.where(has, api["start"][at], cols["start"]) if api["start"].size else cols["start"],
-                api_duration=np.where(has, api["end"][at] - api["start"][at], -1) if has.any() else np.full(m, -1),
-                api_tid=np.where(has, api["tid"][at], -1) if has.any() else np.full(m, -1),
-                api_name=np.where(has, api["name"][at], -1) if has.any() else np.full(m, -1),
-                uses_tc=uses,
-            )
+            if has.any():
+                call_start = api["start"][at]
+                linked = {
+                    "launch": np.where(has, call_start, cols["start"]),
+                    "api_duration": np.where(has, api["end"][at] - call_start, -1),
+                    "api_tid": np.where(has, api["tid"][at], -1),
+                    "api_name": np.where(has, api["name"][at], -1),
+                }
+            else:
+                none = np.full(m, -1)
+                linked = {"launch": cols["start"], "api_duration": none, "api_tid": none, "api_name": none}
+            staged.update(api_id=np.where(has, link, -1), uses_tc=uses, **linked)
             self.gpu.append(staged)
             busy = cols["end"] - cols["start"] + 1
             _add_sums(by_thread, staged["api_tid"], cols["device_id"], busy, staged["api_tid"] >= 0)
@@ -622,8 +618,6 @@ class TraceStore:
     # facts --------------------------------------------------------------------------------------------
     def _warnings(self, trace: Trace) -> list[str]:
         """The ingest's warnings (counts as staged) and sanitize.py's (rows dropped, shared correlation ids)."""
-        from dlprof_profiler.sanitize import CORE_FRAMES, TIMED_FRAMES, drop_warnings
-
         path = self.export
         out = []
         if not trace.has_cuda_tables:
@@ -952,6 +946,7 @@ class _ExportStrings:
             chunk = ",".join(str(int(i)) for i in distinct[lo : lo + 500])
             for i, value in self.src.fetchall(f"SELECT id, value FROM StringIds WHERE id IN ({chunk})"):
                 found[int(i)] = value if value is not None else ""
-        for pos, i in enumerate(ids.tolist()):
-            out[pos] = found.get(i)
-        return out
+        keys, inverse = np.unique(ids, return_inverse=True)
+        values = np.empty(keys.size, dtype=object)
+        values[:] = [found.get(i) for i in keys.tolist()]
+        return values[inverse]

@@ -66,7 +66,6 @@ ACTS_COLUMNS = [c for c in ACTIVITY_FIELDS if c not in ("owner", "owner_op", "ow
     *LAUNCH_SHAPE,
     "long_code",
 ]
-CLASSIFY_BATCH = 1 << 20
 # the ranges' own columns range_info holds (as the store's `ranges` table types them)
 RANGE_COLUMNS = [
     ("range_id", pa.int64()),
@@ -126,12 +125,8 @@ class StoreAnalysis:
         self.store = store
         self.pool = StringPool()
         self.config_entries: list[dict] = []
-        self.crossing: pd.DataFrame | None = None
         self.parts_folder = store.workdir / "parts"
         self.bounds: list = []  # the time segments: (lo, hi) pairs, once `segments` has planned them
-
-    def run(self, statement: str, params=None) -> None:
-        self.store.run(statement, params)
 
     def publish(self, table: PartTable) -> None:
         """Make a complete part table queryable by its name (TraceStore.publish)."""
@@ -719,14 +714,11 @@ def _apply_patch(cols: dict, ids: np.ndarray, patch: pd.DataFrame, patch_ids: np
             column[rows[given]] = values.to_numpy(dtype=np.int64, na_value=0)[at[given]]
 
 
-LAUNCH_FIELDS = tuple(LAUNCH_COLUMNS)  # aggregate._launch_rows
-
-
 # what a kernel-launch row of the iteration report takes from its GPU activity and from its launching instance
-LAUNCH_ACTIVITY = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "long_code"]
+LAUNCH_ACTIVITY = [*LAUNCH_SHAPE, "long_code"]
 LAUNCH_INSTANCE = ["data_type", "input_shapes", "parameters", "output_shapes"]
 LAUNCH_SPILL_SCHEMA = pa.schema(
-    [(c, pa.bool_() if c == "uses_tc" else pa.int64()) for c in LAUNCH_FIELDS]
+    [(c, pa.bool_() if c == "uses_tc" else pa.int64()) for c in LAUNCH_COLUMNS]  # aggregate._launch_rows
     + [("seq", pa.int64())]
     + [(c, pa.int64()) for c in LAUNCH_ACTIVITY]
     + [(c, pa.from_numpy_dtype(CODE_TYPE[1])) for c in LAUNCH_INSTANCE]
@@ -739,19 +731,18 @@ class LaunchSpill:
     """The kernel-launch rows of one aggregation of one domain, spilled chunk by chunk (the aggregation's
     `keep_launches` sink) with everything the iteration report shows of them, and read back in its order."""
 
-    def __init__(self, analysis: StoreAnalysis, sink: "StoreSink", serial: int):
-        self.a, self.sink = analysis, sink
-        self.parts = PartTable(analysis.parts_folder, f"launches_{sink.d}_{serial}", LAUNCH_SPILL_SCHEMA)
+    def __init__(self, sink: "StoreSink"):
+        self.sink = sink
+        self.parts = PartTable(sink.a.parts_folder, f"launches_{sink.d}", LAUNCH_SPILL_SCHEMA)
         self.rows = 0
 
-    def __call__(self, launches: pd.DataFrame, chunk) -> None:
-        frame = {c: launches[c].to_numpy() for c in LAUNCH_FIELDS}
+    def __call__(self, launches: pd.DataFrame, launched: pd.DataFrame) -> None:
+        """The launch rows of a chunk (aggregate._launch_rows) and the GPU activities they come from, row by row."""
+        frame = {c: launches[c].to_numpy() for c in LAUNCH_COLUMNS}
         frame["seq"] = self.rows + np.arange(len(launches), dtype=np.int64)  # launch order breaks ties
         self.rows += len(launches)
-        acts = chunk.acts
-        at = pd.Index(acts["activity_id"].to_numpy(np.int64)).get_indexer(frame["activity_id"])
         for c in LAUNCH_ACTIVITY:
-            frame[c] = acts[c].to_numpy(np.int64)[at]
+            frame[c] = launched[c].to_numpy(np.int64)
         codes = self.sink.instance_values(frame["instance"], [f"{c}_code" for c in LAUNCH_INSTANCE])
         for c in LAUNCH_INSTANCE:
             frame[c] = codes[f"{c}_code"]
@@ -791,7 +782,7 @@ class LaunchSpill:
         first = pd.DataFrame(
             {"op_index": ops["op_index"].to_numpy(np.int64), "first_start": ops["first_start"].to_numpy(np.int64)}
         )
-        reader = self.a.cursor()
+        reader = self.sink.a.cursor()
         try:
             self.parts.register(reader, "_launches")
             reader.register("_op_first", first)
@@ -815,7 +806,7 @@ def _report_columns(cols: dict) -> dict:
     """Spilled launch rows -> reports.LAUNCH_COLUMNS."""
     out = {c: cols[c] for c in ("iteration", "device_id", "gpu_start", "gpu_duration", "api_start", "api_duration")}
     out["uses_tc"] = cols["uses_tc"].astype(bool)
-    for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "op_index"):
+    for c in (*LAUNCH_SHAPE, "op_index"):
         out[c] = cols[c]
     out["kernel_name"] = cols["name_code"]  # codes into the sorted distinct names
     out["long_kernel_name"] = cols["long_code"]

@@ -2,6 +2,7 @@
 the staged frames equal read_nsys_export's, and every aggregation table and finding is the same however
 the profile is split into segments."""
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -126,7 +127,6 @@ def test_iteration_report_rows_are_ordered_alike_in_memory_and_by_duckdb(name, n
     REPORT_SORT_ROWS (the whole profile, when it has no key node) is ordered by DuckDB instead: the same rows
     in the same order either way (the in-memory order is compared with the in-memory engine's byte for byte
     by the report tests above)."""
-    import numpy as np
 
     from dlprof_profiler import store_model
 
@@ -177,8 +177,6 @@ def test_staging_does_not_depend_on_the_exports_row_order(tmp_path, monkeypatch)
     the launch correlate.link_gpu_to_api finds."""
     import shutil
     import sqlite3
-
-    import numpy as np
 
     from dlprof_profiler import store as store_module
     from dlprof_profiler.correlate import link_gpu_to_api

@@ -15,6 +15,7 @@ import pandas as pd
 from dlprof_profiler.intervals import merge_intervals
 from dlprof_profiler.trace import KIND_MEMCPY, KIND_MEMSET
 
+EVER = int(np.iinfo(np.int64).max)  # a time bound beyond any time
 _API_SUFFIX = re.compile(r"(?:_ptsz|_ptds)?(?:_v\d+)?$")
 
 
@@ -282,19 +283,6 @@ class StoreData:
         finally:
             con.unregister("_api_base")
 
-    def _selected(self, table, columns: list[str], keep) -> dict:
-        """The rows of a staged table that `keep(columns of a part)` selects, in the table's order."""
-        found = []
-        for part in table.parts:
-            data = table.read_part(part, columns)
-            cols = {c: data.column(c).to_numpy() for c in columns}
-            rows = np.flatnonzero(keep(cols))
-            if rows.size:
-                found.append({c: v[rows] for c, v in cols.items()})
-        if not found:
-            return {c: np.zeros(0, dtype=table.schema.field(c).type.to_pandas_dtype()) for c in columns}
-        return {c: np.concatenate([f[c] for f in found]) for c in columns}
-
     def _owner_op(self, owners, key: str, ids: np.ndarray, times: np.ndarray) -> np.ndarray:
         """The op of the instance owning each row (API call or GPU activity; `owners`: the sink's owner table
         of such rows, `key` its id column), -1 where none: rows of time segment j are looked up in that
@@ -319,25 +307,20 @@ class StoreData:
             lo, hi = self.lo, self.hi
             store, sink = self.store, self.dm.sink
             names = ["kind", "copy_kind", "src_kind", "dst_kind", "bytes", "start", "end", "device_id"]
-            g = self._selected(
-                store.gpu,
-                names + ["api_id", "launch", "activity_id"],
-                lambda c: (
-                    ((c["kind"] == KIND_MEMCPY) | (c["kind"] == KIND_MEMSET)) & (c["launch"] >= lo) & (c["launch"] < hi)
-                ),
+            # each activity was staged with its launching call's id, start, duration and name (-1: none)
+            g = store.gpu.read_range(
+                lo,
+                hi,
+                names + ["api_id", "launch", "api_duration", "api_name", "activity_id"],
+                key="launch",
+                where=lambda c: (c["kind"] == KIND_MEMCPY) | (c["kind"] == KIND_MEMSET),
             )
             out = pd.DataFrame({c: g[c] for c in names})
-            api_id = g["api_id"].astype(np.int64)
-            has = api_id >= 0
-            calls = store.api.lookup(api_id[has], ["start", "end", "name_code"], key="api_id")
-            out["api_id"] = np.where(has, api_id, -1)
-            name = np.full(api_id.size, -1, dtype=np.int64)
-            name[has] = calls["name_code"]
-            out["api_name"] = self._base[name]
-            for c in ("start", "end"):
-                values = np.full(api_id.size, -1, dtype=np.int64)
-                values[has] = calls[c]
-                out[f"api_{c}"] = values
+            has = g["api_id"] >= 0
+            out["api_id"] = g["api_id"]
+            out["api_name"] = self._base[g["api_name"]]
+            out["api_start"] = np.where(has, g["launch"], -1)
+            out["api_end"] = np.where(has, g["launch"] + g["api_duration"], -1)
             out["owner_op"] = self._owner_op(sink.gpu_owner, "activity_id", g["activity_id"], g["launch"])
             self._memory = out[MEMORY_COLUMNS]
         return self._memory
@@ -347,19 +330,21 @@ class StoreData:
         if not codes.size:
             return pd.DataFrame({c: [] for c in API_COLUMNS})
         lo, hi, sink = self.lo, self.hi, self.dm.sink
-        a = self._selected(
-            self.store.api,
+        a = self.store.api.read_range(
+            lo,
+            hi,
             ["api_id", "start", "end", "global_tid", "pid", "name_code"],
-            lambda c: np.isin(c["name_code"], codes) & (c["start"] >= lo) & (c["start"] < hi),
+            key="start",
+            where=lambda c: np.isin(c["name_code"], codes),
         )
         out = pd.DataFrame({c: a[c] for c in ("api_id", "start", "end", "global_tid", "pid")})
         out["name"] = self._base[a["name_code"]]
         out["owner_op"] = self._owner_op(sink.api_owner, "api_id", a["api_id"], a["start"])
         return out[API_COLUMNS]
 
-    def _gpu_by_device(self, keep) -> dict:
-        """Per device, (start, end, pid) of the GPU activities `keep` selects."""
-        g = self._selected(self.store.gpu, ["device_id", "start", "end", "pid"], keep)
+    def _gpu_by_device(self, before: int = EVER, keep=None) -> dict:
+        """Per device, (start, end, pid) of the GPU activities starting before `before` that `keep` selects."""
+        g = self.store.gpu.read_range(-EVER, before, ["device_id", "start", "end", "pid"], key="start", where=keep)
         return {
             int(d): (g["start"][g["device_id"] == d], g["end"][g["device_id"] == d], g["pid"][g["device_id"] == d])
             for d in np.unique(g["device_id"]).tolist()
@@ -368,7 +353,7 @@ class StoreData:
     def gpu_gaps(self, ws: int, we: int, min_length: int) -> pd.DataFrame:
         """MemoryData.gpu_gaps over the staged GPU activities."""
         rows = []
-        for d, (s, e, pid) in self._gpu_by_device(lambda c: (c["end"] > ws) & (c["start"] < we)).items():
+        for d, (s, e, pid) in self._gpu_by_device(we, lambda c: c["end"] > ws).items():
             seg_s, seg_e = merge_intervals(np.clip(s, ws, we), np.clip(e, ws, we))
             if seg_s.size < 2:
                 continue
@@ -420,7 +405,7 @@ class StoreData:
 
     def _busy_segments(self) -> dict:
         if self._busy is None:
-            everything = self._gpu_by_device(lambda c: np.ones(c["start"].size, dtype=bool))
+            everything = self._gpu_by_device()
             self._busy = {d: merge_intervals(s, e) for d, (s, e, _) in everything.items()}
         return self._busy
 
