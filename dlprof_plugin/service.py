@@ -633,7 +633,7 @@ class Service:
                     "link": GUIDANCE_LINKS["amp"],
                 }
             )
-        if pct("gpu_utilization") < 50:
+        if pct("gpu_utilization") < K.GPU_UTILIZATION_PCT:
             out.append(
                 {
                     "title": "Keep the GPU busy",
@@ -643,7 +643,7 @@ class Service:
                     "link": GUIDANCE_LINKS["perf"],
                 }
             )
-        if pct("dataloader_duration_pct") > 10:
+        if pct("dataloader_duration_pct") > K.DATALOADER_PCT:
             out.append(
                 {
                     "title": "Speed up data loading",

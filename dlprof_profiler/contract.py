@@ -120,3 +120,9 @@ ENGINE_REQUIRED = ("db_version", READ_ONLY_OPS, READ_ONLY_OP_INSTANCES)
 # The rank the viewer shows when no rank is asked for (a single-file analysis is rank 0; a multi-rank run
 # shows its lowest rank)
 DEFAULT_RANK = 0
+
+# Thresholds the expert systems decide by and the viewer's dashboard guidance repeats (experts/utilization.py):
+# GPU utilization (TC + non-TC kernels + memory operations, averaged over the visible GPUs) below this share of
+# the wall clock time, and data loading while every GPU class is idle above this share.
+GPU_UTILIZATION_PCT = 50.0
+DATALOADER_PCT = 10.0

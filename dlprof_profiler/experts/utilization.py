@@ -8,19 +8,18 @@ import re
 import numpy as np
 import pandas as pd
 
+from dlprof_profiler.contract import DATALOADER_PCT, GPU_UTILIZATION_PCT
 from dlprof_profiler.experts.base import DLPROF_GUIDE, Context, finding, fmt_pct, fmt_time, short
 
-# underutilized_gpu_detector: GPU utilization (TC + non-TC kernels + memory operations, averaged over the
-# visible GPUs) below this share of the wall clock time.
-GPU_UTILIZATION_PCT = 50.0
+# underutilized_gpu_detector: GPU utilization below GPU_UTILIZATION_PCT (contract.py, shared with the viewer).
 
 # imbalanced_gpus_detector: among GPUs with work, the least busy one is busy less than (1 - IMBALANCE) x
 # the busiest, and the difference is at least IMBALANCE_MIN_WALL_PCT of the wall clock time.
 IMBALANCE = 0.20
 IMBALANCE_MIN_WALL_PCT = 1.0
 
-# dataloader_detector: data loading while every GPU class is idle (the summary's Dataloader Duration %).
-DATALOADER_PCT = 10.0
+# dataloader_detector: data loading while every GPU class is idle (the summary's Dataloader Duration %) from
+# DATALOADER_PCT (contract.py).
 
 # no_fusion_detector: unfused elementwise/normalization kernels take >= FUSION_SHARE_PCT of the kernel time,
 # with >= FUSION_MIN_PER_ITERATION such launches per aggregated iteration.
