@@ -9,11 +9,11 @@ Measured: `json.load` of the file (the reference), dlprof's ingest (file -> trac
 consumes: `read_kineto_trace`), and `dlprof --database=FILE` end to end (ingest, correlation,
 iterations, aggregation, expert systems, database, default reports). The trace is cached in --cache.
 
-The generated training loop looks like the real traces in ../shared/fixtures/kineto: per op block three
+The generated training loop looks like the real traces in tests/data/kineto: per op block three
 nested cpu_ops (the outer one with Sequence number, Input Dims/type/strides, Concrete Inputs), a kernel
 launch (cuda_runtime + kernel + ac2g flow arrows) and a runtime call without GPU work; half of the blocks
 are backward nodes on the autograd thread; every 1000 blocks a ProfilerStep#N and an optimizer step.
-`--like TRACE` measures copies of a real trace instead (e.g. ../shared/fixtures/kineto/pytorch_8xa100_rank3.json.gz,
+`--like TRACE` measures copies of a real trace instead (e.g. tests/data/kineto/pytorch_8xa100_rank3.json.gz,
 whose events are a third flow arrows and carry fewer arguments).
 """
 

@@ -7,7 +7,7 @@ same table names, column names and order, column types, NOT NULL constraints,
 (2022.4) runs its reports on the generated 2022.4 files.
 
 The table definitions below are facts read off real exports (the fixtures in
-``/work/shared/fixtures/nsys`` and a ``--lazy=false`` export made with nsys
+``tests/data/nsys`` and a ``--lazy=false`` export made with nsys
 2022.4.2.1), typed out here as data; nothing is read from those files at run time.
 Where no real export of a version was available the layout is carried over from
 the nearest version that was seen; such spots are marked "(assumed)".

@@ -18,8 +18,9 @@ import pytest
 from dlprof_profiler import compare
 from tests.nsys_builder import NsysExport
 from tests.profiles import run_dlprof
+from tests import data
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nsys"
+FIXTURES = data.NSYS
 BEFORE = FIXTURES / "pytorch_2gpu_nccl_nsys2026.2_before.sqlite"
 AFTER = FIXTURES / "pytorch_2gpu_nccl_nsys2026.2_after.sqlite"
 needs_fixtures = pytest.mark.skipif(not (BEFORE.exists() and AFTER.exists()), reason="before/after fixtures missing")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ from tests.analysis import analyze
 from tests.db_v2 import write_v2_database
 from tests.profiles import run_dlprof, training_profile
 from tests.test_plugin_viewer import _viewer
+from tests import data
 
 RUN = "dlprof_dldb"
 ADD = "multi_tensor_apply_kernel"
@@ -216,7 +216,7 @@ def test_names_that_are_not_utf8_are_shown_with_replacement_characters(v2, tmp_p
     assert names.count(shown) == 1 and len(names) == checks.KERNELS_PER_ITERATION
 
 
-FIXTURE_DIR = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+FIXTURE_DIR = data.DATA
 REPORTS = ("summary", "detailed", "kernel", "iteration", "op_type", "group_op")
 
 

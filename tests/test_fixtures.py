@@ -1,9 +1,8 @@
-"""Every real export in ../shared/fixtures/nsys is processed, and exact figures agree with direct SQL over
+"""Every real export in tests/data/nsys is processed, and exact figures agree with direct SQL over
 the file (an independent computation)."""
 
 import shutil
 import sqlite3
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -12,10 +11,9 @@ import pytest
 from dlprof_profiler import database
 from tests.analysis import analyze
 from tests.profiles import run_dlprof
+from tests import data
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nsys"
-if not FIXTURES.is_dir():  # the repository's sibling folder in this workplace
-    FIXTURES = Path("/work/shared/fixtures/nsys")
+FIXTURES = data.NSYS
 NAMES = sorted(p.name for p in FIXTURES.glob("*.sqlite"))
 
 

@@ -1,4 +1,4 @@
-"""Kineto (torch.profiler) traces: every real trace in ../shared/fixtures/kineto is read with exact figures
+"""Kineto (torch.profiler) traces: every real trace in tests/data/kineto is read with exact figures
 (checked against direct sums over the JSON with the standard library and Decimal, independent of the
 adapter), and hand-written traces check the mapping: ops, scopes, backward links, flows, exact times."""
 
@@ -22,10 +22,9 @@ from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.ingest_kineto import read_kineto_trace, short_kernel_name
 from tests.analysis import analyze
 from tests.kineto_builder import KinetoTrace
+from tests import data
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "kineto"
-if not FIXTURES.is_dir():  # the repository's sibling folder in this workplace
-    FIXTURES = Path("/work/shared/fixtures/kineto")
+FIXTURES = data.KINETO
 NAMES = sorted(p.name for p in FIXTURES.glob("*.json*"))
 GPU_CATS = {"kernel": 0, "gpu_memcpy": 1, "memcpy": 1, "gpu_memset": 2, "memset": 2}
 API_CATS = {"cuda_runtime", "runtime", "cuda_driver"}

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests import data
 from tests.nsys_builder import (
     SCHEMA_VERSIONS,
     NsysExport,
@@ -24,7 +25,7 @@ from tests.nsys_builder import (
     table_columns,
 )
 
-FIXTURES = Path("/work/shared/fixtures/nsys")
+FIXTURES = data.NSYS
 
 # Real exports of each version, searched in order for a table's layout.
 REFERENCE_EXPORTS = {

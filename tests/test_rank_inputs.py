@@ -12,8 +12,9 @@ from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.rank_inputs import rank_from_environment, resolve
 from tests.kineto_builder import KinetoTrace
 from tests.profiles import rank_profile
+from tests import data
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+FIXTURES = data.DATA
 
 
 def kineto(path: Path, rank: int | None, gz: bool = False) -> Path:

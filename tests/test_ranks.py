@@ -17,8 +17,9 @@ import pytest
 from dlprof_profiler import contract as K
 from dlprof_profiler import database
 from tests.profiles import RANK_BASE, RANK_ITERATION, RANK_STEPS, SLOW_ITERATION, rank_profile, run_dlprof
+from tests import data
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+FIXTURES = data.DATA
 SLOW = 2
 
 

@@ -22,6 +22,7 @@ from tests import profiles
 from tests.analysis import analyze
 from tests.nsys_builder import NsysExport
 from tests.profiles import run_dlprof
+from tests import data
 
 ALL_FILES = ["summary", "detailed", "iteration", "kernel", "tensor_core", "op_type", "group_op", "expert_systems"]
 
@@ -199,7 +200,7 @@ def test_base_name_and_other_domains(tmp_path):
 
 ROOT = Path(__file__).resolve().parents[1]
 BRANCH_POINT = "b371e0f"  # reports.py before values were formatted once per distinct value (issue 10)
-FIXTURES = Path("/work/shared/fixtures/nsys")
+FIXTURES = data.NSYS
 
 
 def write(report, out: Path, formats=("csv", "json")) -> dict:
