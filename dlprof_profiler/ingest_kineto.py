@@ -503,27 +503,56 @@ def _categorical(ev: _Events, codes: np.ndarray, names: np.ndarray | None = None
     )
 
 
-_KERNEL_PARAMS = re.compile(r"\(anonymous namespace\)")
+# Parts of a demangled name whose brackets are not brackets: anonymous namespaces (`(anonymous namespace)`
+# from Kineto's demangler, `<unnamed>` from nsys') and operator names (`operator()`, `operator<<`).
+_OPAQUE = re.compile(
+    r"\(anonymous namespace\)|<unnamed>|\boperator(?:\s*(?:\(\)|\[\]|<=>|<<=|>>=|->\*?|<<|>>|<=|>=|&&|\|\||\+\+|--"
+    r"|new(?:\[\])?|delete(?:\[\])?|[-+*/%^&|~!=<>,]=?)|\s+[\w:]+[\s*&]*?(?=\())"
+)
+_TRAILING_QUALIFIERS = re.compile(r"(?:\s+(?:const|volatile|noexcept|&&|&)|\s*\[clone [^\]]*\])+$")
+_OPENERS = {")": "(", "]": "[", "}": "{"}
 
 
 def short_kernel_name(name: str) -> str:
-    """Base function name of a demangled kernel, as nsys' shortName:
-    `void at::native::vectorized_elementwise_kernel<4, ...>(int, ...)` -> vectorized_elementwise_kernel."""
-    text = _KERNEL_PARAMS.sub("anonymous_namespace", name.strip())
-    depth, cut = 0, len(text)
-    for i, ch in enumerate(text):  # per distinct kernel name, never per launch
-        if ch in "<(":
-            if depth == 0:
-                cut = i
-                break
-            depth += 1
-        elif ch in ">)":
-            depth -= 1
-    base = text[:cut].strip()
-    if " " in base:  # return type ("void ") or qualifiers
-        base = base.rsplit(" ", 1)[-1]
-    base = base.rsplit("::", 1)[-1]
-    return base or name
+    """The kernel function's own name, as nsys' shortName: the last component of the qualified name before
+    the parameter list and the template arguments, after the return type.
+    `void at::native::vectorized_elementwise_kernel<4, ...>(int, ...)` -> vectorized_elementwise_kernel;
+    `std::enable_if<!(false), void>::type internal::gemvx::kernel<...>(...)` -> kernel."""
+    opaque: list[str] = []
+
+    def hide(match):  # one private-use character per opaque part, so its brackets are not counted
+        opaque.append(match.group(0))
+        return chr(0xE000 + len(opaque) - 1)
+
+    text = _TRAILING_QUALIFIERS.sub("", _OPAQUE.sub(hide, name.strip()))
+    # one scan (per distinct kernel name, never per launch): where each bracket group opens, and which spaces
+    # and `::` lie outside every group. `<` `>` are tolerated unbalanced (comparisons inside parentheses).
+    stack: list[tuple[str, int]] = []
+    opened_at: dict[int, int] = {}
+    cuts: list[int] = []  # top-level space or `::`: the return type and the scopes end there
+    for i, ch in enumerate(text):
+        if ch in "([{<":
+            stack.append((ch, i))
+        elif ch in ")]}":
+            while stack:
+                opener, at = stack.pop()
+                if opener == _OPENERS[ch]:
+                    opened_at[i] = at
+                    break
+        elif ch == ">":
+            if stack and stack[-1][0] == "<":
+                opened_at[i] = stack.pop()[1]
+        elif not stack and (ch == " " or (ch == ":" and text[i - 1 : i] == ":")):
+            cuts.append(i)
+    end = len(text)
+    for closer in (")", ">"):  # the parameter list, then the template arguments
+        if end and text[end - 1] == closer and end - 1 in opened_at:
+            end = opened_at[end - 1]
+            while end and text[end - 1] == " ":
+                end -= 1
+    begin = max([c + 1 for c in cuts if c < end], default=0)
+    short = re.sub("[\ue000-\uefff]", lambda m: opaque[ord(m.group(0)) - 0xE000], text[begin:end]).strip()
+    return short or name
 
 
 def _gpu_activities(

@@ -655,30 +655,112 @@ def test_integer_columns_from_mixed_json_scalars():
     assert to_int(["a", 1, 2**70, 3]).tolist() == [-1, 1, -1, 3]
 
 
-def test_short_kernel_names():
-    assert (
-        short_kernel_name(
-            "void at::native::vectorized_elementwise_kernel<4, at::native::Relu, "
-            "at::detail::Array<char*, 2> >(int, at::native::Relu, at::detail::Array<char*, 2>)"
-        )
-        == "vectorized_elementwise_kernel"
-    )
-    assert (
-        short_kernel_name("void at::native::(anonymous namespace)::CatArrayBatchedCopy<int>(int*)")
-        == "CatArrayBatchedCopy"
-    )
-    assert short_kernel_name("volta_sgemm_128x64_nn") == "volta_sgemm_128x64_nn"
-    assert (
-        short_kernel_name(
-            "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4>"
-            "(cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4::Params)"
-        )
-        == "Kernel"
-    )
-    assert (
-        short_kernel_name("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)")
-        == "ncclKernel_AllReduce_RING_LL_Sum_float"
-    )
+AMD_GEMM = (
+    "Cijk_Ailk_Bjlk_SB_Bias_AS_SAV_UserArgs_MT64x16x16_MI16x16x1_SN_LDSB0_AFC1_AFEM1_AFEM1_ASEM1_CLR1_CADS0_EPS0_GRVWA1_"
+    "GRVWB1_GSUAMB_ISA90a_IU1_K1_LBSPPA0_LBSPPB0_LBSPPM0_LPA0_LPB0_LPM0_LRVW1_LWPMn1_MIAV0_MIWT1_1_MO40_NTn1_NTA0_NTB0_"
+    "NTC0_NTD0_NTM0_NEPBS2_NLCA1_NLCB1_ONLL1_PGR2_PLR1_PKA1_SIA3_SS1_SPO1_SRVW0_SSO0_SVW1_TLDS0_USFGROn1_VSn1_VWA1_VWB1_"
+    "WSGRA0_WSGRB0_WS64_WG64_4_1"
+)
+# Real demangled names (Kineto's demangler) from the traces in tests/data/kineto, with the short name nsys gives:
+# the kernel function's own name, whatever its return type, scopes, template arguments and parameters hold.
+REAL_KERNEL_NAMES = [
+    (  # a return type with template arguments and a parenthesised expression (issue 21.7)
+        "std::enable_if<!(false), void>::type internal::gemvx::kernel<int, int, float, float, float, float, false, "
+        "true, false, false, 7, cublasGemvParams<cublasGemvTensorStridedBatched<float const>, "
+        "cublasGemvTensorStridedBatched<float const>, cublasGemvTensorStridedBatched<float>, float> >("
+        "cublasGemvParams<cublasGemvTensorStridedBatched<float const>, cublasGemvTensorStridedBatched<float const>, "
+        "cublasGemvTensorStridedBatched<float>, float>)",
+        "kernel",
+    ),
+    (
+        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, at::detail::Array<char*, 1> "
+        ">(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)",
+        "vectorized_elementwise_kernel",
+    ),
+    (
+        "void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, unsigned int, 2, 128, 1>(float*, "
+        "at::native::(anonymous namespace)::CatArrInputTensorMetadata<float, unsigned int, 128, 1>, "
+        "at::native::(anonymous namespace)::TensorSizeStride<unsigned int, 4u>, int, unsigned int)",
+        "CatArrayBatchedCopy",
+    ),
+    ("volta_sgemm_128x32_nt", "volta_sgemm_128x32_nt"),
+    (
+        "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4>"
+        "(cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4::Params)",
+        "Kernel",
+    ),
+    (
+        "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+        "ncclKernel_AllReduce_RING_LL_Sum_float",
+    ),
+    ("cask_cudnn::computeOffsetsKernel(cask_cudnn::ComputeOffsetsParams)", "computeOffsetsKernel"),
+    (  # operator() and lambdas inside the template arguments
+        "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
+        "at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, "
+        "unsigned int, float, 4> >(at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
+        "at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, "
+        "unsigned int, float, 4>)",
+        "reduce_kernel",
+    ),
+    (  # enumerators cast in the template arguments: (cub::BlockLoadAlgorithm)3
+        "void cub::DeviceScanKernel<cub::AgentScanPolicy<128, 15, int, (cub::BlockLoadAlgorithm)3, "
+        "(cub::CacheLoadModifier)0, (cub::BlockStoreAlgorithm)3, (cub::BlockScanAlgorithm)2, "
+        "cub::MemBoundScaling<128, 15, int> >, int*, int*, cub::ScanTileState<int, true>, cub::Sum, cub::NullType, "
+        "int>(int*, int*, cub::ScanTileState<int, true>, int, cub::Sum, cub::NullType, int)",
+        "DeviceScanKernel",
+    ),
+    (
+        "void (anonymous namespace)::softmax_warp_forward<float, float, float, 10, true>(float*, float const*, int, "
+        "int, int)",
+        "softmax_warp_forward",
+    ),
+    (AMD_GEMM, AMD_GEMM),  # ROCm: not demangled
+]
+# Written for this test: what a demangled name can also hold
+OTHER_KERNEL_NAMES = [
+    ("unsigned int const* ns::inner::k<3>(int) const", "k"),  # a qualified return type, a qualifier after
+    ("void ns::Functor::operator()<float>(float*)", "operator()"),
+    ("void ns::operator<< <int>(int*)", "operator<<"),
+    ("void ns::Cmp<(N > 2)>::run(int)", "run"),  # a comparison inside the template arguments
+    (
+        "<unnamed>::nvfuser_pointwise_f0_c1_r0_g0(<unnamed>::Tensor<float, (int)2, (int)2>)",
+        "nvfuser_pointwise_f0_c1_r0_g0",
+    ),
+    ("void ns::outer(int)::[lambda(int) (instance 1)]::operator ()(int) const", "operator ()"),
+]
+
+
+@pytest.mark.parametrize("name, short", REAL_KERNEL_NAMES + OTHER_KERNEL_NAMES)
+def test_short_kernel_names(name, short):
+    assert short_kernel_name(name) == short
+
+
+def test_real_kernel_names_of_the_table_are_in_the_fixtures(fixture_copies):
+    names = set()
+    for path in fixture_copies.glob("*.json*"):
+        names |= {e["name"] for e in load_json(path)["traceEvents"] if str(e.get("cat", "")).lower() == "kernel"}
+    assert {name for name, _ in REAL_KERNEL_NAMES} <= names
+
+
+def test_short_kernel_names_agree_with_nsys():
+    """Every kernel of the nsys exports in tests/data: nsys' own shortName of its demangledName."""
+    import sqlite3
+
+    pairs = set()
+    for path in sorted(data.NSYS.glob("*.sqlite")):
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+        try:
+            if con.execute("SELECT 1 FROM sqlite_master WHERE name = 'CUPTI_ACTIVITY_KIND_KERNEL'").fetchone():
+                pairs |= set(
+                    con.execute(
+                        "SELECT DISTINCT s.value, d.value FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+                        "JOIN StringIds s ON s.id = k.shortName JOIN StringIds d ON d.id = k.demangledName"
+                    ).fetchall()
+                )
+        finally:
+            con.close()
+    assert len(pairs) >= 50
+    assert [(short, demangled) for short, demangled in pairs if short_kernel_name(demangled) != short] == []
 
 
 # ---------------------------------------------------------------------------- the command line
