@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 
 from dlprof_profiler import kineto_decode as kd
 from dlprof_profiler.errors import DLProfError
+from dlprof_profiler.kineto_repair import describe as describe_repairs
 from dlprof_profiler.ingest_nsys import COPY_KIND_LABELS, MEMSET_LABEL, copy_kind_label
 from dlprof_profiler.nvtx_markers import format_shapes
 from dlprof_profiler.structure import RangeForest, levels, nearest_flagged_ancestor
@@ -110,6 +111,7 @@ def build_trace(decoded: kd.Decoded) -> Trace:
     complete = ev.is_ph("X")
     timed = complete & np.isin(c.group, TIMED_GROUPS)
     usable = timed & c.ts_ok & c.dur_ok & (c.dur >= 0)
+    _warn_repaired(ev, warnings)
     _warn_dropped(ev, timed, warnings)
     _warn_unknown_categories(ev, warnings)
     origin = _origin(ev, usable)
@@ -164,6 +166,14 @@ def _record_functions_as_annotations(ev: _Events) -> None:
     relabel = (c.group == kd.OP) & is_label[c.name]
     if relabel.any():
         c.group[relabel] = kd.ANNOTATION
+
+
+def _warn_repaired(ev: _Events, warnings: list) -> None:
+    if ev.c.repaired_events:
+        warnings.append(
+            f"{ev.path}: {ev.c.repaired_events:,} events written as invalid JSON were repaired and read "
+            f"({describe_repairs(ev.c.repairs)})"
+        )
 
 
 def _warn_dropped(ev: _Events, timed: np.ndarray, warnings: list) -> None:

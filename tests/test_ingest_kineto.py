@@ -936,5 +936,36 @@ def test_cli_bad_events_warn_and_the_rest_is_counted(tmp_path):
     assert int(summary["All kernels"][0]) == kernels == 8000 + 2000 + 2000 + 5000 + 2000 + 150
 
 
+def test_cli_reads_the_real_trace_with_an_unescaped_name(tmp_path):
+    """PyTorch 2.13 wrote one event name with unescaped quotes (issue 21.2): the run succeeds, says it once, and
+    the ranges in the database are those of the JSON repaired independently (its name lines re-escaped)."""
+    import sqlite3
+
+    from tests.test_kineto_repair import independently_repaired
+
+    path = data.KINETO_MALFORMED / "pytorch2.13_cpu_unescaped_name.pt.trace.json.gz"
+    out = tmp_path / "out"
+    proc = run_dlprof_cli(f"--database={path}", f"--output_path={out}", "--reports=summary", "-v", "minimal")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{path}: 1 events written as invalid JSON were repaired and read (1 with unescaped quotes)" in proc.stderr
+    doc = json.loads(independently_repaired(gzip.decompress(path.read_bytes()).decode()), parse_float=Decimal)
+    ranges = [
+        e
+        for e in doc["traceEvents"]
+        if e.get("ph") == "X"
+        and (
+            e["cat"] in ("cpu_op", "user_annotation")
+            or (e["cat"] == "python_function" and e["name"].startswith("nn.Module: "))
+        )
+    ]
+    con = sqlite3.connect(out / "dlprof_dldb.sqlite")
+    try:
+        count, total = con.execute("SELECT count(*), sum(duration) FROM raw_ranges").fetchone()
+    finally:
+        con.close()
+    assert (count, total) == (len(ranges), sum(ns(e["dur"]) for e in ranges)) == (3255, 19_148_360_362)
+    assert sum(1 for e in ranges if re.fullmatch(r"ProfilerStep#\d+", e["name"])) == 11
+
+
 def run_dlprof_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dlprof_profiler", *args], capture_output=True, text=True, timeout=600)
