@@ -58,6 +58,8 @@ SYNC_TYPES = {"event sync": 1, "stream wait event": 2, "stream sync": 3, "contex
 CPU_GROUPS = (kd.OP, kd.ANNOTATION, kd.PYTHON, kd.API)
 TIMED_GROUPS = CPU_GROUPS + kd.GPU_GROUPS + (kd.SYNC,)
 CORRELATION_FLOWS = ("ac2g", "async", "async_cpu_to_gpu")
+FAR_OFF_NS = 86_400 * 10**9  # no profile lasts a day: an event this far from the others has a damaged time
+FAR_OFF_SPREADS = 1000  # ... nor this many times the median distance of the events to their median time
 
 
 def is_kineto_trace(path: Path) -> bool:
@@ -114,7 +116,9 @@ def build_trace(decoded: kd.Decoded) -> Trace:
     _warn_repaired(ev, warnings)
     _warn_dropped(ev, timed, warnings)
     _warn_unknown_categories(ev, warnings)
-    origin = _origin(ev, usable)
+    far = _far_off(ev, usable, warnings)
+    usable &= ~far
+    origin = _origin(ev, usable, far)
     start = c.ts - origin
     end = start + c.dur
     cpu = usable & c.pid_numeric & c.tid_numeric
@@ -176,6 +180,36 @@ def _warn_repaired(ev: _Events, warnings: list) -> None:
         )
 
 
+def _far_off(ev: _Events, usable: np.ndarray, warnings: list) -> np.ndarray:
+    """Events whose start or end lies far outside the trace's own span (a damaged `ts`: 1.0 among epoch
+    microseconds), with a warning counting them: farther from the median start of the usable events than
+    FAR_OFF_NS or FAR_OFF_SPREADS times the median distance to it, whichever is larger. Never half the events
+    or more (then no time is the trace's own)."""
+    c = ev.c
+    span = ev.is_ph("X") & (c.group == kd.SPAN) & c.ts_ok  # the profiler span gives time zero too
+    checked = usable | span
+    if usable.sum() < 2:
+        return np.zeros(c.n, dtype=bool)
+    start = c.ts.astype(np.float64)
+    median = float(np.median(start[usable]))
+    spread = float(np.median(np.abs(start[usable] - median)))
+    horizon = max(FAR_OFF_NS, FAR_OFF_SPREADS * spread)
+    end = start + np.where(c.dur_ok, c.dur, 0)
+    far = checked & ((np.abs(start - median) > horizon) | (np.abs(end - median) > horizon))
+    n_far = int((far & usable).sum())
+    if n_far * 2 >= int(usable.sum()):
+        return np.zeros(c.n, dtype=bool)
+    if far.any():
+        example = int(c.ts[np.flatnonzero(far)[0]])
+        days = horizon / FAR_OFF_NS
+        span_text = "a day" if days == 1 else f"{days:,.1f}".rstrip("0").rstrip(".") + " days"
+        warnings.append(
+            f"{ev.path}: {int(far.sum()):,} events were dropped: their start or end lies more than {span_text} "
+            f"from the trace's median time (a damaged timestamp, e.g. ts = {example / 1000:.3f} us)"
+        )
+    return far
+
+
 def _warn_dropped(ev: _Events, timed: np.ndarray, warnings: list) -> None:
     c = ev.c
     no_time = timed & ~(c.ts_ok & c.dur_ok)
@@ -194,13 +228,13 @@ def _warn_unknown_categories(ev: _Events, warnings: list) -> None:
         warnings.append(f"{ev.path}: events of unknown categories were ignored: {listed}")
 
 
-def _origin(ev: _Events, usable: np.ndarray) -> int:
+def _origin(ev: _Events, usable: np.ndarray, far: np.ndarray) -> int:
     """Time zero: the start of collection (the profiler span or the first event, whichever is first)."""
     c = ev.c
     candidates = []
     if usable.any():
         candidates.append(int(c.ts[usable].min()))
-    span = ev.is_ph("X") & (c.group == kd.SPAN) & c.ts_ok
+    span = ev.is_ph("X") & (c.group == kd.SPAN) & c.ts_ok & ~far
     if span.any():
         candidates.append(int(c.ts[span].min()))
     if not candidates:

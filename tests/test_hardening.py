@@ -1225,3 +1225,19 @@ def test_kineto_two_gzip_members_are_one_text(tmp_path):
     code, stderr = run_cli(f"--database={path}", f"--output_path={out}", "-v", "minimal")
     assert code == 0 and stderr == "", stderr
     assert summary_value(out, "Wall Clock Time (ns)") == "121000"
+
+
+def test_kineto_timestamp_far_outside_the_trace(tmp_path):
+    """`ts` 1.0 us among epoch microseconds: that event is dropped with a warning, the wall clock is the trace's."""
+    k = kineto_steps()
+    k.raw('{"ph": "X", "cat": "cpu_op", "name": "aten::zero_", "pid": 4242, "tid": 10, "ts": 1.0, "dur": 2.0}')
+    path = tmp_path / "far.json"
+    k.write(path)
+    out = tmp_path / "out"
+    code, stderr = run_cli(f"--database={path}", f"--output_path={out}", "-v", "minimal")
+    assert code == 0 and "Traceback" not in stderr, stderr
+    assert warning_line(stderr).endswith(
+        f"{path}: 1 events were dropped: their start or end lies more than a day from the trace's median time (a "
+        "damaged timestamp, e.g. ts = 1.000 us)"
+    )
+    assert summary_value(out, "Wall Clock Time (ns)") == "121000"

@@ -431,6 +431,34 @@ def test_malformed_events_are_skipped_with_warnings(tmp_path):
     assert "unknown categories were ignored: mystery_cat (1)" in text
 
 
+def test_far_off_timestamps_are_dropped_and_long_captures_kept(tmp_path):
+    """Epoch times: 10 ops 8 hours apart (a capture of 3 days) and one at ts 1.0 us (53 years off). The median
+    start is the 5th op's (32 h), the median distance to it 24 h: the horizon is 1000 x 24 h, and only the
+    damaged op lies beyond it."""
+    base = 1_700_000_000_000_000_000
+    hour = 3_600 * 10**9
+    k = KinetoTrace()
+    for i in range(10):
+        k.cpu_op(MAIN, base + i * 8 * hour, 1000, "aten::mm", seq=i)
+    k.raw('{"ph": "X", "cat": "cpu_op", "name": "aten::zero_", "pid": 4242, "tid": 10, "ts": 1.0, "dur": 2.0}')
+    trace = read_kineto_trace(k.write(tmp_path / "long.json"))
+    assert trace.ranges["text"].str.startswith("aten::mm").sum() == 10
+    assert not trace.ranges["text"].str.startswith("aten::zero_").any()
+    assert [w for w in trace.warnings if "dropped" in w] == [
+        f"{tmp_path / 'long.json'}: 1 events were dropped: their start or end lies more than 1,000 days from the "
+        "trace's median time (a damaged timestamp, e.g. ts = 1.000 us)"
+    ]
+    assert sorted(trace.ranges["start"].tolist()) == [i * 8 * hour for i in range(10)]  # time zero: the first op
+
+
+def test_far_off_rule_never_drops_half_the_events(tmp_path):
+    k = KinetoTrace()
+    k.cpu_op(MAIN, 1_700_000_000_000_000_000, 1000, "aten::mm", seq=1)
+    k.raw('{"ph": "X", "cat": "cpu_op", "name": "aten::zero_", "pid": 4242, "tid": 10, "ts": 1.0, "dur": 2.0}')
+    trace = read_kineto_trace(k.write(tmp_path / "two.json"))
+    assert len(trace.ranges) == 2 and not [w for w in trace.warnings if "dropped" in w]
+
+
 def test_names_that_are_numbers_or_escaped_read_as_texts(tmp_path):
     k = KinetoTrace()
     k.raw('{"ph": "X", "cat": "cpu_op", "name": 7, "pid": 4242, "tid": 10, "ts": 1.0, "dur": 1.0}')
