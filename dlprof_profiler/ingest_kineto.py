@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 
 from dlprof_profiler import kineto_decode as kd
 from dlprof_profiler.errors import DLProfError
+from dlprof_profiler.kineto_repair import describe as describe_repairs
 from dlprof_profiler.ingest_nsys import COPY_KIND_LABELS, MEMSET_LABEL, copy_kind_label
 from dlprof_profiler.nvtx_markers import format_shapes
 from dlprof_profiler.structure import RangeForest, levels, nearest_flagged_ancestor
@@ -57,6 +58,8 @@ SYNC_TYPES = {"event sync": 1, "stream wait event": 2, "stream sync": 3, "contex
 CPU_GROUPS = (kd.OP, kd.ANNOTATION, kd.PYTHON, kd.API)
 TIMED_GROUPS = CPU_GROUPS + kd.GPU_GROUPS + (kd.SYNC,)
 CORRELATION_FLOWS = ("ac2g", "async", "async_cpu_to_gpu")
+FAR_OFF_NS = 86_400 * 10**9  # no profile lasts a day: an event this far from the others has a damaged time
+FAR_OFF_SPREADS = 1000  # ... nor this many times the median distance of the events to their median time
 
 
 def is_kineto_trace(path: Path) -> bool:
@@ -110,9 +113,12 @@ def build_trace(decoded: kd.Decoded) -> Trace:
     complete = ev.is_ph("X")
     timed = complete & np.isin(c.group, TIMED_GROUPS)
     usable = timed & c.ts_ok & c.dur_ok & (c.dur >= 0)
+    _warn_repaired(ev, warnings)
     _warn_dropped(ev, timed, warnings)
     _warn_unknown_categories(ev, warnings)
-    origin = _origin(ev, usable)
+    far = _far_off(ev, usable, warnings)
+    usable &= ~far
+    origin = _origin(ev, usable, far)
     start = c.ts - origin
     end = start + c.dur
     cpu = usable & c.pid_numeric & c.tid_numeric
@@ -166,6 +172,44 @@ def _record_functions_as_annotations(ev: _Events) -> None:
         c.group[relabel] = kd.ANNOTATION
 
 
+def _warn_repaired(ev: _Events, warnings: list) -> None:
+    if ev.c.repaired_events:
+        warnings.append(
+            f"{ev.path}: {ev.c.repaired_events:,} events written as invalid JSON were repaired and read "
+            f"({describe_repairs(ev.c.repairs)})"
+        )
+
+
+def _far_off(ev: _Events, usable: np.ndarray, warnings: list) -> np.ndarray:
+    """Events whose start or end lies far outside the trace's own span (a damaged `ts`: 1.0 among epoch
+    microseconds), with a warning counting them: farther from the median start of the usable events than
+    FAR_OFF_NS or FAR_OFF_SPREADS times the median distance to it, whichever is larger. Never half the events
+    or more (then no time is the trace's own)."""
+    c = ev.c
+    span = ev.is_ph("X") & (c.group == kd.SPAN) & c.ts_ok  # the profiler span gives time zero too
+    checked = usable | span
+    if usable.sum() < 2:
+        return np.zeros(c.n, dtype=bool)
+    start = c.ts.astype(np.float64)
+    median = float(np.median(start[usable]))
+    spread = float(np.median(np.abs(start[usable] - median)))
+    horizon = max(FAR_OFF_NS, FAR_OFF_SPREADS * spread)
+    end = start + np.where(c.dur_ok, c.dur, 0)
+    far = checked & ((np.abs(start - median) > horizon) | (np.abs(end - median) > horizon))
+    n_far = int((far & usable).sum())
+    if n_far * 2 >= int(usable.sum()):
+        return np.zeros(c.n, dtype=bool)
+    if far.any():
+        example = int(c.ts[np.flatnonzero(far)[0]])
+        days = horizon / FAR_OFF_NS
+        span_text = "a day" if days == 1 else f"{days:,.1f}".rstrip("0").rstrip(".") + " days"
+        warnings.append(
+            f"{ev.path}: {int(far.sum()):,} events were dropped: their start or end lies more than {span_text} "
+            f"from the trace's median time (a damaged timestamp, e.g. ts = {example / 1000:.3f} us)"
+        )
+    return far
+
+
 def _warn_dropped(ev: _Events, timed: np.ndarray, warnings: list) -> None:
     c = ev.c
     no_time = timed & ~(c.ts_ok & c.dur_ok)
@@ -184,13 +228,13 @@ def _warn_unknown_categories(ev: _Events, warnings: list) -> None:
         warnings.append(f"{ev.path}: events of unknown categories were ignored: {listed}")
 
 
-def _origin(ev: _Events, usable: np.ndarray) -> int:
+def _origin(ev: _Events, usable: np.ndarray, far: np.ndarray) -> int:
     """Time zero: the start of collection (the profiler span or the first event, whichever is first)."""
     c = ev.c
     candidates = []
     if usable.any():
         candidates.append(int(c.ts[usable].min()))
-    span = ev.is_ph("X") & (c.group == kd.SPAN) & c.ts_ok
+    span = ev.is_ph("X") & (c.group == kd.SPAN) & c.ts_ok & ~far
     if span.any():
         candidates.append(int(c.ts[span].min()))
     if not candidates:
@@ -503,27 +547,56 @@ def _categorical(ev: _Events, codes: np.ndarray, names: np.ndarray | None = None
     )
 
 
-_KERNEL_PARAMS = re.compile(r"\(anonymous namespace\)")
+# Parts of a demangled name whose brackets are not brackets: anonymous namespaces (`(anonymous namespace)`
+# from Kineto's demangler, `<unnamed>` from nsys') and operator names (`operator()`, `operator<<`).
+_OPAQUE = re.compile(
+    r"\(anonymous namespace\)|<unnamed>|\boperator(?:\s*(?:\(\)|\[\]|<=>|<<=|>>=|->\*?|<<|>>|<=|>=|&&|\|\||\+\+|--"
+    r"|new(?:\[\])?|delete(?:\[\])?|[-+*/%^&|~!=<>,]=?)|\s+[\w:]+[\s*&]*?(?=\())"
+)
+_TRAILING_QUALIFIERS = re.compile(r"(?:\s+(?:const|volatile|noexcept|&&|&)|\s*\[clone [^\]]*\])+$")
+_OPENERS = {")": "(", "]": "[", "}": "{"}
 
 
 def short_kernel_name(name: str) -> str:
-    """Base function name of a demangled kernel, as nsys' shortName:
-    `void at::native::vectorized_elementwise_kernel<4, ...>(int, ...)` -> vectorized_elementwise_kernel."""
-    text = _KERNEL_PARAMS.sub("anonymous_namespace", name.strip())
-    depth, cut = 0, len(text)
-    for i, ch in enumerate(text):  # per distinct kernel name, never per launch
-        if ch in "<(":
-            if depth == 0:
-                cut = i
-                break
-            depth += 1
-        elif ch in ">)":
-            depth -= 1
-    base = text[:cut].strip()
-    if " " in base:  # return type ("void ") or qualifiers
-        base = base.rsplit(" ", 1)[-1]
-    base = base.rsplit("::", 1)[-1]
-    return base or name
+    """The kernel function's own name, as nsys' shortName: the last component of the qualified name before
+    the parameter list and the template arguments, after the return type.
+    `void at::native::vectorized_elementwise_kernel<4, ...>(int, ...)` -> vectorized_elementwise_kernel;
+    `std::enable_if<!(false), void>::type internal::gemvx::kernel<...>(...)` -> kernel."""
+    opaque: list[str] = []
+
+    def hide(match):  # one private-use character per opaque part, so its brackets are not counted
+        opaque.append(match.group(0))
+        return chr(0xE000 + len(opaque) - 1)
+
+    text = _TRAILING_QUALIFIERS.sub("", _OPAQUE.sub(hide, name.strip()))
+    # one scan (per distinct kernel name, never per launch): where each bracket group opens, and which spaces
+    # and `::` lie outside every group. `<` `>` are tolerated unbalanced (comparisons inside parentheses).
+    stack: list[tuple[str, int]] = []
+    opened_at: dict[int, int] = {}
+    cuts: list[int] = []  # top-level space or `::`: the return type and the scopes end there
+    for i, ch in enumerate(text):
+        if ch in "([{<":
+            stack.append((ch, i))
+        elif ch in ")]}":
+            while stack:
+                opener, at = stack.pop()
+                if opener == _OPENERS[ch]:
+                    opened_at[i] = at
+                    break
+        elif ch == ">":
+            if stack and stack[-1][0] == "<":
+                opened_at[i] = stack.pop()[1]
+        elif not stack and (ch == " " or (ch == ":" and text[i - 1 : i] == ":")):
+            cuts.append(i)
+    end = len(text)
+    for closer in (")", ">"):  # the parameter list, then the template arguments
+        if end and text[end - 1] == closer and end - 1 in opened_at:
+            end = opened_at[end - 1]
+            while end and text[end - 1] == " ":
+                end -= 1
+    begin = max([c + 1 for c in cuts if c < end], default=0)
+    short = re.sub("[\ue000-\uefff]", lambda m: opaque[ord(m.group(0)) - 0xE000], text[begin:end]).strip()
+    return short or name
 
 
 def _gpu_activities(

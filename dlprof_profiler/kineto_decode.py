@@ -18,6 +18,7 @@ struct fields are read with C-level `map(attrgetter(...))`.
 
 from __future__ import annotations
 
+import codecs
 import json
 import mmap
 import os
@@ -35,13 +36,20 @@ import pandas as pd
 import pyarrow as pa
 
 from dlprof_profiler.errors import DLProfError
+from dlprof_profiler.kineto_repair import KIND_NAMES, UTF8, repair_event
 
 GZIP_MAGIC = b"\x1f\x8b"
-GZIP_RATIO_TRUSTED = 64  # Kineto JSON compresses 10-30x
+GZIP_RATIO_TRUSTED = 64  # Kineto JSON compresses 10-30x: the trailer's size is believed up to this
+GZIP_RATIO_LIMIT = 256  # text beyond this many times the compressed bytes read is no trace
+GZIP_SLACK = 64 << 20  # the first text bytes, allowed any ratio
+WHITESPACE_RUN_LIMIT = 64 << 20  # no trace holds this much whitespace in one run
 GUNZIP_PIECE = 16 << 20  # inflated at once: below glibc's largest mmap threshold, so the heap reuses it
+GUNZIP_INPUT = 1 << 20  # compressed bytes handed to the inflater at once
 CHUNK_BYTES = 8 << 20  # JSON text decoded at once
 HEAD_BYTES = 4 << 20  # how much of a file `looks_like_trace` reads
 RAW_SEPARATOR = b"\x1f"  # cannot occur in JSON text outside strings, and never unescaped inside them
+_NOT_SPACE = re.compile(rb"\S")
+_NULS = re.compile(rb"\0*")
 
 Scalar = Union[int, float, str, bool, None]
 EMPTY = msgspec.Raw(b"")
@@ -219,6 +227,8 @@ class Columns:
     args: dict = field(default_factory=dict)  # INT_ARGS -> int64, TEXT_ARGS / RAW_ARGS -> int32 codes
     strings: list = field(default_factory=list)
     raws: list = field(default_factory=list)
+    repairs: dict = field(default_factory=dict)  # events whose JSON text was repaired, by kind (kineto_repair)
+    repaired_events: int = 0
 
     def string_array(self) -> np.ndarray:
         out = np.empty(len(self.strings), dtype=object)
@@ -266,37 +276,121 @@ def read_bytes(path: Path):
     except (OSError, ValueError) as exc:
         raise DLProfError(f"{path}: cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
     try:
-        return _gunzip(packed)
-    except (EOFError, OSError, zlib.error) as exc:
+        return _gunzip(packed, path)
+    except (EOFError, zlib.error) as exc:
         raise DLProfError(f"{path}: damaged or truncated gzip data ({exc})") from None
 
 
-def _gunzip(packed: bytearray) -> bytearray:
-    """Inflate gzip members into one buffer sized from the gzip trailer (no second copy of the text). The
-    trailer of a truncated file is whatever bytes it ends with: the size it claims is believed only up to
-    a ratio JSON does not exceed in practice (a larger text grows the buffer as it comes)."""
+def _gunzip(packed: bytearray, path: Path):
+    """Inflate gzip members into one buffer (no second copy of the text), refusing text no trace holds
+    before it is held (`_TextLimits`). The buffer is an anonymous mapping sized from the gzip trailer:
+    its pages cost memory only once written, so a trailer that lies (a truncated file's last bytes) costs
+    nothing; it grows in place (mremap) when the text is longer. Concatenated members are read as one
+    text (as gunzip does) and NUL padding after the last one is ignored; anything else after the gzip data
+    is an error."""
     guess = int.from_bytes(packed[-4:], "little") if len(packed) >= 18 else 0  # size mod 2**32
-    out = bytearray(max(min(guess, len(packed) * GZIP_RATIO_TRUSTED), 1))
-    filled = 0
+    size = max(min(guess, len(packed) * GZIP_RATIO_TRUSTED), GUNZIP_PIECE)
+    try:
+        out = mmap.mmap(-1, size)
+    except (OSError, MemoryError, ValueError):
+        raise DLProfError(f"{path}: out of memory holding the trace's text ({size / 2**20:,.0f} MB)") from None
+    limits = _TextLimits(path)
+    filled = pos = 0
     view = memoryview(packed)
-    while view:
+    while True:
         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        pending = view
-        while pending:
-            piece = inflater.decompress(pending, GUNZIP_PIECE)
-            pending = inflater.unconsumed_tail
+        tail = b""
+        while not inflater.eof:
+            if not tail:
+                if pos >= len(packed):
+                    raise EOFError("compressed file ended before the end-of-stream marker was reached")
+                tail = view[pos : pos + GUNZIP_INPUT]
+                pos += len(tail)
+            piece = inflater.decompress(tail, GUNZIP_PIECE)
+            tail = inflater.unconsumed_tail
+            limits.check(piece, filled, pos - len(tail))
             if filled + len(piece) > len(out):
-                out.extend(bytes(filled + len(piece) - len(out)))
+                out = _grown(out, filled + len(piece), path)
             out[filled : filled + len(piece)] = piece
             filled += len(piece)
-            if inflater.eof:
-                break
-        if not inflater.eof:
-            raise EOFError("compressed file ended before the end-of-stream marker was reached")
-        rest = inflater.unused_data.lstrip(b"\0")
-        view = memoryview(rest) if rest.startswith(GZIP_MAGIC) else memoryview(b"")  # another member
-    del out[filled:]
+        pos -= len(inflater.unused_data)  # the part of the last input piece after this member
+        pos = _NULS.match(packed, pos).end()
+        if pos >= len(packed):
+            break
+        if packed[pos : pos + 2] != GZIP_MAGIC:
+            raise DLProfError(
+                f"{path}: {len(packed) - pos:,} bytes follow the end of the gzip data (from byte {pos:,} of the "
+                "file) and are not gzip: the file is damaged"
+            )
+    if filled == 0:
+        return bytearray()
+    out.resize(filled)
     return out
+
+
+def _grown(out: mmap.mmap, size: int, path: Path) -> mmap.mmap:
+    try:
+        out.resize(max(size, len(out) + len(out) // 2))
+    except (OSError, MemoryError, ValueError):
+        raise DLProfError(f"{path}: out of memory holding the trace's text ({size / 2**20:,.0f} MB)") from None
+    return out
+
+
+class _TextLimits:
+    """What no trace's text is, checked on each inflated piece before it is kept: more than
+    GZIP_RATIO_LIMIT times the compressed bytes read so far (beyond the first GZIP_SLACK bytes; deflate's
+    own limit is 1032, JSON traces compress 10-30 times), a run of WHITESPACE_RUN_LIMIT bytes of nothing
+    but whitespace, more than the memory this process can have (then the plain .json file, read
+    memory-mapped, is the way)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.spaces = 0  # whitespace-only bytes at the end of the text so far (counted by whole pieces)
+        self.memory = _available_memory()
+
+    def check(self, piece: bytes, filled: int, consumed: int) -> None:
+        total = filled + len(piece)
+        if total > GZIP_RATIO_LIMIT * consumed + GZIP_SLACK:
+            raise DLProfError(
+                f"{self.path}: the gzip data expands more than {GZIP_RATIO_LIMIT} times ({total / 2**20:,.0f} MB "
+                f"of text from {consumed / 2**20:,.1f} MB): not a trace (Kineto traces compress 10-30 times)"
+            )
+        if not piece:
+            return
+        self.spaces = self.spaces + len(piece) if _NOT_SPACE.search(piece) is None else 0
+        if self.spaces > WHITESPACE_RUN_LIMIT:
+            raise DLProfError(
+                f"{self.path}: the text holds more than {WHITESPACE_RUN_LIMIT >> 20} MB of nothing but whitespace "
+                f"(up to byte {total:,}): not a trace"
+            )
+        if self.memory is not None and total > self.memory:
+            raise DLProfError(
+                f"{self.path}: the trace's text is larger than the memory available ({self.memory / 2**30:.1f} GB); "
+                "gunzip it and give the .json file, which is read memory-mapped"
+            )
+
+
+def _available_memory() -> int | None:
+    """Three quarters of the memory this process can still have (the machine's available memory, and the
+    cgroup's limit less its usage), or None where that is not known."""
+    found = []
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit, usage in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        try:
+            found.append(int(Path(limit).read_text()) - int(Path(usage).read_text()))
+            break
+        except (OSError, ValueError):  # no such cgroup file, or "max"
+            continue
+    return min(found) * 3 // 4 if found else None
 
 
 def looks_like_trace(path: Path) -> bool:
@@ -318,6 +412,7 @@ def looks_like_trace(path: Path) -> bool:
 
 
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_SYNTAX = msgspec.json.Decoder(msgspec.Raw)  # checks JSON text, builds nothing
 _EVENTS = msgspec.json.Decoder(list[Event])
 _FAST_EVENTS = msgspec.json.Decoder(list[FastEvent])
 _BETWEEN_EVENTS = re.compile(rb"\}\s*,\s*\{")
@@ -326,7 +421,9 @@ _ONE_VALUE = json.JSONDecoder()
 TAIL_BYTES = 1 << 20  # where the last event is looked for (and its largest size)
 TAIL_CANDIDATES = 16
 FAST_PATH_RETRIES = 64
-_NOT_SPACE = re.compile(rb"\S")
+REPAIR_STARTS = 8  # event starts tried before the offset a malformed chunk was refused at
+NESTING_REPORTED = 512  # the depth an error names (the decoders give up near Python's recursion limit)
+_NEXT_EVENT = re.compile(rb"\s*(?:,\s*\{|\])")
 
 
 def decode(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Decoded:
@@ -334,25 +431,22 @@ def decode(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Decoded:
 
     The usual layout is read in one pass over the events: the traceEvents array is found by its key and
     its last event, the rest of the document is checked with the array left empty, and each chunk of
-    events is checked as it decodes, which together validate the whole document. Anything unusual (or
-    wrong) sends the file through the validating path: one pass that checks the whole document first,
-    then the events, so every error is the one that path reports."""
+    events is checked as it decodes, which together validate the whole document. Events PyTorch wrote
+    malformed are repaired on that pass (`kineto_repair`) and counted. Anything unusual (or wrong) sends
+    the file through the validating path: one pass that checks the whole document first, then the events;
+    a document that is not JSON is then checked event by event (`_repaired_outline`), so a repairable one
+    is read and any other error names the first place that cannot be read."""
     path = Path(path)
     data = read_bytes(path)
     try:
-        if not _NOT_SPACE.search(data):
-            raise DLProfError(f"{path}: empty file, not a Kineto trace")
-        columns = None
-        outline = _outline(data)
-        if outline is not None:
-            first, end, meta = outline
-            try:
-                columns = _columns(data, first, end, chunk_bytes, path, retries=FAST_PATH_RETRIES)
-            except DLProfError:
-                columns = None
-        if columns is None:
-            first, end, meta = _validated_outline(data, path)
-            columns = _columns(data, first, end, chunk_bytes, path)
+        return _decode(data, path, chunk_bytes)
+    except RecursionError:
+        deep = _nesting_deeper_than(data, NESTING_REPORTED)
+        where = f" (more than {NESTING_REPORTED} levels at byte {deep:,})" if deep is not None else ""
+        raise DLProfError(f"{path}: the JSON nests too deeply to be read{where}: not a Kineto trace") from None
+    except UnicodeDecodeError:
+        bad = _first_invalid_utf8(data, 0, len(data))
+        raise DLProfError(f"{path}: the JSON text is not UTF-8 (byte {bad:,}) where it cannot be repaired") from None
     finally:
         if isinstance(data, mmap.mmap):
             try:
@@ -360,7 +454,27 @@ def decode(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Decoded:
             except BufferError:  # a view is still alive somewhere: the mapping goes with it
                 pass
         del data
-    return Decoded(path=path, meta=meta, columns=columns)
+
+
+def _decode(data, path: Path, chunk_bytes: int) -> Decoded:
+    if not _NOT_SPACE.search(data):
+        raise DLProfError(f"{path}: empty file, not a Kineto trace")
+    outline = _outline(data)
+    if outline is not None:
+        first, end, meta = outline
+        try:
+            return Decoded(path, meta, _columns(data, first, end, chunk_bytes, path, retries=FAST_PATH_RETRIES))
+        except DLProfError:
+            pass
+    try:
+        first, end, meta = _validated_outline(data, path)
+    except _NotJSON as exc:
+        first, end, meta = _repaired_outline(data, path, exc)
+    return Decoded(path, meta, _columns(data, first, end, chunk_bytes, path))
+
+
+class _NotJSON(DLProfError):
+    """The document is not valid JSON (before any repair)."""
 
 
 def _validated_outline(data, path: Path) -> tuple[int, int, dict]:
@@ -371,11 +485,11 @@ def _validated_outline(data, path: Path) -> tuple[int, int, dict]:
     except msgspec.ValidationError:
         raise DLProfError(f"{path}: not a Kineto trace (the JSON is not an object with traceEvents)") from None
     except msgspec.DecodeError as exc:
-        raise DLProfError(f"{path}: not valid JSON ({exc})") from None
+        raise _NotJSON(f"{path}: not valid JSON ({_where(exc, len(data))})") from None
     if "traceEvents" not in top:
         raise DLProfError(f"{path}: not a Kineto trace (no traceEvents in the JSON object)")
     events_raw = memoryview(top.pop("traceEvents"))
-    meta = {key: msgspec.json.decode(value) for key, value in top.items()}
+    meta = {key: _meta_value(value) for key, value in top.items()}
     del top
     if bytes(events_raw[:1]) != b"[":
         raise DLProfError(f"{path}: not a Kineto trace (traceEvents is not an array)")
@@ -383,6 +497,58 @@ def _validated_outline(data, path: Path) -> tuple[int, int, dict]:
     if first is None:
         raise AssertionError("msgspec returned a copy of the traceEvents text")  # pragma: no cover
     return first, first + len(events_raw) - 1, meta
+
+
+def _repaired_outline(data, path: Path, error: _NotJSON) -> tuple[int, int, dict]:
+    """(first, end, meta) of a document that is not valid JSON, if what is wrong lies in events PyTorch
+    wrote malformed: the events array after the first `"traceEvents": [` is checked (msgspec, no values
+    built) up to each place it refuses, where the event must be repairable, up to its closing bracket;
+    the document without the events must then be an object. Else the one-line error naming the first
+    place that cannot be read (`error` when there is no events key)."""
+    key = _EVENTS_KEY.search(data)
+    if key is None:
+        raise error
+    first = key.end() - 1
+    view = memoryview(data)
+    pos = first + 1
+    while True:
+        opening, data[pos - 1] = data[pos - 1], 0x5B  # "["
+        try:
+            _SYNTAX.decode(view[pos - 1 :])
+            raise error  # the array closes at the very end of the text: the object does not
+        except msgspec.DecodeError as exc:
+            at = _AT_BYTE.search(str(exc))
+            if at is None:
+                raise DLProfError(f"{path}: not valid JSON ({_where(exc, len(data))})") from None
+            offset = pos - 1 + int(at.group(1))
+            reason = _AT_BYTE.sub("", str(exc))
+        except UnicodeDecodeError:
+            offset, reason = _first_invalid_utf8(data, pos, len(data)), "text that is not UTF-8"
+        finally:
+            data[pos - 1] = opening
+        if reason.endswith("trailing characters"):
+            end = data.rfind(b"]", pos - 1, offset)
+            break
+        for event_start, _ in _event_starts(data, pos, offset):
+            repaired = repair_event(data, event_start)
+            if repaired is not None:
+                break
+        else:
+            raise DLProfError(
+                f"{path}: not valid JSON ({reason} (byte {offset:,})); the event there cannot be repaired"
+            ) from None
+        after = _NEXT_EVENT.match(data, repaired.end)
+        if data[after.end() - 1] == 0x5D:
+            end = after.end() - 1
+            break
+        pos = after.end() - 1
+    outer = bytes(data[: first + 1]) + bytes(data[end:])
+    try:
+        top = _TOP.decode(outer)
+    except msgspec.MsgspecError:
+        raise error from None
+    top.pop("traceEvents", None)
+    return first, end, {k: _meta_value(v) for k, v in top.items()}
 
 
 def _outline(data) -> tuple[int, int, dict] | None:
@@ -405,13 +571,22 @@ def _outline(data) -> tuple[int, int, dict] | None:
     events_raw = top.pop("traceEvents", None)
     if events_raw is None or bytes(events_raw) != b"[]" or _offset_in(memoryview(events_raw), outer) != first:
         return None  # not the top-level key (or not its only occurrence)
-    return first, end, {key: msgspec.json.decode(value) for key, value in top.items()}
+    return first, end, {key: _meta_value(value) for key, value in top.items()}
+
+
+def _meta_value(raw):
+    """A top-level value other than the events (text that is not UTF-8 decoded with replacement)."""
+    try:
+        return msgspec.json.decode(raw)
+    except UnicodeDecodeError:
+        return msgspec.json.decode(bytes(raw).decode("utf-8", "replace").encode("utf-8"))
 
 
 def _array_end(data, first: int) -> int | None:
     """The closing bracket of the events array opening at `first`: the last event starts at the last
     `}, {` of the file's tail (else it is the first event); Python's JSON decoder finds where that event
-    ends, and only spaces may stand between it and the bracket."""
+    ends (the repairing reader where PyTorch wrote it malformed), and only spaces may stand between it and
+    the bracket."""
     opening = _NOT_SPACE.search(data, first + 1)
     if opening is None:
         return None
@@ -425,9 +600,13 @@ def _array_end(data, first: int) -> int | None:
         text = bytes(data[start : start + TAIL_BYTES]).decode("utf-8", "surrogateescape")
         try:
             _, stop = _ONE_VALUE.raw_decode(text)
+            stop = start + len(text[:stop].encode("utf-8", "surrogateescape"))
         except ValueError:
-            continue
-        after = _NOT_SPACE.search(data, start + len(text[:stop].encode("utf-8", "surrogateescape")))
+            repaired = repair_event(data, start)
+            if repaired is None:
+                continue
+            stop = repaired.end
+        after = _NOT_SPACE.search(data, stop)
         return after.start() if after is not None and data[after.start()] == 0x5D else None
     return None
 
@@ -461,7 +640,8 @@ def _chunks(data, first: int, end: int, chunk_bytes: int, path: Path, builder, r
     JSON at a time. A chunk is decoded in place: the separators around it (the array's own bracket or
     the `,` and spaces between two events) are overwritten with `[` and `]` while it decodes. `retries`
     bounds the cuts tried per chunk (when the document was not validated first, a chunk that does not
-    decode may be damaged rather than cut inside a string)."""
+    decode may be damaged rather than cut inside a string). A chunk the decoder refuses at some offset
+    holds a malformed event: it is repaired (`_repaired_events`)."""
     view = memoryview(data)
     start = first + 1
     while start < end:
@@ -475,24 +655,171 @@ def _chunks(data, first: int, end: int, chunk_bytes: int, path: Path, builder, r
                 raise DLProfError(f"{path}: traceEvents could not be cut into chunks")
             match = _BETWEEN_EVENTS.search(data, cut, end) if cut < end else None
             stop = match.start() + 1 if match else end
-            opening, closing = data[start - 1], data[stop]
-            data[start - 1], data[stop] = 0x5B, 0x5D  # "[", "]"
+            resume = match.end() - 1 if match else end
             try:
-                events = _decode_events(view[start - 1 : stop + 1])
+                events = _decode_region(data, view, start, stop)
             except msgspec.ValidationError as exc:
-                raise DLProfError(
-                    f"{path}: unexpected event content ({_shift_path(str(exc), builder.count)})"
-                ) from None
-            except msgspec.DecodeError:
+                raise _content_error(path, exc, builder.count) from None
+            except _Cut:
                 if match is None:
                     raise DLProfError(f"{path}: traceEvents could not be decoded") from None
                 cut = match.start() + 1
                 continue
-            finally:
-                data[start - 1], data[stop] = opening, closing
+            except _Malformed as bad:
+                events, resume = _repaired_events(data, view, start, (stop, resume), end, bad, path, builder)
             break
-        start = match.end() - 1 if match else end
+        start = resume
         yield events
+
+
+class _Cut(Exception):
+    """The text given to the decoder ends inside a value: the cut between events was inside a string."""
+
+
+class _Malformed(Exception):
+    """The decoder refused the text at an offset (of the whole buffer)."""
+
+    def __init__(self, offset: int, reason: str):
+        super().__init__(reason)
+        self.offset = offset
+        self.reason = reason
+
+
+_AT_BYTE = re.compile(r"\s*\(byte (\d+)\)$")
+
+
+def _decode_region(data, view, start: int, stop: int) -> list:
+    """The events of data[start:stop] (from the `{` of one event to just past the `}` of another), decoded
+    in place between temporary brackets. Raises _Cut, _Malformed or msgspec.ValidationError."""
+    opening, closing = data[start - 1], data[stop]
+    data[start - 1], data[stop] = 0x5B, 0x5D  # "[", "]"
+    try:
+        return _decode_events(view[start - 1 : stop + 1])
+    except msgspec.ValidationError:
+        raise
+    except msgspec.DecodeError as exc:
+        at = _AT_BYTE.search(str(exc))
+        if at is None:
+            raise _Cut() from None
+        raise _Malformed(start - 1 + int(at.group(1)), _AT_BYTE.sub("", str(exc))) from None
+    except UnicodeDecodeError:
+        raise _Malformed(_first_invalid_utf8(data, start, stop), "text that is not UTF-8") from None
+    finally:
+        data[start - 1], data[stop] = opening, closing
+
+
+def _repaired_events(data, view, start: int, cut: tuple, end: int, bad: _Malformed, path: Path, builder):
+    """(events, where the next chunk starts) for a chunk data[start:stop] that holds malformed events:
+    the events before each one are decoded as usual, the malformed one is read by `repair_event` (its
+    start is the last `}, {` before the offset the decoder refused, else an earlier one: that `}, {` may
+    lie inside the broken string), and decoding goes on after it. A repaired event may run past the
+    cut; the chunk then ends after it."""
+    stop, resume = cut
+    events: list = []
+    pos = start
+    while True:
+        for event_start, prefix_stop in _event_starts(data, pos, bad.offset):
+            try:
+                before = _decode_region(data, view, pos, prefix_stop) if prefix_stop is not None else []
+            except (_Cut, _Malformed, msgspec.ValidationError):
+                continue  # this `}, {` lies inside a string: an earlier event is the broken one
+            repaired = repair_event(data, event_start, end)
+            if repaired is not None:
+                break
+        else:
+            raise DLProfError(
+                f"{path}: not valid JSON ({bad.reason} (byte {bad.offset:,})); the event there cannot be repaired"
+            ) from None
+        events += before
+        try:
+            events += _decode_events(b"[" + repaired.text + b"]")
+        except msgspec.ValidationError as exc:
+            raise _content_error(path, exc, builder.count + len(events)) from None
+        builder.repaired(repaired.kinds)
+        after = _NEXT_EVENT.match(data, repaired.end)
+        pos = after.end() - 1  # the next event's "{", or the array's "]"
+        if pos >= end:
+            return events, end
+        while pos < stop:
+            try:
+                events += _decode_region(data, view, pos, stop)
+                return events, resume
+            except msgspec.ValidationError as exc:
+                raise _content_error(path, exc, builder.count + len(events)) from None
+            except _Cut:  # the cut lies inside a string after the repaired event: cut at the next "}, {"
+                match = _BETWEEN_EVENTS.search(data, stop, end)
+                stop, resume = (match.start() + 1, match.end() - 1) if match else (end, end)
+            except _Malformed as again:
+                bad = again
+                break
+        else:
+            return events, pos
+
+
+def _event_starts(data, pos: int, offset: int):
+    """Where the event holding `offset` may start, latest first, with where the events before it end:
+    (the `{` after each `}, {` between pos and offset, the `}` + 1 before it); last the first event's."""
+    window = 1 << 12
+    while True:
+        low = max(pos, offset - window)
+        found = [(m.end() - 1, m.start() + 1) for m in _BETWEEN_EVENTS.finditer(data, low, offset + 1)]
+        if len(found) >= REPAIR_STARTS or low == pos:
+            break
+        window *= 16
+    starts = found[::-1][:REPAIR_STARTS]
+    if low == pos and len(starts) < REPAIR_STARTS:
+        starts.append((_NOT_SPACE.search(data, pos).start(), None))  # the region's first event
+    return starts
+
+
+def _content_error(path: Path, exc: msgspec.ValidationError, offset: int) -> DLProfError:
+    return DLProfError(f"{path}: unexpected event content ({_shift_path(str(exc), offset)})")
+
+
+def _where(exc: msgspec.DecodeError, size: int) -> str:
+    """msgspec's reason with the byte offset it names (the end of the text when it ran out)."""
+    reason = str(exc)
+    at = _AT_BYTE.search(reason)
+    if at is None:
+        return f"{reason}: the text ends at byte {size:,}"
+    return f"{_AT_BYTE.sub('', reason)} (byte {int(at.group(1)):,})"
+
+
+def _first_invalid_utf8(data, start: int, stop: int) -> int:
+    """The offset of the first byte of data[start:stop] that is not UTF-8 (start when there is none)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    for low in range(start, stop, CHUNK_BYTES):
+        high = min(stop, low + CHUNK_BYTES)
+        try:
+            decoder.decode(data[low:high], final=high == stop)
+        except UnicodeDecodeError as exc:
+            return low - len(exc.object) + (high - low) + exc.start
+    return start
+
+
+def _nesting_deeper_than(data, limit: int) -> int | None:
+    """The offset where the JSON text first nests more than `limit` arrays and objects deep (brackets
+    inside strings are not counted), or None. For the error message only: a vectorised pass in windows."""
+    depth = quotes = backslashes = 0  # carried across windows: depth, quotes seen, backslash run at the end
+    for low in range(0, len(data), TAIL_BYTES):
+        w = np.frombuffer(data[low : low + TAIL_BYTES], dtype=np.uint8)
+        index = np.arange(w.size)
+        is_backslash = w == 0x5C
+        last_other = np.maximum.accumulate(np.where(is_backslash, -1, index))
+        run_before = np.empty(w.size, dtype=np.int64)  # backslashes just before each byte
+        run_before[0] = backslashes
+        run_before[1:] = np.where(last_other[:-1] < 0, index[1:] + backslashes, index[1:] - 1 - last_other[:-1])
+        quote = (w == 0x22) & (run_before % 2 == 0)
+        inside = (quotes + np.cumsum(quote) - quote) % 2 == 1
+        step = np.where(inside, 0, (w == 0x5B) | (w == 0x7B)).astype(np.int64)
+        step -= np.where(inside, 0, (w == 0x5D) | (w == 0x7D))
+        level = depth + np.cumsum(step)
+        over = np.flatnonzero(level > limit)
+        if over.size:
+            return low + int(over[0])
+        depth, quotes = int(level[-1]), quotes + int(quote.sum())
+        backslashes = int(run_before[-1] + 1) if is_backslash[-1] else 0
+    return None
 
 
 def _decode_events(text) -> list:
@@ -557,15 +884,19 @@ class _TextTable:
         local = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)
         return mapping[local]
 
-    def raw_codes(self, raws: list, decode) -> np.ndarray:
+    def raw_codes(self, raws: list, decode) -> tuple[np.ndarray, np.ndarray | None]:
         """Global codes (int32) for raw JSON values (msgspec Raw; empty when absent -> -1): the bytes are
-        hashed in Arrow, and `decode` turns each distinct one of the chunk into the value kept (None -> -1)."""
+        hashed in Arrow, and `decode` turns each distinct one of the chunk into the value kept (None -> -1)
+        and whether its text had to be repaired; with the mask of the values repaired (None: none)."""
         encoded = _arrow_texts(*_end_to_end(raws), pa.large_binary()).dictionary_encode()
         uniques = encoded.dictionary.to_pylist()
         mapping = np.empty(len(uniques) + 1, dtype=np.int32)
         mapping[-1] = -1
+        repaired = []
         for i, raw in enumerate(uniques):
-            value = decode(raw)
+            value, bad = decode(raw)
+            if bad:
+                repaired.append(i)
             if value is None:
                 mapping[i] = -1
                 continue
@@ -576,7 +907,7 @@ class _TextTable:
                 self.values.append(value)
             mapping[i] = code
         local = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)
-        return mapping[local]
+        return mapping[local], (np.isin(local, repaired) if repaired else None)
 
 
 class _ColumnBuilder:
@@ -588,13 +919,23 @@ class _ColumnBuilder:
         # columns most events lack (args, flow ids): (rows, values) pieces, scattered once at the end
         self.sparse: dict = {name: [] for name in ["flow_id"] + list(INT_ARGS) + list(TEXT_ARGS) + list(RAW_ARGS)}
         self.count = 0
+        self.repairs: dict = {}  # events repaired, by kind (kineto_repair.QUOTE ...)
+        self.repaired_events = 0
+
+    def repaired(self, kinds: int, events: int = 1) -> None:
+        """Count events whose JSON text was repaired (kinds: kineto_repair's bits)."""
+        if kinds and events:
+            self.repaired_events += events
+            for kind in KIND_NAMES:
+                if kinds & kind:
+                    self.repairs[kind] = self.repairs.get(kind, 0) + events
 
     def add(self, events: list) -> None:
         n = len(events)
         part = {}
         for name in ("ph", "cat"):
             part[name] = self.strings.few_codes(list(map(attrgetter(name), events)))
-        part["name"] = self.strings.raw_codes(list(map(attrgetter("name"), events)), self._name)
+        part["name"], not_utf8 = self.strings.raw_codes(list(map(attrgetter("name"), events)), self._name)
         part["group"] = group = self._groups(part["ph"], part["cat"], part["name"])
         for name in ("pid", "tid"):
             part[name], part[name + "_numeric"] = self._ids(list(map(attrgetter(name), events)))
@@ -623,20 +964,29 @@ class _ColumnBuilder:
                 elif kind == "text":
                     codes = self.strings.codes(values)
                 else:
-                    codes = self.raws.raw_codes(values, _utf8)
+                    codes, bad = self.raws.raw_codes(values, _utf8)
+                    if bad is not None:
+                        not_utf8 = np.zeros(n, dtype=bool) if not_utf8 is None else not_utf8
+                        not_utf8[rows[bad]] = True
                 self.sparse[name].append((rows + self.count, codes))  # only the rows of the groups that have it
+        if not_utf8 is not None:  # names and raw arguments the chunk decoder passes through undecoded
+            self.repaired(UTF8, int(not_utf8.sum()))
         self.parts.append(part)
         self.count += n
 
-    def _name(self, raw: bytes):
-        """An event's name from its JSON text: a text, a number or boolean as text, None for null."""
-        value = msgspec.json.decode(raw)
+    def _name(self, raw: bytes) -> tuple:
+        """An event's name from its JSON text (a text, a number or boolean as text, None for null), and
+        whether it was not UTF-8 (then decoded with replacement)."""
+        try:
+            value, bad = msgspec.json.decode(raw), False
+        except UnicodeDecodeError:
+            value, bad = msgspec.json.decode(raw.decode("utf-8", "replace").encode("utf-8")), True
         if isinstance(value, (list, dict)):
             raise DLProfError(
                 f"{self.path}: unexpected event content (an event name is "
                 f"{'an array' if isinstance(value, list) else 'an object'}, not a text)"
             )
-        return value if value is None or isinstance(value, str) else str(value)
+        return (value if value is None or isinstance(value, str) else str(value)), bad
 
     def _groups(self, ph: np.ndarray, cat: np.ndarray, name: np.ndarray) -> np.ndarray:
         """Group per event from its phase and category (decided once per distinct pair)."""
@@ -697,6 +1047,8 @@ class _ColumnBuilder:
             args=args,
             strings=self.strings.values,
             raws=self.raws.values,
+            repairs=self.repairs,
+            repaired_events=self.repaired_events,
         )
 
 
@@ -785,8 +1137,11 @@ def _arrow_texts(text: bytes, lengths: np.ndarray, kind: pa.DataType) -> pa.Arra
     return pa.Array.from_buffers(kind, lengths.size, [pa.py_buffer(valid), pa.py_buffer(offsets), pa.py_buffer(text)])
 
 
-def _utf8(raw: bytes) -> str:
-    return raw.decode("utf-8", "replace")
+def _utf8(raw: bytes) -> tuple:
+    try:
+        return raw.decode("utf-8"), False
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", "replace"), True
 
 
 # ---------------------------------------------------------------------------- exact decimal parsing

@@ -1076,3 +1076,168 @@ def test_the_frontend_sends_the_request_header():
         os.path.isfile(ROOT / "frontend_static" / "jobs.js")
         and 'postJSON("reaggregate"' in (ROOT / "frontend_static" / "jobs.js").read_text()
     )
+
+
+# ---- Kineto input (issue 25) ----
+
+
+KINETO_T = 1_700_000_000_000_000_000  # ns since the epoch, as torch.profiler writes them (in microseconds)
+GB = 1 << 30
+
+
+def warning_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("[DLProf-") and " WARNING: " in lines[0], stderr
+    return lines[0]
+
+
+def kineto_steps():
+    """Two ProfilerStep#N at epoch times, each with an op launching a 10 us kernel: the first range starts at
+    KINETO_T, the last op ends at KINETO_T + 121_000 ns (the wall clock: 121,000 ns; its kernel ends at 115_000)."""
+    from tests.kineto_builder import KinetoTrace
+
+    k = KinetoTrace()
+    k.device(0)
+    k.span(KINETO_T - 1000, 300_000)
+    for i in range(2):
+        s = KINETO_T + i * 100_000
+        k.annotation(10, s, 90_000, f"ProfilerStep#{i}")
+        k.cpu_op(10, s + 1000, 20_000, "aten::mm", seq=i)
+        k.kernel("volta_sgemm_128x64_nn", s + 5000, 10_000, k.runtime(10, s + 2000, 1000))
+    return k
+
+
+def gzip_bomb(path: Path, fill: bytes, size: int, lead: bytes = b"") -> Path:
+    """A valid gzip file of one stream: `{"traceEvents": [`, `lead` and `size` bytes of `fill`, written from the
+    deflate of one 16 MB block repeated (each block ends with a full flush, so its deflate bytes do not depend on
+    what came before); the trailer's CRC is computed over the whole text, never held."""
+    import zlib
+
+    block = fill * (16 << 20)
+    prefix, suffix = b'{"traceEvents": [' + lead, b"]}"
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 31)
+    head = deflate.compress(prefix) + deflate.compress(block) + deflate.flush(zlib.Z_FULL_FLUSH)
+    repeated = deflate.compress(block) + deflate.flush(zlib.Z_FULL_FLUSH)
+    tail = (deflate.compress(suffix) + deflate.flush())[:-8]  # the trailer is recomputed for the whole text
+    crc = zlib.crc32(prefix)
+    for _ in range(size // len(block)):
+        crc = zlib.crc32(block, crc)
+    crc = zlib.crc32(suffix, crc)
+    total = len(prefix) + size // len(block) * len(block) + len(suffix)
+    with open(path, "wb") as fh:
+        fh.write(head)
+        for _ in range(size // len(block) - 1):
+            fh.write(repeated)
+        fh.write(tail + crc.to_bytes(4, "little") + (total % 2**32).to_bytes(4, "little"))
+    return path
+
+
+def dlprof_measured(tmp_path: Path, *argv: str) -> tuple[int, str, float]:
+    """dlprof in a child process: exit status, stderr and the child's peak memory (GB)."""
+    proc = dlprof_process(*argv, "-v", "minimal")
+    _, status, usage = os.wait4(proc.pid, 0)
+    stderr = proc.stderr.read()
+    proc.stdout.close()
+    proc.stderr.close()
+    return os.waitstatus_to_exitcode(status), stderr, usage.ru_maxrss * 1024 / GB
+
+
+def refused(tmp_path: Path, source: Path, *says: str, measured: bool = False) -> float:
+    """The run on `source` exits 1 with one error line naming the file and saying `says`, leaves no output
+    and the input unchanged; the child's peak memory when measured (else 0)."""
+    out = tmp_path / "out"
+    before = (sha256(source), source.stat().st_mtime_ns)
+    if measured:
+        code, stderr, peak = dlprof_measured(tmp_path, f"--database={source}", f"--output_path={out}")
+    else:
+        (code, stderr), peak = run_cli(f"--database={source}", f"--output_path={out}", "-v", "minimal"), 0.0
+    assert code == 1 and "Traceback" not in stderr, stderr
+    line = error_line(stderr)
+    assert str(source) in line, line
+    for text in says:
+        assert text in line, line
+    assert not out.exists(), list(out.rglob("*"))
+    assert (sha256(source), source.stat().st_mtime_ns) == before
+    return peak
+
+
+def test_kineto_gzip_bomb_of_whitespace_is_refused_in_bounded_memory(tmp_path):
+    """3 GB of whitespace in 3 MB (deflate's largest ratio): refused after about 100 MB of text."""
+    bomb = gzip_bomb(tmp_path / "bomb.json.gz", b" ", 3 * GB)
+    assert bomb.stat().st_size < 4 << 20
+    peak = refused(tmp_path, bomb, "the gzip data expands more than 256 times", "not a trace", measured=True)
+    assert peak < 1.0, f"{peak:.2f} GB"
+
+
+def test_kineto_gzip_whitespace_run_behind_real_text_is_refused_in_bounded_memory(tmp_path):
+    """8 MB of text that does not compress keep the ratio low; the 3 GB run of whitespace after it is refused."""
+    lead = b'{"ph": "X", "name": "' + os.urandom(4 << 20).hex().encode() + b'"}, '
+    bomb = gzip_bomb(tmp_path / "run.json.gz", b" ", 3 * GB, lead)
+    peak = refused(tmp_path, bomb, "the text holds more than 64 MB of nothing but whitespace", measured=True)
+    assert peak < 1.0, f"{peak:.2f} GB"
+
+
+def test_kineto_args_nested_200000_levels(tmp_path):
+    text = kineto_steps().text().encode()
+    deep = text.replace(b'"args": {', b'"args": {"deep": ' + b"[" * 200_000 + b"]" * 200_000 + b", ", 1)
+    path = tmp_path / "deep.json"
+    path.write_bytes(deep)
+    # levels: the document, traceEvents, the event, its args, then the brackets: the 509th opens level 513
+    at = deep.index(b"[" * 1000) + 508
+    refused(tmp_path, path, "the JSON nests too deeply to be read", f"more than 512 levels at byte {at:,}")
+
+
+def test_kineto_name_with_bytes_that_are_not_utf8(tmp_path):
+    """Decoded with replacement and counted in one warning; the run succeeds."""
+    path = tmp_path / "names.json"
+    path.write_bytes(kineto_steps().text().encode().replace(b'"aten::mm"', b'"aten::\xff\xfemm"'))
+    out = tmp_path / "out"
+    code, stderr = run_cli(f"--database={path}", f"--output_path={out}", "-v", "minimal")
+    assert code == 0 and "Traceback" not in stderr, stderr
+    assert warning_line(stderr).endswith(
+        f"{path}: 2 events written as invalid JSON were repaired and read (2 with bytes that are not UTF-8)"
+    )
+    con = sqlite3.connect(out / "dlprof_dldb.sqlite")
+    try:
+        names = {row[0] for row in con.execute("SELECT value FROM strings")}
+    finally:
+        con.close()
+    assert any("aten::\ufffd\ufffdmm" in str(name) for name in names), names
+
+
+def test_kineto_gzip_followed_by_garbage(tmp_path):
+    import gzip
+
+    packed = gzip.compress(kineto_steps().text().encode())
+    path = tmp_path / "trailing.json.gz"
+    path.write_bytes(packed + b"this is not gzip")
+    refused(tmp_path, path, f"16 bytes follow the end of the gzip data (from byte {len(packed):,} of the file)")
+
+
+def test_kineto_two_gzip_members_are_one_text(tmp_path):
+    """Concatenated gzip members are one text, as gunzip reads them (RFC 1952); NUL padding after them too."""
+    import gzip
+
+    text = kineto_steps().text().encode()
+    path = tmp_path / "members.json.gz"
+    path.write_bytes(gzip.compress(text[:1000]) + gzip.compress(text[1000:]) + b"\0" * 512)
+    out = tmp_path / "out"
+    code, stderr = run_cli(f"--database={path}", f"--output_path={out}", "-v", "minimal")
+    assert code == 0 and stderr == "", stderr
+    assert summary_value(out, "Wall Clock Time (ns)") == "121000"
+
+
+def test_kineto_timestamp_far_outside_the_trace(tmp_path):
+    """`ts` 1.0 us among epoch microseconds: that event is dropped with a warning, the wall clock is the trace's."""
+    k = kineto_steps()
+    k.raw('{"ph": "X", "cat": "cpu_op", "name": "aten::zero_", "pid": 4242, "tid": 10, "ts": 1.0, "dur": 2.0}')
+    path = tmp_path / "far.json"
+    k.write(path)
+    out = tmp_path / "out"
+    code, stderr = run_cli(f"--database={path}", f"--output_path={out}", "-v", "minimal")
+    assert code == 0 and "Traceback" not in stderr, stderr
+    assert warning_line(stderr).endswith(
+        f"{path}: 1 events were dropped: their start or end lies more than a day from the trace's median time (a "
+        "damaged timestamp, e.g. ts = 1.000 us)"
+    )
+    assert summary_value(out, "Wall Clock Time (ns)") == "121000"

@@ -431,6 +431,34 @@ def test_malformed_events_are_skipped_with_warnings(tmp_path):
     assert "unknown categories were ignored: mystery_cat (1)" in text
 
 
+def test_far_off_timestamps_are_dropped_and_long_captures_kept(tmp_path):
+    """Epoch times: 10 ops 8 hours apart (a capture of 3 days) and one at ts 1.0 us (53 years off). The median
+    start is the 5th op's (32 h), the median distance to it 24 h: the horizon is 1000 x 24 h, and only the
+    damaged op lies beyond it."""
+    base = 1_700_000_000_000_000_000
+    hour = 3_600 * 10**9
+    k = KinetoTrace()
+    for i in range(10):
+        k.cpu_op(MAIN, base + i * 8 * hour, 1000, "aten::mm", seq=i)
+    k.raw('{"ph": "X", "cat": "cpu_op", "name": "aten::zero_", "pid": 4242, "tid": 10, "ts": 1.0, "dur": 2.0}')
+    trace = read_kineto_trace(k.write(tmp_path / "long.json"))
+    assert trace.ranges["text"].str.startswith("aten::mm").sum() == 10
+    assert not trace.ranges["text"].str.startswith("aten::zero_").any()
+    assert [w for w in trace.warnings if "dropped" in w] == [
+        f"{tmp_path / 'long.json'}: 1 events were dropped: their start or end lies more than 1,000 days from the "
+        "trace's median time (a damaged timestamp, e.g. ts = 1.000 us)"
+    ]
+    assert sorted(trace.ranges["start"].tolist()) == [i * 8 * hour for i in range(10)]  # time zero: the first op
+
+
+def test_far_off_rule_never_drops_half_the_events(tmp_path):
+    k = KinetoTrace()
+    k.cpu_op(MAIN, 1_700_000_000_000_000_000, 1000, "aten::mm", seq=1)
+    k.raw('{"ph": "X", "cat": "cpu_op", "name": "aten::zero_", "pid": 4242, "tid": 10, "ts": 1.0, "dur": 2.0}')
+    trace = read_kineto_trace(k.write(tmp_path / "two.json"))
+    assert len(trace.ranges) == 2 and not [w for w in trace.warnings if "dropped" in w]
+
+
 def test_names_that_are_numbers_or_escaped_read_as_texts(tmp_path):
     k = KinetoTrace()
     k.raw('{"ph": "X", "cat": "cpu_op", "name": 7, "pid": 4242, "tid": 10, "ts": 1.0, "dur": 1.0}')
@@ -655,30 +683,112 @@ def test_integer_columns_from_mixed_json_scalars():
     assert to_int(["a", 1, 2**70, 3]).tolist() == [-1, 1, -1, 3]
 
 
-def test_short_kernel_names():
-    assert (
-        short_kernel_name(
-            "void at::native::vectorized_elementwise_kernel<4, at::native::Relu, "
-            "at::detail::Array<char*, 2> >(int, at::native::Relu, at::detail::Array<char*, 2>)"
-        )
-        == "vectorized_elementwise_kernel"
-    )
-    assert (
-        short_kernel_name("void at::native::(anonymous namespace)::CatArrayBatchedCopy<int>(int*)")
-        == "CatArrayBatchedCopy"
-    )
-    assert short_kernel_name("volta_sgemm_128x64_nn") == "volta_sgemm_128x64_nn"
-    assert (
-        short_kernel_name(
-            "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4>"
-            "(cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4::Params)"
-        )
-        == "Kernel"
-    )
-    assert (
-        short_kernel_name("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)")
-        == "ncclKernel_AllReduce_RING_LL_Sum_float"
-    )
+AMD_GEMM = (
+    "Cijk_Ailk_Bjlk_SB_Bias_AS_SAV_UserArgs_MT64x16x16_MI16x16x1_SN_LDSB0_AFC1_AFEM1_AFEM1_ASEM1_CLR1_CADS0_EPS0_GRVWA1_"
+    "GRVWB1_GSUAMB_ISA90a_IU1_K1_LBSPPA0_LBSPPB0_LBSPPM0_LPA0_LPB0_LPM0_LRVW1_LWPMn1_MIAV0_MIWT1_1_MO40_NTn1_NTA0_NTB0_"
+    "NTC0_NTD0_NTM0_NEPBS2_NLCA1_NLCB1_ONLL1_PGR2_PLR1_PKA1_SIA3_SS1_SPO1_SRVW0_SSO0_SVW1_TLDS0_USFGROn1_VSn1_VWA1_VWB1_"
+    "WSGRA0_WSGRB0_WS64_WG64_4_1"
+)
+# Real demangled names (Kineto's demangler) from the traces in tests/data/kineto, with the short name nsys gives:
+# the kernel function's own name, whatever its return type, scopes, template arguments and parameters hold.
+REAL_KERNEL_NAMES = [
+    (  # a return type with template arguments and a parenthesised expression (issue 21.7)
+        "std::enable_if<!(false), void>::type internal::gemvx::kernel<int, int, float, float, float, float, false, "
+        "true, false, false, 7, cublasGemvParams<cublasGemvTensorStridedBatched<float const>, "
+        "cublasGemvTensorStridedBatched<float const>, cublasGemvTensorStridedBatched<float>, float> >("
+        "cublasGemvParams<cublasGemvTensorStridedBatched<float const>, cublasGemvTensorStridedBatched<float const>, "
+        "cublasGemvTensorStridedBatched<float>, float>)",
+        "kernel",
+    ),
+    (
+        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, at::detail::Array<char*, 1> "
+        ">(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)",
+        "vectorized_elementwise_kernel",
+    ),
+    (
+        "void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, unsigned int, 2, 128, 1>(float*, "
+        "at::native::(anonymous namespace)::CatArrInputTensorMetadata<float, unsigned int, 128, 1>, "
+        "at::native::(anonymous namespace)::TensorSizeStride<unsigned int, 4u>, int, unsigned int)",
+        "CatArrayBatchedCopy",
+    ),
+    ("volta_sgemm_128x32_nt", "volta_sgemm_128x32_nt"),
+    (
+        "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4>"
+        "(cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4::Params)",
+        "Kernel",
+    ),
+    (
+        "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+        "ncclKernel_AllReduce_RING_LL_Sum_float",
+    ),
+    ("cask_cudnn::computeOffsetsKernel(cask_cudnn::ComputeOffsetsParams)", "computeOffsetsKernel"),
+    (  # operator() and lambdas inside the template arguments
+        "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
+        "at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, "
+        "unsigned int, float, 4> >(at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
+        "at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, "
+        "unsigned int, float, 4>)",
+        "reduce_kernel",
+    ),
+    (  # enumerators cast in the template arguments: (cub::BlockLoadAlgorithm)3
+        "void cub::DeviceScanKernel<cub::AgentScanPolicy<128, 15, int, (cub::BlockLoadAlgorithm)3, "
+        "(cub::CacheLoadModifier)0, (cub::BlockStoreAlgorithm)3, (cub::BlockScanAlgorithm)2, "
+        "cub::MemBoundScaling<128, 15, int> >, int*, int*, cub::ScanTileState<int, true>, cub::Sum, cub::NullType, "
+        "int>(int*, int*, cub::ScanTileState<int, true>, int, cub::Sum, cub::NullType, int)",
+        "DeviceScanKernel",
+    ),
+    (
+        "void (anonymous namespace)::softmax_warp_forward<float, float, float, 10, true>(float*, float const*, int, "
+        "int, int)",
+        "softmax_warp_forward",
+    ),
+    (AMD_GEMM, AMD_GEMM),  # ROCm: not demangled
+]
+# Written for this test: what a demangled name can also hold
+OTHER_KERNEL_NAMES = [
+    ("unsigned int const* ns::inner::k<3>(int) const", "k"),  # a qualified return type, a qualifier after
+    ("void ns::Functor::operator()<float>(float*)", "operator()"),
+    ("void ns::operator<< <int>(int*)", "operator<<"),
+    ("void ns::Cmp<(N > 2)>::run(int)", "run"),  # a comparison inside the template arguments
+    (
+        "<unnamed>::nvfuser_pointwise_f0_c1_r0_g0(<unnamed>::Tensor<float, (int)2, (int)2>)",
+        "nvfuser_pointwise_f0_c1_r0_g0",
+    ),
+    ("void ns::outer(int)::[lambda(int) (instance 1)]::operator ()(int) const", "operator ()"),
+]
+
+
+@pytest.mark.parametrize("name, short", REAL_KERNEL_NAMES + OTHER_KERNEL_NAMES)
+def test_short_kernel_names(name, short):
+    assert short_kernel_name(name) == short
+
+
+def test_real_kernel_names_of_the_table_are_in_the_fixtures(fixture_copies):
+    names = set()
+    for path in fixture_copies.glob("*.json*"):
+        names |= {e["name"] for e in load_json(path)["traceEvents"] if str(e.get("cat", "")).lower() == "kernel"}
+    assert {name for name, _ in REAL_KERNEL_NAMES} <= names
+
+
+def test_short_kernel_names_agree_with_nsys():
+    """Every kernel of the nsys exports in tests/data: nsys' own shortName of its demangledName."""
+    import sqlite3
+
+    pairs = set()
+    for path in sorted(data.NSYS.glob("*.sqlite")):
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+        try:
+            if con.execute("SELECT 1 FROM sqlite_master WHERE name = 'CUPTI_ACTIVITY_KIND_KERNEL'").fetchone():
+                pairs |= set(
+                    con.execute(
+                        "SELECT DISTINCT s.value, d.value FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+                        "JOIN StringIds s ON s.id = k.shortName JOIN StringIds d ON d.id = k.demangledName"
+                    ).fetchall()
+                )
+        finally:
+            con.close()
+    assert len(pairs) >= 50
+    assert [(short, demangled) for short, demangled in pairs if short_kernel_name(demangled) != short] == []
 
 
 # ---------------------------------------------------------------------------- the command line
@@ -852,6 +962,37 @@ def test_cli_bad_events_warn_and_the_rest_is_counted(tmp_path):
     kernels = sum(ns(str(e["dur"])) for e in good if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
     summary = {row[0]: row[1:] for row in csv.reader((out / "dlprof_summary.csv").read_text().splitlines()) if row}
     assert int(summary["All kernels"][0]) == kernels == 8000 + 2000 + 2000 + 5000 + 2000 + 150
+
+
+def test_cli_reads_the_real_trace_with_an_unescaped_name(tmp_path):
+    """PyTorch 2.13 wrote one event name with unescaped quotes (issue 21.2): the run succeeds, says it once, and
+    the ranges in the database are those of the JSON repaired independently (its name lines re-escaped)."""
+    import sqlite3
+
+    from tests.test_kineto_repair import independently_repaired
+
+    path = data.KINETO_MALFORMED / "pytorch2.13_cpu_unescaped_name.pt.trace.json.gz"
+    out = tmp_path / "out"
+    proc = run_dlprof_cli(f"--database={path}", f"--output_path={out}", "--reports=summary", "-v", "minimal")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{path}: 1 events written as invalid JSON were repaired and read (1 with unescaped quotes)" in proc.stderr
+    doc = json.loads(independently_repaired(gzip.decompress(path.read_bytes()).decode()), parse_float=Decimal)
+    ranges = [
+        e
+        for e in doc["traceEvents"]
+        if e.get("ph") == "X"
+        and (
+            e["cat"] in ("cpu_op", "user_annotation")
+            or (e["cat"] == "python_function" and e["name"].startswith("nn.Module: "))
+        )
+    ]
+    con = sqlite3.connect(out / "dlprof_dldb.sqlite")
+    try:
+        count, total = con.execute("SELECT count(*), sum(duration) FROM raw_ranges").fetchone()
+    finally:
+        con.close()
+    assert (count, total) == (len(ranges), sum(ns(e["dur"]) for e in ranges)) == (3255, 19_148_360_362)
+    assert sum(1 for e in ranges if re.fullmatch(r"ProfilerStep#\d+", e["name"])) == 11
 
 
 def run_dlprof_cli(*args: str) -> subprocess.CompletedProcess:
