@@ -205,8 +205,8 @@ def capture_warnings(path, has_nvtx: bool, has_cuda_tables: bool, ranges: int, a
         return [
             f"{path}: the capture recorded no NVTX ranges and no CUDA activity, so there are no ops and no GPU "
             "figures (the wall clock is the capture's own window); to see ops, profile a program that imports "
-            "torch (dlprof annotates it unless --pytorch_init=false) or that marks its work with NVTX ranges "
-            "(nvtx package, torch.cuda.nvtx)"
+            "torch (dlprof annotates it, unless --pytorch_init=false or its Python ignores PYTHONPATH: -E, -I) "
+            "or that marks its work with NVTX ranges (nvtx package, torch.cuda.nvtx)"
         ]
     warnings = []
     if not has_cuda_tables:

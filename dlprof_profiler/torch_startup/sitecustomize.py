@@ -16,13 +16,13 @@ start-up; this one then
   markers go to NVTX (the NVTX library through ctypes: no Python package needed); under torch.profiler
   they are `record_function` ranges, switched on only while collection runs;
 - with DLPROF_TORCH_CAPTURE, creates a `torch.profiler.profile` (CPU, plus CUDA/ROCm/XPU activities when
-  this torch supports them; shapes recorded; Python stacks when asked, i.e. without the annotation), marks iterations at optimizer steps (right
-  after each `Optimizer.step`, so the trace holds `ProfilerStep#N` ranges and `torch.profiler.schedule`
-  selects the iterations to keep), honours the delay and duration at module calls and optimizer steps
-  (torch.profiler must be started and stopped on the thread that runs the model, never from a timer
-  thread), and writes `<pid>.pt.trace.json.gz` into the capture folder when collection ends: when the
-  iteration window is complete, when the duration is over (then, as nsys does, the program is ended with
-  SIGTERM), at interpreter exit, or on SIGTERM.
+  this torch supports them; shapes recorded; Python stacks when asked, i.e. without the annotation), marks
+  iterations at optimizer steps (right after each `Optimizer.step`, so the trace holds `ProfilerStep#N`
+  ranges and `torch.profiler.schedule` selects the iterations to keep), honours the delay and duration at
+  module calls and optimizer steps (torch.profiler must be started and stopped on the thread that runs the
+  model, never from a timer thread), and writes `<pid>.pt.trace.json.gz` into the capture folder when
+  collection ends: when the iteration window is complete, when the duration is over (then, as nsys does,
+  the program is ended with SIGTERM), at interpreter exit, or on SIGTERM.
 
 It imports only the standard library until torch is imported. Any failure is reported in one line on
 stderr and leaves the program running (unprofiled or unannotated).
