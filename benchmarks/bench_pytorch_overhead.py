@@ -10,7 +10,14 @@ uninstrumented run:
 - ``markers-null``: wrappers build every marker (stack walk, argument description, backward hooks) but
   send them nowhere - the CPU cost of annotation itself;
 - ``markers-nvtx``: markers sent through the nvtx package with no tool attached (the NVTX calls are
-  no-ops, plus the package's string registration).
+  no-ops, plus the package's string registration);
+- ``markers-libnvtx``: markers sent through the NVTX library by ctypes (what the startup hook uses under
+  Nsight Systems), no tool attached;
+- ``kineto``: torch.profiler on with shapes and Python stacks, no markers: the torch backend without
+  annotation (``--pytorch_init=false``);
+- ``kineto+markers``: torch.profiler on with shapes, the markers as ``record_function`` ranges (they carry
+  the stacks): the torch backend's default. Its ratio to ``kineto`` is what one op naming on both
+  backends costs.
 
 Usage: python benchmarks/bench_pytorch_overhead.py [--steps 30] [--rounds 5] [--batch 32] [--threads 1]
 """
@@ -18,6 +25,7 @@ Usage: python benchmarks/bench_pytorch_overhead.py [--steps 30] [--rounds 5] [--
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -30,7 +38,12 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import dlprof_profiler.pytorch as dlprof_pytorch  # noqa: E402
-from dlprof_profiler.pytorch.backend import NullBackend, NvtxBackend  # noqa: E402
+from dlprof_profiler.pytorch.backend import (  # noqa: E402
+    LibNvtxBackend,
+    NullBackend,
+    NvtxBackend,
+    RecordFunctionBackend,
+)
 
 
 class SmallCNN(nn.Module):
@@ -76,21 +89,25 @@ def time_steps(step, steps: int) -> float:
 
 
 VARIANTS = {
-    "off": None,
-    "no-profiler": "auto",
-    "markers-null": lambda: NullBackend(enabled=True),
-    "markers-nvtx": lambda: NvtxBackend(enabled=True),
+    "off": (None, False),
+    "no-profiler": ("auto", False),
+    "markers-null": (lambda: NullBackend(enabled=True), False),
+    "markers-nvtx": (lambda: NvtxBackend(enabled=True), False),
+    "markers-libnvtx": (lambda: LibNvtxBackend(enabled=True), False),
+    "kineto": (None, "with_stack"),
+    "kineto+markers": (lambda: RecordFunctionBackend(enabled=True), "shapes"),
 }
 
 
 def run_variant(name: str, step, steps: int) -> float:
-    spec = VARIANTS[name]
-    if spec is None:
-        return time_steps(step, steps)
-    backend = spec() if callable(spec) else spec
-    with dlprof_pytorch.instrumented(backend=backend):
-        if name == "no-profiler" and dlprof_pytorch.is_active():
-            print("note: a profiler seems attached; 'no-profiler' measures annotation", file=sys.stderr)
+    spec, kineto = VARIANTS[name]
+    with contextlib.ExitStack() as stack:
+        if kineto:
+            stack.enter_context(torch.profiler.profile(record_shapes=True, with_stack=kineto == "with_stack"))
+        if spec is not None:
+            stack.enter_context(dlprof_pytorch.instrumented(backend=spec() if callable(spec) else spec))
+            if name == "no-profiler" and dlprof_pytorch.is_active():
+                print("note: a profiler seems attached; 'no-profiler' measures annotation", file=sys.stderr)
         return time_steps(step, steps)
 
 

@@ -6,7 +6,10 @@
    and writable, no planned output already there (unless --force), the command exists;
 2. runs `nsys profile ... <launcher> <command>`; the launcher is a tiny Python program that hands the
    command dlprof's own stdin/stdout/stderr and records its exit status in a file, because nsys does not
-   always pass the status on (it reports its own failures, a signal-killed wrapper, `--kill` endings);
+   always pass the status on (it reports its own failures, a signal-killed wrapper, `--kill` endings).
+   The command's environment carries dlprof's startup hook (`torch_startup`): a Python program that imports
+   torch is annotated as `dlprof_profiler.pytorch.init()` does, with no code change (`--pytorch_init=false`
+   turns it off);
 3. finds the report and the SQLite export whatever this nsys version named them, importing a lone
    `.qdstrm` (QdstrmImporter) and exporting SQLite (`nsys export`) when nsys did not;
 4. runs the same analysis as `dlprof --database`, and returns the command's exit status.
@@ -29,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dlprof_profiler import log
+from dlprof_profiler import log, torch_startup
 from dlprof_profiler.errors import DLProfError
 
 MIN_NSYS_VERSION = (2020, 3)
@@ -574,8 +577,11 @@ def _kill_agents(nsys_pid: int) -> None:
                 pass
 
 
-def run_nsys(cmd: list, show_output: bool, pass_fds=(), status_file: Path | None = None) -> NsysRun:
+def run_nsys(
+    cmd: list, show_output: bool, pass_fds=(), status_file: Path | None = None, env: dict | None = None
+) -> NsysRun:
     """Run nsys in its own process group, echoing its output when `show_output`, and handle interrupts.
+    `env`: the environment of nsys and so of the command (default: dlprof's).
 
     Ctrl-C (or SIGTERM/SIGHUP) is forwarded once to nsys's group; nsys then stops the program and writes
     the report, which we wait for. A second Ctrl-C only says so; a third abandons the capture.
@@ -587,6 +593,7 @@ def run_nsys(cmd: list, show_output: bool, pass_fds=(), status_file: Path | None
         stderr=subprocess.STDOUT,
         start_new_session=True,
         pass_fds=tuple(pass_fds),
+        env=env,
     )
     chunks = []
     # nsys redraws progress bars with carriage returns: fine on a terminal, hundreds of fragments per line
@@ -713,6 +720,13 @@ def launcher_command(status_file: Path, stdio_fds=()) -> list:
 # --------------------------------------------------------------------------------------------- the whole run
 
 
+def command_environment(args, base: dict | None = None) -> dict:
+    """The environment nsys and the command run in: dlprof's, plus the startup hook that annotates PyTorch
+    (NVTX markers, `auto` backend: on only while a profiler is attached) unless --pytorch_init=false."""
+    init = torch_startup.init_config("auto") if getattr(args, "pytorch_init", True) else None
+    return torch_startup.environment(init=init, base=base)
+
+
 def _pipeline():
     """The analysis engine (imported late: the capture checks must not need pandas)."""
     return importlib.import_module("dlprof_profiler.pipeline")
@@ -736,6 +750,8 @@ def profile_and_analyze(args) -> int:
 
     out.mkdir(parents=True, exist_ok=True)
     log.info(f"Nsight Systems {nsys_info.version}: {shlex.join(shown_cmd)}")
+    if getattr(args, "pytorch_init", True):
+        log.info("PyTorch is annotated when the command imports it (ops named by module; --pytorch_init=false: off)")
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="dlprof-") as tmp:
         status_file = Path(tmp) / "exit_status"
@@ -752,6 +768,7 @@ def profile_and_analyze(args) -> int:
                 show_output=log.verbosity() >= log.INFO,
                 pass_fds=[fd for fd in stdio if fd is not None],
                 status_file=status_file,
+                env=command_environment(args),
             )
         finally:
             for fd in stdio:

@@ -1,8 +1,9 @@
 """Capture without Nsight Systems: `dlprof --backend=torch [options] python train.py`.
 
 The user's command runs unchanged with dlprof's startup hook on PYTHONPATH (`torch_startup/
-sitecustomize.py`), which starts torch.profiler when the program imports torch, marks iterations at
-optimizer steps and writes one Kineto trace per profiled process. Then:
+sitecustomize.py`), which, when the program imports torch, annotates it as `dlprof_profiler.pytorch.init()`
+does (markers as `record_function` ranges; `--pytorch_init=false` leaves torch alone), starts
+torch.profiler, marks iterations at optimizer steps and writes one Kineto trace per profiled process. Then:
 
 1. checks first (nothing is written when one fails): the output folder, no planned output already there
    (unless --force), the command exists, the options make sense for this backend;
@@ -15,7 +16,6 @@ optimizer steps and writes one Kineto trace per profiled process. Then:
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import shlex
 import signal
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dlprof_profiler import log
+from dlprof_profiler import log, torch_startup
 from dlprof_profiler.capture import (
     _describe_status,
     _signal_name,
@@ -35,8 +35,8 @@ from dlprof_profiler.capture import (
 )
 from dlprof_profiler.errors import DLProfError
 
-HOOK_DIR = Path(__file__).resolve().parent / "torch_startup"
-CAPTURE_ENV = "DLPROF_TORCH_CAPTURE"
+HOOK_DIR = torch_startup.HOOK_DIR
+CAPTURE_ENV = torch_startup.CAPTURE_ENV
 TRACE_SUFFIX = ".pt.trace.json.gz"
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP)
 
@@ -61,7 +61,9 @@ def parse_iterations(text: str | None) -> tuple[int, int] | None:
 
 
 def capture_config(args, folder: Path, started: float) -> dict:
-    """What the startup hook needs, as the JSON it reads from DLPROF_TORCH_CAPTURE."""
+    """What the startup hook needs, as the JSON it reads from DLPROF_TORCH_CAPTURE. Python stacks are recorded
+    only without dlprof's markers, which carry the op's stack themselves: torch.profiler's Python tracer
+    would record every Python call the annotation makes (5x the events of the LM test script)."""
     detailed = bool(getattr(args, "detailed_mode", False))
     return {
         "dir": str(folder),
@@ -69,18 +71,16 @@ def capture_config(args, folder: Path, started: float) -> dict:
         "delay": getattr(args, "delay", None) or None,
         "duration": getattr(args, "duration", None) or None,
         "iterations": parse_iterations(getattr(args, "capture_iterations", None)),
-        "with_stack": True,
+        "with_stack": not getattr(args, "pytorch_init", True),
         "profile_memory": detailed,
     }
 
 
-def command_environment(config: dict, base: dict | None = None) -> dict:
-    """The environment of the profiled command: the hook folder first on PYTHONPATH, the capture config."""
-    env = dict(os.environ if base is None else base)
-    rest = env.get("PYTHONPATH", "")
-    env["PYTHONPATH"] = str(HOOK_DIR) + (os.pathsep + rest if rest else "")
-    env[CAPTURE_ENV] = json.dumps(config)
-    return env
+def command_environment(config: dict, base: dict | None = None, pytorch_init: bool = True) -> dict:
+    """The environment of the profiled command: the hook folder first on PYTHONPATH, the capture config and,
+    unless `pytorch_init` is off, the annotation of torch with markers torch.profiler records."""
+    init = torch_startup.init_config("record_function") if pytorch_init else None
+    return torch_startup.environment(init=init, capture=config, base=base)
 
 
 def _check_options(args) -> None:
@@ -175,7 +175,8 @@ def profile_and_analyze_torch(args, reason: str = "") -> int:
     started = time.time()
     with tempfile.TemporaryDirectory(prefix=".dlprof-torch-", dir=out) as tmp:
         config = capture_config(args, Path(tmp), started)
-        status, forwarded = run_command(list(args.command), command_environment(config))
+        env = command_environment(config, pytorch_init=getattr(args, "pytorch_init", True))
+        status, forwarded = run_command(list(args.command), env)
         log.info(f"the command ended ({_describe_status(status)})")
         if forwarded:
             log.warning(f"{_signal_name(forwarded)} was passed on to the command")

@@ -62,7 +62,7 @@ _VALUE_OPTIONS = {
     "--workers",
 }
 # Options with an optional boolean value (`--force`, `--force=true`, `-f false`).
-_BOOL_OPTIONS = {"-f", "--force", "--dump_model_data", "--nsys_profile_range", "--detailed_mode"}
+_BOOL_OPTIONS = {"-f", "--force", "--dump_model_data", "--nsys_profile_range", "--detailed_mode", "--pytorch_init"}
 # Options whose value may be a space-separated list ended by `--`.
 _LIST_OPTIONS = {"--reports": REPORT_NAMES, "--formats": FORMAT_NAMES, "--file_formats": FORMAT_NAMES}
 
@@ -382,6 +382,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=False,
         metavar="BOOL",
         help="also collect CUDA backtraces and OS runtime calls (slower, more detail)",
+    )
+    g.add_argument(
+        "--pytorch_init",
+        type=parse_bool,
+        default=True,
+        metavar="BOOL",
+        help="annotate a Python command's PyTorch as dlprof_profiler.pytorch.init() does, without a code "
+        "change: ops named by the module attribute path, fprop/bprop, shapes (both backends; programs "
+        "that never import torch are left alone); false: profile the command as it is",
     )
     return p
 

@@ -433,6 +433,7 @@ class DomainFacts:
     dl_args: bool  # DLProf/PyProf argument markers present
     unmarked_backward_pids: set  # processes with argument markers but no backward markers
     marker_threads: set  # threads carrying op markers
+    linked_pids: set = field(default_factory=set)  # processes with dlprof_profiler.pytorch bprop argument markers
 
 
 def domain_facts(ranges: pd.DataFrame, info: pd.DataFrame, domain: str, mode: str | None) -> DomainFacts:
@@ -442,9 +443,8 @@ def domain_facts(ranges: pd.DataFrame, info: pd.DataFrame, domain: str, mode: st
     kinds = info["kind"].to_numpy()[rows]
     pids = ranges["pid"].to_numpy()[rows]
     marked = np.isin(kinds, (nm.PT_OP, nm.DL_ARG))
-    has_backward = (
-        info["backward"].to_numpy(dtype=bool)[rows] | (info["direction"].to_numpy(dtype=object)[rows] == "bprop")
-    ) & marked
+    bprop_marker = info["direction"].to_numpy(dtype=object)[rows] == "bprop"
+    has_backward = (info["backward"].to_numpy(dtype=bool)[rows] | bprop_marker) & marked
     return DomainFacts(
         n_ranges=int(rows.size),
         has_markers=bool(np.isin(kinds, nm.OP_MARKERS).any()),
@@ -452,6 +452,7 @@ def domain_facts(ranges: pd.DataFrame, info: pd.DataFrame, domain: str, mode: st
         unmarked_backward_pids=set(np.unique(pids[kinds == nm.DL_ARG]).tolist())
         - set(np.unique(pids[has_backward]).tolist()),
         marker_threads=set(np.unique(ranges["global_tid"].to_numpy()[rows][marked]).tolist()),
+        linked_pids=set(np.unique(pids[(kinds == nm.DL_ARG) & bprop_marker]).tolist()),
     )
 
 
@@ -503,6 +504,12 @@ class DomainCorrelator:
         kinds = info["kind"].to_numpy().copy()
         if not self.facts.has_markers:
             kinds[np.isin(kinds, nm.WRAPPERS)] = nm.SCOPE  # wrappers without ops inside are plain scopes
+        if self.facts.linked_pids:
+            # dlprof_profiler.pytorch marks every op call and every backward node it links: in its processes
+            # PyTorch's own op ranges (emit_nvtx's, torch.profiler's cpu_ops) are scopes, so the same ops come
+            # out of an nsys capture with or without emit_nvtx and of a torch.profiler trace
+            own = (kinds == nm.PT_OP) & ranges["pid"].isin(self.facts.linked_pids).to_numpy()
+            kinds[own] = nm.SCOPE
         context = ranges["context"].to_numpy(dtype=bool)
         range_id = ranges["range_id"].to_numpy(np.int64)
         ends = ranges["end"].to_numpy(np.int64)
@@ -594,7 +601,7 @@ class DomainCorrelator:
         instances["domain"] = self.domain
         instances["call_id"] = instances["instance_id"].to_numpy(np.int64)
         instance_metrics(instances, api, seg.gpu, gpu_instance, self.thread_device, self.process_device)
-        self._link_backward(instances, info, ranges, op_root, row_instance, hi)
+        self._link_backward(instances, info, kinds, ranges, op_root, row_instance, hi)
         self._remember_open(instances, hi)
         if self.sink is not None:
             self.sink.add(seg, instances, api_instance, gpu_instance)
@@ -695,6 +702,7 @@ class DomainCorrelator:
         self,
         inst: pd.DataFrame,
         info: pd.DataFrame,
+        kinds: np.ndarray,
         ranges: pd.DataFrame,
         op_root: np.ndarray,
         row_instance: np.ndarray,
@@ -710,7 +718,6 @@ class DomainCorrelator:
         # rows of this segment's new instances (context ranges' instances were built in earlier segments)
         row_to_inst = np.full(len(ranges), -1, dtype=np.int64)
         row_to_inst[rr[is_range]] = np.flatnonzero(is_range)
-        kinds = info["kind"].to_numpy()
         seq = info["seq"].to_numpy(np.int64)
         backward = info["backward"].to_numpy(dtype=bool)
         pid = ranges["pid"].to_numpy(np.int64)

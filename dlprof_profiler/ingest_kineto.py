@@ -32,11 +32,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dlprof_profiler import kineto_decode as kd
+from dlprof_profiler import nvtx_markers as nm
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.kineto_repair import describe as describe_repairs
 from dlprof_profiler.ingest_nsys import COPY_KIND_LABELS, MEMSET_LABEL, copy_kind_label
 from dlprof_profiler.nvtx_markers import format_shapes
-from dlprof_profiler.structure import RangeForest, levels, nearest_flagged_ancestor
+from dlprof_profiler.structure import RangeForest, levels, nearest_flagged_ancestor, outermost_flagged
 from dlprof_profiler.trace import (
     DEVICE_COLUMNS,
     API_COLUMNS,
@@ -128,7 +129,8 @@ def build_trace(decoded: kd.Decoded) -> Trace:
     gtid, pid_col = _thread_ids(c.pid, c.tid, cpu & np.isin(c.group, CPU_GROUPS), warnings, path)
     correlation = _correlations(ev, usable, start)
 
-    trace.ranges, has_steps = _ranges(ev, cpu, start, end, gtid, pid_col)
+    seq = _backward_seqs(ev, cpu & (c.group == kd.OP), start, end, gtid, pid_col)
+    trace.ranges, has_steps = _ranges(ev, cpu, start, end, gtid, pid_col, seq)
     trace.api_calls = _api_calls(ev, cpu & (c.group == kd.API), start, end, gtid, pid_col, correlation)
     main_pid = _main_pid(trace)
     trace.gpu = _gpu_activities(
@@ -157,15 +159,19 @@ def build_trace(decoded: kd.Decoded) -> Trace:
 
 
 def _record_functions_as_annotations(ev: _Events) -> None:
-    """Old traces (2021) record `record_function` labels as `Operator` events, like ops: PyTorch's own
-    labels have the form `Label#detail` (`ProfilerStep#5`, `Optimizer.step#SGD.step`,
-    `enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__`), which no op name has (ops are
-    `namespace::name` or autograd nodes). Those become annotations, as newer traces write them."""
+    """`record_function` ranges written as op events become annotations, as newer traces write them:
+    - old traces (2021) record `record_function` labels as `Operator` events, like ops: PyTorch's own
+      labels have the form `Label#detail` (`ProfilerStep#5`, `Optimizer.step#SGD.step`,
+      `enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__`), which no op name has (ops are
+      `namespace::name` or autograd nodes);
+    - dlprof_profiler.pytorch's markers (`{'traceMarker': ...}`, `{'mod': ...}`: Python dict literals) that
+      `_RecordFunctionFast` writes as `cpu_op` events."""
     c = ev.c
     labels = pd.Series(ev.strings, dtype=object)
     is_label = np.zeros(len(ev.strings) + 1, dtype=bool)  # the extra last entry: code -1 (no name)
     is_label[:-1] = (
-        labels.str.contains("#", regex=False, na=False) & ~labels.str.contains("::", regex=False, na=False)
+        (labels.str.contains("#", regex=False, na=False) & ~labels.str.contains("::", regex=False, na=False))
+        | labels.str.startswith("{'", na=False)
     ).to_numpy(dtype=bool)
     relabel = (c.group == kd.OP) & is_label[c.name]
     if relabel.any():
@@ -314,7 +320,72 @@ def _correlations(ev: _Events, usable: np.ndarray, start: np.ndarray) -> np.ndar
 # ---------------------------------------------------------------------------- ranges
 
 
-def _ranges(ev: _Events, cpu: np.ndarray, start, end, gtid, pid) -> pd.DataFrame:
+def _backward_seqs(ev: _Events, op_mask: np.ndarray, start, end, gtid, pid) -> np.ndarray:
+    """Sequence numbers of the op events, with the backward nodes that the trace leaves without a forward op
+    linked as far as it records (DESIGN.md "Kineto input", Direction):
+    - a node whose seq no forward op of its process has (CopySlices: an in-place op on a view made it just
+      after its own node) takes the seq of a linked node nested in it (CopySlices runs the in-place op's
+      node inside it), else of the forward op with the greatest lower seq in its process (the op running
+      when the node was made: AsStridedBackward0 is made when an op reads a view rebased by an in-place op);
+    - AccumulateGrad, which has no seq, takes the seq of the node autograd ran just before it on its thread
+      (the one that produced the parameter's gradient: autograd runs AccumulateGrad right after it)."""
+    c = ev.c
+    seq = c.args["seq"].copy()
+    rows = np.flatnonzero(op_mask)
+    if rows.size == 0:
+        return seq
+    names = pa.array(ev.strings, type=pa.string())
+    inner, backward = nm.backward_labels(names)
+    evaluate = np.asarray(pc.fill_null(pc.starts_with(names, nm.EVALUATE_FN), False), dtype=bool)
+    accumulate = np.asarray(
+        pc.fill_null(pc.ends_with(pa.array(inner, type=pa.string()), "AccumulateGrad"), False), dtype=bool
+    )
+    code = c.name[rows]
+    known = code >= 0
+    is_bwd = np.where(known, backward[np.maximum(code, 0)], False)
+    is_eval = np.where(known, evaluate[np.maximum(code, 0)], False)
+    is_acc = is_eval & np.where(known, accumulate[np.maximum(code, 0)], False)
+    r_seq, r_pid = seq[rows], pid[rows]
+    forest = RangeForest(gtid[rows], start[rows], end[rows], np.arange(rows.size))
+    # forward ops: not run by autograd's engine (`torch::autograd::CopySlices` inside its evaluate_function
+    # carries the node's seq but is no forward op)
+    in_engine = outermost_flagged(forest.parent, forest.depth, is_eval) >= 0
+    forward = ~is_bwd & ~in_engine & (r_seq >= 0)
+    fwd_keys = np.unique((r_pid[forward] << 40) | r_seq[forward])
+    keys = (r_pid << 40) | np.maximum(r_seq, 0)
+    unmatched = is_bwd & (r_seq >= 0) & ~np.isin(keys, fwd_keys)
+    if unmatched.any():
+        root = outermost_flagged(forest.parent, forest.depth, unmatched)
+        donor = np.flatnonzero(is_bwd & (r_seq >= 0) & ~unmatched & (root >= 0))
+        donor = donor[np.argsort(start[rows][donor], kind="stable")]
+        given = np.full(rows.size, -1, dtype=np.int64)
+        first = np.unique(root[donor], return_index=True)[1]
+        given[root[donor][first]] = r_seq[donor][first]
+        taker = np.flatnonzero(unmatched)
+        from_nested = given[root[taker]]
+        r_seq = r_seq.copy()
+        r_seq[taker] = np.where(from_nested >= 0, from_nested, r_seq[taker])
+        rest = taker[from_nested < 0]
+        if rest.size and fwd_keys.size:
+            below = np.searchsorted(fwd_keys, keys[rest], side="left") - 1
+            hit = (below >= 0) & ((fwd_keys[np.maximum(below, 0)] >> 40) == r_pid[rest])
+            r_seq[rest[hit]] = fwd_keys[below[hit]] & ((1 << 40) - 1)
+    acc = np.flatnonzero(is_acc & (r_seq < 0))
+    if acc.size:
+        evals = np.flatnonzero(is_eval)
+        evals = evals[np.lexsort((start[rows][evals], gtid[rows][evals]))]
+        producer_pos = np.maximum.accumulate(np.where(~is_acc[evals], np.arange(evals.size), -1))
+        pos_of = np.full(rows.size, -1, dtype=np.int64)
+        pos_of[evals] = np.arange(evals.size)
+        prev = producer_pos[pos_of[acc]]
+        producer = evals[np.maximum(prev, 0)]
+        ok = (prev >= 0) & (gtid[rows][producer] == gtid[rows][acc])
+        r_seq[acc[ok]] = r_seq[producer[ok]]
+    seq[rows] = r_seq
+    return seq
+
+
+def _ranges(ev: _Events, cpu: np.ndarray, start, end, gtid, pid, seq) -> pd.DataFrame:
     """cpu_op, user_annotation and nn.Module ranges, ordered by start (outer ranges first on ties)."""
     c = ev.c
     is_module_code = np.zeros(len(ev.strings) + 1, dtype=bool)
@@ -331,7 +402,7 @@ def _ranges(ev: _Events, cpu: np.ndarray, start, end, gtid, pid) -> pd.DataFrame
     order = np.lexsort((rows, tie, -end[rows], start[rows]))
     rows = rows[order]
     n = rows.size
-    text, labels = _range_texts(ev, rows, op[rows], module[rows])
+    text, labels = _range_texts(ev, rows, op[rows], module[rows], seq[rows])
     step_label = np.array([bool(PROFILER_STEP.match(s)) for s in labels], dtype=bool)  # per distinct label
     scope_codes = c.name[rows[~op[rows]]]
     has_steps = bool(step_label[np.where(scope_codes >= 0, scope_codes, len(labels) - 1)].any())
@@ -355,7 +426,9 @@ def _ranges(ev: _Events, cpu: np.ndarray, start, end, gtid, pid) -> pd.DataFrame
     return frame, has_steps
 
 
-def _range_texts(ev: _Events, rows: np.ndarray, op: np.ndarray, module: np.ndarray) -> tuple[pa.Array, list]:
+def _range_texts(
+    ev: _Events, rows: np.ndarray, op: np.ndarray, module: np.ndarray, seq: np.ndarray
+) -> tuple[pa.Array, list]:
     """emit_nvtx-style texts for ops (`name, seq = S, op_id = E`), labels for scopes (in Arrow); and the
     labels by name code (the last one for events without a name)."""
     c = ev.c
@@ -366,7 +439,6 @@ def _range_texts(ev: _Events, rows: np.ndarray, op: np.ndarray, module: np.ndarr
     dictionary = pa.array(labels, type=pa.string())
     name_codes = c.name[rows]
     label = dictionary.take(pa.array(np.where(name_codes >= 0, name_codes, len(names))))
-    seq = c.args["seq"][rows]
     ext = c.args["external_id"][rows]
     seq_part = pc.binary_join_element_wise(", seq = ", pa.array(seq, mask=~(op & (seq >= 0))).cast(pa.string()), "")
     op_id = np.where(ext >= 0, ext, rows)

@@ -186,24 +186,42 @@ def read_nsys_export(path: Path) -> Trace:
         if peak is not None:
             trace.meta["gpu_peak_memory"] = peak
         trace.meta["capture_end"] = int(capture_end)
-        if not trace.has_cuda_tables:
-            trace.warnings.append(
-                f"{path}: no CUDA trace tables (CUPTI_ACTIVITY_KIND_*): the capture holds no "
-                "CUDA API calls or GPU activities, so every GPU figure is zero"
-            )
-        elif len(trace.gpu) == 0:
-            trace.warnings.append(f"{path}: no GPU activities (kernels, memcpys, memsets) were captured")
-        if not trace.has_nvtx or len(trace.ranges) == 0:
-            trace.warnings.append(
-                f"{path}: no NVTX ranges: ops cannot be named, every GPU activity is reported "
-                "under the API call that launched it"
-            )
+        trace.warnings += capture_warnings(
+            path, trace.has_nvtx, trace.has_cuda_tables, len(trace.ranges), len(trace.api_calls), len(trace.gpu)
+        )
         unclosed = int(trace.ranges["unclosed"].sum()) if len(trace.ranges) else 0
         if unclosed:
             trace.warnings.append(f"{path}: {unclosed} NVTX ranges were never closed; they end at the capture end")
         return trace
     finally:
         src.close()
+
+
+def capture_warnings(path, has_nvtx: bool, has_cuda_tables: bool, ranges: int, api_calls: int, gpu: int) -> list:
+    """What the capture lacks, one line each (`ranges`, `api_calls`, `gpu`: how many it holds); a capture
+    with neither NVTX ranges nor CUDA activity gets a single line saying what to do."""
+    no_ranges = not has_nvtx or ranges == 0
+    if no_ranges and api_calls == 0 and gpu == 0:
+        return [
+            f"{path}: the capture recorded no NVTX ranges and no CUDA activity, so there are no ops and no GPU "
+            "figures (the wall clock is the capture's own window); to see ops, profile a program that imports "
+            "torch (dlprof annotates it, unless --pytorch_init=false or its Python ignores PYTHONPATH: -E, -I) "
+            "or that marks its work with NVTX ranges (nvtx package, torch.cuda.nvtx)"
+        ]
+    warnings = []
+    if not has_cuda_tables:
+        warnings.append(
+            f"{path}: no CUDA trace tables (CUPTI_ACTIVITY_KIND_*): the capture holds no "
+            "CUDA API calls or GPU activities, so every GPU figure is zero"
+        )
+    elif gpu == 0:
+        warnings.append(f"{path}: no GPU activities (kernels, memcpys, memsets) were captured")
+    if no_ranges:
+        warnings.append(
+            f"{path}: no NVTX ranges: ops cannot be named, every GPU activity is reported "
+            "under the API call that launched it"
+        )
+    return warnings
 
 
 def read_meta(src: SqliteSource) -> dict:
@@ -223,6 +241,8 @@ def read_meta(src: SqliteSource) -> dict:
         row = src.fetchall("SELECT startTime, stopTime, duration FROM ANALYSIS_DETAILS LIMIT 1")
         if row:
             meta["session_start"], meta["session_stop"], meta["session_duration"] = row[0]
+            if isinstance(meta["session_start"], int):
+                meta["capture_start"] = meta["session_start"]  # the capture's own window (trace.event_window)
     if src.has("TARGET_INFO_SESSION_START_TIME"):
         row = src.fetchall(
             f"SELECT {src.col('TARGET_INFO_SESSION_START_TIME', 'utcEpochNs')}, "
@@ -253,13 +273,22 @@ def _guess_nsys_version(src: SqliteSource) -> str | None:
     return None
 
 
+# Facts of the NVIDIA driver: nsys writes them also where no driver runs (NvDriverVersion 0, and the CUDA
+# version nsys itself supports as CudaDriverVersion), so they are kept only when a driver was recorded.
+DRIVER_FACTS = ("NvDriverVersion", "CudaDriverVersion")
+
+
 def read_system_env(src: SqliteSource) -> dict:
     """TARGET_INFO_SYSTEM_ENV as a dict, plus the `SystemInfo` table DLProf 1.8 added to the exports it
-    modified (under `dlprof_system_info`, labels as its System Config wrote them)."""
+    modified (under `dlprof_system_info`, labels as its System Config wrote them). Driver facts only where
+    the capture recorded a driver (DRIVER_FACTS)."""
     env = {}
     if src.has("TARGET_INFO_SYSTEM_ENV"):
         for name, value in src.fetchall("SELECT name, value FROM TARGET_INFO_SYSTEM_ENV"):
             env.setdefault(str(name), value)
+    if str(env.get("NvDriverVersion", "")).strip() in ("", "0"):
+        for name in DRIVER_FACTS:
+            env.pop(name, None)
     if src.has("SystemInfo"):
         info = read_dlprof_system_info(src)
         if info:

@@ -1,4 +1,5 @@
-"""Op names: scope path + `/` + label, the k-th sibling of a label suffixed `[k]` (DESIGN.md "Correlation").
+"""Op names: scope path + `/` + label, the k-th sibling of a label suffixed `[k]`; a DLProf trace marker's
+funcStack is the whole name (DESIGN.md "Correlation").
 
 Names are built as integer codes into a table of distinct strings, level by level down the range trees,
 so millions of instances share a few thousand string objects. Names are built one time segment at a time:
@@ -147,7 +148,9 @@ def range_names(
         idx = idx[naming[idx] & (name_code[idx] < 0)]
         if idx.size == 0:
             continue
-        sp = scope_parent[idx]
+        # a funcStack is the op's whole call hierarchy: the scope ranges around it (optimizer step,
+        # DataLoader, ProfilerStep, module ranges, the user's own) do not enter its name
+        sp = np.where(use_stack[idx], -1, scope_parent[idx])
         base = np.where(sp >= 0, name_code[np.maximum(sp, 0)], -1)
         pair = combined_codes(base, slash_led[idx], element_code[idx])
         first = first_rows(pair)

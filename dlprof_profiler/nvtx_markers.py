@@ -33,7 +33,7 @@ _PT_OP_LABEL = re.compile(
     r"autograd::engine::evaluate_function: .+)$"
 )
 _BACKWARD_LABEL = re.compile(r"(?:Backward\d*|_backward)$")
-_EVALUATE_FN = "autograd::engine::evaluate_function: "
+EVALUATE_FN = "autograd::engine::evaluate_function: "
 _TF_TEXT = r"^(?P<type>[A-Z][A-Za-z0-9_]*): (?P<node>\S*[A-Za-z_/]\S*)$"
 _DATALOADER_PATTERN = (
     r"^enumerate\(DataLoader\)#|DataLoaderIter.*__next__|^DALI[ :]|^IteratorGetNext|"
@@ -297,11 +297,7 @@ def _pytorch(arr, marker_at, plain, codes, uniq, u_text, kind, label, op_type, c
     cols["seq"][is_pt] = seq[is_pt]
     is_op = is_pt & (u_op_like[codes] | (seq >= 0))
     kind[is_op] = PT_OP
-    u_inner = _strings(pc.replace_substring_regex(uniq, "^" + re.escape(_EVALUATE_FN), ""))
-    # ops autograd's engine runs (`evaluate_function: X`, AccumulateGrad included) are backward ops too
-    u_backward = _bools(
-        pc.match_substring_regex(pa.array(u_inner, type=pa.string()), _BACKWARD_LABEL.pattern)
-    ) | _bools(pc.starts_with(uniq, _EVALUATE_FN))
+    u_inner, u_backward = backward_labels(uniq)
     label[is_op] = u_inner[codes[is_op]]
     cols["backward"][is_op] = u_backward[codes[is_op]]
     op_type[is_op] = _lazy_per_unique(pytorch_op_type, u_inner)(codes[is_op])
@@ -316,6 +312,15 @@ def _pytorch(arr, marker_at, plain, codes, uniq, u_text, kind, label, op_type, c
         cols["input_shapes"][np.flatnonzero(has_sizes)] = shapes[
             np.asarray(pc.fill_null(enc.indices, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
         ]
+
+
+def backward_labels(labels: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(label without `autograd::engine::evaluate_function: `, whether it is a backward op) of PyTorch op
+    labels: backward nodes (`MmBackward0`, `..._backward`) and every op autograd's engine runs
+    (`evaluate_function: X`, AccumulateGrad and CopySlices included)."""
+    inner = _strings(pc.replace_substring_regex(labels, "^" + re.escape(EVALUATE_FN), ""))
+    backward = _bools(pc.match_substring_regex(pa.array(inner, type=pa.string()), _BACKWARD_LABEL.pattern))
+    return inner, backward | _bools(pc.starts_with(labels, EVALUATE_FN))
 
 
 def pytorch_op_type(label: str) -> str:

@@ -50,6 +50,7 @@ from dlprof_profiler.trace import (
     MISSING_TIME,
     Trace,
     combined_codes,
+    event_window,
     make_frame,
     pid_of,
 )
@@ -273,11 +274,12 @@ class TraceStore:
         staging.result()
         ranges, api, gpu = self._read
         self.counts = {"ranges": self.raw_ranges.rows, "api": self.api.rows, "gpu": self.gpu.rows}
-        self._profile_start = min([s for s in (ranges["first"], api["first"], gpu["first"]) if s is not None] or [0])
         ends = [api["last"], gpu["last"], ranges["last"]]
         if ranges["unclosed_start"] is not None:  # never closed: ends at the capture end (or at its start)
             ends.append(max(self.capture_end, ranges["unclosed_start"]))
-        self._profile_end = max([e for e in ends if e is not None] or [0])
+        self._profile_start, self._profile_end = event_window(
+            [ranges["first"], api["first"], gpu["first"]], ends, self.trace.meta
+        )
         for table in (self.api, self.gpu):
             self.publish(table)
         self.publish(self.gpu, "gpu_by_launch")
@@ -619,19 +621,14 @@ class TraceStore:
     def _warnings(self, trace: Trace) -> list[str]:
         """The ingest's warnings (counts as staged) and sanitize.py's (rows dropped, shared correlation ids)."""
         path = self.export
-        out = []
-        if not trace.has_cuda_tables:
-            out.append(
-                f"{path}: no CUDA trace tables (CUPTI_ACTIVITY_KIND_*): the capture holds no CUDA API calls "
-                "or GPU activities, so every GPU figure is zero"
-            )
-        elif self.before.get("gpu", 0) == 0:
-            out.append(f"{path}: no GPU activities (kernels, memcpys, memsets) were captured")
-        if not trace.has_nvtx or self.before.get("ranges", 0) == 0:
-            out.append(
-                f"{path}: no NVTX ranges: ops cannot be named, every GPU activity is reported under the API "
-                "call that launched it"
-            )
+        out = nsys.capture_warnings(
+            path,
+            trace.has_nvtx,
+            trace.has_cuda_tables,
+            self.before.get("ranges", 0),
+            self.before.get("api_calls", 0),
+            self.before.get("gpu", 0),
+        )
         if self.unclosed:
             out.append(f"{path}: {self.unclosed} NVTX ranges were never closed; they end at the capture end")
         drops = [self.drops[name] for name, _, _ in TIMED_FRAMES if name in self.drops and self.drops[name].total]

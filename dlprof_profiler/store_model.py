@@ -205,7 +205,9 @@ class StoreAnalysis:
             FROM range_info i WHERE i.domain_code = {code} AND i.kind <> {nm.CONFIG}""")
         pids = self.store.frame(f"""
             SELECT i.pid, bool_or(i.kind = {nm.DL_ARG}) AS arg,
-                   bool_or(i.kind IN ({nm.PT_OP}, {nm.DL_ARG}) AND (i.backward = 1 OR i.direction_code = {back})) AS bwd
+                   bool_or(i.kind IN ({nm.PT_OP}, {nm.DL_ARG}) AND (i.backward = 1 OR i.direction_code = {back}))
+                       AS bwd,
+                   bool_or(i.kind = {nm.DL_ARG} AND i.direction_code = {back}) AS linked
             FROM range_info i WHERE i.domain_code = {code} AND i.kind <> {nm.CONFIG} GROUP BY i.pid""")
         threads = self.store.frame(f"""
             SELECT DISTINCT i.global_tid FROM range_info i
@@ -218,6 +220,7 @@ class StoreAnalysis:
             unmarked_backward_pids=set(pids.loc[pids["arg"].astype(bool), "pid"].tolist())
             - set(pids.loc[pids["bwd"].astype(bool), "pid"].tolist()),
             marker_threads=set(threads["global_tid"].tolist()),
+            linked_pids=set(pids.loc[pids["linked"].astype(bool), "pid"].tolist()),
         )
 
     def domain_order(self, mode: str | None) -> list[str]:

@@ -94,20 +94,28 @@ class Trace:
     @property
     def profile_start(self) -> int:
         """Start of the first recorded event: where data collection began (the first iteration's start)."""
-        starts = []
-        for frame in (self.ranges, self.api_calls, self.gpu):
-            if len(frame):
-                starts.append(int(frame["start"].min()))
-        return min(starts) if starts else 0
+        frames = [f for f in (self.ranges, self.api_calls, self.gpu) if len(f)]
+        return event_window([int(f["start"].min()) for f in frames], [], self.meta)[0]
 
     @property
     def profile_end(self) -> int:
         """Latest end of any event: the end of the last iteration interval."""
-        ends = [0]
-        for frame in (self.ranges, self.api_calls, self.gpu):
-            if len(frame):
-                ends.append(int(frame["end"].max()))
-        return max(ends)
+        frames = [f for f in (self.ranges, self.api_calls, self.gpu) if len(f)]
+        return event_window([], [int(f["end"].max()) for f in frames], self.meta)[1]
+
+
+def event_window(starts: list, ends: list, meta: dict) -> tuple[int, int]:
+    """(first start, last end) of the recorded events (ranges, API calls, GPU activities); a capture that
+    recorded none (a program without NVTX or CUDA) spans its own window, `capture_start` to `capture_end` in
+    `meta` where the ingest found them (nsys: the session's analysis window), else nothing (0, 0)."""
+    starts = [int(s) for s in starts if s is not None]
+    ends = [int(e) for e in ends if e is not None]
+    if starts or ends:
+        return (min(starts) if starts else 0), max([0] + ends)
+    start, end = meta.get("capture_start"), meta.get("capture_end")
+    if isinstance(start, int) and isinstance(end, int) and end >= start:
+        return start, end
+    return 0, 0
 
 
 def make_frame(columns: dict) -> pd.DataFrame:

@@ -1,29 +1,21 @@
-"""A small CNN trained for a few iterations on random data, on CPU, annotated for DLProf.
-
-Run it plainly (annotations cost next to nothing without a profiler):
+"""A small CNN trained for a few iterations on random data, on CPU: a plain PyTorch script, nothing of dlprof
+in it.
 
     python examples/pytorch_train_cpu.py
 
-or under the profiler (see examples/README.md):
+Profile it as it is (see examples/README.md): dlprof annotates its PyTorch when it imports torch.
 
-    dlprof --mode=pytorch --output_path=./event_files python examples/pytorch_train_cpu.py
-    nsys profile -t cuda,nvtx -s none --export=sqlite -o rep python examples/pytorch_train_cpu.py
+    dlprof --output_path=./event_files python examples/pytorch_train_cpu.py
+    dlprof --backend=torch --output_path=./event_files_torch python examples/pytorch_train_cpu.py
 """
 
 import argparse
-import os
 import sys
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
-
-try:
-    import dlprof_profiler.pytorch as dlprof_pytorch
-except ImportError:  # running from a source checkout without installing the package
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    import dlprof_profiler.pytorch as dlprof_pytorch
 
 
 class SmallNet(nn.Module):
@@ -65,15 +57,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=8)
     args = parser.parse_args(argv)
 
-    dlprof_pytorch.init()  # the two lines DLProf users know: import + init()
-    # emit_nvtx adds PyTorch's own aten:: ranges inside ours; it needs a CUDA build of PyTorch,
-    # so it is switched off on CPU-only builds (our markers alone then give names and direction).
-    with torch.autograd.profiler.emit_nvtx(enabled=torch.cuda.is_available(), record_shapes=True):
-        final_loss = train(args.iterations, args.batch_size)
-    print(
-        "trained %d iterations, final loss %.4f, annotations %s"
-        % (args.iterations, final_loss, "on" if dlprof_pytorch.is_active() else "off (no profiler attached)")
-    )
+    final_loss = train(args.iterations, args.batch_size)
+    print("trained %d iterations, final loss %.4f" % (args.iterations, final_loss))
     return 0
 
 

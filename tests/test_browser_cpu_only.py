@@ -83,6 +83,7 @@ def env(tmp_path_factory):
     logdir = tmp_path_factory.mktemp("cpu_capture") / "logdir"
     run_dlprof(
         "--backend=torch",
+        "--pytorch_init=false",  # torch.profiler's own ops: classes_from_trace reads their cpu_op events
         f"--output_path={logdir / 'cpu'}",
         "--reports=summary",
         "-v",

@@ -239,6 +239,22 @@ def test_pytorch_mode_adds_autograd_nvtx_only_when_nsys_has_it(tmp_path):
     )
 
 
+def test_command_environment_carries_the_startup_hook_unless_switched_off():
+    """The command (through nsys) gets the hook folder first on PYTHONPATH and the request to annotate PyTorch
+    (NVTX, on while a profiler is attached); --pytorch_init=false leaves the environment as it is."""
+    from dlprof_profiler import torch_startup
+
+    env = capture.command_environment(parse("python", "train.py"), {"PYTHONPATH": "/mine", "HOME": "/h"})
+    assert env["PYTHONPATH"] == str(torch_startup.HOOK_DIR) + os.pathsep + "/mine" and env["HOME"] == "/h"
+    assert json.loads(env["DLPROF_PYTORCH_INIT"]) == {"root": str(REPO), "backend": "auto"}
+    assert "DLPROF_TORCH_CAPTURE" not in env
+    off = parse("--pytorch_init=false", "python", "train.py")
+    assert off.pytorch_init is False and parse("python", "x.py").pytorch_init is True
+    assert parse("--pytorch_init", "false", "python", "x.py").command == ["python", "x.py"]
+    assert capture.command_environment(off, {"PYTHONPATH": "/mine"}) == {"PYTHONPATH": "/mine"}
+    assert "--pytorch_init" in cli.build_parser().format_help()
+
+
 def test_old_nsys_without_export_or_cpuctxsw_options(tmp_path):
     opts = options_of(nsys_cmd(f"--output_path={tmp_path}", "python", "t.py", info=NSYS_2020), 2)
     assert not any(o.startswith(("--export", "--cpuctxsw")) for o in opts)

@@ -73,6 +73,12 @@ def steps_in(evs) -> list[int]:
     )
 
 
+def is_dlprof_range(event) -> bool:
+    """A range dlprof_profiler.pytorch emitted: a marker (a dict literal) or a scope of its own."""
+    own_scope = re.match(r"(Optimizer\.step|enumerate\(DataLoader\))#", event["name"])
+    return event["name"].startswith("{'") or bool(own_scope)
+
+
 def dlprof(tmp_path, *options, env=None, check=False):
     full_env = dict(os.environ, TRAIN_LOG=str(tmp_path / "train.log"), **(env or {}))
     return run_dlprof_env(["--backend=torch", f"--output_path={tmp_path / 'out'}", *options], full_env, check)
@@ -102,7 +108,8 @@ def sql(db: Path, query: str):
 def test_capture_analyse_and_pass_the_exit_status(tmp_path):
     """A real capture: the trace goes next to the outputs, every report is written, the figures follow
     the trace (ProfilerStep count, op counts), and the program's exit status (3) is dlprof's. A user's
-    own sitecustomize still runs."""
+    own sitecustomize still runs. The unmodified script's torch is annotated as dlprof_profiler.pytorch.init()
+    does: ops named by the module attribute path, as under Nsight Systems (tests/test_capture.py)."""
     script = train_script(tmp_path)
     own = tmp_path / "own_site"
     own.mkdir()
@@ -128,20 +135,48 @@ def test_capture_analyse_and_pass_the_exit_status(tmp_path):
     assert steps_in(evs) == [0, 1, 2, 3]
     db = out / "dlprof_dldb.sqlite"
     assert sql(db, "SELECT key_node, total_iterations FROM aggregations") == [("ProfilerStep", 5)]
-    ops = [e for e in evs if e.get("cat") == "cpu_op"]
+    # PyTorch's ops are ranges with their seq and op_id; dlprof's own ranges (written as cpu_ops: its markers,
+    # named by a dict literal, and the optimizer-step scope) are annotations, taken as they are
+    ops = [e for e in evs if e.get("cat") == "cpu_op" and not is_dlprof_range(e)]
+    markers = [e for e in evs if e["name"].startswith("{'")]
     assert sql(db, "SELECT count(*) FROM read_only_ranges WHERE text LIKE '%, op_id = %'")[0][0] == len(ops)
-    # each forward aten::linear (inside a Linear module) is one call of the ops named after the modules
+    assert sql(db, "SELECT count(*) FROM read_only_ranges WHERE text LIKE '{''%'")[0][0] == len(markers) > 0
+    # each forward call of a Linear layer is one call of the op named by its attribute path in the model
+    calls = dict(
+        sql(
+            db,
+            "SELECT o.op_name, sum(n.num_calls) FROM op_nodes n JOIN read_only_ops o USING (op_index) "
+            "WHERE o.direction = 'fprop' AND o.op_type = 'linear' GROUP BY 1",
+        )
+    )
     linear = sum(1 for e in ops if e["name"] == "aten::linear")
-    calls = sql(
-        db,
-        "SELECT sum(n.num_calls) FROM op_nodes n JOIN read_only_ops o USING (op_index) "
-        "WHERE o.direction = 'fprop' AND o.op_name LIKE '%/Linear_%/aten::linear'",
-    )[0][0]
-    assert linear == 6 and calls == linear
+    assert linear == 6 and calls == {"/module/model/0/linear": 3, "/module/model/2/linear": 3}
+    directions = dict(
+        sql(db, "SELECT direction, count(*) FROM read_only_ops WHERE op_name = '/module/model/0/linear' GROUP BY 1")
+    )
+    assert directions == {"fprop": 1, "bprop": 1}
+    # no op of PyTorch's own (aten::, autograd nodes): the markers name every op
+    assert sql(db, "SELECT count(*) FROM read_only_ops WHERE op_name LIKE '%aten::%' OR op_type LIKE '%Backward%'")[
+        0
+    ] == (0,)
+    # torch.profiler's Python tracer is off (the markers carry the stacks)
+    assert not [e for e in evs if e.get("cat") == "python_function"]
+    stacks = [r[0] for r in sql(db, "SELECT stack_trace FROM read_only_ops WHERE stack_trace IS NOT NULL")]
+    assert stacks and all("train.py:" in s and "sitecustomize" not in s for s in stacks)
+
+
+def test_capture_without_annotation_keeps_torch_profiler_names(tmp_path):
+    """--pytorch_init=false: torch as shipped, torch.profiler's own names (module class and instance
+    counters, aten:: ops) and Python stacks."""
+    script = train_script(tmp_path)
+    proc = dlprof(tmp_path, "--pytorch_init=false", "--reports=summary", sys.executable, str(script), "3", "0")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    evs = events(tmp_path / "out" / "dlprof.pt.trace.json.gz")
+    assert not [e for e in evs if e["name"].startswith("{'")]
+    db = tmp_path / "out" / "dlprof_dldb.sqlite"
     names = {r[0] for r in sql(db, "SELECT op_name FROM read_only_ops")}
     assert "/ProfilerStep/Sequential_0/Linear_0/aten::linear" in names
     assert "/ProfilerStep/Optimizer.step#SGD.step/aten::add_" in names
-    # backward ops carry the forward op's name
     directions = dict(
         sql(
             db,
@@ -188,7 +223,10 @@ def test_delay_starts_collection_later(tmp_path):
     trace = tmp_path / "out" / "dlprof.pt.trace.json.gz"
     evs = events(trace)
     base = json.loads(gzip.open(trace).read())["baseTimeNanoseconds"]
-    first_op = min(Decimal(str(e["ts"])) for e in evs if e.get("cat") == "cpu_op") * 1000 + base
+    # PyTorch's first op (dlprof's config marker goes out the moment collection starts, which may be inside
+    # the step that ends the delay, before the program logs that step's end)
+    ops = [e for e in evs if e.get("cat") == "cpu_op" and not is_dlprof_range(e)]
+    first_op = min(Decimal(str(e["ts"])) for e in ops) * 1000 + base
     assert first_op >= Decimal(t0 + 45) * 10**9
     after = [r["step"] for r in log if "end" in r and Decimal(r["end"]) * 10**9 > first_op]
     assert 1 <= len(after) < 10  # the first iterations ran before the delay
@@ -213,7 +251,7 @@ def test_child_processes_are_profiled_and_analysed_together(tmp_path):
     folder = tmp_path / "out" / "dlprof_torch_traces"
     traces = sorted(folder.glob("*.pt.trace.json.gz"))
     assert len(traces) == 2 and not (tmp_path / "out" / "dlprof.pt.trace.json.gz").exists()
-    ops = sum(1 for t in traces for e in events(t) if e.get("cat") == "cpu_op")
+    ops = sum(1 for t in traces for e in events(t) if e.get("cat") == "cpu_op" and not is_dlprof_range(e))
     db = tmp_path / "out" / "dlprof_dldb.sqlite"
     assert sql(db, "SELECT count(*) FROM read_only_ranges WHERE text LIKE '%, op_id = %'")[0][0] == ops
     assert sql(db, "SELECT count(DISTINCT pid) FROM read_only_ranges")[0][0] == 2
@@ -253,7 +291,15 @@ def test_command_environment_puts_the_hook_first():
     env = capture_torch.command_environment({"dir": "/x"}, {"PYTHONPATH": "/mine"})
     assert env["PYTHONPATH"] == str(capture_torch.HOOK_DIR) + os.pathsep + "/mine"
     assert json.loads(env["DLPROF_TORCH_CAPTURE"]) == {"dir": "/x"}
+    root = capture_torch.HOOK_DIR.parent.parent
+    assert json.loads(env["DLPROF_PYTORCH_INIT"]) == {"root": str(root), "backend": "record_function"}
+    assert (root / "dlprof_profiler" / "pytorch" / "__init__.py").exists()
     assert (capture_torch.HOOK_DIR / "sitecustomize.py").exists()
+    # the hook reads the variables by these names (it cannot import dlprof_profiler to share them)
+    hook = (capture_torch.HOOK_DIR / "sitecustomize.py").read_text()
+    assert '"DLPROF_TORCH_CAPTURE"' in hook and '"DLPROF_PYTORCH_INIT"' in hook
+    plain = capture_torch.command_environment({"dir": "/x"}, {"DLPROF_PYTORCH_INIT": "{}"}, pytorch_init=False)
+    assert "DLPROF_PYTORCH_INIT" not in plain and "DLPROF_TORCH_CAPTURE" in plain
 
 
 def test_existing_trace_needs_force(tmp_path):

@@ -115,3 +115,62 @@ def test_peak_gpu_memory_from_cuda_memory_usage_events(tmp_path):
     findings = expert_systems.detect(a.trace, a.corr, a.domain(), a.agg(), a.iterations)
     batch = [f for f in findings if f["id"] == "batch_size_detector"]
     assert batch and batch[0]["problem"].startswith("GPU Memory is underutilized: Only 15.0% of GPU Memory is used")
+
+
+def _summary(out) -> dict:
+    import csv
+
+    with open(out / "dlprof_summary.csv", newline="") as fh:
+        return {row[0]: row[1] for row in csv.reader(fh) if len(row) >= 2}
+
+
+@pytest.mark.parametrize(
+    "driver, cuda, shown",
+    [
+        (0, 12020, ("Unknown", "Unknown")),  # nsys 2022.4 on a machine without a driver writes these
+        ("", 12020, ("Unknown", "Unknown")),
+        ("535.129.03", 12080, ("535.129.03", "12.8")),
+        (5206105, 11080, ("520.61.05", "11.8")),
+    ],
+)
+def test_driver_facts_only_where_a_driver_was_recorded(tmp_path, driver, cuda, shown):
+    """System facts come from what the capture recorded: NvDriverVersion 0 means no NVIDIA driver ran, so
+    the CUDA version nsys writes beside it (its own) is no fact of the machine either."""
+    from tests.profiles import run_dlprof
+
+    exp = NsysExport()
+    exp.system_env("NvDriverVersion", driver)
+    exp.system_env("CudaDriverVersion", cuda)
+    t = exp.add_thread(pid=1, tid=1, name="python", process_name="python")
+    exp.push_pop(t, 100, 900, "work")
+    exp.set_session(start_time=0, stop_time=1000)
+    path = exp.write(tmp_path / "p.sqlite")
+    trace = read_nsys_export(path)
+    recorded = str(driver) not in ("0", "")
+    assert ("NvDriverVersion" in trace.system, "CudaDriverVersion" in trace.system) == (recorded, recorded)
+    run_dlprof(f"--database={path}", f"--output_path={tmp_path / 'out'}", "--reports=summary", "-v", "quiet")
+    facts = _summary(tmp_path / "out")
+    assert (facts["GPU Driver Version"], facts["CUDA Version"]) == shown
+
+
+def test_a_capture_without_events_spans_its_own_window(tmp_path):
+    """No NVTX range, CUDA call or GPU activity: the profile is the capture's window (ANALYSIS_DETAILS
+    1000..5000), one iteration of 4000 ns (no key node), and one warning line that says what to do."""
+    from tests.profiles import run_dlprof
+
+    exp = NsysExport()
+    exp.add_thread(pid=1, tid=1, name="python", process_name="python")
+    exp.set_session(start_time=1000, stop_time=5000)
+    path = exp.write(tmp_path / "empty.sqlite")
+    trace = read_nsys_export(path)
+    assert (trace.profile_start, trace.profile_end) == (1000, 5000)
+    assert len(trace.warnings) == 1 and "no NVTX ranges and no CUDA activity" in trace.warnings[0]
+    proc = run_dlprof(f"--database={path}", f"--output_path={tmp_path / 'out'}", "--reports=summary")
+    facts = _summary(tmp_path / "out")
+    assert facts["Wall Clock Time (ns)"] == "4000" and facts["Total Iterations"] == "1"
+    assert facts["Average Iteration Time (ns)"] == "4000.0"
+    assert sum("no NVTX ranges" in line for line in proc.stderr.splitlines()) == 1
+    # with events, the window is theirs (DLProf's rule), not the session's
+    exp.push_pop(exp.add_thread(pid=1, tid=1, name="python"), 2000, 3000, "work")
+    trace = read_nsys_export(exp.write(tmp_path / "one.sqlite"))
+    assert (trace.profile_start, trace.profile_end) == (2000, 3000)

@@ -997,3 +997,44 @@ def test_cli_reads_the_real_trace_with_an_unescaped_name(tmp_path):
 
 def run_dlprof_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dlprof_profiler", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_backward_of_in_place_ops_on_views_and_accumulate_grad_link_to_forward_ops(tmp_path):
+    """What PyTorch records for `flat[:, :8].relu_()` then `fc(flat)` and their backward (sequence numbers
+    as a real CPU trace has them): the forward ops relu_ (seq 6) and linear > addmm (seq 10); backward:
+    AddmmBackward0 (10), AccumulateGrad (no seq, right after the node that produced the parameter's
+    gradient), AsStridedBackward0 (11: made when linear read the view; no forward op has 11), CopySlices (7:
+    made by the in-place op right after its own node; it runs ReluBackward0, seq 6, inside it), AccumulateGrad.
+    Every node takes a forward op's name: no AccumulateGrad or CopySlices op, relu_ and linear one backward
+    call each, holding all their nodes' time (DESIGN.md, Kineto input: Direction)."""
+    k = KinetoTrace()
+    k.metadata({MAIN: "python", GRAD: "pt_autograd_0"})
+    k.span(T0 - 1000, 200_000)
+    k.cpu_op(MAIN, T0, 1000, "aten::relu_", seq=6)
+    k.cpu_op(MAIN, T0 + 2000, 3000, "aten::linear", seq=9)
+    k.cpu_op(MAIN, T0 + 2500, 2000, "aten::addmm", seq=10)
+    evaluate = "autograd::engine::evaluate_function: "
+    b = T0 + 10_000
+    k.cpu_op(GRAD, b, 1000, evaluate + "AddmmBackward0", seq=10, fwd_tid=1)
+    k.cpu_op(GRAD, b + 100, 800, "AddmmBackward0", seq=10, fwd_tid=1)
+    k.cpu_op(GRAD, b + 2000, 300, evaluate + "torch::autograd::AccumulateGrad")
+    k.cpu_op(GRAD, b + 2050, 200, "torch::autograd::AccumulateGrad")
+    k.cpu_op(GRAD, b + 3000, 500, evaluate + "AsStridedBackward0", seq=11, fwd_tid=1)
+    k.cpu_op(GRAD, b + 3100, 300, "AsStridedBackward0", seq=11, fwd_tid=1)
+    k.cpu_op(GRAD, b + 4000, 2000, evaluate + "torch::autograd::CopySlices", seq=7, fwd_tid=1)
+    k.cpu_op(GRAD, b + 4100, 1800, "torch::autograd::CopySlices", seq=7, fwd_tid=1)
+    k.cpu_op(GRAD, b + 4500, 500, "ReluBackward0", seq=6, fwd_tid=1)
+    k.cpu_op(GRAD, b + 7000, 400, evaluate + "torch::autograd::AccumulateGrad")
+    k.cpu_op(GRAD, b + 7050, 300, "torch::autograd::AccumulateGrad")
+    a = analyze(k.write(tmp_path / "views.pt.trace.json"))
+    ops = a.ops()
+    assert set(zip(ops["name"], ops["direction"])) == {
+        ("/aten::relu_", "fprop"),
+        ("/aten::relu_", "bprop"),
+        ("/aten::linear", "fprop"),
+        ("/aten::linear", "bprop"),
+    }
+    relu_back = a.op("/aten::relu_", "bprop")  # CopySlices (with ReluBackward0) + the AccumulateGrad after it
+    assert relu_back["calls"] == 1 and relu_back["cpu_total"] == 2000 + 400
+    linear_back = a.op("/aten::linear", "bprop")  # AddmmBackward0 + its AccumulateGrad + AsStridedBackward0
+    assert linear_back["calls"] == 1 and linear_back["cpu_total"] == 1000 + 300 + 500

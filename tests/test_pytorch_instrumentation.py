@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import re
@@ -103,7 +104,8 @@ def ops(backend: RecordingBackend, direction=None, op=None):
 
 
 def configs(backend: RecordingBackend):
-    return [json.loads(t)["model_config"] for t in backend.texts() if t.startswith('{"model_config"')]
+    """The config markers' values (Python literals, like the other markers, so torch.profiler can carry them)."""
+    return [ast.literal_eval(t)["model_config"] for t in backend.texts() if t.startswith("{'model_config'")]
 
 
 def tail(func_stack: str, n: int) -> str:
@@ -508,7 +510,9 @@ def test_direction_with_emit_nvtx_or_autograd_profiler(rec):
 
 def test_backward_nodes_of_one_call_share_a_backward_callid(rec, monkeypatch):
     """linear builds AddmmBackward0 and TBackward0: two bprop ranges, one backward call. Both carry the
-    forward callid (fwdCallid) and one backward callid, new for each backward pass, never a forward one."""
+    forward callid (fwdCallid) and one backward callid, new for each backward pass, never a forward one.
+    The AccumulateGrad nodes of its inputs (bias, x, weight), which autograd runs right after the node that
+    feeds them, are in the same backward call."""
     for graph_task_id in (dp_backward._graph_task_id, None):  # autograd's graph task id, and the fallback
         monkeypatch.setattr(dp_backward, "_graph_task_id", graph_task_id)
         lin = nn.Linear(3, 2)
@@ -519,15 +523,17 @@ def test_backward_nodes_of_one_call_share_a_backward_callid(rec, monkeypatch):
         out.sum().backward()  # a second pass over the same nodes
         (fwd,) = ops(rec, "fprop", "linear")
         bwd = ops(rec, "bprop", "linear")
-        assert [b["node"] for b in bwd] == ["AddmmBackward0", "TBackward0"] * 2
+        one_pass = ["AddmmBackward0", "AccumulateGrad", "AccumulateGrad", "TBackward0", "AccumulateGrad"]
+        assert [b["node"] for b in bwd] == one_pass * 2
         assert {b["fwdCallid"] for b in bwd} == {fwd["callid"]}
-        first, second = bwd[0]["callid"], bwd[2]["callid"]
-        assert bwd[1]["callid"] == first and bwd[3]["callid"] == second and first != second
+        first, second = bwd[0]["callid"], bwd[5]["callid"]
+        assert {b["callid"] for b in bwd[:5]} == {first} and {b["callid"] for b in bwd[5:]} == {second}
+        assert first != second
         forward_ids = {r["callid"] for r in ops(rec, "fprop")}
         assert not forward_ids & {first, second}
         # in the export the engine strips the call ids before parsing: the texts of a node are one text
         texts = {re.sub(r"'callid': \d+, ", "", b["range"].text) for b in bwd}
-        assert len(texts) == 2
+        assert len(texts) == 3
 
 
 def test_backward_on_another_thread(rec):
@@ -549,6 +555,114 @@ def test_no_backward_links_under_no_grad(rec):
         out = model(x)
     assert out.grad_fn is None
     assert ops(rec, "bprop") == []
+
+
+def test_in_place_op_on_a_view_owns_copyslices_and_the_regenerated_view(rec):
+    """`flat[:2].relu_()` on a view of `h`: autograd gives h's base the node CopySlices (made by relu_) and, when
+    `sum` then reads `flat`, makes flat's grad_fn afresh (AsStridedBackward0). Both run in relu_'s backward call;
+    flatten's own node is replaced and never runs; w's AccumulateGrad runs in the backward call of mul, whose
+    node feeds it."""
+    w = torch.randn(3, 4, requires_grad=True)
+    rec.clear()
+    h = w * 2
+    flat = h.flatten()
+    flat[:2].relu_()
+    flat.sum().backward()
+    fwd = {r["callid"]: r for r in ops(rec, "fprop")}
+    by_op: dict = {}
+    for b in ops(rec, "bprop"):
+        by_op.setdefault(fwd[b["fwdCallid"]]["op"], []).append(b)
+    assert set(by_op) == {"sum", "relu_", "__mul__"}
+    assert sorted(b["node"] for b in by_op["relu_"]) == ["AsStridedBackward0", "CopySlices"]
+    assert [b["node"] for b in by_op["__mul__"]] == ["MulBackward0", "AccumulateGrad"]
+    for nodes in by_op.values():
+        assert len({b["callid"] for b in nodes}) == 1  # one backward call per forward call
+        assert all(b["range"].parent is b["trace_range"] for b in nodes)
+
+
+def test_accumulate_grad_follows_its_producer_in_every_iteration(rec):
+    """A parameter's AccumulateGrad node outlives the iteration: in each backward pass it joins the backward
+    call of the node that produced the gradient in that pass."""
+    lin = nn.Linear(3, 2)
+    rec.clear()
+    for _ in range(2):
+        lin(torch.randn(4, 3)).sum().backward()
+    fwd = {r["callid"]: r for r in ops(rec, "fprop") if r["op"] == "linear"}
+    assert len(fwd) == 2
+    for callid in fwd:
+        nodes = [b for b in ops(rec, "bprop", "linear") if b["fwdCallid"] == callid]
+        assert sorted(b["node"] for b in nodes) == ["AccumulateGrad", "AccumulateGrad", "AddmmBackward0", "TBackward0"]
+        assert len({b["callid"] for b in nodes}) == 1
+
+
+class _OddNames(nn.Module):
+    """A submodule whose attribute name holds a double quote and a backslash (a ModuleDict key)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleDict({'odd"name\\x': nn.Linear(2, 2)})
+
+    def forward(self, x):
+        return self.layers['odd"name\\x'](x)
+
+
+def test_marker_texts_hold_no_quote_backslash_or_control_character(rec):
+    """Kineto writes event names into its JSON unescaped: every marker text must do without `"`, `\\` and
+    control characters, and still parse. A module attribute and a string argument that hold them are
+    written with those characters replaced."""
+    model = _OddNames()
+    rec.clear()
+    model(torch.randn(1, 2))
+    F.pad(torch.randn(2, 2), (1, 1), mode="constant")
+    torch.einsum("ij,jk->ik", torch.randn(2, 2), torch.randn(2, 2))
+    texts = rec.texts()
+    assert texts and not [t for t in texts if '"' in t or "\\" in t or not t.isprintable()]
+    for text in texts:
+        if text.startswith("{"):
+            assert isinstance(ast.literal_eval(text), dict)
+    linear = next(r for r in ops(rec, "fprop") if r["op"] == "linear")
+    assert linear["funcStack"].endswith("/model/layers.odd`name_x/linear")
+    value = dp.markers.describe_args(('it\'s a "q" \\ \n',), {})
+    text = dp.markers.arg_marker("torch", "op", 1, value)
+    assert ast.literal_eval(text)["args"][0]["value"] == "it`s a `q` /  "
+
+
+def _odd_step(model, x):
+    model(x).sum().backward()
+
+
+def test_record_function_backend_puts_the_markers_in_the_torch_profiler_trace(tmp_path):
+    """The same markers as NVTX ranges, as torch.profiler ranges: the exported trace is valid JSON (a quote
+    in a marker would break it) and holds them as events named by the marker texts."""
+    rec = RecordingBackend()
+    model, x = _OddNames(), torch.randn(3, 2)
+    prof = torch.profiler.profile()
+    for backend, profiler in ((rec, contextlib.nullcontext()), (dp.RecordFunctionBackend(), prof)):
+        with dp.instrumented(backend=backend), profiler:
+            _odd_step(model, x)  # one call site: the same stack trace in both markers
+    expected = rec.texts()
+    path = tmp_path / "t.json"
+    prof.export_chrome_trace(str(path))
+    names = [e["name"] for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
+    strip = re.compile(r"'(?:callid|fwdCallid)': \d+")
+    recorded = sorted(strip.sub("", n) for n in names if n.startswith("{'") and "model_config" not in n)
+    assert recorded == sorted(strip.sub("", t) for t in expected if t.startswith("{'") and "model_config" not in t)
+    assert any("'op': 'linear'" in n and "'dir': 'bprop'" in n and "odd`key" not in n for n in recorded)
+
+
+def test_nvtx_library_backend(monkeypatch):
+    """The auto backend calls the NVTX C API (libnvToolsExt.so.1) when it is there: no Python package needed."""
+    try:
+        backend = dp.LibNvtxBackend(enabled=True)
+    except ImportError:
+        pytest.skip("no libnvToolsExt.so.1 and no CUDA PyTorch NVTX")
+    backend.push("range with ünï text")
+    backend.pop()
+    monkeypatch.setenv("NVTX_INJECTION64_PATH", "/opt/nsys/libToolsInjection64.so")
+    monkeypatch.delenv("NVTX_DISABLE", raising=False)
+    monkeypatch.delenv("DLPROF_DISABLE", raising=False)
+    auto = dp.backend.resolve_backend("auto")
+    assert isinstance(auto, dp.LibNvtxBackend) and auto.enabled
 
 
 # ---------------------------------------------------------------------------------------------- foreach, linalg
@@ -682,7 +796,7 @@ def test_config_marker(rec, monkeypatch):
     assert last["cudnn_benchmark"] is True and last["cudnn_benchmark_disabled"] is False
     # config markers are zero-length ranges at the top level
     for r in rec.ranges():
-        if r.text.startswith('{"model_config"'):
+        if r.text.startswith("{'model_config'"):
             assert r.parent is None and not r.children
 
 
@@ -1051,11 +1165,15 @@ def _kill_nsys_agents(frontend_pid: int) -> None:
 
 
 def _nsys_profile(tmp_path: Path, script: Path, *args: str) -> tuple[Path, str]:
-    """Run ``python script args`` under Nsight Systems; returns the SQLite export and the script's stdout.
+    """Run ``python script args`` under Nsight Systems with dlprof's startup hook in its environment (as
+    ``dlprof python script`` runs it: an unmodified script is annotated, one calling init() is annotated
+    once); returns the SQLite export and the script's stdout.
 
     ``--cpuctxsw=none``: on this container nsys 2022.4 often hangs after the target exits while it
     finishes CPU context-switch tracing (the agent spins, the report is never written); without that
     trace it finishes in seconds. NVTX and CUDA tracing are unaffected."""
+    from dlprof_profiler import torch_startup
+
     nsys = shutil.which("nsys")
     if nsys is None:
         pytest.skip("nsys not on PATH")
@@ -1064,6 +1182,7 @@ def _nsys_profile(tmp_path: Path, script: Path, *args: str) -> tuple[Path, str]:
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     for name in ("NVTX_DISABLE", "DLPROF_DISABLE"):
         env.pop(name, None)
+    env = torch_startup.environment(init=torch_startup.init_config("auto"), base=env)
     cmd = [
         nsys,
         "profile",
@@ -1089,7 +1208,7 @@ def _nsys_profile(tmp_path: Path, script: Path, *args: str) -> tuple[Path, str]:
         pytest.fail("nsys profile did not finish within %d s" % NSYS_TIMEOUT)
     db = tmp_path / "rep.sqlite"
     assert proc.returncode == 0 and db.exists(), stdout[-2000:] + stderr[-2000:]
-    assert "annotations on" in stdout  # the script saw the profiler (NVTX_INJECTION64_PATH)
+    assert "startup hook" not in stderr, stderr[-2000:]  # no warning: the hook annotated torch
     return db, stdout
 
 
@@ -1101,6 +1220,7 @@ def nsys_capture(tmp_path_factory) -> Path:
 
 @pytest.mark.nsys
 def test_example_under_nsys(nsys_capture):
+    """The unmodified example, annotated by the startup hook alone."""
     db = nsys_capture
     con = sqlite3.connect(str(db))
     rows = con.execute(
@@ -1111,7 +1231,7 @@ def test_example_under_nsys(nsys_capture):
     texts = [r[3] for r in rows if r[3]]
     traces = [ast.literal_eval(t) for t in texts if t.startswith("{'traceMarker'")]
     args = [ast.literal_eval(t) for t in texts if t.startswith("{'mod'") and "'op'" in t]
-    cfgs = [json.loads(t)["model_config"] for t in texts if t.startswith('{"model_config"')]
+    cfgs = [ast.literal_eval(t)["model_config"] for t in texts if t.startswith("{'model_config'")]
     assert traces and args and cfgs
     example = str(EXAMPLE)
     convs = [a for a in args if a["op"] == "conv2d" and a["dir"] == "fprop"]
@@ -1240,8 +1360,9 @@ def test_models_under_nsys_markers(models_capture):
     assert not forward_ids & set().union(*per_call.values())
     linear_nodes = [
         a["node"] for a in args if a["dir"] == "bprop" and a["op"] == "linear" and len(a["args"][0]["shape"]) == 2
-    ]  # the Sequential's 2-D linears
-    assert linear_nodes and set(linear_nodes) == {"AddmmBackward0", "TBackward0"}
+    ]  # the Sequential's 2-D linears, with the AccumulateGrad of their weight and bias
+    assert linear_nodes and set(linear_nodes) == {"AddmmBackward0", "TBackward0", "AccumulateGrad"}
+    assert linear_nodes.count("AccumulateGrad") == 2 * linear_nodes.count("AddmmBackward0")
 
 
 def _detail_rows(out: Path) -> list:

@@ -7,7 +7,7 @@ Usage, as with DLProf's ``nvidia_dlprof_pytorch_nvtx``::
     with torch.autograd.profiler.emit_nvtx(enabled=torch.cuda.is_available()):  # optional; CUDA PyTorch only
         train()
 
-then profile with ``dlprof --mode=pytorch python train.py`` (or ``nsys profile -t cuda,nvtx ...``).
+then profile with ``dlprof python train.py`` (or ``nsys profile -t cuda,nvtx ...``).
 Without a profiler attached the wrappers call straight through (see :mod:`.backend` for the detection).
 
 Markers per annotated call: nested push/pop ranges in the default NVTX domain, outermost first
@@ -25,7 +25,10 @@ Backward (:mod:`.backward`): each autograd node created by an annotated call run
 marker and ``{'mod': ..., 'op': ..., 'callid': 40, 'dir': 'bprop', 'fwdCallid': 12, 'node':
 'ConvolutionBackward0', 'args': [...same as forward...]}`` (``callid``: the backward call, one per forward call
 and backward pass, shared by its nodes). Scopes (:mod:`.scopes`): ``enumerate(DataLoader)#...__next__`` and
-``Optimizer.step#SGD.step``. Config marker (:mod:`.metadata`): ``{"model_config": {...}}`` as JSON.
+``Optimizer.step#SGD.step``. Config marker (:mod:`.metadata`): ``{'model_config': {...}}``.
+
+``dlprof python train.py`` calls :func:`init` for an unmodified script when it imports torch (the startup hook,
+``dlprof_profiler/torch_startup``); calling it in the script as well changes nothing.
 """
 
 from __future__ import annotations
@@ -34,7 +37,16 @@ import contextlib
 import os
 from typing import Any, Iterator, Optional
 
-from .backend import NullBackend, NvtxBackend, RecordingBackend, Range, profiler_attached, resolve_backend
+from .backend import (
+    LibNvtxBackend,
+    NullBackend,
+    NvtxBackend,
+    Range,
+    RecordFunctionBackend,
+    RecordingBackend,
+    profiler_attached,
+    resolve_backend,
+)
 from .runtime import STATE, Options
 
 __all__ = [
@@ -48,6 +60,8 @@ __all__ = [
     "get_backend",
     "get_config",
     "NvtxBackend",
+    "LibNvtxBackend",
+    "RecordFunctionBackend",
     "RecordingBackend",
     "NullBackend",
     "Range",
@@ -91,8 +105,9 @@ def init(
 ) -> Any:
     """Patch torch so its calls emit DLProf markers. Returns the backend in use.
 
-    ``backend``: ``"auto"`` (default: the nvtx package, active only when a profiler is attached),
-    ``"nvtx"`` (always active unless ``NVTX_DISABLE``/``DLPROF_DISABLE``), ``"recording"``, ``"null"``, or an
+    ``backend``: ``"auto"`` (default: NVTX through the NVTX library, else the nvtx package; active only when
+    a profiler is attached), ``"nvtx"`` (the same, always active unless ``NVTX_DISABLE``/``DLPROF_DISABLE``),
+    ``"record_function"`` (torch.profiler ranges with the same texts), ``"recording"``, ``"null"``, or an
     object with ``enabled``, ``push(text)``, ``pop()``.
 
     Calling ``init()`` again is harmless: it changes only the options (and backend) given explicitly;

@@ -1,4 +1,5 @@
-"""Where the instrumentation's ranges go: the real ``nvtx`` package, a recorder for tests, or nowhere.
+"""Where the instrumentation's ranges go: NVTX (the NVTX library through ctypes, else the ``nvtx`` package),
+torch.profiler's own ranges (``record_function``), a recorder for tests, or nowhere.
 
 Every backend has the same small interface:
 
@@ -24,6 +25,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = [
     "NvtxBackend",
+    "LibNvtxBackend",
+    "RecordFunctionBackend",
     "RecordingBackend",
     "NullBackend",
     "Range",
@@ -147,6 +150,105 @@ class NvtxBackend:
                 pass
 
 
+class LibNvtxBackend:
+    """Ranges through the NVTX C API itself: ``nvtxRangePushA``/``nvtxRangePop`` of ``libnvToolsExt.so.1``
+    (ctypes), else of CUDA PyTorch's built-in NVTX (``torch._C._nvtx``). No Python package is needed, so it
+    works in any interpreter the user's program runs in, and every Nsight Systems version records it (the
+    ``nvtx`` package's releases after 0.2.11 are not recorded by nsys 2022.4). Raises ImportError when
+    neither is there."""
+
+    name = "libnvtx"
+    LIBRARIES = ("libnvToolsExt.so.1", "libnvToolsExt.so")
+
+    def __init__(self, enabled: Optional[bool] = None, library: Optional[str] = None) -> None:
+        self.source, self._push, self._pop, self._bytes = _nvtx_entry_points(library)
+        if enabled is None:
+            enabled = not disabled_by_env() and profiler_attached()
+        self.enabled = bool(enabled)
+
+    def push(self, text: str) -> None:
+        self._push(text.encode("utf-8", "replace") if self._bytes else text)
+
+    def pop(self) -> None:
+        self._pop()
+
+
+def _nvtx_entry_points(library: Optional[str]) -> Tuple[str, Any, Any, bool]:
+    """(where from, push, pop, whether push takes bytes) of the NVTX C API."""
+    import ctypes
+    import ctypes.util
+
+    candidates = [library] if library else list(LibNvtxBackend.LIBRARIES)
+    if not library:
+        found = ctypes.util.find_library("nvToolsExt")
+        if found and found not in candidates:
+            candidates.append(found)
+    for candidate in candidates:
+        try:
+            lib = ctypes.CDLL(candidate)
+            push, pop = lib.nvtxRangePushA, lib.nvtxRangePop
+        except (OSError, AttributeError):
+            continue
+        push.argtypes, push.restype = [ctypes.c_char_p], ctypes.c_int
+        pop.argtypes, pop.restype = [], ctypes.c_int
+        return candidate, push, pop, True
+    if not library:
+        import sys
+
+        torch_nvtx = getattr(getattr(sys.modules.get("torch"), "_C", None), "_nvtx", None)
+        if torch_nvtx is not None and hasattr(torch_nvtx, "rangePushA"):
+            return "torch._C._nvtx", torch_nvtx.rangePushA, torch_nvtx.rangePop, False
+    raise ImportError("no NVTX library (%s) and no CUDA PyTorch NVTX" % ", ".join(candidates))
+
+
+class RecordFunctionBackend:
+    """Ranges recorded by torch.profiler: each push opens a ``record_function`` range named by the text, which
+    the Kineto trace keeps as an event of that name. So a torch.profiler trace carries the very markers NVTX
+    carries under Nsight Systems, and one set of marker rules reads both. ``_RecordFunctionFast`` (PyTorch >=
+    2.2: about 2 us a range while profiling, 0.8 us when not) writes them as ``cpu_op`` events; older
+    PyTorch goes through ``record_function``'s operators (``user_annotation`` events, about 15 us)."""
+
+    name = "record_function"
+
+    def __init__(self, enabled: bool = True) -> None:
+        import torch
+
+        self.enabled = bool(enabled)
+        self._open = threading.local()
+        fast = getattr(getattr(torch._C, "_profiler", None), "_RecordFunctionFast", None)
+        if fast is not None:
+            self.push = self._push_fast  # type: ignore[method-assign]
+            self.pop = self._pop_fast  # type: ignore[method-assign]
+            self._fast = fast
+        else:
+            self._enter = torch.ops.profiler._record_function_enter_new
+            self._exit = torch.ops.profiler._record_function_exit._RecordFunction
+
+    def _stack(self) -> List[Any]:
+        stack = getattr(self._open, "stack", None)
+        if stack is None:
+            stack = self._open.stack = []
+        return stack
+
+    def _push_fast(self, text: str) -> None:
+        handle = self._fast(text)
+        handle.__enter__()
+        self._stack().append(handle)
+
+    def _pop_fast(self) -> None:
+        stack = self._stack()
+        if stack:
+            stack.pop().__exit__(None, None, None)
+
+    def push(self, text: str) -> None:
+        self._stack().append(self._enter(text, None))
+
+    def pop(self) -> None:
+        stack = self._stack()
+        if stack:
+            self._exit(stack.pop())
+
+
 class Range:
     """One reconstructed push/pop range of a :class:`RecordingBackend`."""
 
@@ -225,15 +327,21 @@ class RecordingBackend:
 
 
 def resolve_backend(backend: Any = "auto") -> Any:
-    """``"auto"`` (nvtx, on only with a profiler attached), ``"nvtx"`` (nvtx, on unless disabled by the
-    environment), ``"recording"``, ``"null"``, or any object with ``enabled``, ``push`` and ``pop``."""
-    if backend is None or backend == "auto":
-        try:
-            return NvtxBackend()
-        except ImportError:
-            return NullBackend(enabled=False)
-    if backend == "nvtx":
-        return NvtxBackend(enabled=not disabled_by_env())
+    """``"auto"`` (the NVTX C API, else the nvtx package; on only with a profiler attached), ``"nvtx"`` (the
+    same, on unless disabled by the environment), ``"record_function"`` (torch.profiler), ``"recording"``,
+    ``"null"``, or any object with ``enabled``, ``push`` and ``pop``."""
+    if backend is None or backend in ("auto", "nvtx"):
+        enabled = None if backend in (None, "auto") else not disabled_by_env()
+        for kind in (LibNvtxBackend, NvtxBackend):
+            try:
+                return kind(enabled=enabled)
+            except ImportError:
+                continue
+        if backend == "nvtx":
+            raise ImportError("NVTX is not available: no libnvToolsExt.so.1, no CUDA PyTorch, no nvtx package")
+        return NullBackend(enabled=False)
+    if backend == "record_function":
+        return RecordFunctionBackend(enabled=not disabled_by_env())
     if backend == "recording":
         return RecordingBackend()
     if backend == "null":

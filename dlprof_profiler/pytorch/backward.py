@@ -17,6 +17,17 @@ task id tells passes apart; without it, a node running twice starts a new call).
 adjacent (autograd interleaves the nodes of other ops), so one backward call is the set of bprop ranges with
 one ``(process, callid)``: counting those, not the ranges, gives one bprop call per forward call and pass.
 Backward call ids come from the counter of forward call ids, so the two never collide.
+
+Two kinds of nodes no forward call creates get the backward call of the op they belong to:
+
+- ``AccumulateGrad`` (a parameter's gradient written into ``.grad``): its node lives as long as the
+  parameter and serves every iteration, so it is hooked once and, when it runs, takes the backward call of
+  the node that produced the gradient (autograd runs it right after that node: its post-hook hands the call
+  over). Its range then belongs to the op that used the parameter (``linear``: ``AddmmBackward0`` +
+  ``TBackward0`` + two ``AccumulateGrad``, one backward call).
+- the ``AsStridedBackward0`` autograd makes afresh for a view whose base an in-place op changed (``flat``
+  after ``flat[:, :8].relu_()``): it appears when a later op reads the view's ``grad_fn`` and leads to the
+  in-place op's ``CopySlices``, so it joins that op's backward call.
 """
 
 from __future__ import annotations
@@ -29,7 +40,9 @@ from .runtime import STATE
 
 __all__ = ["input_grad_fns", "attach", "iter_tensors", "supported", "BackwardCall"]
 
-_TAG = "dlprof_callid"
+_TAG = "dlprof_callid"  # node metadata: the forward call that created the node
+_OWNER = "dlprof_owner"  # node metadata: its backward call (_Owner)
+_ACC = "dlprof_accumulator"  # AccumulateGrad metadata: its hand-over holder (_Accumulator)
 _SENTINEL = -918273645  # placeholder callid of the bprop text template, replaced by the backward call id
 _lock = threading.Lock()
 
@@ -91,43 +104,144 @@ def iter_tensors(value: Any, depth: int = 0) -> Iterator[Any]:
 
 
 def input_grad_fns(tensors: List[Any]) -> List[Any]:
-    """grad_fn of the input tensors, taken before the call (an in-place op replaces it)."""
+    """grad_fn of the input tensors, taken before the call (an in-place op replaces it). A view's grad_fn made
+    afresh after an in-place op on its base joins that op's backward call (see the module's docstring)."""
     fns = []
     for t in tensors:
         if t.requires_grad:
             fn = t.grad_fn
             if fn is not None:
                 fns.append(fn)
+                if type(fn).__name__.startswith("AsStrided"):
+                    _adopt_regenerated_view(fn)
     return fns
 
 
-def _make_hooks(trace_txt: str, bprop_txt: tuple[str, str], call: BackwardCall, node_index: int):
-    state = STATE
-    head, tail = bprop_txt
-    graph_task_id = _graph_task_id
+class _Owner:
+    """One forward call's backward: its trace marker, its BackwardCall, and the bprop marker text of each
+    node name (around the backward call id: head + id + tail)."""
 
+    __slots__ = ("trace_txt", "call", "mod", "op", "callid", "args", "texts")
+
+    def __init__(self, trace_txt: str, call: BackwardCall, mod: str, op: str, callid: int, args: list) -> None:
+        self.trace_txt, self.call = trace_txt, call
+        self.mod, self.op, self.callid, self.args = mod, op, callid, args
+        self.texts: Dict[str, tuple] = {}
+
+    def text(self, node: str) -> tuple:
+        found = self.texts.get(node)
+        if found is None:
+            head, _, tail = bprop_marker(self.mod, self.op, _SENTINEL, self.callid, node, self.args).partition(
+                str(_SENTINEL)
+            )
+            found = self.texts[node] = (head, tail)
+        return found
+
+
+class _Accumulator:
+    """What an AccumulateGrad node's hooks read: the owner of the node that produced its gradient."""
+
+    __slots__ = ("owner",)
+
+    def __init__(self) -> None:
+        self.owner: _Owner | None = None
+
+
+def _push(owner: _Owner, node: str, key: Any) -> None:
+    """Push an owner's trace marker and the bprop marker of one of its nodes on the calling thread."""
+    state = STATE
+    stack = state.tls.bwd
+    if state.active:
+        backend = state.backend
+        task = _graph_task_id() if _graph_task_id is not None else None
+        head, tail = owner.text(node)
+        backend.push(owner.trace_txt)
+        backend.push(head + str(owner.call.callid_for(key, task)) + tail)
+        stack.append(backend)
+    else:
+        stack.append(None)
+
+
+def _pop() -> None:
+    stack = STATE.tls.bwd
+    if stack:
+        backend = stack.pop()
+        if backend is not None:
+            backend.pop()
+            backend.pop()
+
+
+def _make_hooks(owner: _Owner, node: str, node_index: int, accumulators: List[_Accumulator]):
     def pre_hook(grad_outputs):
-        stack = state.tls.bwd
-        if state.active:
-            backend = state.backend
-            task = graph_task_id() if graph_task_id is not None else None
-            backend.push(trace_txt)
-            backend.push(head + str(call.callid_for(node_index, task)) + tail)
-            stack.append(backend)
-        else:
-            stack.append(None)
+        _push(owner, node, node_index)
         return None
 
     def post_hook(grad_inputs, grad_outputs):
-        stack = state.tls.bwd
-        if stack:
-            backend = stack.pop()
-            if backend is not None:
-                backend.pop()
-                backend.pop()
+        _pop()
+        for acc in accumulators:  # the parameters' AccumulateGrad nodes run next, in this backward call
+            acc.owner = owner
         return None
 
     return pre_hook, post_hook
+
+
+def _accumulator(node: Any, meta: Any) -> _Accumulator | None:
+    """The (once hooked) hand-over holder of an AccumulateGrad node."""
+    if meta is None:
+        return None
+    acc = meta.get(_ACC)
+    if acc is not None:
+        return acc
+    acc = _Accumulator()
+    key = ("AccumulateGrad", id(acc))
+
+    def pre_hook(grad_outputs):
+        owner = acc.owner
+        if owner is None:
+            STATE.tls.bwd.append(None)
+        else:
+            _push(owner, "AccumulateGrad", key)
+        return None
+
+    def post_hook(grad_inputs, grad_outputs):
+        _pop()
+        acc.owner = None  # a later gradient without an annotated producer stays unattributed
+        return None
+
+    try:
+        node.register_prehook(pre_hook)
+        node.register_hook(post_hook)
+    except Exception:
+        return None
+    meta[_ACC] = acc
+    return acc
+
+
+def _hook(node: Any, meta: Any, owner: _Owner, node_index: int, accumulators: List[_Accumulator]) -> bool:
+    pre_hook, post_hook = _make_hooks(owner, type(node).__name__, node_index, accumulators)
+    try:
+        node.register_prehook(pre_hook)
+        node.register_hook(post_hook)
+    except Exception:
+        return False
+    if meta is not None:
+        meta[_OWNER] = owner
+    return True
+
+
+def _adopt_regenerated_view(node: Any) -> None:
+    try:
+        meta = node.metadata
+        if _TAG in meta:
+            return
+        base = node.next_functions[0][0] if node.next_functions else None
+        owner = base.metadata.get(_OWNER) if base is not None else None
+        if owner is None:
+            return
+        meta[_TAG] = -1
+        _hook(node, meta, owner, -2, [])
+    except Exception:  # never let annotation break the user's program
+        pass
 
 
 def attach(
@@ -143,11 +257,11 @@ def attach(
     if not roots:
         return 0
     keep = list(stop_fns)  # hold references so ids stay unique during the walk
-    call = BackwardCall()
     stop = {id(fn) for fn in stop_fns}
     seen = set()
     todo = roots[::-1]
     hooked = 0
+    owner = _Owner(trace_txt, BackwardCall(), mod, op, callid, args)
     limit = STATE.options.max_backward_nodes
     while todo and hooked < limit:
         node = todo.pop()
@@ -158,7 +272,7 @@ def attach(
         keep.append(node)
         name = type(node).__name__
         if name == "AccumulateGrad":
-            continue
+            continue  # handed over by the node that feeds it (its parent in this walk)
         try:
             meta = node.metadata
         except Exception:
@@ -167,13 +281,12 @@ def attach(
             if _TAG in meta:
                 continue
             meta[_TAG] = callid
+        accumulators: List[_Accumulator] = []
         try:
-            text = bprop_marker(mod, op, _SENTINEL, callid, name, args)
-            head, _, tail = text.partition(str(_SENTINEL))
-            pre_hook, post_hook = _make_hooks(trace_txt, (head, tail), call, hooked)
-            node.register_prehook(pre_hook)
-            node.register_hook(post_hook)
+            owner.text(name)  # built now, while the forward call runs
         except Exception:
+            continue
+        if not _hook(node, meta, owner, hooked, accumulators):
             continue
         hooked += 1
         try:
@@ -181,6 +294,15 @@ def attach(
         except Exception:
             nexts = ()
         for nxt, _ in reversed(nexts):
-            if nxt is not None:
+            if nxt is None:
+                continue
+            if type(nxt).__name__ == "AccumulateGrad":
+                try:
+                    acc = _accumulator(nxt, nxt.metadata)
+                except Exception:
+                    acc = None
+                if acc is not None:
+                    accumulators.append(acc)
+            else:
                 todo.append(nxt)
     return hooked

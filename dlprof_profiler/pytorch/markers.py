@@ -1,7 +1,13 @@
 """Marker texts in the nvidia_dlprof_pytorch_nvtx (PyProf) format.
 
-Markers 1-3 are Python ``repr`` of dicts holding only literals (parse with ``ast.literal_eval``); the config
-marker is JSON. See ``docs`` in the package ``__init__`` for the exact layout.
+Markers are Python ``repr`` of dicts holding only literals (parse with ``ast.literal_eval``). See ``docs`` in
+the package ``__init__`` for the exact layout.
+
+Every marker text is free of double quotes, backslashes and control characters (:func:`render`): Kineto
+writes event names into its JSON without escaping them (a ``"`` there makes the whole trace invalid, a
+``\\`` turns into ``/``, a line break disappears), and the same markers go to NVTX and to torch.profiler.
+Strings holding such characters (a string argument with a quote or a line break, a file name with a
+backslash) have them replaced: ``'`` and ``"`` by a backtick, ``\\`` by ``/``, others by a space.
 
 Argument descriptions (the ``args`` list), one dict per argument, in call order, keyword arguments last
 with their name:
@@ -20,7 +26,6 @@ with their name:
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import types
@@ -37,6 +42,8 @@ __all__ = [
     "arg_marker",
     "bprop_marker",
     "config_marker",
+    "render",
+    "safe_text",
 ]
 
 MAX_ARGS = 64  # argument entries per marker
@@ -283,6 +290,38 @@ def positional_names(func: Any, op: str, method: bool) -> List[str]:
     return names
 
 
+_UNSAFE_REPLACEMENT = {"'": "`", '"': "`", "\\": "/"}
+
+
+def safe_text(text: str) -> str:
+    """``text`` with quotes, backslashes and unprintable characters replaced (its ``repr`` then holds none)."""
+    if text.isprintable() and "'" not in text and '"' not in text and "\\" not in text:
+        return text
+    return "".join(
+        ch if ch.isprintable() and ch not in _UNSAFE_REPLACEMENT else _UNSAFE_REPLACEMENT.get(ch, " ") for ch in text
+    )
+
+
+def _safe(value: Any) -> Any:
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, (list, tuple)):
+        items = [_safe(v) for v in value]
+        return items if isinstance(value, list) else tuple(items)
+    if isinstance(value, dict):
+        return {_safe(k): _safe(v) for k, v in value.items()}
+    return value
+
+
+def render(marker: Dict[str, Any]) -> str:
+    """The marker's text: its ``repr``, with its strings made safe when the ``repr`` would hold a double
+    quote or a backslash (escapes and control characters included). The check is two substring scans."""
+    text = repr(marker)
+    if '"' in text or "\\" in text:
+        text = repr(_safe(marker))
+    return text
+
+
 def trace_marker(trace: List[str], func_stack: Optional[str], modules: Sequence[tuple[str, str]] = ()) -> str:
     """``{'traceMarker': [...], 'funcStack': '...', 'modules': [('model', 'Net'), ('conv1', 'Conv2d')]}``;
     ``modules``: the class of each module element of funcStack, outermost first (left out when empty)."""
@@ -291,21 +330,21 @@ def trace_marker(trace: List[str], func_stack: Optional[str], modules: Sequence[
         marker["funcStack"] = func_stack
     if modules:
         marker["modules"] = list(modules)
-    return repr(marker)
+    return render(marker)
 
 
 def module_marker(mod: str, str_repr: str) -> str:
-    return repr({"mod": mod, "strRepr": literal(str_repr)})
+    return render({"mod": mod, "strRepr": literal(str_repr)})
 
 
 def arg_marker(mod: str, op: str, callid: int, args: List[Dict[str, Any]]) -> str:
-    return repr({"mod": mod, "op": op, "callid": callid, "dir": "fprop", "args": args})
+    return render({"mod": mod, "op": op, "callid": callid, "dir": "fprop", "args": args})
 
 
 def bprop_marker(mod: str, op: str, bwd_callid: int, fwd_callid: int, node: str, args: List[Dict[str, Any]]) -> str:
     """Marker of one autograd node of a forward call: ``callid`` is the backward call (shared by the call's
     nodes in one backward pass), ``fwdCallid`` the forward call."""
-    return repr(
+    return render(
         {
             "mod": mod,
             "op": op,
@@ -319,4 +358,6 @@ def bprop_marker(mod: str, op: str, bwd_callid: int, fwd_callid: int, node: str,
 
 
 def config_marker(config: Dict[str, Any]) -> str:
-    return json.dumps({"model_config": config}, sort_keys=False, default=str)
+    """``{'model_config': {...}}``: a Python literal like the other markers (DLProf wrote JSON; the engine reads
+    both), since JSON's double quotes cannot go through torch.profiler."""
+    return render({"model_config": {str(k): literal(v) for k, v in config.items()}})

@@ -1,10 +1,11 @@
-"""Run metadata for the expert systems: the config marker ``{"model_config": {...}}``.
+"""Run metadata for the expert systems: the config marker ``{'model_config': {...}}``.
 
-The marker is JSON (double quotes, ``true``/``false``/``null``), sent as a zero-length push/pop range in the
-default domain (eventType 59 in an nsys export): push/pop is recorded by every NVTX tool and version, and
-``nvtx.mark`` of the Python package is not. It is sent once at ``init()`` with everything known then, and
-again, complete, each time a value changes (a value becomes known, or a switch was seen on): the last
-config marker of a process holds the final values.
+The marker is a Python dict literal like the other markers (``{'model_config': {'amp_enabled': True, ...}}``;
+DLProf wrote JSON, the engine reads both; JSON's double quotes cannot go through torch.profiler), sent as a
+zero-length push/pop range in the default domain (eventType 59 in an nsys export): push/pop is recorded by
+every NVTX tool and version, and ``nvtx.mark`` of the Python package is not. It is sent once at ``init()`` with
+everything known then, and again, complete, each time a value changes (a value becomes known, or a switch was
+seen on): the last config marker of a process holds the final values.
 
 Keys:
 

@@ -2,7 +2,7 @@
 
 Frames are sorted into kinds by their file:
 
-- ``OURS``: this package (the wrappers and hooks) - never shown;
+- ``OURS``: dlprof_profiler (the wrappers and hooks, the startup hook's optimizer-step wrapper) - never shown;
 - ``STDLIB``: the Python standard library and frozen modules (runpy, threading, contextlib) - never shown;
 - ``TORCH``: the torch package - shown in funcStack (module attribute names, ``SGD::step``,
   ``clip_grad_norm_``), not in the stack trace;
@@ -93,7 +93,7 @@ class StackCapture:
         import torch
 
         self.distinguish_instances = distinguish_instances
-        self._ours = _norm_dir(os.path.dirname(os.path.abspath(__file__)))
+        self._ours = _norm_dir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         self._torch = _norm_dir(os.path.dirname(os.path.abspath(torch.__file__)))
         self._module_py = os.path.normcase(os.path.realpath(sys.modules["torch.nn.modules.module"].__file__))
         self._module_cls = torch.nn.Module
@@ -223,7 +223,7 @@ class StackCapture:
                 return found
         with self._lock:
             try:
-                names = {id(m): n.replace("/", "_") for n, m in parent.named_modules() if n}
+                names = {id(m): _element(n) for n, m in parent.named_modules() if n}
             except Exception:  # noqa: BLE001 - a broken user module must not break the user's program
                 names = {}
             if id(child) not in names:
@@ -314,6 +314,12 @@ class StackCapture:
 _UNKNOWN = object()
 
 
+def _element(name: str) -> str:
+    """A name as a funcStack element: '/' separates elements, and a backslash would become one in the marker
+    text (markers.safe_text)."""
+    return name.replace("/", "_").replace("\\", "_")
+
+
 def _holder_name(frame, module: Any) -> str | None:
     """The local variable of ``frame`` holding ``module`` (``model``), else the attribute of its ``self``
     (``self.model`` -> ``model``)."""
@@ -333,7 +339,7 @@ def _holder_name(frame, module: Any) -> str | None:
         for items in (attrs, children if isinstance(children, dict) else {}):
             for key, value in list(items.items()):
                 if value is module and isinstance(key, str):
-                    return key.replace("/", "_")  # '/' separates funcStack elements
+                    return _element(key)
     return None
 
 

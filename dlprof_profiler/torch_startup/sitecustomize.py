@@ -1,24 +1,31 @@
-"""dlprof's startup hook for `dlprof --backend=torch`: profile a Python program with torch.profiler
-without changing its code.
+"""dlprof's startup hook: instrument a Python program's PyTorch, and with `dlprof --backend=torch` profile it
+with torch.profiler, without changing its code.
 
-dlprof puts this folder first on PYTHONPATH and describes the capture in the DLPROF_TORCH_CAPTURE
-environment variable (JSON). Python imports `sitecustomize` at start-up; this one then
+dlprof puts this folder first on PYTHONPATH and describes what to do in environment variables (JSON; see
+`__init__.py` beside this file): DLPROF_PYTORCH_INIT (annotate torch with `dlprof_profiler.pytorch.init()`,
+both backends) and DLPROF_TORCH_CAPTURE (torch.profiler capture). Python imports `sitecustomize` at
+start-up; this one then
 
 - runs any other `sitecustomize` further down sys.path (the user's or the distribution's), so nothing
   the environment relied on is lost;
 - waits for the program to import torch (a one-shot import hook: programs and child processes that
-  never import torch are left alone and pay nothing) and then creates a `torch.profiler.profile`
-  (CPU, plus CUDA/ROCm/XPU activities when this torch supports them; shapes and Python stacks recorded);
-- marks iterations at optimizer steps (a global `torch.optim` step post-hook calls `profile.step()`, so
-  the trace holds `ProfilerStep#N` ranges and `torch.profiler.schedule` selects the iterations to keep);
-- honours the delay and duration at module calls and optimizer steps (torch.profiler must be started
-  and stopped on the thread that runs the model, never from a timer thread);
-- writes `<pid>.pt.trace.json.gz` into the capture folder when collection ends: when the iteration
-  window is complete, when the duration is over (then, as nsys does, the program is ended with
-  SIGTERM), at interpreter exit, or on SIGTERM.
+  never import torch are left alone and pay nothing), then
+- calls `dlprof_profiler.pytorch.init()` (unless the program has done so: nothing is patched twice), with
+  dlprof_profiler loaded from dlprof's own installation by its path alone, so the program's sys.path
+  stays its own (the profiled interpreter may be another Python than dlprof's). Under Nsight Systems the
+  markers go to NVTX (the NVTX library through ctypes: no Python package needed); under torch.profiler
+  they are `record_function` ranges, switched on only while collection runs;
+- with DLPROF_TORCH_CAPTURE, creates a `torch.profiler.profile` (CPU, plus CUDA/ROCm/XPU activities when
+  this torch supports them; shapes recorded; Python stacks when asked, i.e. without the annotation), marks
+  iterations at optimizer steps (right after each `Optimizer.step`, so the trace holds `ProfilerStep#N`
+  ranges and `torch.profiler.schedule` selects the iterations to keep), honours the delay and duration at
+  module calls and optimizer steps (torch.profiler must be started and stopped on the thread that runs the
+  model, never from a timer thread), and writes `<pid>.pt.trace.json.gz` into the capture folder when
+  collection ends: when the iteration window is complete, when the duration is over (then, as nsys does,
+  the program is ended with SIGTERM), at interpreter exit, or on SIGTERM.
 
-It uses only the standard library and torch: the profiled interpreter need not have dlprof installed.
-Any failure is reported in one line on stderr and leaves the program running unprofiled.
+It imports only the standard library until torch is imported. Any failure is reported in one line on
+stderr and leaves the program running (unprofiled or unannotated).
 """
 
 import json
@@ -26,12 +33,14 @@ import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_PREFIX = "[DLProf torch capture]"
 
 
 def _warn(text):
+    """One line on stderr in dlprof's format (`log.py`, which this file cannot import)."""
+    import time
+
     try:
-        sys.stderr.write("%s %s\n" % (_PREFIX, text))
+        sys.stderr.write("%s WARNING: startup hook: %s\n" % (time.strftime("[DLProf-%H:%M:%S]"), text))
         sys.stderr.flush()
     except Exception:  # a closed stderr must not break the program
         pass
@@ -40,9 +49,10 @@ def _warn(text):
 class _Capture:
     """One process's torch.profiler session, driven by the program's own module calls and optimizer steps."""
 
-    def __init__(self, config):
+    def __init__(self, config, annotations=None):
         import time
 
+        self.annotations = annotations  # _Annotations: markers recorded only while collection runs
         self.time = time.time
         self.config = config
         self.folder = config["dir"]
@@ -127,6 +137,8 @@ class _Capture:
     def _start(self):
         self.prof.start()
         self.state = "recording"
+        if self.annotations is not None:
+            self.annotations.recording(True)
         if self.duration:
             self.stop_at = self.time() + float(self.duration)
         elif self.module_hook is not None:
@@ -160,6 +172,8 @@ class _Capture:
 
     def _write(self, prof):
         """on_trace_ready: the trace goes to a temporary name first, so dlprof never reads half a file."""
+        if self.annotations is not None:
+            self.annotations.recording(False)
         partial = self.path + ".partial.json.gz"
         prof.export_chrome_trace(partial)
         os.replace(partial, self.path)
@@ -190,14 +204,77 @@ class _Capture:
 
     def _fail(self, exc):
         self.state = "failed"
+        if self.annotations is not None:
+            self.annotations.recording(False)
         _warn("torch.profiler capture stopped: %s: %s" % (type(exc).__name__, exc))
 
 
-class _TorchImportWatcher:
-    """A one-shot import hook: when `torch` has been imported, attach the capture."""
+def _dlprof_pytorch(root):
+    """dlprof_profiler.pytorch: the one already imported, else dlprof's own package loaded from `root` by its
+    path (only `dlprof_profiler` becomes importable; the folder around it is not put on sys.path)."""
+    module = sys.modules.get("dlprof_profiler.pytorch")
+    if module is not None:
+        return module
+    if "dlprof_profiler" not in sys.modules:
+        import importlib.util
 
-    def __init__(self, capture):
-        self.capture = capture
+        folder = os.path.join(root, "dlprof_profiler")
+        spec = importlib.util.spec_from_file_location(
+            "dlprof_profiler", os.path.join(folder, "__init__.py"), submodule_search_locations=[folder]
+        )
+        package = importlib.util.module_from_spec(spec)
+        sys.modules["dlprof_profiler"] = package
+        try:
+            spec.loader.exec_module(package)
+        except BaseException:
+            del sys.modules["dlprof_profiler"]
+            raise
+    import importlib
+
+    return importlib.import_module("dlprof_profiler.pytorch")
+
+
+class _Annotations:
+    """`dlprof_profiler.pytorch.init()` once torch is imported; for torch.profiler, markers as
+    `record_function` ranges, on only while collection runs (`recording`)."""
+
+    def __init__(self, config):
+        self.config = config
+        self.module = None
+        self.backend = None  # the record_function backend, switched by recording()
+
+    def attach(self, torch):
+        module = _dlprof_pytorch(self.config["root"])
+        if module.is_installed():
+            return  # the program called init() itself (before importing torch): leave its choices alone
+        if self.config.get("backend") == "record_function":
+            self.backend = module.RecordFunctionBackend(enabled=False)
+            module.init(backend=self.backend)
+        else:
+            module.init()
+            if not module.is_active() and module.profiler_attached():
+                _warn(
+                    "PyTorch not annotated: this Python has no NVTX (libnvToolsExt.so.1, a CUDA build of "
+                    "PyTorch or the nvtx package)"
+                )
+        self.module = module
+
+    def recording(self, on):
+        if self.backend is None or self.module is None:
+            return
+        try:
+            self.backend.enabled = bool(on)
+            self.module.init(backend=self.backend)  # re-evaluates whether the wrappers annotate
+        except Exception as exc:
+            _warn("PyTorch annotation not switched %s: %s: %s" % ("on" if on else "off", type(exc).__name__, exc))
+
+
+class _TorchImportWatcher:
+    """A one-shot import hook: when `torch` has been imported, run the actions (annotations first, so the
+    capture's first ProfilerStep already holds markers)."""
+
+    def __init__(self, actions):
+        self.actions = actions
 
     def find_spec(self, name, path=None, target=None):
         if name != "torch":
@@ -210,14 +287,15 @@ class _TorchImportWatcher:
             return spec
         loader = spec.loader
         run_module = loader.exec_module
-        capture = self.capture
+        actions = self.actions
 
         def exec_module(module):
             run_module(module)
-            try:
-                capture.attach(module)
-            except Exception as exc:
-                capture._fail(exc)
+            for attach, fail in actions:
+                try:
+                    attach(module)
+                except Exception as exc:
+                    fail(exc)
 
         loader.exec_module = exec_module
         return spec
@@ -227,11 +305,23 @@ class _TorchImportWatcher:
 
 
 def _install():
-    text = os.environ.get("DLPROF_TORCH_CAPTURE")
-    if not text or "torch" in sys.modules:
+    init_text = os.environ.get("DLPROF_PYTORCH_INIT")
+    capture_text = os.environ.get("DLPROF_TORCH_CAPTURE")
+    if not (init_text or capture_text) or "torch" in sys.modules:
         return
-    config = json.loads(text)
-    sys.meta_path.insert(0, _TorchImportWatcher(_Capture(config)))
+    actions = []
+    annotations = None
+    if init_text:
+        annotations = _Annotations(json.loads(init_text))
+
+        def init_failed(exc):
+            _warn("PyTorch not annotated: %s: %s" % (type(exc).__name__, exc))
+
+        actions.append((annotations.attach, init_failed))
+    if capture_text:
+        capture = _Capture(json.loads(capture_text), annotations)
+        actions.append((capture.attach, capture._fail))
+    sys.meta_path.insert(0, _TorchImportWatcher(actions))
 
 
 def _chain():
@@ -251,7 +341,7 @@ def _chain():
 try:
     _install()
 except Exception as exc:
-    _warn("capture hook not installed: %s: %s" % (type(exc).__name__, exc))
+    _warn("not installed: %s: %s" % (type(exc).__name__, exc))
 try:
     _chain()
 except Exception as exc:
