@@ -94,5 +94,5 @@ def test_table_and_csv(tmp_path):
     written = write_report(table, tmp_path, "dlprof", ["csv"], lambda p: p)
     rows = list(csv.reader(written[0].read_text().splitlines()))
     # one shared clock: iteration 0 ends at 1000 (rank 0) and 1200 (rank 1); no other iteration is matched
-    assert rows[1] == ["0", "r0", "1", "3", "833.3", "1000", "50.0", "300", "33.3", "0"]
+    assert rows[1] == ["0", "r0", "1", "3", "833", "1000", "50.0", "300", "33.3", "0"]
     assert rows[2][-1] == "1"
