@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from dlprof_plugin.terms import TERMS
 from tests.browser import ARTIFACTS, Browser, TensorBoard, fmt_int, fmt_ns, fmt_pct, free_port, query, requires_browser
 from tests.profiles import make_logdir
 
@@ -93,7 +94,7 @@ def test_performance_summary_shows_the_database_figures(dash):
     assert "Optimizer.step#SGD.step" in b.css("[data-metric=key_node]").text
     # exact value and the metric's definition as tooltips
     assert b.css("[data-metric=wall_time] .metric-value").get_attribute("title") == "290,000 ns"
-    assert "Wall clock time" in b.css("[data-metric=wall_time]").get_attribute("title")
+    assert b.css("[data-metric=wall_time]").get_attribute("title") == TERMS["wall_time"].definition
     assert "Tensor Core kernels" in b.css("[data-metric=tc_utilization]").get_attribute("title")
 
 
