@@ -560,6 +560,24 @@ export async function copyText(text) {
   return ok;
 }
 
+const PAGE_WIDTH_PX = 1040;   // an A4 or Letter page in landscape, within its margins (style.css @page)
+
+/** The print table's font, small enough for its narrowest layout (every word of every header whole, style.css)
+ * to fit the page's width. */
+function fitToPage(table) {
+  table.style.width = "min-content";
+  let size = 10.5;
+  table.style.fontSize = `${size}px`;
+  // (the cells' padding does not scale with the font: a few steps down after the first estimate)
+  size = Math.floor(Math.min(10.5, (10.5 * PAGE_WIDTH_PX) / Math.max(1, table.scrollWidth)) * 2) / 2;
+  while (size > 6) {
+    table.style.fontSize = `${size}px`;
+    if (table.scrollWidth <= PAGE_WIDTH_PX) break;
+    size -= 0.5;
+  }
+  table.style.width = "";
+}
+
 /** A print-styled table over the page, then the browser's print dialog (Save as PDF). */
 export function openPrintView(title, subtitle, columns, rows) {
   const old = document.getElementById("print-view");
@@ -579,6 +597,7 @@ export function openPrintView(title, subtitle, columns, rows) {
       h("tbody", {}, rows.map((r) => h("tr", {}, r.map((v) => h("td", {}, v)))))));
   document.body.appendChild(view);
   document.body.classList.add("printing");
+  fitToPage(view.querySelector(".print-table"));
   window.addEventListener("afterprint", close, {once: true});
   setTimeout(() => window.print(), 50);
   return view;

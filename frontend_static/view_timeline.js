@@ -712,6 +712,12 @@ export function mount(el) {
     scheduleFetch();
   });
   resize.observe(wrap);
+  const onResize = () => {
+    if (!view) return;
+    relayout();
+    draw();
+  };
+  window.addEventListener("resize", onResize);
 
   // where a time on a row is drawn, in page coordinates (the browser tests point at boxes with it)
   el.timelinePoint = (rowId, t) => {
@@ -719,7 +725,8 @@ export function mount(el) {
     const box = canvas.getBoundingClientRect();
     return r && view ? {x: box.left + xOf(t), y: box.top + r.y + r.h / 2} : null;
   };
-  el.timelineState = () => ({view: view && {...view}, rows: layout.map((l) => l.row.id), hidden: [...hidden]});
+  el.timelineState = () => ({view: view && {...view}, rows: layout.map((l) => l.row.id), hidden: [...hidden],
+    heights: layout.map((l) => l.h)});
   el.timelineColor = (kind, name) => colorOf(kind, name, dark());
 
   function showWhole() {
@@ -770,6 +777,7 @@ export function mount(el) {
     clearTimeout(fetchTimer);
     if (controller) controller.abort();
     resize.disconnect();
+    window.removeEventListener("resize", onResize);
     window.removeEventListener("mousemove", onWindowMove);
     window.removeEventListener("mouseup", onWindowUp);
   };

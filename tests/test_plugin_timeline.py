@@ -161,6 +161,51 @@ def test_an_iteration_of_the_training_profile(tb):
     assert doc["counts"] == {"events": n, "sent": n, "merged": 0} and n == 23
 
 
+# the op whose call launched each GPU activity of iteration 1 (tests/profiles.training_profile)
+LAUNCHING_OPS = [
+    "/aten::to",
+    "/aten::conv2d",
+    "/aten::relu",
+    "/aten::linear",
+    "/aten::linear",  # the backward SGEMM: the bprop op shares the forward op's name
+    "/aten::conv2d",
+    "/Optimizer.step#SGD.step/aten::add_",
+]
+
+
+def test_launches_name_their_op_and_api_names_are_as_users_write_them(tb):
+    doc = tb["api"].get("timeline", run="training/dlprof", iteration=1, width=2000)
+    gpu = [e for e in events(doc) if e["row"]["id"] == "g0.7"]
+    launches = doc["launches"]
+    at = {k: i for i, k in enumerate(launches["key"])}
+    assert [doc["names"][launches["op_name"][at[e["key"]]]] for e in gpu] == LAUNCHING_OPS
+    ops = {o["op_index"]: (o["op_name"], o["direction"]) for o in tb["api"].table("ops", run="training/dlprof")[1]}
+    directions = [ops[launches["op"][at[e["key"]]]][1] for e in gpu]
+    assert directions == ["fprop", "fprop", "fprop", "fprop", "bprop", "bprop", "fprop"]
+    # API calls carry no nsys version (the database keeps the recorded cudaLaunchKernel_v7000)
+    api_names = {e["name"] for e in events(doc) if e["kind"] == 11}
+    assert api_names == {"cudaDeviceSynchronize", "cudaMemcpyAsync", "cudaLaunchKernel"}
+    raw = checks.db_rows(tb["db"]("training"), f"SELECT DISTINCT value FROM {K.STRINGS} WHERE value LIKE 'cuda%_v%'")
+    assert {r[0] for r in raw} >= {"cudaLaunchKernel_v7000", "cudaDeviceSynchronize_v3020"}
+
+
+def test_hidden_rows_are_named_not_the_shown_ones(tb):
+    """`hide`: the groups whose events not to send (a user hides a few; asking for the shown ones would put every
+    row of a 10^4-thread profile in the URL)."""
+    api = tb["api"]
+    whole = events(api.get("timeline", run="training/dlprof", iteration=1, width=2000))
+    doc = api.get("timeline", run="training/dlprof", iteration=1, width=2000, hide="t1,g0.7")
+    got = events(doc)
+    assert [r["id"] for r in doc["rows"]] == ["t0.0", "t0.api", "t1.0", "t1.api", "g0.7"]  # listed all the same
+    assert {e["row"]["group"] for e in got} == {"t0"}
+    assert [(e["start"], e["name"]) for e in got] == [
+        (e["start"], e["name"]) for e in whole if e["row"]["group"] == "t0"
+    ]
+    long = ",".join(f"t{k}" for k in range(2000))  # over the 4096 characters a parameter may have
+    doc = api.get("timeline", expect=400, run="training/dlprof", iteration=1, hide=long)
+    assert "too long" in doc["error"]
+
+
 def test_what_the_cpu_did_in_a_gap(tb):
     doc = tb["api"].get("timeline_gap", run="training/dlprof", t0=T1 + 27000, t1=T1 + 37000)
     assert doc["interval"] == [T1 + 27000, T1 + 37000]
