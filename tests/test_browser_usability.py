@@ -9,14 +9,23 @@ import random
 import re
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from tests.browser import ARTIFACTS, Browser, TensorBoard, fmt_offset_ns, free_port, http_json, query, requires_browser
+from tests.browser import (
+    ARTIFACTS,
+    Browser,
+    TensorBoard,
+    fmt_offset_ns,
+    free_port,
+    http_json,
+    query,
+    requires_browser,
+    wait_for_server,
+)
 from tests.nsys_builder import NsysExport
 from tests.profiles import make_logdir, training_profile
 from tests.test_browser_views import (
@@ -742,15 +751,10 @@ def test_dlprofviewer_favicon_theme_and_url_state(env, tmp_path):
     proc = subprocess.Popen(cmd + [str(db), "--port", str(port), "--quiet"], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                urllib.request.urlopen(url + "runs", timeout=2).read()
-                break
-            except OSError:
-                if time.time() > deadline or proc.poll() is not None:
-                    raise AssertionError((tmp_path / "viewer.log").read_text()) from None
-                time.sleep(0.2)
+        try:
+            wait_for_server(url + "runs", proc, what="dlprofviewer to start")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {(tmp_path / 'viewer.log').read_text()}") from None
         with urllib.request.urlopen(url + "favicon.ico", timeout=5) as resp:
             assert resp.status == 200 and resp.headers["Content-Type"].startswith("image/svg+xml")
         with Browser(WIDTH, HEIGHT) as b:
