@@ -372,6 +372,7 @@ export function mount(el) {
     const ev = data.events;
     const W = plotWidth();
     const colors = colorsFor(isDark);
+    const outlines = new Path2D();   // merged boxes' dashed outlines, stroked once (a dash per box is slow)
     for (const l of layout) {
       const list = byRow.get(l.row.id);
       if (!list) continue;
@@ -387,12 +388,7 @@ export function mount(el) {
         ctx.globalAlpha = ev.n[i] > 1 ? Math.min(1, Math.max(0.25, ev.busy[i] / Math.max(1, ev.end[i] - ev.start[i]))) : 1;
         ctx.fillRect(x0, l.y + 2, w, l.h - 4);
         ctx.globalAlpha = 1;
-        if (ev.n[i] > 1 && w > 3) {
-          ctx.strokeStyle = isDark ? "rgba(255,255,255,0.35)" : "rgba(0,0,0,0.35)";
-          ctx.setLineDash([2, 2]);
-          ctx.strokeRect(x0 + 0.5, l.y + 2.5, w - 1, l.h - 5);
-          ctx.setLineDash([]);
-        }
+        if (ev.n[i] > 1 && w > 3) outlines.rect(x0 + 0.5, l.y + 2.5, w - 1, l.h - 5);
         if (hover && hover.type === "box" && hover.i === i) {
           ctx.strokeStyle = isDark ? "#fff" : "#000";
           ctx.lineWidth = 1.5;
@@ -411,6 +407,10 @@ export function mount(el) {
         }
       }
     }
+    ctx.strokeStyle = isDark ? "rgba(255,255,255,0.35)" : "rgba(0,0,0,0.35)";
+    ctx.setLineDash([2, 2]);
+    ctx.stroke(outlines);
+    ctx.setLineDash([]);
   }
 
   /** Launch arrows of the hovered box: a kernel from its API call, an API call to its kernels in view. */

@@ -785,3 +785,24 @@ def test_dlprofviewer_favicon_theme_and_url_state(env, tmp_path):
         proc.terminate()
         proc.wait(timeout=10)
         log.close()
+
+
+# ---------------------------------------------------------------------------- issue 24, item 9: the run's name
+
+
+def test_a_profile_name_is_not_shown_twice(env, tmp_path):
+    """`dlprof --output_path=<logdir>/example --profile_name=example`: the run is `example` (not
+    `example/example`); pointed at that folder itself (the run `.`), TensorBoard's run is shown by its profile
+    name."""
+    from tests.profiles import run_dlprof
+
+    logdir = tmp_path / "logdir"
+    export = Path(__file__).resolve().parents[1] / "examples" / "sample_pytorch_training.sqlite"
+    run_dlprof(f"--database={export}", f"--output_path={logdir / 'example'}", "--profile_name=example", "-v", "quiet")
+    for root, value in ((logdir, "example"), (logdir / "example", ".")):
+        with TensorBoard(root) as tb, Browser(WIDTH, HEIGHT) as b:
+            b.open_dlprof(tb.url)
+            b.wait_css("#view .view", 30)
+            assert [o.get_attribute("value") for o in b.all("#run-select option")] == [value]
+            assert [o.text for o in b.all("#run-select option")] == ["example"]
+            assert b.css(".view-subtitle").text.startswith("example · aggregation")
