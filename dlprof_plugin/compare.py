@@ -60,13 +60,7 @@ def side_from_database(db, aggr_id: int, domain_id: int, label: str, rank: int =
             (aggr_id,),
         ).fetchone()
     s = dict(zip(names, row)) if row else {}
-    figures = {
-        "avg_iteration_time": _float(s.get("avg_iteration_time")),
-        "gpu_utilization": _float(s.get("gpu_utilization")),
-        "wall_time": _int(s.get("wall_time")),
-        "aggregated_iterations": _int(s.get("iter_aggregated")),
-        "tc_utilization": _float(s.get("tc_utilization")),
-    }
+    figures = compare.side_figures(dict(s, aggregated_iterations=s.get("iter_aggregated")))
     key_node = (aggr[0] or "") if aggr and aggr[1] else ""
     iterations = (int(aggr[2]), int(aggr[3]), int(aggr[4])) if aggr and None not in aggr[2:5] else ()
     return compare.Side(ops, kernels, figures, label, key_node, iterations)
@@ -105,24 +99,9 @@ def side_from_stored(db, row: dict) -> compare.Side:
         db.query(f"SELECT kernel_name, uses_tc, num_calls, gpu_total FROM {K.BASELINE_KERNELS} {where}", key),
         columns=compare.KERNEL_INPUT,
     )
-    figures = {
-        "avg_iteration_time": _float(row["avg_iteration_time"]),
-        "gpu_utilization": _float(row["gpu_utilization"]),
-        "wall_time": _int(row["wall_time"]),
-        "aggregated_iterations": _int(row["aggregated_iterations"]),
-        "tc_utilization": _float(row["tc_utilization"]),
-    }
     its = (row["iter_start"], row["iter_stop"], row["total_iterations"])
     iterations = tuple(int(v) for v in its) if None not in its else ()
-    return compare.Side(ops, kernels, figures, row["source"] or "", row["key_node"] or "", iterations)
-
-
-def _float(v):
-    return None if v is None else float(v)
-
-
-def _int(v):
-    return None if v is None else int(v)
+    return compare.Side(ops, kernels, compare.side_figures(row), row["source"] or "", row["key_node"] or "", iterations)
 
 
 class FrameDatabase:

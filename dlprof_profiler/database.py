@@ -37,6 +37,7 @@ import pyarrow as pa
 from dlprof_profiler import __version__
 from dlprof_profiler import contract as K
 from dlprof_profiler import db_encode as E
+from dlprof_profiler.compare import SIDE_FIGURES
 from dlprof_profiler import log
 from dlprof_profiler.aggregate import CLASSES, Aggregation
 from dlprof_profiler.db_schema import BASELINE_TABLES, FINAL_INDEXES, RAW_INDEXES, SCHEMA
@@ -670,23 +671,13 @@ def write_baselines(path: Path, aggr_id: int, domain_ids: dict, sides: dict, ran
         for name, side in sides.items():
             domain_id = int(domain_ids[name])
             key = (int(aggr_id), domain_id, int(rank))
-            f = side.figures
             first, last, total = side.iterations if len(side.iterations) == 3 else (None, None, None)
+            columns = ("aggr_id", "domain_id", "rank", "source", "key_node", "iter_start", "iter_stop")
+            columns += ("total_iterations", *SIDE_FIGURES)
             con.execute(
-                f"INSERT OR REPLACE INTO {K.BASELINE_PROFILES} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    *key,
-                    side.label,
-                    side.key_node,
-                    first,
-                    last,
-                    total,
-                    f.get("avg_iteration_time"),
-                    f.get("gpu_utilization"),
-                    f.get("wall_time"),
-                    f.get("aggregated_iterations"),
-                    f.get("tc_utilization"),
-                ),
+                f"INSERT OR REPLACE INTO {K.BASELINE_PROFILES} ({', '.join(columns)}) "
+                f"VALUES ({', '.join('?' * len(columns))})",
+                (*key, side.label, side.key_node, first, last, total, *(side.figures.get(k) for k in SIDE_FIGURES)),
             )
             for table in (K.BASELINE_OPS, K.BASELINE_KERNELS):
                 con.execute(f"DELETE FROM {table} WHERE aggr_id = ? AND domain_id = ? AND rank = ?", key)

@@ -14,6 +14,7 @@ import pytest
 from dlprof_plugin.terms import TERMS
 from tests.browser import Browser, TensorBoard, requires_browser
 from tests.profiles import make_logdir, run_dlprof, training_profile
+from tests.test_browser_views import VIEWS as VIEW_READY
 from tests.test_compare import hand_after, hand_before
 
 pytestmark = [pytest.mark.browser, requires_browser]
@@ -34,16 +35,8 @@ VIEWS = [
     "compare",
 ]
 READY = {
-    "dashboard": "#panel-top-ops tbody tr",
-    "op_types": "#op-types .datatable[data-state=ready]",
-    "ops_kernels": "#ops .datatable[data-state=ready]",
-    "kernels_by_iteration": "#iterations-table .datatable[data-state=ready]",
-    "kernels_by_op": "#kbo-iterations .datatable[data-state=ready]",
-    "iterations": "#iterations-chart g.bar",
+    **VIEW_READY,
     "timeline": ".view-timeline[data-ready='1']",
-    "tensor_core": "#tensor-core .datatable[data-state=ready]",
-    "gpus": "#gpu-properties tbody tr",
-    "group_ops": "#group-tree tr.tree-row",
     "compare": ".view-compare[data-ready='1'] #compare-ops .datatable[data-state=ready]",
 }
 
@@ -98,6 +91,16 @@ def goto(b, view: str):
     assert not b.all(".error-item"), [e.text for e in b.all(".error-item")]
 
 
+def each_view(b):
+    """Every view of the training run (Compare: of the run with a kept baseline), reached as a user does."""
+    select_run(b, "training/dlprof")
+    for view in VIEWS:
+        if view == "compare":
+            select_run(b, "after/dlprof")
+        goto(b, view)
+        yield view
+
+
 def hover(b, el):
     b.js(
         "const r = arguments[0].getBoundingClientRect(); arguments[0].dispatchEvent(new MouseEvent('mousemove', "
@@ -143,11 +146,7 @@ def test_every_label_shown_has_its_one_definition(env):
             seen.setdefault(item["text"], set()).add(term.definition)
 
     try:
-        select_run(b, "training/dlprof")
-        for view in VIEWS:
-            if view == "compare":
-                select_run(b, "after/dlprof")
-            goto(b, view)
+        for view in each_view(b):
             collect(view)
             if view == "ops_kernels":
                 b.click("#ops tbody tr[data-key] td[data-key=op_id]")
@@ -229,11 +228,7 @@ def check_boxes(b, view: str, size) -> dict:
 def test_every_view_fits_the_window(env, size):
     b = open_page(env.tb, size)
     try:
-        select_run(b, "training/dlprof")
-        for view in VIEWS:
-            if view == "compare":
-                select_run(b, "after/dlprof")
-            goto(b, view)
+        for view in each_view(b):
             check_boxes(b, view, size)
             if view in ("dashboard", "timeline", "compare"):
                 b.screenshot(f"layout_{view}_{size[0]}x{size[1]}.png", full_page=False)
