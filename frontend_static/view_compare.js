@@ -124,7 +124,7 @@ export function mount(el) {
         h("thead", {}, h("tr", {}, h("th", {}, ""), term("th", "baseline", {class: "num"}), term("th", "after", {class: "num"}),
           term("th", "change", {class: "num"}))),
         h("tbody", {}, rows)),
-      h("p", {class: "muted", id: "compare-counts"}, `${counts(doc.ops, "ops")}; ${counts(doc.kernels, "kernels")}.`));
+      h("p", {class: "muted", id: "compare-counts"}, `${counts(doc.ops, "ops")}; ${counts(doc.kernels, "compute kernels")}.`));
     const b = doc.baseline;
     const kept = b.stored ? ` — the run's own baseline (dlprof --baseline), analysed with aggregation #${b.compared_aggr}'s options` : "";
     afterText.textContent = `Selected: ${side(doc.after)} · baseline: ${side(b)}${kept}. Changes are selected − baseline.`;

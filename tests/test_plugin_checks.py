@@ -507,6 +507,13 @@ def check_bad_requests(api: Api, run: str) -> None:
     ]:
         code, doc = api.post("reaggregate", body)
         assert code == status and "error" in doc, (body, code, doc)
+    # iteration numbers beyond 2^53 are integers (here refused for their order), beyond int64 named so
+    for body, text in (
+        ({"run": run, "iter_start": 2**53 + 1, "iter_stop": 1}, "'iter_start' must not be greater than 'iter_stop'"),
+        ({"run": run, "iter_start": 2**63}, "'iter_start' must be at most 9223372036854775807"),
+    ):
+        code, doc = api.post("reaggregate", body)
+        assert code == 400 and doc["error"] == text, (body, doc)
     code, _, _ = api.raw(api.url("reaggregate"))  # GET on a POST route
     assert code == 405
 
