@@ -60,24 +60,48 @@ def side_from_database(db, aggr_id: int, domain_id: int, label: str, rank: int =
             (aggr_id,),
         ).fetchone()
     s = dict(zip(names, row)) if row else {}
-    figures = {
-        "avg_iteration_time": _float(s.get("avg_iteration_time")),
-        "gpu_utilization": _float(s.get("gpu_utilization")),
-        "wall_time": _int(s.get("wall_time")),
-        "aggregated_iterations": _int(s.get("iter_aggregated")),
-        "tc_utilization": _float(s.get("tc_utilization")),
-    }
+    figures = compare.side_figures(dict(s, aggregated_iterations=s.get("iter_aggregated")))
     key_node = (aggr[0] or "") if aggr and aggr[1] else ""
     iterations = (int(aggr[2]), int(aggr[3]), int(aggr[4])) if aggr and None not in aggr[2:5] else ()
     return compare.Side(ops, kernels, figures, label, key_node, iterations)
 
 
-def _float(v):
-    return None if v is None else float(v)
+def stored_baselines(db) -> list[dict]:
+    """The baselines kept with a run (`dlprof --baseline`, database.write_baselines): one row per (compared
+    aggregation, domain, rank) with the baseline's file, key node, iterations and figures; [] without any."""
+
+    def compute():
+        tables = {r[0] for r in db.query("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if K.BASELINE_PROFILES not in tables:
+            return []
+        return db.query_dicts(f"SELECT * FROM {K.BASELINE_PROFILES} ORDER BY aggr_id, domain_id, rank")
+
+    return db.cached("stored_baselines", compute)
 
 
-def _int(v):
-    return None if v is None else int(v)
+def stored_baseline(db, aggr_id: int, domain_id: int, rank: int) -> dict | None:
+    """The baseline kept for an aggregation of a domain and rank: the one it was compared with, else the one of
+    the newest aggregation that was (a re-aggregation keeps the run's baseline); None when the run has none."""
+    rows = [r for r in stored_baselines(db) if r["domain_id"] == domain_id and r["rank"] == rank]
+    exact = [r for r in rows if r["aggr_id"] == aggr_id]
+    return (exact or rows)[-1] if rows else None
+
+
+def side_from_stored(db, row: dict) -> compare.Side:
+    """The baseline's side of the diff report, as `dlprof --baseline` kept it with the run."""
+    key = (row["aggr_id"], row["domain_id"], row["rank"])
+    where = "WHERE aggr_id = ? AND domain_id = ? AND rank = ?"
+    ops = pd.DataFrame(
+        db.query(f"SELECT op_name, direction, op_type, num_calls, gpu_total FROM {K.BASELINE_OPS} {where}", key),
+        columns=compare.OP_INPUT,
+    )
+    kernels = pd.DataFrame(
+        db.query(f"SELECT kernel_name, uses_tc, num_calls, gpu_total FROM {K.BASELINE_KERNELS} {where}", key),
+        columns=compare.KERNEL_INPUT,
+    )
+    its = (row["iter_start"], row["iter_stop"], row["total_iterations"])
+    iterations = tuple(int(v) for v in its) if None not in its else ()
+    return compare.Side(ops, kernels, compare.side_figures(row), row["source"] or "", row["key_node"] or "", iterations)
 
 
 class FrameDatabase:
@@ -132,39 +156,56 @@ class Compared:
         return {p: int(counts.get(p, 0)) for p in (compare.BOTH, compare.AFTER_ONLY, compare.BASELINE_ONLY)}
 
 
-def _compared_columns(alias: str) -> list[Col]:
+def _compared_columns(alias: str, kernels: bool) -> list[Col]:
+    """The compared figures; a kernel row counts launches and kernel durations."""
     return [
         Col(
             "presence",
             "Present In",
             "text",
             f"{alias}.presence",
-            "both, after only (not in the baseline) or baseline only (no longer run)",
         ),
-        Col("calls", "No. Calls", "int", f"{alias}.calls", "Calls (launches) in the compared aggregation"),
-        Col("baseline_calls", "Baseline No. Calls", "int", f"{alias}.baseline_calls", "Calls in the baseline"),
-        Col("gpu_time", "GPU Time (ns)", "ns", f"{alias}.gpu_time", "Total GPU time in the compared aggregation"),
+        Col("calls", "No. Calls", "int", f"{alias}.calls", term="compare_launches" if kernels else "compare_calls"),
+        Col(
+            "baseline_calls",
+            "Baseline No. Calls",
+            "int",
+            f"{alias}.baseline_calls",
+            term="compare_baseline_launches" if kernels else "compare_baseline_calls",
+        ),
+        Col(
+            "gpu_time",
+            "GPU Time (ns)",
+            "ns",
+            f"{alias}.gpu_time",
+            term="compare_kernel_time" if kernels else "compare_gpu_time",
+        ),
         Col(
             "baseline_gpu_time",
             "Baseline GPU Time (ns)",
             "ns",
             f"{alias}.baseline_gpu_time",
-            "Total GPU time in the baseline",
+            term="compare_baseline_kernel_time" if kernels else "compare_baseline_gpu_time",
         ),
-        Col("delta", "Delta GPU Time (ns)", "ns", f"{alias}.delta", "GPU time minus the baseline's"),
+        Col(
+            "delta",
+            "Delta GPU Time (ns)",
+            "ns",
+            f"{alias}.delta",
+            term="compare_kernel_delta" if kernels else "compare_delta",
+        ),
         Col(
             "delta_pct",
             "Delta GPU Time %",
             "pct",
             f"{alias}.delta_pct",
-            "The change in % of the baseline's GPU time (none when the baseline has none)",
+            term="compare_kernel_delta_pct" if kernels else "compare_delta_pct",
         ),
         Col(
             "abs_delta",
             "Absolute Delta (ns)",
             "ns",
             f"{alias}.abs_delta",
-            "Size of the change (the default order)",
             hidden=True,
         ),
     ]
@@ -173,13 +214,13 @@ def _compared_columns(alias: str) -> list[Col]:
 def ops_table(compared: Compared, pytorch: bool) -> TableQuery:
     """Per op (name, direction): the diff report's Op Diff rows."""
     cols = [
-        Col("row", "Row", "int", "c.row", "Row key", hidden=True),
-        Col("op_name", "Op Name", "text", "c.name", "Scope path and op label"),
+        Col("row", "Row", "int", "c.row", hidden=True),
+        Col("op_name", "Op Name", "text", "c.name"),
     ]
     if pytorch:
-        cols.append(Col("direction", "Direction", "text", "c.direction", "fprop or bprop"))
-    cols.append(Col("op_type", "Op Type", "text", "c.op_type", "Framework op type"))
-    cols += _compared_columns("c")
+        cols.append(Col("direction", "Direction", "text", "c.direction"))
+    cols.append(Col("op_type", "Op Type", "text", "c.op_type"))
+    cols += _compared_columns("c", kernels=False)
     tq = TableQuery("compare_ops", cols, "ops c", [], {}, ("abs_delta", "desc"), "c.row", key="c.row")
     tq.db = compared.db
     return tq
@@ -188,11 +229,11 @@ def ops_table(compared: Compared, pytorch: bool) -> TableQuery:
 def kernels_table(compared: Compared) -> TableQuery:
     """Per kernel name: the diff report's Kernel Diff rows."""
     cols = [
-        Col("row", "Row", "int", "c.row", "Row key", hidden=True),
-        Col("kernel_name", "Kernel Name", "text", "c.name", "Short kernel name"),
-        Col("uses_tc", "Uses TC", "bool", "c.uses_tc", "The kernel uses Tensor Cores"),
+        Col("row", "Row", "int", "c.row", hidden=True),
+        Col("kernel_name", "Kernel Name", "text", "c.name"),
+        Col("uses_tc", "Uses TC", "bool", "c.uses_tc"),
     ]
-    cols += _compared_columns("c")
+    cols += _compared_columns("c", kernels=True)
     tq = TableQuery("compare_kernels", cols, "kernels c", [], {}, ("abs_delta", "desc"), "c.row", key="c.row")
     tq.db = compared.db
     return tq

@@ -12,7 +12,7 @@ import sqlite3
 import threading
 from dataclasses import dataclass, field
 
-from dlprof_plugin import compare, export, ranks, tables, timeline
+from dlprof_plugin import compare, export, ranks, tables, terms, timeline
 from dlprof_plugin.db import NotADatabase, Registry, is_decode_error, is_hot_journal_error
 from dlprof_plugin.jobs import JobConflict, JobManager
 from dlprof_plugin.runs import RunInfo
@@ -24,6 +24,7 @@ log = logging.getLogger("dlprof_plugin")
 JSON = "application/json"
 MAX_BODY = 64 * 1024
 MAX_PARAM_LEN = 4096
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 EXPORT_FORMATS = ("csv", "xlsx", "json_all")
 STATIC_TYPES = {
     ".js": "text/javascript",
@@ -166,6 +167,7 @@ class Service:
         self._range_jobs: dict = {}
         self.routes = {
             "runs": self.runs,
+            "terms": lambda request, ctx, eid: json_reply(terms.as_json()),
             "aggregations": self.aggregations,
             "domains": self.domains,
             "dashboard": self.dashboard,
@@ -296,9 +298,11 @@ class Service:
             if required:
                 raise BadRequest(f"parameter '{name}' is required")
             return default
-        if not re.fullmatch(r"\s*[-+]?\d{1,18}\s*", text):
+        if not re.fullmatch(r"\s*[-+]?\d+\s*", text):
             raise BadRequest(f"parameter '{name}' must be an integer, got '{_clip(text)}'")
         value = int(text)
+        if not INT64_MIN <= value <= INT64_MAX:  # what SQLite stores (times are ns: 292 years)
+            raise BadRequest(f"parameter '{name}' must be between {INT64_MIN} and {INT64_MAX}, got '{_clip(text)}'")
         if minimum is not None and value < minimum:
             raise BadRequest(f"parameter '{name}' must be at least {minimum}")
         return value
@@ -423,6 +427,11 @@ class Service:
         info = self._run(request, ctx, eid)
         db = self.registry.get(info.database)
         rows = [self._aggr_row(a) for a in db.aggregations()]
+        kept = {}
+        for b in compare.stored_baselines(db):
+            kept.setdefault(b["aggr_id"], b["source"])
+        for r in rows:
+            r["baseline"] = kept.get(r["aggr_id"])
         return json_reply(
             {
                 "aggregations": rows,
@@ -767,10 +776,12 @@ class Service:
             from dlprof_profiler.graph_events import node_names
 
             rows = s.db.query(
-                "SELECT op_index, op_name, direction FROM read_only_ops WHERE domain_id = ? ORDER BY op_index",
+                "SELECT op_index, op_name, direction, op_type, kind FROM read_only_ops WHERE domain_id = ? "
+                "ORDER BY op_index",
                 (s.domain_id,),
             )
-            return dict(zip((r[0] for r in rows), node_names([r[1] for r in rows], [r[2] for r in rows])))
+            names = node_names(*([r[k] for r in rows] for k in (1, 2, 3, 4)))
+            return dict(zip((r[0] for r in rows), names))
 
         return s.db.cached(("graph_nodes", s.domain_id), compute).get(op_index)
 
@@ -809,8 +820,10 @@ class Service:
         bounds = {}
         for name in ("iter_start", "iter_stop"):
             v = body.get(name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0 or v > 10**12):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise BadRequest(f"'{name}' must be a non-negative integer or null")
+            if v is not None and v > INT64_MAX:
+                raise BadRequest(f"'{name}' must be at most {INT64_MAX}")
             bounds[name] = v
         if (
             bounds["iter_start"] is not None
@@ -1003,12 +1016,17 @@ class Service:
     def compare(self, request, ctx, eid) -> Reply:
         s = self._scope(request, ctx, eid)
         s.request_context = (ctx, eid)
-        compared, b = self._compared(s, request)
-        return json_reply(compare.summary_doc(compared, self._side(s), self._side(b)))
+        compared, baseline = self._compared(s, request)
+        return json_reply(compare.summary_doc(compared, self._side(s), baseline))
 
     @staticmethod
     def _side(s: Scope) -> dict:
-        return {"run": s.info.run, "aggr": s.aggr_id, "domain": s.domain}
+        return {"run": s.info.run, "aggr": s.aggr_id, "domain": s.domain, "stored": False}
+
+    @staticmethod
+    def _asks_for_a_run(request) -> bool:
+        """Whether the request names a baseline run, aggregation or domain (else: the run's own baseline)."""
+        return any(request.args.get(k) not in (None, "") for k in ("base_run", "base_aggr", "base_domain"))
 
     def _baseline_scope(self, s: Scope, request) -> Scope:
         """The baseline of a comparison: `base_run` (default: the run itself), `base_aggr` (default: its newest
@@ -1037,18 +1055,40 @@ class Service:
         return self._scope(view, ctx, eid)
 
     def _compared(self, s: Scope, request):
-        """(compare.Compared, baseline scope): computed once per state of both files."""
+        """(compare.Compared, the baseline's description): computed once per state of both files. Without a
+        baseline run, aggregation or domain in the request, the baseline the run was analysed with
+        (`dlprof --baseline`, kept in its database), when it has one; else the run itself."""
+        label = lambda x: f"{x.info.run} · aggregation {x.aggr_id}"  # noqa: E731
+        stored = None
+        if not self._asks_for_a_run(request):
+            stored = compare.stored_baseline(s.db, s.aggr_id, s.domain_id, s.rank)
+        if stored is not None:
+            key = ("compare_stored", s.aggr_id, s.domain_id, s.rank, stored["aggr_id"])
+            compared = s.db.cached(
+                key,
+                lambda: compare.Compared.of(
+                    compare.side_from_database(s.db, s.aggr_id, s.domain_id, label(s), s.rank),
+                    compare.side_from_stored(s.db, stored),
+                ),
+            )
+            return compared, {
+                "run": None,
+                "aggr": None,
+                "domain": s.domain,
+                "stored": True,
+                "source": stored["source"],
+                "compared_aggr": stored["aggr_id"],
+            }
         b = self._baseline_scope(s, request)
 
         def compute():
-            label = lambda x: f"{x.info.run} · aggregation {x.aggr_id}"  # noqa: E731
             return compare.Compared.of(
                 compare.side_from_database(s.db, s.aggr_id, s.domain_id, label(s), s.rank),
                 compare.side_from_database(b.db, b.aggr_id, b.domain_id, label(b), b.rank),
             )
 
         key = ("compare", s.aggr_id, s.domain_id, s.rank, b.db.path, b.db.state(), b.aggr_id, b.domain_id, b.rank)
-        return s.db.cached(key, compute), b
+        return s.db.cached(key, compute), self._side(b)
 
     # ------------------------------------------------------------------ timeline
     def _timeline_window(self, request, s: Scope) -> tuple[int, int, dict | None]:
@@ -1083,10 +1123,11 @@ class Service:
         width = self._int(request, "width", default=1000, minimum=1)
         if width > timeline.MAX_WIDTH:
             raise BadRequest(f"'width' must be at most {timeline.MAX_WIDTH} pixels")
-        rows = self._arg(request, "rows")
+        rows, hide = self._arg(request, "rows"), self._arg(request, "hide")
         groups = None if rows is None else {g for g in rows.split(",") if g}
+        hidden = {g for g in (hide or "").split(",") if g}
         return json_reply(
-            self._timeline_call(timeline.window, s.db, s.aggr_id, s.domain_id, t0, t1, width, groups, it),
+            self._timeline_call(timeline.window, s.db, s.aggr_id, s.domain_id, t0, t1, width, groups, it, hidden),
             sanitize=False,
         )
 

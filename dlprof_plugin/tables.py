@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal
 from dataclasses import dataclass, field
 
+from dlprof_plugin.terms import term
 from dlprof_profiler import contract as K
 
 TEXT_TYPES = ("text", "multiline")
@@ -37,10 +39,10 @@ class TooLarge(Exception):
 @dataclass
 class Col:
     key: str
-    label: str
+    label: str  # the export's column header (DLProf 1.8's report names)
     type: str
     sql: str
-    tooltip: str = ""
+    term: str | None = None  # the shown label and tooltip: terms.TERMS[term] (default: the key's)
     hidden: bool = False
     sortable: bool = True
     filterable: bool = True
@@ -48,7 +50,15 @@ class Col:
     searchable: bool = True  # part of the table-wide search `q` (text columns)
 
     def meta(self) -> dict:
-        out = {"key": self.key, "label": self.label, "type": self.type, "tooltip": self.tooltip}
+        shown = term(self.term or self.key)
+        out = {
+            "key": self.key,
+            "label": self.label,
+            "type": self.type,
+            "term": self.term or self.key,
+            "display": shown.label,
+            "tooltip": shown.definition,
+        }
         if self.hidden:
             out["hidden"] = True
         if not self.sortable:
@@ -86,30 +96,29 @@ class TableQuery:
 # ---------------------------------------------------------------------------- column helpers
 
 
-def _stats(prefix: str, what: str, alias: str, label_prefix: str | None = None) -> list[Col]:
+def _stats(prefix: str, label: str, alias: str, term_prefix: str = "") -> list[Col]:
     """Total / Avg. / Min / Max columns of a metric (DLProf's detailed report layout)."""
-    lp = label_prefix or what
     return [
-        Col(f"{prefix}_total", f"Total {lp} (ns)", "ns", f"{alias}.{prefix}_total", f"Sum of the {what} over calls"),
-        Col(f"{prefix}_avg", f"Avg. {lp} (ns)", "ns", f"{alias}.{prefix}_avg", f"Average {what} per call"),
-        Col(f"{prefix}_min", f"Min {lp} (ns)", "ns", f"{alias}.{prefix}_min", f"Shortest {what} of a call"),
-        Col(f"{prefix}_max", f"Max {lp} (ns)", "ns", f"{alias}.{prefix}_max", f"Longest {what} of a call"),
+        Col(f"{prefix}_{s}", f"{head} {label} (ns)", "ns", f"{alias}.{prefix}_{s}", term=f"{term_prefix}{prefix}_{s}")
+        for s, head in (("total", "Total"), ("avg", "Avg."), ("min", "Min"), ("max", "Max"))
     ]
 
 
-def _op_stats(alias: str) -> list[Col]:
+def _op_stats(alias: str, term_prefix: str = "") -> list[Col]:
+    """The statistics of ops and op types (over calls), or of group nodes (term_prefix "group_": over
+    iterations)."""
     return (
-        _stats("cpu", "CPU time", alias, "CPU Time")
-        + _stats("gpu", "GPU time", alias, "GPU Time")
-        + _stats("overhead", "CPU overhead", alias, "CPU Overhead")
-        + _stats("idle", "GPU idle", alias, "GPU Idle")
+        _stats("cpu", "CPU Time", alias, term_prefix)
+        + _stats("gpu", "GPU Time", alias, term_prefix)
+        + _stats("overhead", "CPU Overhead", alias, term_prefix)
+        + _stats("idle", "GPU Idle", alias, term_prefix)
     )
 
 
 def _op_identity(alias: str, pytorch: bool, with_type: bool = True) -> list[Col]:
     cols = [
-        Col("op_id", "Op ID", "text", f"{alias}.op_id", "Unique op identifier: op type and ordinal"),
-        Col("op_name", "Op Name", "text", f"{alias}.op_name", "Scope path and op label"),
+        Col("op_id", "Op ID", "text", f"{alias}.op_id"),
+        Col("op_name", "Op Name", "text", f"{alias}.op_name"),
     ]
     if pytorch:
         cols.append(
@@ -118,11 +127,10 @@ def _op_identity(alias: str, pytorch: bool, with_type: bool = True) -> list[Col]
                 "Direction",
                 "text",
                 f"{alias}.direction",
-                "fprop (forward pass) or bprop (run by autograd's backward pass)",
             )
         )
     if with_type:
-        cols.append(Col("op_type", "Op Type", "text", f"{alias}.op_type", "Framework op type"))
+        cols.append(Col("op_type", "Op Type", "text", f"{alias}.op_type"))
     return cols
 
 
@@ -151,16 +159,16 @@ _FIRST_CALL_SHAPES = {
 
 def ops_table(ctx) -> TableQuery:
     pt = ctx.pytorch
-    cols = [Col("op_index", "Op Index", "int", "n.op_index", "Row key", hidden=True)]
+    cols = [Col("op_index", "Op Index", "int", "n.op_index", hidden=True)]
     cols += _op_identity("o", pt)
     cols += [
-        Col("num_calls", "No. Calls", "int", "n.num_calls", "Calls of the op in the aggregated iterations"),
-        Col("tc_eligible", "TC Eligible", "bool", "n.tc_eligible", "Op type can use Tensor Cores"),
-        Col("using_tc", "Using TC", "bool", "n.using_tc", "At least one of its kernels uses Tensor Cores"),
-        Col("kernel_calls", "Kernel Calls", "int", "n.kernel_calls", "GPU kernels launched", hidden=True),
+        Col("num_calls", "No. Calls", "int", "n.num_calls"),
+        Col("tc_eligible", "TC Eligible", "bool", "n.tc_eligible"),
+        Col("using_tc", "Using TC", "bool", "n.using_tc"),
+        Col("kernel_calls", "Kernel Calls", "int", "n.kernel_calls", hidden=True),
     ]
     cols += _op_stats("n")
-    cols.append(Col("data_type", "Data Type", "text", "o.data_type", "Data type of the op's tensors"))
+    cols.append(Col("data_type", "Data Type", "text", "o.data_type"))
     # a lookup per row: sorting or filtering by it reads every op's first call, so the table-wide search,
     # which runs on every keystroke, leaves it out
     cols.append(
@@ -169,19 +177,17 @@ def ops_table(ctx) -> TableQuery:
             "Input Shapes",
             "text",
             _FIRST_CALL_SHAPES["3" if ctx.db.v3 else "2"],
-            "Input tensor shapes of the op's first call",
             searchable=False,
         )
     )
     if pt:
-        cols.append(Col("stack_trace", "Stack Trace", "multiline", "o.stack_trace", "Python frames, script first"))
+        cols.append(Col("stack_trace", "Stack Trace", "multiline", "o.stack_trace"))
     cols.append(
         Col(
             "is_bad_data_type",
             "Bad Data Type",
             "bool",
             "n.is_bad_data_type",
-            "TC eligible op whose data type keeps it off Tensor Cores",
             hidden=True,
         )
     )
@@ -203,22 +209,22 @@ def ops_table(ctx) -> TableQuery:
 def kernels_table(ctx, op_index: int | None = None) -> TableQuery:
     pt = ctx.pytorch
     cols = [
-        Col("op_index", "Op Index", "int", "k.op_index", "Row key (with the kernel name)", hidden=True),
-        Col("kernel_name", "Kernel Name", "text", "k.kernel_name", "Short kernel name"),
+        Col("op_index", "Op Index", "int", "k.op_index", hidden=True),
+        Col("kernel_name", "Kernel Name", "text", "k.kernel_name"),
     ]
     cols += _op_identity("o", pt)
     cols += [
-        Col("uses_tc", "Uses TC", "bool", "k.uses_tc", "The kernel uses Tensor Cores"),
-        Col("num_calls", "No. Calls", "int", "k.num_calls", "Launches of this kernel by this op"),
-        Col("gpu_total", "Total GPU Time (ns)", "ns", "k.gpu_total", "Sum of the kernel durations"),
-        Col("gpu_avg", "Avg GPU Time (ns)", "ns", "k.gpu_avg", "Average kernel duration"),
-        Col("gpu_min", "Min GPU Time (ns)", "ns", "k.gpu_min", "Shortest kernel duration"),
-        Col("gpu_max", "Max GPU Time (ns)", "ns", "k.gpu_max", "Longest kernel duration"),
-        Col("api_total", "Total API Time (ns)", "ns", "k.api_total", "Sum of the launching API call durations"),
-        Col("api_avg", "Avg API Time (ns)", "ns", "k.api_avg", "Average launching API call duration"),
-        Col("api_min", "Min API Time (ns)", "ns", "k.api_min", "Shortest launching API call"),
-        Col("api_max", "Max API Time (ns)", "ns", "k.api_max", "Longest launching API call"),
-        Col("long_name", "Long Kernel Name", "text", "k.long_name", "Demangled kernel signature", hidden=True),
+        Col("uses_tc", "Uses TC", "bool", "k.uses_tc"),
+        Col("num_calls", "No. Calls", "int", "k.num_calls", term="launches"),
+        Col("gpu_total", "Total GPU Time (ns)", "ns", "k.gpu_total", term="kernel_total"),
+        Col("gpu_avg", "Avg GPU Time (ns)", "ns", "k.gpu_avg", term="kernel_avg"),
+        Col("gpu_min", "Min GPU Time (ns)", "ns", "k.gpu_min", term="kernel_min"),
+        Col("gpu_max", "Max GPU Time (ns)", "ns", "k.gpu_max", term="kernel_max"),
+        Col("api_total", "Total API Time (ns)", "ns", "k.api_total"),
+        Col("api_avg", "Avg API Time (ns)", "ns", "k.api_avg"),
+        Col("api_min", "Min API Time (ns)", "ns", "k.api_min"),
+        Col("api_max", "Max API Time (ns)", "ns", "k.api_max"),
+        Col("long_name", "Long Kernel Name", "text", "k.long_name", hidden=True),
     ]
     where = _base("k")
     params = ctx.params()
@@ -241,9 +247,9 @@ def kernels_table(ctx, op_index: int | None = None) -> TableQuery:
 
 def op_types_table(ctx) -> TableQuery:
     cols = [
-        Col("op_type", "Op Type", "text", "t.op_type", "Framework op type (or API name)"),
-        Col("num_ops", "# Ops", "int", "t.num_ops", "Ops of this type"),
-        Col("num_calls", "# Calls", "int", "t.num_calls", "Calls of ops of this type"),
+        Col("op_type", "Op Type", "text", "t.op_type"),
+        Col("num_ops", "# Ops", "int", "t.num_ops"),
+        Col("num_calls", "# Calls", "int", "t.num_calls"),
     ]
     cols += _op_stats("t")
     return TableQuery(
@@ -268,26 +274,23 @@ def _names(expr: str) -> str:
 
 
 def tensor_core_table(ctx) -> TableQuery:
-    cols = [Col("op_index", "Op Index", "int", "t.op_index", "Row key", hidden=True)]
+    cols = [Col("op_index", "Op Index", "int", "t.op_index", hidden=True)]
     cols += _op_identity("o", ctx.pytorch)
     cols += [
-        Col("uses_tc", "Uses TC", "bool", "(t.tc_kernel_count > 0)", "At least one kernel uses Tensor Cores"),
-        Col("total_gpu_time", "Total GPU Time (ns)", "ns", "t.total_gpu_time", "Kernel time of the op"),
-        Col("tc_gpu_time", "TC GPU Time (ns)", "ns", "t.tc_gpu_time", "Time of its Tensor Core kernels"),
-        Col("non_tc_gpu_time", "Non-TC GPU Time (ns)", "ns", "t.non_tc_gpu_time", "Time of its other kernels"),
-        Col("tc_utilization", "TC Utilization (%)", "pct", "t.tc_utilization", "100 x TC kernel time / kernel time"),
-        Col("total_kernel_count", "Total Kernel Count", "int", "t.total_kernel_count", "Distinct kernel names"),
-        Col("tc_kernel_count", "TC Kernel Count", "int", "t.tc_kernel_count", "Distinct Tensor Core kernel names"),
-        Col("tc_kernel_names", "TC Kernel Names", "text", _names("t.tc_kernel_names"), "Tensor Core kernels of the op"),
-        Col(
-            "non_tc_kernel_count", "Non-TC Kernel Count", "int", "t.non_tc_kernel_count", "Distinct other kernel names"
-        ),
+        Col("uses_tc", "Uses TC", "bool", "(t.tc_kernel_count > 0)", term="using_tc"),
+        Col("total_gpu_time", "Total GPU Time (ns)", "ns", "t.total_gpu_time", term="op_kernel_time"),
+        Col("tc_gpu_time", "TC GPU Time (ns)", "ns", "t.tc_gpu_time", term="tc_kernel_time"),
+        Col("non_tc_gpu_time", "Non-TC GPU Time (ns)", "ns", "t.non_tc_gpu_time", term="non_tc_kernel_time"),
+        Col("tc_utilization", "TC Utilization (%)", "pct", "t.tc_utilization", term="op_tc_utilization"),
+        Col("total_kernel_count", "Total Kernel Count", "int", "t.total_kernel_count", term="kernel_count"),
+        Col("tc_kernel_count", "TC Kernel Count", "int", "t.tc_kernel_count"),
+        Col("tc_kernel_names", "TC Kernel Names", "text", _names("t.tc_kernel_names")),
+        Col("non_tc_kernel_count", "Non-TC Kernel Count", "int", "t.non_tc_kernel_count"),
         Col(
             "non_tc_kernel_names",
             "Non-TC Kernel Names",
             "text",
             _names("t.non_tc_kernel_names"),
-            "Kernels of the op not using Tensor Cores",
         ),
     ]
     return TableQuery(
@@ -310,21 +313,20 @@ def group_ops_table(ctx, parent: str | None = None) -> TableQuery:
         "AND c.level = g.level + 1 AND g.level >= 0 AND substr(c.name, 1, length(g.name)) = g.name)"
     )
     cols = [
-        Col("name", "Name", "text", "g.name", "Group node: an interior node of the op-name tree"),
-        Col("level", "Level", "int", "g.level", "Depth in the tree (-1: the complete model)", hidden=True),
-        Col("num_calls", "Num Calls Aggregated", "int", "g.num_calls", "Op calls inside the group"),
-        Col("num_ops", "Num Ops", "int", "g.num_ops", "Ops inside the group", hidden=True),
-        Col("num_tc_eligible", "Num TC Eligible Ops", "int", "g.num_tc_eligible", "TC eligible ops inside"),
-        Col("num_using_tc", "Num Ops Using TC", "int", "g.num_using_tc", "Ops inside using Tensor Cores"),
+        Col("name", "Name", "text", "g.name", term="group_name"),
+        Col("level", "Level", "int", "g.level", hidden=True),
+        Col("num_calls", "Num Calls Aggregated", "int", "g.num_calls"),
+        Col("num_ops", "Num Ops", "int", "g.num_ops", hidden=True),
+        Col("num_tc_eligible", "Num TC Eligible Ops", "int", "g.num_tc_eligible"),
+        Col("num_using_tc", "Num Ops Using TC", "int", "g.num_using_tc"),
     ]
-    cols += _op_stats("g")
+    cols += _op_stats("g", "group_")
     cols.append(
         Col(
             "has_children",
             "Has Children",
             "bool",
             children,
-            "The group contains other groups",
             hidden=True,
             sortable=False,
             filterable=False,
@@ -359,37 +361,33 @@ def group_ops_table(ctx, parent: str | None = None) -> TableQuery:
 
 def iterations_table(ctx) -> TableQuery:
     cols = [
-        Col("iteration", "Iteration", "int", "s.iter_value", "Iteration number (from 0)"),
-        Col("start", "Start (ns)", "ns", "s.start_time", "Start of the iteration interval"),
-        Col("end", "End (ns)", "ns", "s.stop_time", "End of the iteration interval"),
-        Col("duration", "Duration (ns)", "ns", "s.duration", "Length of the iteration"),
-        Col("aggregated", "Aggregated", "bool", "s.aggregated", "Inside the aggregation's iteration range"),
-        Col("kernels", "Kernels", "int", "s.kernels", "Kernels launched in the iteration"),
-        Col("tc_kernels", "TC Kernels", "int", "s.tc_kernels", "Tensor Core kernels launched"),
+        Col("iteration", "Iteration", "int", "s.iter_value"),
+        Col("start", "Start (ns)", "ns", "s.start_time", term="iteration_start"),
+        Col("end", "End (ns)", "ns", "s.stop_time", term="iteration_end"),
+        Col("duration", "Duration (ns)", "ns", "s.duration"),
+        Col("aggregated", "Aggregated", "bool", "s.aggregated"),
+        Col("kernels", "Kernels", "int", "s.kernels"),
+        Col("tc_kernels", "TC Kernels", "int", "s.tc_kernels"),
         Col(
             "kernel_time_per_gpu",
             "Kernel Time per GPU (ns)",
             "ns",
             "s.kernel_time_per_gpu",
-            "Kernel time averaged over GPUs",
         ),
         Col(
             "tc_kernel_time_per_gpu",
             "TC Kernel Time per GPU (ns)",
             "ns",
             "s.tc_kernel_time_per_gpu",
-            "Tensor Core kernel time averaged over GPUs",
         ),
-        Col("tc_time", "TC (ns)", "ns", "s.tc_time", "Time with a Tensor Core kernel active"),
-        Col("non_tc_time", "Non-TC (ns)", "ns", "s.non_tc_time", "Other kernel time"),
-        Col("memory_time", "Memory (ns)", "ns", "s.memory_time", "Memory operation time"),
-        Col("dataloader_time", "Dataloader (ns)", "ns", "s.dataloader_time", "Data loading time"),
-        Col("io_time", "I/O (ns)", "ns", "s.io_time", "File I/O time"),
-        Col("cpu_time", "CPU (ns)", "ns", "s.cpu_time", "Time with only CPU work"),
-        Col("other_time", "Other (ns)", "ns", "s.other_time", "Remaining time"),
-        Col(
-            "gpu_utilization", "GPU Utilization (%)", "pct", "s.gpu_utilization", "Share of the iteration with GPU work"
-        ),
+        Col("tc_time", "TC (ns)", "ns", "s.tc_time", term="busy_tc"),
+        Col("non_tc_time", "Non-TC (ns)", "ns", "s.non_tc_time", term="busy_non_tc"),
+        Col("memory_time", "Memory (ns)", "ns", "s.memory_time", term="busy_memory"),
+        Col("dataloader_time", "Dataloader (ns)", "ns", "s.dataloader_time", term="busy_dataloader"),
+        Col("io_time", "I/O (ns)", "ns", "s.io_time", term="busy_io"),
+        Col("cpu_time", "CPU (ns)", "ns", "s.cpu_time", term="busy_cpu"),
+        Col("other_time", "Other (ns)", "ns", "s.other_time", term="busy_other"),
+        Col("gpu_utilization", "GPU Utilization (%)", "pct", "s.gpu_utilization"),
     ]
     return TableQuery(
         "iterations",
@@ -436,55 +434,50 @@ _LAUNCH_SQL = {
 def _launch_columns(ctx, iteration_sql: str) -> list[Col]:
     sql = _LAUNCH_SQL["3" if ctx.db.v3 else "2"]
     cols = [
-        Col("activity_id", "Activity", "int", "g.activity_id", "Row key", hidden=True),
-        Col(
-            "iteration", "Iteration", "int", iteration_sql, "Iteration of the launch", sortable=False, filterable=False
-        ),
-        Col("op_index", "Op Index", "int", "i.op_index", "Op of the launch", hidden=True),
+        Col("activity_id", "Activity", "int", "g.activity_id", hidden=True),
+        Col("iteration", "Iteration", "int", iteration_sql, sortable=False, filterable=False),
+        Col("op_index", "Op Index", "int", "i.op_index", hidden=True),
     ]
     cols += _op_identity("o", ctx.pytorch)
     cols += [
-        Col("kernel_name", "Kernel Name", "text", sql["kernel_name"], "Short kernel name"),
-        Col("device_id", "Device ID", "int", "g.device_id", "GPU"),
-        Col("gpu_start", "GPU Start Time (ns)", "ns", "g.start", "Kernel start on the GPU"),
+        Col("kernel_name", "Kernel Name", "text", sql["kernel_name"]),
+        Col("device_id", "Device ID", "int", "g.device_id"),
+        Col("gpu_start", "GPU Start Time (ns)", "ns", "g.start"),
         Col(
             "gpu_start_offset",
             "GPU Start in Iteration (ns)",
             "ns",
             "g.start - :istart",
-            "Kernel start on the GPU, from the start of the iteration",
         ),
-        Col("gpu_duration", "GPU Duration (ns)", "ns", sql["gpu_duration"], "Kernel duration"),
-        Col("api_start", "API Call Start (ns)", "ns", "w.launch_time", "Start of the launching API call"),
+        Col("gpu_duration", "GPU Duration (ns)", "ns", sql["gpu_duration"], term="duration"),
+        Col("api_start", "API Call Start (ns)", "ns", "w.launch_time"),
         Col(
             "api_start_offset",
             "API Call Start in Iteration (ns)",
             "ns",
             "w.launch_time - :istart",
-            "Start of the launching API call, from the start of the iteration",
         ),
         Col(
             "api_time",
             "API Call Time (ns)",
             "ns",
             "NULL",
-            "Duration of the launching API call",
             sortable=False,
             filterable=False,
         ),
-        Col("uses_tc", "Uses TC", "bool", "coalesce(t.uses_tc, 0)", "The kernel uses Tensor Cores"),
-        Col("grid_x", "Grid X", "int", "g.grid_x", "Grid size"),
-        Col("grid_y", "Grid Y", "int", "g.grid_y", "Grid size"),
-        Col("grid_z", "Grid Z", "int", "g.grid_z", "Grid size"),
-        Col("block_x", "Block X", "int", "g.block_x", "Block size"),
-        Col("block_y", "Block Y", "int", "g.block_y", "Block size"),
-        Col("block_z", "Block Z", "int", "g.block_z", "Block size"),
-        Col("data_type", "Data Types", "text", sql["data_type"], "Tensor data types"),
-        Col("input_shapes", "Input Shapes", "text", sql["input_shapes"], "Input tensor shapes"),
-        Col("parameters", "Parameters", "text", sql["parameters"], "Op parameters"),
-        Col("output_shapes", "Output Shapes", "text", sql["output_shapes"], "Output tensor shapes"),
-        Col("long_name", "Long Kernel Name", "text", sql["long_name"], "Demangled kernel signature"),
-        Col("stream_id", "Stream", "int", "g.stream_id", "CUDA stream", hidden=True),
+        Col("uses_tc", "Uses TC", "bool", "coalesce(t.uses_tc, 0)"),
+        Col("grid_x", "Grid X", "int", "g.grid_x"),
+        Col("grid_y", "Grid Y", "int", "g.grid_y"),
+        Col("grid_z", "Grid Z", "int", "g.grid_z"),
+        Col("block_x", "Block X", "int", "g.block_x"),
+        Col("block_y", "Block Y", "int", "g.block_y"),
+        Col("block_z", "Block Z", "int", "g.block_z"),
+        Col("data_type", "Data Types", "text", sql["data_type"]),
+        Col("input_shapes", "Input Shapes", "text", sql["input_shapes"]),
+        Col("parameters", "Parameters", "text", sql["parameters"]),
+        Col("output_shapes", "Output Shapes", "text", sql["output_shapes"]),
+        Col("long_name", "Long Kernel Name", "text", sql["long_name"]),
+        Col("stream_id", "Stream", "int", "g.stream_id", hidden=True),
     ]
     return cols
 
@@ -603,18 +596,18 @@ def iteration_ops_table(ctx, iteration: int, bounds: tuple[int, int]) -> TableQu
         f"JOIN read_only_ops o ON o.op_index = s.op_index"
     )
     cols = [
-        Col("op_index", "Op Index", "int", "s.op_index", "Row key", hidden=True),
-        Col("iteration", "Iteration", "int", ":iteration", "Iteration", sortable=False, filterable=False, hidden=True),
+        Col("op_index", "Op Index", "int", "s.op_index", hidden=True),
+        Col("iteration", "Iteration", "int", ":iteration", sortable=False, filterable=False, hidden=True),
     ]
     cols += _op_identity("o", ctx.pytorch)
     cols += [
-        Col("tc_eligible", "TC Eligible", "bool", "o.tc_eligible", "Op type can use Tensor Cores"),
-        Col("calls", "Calls", "int", "s.calls", "Instances starting in the iteration"),
-        Col("cpu_time", "CPU Time (ns)", "ns", "s.cpu_time", "Sum of the instances' CPU time"),
-        Col("gpu_time", "GPU Time (ns)", "ns", "s.gpu_time", "Sum of the instances' GPU time"),
-        Col("cpu_overhead", "CPU Overhead (ns)", "ns", "s.cpu_overhead", "Sum of the instances' CPU overhead"),
-        Col("kernels", "Kernels", "int", "s.kernels", "Kernels launched by the instances"),
-        Col("first_start", "First Start (ns)", "ns", "s.first_start", "Start of the first instance", hidden=True),
+        Col("tc_eligible", "TC Eligible", "bool", "o.tc_eligible"),
+        Col("calls", "Calls", "int", "s.calls", term="calls_in_iteration"),
+        Col("cpu_time", "CPU Time (ns)", "ns", "s.cpu_time", term="cpu_time_in_iteration"),
+        Col("gpu_time", "GPU Time (ns)", "ns", "s.gpu_time", term="gpu_time_in_iteration"),
+        Col("cpu_overhead", "CPU Overhead (ns)", "ns", "s.cpu_overhead", term="cpu_overhead_in_iteration"),
+        Col("kernels", "Kernels", "int", "s.kernels", term="kernels_launched"),
+        Col("first_start", "First Start (ns)", "ns", "s.first_start", hidden=True),
     ]
     params = dict(ctx.params(), iteration=iteration, istart=bounds[0], istop=bounds[1])
     params.pop("aggr")
@@ -631,12 +624,12 @@ def key_nodes_table(ctx, range_source: str) -> TableQuery:
         "WHERE r.domain_id = :domain) k"
     )
     cols = [
-        Col("kind", "Kind", "text", "k.kind", "op or nvtx_range"),
-        Col("name", "Name", "text", "k.name", "Op name or NVTX range text (what --key_node matches)"),
-        Col("op_id", "Op ID", "text", "k.op_id", "Op ID (also accepted as key node)"),
-        Col("label", "Label", "text", "k.label", "Op label (also accepted as key node)"),
-        Col("op_type", "Op Type", "text", "k.op_type", "Op type"),
-        Col("instances", "Instances", "int", "k.instances", "How often it occurs in the profile"),
+        Col("kind", "Kind", "text", "k.kind"),
+        Col("name", "Name", "text", "k.name", term="candidate"),
+        Col("op_id", "Op ID", "text", "k.op_id"),
+        Col("label", "Label", "text", "k.label"),
+        Col("op_type", "Op Type", "text", "k.op_type"),
+        Col("instances", "Instances", "int", "k.instances"),
     ]
     params = ctx.params()
     params.pop("aggr")
@@ -652,12 +645,12 @@ _SEVERITY = (
 
 def expert_systems_table(ctx) -> TableQuery:
     cols = [
-        Col("id", "ID", "int", "e.id", "Row key", hidden=True),
-        Col("exp_sys_id", "Detector", "text", "e.exp_sys_id", "Expert system that reported it"),
-        Col("severity", "Severity", "text", "e.severity", "error, warning or info", sort_sql=_SEVERITY),
-        Col("problem", "Problem", "text", "e.problem", "What was found"),
-        Col("recommendation", "Recommendation", "text", "e.recommendation", "What to try"),
-        Col("link", "Link", "text", "e.link", "More information", hidden=True),
+        Col("id", "ID", "int", "e.id", hidden=True),
+        Col("exp_sys_id", "Detector", "text", "e.exp_sys_id"),
+        Col("severity", "Severity", "text", "e.severity", sort_sql=_SEVERITY),
+        Col("problem", "Problem", "text", "e.problem"),
+        Col("recommendation", "Recommendation", "text", "e.recommendation"),
+        Col("link", "Link", "text", "e.link", hidden=True),
     ]
     return TableQuery(
         "expert_systems",
@@ -749,15 +742,30 @@ def fill_api_time(db, rows: list[list], columns: list[Col], domain: int | None =
 # ---------------------------------------------------------------------------- filters and the query
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
-_CMP = re.compile(rf"^\s*(>=|<=|>|<|=)?\s*({_NUM})\s*$")
-_RANGE = re.compile(rf"^\s*({_NUM})\s*\.\.\s*({_NUM})\s*$")
+_UNIT = r"\s*([a-zA-Z\u00b5\u03bc%]+)?"
+_CMP = re.compile(rf"^\s*(>=|<=|>|<|=)?\s*({_NUM}){_UNIT}\s*$")
+_RANGE = re.compile(rf"^\s*({_NUM}){_UNIT}\s*\.\.\s*({_NUM}){_UNIT}\s*$")
+# The units a filter value may carry, as the cells show them: durations (`ns` columns, in ns) and percentages
+DURATION_UNITS = {"ns": 1, "us": 1_000, "\u00b5s": 1_000, "\u03bcs": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+FILTER_UNITS = {"ns": DURATION_UNITS, "pct": {"%": 1}}
+_GRAMMAR = "N, >N, <N, >=N, <=N or N..M"
+_UNIT_HINT = {
+    "ns": " with N a duration such as 1.5ms, 500us, 2 s or 800ns (a number alone is in ns)",
+    "pct": " with N a percentage (20 or 20%)",
+}
 
 
-def _number(text: str) -> float | int:
-    value = float(text)
-    if not math.isfinite(value):
+def _number(text: str, unit: str | None, col: "Col") -> float | int:
+    """A filter's number in the column's stored unit (a duration's unit scales it to ns)."""
+    value = Decimal(text)  # exact: 0.1ms is 100000 ns, not 100000.00000000001
+    if unit:
+        scale = FILTER_UNITS.get(col.type, {}).get(unit.lower() if unit.lower() in DURATION_UNITS else unit)
+        if scale is None:
+            raise ValueError(unit)
+        value *= scale
+    if not value.is_finite() or abs(value) > 1e300:
         raise ValueError(text)
-    return int(value) if value.is_integer() and abs(value) < 2**63 else value
+    return int(value) if value == value.to_integral_value() and abs(value) < 2**63 else float(value)
 
 
 def _like(text: str) -> str:
@@ -788,15 +796,17 @@ def column_filter(col: Col, value: str, name: str, params: dict) -> str:
     m = _RANGE.match(value)
     try:
         if m:
-            lo, hi = _number(m.group(1)), _number(m.group(2))
+            lo, hi = _number(m.group(1), m.group(2), col), _number(m.group(3), m.group(4), col)
             params[name + "_lo"], params[name + "_hi"] = lo, hi
             return f"({col.sql}) BETWEEN :{name}_lo AND :{name}_hi"
         m = _CMP.match(value)
         if not m:
             raise ValueError(value)
-        params[name] = _number(m.group(2))
+        params[name] = _number(m.group(2), m.group(3), col)
     except ValueError:
-        raise BadRequest(f"filter on '{col.key}' must be N, >N, <N, >=N, <=N or N..M, got '{_clip(value)}'") from None
+        raise BadRequest(
+            f"filter on '{col.key}' must be {_GRAMMAR}{_UNIT_HINT.get(col.type, '')}, got '{_clip(value)}'"
+        ) from None
     return f"({col.sql}) {m.group(1) or '='} :{name}"
 
 

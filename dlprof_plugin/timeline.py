@@ -348,17 +348,21 @@ def _threads(con, rank: int, thread_ids) -> dict:
 
 
 def _launches(con, domain_id: int, activity_keys: np.ndarray) -> dict:
-    """The launching API call (key, thread, start, end) of GPU activities, from the domain's owner rows."""
+    """Who launched GPU activities, from the domain's owner rows: {activity key: (its launching API call's key,
+    thread, start and end, or -1s when no call launched it; the op_index of the op instance owning it)}."""
     found = {}
     keys = [int(k) for k in activity_keys]
     for k in range(0, len(keys), MAX_IN_LIST):
         chunk = [K.db_id(domain_id, a & K.ID_MASK) for a in keys[k : k + MAX_IN_LIST]]
-        for act, api, thread, start, duration in con.execute(
-            f"SELECT w.activity_id, c.api_id, c.thread_id, c.start, c.duration FROM {K.RAW_ACTIVITY_OWNERS} w "
-            f"JOIN {K.RAW_API_CALLS} c ON c.api_id = w.api_id WHERE w.owner_id IN ({', '.join('?' * len(chunk))})",
+        for act, api, thread, start, duration, op_index in con.execute(
+            f"SELECT w.activity_id, c.api_id, c.thread_id, c.start, c.duration, i.op_index "
+            f"FROM {K.RAW_ACTIVITY_OWNERS} w LEFT JOIN {K.RAW_API_CALLS} c ON c.api_id = w.api_id "
+            f"LEFT JOIN {K.RAW_OP_INSTANCES} i ON i.instance_id = w.instance_id "
+            f"WHERE w.owner_id IN ({', '.join('?' * len(chunk))})",
             chunk,
         ).fetchall():
-            found[int(act)] = (int(api), int(thread), int(start), int(start) + int(duration))
+            call = (-1, -1, -1, -1) if api is None else (int(api), int(thread), int(start), int(start) + int(duration))
+            found[int(act)] = (*call, -1 if op_index is None else int(op_index))
     return found
 
 
@@ -374,9 +378,11 @@ def window(
     width: int,
     groups: set | None = None,
     iteration: dict | None = None,
+    hidden: set | None = None,
 ) -> dict:
     """The `timeline` route's answer for [t0, t1) drawn `width` pixels wide; `groups`: the thread (`t<id>`)
-    and stream (`g<device>.<stream>`) groups whose events to send (None: all)."""
+    and stream (`g<device>.<stream>`) groups whose events to send (None: all), `hidden`: groups whose events
+    not to send."""
     if t1 <= t0:
         raise TimelineError("the window must end after it starts (t1 > t0)")
     rank = rank_of_domain(db, domain_id)
@@ -390,7 +396,7 @@ def window(
         inst = read_instances(con, domain_id, ranges.ops_from, t0, t1)
         api = read_api_calls(con, ranges.api, t0)
         gpu = read_gpu_activities(con, ranges.gpu, t0)
-        answer = _assemble(con, rank, domain_id, inst, api, gpu, t0, t1, ns_per_px, groups)
+        answer = _assemble(con, rank, domain_id, inst, api, gpu, t0, t1, ns_per_px, groups, hidden or set())
     answer.update(window=[t0, t1], width=width, ns_per_px=ns_per_px, iteration=iteration, rank=rank)
     return answer
 
@@ -552,35 +558,51 @@ def merged_boxes(ev: dict, t0: int, ns_per_px: float) -> dict:
     return {c: v[final] for c, v in boxes.items()}
 
 
-def _assemble(con, rank, domain_id, inst, api, gpu, t0, t1, ns_per_px, groups) -> dict:
+def _assemble(con, rank, domain_id, inst, api, gpu, t0, t1, ns_per_px, groups, hidden) -> dict:
     depth = nesting_depth(inst["thread_id"], inst["start"], inst["start"] + inst["duration"])
     threads = _threads(con, rank, np.r_[inst["thread_id"], api["thread_id"]])
     rows, event_rows = _row_layout(inst, depth, api, gpu, threads)
     ev = _events(inst, api, gpu, event_rows)
     gaps, idle = _gpu_gaps(ev, t0, t1, ns_per_px)
-    shown = np.array([groups is None or r["group"] in groups for r in rows] + [False], dtype=bool)
+    shown = np.array(
+        [(groups is None or r["group"] in groups) and r["group"] not in hidden for r in rows] + [False], dtype=bool
+    )
     keep = shown[ev["row"]]
     boxes = merged_boxes({c: v[keep] for c, v in ev.items()}, t0, ns_per_px)
-    # one list of names; boxes point into it
-    name = boxes["name"]
-    text = _texts(con, name[name >= 0])
-    op_text = _op_names(con, (-1 - name[name < 0]).tolist())
-    uniq, name_pos = np.unique(name, return_inverse=True)
-    names = [op_text.get(int(-1 - v), f"op {int(-1 - v)}") if v < 0 else text.get(int(v), "") for v in uniq]
-    # the launching call of each GPU activity sent as itself (an arrow on hover)
+    # who launched each GPU activity sent as itself: its call (an arrow on hover) and its op (the tooltip)
     api_row = {r["thread_id"]: i for i, r in enumerate(rows) if r["kind"] == "api"}
     alone = (boxes["n"] == 1) & (boxes["kind"] < KIND_OP) & (boxes["key"] >= 0)
     found = _launches(con, domain_id, boxes["key"][alone])
-    launches = {"key": [], "api_key": [], "api_row": [], "api_start": [], "api_end": []}
+    launches = {"key": [], "api_key": [], "api_row": [], "api_start": [], "api_end": [], "op": [], "op_name": []}
+    launch_ops = []
     for k in boxes["key"][alone].tolist():
         if k in found:
-            api_key, thread, s, e = found[k]
-            for field, value in zip(launches, (k, api_key, api_row.get(thread, -1), s, e)):
-                launches[field].append(value)
+            api_key, thread, s, e, op = found[k]
+            for field, value in zip(launches, (k, api_key, api_row.get(thread, -1), s, e, op)):
+                launches[field].append(None if value == -1 and field != "api_row" else value)
+            launch_ops.append(op)
+    # one list of names (ops as -1 - op_index); boxes and launches point into it
+    name = boxes["name"]
+    launch_names = -1 - np.asarray([op for op in launch_ops if op >= 0], dtype=np.int64)
+    text = _texts(con, name[name >= 0])
+    api_names = {int(v) for v in np.unique(name[(name >= 0) & (boxes["kind"] == KIND_API)])}
+    op_text = _op_names(con, (-1 - np.r_[name[name < 0], launch_names]).tolist())
+    uniq, name_pos = np.unique(np.r_[name, launch_names], return_inverse=True)
+    name_pos = name_pos.reshape(-1)
+    names = [
+        op_text.get(int(-1 - v), f"op {int(-1 - v)}")
+        if v < 0
+        else K.api_display_name(text.get(int(v), ""))
+        if int(v) in api_names
+        else text.get(int(v), "")
+        for v in uniq
+    ]
+    of_op = iter(name_pos[name.size :].tolist())
+    launches["op_name"] = [None if op is None else next(of_op) for op in launches["op"]]
     events = {c: boxes[c].tolist() for c in ("row", "start", "end", "kind", "n", "busy")}
     events["key"] = [None if k < 0 else k for k in boxes["key"].tolist()]
     events["op"] = [None if k < 0 else k for k in boxes["op"].tolist()]
-    events["name"] = name_pos.reshape(-1).astype(np.int64).tolist()
+    events["name"] = name_pos[: name.size].astype(np.int64).tolist()
     return {
         "rows": rows,
         "names": names,
@@ -609,7 +631,7 @@ def gap_activity(db, aggr_id: int, domain_id: int, t0: int, t1: int, top: int = 
         api = read_api_calls(con, keys, t0)
         threads = _threads(con, rank, np.r_[inst["thread_id"], api["thread_id"]])
         op_text = _op_names(con, np.unique(inst["op_index"]).tolist())
-        api_text = _texts(con, np.unique(api["name_id"]).tolist())
+        api_text = {k: K.api_display_name(v) for k, v in _texts(con, np.unique(api["name_id"]).tolist()).items()}
     out = []
     for t in np.unique(np.r_[inst["thread_id"], api["thread_id"]]).tolist():
         entry = {"thread_id": t}

@@ -39,6 +39,21 @@ SUMMARY_ROWS = [
 ]
 
 
+# the headline figures each side brings (its two totals come from its rows), and their types
+SIDE_FIGURES = {
+    "avg_iteration_time": float,
+    "gpu_utilization": float,
+    "wall_time": int,
+    "aggregated_iterations": int,
+    "tc_utilization": float,
+}
+
+
+def side_figures(values) -> dict:
+    """The SIDE_FIGURES of a mapping that holds them under their keys (a missing one is None)."""
+    return {k: None if values.get(k) is None else cast(values[k]) for k, cast in SIDE_FIGURES.items()}
+
+
 @dataclass
 class Side:
     """What one aggregation brings to a comparison."""
@@ -89,17 +104,10 @@ def side_from_aggregation(agg, label: str = "") -> Side:
             "gpu_time": kernels["gpu_total"].to_numpy(np.int64) if has_kernels else np.zeros(0, np.int64),
         }
     )
-    figures = {
-        "avg_iteration_time": float(s["avg_iteration_time"]),
-        "gpu_utilization": float(s["gpu_utilization"]),
-        "wall_time": int(s["wall_time"]),
-        "aggregated_iterations": int(s["aggregated_iterations"]),
-        "tc_utilization": float(s["tc_utilization"]),
-    }
     return Side(
         op_frame,
         kernel_frame,
-        figures,
+        side_figures(s),
         label,
         agg.key_node if agg.key_found else "",
         (int(agg.iter_start), int(agg.iter_stop), int(agg.total_iterations)),

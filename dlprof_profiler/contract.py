@@ -113,9 +113,29 @@ RANK_PROFILE_INFO = "rank_profile_info"
 RANK_SUMMARY = "rank_summary"
 ALL_RANKS = -1
 
+# The baseline a run was compared with (`dlprof --baseline`): per aggregation of the run it was compared with,
+# rank and domain, the baseline's side of the diff report (its op and kernel rows and headline figures), so the
+# viewer's Compare view shows the diff report's comparison without the baseline's files (compare.Side).
+BASELINE_PROFILES = "baseline_profiles"
+BASELINE_OPS = "baseline_ops"
+BASELINE_KERNELS = "baseline_kernels"
+
 # The tables (or views) whose presence makes a file a DLProf database the viewer can open
 VIEWER_REQUIRED = ("db_version", READ_ONLY_OPS, AGGREGATIONS, MODEL_SUMMARY)
 ENGINE_REQUIRED = ("db_version", READ_ONLY_OPS, READ_ONLY_OP_INSTANCES)
+
+# ---------------------------------------------------------------------------- names users read
+
+
+def api_display_name(name):
+    """A CUDA API name as users write it: Nsight Systems records the API's version after it
+    (`cudaLaunchKernel_v7000`, `cuMemcpyHtoD_v2`), which nobody writes; the database keeps the recorded name,
+    ops, reports and the viewer show this one. Anything else is returned as it is."""
+    if not isinstance(name, str):
+        return name
+    head, sep, tail = name.rpartition("_v")
+    return head if sep and head and tail.isascii() and tail.isdigit() else name
+
 
 # The rank the viewer shows when no rank is asked for (a single-file analysis is rank 0; a multi-rank run
 # shows its lowest rank)

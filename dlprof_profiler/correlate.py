@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from dlprof_profiler import nvtx_markers as nm
+from dlprof_profiler.contract import api_display_name
 from dlprof_profiler.intervals import covered_length, union_length_by_group
 from dlprof_profiler.model_chunks import TIME_MAX
 from dlprof_profiler.naming import NamingCarry, distinct_texts, first_rows, range_names
@@ -1057,6 +1058,7 @@ def _stack_traces(info, kinds, parent, depth) -> np.ndarray:
 def _unassociated_api_instances(api: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
     names = api["name"].astype(object).to_numpy(dtype=object)[rows]
     names = np.where(pd.isna(names), "<unknown api>", names)
+    names = concat_distinct(names, api_display_name)  # the op is named as users write the API
     api_ids = api["api_id"].to_numpy(np.int64)[rows]
     return _unassociated_instances(UNASSOCIATED_API, api, rows, names, api_ids, -1, api["global_tid"])
 

@@ -37,9 +37,10 @@ import pyarrow as pa
 from dlprof_profiler import __version__
 from dlprof_profiler import contract as K
 from dlprof_profiler import db_encode as E
+from dlprof_profiler.compare import SIDE_FIGURES
 from dlprof_profiler import log
 from dlprof_profiler.aggregate import CLASSES, Aggregation
-from dlprof_profiler.db_schema import FINAL_INDEXES, RAW_INDEXES, SCHEMA
+from dlprof_profiler.db_schema import BASELINE_TABLES, FINAL_INDEXES, RAW_INDEXES, SCHEMA
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.trace import DEVICE_COLUMNS, Trace
 
@@ -452,6 +453,11 @@ def _text(value) -> str | None:
     return str(value)
 
 
+def _optional_text(value) -> str | None:
+    """Text of a frame cell; missing (None, NaN) stays NULL."""
+    return None if value is None or (isinstance(value, float) and value != value) else str(value)
+
+
 def _int_or_none(value):
     try:
         return int(value)
@@ -647,6 +653,55 @@ def append_aggregation(
     except sqlite3.Error as exc:
         con.rollback()
         raise DLProfError(f"{path}: could not write the aggregation ({exc})") from None
+    finally:
+        con.close()
+
+
+def write_baselines(path: Path, aggr_id: int, domain_ids: dict, sides: dict, rank: int = K.DEFAULT_RANK) -> None:
+    """Keep with the run the baseline it was compared with (`--baseline`): per domain name, the baseline's
+    `compare.Side` (its op and kernel rows and headline figures, as the diff report compared them), beside the
+    aggregation `aggr_id` of the run, so the viewer shows the diff report's comparison without the baseline's
+    files. One transaction; a file written before gets the tables (db_schema.BASELINE_TABLES)."""
+    if not sides:
+        return
+    con = sqlite3.connect(path, timeout=30)
+    try:
+        con.executescript(BASELINE_TABLES)
+        con.execute("BEGIN IMMEDIATE")
+        for name, side in sides.items():
+            domain_id = int(domain_ids[name])
+            key = (int(aggr_id), domain_id, int(rank))
+            first, last, total = side.iterations if len(side.iterations) == 3 else (None, None, None)
+            columns = ("aggr_id", "domain_id", "rank", "source", "key_node", "iter_start", "iter_stop")
+            columns += ("total_iterations", *SIDE_FIGURES)
+            con.execute(
+                f"INSERT OR REPLACE INTO {K.BASELINE_PROFILES} ({', '.join(columns)}) "
+                f"VALUES ({', '.join('?' * len(columns))})",
+                (*key, side.label, side.key_node, first, last, total, *(side.figures.get(k) for k in SIDE_FIGURES)),
+            )
+            for table in (K.BASELINE_OPS, K.BASELINE_KERNELS):
+                con.execute(f"DELETE FROM {table} WHERE aggr_id = ? AND domain_id = ? AND rank = ?", key)
+            con.executemany(
+                f"INSERT INTO {K.BASELINE_OPS} VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    (*key, _optional_text(n), _optional_text(d), _optional_text(t), int(c), int(g))
+                    for n, d, t, c, g in side.ops[["name", "direction", "op_type", "calls", "gpu_time"]].itertuples(
+                        index=False
+                    )
+                ),
+            )
+            con.executemany(
+                f"INSERT INTO {K.BASELINE_KERNELS} VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    (*key, _optional_text(n), int(bool(u)), int(c), int(g))
+                    for n, u, c, g in side.kernels[["name", "uses_tc", "calls", "gpu_time"]].itertuples(index=False)
+                ),
+            )
+        con.execute("COMMIT")
+    except sqlite3.Error as exc:
+        if con.in_transaction:
+            con.rollback()
+        raise DLProfError(f"{path}: could not keep the baseline ({exc})") from None
     finally:
         con.close()
 

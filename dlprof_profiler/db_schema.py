@@ -255,6 +255,21 @@ CREATE TABLE IF NOT EXISTS {K.RANK_SUMMARY} (aggr_id INTEGER NOT NULL, rank INTE
     straggler INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (aggr_id, rank));
 """
 
+# The baseline of a run analysed with `--baseline` (database.write_baselines): the baseline's side of the diff
+# report, per aggregation of the run it was compared with; not part of SCHEMA, created when first written.
+BASELINE_TABLES = f"""
+CREATE TABLE IF NOT EXISTS {K.BASELINE_PROFILES} (aggr_id INTEGER NOT NULL, domain_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL, source TEXT, key_node TEXT, iter_start INTEGER, iter_stop INTEGER,
+    total_iterations INTEGER, avg_iteration_time REAL, gpu_utilization REAL, wall_time INTEGER,
+    aggregated_iterations INTEGER, tc_utilization REAL, PRIMARY KEY (aggr_id, domain_id, rank));
+CREATE TABLE IF NOT EXISTS {K.BASELINE_OPS} (aggr_id INTEGER NOT NULL, domain_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL, op_name TEXT, direction TEXT, op_type TEXT, num_calls INTEGER, gpu_total INTEGER);
+CREATE TABLE IF NOT EXISTS {K.BASELINE_KERNELS} (aggr_id INTEGER NOT NULL, domain_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL, kernel_name TEXT, uses_tc INTEGER, num_calls INTEGER, gpu_total INTEGER);
+CREATE INDEX IF NOT EXISTS idx_baseline_ops ON {K.BASELINE_OPS}(aggr_id, domain_id, rank);
+CREATE INDEX IF NOT EXISTS idx_baseline_kernels ON {K.BASELINE_KERNELS}(aggr_id, domain_id, rank);
+"""
+
 # Secondary indexes on raw tables, only for viewer queries. Those whose keys arrive in order are created with
 # the tables (each insert appends to them):
 #  - idx_instances_start: the op instances starting in an iteration (iteration_ops);

@@ -18,7 +18,11 @@ from dlprof_profiler.graph_events import RUN_METADATA_TAG
 
 
 def run_directory(output_path: Path, profile_name: str) -> Path:
-    return Path(output_path) / profile_name
+    """The folder of a profile's event file, which TensorBoard names the run by (its path below the logdir):
+    `<output_path>/<profile_name>`, or the output folder itself when it already bears the profile's name
+    (`--output_path=runs/example --profile_name=example` is the run `example`, not `example/example`)."""
+    out = Path(output_path)
+    return out if out.resolve().name == profile_name else out / profile_name
 
 
 def existing_event_files(run_dir: Path) -> list[Path]:

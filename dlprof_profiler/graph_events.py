@@ -2,10 +2,14 @@
 `/` builds TensorBoard's name scopes, and a RunMetadata with each op's compute time, so the graph can be
 coloured by time. TensorBoard's own protobuf messages, no TensorFlow.
 
-Node names (`node_names`): the op name without its leading `/`; ops of another direction than fprop get
+Node names (`node_names`): the op name without its leading `/`; an op outside every scope goes under a scope
+named after its op type (`conv2d/aten::conv2d`), so a flat profile reads as a hierarchy instead of one row of
+unconnected nodes; the API calls (and GPU activities) outside every op are one node per API under
+`unassociated` (`unassociated/cudaEventQuery`, not one node per call); ops of another direction than fprop get
 ` (<direction>)` appended (PyTorch backward ops share the forward op's name); a name that is also the scope
 of other nodes becomes `name/(last part)`, as TensorBoard itself would rename it, so the name the viewer shows
-is the one GRAPHS displays.
+is the one GRAPHS displays. Ops with the same node name (one name and direction) are one node, their calls
+and times summed (`node_table`).
 
 Compute time per node: the op's GPU time in the aggregation on `/device:GPU:<id>` when it ran GPU work, else
 its CPU time on `/device:CPU:0`. TensorBoard reads a node's time as the span from `all_start_micros` to
@@ -27,6 +31,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+from dlprof_profiler.contract import UNASSOCIATED_API, UNASSOCIATED_GPU
 from tensorboard.compat.proto import (
     attr_value_pb2,
     config_pb2,
@@ -39,6 +44,7 @@ from tensorboard.compat.proto import (
 )
 
 CPU_DEVICE = "/device:CPU:0"
+UNASSOCIATED_KINDS = (UNASSOCIATED_API, UNASSOCIATED_GPU)
 RUN_METADATA_TAG = "dlprof/op_time"
 PRIMARY_DIRECTIONS = ("", "fprop")
 DTYPES = {
@@ -83,18 +89,24 @@ def _text(values) -> pa.Array:
     return pc.fill_null(arr.cast(pa.string()), "")
 
 
-def _node_names(names, directions) -> pa.Array:
+def _node_names(names, directions, op_types=None, kinds=None) -> pa.Array:
     text = pc.utf8_ltrim(_text(names), "/")
     text = pc.if_else(pc.equal(text, ""), "op", text)
+    n = len(text)
+    op_type = _text(op_types if op_types is not None else [None] * n)
+    kind = np.asarray(kinds if kinds is not None else np.full(n, -1), dtype=np.float64)
+    # API calls and GPU activities outside every op: one node per API (or kernel) under `unassociated`
+    named = pc.not_equal(op_type, "").to_numpy(zero_copy_only=False)
+    unassociated = pa.array(np.isin(kind, UNASSOCIATED_KINDS) & named)
+    text = pc.if_else(unassociated, pc.binary_join_element_wise("unassociated", op_type, "/"), text)
+    # an op outside every scope goes under its op type, so a flat profile reads as a hierarchy, not a row of nodes
+    flat = pc.and_(
+        pc.and_(pc.invert(pc.match_substring(text, "/")), pc.not_equal(op_type, "")), pc.invert(unassociated)
+    )
+    text = pc.if_else(flat, pc.binary_join_element_wise(op_type, text, "/"), text)
     direction = _text(directions)
     other = pc.invert(pc.is_in(direction, value_set=pa.array(PRIMARY_DIRECTIONS)))
     text = pc.if_else(other, pc.binary_join_element_wise(text, " (", direction, ")", ""), text)
-    # ("", name) and ("fprop", name) would collide: number the later ones
-    codes = pd.factorize(text.to_numpy(zero_copy_only=False))[0]
-    k = pd.Series(codes).groupby(codes, sort=False).cumcount().to_numpy()
-    if (k > 0).any():
-        number = pa.array(np.where(k > 0, " (#" + (k + 1).astype(str).astype(object) + ")", ""), type=pa.string())
-        text = pc.binary_join_element_wise(text, number, "")
     # every proper "/"-prefix of a name is a scope; a node named like a scope moves inside it
     parts = pc.split_pattern(text, "/")
     depth = pc.list_value_length(parts).to_numpy(zero_copy_only=False)
@@ -109,9 +121,10 @@ def _node_names(names, directions) -> pa.Array:
     return text
 
 
-def node_names(names, directions) -> list[str]:
-    """The GRAPHS node name of each op (name, direction): see the module docstring."""
-    return _node_names(names, directions).to_pylist()
+def node_names(names, directions, op_types=None, kinds=None) -> list[str]:
+    """The GRAPHS node name of each op (name, direction, op type, op kind): see the module docstring. Ops of
+    one name and direction share a node."""
+    return _node_names(names, directions, op_types, kinds).to_pylist()
 
 
 def parse_shapes(text) -> list[list[int]] | None:
@@ -138,6 +151,7 @@ def op_table(
     cpu_total; 0 for ops without calls) and the first shapes its instances recorded (`DomainModel.instances`,
     or `first_given(column)`: the first non-empty value per op_index, for a model kept out of core)."""
     table = ops[["op_index", "op_id", "name", "direction", "op_type", "data_type", "device_id"]].copy()
+    table["kind"] = ops["kind"].to_numpy() if "kind" in ops.columns else -1
     for col in ("calls", "gpu_total", "cpu_total"):
         if stats is not None and len(stats) and col in stats.columns:
             values = pd.Series(stats[col].to_numpy(), index=stats["op_index"].to_numpy())
@@ -158,6 +172,39 @@ def op_table(
             )
         table[col] = column.where(column.notna(), None)
     return table
+
+
+def node_table(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per GRAPHS node (`node`: its name) from `op_table(...)`: ops sharing a node (the calls of an
+    unassociated API, one layer's ops in several processes) are summed; the other columns are the first op's
+    (op_index order), data type and shapes the first given, the device the first that ran GPU work."""
+    t = table.reset_index(drop=True).copy()
+    t["node"] = node_names(t["name"], t["direction"], t["op_type"], t["kind"])
+    t["ops"] = 1
+    on_gpu = t["gpu_total"].to_numpy(np.int64) > 0
+    t["gpu_device"] = t["device_id"].where(on_gpu)
+    groups = t.groupby("node", sort=False)
+    out = groups.agg(
+        op_index=("op_index", "first"),
+        op_id=("op_id", "first"),
+        name=("name", "first"),
+        direction=("direction", "first"),
+        op_type=("op_type", "first"),
+        kind=("kind", "first"),
+        data_type=("data_type", "first"),
+        device_id=("device_id", "first"),
+        gpu_device=("gpu_device", "first"),
+        ops=("ops", "sum"),
+        calls=("calls", "sum"),
+        gpu_total=("gpu_total", "sum"),
+        cpu_total=("cpu_total", "sum"),
+        input_shapes=("input_shapes", "first"),
+        output_shapes=("output_shapes", "first"),
+    ).reset_index()
+    out["device_id"] = out["gpu_device"].where(out["gpu_device"].notna(), out["device_id"])
+    for col in ("data_type", "input_shapes", "output_shapes", "direction", "op_type"):
+        out[col] = out[col].astype(object).where(out[col].notna(), None)
+    return out.drop(columns="gpu_device")
 
 
 def node_devices(table: pd.DataFrame) -> np.ndarray:
@@ -300,13 +347,13 @@ def _known(column: pd.Series) -> np.ndarray:
 
 
 def graph_def(table: pd.DataFrame) -> bytes:
-    """A serialized GraphDef with one node per op of `op_table(...)` (no edges: the profile records no data
+    """A serialized GraphDef with one node per row of `node_table(...)` (no edges: the profile records no data
     flow)."""
     ints = lambda col: table[col].fillna(0).to_numpy(np.int64)  # noqa: E731
     string = lambda col: _delimited(_AV_S, _bytes(table[col]))  # noqa: E731
     op_types = table["op_type"].astype(object).where(_known(table["op_type"]), "op")
     columns = [
-        _delimited(_NODE["name"], _node_names(table["name"], table["direction"]).cast(pa.binary())),
+        _delimited(_NODE["name"], _bytes(table["node"])),
         _delimited(_NODE["op"], _bytes(op_types)),
         _delimited(_NODE["device"], _bytes(node_devices(table))),
         _attr("op_name", string("name")),
@@ -316,6 +363,9 @@ def graph_def(table: pd.DataFrame) -> bytes:
         _attr("cpu_time_ns", _ints(_AV_I, ints("cpu_total"), keep_zeros=True)),
         _attr("direction", string("direction"), _known(table["direction"])),
     ]
+    merged = table["ops"].to_numpy(np.int64) > 1 if "ops" in table.columns else np.zeros(len(table), bool)
+    if merged.any():  # how many ops a node stands for (the calls of one unassociated API ...)
+        columns.append(_attr("ops", _ints(_AV_I, table["ops"].to_numpy(np.int64), keep_zeros=True), merged))
     has_dtype = _known(table["data_type"])
     if has_dtype.any():
         codes, distinct = pd.factorize(table["data_type"].astype(object))
@@ -339,9 +389,9 @@ def graph_def(table: pd.DataFrame) -> bytes:
 
 
 def run_metadata(table: pd.DataFrame) -> bytes:
-    """A serialized RunMetadata whose step stats give, per device, each node's compute time, the nodes laid end
-    to end in node-name order."""
-    names = _node_names(table["name"], table["direction"])
+    """A serialized RunMetadata whose step stats give, per device, each node's (`node_table(...)`) compute time,
+    the nodes laid end to end in node-name order."""
+    names = _text(table["node"])
     order = pc.sort_indices(names).to_numpy()  # byte order, as TensorBoard's names sort
     names = names.take(pa.array(order))
     devices = node_devices(table)[order]
@@ -387,4 +437,5 @@ def op_graph(domain_model, aggregation) -> tuple[bytes, bytes]:
         domain_model.instances,
         getattr(domain_model, "first_given_values", None) if domain_model.instances is None else None,
     )
-    return graph_def(table), run_metadata(table)
+    nodes = node_table(table)
+    return graph_def(nodes), run_metadata(nodes)

@@ -349,13 +349,15 @@ def _write_outputs(
             db_staged = staging.path(db_final)
             new_database.start()
             written_reports = _write_reports(args, out_dir, trace, corr, aggregations, findings, primary, staging)
-            written_reports += _write_diffs(args, out_dir, source, result, staging)
+            baselines = {}  # per domain, the baseline's side of the diff: kept in the run's database
+            written_reports += _write_diffs(args, out_dir, source, result, staging, baselines)
             if args.dump_model_data:
                 _dump_model(staging.path(out_dir / f"{args.base_name}_model_data.json"), corr)
             domain_ids, offsets = new_database.finish()
             aggr_id = database.append_aggregation(
                 db_staged, aggregations, domain_ids, offsets, result.iterations, findings, time.perf_counter() - started
             )
+            database.write_baselines(db_staged, aggr_id, domain_ids, baselines)
             run_dir = event_files.run_directory(out_dir, args.profile_name)
             for old in event_files.existing_event_files(run_dir):
                 old.unlink()  # --force was given (checked above): this run replaces them
@@ -422,9 +424,9 @@ def _write_reports(
     return written
 
 
-def _write_diffs(args, out_dir: Path, source: Path, result: Analysis, staging: Staging) -> list[Path]:
+def _write_diffs(args, out_dir: Path, source: Path, result: Analysis, staging: Staging, sides: dict) -> list[Path]:
     """The diff report against --baseline, per reported domain (the primary one, or each with --domain=all
-    that the baseline has too)."""
+    that the baseline has too); `sides` gets the baseline's side of each comparison."""
     if baseline_of(args) is None:
         return []
     base = analyze_baseline(args)
@@ -444,6 +446,7 @@ def _write_diffs(args, out_dir: Path, source: Path, result: Analysis, staging: S
             compare.side_from_aggregation(result.aggregations[name], str(source)),
             compare.side_from_aggregation(base.aggregations[name], str(baseline_of(args))),
         )
+        sides[name] = comparison.baseline
         suffix = "" if name == result.primary else "_" + _slug(name)
         written += reports.write_report(
             reports.diff_report(comparison), out_dir, args.base_name, args.formats, suffix, staging.path

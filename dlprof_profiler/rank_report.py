@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import numpy as np
@@ -93,13 +94,18 @@ def rank_table(results) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _whole_ns(value: float) -> int:
+    """A time in whole nanoseconds (half up), like every other time of the report."""
+    return int(Decimal(repr(float(value))).quantize(Decimal(1), rounding=ROUND_HALF_UP))
+
+
 def _cells(row: dict) -> list:
     return [
         int(row["rank"]),
         row["source_file"],
         int(row["gpus"]),
         int(row["iterations"]),
-        f"{row['avg_iteration_time']:.1f}",
+        _whole_ns(row["avg_iteration_time"]),
         int(row["max_iteration_time"]),
         f"{row['gpu_utilization']:.1f}",
         int(row["communication_time"]),
@@ -109,8 +115,9 @@ def _cells(row: dict) -> list:
 
 
 def write_report(table: pd.DataFrame, out_dir: Path, base_name: str, formats: list[str], place) -> list[Path]:
-    """`<base>_ranks.csv` (a header row, then one row per rank; averages and percentages with one decimal, as the
-    other reports) and/or `<base>_ranks.json` (the JSON reports' layout); `place(final)` gives where to write."""
+    """`<base>_ranks.csv` (a header row, then one row per rank; times in whole ns, the average iteration time
+    rounded, percentages with one decimal) and/or `<base>_ranks.json` (the JSON reports' layout); `place(final)`
+    gives where to write."""
     written = []
     records = table.to_dict("records")
     if "csv" in formats:

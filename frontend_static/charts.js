@@ -2,6 +2,7 @@
 
 import {h, s} from "./dom.js";
 import {fmtNs, fmtPct} from "./format.js";
+import {definition, label, termAttrs} from "./metrics.js";
 
 export const COLORS = {
   tc: "#76b900",          // NVIDIA green: Tensor Core kernels
@@ -26,7 +27,7 @@ function arcPath(cx, cy, r, inner, a0, a1) {
 }
 
 /**
- * Donut chart. slices: [{key, label, value (percent or any weight), color, title}].
+ * Donut chart. slices: [{key, term (its label and definition), value (percent or any weight), color}].
  * Returns an element holding the SVG and a legend.
  */
 export function donut(slices, {size = 180, center = "", centerSub = "", legend = true, ariaLabel = "Pie chart"} = {}) {
@@ -43,7 +44,7 @@ export function donut(slices, {size = 180, center = "", centerSub = "", legend =
       const v = Math.max(0, Number(sl.value) || 0);
       if (v <= 0) continue;
       const sweep = (v / total) * 2 * Math.PI;
-      const title = s("title", {}, sl.title || `${sl.label}: ${fmtPct((100 * v) / total)}`);
+      const title = s("title", {}, `${label(sl.term)}: ${fmtPct((100 * v) / total)} — ${definition(sl.term)}`);
       if (sweep >= 2 * Math.PI - 1e-6) {
         svg.appendChild(s("circle", {cx: c, cy: c, r: (r + inner) / 2, fill: "none", stroke: sl.color, "stroke-width": r - inner, dataset: {key: sl.key}}, title));
       } else {
@@ -56,9 +57,9 @@ export function donut(slices, {size = 180, center = "", centerSub = "", legend =
   if (centerSub) svg.appendChild(s("text", {x: c, y: c + 20, "text-anchor": "middle", class: "donut-sub"}, centerSub));
   const wrap = h("div", {class: "donut-wrap"}, svg);
   if (legend) {
-    wrap.appendChild(h("ul", {class: "legend"}, slices.map((sl) => h("li", {title: sl.title || "", dataset: {key: sl.key}},
+    wrap.appendChild(h("ul", {class: "legend"}, slices.map((sl) => h("li", termAttrs(sl.term, {dataset: {key: sl.key}}),
       h("span", {class: "swatch", style: {background: sl.color}}),
-      h("span", {class: "legend-label"}, sl.label),
+      h("span", {class: "legend-label"}, label(sl.term)),
       h("span", {class: "legend-value"}, sl.display !== undefined ? sl.display : fmtPct(sl.value))))));
   }
   return wrap;
@@ -72,16 +73,22 @@ function niceStep(max, ticks) {
   return step * mag;
 }
 
-/** The summary's time classes, in stacking order (DESIGN.md "Summary time breakdown"). */
+/** The summary's time classes, in stacking order (DESIGN.md "Summary time breakdown"): busy wall time. */
 export const TIME_CLASSES = [
-  {key: "tc", field: "tc_time", label: "Tensor Core kernels"},
-  {key: "non_tc", field: "non_tc_time", label: "Non-Tensor Core kernels"},
-  {key: "memory", field: "memory_time", label: "Memory"},
-  {key: "dataloader", field: "dataloader_time", label: "Dataloader"},
-  {key: "io", field: "io_time", label: "I/O"},
-  {key: "cpu", field: "cpu_time", label: "CPU", def: "cpu_time_class"},
-  {key: "other", field: "other_time", label: "Other"},
+  {key: "tc", field: "tc_time", term: "busy_tc"},
+  {key: "non_tc", field: "non_tc_time", term: "busy_non_tc"},
+  {key: "memory", field: "memory_time", term: "busy_memory"},
+  {key: "dataloader", field: "dataloader_time", term: "busy_dataloader"},
+  {key: "io", field: "io_time", term: "busy_io"},
+  {key: "cpu", field: "cpu_time", term: "busy_cpu"},
+  {key: "other", field: "other_time", term: "busy_other"},
 ];
+
+/** Whether an iteration has no time at all (the tail after the last key node when the profile ends there):
+ * charts draw it as absent, not as a bar of 0. */
+export function isEmptyIteration(it) {
+  return !(Number(it.duration) > 0);
+}
 
 /** Split an iteration into stacked bar segments: its seven time classes (they partition the iteration);
  * iterations outside the aggregation are one grey segment. */
@@ -92,12 +99,12 @@ export function iterationSegments(it) {
 }
 
 /** Legend entries of the iteration charts: the classes present in these iterations, then the grey. */
-export function iterationLegend(iterations, definition) {
+export function iterationLegend(iterations) {
   const present = new Set();
   for (const it of iterations) for (const seg of iterationSegments(it)) if (seg.value > 0) present.add(seg.key);
   const items = TIME_CLASSES.filter((c) => present.has(c.key) || c.key === "tc" || c.key === "non_tc" || c.key === "other")
-    .map((c) => ({key: c.key, label: c.label, title: definition(c.def || c.field)}));
-  items.push({key: "outside", label: "Outside the aggregation", title: definition("outside")});
+    .map((c) => ({key: c.key, term: c.term}));
+  items.push({key: "outside", term: "outside"});
   return items;
 }
 
@@ -106,7 +113,9 @@ export function iterationLegend(iterations, definition) {
  * opts: {range: [a, b] aggregated range to shade, markers: {start, stop} selected boundaries,
  *        onHover(it|null, event), onClick(it), onDblClick(it), height}
  */
-export function iterationBars(iterations, opts = {}) {
+export function iterationBars(all, opts = {}) {
+  // an iteration without any time (the tail after the profile's last key node) is absent, not a bar of 0
+  const iterations = all.filter((it) => !isEmptyIteration(it));
   const W = 900;
   const H = opts.height || 240;
   const m = {left: 68, right: 12, top: 22, bottom: 34};
@@ -124,10 +133,15 @@ export function iterationBars(iterations, opts = {}) {
   const indexOf = new Map(iterations.map((it, i) => [Number(it.iteration), i]));
   const xOf = (i) => m.left + i * band;
 
+  // the first and last drawn bar of an iteration range (an absent iteration at its ends is left out)
+  const span = (a, b) => {
+    const inside = iterations.map((it, i) => [Number(it.iteration), i]).filter(([k]) => k >= Number(a) && k <= Number(b));
+    return inside.length ? [inside[0][1], inside[inside.length - 1][1]] : null;
+  };
   // Shaded aggregated range, drawn first (behind the bars).
-  if (opts.range && indexOf.has(Number(opts.range[0])) && indexOf.has(Number(opts.range[1]))) {
-    const i0 = indexOf.get(Number(opts.range[0]));
-    const i1 = indexOf.get(Number(opts.range[1]));
+  const shaded = opts.range ? span(opts.range[0], opts.range[1]) : null;
+  if (shaded) {
+    const [i0, i1] = shaded;
     svg.appendChild(s("rect", {x: xOf(i0), y: m.top, width: (i1 - i0 + 1) * band, height: ph, class: "range-shade"}));
     svg.appendChild(s("text", {x: xOf(i0) + 4, y: m.top - 7, class: "range-label"},
       `Aggregated: iteration${i1 > i0 ? "s" : ""} ${opts.range[0]}${i1 > i0 ? `–${opts.range[1]}` : ""}`));
@@ -175,25 +189,30 @@ export function iterationBars(iterations, opts = {}) {
       svg.appendChild(s("text", {x: xPos + (cls === "marker-start" ? 3 : -3), y: m.top + 10, "text-anchor": cls === "marker-start" ? "start" : "end", class: "marker-label"}, label));
     };
     if (indexOf.has(Number(start))) mark(xOf(indexOf.get(Number(start))), "Start", "marker-start");
-    if (indexOf.has(Number(stop))) mark(xOf(indexOf.get(Number(stop))) + band, "Stop", "marker-stop");
+    const last = span(start, stop);
+    if (last && (indexOf.has(Number(stop)) || all.some((it) => Number(it.iteration) === Number(stop)))) {
+      mark(xOf(last[1]) + band, "Stop", "marker-stop");
+    }
   }
   return svg;
 }
 
-/** Chart legend from [{key, label, title}]. */
+/** Chart legend from [{key, term, color}] (labels and tooltips from the terms), or [{key, label, color,
+ * title}] for labels that are values (a rank's number). */
 export function legend(items) {
-  return h("ul", {class: "legend inline"}, items.map((it) => h("li", {title: it.title || "", dataset: {key: it.key}},
-    h("span", {class: "swatch", dataset: {key: it.key}, style: {background: COLORS[it.key] || it.color}}),
-    h("span", {class: "legend-label"}, it.label))));
+  return h("ul", {class: "legend inline"}, items.map((it) => h("li", it.term ? termAttrs(it.term, {dataset: {key: it.key}})
+    : {title: it.title || "", dataset: {key: it.key, value: "1"}},
+  h("span", {class: "swatch", dataset: {key: it.key}, style: {background: COLORS[it.key] || it.color}}),
+  h("span", {class: "legend-label"}, it.term ? label(it.term) : it.label))));
 }
 
-/** Horizontal stacked bar (HTML) from [{key, label, pct}]. */
+/** Horizontal stacked bar (HTML) from [{key, term, pct}]. */
 export function stackedBar(parts, {ariaLabel = ""} = {}) {
   const bar = h("div", {class: "hstack", role: "img", "aria-label": ariaLabel});
   for (const p of parts) {
     const pct = Math.max(0, Number(p.pct) || 0);
     if (pct <= 0) continue;
-    bar.appendChild(h("div", {class: "hstack-seg", style: {width: `${Math.min(100, pct)}%`, background: COLORS[p.key] || p.color}, title: `${p.label}: ${fmtPct(pct)}`, dataset: {key: p.key}}));
+    bar.appendChild(h("div", {class: "hstack-seg", style: {width: `${Math.min(100, pct)}%`, background: COLORS[p.key] || p.color}, title: `${label(p.term)}: ${fmtPct(pct)}`, dataset: {key: p.key}}));
   }
   return bar;
 }

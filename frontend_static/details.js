@@ -5,9 +5,9 @@
 import {tryGet} from "./api.js";
 import {card, clear, h, loading, placeholder} from "./dom.js";
 import {fmtBool, fmtInt, fmtNs, fmtNsExact, formatCell} from "./format.js";
-import {definition} from "./metrics.js";
+import {term} from "./metrics.js";
 import {isPyTorch, scope, state, update} from "./state.js";
-import {DataTable, collapsible, copyText, displayLabel} from "./table.js";
+import {DataTable, collapsible, columnLabelAttrs, copyText, displayLabel} from "./table.js";
 
 let pane = null;
 let opSlot = null;
@@ -58,24 +58,19 @@ function graphNode(name) {
   return h("span", {class: "graph-node"}, h("code", {class: "mono"}, name), " ", copy, " ", status);
 }
 
-const STAT_ROWS = [
-  ["CPU Time", "cpu", "cpu_time"],
-  ["GPU Time", "gpu", "gpu_time"],
-  ["CPU Overhead", "overhead", "cpu_overhead"],
-  ["GPU Idle", "idle", "gpu_idle"],
-];
+const STAT_ROWS = [["cpu_time", "cpu"], ["gpu_time", "gpu"], ["cpu_overhead", "overhead"], ["gpu_idle", "idle"]];
 
 function statsTable(op) {
   const cell = (v) => h("td", {class: "num", title: fmtNsExact(v)}, fmtNs(v));
   return h("table", {class: "kv-table stats"},
-    h("thead", {}, h("tr", {}, h("th", {}, ""), ["Total", "Average", "Minimum", "Maximum"].map((t) => h("th", {class: "num"}, t)))),
-    h("tbody", {}, STAT_ROWS.map(([label, prefix, def]) => h("tr", {},
-      h("th", {scope: "row", title: definition(def)}, label),
+    h("thead", {}, h("tr", {}, h("th", {}, ""), ["stat_total", "stat_avg", "stat_min", "stat_max"].map((k) => term("th", k, {class: "num"})))),
+    h("tbody", {}, STAT_ROWS.map(([key, prefix]) => h("tr", {},
+      term("th", key, {scope: "row"}),
       cell(op[`${prefix}_total`]), cell(op[`${prefix}_avg`]), cell(op[`${prefix}_min`]), cell(op[`${prefix}_max`])))));
 }
 
-function field(label, value, {title = "", key} = {}) {
-  return [h("dt", {title}, label), h("dd", {dataset: {field: key || ""}}, value)];
+function field(key, value, opts = {}) {
+  return [term("dt", key), h("dd", {dataset: {field: opts.field || key}}, value)];
 }
 
 /** Show an op (by op_index). opts.withKernels: also list its kernels (when the view does not already). */
@@ -95,20 +90,19 @@ export async function showOp(opIndex, {withKernels = true} = {}) {
   }
   const {card: c, body} = card(`Op: ${op.op_id || op.op_name || opIndex}`, {id: "op-details"});
   const dl = h("dl", {class: "kv"},
-    field("Op ID", op.op_id, {key: "op_id"}),
-    field("Op Name", h("span", {class: "mono"}, op.op_name ?? ""), {key: "op_name"}),
-    "direction" in op && isPyTorch() ? field("Direction", op.direction || "—", {key: "direction"}) : null,
-    field("Op Type", op.op_type, {key: "op_type"}),
-    field("No. Calls", fmtInt(op.num_calls), {key: "num_calls"}),
-    field("TC Eligible", fmtBool(op.tc_eligible), {key: "tc_eligible", title: definition("eligible_ops")}),
-    field("Using TC", fmtBool(op.using_tc), {key: "using_tc", title: definition("using_tc_ops")}),
-    op.data_type ? field("Data Type", op.data_type, {key: "data_type"}) : null,
-    op.kernel_calls !== undefined ? field("Kernel Calls", fmtInt(op.kernel_calls), {key: "kernel_calls"}) : null,
-    op.graph_node ? field("GRAPHS node", graphNode(op.graph_node), {key: "graph_node",
-      title: "The op's node in TensorBoard's GRAPHS tab (its name scopes are the op name's / parts); choose the run's dlprof/op_time tag there to colour nodes by compute time."}) : null);
+    field("op_id", op.op_id),
+    field("op_name", h("span", {class: "mono"}, op.op_name ?? "")),
+    "direction" in op && isPyTorch() ? field("direction", op.direction || "—") : null,
+    field("op_type", op.op_type),
+    field("num_calls", fmtInt(op.num_calls)),
+    field("tc_eligible", fmtBool(op.tc_eligible)),
+    field("using_tc", fmtBool(op.using_tc)),
+    op.data_type ? field("data_type", op.data_type) : null,
+    op.kernel_calls !== undefined ? field("kernel_calls", fmtInt(op.kernel_calls)) : null,
+    op.graph_node ? field("graph_node", graphNode(op.graph_node)) : null);
   body.append(dl, statsTable(op));
   if (isPyTorch() && op.stack_trace) {
-    body.append(h("h3", {class: "sub"}, "Stack Trace"), h("div", {class: "stack"}, collapsible(String(op.stack_trace), 120)));
+    body.append(term("h3", "stack_trace", {class: "sub"}), h("div", {class: "stack"}, collapsible(String(op.stack_trace), 120)));
   }
   if (withKernels) {
     const kernels = new DataTable({
@@ -137,7 +131,7 @@ export function showKernel(row, columns) {
     if (col.hidden && col.key !== "long_name") continue;
     const {text, title} = formatCell(col.type, row[col.key]);
     const long = text.length > 60;
-    dl.append(h("dt", {title: col.tooltip || definition(col.key) || ""}, displayLabel(col)),
+    dl.append(h("dt", columnLabelAttrs(col), displayLabel(col)),
       h("dd", {title, dataset: {field: col.key}, class: long ? "mono wrap" : ""}, text));
   }
   body.appendChild(dl);

@@ -27,6 +27,13 @@ export function fmtNum(v) {
 
 const UNITS = [[1e9, "s"], [1e6, "ms"], [1e3, "µs"]];
 
+/** The unit fmtNs shows a duration in: "s", "ms", "µs" or "ns". */
+export function unitOf(v) {
+  const a = Math.abs(Number(v)) || 0;
+  for (const [scale, unit] of UNITS) if (a >= scale) return unit;
+  return "ns";
+}
+
 /** A duration in ns in the most readable unit: 950 -> "950 ns", 30000 -> "30 µs", 1290000 -> "1.29 ms". */
 export function fmtNs(v) {
   if (isMissing(v)) return DASH;

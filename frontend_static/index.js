@@ -4,8 +4,9 @@
 import {getJSON, setErrorSink} from "./api.js";
 import {clear, h, loading, placeholder} from "./dom.js";
 import {clearDetails, initDetails, showOp} from "./details.js";
+import {loadTerms} from "./metrics.js";
 import {poll, setAggregationReloader} from "./jobs.js";
-import {VIEWS, currentAggregation, currentRun, state, subscribe, update} from "./state.js";
+import {VIEWS, currentAggregation, currentRun, runLabel, state, subscribe, update} from "./state.js";
 import {initTheme} from "./theme.js";
 import {URL_KEYS, readUrlState, writeUrlState} from "./urlstate.js";
 import * as dashboard from "./view_dashboard.js";
@@ -66,10 +67,13 @@ function buildNav() {
   ui.rank = select("rank-select", "Rank", "The rank (one profile of a multi-rank run) every view shows", (v) => selectRank(v));
   ui.domain = select("domain-select", "Domain", "NVTX domain whose ranges define the ops", (v) => update({domain: v}));
   ui.aggr = select("aggr-select", "Aggregation", "Key node and iteration range the statistics cover; re-aggregate from the Iterations view", (v) => update({aggr: v}));
-  ui.viewButtons = VIEWS.map((v) => h("button", {type: "button", class: "nav-item", dataset: {view: v.id}, onClick: () => update({view: v.id})}, v.label));
+  ui.viewButtons = VIEWS.map((v) => h("button", {type: "button", class: "nav-item", dataset: {view: v.id}, onClick: () => {
+    setNavOpen(false);
+    update({view: v.id});
+  }}, v.label));
   ui.runInfo = h("div", {class: "run-info"});
   ui.jobBadge = h("div", {class: "job-badge", hidden: true, role: "status"});
-  return h("aside", {class: "nav-pane", "aria-label": "Navigation"},
+  return h("aside", {class: "nav-pane", id: "nav-pane", "aria-label": "Navigation"},
     h("div", {class: "brand"}, logo(), h("div", {}, h("div", {class: "brand-name"}, "DLProf"), h("div", {class: "brand-sub"}, "Deep Learning Profiler"))),
     ui.run.wrap,
     ui.rank.wrap,
@@ -78,6 +82,12 @@ function buildNav() {
     ui.aggr.wrap,
     ui.jobBadge,
     ui.runInfo);
+}
+
+/** Open or close the collapsed navigation (narrow windows; on wide ones it is always shown). */
+function setNavOpen(open) {
+  ui.app.classList.toggle("nav-open", open);
+  ui.navToggle.setAttribute("aria-expanded", String(open));
 }
 
 function fillSelect(sel, options, value) {
@@ -92,7 +102,7 @@ function aggrLabel(a, newest) {
 }
 
 function renderNav() {
-  fillSelect(ui.run.el, state.runs.map((r) => ({value: r.run, label: r.run === "." ? "(logdir)" : r.run, title: r.database})), state.run);
+  fillSelect(ui.run.el, state.runs.map((r) => ({value: r.run, label: runLabel(r), title: r.database})), state.run);
   fillSelect(ui.rank.el, state.ranks.map((r) => ({value: r.rank, label: `Rank ${r.rank}`, title: r.source_file || ""})), state.rank);
   ui.rank.wrap.hidden = state.ranks.length <= 1;
   fillSelect(ui.domain.el, state.domains.map((d) => ({value: d.name, label: `${d.name}${d.is_primary ? " (primary)" : ""}`})), state.domain);
@@ -178,9 +188,9 @@ async function selectRun(run, wanted = {}) {
   saveUrl();
 }
 
-/** The Compare view's baseline from the URL (kept as it is when the URL names none). */
+/** The Compare view's baseline from the URL (none: the run's own, see view_compare.js). */
 function baselineFrom(wanted) {
-  return wanted.base_run ? {base_run: wanted.base_run, base_aggr: wanted.base_aggr} : {};
+  return {base_run: wanted.base_run || null, base_aggr: wanted.base_run ? wanted.base_aggr || null : null};
 }
 
 /** Show another rank: its NVTX domains (the same names, other ids), the current domain kept when it has it. */
@@ -214,7 +224,7 @@ function mountView() {
   ui.title.textContent = info.label;
   const a = currentAggregation();
   const rankPart = state.ranks.length > 1 && info.id !== "ranks" ? ` · rank ${state.rank}` : "";
-  ui.subtitle.textContent = a ? `${state.run === "." ? "" : `${state.run} · `}aggregation ${aggrLabel(a, state.newest)}${state.domain ? ` · domain ${state.domain}` : ""}${rankPart}` : "";
+  ui.subtitle.textContent = a ? `${currentRun() ? `${runLabel(currentRun())} · ` : ""}aggregation ${aggrLabel(a, state.newest)}${state.domain ? ` · domain ${state.domain}` : ""}${rankPart}` : "";
   clear(ui.view);
   ui.view.dataset.view = info.id;
   if (!state.run) {
@@ -259,7 +269,14 @@ export async function render() {
   ui.view = h("div", {id: "view", class: "view-host"});
   ui.details = h("section", {id: "details-pane", class: "details-pane", "aria-label": "Details", hidden: true});
   const main = h("main", {class: "main"}, ui.errors, h("header", {class: "view-header"}, ui.title, ui.subtitle), ui.view, ui.details);
-  ui.app = h("div", {id: "dlprof-app", class: "app"}, buildNav(), main);
+  // narrow windows: the navigation collapses into a rail whose button opens it over the page
+  const toggle = h("button", {type: "button", class: "nav-toggle icon-button", id: "nav-toggle", "aria-label": "Navigation",
+    "aria-expanded": "false", "aria-controls": "nav-pane", title: "Run, views, domain and aggregation",
+    onClick: () => setNavOpen(!ui.app.classList.contains("nav-open"))}, "☰");
+  const rail = h("div", {class: "nav-rail"}, toggle);
+  const backdrop = h("div", {class: "nav-backdrop", onClick: () => setNavOpen(false)});
+  ui.app = h("div", {id: "dlprof-app", class: "app"}, rail, buildNav(), backdrop, main);
+  ui.navToggle = toggle;
   clear(document.body).appendChild(ui.app);
   setErrorSink(showError);
   initDetails(ui.details);
@@ -274,7 +291,7 @@ export async function render() {
   ui.view.appendChild(loading("Loading runs…"));
   let runs;
   try {
-    runs = (await getJSON("runs")).runs || [];
+    [runs] = await Promise.all([getJSON("runs").then((d) => d.runs || []), loadTerms()]);
   } catch (err) {
     showError(err);
     clear(ui.view).appendChild(placeholder(`Could not list runs: ${err.message}`));

@@ -1,58 +1,34 @@
-// Definitions of every metric the UI shows (from DESIGN.md), used as tooltips.
+// Every label the UI shows and its one definition: dlprof_plugin/terms.py, served by the `terms` route and loaded
+// once before the first view. Labels are built with `term` / `termAttrs`, so each carries its definition as a
+// tooltip and `data-term` naming its entry (the browser tests check every label of every view against it).
 
-export const DEFINITIONS = {
-  wall_time: "Wall clock time of the aggregation: from the start of its first iteration (iteration 0 starts at the start of the capture) to the latest end of any op instance or GPU activity of its last iteration.",
-  tc_utilization: "Tensor Core kernel utilization: 100 × time of Tensor Core kernels / time of all kernels in Tensor-Core-eligible ops.",
-  gpu_utilization: "GPU utilization: share of the aggregation window (per GPU, averaged over visible GPUs) with a Tensor Core kernel, another kernel or a memory operation active.",
-  tc_duration_pct: "Share of the window when a Tensor Core kernel is active.",
-  non_tc_duration_pct: "Share of the window when a kernel not using Tensor Cores is active and no Tensor Core kernel is.",
-  memory_duration_pct: "Share of the window when a memory operation (memcpy / memset) is active and no kernel is.",
-  dataloader_duration_pct: "Share of the window spent in data-loading ranges (DataLoader iterator, DALI, IteratorGetNext) with no GPU work.",
-  io_duration_pct: "Share of the window spent in OS read/write calls (when traced) with no GPU work or data loading.",
-  cpu_duration_pct: "Share of the window when an op range of the process driving the GPU is active and nothing above is.",
-  other_duration_pct: "Share of the window with none of the above active.",
-  iter_total: "Number of iterations in the profile: key node instances + 1.",
-  iter_aggregated: "Number of iterations covered by this aggregation (Start to Stop, inclusive).",
-  iter_start: "First aggregated iteration (inclusive).",
-  iter_stop: "Last aggregated iteration (inclusive).",
-  avg_iteration_time: "Average iteration time: wall clock time / aggregated iterations.",
-  iteration_time_std_dev: "Standard deviation of the aggregated iterations' durations.",
-  key_node: "Key node: the op or NVTX range whose instances end the iterations.",
-  n_visible_gpus: "GPUs the profile saw.",
-  gpu_time: "GPU time: flattened duration of the op's GPU activities (kernels, memcpys, memsets), so concurrent activities count once.",
-  cpu_time: "CPU time: end − start of the op's ranges.",
-  cpu_overhead: "CPU overhead: CPU time minus the flattened time of CUDA API calls inside the range on its thread.",
-  gpu_idle: "GPU idle: (end of the last GPU activity − start of the first) minus the flattened GPU activity time.",
-  count_ops: "Number of distinct ops.",
-  count_kernels: "Number of distinct kernel names.",
-  ops_all: "Sums of the per-op totals over every op.",
-  ops_using_tc: "Ops with at least one kernel using Tensor Cores.",
-  ops_eligible_not_using: "Ops whose type can use Tensor Cores but whose kernels do not.",
-  ops_other: "Ops whose type cannot use Tensor Cores.",
-  kernels_all: "GPU time = kernel durations; CPU time = time of the launching API calls.",
-  kernels_tc: "Kernels whose names match the Tensor Core kernel patterns.",
-  kernels_memory: "Memory operations (memcpy, memset).",
-  kernels_other: "Kernels not using Tensor Cores.",
-  eligible_ops: "Ops whose type is in the framework's list of Tensor-Core-eligible op types.",
-  using_tc_ops: "Eligible ops with at least one kernel using Tensor Cores.",
-  eligible_not_using_ops: "Eligible ops none of whose kernels uses Tensor Cores.",
-  iteration: "Iteration number; iteration k is the interval between the ends of key node instances k and k+1.",
-  duration: "Iteration duration (end − start).",
-  start: "Start of the iteration on the capture clock.",
-  kernels: "Kernel launches in the iteration.",
-  tc_kernels: "Kernel launches using Tensor Cores in the iteration.",
-  kernel_time_per_gpu: "Kernel time per GPU in the iteration (averaged over GPUs); the bar shows its share of the iteration's duration.",
-  tc_kernel_time_per_gpu: "Tensor Core kernel time per GPU in the iteration; the bar shows its share of the iteration's kernel time.",
-  tc_time: "Time with a Tensor Core kernel active.",
-  non_tc_time: "Time with another kernel active and no Tensor Core kernel.",
-  memory_time: "Time with a memory operation (memcpy / memset) active and no kernel.",
-  dataloader_time: "Time in data-loading ranges with no GPU work.",
-  io_time: "Time in OS read/write calls (when traced) with no GPU work or data loading.",
-  cpu_time_class: "Time with an op range of the process driving the GPU (every process without a GPU) active and nothing above.",
-  other_time: "Time with none of the classes above active (idle).",
-  outside: "Iteration outside the aggregation's range.",
-};
+import {getJSON} from "./api.js";
+import {h} from "./dom.js";
 
+let TERMS = {};
+
+/** Load the terms (before anything is drawn). */
+export async function loadTerms() {
+  TERMS = (await getJSON("terms")).terms || {};
+}
+
+/** The label of a term ("" for an unknown one, which the tests catch). */
+export function label(key) {
+  return (TERMS[key] || {}).label || "";
+}
+
+/** The definition of a term: the tooltip of its label. */
 export function definition(key) {
-  return DEFINITIONS[key] || "";
+  return (TERMS[key] || {}).definition || "";
+}
+
+/** Attributes of an element showing the label of `key` (merged with `attrs`; `title` adds to the definition). */
+export function termAttrs(key, attrs = {}) {
+  const title = [definition(key), attrs.title].filter(Boolean).join("\n");
+  return {...attrs, title, dataset: {...(attrs.dataset || {}), term: key}};
+}
+
+/** An element whose text is the label of `key`, its definition as tooltip. */
+export function term(tag, key, attrs = {}) {
+  return h(tag, termAttrs(key, attrs), label(key));
 }

@@ -61,6 +61,17 @@ export function currentRun() {
   return state.runs.find((r) => r.run === state.run) || null;
 }
 
+/** A run as TensorBoard names it (its folder below the logdir); the logdir's own run by its profile's name. */
+export function runLabel(r) {
+  if (!r) return "";
+  return r.run === "." ? r.profile_name || "(logdir)" : r.run;
+}
+
+/** The label of a run by its name. */
+export function runLabelOf(name) {
+  return runLabel(state.runs.find((r) => r.run === name) || {run: name});
+}
+
 export function currentAggregation() {
   return state.aggregations.find((a) => String(a.aggr_id) === String(state.aggr)) || null;
 }

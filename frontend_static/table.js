@@ -3,8 +3,7 @@
 
 import {getJSON, reportError, routeUrl} from "./api.js";
 import {clear, debounce, h} from "./dom.js";
-import {fmtInt, formatCell, isNumericType, plainCell} from "./format.js";
-import {definition} from "./metrics.js";
+import {fmtInt, formatCell, isNumericType, plainCell, unitOf} from "./format.js";
 
 const PAGE_SIZES = [10, 25, 50, 100];
 const COLLAPSE_AT = 80;        // characters before a cell is collapsed behind "See More"
@@ -17,36 +16,54 @@ function exportRows(data, fallbackColumns) {
   return {columns: (data && data.columns) || fallbackColumns || [], rows: (data && data.rows) || []};
 }
 
-/** Column label for display: values carry their units (humane durations, "%"), so DLProf's " (ns)" / " (%)"
- * suffixes go; exports keep them. */
-export function displayLabel(col, overrides = {}) {
-  if (overrides[col.key]) return overrides[col.key];
-  const label = col.label || col.key;
-  if (col.type === "ns") return label.replace(/\s*\(ns\)$/, "");
-  if (col.type === "pct") return label.replace(/\s*\(%\)$/, "");
-  return label;
+/** Column label for display: the column's term (dlprof_plugin/terms.py); exports keep DLProf's header. */
+export function displayLabel(col) {
+  return col.display || col.label || col.key;
 }
 
-function filterPlaceholder(type) {
-  if (type === "bool") return "1/0";
-  if (isNumericType(type)) return ">N, N..M";
-  return "Search";
+/** Attributes of a column's label: its term and definition. */
+export function columnLabelAttrs(col, extraTitle = "") {
+  return {title: [col.tooltip || "", extraTitle].filter(Boolean).join("\n"), dataset: {term: col.term || col.key}};
 }
 
-// The per-column search grammar of http_api.md, checked before asking the server.
-const NUM = String.raw`[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?`;
-const NUM_FILTER = new RegExp(String.raw`^\s*(?:(?:>=|<=|>|<|=)?\s*${NUM}|${NUM}\s*\.\.\s*${NUM})\s*$`);
-const BOOL_FILTER = /^\s*(?:1|0|yes|no|true|false)\s*$/i;
+// A number of a column filter and its unit, as typed (`500us`, `1.5 s`, `20%`, `3`).
+const FILTER_NUMBER = /([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)(\s*(?:ns|us|µs|μs|ms|s|%)(?![A-Za-z]))?/gi;
+const UNIT_TEXT = {"µs": "us"};   // what the server's filter grammar spells (http_api.md)
 
-/** Why a per-column search text is not valid for a column type ("" when it is). */
-export function filterProblem(type, value) {
-  if (!value) return "";
-  if (type === "bool") return BOOL_FILTER.test(value) ? "" : "Use yes or no (1 or 0).";
-  if (isNumericType(type)) {
-    if (NUM_FILTER.test(value)) return "";
-    return `Use a number: N, >N, <N, >=N, <=N or N..M${type === "ns" ? " (in ns)" : type === "pct" ? " (in %)" : ""}.`;
+/** The unit a duration column is read in: that of its largest value on the first page the table showed (the
+ * cells give each value its own unit; a number typed without one is read in this one, as the hint says). */
+export function durationUnit(values) {
+  const largest = Math.max(0, ...values.filter((v) => v !== null && v !== undefined).map((v) => Math.abs(Number(v)) || 0));
+  return unitOf(largest);
+}
+
+/** A column filter as the server reads it: plain numbers of a duration column get the column's unit. */
+export function serverFilter(col, value, unit) {
+  if (col.type !== "ns" || !unit) return value;
+  // each bound of a range on its own (the dots of `..` are no decimal point)
+  return value.split("..").map((part) => part.replace(FILTER_NUMBER, (all, number, given) =>
+    (given ? all : `${number}${UNIT_TEXT[unit] || unit}`))).join("..");
+}
+
+/** What a column's filter accepts, said in its tooltip and under it when the server refuses one. */
+export function filterHint(col, unit) {
+  const grammar = "N, >N, <N, >=N, <=N or N..M";
+  if (col.type === "ns") {
+    return `Use ${grammar}: durations with their unit (ns, µs or us, ms, s), e.g. >1ms, 500us..2ms, <1.5 s; ` +
+      `a number alone is in ${unit}, this column's unit.`;
   }
+  if (col.type === "pct") return `Use ${grammar}: percentages, e.g. >20% or 10..30 (a number alone is in %).`;
+  if (col.type === "bool") return "Use yes or no (1 or 0).";
+  if (isNumericType(col.type)) return `Use ${grammar}, e.g. >10 or 2..5.`;
   return "";
+}
+
+function filterPlaceholder(col, unit) {
+  if (col.type === "bool") return "yes/no";
+  if (col.type === "ns") return `>1${unit}, 2..5`;
+  if (col.type === "pct") return ">20%, 10..30";
+  if (isNumericType(col.type)) return ">N, N..M";
+  return "Search";
 }
 
 export class DataTable {
@@ -57,11 +74,13 @@ export class DataTable {
    *        exportName, emptyText, rowKey, caption}
    */
   constructor(opts) {
-    this.opts = {pageSize: 10, selectable: false, renderers: {}, hidden: [], labels: {}, emptyText: "No data.", ...opts};
+    this.opts = {pageSize: 10, selectable: false, renderers: {}, hidden: [], emptyText: "No data.", ...opts};
     this.name = opts.route.replace(/^table\//, "");
     this.extra = opts.extra === undefined ? {} : opts.extra;
     this.q = "";
     this.cols = {};
+    this.applied = {};   // the column filters of the rows shown
+    this.units = {};   // column key -> the unit its plain filter numbers are read in
     this.offset = 0;
     this.limit = this.opts.pageSize;
     this.sort = null;
@@ -155,7 +174,10 @@ export class DataTable {
       p.order = this.order;
     }
     if (this.q) p.q = this.q;
-    for (const [key, value] of Object.entries(this.cols)) if (value) p[`col.${key}`] = value;
+    for (const [key, value] of Object.entries(this.cols)) {
+      const col = (this.columns || []).find((c) => c.key === key);
+      if (value) p[`col.${key}`] = col ? serverFilter(col, value, this.units[key]) : value;
+    }
     return p;
   }
 
@@ -175,8 +197,9 @@ export class DataTable {
       const column = err.status === 400 ? this.filterColumnOf(err.message) : null;
       if (column !== null) {
         // a search the server refused: said at its filter; the last rows stay
-        this.showFilterError(column, err.message);
-        delete this.cols[column];
+        const col = this.columns.find((c) => c.key === column);
+        this.showFilterError(column, filterHint(col, this.units[column]) || err.message);
+        this.cols = {...this.applied};   // the filters the rows shown were found with
         this.el.dataset.state = this.answer ? "ready" : "error";
         if (this.answer) return;
       }
@@ -189,12 +212,17 @@ export class DataTable {
     }
     if (seq !== this.seq) return;   // a newer request superseded this one
     this.answer = answer;
+    this.applied = {...this.cols};
     this.sort = answer.sort || this.sort;
     this.order = answer.order || this.order;
     const signature = (answer.columns || []).map((c) => c.key).join("|");
     if (signature !== this.signature) {
       this.columns = answer.columns || [];
       this.signature = signature;
+      this.units = {};
+      (this.columns).forEach((c, i) => {
+        if (c.type === "ns") this.units[c.key] = durationUnit((answer.rows || []).map((r) => r[i]));
+      });
       this.renderHead();
     } else {
       this.updateSortIndicators();
@@ -215,30 +243,27 @@ export class DataTable {
     const titles = h("tr", {class: "dt-head"});
     const filters = h("tr", {class: "dt-filters"});
     for (const col of cols) {
-      const tip = [col.tooltip || definition(col.key) || "", col.type === "ns" ? "Exact value in ns on hover; exports keep ns." : ""].filter(Boolean).join("\n");
-      const label = displayLabel(col, this.opts.labels);
+      const label = displayLabel(col);
+      const extra = col.type === "ns" ? "Exact value in ns on hover; exports keep ns." : "";
       const head = col.sortable === false
-        ? h("span", {class: "dt-label", title: tip}, label)
-        : h("button", {type: "button", class: "dt-sort", title: tip ? `${tip}\n(click to sort)` : "Click to sort", onClick: () => this.toggleSort(col)},
+        ? h("span", {class: "dt-label"}, label)
+        : h("button", {type: "button", class: "dt-sort", "aria-label": `${label}: sort`, onClick: () => this.toggleSort(col)},
           h("span", {class: "dt-label"}, label), h("span", {class: "dt-arrow", "aria-hidden": "true"}));
-      titles.appendChild(h("th", {scope: "col", dataset: {key: col.key, type: col.type}, class: isNumericType(col.type) ? "num" : ""}, head));
+      titles.appendChild(h("th", {scope: "col", ...columnLabelAttrs(col, [extra, col.sortable === false ? "" : "(click to sort)"].filter(Boolean).join("\n")),
+        dataset: {key: col.key, type: col.type, term: col.term || col.key}, class: isNumericType(col.type) ? "num" : ""}, head));
       if (col.filterable === false) {
         filters.appendChild(h("th", {}));
         continue;
       }
       const errorId = `${this.id}-f-${col.key}`;
-      const input = h("input", {type: "search", class: "dt-col-search", placeholder: filterPlaceholder(col.type), "aria-label": `Search ${label}`,
-        title: col.type === "ns" ? "Nanoseconds: N, >N, <N, >=N, <=N or N..M" : "", value: this.cols[col.key] || "", dataset: {key: col.key}});
+      const unit = this.units[col.key];
+      const input = h("input", {type: "search", class: "dt-col-search", placeholder: filterPlaceholder(col, unit), "aria-label": `Search ${label}`,
+        title: filterHint(col, unit), value: this.cols[col.key] || "", dataset: {key: col.key, unit: unit || ""}});
       input.addEventListener("input", debounce(() => {
         const value = input.value.trim();
-        const problem = filterProblem(col.type, value);
-        if (problem) {
-          this.showFilterError(col.key, problem);   // the rows of the last valid search stay
-          return;
-        }
         this.showFilterError(col.key, "");
         if ((this.cols[col.key] || "") === value) return;
-        this.cols[col.key] = value;
+        this.cols[col.key] = value;   // the server checks it (a refusal is said here, the rows stay)
         this.offset = 0;
         this.reload();
       }, 250));
@@ -319,7 +344,8 @@ export class DataTable {
     const {text, title} = formatCell(col.type, value);
     const long = col.type === "multiline" || (col.type === "text" && text.length > COLLAPSE_AT);
     if (!long || (col.type === "multiline" && !text.includes("\n") && text.length <= COLLAPSE_AT)) {
-      if (text.length > 24) return h("div", {class: "wrap-cell", title}, text);
+      // rows stay one line tall: a long text is cut at the cell's width, whole in its tooltip
+      if (text.length > 24) return h("span", {class: "clip-cell", title: title || text}, text);
       return title ? h("span", {title}, text) : text;
     }
     return collapsible(text);
@@ -342,6 +368,12 @@ export class DataTable {
       }
       if (this.opts.selectable) {
         tr.tabIndex = 0;
+        // a click focuses the row without scrolling the table sideways to it (its start would leave the view)
+        tr.addEventListener("mousedown", (ev) => {
+          if (ev.button !== 0 || ev.target.closest("button, a, input")) return;
+          ev.preventDefault();
+          tr.focus({preventScroll: true});
+        });
         const select = () => this.select(tr, obj);
         tr.addEventListener("click", (ev) => {
           if (ev.target.closest("button")) return;
@@ -481,7 +513,7 @@ export class DataTable {
     const subtitle = [scope.run ? `Run ${scope.run}` : "", scope.aggr ? `aggregation ${scope.aggr}` : "",
       filters.length ? `filtered by ${filters.join(", ")}` : "", `${fmtInt(data.rows.length)} rows`,
       data.rows.length > PRINT_LIMIT ? `first ${fmtInt(PRINT_LIMIT)} shown` : ""].filter(Boolean).join(" · ");
-    const labelled = cols.map((c) => ({...c, displayLabel: displayLabel(c, this.opts.labels)}));
+    const labelled = cols.map((c) => ({...c, displayLabel: displayLabel(c)}));
     openPrintView(this.opts.title || this.opts.exportName || this.name, subtitle, labelled, rows.map((row) => idx.map((i, j) => formatCell(cols[j].type, row[i]).text)));
   }
 }
@@ -528,6 +560,24 @@ export async function copyText(text) {
   return ok;
 }
 
+const PAGE_WIDTH_PX = 1040;   // an A4 or Letter page in landscape, within its margins (style.css @page)
+
+/** The print table's font, small enough for its narrowest layout (every word of every header whole, style.css)
+ * to fit the page's width. */
+function fitToPage(table) {
+  table.style.width = "min-content";
+  let size = 10.5;
+  table.style.fontSize = `${size}px`;
+  // (the cells' padding does not scale with the font: a few steps down after the first estimate)
+  size = Math.floor(Math.min(10.5, (10.5 * PAGE_WIDTH_PX) / Math.max(1, table.scrollWidth)) * 2) / 2;
+  while (size > 6) {
+    table.style.fontSize = `${size}px`;
+    if (table.scrollWidth <= PAGE_WIDTH_PX) break;
+    size -= 0.5;
+  }
+  table.style.width = "";
+}
+
 /** A print-styled table over the page, then the browser's print dialog (Save as PDF). */
 export function openPrintView(title, subtitle, columns, rows) {
   const old = document.getElementById("print-view");
@@ -547,6 +597,7 @@ export function openPrintView(title, subtitle, columns, rows) {
       h("tbody", {}, rows.map((r) => h("tr", {}, r.map((v) => h("td", {}, v)))))));
   document.body.appendChild(view);
   document.body.classList.add("printing");
+  fitToPage(view.querySelector(".print-table"));
   window.addEventListener("afterprint", close, {once: true});
   setTimeout(() => window.print(), 50);
   return view;

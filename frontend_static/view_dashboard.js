@@ -2,50 +2,42 @@
 
 import {actionControls} from "./actions.js";
 import {tryGet} from "./api.js";
-import {COLORS, donut, iterationBars, iterationLegend, legend} from "./charts.js";
+import {COLORS, TIME_CLASSES, donut, iterationBars, iterationLegend, legend} from "./charts.js";
 import {showOp} from "./details.js";
 import {card, h, loading, placeholder, replace} from "./dom.js";
 import {fmtBool, fmtInt, fmtNs, fmtNsExact, fmtPct} from "./format.js";
-import {definition} from "./metrics.js";
+import {definition, term} from "./metrics.js";
 import {isPyTorch, scope, state} from "./state.js";
-import {tensorBoardBody} from "./theme.js";
 
-export const BREAKDOWN = [
-  {key: "tc", field: "tc_duration_pct", label: "Tensor Core kernels"},
-  {key: "non_tc", field: "non_tc_duration_pct", label: "Non-Tensor Core kernels"},
-  {key: "memory", field: "memory_duration_pct", label: "Memory"},
-  {key: "dataloader", field: "dataloader_duration_pct", label: "Dataloader"},
-  {key: "io", field: "io_duration_pct", label: "I/O"},
-  {key: "cpu", field: "cpu_duration_pct", label: "CPU"},
-  {key: "other", field: "other_duration_pct", label: "Other"},
-];
+/** The time classes of the summary (the `*_duration_pct` fields), in stacking order (charts.TIME_CLASSES). */
+export const BREAKDOWN = TIME_CLASSES.map((c) => ({key: c.key, term: c.term, field: `${c.key}_duration_pct`}));
 
-function metric(label, value, key, {exact, emphasis} = {}) {
-  return h("div", {class: ["metric", emphasis ? "emphasis" : ""], dataset: {metric: key}, title: definition(key)},
-    h("div", {class: "metric-label"}, label),
+function metric(key, value, {exact, emphasis, metricKey} = {}) {
+  return h("div", {class: ["metric", emphasis ? "emphasis" : ""], dataset: {metric: metricKey || key}, title: definition(key)},
+    term("div", key, {class: "metric-label"}),
     h("div", {class: "metric-value", title: exact || ""}, value));
 }
 
 function gpuUtilization(summary) {
   const {card: c, body} = card("GPU Utilization", {tooltip: definition("gpu_utilization"), id: "panel-gpu-utilization"});
   body.appendChild(donut(BREAKDOWN.map((b) => ({
-    key: b.key, label: b.label, value: summary[b.field], color: COLORS[b.key], title: `${b.label}: ${fmtPct(summary[b.field])} — ${definition(b.field)}`,
+    key: b.key, term: b.term, value: summary[b.field], color: COLORS[b.key],
   })), {center: fmtPct(summary.gpu_utilization), centerSub: "GPU utilization", ariaLabel: "Time breakdown"}));
   return c;
 }
 
-function summaryTable(rows, countLabel, id, title, tooltip) {
+/** A summary panel: rows [term, figures] under the columns [term, field, format]. */
+function summaryTable(rows, columns, id, title, tooltip) {
   const {card: c, body} = card(title, {tooltip, id});
+  const cell = (data, field, fmt) => {
+    const v = data && data[field];
+    return fmt === "ns" ? h("td", {class: "num", title: fmtNsExact(v)}, fmtNs(v)) : h("td", {class: "num"}, fmtInt(v));
+  };
   body.appendChild(h("table", {class: "kv-table summary-table"},
-    h("thead", {}, h("tr", {}, h("th", {}, ""),
-      h("th", {class: "num", title: definition("gpu_time")}, "GPU Time"),
-      h("th", {class: "num", title: definition("cpu_time")}, "CPU Time"),
-      h("th", {class: "num", title: definition(countLabel[1])}, countLabel[0]))),
-    h("tbody", {}, rows.map(([label, data, key]) => h("tr", {dataset: {row: key}},
-      h("th", {scope: "row", title: definition(key)}, label),
-      h("td", {class: "num", title: fmtNsExact(data && data.gpu_time)}, fmtNs(data && data.gpu_time)),
-      h("td", {class: "num", title: fmtNsExact(data && data.cpu_time)}, fmtNs(data && data.cpu_time)),
-      h("td", {class: "num"}, fmtInt(data && data.count)))))));
+    h("thead", {}, h("tr", {}, h("th", {}, ""), columns.map(([key]) => term("th", key, {class: "num"})))),
+    h("tbody", {}, rows.map(([key, data]) => h("tr", {dataset: {row: key}},
+      term("th", key, {scope: "row"}),
+      columns.map(([, field, fmt]) => cell(data, field, fmt)))))));
   return c;
 }
 
@@ -54,13 +46,13 @@ function tensorCorePanel(tc) {
   const util = Number(tc.tc_utilization) || 0;
   body.appendChild(h("div", {class: "tc-panel"},
     donut([
-      {key: "tc", label: "Tensor Core kernels", value: util, color: COLORS.tc},
-      {key: "non_tc", label: "Other kernels of eligible ops", value: Math.max(0, 100 - util), color: COLORS.other},
+      {key: "tc", term: "kernels_tc", value: util, color: COLORS.tc},
+      {key: "non_tc", term: "kernels_other", value: Math.max(0, 100 - util), color: COLORS.other},
     ], {center: fmtPct(util), centerSub: "TC kernels", legend: false, size: 160, ariaLabel: "Tensor Core kernel utilization"}),
     h("div", {class: "tc-counts"},
-      metric("Ops eligible for Tensor Cores", fmtInt(tc.eligible_ops), "eligible_ops"),
-      metric("Eligible ops using Tensor Cores", fmtInt(tc.using_tc_ops), "using_tc_ops"),
-      metric("Eligible ops not using Tensor Cores", fmtInt(tc.eligible_not_using_ops), "eligible_not_using_ops"))));
+      metric("eligible_ops", fmtInt(tc.eligible_ops)),
+      metric("using_tc_ops", fmtInt(tc.using_tc_ops)),
+      metric("ops_eligible_not_using", fmtInt(tc.eligible_not_using_ops), {metricKey: "eligible_not_using_ops"}))));
   return c;
 }
 
@@ -68,33 +60,33 @@ function performancePanel(sm) {
   const {card: c, body} = card("Performance Summary", {id: "panel-performance"});
   const range = `${fmtInt(sm.iter_start)} – ${fmtInt(sm.iter_stop)}`;
   body.appendChild(h("div", {class: "metrics"},
-    metric("Wall Clock Time", fmtNs(sm.wall_time), "wall_time", {exact: fmtNsExact(sm.wall_time), emphasis: true}),
-    metric("Tensor Core Kernel Utilization", fmtPct(sm.tc_utilization), "tc_utilization", {emphasis: true}),
-    metric("GPU Utilization", fmtPct(sm.gpu_utilization), "gpu_utilization", {emphasis: true}),
-    metric("Total Iterations", fmtInt(sm.iter_total), "iter_total"),
-    metric("Aggregated Iterations", fmtInt(sm.iter_aggregated), "iter_aggregated"),
-    metric("Iteration Range", range, "iter_range"),
-    metric("Average Iteration Time", fmtNs(sm.avg_iteration_time), "avg_iteration_time", {exact: fmtNsExact(sm.avg_iteration_time)}),
-    metric("Iteration Time Std. Dev.", fmtNs(sm.iteration_time_std_dev), "iteration_time_std_dev", {exact: fmtNsExact(sm.iteration_time_std_dev)}),
-    metric("GPUs", fmtInt(sm.n_visible_gpus), "n_visible_gpus")));
-  body.appendChild(h("div", {class: ["key-node", sm.key_found === 0 || sm.key_found === false ? "warn" : ""], dataset: {metric: "key_node"}, title: definition("key_node")},
-    h("span", {class: "metric-label"}, "Key node"), h("code", {}, sm.key_node || "(none)"),
-    sm.key_found === 0 || sm.key_found === false ? h("span", {class: "badge warn"}, "not found") : null));
-  c.querySelector('[data-metric="iter_range"]').title = "Aggregated iterations, Start – Stop (inclusive).";
+    metric("wall_time", fmtNs(sm.wall_time), {exact: fmtNsExact(sm.wall_time), emphasis: true}),
+    metric("tc_utilization", fmtPct(sm.tc_utilization), {emphasis: true}),
+    metric("gpu_utilization", fmtPct(sm.gpu_utilization), {emphasis: true}),
+    metric("iter_total", fmtInt(sm.iter_total)),
+    metric("iter_aggregated", fmtInt(sm.iter_aggregated)),
+    metric("iter_range", range),
+    metric("avg_iteration_time", fmtNs(sm.avg_iteration_time), {exact: fmtNsExact(sm.avg_iteration_time)}),
+    metric("iteration_time_std_dev", fmtNs(sm.iteration_time_std_dev), {exact: fmtNsExact(sm.iteration_time_std_dev)}),
+    metric("n_visible_gpus", fmtInt(sm.n_visible_gpus))));
+  const notFound = sm.key_found === 0 || sm.key_found === false;
+  body.appendChild(h("div", {class: ["key-node", notFound ? "warn" : ""], dataset: {metric: "key_node"}, title: definition("key_node")},
+    term("span", "key_node", {class: "metric-label"}), h("code", {}, sm.key_node || "(none)"),
+    notFound ? h("span", {class: "badge warn"}, "not found") : null));
   return c;
 }
 
 function iterationPanel(data) {
   const sm = data.summary || {};
   const {card: c, body} = card("Iteration Summary", {id: "panel-iterations", wide: true,
-    tooltip: "Per iteration: the time breakdown's classes (Tensor Core kernels, other kernels, memory, data loading, I/O, CPU, other); the aggregated range is shaded."});
+    tooltip: "Per iteration: the time breakdown's classes (busy wall time); the aggregated range is shaded."});
   const its = data.iterations || [];
   if (!its.length) {
     body.appendChild(placeholder("No iterations."));
     return c;
   }
   body.appendChild(iterationBars(its, {range: [sm.iter_start, sm.iter_stop], height: 220, ariaLabel: "Iteration summary"}));
-  body.appendChild(legend(iterationLegend(its, definition)));
+  body.appendChild(legend(iterationLegend(its)));
   return c;
 }
 
@@ -107,19 +99,17 @@ function topOpsPanel(data) {
   }
   const pt = isPyTorch();
   const cols = [
-    ["op_id", "Op ID", ""], ["op_name", "Op Name", ""], pt ? ["direction", "Direction", ""] : null, ["op_type", "Op Type", ""],
-    ["num_calls", "No. Calls", "num"], ["gpu_total", "GPU Time", "ns"], ["cpu_total", "CPU Time", "ns"],
-    ["tc_eligible", "TC Eligible", "bool"], ["using_tc", "Using TC", "bool"],
+    ["op_id", ""], ["op_name", ""], pt ? ["direction", ""] : null, ["op_type", ""],
+    ["num_calls", "num"], ["gpu_total", "ns"], ["cpu_total", "ns"], ["tc_eligible", "bool"], ["using_tc", "bool"],
   ].filter(Boolean);
-  const tips = {gpu_total: definition("gpu_time"), cpu_total: definition("cpu_time"), tc_eligible: definition("eligible_ops"),
-    using_tc: definition("using_tc_ops")};
   const maxGpu = Math.max(1, ...ops.map((o) => Number(o.gpu_total) || 0));
   const table = h("table", {class: "dt selectable top-ops"},
-    h("thead", {}, h("tr", {}, h("th", {class: "num"}, "#"), cols.map(([k, label, t]) => h("th", {class: t === "num" || t === "ns" ? "num" : "", title: tips[k] || ""}, label)))),
+    h("thead", {}, h("tr", {}, term("th", "top_rank", {class: "num"}),
+      cols.map(([k, t]) => term("th", k, {class: t === "num" || t === "ns" ? "num" : ""})))),
     h("tbody", {}, ops.map((op, i) => {
       const tr = h("tr", {tabindex: 0, dataset: {opIndex: op.op_index}},
         h("td", {class: "num rank"}, String(i + 1)),
-        cols.map(([k, , t]) => {
+        cols.map(([k, t]) => {
           if (t === "ns") {
             const bar = k === "gpu_total" ? h("span", {class: "inline-bar", style: {width: `${(100 * (Number(op[k]) || 0)) / maxGpu}%`}}) : null;
             return h("td", {class: "num", title: fmtNsExact(op[k]), dataset: {key: k}}, bar ? h("span", {class: "bar-cell"}, bar, h("span", {}, fmtNs(op[k]))) : fmtNs(op[k]));
@@ -127,8 +117,8 @@ function topOpsPanel(data) {
           if (t === "num") return h("td", {class: "num", dataset: {key: k}}, fmtInt(op[k]));
           if (t === "bool") return h("td", {dataset: {key: k}}, fmtBool(op[k]));
           const text = op[k] ?? "";
-          const wrap = k !== "op_id" && String(text).length > 24;
-          return h("td", {dataset: {key: k}, class: k === "op_name" ? "mono" : ""}, wrap ? h("div", {class: "wrap-cell compact"}, text) : text);
+          const clip = k !== "op_id" && String(text).length > 24;
+          return h("td", {dataset: {key: k}, class: k === "op_name" ? "mono" : ""}, clip ? h("span", {class: "clip-cell", title: text}, text) : text);
         }));
       const pick = () => {
         for (const other of table.querySelectorAll("tr.selected")) other.classList.remove("selected");
@@ -152,17 +142,14 @@ function topOpsPanel(data) {
 function systemPanel(sys) {
   const {card: c, body} = card("System Configuration", {id: "panel-system"});
   const rows = [
-    ["GPU Count", fmtInt(sys.gpu_count)],
-    ["GPU Name(s)", Array.isArray(sys.gpu_names) ? sys.gpu_names.join(", ") : sys.gpu_names],
-    ["CPU Model", sys.cpu_model], ["GPU Driver Version", sys.driver_version], ["Framework", sys.framework],
-    ["CUDA Version", sys.cuda_version], ["Nsight Systems Version", sys.nsys_version], ["DLProf Version", sys.dlprof_version, "dlprof_version"],
-    ["DLProf Plugin Version", sys.plugin_version, "plugin_version"],
-    ["TensorBoard Version", sys.tensorboard_version, "tensorboard_version"],
+    ["gpu_count", fmtInt(sys.gpu_count)],
+    ["gpu_names", Array.isArray(sys.gpu_names) ? sys.gpu_names.join(", ") : sys.gpu_names],
+    ["cpu_model", sys.cpu_model], ["driver_version", sys.driver_version], ["framework", sys.framework],
+    ["cuda_version", sys.cuda_version], ["nsys_version", sys.nsys_version], ["dlprof_version", sys.dlprof_version],
+    ["plugin_version", sys.plugin_version], ["tensorboard_version", sys.tensorboard_version],
   ];
-  const tips = {dlprof_version: "The dlprof that analysed this profile", plugin_version: "The DLProf plugin serving this page",
-    tensorboard_version: tensorBoardBody() ? "The TensorBoard serving this page" : "The TensorBoard installed with dlprofviewer (which serves this page)"};
-  body.appendChild(h("dl", {class: "kv"}, rows.map(([k, v, key]) => [h("dt", {title: tips[key] || ""}, k),
-    h("dd", {dataset: {field: key || ""}}, v === null || v === undefined || v === "" ? "—" : String(v))])));
+  body.appendChild(h("dl", {class: "kv"}, rows.map(([key, v]) => [term("dt", key),
+    h("dd", {dataset: {field: key}}, v === null || v === undefined || v === "" ? "—" : String(v))])));
   return c;
 }
 
@@ -216,12 +203,12 @@ export function mount(el) {
       performancePanel(sm),
       gpuUtilization(sm),
       tensorCorePanel({tc_utilization: sm.tc_utilization, ...(data.tensor_core || {})}),
-      summaryTable([["All ops", os.all, "ops_all"], ["Ops using Tensor Cores", os.using_tc, "ops_using_tc"],
-        ["Eligible, not using TC", os.eligible_not_using, "ops_eligible_not_using"], ["All other ops", os.other, "ops_other"]],
-      ["# Ops", "count_ops"], "panel-op-summary", "Op Summary", "Ops by Tensor Core use: sums of the per-op totals."),
-      summaryTable([["All kernels", ks.all, "kernels_all"], ["Kernels using Tensor Cores", ks.tc, "kernels_tc"],
-        ["Memory", ks.memory, "kernels_memory"], ["All other kernels", ks.other, "kernels_other"]],
-      ["# Kernels", "count_kernels"], "panel-kernel-summary", "Kernel Summary", "Kernels by class: GPU time = kernel durations, CPU time = launching API time, count = distinct names."),
+      summaryTable([["ops_all", os.all], ["ops_using_tc", os.using_tc], ["ops_eligible_not_using", os.eligible_not_using],
+        ["ops_other", os.other]], [["gpu_total", "gpu_time", "ns"], ["cpu_total", "cpu_time", "ns"], ["num_ops", "count"]],
+      "panel-op-summary", "Op Summary", "Ops by Tensor Core use: sums of the per-op totals."),
+      summaryTable([["kernels_all", ks.all], ["kernels_tc", ks.tc], ["kernels_memory", ks.memory], ["kernels_other", ks.other]],
+        [["kernel_time", "gpu_time", "ns"], ["api_time_total", "cpu_time", "ns"], ["kernel_count", "count"]],
+        "panel-kernel-summary", "Kernel Summary", "Kernels and memory operations by class: the sums of their durations, of their launching API calls' durations, and their distinct names."),
       systemPanel(data.system || {}),
       iterationPanel(data),
       topOpsPanel(data),

@@ -3,9 +3,8 @@
 import {getJSON, reportError} from "./api.js";
 import {card, clear, h, loading, placeholder} from "./dom.js";
 import {formatCell, isNumericType} from "./format.js";
-import {definition} from "./metrics.js";
 import {scope} from "./state.js";
-import {DataTable, displayLabel} from "./table.js";
+import {DataTable, columnLabelAttrs, displayLabel} from "./table.js";
 
 const TREE_KEYS = ["name", "num_calls", "num_ops", "num_tc_eligible", "num_using_tc", "cpu_total", "gpu_total", "gpu_avg", "overhead_total", "idle_total"];
 
@@ -15,7 +14,7 @@ function shortName(name, parent) {
 }
 
 export function mount(el) {
-  const tree = card("Module Hierarchy", {wide: true, id: "group-tree", tooltip: "Group nodes of the op-name tree (modules and scopes); expand a node for its children. Times are statistics over iterations."});
+  const tree = card("Module Hierarchy", {wide: true, id: "group-tree", tooltip: "Group nodes of the op-name tree (modules and scopes); expand a node for its children. Times are statistics over the iterations (per iteration, flattened)."});
   const flat = card("All Group Nodes", {wide: true, id: "group-table"});
   el.append(tree.card, flat.card);
   const table = new DataTable({route: "table/group_ops", scope, exportName: "group_ops", pageSize: 10});
@@ -32,7 +31,7 @@ export function mount(el) {
       const all = data.columns || [];
       columns = all.filter((c) => TREE_KEYS.includes(c.key) && !c.hidden);
       if (!columns.length) columns = all.filter((c) => !c.hidden);
-      clear(thead).appendChild(h("tr", {}, columns.map((c) => h("th", {class: isNumericType(c.type) ? "num" : "", title: c.tooltip || definition(c.key) || ""}, displayLabel(c)))));
+      clear(thead).appendChild(h("tr", {}, columns.map((c) => h("th", {class: isNumericType(c.type) ? "num" : "", ...columnLabelAttrs(c)}, displayLabel(c)))));
     }
     const idx = new Map((data.columns || []).map((c, i) => [c.key, i]));
     return (data.rows || []).map((r) => Object.fromEntries([...idx.entries()].map(([k, i]) => [k, r[i]])));

@@ -4,12 +4,12 @@
 // iterations of its split); an aggregation that exists already is offered instead of a duplicate (actions.js).
 
 import {tryGet} from "./api.js";
-import {COLORS, TIME_CLASSES, iterationBars, iterationLegend, iterationSegments, legend} from "./charts.js";
+import {COLORS, TIME_CLASSES, isEmptyIteration, iterationBars, iterationLegend, iterationSegments, legend} from "./charts.js";
 import {modal} from "./dialogs.js";
 import {card, clear, h, loading, placeholder, replace} from "./dom.js";
 import {fmtInt, fmtNs, fmtPct} from "./format.js";
 import {applyAction, requestReaggregation} from "./actions.js";
-import {definition} from "./metrics.js";
+import {term} from "./metrics.js";
 import {currentAggregation, scope, state, subscribe} from "./state.js";
 import {DataTable} from "./table.js";
 import {openIteration} from "./view_timeline.js";
@@ -18,15 +18,18 @@ const KEY_COLUMNS = ["name", "key_node", "text", "op_name", "label"];
 
 function tooltipContent(it) {
   const seg = Object.fromEntries(iterationSegments(it).map((s) => [s.key, s.value]));
-  const row = (k, v, color) => h("div", {class: "tip-row"}, color ? h("span", {class: "swatch", style: {background: color}}) : null, h("span", {class: "k"}, k), h("span", {class: "v"}, v));
+  const row = (key, v, color) => h("div", {class: "tip-row"}, color ? h("span", {class: "swatch", style: {background: color}}) : null,
+    term("span", key, {class: "k"}), h("span", {class: "v"}, v));
   return [
     h("div", {class: "tip-title"}, `Iteration ${it.iteration}`, it.aggregated ? null : h("span", {class: "badge muted"}, "outside the aggregation")),
-    row("Start", fmtNs(it.start)),
-    row("Duration", fmtNs(it.duration)),
+    row("iteration_start", fmtNs(it.start)),
+    row("duration", fmtNs(it.duration)),
     it.aggregated ? TIME_CLASSES.filter((c) => seg[c.key] > 0 || c.key === "tc" || c.key === "non_tc")
-      .map((c) => row(c.label, fmtNs(seg[c.key]), COLORS[c.key])) : null,
-    row("Kernels", `${fmtInt(it.kernels)} (${fmtInt(it.tc_kernels)} TC)`),
-    it.gpu_utilization !== undefined ? row("GPU utilization", fmtPct(it.gpu_utilization)) : null,
+      .map((c) => row(c.term, fmtNs(seg[c.key]), COLORS[c.key])) : null,
+    row("kernels", fmtInt(it.kernels)),
+    row("tc_kernels", fmtInt(it.tc_kernels)),
+    row("tc_kernel_time_per_gpu", fmtNs(it.tc_kernel_time_per_gpu)),
+    it.gpu_utilization !== undefined ? row("gpu_utilization", fmtPct(it.gpu_utilization)) : null,
     h("div", {class: "muted"}, "Double-click: its timeline"),
   ];
 }
@@ -103,9 +106,9 @@ export function mount(el) {
     tooltip: "Compute a new aggregation over another iteration range or key node. It runs in the background; earlier aggregations stay available in the Aggregation selector."});
   formCard.body.append(
     h("div", {class: "form-row"},
-      h("div", {class: "field"}, h("label", {for: "iter-start", title: definition("iter_start")}, "Select Iter Start"), startInput),
-      h("div", {class: "field"}, h("label", {for: "iter-stop", title: definition("iter_stop")}, "Select Iter Stop"), stopInput),
-      h("div", {class: "field grow"}, h("label", {for: "key-node", title: definition("key_node")}, "Key node"), h("div", {class: "input-group"}, keyInput, pickBtn)),
+      h("div", {class: "field"}, term("label", "select_iter_start", {for: "iter-start"}), startInput),
+      h("div", {class: "field"}, term("label", "select_iter_stop", {for: "iter-stop"}), stopInput),
+      h("div", {class: "field grow"}, term("label", "key_node", {for: "key-node"}), h("div", {class: "input-group"}, keyInput, pickBtn)),
       h("div", {class: "field"}, h("span", {class: "field-label", "aria-hidden": "true"}, " "), goBtn)),
     proposal, validation, hint, status);
 
@@ -144,9 +147,10 @@ export function mount(el) {
     const its = showAll ? all : all.filter((it) => it.aggregated);
     allBtn.setAttribute("aria-pressed", String(showAll));
     profBtn.setAttribute("aria-pressed", String(!showAll));
-    chartInfo.textContent = `${fmtInt(its.length)} of ${fmtInt(all.length)} iterations shown · aggregated ${data.iter_start}–${data.iter_stop}`;
-    replace(legendBox, legend([...iterationLegend(all, definition),
-      {key: "marker", label: "Selected Start / Stop", title: "Boundaries chosen with Select Iter Start / Stop"}]));
+    const empty = its.filter(isEmptyIteration).map((it) => it.iteration);
+    chartInfo.textContent = `${fmtInt(its.length - empty.length)} of ${fmtInt(all.length)} iterations shown · aggregated ${data.iter_start}–${data.iter_stop}` +
+      (empty.length ? ` · iteration ${empty.join(", ")} has no time (the profile ends with the key node): not drawn` : "");
+    replace(legendBox, legend([...iterationLegend(all), {key: "marker", term: "selected_range"}]));
     if (!its.length) {
       replace(chartBox, placeholder("No iterations to show."));
       return;

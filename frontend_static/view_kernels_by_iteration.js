@@ -35,13 +35,12 @@ const offset = (absoluteKey) => (v, row) => h("span", {title: `${fmtNsExact(v)} 
 export const LAUNCH_TABLE = {
   renderers: {gpu_start_offset: offset("gpu_start"), api_start_offset: offset("api_start")},
   hidden: ["gpu_start", "api_start"],
-  labels: {gpu_start_offset: "GPU Start (from iteration start)", api_start_offset: "API Call Start (from iteration start)"},
   order: ["op_id", "op_name", "direction", "op_type", "kernel_name", "device_id", "gpu_start_offset", "gpu_duration", "api_start_offset"],
 };
 
 export function iterationTable(onSelect, opts = {}) {
   return new DataTable({route: "table/iterations", scope, exportName: "iterations", selectable: true, rowKey: "iteration",
-    renderers: ITERATION_RENDERERS, hidden: ITERATION_HIDDEN, labels: {start: "Timestamp"}, onSelect, pageSize: 10, ...opts});
+    renderers: ITERATION_RENDERERS, hidden: ITERATION_HIDDEN, onSelect, pageSize: 10, ...opts});
 }
 
 export function mount(el) {

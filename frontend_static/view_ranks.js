@@ -3,9 +3,10 @@
 // navigation's Rank selector) makes every other view show that rank.
 
 import {tryGet} from "./api.js";
-import {legend} from "./charts.js";
+import {isEmptyIteration, legend} from "./charts.js";
 import {card, h, loading, placeholder, replace, s} from "./dom.js";
 import {fmtInt, fmtNs, fmtPct} from "./format.js";
+import {term} from "./metrics.js";
 import {scope, state, update} from "./state.js";
 
 const PALETTE = ["#3d7cc9", "#76b900", "#9b6ad0", "#26a69a", "#f0a02c", "#8d6e63", "#5c6bc0", "#00897b"];
@@ -13,16 +14,16 @@ const STRAGGLER = "#d9480f";
 const MAX_POINTS = 400;   // iterations drawn per rank (the table has every figure)
 
 const COLUMNS = [
-  ["Rank", (r) => String(r.rank), "num"],
-  ["Source file", (r) => r.source_file || "—", "path"],
-  ["GPUs", (r) => fmtInt(r.gpus), "num"],
-  ["Iterations", (r) => fmtInt(r.iterations), "num"],
-  ["Avg Iteration Time", (r) => fmtNs(r.avg_iteration_time), "num"],
-  ["Max Iteration Time", (r) => fmtNs(r.max_iteration_time), "num"],
-  ["GPU Utilization", (r) => fmtPct(r.gpu_utilization), "num"],
-  ["Communication Time", (r) => fmtNs(r.communication_time), "num"],
-  ["Overlapped Communication", (r) => fmtPct(r.overlapped_communication_pct), "num"],
-  ["Times Slowest", (r) => fmtInt(r.times_slowest), "num"],
+  ["rank", (r) => String(r.rank), "num"],
+  ["source_file", (r) => r.source_file || "—", "path"],
+  ["n_visible_gpus", (r) => fmtInt(r.gpus), "num"],
+  ["iter_aggregated", (r) => fmtInt(r.iterations), "num"],
+  ["avg_iteration_time", (r) => fmtNs(r.avg_iteration_time), "num"],
+  ["max_iteration_time", (r) => fmtNs(r.max_iteration_time), "num"],
+  ["gpu_utilization", (r) => fmtPct(r.gpu_utilization), "num"],
+  ["communication_time", (r) => fmtNs(r.communication_time), "num"],
+  ["overlapped_communication_pct", (r) => fmtPct(r.overlapped_communication_pct), "num"],
+  ["times_slowest", (r) => fmtInt(r.times_slowest), "num"],
 ];
 
 function colorOf(rank, index, stragglers) {
@@ -34,8 +35,10 @@ function iterationChart(data) {
   const W = 900, H = 260;
   const m = {left: 68, right: 12, top: 16, bottom: 34};
   const pw = W - m.left - m.right, ph = H - m.top - m.bottom;
+  // an iteration a rank does not have (its tail after the last key node: no time) is absent from its line, not
+  // a point at 0
   const series = data.ranks.map((r, i) => ({rank: r.rank, color: colorOf(r.rank, i, data.stragglers),
-    points: (data.iterations[String(r.rank)] || []).filter((it) => it.aggregated).slice(0, MAX_POINTS)}));
+    points: (data.iterations[String(r.rank)] || []).filter((it) => it.aggregated && !isEmptyIteration(it)).slice(0, MAX_POINTS)}));
   const svg = s("svg", {viewBox: `0 0 ${W} ${H}`, class: "rank-lines", role: "img", "aria-label": "Iteration time per rank", preserveAspectRatio: "xMidYMid meet"});
   const all = series.flatMap((x) => x.points);
   if (!all.length) return svg;
@@ -52,8 +55,17 @@ function iterationChart(data) {
   for (const ser of series) {
     const straggler = data.stragglers.includes(ser.rank);
     const g = s("g", {class: ["rank-series", straggler ? "straggler" : ""], dataset: {rank: ser.rank}});
-    g.appendChild(s("polyline", {points: ser.points.map((p) => `${x(p.iteration)},${y(p.duration)}`).join(" "), fill: "none",
-      stroke: ser.color, "stroke-width": straggler ? 3 : 1.5}));
+    // one polyline per run of consecutive iterations: a gap where the rank has none
+    const runs = [];
+    for (const p of ser.points) {
+      const run = runs[runs.length - 1];
+      if (run && p.iteration === run[run.length - 1].iteration + 1) run.push(p);
+      else runs.push([p]);
+    }
+    for (const run of runs) {
+      g.appendChild(s("polyline", {points: run.map((p) => `${x(p.iteration)},${y(p.duration)}`).join(" "), fill: "none",
+        stroke: ser.color, "stroke-width": straggler ? 3 : 1.5}));
+    }
     for (const p of ser.points) {
       g.appendChild(s("circle", {cx: x(p.iteration), cy: y(p.duration), r: straggler ? 3.5 : 2.5, fill: ser.color},
         s("title", {}, `Rank ${ser.rank}, iteration ${p.iteration}: ${fmtNs(p.duration)}`)));
@@ -68,10 +80,10 @@ function iterationChart(data) {
 
 function rankTable(data) {
   return h("div", {class: "dt-scroll"}, h("table", {class: "dt rank-table"},
-    h("thead", {}, h("tr", {}, COLUMNS.map(([label, , cls]) => h("th", {class: cls}, label)), h("th", {}, ""))),
+    h("thead", {}, h("tr", {}, COLUMNS.map(([key, , cls]) => term("th", key, {class: cls})), h("th", {}, ""))),
     h("tbody", {}, data.ranks.map((r) => h("tr", {class: [r.straggler ? "straggler" : "", String(r.rank) === String(state.rank) ? "selected" : ""],
       dataset: {rank: r.rank}},
-    COLUMNS.map(([label, fn, cls], i) => h("td", {class: cls, title: label === "Source file" ? r.source_file : null},
+    COLUMNS.map(([key, fn, cls], i) => h("td", {class: cls, title: key === "source_file" ? r.source_file : null},
       fn(r), i === 0 && r.straggler ? h("span", {class: "badge straggler-badge", title: "Consistently slower than the median rank"}, "straggler") : null)),
     h("td", {}, h("button", {type: "button", class: "secondary", onClick: () => update({rank: String(r.rank), view: "dashboard"}),
       title: `Show rank ${r.rank} in every view`}, "Show")))))));

@@ -10,10 +10,13 @@ import {getJSON, reportError} from "./api.js";
 import {showOp} from "./details.js";
 import {card, h, placeholder, replace} from "./dom.js";
 import {fmtInt, fmtNs, fmtNsExact, fmtOffsetNs} from "./format.js";
+import {label, term, termAttrs} from "./metrics.js";
 import {scope, state, update} from "./state.js";
 
-const ROW_H = 18;
-const GAP_ROW_H = 12;
+const ROW_H = 24;          // readable rows: at least this tall; taller when the view has room (up to MAX_ROW_H)
+const GAP_ROW_H = 20;
+const MAX_ROW_H = 40;
+const MIN_CANVAS_H = 240;
 const AXIS_H = 26;
 const LABEL_W = 240;
 const KERNEL = 0;
@@ -23,6 +26,7 @@ const OP = 10;
 const API = 11;
 const KIND_LABEL = {[KERNEL]: "Kernel", [MEMCPY]: "Memcpy", [MEMSET]: "Memset", [OP]: "Op", [API]: "CUDA API call"};
 const FETCH_DELAY_MS = 90;
+const GAP_COLOR = "rgba(201, 42, 42, 0.55)";
 const MIN_SPAN_NS = 50;
 
 let pendingIteration = null;
@@ -39,7 +43,8 @@ function hashHue(text) {
   return ((x >>> 0) % 360);
 }
 
-function colorOf(kind, name, dark) {
+/** The colour a box is drawn in (the legend's swatches come from here too). */
+export function colorOf(kind, name, dark) {
   if (kind === MEMCPY) return "#f0a02c";
   if (kind === MEMSET) return "#9b6ad0";
   if (kind === API) return dark ? "#5d7088" : "#9fb2c6";
@@ -90,11 +95,7 @@ export function mount(el) {
   const canvas = h("canvas", {id: "timeline-canvas", tabindex: 0, role: "img", "aria-label": "Timeline of the iteration"});
   const tip = h("div", {class: "chart-tip timeline-tip", role: "tooltip", hidden: true});
   const wrap = h("div", {class: "timeline-wrap"}, canvas, tip);
-  const legend = h("ul", {class: "legend inline timeline-legend"},
-    [["Op (CPU)", "hsl(200, 45%, 70%)"], ["CUDA API call", "#9fb2c6"], ["Kernel", "hsl(200, 65%, 52%)"],
-      ["Memcpy", "#f0a02c"], ["Memset", "#9b6ad0"], ["GPU idle (no kernel)", "rgba(201, 42, 42, 0.55)"],
-      ["Merged events (each under a pixel; paler = less busy)", "repeating-linear-gradient(45deg, #888 0 2px, transparent 2px 4px)"]]
-      .map(([label, color]) => h("li", {}, h("span", {class: "swatch", style: {background: color}}), h("span", {class: "legend-label"}, label))));
+  const legend = h("ul", {class: "legend inline timeline-legend", id: "timeline-legend"});
   const main = card("Timeline", {wide: true, id: "timeline",
     tooltip: "One iteration: CPU threads with their op ranges (nesting as sub-rows) and CUDA API calls; GPUs with their idle gaps and, per stream, kernels and memory operations. Wheel: zoom at the cursor; drag: pan; shift-drag: zoom into a range; double-click: zoom in; keys + − ← → 0. Hover a kernel for its launch arrow, a GPU gap for what the CPU did meanwhile; click an op for its details."});
   main.body.append(
@@ -111,21 +112,56 @@ export function mount(el) {
   const tOf = (x) => view.t0 + ((x - LABEL_W) / plotWidth()) * (view.t1 - view.t0);
   const dark = () => document.documentElement.classList.contains("dark");
 
+  /** The height the canvas may take: the rest of the window below it, the legend kept in sight. */
+  function availableHeight() {
+    const top = wrap.getBoundingClientRect().top + window.scrollY;
+    const below = legend.offsetHeight + 56;   // the legend, the card's and the page's bottom padding
+    return Math.max(MIN_CANVAS_H, window.innerHeight - top - below);
+  }
+
   function relayout() {
     const list = [...rows.values()].sort(compareRows);
+    const avail = availableHeight();
+    const inner = avail - 2;   // inside the wrap's border
+    const gaps = list.filter((r) => r.kind === "gap").length;
+    const others = list.length - gaps;
+    // rows share the available height (each at least ROW_H, at most MAX_ROW_H tall); more rows scroll
+    const fit = others ? Math.floor((inner - AXIS_H - 2 - gaps * GAP_ROW_H) / others) : ROW_H;
+    const rowH = Math.max(ROW_H, Math.min(MAX_ROW_H, fit));
     layout = [];
     let y = AXIS_H;
     for (const row of list) {
-      const height = row.kind === "gap" ? GAP_ROW_H : ROW_H;
+      const height = row.kind === "gap" ? GAP_ROW_H : rowH;
       layout.push({row, y, h: height});
       y += height;
     }
-    const cssHeight = Math.max(y + 4, 120);
+    const cssHeight = Math.max(y + 2, inner);
     const ratio = window.devicePixelRatio || 1;
+    wrap.style.height = `${avail}px`;
     canvas.style.height = `${cssHeight}px`;
     canvas.style.width = "100%";
     canvas.width = Math.round(wrap.clientWidth * ratio);
     canvas.height = Math.round(cssHeight * ratio);
+    el.dataset.rowHeight = String(rowH);
+  }
+
+  /** The legend of what this answer draws: each kind present (op and kernel colours follow their names). */
+  function renderLegend() {
+    if (!data) return;
+    const isDark = dark();
+    const kinds = new Set(data.events.kind);
+    const spectrum = (kind) => `linear-gradient(90deg, ${["a", "e", "k", "q", "w"].map((n) => colorOf(kind, `legend-${n}`, isDark)).join(", ")})`;
+    const items = [
+      kinds.has(OP) ? ["tl_op", spectrum(OP), "op"] : null,
+      kinds.has(API) ? ["tl_api", colorOf(API, "", isDark), "api"] : null,
+      kinds.has(KERNEL) ? ["tl_kernel", spectrum(KERNEL), "kernel"] : null,
+      kinds.has(MEMCPY) ? ["tl_memcpy", colorOf(MEMCPY, "", isDark), "memcpy"] : null,
+      kinds.has(MEMSET) ? ["tl_memset", colorOf(MEMSET, "", isDark), "memset"] : null,
+      data.gaps.start.length ? ["tl_gap", GAP_COLOR, "gap"] : null,
+      data.events.n.some((n) => n > 1) ? ["tl_merged", "repeating-linear-gradient(45deg, #888 0 2px, transparent 2px 4px)", "merged"] : null,
+    ].filter(Boolean);
+    replace(legend, ...items.map(([key, background, kind]) => h("li", termAttrs(key, {dataset: {kind}}),
+      h("span", {class: "swatch", style: {background}, dataset: {kind}}), h("span", {class: "legend-label"}, label(key)))));
   }
 
   // ---- data ----
@@ -148,6 +184,7 @@ export function mount(el) {
     data.launchOf = new Map(answer.launches.key.map((k, i) => [k, i]));
     data.kernelsOfApi = new Map();
     answer.launches.api_key.forEach((a, i) => {
+      if (a === null) return;
       if (!data.kernelsOfApi.has(a)) data.kernelsOfApi.set(a, []);
       data.kernelsOfApi.get(a).push(answer.launches.key[i]);
     });
@@ -156,6 +193,7 @@ export function mount(el) {
     ev.key.forEach((k, i) => {
       if (k !== null) data.boxOfKey.set(`${ev.kind[i] === OP ? "o" : ev.kind[i] === API ? "a" : "g"}${k}`, i);
     });
+    renderLegend();
     relayout();
     draw();
     el.dataset.events = String(answer.counts.events);
@@ -171,8 +209,8 @@ export function mount(el) {
     const t0 = Math.floor(view.t0);
     const t1 = Math.max(Math.ceil(view.t1), t0 + 1);
     const params = {...scope(), t0, t1, width: Math.round(plotWidth())};
-    const groups = [...new Set([...rows.values()].map((r) => r.group))].filter((g) => !g.startsWith("gap") && !hidden.has(g));
-    if (hidden.size) params.rows = groups.join(",");
+    // the hidden groups (few: the user hid them one by one), not the shown ones (a profile may have 10^4 rows)
+    if (hidden.size) params.hide = [...hidden].join(",");
     el.dataset.loading = "1";
     const started = performance.now();
     try {
@@ -309,7 +347,7 @@ export function mount(el) {
       const x1 = xOf(g.end[i]);
       const hovered = hover && hover.type === "gap" && hover.i === i;
       // the gap row, and a light shade over the GPU's streams
-      ctx.fillStyle = hovered ? "rgba(201, 42, 42, 0.9)" : "rgba(201, 42, 42, 0.55)";
+      ctx.fillStyle = hovered ? "rgba(201, 42, 42, 0.9)" : GAP_COLOR;
       if (gapRow) ctx.fillRect(x0, gapRow.y + 2, Math.max(1, x1 - x0), gapRow.h - 4);
       ctx.fillStyle = "rgba(201, 42, 42, 0.07)";
       for (const l of layout) if (l.row.kind === "gpu" && l.row.device_id === g.device_id[i]) ctx.fillRect(x0, l.y, x1 - x0, l.h);
@@ -334,6 +372,7 @@ export function mount(el) {
     const ev = data.events;
     const W = plotWidth();
     const colors = colorsFor(isDark);
+    const outlines = new Path2D();   // merged boxes' dashed outlines, stroked once (a dash per box is slow)
     for (const l of layout) {
       const list = byRow.get(l.row.id);
       if (!list) continue;
@@ -349,12 +388,7 @@ export function mount(el) {
         ctx.globalAlpha = ev.n[i] > 1 ? Math.min(1, Math.max(0.25, ev.busy[i] / Math.max(1, ev.end[i] - ev.start[i]))) : 1;
         ctx.fillRect(x0, l.y + 2, w, l.h - 4);
         ctx.globalAlpha = 1;
-        if (ev.n[i] > 1 && w > 3) {
-          ctx.strokeStyle = isDark ? "rgba(255,255,255,0.35)" : "rgba(0,0,0,0.35)";
-          ctx.setLineDash([2, 2]);
-          ctx.strokeRect(x0 + 0.5, l.y + 2.5, w - 1, l.h - 5);
-          ctx.setLineDash([]);
-        }
+        if (ev.n[i] > 1 && w > 3) outlines.rect(x0 + 0.5, l.y + 2.5, w - 1, l.h - 5);
         if (hover && hover.type === "box" && hover.i === i) {
           ctx.strokeStyle = isDark ? "#fff" : "#000";
           ctx.lineWidth = 1.5;
@@ -373,6 +407,10 @@ export function mount(el) {
         }
       }
     }
+    ctx.strokeStyle = isDark ? "rgba(255,255,255,0.35)" : "rgba(0,0,0,0.35)";
+    ctx.setLineDash([2, 2]);
+    ctx.stroke(outlines);
+    ctx.setLineDash([]);
   }
 
   /** Launch arrows of the hovered box: a kernel from its API call, an API call to its kernels in view. */
@@ -385,7 +423,7 @@ export function mount(el) {
       const r = data.launches.api_row[k];
       return r >= 0 ? data.rows[r].id : null;
     };
-    if (ev.kind[i] < OP && ev.key[i] !== null && data.launchOf.has(ev.key[i])) {
+    if (ev.kind[i] < OP && ev.key[i] !== null && data.launchOf.has(ev.key[i]) && data.launches.api_key[data.launchOf.get(ev.key[i])] !== null) {
       const k = data.launchOf.get(ev.key[i]);
       out.push({from: [apiRowId(k), data.launches.api_start[k]], to: [data.rows[ev.row[i]].id, ev.start[i]]});
     } else if (ev.kind[i] === API && ev.key[i] !== null && data.kernelsOfApi.has(ev.key[i])) {
@@ -463,25 +501,49 @@ export function mount(el) {
   }
 
   const rel = (t) => (iteration ? fmtOffsetNs(t - iteration.start) : fmtNsExact(t));
-  const tipRow = (k, v) => h("div", {class: "tip-row"}, h("span", {class: "k"}, k), h("span", {class: "v"}, v));
+  const tipRow = (key, v) => h("div", {class: "tip-row"}, term("span", key, {class: "k"}), h("span", {class: "v"}, v));
+
+  /** The iteration a time falls in (of the aggregation's list). */
+  function iterationAt(t) {
+    let lo = 0;
+    let hi = iterations.length - 1;
+    while (lo <= hi) {
+      const mid = (lo + hi) >> 1;
+      const it = iterations[mid];
+      if (t < Number(it.start)) hi = mid - 1;
+      else if (t >= Number(it.end)) lo = mid + 1;
+      else return it.iteration;
+    }
+    return null;
+  }
+  const iterationText = (t) => {
+    const k = iterationAt(t);
+    return k === null ? "—" : String(k);
+  };
 
   function boxTip(i) {
     const ev = data.events;
     const row = data.rows[ev.row[i]];
     const name = data.names[ev.name[i]];
-    const where = row.kind === "gpu" ? row.label : row.label;
     if (ev.n[i] > 1) {
       return [h("div", {class: "tip-title"}, `${fmtInt(ev.n[i])} events merged`),
         h("div", {class: "muted"}, "each shorter than a pixel at this zoom, starting in this pixel; zoom in to see them"),
-        tipRow("Where", where), tipRow("From", rel(ev.start[i])), tipRow("Span", fmtNs(ev.end[i] - ev.start[i])),
-        tipRow("Busy", fmtNs(ev.busy[i])), tipRow("Longest", name)];
+        tipRow("tl_row", row.label), tipRow("start_offset", rel(ev.start[i])), tipRow("span", fmtNs(ev.end[i] - ev.start[i])),
+        tipRow("busy", fmtNs(ev.busy[i])), tipRow("longest", name)];
     }
-    const out = [h("div", {class: "tip-title"}, name), tipRow("Kind", KIND_LABEL[ev.kind[i]] || "Event"), tipRow("Where", where),
-      tipRow("Start", rel(ev.start[i])), tipRow("Duration", fmtNsExact(ev.end[i] - ev.start[i]))];
+    const out = [h("div", {class: "tip-title"}, name), tipRow("kind", KIND_LABEL[ev.kind[i]] || "Event"), tipRow("tl_row", row.label),
+      tipRow("start_offset", rel(ev.start[i])), tipRow("duration", fmtNsExact(ev.end[i] - ev.start[i]))];
+    let launchTime = ev.start[i];
     if (ev.kind[i] < OP && data.launchOf.has(ev.key[i])) {
       const k = data.launchOf.get(ev.key[i]);
-      out.push(tipRow("Launched", `${rel(data.launches.api_start[k])} (${fmtNs(ev.start[i] - data.launches.api_start[k])} before its start)`));
+      if (data.launches.api_key[k] !== null) {
+        launchTime = data.launches.api_start[k];
+        out.push(tipRow("launch_call", `${rel(launchTime)} (${fmtNs(ev.start[i] - launchTime)} before its start)`));
+      }
+      const opName = data.launches.op_name[k];
+      if (opName !== null && opName !== undefined) out.push(tipRow("launching_op", data.names[opName]));
     }
+    out.push(tipRow("event_iteration", iterationText(launchTime)));
     if (ev.kind[i] === OP) out.push(h("div", {class: "muted"}, "Click for the op's details"));
     return out;
   }
@@ -491,10 +553,11 @@ export function mount(el) {
     const t0 = g.start[i];
     const t1 = g.end[i];
     const head = [h("div", {class: "tip-title"}, `GPU ${g.device_id[i]} idle ${fmtNs(t1 - t0)}`),
-      tipRow("From", rel(t0)), tipRow("To", rel(t1))];
+      tipRow("start_offset", rel(t0)), tipRow("end_offset", rel(t1))];
     const key = `${t0}-${t1}`;
     if (!gapCache.has(key)) {
       replace(tip, ...head, h("div", {class: "muted"}, "What the CPU did…"));
+      placeTip();
       try {
         gapCache.set(key, await getJSON("timeline_gap", {...scope(), t0, t1}));
       } catch (err) {
@@ -506,25 +569,35 @@ export function mount(el) {
     const doc = gapCache.get(key);
     const body = doc.threads.length ? doc.threads.map((t) => h("div", {class: "gap-thread"},
       h("div", {class: "gap-thread-name"}, t.label),
-      tipRow("Ops", `${fmtNs(t.ops_time)} of ${fmtNs(t1 - t0)}`),
+      tipRow("gap_ops", `${fmtNs(t.ops_time)} of ${fmtNs(t1 - t0)}`),
       t.ops.slice(0, 4).map((o) => h("div", {class: "gap-item"}, `${o.name} · ${fmtNs(o.overlap)}${o.calls > 1 ? ` (${o.calls} calls)` : ""}`)),
-      tipRow("CUDA API", fmtNs(t.api_calls_time)),
+      tipRow("gap_api", fmtNs(t.api_calls_time)),
       t.api_calls.slice(0, 3).map((o) => h("div", {class: "gap-item"}, `${o.name} · ${fmtNs(o.overlap)}${o.calls > 1 ? ` (${o.calls} calls)` : ""}`))))
       : [h("div", {class: "muted"}, "No op or CUDA API call on any CPU thread: the host ran something unannotated (or nothing).")];
     replace(tip, ...head, h("div", {class: "tip-sub"}, "Meanwhile on the CPU:"), ...body);
     tip.dataset.gap = key;
+    placeTip();
   }
 
-  function placeTip(x, y) {
+  let pointer = {x: 0, y: 0};   // the last mouse position in the window
+  /** The tooltip beside the pointer, inside the window (flipped left / up near its edges). */
+  function placeTip() {
     tip.hidden = false;
-    const box = wrap.getBoundingClientRect();
-    const left = x + 16 + tip.offsetWidth > box.width ? x - tip.offsetWidth - 12 : x + 16;
-    tip.style.left = `${Math.max(0, left)}px`;
-    tip.style.top = `${Math.max(0, y + 12)}px`;
+    const w = tip.offsetWidth;
+    const ht = tip.offsetHeight;
+    const W = document.documentElement.clientWidth;
+    const H = document.documentElement.clientHeight;
+    let left = pointer.x + 16;
+    if (left + w > W - 4) left = pointer.x - w - 12;
+    let top = pointer.y + 14;
+    if (top + ht > H - 4) top = pointer.y - ht - 10;
+    tip.style.left = `${Math.max(4, Math.min(left, W - w - 4))}px`;
+    tip.style.top = `${Math.max(4, Math.min(top, H - ht - 4))}px`;
   }
 
   function onMove(ev) {
     if (drag) return;
+    pointer = {x: ev.clientX, y: ev.clientY};
     const r = canvas.getBoundingClientRect();
     const x = ev.clientX - r.left;
     const y = ev.clientY - r.top;
@@ -542,7 +615,7 @@ export function mount(el) {
       else gapTip(found.i);
       draw();
     }
-    placeTip(x, y);
+    placeTip();
     canvas.style.cursor = found.type === "box" && data.events.kind[found.i] === OP ? "pointer" : "default";
   }
 
@@ -639,6 +712,12 @@ export function mount(el) {
     scheduleFetch();
   });
   resize.observe(wrap);
+  const onResize = () => {
+    if (!view) return;
+    relayout();
+    draw();
+  };
+  window.addEventListener("resize", onResize);
 
   // where a time on a row is drawn, in page coordinates (the browser tests point at boxes with it)
   el.timelinePoint = (rowId, t) => {
@@ -646,7 +725,9 @@ export function mount(el) {
     const box = canvas.getBoundingClientRect();
     return r && view ? {x: box.left + xOf(t), y: box.top + r.y + r.h / 2} : null;
   };
-  el.timelineState = () => ({view: view && {...view}, rows: layout.map((l) => l.row.id), hidden: [...hidden]});
+  el.timelineState = () => ({view: view && {...view}, rows: layout.map((l) => l.row.id), hidden: [...hidden],
+    heights: layout.map((l) => l.h)});
+  el.timelineColor = (kind, name) => colorOf(kind, name, dark());
 
   function showWhole() {
     if (iteration) setView(iteration.start, Math.max(iteration.end, iteration.start + 1));
@@ -696,6 +777,7 @@ export function mount(el) {
     clearTimeout(fetchTimer);
     if (controller) controller.abort();
     resize.disconnect();
+    window.removeEventListener("resize", onResize);
     window.removeEventListener("mousemove", onWindowMove);
     window.removeEventListener("mouseup", onWindowUp);
   };

@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
@@ -158,21 +157,22 @@ class TensorBoard:
             stderr=subprocess.STDOUT,
             cwd=str(ROOT),
         )
-        deadline = time.time() + self.timeout
-        last = None
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"tensorboard exited with {self.proc.returncode}; see {self.log.name}")
+        state = {"last": None}
+
+        def active():
             try:
-                listing = http_json(f"{self.url}/data/plugins_listing", timeout=5)
-                last = listing.get("dlprof")
-                if last and last.get("enabled"):
-                    return self
+                state["last"] = http_json(f"{self.url}/data/plugins_listing", timeout=5).get("dlprof")
             except OSError as exc:
-                last = exc
-            time.sleep(0.3)
-        self.__exit__(None, None, None)
-        raise RuntimeError(f"TensorBoard's DLPROF plugin did not become active in {self.timeout}s: {last}")
+                state["last"] = exc
+                return False
+            return bool(state["last"] and state["last"].get("enabled"))
+
+        try:
+            wait_until(active, self.timeout, "TensorBoard's DLPROF plugin to become active", self.proc)
+        except AssertionError as exc:
+            self.__exit__(None, None, None)
+            raise RuntimeError(f"{exc} (last answer: {state['last']}; see {self.log.name})") from None
+        return self
 
     def api(self, route: str):
         return http_json(f"{self.url}/data/plugin/dlprof/{route}")
@@ -341,19 +341,20 @@ class Browser:
     def wait_download(self, suffix: str, timeout: float = 20.0, before: set | None = None) -> Path:
         """The newest completed download ending with suffix (not in `before`)."""
         before = before or set()
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            done = [
+
+        def done():
+            ready = [
                 p
                 for p in self.download_dir.iterdir()
                 if p.name.endswith(suffix) and p.name not in before and not p.name.endswith(".crdownload")
             ]
-            if done:
-                path = max(done, key=lambda p: p.stat().st_mtime)
-                if path.stat().st_size > 0:
-                    return path
-            time.sleep(0.1)
-        raise AssertionError(f"no {suffix} download in {timeout}s: {os.listdir(self.download_dir)}")
+            path = max(ready, key=lambda p: p.stat().st_mtime) if ready else None
+            return path if path is not None and path.stat().st_size > 0 else None
+
+        try:
+            return wait_until(done, timeout, f"a {suffix} download")
+        except AssertionError:
+            raise AssertionError(f"no {suffix} download in {timeout}s: {os.listdir(self.download_dir)}") from None
 
     def screenshot(self, name: str, full_page: bool = True, scale: float = 1.0) -> Path:
         """PNG of the top-level page under test-artifacts/ (the whole scroll height of the plugin iframe when
@@ -379,7 +380,13 @@ class Browser:
                 "Emulation.setDeviceMetricsOverride",
                 {"width": self.width, "height": total, "deviceScaleFactor": 1, "mobile": False},
             )
-            time.sleep(0.6)  # TensorBoard relayouts the iframe
+            # TensorBoard lays the iframe out again at the new size: wait for it to reach the page's bottom
+            frame_bottom = (
+                "const f = document.querySelector(\"iframe[src*='plugin_entry.html?name=dlprof']\");"
+                "return f ? f.getBoundingClientRect().bottom : 0;"
+            )
+            with contextlib.suppress(AssertionError):  # (a page shorter than the window never grows the frame)
+                wait_until(lambda: d.execute_script(frame_bottom) >= total - 16, 5, "the iframe's new size")
             shot = d.execute_cdp_cmd(
                 "Page.captureScreenshot",
                 {
@@ -394,6 +401,37 @@ class Browser:
             frame = d.find_element("css selector", "iframe[src*='plugin_entry.html?name=dlprof']")
             d.switch_to.frame(frame)
         return path
+
+
+def wait_until(predicate, timeout: float, what: str, proc=None):
+    """predicate()'s first true value, polled by Selenium's WebDriverWait (no browser needed); an AssertionError
+    naming `what` after `timeout` seconds, or as soon as `proc` (a server being waited for) exits."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def check(_):
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"{what}: the process exited with {proc.returncode}")
+        try:
+            return predicate()
+        except OSError:
+            return False
+
+    try:
+        return WebDriverWait(object(), timeout, poll_frequency=0.1).until(check)
+    except TimeoutException:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}") from None
+
+
+def wait_for_server(url: str, proc, timeout: float = 30.0, what: str = "the server") -> None:
+    """Until `url` answers (a server just started)."""
+
+    def answers():
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            resp.read()
+        return True
+
+    wait_until(answers, timeout, what, proc)
 
 
 def query(db, sql: str, args=()):

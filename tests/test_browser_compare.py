@@ -6,7 +6,6 @@ reload (URL state)."""
 from __future__ import annotations
 
 import csv
-import time
 import io
 from types import SimpleNamespace
 
@@ -117,24 +116,7 @@ def test_compare_view_shows_the_diff_reports_numbers(env):
     b, report = env.b, env.report
     ops_dt, kernels_dt = open_compare(b, "after/dlprof", "before/dlprof")
     # the headline figures: the report's Diff Summary, as the viewer formats them
-    cells = summary_cells(b)
-    for label, base, after, delta in report["Diff Summary"][1:]:
-        key = SUMMARY_KEYS[label]
-        if label.endswith("%"):
-            assert cells[key] == [
-                f"{base} %",
-                f"{after} %",
-                f"{'+' if float(delta) > 0 else ''}{delta} pp".replace("-", "−"),
-            ], label
-        elif key == "aggregated_iterations":
-            assert cells[key] == [fmt_int(int(base)), fmt_int(int(after)), fmt_int(int(delta))], label
-        else:
-            sign = "+" if float(delta) > 0 else ""
-            assert cells[key] == [
-                fmt_ns(float(base)),
-                fmt_ns(float(after)),
-                (sign + fmt_ns(float(delta))).replace("-", "−"),
-            ], label
+    check_summary(summary_cells(b), report)
     # the first page of ops: the report's first rows, in its order (largest change first)
     first = rows(ops_dt)
     assert [(r["op_name"], r["direction"], r["presence"]) for r in first] == [
@@ -153,6 +135,64 @@ def test_compare_view_shows_the_diff_reports_numbers(env):
             if ref[pct]:
                 assert f"{round(float(mine[pct]), 1):.1f}" == ref[pct]
     b.screenshot("compare_before_after.png")
+
+
+def check_summary(cells: dict, report: dict) -> None:
+    """The headline figures shown are the report's Diff Summary, as the viewer formats them."""
+    for label, base, after, delta in report["Diff Summary"][1:]:
+        key = SUMMARY_KEYS[label]
+        if label.endswith("%"):
+            sign = "+" if float(delta) > 0 else ""
+            assert cells[key] == [f"{base} %", f"{after} %", f"{sign}{delta} pp".replace("-", "−")], label
+        elif key == "aggregated_iterations":
+            assert cells[key] == [fmt_int(int(base)), fmt_int(int(after)), fmt_int(int(delta))], label
+        else:
+            sign = "+" if float(delta) > 0 else ""
+            expected = [fmt_ns(float(base)), fmt_ns(float(after)), (sign + fmt_ns(float(delta))).replace("-", "−")]
+            assert cells[key] == expected, label
+
+
+def test_compare_opens_on_the_runs_own_baseline(env):
+    """Issue 24, item 1: a run analysed with --baseline opens Compare on that baseline (kept in its database), the
+    diff's headline figures heading the view, the rows of dlprof_diff.csv below; a run without one opens on its
+    previous aggregation, or asks, never on an unrelated run."""
+    with Browser(1600, 1000) as b:  # a fresh page: no baseline in the URL
+        b.open_dlprof(env.tb.url)
+        b.wait_css("#view .view", 30)
+        select_run(b, "after/dlprof")
+        goto_compare(b)
+        b.wait(lambda d: b.js("return document.querySelector('.view-compare').dataset.ready") == "1", 30, "compare")
+        assert b.js("return document.getElementById('compare-base-run').value") == ""  # the kept baseline
+        assert b.css(".view-compare").get_attribute("data-baseline") == "stored"
+        assert (
+            "Its baseline (dlprof --baseline): pytorch_2gpu_nccl_nsys2026.2_before.sqlite"
+            in b.css("#compare-base-run option[value='']").text
+        )
+        assert str(BEFORE) in b.css("#compare-after").text and not b.css("#compare-base-aggr").is_displayed()
+        assert "p.dlprof.base_run" not in b.js("return window.parent.location.hash;")
+        check_summary(summary_cells(b), env.report)
+        # the headline figures head the view: the first card, above the rows
+        cards = b.js("return [...document.querySelectorAll('.view-compare > .card')].map((c) => c.id);")
+        assert cards == ["compare-summary", "compare-ops", "compare-kernels"]
+        ops = table_in(b, "#compare-ops")
+        first = rows(ops)
+        assert [(r["op_name"], r["direction"], r["presence"]) for r in first] == [
+            (r[0], r[1], r[3]) for r in env.report["Op Diff"][1 : len(first) + 1]
+        ]
+        header, *exported = exported_csv(b, ops)
+        assert header == env.report["Op Diff"][0] and len(exported) == len(env.report["Op Diff"]) - 1
+        b.screenshot("compare_kept_baseline.png")
+        # a run with two aggregations and no kept baseline: its previous aggregation
+        select_run(b, "training/dlprof")
+        goto_compare(b)
+        b.wait(lambda d: b.js("return document.querySelector('.view-compare').dataset.ready") == "1", 30, "compare")
+        assert b.js("return document.getElementById('compare-base-run').value") == "training/dlprof"
+        assert b.js("return document.getElementById('compare-base-aggr').value") == "1"
+        # one aggregation, no kept baseline: nothing is compared until a baseline is chosen
+        select_run(b, "before/dlprof")
+        goto_compare(b)
+        b.wait_text("#compare-summary", "Choose the run", 30)
+        assert b.js("return document.getElementById('compare-base-run').value") == "__none__"
 
 
 def test_two_aggregations_of_one_run(env):
@@ -203,11 +243,13 @@ def test_a_late_answer_for_the_previous_baseline_does_not_replace_the_chosen_one
         "  const u = String(url);"
         "  if ((u.includes('/aggregations') || u.includes('/compare')) && u.includes('training') && held < 4) {"
         "    held += 1;"
-        "    return new Promise((ok) => setTimeout(ok, 2500)).then(() => real(url, opts));"
+        "    return new Promise((ok) => setTimeout(ok, 2500)).then(() => real(url, opts))"
+        "      .then((r) => { window.__answered = (window.__answered || 0) + 1; return r; });"
         "  }"
         "  return real(url, opts);"
         "};"
         "window.__restoreFetch = () => { window.fetch = real; };"
+        "window.__held = () => held;"
     )
     try:
         goto_compare(b)
@@ -222,7 +264,8 @@ def test_a_late_answer_for_the_previous_baseline_does_not_replace_the_chosen_one
             30,
             "the chosen baseline's comparison",
         )
-        time.sleep(3.5)  # the held answers for training/dlprof have arrived by now
+        # the held answers for training/dlprof arrive (and are dropped): wait until each was answered
+        b.wait(lambda d: b.js("return (window.__answered || 0) === window.__held()"), 30, "the held answers")
         assert "baseline: before/dlprof" in b.css("#compare-after").text
         assert b.js("return document.getElementById('compare-base-run').value") == "before/dlprof"
         assert "p.dlprof.base_run=before%2Fdlprof" in b.js("return window.parent.location.hash;")

@@ -10,14 +10,24 @@ import random
 import sqlite3
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from tests.browser import ARTIFACTS, Browser, TensorBoard, fmt_int, fmt_ns, fmt_pct, free_port, query, requires_browser
+from dlprof_plugin.terms import TERMS
+from tests.browser import (
+    ARTIFACTS,
+    Browser,
+    TensorBoard,
+    fmt_int,
+    fmt_ns,
+    fmt_pct,
+    free_port,
+    query,
+    requires_browser,
+    wait_for_server,
+)
 from tests.profiles import make_logdir
 
 pytestmark = [pytest.mark.browser, requires_browser]
@@ -93,7 +103,7 @@ def test_performance_summary_shows_the_database_figures(dash):
     assert "Optimizer.step#SGD.step" in b.css("[data-metric=key_node]").text
     # exact value and the metric's definition as tooltips
     assert b.css("[data-metric=wall_time] .metric-value").get_attribute("title") == "290,000 ns"
-    assert "Wall clock time" in b.css("[data-metric=wall_time]").get_attribute("title")
+    assert b.css("[data-metric=wall_time]").get_attribute("title") == TERMS["wall_time"].definition
     assert "Tensor Core kernels" in b.css("[data-metric=tc_utilization]").get_attribute("title")
 
 
@@ -261,16 +271,10 @@ def test_dlprofviewer_serves_the_same_ui_standalone(env, tmp_path):
     proc = subprocess.Popen(cmd + [str(env.db), "--port", str(port), "--quiet"], stdout=log, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}/"
-        deadline = time.time() + 30
-        while True:
-            try:
-                urllib.request.urlopen(url + "data/plugin/dlprof/runs", timeout=2).read()
-                break
-            except OSError as exc:
-                if time.time() > deadline or proc.poll() is not None:
-                    log = (tmp_path / "viewer.log").read_text()
-                    raise AssertionError(f"dlprofviewer did not start: {log}") from exc
-                time.sleep(0.2)
+        try:
+            wait_for_server(url + "data/plugin/dlprof/runs", proc, what="dlprofviewer to start")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {(tmp_path / 'viewer.log').read_text()}") from None
         with Browser() as b:
             b.driver.get(url)
             b.wait_css("[data-metric=wall_time] .metric-value", 30)

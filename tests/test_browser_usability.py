@@ -9,14 +9,23 @@ import random
 import re
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from tests.browser import ARTIFACTS, Browser, TensorBoard, fmt_offset_ns, free_port, http_json, query, requires_browser
+from tests.browser import (
+    ARTIFACTS,
+    Browser,
+    TensorBoard,
+    fmt_offset_ns,
+    free_port,
+    http_json,
+    query,
+    requires_browser,
+    wait_for_server,
+)
 from tests.nsys_builder import NsysExport
 from tests.profiles import make_logdir, training_profile
 from tests.test_browser_views import (
@@ -59,13 +68,31 @@ def cpu_profile(path: Path) -> Path:
     return exp.write(path)
 
 
+def flood_profile(path: Path, calls: int = 120) -> Path:
+    """Three iterations of one relu and an optimizer step, with `calls` cudaEventQuery calls outside every op
+    range in each (as a torch.profiler run polls its events): `calls` unassociated ops, one per n-th call."""
+    exp = NsysExport(schema="2022.4")
+    exp.add_gpu(device_id=0)
+    tid = exp.add_thread(pid=60, tid=60, name="python", process_name="python")
+    for i in range(3):
+        t = 1_000_000 + i * 100_000
+        exp.push_pop(tid, t, t + 10_000, f"aten::relu, seq = {i}, op_id = {i}")
+        exp.launch(tid, t + 1000, t + 2000, t + 3000, t + 8000, kernel="relu_kernel")
+        for k in range(calls):
+            exp.runtime(tid, t + 20_000 + k * 200, t + 20_100 + k * 200, name="cudaEventQuery_v3020")
+        exp.push_pop(tid, t + 60_000, t + 70_000, "Optimizer.step#SGD.step")
+    exp.set_session(start_time=0)
+    return exp.write(path)
+
+
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("usability")
     training = training_profile(root / "training.sqlite")
-    logdir = make_logdir(
-        root / "logdir", runs={"training": training, "reagg": training, "cpu": cpu_profile(root / "cpu.sqlite")}
-    )
+    example = Path(__file__).resolve().parents[1] / "examples" / "sample_pytorch_training.sqlite"
+    runs = {"training": training, "reagg": training, "cpu": cpu_profile(root / "cpu.sqlite")}
+    runs.update(example=example, flood=flood_profile(root / "flood.sqlite"))
+    logdir = make_logdir(root / "logdir", runs=runs)
     with TensorBoard(logdir) as tb, Browser(WIDTH, HEIGHT) as b:
         b.open_dlprof(tb.url)
         b.wait_css("#view .view", 30)
@@ -124,69 +151,154 @@ NODE_FILLS = (
 )
 
 
+# every node GRAPHS draws (inside its shadow roots): name, the box of its shape on the page, its fill
+GRAPH_NODES = (
+    "const out = []; const walk = (root) => { for (const el of root.querySelectorAll('g.node[data-name]')) {"
+    "const shape = el.querySelector('.nodeshape ellipse, .nodeshape rect'); if (!shape) continue;"
+    "const r = shape.getBoundingClientRect();"
+    "out.push({name: el.getAttribute('data-name'), fill: getComputedStyle(shape).fill,"
+    "left: r.left, top: r.top, right: r.right, bottom: r.bottom, width: r.width, height: r.height}); }"
+    "for (const el of root.querySelectorAll('*')) if (el.shadowRoot) walk(el.shadowRoot); };"
+    "walk(document); return out;"
+)
+DEEP_ALL = (
+    "const out = []; const walk = (root, sel) => { for (const el of root.querySelectorAll('*')) {"
+    "if (el.matches(sel)) out.push(el); if (el.shadowRoot) walk(el.shadowRoot, sel); } };"
+    "walk(document, arguments[0]); return out;"
+)
+
+
+def graph_nodes(d) -> dict:
+    return {n["name"]: n for n in d.execute_script(GRAPH_NODES)}
+
+
+def visible_graph(b, what: str, expected: set) -> dict:
+    """GRAPHS' top-level nodes once they are `expected` and each is drawn readable inside the window (not blank:
+    not off-screen, not shrunk to dots by a row of hundreds of nodes)."""
+
+    def drawn(d):
+        w, h = d.execute_script("return [window.innerWidth, window.innerHeight]")
+        top = {k: n for k, n in graph_nodes(d).items() if "/" not in k}
+        ok = set(top) == expected and all(
+            n["width"] >= 30
+            and n["height"] >= 12
+            and 0 <= n["left"]
+            and n["right"] <= w
+            and 0 <= n["top"]
+            and n["bottom"] <= h
+            for n in top.values()
+        )
+        return top if ok else False
+
+    return b.wait(drawn, 60, what)
+
+
+def open_graphs(b, tb, run: str):
+    """TensorBoard's GRAPHS tab on a run (its Default tag: the run's graph); returns its controls element."""
+    d = b.driver
+    d.switch_to.default_content()
+    d.get(f"{tb.url}/#graphs")
+    controls = b.wait(lambda drv: drv.execute_script(DEEP_FIND, "tf-graph-controls"), 60, "GRAPHS' controls")
+    b.wait(lambda drv: len(drv.execute_script("return arguments[0].datasets || []", controls)) >= 3, 60, "GRAPHS' runs")
+    d.execute_script(
+        "const c = arguments[0]; c._selectedRunIndex = c.datasets.findIndex((r) => r.name === arguments[1]);",
+        controls,
+        run,
+    )
+    return controls
+
+
+def choose_graph_tag(b, tag: str):
+    """The tag dropdown of GRAPHS, used as a user does (open it, click the item)."""
+    d = b.driver
+    menus = d.execute_script(DEEP_ALL, "paper-dropdown-menu")
+    menus[1].click()  # Run, then Tag
+    item = b.wait(
+        lambda drv: [
+            i for i in drv.execute_script(DEEP_ALL, "paper-item") if i.text.strip() == tag and i.is_displayed()
+        ],
+        20,
+        f"the tag {tag} in the dropdown",
+    )[0]
+    item.click()
+
+
+def back_to_dlprof(b, tb):
+    d = b.driver
+    d.get(f"{tb.url}/#dlprof")
+    d.switch_to.frame(b.wait(lambda drv: drv.find_element("css selector", FRAME), 30, "the DLPROF iframe"))
+    b.wait_css("#view .view", 30)
+
+
 def test_graphs_tab_is_active_and_shows_the_node_the_details_name(env):
+    """Issue 24, item 5: the graph is drawn with either tag (after choosing dlprof/op_time it used to stay blank
+    until a node was clicked), ops outside every scope sit under their op type, the sync calls outside every op
+    under `unassociated`; colouring by compute time colours each scope by the sum of its ops' times."""
     b, tb = env.b, env.tb
     listing = http_json(f"{tb.url}/data/plugins_listing")
     assert listing["graphs"]["enabled"] and listing["dlprof"]["enabled"]
     select_run(b, "training/dlprof")
     goto(b, "ops_kernels")
     select_row(b, table_in(b, "#ops"), "op_id", "CONV2D_2")
-    node = b.wait_text("#op-details [data-field=graph_node] code", "aten::conv2d (bprop)")
-    assert node.text == "aten::conv2d (bprop)"
+    node = b.wait_text("#op-details [data-field=graph_node] code", "conv2d/aten::conv2d (bprop)")
+    assert node.text == "conv2d/aten::conv2d (bprop)"
     b.screenshot("graph_node_in_details.png", full_page=False)
-    # TensorBoard's GRAPHS tab draws that node (its hierarchy comes from the op names' `/`)
     d = b.driver
-    d.switch_to.default_content()
     try:
-        d.get(f"{tb.url}/#graphs")
-        # the run and its dlprof/op_time tag in GRAPHS' dropdowns, then "Color by: Compute time"
-        controls = b.wait(lambda drv: drv.execute_script(DEEP_FIND, "tf-graph-controls"), 60, "GRAPHS' controls")
-        b.wait(
-            lambda drv: drv.execute_script("return (arguments[0].datasets || []).length", controls) == 3,
-            60,
-            "GRAPHS' runs",
-        )
-        d.execute_script(
-            "const c = arguments[0]; c._selectedRunIndex = c.datasets.findIndex((r) => r.name === 'training/dlprof');",
-            controls,
-        )
-        b.wait(
-            lambda drv: drv.execute_script(NODE_FILLS).get("aten::conv2d (bprop)") is not None,
-            60,
-            "the training run's graph",
-        )
-        d.execute_script(
-            "const c = arguments[0], r = c.datasets[c._selectedRunIndex];"
-            "c._selectedTagIndex = r.tags.findIndex((t) => t.tag === 'dlprof/op_time');",
-            controls,
-        )
+        controls = open_graphs(b, tb, "training/dlprof")
+        scopes = {"to", "conv2d", "relu", "linear", "Optimizer.step#SGD.step", "unassociated"}
+        visible_graph(b, "the training run's graph, drawn", scopes)
+        d.save_screenshot(str(ARTIFACTS / "graphs_tab_default_tag.png"))
+        choose_graph_tag(b, "dlprof/op_time")
         b.wait(lambda drv: drv.execute_script("return !!arguments[0].stats", controls), 60, "the op times loaded")
+        visible_graph(b, "the graph, drawn with the dlprof/op_time tag", scopes)
+        d.save_screenshot(str(ARTIFACTS / "graphs_tab_op_time_tag.png"))
         d.execute_script("arguments[0].colorBy = 'compute_time';", controls)
         fills = b.wait(
-            lambda drv: (f := drv.execute_script(NODE_FILLS)) and f.get("aten::conv2d") != f.get("aten::to") and f,
+            lambda drv: (
+                (f := {k: n["fill"] for k, n in graph_nodes(drv).items()}) and f.get("conv2d") != f.get("to") and f
+            ),
             30,
             "nodes coloured by compute time",
         )
         d.save_screenshot(str(ARTIFACTS / "graphs_tab_compute_time.png"))
-        assert {"aten::conv2d", "aten::linear (bprop)", "Optimizer.step#SGD.step"} <= set(fills)
-        # darker (less green) for more time: conv2d 30 us > linear 24 us = linear (bprop) > conv2d (bprop) 18 us >
-        # the sync 15 us > relu 6 us = the optimizer step's scope (its add_, 6 us) > to 3 us
-        green = {name: int(re.findall(r"\d+", fill)[1]) for name, fill in fills.items()}
-        order = [
-            "aten::conv2d",
-            "aten::linear",
-            "aten::conv2d (bprop)",
-            "unassociated_cudaDeviceSynchronize_v3020",
-            "aten::relu",
-            "aten::to",
-        ]
-        assert [green[n] for n in order] == sorted(green[n] for n in order) and len({green[n] for n in order}) == 6
-        assert green["aten::linear"] == green["aten::linear (bprop)"]
-        assert green["Optimizer.step#SGD.step"] == green["aten::relu"]
+        # darker (less green) for more time: conv2d (30 + 18 us) = linear (24 + 24 us) > the sync (15 us of CPU) >
+        # relu 6 us = the optimizer step's scope (its add_, 6 us) > to 3 us
+        green = {name: int(re.findall(r"\d+", fill)[1]) for name, fill in fills.items() if "/" not in name}
+        assert green["conv2d"] == green["linear"] < green["unassociated"] < green["relu"] < green["to"]
+        assert green["Optimizer.step#SGD.step"] == green["relu"]
     finally:
-        d.get(f"{tb.url}/#dlprof")
-        d.switch_to.frame(b.wait(lambda drv: drv.find_element("css selector", FRAME), 30, "the DLPROF iframe"))
-        b.wait_css("#view .view", 30)
+        back_to_dlprof(b, tb)
+
+
+def test_graphs_of_a_flat_profile_and_of_many_unassociated_calls(env):
+    """Issue 24, item 5: the example run (21 ops, one scope: 21 unconnected nodes in one row before) is drawn as
+    one node per op type; a run calling cudaEventQuery 120 times per iteration outside every op (a torch.profiler
+    run's top level held hundreds of `unassociated_cudaEventQuery (#N)` nodes) has one node for that API."""
+    b, tb = env.b, env.tb
+    d = b.driver
+    try:
+        open_graphs(b, tb, "example/dlprof")
+        types = {"to", "conv2d", "batch_norm", "relu", "adaptive_avg_pool2d", "linear", "cross_entropy_loss"}
+        visible_graph(b, "the example run's graph", types | {"Optimizer.step#SGD.step", "unassociated"})
+        d.save_screenshot(str(ARTIFACTS / "graphs_example_by_op_type.png"))
+        open_graphs(b, tb, "flood/dlprof")
+        flood = {"relu", "unassociated"}  # (the optimizer step launches nothing: a scope, no op)
+        visible_graph(b, "the graph of the run with many unassociated calls", flood)
+        choose_graph_tag(b, "dlprof/op_time")
+        visible_graph(b, "that graph with the dlprof/op_time tag", flood)
+    finally:
+        back_to_dlprof(b, tb)
+    # the API's calls are one node standing for its 120 ops (one per n-th call of an iteration), 360 calls
+    from google.protobuf import text_format
+    from tensorboard.compat.proto import graph_pb2
+
+    with urllib.request.urlopen(f"{tb.url}/data/plugin/graphs/graph?run=flood/dlprof", timeout=30) as resp:
+        graph = text_format.Parse(resp.read().decode("utf-8"), graph_pb2.GraphDef())
+    names = [n.name for n in graph.node]
+    assert [n for n in names if "cudaEventQuery" in n] == ["unassociated/cudaEventQuery"]
+    query = next(n for n in graph.node if n.name == "unassociated/cudaEventQuery")
+    assert (query.attr["ops"].i, query.attr["calls"].i) == (120, 360)
 
 
 # ---------------------------------------------------------------------------- item 4: CPU-only runs
@@ -300,13 +412,54 @@ def test_a_bad_column_filter_is_shown_at_the_filter_and_the_rows_stay(env):
     assert info(dt) == "Showing 1 to 8 of 8 entries" and len(rows(dt)) == 8
     assert not b.all(".dt-error") and not b.all(".error-item")
     b.screenshot("filter_error.png", full_page=False)
-    # a number the page accepts but the server refuses (1e999 overflows): said at the filter too, rows kept
-    set_value(b, box, "1e999")
-    b.wait(lambda d: "must be N" in error.text, what="the server's refusal at the filter")
-    assert info(dt) == "Showing 1 to 8 of 8 entries" and not b.all(".error-item")
-    search(b, dt, ">20000", column="gpu_total")
+    # the hint says what the filter takes: the units of the cells, and the unit of a plain number
+    assert "e.g. >1ms, 500us..2ms, <1.5 s" in error.text and "a number alone is in µs" in error.text
+    search(b, dt, ">20us", column="gpu_total")
     assert len(rows(dt)) == 3 and dt.get_attribute("data-invalid") is None and not error.is_displayed()
+    # a number the server refuses (1e999 overflows): said at the filter too, rows kept
+    set_value(b, box, "1e999")
+    b.wait(lambda d: dt.get_attribute("data-invalid") == "gpu_total", what="the server's refusal at the filter")
+    assert "N, >N, <N, >=N, <=N or N..M" in error.text and len(rows(dt)) == 3 and not b.all(".error-item")
     search(b, dt, "", column="gpu_total")
+
+
+def test_filters_take_the_units_the_cells_show(env):
+    """Issue 24, item 2: `>1ms`, `500us..2ms`, `<1.5 s` on durations, `>20%` on percentages, and a plain number
+    in the column's display unit (the unit of its largest value: µs in the training profile's ops, whose GPU
+    times are 30, 24, 24, 18, 6, 6, 3 and 0 µs); placeholder and tooltip say so."""
+    b, db = env.b, env.db("training")
+    select_run(b, "training/dlprof")
+    goto(b, "ops_kernels")
+    dt = table_in(b, "#ops")
+    box = dt.find_element("css selector", ".dt-col-search[data-key=gpu_total]")
+    assert box.get_attribute("data-unit") == "µs" and box.get_attribute("placeholder") == ">1µs, 2..5"
+    assert "a number alone is in µs, this column's unit" in box.get_attribute("title")
+    gpu = dict(query(db, "SELECT o.op_id, n.gpu_total FROM op_nodes n JOIN read_only_ops o USING (op_index)"))
+    for text, keep in (
+        (">20us", lambda ns: ns > 20_000),
+        (">0.02ms", lambda ns: ns > 20_000),
+        ("6us..18us", lambda ns: 6_000 <= ns <= 18_000),
+        ("6 µs..0.018 ms", lambda ns: 6_000 <= ns <= 18_000),
+        ("<1.5 s", lambda ns: ns < 1_500_000_000),
+        (">1ms", lambda ns: ns > 1_000_000),
+        ("<=6", lambda ns: ns <= 6_000),  # µs, the column's unit
+        ("6..18", lambda ns: 6_000 <= ns <= 18_000),
+        (">=3000ns", lambda ns: ns >= 3_000),
+    ):
+        search(b, dt, text, column="gpu_total")
+        expected = {k for k, v in gpu.items() if keep(v)}
+        assert {r["op_id"] for r in rows(dt)} == expected, text
+        assert dt.get_attribute("data-invalid") is None, text
+    search(b, dt, "", column="gpu_total")
+    # percentages
+    goto(b, "tensor_core")
+    tc = table_in(b, "#tensor-core")
+    pct = tc.find_element("css selector", ".dt-col-search[data-key=tc_utilization]")
+    assert pct.get_attribute("placeholder") == ">20%, 10..30" and "a number alone is in %" in pct.get_attribute("title")
+    for text in (">20%", ">20"):
+        search(b, tc, text, column="tc_utilization")
+        assert {r["op_id"] for r in rows(tc)} == {"CONV2D_1", "CONV2D_2"}, text
+    search(b, tc, "", column="tc_utilization")
 
 
 # ---------------------------------------------------------------------------- item 10: the Ops table's sort column
@@ -598,15 +751,10 @@ def test_dlprofviewer_favicon_theme_and_url_state(env, tmp_path):
     proc = subprocess.Popen(cmd + [str(db), "--port", str(port), "--quiet"], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                urllib.request.urlopen(url + "runs", timeout=2).read()
-                break
-            except OSError:
-                if time.time() > deadline or proc.poll() is not None:
-                    raise AssertionError((tmp_path / "viewer.log").read_text()) from None
-                time.sleep(0.2)
+        try:
+            wait_for_server(url + "runs", proc, what="dlprofviewer to start")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {(tmp_path / 'viewer.log').read_text()}") from None
         with urllib.request.urlopen(url + "favicon.ico", timeout=5) as resp:
             assert resp.status == 200 and resp.headers["Content-Type"].startswith("image/svg+xml")
         with Browser(WIDTH, HEIGHT) as b:
@@ -637,3 +785,24 @@ def test_dlprofviewer_favicon_theme_and_url_state(env, tmp_path):
         proc.terminate()
         proc.wait(timeout=10)
         log.close()
+
+
+# ---------------------------------------------------------------------------- issue 24, item 9: the run's name
+
+
+def test_a_profile_name_is_not_shown_twice(env, tmp_path):
+    """`dlprof --output_path=<logdir>/example --profile_name=example`: the run is `example` (not
+    `example/example`); pointed at that folder itself (the run `.`), TensorBoard's run is shown by its profile
+    name."""
+    from tests.profiles import run_dlprof
+
+    logdir = tmp_path / "logdir"
+    export = Path(__file__).resolve().parents[1] / "examples" / "sample_pytorch_training.sqlite"
+    run_dlprof(f"--database={export}", f"--output_path={logdir / 'example'}", "--profile_name=example", "-v", "quiet")
+    for root, value in ((logdir, "example"), (logdir / "example", ".")):
+        with TensorBoard(root) as tb, Browser(WIDTH, HEIGHT) as b:
+            b.open_dlprof(tb.url)
+            b.wait_css("#view .view", 30)
+            assert [o.get_attribute("value") for o in b.all("#run-select option")] == [value]
+            assert [o.text for o in b.all("#run-select option")] == ["example"]
+            assert b.css(".view-subtitle").text.startswith("example · aggregation")

@@ -462,9 +462,12 @@ def test_search_filter_and_sort_on_the_server(env):
     n_not = query(db, "SELECT count(*) FROM op_nodes WHERE aggr_id = ? AND using_tc = 0", (aggr,))[0][0]
     assert len(rows(dt)) == n_not == 6 and {r["using_tc"] for r in rows(dt)} == {"No"}
     search(b, dt, "", column="using_tc")
-    search(b, dt, ">20000", column="gpu_total")
+    # durations with the unit the cells show; a plain number in the column's unit (µs here: its largest is 30 µs)
     n_big = query(db, "SELECT count(*) FROM op_nodes WHERE aggr_id = ? AND gpu_total > 20000", (aggr,))[0][0]
-    assert len(rows(dt)) == n_big == 3
+    for text in (">20us", ">0.02ms", ">20"):
+        search(b, dt, text, column="gpu_total")
+        assert len(rows(dt)) == n_big == 3, text
+    assert dt.find_element("css selector", ".dt-col-search[data-key=gpu_total]").get_attribute("data-unit") == "µs"
     search(b, dt, "", column="gpu_total")
     # a malformed number search is explained at its filter, not as a page error; the rows stay; clearing it
     # recovers (issue 15, item 6; tests/test_browser_usability.py checks where the message is)
@@ -577,10 +580,41 @@ def test_exports_of_the_filtered_rows(env):
     assert sorted(td.text for td in view.find_elements("css selector", "tbody tr td:first-child")) == shown
     assert "Total GPU Time" in view.find_element("css selector", "thead").text
     assert not b.css("#dlprof-app").is_displayed()
+    # printed on a landscape page (1040 px within its margins): no header breaks inside a word ("Dire ction"),
+    # and the table fits the page
+    d = b.driver
+    d.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": "print"})
+    d.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride", {"width": 1040, "height": 800, "deviceScaleFactor": 1, "mobile": False}
+    )
+    try:
+        broken = b.js(WORDS_BROKEN, view.find_element("css selector", "table.print-table"))
+        width = b.js("return arguments[0].getBoundingClientRect().width", view.find_element("css selector", "table"))
+    finally:
+        d.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+        d.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": ""})
+    assert not broken, broken
+    assert width <= 1040
     view.find_element("css selector", "button.print-close").click()
     b.wait(lambda d: not b.all("#print-view"), what="print view closed")
     assert b.css("#dlprof-app").is_displayed()
     search(b, dt, "")
+
+
+# the header words of a table laid out on more than one line (a word broken across lines has several boxes)
+WORDS_BROKEN = """
+const out = [];
+for (const th of arguments[0].querySelectorAll('thead th')) {
+  const node = th.firstChild; if (!node || node.nodeType !== 3) continue;
+  const text = node.textContent; let at = 0;
+  for (const word of text.split(/\\s+/).filter(Boolean)) {
+    const i = text.indexOf(word, at); at = i + word.length;
+    const r = document.createRange(); r.setStart(node, i); r.setEnd(node, i + word.length);
+    if (r.getClientRects().length > 1) out.push(word);
+  }
+}
+return out;
+"""
 
 
 def test_a_table_of_100000_ops_stays_responsive(env):

@@ -100,7 +100,7 @@ def test_exports_without_cuda_or_nvtx_warn_and_still_report(tmp_path):
     no_nvtx = exp.write(tmp_path / "no_nvtx.sqlite")
     proc = run_dlprof(f"--database={no_nvtx}", "--reports=kernel", f"--output_path={tmp_path / 'b'}")
     assert "no NVTX ranges" in proc.stderr
-    assert "unassociated_cudaLaunchKernel_v7000" in (tmp_path / "b" / "dlprof_kernel.csv").read_text()
+    assert "unassociated_cudaLaunchKernel" in (tmp_path / "b" / "dlprof_kernel.csv").read_text()
 
 
 def test_key_node_not_found_warns_and_gives_one_iteration(tmp_path, export):

@@ -112,6 +112,37 @@ def hand(tmp_path_factory):
     return root, before, after
 
 
+def test_the_baseline_is_kept_in_the_runs_database(hand):
+    """--baseline writes the baseline's side of the diff into the run's database, by hand: its three ops (mm
+    10 us, relu 3 us, relu[2] 2 us; one call each), its two kernel rows per op (gemm_a, relu_k twice) and its
+    figures, beside the run's aggregation 1 and primary domain."""
+    import sqlite3
+
+    root, before, after = hand
+    con = sqlite3.connect(root / "out" / "dlprof_dldb.sqlite")
+    try:
+        (domain,) = con.execute("SELECT domain_id FROM read_only_domains WHERE is_primary").fetchone()
+        (profile,) = con.execute(
+            "SELECT aggr_id, domain_id, rank, source, iter_start, iter_stop, "
+            "aggregated_iterations FROM baseline_profiles"
+        ).fetchall()
+        assert profile == (1, domain, 0, str(before), 0, 0, 1)
+        ops = con.execute(
+            "SELECT op_name, direction, num_calls, gpu_total FROM baseline_ops ORDER BY op_name"
+        ).fetchall()
+        assert ops == [
+            ("/aten::mm", "fprop", 1, 10000),
+            ("/aten::relu", "fprop", 1, 3000),
+            ("/aten::relu[2]", "fprop", 1, 2000),
+        ]
+        kernels = con.execute(
+            "SELECT kernel_name, num_calls, gpu_total FROM baseline_kernels ORDER BY gpu_total"
+        ).fetchall()
+        assert sorted(kernels) == [("gemm_a", 1, 10000), ("relu_k", 1, 2000), ("relu_k", 1, 3000)]
+    finally:
+        con.close()
+
+
 def test_hand_computed_diff_report(hand):
     root, before, after = hand
     sections = read_sections(root / "out" / "dlprof_diff.csv")

@@ -609,7 +609,7 @@ def test_sync_api(baseline, make):
     assert re.fullmatch(
         r"Explicit synchronizations blocked the host for 2\.4 ms, 6\.\d% of the calling thread's "
         r"time: cudaStreamSynchronize \(4 calls, 2\.4 ms\); called from "
-        r"unassociated_cudaStreamSynchronize_v3020 \(2\.4 ms\)\. After they returned the GPU stayed "
+        r"unassociated_cudaStreamSynchronize \(2\.4 ms\)\. After they returned the GPU stayed "
         r"idle for .* until new work arrived",
         f["problem"],
     ), f["problem"]

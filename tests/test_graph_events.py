@@ -23,16 +23,16 @@ from tests.profiles import make_logdir, run_dlprof, training_profile
 CALLS = 3  # training_profile's iterations: every op runs once per iteration
 # node name: (op type, Op ID, direction, GPU ns per call, CPU ns per call), from training_profile's docstring
 TRAINING = {
-    "aten::to": ("to", "TO_1", "fprop", 1000, 3000),  # memcpy [T+7000,T+8000)
-    "aten::conv2d": ("conv2d", "CONV2D_1", "fprop", 10000, 10000),  # TC_CONV [T+14000,T+24000)
-    "aten::relu": ("relu", "RELU_1", "fprop", 2000, 4000),  # RELU [T+25000,T+27000)
-    "aten::linear": ("linear", "LINEAR_1", "fprop", 8000, 10000),  # SGEMM [T+37000,T+45000)
-    "aten::linear (bprop)": ("linear", "LINEAR_2", "bprop", 8000, 6000),  # AddmmBackward0
-    "aten::conv2d (bprop)": ("conv2d", "CONV2D_2", "bprop", 6000, 8000),  # ConvolutionBackward0
+    "to/aten::to": ("to", "TO_1", "fprop", 1000, 3000),  # memcpy [T+7000,T+8000)
+    "conv2d/aten::conv2d": ("conv2d", "CONV2D_1", "fprop", 10000, 10000),  # TC_CONV [T+14000,T+24000)
+    "relu/aten::relu": ("relu", "RELU_1", "fprop", 2000, 4000),  # RELU [T+25000,T+27000)
+    "linear/aten::linear": ("linear", "LINEAR_1", "fprop", 8000, 10000),  # SGEMM [T+37000,T+45000)
+    "linear/aten::linear (bprop)": ("linear", "LINEAR_2", "bprop", 8000, 6000),  # AddmmBackward0
+    "conv2d/aten::conv2d (bprop)": ("conv2d", "CONV2D_2", "bprop", 6000, 8000),  # ConvolutionBackward0
     "Optimizer.step#SGD.step/aten::add_": ("add_", "ADD__1", "fprop", 2000, 8000),  # ADD [T+74000,T+76000)
-    "unassociated_cudaDeviceSynchronize_v3020": (
-        "cudaDeviceSynchronize_v3020",
-        "CUDADEVICESYNCHRONIZE_V3020_1",
+    "unassociated/cudaDeviceSynchronize": (
+        "cudaDeviceSynchronize",
+        "CUDADEVICESYNCHRONIZE_1",
         None,
         0,
         5000,
@@ -46,7 +46,7 @@ TRAINING_OP_NAMES = [
     "/aten::linear (bprop)",
     "/aten::conv2d (bprop)",
     "/Optimizer.step#SGD.step/aten::add_",
-    "unassociated_cudaDeviceSynchronize_v3020",
+    "unassociated_cudaDeviceSynchronize",
 ]
 
 
@@ -101,7 +101,7 @@ def test_nodes_are_the_ops_with_their_scopes_types_and_attributes(training):
         assert node.device == ("/device:GPU:0" if gpu else "/device:CPU:0"), name
         assert not node.input  # the profile records no data flow
     # the op name (its leading / gone) is the node name; backward ops carry their direction
-    assert nodes["aten::conv2d (bprop)"].attr["op_name"].s.decode() == "/aten::conv2d"
+    assert nodes["conv2d/aten::conv2d (bprop)"].attr["op_name"].s.decode() == "/aten::conv2d"
     assert (
         nodes["Optimizer.step#SGD.step/aten::add_"].attr["op_name"].s.decode() == "/Optimizer.step#SGD.step/aten::add_"
     )
@@ -161,17 +161,73 @@ def test_reaggregated_database_writes_the_aggregations_totals(training, tmp_path
     # iteration 1 = [end of step 0, end of step 1): one call of each op of base T = 1.1 ms and the sync of
     # iteration 0 (at T0+85000 > T0+80000); iteration 2 likewise
     assert nodes["/aten::conv2d"].attr["calls"].i == 2 and nodes["/aten::conv2d"].attr["gpu_time_ns"].i == 20_000
-    assert nodes["unassociated_cudaDeviceSynchronize_v3020"].attr["cpu_time_ns"].i == 10_000
-    assert node_stats(meta)["aten::conv2d"][1].all_end_rel_nanos == 20_000
+    assert nodes["unassociated_cudaDeviceSynchronize"].attr["cpu_time_ns"].i == 10_000
+    assert node_stats(meta)["conv2d/aten::conv2d"][1].all_end_rel_nanos == 20_000
 
 
 def test_node_names_keep_scopes_directions_and_tensorboards_strict_hierarchy():
     names = graph_events.node_names(
         ["/a/b", "/a", "/a/b/c", "x", "/x", "/y[2]"], ["fprop", "fprop", "bprop", "", "fprop", "bprop"]
     )
-    # "a" and "a/b" are also name scopes: TensorBoard shows such a node inside its scope as "(b)"
-    assert names == ["a/b/(b)", "a/(a)", "a/b/c (bprop)", "x", "x (#2)", "y[2] (bprop)"]
-    assert len(set(names)) == len(names)
+    # "a" and "a/b" are also name scopes: TensorBoard shows such a node inside its scope as "(b)"; x without a
+    # direction and x in fprop are one node
+    assert names == ["a/b/(b)", "a/(a)", "a/b/c (bprop)", "x", "x", "y[2] (bprop)"]
+
+
+def test_a_flat_profile_is_grouped_by_op_type_and_unassociated_calls_by_api():
+    """Ops outside every scope go under their op type; the n-th calls of an unassociated API are one node per
+    API under `unassociated`; scoped ops keep their scopes."""
+    names = graph_events.node_names(
+        ["/aten::conv2d", "/aten::conv2d[2]", "/aten::conv2d", "/m/aten::relu", "unassociated_cudaEventQuery"]
+        + ["unassociated_cudaEventQuery", "unassociated_k"],
+        ["fprop", "fprop", "bprop", "fprop", "", "", ""],
+        ["conv2d", "conv2d", "conv2d", "relu", "cudaEventQuery", "cudaEventQuery", "k"],
+        [0, 0, 0, 0, 2, 2, 3],
+    )
+    assert names == [
+        "conv2d/aten::conv2d",
+        "conv2d/aten::conv2d[2]",
+        "conv2d/aten::conv2d (bprop)",
+        "m/aten::relu",
+        "unassociated/cudaEventQuery",
+        "unassociated/cudaEventQuery",
+        "unassociated/k",
+    ]
+
+
+def test_the_calls_of_one_api_are_one_node_with_their_sums():
+    """Three unassociated cudaEventQuery ops (a torch.profiler run has hundreds, one per n-th call in an
+    iteration): one node holding their calls and times, `ops` saying how many."""
+    import pandas as pd
+
+    table = pd.DataFrame(
+        {
+            "op_index": [0, 1, 2, 3],
+            "op_id": ["CUDAEVENTQUERY_1", "CUDAEVENTQUERY_2", "CUDAEVENTQUERY_3", "RELU_1"],
+            "name": ["unassociated_cudaEventQuery"] * 3 + ["/aten::relu"],
+            "direction": ["", "", "", "fprop"],
+            "op_type": ["cudaEventQuery"] * 3 + ["relu"],
+            "data_type": [None] * 4,
+            "device_id": [-1, -1, -1, 0],
+            "kind": [2, 2, 2, 0],
+            "calls": [4, 4, 3, 4],
+            "gpu_total": [0, 0, 0, 8000],
+            "cpu_total": [100, 200, 300, 9000],
+            "input_shapes": [None] * 4,
+            "output_shapes": [None] * 4,
+        }
+    )
+    nodes = graph_events.node_table(table).set_index("node")
+    assert list(nodes.index) == ["unassociated/cudaEventQuery", "relu/aten::relu"]
+    query = nodes.loc["unassociated/cudaEventQuery"]
+    assert (query["ops"], query["calls"], query["cpu_total"], query["op_id"]) == (3, 11, 600, "CUDAEVENTQUERY_1")
+    graph = graph_pb2.GraphDef.FromString(graph_events.graph_def(nodes.reset_index()))
+    by_name = {n.name: n for n in graph.node}
+    assert by_name["unassociated/cudaEventQuery"].attr["ops"].i == 3
+    assert by_name["unassociated/cudaEventQuery"].attr["calls"].i == 11
+    assert "ops" not in by_name["relu/aten::relu"].attr  # one op: no count
+    meta = config_pb2.RunMetadata.FromString(graph_events.run_metadata(nodes.reset_index()))
+    assert node_stats(meta)["unassociated/cudaEventQuery"][1].all_end_rel_nanos == 600
 
 
 def test_shapes_parse_as_dlprof_writes_them():
@@ -273,10 +329,10 @@ def test_tensorboard_shows_graphs_beside_dlprof(training, load_fast, tmp_path):
             _get(f"{base}/plugin/graphs/run_metadata?run=training/dlprof&tag=dlprof/op_time").decode(),
             config_pb2.RunMetadata(),
         )
-        assert node_stats(meta)["aten::linear (bprop)"][1].all_end_rel_nanos == CALLS * 8000
+        assert node_stats(meta)["linear/aten::linear (bprop)"][1].all_end_rel_nanos == CALLS * 8000
         # the DLPROF tab names each op's node
         op = json.loads(_get(f"{base}/plugin/dlprof/op?run=training/dlprof&op_index=5"))
-        assert (op["op_id"], op["graph_node"]) == ("CONV2D_2", "aten::conv2d (bprop)")
+        assert (op["op_id"], op["graph_node"]) == ("CONV2D_2", "conv2d/aten::conv2d (bprop)")
     finally:
         proc.terminate()
         try:
@@ -313,6 +369,8 @@ def test_the_wire_encoding_is_protobufs():
             "output_shapes": ["<8, 0>", None],
         }
     )
+    table["kind"] = 0
+    table = graph_events.node_table(table)
     graph = graph_pb2.GraphDef.FromString(graph_events.graph_def(table))
     expected = graph_pb2.GraphDef()
     node = expected.node.add(name="net/conv (bprop)", op="conv2d", device="/device:GPU:1")
@@ -342,7 +400,7 @@ def test_the_wire_encoding_is_protobufs():
         ),
     }.items():
         node.attr[key].CopyFrom(value)
-    node = expected.node.add(name="x", op="op", device="/device:CPU:0")
+    node = expected.node.add(name="x", op="op", device="/device:CPU:0")  # no op type: no type scope
     for key, value in {
         "op_name": AV(s=b"/x"),
         "op_id": AV(s=b"X_1"),

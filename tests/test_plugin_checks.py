@@ -271,6 +271,22 @@ def check_tables(api: Api, run: str, db: Path) -> None:
     assert [r["op_id"] for r in hits] == ["LINEAR_2"]
     doc, hits = api.table("ops", run=run, aggr=1, **{"col.gpu_total": "6000..18000", "col.using_tc": "no"})
     assert {r["op_id"] for r in hits} == {"RELU_1", "ADD__1"}
+    # durations take the units the cells show (the training profile's ops: 30, 24, 24, 18, 6, 6, 3, 0 us of GPU)
+    for text, expected in (
+        (">20us", {"CONV2D_1", "LINEAR_1", "LINEAR_2"}),
+        (">0.02ms", {"CONV2D_1", "LINEAR_1", "LINEAR_2"}),
+        ("6us..18us", {"CONV2D_2", "RELU_1", "ADD__1"}),
+        ("6 µs..0.018 ms", {"CONV2D_2", "RELU_1", "ADD__1"}),
+        ("<1.5 s", {r["op_id"] for r in rows}),
+        ("=30000", {"CONV2D_1"}),
+        ("30000ns", {"CONV2D_1"}),
+    ):
+        _, hits = api.table("ops", run=run, aggr=1, **{"col.gpu_total": text})
+        assert {r["op_id"] for r in hits} == expected, text
+    _, hits = api.table("tensor_core", run=run, aggr=1, **{"col.tc_utilization": ">20%"})
+    assert {r["op_id"] for r in hits} == {"CONV2D_1", "CONV2D_2"}
+    _, hits = api.table("tensor_core", run=run, aggr=1, **{"col.tc_utilization": "<20"})
+    assert {r["op_id"] for r in hits} == {"LINEAR_1", "LINEAR_2"}
     doc, hits = api.table("ops", run=run, aggr=1, **{"col.op_name": "%"})  # LIKE wildcards are literal
     assert doc["filtered"] == 0
     # kernels (all, and of one op)
@@ -415,6 +431,10 @@ BAD_REQUESTS = [
     ("table/ops", {"limit": "-1"}, 400),
     ("table/ops", {"offset": "ten"}, 400),
     ("table/ops", {"col.gpu_total": ">>5"}, 400),
+    ("table/ops", {"col.gpu_total": ">1 fortnight"}, 400),  # not a unit
+    ("table/ops", {"col.num_calls": ">1ms"}, 400),  # a count takes no duration unit
+    ("op", {"op_index": str(2**63)}, 400),  # beyond what SQLite stores
+    ("op", {"op_index": "9" * 40}, 400),
     ("table/ops", {"col.no_such_column": "1"}, 400),
     ("table/ops", {"col.using_tc": "perhaps"}, 400),
     ("table/ops", {"format": "pdf"}, 400),
@@ -430,6 +450,28 @@ BAD_REQUESTS = [
 ]
 
 
+def check_terms(api: Api, run: str) -> None:
+    """One definition per label: the terms route, and every table column naming one of its entries."""
+    terms = api.get("terms")["terms"]
+    labels = [t["label"] for t in terms.values()]
+    assert len(labels) == len(set(labels)) and all(t["label"] and t["definition"] for t in terms.values())
+    tables = ["ops", "kernels", "op_types", "tensor_core", "group_ops", "iterations", "key_nodes", "expert_systems"]
+    tables += ["compare_ops", "compare_kernels"]
+    shown = {}
+    for name in tables + ["iteration_kernels", "iteration_ops"]:
+        doc = api.get(f"table/{name}", run=run, limit=0, iteration=1)
+        for c in doc["columns"]:
+            t = terms[c["term"]]
+            assert (c["display"], c["tooltip"]) == (t["label"], t["definition"]), (name, c)
+            shown.setdefault(c["display"], set()).add(c["tooltip"])
+    assert all(len(d) == 1 for d in shown.values()), {k: v for k, v in shown.items() if len(v) > 1}
+    # a kernel's durations and an op's GPU time are different figures: different labels
+    ops = {c["key"]: c for c in api.get("table/ops", run=run, limit=0)["columns"]}
+    kernels = {c["key"]: c for c in api.get("table/kernels", run=run, limit=0)["columns"]}
+    assert ops["gpu_total"]["label"] == kernels["gpu_total"]["label"] == "Total GPU Time (ns)"  # DLProf's headers
+    assert (ops["gpu_total"]["display"], kernels["gpu_total"]["display"]) == ("Total GPU Time", "Total Duration")
+
+
 def check_bad_requests(api: Api, run: str) -> None:
     for route, params, status in BAD_REQUESTS:
         params = dict(params)
@@ -442,6 +484,17 @@ def check_bad_requests(api: Api, run: str) -> None:
         assert code == status, f"{route} {params}: {code} {body[:200]!r}"
         assert headers["Content-Type"].startswith("application/json"), (route, headers["Content-Type"])
         assert isinstance(json.loads(body)["error"], str)
+    # integers beyond 2^53 are integers: a valid one is looked up (404: no such op), one beyond int64 is named so
+    for value, status, text in (
+        (str(2**53 + 1), 404, "unknown op_index 9007199254740993"),
+        (str(2**63 - 1), 404, "unknown op_index 9223372036854775807"),
+        (str(2**63), 400, "must be between -9223372036854775808 and 9223372036854775807"),
+        ("1e3", 400, "must be an integer"),
+    ):
+        doc = api.get("op", expect=status, run=run, op_index=value)
+        assert text in doc["error"], (value, doc)
+    doc = api.get("table/ops", expect=400, run=run, **{"col.gpu_total": ">1 fortnight"})
+    assert "filter on 'gpu_total' must be" in doc["error"] and "500us" in doc["error"], doc
     for body, status in [
         (b"not json", 400),
         (b"[1, 2]", 400),
@@ -454,6 +507,13 @@ def check_bad_requests(api: Api, run: str) -> None:
     ]:
         code, doc = api.post("reaggregate", body)
         assert code == status and "error" in doc, (body, code, doc)
+    # iteration numbers beyond 2^53 are integers (here refused for their order), beyond int64 named so
+    for body, text in (
+        ({"run": run, "iter_start": 2**53 + 1, "iter_stop": 1}, "'iter_start' must not be greater than 'iter_stop'"),
+        ({"run": run, "iter_start": 2**63}, "'iter_start' must be at most 9223372036854775807"),
+    ):
+        code, doc = api.post("reaggregate", body)
+        assert code == 400 and doc["error"] == text, (body, doc)
     code, _, _ = api.raw(api.url("reaggregate"))  # GET on a POST route
     assert code == 405
 

@@ -9,7 +9,7 @@ from werkzeug.test import Client
 
 from dlprof_plugin.viewer import build_app
 from tests.profiles import run_dlprof
-from tests.test_compare import HAND_KERNELS, HAND_OPS, hand_after, hand_before
+from tests.test_compare import HAND_KERNELS, HAND_OPS, hand_after, hand_before, read_sections
 from tests.test_db_load import v2  # noqa: F401 - the 2.0 database fixture
 
 
@@ -138,3 +138,82 @@ def test_a_2_0_database_compares_with_its_3_0_twin(v2):
     assert rows and all(r[9] == 0 for r in rows)  # delta
     doc = get(client, "/timeline?run=dlprof_dldb&iteration=1", 404)
     assert "schema 3.0" in doc["error"]
+
+
+# ---------------------------------------------------------------------------- the run's own baseline, over HTTP
+
+
+@pytest.fixture(scope="module")
+def kept(tmp_path_factory):
+    """A real TensorBoard over a logdir whose run `after` was analysed with `--baseline` (its diff report beside
+    it) and the baseline's own run `before`."""
+    from tests.browser import TensorBoard
+
+    root = tmp_path_factory.mktemp("kept_baseline")
+    before, after = hand_before(root / "before.sqlite"), hand_after(root / "after.sqlite")
+    logdir = root / "logdir"
+    run_dlprof(f"--database={before}", f"--output_path={logdir / 'before'}", "--reports=summary", "-v", "quiet")
+    run_dlprof(
+        f"--database={after}",
+        f"--baseline={before}",
+        f"--output_path={logdir / 'after'}",
+        "--reports=summary",
+        "-v",
+        "quiet",
+    )
+    with TensorBoard(logdir) as tb:
+        yield {"tb": tb, "before": before, "report": read_sections(logdir / "after" / "dlprof_diff.csv")}
+
+
+def _figure(kind: str, value) -> str:
+    """A headline figure as the diff report writes it (DLProf's CSV conventions)."""
+    if kind == "int":
+        return str(int(value))
+    return f"{value:.1f}"
+
+
+def test_the_compare_route_given_only_the_run_answers_its_diff_report(kept):
+    """`compare?run=` alone: the baseline `dlprof --baseline` compared the run with, kept in its database; the
+    headline figures and every op and kernel row are the diff report's, and the answer says the baseline is the
+    kept one."""
+    import csv
+    import io
+    import urllib.request
+
+    from tests.browser import http_json
+
+    tb, report = kept["tb"], kept["report"]
+    doc = tb.api("compare?run=after/dlprof")
+    assert doc["baseline"]["stored"] is True and doc["baseline"]["run"] is None
+    assert doc["baseline"]["source"] == str(kept["before"]) and doc["baseline"]["compared_aggr"] == 1
+    assert doc["after"]["stored"] is False and doc["after"]["run"] == "after/dlprof"
+    summary = {r["label"]: r for r in doc["summary"]}
+    assert [r["label"] for r in doc["summary"]] == [row[0] for row in report["Diff Summary"][1:]]
+    for label, base, after, delta in report["Diff Summary"][1:]:
+        r = summary[label]
+        assert [_figure(r["kind"], r[k]) for k in ("baseline", "after", "delta")] == [base, after, delta], label
+    for table, section in (("compare_ops", "Op Diff"), ("compare_kernels", "Kernel Diff")):
+        url = f"{tb.url}/data/plugin/dlprof/table/{table}?run=after/dlprof&format=csv"
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            header, *rows = list(csv.reader(io.StringIO(resp.read().decode("utf-8"))))
+        theirs_header, *theirs = report[section]
+        assert header == theirs_header and len(rows) == len(theirs) > 0
+        pct = header.index("Delta GPU Time %")
+        for mine, ref in zip(rows, theirs):
+            assert mine[:pct] == ref[:pct], (table, mine, ref)
+            assert (f"{float(mine[pct]):.1f}" if mine[pct] else "") == ref[pct], (table, mine, ref)
+    # the aggregation says which baseline it was compared with
+    (aggr,) = http_json(f"{tb.url}/data/plugin/dlprof/aggregations?run=after/dlprof")["aggregations"]
+    assert aggr["baseline"] == str(kept["before"])
+    # the baseline's own run gives the same comparison (the same options), not marked as the kept one
+    run = tb.api("compare?run=after/dlprof&base_run=before/dlprof")
+    assert run["baseline"]["stored"] is False and run["baseline"]["run"] == "before/dlprof"
+    assert [(r["baseline"], r["after"]) for r in run["summary"]] == [
+        (r["baseline"], r["after"]) for r in doc["summary"]
+    ]
+    # a run without a kept baseline is compared with itself
+    own = tb.api("compare?run=before/dlprof")
+    assert own["baseline"]["stored"] is False and all(r["delta"] == 0 for r in own["summary"])
+    assert (
+        http_json(f"{tb.url}/data/plugin/dlprof/aggregations?run=before/dlprof")["aggregations"][0]["baseline"] is None
+    )

@@ -145,6 +145,10 @@ def test_exports(tb):
     checks.check_exports(tb["api"], "training/dlprof")
 
 
+def test_terms(tb):
+    checks.check_terms(tb["api"], "training/dlprof")
+
+
 def test_bad_requests(tb):
     checks.check_bad_requests(tb["api"], "training/dlprof")
 

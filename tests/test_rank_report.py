@@ -94,5 +94,26 @@ def test_table_and_csv(tmp_path):
     written = write_report(table, tmp_path, "dlprof", ["csv"], lambda p: p)
     rows = list(csv.reader(written[0].read_text().splitlines()))
     # one shared clock: iteration 0 ends at 1000 (rank 0) and 1200 (rank 1); no other iteration is matched
-    assert rows[1] == ["0", "r0", "1", "3", "833.3", "1000", "50.0", "300", "33.3", "0"]
+    assert rows[1] == ["0", "r0", "1", "3", "833", "1000", "50.0", "300", "33.3", "0"]
     assert rows[2][-1] == "1"
+
+
+def test_every_time_of_the_csv_is_whole_nanoseconds(tmp_path):
+    """dlprof_ranks.csv: the average iteration time rounds half up to whole ns like every other time (it used to
+    read 205411500.0 among integers); percentages keep one decimal."""
+    a = result(0, [0, 1000], [1001, 2000])  # durations 1001 and 1000: average 1000.5 -> 1001
+    b = result(1, [0, 1000, 2000], [1000, 2000, 3001])  # 1000, 1000, 1001: average 1000.33 -> 1000
+    written = write_report(rank_table([a, b]), tmp_path, "dlprof", ["csv", "json"], lambda p: p)
+    header, *rows = list(csv.reader(written[0].read_text().splitlines()))
+    times = [i for i, name in enumerate(header) if name.endswith("(ns)")]
+    assert [header[i] for i in times] == [
+        "Avg Iteration Time (ns)",
+        "Max Iteration Time (ns)",
+        "Communication Time (ns)",
+    ]
+    assert all(r[i].isdigit() for r in rows for i in times), rows
+    assert [r[times[0]] for r in rows] == ["1001", "1000"]
+    import json
+
+    (section,) = json.loads(written[1].read_text())["sections"]
+    assert [r[section["columns"].index("Avg Iteration Time (ns)")] for r in section["rows"]] == [1001, 1000]
