@@ -127,7 +127,9 @@ def test_capture_analyse_and_pass_the_exit_status(tmp_path):
     # ProfilerStep#0 opens when profiling starts, each optimizer step closes one and opens the next
     assert steps_in(evs) == [0, 1, 2, 3]
     db = out / "dlprof_dldb.sqlite"
-    assert sql(db, "SELECT key_node, total_iterations FROM aggregations") == [("ProfilerStep", 5)]
+    # the iterations are the steps in which something ran: ProfilerStep#3, opened by the last optimizer step
+    # and closed at exit, holds no op
+    assert sql(db, "SELECT key_node, total_iterations FROM aggregations") == [("ProfilerStep", 3)]
     ops = [e for e in evs if e.get("cat") == "cpu_op"]
     assert sql(db, "SELECT count(*) FROM read_only_ranges WHERE text LIKE '%, op_id = %'")[0][0] == len(ops)
     # each forward aten::linear (inside a Linear module) is one call of the ops named after the modules
@@ -162,6 +164,8 @@ def test_capture_iterations_keep_only_the_window(tmp_path):
     assert steps_in(evs) == [2, 3]
     linear = sum(1 for e in evs if e.get("cat") == "cpu_op" and e["name"] == "aten::linear")
     assert linear == 2 * 2  # two iterations of two Linear layers
+    summary = (tmp_path / "out" / "dlprof_summary.csv").read_text().splitlines()
+    assert "Total Iterations,2" in summary  # the two steps kept, nothing after them
 
 
 def test_delay_starts_collection_later(tmp_path):
