@@ -64,6 +64,25 @@ function tensorCorePanel(tc) {
   return c;
 }
 
+// The steady iteration figures lead (the median of the complete aggregated iterations, their range, the partial
+// ones named); databases of earlier versions have none (null) and show DLProf's figures only.
+function steadyMetrics(sm) {
+  if (sm.median_iteration_time === null || sm.median_iteration_time === undefined) return [];
+  const partial = sm.partial_iterations || [];
+  const complete = sm.complete_iterations
+    ? `${fmtInt(sm.complete_start)} – ${fmtInt(sm.complete_stop)} (${fmtInt(sm.complete_iterations)})` : "none";
+  const median = metric("Median Iteration Time", fmtNs(sm.median_iteration_time), "median_iteration_time",
+    {exact: fmtNsExact(sm.median_iteration_time), emphasis: true});
+  median.title = sm.complete_iterations
+    ? "Median duration of the complete aggregated iterations (the steady figure: start-up and tear-down left out)."
+    : "Median duration of the aggregated iterations (none is complete).";
+  const range = metric("Complete Iterations", complete, "complete_iterations");
+  range.title = partial.length
+    ? `Partial iterations, left out of the median: ${partial.join(", ")} (up to the first key node, after the last one).`
+    : "Every aggregated iteration is complete.";
+  return [median, range];
+}
+
 function performancePanel(sm) {
   const {card: c, body} = card("Performance Summary", {id: "panel-performance"});
   const range = `${fmtInt(sm.iter_start)} – ${fmtInt(sm.iter_stop)}`;
@@ -71,6 +90,7 @@ function performancePanel(sm) {
     metric("Wall Clock Time", fmtNs(sm.wall_time), "wall_time", {exact: fmtNsExact(sm.wall_time), emphasis: true}),
     metric("Tensor Core Kernel Utilization", fmtPct(sm.tc_utilization), "tc_utilization", {emphasis: true}),
     metric("GPU Utilization", fmtPct(sm.gpu_utilization), "gpu_utilization", {emphasis: true}),
+    ...steadyMetrics(sm),
     metric("Total Iterations", fmtInt(sm.iter_total), "iter_total"),
     metric("Aggregated Iterations", fmtInt(sm.iter_aggregated), "iter_aggregated"),
     metric("Iteration Range", range, "iter_range"),

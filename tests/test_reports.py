@@ -65,6 +65,10 @@ def test_summary_sections(out):
     assert "GPU Utilization %,38.3" in lines  # 111,000 / 290,000
     assert "Dataloader Duration %,5.2" in lines  # 15,000 / 290,000
     assert "Total Iterations,4" in lines and "Average Iteration Time (ns),72500.0" in lines
+    # iterations [1.00 ms, 1.08 ms) 80 us, then 100 us, 100 us, and the tail [1.28 ms, 1.29 ms) 10 us: the median
+    # of the complete ones (1 and 2; 0 runs up to the first key node, 3 after the last), right after DLProf's lines
+    std = lines.index("Iteration Time Standard Deviation," + f"{np.std([80e3, 100e3, 100e3, 10e3], ddof=1):.1f}")
+    assert lines[std + 1] == "Median Iteration Time (ns),100000.0"
     assert ",GPU Time (ns),CPU Time (ns),# Ops" in lines
     assert "Ops using TC,48000,54000,2" in lines
     assert "Kernels using TC,48000,6000,2" in lines and "Memory,3000,3000,1" in lines
@@ -126,6 +130,11 @@ def test_json_carries_the_same_tables(out):
     summary = json.loads(read(out / "dlprof_summary.json"))
     titles = [s["title"] for s in summary["sections"]]
     assert titles == ["System Config", "Summary Report", "Iterations", "All Ops", "All Kernels"]
+    iterations = summary["sections"][2]
+    assert iterations["rows"][-2:] == [
+        ["Iteration Time Standard Deviation", f"{np.std([80e3, 100e3, 100e3, 10e3], ddof=1):.1f}"],
+        ["Median Iteration Time (ns)", "100000.0"],  # the summary's label/value text, as DLProf's other lines
+    ]
 
 
 def test_expert_systems_report(out):
