@@ -628,6 +628,8 @@ class Service:
     def _guidance(summary: dict, tc: dict, s: Scope) -> list[dict]:
         out = []
         pct = lambda k: summary.get(k) or 0.0  # noqa: E731
+        # no GPU ran anything: no GPU advice (docs/DESIGN.md "Clarifications", GPUs)
+        gpu_work = summary.get("n_visible_gpus") != 0
         if not summary.get("key_found"):
             out.append(
                 {
@@ -638,7 +640,7 @@ class Service:
                     "link": "",
                 }
             )
-        if tc.get("eligible_not_using_ops"):
+        if gpu_work and tc.get("eligible_not_using_ops"):
             out.append(
                 {
                     "title": "Use Tensor Cores",
@@ -648,7 +650,7 @@ class Service:
                     "link": GUIDANCE_LINKS["amp"],
                 }
             )
-        if pct("gpu_utilization") < K.GPU_UTILIZATION_PCT:
+        if gpu_work and pct("gpu_utilization") < K.GPU_UTILIZATION_PCT:
             out.append(
                 {
                     "title": "Keep the GPU busy",
@@ -658,7 +660,7 @@ class Service:
                     "link": GUIDANCE_LINKS["perf"],
                 }
             )
-        if pct("dataloader_duration_pct") > K.DATALOADER_PCT:
+        if gpu_work and pct("dataloader_duration_pct") > K.DATALOADER_PCT:
             out.append(
                 {
                     "title": "Speed up data loading",

@@ -253,6 +253,10 @@ class Accumulator:
     def finish(self) -> None:
         agg, model = self.agg, self.model
         agg.ops = op_table(model.ops, self.op_parts, self.tc_parts)
+        if not self.breakdown.device_pids:
+            # no GPU ran anything: Tensor Cores are out of reach, so no op is eligible for them (DESIGN.md
+            # "Clarifications", GPUs)
+            agg.ops["tc_eligible"] = False
         agg.op_types = op_type_statistics(agg.ops)
         agg.kernels = kernel_table(self.kernel_parts, model.kernel_names())
         # the data type the kernels' names show, for ops whose markers carry none (expert systems)
