@@ -151,10 +151,14 @@ def key_node_instances(
     ranges (autograd nodes, bprop markers) and bprop instances carry the forward op's name or label but are
     not key node instances: the key node is the forward call."""
     cols = ["start", "end", "pid", "global_tid"]
-    forward = ~backward_ranges(info) if len(ranges) else np.zeros(0, dtype=bool)
+
+    def forward(hit: np.ndarray) -> np.ndarray:
+        rows = np.flatnonzero(hit)  # looked at where the key matched only (ranges may be millions)
+        hit[rows[backward_ranges(info.iloc[rows])]] = False
+        return hit
+
     if len(ranges):
-        hit = (ranges["text"] == key).to_numpy(dtype=bool) | (info["label"].to_numpy(dtype=object) == key)
-        hit &= forward
+        hit = forward((ranges["text"] == key).to_numpy(dtype=bool) | (info["label"].to_numpy(dtype=object) == key))
         if hit.any():
             return outermost(ranges.loc[hit, cols])
     if op_instances is not None and len(op_instances):
@@ -170,7 +174,7 @@ def key_node_instances(
         stripped = nm.per_unique(
             info["label"].to_numpy(dtype=object), lambda t: NUMBER_SUFFIX.sub("", t) if isinstance(t, str) else t
         )
-        hit = (stripped == NUMBER_SUFFIX.sub("", key)) & forward
+        hit = forward(np.asarray(stripped == NUMBER_SUFFIX.sub("", key), dtype=bool))
         if hit.any():
             return outermost(ranges.loc[hit, cols])
     return pd.DataFrame({c: pd.Series(dtype="int64") for c in cols})
