@@ -1,4 +1,5 @@
-"""Iterate: split the profile into iterations at the ends of the key node's instances (DESIGN.md)."""
+"""Iterate: split the profile into iterations at the ends of the key node's instances, or into the steps
+torch.profiler marked (DESIGN.md "Iterations")."""
 
 from __future__ import annotations
 
@@ -15,8 +16,6 @@ from dlprof_profiler.trace import combined_codes
 
 NUMBER_SUFFIX = re.compile(r"#\d+$")
 _TF_GLOBAL_STEP = re.compile(r"(?:^|/)global_step(?:/|$)")
-
-
 STEP_MARKER = "ProfilerStep"  # torch.profiler's step ranges, `ProfilerStep#N`
 
 
@@ -130,8 +129,8 @@ def iterations_of(
         spans = step_spans(groups, found["start"].to_numpy(np.int64), ends)
         if occupied is not None:
             spans = spans[np.asarray(occupied(spans), dtype=bool)]
-        if len(spans) == 0:
-            found, spans = found.iloc[:0], None
+        if len(spans) == 0:  # no step holds anything: as if no key node were found
+            found, spans, bounds = found.iloc[:0], None, bounds[:0]
     return Iterations(
         key_node=key,
         found=len(found) > 0,

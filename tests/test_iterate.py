@@ -318,3 +318,18 @@ def test_a_key_node_matches_forward_calls_only(tmp_path):
     assert a.iterations.boundaries.tolist() == [1_009_900, 1_109_900, 1_209_900]
     b = analyze(profiles.training_profile(tmp_path / "t.sqlite"), key_node="/aten::conv2d")
     assert b.iterations.found and b.iterations.boundaries.tolist() == [1_020_000, 1_120_000, 1_220_000]
+
+
+def test_steps_in_which_nothing_runs_are_no_iterations(tmp_path):
+    """Two ProfilerSteps with nothing inside (an op runs after them): no iteration to split by, the whole
+    profile is one, as without a key node."""
+    from tests.kineto_builder import KinetoTrace
+
+    k = KinetoTrace()
+    k.metadata({7: "python"})
+    k.annotation(7, 1000, 500, "ProfilerStep#0")
+    k.annotation(7, 2000, 500, "ProfilerStep#1")
+    k.cpu_op(7, 3000, 1000, "aten::mm", seq=1)
+    it = analyze(k.write(tmp_path / "empty.json")).iterations
+    assert (it.found, it.by_step, it.count, it.boundaries.tolist()) == (False, False, 1, [])
+    assert (it.starts.tolist(), it.ends.tolist()) == ([0], [3000])  # time 0: the first event, at 1000
