@@ -451,15 +451,18 @@ class Service:
 
     def _iterations(self, s: Scope) -> list[dict]:
         def compute():
+            known = {r[1] for r in s.db.query("PRAGMA table_info(iteration_summary)")}
+            complete = "complete" if "complete" in known else "NULL AS complete"  # earlier files: unknown
             rows = s.db.query_dicts(
                 'SELECT iter_value AS iteration, start_time AS start, stop_time AS "end", duration, aggregated, '
                 "kernels, tc_kernels, kernel_time_per_gpu, tc_kernel_time_per_gpu, tc_time, non_tc_time, "
-                "memory_time, dataloader_time, io_time, cpu_time, other_time, gpu_utilization "
+                f"memory_time, dataloader_time, io_time, cpu_time, other_time, gpu_utilization, {complete} "
                 "FROM iteration_summary WHERE aggr_id = ? AND domain_id = ? ORDER BY iter_value",
                 (s.aggr_id, s.domain_id),
             )
             for r in rows:
                 r["aggregated"] = _bool(r["aggregated"])
+                r["complete"] = None if r["complete"] is None else _bool(r["complete"])
             return rows
 
         return s.db.cached(("iterations", s.aggr_id, s.domain_id), compute)
@@ -560,12 +563,24 @@ class Service:
             "iter_stop",
             "avg_iteration_time",
             "iteration_time_std_dev",
+            "median_iteration_time",
+            "complete_iterations",
+            "complete_start",
+            "complete_stop",
             "key_node",
             "key_found",
             "n_visible_gpus",
         )
         summary = {k: ms.get(k) for k in summary_keys}
         summary["key_found"] = _bool(summary["key_found"])
+        iterations = self._iterations(s)
+        # the aggregated iterations that are partial (key-node intervals: the run up to the first key node and
+        # after the last one); None where the database does not say (written by an earlier version)
+        summary["partial_iterations"] = (
+            [r["iteration"] for r in iterations if r["aggregated"] and r["complete"] is False]
+            if summary["median_iteration_time"] is not None
+            else None
+        )
 
         def trio(prefix):
             return {
@@ -610,7 +625,7 @@ class Service:
             "op_summary": op_summary,
             "kernel_summary": kernel_summary,
             "tensor_core": tensor_core,
-            "iterations": self._iterations(s),
+            "iterations": iterations,
             "top_ops": top,
             "system": self._system(db, s.rank),
             "findings": findings,
@@ -622,6 +637,8 @@ class Service:
     def _guidance(summary: dict, tc: dict, s: Scope) -> list[dict]:
         out = []
         pct = lambda k: summary.get(k) or 0.0  # noqa: E731
+        # no GPU ran anything: no GPU advice (docs/DESIGN.md "Clarifications", GPUs)
+        gpu_work = summary.get("n_visible_gpus") != 0
         if not summary.get("key_found"):
             out.append(
                 {
@@ -632,7 +649,7 @@ class Service:
                     "link": "",
                 }
             )
-        if tc.get("eligible_not_using_ops"):
+        if gpu_work and tc.get("eligible_not_using_ops"):
             out.append(
                 {
                     "title": "Use Tensor Cores",
@@ -642,7 +659,7 @@ class Service:
                     "link": GUIDANCE_LINKS["amp"],
                 }
             )
-        if pct("gpu_utilization") < K.GPU_UTILIZATION_PCT:
+        if gpu_work and pct("gpu_utilization") < K.GPU_UTILIZATION_PCT:
             out.append(
                 {
                     "title": "Keep the GPU busy",
@@ -652,7 +669,7 @@ class Service:
                     "link": GUIDANCE_LINKS["perf"],
                 }
             )
-        if pct("dataloader_duration_pct") > K.DATALOADER_PCT:
+        if gpu_work and pct("dataloader_duration_pct") > K.DATALOADER_PCT:
             out.append(
                 {
                     "title": "Speed up data loading",

@@ -63,12 +63,21 @@ TERMS: dict[str, Term] = {
         "Share of the time (the aggregation's window, or the iteration) when a Tensor Core kernel, another kernel or a "
         "memory operation runs: the first three time classes, per GPU, averaged over the GPUs that ran work.",
     ),
-    "iter_total": Term("Total Iterations", "Iterations in the profile: key node instances + 1."),
+    "iter_total": Term(
+        "Total Iterations", "Iterations in the profile: key node instances + 1, or its ProfilerStep#N steps."
+    ),
     "iter_aggregated": Term("Aggregated Iterations", "Iterations the aggregation covers (Start to Stop, inclusive)."),
     "iter_range": Term("Iteration Range", "The aggregated iterations, Start – Stop (inclusive)."),
     "avg_iteration_time": Term("Average Iteration Time", "Wall clock time / aggregated iterations."),
     "median_iteration_time": Term(
-        "Median Iteration Time", "The median of the aggregated iterations' durations (end − start)."
+        "Median Iteration Time",
+        "The median duration (end − start) of the complete aggregated iterations: the steady figure, start-up and "
+        "tear-down left out (of all aggregated iterations when none is complete).",
+    ),
+    "complete_iterations": Term(
+        "Complete Iterations",
+        "The aggregated iterations that are whole steps, first – last (count): every ProfilerStep#N step; with a "
+        "key node, all but the first (up to the first key node) and the last (after the last key node).",
     ),
     "max_iteration_time": Term("Max Iteration Time", "The longest aggregated iteration (end − start)."),
     "iteration_time_std_dev": Term(

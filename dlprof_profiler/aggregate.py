@@ -94,9 +94,7 @@ def aggregate_model(
     """Aggregate a model that yields time chunks (in memory or from an out-of-core store). `keep_launches`:
     True keeps the kernel-launch rows (the iteration report) in `kernel_launches`; a function receives them
     instead, chunk by chunk, as (launches, chunk)."""
-    window_start = int(iterations.starts[iter_start])
-    window_end = model.window_end(iterations, iter_start, iter_stop)
-    window_end = max(window_end if window_end is not None else int(iterations.ends[iter_stop]), window_start)
+    window_start, window_end = aggregation_window(model, iterations, iter_start, iter_stop)
     agg = Aggregation(
         domain=model.domain,
         family=model.family,
@@ -119,6 +117,19 @@ def aggregate_model(
         progress.update(n)
     acc.finish()
     return agg
+
+
+def aggregation_window(model, iterations: Iterations, iter_start: int, iter_stop: int) -> tuple[int, int]:
+    """The wall clock window of iterations iter_start..iter_stop (DESIGN.md "Iterations", "Clarifications"):
+    steps, from the first one's start to the last one's end; key-node intervals, from the first one's start to
+    the end of the last one, or the latest end of any op instance or GPU activity started (launched) in them
+    if later (so data loading at the end of the profile, say, is not cut off)."""
+    window_start = int(iterations.starts[iter_start])
+    window_end = int(iterations.ends[iter_stop])
+    if not iterations.by_step:
+        items = model.window_end(iterations, iter_start, iter_stop)
+        window_end = max(window_end, int(items) if items is not None else window_end)
+    return window_start, max(window_end, window_start)
 
 
 # ---------------------------------------------------------------------------- per-chunk accumulation
@@ -160,11 +171,12 @@ class Accumulator:
         uses_tc = acts["uses_tc"].to_numpy(dtype=bool)
         dur = (acts["end"] - acts["start"]).to_numpy(np.int64)
         n = its.count
-        k_it = act_iter[kernel]
-        self.iter_kernels += np.bincount(k_it, minlength=n)[:n]
-        self.iter_tc_kernels += np.bincount(act_iter[kernel & uses_tc], minlength=n)[:n]
-        self.iter_kernel_time += np.bincount(k_it, weights=dur[kernel], minlength=n)[:n]
-        self.iter_tc_time += np.bincount(act_iter[kernel & uses_tc], weights=dur[kernel & uses_tc], minlength=n)[:n]
+        kernel_in = kernel & (act_iter >= 0)  # launched in an iteration (not between or around steps)
+        tc_in = kernel_in & uses_tc
+        self.iter_kernels += np.bincount(act_iter[kernel_in], minlength=n)[:n]
+        self.iter_tc_kernels += np.bincount(act_iter[tc_in], minlength=n)[:n]
+        self.iter_kernel_time += np.bincount(act_iter[kernel_in], weights=dur[kernel_in], minlength=n)[:n]
+        self.iter_tc_time += np.bincount(act_iter[tc_in], weights=dur[tc_in], minlength=n)[:n]
         sel_act = (act_iter >= lo_it) & (act_iter <= hi_it)
         # GPU work of the chosen instances (by the instance's iteration, not the launch's)
         owner_iter = its.of(acts["owner_start"].to_numpy(np.int64))
@@ -241,6 +253,10 @@ class Accumulator:
     def finish(self) -> None:
         agg, model = self.agg, self.model
         agg.ops = op_table(model.ops, self.op_parts, self.tc_parts)
+        if not self.breakdown.device_pids:
+            # no GPU ran anything: Tensor Cores are out of reach, so no op is eligible for them (DESIGN.md
+            # "Clarifications", GPUs)
+            agg.ops["tc_eligible"] = False
         agg.op_types = op_type_statistics(agg.ops)
         agg.kernels = kernel_table(self.kernel_parts, model.kernel_names())
         # the data type the kernels' names show, for ops whose markers carry none (expert systems)
@@ -270,6 +286,7 @@ class Accumulator:
         starts, ends = its.starts, its.ends
         frame = make_frame({"iteration": np.arange(n), "start": starts, "end": ends, "duration": ends - starts})
         frame["aggregated"] = (frame["iteration"] >= agg.iter_start) & (frame["iteration"] <= agg.iter_stop)
+        frame["complete"] = its.complete
         frame["kernels"] = self.iter_kernels
         frame["tc_kernels"] = self.iter_tc_kernels
         n_dev = max(breakdown["n_devices"], 1)
@@ -298,6 +315,7 @@ class Accumulator:
         durations = it.loc[it["aggregated"], "duration"].to_numpy(np.float64)
         aggregated = agg.iter_stop - agg.iter_start + 1
         std = float(np.std(durations, ddof=1)) if durations.size > 1 else 0.0
+        steady = steady_iterations(it)
 
         def op_row(mask):
             sub = ops[mask] if len(ops) else ops
@@ -330,6 +348,7 @@ class Accumulator:
             "iter_stop": int(agg.iter_stop),
             "avg_iteration_time": wall / aggregated if aggregated else 0.0,
             "iteration_std": std,
+            **steady,
             "ops": {
                 "all": op_row(np.ones(len(ops), dtype=bool)),
                 "using_tc": op_row(using),
@@ -346,6 +365,24 @@ class Accumulator:
             "n_visible_gpus": int(breakdown["n_devices"]),  # the GPUs used, which the figures average over
             "n_listed_gpus": int(breakdown["n_listed"]),
         }
+
+
+def steady_iterations(table: pd.DataFrame) -> dict:
+    """The steady figures of an iteration table (aggregated, complete, duration): the median duration of the
+    aggregated iterations that are complete (of all aggregated ones when none is), their range and count, and
+    the aggregated iterations that are partial."""
+    aggregated = table["aggregated"].to_numpy(dtype=bool)
+    complete = aggregated & table["complete"].to_numpy(dtype=bool)
+    numbers = table["iteration"].to_numpy(np.int64)
+    durations = table["duration"].to_numpy(np.float64)
+    chosen = complete if complete.any() else aggregated
+    return {
+        "median_iteration_time": float(np.median(durations[chosen])) if chosen.any() else 0.0,
+        "complete_iterations": int(complete.sum()),
+        "complete_start": int(numbers[complete].min()) if complete.any() else None,
+        "complete_stop": int(numbers[complete].max()) if complete.any() else None,
+        "partial_iterations": numbers[aggregated & ~complete].tolist(),
+    }
 
 
 # ---------------------------------------------------------------------------- op statistics

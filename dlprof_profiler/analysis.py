@@ -101,6 +101,7 @@ def analyze(
         trace.profile_end,
         trace.profile_start,
         preferred=preferred,
+        api_starts=trace.api_calls["start"].to_numpy(np.int64),
     )
     naming = iterate.naming_iterations(
         iterations,
@@ -227,7 +228,7 @@ def key_node_from_ops(corr: Correlation, key: str, iterations: iterate.Iteration
         if len(dm.instances):
             frames.append(
                 dm.instances[["start", "end", "pid", "global_tid", "name", "op_index"]].merge(
-                    dm.ops[["op_index", "op_id"]], on="op_index"
+                    dm.ops[["op_index", "op_id", "direction"]], on="op_index"
                 )
             )
     ops = pd.concat(frames, ignore_index=True) if frames else None
@@ -235,14 +236,8 @@ def key_node_from_ops(corr: Correlation, key: str, iterations: iterate.Iteration
     found = iterate.key_node_instances(empty, pd.DataFrame({"label": pd.Series(dtype=object)}), key, ops)
     if len(found) == 0:
         return iterations
-    bounds = iterate.boundaries_from_instances(found, corr.thread_device, corr.process_device)
-    return iterate.Iterations(
-        key_node=key,
-        found=True,
-        source="user",
-        boundaries=bounds,
-        profile_end=iterations.profile_end,
-        profile_start=iterations.profile_start,
+    return iterate.iterations_of(
+        key, "user", found, corr.thread_device, corr.process_device, iterations.profile_end, iterations.profile_start
     )
 
 
@@ -260,6 +255,7 @@ def reaggregation_iterations(trace: Trace, corr: Correlation, key_node: str | No
         int(profile.get("profile_end") or trace.profile_end),
         int(start) if start not in (None, "") else trace.profile_start,
         preferred=profile.get("key_node_default") or None,
+        api_starts=trace.api_calls["start"].to_numpy(np.int64),
     )
     if key and not iterations.found:
         iterations = key_node_from_ops(corr, key, iterations)
@@ -306,18 +302,26 @@ def analyze_store(
     iterations = _store_iterations(
         sa, labels, family, config.key_node, thread_dev, process_dev, store.profile_end, store.profile_start
     )
-    cuts = config.cuts if config.cuts is not None else tuple(sa.plan_cuts(iterations.boundaries, events_per_segment))
+    # top-level op names are numbered per iteration of the key node, else of the default one (iterate.naming_iterations)
+    naming = (
+        iterations
+        if iterations.found or iterations.source != "user"
+        else _store_iterations(
+            sa, labels, family, None, thread_dev, process_dev, store.profile_end, store.profile_start
+        )
+    )
+    cuts = config.cuts if config.cuts is not None else tuple(sa.plan_cuts(naming.boundaries, events_per_segment))
     correlators = {
         d: DomainCorrelator(
             d,
             family,
             sa.domain_facts(d, mode),
-            iterations.boundaries,
+            naming.boundaries,
             thread_dev,
             process_dev,
             0,
             0,
-            sink=StoreSink(sa, i, iterations.boundaries, cuts),
+            sink=StoreSink(sa, i, naming.boundaries, cuts),
         )
         for i, d in enumerate(domains)
     }
@@ -401,53 +405,31 @@ def _store_iterations(
     sa, labels: pd.DataFrame, family, key_node, thread_dev, process_dev, profile_end: int, profile_start: int
 ):
     """iterate.split_iterations over the store's range labels."""
-    if key_node:
-        source, key = "user", key_node
-    else:
-        key = iterate.default_key_node_of_labels(labels, family)
-        source = "default" if key else "none"
+    key, source = iterate.chosen_key_node(key_node, lambda: iterate.default_key_node_of_labels(labels, family))
     if not key:
-        return iterate.Iterations(
-            key_node="",
-            found=False,
-            source="none",
-            boundaries=np.zeros(0, dtype=np.int64),
-            profile_end=profile_end,
-            profile_start=profile_start,
-        )
+        return iterate.no_iterations(profile_end, profile_start)
     found = sa.key_node_ranges(key, labels, stripped=False)
     if len(found):
         found = iterate.outermost(found)
     else:
         found = sa.key_node_ranges(key, labels, stripped=True)
         found = iterate.outermost(found) if len(found) else found
-    bounds = iterate.boundaries_from_instances(found, thread_dev, process_dev)
-    return iterate.Iterations(
-        key_node=key,
-        found=len(found) > 0,
-        source=source,
-        boundaries=bounds,
-        profile_end=profile_end,
-        profile_start=profile_start,
+    return iterate.iterations_of(
+        key, source, found, thread_dev, process_dev, profile_end, profile_start, occupied=sa.occupied
     )
 
 
 def _store_key_node_from_ops(sa, corr: Correlation, key: str, iterations: iterate.Iterations) -> iterate.Iterations:
     frames = []
     for dm in corr.domains.values():
-        hit = dm.ops[(dm.ops["name"] == key) | (dm.ops["op_id"] == key)]
+        ops = dm.ops
+        hit = ops[((ops["name"] == key) | (ops["op_id"] == key)) & (ops["direction"] != "bprop")]
         if len(hit):
             idx = ",".join(str(int(i)) for i in hit["op_index"])
             frames.append(dm.instances_where(f"op_index IN ({idx})")[["start", "end", "pid", "global_tid"]])
     if not frames:
         return iterations
     found = iterate.outermost(pd.concat(frames, ignore_index=True))
-    bounds = iterate.boundaries_from_instances(found, corr.thread_device, corr.process_device)
-    return iterate.Iterations(
-        key_node=key,
-        found=True,
-        source="user",
-        boundaries=bounds,
-        profile_end=iterations.profile_end,
-        profile_start=iterations.profile_start,
+    return iterate.iterations_of(
+        key, "user", found, corr.thread_device, corr.process_device, iterations.profile_end, iterations.profile_start
     )

@@ -585,22 +585,28 @@ def _rows(frame: pd.DataFrame, columns: list[str]):
 
 
 class _Inserter:
-    """Inserts aggregation frames into the derived tables, with the rank where the schema has one."""
+    """Inserts aggregation frames into the derived tables, with the rank where the schema has one; columns
+    the file's table lacks (a database written by an earlier version) are left out."""
 
     def __init__(self, con: sqlite3.Connection, rank: int):
         self.con, self.rank = con, rank
-        self._has_rank: dict[str, bool] = {}
+        self._columns: dict[str, set] = {}
+
+    def columns(self, table: str) -> set:
+        if table not in self._columns:
+            self._columns[table] = {r[1] for r in self.con.execute(f'PRAGMA table_info("{table}")')}
+        return self._columns[table]
 
     def has_rank(self, table: str) -> bool:
-        if table not in self._has_rank:
-            self._has_rank[table] = any(r[1] == "rank" for r in self.con.execute(f'PRAGMA table_info("{table}")'))
-        return self._has_rank[table]
+        return "rank" in self.columns(table)
 
     def insert(self, table: str, frame: pd.DataFrame, columns: list[str], names: list[str] | None = None) -> None:
         if len(frame) == 0:
             return
         names = list(names or columns)
-        columns = list(columns)
+        known = self.columns(table)
+        pairs = [(c, n) for c, n in zip(columns, names) if n in known]
+        columns, names = [c for c, _ in pairs], [n for _, n in pairs]
         if self.has_rank(table):
             frame = frame.assign(_rank=self.rank)
             columns.append("_rank")
@@ -611,7 +617,8 @@ class _Inserter:
         )
 
     def row(self, table: str, row: dict) -> int:
-        row = dict(row)
+        known = self.columns(table)
+        row = {k: v for k, v in row.items() if k in known}
         if self.has_rank(table):
             row["rank"] = self.rank
         cur = self.con.execute(
@@ -816,7 +823,7 @@ def _write_aggregation(out: _Inserter, aggr_id: int, domain_id: int, ops_map, ag
             "tc_kernel_time_per_gpu",
         ]
         + [f"{c}_time" for c in CLASSES]
-        + ["gpu_utilization"],
+        + ["gpu_utilization", "complete"],
         [
             "aggr_id",
             "domain_id",
@@ -831,7 +838,7 @@ def _write_aggregation(out: _Inserter, aggr_id: int, domain_id: int, ops_map, ag
             "tc_kernel_time_per_gpu",
         ]
         + [f"{c}_time" for c in CLASSES]
-        + ["gpu_utilization"],
+        + ["gpu_utilization", "complete"],
     )
     s = agg.summary
     row = {
@@ -849,6 +856,10 @@ def _write_aggregation(out: _Inserter, aggr_id: int, domain_id: int, ops_map, ag
         "iter_stop": s["iter_stop"],
         "avg_iteration_time": s["avg_iteration_time"],
         "iteration_time_std_dev": s["iteration_std"],
+        "median_iteration_time": s["median_iteration_time"],
+        "complete_iterations": s["complete_iterations"],
+        "complete_start": s["complete_start"],
+        "complete_stop": s["complete_stop"],
         "key_node": s["key_node"],
         "key_found": int(s["key_found"]),
         "n_visible_gpus": s["n_visible_gpus"],

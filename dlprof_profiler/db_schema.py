@@ -82,7 +82,7 @@ CREATE TABLE {K.ITERATION_SUMMARY} (aggr_id INTEGER, domain_id INTEGER, iter_val
     rank INTEGER NOT NULL DEFAULT 0, start_time INTEGER,
     stop_time INTEGER, duration INTEGER, aggregated INTEGER, kernels INTEGER, tc_kernels INTEGER,
     kernel_time_per_gpu REAL, tc_kernel_time_per_gpu REAL, tc_time REAL, non_tc_time REAL, memory_time REAL,
-    dataloader_time REAL, io_time REAL, cpu_time REAL, other_time REAL, gpu_utilization REAL,
+    dataloader_time REAL, io_time REAL, cpu_time REAL, other_time REAL, gpu_utilization REAL, complete INTEGER,
     PRIMARY KEY (aggr_id, domain_id, iter_value, rank));
 CREATE TABLE {K.MODEL_SUMMARY} (aggr_id INTEGER, domain_id INTEGER, rank INTEGER NOT NULL DEFAULT 0,
     wall_time INTEGER, window_start INTEGER,
@@ -90,7 +90,8 @@ CREATE TABLE {K.MODEL_SUMMARY} (aggr_id INTEGER, domain_id INTEGER, rank INTEGER
     memory_duration_pct REAL, dataloader_duration_pct REAL, io_duration_pct REAL, cpu_duration_pct REAL,
     other_duration_pct REAL, iter_total INTEGER, iter_aggregated INTEGER, iter_start INTEGER, iter_stop INTEGER,
     avg_iteration_time REAL, iteration_time_std_dev REAL, key_node TEXT, key_found INTEGER,
-    n_visible_gpus INTEGER,
+    n_visible_gpus INTEGER, median_iteration_time REAL, complete_iterations INTEGER, complete_start INTEGER,
+    complete_stop INTEGER,
     ops_all_gpu INTEGER, ops_all_cpu INTEGER, ops_all_count INTEGER,
     ops_tc_gpu INTEGER, ops_tc_cpu INTEGER, ops_tc_count INTEGER,
     ops_eligible_gpu INTEGER, ops_eligible_cpu INTEGER, ops_eligible_count INTEGER,

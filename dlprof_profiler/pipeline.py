@@ -560,11 +560,13 @@ def _print_findings(
 
 
 def _print_summary(agg, db_path: Path, written: list[Path]) -> None:
+    from dlprof_profiler.reports import iteration_headline
+
     s = agg.summary
+    log.info(iteration_headline(s))
     log.info(
-        f"Wall clock time {s['wall_time']:,} ns over {s['aggregated_iterations']} iteration(s); "
-        f"GPU utilization {s['gpu_utilization']:.1f} %, Tensor Core kernel utilization "
-        f"{s['tc_utilization']:.1f} %"
+        f"Wall clock time {s['wall_time']:,} ns; GPU utilization {s['gpu_utilization']:.1f} %, "
+        f"Tensor Core kernel utilization {s['tc_utilization']:.1f} %"
     )
     log.info(f"Database: {db_path}")
     for path in written:

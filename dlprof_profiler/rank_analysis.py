@@ -268,7 +268,7 @@ def _result(task: RankTask, result, profile: dict, finals: list, graph, trace, s
     agg = result.aggregations[result.primary]
     s = agg.summary
     it = agg.iterations[
-        ["iteration", "start", "end", "duration", "aggregated", "gpu_utilization", "tc_kernel_time_per_gpu"]
+        ["iteration", "start", "end", "duration", "aggregated", "complete", "gpu_utilization", "tc_kernel_time_per_gpu"]
     ].copy()
     ops = (
         agg.ops[["name", "direction", "calls", "cpu_total", "gpu_total"]].copy()

@@ -38,19 +38,23 @@ def shared_clock(results) -> bool:
 
 
 def matched_iterations(results, column: str = "duration", absolute: bool = False) -> pd.DataFrame:
-    """Aggregated iterations by index (rows) and rank (columns): `column` of each, NaN where a rank did not
-    aggregate that iteration; `absolute` adds each rank's epoch (end times on one clock)."""
+    """Aggregated complete iterations by index (rows) and rank (columns): `column` of each, NaN where a rank
+    did not aggregate that iteration or it is partial (key-node intervals 0 and last: start-up and tear-down,
+    whose ends are each profile's own); `absolute` adds each rank's epoch (end times on one clock)."""
     series = {}
     for r in results:
-        it = r.iterations[r.iterations["aggregated"].to_numpy(dtype=bool)]
+        chosen = r.iterations["aggregated"].to_numpy(dtype=bool)
+        if "complete" in r.iterations:
+            chosen = chosen & r.iterations["complete"].to_numpy(dtype=bool)
+        it = r.iterations[chosen]
         values = it[column].to_numpy(np.float64) + (float(r.epoch_ns) if absolute else 0.0)
         series[r.rank] = pd.Series(values, index=it["iteration"].to_numpy(np.int64))
     return pd.DataFrame(series).sort_index()
 
 
 def slowest_counts(results) -> dict:
-    """Per rank: the matched iterations (aggregated by at least two ranks) in which it was the last to finish:
-    the latest end on a shared clock, else the longest duration (ties count for every tied rank)."""
+    """Per rank: the matched iterations (complete, aggregated by at least two ranks) in which it was the last to
+    finish: the latest end on a shared clock, else the longest duration (ties count for every tied rank)."""
     shared = shared_clock(results)
     frame = matched_iterations(results, "end" if shared else "duration", absolute=shared)
     counts = {r.rank: 0 for r in results}

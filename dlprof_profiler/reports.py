@@ -210,6 +210,7 @@ def summary_report(
                 "Stop Iteration",
                 "Average Iteration Time (ns)",
                 "Iteration Time Standard Deviation",
+                "Median Iteration Time (ns)",  # ours: over the complete aggregated iterations
             ],
             "value": [
                 str(s["total_iterations"]),
@@ -218,6 +219,7 @@ def summary_report(
                 str(s["iter_stop"]),
                 f"{round(float(s['avg_iteration_time']), 1):.1f}",
                 f"{round(float(s['iteration_std']), 1):.1f}",
+                f"{round(float(s['median_iteration_time']), 1):.1f}",
             ],
         },
         bare=True,
@@ -251,6 +253,30 @@ def summary_report(
     for t in (system, summary, iterations):
         t.columns = ["name", "value"]
     return Report("summary", [_headerless(system), _headerless(summary), _headerless(iterations), ops, kernels])
+
+
+def iteration_headline(s: dict) -> str:
+    """The iteration figures a run leads with (the console; docs/DESIGN.md "Iterations"): the median of the
+    complete aggregated iterations and their range, the partial ones named, then DLProf's average over all."""
+    from dlprof_profiler.experts.base import fmt_time
+
+    n, last = int(s["aggregated_iterations"]), int(s["total_iterations"]) - 1
+    average = f"average {fmt_time(s['avg_iteration_time'])} over {n} aggregated (wall clock {fmt_time(s['wall_time'])})"
+    if not s.get("complete_iterations"):
+        why = "two key node instances bound one" if s.get("key_found") else "no key node found"
+        return f"{n} iteration(s), none complete ({why}): {average}"
+    first, stop = s["complete_start"], s["complete_stop"]
+    span = f"iteration {first}" if first == stop else f"iterations {first}..{stop}"
+    text = (
+        f"Median iteration time {fmt_time(s['median_iteration_time'])} over {s['complete_iterations']} complete {span}"
+    )
+    partial = [
+        f"{i} ({'up to the first' if i == 0 else 'after the last'} key node)" if i in (0, last) else str(i)
+        for i in s.get("partial_iterations") or []
+    ]
+    if partial:
+        text += f"; partial, left out: {', '.join(partial)}"
+    return f"{text}; {average}"
 
 
 def _headerless(table: Table) -> Table:

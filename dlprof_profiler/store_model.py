@@ -14,7 +14,7 @@ from dlprof_profiler import correlate as corr_mod
 from dlprof_profiler import nvtx_markers as nm
 from dlprof_profiler.aggregate import LAUNCH_COLUMNS
 from dlprof_profiler.correlate import BACKWARD_PASS, INSTANCE_COLUMNS, UNASSOCIATED_GPU, DomainFacts, Segment
-from dlprof_profiler.model_chunks import ACTIVITY_FIELDS, INSTANCE_FIELDS, TIME_MAX, TIME_MIN, ModelChunk, chunk_bounds
+from dlprof_profiler.model_chunks import ACTIVITY_FIELDS, INSTANCE_FIELDS, TIME_MAX, ModelChunk, chunk_bounds
 from dlprof_profiler.parts import PartTable, int_schema, read_part
 from dlprof_profiler.process_memory import release_unused_memory
 from dlprof_profiler.store import TraceStore
@@ -239,7 +239,8 @@ class StoreAnalysis:
 
     # -- iterations -------------------------------------------------------------------------------------
     def key_node_ranges(self, key: str, labels: pd.DataFrame, stripped: bool) -> pd.DataFrame:
-        """Ranges whose text or label is `key` (or, `stripped`, whose label without its #N counter is)."""
+        """Forward ranges whose text or label is `key` (or, `stripped`, whose label without its #N counter is):
+        iterate.key_node_instances over the store (backward nodes and bprop markers are not key nodes)."""
         from dlprof_profiler.iterate import NUMBER_SUFFIX
 
         values = labels["label"].to_numpy(dtype=object)
@@ -253,10 +254,28 @@ class StoreAnalysis:
             code = self.pool.code.get(key, -2)
             where = f"(i.label_code = {code} OR i.range_id IN (SELECT range_id FROM ranges WHERE text = $1))"
             params = [key]
+        bprop = self.pool.code.get("bprop", -2)
+        backward = f"(coalesce(i.backward, 0) = 1 OR coalesce(i.direction_code, -1) = {bprop})"
         return self.store.frame(
-            f"""SELECT i.start, i."end", i.pid, i.global_tid FROM range_info i WHERE {where} ORDER BY i.range_id""",
+            f"""SELECT i.start, i."end", i.pid, i.global_tid FROM range_info i
+            WHERE {where} AND NOT {backward} ORDER BY i.range_id""",
             params,
         )
+
+    def occupied(self, spans: np.ndarray) -> np.ndarray:
+        """Whether a range or API call starts inside each span after its start (iterate.occupied_by)."""
+        frame = pd.DataFrame({"k": np.arange(len(spans)), "lo": spans[:, 0], "hi": spans[:, 1]})
+        con = self.store.con
+        con.register("_spans", frame)
+        try:
+            hit = self.store.frame("""
+                SELECT DISTINCT s.k FROM _spans s JOIN (SELECT start FROM ranges UNION ALL SELECT start FROM api) e
+                ON e.start > s.lo AND e.start < s.hi""")
+        finally:
+            con.unregister("_spans")
+        flags = np.zeros(len(spans), dtype=bool)
+        flags[hit["k"].to_numpy(np.int64)] = True
+        return flags
 
     # -- segments ---------------------------------------------------------------------------------------
     def plan_cuts(self, boundaries: np.ndarray, events_per_segment: int) -> list[int]:
@@ -902,9 +921,8 @@ class StoreModel:
         self.io = make_frame({c: io_calls[c].to_numpy(np.int64) for c in ("start", "end", "pid")})
 
     def window_end(self, iterations, iter_start: int, iter_stop: int) -> int | None:
-        b = iterations.boundaries
-        lo = int(b[iter_start - 1]) if iter_start >= 1 else TIME_MIN
-        hi = int(b[iter_stop]) if iter_stop < len(b) else TIME_MAX
+        """Latest end of any op instance or GPU activity of key-node intervals iter_start..iter_stop."""
+        lo, hi = iterations.time_range(iter_start, iter_stop)
         d = self.dm.sink.d
         value = self.a.store.scalar(
             f"""SELECT greatest(

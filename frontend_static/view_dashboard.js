@@ -56,6 +56,20 @@ function tensorCorePanel(tc) {
   return c;
 }
 
+// The steady iteration figures lead (the median of the complete aggregated iterations, their range, the partial
+// ones named); databases of earlier versions have none (null) and show DLProf's figures only.
+function steadyMetrics(sm) {
+  if (sm.median_iteration_time === null || sm.median_iteration_time === undefined) return [];
+  const partial = sm.partial_iterations || [];
+  const complete = (sm.complete_iterations
+    ? `${fmtInt(sm.complete_start)} – ${fmtInt(sm.complete_stop)} (${fmtInt(sm.complete_iterations)})` : "none")
+    + (partial.length ? `; partial: ${partial.map(fmtInt).join(", ")}` : "");
+  return [
+    metric("median_iteration_time", fmtNs(sm.median_iteration_time), {exact: fmtNsExact(sm.median_iteration_time), emphasis: true}),
+    metric("complete_iterations", complete),
+  ];
+}
+
 function performancePanel(sm) {
   const {card: c, body} = card("Performance Summary", {id: "panel-performance"});
   const range = `${fmtInt(sm.iter_start)} – ${fmtInt(sm.iter_stop)}`;
@@ -63,6 +77,7 @@ function performancePanel(sm) {
     metric("wall_time", fmtNs(sm.wall_time), {exact: fmtNsExact(sm.wall_time), emphasis: true}),
     metric("tc_utilization", fmtPct(sm.tc_utilization), {emphasis: true}),
     metric("gpu_utilization", fmtPct(sm.gpu_utilization), {emphasis: true}),
+    ...steadyMetrics(sm),
     metric("iter_total", fmtInt(sm.iter_total)),
     metric("iter_aggregated", fmtInt(sm.iter_aggregated)),
     metric("iter_range", range),

@@ -58,20 +58,23 @@ def _intersection(u, v) -> list[list[int]]:
 
 
 def classes_from_trace(trace: Path) -> list[dict]:
-    """Per iteration between two optimizer steps (ProfilerStep#N ends): its duration, the time DataLoader
-    ranges cover, and the time op ranges (cpu_op events) cover outside them."""
+    """Per iteration, a ProfilerStep#N range in which an op starts (docs/DESIGN.md "Iterations"): its duration,
+    the time DataLoader ranges cover, and the time op ranges (cpu_op events) cover outside them."""
     with gzip.open(trace, "rb") as fh:
         events = [e for e in json.load(fh, parse_float=Decimal)["traceEvents"] if e.get("ph") == "X"]
     span = lambda e: (_ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]))  # noqa: E731
-    ends = sorted(
-        span(e)[1] for e in events if e.get("cat") == "user_annotation" and re.fullmatch(r"ProfilerStep#\d+", e["name"])
+    steps = sorted(
+        span(e) for e in events if e.get("cat") == "user_annotation" and re.fullmatch(r"ProfilerStep#\d+", e["name"])
     )
     loader = _union(
         span(e) for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("enumerate(DataLoader)#")
     )
     ops = _union(span(e) for e in events if e.get("cat") == "cpu_op")
+    op_starts = [span(e)[0] for e in events if e.get("cat") == "cpu_op"]
     out = []
-    for a, b in zip(ends[:-1], ends[1:]):
+    for a, b in steps:
+        if not any(a < t < b for t in op_starts):
+            continue  # torch.profiler's last step, closed when profiling stops: no iteration
         dataloader = _length(loader, a, b)
         cpu = _length(ops, a, b) - _length(_intersection(ops, loader), a, b)
         out.append({"duration": b - a, "dataloader": dataloader, "cpu": cpu, "other": b - a - dataloader - cpu})
@@ -105,7 +108,7 @@ def test_a_cpu_only_capture_shows_its_time_classes(env):
     assert len(expected) >= 4
     select_run(b, "cpu/dlprof")
     goto(b, "iterations")
-    for k, want in enumerate(expected, start=1):  # iteration k lies between the k-th and (k+1)-th step ends
+    for k, want in enumerate(expected[1:], start=1):  # iteration k is step k (step 0 holds the start-up)
         bar = b.css(f"#iterations-chart g.bar[data-iteration='{k}']")
         heights = b.js(
             "const out = {}; for (const r of arguments[0].querySelectorAll('rect.seg')) "

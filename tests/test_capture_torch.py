@@ -134,7 +134,9 @@ def test_capture_analyse_and_pass_the_exit_status(tmp_path):
     # ProfilerStep#0 opens when profiling starts, each optimizer step closes one and opens the next
     assert steps_in(evs) == [0, 1, 2, 3]
     db = out / "dlprof_dldb.sqlite"
-    assert sql(db, "SELECT key_node, total_iterations FROM aggregations") == [("ProfilerStep", 5)]
+    # the iterations are the steps in which something ran: ProfilerStep#3, opened by the last optimizer step
+    # and closed at exit, holds no op
+    assert sql(db, "SELECT key_node, total_iterations FROM aggregations") == [("ProfilerStep", 3)]
     # PyTorch's ops are ranges with their seq and op_id; dlprof's own ranges (written as cpu_ops: its markers,
     # named by a dict literal, and the optimizer-step scope) are annotations, taken as they are
     ops = [e for e in evs if e.get("cat") == "cpu_op" and not is_dlprof_range(e)]
@@ -197,6 +199,8 @@ def test_capture_iterations_keep_only_the_window(tmp_path):
     assert steps_in(evs) == [2, 3]
     linear = sum(1 for e in evs if e.get("cat") == "cpu_op" and e["name"] == "aten::linear")
     assert linear == 2 * 2  # two iterations of two Linear layers
+    summary = (tmp_path / "out" / "dlprof_summary.csv").read_text().splitlines()
+    assert "Total Iterations,2" in summary  # the two steps kept, nothing after them
 
 
 def test_delay_starts_collection_later(tmp_path):

@@ -721,3 +721,88 @@ def test_no_gpu_advice_without_gpu_activity(tmp_path):
         "gpu_gap_detector",
     }
     assert not {f["id"] for f in findings} & gpu_advice
+
+
+def test_no_gpu_no_tensor_core_eligibility_nor_dashboard_gpu_advice(tmp_path):
+    """A CPU-only run of conv2d and linear (op types eligible for Tensor Cores on a GPU): no op is eligible
+    (the summary's "Ops eligible for TC but not using" row is empty, all are "other ops"), and the dashboard's
+    guidance gives no GPU advice (Tensor Cores, a busy GPU, data loading) though GPU utilization is 0 % and data
+    loading 50 %."""
+    from dlprof_plugin.service import Service
+
+    exp = NsysExport(schema="2022.4")
+    main = exp.add_thread(pid=100, tid=100, name="python", process_name="python")
+    for i in range(3):
+        t = i * 10 * MS
+        exp.push_pop(main, t, t + 5 * MS, LOADER)
+        exp.push_pop(main, t + 5 * MS, t + 7 * MS, f"aten::conv2d, seq = {2 * i}, op_id = {2 * i}")
+        exp.push_pop(main, t + 7 * MS, t + 9 * MS, f"aten::linear, seq = {2 * i + 1}, op_id = {2 * i + 1}")
+        exp.push_pop(main, t + 9 * MS, t + 10 * MS, "Optimizer.step#SGD.step")
+    a = analyze(exp.write(tmp_path / "cpu.sqlite"))
+    s = a.agg().summary
+    assert s["ops"]["eligible_not_using"]["count"] == 0 and s["ops"]["other"]["count"] == s["ops"]["all"]["count"] == 2
+    assert not a.agg().ops["tc_eligible"].any() and len(a.agg().tensor_core) == 0
+    summary = {
+        "key_found": True,
+        "n_visible_gpus": s["n_visible_gpus"],
+        "gpu_utilization": s["gpu_utilization"],
+        "dataloader_duration_pct": s["pct"]["dataloader"],
+    }
+    assert s["n_visible_gpus"] == 0 and s["pct"]["dataloader"] > 40
+    assert [g["title"] for g in Service._guidance(summary, {"eligible_not_using_ops": 2}, None)] == [
+        "Performance guide"
+    ]
+    # with a GPU that ran work the same figures are advice
+    titles = [
+        g["title"] for g in Service._guidance(dict(summary, n_visible_gpus=1), {"eligible_not_using_ops": 2}, None)
+    ]
+    assert titles == ["Use Tensor Cores", "Keep the GPU busy", "Speed up data loading"]
+
+
+def test_one_rank_of_a_distributed_job_leaves_the_other_gpus_to_the_other_ranks(tmp_path):
+    """A trace of rank 3 of 8 on an 8-GPU node (deviceProperties lists all 8; its kernels run on GPU 3): the
+    other GPUs are not reported as unused when the trace records a world size above 1 (distributedInfo); the same
+    trace without it is a single process that left 7 GPUs idle."""
+    from tests.kineto_builder import KinetoTrace
+
+    def trace(world_size):
+        k = KinetoTrace()
+        for d in range(8):
+            k.device(d)
+        if world_size:
+            k.top["distributedInfo"] = {"backend": "nccl", "rank": 3, "world_size": world_size}
+        k.metadata({10: "python"})
+        for i in range(3):
+            s = i * 100_000
+            k.annotation(10, s, 90_000, f"ProfilerStep#{i}")
+            k.cpu_op(10, s + 1000, 20_000, "aten::mm", seq=i)
+            c = k.runtime(10, s + 2000, 1000)
+            k.kernel(FP32_GEMM, s + 4000, 50_000, c, device=3)
+        return k.write(tmp_path / f"rank3_{world_size}.json")
+
+    def unused(path):
+        return [f for f in only(run(path), "underutilized_gpu_detector") if f["data"]["kind"] == "unused"]
+
+    assert unused(trace(8)) == []
+    (alone,) = unused(trace(None))
+    assert alone["data"]["unused_devices"] == [0, 1, 2, 4, 5, 6, 7] and alone["data"]["busy_devices"] == [3]
+
+
+def test_bad_iteration_range_of_profiler_steps(tmp_path):
+    """Steps are complete iterations, the first one too: five ProfilerSteps of 30, 10, 10, 10, 10 ms (the first
+    one slow: warm-up) have the median 10 ms, and the steady range 1..4 is proposed."""
+    from tests.kineto_builder import KinetoTrace
+
+    k = KinetoTrace()
+    k.metadata({10: "python"})
+    start = 0
+    for i, length in enumerate((30 * MS, 10 * MS, 10 * MS, 10 * MS, 10 * MS)):
+        k.annotation(10, start, length, f"ProfilerStep#{i}")
+        k.cpu_op(10, start + 1000, length // 2, "aten::mm", seq=i)
+        start += length
+    f = one(run(k.write(tmp_path / "steps.json")), "bad_iteration_range_detector")
+    assert f["problem"] == (
+        "Iteration 0 of the aggregated range 0..4 is not steady (median iteration time 10.0 ms): "
+        "iteration 0 took 30.0 ms (3.00x the median)"
+    )
+    assert (f["action"]["iter_start"], f["action"]["iter_stop"]) == (1, 4)

@@ -66,6 +66,47 @@ def expected_sums(doc: dict) -> dict:
     return {"gpu": {k: tuple(v) for k, v in gpu.items()}, "api": api, "steps": steps, "ops": ops}
 
 
+PROFILER_STEP = re.compile(r"ProfilerStep#\d+")
+
+
+def expected_steps(doc: dict) -> dict:
+    """Direct computation over the JSON of the iterations `ProfilerStep#N` ranges give (docs/DESIGN.md
+    "Iterations"): the CPU-side step ranges [ts, ts + dur) in which another CPU event (op, annotation, runtime
+    call) starts after the step's own start, and the kernel and memory time launched inside them (by the start
+    of the runtime call with the device event's correlation id; a device event without one by its own start)."""
+    events = [e for e in doc["traceEvents"] if e.get("ph") == "X" and "ts" in e and "dur" in e]
+
+    def cat(e):
+        return str(e.get("cat", "")).lower()
+
+    steps = sorted(
+        (ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]))
+        for e in events
+        if cat(e) in ("user_annotation", "operator") and PROFILER_STEP.fullmatch(e["name"])
+    )
+    cpu = sorted(ns(e["ts"]) for e in events if cat(e) in OP_CATS | API_CATS | {"user_annotation"})
+    spans = [(a, b) for a, b in steps if any(a < t < b for t in cpu)]
+    launch = {
+        e["args"]["correlation"]: ns(e["ts"])
+        for e in events
+        if cat(e) in API_CATS and "correlation" in (e.get("args") or {})
+    }
+    gpu = defaultdict(lambda: [0, 0])  # as expected_sums, over the activities launched inside a step
+    for e in events:
+        if cat(e) in GPU_CATS:
+            at = launch.get((e.get("args") or {}).get("correlation"), ns(e["ts"]))
+            if any(a <= at < b for a, b in spans):
+                key = (GPU_CATS[cat(e)], e["name"], (e.get("args") or {}).get("device", e["pid"]))
+                gpu[key][0] += 1
+                gpu[key][1] += ns(e["dur"])
+    return {
+        "spans": spans,
+        "gpu": {k: tuple(v) for k, v in gpu.items()},
+        "kernel_time": sum(t for k, (_, t) in gpu.items() if k[0] == 0),
+        "memory_time": sum(t for k, (_, t) in gpu.items() if k[0] != 0),
+    }
+
+
 @pytest.fixture(scope="module")
 def fixture_copies(tmp_path_factory):
     """Read-only fixtures copied to a temporary folder before anything could touch them."""
@@ -102,8 +143,10 @@ def test_fixture_frames_match_direct_sums(fixture_copies, name):
     texts = trace.ranges["text"]
     assert int(texts.str.fullmatch(r"ProfilerStep#\d+").sum()) == want["steps"]
     assert int(texts.str.contains(r", op_id = \d+$").sum()) == want["ops"]
+    steps = expected_steps(doc)
     if want["steps"]:
-        assert a.iterations.key_node == "ProfilerStep" and a.iterations.count == want["steps"] + 1
+        # N steps are N iterations, each the step's own span (a step in which nothing starts is none)
+        assert a.iterations.key_node == "ProfilerStep" and a.iterations.count == len(steps["spans"])
     else:
         assert a.iterations.key_node != "ProfilerStep"
     # every GPU activity whose correlation id has a runtime call in the JSON is linked to it
@@ -114,14 +157,39 @@ def test_fixture_frames_match_direct_sums(fixture_copies, name):
     }
     linked = a.corr.gpu_api >= 0
     assert linked.sum() == int(gpu["correlation_id"].isin(list(runtime_ids)).sum())
-    # nothing is dropped: every GPU activity belongs to one op instance, and the summary adds them all
+    # nothing is dropped: every GPU activity belongs to one op instance, and the summary adds them all (with
+    # steps, all those launched inside a step)
     kernel_time = sum(v[1] for k, v in want["gpu"].items() if k[0] == 0)
     memory_time = sum(v[1] for k, v in want["gpu"].items() if k[0] != 0)
+    if want["steps"]:
+        kernel_time, memory_time = steps["kernel_time"], steps["memory_time"]
     for agg in a.aggs.values():
         kernels = agg.summary["kernels"]
         assert kernels["tc"]["gpu_time"] + kernels["other"]["gpu_time"] == kernel_time
         assert kernels["memory"]["gpu_time"] == memory_time
     assert (a.domain().gpu_instance >= 0).all()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fixture_iterations_are_its_profiler_steps(fixture_copies, name):
+    """Iteration count, durations, wall clock, average and median against the ProfilerStep events' ts/dur."""
+    import statistics
+
+    doc = load_json(fixture_copies / name)
+    spans = expected_steps(doc)["spans"]
+    if not spans:
+        pytest.skip("no ProfilerStep ranges")
+    a = analyze(fixture_copies / name)
+    agg = a.agg()
+    s = agg.summary
+    durations = [b - a_ for a_, b in spans]
+    assert agg.iterations["duration"].tolist() == durations
+    assert agg.iterations["complete"].all()
+    assert (s["total_iterations"], s["aggregated_iterations"]) == (len(spans), len(spans))
+    assert s["wall_time"] == spans[-1][1] - spans[0][0]  # the steps' window, nothing before or after
+    assert s["avg_iteration_time"] == pytest.approx((spans[-1][1] - spans[0][0]) / len(spans))
+    assert s["median_iteration_time"] == statistics.median(durations)
+    assert (s["complete_start"], s["complete_stop"], s["partial_iterations"]) == (0, len(spans) - 1, [])
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -347,7 +415,7 @@ def test_2021_dialect_hand_written(tmp_path):
     """2021 traces record record_function labels (ProfilerStep#N, Optimizer.step#...) as Operator events
     like ops; they are scopes, and ProfilerStep#N splits the iterations as in newer traces."""
     a = analyze(training_trace(dialect="2021").write(tmp_path / "t.json"))
-    assert a.iterations.key_node == "ProfilerStep" and a.iterations.count == 3
+    assert a.iterations.key_node == "ProfilerStep" and a.iterations.count == 2  # the two steps
     texts = a.trace.ranges["text"].tolist()
     assert "ProfilerStep#1" in texts and "Optimizer.step#SGD.step" in texts
     linear = a.op("/ProfilerStep/aten::linear", "fprop")
@@ -830,21 +898,22 @@ def test_cli_writes_every_report_and_the_database(fixture_copies, tmp_path, name
     want = expected_sums(load_json(path))
     assert {(k, n, d): (c, t) for k, n, d, c, t in rows} == want["gpu"]
     assert profile["source_kind"] == "kineto_json"
-    # the reports: every kernel launch in the iteration report (all iterations are aggregated), the summary's
-    # GPU times and iteration count
+    # the reports: every kernel launch of the iterations (all are aggregated: the steps) in the iteration
+    # report, the summary's GPU times and iteration count
+    in_steps = expected_steps(load_json(path))
     launches = defaultdict(lambda: [0, 0])
     lines = (out / "dlprof_iteration.csv").read_text().splitlines()
     assert lines[0] == "Iteration Report"
     for row in csv.DictReader(lines[1:]):
         launches[(0, row["Long Kernel Name"], int(row["Device ID"]))][0] += 1
         launches[(0, row["Long Kernel Name"], int(row["Device ID"]))][1] += int(row["GPU Duration (ns)"])
-    assert {k: tuple(v) for k, v in launches.items()} == {k: v for k, v in want["gpu"].items() if k[0] == 0}
+    assert {k: tuple(v) for k, v in launches.items()} == {k: v for k, v in in_steps["gpu"].items() if k[0] == 0}
     summary = {}
     for row in csv.reader((out / "dlprof_summary.csv").read_text().splitlines()):
         summary.setdefault(row[0] if row else "", row[1:])
-    assert int(summary["All kernels"][0]) == sum(t for _, t in want["gpu"].values())
-    assert int(summary["Memory"][0]) == sum(t for k, (_, t) in want["gpu"].items() if k[0] != 0)
-    assert want["steps"] > 0 and int(summary["Total Iterations"][0]) == want["steps"] + 1
+    assert int(summary["All kernels"][0]) == in_steps["kernel_time"] + in_steps["memory_time"]
+    assert int(summary["Memory"][0]) == in_steps["memory_time"]
+    assert want["steps"] > 0 and int(summary["Total Iterations"][0]) == len(in_steps["spans"])
     again = tmp_path / "again"
     run_dlprof(f"--database={db}", f"--output_path={again}", "--key_node=Optimizer.step", "-v", "quiet")
     assert (again / "dlprof_summary.csv").exists()

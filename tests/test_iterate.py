@@ -154,3 +154,182 @@ def test_nested_matches_count_once(tmp_path):
     exp.launch(t, 10, 20, 30, 40, kernel="k")
     a = analyze(exp.write(tmp_path / "p.sqlite"), key_node="step")
     assert a.iterations.boundaries.tolist() == [1000, 2000]
+
+
+# ---------------------------------------------------------------------------- torch.profiler steps
+
+STEPS = ((1000, 2000), (2100, 3000), (3100, 4100))  # ProfilerStep#1..3: [start, end)
+
+
+def profiler_steps_profile(path):
+    """An nsys capture of a torch.profiler run (thread 100, GPU 0; times in ns). Each step [s, e) of STEPS
+    holds `aten::mm` [s+100, s+300) launching `mm_kernel` (call [s+150, s+200), kernel [s+250, s+550)). Outside
+    every step: `aten::zeros` [100, 200) with `fill_kernel` [300, 400) before the first, `aten::zero_`
+    [2020, 2060) with `fill_kernel` [2070, 2090) between steps 1 and 2, cudaDeviceSynchronize [4200, 4300) after
+    the last; then ProfilerStep#4 [4400, 4450), in which nothing runs (torch.profiler's last step, opened by the
+    last prof.step() and closed when profiling stops)."""
+    exp = NsysExport()
+    exp.add_gpu(device_id=0)
+    t = exp.add_thread(pid=100, tid=100, name="python", process_name="python")
+    exp.push_pop(t, 100, 200, "aten::zeros, op_id = 1")
+    exp.launch(t, 120, 140, 300, 400, kernel="fill_kernel")
+    for i, (s, e) in enumerate(STEPS):
+        exp.push_pop(t, s, e, f"ProfilerStep#{i + 1}")
+        exp.push_pop(t, s + 100, s + 300, f"aten::mm, seq = {i}, op_id = {10 + i}")
+        exp.launch(t, s + 150, s + 200, s + 250, s + 550, kernel="mm_kernel")
+    exp.push_pop(t, 2020, 2060, "aten::zero_, op_id = 2")
+    exp.launch(t, 2030, 2040, 2070, 2090, kernel="fill_kernel")
+    exp.runtime(t, 4200, 4300, name="cudaDeviceSynchronize_v3020")
+    exp.push_pop(t, 4400, 4450, "ProfilerStep#4")
+    return exp.write(path)
+
+
+def test_profiler_steps_are_the_iterations(tmp_path):
+    """N steps give N iterations, each the step's own span: nothing before the first, between two or after the
+    last is in an iteration; those ops stay in the model (and the database) but no aggregation counts them."""
+    a = analyze(profiler_steps_profile(tmp_path / "p.sqlite"))
+    it = a.iterations
+    assert it.key_node == "ProfilerStep" and it.source == "default" and it.by_step
+    assert it.count == 3 and it.starts.tolist() == [1000, 2100, 3100] and it.ends.tolist() == [2000, 3000, 4100]
+    assert it.complete.tolist() == [True, True, True]
+    assert it.of([999, 1000, 2050, 2100, 4100, 4420]).tolist() == [-1, 0, -1, 1, -1, -1]
+    agg = a.agg()
+    s = agg.summary
+    assert (agg.window_start, agg.window_end) == (1000, 4100)  # the steps: the GPU tail [4100, 4150) is not in it
+    assert (s["total_iterations"], s["aggregated_iterations"], s["wall_time"]) == (3, 3, 3100)
+    assert s["avg_iteration_time"] == pytest.approx(3100 / 3)
+    assert s["iteration_std"] == pytest.approx(np.std([1000, 900, 1000], ddof=1))
+    assert s["median_iteration_time"] == 1000
+    assert (s["complete_iterations"], s["complete_start"], s["complete_stop"], s["partial_iterations"]) == (3, 0, 2, [])
+    assert agg.iterations["duration"].tolist() == [1000, 900, 1000]
+    assert agg.iterations["kernels"].tolist() == [1, 1, 1]
+    # only the steps' ops and kernels are aggregated: three mm calls and their 300 ns kernels
+    assert agg.ops["name"].tolist() == ["/ProfilerStep/aten::mm"] and agg.ops["calls"].tolist() == [3]
+    assert s["kernels"]["all"]["gpu_time"] == 900 and s["ops"]["all"]["count"] == 1
+    labels = set(a.domain().instances["label"].astype(str))
+    assert {"aten::zeros", "aten::zero_", "aten::mm"} <= labels  # outside ones kept as instances
+
+
+def test_key_node_profiler_step_on_an_nsys_capture_and_an_iteration_range(tmp_path):
+    """The step rule follows the key node, given or default; --iter_start/--iter_stop pick steps."""
+    path = profiler_steps_profile(tmp_path / "p.sqlite")
+    a = analyze(path, key_node="ProfilerStep", iter_start=1, iter_stop=2)
+    agg = a.agg()
+    assert a.iterations.source == "user" and a.iterations.count == 3
+    assert (agg.window_start, agg.window_end) == (2100, 4100)
+    assert agg.summary["wall_time"] == 2000 and agg.summary["median_iteration_time"] == 950
+
+
+def test_one_step_of_a_cpu_trace_is_one_iteration(tmp_path):
+    """A CPU-only Kineto trace: collection from 0 to 1,289,000 ns, one ProfilerStep#551 [4,000, 214,000) and
+    gloo collectives after it: one iteration of 210,000 ns, not two averaging 641,000 (N + 1 intervals)."""
+    from tests.kineto_builder import KinetoTrace
+
+    k = KinetoTrace()
+    k.metadata({7: "python"})
+    k.span(0, 1_289_000)
+    k.annotation(7, 4_000, 210_000, "ProfilerStep#551")
+    k.cpu_op(7, 10_000, 150_000, "aten::linear", seq=1)
+    for t in (300_000, 700_000, 1_200_000):
+        k.annotation(7, t, 80_000, "gloo:all_reduce")
+        k.cpu_op(7, t + 1_000, 1_000, "aten::empty")
+    a = analyze(k.write(tmp_path / "cpu.json"))
+    s = a.agg().summary
+    assert (s["total_iterations"], s["wall_time"], s["avg_iteration_time"], s["median_iteration_time"]) == (
+        1,
+        210_000,
+        210_000,
+        210_000,
+    )
+
+
+def test_mtia_style_step_ends_after_every_event(tmp_path):
+    """An MTIA-style trace (mtia_runtime calls, mtia_ccp_events device activities) ends without a device
+    synchronize: its one ProfilerStep [1000, 30000) encloses every op and device activity (the last ends at
+    12000). Iteration 0 of N + 1 intervals ran to the step's end (29,000 ns) while the wall clock window ended
+    at the last op (11,000 ns); now the iteration is the step and the window is the step. With a key node (the
+    same range as `train_step`), the window holds the intervals: iteration 0 is no longer than it."""
+    from tests.kineto_builder import KinetoTrace
+
+    def trace(label):
+        k = KinetoTrace()
+        k.metadata({10: "python"})
+        k.annotation(10, 1000, 29_000, label)
+        k.cpu_op(10, 2000, 10_000, "aten::mm", seq=1)
+        k.raw(
+            '{"ph": "X", "cat": "mtia_runtime", "name": "mtiaLaunchKernel", "pid": 4242, "tid": 10, '
+            '"ts": 3.000, "dur": 2.000, "args": {"correlation": 77}}'
+        )
+        k.raw(
+            '{"ph": "X", "cat": "mtia_ccp_events", "name": "mm_kernel", "pid": 1, "tid": 3, '
+            '"ts": 6.000, "dur": 3.500, "args": {"correlation": 77, "device": 1, "stream": 3}}'
+        )
+        return k.write(tmp_path / f"{label}.json")
+
+    a = analyze(trace("ProfilerStep#0"))
+    agg = a.agg()
+    assert agg.iterations["duration"].tolist() == [29_000] and agg.summary["wall_time"] == 29_000
+    b = analyze(trace("train_step"), key_node="train_step")
+    agg = b.agg()
+    # key node intervals [1000, 30000) and [30000, 30000); the window holds them
+    assert agg.iterations["duration"].tolist() == [29_000, 0]
+    assert agg.summary["wall_time"] == 29_000 >= agg.iterations["duration"].max()
+
+
+def tail_loading_profile(path):
+    """test_data_loading_at_the_end_of_the_profile_is_in_the_window's capture."""
+    exp = NsysExport()
+    t = exp.add_thread(pid=100, tid=100, name="python", process_name="python")
+    loader = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
+    for i, base in enumerate((0, 1000)):
+        exp.push_pop(t, base, base + 200, loader)
+        exp.push_pop(t, base + 250, base + 1000, "train_step")
+        exp.push_pop(t, base + 300, base + 600, f"aten::add, seq = {i}, op_id = {i + 1}")
+    exp.push_pop(t, 2100, 2600, loader)
+    return exp.write(path)
+
+
+def test_data_loading_at_the_end_of_the_profile_is_in_the_window(tmp_path):
+    """No GPU. train_step [250, 1000) and [1250, 2000) are the key node; DataLoader ranges [0, 200), [1000,
+    1200) and, after the last step, the one raising StopIteration [2100, 2600); ops [300, 600) and [1300, 1600).
+    The window is [0, 2600) (the last interval ends with the profile), not [0, 1600) (the last op): data
+    loading 900 / 2600, CPU 600 / 2600, not 400 / 1600."""
+    a = analyze(tail_loading_profile(tmp_path / "p.sqlite"), key_node="train_step")
+    s = a.agg().summary
+    assert s["wall_time"] == 2600
+    assert s["pct"]["dataloader"] == pytest.approx(100 * 900 / 2600)
+    assert s["pct"]["cpu"] == pytest.approx(100 * 600 / 2600)
+    assert s["pct"]["other"] == pytest.approx(100 * 1100 / 2600)
+    # iterations 0 and 2 are partial: the median is iteration 1's 1000 ns
+    assert s["median_iteration_time"] == 1000 and s["partial_iterations"] == [0, 2]
+
+
+# ---------------------------------------------------------------------------- key nodes are forward calls
+
+
+def test_a_key_node_matches_forward_calls_only(tmp_path):
+    """dlprof_profiler.pytorch markers label a call's backward nodes with the forward op (`linear`, dir bprop):
+    `--key_node=linear` gives one boundary per forward call (the dict marker [T+100, T+9900) of T = 1.0, 1.1,
+    1.2 ms), not three (the two backward nodes too). By op name (bprop ops carry the forward op's name) the
+    same holds: the training profile's /aten::conv2d ends at T+20000."""
+    from tests import profiles
+
+    a = analyze(profiles.backward_calls_profile(tmp_path / "calls.sqlite"), key_node="linear")
+    assert a.iterations.boundaries.tolist() == [1_009_900, 1_109_900, 1_209_900]
+    b = analyze(profiles.training_profile(tmp_path / "t.sqlite"), key_node="/aten::conv2d")
+    assert b.iterations.found and b.iterations.boundaries.tolist() == [1_020_000, 1_120_000, 1_220_000]
+
+
+def test_steps_in_which_nothing_runs_are_no_iterations(tmp_path):
+    """Two ProfilerSteps with nothing inside (an op runs after them): no iteration to split by, the whole
+    profile is one, as without a key node."""
+    from tests.kineto_builder import KinetoTrace
+
+    k = KinetoTrace()
+    k.metadata({7: "python"})
+    k.annotation(7, 1000, 500, "ProfilerStep#0")
+    k.annotation(7, 2000, 500, "ProfilerStep#1")
+    k.cpu_op(7, 3000, 1000, "aten::mm", seq=1)
+    it = analyze(k.write(tmp_path / "empty.json")).iterations
+    assert (it.found, it.by_step, it.count, it.boundaries.tolist()) == (False, False, 1, [])
+    assert (it.starts.tolist(), it.ends.tolist()) == ([0], [3000])  # time 0: the first event, at 1000

@@ -65,6 +65,10 @@ def test_summary_sections(out):
     assert "GPU Utilization %,38.3" in lines  # 111,000 / 290,000
     assert "Dataloader Duration %,5.2" in lines  # 15,000 / 290,000
     assert "Total Iterations,4" in lines and "Average Iteration Time (ns),72500.0" in lines
+    # iterations [1.00 ms, 1.08 ms) 80 us, then 100 us, 100 us, and the tail [1.28 ms, 1.29 ms) 10 us: the median
+    # of the complete ones (1 and 2; 0 runs up to the first key node, 3 after the last), right after DLProf's lines
+    std = lines.index("Iteration Time Standard Deviation," + f"{np.std([80e3, 100e3, 100e3, 10e3], ddof=1):.1f}")
+    assert lines[std + 1] == "Median Iteration Time (ns),100000.0"
     assert ",GPU Time (ns),CPU Time (ns),# Ops" in lines
     assert "Ops using TC,48000,54000,2" in lines
     assert "Kernels using TC,48000,6000,2" in lines and "Memory,3000,3000,1" in lines
@@ -126,6 +130,11 @@ def test_json_carries_the_same_tables(out):
     summary = json.loads(read(out / "dlprof_summary.json"))
     titles = [s["title"] for s in summary["sections"]]
     assert titles == ["System Config", "Summary Report", "Iterations", "All Ops", "All Kernels"]
+    iterations = summary["sections"][2]
+    assert iterations["rows"][-2:] == [
+        ["Iteration Time Standard Deviation", f"{np.std([80e3, 100e3, 100e3, 10e3], ddof=1):.1f}"],
+        ["Median Iteration Time (ns)", "100000.0"],  # the summary's label/value text, as DLProf's other lines
+    ]
 
 
 def test_expert_systems_report(out):
@@ -733,3 +742,38 @@ def test_system_config_versions_as_dlprof_wrote_them(tmp_path):
     assert "GPU Driver Version,515.43.04" in lines and "Framework,PyTorch 2.3.1" in lines
     assert "cuDNN Version,8.9.2" in lines and "CPU Model,AMD EPYC 7742 64-Core Processor" in lines
     assert lines.index("cuDNN Version,8.9.2") == lines.index("CUDA Version,Unknown") + 1
+
+
+def test_the_console_leads_with_the_steady_iteration_figures():
+    """The line printed after a run: the median of the complete iterations, their range, the partial ones
+    named (key-node intervals), then DLProf's average over all."""
+    from dlprof_profiler.reports import iteration_headline
+
+    key_nodes = {
+        "aggregated_iterations": 13,
+        "total_iterations": 13,
+        "avg_iteration_time": 294.1e6,
+        "wall_time": 3_823_300_000,
+        "median_iteration_time": 95.6e6,
+        "complete_iterations": 11,
+        "complete_start": 1,
+        "complete_stop": 11,
+        "partial_iterations": [0, 12],
+        "key_found": True,
+    }
+    assert iteration_headline(key_nodes) == (
+        "Median iteration time 95.6 ms over 11 complete iterations 1..11; partial, left out: 0 (up to the first "
+        "key node), 12 (after the last key node); average 294.1 ms over 13 aggregated (wall clock 3.823 s)"
+    )
+    steps = dict(key_nodes, aggregated_iterations=6, total_iterations=6, avg_iteration_time=77.5e6)
+    steps.update(wall_time=465_200_000, median_iteration_time=76.8e6, complete_iterations=6, complete_start=0)
+    steps.update(complete_stop=5, partial_iterations=[])
+    assert iteration_headline(steps) == (
+        "Median iteration time 76.8 ms over 6 complete iterations 0..5; average 77.5 ms over 6 aggregated "
+        "(wall clock 465.2 ms)"
+    )
+    whole = dict(key_nodes, aggregated_iterations=1, total_iterations=1, complete_iterations=0, key_found=False)
+    whole.update(avg_iteration_time=2e9, wall_time=2e9)
+    assert iteration_headline(whole) == (
+        "1 iteration(s), none complete (no key node found): average 2.000 s over 1 aggregated (wall clock 2.000 s)"
+    )

@@ -94,20 +94,28 @@ def test_staged_frames_equal_the_in_memory_ingest(name, named, tmp_path):
 
 @pytest.mark.parametrize("name", ["training", "damaged", "backward_calls"] + FIXTURE_NAMES)
 def test_out_of_core_analysis_equals_the_in_memory_one(name, named, tmp_path):
-    path = _path(name, named)
-    expected = analyze(sanitize_trace(read_nsys_export(path)), AnalysisConfig())
     # the small hand-made profiles are cut into many segments too (calls and ranges across segment bounds)
-    for events_per_segment in (10**9, 2000) + ((25,) if name in named else ()):
+    splits = (10**9, 2000) + ((25,) if name in named else ())
+    _assert_same_analysis(_path(name, named), AnalysisConfig(), splits, tmp_path)
+
+
+def _assert_same_analysis(path, config: AnalysisConfig, splits, tmp_path) -> None:
+    expected = analyze(sanitize_trace(read_nsys_export(path)), config)
+    for events_per_segment in splits:
         store = TraceStore(path, tmp_path / f"store{events_per_segment}")
         try:
             store.load()
-            result = analyze_store(store, AnalysisConfig(), events_per_segment=events_per_segment)
+            result = analyze_store(store, config, events_per_segment=events_per_segment)
         finally:
             store.close()
         assert result.mode == expected.mode and result.primary == expected.primary
-        assert result.iterations.boundaries.tolist() == expected.iterations.boundaries.tolist()
+        its, want = result.iterations, expected.iterations
+        assert its.boundaries.tolist() == want.boundaries.tolist()
+        assert (its.key_node, its.found, its.by_step) == (want.key_node, want.found, want.by_step)
+        assert its.starts.tolist() == want.starts.tolist() and its.ends.tolist() == want.ends.tolist()
         for domain, agg in expected.aggregations.items():
             other = result.aggregations[domain]
+            assert (agg.window_start, agg.window_end) == (other.window_start, other.window_end)
             for table in ("ops", "op_types", "kernels", "tensor_core", "groups", "devices", "iterations"):
                 pd.testing.assert_frame_equal(
                     getattr(agg, table).reset_index(drop=True),
@@ -119,6 +127,31 @@ def test_out_of_core_analysis_equals_the_in_memory_one(name, named, tmp_path):
             assert [(f["id"], f["problem"]) for f in expected.findings[domain]] == [
                 (f["id"], f["problem"]) for f in result.findings[domain]
             ]
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["profiler_steps", "profiler_steps_range", "forward_label", "forward_op_name", "tail_loading"],
+)
+def test_out_of_core_iterations_equal_the_in_memory_ones(case, tmp_path):
+    """The iteration rules on both engines, any split: ProfilerStep iterations (steps' own spans, what lies
+    outside them left out, an empty last step dropped), key nodes matching forward calls only (by label and by
+    op name), a window holding the last interval's data loading."""
+    from tests import test_iterate
+
+    if case.startswith("profiler_steps"):
+        path = test_iterate.profiler_steps_profile(tmp_path / "steps.sqlite")
+        config = AnalysisConfig(iter_start=1, iter_stop=2) if case.endswith("range") else AnalysisConfig()
+    elif case == "forward_label":
+        path, config = profiles.backward_calls_profile(tmp_path / "calls.sqlite"), AnalysisConfig(key_node="linear")
+    elif case == "forward_op_name":
+        path, config = profiles.training_profile(tmp_path / "t.sqlite"), AnalysisConfig(key_node="/aten::conv2d")
+    else:
+        path, config = (
+            test_iterate.tail_loading_profile(tmp_path / "tail.sqlite"),
+            AnalysisConfig(key_node="train_step"),
+        )
+    _assert_same_analysis(path, config, (10**9, 25, 7), tmp_path)
 
 
 @pytest.mark.parametrize("name", ["training", "nvfuser_h200_nsys2025.1.sqlite"])

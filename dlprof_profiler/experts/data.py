@@ -29,12 +29,21 @@ def _base_names(categories: np.ndarray) -> np.ndarray:
     return np.array([api_base_name(c) for c in categories], dtype=object)
 
 
-def _iteration_bounds(iterations, agg) -> tuple[int, int]:
-    """[lo, hi) of the times whose iteration is aggregated."""
-    b = iterations.boundaries
-    lo = int(b[agg.iter_start - 1]) if agg.iter_start >= 1 else -(1 << 62)
-    hi = int(b[agg.iter_stop]) if agg.iter_stop < len(b) else 1 << 62
-    return lo, hi
+class _AggregatedTimes:
+    """Which times lie in an aggregated iteration: [lo, hi) holds them all (a range to read), `of(times)` says
+    which do (steps leave the time between two steps out)."""
+
+    def __init__(self, iterations, agg):
+        self.iterations, self.first, self.last = iterations, agg.iter_start, agg.iter_stop
+        self.lo, self.hi = iterations.time_range(self.first, self.last)
+
+    def of(self, times) -> np.ndarray:
+        times = np.asarray(times, dtype=np.int64)
+        inside = (times >= self.lo) & (times < self.hi)
+        if self.iterations.by_step:
+            it = self.iterations.of(times)
+            inside &= (it >= self.first) & (it <= self.last)
+        return inside
 
 
 MEMORY_COLUMNS = [
@@ -60,7 +69,7 @@ class MemoryData:
 
     def __init__(self, trace, corr, dm, agg, iterations):
         self.trace, self.corr, self.dm, self.agg, self.iterations = trace, corr, dm, agg, iterations
-        self.lo, self.hi = _iteration_bounds(iterations, agg)
+        self.window = _AggregatedTimes(iterations, agg)
         self._busy = None
 
     def _api_base(self) -> np.ndarray:
@@ -85,9 +94,7 @@ class MemoryData:
 
         launch = launch_times(self.trace, self.corr.gpu_api)
         kind = gpu["kind"].to_numpy()
-        rows = np.flatnonzero(
-            ((kind == KIND_MEMCPY) | (kind == KIND_MEMSET)) & (launch >= self.lo) & (launch < self.hi)
-        )
+        rows = np.flatnonzero(((kind == KIND_MEMCPY) | (kind == KIND_MEMSET)) & self.window.of(launch))
         api_rows = self.corr.gpu_api[rows]
         has = api_rows >= 0
         safe = np.maximum(api_rows, 0)
@@ -111,7 +118,7 @@ class MemoryData:
             return pd.DataFrame({c: [] for c in API_COLUMNS})
         base = self._api_base()
         start = api["start"].to_numpy(np.int64)
-        rows = np.flatnonzero(np.isin(base, list(names)) & (start >= self.lo) & (start < self.hi))
+        rows = np.flatnonzero(np.isin(base, list(names)) & self.window.of(start))
         out = pd.DataFrame(
             {
                 "api_id": rows,
@@ -267,7 +274,7 @@ class StoreData:
 
     def __init__(self, sa, dm, agg, iterations):
         self.sa, self.store, self.dm, self.agg, self.iterations = sa, sa.store, dm, agg, iterations
-        self.lo, self.hi = _iteration_bounds(iterations, agg)
+        self.window = _AggregatedTimes(iterations, agg)
         self.d = dm.sink.d
         base = _base_names(self.store.api_names)
         self._api_base = pd.DataFrame({"name_code": np.arange(len(base), dtype=np.int64), "base": base})
@@ -304,16 +311,16 @@ class StoreData:
 
     def memory_ops(self) -> pd.DataFrame:
         if self._memory is None:
-            lo, hi = self.lo, self.hi
+            window = self.window
             store, sink = self.store, self.dm.sink
             names = ["kind", "copy_kind", "src_kind", "dst_kind", "bytes", "start", "end", "device_id"]
             # each activity was staged with its launching call's id, start, duration and name (-1: none)
             g = store.gpu.read_range(
-                lo,
-                hi,
+                window.lo,
+                window.hi,
                 names + ["api_id", "launch", "api_duration", "api_name", "activity_id"],
                 key="launch",
-                where=lambda c: (c["kind"] == KIND_MEMCPY) | (c["kind"] == KIND_MEMSET),
+                where=lambda c: ((c["kind"] == KIND_MEMCPY) | (c["kind"] == KIND_MEMSET)) & window.of(c["launch"]),
             )
             out = pd.DataFrame({c: g[c] for c in names})
             has = g["api_id"] >= 0
@@ -329,13 +336,13 @@ class StoreData:
         codes = self._api_base.loc[self._api_base["base"].isin(names), "name_code"].to_numpy(np.int64)
         if not codes.size:
             return pd.DataFrame({c: [] for c in API_COLUMNS})
-        lo, hi, sink = self.lo, self.hi, self.dm.sink
+        window, sink = self.window, self.dm.sink
         a = self.store.api.read_range(
-            lo,
-            hi,
+            window.lo,
+            window.hi,
             ["api_id", "start", "end", "global_tid", "pid", "name_code"],
             key="start",
-            where=lambda c: np.isin(c["name_code"], codes),
+            where=lambda c: np.isin(c["name_code"], codes) & window.of(c["start"]),
         )
         out = pd.DataFrame({c: a[c] for c in ("api_id", "start", "end", "global_tid", "pid")})
         out["name"] = self._base[a["name_code"]]

@@ -12,10 +12,11 @@ from dlprof_profiler import nvtx_markers as nm
 from dlprof_profiler.experts.base import DLPROF_GUIDE, Context, finding, fmt_time
 
 # bad_iteration_range_detector: an iteration is steady when its duration is within a factor STEADY_FACTOR of
-# the median duration of the aggregated iterations (iteration 0 and the last, partial one left out of the
-# median when others remain). Iteration-to-iteration jitter of a training loop is a few percent; warm-up
-# iterations (cuDNN autotuning, allocator growth, lazy initialisation) take 2x and more, and the first and
-# last intervals also hold the program's start-up and tear-down.
+# the median duration of the aggregated iterations that are complete (key-node intervals: iteration 0 and
+# the last, partial ones, are left out of the median when others remain; steps are all complete).
+# Iteration-to-iteration jitter of a training loop is a few percent; warm-up iterations (cuDNN autotuning,
+# allocator growth, lazy initialisation) take 2x and more, and the first and last key-node intervals also
+# hold the program's start-up and tear-down.
 STEADY_FACTOR = 1.25
 MIN_ITERATIONS = 3  # fewer iterations: no median to judge by
 
@@ -125,7 +126,7 @@ def key_node_candidates(ctx: Context, limit: int = 3) -> list[dict]:
 def bad_iteration_range_detector(ctx: Context) -> list[dict]:
     """Inputs: the iteration table (duration of every iteration) and the aggregated range.
     Threshold: steady = duration within a factor STEADY_FACTOR (1.25) of the median of the aggregated
-    iterations. Fires when the first or last aggregated iterations are not steady and a steady run remains;
+    complete iterations. Fires when the first or last aggregated iterations are not steady and a steady run remains;
     proposes the range from the first to the last steady iteration."""
     it, agg = ctx.iterations, ctx.agg
     table = agg.iterations
@@ -136,7 +137,7 @@ def bad_iteration_range_detector(ctx: Context) -> list[dict]:
     sel = np.arange(start, stop + 1)
     if sel.size < 2:
         return []
-    interior = sel[(sel > 0) & (sel < it.count - 1)]
+    interior = sel[it.complete[sel]]
     median = float(np.median(dur[interior if interior.size else sel]))
     if median <= 0:
         return []
@@ -153,7 +154,7 @@ def bad_iteration_range_detector(ctx: Context) -> list[dict]:
     inner = [int(i) for i in sel if first < i < last and not steady[i]]
 
     def describe(i):
-        if dur[i] <= 0:
+        if dur[i] <= 0 and not it.by_step:
             return f"iteration {i} is empty (the profile ends with the key node)"
         return f"iteration {i} took {fmt_time(dur[i])} ({ratio[i]:.2f}x the median)"
 

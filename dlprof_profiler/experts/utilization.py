@@ -43,15 +43,16 @@ _CLASS_ADVICE = {
 
 
 def underutilized_gpu_detector(ctx: Context) -> list[dict]:
-    """Inputs: summary GPU utilization and non-GPU class shares; per-GPU busy time. Fires for GPUs with no
-    work while others have some (unused GPU), and when GPU utilization < GPU_UTILIZATION_PCT (50%)."""
+    """Inputs: summary GPU utilization and non-GPU class shares; per-GPU busy time; the world size the trace
+    records. Fires for GPUs with no work while others have some (unused GPU; not for one rank of a distributed
+    job, whose machine's other GPUs run the other ranks), and when GPU utilization < GPU_UTILIZATION_PCT (50%)."""
     summary = ctx.agg.summary or {}
     n_gpus = int(summary.get("n_visible_gpus", 0))
     if n_gpus == 0:
         return []  # no GPU ran anything: no GPU advice
     out = []
     devices = ctx.agg.devices
-    if devices is not None and len(devices) > 1:
+    if devices is not None and len(devices) > 1 and not one_rank_of_several(ctx):
         busy = (devices["tc_time"] + devices["non_tc_time"] + devices["memory_time"]).to_numpy(np.int64)
         ids = devices["device_id"].to_numpy(np.int64)
         unused = ids[busy == 0]
@@ -93,6 +94,15 @@ def underutilized_gpu_detector(ctx: Context) -> list[dict]:
             )
         )
     return out
+
+
+def one_rank_of_several(ctx: Context) -> bool:
+    """Whether the profile records a world size above 1 (Kineto's distributedInfo): it is one process of a
+    distributed job, and the GPUs it did not use may be the other ranks'."""
+    try:
+        return int(ctx.trace.meta.get("distributed_world_size") or 0) > 1
+    except (TypeError, ValueError):
+        return False
 
 
 def imbalanced_gpus_detector(ctx: Context) -> list[dict]:
