@@ -76,8 +76,9 @@ TERMS: dict[str, Term] = {
     ),
     "complete_iterations": Term(
         "Complete Iterations",
-        "The aggregated iterations that are whole steps, first – last (count): every ProfilerStep#N step; with a "
-        "key node, all but the first (up to the first key node) and the last (after the last key node).",
+        "The aggregated iterations that are whole steps, first – last (count): with a key node, all but the first "
+        "(up to the first key node) and the last (after the last key node); every ProfilerStep#N step, but for "
+        "the first and last of a dlprof --backend=torch capture (opened when profiling starts, closed when it ends).",
     ),
     "max_iteration_time": Term("Max Iteration Time", "The longest aggregated iteration (end − start)."),
     "iteration_time_std_dev": Term(

@@ -154,6 +154,7 @@ def reanalyze(
 
 
 def _aggregate_and_detect(trace, corr, iterations, primary, config, source_name, stages) -> Analysis:
+    iterations = iterate.with_partial_steps(iterations, trace.meta)
     iter_start, iter_stop = _chosen_iterations(iterations, config, source_name)
     aggregations = stages.run(
         "Aggregating",
@@ -357,6 +358,7 @@ def analyze_store(
         on_correlated(corr)
     if config.key_node and not iterations.found:
         iterations = _store_key_node_from_ops(sa, corr, config.key_node, iterations)
+    iterations = iterate.with_partial_steps(iterations, trace.meta)
     primary = choose_domain(corr, config.domain, source_name)
     iter_start, iter_stop = _chosen_iterations(iterations, config, source_name)
     device_ids = trace.devices["device_id"].to_numpy(np.int64).tolist() if len(trace.devices) else []

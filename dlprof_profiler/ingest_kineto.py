@@ -39,6 +39,7 @@ from dlprof_profiler.ingest_nsys import COPY_KIND_LABELS, MEMSET_LABEL, copy_kin
 from dlprof_profiler.nvtx_markers import format_shapes
 from dlprof_profiler.structure import RangeForest, levels, nearest_flagged_ancestor, outermost_flagged
 from dlprof_profiler.trace import (
+    PARTIAL_STEPS,
     DEVICE_COLUMNS,
     API_COLUMNS,
     DEFAULT_DOMAIN,
@@ -54,6 +55,7 @@ from dlprof_profiler.trace import (
 NVTX_PUSH_POP = 59  # the nsys eventType of push/pop ranges: Kineto ranges nest per thread
 MODULE_PREFIX = "nn.Module: "
 PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
+PARTIAL_STEPS_KEY = "dlprof_partial_steps"  # written by dlprof's torch capture (torch_startup/sitecustomize.py)
 COPY_KINDS = {v.split(" ")[-1].rstrip("]"): k for k, v in COPY_KIND_LABELS.items() if k <= 10}  # HtoD -> 1
 SYNC_TYPES = {"event sync": 1, "stream wait event": 2, "stream sync": 3, "context sync": 4}
 CPU_GROUPS = (kd.OP, kd.ANNOTATION, kd.PYTHON, kd.API)
@@ -930,10 +932,25 @@ def _meta(ev: _Events, origin: int, trace: Trace, has_steps: bool) -> tuple[dict
             meta[key] = m[key]
     if has_steps:
         meta["key_node_default"] = "ProfilerStep"
+        partial = _partial_step_starts(ev, m.get(PARTIAL_STEPS_KEY), trace.ranges)
+        if partial:
+            meta[PARTIAL_STEPS] = ",".join(str(t) for t in partial)
     system = {}
     if isinstance(m.get("host_name"), str):
         system["HostName"] = m["host_name"]
     return meta, system
+
+
+def _partial_step_starts(ev: _Events, numbers, ranges: pd.DataFrame) -> list[int]:
+    """Starts of the `ProfilerStep#N` ranges whose numbers the capture listed as partial (`dlprof --backend=torch`
+    writes PARTIAL_STEPS_KEY: the step open from the start of profiling to the first optimizer step, and the one
+    open from the last optimizer step to the end)."""
+    if not isinstance(numbers, list) or not all(isinstance(n, int) for n in numbers) or not len(ranges):
+        return []
+    wanted = {f"ProfilerStep#{n}" for n in numbers}
+    text = ranges["text"].to_numpy(dtype=object)
+    rows = np.flatnonzero(np.isin(text, list(wanted)))
+    return sorted(set(ranges["start"].to_numpy(np.int64)[rows].tolist()))
 
 
 def _peak_device_memory(ev: _Events) -> int | None:
@@ -992,6 +1009,15 @@ def merge_traces(traces: list[Trace], source: Path) -> Trace:
         meta["gpu_peak_memory"] = max(peaks)
     if any(t.meta.get("key_node_default") for t in traces):
         meta["key_node_default"] = "ProfilerStep"
+    partial = sorted(
+        int(start) + shift
+        for t, shift in zip(traces, shifts)
+        for start in str(t.meta.get(PARTIAL_STEPS) or "").split(",")
+        if start.strip()
+    )
+    meta.pop(PARTIAL_STEPS, None)
+    if partial:
+        meta[PARTIAL_STEPS] = ",".join(map(str, partial))
     merged.meta = meta
     merged.system = dict(traces[0].system)
     return merged

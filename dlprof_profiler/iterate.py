@@ -3,6 +3,7 @@ torch.profiler marked (DESIGN.md "Iterations")."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -12,7 +13,7 @@ import pandas as pd
 from dlprof_profiler import nvtx_markers as nm
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.naming import first_rows
-from dlprof_profiler.trace import combined_codes
+from dlprof_profiler.trace import PARTIAL_STEPS, combined_codes
 
 NUMBER_SUFFIX = re.compile(r"#\d+$")
 _TF_GLOBAL_STEP = re.compile(r"(?:^|/)global_step(?:/|$)")
@@ -44,6 +45,7 @@ class Iterations:
     profile_end: int
     profile_start: int = 0
     spans: np.ndarray | None = None  # (N, 2) int64: start, end of each step (steps only)
+    partial_starts: tuple = ()  # starts of steps known to be partial (trace.PARTIAL_STEPS: dlprof's capture)
 
     @property
     def by_step(self) -> bool:
@@ -74,6 +76,8 @@ class Iterations:
         flags = np.ones(self.count, dtype=bool)
         if not self.by_step:
             flags[[0, -1]] = False
+        elif self.partial_starts:
+            flags &= ~np.isin(self.spans[:, 0], np.asarray(self.partial_starts, dtype=np.int64))
         return flags
 
     def of(self, times) -> np.ndarray:
@@ -94,6 +98,17 @@ class Iterations:
         lo = int(b[first - 1]) if first >= 1 else -(1 << 62)
         hi = int(b[last]) if last < len(b) else 1 << 62
         return lo, hi
+
+
+def with_partial_steps(iterations: Iterations, meta: dict) -> Iterations:
+    """The iterations with the steps the capture marked partial (`dlprof --backend=torch` opens the first step
+    when profiling starts and the last one at the last optimizer step: the run up to the first optimizer step
+    and after the last one, as the first and last key-node intervals of an nsys capture)."""
+    text = meta.get(PARTIAL_STEPS)
+    if not iterations.by_step or not text:
+        return iterations
+    starts = tuple(int(t) for t in str(text).split(",") if t.strip())
+    return dataclasses.replace(iterations, partial_starts=starts)
 
 
 def no_iterations(profile_end: int, profile_start: int) -> Iterations:

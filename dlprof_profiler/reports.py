@@ -270,8 +270,10 @@ def iteration_headline(s: dict) -> str:
     text = (
         f"Median iteration time {fmt_time(s['median_iteration_time'])} over {s['complete_iterations']} complete {span}"
     )
+    # key-node intervals, and a torch capture's steps, are partial at the ends of the run
+    bound = "step" if str(s.get("key_node") or "").startswith("ProfilerStep") else "key node"
     partial = [
-        f"{i} ({'up to the first' if i == 0 else 'after the last'} key node)" if i in (0, last) else str(i)
+        f"{i} ({'up to the first' if i == 0 else 'after the last'} {bound})" if i in (0, last) else str(i)
         for i in s.get("partial_iterations") or []
     ]
     if partial:

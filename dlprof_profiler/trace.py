@@ -11,6 +11,9 @@ import pandas as pd
 from dlprof_profiler.contract import KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET  # noqa: F401 - GPU activity kinds
 
 DEFAULT_DOMAIN = "default"
+# Trace meta: starts of the `ProfilerStep#N` steps the capture knows to be partial, comma-separated (a capture by
+# `dlprof --backend=torch` opens its first step when profiling starts, its last at the last optimizer step)
+PARTIAL_STEPS = "partial_step_starts"
 
 # A start or end time the source did not record (NULL in an export): ingest adapters write it so that
 # sanitize.py can find and drop such rows; no later stage ever sees it.

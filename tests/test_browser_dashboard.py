@@ -103,7 +103,7 @@ def test_performance_summary_shows_the_database_figures(dash):
     # the steady figures lead: iterations 1 and 2 (100 us each) are complete, 0 and 3 partial
     assert sm["median_iteration_time"] == 100_000
     assert metric_text(b, "median_iteration_time") == fmt_ns(100_000) == "100 µs"
-    assert metric_text(b, "complete_iterations") == "1 – 2 (2)"
+    assert metric_text(b, "complete_iterations") == "1 – 2 (2); partial: 0, 3"
     assert "0, 3" in b.css("[data-metric=complete_iterations]").get_attribute("title")
     assert "Optimizer.step#SGD.step" in b.css("[data-metric=key_node]").text
     # exact value and the metric's definition as tooltips

@@ -137,6 +137,15 @@ def test_capture_analyse_and_pass_the_exit_status(tmp_path):
     # the iterations are the steps in which something ran: ProfilerStep#3, opened by the last optimizer step
     # and closed at exit, holds no op
     assert sql(db, "SELECT key_node, total_iterations FROM aggregations") == [("ProfilerStep", 3)]
+    # ProfilerStep#0 runs from the start of profiling to the first optimizer step (the trace says so): partial,
+    # as the first key-node interval of an nsys capture, and left out of the median
+    meta = json.loads(gzip.open(trace).read())
+    assert meta["dlprof_partial_steps"] == [0, 3]
+    assert sql(db, "SELECT DISTINCT iter_value, complete FROM iteration_summary ORDER BY iter_value") == [
+        (0, 0),
+        (1, 1),
+        (2, 1),
+    ]
     # PyTorch's ops are ranges with their seq and op_id; dlprof's own ranges (written as cpu_ops: its markers,
     # named by a dict literal, and the optimizer-step scope) are annotations, taken as they are
     ops = [e for e in evs if e.get("cat") == "cpu_op" and not is_dlprof_range(e)]
@@ -201,6 +210,13 @@ def test_capture_iterations_keep_only_the_window(tmp_path):
     assert linear == 2 * 2  # two iterations of two Linear layers
     summary = (tmp_path / "out" / "dlprof_summary.csv").read_text().splitlines()
     assert "Total Iterations,2" in summary  # the two steps kept, nothing after them
+    # both are whole steps, from one optimizer step to the next: none is partial
+    assert "dlprof_partial_steps" not in json.loads(gzip.open(tmp_path / "out" / "dlprof.pt.trace.json.gz").read())
+    db = tmp_path / "out" / "dlprof_dldb.sqlite"
+    assert sql(db, "SELECT DISTINCT iter_value, complete FROM iteration_summary ORDER BY iter_value") == [
+        (0, 1),
+        (1, 1),
+    ]
 
 
 def test_delay_starts_collection_later(tmp_path):

@@ -60,6 +60,7 @@ class _Capture:
         self.duration = config.get("duration")
         self.stop_at = None
         self.state = "waiting"  # waiting -> recording -> written
+        self.partial = []  # ProfilerStep numbers that are not whole iterations
         self.prof = None
         self.module_hook = None
         self.path = os.path.join(self.folder, "%d.pt.trace.json.gz" % os.getpid())
@@ -137,6 +138,10 @@ class _Capture:
     def _start(self):
         self.prof.start()
         self.state = "recording"
+        window = self.config.get("iterations")
+        if not window or int(window[0]) == 0:
+            # this step opened when profiling started, not at an optimizer step: the run up to the first step
+            self._mark_partial(self.prof.step_num)
         if self.annotations is not None:
             self.annotations.recording(True)
         if self.duration:
@@ -187,6 +192,8 @@ class _Capture:
         if self.state != "recording":
             return
         try:
+            # the step the last optimizer step opened ends here, not at an optimizer step: the run after it
+            self._mark_partial(self.prof.step_num)
             self.prof.stop()  # while recording, stopping calls on_trace_ready (_write)
         except Exception as exc:
             self._fail(exc)
@@ -194,6 +201,16 @@ class _Capture:
         if self.state == "recording":  # the iteration window was never reached: nothing to write
             self.state = "stopped"
             _warn("the program ended before the iteration window: no trace written")
+
+    def _mark_partial(self, step):
+        """Name a `ProfilerStep#N` that is not a whole iteration in the trace's metadata (`dlprof_partial_steps`,
+        read by dlprof's ingest: such steps are left out of the steady figures, as the first and last key-node
+        intervals of an nsys capture are)."""
+        self.partial.append(int(step))
+        try:
+            self.prof.add_metadata_json("dlprof_partial_steps", json.dumps(sorted(set(self.partial))))
+        except Exception as exc:  # the figures then count the step as whole; the capture goes on
+            _warn("step %d not marked partial in the trace: %s: %s" % (step, type(exc).__name__, exc))
 
     def _on_sigterm(self, signum, frame):
         self.finish()
