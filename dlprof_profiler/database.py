@@ -600,9 +600,9 @@ class _Inserter:
             columns.append("_rank")
             names.append("rank")
         quoted = ", ".join(f'"{n}"' for n in names)
-        self.con.executemany(
-            f"INSERT INTO {table} ({quoted}) VALUES ({', '.join('?' * len(names))})", _rows(frame, columns)
-        )
+        sql = f"INSERT INTO {table} ({quoted}) VALUES ({', '.join('?' * len(names))})"
+        for lo in range(0, len(frame), INSERT_ROWS):  # Python values of a slice at a time: 10^6 ops take GBs
+            self.con.executemany(sql, _rows(frame.iloc[lo : lo + INSERT_ROWS], columns))
 
     def row(self, table: str, row: dict) -> int:
         row = dict(row)
@@ -624,6 +624,12 @@ def _global_op_index(local, mapping) -> np.ndarray:
     return mapping[local] if local.size else local
 
 
+# Page cache of the connection appending an aggregation: its index entries (by GPU time, by op) go to random
+# places of their B-trees, which SQLite's default 2 MiB cache rereads and rewrites at 10^6 ops
+AGGREGATION_CACHE_KIB = 64 << 10
+INSERT_ROWS = 1 << 16  # rows converted to Python values at once
+
+
 def append_aggregation(
     path: Path,
     aggregations: dict,
@@ -639,6 +645,7 @@ def append_aggregation(
     their own layout (no rank)."""
     con = sqlite3.connect(path, timeout=30)
     try:
+        con.execute(f"PRAGMA cache_size = -{AGGREGATION_CACHE_KIB}")
         con.execute("BEGIN IMMEDIATE")
         aggr_id = _insert_aggregation(con, next(iter(aggregations.values())), elapsed)
         _write_rank_rows(_Inserter(con, rank), aggr_id, aggregations, domain_ids, offsets, iterations, findings)
