@@ -1328,10 +1328,18 @@ def finish_op_table(groups: pd.DataFrame, domain: str, family: str | None) -> tu
 
 
 def _sort_rank(values: np.ndarray) -> np.ndarray:
-    """Each string's rank in the sorted distinct strings (their order as str), to sort rows by it."""
-    codes, uniques = pd.factorize(values, use_na_sentinel=False)
-    _, rank = np.unique(np.asarray([str(u) for u in uniques], dtype=str), return_inverse=True)
-    return rank.astype(np.int64)[codes]
+    """Each string's dense rank among the distinct strings (their order as str: Arrow compares UTF-8 bytes,
+    which is code point order), to sort rows by it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        text = pc.fill_null(pa.array(values, pa.string()), "None")
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # not all str
+        text = pa.array([str(v) for v in values], pa.string())
+    if len(text) == 0:
+        return np.zeros(0, dtype=np.int64)
+    return pc.rank(text, sort_keys="ascending", tiebreaker="dense").to_numpy().astype(np.int64) - 1
 
 
 def _first_given(values: np.ndarray, groups: np.ndarray, by_time: np.ndarray, n_groups: int) -> np.ndarray:

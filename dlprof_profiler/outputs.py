@@ -243,24 +243,27 @@ def _safe_journal(journal: dict) -> bool:
 
 def report_set(output_dir: Path, base_name: str, stems) -> list[Path]:
     """The files of the report set a run with this base name wrote into the folder: `<base>_<stem>[_<suffix>]
-    .csv|json` for the report stems given, suffixes being domain and rank suffixes; a file that belongs to a
-    run with a longer base name (`<base>_<x>_dldb.sqlite` beside it) is not counted. A run replaces the whole
-    set: the reports it does not write again are removed with its publication (docs/DESIGN.md, "Outputs")."""
+    .csv|json` for the report stems given, suffixes being domain and rank suffixes; a report of a run with a
+    longer base name (`<base>_<x>_dldb.sqlite` beside it) is not counted. A run replaces the whole set: the
+    reports it does not write again are removed with its publication (docs/DESIGN.md, "A run's report set")."""
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         return []
-    pattern = re.compile(
-        re.escape(base_name) + r"_(?:" + "|".join(re.escape(s) for s in stems) + r")(?:_[A-Za-z0-9_.-]+)?\.(?:csv|json)"
-    )
+    stems = "|".join(re.escape(s) for s in stems)
+
+    def reports_of(base: str):
+        return re.compile(re.escape(base) + r"_(?:" + stems + r")(?:_[A-Za-z0-9_.-]+)?\.(?:csv|json)")
+
     others = [
-        p.name[: -len("_dldb.sqlite")] + "_"
+        reports_of(p.name[: -len("_dldb.sqlite")])
         for p in output_dir.glob(f"{glob.escape(base_name)}_*_dldb.sqlite")
         if p.name != f"{base_name}_dldb.sqlite"
     ]
+    ours = reports_of(base_name)
     return sorted(
         p
         for p in output_dir.iterdir()
-        if pattern.fullmatch(p.name) and not any(p.name.startswith(o) for o in others) and not p.is_dir()
+        if ours.fullmatch(p.name) and not any(o.fullmatch(p.name) for o in others) and not p.is_dir()
     )
 
 

@@ -186,18 +186,8 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
             on_correlated=lambda corr: database.write_correlation(writer, trace, corr),
         )
         profile = _profile_info(args, source, trace, result.corr, capture)
-        return _write_outputs(
-            args,
-            out_dir,
-            source,
-            result,
-            profile,
-            staging,
-            _InMemoryDatabase(writer, result, profile),
-            writer,
-            started,
-            baseline,
-        )
+        new_database = _InMemoryDatabase(writer, result, profile)
+        return _write_outputs(args, out_dir, source, result, profile, staging, new_database, writer, started, baseline)
     except BaseException:
         staging.discard_after(writer)
         raise
@@ -649,18 +639,8 @@ def reaggregate_database(source: Path, args: Namespace) -> int:
     result = reanalyze(trace, corr, profile, AnalysisConfig.from_args(args), str(source))
     profile = dict(profile, _domain_ids=domain_ids, _offsets=offsets)
     staging = Staging(out_dir)
-    return _write_outputs(
-        args,
-        out_dir,
-        source,
-        result,
-        profile,
-        staging,
-        _CopiedDatabase(source, staging.path(database_path(args)), profile),
-        None,
-        started,
-        baseline,
-    )
+    new_database = _CopiedDatabase(source, staging.path(database_path(args)), profile)
+    return _write_outputs(args, out_dir, source, result, profile, staging, new_database, None, started, baseline)
 
 
 def reaggregate_in_place(
