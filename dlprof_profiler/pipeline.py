@@ -332,6 +332,11 @@ class _InMemoryDatabase:
     def start(self) -> None:
         database.write_correlation(self.writer, self.result.trace, self.result.corr)  # queued, not waited for
 
+    def add_aggregation(self, elapsed: float) -> int:
+        """Queued after the op model, ingested on the writer's thread; returns its aggr_id."""
+        r = self.result
+        return self.writer.add_aggregation(r.aggregations, r.iterations, r.findings, elapsed)
+
     def finish(self) -> tuple[dict, dict]:
         r = self.result
         return database.finish_analysis(
@@ -373,26 +378,32 @@ def _write_outputs(
             db_final = database_path(args)
             db_staged = staging.path(db_final)
             new_database.start()
+            # a new database takes the aggregation on its writer's thread, while the reports are written
+            queue_aggregation = getattr(new_database, "add_aggregation", None)
+            aggr_id = queue_aggregation(time.perf_counter() - started) if queue_aggregation else None
             written_reports = _write_reports(args, out_dir, trace, corr, aggregations, findings, primary, staging)
             written_reports += _write_diffs(args, out_dir, source, result, staging, baseline)
             if args.dump_model_data:
                 _dump_model(staging.path(out_dir / f"{args.base_name}_model_data.json"), corr)
             domain_ids, offsets = new_database.finish()
-            # the aggregation's rows (one per op: 10^6 in a profile without iterations) are inserted while the
-            # op graph is built (SQLite and Arrow release the GIL for most of their work)
-            with ThreadPoolExecutor(1, thread_name_prefix="dlprof-aggregation") as pool:
-                appended = pool.submit(
-                    database.append_aggregation,
-                    db_staged,
-                    aggregations,
-                    domain_ids,
-                    offsets,
-                    result.iterations,
-                    findings,
-                    time.perf_counter() - started,
-                )
+            if aggr_id is not None:
                 graph = graph_events.op_graph(corr.domains[primary], aggregations[primary])
-                aggr_id = appended.result()
+            else:
+                # appended to the finished file (one row per op: 10^6 in a profile without iterations) while the
+                # op graph is built (SQLite and Arrow release the GIL for most of their work)
+                with ThreadPoolExecutor(1, thread_name_prefix="dlprof-aggregation") as pool:
+                    appended = pool.submit(
+                        database.append_aggregation,
+                        db_staged,
+                        aggregations,
+                        domain_ids,
+                        offsets,
+                        result.iterations,
+                        findings,
+                        time.perf_counter() - started,
+                    )
+                    graph = graph_events.op_graph(corr.domains[primary], aggregations[primary])
+                    aggr_id = appended.result()
             run_dir = event_files.run_directory(out_dir, args.profile_name)
             event_meta = {
                 "database": _relative(db_final, run_dir),
