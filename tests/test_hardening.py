@@ -1484,3 +1484,12 @@ def test_cli_reports_of_a_previous_run_are_not_removed_without_force(base, tmp_p
         stderr
     )
     assert tree(out) == before
+
+
+def test_cli_out_of_core_into_a_folder_whose_name_holds_quotes(base, tmp_path):
+    """The staging folder is named to DuckDB in SQL text: a quote in the output path broke it (a 25-line
+    traceback); quoted, the run succeeds."""
+    out = tmp_path / 'it\'s "quoted"; DROP TABLE x; --'
+    code, stderr = run_cli(f"--database={base['export']}", f"--output_path={out}", "--out_of_core=on")
+    assert code == 0, stderr
+    assert (out / "dlprof_summary.csv").is_file() and not list(out.glob(f"{STAGING_PREFIX}*"))
