@@ -2,6 +2,7 @@
 `nsys stats -r gpukernsum` on the same file (the independent tool the figures are ratios to).
 
     python benchmarks/bench_engine.py --kernels 100000 1000000 [10000000] [--reports all] [--runs 1]
+    python benchmarks/bench_engine.py --kernels 1000000 --one_op    # every call of one name, no key node
 
 Exports of 8·10^6 events or more (here from 1.6·10^6 kernels) are analysed out of core by default (`--out_of_core`).
 For each size it prints: wall seconds and peak RSS of `dlprof --database=FILE --reports=...` (a child
@@ -47,9 +48,13 @@ KERNEL_NAMES = [
 ]
 
 
-def generate(path: Path, n_kernels: int, seed: int = 0, chunk: int = 1_000_000, slowdown: float = 1.0) -> Path:
+def generate(
+    path: Path, n_kernels: int, seed: int = 0, chunk: int = 1_000_000, slowdown: float = 1.0, one_op: bool = False
+) -> Path:
     """Write a synthetic export with n_kernels kernels (vectorized; written a million kernels at a time);
-    `slowdown` stretches the time between kernel slots (a slower rank of a multi-rank job)."""
+    `slowdown` stretches the time between kernel slots (a slower rank of a multi-rank job). `one_op`: the
+    pathological case, every op range `aten::add` and no key node (no optimizer step): each thread's calls of
+    one name in its one iteration are as many ops as calls."""
     rng = np.random.default_rng(seed)
     exp = NsysExport(schema="2022.4")
     exp.add_gpu(device_id=0)
@@ -68,13 +73,13 @@ def generate(path: Path, n_kernels: int, seed: int = 0, chunk: int = 1_000_000, 
         iteration = slot // KERNELS_PER_ITERATION
         t = 1_000_000 + np.round((slot * 10_000 + iteration * 20_000) * slowdown).astype(np.int64)
         op = rng.integers(0, len(OP_NAMES), n)
-        ops = np.array(OP_NAMES, dtype=object)[op]
+        ops = np.array(OP_NAMES, dtype=object)[np.full(n, 3) if one_op else op]
         outer = (
             ops + ", seq = " + slot.astype(str).astype(object) + ", op_id = " + (3 * slot).astype(str).astype(object)
         )
         inner = "aten::_inner_impl, op_id = " + (3 * slot + 1).astype(str).astype(object)
         empty = "aten::empty, op_id = " + (3 * slot + 2).astype(str).astype(object)
-        last = (slot % KERNELS_PER_ITERATION) == KERNELS_PER_ITERATION - 1
+        last = ((slot % KERNELS_PER_ITERATION) == KERNELS_PER_ITERATION - 1) & (not one_op)
         step_t = t[last] + 10_000
         tid = np.array(tids, dtype=np.int64)[dev]
         starts = np.concatenate([t, t + 1000, t + 9100, step_t, step_t])
@@ -179,18 +184,23 @@ def main() -> int:
     parser.add_argument("--reports", default="all", help="dlprof --reports (default all)")
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "dlprof-bench")
     parser.add_argument("--no-stages", action="store_true", help="do not list dlprof's stage times")
+    parser.add_argument(
+        "--one_op",
+        action="store_true",
+        help="the pathological case: every op range of one name and no key node, so every call is an op",
+    )
     args = parser.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
     rows = []
     for n in args.kernels:
-        path = args.cache / f"bench2gpu_{n}.sqlite"
+        path = args.cache / f"bench2gpu_{'one_op_' if args.one_op else ''}{n}.sqlite"
         if not path.exists():
             started = time.perf_counter()
-            generate_apart(path, n)
+            generate_apart(path, n, one_op=args.one_op)
             print(f"generated {path} ({path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - started:.1f} s")
         load = os.getloadavg()[0]
         ref = nsys_stats(path)
-        result = dlprof(path, args.cache / f"out_{n}", args.reports)
+        result = dlprof(path, args.cache / f"out_{path.stem}", args.reports)
         input_mb = path.stat().st_size / 1e6
         rows.append((n, result, ref, input_mb, load))
         print(

@@ -49,6 +49,14 @@ def resolve_database(root: str, run: str, relative) -> str | None:
     return candidate
 
 
+def half_published(database: str) -> bool:
+    """A run whose outputs are being put in place, or were when dlprof was killed (until the next run into its
+    folder completes them): its database and reports may not be one set yet, so the run is not shown."""
+    from dlprof_profiler.outputs import publication_pending
+
+    return publication_pending(os.path.dirname(database))
+
+
 def parse_metadata(raw) -> dict | None:
     if raw is None:
         return None
@@ -115,6 +123,9 @@ class ProviderRuns:
                     "dlprof: run %r: database %r is missing or outside the logdir; skipped", run, meta.get("database")
                 )
                 continue
+            if half_published(path):
+                log.debug("dlprof: run %r: its outputs are being put in place; hidden until they all are", run)
+                continue
             runs[run] = RunInfo(run=run, database=path, shown_database=os.path.relpath(path, self.root), meta=meta)
         return runs
 
@@ -137,13 +148,14 @@ class ProviderRuns:
 
 
 class StaticRuns:
-    """The viewer's runs: fixed at start."""
+    """The viewer's runs: fixed at start (each hidden while its outputs are being put in place)."""
 
     def __init__(self, runs: dict[str, RunInfo]):
         self._runs = runs
 
     def runs(self, ctx=None, eid: str = "", max_age: float = 0) -> dict[str, RunInfo]:
-        return self._runs
+        return {name: info for name, info in self._runs.items() if not half_published(info.database)}
 
     def lookup(self, ctx, eid: str, run: str) -> RunInfo | None:
-        return self._runs.get(run)
+        info = self._runs.get(run)
+        return None if info is None or half_published(info.database) else info

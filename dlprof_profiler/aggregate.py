@@ -19,6 +19,7 @@ import pandas as pd
 from dlprof_profiler.correlate import BACKWARD_PASS, RANGE_OP, SCOPE_OP, UNASSOCIATED_API, Correlation, DomainModel
 from dlprof_profiler.intervals import StreamingUnion, covered_length, merge_intervals
 from dlprof_profiler.iterate import Iterations
+from dlprof_profiler.naming import group_prefix_codes
 from dlprof_profiler.tensor_cores import precision_by_op
 from dlprof_profiler.trace import KIND_KERNEL, LAUNCH_SHAPE, Trace, make_frame, obj
 
@@ -607,36 +608,23 @@ def tensor_core_table(
 # ---------------------------------------------------------------------------- group nodes
 
 
-def group_prefixes(name: str) -> list[str]:
-    """Interior nodes of the op-name tree above an op: '/a/b/c' -> ['/', '/a/', '/a/b/']."""
-    parts = name.split("/")
-    if len(parts) < 2:
-        return []
-    return ["/".join(parts[:i]) + "/" for i in range(1, len(parts))]
-
-
 class GroupUnions:
     """Per group node and iteration: CPU time flattened over the node's op instances, GPU time flattened
     over their activities, GPU span, CPU overhead and calls. One tree level at a time: at a level an op
     belongs to at most one node, so the keys stay linear in the instances whatever the depth."""
 
     def __init__(self, op_names: np.ndarray, n_iterations: int):
-        prefixes = [group_prefixes(str(name)) for name in op_names]  # per op, not per instance
-        self.depth = max((len(p) for p in prefixes), default=0)
-        index: dict[str, int] = {}
-        self.prefix_code = np.full((self.depth + 1, len(op_names)), -1, dtype=np.int64)
-        for op, groups in enumerate(prefixes):
-            for level, name in enumerate(groups):
-                self.prefix_code[level, op] = index.setdefault(name, len(index))
-        self.names = list(index) + [COMPLETE_MODEL]
-        self.prefix_code[self.depth, :] = len(self.names) - 1
+        codes, names = group_prefix_codes(op_names)  # per op, not per instance
+        self.depth = codes.shape[0]
+        self.names = names + [COMPLETE_MODEL]
+        self.prefix_code = np.vstack([codes, np.full((1, len(op_names)), len(names), dtype=np.int64)])
         self.n_iter = int(n_iterations) + 1
         self.cpu = StreamingUnion()
         self.gpu = StreamingUnion()
         self.overhead = pd.Series(dtype="int64")
         self.idle = pd.Series(dtype="int64")
         self.calls = pd.Series(dtype="int64")
-        self.used_ops: set = set()
+        self.used_ops = np.zeros(len(op_names), dtype=bool)  # ops with calls in the aggregation
 
     def _keys(self, level: int, ops: np.ndarray, iteration: np.ndarray):
         g = self.prefix_code[level][ops]
@@ -648,7 +636,7 @@ class GroupUnions:
         s, e = chosen["start"].to_numpy(np.int64), chosen["end"].to_numpy(np.int64)
         overhead = chosen["cpu_overhead"].to_numpy(np.int64)
         idle = chosen["gpu_idle"].to_numpy(np.int64)
-        self.used_ops.update(np.unique(ops).tolist())
+        self.used_ops[ops] = True
         is_call = chosen["is_call"].to_numpy(dtype=bool) if "is_call" in chosen else np.ones(len(chosen), dtype=bool)
         keys, over, idles, calls = [], [], [], []
         for level in range(self.depth + 1):
@@ -702,7 +690,7 @@ class GroupUnions:
         # distinct ops under each node, among the ops with calls in the aggregation
         flags = ops.set_index("op_index")[["tc_eligible", "using_tc"]].reindex(np.arange(n_ops))
         used = np.zeros(n_ops, dtype=bool)
-        used[list(self.used_ops)] = True
+        used[: self.used_ops.size] = self.used_ops[:n_ops]
         eligible = flags["tc_eligible"].fillna(False).to_numpy(dtype=bool) & used
         using = flags["using_tc"].fillna(False).to_numpy(dtype=bool) & used
         counts = {name: np.zeros(len(self.names), dtype=np.int64) for name in ("n_ops", "n_tc_eligible", "n_using_tc")}

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from dlprof_profiler import __version__, log
-from dlprof_profiler.errors import DLProfError
+from dlprof_profiler.errors import DLProfError, Interrupted
 
 REPORT_NAMES = (
     "summary",
@@ -451,6 +454,38 @@ def choose_backend(requested: str | None) -> tuple[str, str]:
     return "torch", " (default: nsys is not on PATH)"
 
 
+@contextmanager
+def ended_by_signals():
+    """SIGTERM and SIGHUP end the run as Ctrl-C does, by unwinding it, so that its staging folder and the
+    lock of the output folder go with it (by default they would kill the process where it stands); a second
+    signal while it unwinds is ignored, so the cleaning finishes. The capture backends install their own
+    handlers while the profiled command runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    state = {"ending": False}
+
+    def on_signal(signum, _frame):
+        if state["ending"]:
+            return
+        state["ending"] = True
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Interrupted(signum, signal.Signals(signum).name)
+
+    wanted = [getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    previous = {}
+    for signum in wanted:
+        if signal.getsignal(signum) is signal.SIG_IGN:
+            continue  # started with it ignored (nohup, a background job): kept so
+        previous[signum] = signal.signal(signum, on_signal)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `dlprof` console script; returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
@@ -459,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
         log.set_verbosity(args.verbosity)
-        with OutputFolder(Path(args.output_path)):  # one run at a time; removed again if left empty
+        with ended_by_signals(), OutputFolder(Path(args.output_path)):  # one run at a time; removed if left empty
             if args.database:
                 from dlprof_profiler.pipeline import analyze_database
 
@@ -481,6 +516,9 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{unstaged(str(exc.filename))}: " if exc.filename else ""
         log.error(f"{where}{exc.strerror or exc}")
         return 1
+    except Interrupted as exc:
+        log.error(f"ended by {exc.name}")
+        return 128 + exc.signum
     except KeyboardInterrupt:
         log.error("interrupted")
         return 130

@@ -10,6 +10,9 @@ TensorBoard's `plugins/*/metadata.py` modules do.
 PLUGIN_NAME = "dlprof"  # TensorBoard plugin name, route prefix /data/plugin/dlprof/
 PROFILE_TAG = "dlprof/profile"  # the event-file tensor holding a run's metadata (database path ...)
 EVENT_SUFFIX = ".dlprof"  # suffix of the event files dlprof writes
+# In an output folder while a run's outputs are renamed into place (and after a kill then, until the next run
+# into the folder completes the publication): the viewer hides the run's database meanwhile
+PUBLISH_JOURNAL = ".dlprof-publish.json"
 SCALAR_TAGS = {
     "iteration_time_ms": "dlprof/iteration_time_ms",
     "gpu_utilization_pct": "dlprof/gpu_utilization_pct",

@@ -1301,8 +1301,8 @@ def finish_op_table(groups: pd.DataFrame, domain: str, family: str | None) -> tu
     order = np.lexsort(
         (
             groups["nth"].to_numpy(np.int64),
-            groups["direction"].to_numpy(dtype=object).astype(str),
-            groups["name"].to_numpy(dtype=object).astype(str),
+            _sort_rank(groups["direction"].to_numpy(dtype=object)),
+            _sort_rank(groups["name"].to_numpy(dtype=object)),
             groups["first_start"].to_numpy(np.int64),
         )
     )
@@ -1312,19 +1312,43 @@ def finish_op_table(groups: pd.DataFrame, domain: str, family: str | None) -> tu
     ops.insert(0, "op_index", np.arange(len(ops), dtype=np.int64))
     ops.insert(1, "domain", domain)
     unassociated = ops["kind"].isin([UNASSOCIATED_API, UNASSOCIATED_GPU]).to_numpy()
-    eligible = {
-        (t, lb): op_tc_eligible(str(t), str(lb), family)
-        for t, lb in set(zip(ops["op_type"].to_numpy(dtype=object), ops["label"].to_numpy(dtype=object)))
-    }
-    ops["tc_eligible"] = [eligible[(t, lb)] for t, lb in zip(ops["op_type"], ops["label"])]
+    # per distinct type and label, not per op: a profile without a key node can have 10^6 ops of one type
+    op_type = ops["op_type"].to_numpy(dtype=object)
+    labels = ops["label"].to_numpy(dtype=object)
+    type_label = combined_codes(
+        pd.factorize(op_type, use_na_sentinel=False)[0], pd.factorize(labels, use_na_sentinel=False)[0]
+    )
+    first = first_rows(type_label)
+    eligible = np.array(
+        [op_tc_eligible(str(t), str(lb), family) for t, lb in zip(op_type[first], labels[first])],
+        dtype=bool,
+    )
+    ops["tc_eligible"] = eligible[type_label] if len(ops) else np.zeros(0, dtype=bool)
     ops.loc[unassociated, "tc_eligible"] = False
     # Op IDs as DLProf wrote them: upper-cased type and an ordinal per type in execution order.
-    type_key = ops["op_type"].astype(str).map(_op_id_prefix)
-    ordinal = ops.groupby(type_key.to_numpy(), sort=False).cumcount().to_numpy() + 1
-    ops["op_id"] = obj(
-        type_key.to_numpy(dtype=object) + "_" + pd.Series(ordinal).astype(str).to_numpy(dtype=object), ops.index
-    )
+    type_code, types = pd.factorize(pd.Series(op_type, dtype=object).astype(str).to_numpy(dtype=object))
+    prefixes = np.empty(len(types), dtype=object)
+    prefixes[:] = [_op_id_prefix(t) for t in types]
+    prefix_code, _ = pd.factorize(prefixes)
+    type_key = prefixes[type_code]
+    ordinal = pd.Series(prefix_code[type_code]).groupby(prefix_code[type_code], sort=False).cumcount().to_numpy() + 1
+    ops["op_id"] = obj(type_key + "_" + ordinal.astype(str).astype(object), ops.index)
     return ops[OP_COLUMNS + ["label", "kind"]].reset_index(drop=True), rank
+
+
+def _sort_rank(values: np.ndarray) -> np.ndarray:
+    """Each string's dense rank among the distinct strings (their order as str: Arrow compares UTF-8 bytes,
+    which is code point order), to sort rows by it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        text = pc.fill_null(pa.array(values, pa.string()), "None")
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # not all str
+        text = pa.array([str(v) for v in values], pa.string())
+    if len(text) == 0:
+        return np.zeros(0, dtype=np.int64)
+    return pc.rank(text, sort_keys="ascending", tiebreaker="dense").to_numpy().astype(np.int64) - 1
 
 
 def _first_given(values: np.ndarray, groups: np.ndarray, by_time: np.ndarray, n_groups: int) -> np.ndarray:

@@ -154,6 +154,13 @@ class DatabaseWriter:
         overlaps the analysis instead of waiting for finish; rows added later still go into the indexes)."""
         self._submit(self._index_rows, table)
 
+    def add_aggregation(self, aggregations: dict, iterations, findings: dict | None, elapsed: float) -> int:
+        """A new database's first aggregation (aggr_id 1), after the op models queued so far: its rows are
+        ingested on the writer's thread like the others (10^6 ops in a profile without iterations), not
+        inserted one by one once the file is closed (append_aggregation). Returns its aggr_id."""
+        self._submit(self._aggregation_rows, aggregations, iterations, findings, elapsed)
+        return FIRST_AGGREGATION
+
     def finish(
         self,
         profile: dict,
@@ -321,6 +328,15 @@ class DatabaseWriter:
             yield from E.instance_rows(chunk, domain, self.rank, self.registry)
         for chunk in _chunks(owners):
             yield K.RAW_ACTIVITY_OWNERS, E.owner_rows(chunk, domain, self.rank, self.registry)
+
+    def _aggregation_rows(self, aggregations, iterations, findings, elapsed):
+        first = next(iter(aggregations.values()))
+        rows = _ArrowRows(self.rank)
+        rows.row(K.AGGREGATIONS, {"aggr_id": FIRST_AGGREGATION, **_aggregation_row(first, elapsed)})
+        domain_ids = {name: self.registry.domains[name] for name in aggregations}
+        offsets = {name: self.registry.op_maps[name].copy() for name in aggregations}
+        _write_rank_rows(rows, FIRST_AGGREGATION, aggregations, domain_ids, offsets, iterations, findings)
+        yield from rows.tables
 
     def _index_rows(self, table=None):
         return  # no rows: _run builds the indexes after this item
@@ -612,9 +628,9 @@ class _Inserter:
             columns.append("_rank")
             names.append("rank")
         quoted = ", ".join(f'"{n}"' for n in names)
-        self.con.executemany(
-            f"INSERT INTO {table} ({quoted}) VALUES ({', '.join('?' * len(names))})", _rows(frame, columns)
-        )
+        sql = f"INSERT INTO {table} ({quoted}) VALUES ({', '.join('?' * len(names))})"
+        for lo in range(0, len(frame), INSERT_ROWS):  # Python values of a slice at a time: 10^6 ops take GBs
+            self.con.executemany(sql, _rows(frame.iloc[lo : lo + INSERT_ROWS], columns))
 
     def row(self, table: str, row: dict) -> int:
         known = self.columns(table)
@@ -628,6 +644,47 @@ class _Inserter:
         return cur.lastrowid
 
 
+class _ArrowRows:
+    """The rows _write_rank_rows produces, as Arrow tables for the database writer's thread (a new schema 3.0
+    file: every derived table but `aggregations` has a rank column), instead of inserted."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.tables: list[tuple[str, pa.Table]] = []
+
+    def insert(self, table: str, frame: pd.DataFrame, columns: list[str], names: list[str] | None = None) -> None:
+        if len(frame) == 0:
+            return
+        names = list(names or columns)
+        data = {n: _arrow_column(frame[c]) for c, n in zip(columns, names)}
+        if table != K.AGGREGATIONS:
+            data["rank"] = pa.array(np.full(len(frame), self.rank, dtype=np.int64))
+        self.tables.append((table, pa.table(data)))
+
+    def row(self, table: str, row: dict) -> None:
+        frame = pd.DataFrame({k: [float(v) if isinstance(v, np.floating) else v] for k, v in row.items()})
+        self.insert(table, frame, list(row))
+
+
+def _arrow_column(values: pd.Series) -> pa.Array:
+    """A column as _rows binds it: missing -> NULL, booleans as integers."""
+    if values.dtype == object or str(values.dtype) in ("str", "string", "category"):
+        arr = values.astype(object).to_numpy(dtype=object)
+        arr = np.where(pd.isna(arr), None, arr)
+        try:
+            return pa.array(arr, pa.string())
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # not text: as the values are
+            return pa.array(arr.tolist())
+    if values.dtype == bool:
+        return pa.array(values.to_numpy().astype(np.int64))
+    if str(values.dtype) in ("Int64", "boolean"):
+        return pa.array([None if pd.isna(v) else int(v) for v in values.to_numpy(dtype=object)], pa.int64())
+    if np.issubdtype(values.dtype, np.floating):
+        arr = values.to_numpy(dtype=np.float64)
+        return pa.array(arr, mask=np.isnan(arr))
+    return pa.array(values.to_numpy())
+
+
 def _global_op_index(local, mapping) -> np.ndarray:
     """Database op_index of a domain's op indices: mapping is an offset (int) or an array (op_index_maps)."""
     local = np.asarray(local, dtype=np.int64)
@@ -635,6 +692,13 @@ def _global_op_index(local, mapping) -> np.ndarray:
         return local + int(mapping)
     mapping = np.asarray(mapping, dtype=np.int64)
     return mapping[local] if local.size else local
+
+
+# Page cache of the connection appending an aggregation: its index entries (by GPU time, by op) go to random
+# places of their B-trees, which SQLite's default 2 MiB cache rereads and rewrites at 10^6 ops
+AGGREGATION_CACHE_KIB = 64 << 10
+FIRST_AGGREGATION = 1  # aggr_id of a new database's aggregation
+INSERT_ROWS = 1 << 16  # rows converted to Python values at once
 
 
 def append_aggregation(
@@ -652,6 +716,7 @@ def append_aggregation(
     their own layout (no rank)."""
     con = sqlite3.connect(path, timeout=30)
     try:
+        con.execute(f"PRAGMA cache_size = -{AGGREGATION_CACHE_KIB}")
         con.execute("BEGIN IMMEDIATE")
         aggr_id = _insert_aggregation(con, next(iter(aggregations.values())), elapsed)
         _write_rank_rows(_Inserter(con, rank), aggr_id, aggregations, domain_ids, offsets, iterations, findings)
@@ -742,29 +807,32 @@ def append_rank_aggregations(path: Path, ranks: list[dict], elapsed: float = 0.0
         con.close()
 
 
-def _insert_aggregation(con: sqlite3.Connection, first: Aggregation, elapsed: float) -> int:
-    """The aggregations row (key node and iteration range as asked); returns its aggr_id."""
+def _aggregation_row(first: Aggregation, elapsed: float) -> dict:
+    """The aggregations row (key node and iteration range as asked), without its aggr_id."""
     try:
         user = getpass.getuser()
     except Exception:  # no user name in some containers
         user = ""
+    return {
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "key_node": first.key_node,
+        "key_source": first.key_source,
+        "key_found": int(first.key_found),
+        "iter_start": first.iter_start,
+        "iter_stop": first.iter_stop,
+        "total_iterations": first.total_iterations,
+        "server_user_name": user,
+        "server_host_name": socket.gethostname(),
+        "engine_version": __version__,
+        "elapsed_seconds": float(elapsed),
+    }
+
+
+def _insert_aggregation(con: sqlite3.Connection, first: Aggregation, elapsed: float) -> int:
+    """Insert the aggregations row; returns its aggr_id."""
+    row = _aggregation_row(first, elapsed)
     cur = con.execute(
-        f"INSERT INTO {K.AGGREGATIONS} (created_utc, key_node, key_source, key_found, iter_start, iter_stop, "
-        "total_iterations, server_user_name, server_host_name, engine_version, elapsed_seconds) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (
-            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            first.key_node,
-            first.key_source,
-            int(first.key_found),
-            first.iter_start,
-            first.iter_stop,
-            first.total_iterations,
-            user,
-            socket.gethostname(),
-            __version__,
-            float(elapsed),
-        ),
+        f"INSERT INTO {K.AGGREGATIONS} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values())
     )
     return cur.lastrowid
 

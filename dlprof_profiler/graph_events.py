@@ -45,6 +45,10 @@ from tensorboard.compat.proto import (
 
 CPU_DEVICE = "/device:CPU:0"
 UNASSOCIATED_KINDS = (UNASSOCIATED_API, UNASSOCIATED_GPU)
+# Beyond this many ops no graph is written: TensorBoard takes minutes to lay out 10^5 nodes (its graph plugin's
+# own measurements: 160K nodes 1m45s), and its event reader checks the CRC of every byte in Python (a 10^6-op
+# graph is 0.4 GB); a profile without iterations has an op per call
+MAX_NODES = 100_000
 RUN_METADATA_TAG = "dlprof/op_time"
 PRIMARY_DIRECTIONS = ("", "fprop")
 DTYPES = {
@@ -428,9 +432,17 @@ def run_metadata(table: pd.DataFrame) -> bytes:
     return _one(_field(config_pb2.RunMetadata, "step_stats"), b"".join(parts))
 
 
-def op_graph(domain_model, aggregation) -> tuple[bytes, bytes]:
+def op_graph(domain_model, aggregation) -> tuple[bytes, bytes] | None:
     """The GRAPHS content of one domain and aggregation (`correlate.DomainModel`, `aggregate.Aggregation`):
-    serialized GraphDef and RunMetadata."""
+    serialized GraphDef and RunMetadata; None (said on the console) for more than MAX_NODES ops."""
+    if len(domain_model.ops) > MAX_NODES:
+        from dlprof_profiler import log
+
+        log.info(
+            f"GRAPHS: no op graph for {len(domain_model.ops):,} ops (TensorBoard lays out at most about "
+            f"{MAX_NODES:,} nodes); the DLPROF tab shows every op"
+        )
+        return None
     table = op_table(
         domain_model.ops,
         aggregation.ops,

@@ -5,6 +5,7 @@ their own handlers to the `dlprof` logger; the CLI's verbosity levels map onto l
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 from contextlib import contextmanager
@@ -18,11 +19,24 @@ logger = logging.getLogger("dlprof")
 _state = {"level": INFO}
 
 
+# Characters that would end a console line, redraw it or not print at all: C0 and C1 controls, DEL, Unicode
+# line and paragraph separators, and lone surrogates (undecodable bytes of a file name)
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def escaped(text: str) -> str:
+    """Text with its control characters written as Python escapes (`\\n`, `\\x1b`, `\\udcff`), as repr()
+    writes them: a message is one line, and a file or op name cannot forge console lines."""
+    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 class _Formatter(logging.Formatter):
+    """Every message, whatever it holds (paths, names read from a trace), on one line of its own."""
+
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("[DLProf-%H:%M:%S]", time.localtime(record.created))
         prefix = {logging.ERROR: "ERROR: ", logging.WARNING: "WARNING: "}.get(record.levelno, "")
-        return f"{stamp} {prefix}{record.getMessage()}"
+        return f"{stamp} {prefix}{escaped(record.getMessage())}"
 
 
 class _StreamHandler(logging.Handler):

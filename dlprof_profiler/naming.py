@@ -121,14 +121,7 @@ def range_names(
     element_code = combined_codes(
         np.where(use_stack, stack, -1), np.where(use_stack, -1, label_code), np.where(use_stack, 0, k)
     )
-    element_text = distinct_texts(
-        element_code,
-        lambda i: (
-            func_stack_path(fs_text[stack[i]])
-            if use_stack[i]
-            else (f"{label_text[label_code[i]]}[{k[i]}]" if k[i] else label_text[label_code[i]])
-        ),
-    )
+    element_text = _element_texts(element_code, use_stack, stack, fs_text, label_code, label_text, k)
     # a label that begins with `/` (ONNX node names of TensorRT layers) joins its scope without a second one
     label_slash = np.array([str(t).startswith("/") for t in label_text] + [False], dtype=bool)
     slash_led = (
@@ -137,13 +130,15 @@ def range_names(
         | (label_slash[np.where(label_code >= 0, label_code, len(label_text))] & ~use_stack)
     )
     name_code = np.full(n, -1, dtype=np.int64)
-    table: list[str] = []
+    preset_names: list[str] = []
     preset = np.flatnonzero(context & naming)
     for row in preset:
         name = carry.names.get(int(range_id[row]))
         if name is not None:
-            name_code[row] = len(table)
-            table.append(name)
+            name_code[row] = len(preset_names)
+            preset_names.append(name)
+    tables = [_objects(preset_names)]
+    table_size = len(preset_names)
     for idx in levels(depth):
         idx = idx[naming[idx] & (name_code[idx] < 0)]
         if idx.size == 0:
@@ -154,16 +149,17 @@ def range_names(
         base = np.where(sp >= 0, name_code[np.maximum(sp, 0)], -1)
         pair = combined_codes(base, slash_led[idx], element_code[idx])
         first = first_rows(pair)
-        offset = len(table)
-        table.extend(
-            (table[base[i]] if base[i] >= 0 else "")
-            + ("" if slash_led[idx[i]] else "/")
-            + element_text[element_code[idx[i]]]
-            for i in first
-        )
-        name_code[idx] = offset + pair
-    table_array = np.empty(len(table), dtype=object)
-    table_array[:] = table
+        table_so_far = np.concatenate(tables) if len(tables) > 1 else tables[0]
+        tables = [table_so_far]
+        parent_name = np.full(first.size, "", dtype=object)
+        has_base = base[first] >= 0
+        parent_name[has_base] = table_so_far[base[first][has_base]]
+        separator = np.where(slash_led[idx[first]], "", "/").astype(object)
+        # one string per distinct (parent, element): numpy's object + joins the Python strings
+        tables.append(parent_name + separator + element_text[element_code[idx[first]]])
+        name_code[idx] = table_size + pair
+        table_size += first.size
+    table_array = np.concatenate(tables) if len(tables) > 1 else tables[0]
     named = name_code >= 0
     names[named] = table_array[name_code[named]]
     # naming ranges still open at the segment's end keep their names for the next segments
@@ -175,6 +171,33 @@ def range_names(
         carry.names[rid] = names[row]
         carry.ends[rid] = int(ends[row])
     return names
+
+
+def _objects(values) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def _element_texts(element_code, use_stack, stack, fs_text, label_code, label_text, k) -> np.ndarray:
+    """The text of each distinct name element (per code): a funcStack path, or a label with its `[k]`."""
+    first = first_rows(element_code)
+    out = np.empty(first.size, dtype=object)
+    by_stack = use_stack[first]
+    if by_stack.any():
+        codes = stack[first[by_stack]]
+        paths = _objects([func_stack_path(t) for t in fs_text])  # per distinct funcStack
+        out[by_stack] = paths[codes]
+    rows = first[~by_stack]
+    if rows.size:
+        text = _objects(label_text)[label_code[rows]]
+        numbered = k[rows] > 0
+        if numbered.any():
+            label_str = _objects([str(t) for t in label_text])  # per distinct label
+            at = rows[numbered]
+            text[numbered] = label_str[label_code[at]] + "[" + k[at].astype(str).astype(object) + "]"
+        out[~by_stack] = text
+    return out
 
 
 def _factorized_per_text(info: pd.DataFrame, column: str, flag: np.ndarray | None = None, transform=None):
@@ -243,3 +266,39 @@ def _sibling_numbers(
         counters[keys[int(i)]] = (int(offset[i] + counts[i]), int(g_end[i]))
     carry.counters = counters
     return np.where(rank >= 2, rank, 0)
+
+
+def group_prefix_codes(op_names) -> tuple[np.ndarray, list[str]]:
+    """The interior nodes of the op-name tree above each op ('/a/b/c' -> '/', '/a/', '/a/b/'), as codes:
+    (codes[level, op], -1 below the op's depth; the distinct node names). They depend only on the name up to
+    its last '/', of which a profile has few even when its op names are 10^6 (every call its own op), so they
+    are computed per distinct such folder, with Arrow's string kernels."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    names = np.asarray(op_names, dtype=object)
+    try:
+        text = pa.array(names, pa.string())
+        if text.null_count:
+            raise pa.ArrowInvalid("missing names")
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # not all str
+        text = pa.array([n if isinstance(n, str) else str(n) for n in names], pa.string())
+    folder = pc.dictionary_encode(pc.replace_substring_regex(text, r"[^/]*$", ""))
+    folder_codes = folder.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    parts = pc.split_pattern(folder.dictionary, "/")
+    depth = np.maximum(pc.list_value_length(parts).to_numpy(zero_copy_only=False) - 1, 0)
+    max_depth = int(depth.max()) if depth.size else 0
+    per_level = []
+    for level in range(max_depth):
+        rows = np.flatnonzero(depth > level)
+        head = pc.list_slice(parts.take(pa.array(rows)), 0, level + 1)
+        per_level.append((rows, pc.binary_join_element_wise(pc.binary_join(head, "/"), "/", "")))
+    if not per_level:
+        return np.full((0, len(folder_codes)), -1, dtype=np.int64), []
+    node_codes, node_names = pd.factorize(pa.concat_arrays([p for _, p in per_level]).to_numpy(zero_copy_only=False))
+    codes = np.full((max_depth, len(folder.dictionary)), -1, dtype=np.int64)
+    at = 0
+    for level, (rows, prefixes) in enumerate(per_level):
+        codes[level, rows] = node_codes[at : at + len(prefixes)]
+        at += len(prefixes)
+    return codes[:, folder_codes], list(node_names)

@@ -1,17 +1,28 @@
 """Output files of a run: where they go, refusing to overwrite without --force, staging them so they appear
-together or not at all, and one run at a time per output folder (a lock held for the whole run)."""
+together or not at all, and one run at a time per output folder (a lock held for the whole run).
+
+Publication (`Staging.commit`) survives a kill at any instant: the list of renames and removals is written to
+a journal in the output folder (fsync'd) before the first rename and removed after the last, and every file it
+names is complete in the staging folder before that; the next run into the folder completes a journal left by
+a killed run (`complete_publication`, rolling forward: renames only move complete files, so the set the
+journal names can always be completed), and the viewer hides a run whose folder holds one.
+"""
 
 from __future__ import annotations
 
+import glob
+import json
 import os
 import re
 import shutil
+import signal
 import socket
 import tempfile
 import time
 from pathlib import Path
 
 from dlprof_profiler import log
+from dlprof_profiler.contract import PUBLISH_JOURNAL
 from dlprof_profiler.errors import DLProfError
 
 try:
@@ -24,6 +35,9 @@ STAGING_PREFIX = ".dlprof-staging-"
 # .dlprof-staging-<pid>@<host>.<random>; folders of older versions carry no owner
 _STAGING_OWNER = re.compile(r"^\.dlprof-staging-(\d+)@(.*)\.[^.]+$")
 LEGACY_STAGING_AGE_S = 3600  # ownerless staging folders untouched this long are left by killed runs
+JOURNAL_VERSION = 1
+# Tests kill the run between two steps of a publication (renames, then removals): SIGKILL before step N
+KILL_AT_PUBLISH_STEP = "DLPROF_TEST_KILL_AT_PUBLISH_STEP"
 _staged_roots: dict[str, str] = {}  # staging folder -> its output folder, to name final paths in messages
 
 
@@ -64,12 +78,14 @@ class Staging:
         self.root = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}@{_host()}.", dir=self.output_dir))
         _staged_roots[str(self.root)] = str(self.output_dir)
         self.moves: list[tuple[Path, Path]] = []
+        self.published = False  # the journal is written: publication has begun
 
     @classmethod
     def attach(cls, output_dir: Path, root: Path) -> "Staging":
         """The staging folder another process created (a rank's worker writes its files into the run's)."""
         staging = cls.__new__(cls)
         staging.output_dir, staging.root, staging.moves = Path(output_dir), Path(root), []
+        staging.published = False
         _staged_roots[str(staging.root)] = str(staging.output_dir)
         return staging
 
@@ -82,17 +98,30 @@ class Staging:
             self.moves.append((staged, Path(final)))
         return staged
 
-    def commit(self) -> list[Path]:
-        done = []
-        for staged, final in self.moves:
-            if staged.exists():
-                final.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(staged, final)
-                done.append(final)
+    def commit(self, replacing=()) -> list[Path]:
+        """Put the staged files in place, and remove the files of `replacing` (the previous run's set) that
+        this run did not write: all together, even across a kill (see the module docstring)."""
+        moves = [(staged, final) for staged, final in self.moves if staged.exists()]
+        finals = {os.path.abspath(final) for _, final in moves}
+        removals = [Path(p) for p in dict.fromkeys(replacing) if os.path.abspath(p) not in finals]
+        removals = [p for p in removals if os.path.lexists(p)]
+        journal = {
+            "version": JOURNAL_VERSION,
+            "pid": os.getpid(),
+            "staging": self.root.name,
+            "moves": [str(staged.relative_to(self.root)) for staged, _ in moves],
+            "removals": [os.path.relpath(p, self.output_dir) for p in removals],
+        }
+        with _signals_held():  # a Ctrl-C or SIGTERM now ends the run once its outputs are in place
+            _write_journal(self.output_dir, journal)
+            self.published = True
+            _publish(self.output_dir, journal)
         self.discard()
-        return done
+        return [final for _, final in moves]
 
     def discard(self) -> None:
+        if self.published and publication_pending(self.output_dir):
+            return  # a publication that failed midway: the next run into the folder completes it from here
         shutil.rmtree(self.root, ignore_errors=True)
 
     def discard_after(self, writer) -> None:
@@ -103,6 +132,139 @@ class Staging:
             except BaseException:  # the original error is the one to report
                 pass
         self.discard()
+
+
+_HELD_SIGNALS = {getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)}
+
+
+class _signals_held:
+    """Interrupting signals wait (blocked for this thread) until the block ends."""
+
+    def __enter__(self):
+        self.previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS) if _HELD_SIGNALS else None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, self.previous)
+
+
+def _write_journal(output_dir: Path, journal: dict) -> None:
+    """The journal, complete and on disk, before the first rename (written aside, fsync'd, renamed, the
+    folder fsync'd)."""
+    path = Path(output_dir) / PUBLISH_JOURNAL
+    tmp = path.with_name(f"{PUBLISH_JOURNAL}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(journal, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_folder(output_dir)
+
+
+def _publish(output_dir: Path, journal: dict) -> None:
+    """Carry out a journal: its renames (a staged file already moved is skipped), then its removals, then
+    remove the journal. Done again after a kill, it completes what the killed run began."""
+    output_dir = Path(output_dir)
+    root = output_dir / journal["staging"]
+    kill_at = os.environ.get(KILL_AT_PUBLISH_STEP)
+    steps = [("move", rel) for rel in journal["moves"]] + [("remove", rel) for rel in journal["removals"]]
+    for step, (what, rel) in enumerate(steps):
+        if kill_at is not None and int(kill_at) == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        final = output_dir / rel
+        if what == "move":
+            staged = root / rel
+            if staged.exists():
+                final.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(staged, final)
+        else:
+            final.unlink(missing_ok=True)
+    if kill_at is not None and int(kill_at) == len(steps):
+        os.kill(os.getpid(), signal.SIGKILL)
+    _fsync_folder(output_dir)
+    (output_dir / PUBLISH_JOURNAL).unlink(missing_ok=True)
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # not supported by every filesystem
+        pass
+    finally:
+        os.close(fd)
+
+
+def publication_pending(folder) -> bool:
+    """Whether a run's outputs in this folder are being put in place, or were when the run was killed."""
+    return os.path.lexists(os.path.join(folder, PUBLISH_JOURNAL))
+
+
+def complete_publication(output_dir: Path) -> int:
+    """Complete the publication a killed run left in this folder (the caller holds the folder's lock, so its
+    writer is gone); returns the number of files it named (0: none pending)."""
+    output_dir = Path(output_dir)
+    path = output_dir / PUBLISH_JOURNAL
+    if not os.path.lexists(path):
+        return 0
+    try:
+        journal = json.loads(path.read_text(encoding="utf-8"))
+        if journal.get("version") != JOURNAL_VERSION or not _safe_journal(journal):
+            raise ValueError("unknown layout")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise DLProfError(
+            f"{path}: cannot complete the publication a killed run left in this folder ({exc}); "
+            "remove this file and the staging folders beside it"
+        ) from None
+    _publish(output_dir, journal)
+    shutil.rmtree(output_dir / journal["staging"], ignore_errors=True)
+    return len(journal["moves"]) + len(journal["removals"])
+
+
+def _safe_journal(journal: dict) -> bool:
+    """Every path of a journal stays inside the output folder (it is read back from disk)."""
+    staging = journal.get("staging")
+    if not isinstance(staging, str) or not staging.startswith(STAGING_PREFIX) or "/" in staging:
+        return False
+    paths = journal.get("moves", []) + journal.get("removals", [])
+    return all(
+        isinstance(p, str) and p and not os.path.isabs(p) and ".." not in Path(p).parts and "\x00" not in p
+        for p in paths
+    )
+
+
+def report_set(output_dir: Path, base_name: str, stems) -> list[Path]:
+    """The files of the report set a run with this base name wrote into the folder: `<base>_<stem>[_<suffix>]
+    .csv|json` for the report stems given, suffixes being domain and rank suffixes; a report of a run with a
+    longer base name (`<base>_<x>_dldb.sqlite` beside it) is not counted. A run replaces the whole set: the
+    reports it does not write again are removed with its publication (docs/DESIGN.md, "A run's report set")."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    stems = "|".join(re.escape(s) for s in stems)
+
+    def reports_of(base: str):
+        return re.compile(re.escape(base) + r"_(?:" + stems + r")(?:_[A-Za-z0-9_.-]+)?\.(?:csv|json)")
+
+    others = [
+        reports_of(p.name[: -len("_dldb.sqlite")])
+        for p in output_dir.glob(f"{glob.escape(base_name)}_*_dldb.sqlite")
+        if p.name != f"{base_name}_dldb.sqlite"
+    ]
+    ours = reports_of(base_name)
+    return sorted(
+        p
+        for p in output_dir.iterdir()
+        if ours.fullmatch(p.name) and not any(o.fullmatch(p.name) for o in others) and not p.is_dir()
+    )
 
 
 def _host() -> str:
@@ -171,6 +333,9 @@ class OutputFolder:
         self._create()
         try:
             self._lock()
+            completed = complete_publication(self.path)  # before its staging folder counts as stale
+            if completed:
+                log.info(f"{self.path}: completed the publication of a run killed while its outputs were put in place")
             self._remove_stale_staging()
         except BaseException:
             self._remove_created()

@@ -7,13 +7,14 @@ import json
 import sqlite3
 import time
 from argparse import Namespace
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
 
 
 from dlprof_profiler import __version__, log
-from dlprof_profiler import compare, database, event_files, graph_events, ingest, reports
+from dlprof_profiler import compare, database, event_files, graph_events, ingest, outputs, reports
 from dlprof_profiler import correlate as corr_mod
 from dlprof_profiler.analysis import (
     Analysis,
@@ -22,7 +23,7 @@ from dlprof_profiler.analysis import (
     reaggregation_iterations,
     reanalyze,
 )
-from dlprof_profiler.errors import DLProfError
+from dlprof_profiler.errors import DLProfError, no_room_reason
 from dlprof_profiler.process_memory import avoid_huge_pages, reuse_freed_memory
 from dlprof_profiler.outputs import Staging, prepare_output_dir, refuse_existing
 from dlprof_profiler.sanitize import sanitize_trace
@@ -42,7 +43,7 @@ def report_names(args: Namespace, mode: str | None = None) -> list[str]:
 
 
 def planned_outputs(args: Namespace) -> list[Path]:
-    """Every file the analysis will write for these arguments (existing ones need --force)."""
+    """Every file the analysis will write or replace for these arguments (existing ones need --force)."""
     out = Path(args.output_path)
     files = [database_path(args)]
     files += reports.report_paths(out, args.base_name, report_names(args), args.formats)
@@ -50,8 +51,21 @@ def planned_outputs(args: Namespace) -> list[Path]:
         files += reports.report_paths(out, args.base_name, ["diff"], args.formats)
     if args.dump_model_data:
         files.append(out / f"{args.base_name}_model_data.json")
-    files += event_files.existing_event_files(event_files.run_directory(out, args.profile_name))
-    return files
+    return files + replaced_outputs(args)
+
+
+# what a run's report set is made of besides the reports: the cross-rank report and the op model dump
+REPORT_SET_STEMS = (*reports.REPORT_FILES.values(), "ranks", "model_data")
+
+
+def replaced_outputs(args: Namespace) -> list[Path]:
+    """The files of the previous run in the output folder (same base and profile name) that this run
+    replaces: its report set and its event files. Those this run does not write again are removed when its
+    outputs are put in place, so the folder holds exactly the reports of the last run."""
+    out = Path(args.output_path)
+    return outputs.report_set(out, args.base_name, REPORT_SET_STEMS) + event_files.existing_event_files(
+        event_files.run_directory(out, args.profile_name)
+    )
 
 
 def baseline_of(args: Namespace) -> Path | None:
@@ -60,15 +74,20 @@ def baseline_of(args: Namespace) -> Path | None:
     return Path(value) if value else None
 
 
-def check_baseline(args: Namespace) -> None:
-    """A baseline that cannot be read fails the run before the long work (one line naming the file)."""
+def prepare_baseline(args: Namespace) -> Analysis | None:
+    """The --baseline profile, analysed before the run's long work, so a baseline that cannot be read (any
+    format, damaged anywhere) fails the run at once with one line naming it; None without a baseline."""
+    from dlprof_profiler.rank_inputs import check_regular_file
+
     path = baseline_of(args)
     if path is None:
-        return
+        return None
+    check_regular_file(path)
     if ingest.trace_format(path) == ingest.SQLITE:
         check_sqlite_file(path)
         if not database.is_dlprof_database(path):
             refuse_dlprof18_database(path)
+    return analyze_baseline(args)
 
 
 def analyze_baseline(args: Namespace) -> Analysis:
@@ -142,7 +161,7 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
     started = time.perf_counter()
     out_dir = prepare_output_dir(Path(args.output_path))
     refuse_existing(planned_outputs(args), args.force)
-    check_baseline(args)
+    baseline = prepare_baseline(args)
     with log.stage(f"Reading {source}"):
         trace = sanitize_trace(ingest.read_trace(source))  # the one place rows of impossible times are dropped
     kineto = trace.meta.get("source_format") == "kineto"
@@ -167,9 +186,8 @@ def run_analysis(source: Path, args: Namespace, capture: dict | None = None) -> 
             on_correlated=lambda corr: database.write_correlation(writer, trace, corr),
         )
         profile = _profile_info(args, source, trace, result.corr, capture)
-        return _write_outputs(
-            args, out_dir, source, result, profile, staging, _InMemoryDatabase(writer, result, profile), writer, started
-        )
+        new_database = _InMemoryDatabase(writer, result, profile)
+        return _write_outputs(args, out_dir, source, result, profile, staging, new_database, writer, started, baseline)
     except BaseException:
         staging.discard_after(writer)
         raise
@@ -225,7 +243,7 @@ def run_store_analysis(source: Path, args: Namespace, capture: dict | None = Non
     started = time.perf_counter()
     out_dir = prepare_output_dir(Path(args.output_path))
     refuse_existing(planned_outputs(args), args.force)
-    check_baseline(args)
+    baseline = prepare_baseline(args)
     staging = Staging(out_dir)
     store = writer = feed = None
     try:
@@ -262,11 +280,17 @@ def run_store_analysis(source: Path, args: Namespace, capture: dict | None = Non
         )
         profile = _profile_info(args, source, trace, result.corr, capture, store.profile_start, store.profile_end)
         feed.set_final(result.primary, profile)
-        return _write_outputs(args, out_dir, source, result, profile, staging, feed, writer, started)
-    except BaseException:
+        return _write_outputs(args, out_dir, source, result, profile, staging, feed, writer, started, baseline)
+    except BaseException as exc:
         if feed is not None:
             feed.cancel()
         staging.discard_after(writer)
+        no_room = None if isinstance(exc, DLProfError) else no_room_reason(exc)
+        if no_room:  # Arrow and DuckDB name no file: the folder is what the user can act on
+            raise DLProfError(
+                f"{out_dir}: {no_room[0]} while the export was staged out of core in this folder; {no_room[1]}, "
+                "or analyse in memory (--out_of_core=off)"
+            ) from None
         raise
     finally:
         if feed is not None:
@@ -308,6 +332,11 @@ class _InMemoryDatabase:
     def start(self) -> None:
         database.write_correlation(self.writer, self.result.trace, self.result.corr)  # queued, not waited for
 
+    def add_aggregation(self, elapsed: float) -> int:
+        """Queued after the op model, ingested on the writer's thread; returns its aggr_id."""
+        r = self.result
+        return self.writer.add_aggregation(r.aggregations, r.iterations, r.findings, elapsed)
+
     def finish(self) -> tuple[dict, dict]:
         r = self.result
         return database.finish_analysis(
@@ -338,6 +367,7 @@ def _write_outputs(
     new_database,
     writer=None,
     started: float | None = None,
+    baseline: Analysis | None = None,
 ) -> int:
     """Write the reports while the database is written (`new_database.start()`, then `.finish()` -> (domain
     ids, op index maps)), then its new aggregation and the event file, and put them all in place together."""
@@ -348,19 +378,35 @@ def _write_outputs(
             db_final = database_path(args)
             db_staged = staging.path(db_final)
             new_database.start()
+            # a new database takes the aggregation on its writer's thread, while the reports are written
+            queue_aggregation = getattr(new_database, "add_aggregation", None)
+            aggr_id = queue_aggregation(time.perf_counter() - started) if queue_aggregation else None
             written_reports = _write_reports(args, out_dir, trace, corr, aggregations, findings, primary, staging)
             baselines = {}  # per domain, the baseline's side of the diff: kept in the run's database
-            written_reports += _write_diffs(args, out_dir, source, result, staging, baselines)
+            written_reports += _write_diffs(args, out_dir, source, result, staging, baseline, baselines)
             if args.dump_model_data:
                 _dump_model(staging.path(out_dir / f"{args.base_name}_model_data.json"), corr)
             domain_ids, offsets = new_database.finish()
-            aggr_id = database.append_aggregation(
-                db_staged, aggregations, domain_ids, offsets, result.iterations, findings, time.perf_counter() - started
-            )
+            if aggr_id is not None:
+                graph = graph_events.op_graph(corr.domains[primary], aggregations[primary])
+            else:
+                # appended to the finished file (one row per op: 10^6 in a profile without iterations) while the
+                # op graph is built (SQLite and Arrow release the GIL for most of their work)
+                with ThreadPoolExecutor(1, thread_name_prefix="dlprof-aggregation") as pool:
+                    appended = pool.submit(
+                        database.append_aggregation,
+                        db_staged,
+                        aggregations,
+                        domain_ids,
+                        offsets,
+                        result.iterations,
+                        findings,
+                        time.perf_counter() - started,
+                    )
+                    graph = graph_events.op_graph(corr.domains[primary], aggregations[primary])
+                    aggr_id = appended.result()
             database.write_baselines(db_staged, aggr_id, domain_ids, baselines)
             run_dir = event_files.run_directory(out_dir, args.profile_name)
-            for old in event_files.existing_event_files(run_dir):
-                old.unlink()  # --force was given (checked above): this run replaces them
             event_meta = {
                 "database": _relative(db_final, run_dir),
                 "profile_name": args.profile_name,
@@ -375,9 +421,9 @@ def _write_outputs(
                 staging.path(run_dir / event_files.event_file_name()),
                 event_meta,
                 aggregations[primary].iterations,
-                graph=graph_events.op_graph(corr.domains[primary], aggregations[primary]),
+                graph=graph,
             )
-        staging.commit()
+        staging.commit(replacing=replaced_outputs(args))  # --force was given (checked first) if any exists
     except BaseException:
         staging.discard_after(writer)
         raise
@@ -424,12 +470,13 @@ def _write_reports(
     return written
 
 
-def _write_diffs(args, out_dir: Path, source: Path, result: Analysis, staging: Staging, sides: dict) -> list[Path]:
-    """The diff report against --baseline, per reported domain (the primary one, or each with --domain=all
-    that the baseline has too); `sides` gets the baseline's side of each comparison."""
-    if baseline_of(args) is None:
+def _write_diffs(
+    args, out_dir: Path, source: Path, result: Analysis, staging: Staging, base: Analysis | None, sides: dict
+) -> list[Path]:
+    """The diff report against the analysed --baseline, per reported domain (the primary one, or each with
+    --domain=all that the baseline has too); `sides` gets the baseline's side of each comparison."""
+    if base is None:
         return []
-    base = analyze_baseline(args)
     domains = list(result.aggregations) if args.domain == "all" else [result.primary]
     written = []
     for name in domains:
@@ -594,7 +641,7 @@ def reaggregate_database(source: Path, args: Namespace) -> int:
             exit_code=2,
         )
     refuse_existing(planned_outputs(args), args.force)
-    check_baseline(args)
+    baseline = prepare_baseline(args)
     if in_place:
         # the run's own folder and names (the command the expert systems propose): update that run
         log.info(
@@ -608,17 +655,8 @@ def reaggregate_database(source: Path, args: Namespace) -> int:
     result = reanalyze(trace, corr, profile, AnalysisConfig.from_args(args), str(source))
     profile = dict(profile, _domain_ids=domain_ids, _offsets=offsets)
     staging = Staging(out_dir)
-    return _write_outputs(
-        args,
-        out_dir,
-        source,
-        result,
-        profile,
-        staging,
-        _CopiedDatabase(source, staging.path(database_path(args)), profile),
-        None,
-        started,
-    )
+    new_database = _CopiedDatabase(source, staging.path(database_path(args)), profile)
+    return _write_outputs(args, out_dir, source, result, profile, staging, new_database, None, started, baseline)
 
 
 def reaggregate_in_place(

@@ -22,6 +22,7 @@ from dlprof_profiler import __version__, log
 from dlprof_profiler import contract as K
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.outputs import Staging, prepare_output_dir, refuse_existing
+from dlprof_profiler.pipeline import replaced_outputs
 from dlprof_profiler.rank_analysis import RankResult, RankTask, analyze_rank
 from dlprof_profiler.rank_inputs import RankInput
 
@@ -163,7 +164,7 @@ def database_path(args: Namespace) -> Path:
 
 def planned_outputs(args: Namespace, ranks: list[int]) -> list[Path]:
     """Every file a multi-rank run writes (existing ones need --force)."""
-    from dlprof_profiler import event_files, rank_report, reports
+    from dlprof_profiler import rank_report, reports
 
     out = Path(args.output_path)
     files = [database_path(args)]
@@ -174,8 +175,7 @@ def planned_outputs(args: Namespace, ranks: list[int]) -> list[Path]:
     files += [out / f"{args.base_name}_{rank_report.REPORT_NAME}.{f}" for f in args.formats]
     if "expert_systems" in args.reports:
         files += reports.report_paths(out, args.base_name, ["expert_systems"], args.formats)
-    files += event_files.existing_event_files(event_files.run_directory(out, args.profile_name))
-    return files
+    return files + replaced_outputs(args)  # the previous run's report set and event files
 
 
 def _tasks(inputs, args, out_dir: Path, staging: Staging, reaggregate: bool = False) -> list[RankTask]:
@@ -229,7 +229,7 @@ def analyze_ranks(inputs: list[RankInput], args: Namespace) -> int:
             findings,
         )
         written = _write_run_outputs(args, out_dir, staging, results, table, findings, aggr_id=1)
-        staging.commit()
+        staging.commit(replacing=replaced_outputs(args))  # --force was given (checked before) if any exists
     except BaseException:
         staging.discard()
         raise
@@ -297,8 +297,6 @@ def _write_run_outputs(args, out_dir: Path, staging: Staging, results, table, fi
         )
         written += reports.write_report(report, out_dir, args.base_name, args.formats, "", staging.path)
     run_dir = event_files.run_directory(out_dir, args.profile_name)
-    for old in event_files.existing_event_files(run_dir):
-        old.unlink()  # --force was given (checked before): this run replaces them
     first = results[0]
     meta = {
         "database": os.path.relpath(database_path(args).resolve(), run_dir.resolve()),
@@ -418,7 +416,7 @@ def reaggregate_database(source: Path, args: Namespace, ranks: list[int]) -> int
         _copy_database(Path(source), staged)
         aggr_id, table, findings = _append(staged, results, started)
         written = _write_run_outputs(args, out_dir, staging, results, table, findings, aggr_id)
-        staging.commit()
+        staging.commit(replacing=replaced_outputs(args))  # --force was given (checked before) if any exists
     except BaseException:
         staging.discard()
         raise

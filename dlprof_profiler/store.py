@@ -127,7 +127,7 @@ class TraceStore:
         for setting in (
             f"SET memory_limit = '{memory_limit}'",
             f"SET threads = {int(threads)}",
-            f"SET temp_directory = '{tmp}'",
+            "SET temp_directory = '{}'".format(str(tmp).replace("'", "''")),  # an output path may hold a quote
             "SET preserve_insertion_order = false",
         ):
             self.con.execute(setting).fetchall()

@@ -201,3 +201,33 @@ def test_dlprof_18_database_is_refused_with_the_file_to_give_instead(tmp_path):
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1
     assert "a database written by NVIDIA DLProf 1.x" in proc.stderr and "nsys_profile.sqlite" in proc.stderr
     assert db.read_bytes() == before and not (tmp_path / "o").exists()
+
+
+def test_every_message_is_one_line_whatever_it_holds(capsys):
+    """Control characters are escaped as repr() writes them: a name cannot end a line or forge another."""
+    from dlprof_profiler import log
+
+    log.error("/tmp/a\n[DLProf-00:00:00] ERROR: forged\r\x1b[2K\u2028\udcff\tend é")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.endswith(" ERROR: /tmp/a\\n[DLProf-00:00:00] ERROR: forged\\r\\x1b[2K\\u2028\\udcff\\tend é\n")
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_unwind_the_run(signum):
+    """They raise in the run (which then removes its staging and lock, as after Ctrl-C); a second one while it
+    unwinds is ignored; the previous handlers come back after the run."""
+    import signal
+
+    from dlprof_profiler.cli import ended_by_signals
+    from dlprof_profiler.errors import Interrupted
+
+    number = getattr(signal, signum)
+    before = signal.getsignal(number)
+    with pytest.raises(Interrupted) as err, ended_by_signals():
+        try:
+            os.kill(os.getpid(), number)  # the handler runs as soon as the call returns
+        finally:
+            os.kill(os.getpid(), number)  # while unwinding: ignored
+    assert (err.value.signum, err.value.name) == (number, signum)
+    assert signal.getsignal(number) is before

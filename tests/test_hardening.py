@@ -1241,3 +1241,420 @@ def test_kineto_timestamp_far_outside_the_trace(tmp_path):
         "damaged timestamp, e.g. ts = 1.000 us)"
     )
     assert summary_value(out, "Wall Clock Time (ns)") == "121000"
+
+
+# ---- Runs, outputs and errors (issue 25) ----
+
+
+def _one_op_profile(path: Path, calls: int = 6, steps: int = 0) -> Path:
+    """`calls` calls of aten::add (each launching a 1 us kernel) on one thread, no key node; with `steps`, the
+    calls are spread evenly over that many `step` scope ranges (a training loop dlprof does not know)."""
+    exp = NsysExport(schema="2022.4")
+    exp.add_gpu(device_id=0)
+    t = exp.add_thread(pid=100, tid=100, name="python", process_name="python")
+    per_step = calls // max(steps, 1)
+    for i in range(calls):
+        base = T0 + i * 10_000 + (i // per_step) * 5_000
+        if steps and i % per_step == 0:
+            exp.push_pop(t, base - 1_000, base + per_step * 10_000 - 2_000, "step")
+        exp.push_pop(t, base, base + 8_000, f"aten::add, seq = {i}, op_id = {i}")
+        exp.launch(t, base + 1_000, base + 2_000, base + 3_000, base + 4_000, kernel="add_kernel")
+    exp.set_session(start_time=0)
+    return exp.write(path)
+
+
+def _detailed_rows(out: Path) -> list[dict]:
+    return list(csv.DictReader((out / "dlprof_detailed.csv").read_text(encoding="utf-8").splitlines()[1:]))
+
+
+def _recommendations(out: Path) -> list[str]:
+    rows = csv.DictReader((out / "dlprof_expert_systems.csv").read_text(encoding="utf-8").splitlines()[1:])
+    return [r["Recommendation"] for r in rows]
+
+
+def test_cli_one_op_called_many_times_without_key_node_is_an_op_per_call(tmp_path):
+    """DLProf's op identity without a key node: the k-th call of a name in the one iteration is an op of its
+    own (6 calls, 6 ops of 1 call, /aten::add, /aten::add[2] ...); the finding says why and that nothing
+    repeats to split at."""
+    path = _one_op_profile(tmp_path / "one_op.sqlite")
+    code, stderr = run_cli(f"--database={path}", f"--output_path={tmp_path / 'out'}")
+    assert code == 0, stderr
+    rows = _detailed_rows(tmp_path / "out")
+    assert sorted((r["Op Name"], r["Op ID"], r["No. Calls"]) for r in rows) == sorted(
+        [("/aten::add", "ADD_1", "1")] + [(f"/aten::add[{k}]", f"ADD_{k}", "1") for k in range(2, 7)]
+    )
+    assert all(r["Total GPU Time (ns)"] == "1000" for r in rows)
+    (advice,) = [r for r in _recommendations(tmp_path / "out") if r.startswith("Specify key op")]
+    assert "no NVTX range of this profile repeats as a training step would" in advice
+    assert advice.endswith("aten::add alone is 6 ops, 6 ops in all")
+
+
+def test_cli_one_op_without_key_node_the_finding_names_the_loop_that_splits_it(tmp_path):
+    """12 calls in 3 `step` ranges, no key node: 12 ops of one call (/step/aten::add ... /step[3]/aten::add[4]);
+    the finding proposes --key_op=step, which makes them 4 ops of 3 calls each."""
+    path = _one_op_profile(tmp_path / "steps.sqlite", calls=12, steps=3)
+    code, stderr = run_cli(f"--database={path}", f"--output_path={tmp_path / 'out'}")
+    assert code == 0, stderr
+    rows = _detailed_rows(tmp_path / "out")
+    names = [f"/step{s}/aten::add{k}" for s in ("", "[2]", "[3]") for k in ("", "[2]", "[3]", "[4]")]
+    assert sorted((r["Op Name"], r["No. Calls"]) for r in rows) == sorted((n, "1") for n in names)
+    (advice,) = [r for r in _recommendations(tmp_path / "out") if r.startswith("Specify key op")]
+    assert "ranges repeated in this profile: step (3 times): --key_op=step would split the run at its 3 ranges" in (
+        advice
+    )
+    assert advice.endswith("aten::add alone is 12 ops, 12 ops in all")
+    code, stderr = run_cli(f"--database={path}", f"--output_path={tmp_path / 'split'}", "--key_op=step")
+    assert code == 0, stderr
+    rows = _detailed_rows(tmp_path / "split")
+    assert sorted((r["Op Name"], r["No. Calls"]) for r in rows) == [
+        (f"/step/aten::add{k}", "3") for k in ("", "[2]", "[3]", "[4]")
+    ]
+
+
+SPECIAL_INPUTS = [
+    ("fifo-as-database", "database", "fifo", "is a named pipe (FIFO), not a regular file"),
+    ("fifo-as-baseline", "baseline", "fifo", "is a named pipe (FIFO), not a regular file"),
+    ("fifo-in-a-list", "list", "fifo", "is a named pipe (FIFO), not a regular file"),
+    ("character-device", "database", "/dev/zero", "is a character device, not a regular file"),
+]
+
+
+@pytest.mark.parametrize("case", SPECIAL_INPUTS, ids=[c[0] for c in SPECIAL_INPUTS])
+def test_cli_fifo_and_other_special_files_are_refused_at_once(case, base, tmp_path):
+    """Opening a FIFO blocks until a writer comes (the run hung forever) and a device never ends: refused
+    before anything is opened (a run that hangs fails the subprocess timeout)."""
+    _, where, kind, says = case
+    special = tmp_path / "profile.sqlite"
+    if kind == "fifo":
+        os.mkfifo(special)
+    else:
+        special = Path(kind)
+    args = {
+        "database": [f"--database={special}"],
+        "baseline": [f"--database={base['export']}", f"--baseline={special}"],
+        "list": [f"--database={base['export']},{special}"],
+    }[where]
+    out = tmp_path / "out"
+    proc = dlprof_process(*args, f"--output_path={out}")
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert error_line(stderr).endswith(f"ERROR: {special}: {says}; give a profile file (copy the data to a file first)")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_cli_sigterm_and_sigint_release_the_lock_and_remove_the_staging(signum, tmp_path):
+    """A run ended by SIGTERM (as a job scheduler or `timeout` ends it) or Ctrl-C unwinds: one line, exit status
+    128 + signal, no lock file, no staging folder, not even the output folder it created."""
+    export = profiles.training_profile(tmp_path / "long.sqlite", iterations=300)
+    out = tmp_path / "out"
+    proc = dlprof_process(f"--database={export}", f"--output_path={out}", "--reports=all")
+    deadline = time.monotonic() + 120
+    while not list(out.glob(f"{STAGING_PREFIX}*/dlprof_dldb.sqlite")):  # mid-run: its staging is being written
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before the signal"
+        time.sleep(0.01)
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum, stderr
+    expected = "ended by SIGTERM" if signum == signal.SIGTERM else "interrupted"
+    assert error_line(stderr).endswith(f"ERROR: {expected}")
+    assert not out.exists(), list(out.iterdir())
+
+
+def _size_limited_run(out: Path, export: Path, limit: int) -> subprocess.Popen:
+    def limit_file_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return dlprof_process(
+        f"--database={export}", f"--output_path={out}", "--out_of_core=on", preexec_fn=limit_file_size
+    )
+
+
+def test_cli_file_size_limit_while_staging_out_of_core_names_the_folder(tmp_path):
+    """Arrow's "Error writing bytes to file ... [errno 27]" names no file: the one line names the output folder
+    the export is staged in, what ran out and what to do."""
+    export = profiles.training_profile(tmp_path / "long.sqlite", iterations=300)
+    out = tmp_path / "out"
+    proc = _size_limited_run(out, export, 100_000)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 1
+    assert error_line(stderr).endswith(
+        f"ERROR: {out}: a file reached the file size limit (file too large) while the export was staged out of "
+        "core in this folder; raise the limit (ulimit -f) or choose another --output_path, or analyse in memory "
+        "(--out_of_core=off)"
+    )
+    assert not out.exists()
+
+
+def _can_mount_tmpfs() -> bool:
+    if not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"], capture_output=True, timeout=30
+    )
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _can_mount_tmpfs(), reason="no user namespaces here to mount a small tmpfs in")
+def test_cli_disk_full_while_staging_out_of_core_names_the_folder(tmp_path):
+    """A real full disk: a 256 KiB tmpfs, mounted in a user namespace of the run's own (no root needed)."""
+    export = profiles.training_profile(tmp_path / "long.sqlite", iterations=300)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    out = disk / "out"
+    script = (
+        f"mount -t tmpfs -o size=256k tmpfs {disk} && "
+        f"{sys.executable} -m dlprof_profiler --database={export} --output_path={out} --out_of_core=on; "
+        f'echo "status $?"; ls -A {disk}'
+    )
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert error_line(proc.stderr).endswith(
+        f"ERROR: {out}: the disk is full (no space left on device) while the export was staged out of core in this "
+        "folder; free space there or choose another --output_path, or analyse in memory (--out_of_core=off)"
+    )
+    assert proc.stdout.splitlines()[-1] == "status 1"  # and `ls` found nothing left on the small disk
+
+
+def _damaged_kineto(kind: str):
+    def make(tmp_path: Path) -> Path:
+        import gzip
+
+        text = gzip.decompress((KINETO_DATA / "pytorch_cpu_only.pt.trace.json.gz").read_bytes())
+        path = tmp_path / f"baseline_{kind}.pt.trace.json"
+        if kind == "truncated-json":
+            path.write_bytes(text[: len(text) // 2])
+        elif kind == "truncated-gzip":
+            path = path.with_suffix(".gz")
+            packed = gzip.compress(text)
+            path.write_bytes(packed[: len(packed) // 2])
+        else:  # bytes overwritten in the middle of the events
+            middle = len(text) // 2
+            path.write_bytes(text[:middle] + b"@@@@@@@@" + text[middle + 8 :])
+        return path
+
+    return make
+
+
+def _damaged_sqlite_baseline(tmp_path: Path) -> Path:
+    export = profiles.training_profile(tmp_path / "export.sqlite")
+    path = tmp_path / "baseline.sqlite"
+    path.write_bytes(export.read_bytes()[:4096])
+    return path
+
+
+KINETO_DATA = ROOT / "tests" / "data" / "kineto"
+DAMAGED_BASELINES = [
+    ("kineto-truncated-json", _damaged_kineto("truncated-json"), "not an SQLite database"),
+    ("kineto-truncated-gzip", _damaged_kineto("truncated-gzip"), "damaged or truncated gzip data"),
+    ("kineto-invalid-json", _damaged_kineto("invalid-json"), "not valid JSON"),
+    ("sqlite-truncated", _damaged_sqlite_baseline, "truncated SQLite file"),
+]
+
+
+@pytest.mark.parametrize("case", DAMAGED_BASELINES, ids=[c[0] for c in DAMAGED_BASELINES])
+def test_cli_damaged_baseline_is_one_line_before_the_run_is_analysed(case, tmp_path):
+    """The run (a CPU-only torch.profiler trace, whose reading warns that it has no GPU work) is not read at
+    all: the baseline's error is the only line on stderr."""
+    _, make, says = case
+    baseline = make(tmp_path)
+    before = sha256(baseline)
+    run = KINETO_DATA / "pytorch_cpu_only.pt.trace.json.gz"
+    out = tmp_path / "out"
+    code, stderr = run_cli(f"--database={run}", f"--baseline={baseline}", f"--output_path={out}")
+    assert code == 1
+    line = error_line(stderr)
+    assert f"ERROR: {baseline}: " in line and says in line, line
+    assert not out.exists() and sha256(baseline) == before
+
+
+FORGED = "\n[DLProf-12:00:00] ERROR: forged by a file name"
+CONTROL_NAMES = [
+    ("newline-in-missing-database", "missing" + FORGED + ".sqlite", None, "no file matches this pattern"),
+    ("escape-sequence-in-empty-file", "empty\r\x1b[2K\t.sqlite", b"", "empty file, not a profile"),
+    ("line-separator-in-text-file", "notes\u2028x.sqlite", b"not a profile\n" * 10, "not an SQLite database"),
+]
+
+
+@pytest.mark.parametrize("case", CONTROL_NAMES, ids=[c[0] for c in CONTROL_NAMES])
+def test_cli_paths_with_control_characters_are_escaped_on_one_line(case, tmp_path):
+    """A path is printed with its control characters escaped as repr() writes them: the error is one line and
+    a file name cannot forge console lines."""
+    _, name, content, says = case
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+    out = tmp_path / "out"
+    code, stderr = run_cli(f"--database={path}", f"--output_path={out}")
+    assert code == 1
+    shown = repr(str(path))[1:-1]
+    assert f"ERROR: {shown}: {says}" in error_line(stderr), stderr
+    assert not out.exists()
+
+
+def test_cli_a_run_on_a_path_with_a_newline_prints_every_message_on_one_line(base, tmp_path):
+    folder = tmp_path / ("in" + FORGED)
+    folder.mkdir()
+    export = folder / "export.sqlite"
+    shutil.copy(base["export"], export)
+    proc = dlprof_process(f"--database={export}", f"--output_path={folder / 'out'}", "--reports=summary")
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    lines = (stdout + stderr).splitlines()
+    assert lines and all(ln.startswith("[DLProf-") and "forged" not in ln.split("]", 1)[0] for ln in lines), lines
+    assert any(f"Reading {repr(str(export))[1:-1]} ..." in ln for ln in lines), lines
+    assert (folder / "out" / "dlprof_summary.csv").is_file()
+
+
+def _files(folder: Path) -> set:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
+
+
+def _reports(folder: Path) -> dict:
+    return {p.name: p.read_bytes() for p in folder.glob("dlprof_*.csv")} | {
+        p.name: p.read_bytes() for p in folder.glob("dlprof_*.json")
+    }
+
+
+def _event_files(folder: Path) -> list[Path]:
+    return sorted((folder / "dlprof").glob("events.out.tfevents.*"))
+
+
+UPDATE = ["--force=true", "--iter_start=1", "--iter_stop=2", "--reports=summary,iteration", "--formats=csv"]
+
+
+def test_cli_killed_at_any_step_of_the_publication_the_next_run_completes_it(base, tmp_path):
+    """A run updating a run's folder (re-aggregation in place, fewer reports) is killed with SIGKILL before each
+    step of putting its outputs in place (its 4 renames, then the 6 removals of the previous reports and event
+    file) and once after the last: meanwhile the viewer hides the run; the next run into the folder completes
+    the publication, giving exactly the folder the uninterrupted update gives (reports byte for byte, the new
+    database and event file, none of the previous ones)."""
+    first = tmp_path / "first"
+    code, stderr = run_cli(
+        f"--database={base['export']}",
+        f"--output_path={first}",
+        "--reports=summary,detail,kernel",
+        "--formats=csv,json",
+    )
+    assert code == 0, stderr
+    reference = tmp_path / "reference"
+    shutil.copytree(first, reference)
+    code, stderr = run_cli(f"--database={reference / 'dlprof_dldb.sqlite'}", f"--output_path={reference}", *UPDATE)
+    assert code == 0, stderr
+    expected_reports = _reports(reference)
+    assert sorted(expected_reports) == ["dlprof_iteration.csv", "dlprof_summary.csv"]
+    from dlprof_plugin.runs import RunInfo, StaticRuns, half_published
+    from dlprof_profiler.outputs import KILL_AT_PUBLISH_STEP, OutputFolder
+
+    steps = 4 + 6
+    for step in range(steps + 1):
+        out = tmp_path / f"killed_at_{step}"
+        shutil.copytree(first, out)
+        old_event = _event_files(out)
+        proc = dlprof_process(
+            f"--database={out / 'dlprof_dldb.sqlite'}",
+            f"--output_path={out}",
+            *UPDATE,
+            env={**os.environ, KILL_AT_PUBLISH_STEP: str(step)},
+        )
+        proc.communicate(timeout=300)
+        assert proc.returncode == -signal.SIGKILL, step
+        db = out / "dlprof_dldb.sqlite"
+        assert half_published(str(db)), step
+        assert StaticRuns({"run": RunInfo("run", str(db), "dlprof_dldb.sqlite")}).runs() == {}
+        with OutputFolder(out):  # what every run into the folder does first
+            pass
+        assert not half_published(str(db))
+        assert _reports(out) == expected_reports, step
+        assert _files(out) == {"dlprof_dldb.sqlite", "dlprof_iteration.csv", "dlprof_summary.csv"} | {
+            str(p.relative_to(out)) for p in _event_files(out)
+        }, step
+        (event,) = _event_files(out)
+        assert event not in old_event and event.name.endswith(f".{proc.pid}.dlprof"), step
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        ranges = con.execute("SELECT iter_start, iter_stop FROM aggregations ORDER BY aggr_id").fetchall()
+        con.close()
+        assert ranges == [(0, 3), (1, 2)], step
+
+
+def test_cli_a_killed_publication_is_hidden_by_the_viewer_until_the_next_run(base, tmp_path):
+    """Killed midway (2 of its 4 renames done): dlprofviewer lists no run for the folder's database; the next
+    run into the folder (here one that then fails on its input) completes it, and the viewer lists it again."""
+    out = tmp_path / "out"
+    assert run_cli(f"--database={base['export']}", f"--output_path={out}", "--reports=all")[0] == 0
+    from dlprof_profiler.outputs import KILL_AT_PUBLISH_STEP
+
+    proc = dlprof_process(
+        f"--database={out / 'dlprof_dldb.sqlite'}",
+        f"--output_path={out}",
+        *UPDATE,
+        env={**os.environ, KILL_AT_PUBLISH_STEP: "2"},
+    )
+    proc.communicate(timeout=300)
+    assert proc.returncode == -signal.SIGKILL
+    port = free_port()
+    viewer_proc = subprocess.Popen(
+        _viewer_command() + [str(out / "dlprof_dldb.sqlite"), f"--port={port}", "--host=127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
+    try:
+        wait_until(lambda: request(port, "GET", API + "runs", timeout=5)[0] == 200, 60, "dlprofviewer", viewer_proc)
+        assert json.loads(request(port, "GET", API + "runs")[2])["runs"] == []
+        code, stderr = run_cli(f"--database={tmp_path / 'missing.sqlite'}", f"--output_path={out}")
+        assert code == 1 and "missing.sqlite: no such file" in error_line(stderr)
+        assert sorted(p.name for p in out.glob("dlprof_*")) == [
+            "dlprof_dldb.sqlite",
+            "dlprof_iteration.csv",
+            "dlprof_summary.csv",
+        ]
+        runs = json.loads(request(port, "GET", API + "runs")[2])["runs"]
+        assert len(runs) == 1, runs
+    finally:
+        stop(viewer_proc)
+
+
+def test_cli_reaggregation_leaves_exactly_the_reports_it_writes(base, tmp_path):
+    """Issue 21.7: the run's report set is what its last run wrote. Re-aggregating with fewer reports and
+    formats removes the previous JSON and CSV reports with its publication; other runs' files stay."""
+    out = tmp_path / "out"
+    assert (
+        run_cli(f"--database={base['export']}", f"--output_path={out}", "--reports=all", "--formats=csv,json")[0] == 0
+    )
+    assert run_cli(f"--database={base['export']}", f"--output_path={out}", "--base_name=dlprof_x")[0] == 0
+    (out / "notes.csv").write_text("mine")
+    (out / "other_summary.csv").write_text("another tool's")
+    kept = {p.name for p in out.iterdir() if p.name.startswith(("dlprof_x", "notes", "other"))}
+    assert "dlprof_x_summary.csv" in kept and len(kept) == 7, kept  # its reports, database and event folder
+    code, stderr = run_cli(
+        f"--database={out / 'dlprof_dldb.sqlite'}", f"--output_path={out}", "--force=true", "--reports=summary"
+    )
+    assert code == 0, stderr
+    assert {p.name for p in out.iterdir()} == kept | {"dlprof_dldb.sqlite", "dlprof_summary.csv", "dlprof"}
+    assert len(_event_files(out)) == 1
+
+
+def test_cli_reports_of_a_previous_run_are_not_removed_without_force(base, tmp_path):
+    """Removing a previous run's reports replaces them: without --force it is refused like any existing output
+    (here the previous database was deleted, so only its reports are left)."""
+    out = tmp_path / "out"
+    assert run_cli(f"--database={base['export']}", f"--output_path={out}", "--reports=kernel")[0] == 0
+    (out / "dlprof_dldb.sqlite").unlink()
+    before = tree(out)
+    code, stderr = run_cli(f"--database={base['export']}", f"--output_path={out}", "--reports=summary")
+    assert code == 1
+    assert f"ERROR: {out / 'dlprof_kernel.csv'}: output file exists (and 1 more); use --force=true" in error_line(
+        stderr
+    )
+    assert tree(out) == before
+
+
+def test_cli_out_of_core_into_a_folder_whose_name_holds_quotes(base, tmp_path):
+    """The staging folder is named to DuckDB in SQL text: a quote in the output path broke it (a 25-line
+    traceback); quoted, the run succeeds."""
+    out = tmp_path / 'it\'s "quoted"; DROP TABLE x; --'
+    code, stderr = run_cli(f"--database={base['export']}", f"--output_path={out}", "--out_of_core=on")
+    assert code == 0, stderr
+    assert (out / "dlprof_summary.csv").is_file() and not list(out.glob(f"{STAGING_PREFIX}*"))

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from dlprof_profiler import nvtx_markers as nm
+from dlprof_profiler.correlate import UNASSOCIATED_API, UNASSOCIATED_GPU
 from dlprof_profiler.experts.base import DLPROF_GUIDE, Context, finding, fmt_time
 
 # bad_iteration_range_detector: an iteration is steady when its duration is within a factor STEADY_FACTOR of
@@ -51,12 +52,24 @@ def no_iterations_detector(ctx: Context) -> list[dict]:
     action = None
     if candidates:
         listed = ", ".join(f"{c['name']} ({c['count']} times)" for c in candidates)
-        recommendation += f"; ranges repeated in this profile: {listed}"
+        first = candidates[0]
+        recommendation += (
+            f"; ranges repeated in this profile: {listed}: --key_op={shlex.quote(first['name'])} would split the "
+            f"run at its {first['count']:,} ranges"
+        )
         action = {
             "type": "reaggregate",
-            "key_node": candidates[0]["name"],
-            "command": _command(None, key_node=candidates[0]["name"]),
+            "key_node": first["name"],
+            "command": _command(None, key_node=first["name"]),
         }
+    else:
+        recommendation += (
+            "; no NVTX range of this profile repeats as a training step would: put each step in a range of its "
+            "own (an NVTX range, torch.profiler's prof.step()"
+            + (", or the optimizer's step, the PyTorch default" if ctx.is_pytorch else "")
+            + ") and give its text as --key_op"
+        )
+    recommendation += _why_so_many_ops(ctx)
     return [
         finding(
             "no_iterations_detector",
@@ -68,6 +81,24 @@ def no_iterations_detector(ctx: Context) -> list[dict]:
             action,
         )
     ]
+
+
+def _why_so_many_ops(ctx: Context) -> str:
+    """Why a profile without iterations has as many ops as calls: the sentence, with the name repeated most."""
+    ops = ctx.dm.ops
+    label = "label" if "label" in ops.columns else "op_type"
+    if len(ops) == 0 or label not in ops.columns:
+        return ""
+    if "kind" in ops.columns:
+        ops = ops[~ops["kind"].isin([UNASSOCIATED_API, UNASSOCIATED_GPU])]
+    per_label = ops[label].value_counts(sort=True)
+    if len(per_label) == 0 or int(per_label.iloc[0]) < 2:
+        return ""
+    return (
+        ". Without iterations each call of a name is an op of its own (an op is the n-th call of a name in an "
+        f"iteration, as DLProf counts them): {per_label.index[0]} alone is {int(per_label.iloc[0]):,} ops, "
+        f"{len(ctx.dm.ops):,} ops in all"
+    )
 
 
 DEFAULT_KEY_OPS = {
