@@ -180,3 +180,70 @@ def test_torch_profiler_trace_database(tmp_path):
         assert sum(r["gpu_total"] for r in rows) == sum(t for _, t in kernels)
     finally:
         checks.stop(proc)
+
+
+def test_light_routes_are_those_that_read_no_profile(viewer):
+    """The light lane of the server (http_server.py): the page, static files and the run list, never a route that
+    reads a profile (which could keep a worker busy for seconds)."""
+    from dlprof_plugin.viewer import build_app
+
+    is_light = build_app([str(viewer["db"])]).is_light
+    for path in (
+        "/",
+        "/index.html",
+        "/favicon.ico",
+        "/index.js",
+        "/runs",
+        "/data/plugin/dlprof/runs",
+        "/data/plugin/dlprof/aggregations",
+        "/reaggregate",
+        "/reaggregate_status",
+        "/data/plugin/dlprof/x.css",
+    ):
+        assert is_light(path), path
+    for path in (
+        "/timeline",
+        "/data/plugin/dlprof/timeline_gap",
+        "/compare",
+        "/dashboard",
+        "/table/ops",
+        "/data/plugin/dlprof/table/kernels",
+        "/table",
+        "/iterations",
+        "/op",
+        "/system",
+    ):
+        assert not is_light(path), path
+
+
+def test_each_request_is_logged_unless_quiet(viewer, tmp_path):
+    """One common-log-format line per request on stderr (tests/test_browser_security.py reads them)."""
+    port = checks.free_port()
+    log_path = tmp_path / "viewer.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            _viewer() + [str(viewer["db"]), f"--port={port}"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        api = checks.Api(f"http://127.0.0.1:{port}")
+        try:
+            checks.wait_until(lambda: api.raw(api.url("runs"), timeout=5)[0] == 200, 30, "dlprofviewer", proc)
+            assert api.raw(api.url("table/ops", run="nope"))[0] == 404
+            checks.wait_until(
+                lambda: '"GET /data/plugin/dlprof/table/ops?run=nope HTTP/1.1" 404 -' in log_path.read_text(),
+                30,
+                "the request to be logged",
+            )
+            assert '"GET /data/plugin/dlprof/runs HTTP/1.1" 200 -' in log_path.read_text()
+        finally:
+            checks.stop(proc)
+
+
+@pytest.mark.parametrize("option", ["--connection_limit=0", "--request_timeout=0", "--idle_timeout=-1"])
+def test_limits_must_be_positive(viewer, option):
+    proc = subprocess.run(
+        _viewer() + [str(viewer["db"]), option, "--port=0"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "must be positive" in proc.stderr, proc.stderr
