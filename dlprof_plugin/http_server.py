@@ -162,6 +162,12 @@ class _Channel(HTTPChannel):
             self.reading_since = time.time()
         return result
 
+    def send_continue(self):
+        if self.request.error is not None:  # refused by its headers (a body too large): answer that at once,
+            self.request.expect_continue = False  # rather than invite the body and refuse it after 64 KiB
+            return
+        super().send_continue()
+
     def add_channel(self, map=None):
         super().add_channel(map)
         self.server.touch(self)

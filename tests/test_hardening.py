@@ -1261,6 +1261,18 @@ def test_tensorboard_refuses_a_huge_body_without_reading_it(tensorboard, chunked
     assert request(port, "GET", "/pfx" + API + "runs")[0] == 200
 
 
+def test_viewer_refuses_a_huge_body_announced_with_expect_100_continue(slow_viewer):
+    """A client that waits for `100 Continue` before sending its body (curl does for large ones) gets the 413
+    instead, and sends nothing."""
+    port = slow_viewer["port"]
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        head = {**UPLOAD_HEADERS, "Content-Length": TERABYTE, "Expect": "100-continue"}
+        lines = [f"POST {API}reaggregate HTTP/1.1", f"Host: 127.0.0.1:{port}", *(f"{k}: {v}" for k, v in head.items())]
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        first = sock.recv(12)
+        assert first == b"HTTP/1.1 413", first
+
+
 class Dripper:
     """A connection sending `head`, then one byte every 0.2 s (a slowloris client), until the server closes it."""
 
