@@ -1,10 +1,13 @@
 """dlprofviewer's HTTP server: waitress, a production WSGI server, with the limits a viewer needs under load.
 
-Why waitress and not cheroot (both measured with benchmarks/bench_viewer_load.py; figures in README.md): waitress
-reads every request whole (headers and body) in one I/O thread that polls all connections, and only then hands
-it to a worker, so an idle or slowly drip-fed connection costs a few kilobytes and no thread. cheroot gives a
-connection to a worker thread as soon as its first byte arrives, and that thread then blocks reading the rest:
-a few dozen drip-fed connections (slowloris) hold every worker, and `/runs` waits until they give up.
+Why waitress and not cheroot, measured (benchmarks/bench_viewer_load.py; README.md has the figures): waitress reads
+every request whole (headers and body) in one I/O thread that polls all connections, and only then hands it to a
+worker, so an idle or slowly drip-fed connection costs a few kilobytes and no thread. cheroot gives a connection
+to a worker thread as soon as its first byte arrives, and that thread then blocks reading the rest: with 4,000
+drip-fed connections (slowloris) cheroot answered none of 2,000 requests nor `/runs` in 120 s, with 10 or 200
+threads; this server answered all of them, `/runs` in under 1 s (p99 0.3-0.8 s). Without the slow connections
+cheroot was as fast through the 2,000 (41 s, 43 s here) but kept `/runs` waiting 12-28 s behind them (its pool is
+one FIFO queue).
 
 What is added to waitress here:
 - An event loop on epoll whose turn costs what the active connections need, not all the open ones (waitress's
@@ -59,7 +62,9 @@ class Limits:
     connection_limit: int = 10_000
     request_timeout: float = 10.0  # seconds for a request to arrive whole, from its first byte
     idle_timeout: int = 60  # seconds a connection may stay without traffic between requests
-    heavy_workers: int = 2
+    # One: the GIL runs one thread's Python at a time, and a second heavy worker measured no faster through 2,000
+    # requests while it doubled the event loop's waits for the GIL (/runs p99 0.7 s with one, 1.0-1.5 s with two).
+    heavy_workers: int = 1
     light_workers: int = 2
     max_header: int = 64 * 1024  # bytes of request line and headers
 
