@@ -13,11 +13,13 @@ viewer's server before issue 25): the comparison that chose waitress (dlprof_plu
 Phases: the viewer starts (RSS "start"); one request of each kind warms its caches (RSS "idle", the baseline);
 the idle connections open, each sending a request line and then one header byte every --drip seconds, reopened
 whenever the server closes them; then the requests are sent at once, each on its own connection, and read to
-the end. Meanwhile a client asks `/runs` every --probe seconds on a new connection (a page being opened) and the
-viewer's RSS is sampled every 0.1 s. The idle connections stay until every request is answered.
+the end. Meanwhile the prober asks `/runs` every --probe seconds on a new connection (a page being opened) and
+the viewer's RSS is sampled every 0.1 s. The idle connections stay until every request is answered. Exit status
+0 when every target is met.
 
-The client is one thread on epoll (plus the `/runs` prober), on the same 2 cores as the viewer: the load average
-is printed before and after, since other work on the machine slows both.
+The client is one thread on epoll, and the `/runs` prober a process of its own (the client's work must not delay
+it), on the same 2 cores as the viewer: the load average is printed before and after, since other work on the
+machine slows them all. The open-file limit is raised for the sockets (the viewer raises its own).
 """
 
 from __future__ import annotations
