@@ -27,7 +27,7 @@ PAGE = """<!DOCTYPE html>
 </html>
 """
 # Routes that read no profile data (and the page and static files): served on the light lane (http_server.py).
-LIGHT_ROUTES = frozenset({"runs", "aggregations", "domains", "reaggregate", "reaggregate_status"})
+LIGHT_ROUTES = frozenset({"runs", "terms", "aggregations", "domains", "reaggregate", "reaggregate_status"})
 log = logging.getLogger("dlprof_plugin.viewer")
 
 
