@@ -96,6 +96,8 @@ class DLProfPlugin(base_plugin.TBPlugin):
 
         ctx = plugin_util.context(request.environ)
         eid = plugin_util.experiment_id(request.environ)
-        reason = security.check_request(request, self._policy)
-        reply = error_reply(403, reason) if reason else self._service.handle(route_of(request.path), request, ctx, eid)
+        # TensorBoard's routing hands the untouched WSGI environ to this app: nothing has read the body yet,
+        # so an oversized one is refused here before a byte of it is read.
+        refused = security.screen(request, self._policy)
+        reply = error_reply(*refused) if refused else self._service.handle(route_of(request.path), request, ctx, eid)
         return http_util.Respond(request, reply.body, reply.content_type, code=reply.status, headers=reply.headers)

@@ -11,8 +11,11 @@ server must not be drivable by the web sites its user visits.
   preflight, which this server never grants), a JSON body (`Content-Type: application/json`), and, when the
   browser names the page it comes from (`Origin`, else `Referer`), that page's host and port must be `Host`.
   `Origin: null` (sandboxed or file pages) is refused.
+- Request bodies: at most MAX_BODY bytes. A larger `Content-Length` is refused (413) before a byte of the
+  body is read, and a chunked body is read only up to the limit (read_body), so a client streaming a
+  terabyte costs the server nothing.
 
-Every refusal is a 403 with a one-line reason.
+Every refusal is a 403 (413 for a body) with a one-line reason.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 REQUEST_HEADER = "X-DLProf-Request"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 DEFAULT_PORTS = {"http": 80, "https": 443}
+MAX_BODY = 64 * 1024  # bytes; the largest body a route takes (reaggregate's JSON) is well under 1 KiB
 
 
 @dataclass(frozen=True)
@@ -155,3 +159,39 @@ def refusal(method: str, headers, mimetype: str, policy: HostPolicy) -> str | No
 def check_request(request, policy: HostPolicy) -> str | None:
     """refusal() for a werkzeug Request."""
     return refusal(request.method, request.headers, request.mimetype, policy)
+
+
+def too_large(announced: int | None = None) -> str:
+    """The one-line reason of a 413 for a request body (`announced`: its Content-Length, if it had one)."""
+    said = f"{announced} bytes announced, " if announced is not None else ""
+    return f"request body too large: {said}at most {MAX_BODY} bytes accepted"
+
+
+def body_refusal(content_length: int | None) -> str | None:
+    """Why a request announcing this `Content-Length` must be refused (413) before its body is read, or None."""
+    return too_large(content_length) if content_length is not None and content_length > MAX_BODY else None
+
+
+def screen(request, policy: HostPolicy) -> tuple[int, str] | None:
+    """(status, one-line reason) of a werkzeug Request refused before routing (403, 413), or None. Reads no
+    body: the servers call it first, whatever the route."""
+    reason = check_request(request, policy)
+    if reason:
+        return 403, reason
+    reason = body_refusal(request.content_length)
+    return (413, reason) if reason else None
+
+
+def read_body(request) -> bytes | None:
+    """A werkzeug Request's body, or None when it is longer than MAX_BODY: a chunked body (no
+    `Content-Length`) is read only up to the limit, never to its end."""
+    if body_refusal(request.content_length):
+        return None
+    stream, parts, size = request.stream, [], 0
+    while size <= MAX_BODY:
+        part = stream.read(MAX_BODY + 1 - size)
+        if not part:
+            break
+        parts.append(part)
+        size += len(part)
+    return None if size > MAX_BODY else b"".join(parts)

@@ -12,7 +12,7 @@ import sqlite3
 import threading
 from dataclasses import dataclass, field
 
-from dlprof_plugin import compare, export, ranks, tables, terms, timeline
+from dlprof_plugin import compare, export, ranks, security, tables, terms, timeline
 from dlprof_plugin.db import NotADatabase, Registry, is_decode_error, is_hot_journal_error
 from dlprof_plugin.jobs import JobConflict, JobManager
 from dlprof_plugin.runs import RunInfo
@@ -22,7 +22,6 @@ from dlprof_profiler import contract as K
 log = logging.getLogger("dlprof_plugin")
 
 JSON = "application/json"
-MAX_BODY = 64 * 1024
 MAX_PARAM_LEN = 4096
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 EXPORT_FORMATS = ("csv", "xlsx", "json_all")
@@ -811,9 +810,9 @@ class Service:
         return json_reply({"job": self.jobs.status(info.database)})
 
     def reaggregate(self, request, ctx, eid) -> Reply:
-        raw = request.get_data(cache=False, as_text=False)
-        if len(raw) > MAX_BODY:
-            raise TooLarge("request body too large")
+        raw = security.read_body(request)
+        if raw is None:
+            raise TooLarge(security.too_large())
         try:
             body = json.loads(raw.decode("utf-8")) if raw.strip() else None
         except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: nested too deeply

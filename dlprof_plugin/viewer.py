@@ -3,7 +3,8 @@
 One run per database, named after the file (`dlprof_dldb.sqlite` -> run `dlprof_dldb`). `/` serves a page
 that, like TensorBoard's plugin iframe, has `<base href="data/plugin/dlprof/">`, imports `./index.js` and
 calls its `render()`; the API answers at `/data/plugin/dlprof/<route>` and, for convenience, at `/<route>`.
-Every request passes security.py's checks first (Host names, cross-site requests; `--allowed_hosts`).
+Every request passes security.py's checks first (Host names, cross-site requests, body size; `--allowed_hosts`).
+Served by waitress with a bounded worker pool, timeouts and a connection limit (http_server.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import hashlib
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 ENTRY_SCRIPT = 'import("./index.js").then((m) => void m.render());'
@@ -24,6 +26,9 @@ PAGE = """<!DOCTYPE html>
 <body><script type="module">{script}</script></body>
 </html>
 """
+# Routes that read no profile data (and the page and static files): served on the light lane (http_server.py).
+LIGHT_ROUTES = frozenset({"runs", "terms", "aggregations", "domains", "reaggregate", "reaggregate_status"})
+log = logging.getLogger("dlprof_plugin.viewer")
 
 
 def _run_names(paths: list[str]) -> dict[str, str]:
@@ -63,26 +68,56 @@ def build_app(databases: list[str], policy=None):
     page = PAGE.format(script=ENTRY_SCRIPT)
     script_sha = base64.b64encode(hashlib.sha256(ENTRY_SCRIPT.encode("utf-8")).digest()).decode("ascii")
 
+    def route_of(path: str) -> str:
+        if path == "/favicon.ico":  # asked for by browsers whatever the page links
+            return "logo.svg"
+        return path[len(ROUTE_PREFIX) :] if path.startswith(ROUTE_PREFIX) else path.lstrip("/")
+
     @wrappers.Request.application
     def app(request):
-        reason = security.check_request(request, policy)
-        if reason:
-            reply = error_reply(403, reason)
+        refused = security.screen(request, policy)
+        if refused:
+            reply = error_reply(*refused)
             return http_util.Respond(request, reply.body, reply.content_type, code=reply.status)
-        path = request.path
-        if path in ("/", "/index.html"):
+        if request.path in ("/", "/index.html"):
             return http_util.Respond(request, page, "text/html", csp_scripts_sha256s=[script_sha])
-        if path == "/favicon.ico":  # asked for by browsers whatever the page links
-            route = "logo.svg"
-        elif path.startswith(ROUTE_PREFIX):
-            route = path[len(ROUTE_PREFIX) :]
-        else:
-            route = path.lstrip("/")
-        reply = service.handle(route, request, None, "")
+        reply = service.handle(route_of(request.path), request, None, "")
         return http_util.Respond(request, reply.body, reply.content_type, code=reply.status, headers=reply.headers)
 
+    def is_light(path: str) -> bool:
+        """Whether a request path reads no profile data: the page, static files, LIGHT_ROUTES."""
+        route = route_of(path).strip("/")
+        return route in LIGHT_ROUTES or not (route in service.routes or route.split("/")[0] == "table")
+
     app.service = service
+    app.is_light = is_light
     return app
+
+
+def access_logged(app):
+    """`app` logging one line per request in the common log format (as werkzeug's server did)."""
+
+    def logged(environ, start_response):
+        status = []
+
+        def start(line, headers, exc_info=None):
+            status.append(line.split(" ", 1)[0])
+            return start_response(line, headers, exc_info)
+
+        result = app(environ, start)
+        uri = environ.get("REQUEST_URI") or environ.get("PATH_INFO", "")
+        log.info(
+            '%s - - [%s] "%s %s %s" %s -',
+            environ.get("REMOTE_ADDR", "-"),
+            time.strftime("%d/%b/%Y %H:%M:%S"),
+            environ.get("REQUEST_METHOD"),
+            uri.encode("latin-1", "replace").decode("ascii", "backslashreplace"),
+            environ.get("SERVER_PROTOCOL"),
+            status[0] if status else "-",
+        )
+        return result
+
+    return logged
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,6 +136,31 @@ def main(argv: list[str] | None = None) -> int:
         "Bound to a non-loopback --host without this option, every name is answered",
     )
     parser.add_argument("--quiet", action="store_true", help="do not log each request")
+    from dlprof_plugin.http_server import Limits, ViewerServer
+
+    limits = Limits()
+    parser.add_argument(
+        "--connection_limit",
+        type=int,
+        default=limits.connection_limit,
+        metavar="N",
+        help=f"open connections served at once; more wait to be accepted (default {limits.connection_limit})",
+    )
+    parser.add_argument(
+        "--request_timeout",
+        type=float,
+        default=limits.request_timeout,
+        metavar="S",
+        help="seconds a request (line, headers and body) may take to arrive from its first byte; slower "
+        f"connections are closed (default {limits.request_timeout:g})",
+    )
+    parser.add_argument(
+        "--idle_timeout",
+        type=int,
+        default=limits.idle_timeout,
+        metavar="S",
+        help=f"seconds a connection may stay silent between requests (default {limits.idle_timeout})",
+    )
     args = parser.parse_args(argv)
     from dlprof_plugin.db import NotADatabase
 
@@ -108,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         if not os.path.isfile(d):
             print(f"dlprofviewer: {d}: no such file", file=sys.stderr)
             return 2
+    if args.connection_limit < 1 or args.request_timeout <= 0 or args.idle_timeout < 1:
+        print("dlprofviewer: --connection_limit, --request_timeout, --idle_timeout must be positive", file=sys.stderr)
+        return 2
     try:
         from dlprof_plugin.security import policy_for_bind
 
@@ -115,24 +178,27 @@ def main(argv: list[str] | None = None) -> int:
     except NotADatabase as exc:
         print(f"dlprofviewer: {exc}", file=sys.stderr)
         return 2
-    from werkzeug.serving import make_server
-
-    if args.quiet:
-        logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.WARNING if args.quiet else logging.INFO)
+    log.propagate = False
+    logging.getLogger("waitress.queue").setLevel(logging.ERROR)  # queued requests are the lanes' design
+    limits = Limits(
+        connection_limit=args.connection_limit, request_timeout=args.request_timeout, idle_timeout=args.idle_timeout
+    )
     try:
-        server = make_server(args.host, args.port, app, threaded=True)
+        server = ViewerServer(access_logged(app), limits, app.is_light, args.host, args.port)
     except OSError as exc:
         print(f"dlprofviewer: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2
     host = f"[{args.host}]" if ":" in args.host else args.host
-    print(f"DLProf viewer at http://{host}:{server.server_port}/ (Ctrl+C to quit)", flush=True)
+    print(f"DLProf viewer at http://{host}:{server.port}/ (Ctrl+C to quit)", flush=True)
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+        server.run()
     finally:
         app.service.jobs.shutdown()
-        server.server_close()
+        server.close()
     return 0
 
 

@@ -1658,3 +1658,303 @@ def test_cli_out_of_core_into_a_folder_whose_name_holds_quotes(base, tmp_path):
     code, stderr = run_cli(f"--database={base['export']}", f"--output_path={out}", "--out_of_core=on")
     assert code == 0, stderr
     assert (out / "dlprof_summary.csv").is_file() and not list(out.glob(f"{STAGING_PREFIX}*"))
+
+
+# ---- Viewer under load and oversized requests (issue 25) ----
+# A client announcing or streaming a huge body gets a JSON 413 before the body is read, from dlprofviewer and from
+# the TensorBoard plugin, and neither server's memory grows; dlprofviewer closes connections whose request
+# arrives too slowly (slowloris) or that stay idle, while answering normal requests, and holds its connection
+# limit. The load itself (2,000 requests and 4,000 drip-fed connections): benchmarks/bench_viewer_load.py.
+
+import select  # noqa: E402
+import socket  # noqa: E402
+
+TERABYTE = 10**12
+STREAM_CAP = 1 << 30  # the most a streaming client sends (the old viewer read all of it into memory)
+MEMORY_SLACK_MB = 64
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def _tcp_table() -> list[tuple[int, str, int, int]]:
+    """(local port, state, rx_queue, inode) of the IPv4 TCP sockets; a LISTEN (0A) socket's rx_queue is the
+    number of connections waiting in its accept queue."""
+    rows = []
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            parts = line.split()
+            rows.append((int(parts[1].split(":")[1], 16), parts[3], int(parts[4].split(":")[1], 16), int(parts[9])))
+    return rows
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:["):
+                inodes.add(int(link[8:-1]))
+    return inodes
+
+
+def _listener_pid(port: int) -> int:
+    """The process listening on 127.0.0.1:port (TensorBoard's, whose fixture does not say)."""
+    inode = next(i for p, state, _, i in _tcp_table() if p == port and state == "0A")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if inode in _socket_inodes(int(pid)):
+                return int(pid)
+    raise AssertionError(f"no process listens on port {port}")
+
+
+def _connections(pid: int, port: int) -> tuple[int, int]:
+    """(connections the server process holds on `port`, connections waiting in the port's accept queue)."""
+    table, mine = _tcp_table(), _socket_inodes(pid)
+    held = sum(1 for p, state, _, inode in table if p == port and state == "01" and inode in mine)
+    queued = sum(rx for p, state, rx, _ in table if p == port and state == "0A")
+    return held, queued
+
+
+def _start_viewer(db: Path, log_path: Path, *options: str) -> tuple[subprocess.Popen, int, object]:
+    port = free_port()
+    log_file = open(log_path, "w")
+    proc = subprocess.Popen(
+        _viewer_command() + [str(db), f"--port={port}", "--host=127.0.0.1", "--quiet", *options],
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
+    wait_until(lambda: request(port, "GET", API + "runs", timeout=5)[0] == 200, 60, "dlprofviewer", proc)
+    return proc, port, log_file
+
+
+@pytest.fixture(scope="module")
+def slow_viewer(base, tmp_path_factory):
+    """dlprofviewer with short timeouts: a request must arrive within 1 s, an idle connection lasts 2 s."""
+    work = tmp_path_factory.mktemp("slow_viewer")
+    proc, port, log_file = _start_viewer(base["db"], work / "viewer.log", "--request_timeout=1", "--idle_timeout=2")
+    try:
+        yield {"port": port, "pid": proc.pid}
+    finally:
+        stop(proc)
+        log_file.close()
+
+
+@pytest.fixture(scope="module")
+def limited_viewer(base, tmp_path_factory):
+    """dlprofviewer serving at most 4 connections at once, with timeouts long enough to hold them."""
+    work = tmp_path_factory.mktemp("limited_viewer")
+    proc, port, log_file = _start_viewer(
+        base["db"], work / "viewer.log", "--connection_limit=4", "--request_timeout=120", "--idle_timeout=120"
+    )
+    try:
+        yield {"port": port, "pid": proc.pid}
+    finally:
+        stop(proc)
+        log_file.close()
+
+
+class StreamingUpload:
+    """A POST whose headers are sent, then a body streamed from another thread (up to STREAM_CAP bytes) while
+    this one reads the answer: what a client uploading a terabyte does."""
+
+    def __init__(self, port: int, path: str, headers: dict, chunked: bool = False):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+        lines = [f"POST {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", *(f"{k}: {v}" for k, v in headers.items())]
+        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        self.chunked, self.sent, self.error = chunked, 0, None
+        self.pump = threading.Thread(target=self._send, daemon=True)
+        self.pump.start()
+
+    def _send(self):
+        part = b" " * (1 << 20)
+        if self.chunked:
+            part = b"%x\r\n" % len(part) + part + b"\r\n"
+        try:
+            while self.sent < STREAM_CAP:
+                self.sock.sendall(part)
+                self.sent += len(part)
+        except OSError as exc:
+            self.error = exc
+
+    def answer(self) -> tuple[int, dict, bytes, int]:
+        """(status, headers, body, bytes of the body sent when the answer came)."""
+        resp = http.client.HTTPResponse(self.sock)
+        resp.begin()
+        sent_then = self.sent
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read(), sent_then
+
+    def finish(self) -> None:
+        self.pump.join(120)
+        self.sock.close()
+
+
+UPLOAD_HEADERS = {"Content-Type": "application/json", REQUEST_HEADER: "1"}
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length-1tb", "chunked-endless"])
+def test_viewer_refuses_a_huge_body_without_reading_it(slow_viewer, chunked):
+    """dlprofviewer answers 413 (JSON) at once and closes the connection: the client cannot push more than the
+    socket buffers hold, and the viewer's memory stays flat."""
+    port, pid = slow_viewer["port"], slow_viewer["pid"]
+    before = _rss_mb(pid)
+    headers = {**UPLOAD_HEADERS, **({"Transfer-Encoding": "chunked"} if chunked else {"Content-Length": TERABYTE})}
+    upload = StreamingUpload(port, API + "reaggregate", headers, chunked)
+    try:
+        status, resp_headers, body, _ = upload.answer()
+        assert status == 413 and resp_headers["content-type"] == "application/json"
+        assert "request body too large" in json.loads(body)["error"]
+        upload.pump.join(120)
+        assert isinstance(upload.error, (ConnectionResetError, BrokenPipeError)), upload.error
+        assert upload.sent < 64 << 20, upload.sent  # what the sockets' buffers took, not the terabyte
+    finally:
+        upload.finish()
+    assert _rss_mb(pid) - before < MEMORY_SLACK_MB
+    assert request(port, "GET", API + "runs")[0] == 200
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length-1tb", "chunked-endless"])
+def test_tensorboard_refuses_a_huge_body_without_reading_it(tensorboard, chunked):
+    """The plugin answers 413 (JSON) before reading the body: the answer comes while the client still streams;
+    TensorBoard's werkzeug server then discards what the client sends (in 10 MB reads, up to 10 GB) without
+    keeping it: its memory stays flat over the 1 GiB sent."""
+    port = tensorboard["port"]
+    pid = _listener_pid(port)
+    before = _rss_mb(pid)
+    headers = {
+        **_same_origin(port),
+        **({"Transfer-Encoding": "chunked"} if chunked else {"Content-Length": TERABYTE}),
+    }
+    upload = StreamingUpload(port, "/pfx" + API + "reaggregate", headers, chunked)
+    try:
+        status, resp_headers, body, sent_then = upload.answer()
+        assert status == 413 and resp_headers["content-type"] == "application/json"
+        assert "request body too large" in json.loads(body)["error"]
+        assert sent_then < STREAM_CAP // 2  # answered long before the client stopped sending
+        upload.pump.join(300)
+        assert not upload.pump.is_alive()
+    finally:
+        upload.finish()
+    assert _rss_mb(pid) - before < MEMORY_SLACK_MB
+    assert request(port, "GET", "/pfx" + API + "runs")[0] == 200
+
+
+def test_viewer_refuses_a_huge_body_announced_with_expect_100_continue(slow_viewer):
+    """A client that waits for `100 Continue` before sending its body (curl does for large ones) gets the 413
+    instead, and sends nothing."""
+    port = slow_viewer["port"]
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        head = {**UPLOAD_HEADERS, "Content-Length": TERABYTE, "Expect": "100-continue"}
+        lines = [f"POST {API}reaggregate HTTP/1.1", f"Host: 127.0.0.1:{port}", *(f"{k}: {v}" for k, v in head.items())]
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        first = sock.recv(12)
+        assert first == b"HTTP/1.1 413", first
+
+
+class Dripper:
+    """A connection sending `head`, then one byte every 0.2 s (a slowloris client), until the server closes it."""
+
+    def __init__(self, port: int, head: bytes, drip: bytes = b"X"):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self.sock.sendall(head)
+        self.opened = time.monotonic()
+        self.drip, self.halt = drip, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        with contextlib.suppress(OSError):
+            while not self.halt.is_set() and self.drip:
+                self.sock.send(self.drip)
+                self.halt.wait(0.2)
+
+    def closed_by_server(self) -> bool:
+        return _peek(self.sock) == b""
+
+    def close(self):
+        self.halt.set()
+        self.thread.join(10)
+        self.sock.close()
+
+
+def test_viewer_drops_slow_and_idle_connections_while_answering_others(slow_viewer):
+    """--request_timeout=1: requests whose headers (or body) trickle in are closed after 1 s; --idle_timeout=2: a
+    connection that sends nothing is closed after 2 s; meanwhile normal requests are answered."""
+    port = slow_viewer["port"]
+    head = f"GET {API}runs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n".encode()
+    body_head = (
+        f"POST {API}reaggregate HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"{REQUEST_HEADER}: 1\r\nContent-Length: 1000\r\n\r\n{{"
+    ).encode()
+    headers = [Dripper(port, head) for _ in range(20)]
+    body = Dripper(port, body_head, drip=b" ")
+    idle = Dripper(port, b"", drip=b"")
+    try:
+        code, _, payload = request(port, "GET", API + "runs", timeout=10)
+        assert code == 200 and json.loads(payload)["runs"]
+        for slow, timeout in [*((d, 1.0) for d in headers), (body, 1.0), (idle, 2.0)]:
+            wait_until(slow.closed_by_server, 30, "the server to close a slow connection")
+            assert time.monotonic() - slow.opened >= timeout  # not before its time
+        assert request(port, "GET", API + "runs", timeout=10)[0] == 200
+    finally:
+        for d in [*headers, body, idle]:
+            d.close()
+
+
+def test_viewer_holds_its_connection_limit(limited_viewer):
+    """--connection_limit=4: with 4 connections open, more wait in the kernel's accept queue, unanswered, while
+    the held ones are served; each connection closed lets one waiting connection in."""
+    port, pid = limited_viewer["port"], limited_viewer["pid"]
+    head = f"GET {API}runs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n".encode()
+    held = [Dripper(port, head, drip=b"") for _ in range(4)]
+    waiting = []
+    try:
+        wait_until(lambda: _connections(pid, port) == (4, 0), 30, "the viewer to hold 4 connections")
+        for _ in range(3):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            sock.sendall(f"GET {API}runs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode())
+            waiting.append(sock)
+        wait_until(lambda: _connections(pid, port) == (4, 3), 30, "3 connections waiting to be accepted")
+        # a held connection finishes its request and is answered: the server ran since the others arrived ...
+        held[0].sock.sendall(b"\r\n")
+        resp = http.client.HTTPResponse(held[0].sock)
+        resp.begin()
+        assert resp.status == 200 and json.loads(resp.read())["runs"]
+        # ... and still has not accepted any of them
+        assert _connections(pid, port) == (4, 3)
+        assert _answered(waiting) == 0
+        for d in held[1:3]:
+            d.close()
+        wait_until(lambda: _answered(waiting) >= 2, 30, "two waiting connections to be served")
+        assert _connections(pid, port)[0] <= 4
+        held[0].close()
+        held[3].close()
+        wait_until(lambda: _answered(waiting) == 3, 30, "every waiting connection to be served")
+        for sock in waiting:
+            resp = http.client.HTTPResponse(sock)
+            resp.begin()
+            assert resp.status == 200
+    finally:
+        for d in held:
+            d.close()
+        for sock in waiting:
+            sock.close()
+
+
+def _peek(sock: socket.socket) -> bytes | None:
+    """What a connection has to read, without waiting: None (nothing yet), b"" (closed by the server), data."""
+    if not select.select([sock], [], [], 0)[0]:
+        return None
+    try:
+        return sock.recv(4096, socket.MSG_PEEK)
+    except ConnectionResetError:
+        return b""
+
+
+def _answered(socks: list[socket.socket]) -> int:
+    """How many of these connections have an answer waiting to be read."""
+    return sum(bool(_peek(sock)) for sock in socks)

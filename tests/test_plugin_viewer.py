@@ -3,6 +3,7 @@ at /data/plugin/dlprof/<route> and at /<route>, plus the page at / that loads th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import subprocess
@@ -22,16 +23,12 @@ def _viewer() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "dlprof_plugin.viewer"]
 
 
-@pytest.fixture(scope="module")
-def viewer(tmp_path_factory):
-    base = tmp_path_factory.mktemp("plugin_viewer")
-    root = make_logdir(base / "out", {"viewer": training_profile(base / "training.sqlite")})
-    db = root / "viewer" / "dlprof_dldb.sqlite"
+@contextlib.contextmanager
+def running_viewer(db: Path, *options: str, log=subprocess.DEVNULL):
+    """A dlprofviewer on `db` (127.0.0.1, a free port) until the block ends: its checks.Api."""
     port = checks.free_port()
-    log_path = base / "viewer.log"
-    log = open(log_path, "w")
     proc = subprocess.Popen(
-        _viewer() + [str(db), f"--port={port}", "--host=127.0.0.1", "--quiet"],
+        _viewer() + [str(db), f"--port={port}", "--host=127.0.0.1", *options],
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
@@ -39,10 +36,19 @@ def viewer(tmp_path_factory):
     api = checks.Api(f"http://127.0.0.1:{port}")
     try:
         checks.wait_until(lambda: api.raw(api.url("runs"), timeout=5)[0] == 200, 30, "dlprofviewer to start", proc)
-        yield {"api": api, "db": db, "log": log_path}
+        yield api
     finally:
         checks.stop(proc)
-        log.close()
+
+
+@pytest.fixture(scope="module")
+def viewer(tmp_path_factory):
+    base = tmp_path_factory.mktemp("plugin_viewer")
+    root = make_logdir(base / "out", {"viewer": training_profile(base / "training.sqlite")})
+    db = root / "viewer" / "dlprof_dldb.sqlite"
+    log_path = base / "viewer.log"
+    with open(log_path, "w") as log, running_viewer(db, "--quiet", log=log) as api:
+        yield {"api": api, "db": db, "log": log_path}
 
 
 def test_page_loads_the_frontend_module(viewer):
@@ -161,16 +167,7 @@ def test_torch_profiler_trace_database(tmp_path):
     kernels = [v for k, v in want["gpu"].items() if k[0] == 0]
     out = tmp_path / "out"
     run_dlprof(f"--database={trace}", f"--output_path={out}", "--reports=summary", "-v", "quiet")
-    port = checks.free_port()
-    proc = subprocess.Popen(
-        _viewer() + [str(out / "dlprof_dldb.sqlite"), f"--port={port}", "--host=127.0.0.1", "--quiet"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
-    )
-    api = checks.Api(f"http://127.0.0.1:{port}")
-    try:
-        checks.wait_until(lambda: api.raw(api.url("runs"), timeout=5)[0] == 200, 30, "dlprofviewer to start", proc)
+    with running_viewer(out / "dlprof_dldb.sqlite", "--quiet") as api:
         assert api.get("runs")["runs"][0]["nsys_version"] == "none (torch.profiler trace)"
         iterations = api.get("iterations", run=RUN)
         assert iterations["key_node"] == "ProfilerStep" and len(iterations["iterations"]) == len(want["spans"])
@@ -179,5 +176,58 @@ def test_torch_profiler_trace_database(tmp_path):
         _, rows = api.table("kernels", run=RUN, format="json_all", limit=-1)
         assert sum(r["num_calls"] for r in rows) == sum(c for c, _ in kernels)
         assert sum(r["gpu_total"] for r in rows) == sum(t for _, t in kernels)
-    finally:
-        checks.stop(proc)
+
+
+def test_light_routes_are_those_that_read_no_profile(viewer):
+    """The light lane of the server (http_server.py): the page, static files and the run list, never a route that
+    reads a profile (which could keep a worker busy for seconds)."""
+    from dlprof_plugin.viewer import build_app
+
+    is_light = build_app([str(viewer["db"])]).is_light
+    for path in (
+        "/",
+        "/index.html",
+        "/favicon.ico",
+        "/index.js",
+        "/runs",
+        "/data/plugin/dlprof/runs",
+        "/data/plugin/dlprof/aggregations",
+        "/reaggregate",
+        "/reaggregate_status",
+        "/data/plugin/dlprof/x.css",
+    ):
+        assert is_light(path), path
+    for path in (
+        "/timeline",
+        "/data/plugin/dlprof/timeline_gap",
+        "/compare",
+        "/dashboard",
+        "/table/ops",
+        "/data/plugin/dlprof/table/kernels",
+        "/table",
+        "/iterations",
+        "/op",
+        "/system",
+    ):
+        assert not is_light(path), path
+
+
+def test_each_request_is_logged_unless_quiet(viewer, tmp_path):
+    """One common-log-format line per request on stderr (tests/test_browser_security.py reads them)."""
+    log_path = tmp_path / "viewer.log"
+    with open(log_path, "w") as log, running_viewer(viewer["db"], log=log) as api:
+        assert api.raw(api.url("table/ops", run="nope"))[0] == 404
+        checks.wait_until(
+            lambda: '"GET /data/plugin/dlprof/table/ops?run=nope HTTP/1.1" 404 -' in log_path.read_text(),
+            30,
+            "the request to be logged",
+        )
+        assert '"GET /data/plugin/dlprof/runs HTTP/1.1" 200 -' in log_path.read_text()
+
+
+@pytest.mark.parametrize("option", ["--connection_limit=0", "--request_timeout=0", "--idle_timeout=-1"])
+def test_limits_must_be_positive(viewer, option):
+    proc = subprocess.run(
+        _viewer() + [str(viewer["db"]), option, "--port=0"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "must be positive" in proc.stderr, proc.stderr

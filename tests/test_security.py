@@ -1,17 +1,22 @@
-"""The viewer's request checks (dlprof_plugin/security.py): Host names against DNS rebinding, and what a
-state-changing request needs against cross-site request forgery. Over HTTP: tests/test_hardening.py."""
+"""The viewer's request checks (dlprof_plugin/security.py): Host names against DNS rebinding, what a
+state-changing request needs against cross-site request forgery, and the request body's size. Over HTTP:
+tests/test_hardening.py."""
 
 import pytest
 
 from dlprof_plugin.security import (
+    MAX_BODY,
     REQUEST_HEADER,
     HostPolicy,
+    body_refusal,
     host_allowed,
     is_loopback_address,
     parse_allowed,
     policy_for_bind,
+    read_body,
     refusal,
     same_origin,
+    screen,
     split_host,
 )
 
@@ -181,3 +186,69 @@ def test_refusals(case, method, headers, mimetype, refused):
 def test_the_refusal_names_the_flag_that_allows_a_name():
     policy = HostPolicy(restricted=True, flag="--dlprof_allowed_hosts")
     assert "--dlprof_allowed_hosts=NAME" in refusal("GET", Headers({"Host": "x.example"}), "", policy)
+
+
+# ---------------------------------------------------------------------------- request bodies
+
+
+class EndlessBody:
+    """A request body that never ends (a chunked upload streaming forever); counts what was read."""
+
+    def __init__(self):
+        self.read_bytes = 0
+
+    def read(self, n=-1):
+        n = 1 << 20 if n is None or n < 0 else n
+        self.read_bytes += n
+        return b" " * n
+
+    readline = read
+
+
+def _request(body=b"", headers=None, stream=None):
+    from werkzeug.test import EnvironBuilder
+    from werkzeug.wrappers import Request
+
+    env = EnvironBuilder(
+        method="POST",
+        path="/reaggregate",
+        data=body,
+        headers={"Host": "127.0.0.1:6006", REQUEST_HEADER: "1", **(headers or {})},
+        content_type="application/json",
+    ).get_environ()
+    if stream is not None:  # a chunked body, as werkzeug's server hands it over: no length, a terminated stream
+        env.pop("CONTENT_LENGTH", None)
+        env["wsgi.input"] = stream
+        env["wsgi.input_terminated"] = True
+    return Request(env)
+
+
+def test_a_body_within_the_limit_is_read_whole():
+    body = b'{"run": "r"}' + b" " * (MAX_BODY - 12)
+    assert len(body) == MAX_BODY
+    assert read_body(_request(body)) == body
+    assert screen(_request(body), LOOPBACK) is None
+
+
+def test_an_announced_body_over_the_limit_is_refused_before_reading():
+    stream = EndlessBody()
+    request = _request(b"{}", stream=stream)
+    request.environ["CONTENT_LENGTH"] = str(10**12)
+    status, reason = screen(request, LOOPBACK)
+    assert status == 413 and "1000000000000 bytes announced" in reason and f"at most {MAX_BODY}" in reason
+    assert read_body(request) is None and stream.read_bytes == 0
+    assert body_refusal(MAX_BODY) is None and body_refusal(None) is None and body_refusal(MAX_BODY + 1)
+
+
+def test_a_chunked_body_is_read_only_up_to_the_limit():
+    stream = EndlessBody()
+    request = _request(stream=stream)
+    assert screen(request, LOOPBACK) is None  # no length announced: cut while reading
+    assert read_body(request) is None
+    assert stream.read_bytes == MAX_BODY + 1
+
+
+def test_the_host_check_comes_before_the_body_size():
+    request = _request(b"{}", headers={"Host": "attacker.example"})
+    request.environ["CONTENT_LENGTH"] = str(10**12)
+    assert screen(request, LOOPBACK)[0] == 403
