@@ -1092,8 +1092,8 @@ def warning_line(stderr: str) -> str:
 
 
 def kineto_steps():
-    """Two ProfilerStep#N at epoch times, each with an op launching a 10 us kernel: the first range starts at
-    KINETO_T, the last op ends at KINETO_T + 121_000 ns (the wall clock: 121,000 ns; its kernel ends at 115_000)."""
+    """Two ProfilerStep#N at epoch times, each with an op launching a 10 us kernel: the first step starts at
+    KINETO_T, the last one ends at KINETO_T + 190_000 ns (the wall clock, the steps' span: 190,000 ns)."""
     from tests.kineto_builder import KinetoTrace
 
     k = KinetoTrace()
@@ -1224,7 +1224,7 @@ def test_kineto_two_gzip_members_are_one_text(tmp_path):
     out = tmp_path / "out"
     code, stderr = run_cli(f"--database={path}", f"--output_path={out}", "-v", "minimal")
     assert code == 0 and stderr == "", stderr
-    assert summary_value(out, "Wall Clock Time (ns)") == "121000"
+    assert summary_value(out, "Wall Clock Time (ns)") == "190000"
 
 
 def test_kineto_timestamp_far_outside_the_trace(tmp_path):
@@ -1240,7 +1240,7 @@ def test_kineto_timestamp_far_outside_the_trace(tmp_path):
         f"{path}: 1 events were dropped: their start or end lies more than a day from the trace's median time (a "
         "damaged timestamp, e.g. ts = 1.000 us)"
     )
-    assert summary_value(out, "Wall Clock Time (ns)") == "121000"
+    assert summary_value(out, "Wall Clock Time (ns)") == "190000"
 
 
 # ---- Runs, outputs and errors (issue 25) ----
