@@ -19,6 +19,7 @@ REPORT_NAMES = (
     "op_type",
     "group_node",
     "expert_systems",
+    "memory",
     "diff",
     "all",
 )

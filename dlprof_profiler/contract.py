@@ -18,7 +18,7 @@ SCALAR_TAGS = {
 
 # ---------------------------------------------------------------------------- database versions
 
-DB_SCHEMA_VERSION = "3.0.0"  # written by this dlprof (db_version.current_version)
+DB_SCHEMA_VERSION = "3.1.0"  # written by this dlprof (db_version.current_version); 3.1 added the memory tables
 READABLE_SCHEMA_MAJORS = ("2", "3")  # schema majors the engine and the viewer open
 CREATED_BY_PREFIX = "dlprof"  # db_version.created_by starts with it in every DLProf database
 
@@ -75,6 +75,7 @@ RAW_OP_INSTANCES = "raw_op_instances"
 RAW_OP_INSTANCE_DETAILS = "raw_op_instance_details"
 RAW_ACTIVITY_OWNERS = "raw_activity_owners"
 RAW_RANGE_LABELS = "raw_range_labels"
+RAW_MEMORY_EVENTS = "raw_memory_events"  # schema 3.1: memory allocations and frees with the levels after them
 
 # Views with the readable layout of schema 2.0 (names joined from `strings`, end times, pids), over every
 # rank (each has a `rank` column). In a 2.0 database these names are the tables themselves, so SQL written
@@ -105,6 +106,13 @@ KERNEL_SUMMARIES = "kernel_summaries"
 TENSOR_CORE_SUMMARY = "tensor_core_summary"
 GROUP_OPS = "group_ops"
 EXPERT_SYSTEMS_FEEDBACK = "expert_systems_feedback"
+MEMORY_DEVICES = "memory_devices"  # schema 3.1: the memory report's Devices section
+MEMORY_OPS = "memory_ops"  # schema 3.1: the memory report's Ops section
+# tables schema 3.1 added: 3.0 files lack them and are read as profiles without memory events
+SCHEMA_3_1_TABLES = (RAW_MEMORY_EVENTS, MEMORY_DEVICES, MEMORY_OPS, "read_only_memory_events")
+
+# raw_memory_events.device_type: c10::DeviceType (CPU for host memory, CUDA for a GPU's)
+DEVICE_TYPE_CPU, DEVICE_TYPE_CUDA = 0, 1
 
 # Multi-rank runs (tables present only in databases of several ranks): each rank's profile_info, and the
 # cross-rank report per aggregation. Findings across ranks (straggler, load imbalance ...) are stored in
