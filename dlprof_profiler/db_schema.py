@@ -71,7 +71,6 @@ CREATE TABLE {K.RAW_RANGE_LABELS} (rank INTEGER NOT NULL, domain_id INTEGER NOT 
 CREATE TABLE {K.RAW_MEMORY_EVENTS} (rank INTEGER NOT NULL, start INTEGER NOT NULL, call_start INTEGER NOT NULL,
     thread_id INTEGER, process_id INTEGER NOT NULL, device_type INTEGER NOT NULL, device_id INTEGER NOT NULL,
     address INTEGER, bytes INTEGER NOT NULL, allocated INTEGER NOT NULL, reserved INTEGER);
-CREATE INDEX idx_memory_events ON {K.RAW_MEMORY_EVENTS}(rank, device_type, device_id, start);
 """
 
 # Derived tables: every row carries its aggregation, domain and rank. A domain_id already names one rank, so
@@ -275,12 +274,14 @@ CREATE TABLE IF NOT EXISTS {K.RANK_SUMMARY} (aggr_id INTEGER NOT NULL, rank INTE
 # the tables (each insert appends to them):
 #  - idx_instances_start: the op instances starting in an iteration (iteration_ops);
 #  - idx_owner_instance: the GPU activities of instances (iteration_op_kernels);
-#  - idx_owner_launch: the launches of an iteration (iteration_kernels).
+#  - idx_owner_launch: the launches of an iteration (iteration_kernels);
+#  - idx_memory_events: a device's memory curve in a time window (the Memory view, the timeline's memory track).
 GPU_INSTANCES = "n_gpu > 0"
 RAW_INDEXES = f"""
 CREATE INDEX idx_instances_start ON {K.RAW_OP_INSTANCES}(domain_id, start);
 CREATE INDEX idx_owner_instance ON {K.RAW_ACTIVITY_OWNERS}(instance_id);
 CREATE INDEX idx_owner_launch ON {K.RAW_ACTIVITY_OWNERS}(domain_id, launch_time);
+CREATE INDEX idx_memory_events ON {K.RAW_MEMORY_EVENTS}(rank, device_type, device_id, start);
 """
 # Built once after the last row (one sort; kept up to date, its random keys would cost a b-tree search each):
 #  - idx_instances_op: one op's instances in an iteration (iteration_op_kernels), only those with GPU work
