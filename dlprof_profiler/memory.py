@@ -20,12 +20,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from dlprof_profiler import contract as K
 from dlprof_profiler.structure import RangeForest, ThreadTimeKeys
 from dlprof_profiler.trace import MEMORY_COLUMNS, combined_codes, make_frame
 
 # c10::DeviceType codes (what Kineto writes as `Device Type`); nsys' CUDA events are CUDA, or CPU for host memory
-CPU, CUDA = 0, 1
-DEVICE_TYPE_NAMES = {CPU: "CPU", CUDA: "GPU", 6: "GPU", 12: "XPU", 13: "MPS", 15: "HPU", 19: "MTIA"}
+CPU, CUDA = K.DEVICE_TYPE_CPU, K.DEVICE_TYPE_CUDA
+device_label = K.device_label
 NO_EVENTS_TEXT = (
     "No memory events in this profile: record them with dlprof --detailed_mode (either backend), "
     "nsys profile --cuda-memory-usage=true or torch.profiler.profile(profile_memory=True)"
@@ -34,14 +35,6 @@ NO_EVENTS_TEXT = (
 
 def empty_memory_frame() -> pd.DataFrame:
     return make_frame({c: np.zeros(0, dtype=np.int64) for c in MEMORY_COLUMNS})
-
-
-def device_label(device_type: int, device_id: int) -> str:
-    """`CPU`, `GPU 0`, `XPU 1` ..."""
-    if int(device_type) == CPU:
-        return "CPU"
-    name = DEVICE_TYPE_NAMES.get(int(device_type), f"device type {int(device_type)}")
-    return f"{name} {int(device_id)}"
 
 
 def memory_frame(

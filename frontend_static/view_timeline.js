@@ -11,6 +11,7 @@ import {showOp} from "./details.js";
 import {card, h, placeholder, replace} from "./dom.js";
 import {fmtInt, fmtNs, fmtNsExact, fmtOffsetNs} from "./format.js";
 import {scope, state, update} from "./state.js";
+import {memoryTrack} from "./timeline_memory.js";
 
 const ROW_H = 18;
 const GAP_ROW_H = 12;
@@ -102,7 +103,9 @@ export function mount(el) {
       h("div", {class: "field inline"}, h("label", {for: "timeline-iteration"}, "Iteration"), prevBtn, iterInput, nextBtn, iterOf),
       h("div", {class: "segmented", role: "group", "aria-label": "Zoom"}, zoomOut, zoomIn, reset),
       windowInfo),
-    notice, wrap, legend);
+    notice, wrap);
+  const memory = memoryTrack({labelWidth: LABEL_W});   // each GPU's allocated memory, under the GPU rows
+  main.body.append(memory.el, legend);
   el.append(main.card);
 
   // ---- geometry ----
@@ -210,6 +213,7 @@ export function mount(el) {
       : `${fmtNs(span)} in view`;
     draw();
     scheduleFetch();
+    memory.show(view.t0, view.t1, plotWidth());
   }
 
   function zoomAt(x, factor) {
@@ -693,6 +697,7 @@ export function mount(el) {
 
   return () => {
     alive = false;
+    memory.stop();
     clearTimeout(fetchTimer);
     if (controller) controller.abort();
     resize.disconnect();
