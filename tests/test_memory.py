@@ -444,3 +444,46 @@ def test_detailed_mode_records_cuda_memory_usage():
     assert not any(
         "cuda-memory-usage" in w for w in capture.build_nsys_command(Namespace(**{**vars(args), "nsys_opts": ""}), old)
     )
+
+
+def test_out_of_core_run_writes_the_same_memory_report_and_tables(nsys_memory, tmp_path):
+    outputs = {}
+    for choice in ("off", "on"):
+        out = tmp_path / choice
+        run_dlprof(f"--database={nsys_memory}", "--reports=memory", f"--out_of_core={choice}", f"--output_path={out}")
+        con = sqlite3.connect(out / "dlprof_dldb.sqlite")
+        try:
+            tables = {
+                t: con.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3, 4, 5, 6").fetchall()
+                for t in ("raw_memory_events", "memory_devices", "memory_ops")
+            }
+        finally:
+            con.close()
+        outputs[choice] = ((out / "dlprof_memory.csv").read_bytes(), tables)
+    assert outputs["on"] == outputs["off"]
+    assert len(outputs["on"][1]["raw_memory_events"]) == 16 and len(outputs["on"][1]["memory_ops"]) == 5
+
+
+def test_ranks_write_their_memory_reports_and_the_merged_database_keeps_every_ranks(nsys_memory, tmp_path):
+    second = tmp_path / "r1.sqlite"
+    second.write_bytes(nsys_memory.read_bytes())
+    out = tmp_path / "out"
+    run_dlprof(f"--database={nsys_memory},{second}", "--reports=memory", f"--output_path={out}", "--workers=1")
+    reports = [(out / f"dlprof_memory_rank{r}.csv").read_text() for r in (0, 1)]
+    assert reports[0] == reports[1] and "GPU 0,1052672,,0,6,6" in reports[0].replace('"', "")
+    con = sqlite3.connect(out / "dlprof_dldb.sqlite")
+    try:
+        assert con.execute("SELECT rank, count(*) FROM raw_memory_events GROUP BY rank").fetchall() == [
+            (0, 16),
+            (1, 16),
+        ]
+        ops = con.execute(
+            "SELECT m.rank, o.op_name, m.bytes_allocated FROM memory_ops m "
+            "JOIN read_only_ops o ON o.op_index = m.op_index WHERE o.op_name = '/aten::conv2d' ORDER BY m.rank"
+        ).fetchall()
+        assert ops == [(0, "/aten::conv2d", 3 * MIB), (1, "/aten::conv2d", 3 * MIB)]
+        assert con.execute(
+            "SELECT count(*) FROM memory_ops m JOIN read_only_ops o USING (op_index) WHERE o.rank != m.rank"
+        ).fetchone() == (0,)
+    finally:
+        con.close()
