@@ -6,6 +6,7 @@ import csv
 import gzip
 import json
 import sqlite3
+import sys
 from argparse import Namespace
 
 import numpy as np
@@ -487,3 +488,52 @@ def test_ranks_write_their_memory_reports_and_the_merged_database_keeps_every_ra
         ).fetchone() == (0,)
     finally:
         con.close()
+
+
+def test_the_viewers_reaggregation_writes_the_memory_tables_of_its_range(nsys_memory, tmp_path):
+    from dlprof_profiler.pipeline import reaggregate_in_place
+
+    out = tmp_path / "out"
+    run_dlprof(f"--database={nsys_memory}", "--reports=summary", f"--output_path={out}")
+    db = out / "dlprof_dldb.sqlite"
+    aggr = reaggregate_in_place(db, iter_start=1, iter_stop=2)
+    con = sqlite3.connect(db)
+    try:
+        rows = con.execute(
+            "SELECT device_type, device_id, peak_allocated, allocated_at_end, allocations, frees FROM memory_devices "
+            "WHERE aggr_id = ? ORDER BY device_type, device_id",
+            (aggr,),
+        ).fetchall()
+    finally:
+        con.close()
+    # as test_nsys_memory_report_of_an_iteration_range computed them
+    assert rows == [(0, -1, 2048, 2048, 0, 0), (1, 0, 4096 + MIB, 4096, 4, 4), (1, 1, 1024, 1024, 2, 0)]
+
+
+@pytest.mark.torch
+def test_a_real_torch_profiler_capture_with_detailed_mode(tmp_path):
+    pytest.importorskip("torch")
+    from tests.test_capture_torch import dlprof, train_script
+
+    proc = dlprof(
+        tmp_path, "--detailed_mode=true", "--reports=memory", sys.executable, str(train_script(tmp_path)), "3", "0"
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "out"
+    doc = json.loads(gzip.open(out / "dlprof.pt.trace.json.gz").read())
+    events = sorted((e for e in doc["traceEvents"] if e.get("name") == "[memory]"), key=lambda e: float(e["ts"]))
+    assert events and {e["args"]["Device Type"] for e in events} == {0}  # a CPU run: host memory only
+    totals = [e["args"]["Total Allocated"] for e in events]
+    nbytes = [e["args"]["Bytes"] for e in events]
+    sections = _read_csv_sections(out / "dlprof_memory.csv")
+    assert sections["Devices"][1:] == [
+        [
+            "CPU",
+            str(max([totals[0] - nbytes[0]] + totals)),  # every iteration: from before the first event
+            str(max(e["args"]["Total Reserved"] for e in events)),
+            str(totals[-1]),
+            str(sum(b > 0 for b in nbytes)),
+            str(sum(b < 0 for b in nbytes)),
+        ]
+    ]
+    assert len(sections["Ops"]) > 1  # the model's ops allocate

@@ -2,7 +2,6 @@
 `.nsys-rep`/`.qdrep` files, recognised by content, exported into the run's staging folder with the nsys on PATH
 and analysed as the export; no nsys, or one too old: one line saying what to install."""
 
-import ctypes
 import os
 import shutil
 import sqlite3
@@ -15,16 +14,9 @@ import pytest
 
 from dlprof_profiler import ingest, nsys_report
 from tests.profiles import run_dlprof
+from tests.test_capture import _nvtx_library_loads
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _nvtx_library_loads() -> bool:
-    try:
-        ctypes.CDLL("libnvToolsExt.so.1")
-        return True
-    except OSError:
-        return False
 
 
 def needs_nsys(test):

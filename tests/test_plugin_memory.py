@@ -3,16 +3,14 @@ hand-computed memory profile, a profile without memory events and a schema 3.0 d
 
 from __future__ import annotations
 
-import json
 import sqlite3
-import subprocess
 
 import pytest
 
 from dlprof_profiler import contract as K
 from tests import test_plugin_checks as checks
+from tests.browser import TensorBoard
 from tests.profiles import BASE, ITERATION_SPAN, MIB, memory_profile, run_dlprof, training_profile
-from tests.test_plugin_http import _tensorboard
 
 RUN = "memory/dlprof"
 
@@ -37,29 +35,12 @@ def logdir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def api(logdir, tmp_path_factory):
-    port = checks.free_port()
-    log = open(tmp_path_factory.mktemp("tb_log") / "tensorboard.log", "w")
-    proc = subprocess.Popen(
-        _tensorboard() + [f"--logdir={logdir}", f"--port={port}", "--host=127.0.0.1", "--reload_interval=1"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-    )
-    client = checks.Api(f"http://127.0.0.1:{port}")
-
-    def ready():
-        status, _, body = client.raw(f"{client.base}/data/plugins_listing", timeout=5)
-        if status != 200 or not json.loads(body).get("dlprof", {}).get("enabled"):
-            return False
-        return {r["run"] for r in client.get("runs")["runs"]} >= {"memory/dlprof", "plain/dlprof", "old/dlprof"}
-
-    try:
-        checks.wait_until(ready, 60, "TensorBoard to list the dlprof runs", proc)
+def api(logdir):
+    with TensorBoard(logdir) as tb:
+        client = checks.Api(tb.url)
+        runs = {"memory/dlprof", "plain/dlprof", "old/dlprof"}
+        checks.wait_until(lambda: {r["run"] for r in client.get("runs")["runs"]} >= runs, 60, "the runs", tb.proc)
         yield client
-    finally:
-        checks.stop(proc)
-        log.close()
 
 
 def _db(logdir, run="memory"):
