@@ -21,8 +21,8 @@ NOT_RECORDED = (
     "nsys profile --cuda-memory-usage=true or torch.profiler.profile(profile_memory=True)"
 )
 OLD_DATABASE = (
-    "This database was written before dlprof recorded memory (schema 3.0): analyse the profile again with this "
-    "dlprof (dlprof --database=<the nsys export or trace>) for the memory report"
+    "This database was written before dlprof recorded memory (schema older than 3.1): analyse the profile again "
+    "with this dlprof (dlprof --database=<the nsys export or trace>) for the memory report"
 )
 
 
@@ -182,7 +182,7 @@ def _thinned(t: np.ndarray, level: np.ndarray, t0: int, t1: int, width: int) -> 
 
 
 def memory_ops_table(s) -> TableQuery:
-    """The memory report's Ops section of an aggregation (a schema 3.0 file: 404 with the reason)."""
+    """The memory report's Ops section of an aggregation (a file older than schema 3.1: 404 with the reason)."""
     if not has_memory_tables(s.db):
         raise NotFound(OLD_DATABASE)
     cols = [Col("op_index", "Op Index", "int", "m.op_index", "Row key (with the device)", hidden=True)]

@@ -16,6 +16,7 @@ import pytest
 from dlprof_profiler import capture, memory
 from dlprof_profiler.analysis import AnalysisConfig, analyze_store
 from dlprof_profiler.analysis import analyze as engine_analyze
+from dlprof_profiler.ingest import read_trace
 from dlprof_profiler.ingest_nsys import read_nsys_export
 from dlprof_profiler.sanitize import sanitize_trace
 from dlprof_profiler.store import TraceStore
@@ -537,3 +538,27 @@ def test_a_real_torch_profiler_capture_with_detailed_mode(tmp_path):
         ]
     ]
     assert len(sections["Ops"]) > 1  # the model's ops allocate
+
+
+def test_damaged_memory_event_times_are_dropped_with_a_warning(tmp_path):
+    k = KinetoTrace()
+    k.cpu_op(MAIN, 1000, 3000, "aten::empty")
+    k.memory(MAIN, 1500, 100, 100, 0)
+    k.memory(MAIN, 2000 + 3 * 86_400 * 10**9, 50, 150, 0)  # three days later: a damaged ts
+    trace = sanitize_trace(read_trace(k.write(tmp_path / "far.json")))
+    assert trace.memory["bytes"].tolist() == [100]
+    assert any("1 memory events were dropped" in w for w in trace.warnings)
+    # nsys: an event without a time cannot be placed
+    export = profiles.memory_profile(tmp_path / "m.sqlite", iterations=1)
+    con = sqlite3.connect(export)
+    rows = con.execute("SELECT * FROM CUDA_GPU_MEMORY_USAGE_EVENTS").fetchall()
+    columns = [r[1] for r in con.execute("PRAGMA table_info(CUDA_GPU_MEMORY_USAGE_EVENTS)")]
+    con.execute("DROP TABLE CUDA_GPU_MEMORY_USAGE_EVENTS")
+    con.execute(f"CREATE TABLE CUDA_GPU_MEMORY_USAGE_EVENTS ({', '.join(columns)})")  # no NOT NULL
+    con.executemany(f"INSERT INTO CUDA_GPU_MEMORY_USAGE_EVENTS VALUES ({', '.join('?' * len(columns))})", rows)
+    con.execute("UPDATE CUDA_GPU_MEMORY_USAGE_EVENTS SET start = NULL WHERE rowid = 2")
+    con.commit()
+    con.close()
+    trace = read_nsys_export(export)
+    assert len(trace.memory) == len(rows) - 1
+    assert any("1 CUDA memory events without a time were dropped" in w for w in trace.warnings)

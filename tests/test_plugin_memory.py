@@ -123,8 +123,8 @@ def test_without_memory_events_the_route_says_how_to_record_them(api):
 
 def test_a_schema_3_0_database_says_it_predates_memory(api):
     doc = api.get("memory", run="old/dlprof")
-    assert doc["recorded"] is False and "schema 3.0" in doc["message"]
-    assert "schema 3.0" in api.get("table/memory_ops", expect=404, run="old/dlprof")["error"]
+    assert doc["recorded"] is False and "schema older than 3.1" in doc["message"]
+    assert "schema older than 3.1" in api.get("table/memory_ops", expect=404, run="old/dlprof")["error"]
 
 
 def test_bad_windows_are_refused(api):
