@@ -185,21 +185,28 @@ def memory_ops_table(s) -> TableQuery:
     """The memory report's Ops section of an aggregation (a file older than schema 3.1: 404 with the reason)."""
     if not has_memory_tables(s.db):
         raise NotFound(OLD_DATABASE)
-    cols = [Col("op_index", "Op Index", "int", "m.op_index", "Row key (with the device)", hidden=True)]
+    cols = [Col("op_index", "Op Index", "int", "m.op_index", tooltip="Row key (with the device)", hidden=True)]
     cols += _op_identity("o", s.pytorch, with_type=False)
     cols += [
-        Col("device", "Device", "text", K.device_label_sql("m.device_type", "m.device_id"), "Where the memory is"),
-        Col("num_calls", "No. Calls", "int", "n.num_calls", "Calls of the op in the aggregated iterations"),
-        Col("allocations", "Allocations", "int", "m.allocations", "Allocations during its calls"),
-        Col("frees", "Frees", "int", "m.frees", "Frees during its calls"),
-        Col("bytes_allocated", "Bytes Allocated", "int", "m.bytes_allocated", "Bytes its calls allocated"),
-        Col("bytes_freed", "Bytes Freed", "int", "m.bytes_freed", "Bytes its calls freed"),
+        Col(
+            "device",
+            "Device",
+            "text",
+            K.device_label_sql("m.device_type", "m.device_id"),
+            tooltip="Where the memory is",
+        ),
+        Col("num_calls", "No. Calls", "int", "n.num_calls", tooltip="Calls of the op in the aggregated iterations"),
+        Col("allocations", "Allocations", "int", "m.allocations", tooltip="Allocations during its calls"),
+        Col("frees", "Frees", "int", "m.frees", tooltip="Frees during its calls"),
+        Col("bytes_allocated", "Bytes Allocated", "int", "m.bytes_allocated", tooltip="Bytes its calls allocated"),
+        Col("bytes_freed", "Bytes Freed", "int", "m.bytes_freed", tooltip="Bytes its calls freed"),
         Col(
             "peak_allocated",
             "Peak Allocated (bytes)",
             "int",
             "m.peak_allocated",
-            "The device's highest allocated memory while one of its calls ran (every thread's allocations count)",
+            tooltip="The device's highest allocated memory while one of its calls ran (every thread's allocations "
+            "count)",
         ),
     ]
     return TableQuery(
