@@ -12,7 +12,7 @@ import sqlite3
 import threading
 from dataclasses import dataclass, field
 
-from dlprof_plugin import compare, export, ranks, security, tables, terms, timeline
+from dlprof_plugin import compare, export, memory, ranks, security, tables, terms, timeline
 from dlprof_plugin.db import NotADatabase, Registry, is_decode_error, is_hot_journal_error
 from dlprof_plugin.jobs import JobConflict, JobManager
 from dlprof_plugin.runs import RunInfo
@@ -181,6 +181,7 @@ class Service:
             "timeline": self.timeline,
             "timeline_gap": self.timeline_gap,
             **ranks.routes(self),
+            **memory.routes(self),
         }
         self.tables = {
             "ops": lambda s, a: tables.ops_table(s),
@@ -196,6 +197,7 @@ class Service:
             "expert_systems": lambda s, a: tables.expert_systems_table(s),
             "compare_ops": lambda s, a: compare.ops_table(self._compared(s, a)[0], s.pytorch),
             "compare_kernels": lambda s, a: compare.kernels_table(self._compared(s, a)[0]),
+            **memory.tables(self),
         }
 
     # ------------------------------------------------------------------ dispatch

@@ -144,6 +144,15 @@ TERMS: dict[str, Term] = {
         f"Calls in the aggregated iterations: of the op (for an op type or a group node: of its ops); {_CALL} "
         "counts once.",
     ),
+    "memory_device": Term("Device", "Where the memory is: a GPU (GPU N) or the host (CPU)."),
+    "op_allocations": Term("Allocations", "Allocations made during the op's calls (in the aggregated iterations)."),
+    "op_frees": Term("Frees", "Frees made during the op's calls (in the aggregated iterations)."),
+    "op_bytes_allocated": Term("Bytes Allocated", "Bytes the op's calls allocated (in the aggregated iterations)."),
+    "op_bytes_freed": Term("Bytes Freed", "Bytes the op's calls freed (in the aggregated iterations)."),
+    "op_peak_allocated": Term(
+        "Peak Allocated (bytes)",
+        "The device's highest allocated memory while one of the op's calls ran (every thread's allocations count).",
+    ),
     "num_ops": Term("# Ops", "Distinct ops (of the op type, inside the group node, or of the summary row's class)."),
     "instances": Term("Instances", "How often it occurs in the whole profile (op calls, NVTX range occurrences)."),
     "kind": Term(

@@ -65,6 +65,7 @@ class Aggregation:
     launch_chunks: list = field(default_factory=list)  # the same rows chunk by chunk
     launch_spill: object = None  # out-of-core runs: where the kernel-launch rows went (store_model)
     facts: dict = field(default_factory=dict)  # per-launch evidence the expert systems need
+    memory: object = None  # memory.MemoryTables: the memory report's tables
 
     @property
     def wall_time(self) -> int:
@@ -111,12 +112,16 @@ def aggregate_model(
     )
     acc = Accumulator(model, iterations, agg, keep_launches)
     from dlprof_profiler.log import Progress
+    from dlprof_profiler.memory import MemoryAccumulator
 
+    memory = MemoryAccumulator(model.memory_events(), iterations, iter_start, iter_stop, len(model.ops))
     progress = Progress(f"time chunks aggregated (domain {model.domain})", len(cuts or ()) + 1)
     for n, chunk in enumerate(model.chunks(cuts), 1):
         acc.add(chunk)
+        memory.add(chunk)
         progress.update(n)
     acc.finish()
+    agg.memory = memory.result()
     return agg
 
 

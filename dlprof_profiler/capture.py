@@ -344,6 +344,8 @@ def build_nsys_command(args, nsys_info: NsysInfo, launcher=None) -> list:
         cmd += ["--cpuctxsw=none"]
     if detailed and nsys_info.supports("cudabacktrace") and "cudabacktrace" not in user_names:
         cmd += ["--cudabacktrace=all"]
+    if detailed and nsys_info.supports("cuda-memory-usage") and "cuda-memory-usage" not in user_names:
+        cmd += ["--cuda-memory-usage=true"]  # CUDA_GPU_MEMORY_USAGE_EVENTS: the memory report (memory.py)
     if nsys_info.supports("export"):
         cmd += ["--export=" + _merge_list(("sqlite",), [o.value for o in user if o.name == "export"])]
     delay, duration = getattr(args, "delay", None), getattr(args, "duration", None)

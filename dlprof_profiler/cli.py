@@ -22,6 +22,7 @@ REPORT_NAMES = (
     "op_type",
     "group_node",
     "expert_systems",
+    "memory",
     "diff",
     "all",
 )
@@ -220,9 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--database",
         metavar="FILE",
         help="analyse an existing capture instead of profiling: an Nsight Systems SQLite export (also "
-        "one DLProf 1.x modified), a torch.profiler (Kineto) trace TRACE.json[.gz] or a folder of "
-        "them (one per process), or a database written by this dlprof (not DLProf 1.x's own "
-        "dlprof_dldb.sqlite: give its nsys_profile.sqlite instead); recognised by content. Several "
+        "one DLProf 1.x modified) or report (.nsys-rep, .qdrep: exported with the nsys on PATH), a "
+        "torch.profiler (Kineto) trace TRACE.json[.gz] or a folder of them (one per process), or a "
+        "database written by this dlprof (not DLProf 1.x's own dlprof_dldb.sqlite: give its "
+        "nsys_profile.sqlite instead); recognised by content. Several "
         "profiles, one per rank: a comma list (r0.sqlite,r1.sqlite), a directory or a quoted glob "
         "('report_*.sqlite'); ranks come from the profiles where recorded, else the order given",
     )
@@ -384,7 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=parse_bool,
         default=False,
         metavar="BOOL",
-        help="also collect CUDA backtraces and OS runtime calls (slower, more detail)",
+        help="also collect CUDA backtraces, OS runtime calls and memory allocations (the memory report; "
+        "slower, more detail)",
     )
     g.add_argument(
         "--pytorch_init",

@@ -21,7 +21,7 @@ SCALAR_TAGS = {
 
 # ---------------------------------------------------------------------------- database versions
 
-DB_SCHEMA_VERSION = "3.0.0"  # written by this dlprof (db_version.current_version)
+DB_SCHEMA_VERSION = "3.1.0"  # written by this dlprof (db_version.current_version); 3.1 added the memory tables
 READABLE_SCHEMA_MAJORS = ("2", "3")  # schema majors the engine and the viewer open
 CREATED_BY_PREFIX = "dlprof"  # db_version.created_by starts with it in every DLProf database
 
@@ -78,6 +78,7 @@ RAW_OP_INSTANCES = "raw_op_instances"
 RAW_OP_INSTANCE_DETAILS = "raw_op_instance_details"
 RAW_ACTIVITY_OWNERS = "raw_activity_owners"
 RAW_RANGE_LABELS = "raw_range_labels"
+RAW_MEMORY_EVENTS = "raw_memory_events"  # schema 3.1: memory allocations and frees with the levels after them
 
 # Views with the readable layout of schema 2.0 (names joined from `strings`, end times, pids), over every
 # rank (each has a `rank` column). In a 2.0 database these names are the tables themselves, so SQL written
@@ -108,6 +109,41 @@ KERNEL_SUMMARIES = "kernel_summaries"
 TENSOR_CORE_SUMMARY = "tensor_core_summary"
 GROUP_OPS = "group_ops"
 EXPERT_SYSTEMS_FEEDBACK = "expert_systems_feedback"
+MEMORY_DEVICES = "memory_devices"  # schema 3.1: the memory report's Devices section
+MEMORY_OPS = "memory_ops"  # schema 3.1: the memory report's Ops section
+# tables schema 3.1 added: 3.0 files lack them and are read as profiles without memory events
+SCHEMA_3_1_TABLES = (RAW_MEMORY_EVENTS, MEMORY_DEVICES, MEMORY_OPS, "read_only_memory_events")
+
+# raw_memory_events.device_type: c10::DeviceType (CPU for host memory, CUDA for a GPU's); the devices' names
+DEVICE_TYPE_CPU, DEVICE_TYPE_CUDA = 0, 1
+DEVICE_TYPE_NAMES = {
+    DEVICE_TYPE_CPU: "CPU",
+    DEVICE_TYPE_CUDA: "GPU",
+    6: "GPU",
+    12: "XPU",
+    13: "MPS",
+    15: "HPU",
+    19: "MTIA",
+}
+
+
+def device_label(device_type: int, device_id: int) -> str:
+    """`CPU`, `GPU 0`, `XPU 1` ... (memory reports and the viewer)."""
+    if int(device_type) == DEVICE_TYPE_CPU:
+        return "CPU"
+    return f"{DEVICE_TYPE_NAMES.get(int(device_type), f'device type {int(device_type)}')} {int(device_id)}"
+
+
+def device_label_sql(type_column: str, id_column: str) -> str:
+    """device_label as an SQL expression over two integer columns."""
+    names = " ".join(
+        f"WHEN {t} THEN '{n} ' || {id_column}" for t, n in DEVICE_TYPE_NAMES.items() if t != DEVICE_TYPE_CPU
+    )
+    return (
+        f"(CASE {type_column} WHEN {DEVICE_TYPE_CPU} THEN 'CPU' {names} "
+        f"ELSE 'device type ' || {type_column} || ' ' || {id_column} END)"
+    )
+
 
 # Multi-rank runs (tables present only in databases of several ranks): each rank's profile_info, and the
 # cross-rank report per aggregation. Findings across ranks (straggler, load imbalance ...) are stored in

@@ -133,7 +133,7 @@ class DatabaseWriter:
     # ------------------------------------------------------------------ producer side (the analysis thread)
     def add_raw(self, frames) -> None:
         """One time segment of raw facts, segments in time order: `frames.ranges`, `.api_calls`, `.gpu`,
-        `.syncs`, `.io_calls` (trace frames; any may be missing or empty)."""
+        `.syncs`, `.io_calls`, `.memory` (trace frames; any may be missing or empty)."""
         self._submit(self._raw_rows, frames)
 
     def add_domain_model(self, domain: str, instances: pd.DataFrame, owners=None) -> None:
@@ -319,6 +319,7 @@ class DatabaseWriter:
             ("gpu", K.RAW_GPU_ACTIVITIES, E.gpu_rows),
             ("syncs", K.RAW_SYNCS, E.sync_rows),
             ("io_calls", K.RAW_IO_CALLS, E.io_rows),
+            ("memory", K.RAW_MEMORY_EVENTS, E.memory_rows),
         ):
             for chunk in _chunks(getattr(frames, attr, None)):
                 yield table, encode(chunk, rank, reg)
@@ -612,6 +613,12 @@ class _Inserter:
         if table not in self._columns:
             self._columns[table] = {r[1] for r in self.con.execute(f'PRAGMA table_info("{table}")')}
         return self._columns[table]
+
+    def has_table(self, table: str) -> bool:
+        return (
+            self.con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone()
+            is not None
+        )
 
     def has_rank(self, table: str) -> bool:
         return "rank" in self.columns(table)
@@ -1082,6 +1089,30 @@ def _write_aggregation(out: _Inserter, aggr_id: int, domain_id: int, ops_map, ag
             ["aggr_id", "domain_id", "name", "level", "num_calls", "num_ops", "num_tc_eligible", "num_using_tc"]
             + _STAT_COLS,
         )
+    _write_memory(out, aggr_id, domain_id, ops_map, agg)
+
+
+_MEMORY_DEVICE_COLS = ["device_type", "device_id", "peak_allocated", "peak_reserved", "allocated_at_end"] + [
+    "allocations",
+    "frees",
+    "bytes_allocated",
+    "bytes_freed",
+]
+_MEMORY_OP_COLS = ["op_index", "device_type", "device_id", "allocations", "frees", "bytes_allocated", "bytes_freed"] + [
+    "peak_allocated"
+]
+
+
+def _write_memory(out: _Inserter, aggr_id: int, domain_id: int, ops_map, agg: Aggregation) -> None:
+    """The memory report's tables (schema 3.1; a file of an older schema has no place for them, and its profile
+    no memory events)."""
+    tables = agg.memory
+    if tables is None or not tables.recorded or not out.has_table(K.MEMORY_DEVICES):
+        return
+    keys = {"aggr_id": aggr_id, "domain_id": domain_id}
+    out.insert(K.MEMORY_DEVICES, tables.devices.assign(**keys), ["aggr_id", "domain_id"] + _MEMORY_DEVICE_COLS)
+    ops = tables.ops.assign(**keys, op_index=_global_op_index(tables.ops["op_index"], ops_map))
+    out.insert(K.MEMORY_OPS, ops, ["aggr_id", "domain_id"] + _MEMORY_OP_COLS)
 
 
 # ---------------------------------------------------------------------------- reading back

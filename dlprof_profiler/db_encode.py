@@ -533,3 +533,25 @@ def register_header_threads(reg: Registry, processes: pd.DataFrame, threads: pd.
     pids = ints(threads["pid"]) if "pid" in threads.columns else pid_of(gtids)
     for gtid, pid, name in zip(gtids, pids, threads["name"].astype(object).tolist()):
         reg.thread(int(gtid), int(pid), None if pd.isna(name) else str(name))
+
+
+def memory_rows(frame: pd.DataFrame, rank: int, reg: Registry) -> pa.Table:
+    """Memory events (memory.py) as raw_memory_events rows: threads and processes as small ids, unknown
+    threads, addresses and reserved levels as NULL."""
+    thread = reg.thread_column(frame["global_tid"], frame["pid"])
+    address, reserved = ints(frame["address"]), ints(frame["reserved"])
+    return pa.table(
+        {
+            "rank": np.full(len(frame), rank, dtype=np.int64),
+            "start": ints(frame["start"]),
+            "call_start": ints(frame["call_start"]),
+            "thread_id": nullable(thread, thread < 0),
+            "process_id": reg.process_column(frame["pid"]),
+            "device_type": ints(frame["device_type"]),
+            "device_id": ints(frame["device_id"]),
+            "address": nullable(address, address < 0),
+            "bytes": ints(frame["bytes"]),
+            "allocated": ints(frame["allocated"]),
+            "reserved": nullable(reserved, reserved < 0),
+        }
+    )

@@ -17,7 +17,8 @@ from dlprof_profiler.correlate import Correlation, DomainModel, call_metrics
 from dlprof_profiler.db_encode import join_call_fields
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.sqlite_source import SqliteSource
-from dlprof_profiler.trace import DEVICE_COLUMNS, GPU_COLUMNS, Trace
+from dlprof_profiler.memory import empty_memory_frame
+from dlprof_profiler.trace import DEVICE_COLUMNS, GPU_COLUMNS, MEMORY_COLUMNS, Trace, make_frame
 
 DETAIL_COLUMNS = ["data_type", "input_shapes", "output_shapes", "parameters", "stack_trace"]
 # what a 2.0 database must hold to be read back (read_only_range_labels came late: files without it still load)
@@ -116,7 +117,7 @@ def _required_tables(major: str) -> set[str]:
         return _V2_REQUIRED
     from dlprof_profiler.db_schema import SCHEMA
 
-    return set(re.findall(r"CREATE (?:TABLE|VIEW) (\w+)", SCHEMA))
+    return set(re.findall(r"CREATE (?:TABLE|VIEW) (\w+)", SCHEMA)) - set(K.SCHEMA_3_1_TABLES)
 
 
 def _check_tables(src: SqliteSource, path: Path, major: str) -> None:
@@ -149,6 +150,7 @@ def _model(reader):
     uses_tc, tc_rule = reader.kernel_tc(trace.gpu)
     trace.syncs = reader.syncs()
     trace.io_calls = reader.io_calls()
+    trace.memory = reader.memory()
     trace.has_cuda_tables = len(trace.api_calls) > 0 or len(trace.gpu) > 0
     trace.has_nvtx = len(trace.ranges) > 0
     gpu_api, thread_dev, process_dev = launch_links(trace)
@@ -493,6 +495,23 @@ class _V3:
             }
         )
 
+    def memory(self) -> pd.DataFrame:
+        """The memory events with their stored levels (none in a schema 3.0 file)."""
+        if K.RAW_MEMORY_EVENTS not in self.src.tables:
+            return empty_memory_frame()
+        cols = self._ints(
+            "SELECT start, call_start, coalesce(thread_id, -1), process_id, device_type, device_id, "
+            f"coalesce(address, -1), bytes, allocated, coalesce(reserved, -1) FROM {K.RAW_MEMORY_EVENTS} "
+            "WHERE rank = ? ORDER BY rowid",
+            ["start", "call_start", "thread_id", "process_id", "device_type", "device_id", "address", "bytes"]
+            + ["allocated", "reserved"],
+            (self.rank,),
+        )
+        thread = cols.pop("thread_id")
+        cols["global_tid"] = self.thread_field(thread, "global_tid")
+        cols["pid"] = self.process_pid(cols.pop("process_id"))
+        return make_frame({c: cols[c] for c in MEMORY_COLUMNS})
+
     # op model -------------------------------------------------------------------
     def ops(self, did: int, name: str):
         """The domain's ops (op_index: the op model's index) and the database op_index of each (an offset when
@@ -758,6 +777,9 @@ class _V2:
             'SELECT start, "end", global_tid, pid, name FROM read_only_io_calls',
             ["start", "end", "global_tid", "pid", "name"],
         )
+
+    def memory(self) -> pd.DataFrame:
+        return empty_memory_frame()  # schema 2.0 kept no memory events
 
     def ops(self, did: int, name: str):
         ops = self.src.frame(

@@ -68,6 +68,9 @@ CREATE TABLE {K.RAW_ACTIVITY_OWNERS} (owner_id INTEGER PRIMARY KEY, domain_id IN
     launch_time INTEGER NOT NULL);
 CREATE TABLE {K.RAW_RANGE_LABELS} (rank INTEGER NOT NULL, domain_id INTEGER NOT NULL, label_id INTEGER NOT NULL,
     kind INTEGER, num_ranges INTEGER);
+CREATE TABLE {K.RAW_MEMORY_EVENTS} (rank INTEGER NOT NULL, start INTEGER NOT NULL, call_start INTEGER NOT NULL,
+    thread_id INTEGER, process_id INTEGER NOT NULL, device_type INTEGER NOT NULL, device_id INTEGER NOT NULL,
+    address INTEGER, bytes INTEGER NOT NULL, allocated INTEGER NOT NULL, reserved INTEGER);
 """
 
 # Derived tables: every row carries its aggregation, domain and rank. A domain_id already names one rank, so
@@ -141,9 +144,18 @@ CREATE TABLE {K.EXPERT_SYSTEMS_FEEDBACK} (id INTEGER PRIMARY KEY, aggr_id INTEGE
     rank INTEGER NOT NULL DEFAULT 0,
     exp_sys_id TEXT, severity TEXT, problem TEXT, recommendation TEXT, link TEXT, action TEXT, data TEXT);
 
+CREATE TABLE {K.MEMORY_DEVICES} (aggr_id INTEGER, domain_id INTEGER, rank INTEGER NOT NULL DEFAULT 0,
+    device_type INTEGER, device_id INTEGER, peak_allocated INTEGER, peak_reserved INTEGER, allocated_at_end INTEGER,
+    allocations INTEGER, frees INTEGER, bytes_allocated INTEGER, bytes_freed INTEGER,
+    PRIMARY KEY (aggr_id, domain_id, device_type, device_id, rank));
+CREATE TABLE {K.MEMORY_OPS} (aggr_id INTEGER, domain_id INTEGER, rank INTEGER NOT NULL DEFAULT 0, op_index INTEGER,
+    device_type INTEGER, device_id INTEGER, allocations INTEGER, frees INTEGER, bytes_allocated INTEGER,
+    bytes_freed INTEGER, peak_allocated INTEGER);
+
 CREATE INDEX idx_op_nodes_gpu ON {K.OP_NODES}(aggr_id, domain_id, gpu_total);
 CREATE INDEX idx_kernel_summaries ON {K.KERNEL_SUMMARIES}(aggr_id, domain_id, op_index);
 CREATE INDEX idx_group_ops ON {K.GROUP_OPS}(aggr_id, domain_id, level, name);
+CREATE INDEX idx_memory_ops ON {K.MEMORY_OPS}(aggr_id, domain_id);
 """
 
 
@@ -219,6 +231,9 @@ CREATE VIEW {K.READ_ONLY_OP_INSTANCE_DETAILS} AS SELECT d.domain_id, {_local("d.
 CREATE VIEW {K.READ_ONLY_ACTIVITY_OWNERS} AS SELECT w.domain_id, {_local("w.activity_id")} AS activity_id, w.rank,
     {_local("w.instance_id")} AS instance_id, {_local("w.api_id")} AS api_id, w.launch_time
     FROM {K.RAW_ACTIVITY_OWNERS} w;
+CREATE VIEW read_only_memory_events AS SELECT m.rank, m.start, m.call_start,
+    coalesce({_thread("m", "global_tid")}, -1) AS global_tid, {_process_pid("m")} AS pid, m.device_type, m.device_id,
+    m.address, m.bytes, m.allocated, m.reserved FROM {K.RAW_MEMORY_EVENTS} m;
 CREATE VIEW {K.READ_ONLY_RANGE_LABELS} AS SELECT l.rank, l.domain_id, {_name("l.label_id")} AS label, l.kind,
     l.num_ranges FROM {K.RAW_RANGE_LABELS} l;
 
@@ -275,12 +290,14 @@ CREATE INDEX IF NOT EXISTS idx_baseline_kernels ON {K.BASELINE_KERNELS}(aggr_id,
 # the tables (each insert appends to them):
 #  - idx_instances_start: the op instances starting in an iteration (iteration_ops);
 #  - idx_owner_instance: the GPU activities of instances (iteration_op_kernels);
-#  - idx_owner_launch: the launches of an iteration (iteration_kernels).
+#  - idx_owner_launch: the launches of an iteration (iteration_kernels);
+#  - idx_memory_events: a device's memory curve in a time window (the Memory view, the timeline's memory track).
 GPU_INSTANCES = "n_gpu > 0"
 RAW_INDEXES = f"""
 CREATE INDEX idx_instances_start ON {K.RAW_OP_INSTANCES}(domain_id, start);
 CREATE INDEX idx_owner_instance ON {K.RAW_ACTIVITY_OWNERS}(instance_id);
 CREATE INDEX idx_owner_launch ON {K.RAW_ACTIVITY_OWNERS}(domain_id, launch_time);
+CREATE INDEX idx_memory_events ON {K.RAW_MEMORY_EVENTS}(rank, device_type, device_id, start);
 """
 # Built once after the last row (one sort; kept up to date, its random keys would cost a b-tree search each):
 #  - idx_instances_op: one op's instances in an iteration (iteration_op_kernels), only those with GPU work

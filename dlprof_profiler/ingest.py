@@ -1,6 +1,7 @@
 """Ingest, format-neutral: choose the adapter by the file's content (never by its name) and read it into
 trace frames. Nsight Systems SQLite exports go to `ingest_nsys`, Kineto / Chrome-trace JSON (gzipped or
-not) to `ingest_kineto`; DLProf databases are SQLite too and are told apart by the pipeline."""
+not) to `ingest_kineto`; Nsight Systems reports (.nsys-rep, .qdrep) are exported to SQLite first
+(`nsys_report`); DLProf databases are SQLite too and are told apart by the pipeline."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.sqlite_source import SQLITE_MAGIC
 from dlprof_profiler.trace import Trace
 
-SQLITE, KINETO = "sqlite", "kineto"
+SQLITE, KINETO, NSYS_REPORT = "sqlite", "kineto", "nsys_report"
 
 
 def trace_format(path: Path) -> str:
-    """`sqlite` or `kineto`, from the first bytes of the file (a folder of Kineto traces, one per process,
-    is `kineto` too); a one-line error for anything else."""
+    """`sqlite`, `kineto` or `nsys_report`, from the first bytes of the file (a folder of Kineto traces, one per
+    process, is `kineto` too); a one-line error for anything else."""
     path = Path(path)
     if not path.exists():
         raise DLProfError(f"{path}: no such file")
@@ -35,13 +36,17 @@ def trace_format(path: Path) -> str:
         raise DLProfError(f"{path}: empty file, not a profile")
     if head.startswith(SQLITE_MAGIC):
         return SQLITE
+    from dlprof_profiler.nsys_report import is_report
+
+    if is_report(path):
+        return NSYS_REPORT
     from dlprof_profiler.ingest_kineto import is_kineto_trace
 
     if is_kineto_trace(path):
         return KINETO
     raise DLProfError(
         f"{path}: not an SQLite database (Nsight Systems export, DLProf database) nor a Kineto "
-        "trace (torch.profiler JSON, optionally gzipped)"
+        "trace (torch.profiler JSON, optionally gzipped) nor an Nsight Systems report (.nsys-rep, .qdrep)"
     )
 
 
@@ -63,6 +68,12 @@ def read_trace(path: Path) -> Trace:
         if path.is_dir():
             return merge_traces([read_kineto_trace(p) for p in kineto_files(path)], path)
         return read_kineto_trace(path)
+    from dlprof_profiler import nsys_report
     from dlprof_profiler.ingest_nsys import read_nsys_export
 
-    return read_nsys_export(path)
+    export = nsys_report.sqlite_of(path)
+    trace = read_nsys_export(export)
+    if nsys_report.shown(export) != export:  # a report's export: named after the report
+        trace.source = nsys_report.shown(export)
+        trace.warnings = [nsys_report.shown_text(w) for w in trace.warnings]
+    return trace

@@ -13,8 +13,8 @@ unchanged. Mapping (DESIGN.md, "Kineto input: what differs from nsys"):
 - `cuda_runtime`/`cuda_driver` (2021: `Runtime`; other devices: `*_runtime`/`*_driver`): API calls.
 - `kernel`/`gpu_memcpy`/`gpu_memset` (2021: `Kernel`/`Memcpy`/`Memset`; MTIA: `mtia_ccp_events`): GPU
   activities, linked to their API call by `correlation` (else by the `ac2g` flow arrows).
-- `cuda_sync`: synchronisations; `[memory]` instant events: peak device memory; `deviceProperties`: GPUs;
-  `distributedInfo`: rank and world size; `process_name`/`thread_name` metadata: names.
+- `cuda_sync`: synchronisations; `[memory]` instant events: memory allocations and frees (memory.py);
+  `deviceProperties`: GPUs; `distributedInfo`: rank and world size; `process_name`/`thread_name` metadata: names.
 
 Times are integer ns (parsed exactly from the JSON decimals), relative to the start of collection (the
 `PyTorch Profiler` span, else the first event); the absolute start is kept in meta.
@@ -35,6 +35,7 @@ from dlprof_profiler import kineto_decode as kd
 from dlprof_profiler import nvtx_markers as nm
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.kineto_repair import describe as describe_repairs
+from dlprof_profiler.memory import empty_memory_frame, gpu_peak, memory_frame, merge_frames
 from dlprof_profiler.ingest_nsys import COPY_KIND_LABELS, MEMSET_LABEL, copy_kind_label
 from dlprof_profiler.nvtx_markers import format_shapes
 from dlprof_profiler.structure import RangeForest, levels, nearest_flagged_ancestor, outermost_flagged
@@ -145,7 +146,8 @@ def build_trace(decoded: kd.Decoded) -> Trace:
     trace.has_cuda_tables = len(trace.api_calls) > 0 or len(trace.gpu) > 0
     trace.has_nvtx = len(trace.ranges) > 0
     trace.meta, trace.system = _meta(ev, origin, trace, has_steps)
-    peak = _peak_device_memory(ev)
+    trace.memory = _memory_events(ev, start, cpu_events, gtid, pid_col, trace, warnings)
+    peak = gpu_peak(trace.memory)
     if peak is not None:
         trace.meta["gpu_peak_memory"] = peak
     if len(trace.gpu) == 0:
@@ -953,18 +955,50 @@ def _partial_step_starts(ev: _Events, numbers, ranges: pd.DataFrame) -> list[int
     return sorted(set(ranges["start"].to_numpy(np.int64)[rows].tolist()))
 
 
-def _peak_device_memory(ev: _Events) -> int | None:
-    """Highest device (CUDA/ROCm) memory allocated, from `[memory]` events (profile_memory=True)."""
+def _memory_events(ev: _Events, start, cpu_events, gtid, pid_col, trace: Trace, warnings: list) -> pd.DataFrame:
+    """`[memory]` instant events (profile_memory=True) as the memory frame (memory.py): `Bytes` (negative for a
+    free), `Device Type`/`Device Id`, `Addr`, `Total Allocated`/`Total Reserved` where written (2021 traces
+    have neither); the thread of the op that allocated (numbered as the CPU events' threads). Events whose time
+    lies more than a day outside the trace's other events are dropped, as far-off timestamps are."""
     c = ev.c
-    mem = (c.group == kd.MEMORY) & (c.args["device_type"] == 1)
-    if not mem.any():
-        return None
-    total = c.args["total_allocated"][mem]
-    if (total >= 0).any():
-        return int(total.max())
-    frame = pd.DataFrame({"dev": c.args["device_id"][mem], "ts": c.ts[mem], "b": c.args["alloc_bytes"][mem]})
-    frame = frame.sort_values("ts", kind="stable")
-    return int(max(frame.groupby("dev")["b"].cumsum().max(), 0))
+    rows = np.flatnonzero((c.group == kd.MEMORY) & c.ts_ok)
+    if rows.size == 0:
+        return empty_memory_frame()
+    t = start[rows]
+    far = (t < trace.profile_start - FAR_OFF_NS) | (t > trace.profile_end + FAR_OFF_NS)
+    if far.any():
+        warnings.append(
+            f"{ev.path}: {int(far.sum()):,} memory events were dropped: their time lies more than a day outside "
+            "the trace's other events (a damaged ts)"
+        )
+        rows, t = rows[~far], t[~far]
+    # the thread and process numbers the CPU events got (_thread_ids renumbers ids outside 24 bits)
+    known = pd.DataFrame(
+        {"pid": c.pid[cpu_events], "tid": c.tid[cpu_events], "g": gtid[cpu_events], "p": pid_col[cpu_events]}
+    )
+    known = known.drop_duplicates(["pid", "tid"])
+    asked = pd.DataFrame({"pid": c.pid[rows], "tid": c.tid[rows]})
+    found = asked.merge(known, on=["pid", "tid"], how="left")
+    numeric = c.pid_numeric[rows] & c.tid_numeric[rows]
+    plain = numeric & (asked["pid"].to_numpy() >= 0) & (asked["pid"].to_numpy() < 1 << 24)
+    plain &= (asked["tid"].to_numpy() >= 0) & (asked["tid"].to_numpy() < 1 << 24)
+    own_gtid = np.where(plain, (asked["pid"].to_numpy() << 24) | np.maximum(asked["tid"].to_numpy(), 0), -1)
+    g = found["g"].to_numpy(dtype=np.float64)
+    thread = np.where(np.isnan(g), own_gtid, np.nan_to_num(g, nan=-1)).astype(np.int64)
+    p = found["p"].to_numpy(dtype=np.float64)
+    pid = np.where(np.isnan(p), c.pid[rows], np.nan_to_num(p, nan=0)).astype(np.int64)
+    args = c.args
+    return memory_frame(
+        t,
+        args["alloc_bytes"][rows],
+        args["device_type"][rows],
+        args["device_id"][rows],
+        pid,
+        global_tid=thread,
+        address=args["addr"][rows],
+        total_allocated=args["total_allocated"][rows],
+        total_reserved=args["total_reserved"][rows],
+    )
 
 
 # ---------------------------------------------------------------------------- several processes
@@ -1004,9 +1038,11 @@ def merge_traces(traces: list[Trace], source: Path) -> Trace:
     meta = dict(traces[0].meta)
     meta.update(session_start_ns=origin, capture_end=int(merged.profile_end), processes=len(traces))
     meta.pop("distributed_rank", None)
-    peaks = [t.meta["gpu_peak_memory"] for t in traces if "gpu_peak_memory" in t.meta]
-    if peaks:
-        meta["gpu_peak_memory"] = max(peaks)
+    merged.memory = merge_frames([t.memory for t in traces], shifts)
+    meta.pop("gpu_peak_memory", None)
+    peak = gpu_peak(merged.memory)
+    if peak is not None:
+        meta["gpu_peak_memory"] = peak
     if any(t.meta.get("key_node_default") for t in traces):
         meta["key_node_default"] = "ProfilerStep"
     partial = sorted(

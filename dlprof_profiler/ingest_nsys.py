@@ -17,6 +17,8 @@ import pyarrow.compute as pc
 
 from dlprof_profiler import log
 from dlprof_profiler.errors import DLProfError
+from dlprof_profiler import memory
+from dlprof_profiler.memory import gpu_peak
 from dlprof_profiler.sqlite_source import SqliteSource
 from dlprof_profiler.trace import (
     DEVICE_COLUMNS,
@@ -182,7 +184,8 @@ def read_nsys_export(path: Path) -> Trace:
         capture_end = _capture_end(trace, columns.get("latest"))
         trace.ranges, trace.domain_map = ranges_frame(columns, capture_end)
         trace.devices = read_devices(src, trace.gpu)
-        peak = read_peak_memory(src)
+        trace.memory = read_memory_events(src, trace.warnings)
+        peak = gpu_peak(trace.memory)
         if peak is not None:
             trace.meta["gpu_peak_memory"] = peak
         trace.meta["capture_end"] = int(capture_end)
@@ -559,22 +562,60 @@ def _gpu_part(cols: dict, kind: int, name_codes: np.ndarray, long_codes: np.ndar
     return part
 
 
-def read_peak_memory(src: SqliteSource) -> int | None:
-    """Highest device memory in use on any GPU, from CUDA memory-usage events (captured only with
-    `nsys profile --cuda-memory-usage=true`); None when the export has none."""
-    t = "CUDA_GPU_MEMORY_USAGE_EVENTS"
+MEMORY_USAGE = "CUDA_GPU_MEMORY_USAGE_EVENTS"
+HOST_MEMORY_KINDS = (0, 1)  # ENUM_CUDA_MEM_KIND pageable, pinned: host memory
+
+
+def read_memory_events(src: SqliteSource, warnings: list | None = None) -> pd.DataFrame:
+    """CUDA memory allocations and frees (captured with `nsys profile --cuda-memory-usage=true`) as the memory
+    frame (memory.py): `memoryOperationType` 0 allocates `bytes`, 1 frees them; pageable and pinned host memory
+    is the CPU's, the rest its `deviceId`'s. An event has no thread of its own: it takes the thread of its CUDA
+    API call (same process and correlation id, the launch rule of GPU activities), whose start is its call time."""
+    from dlprof_profiler.correlate import launch_rows
+
+    t = MEMORY_USAGE
     if not src.has(t) or not {"bytes", "memoryOperationType", "start"} <= set(src.columns(t)):
-        return None
+        return memory.empty_memory_frame()
     cols = src.int_columns(
-        f"SELECT start, {_int_col(src, t, 'deviceId', '0')}, bytes, memoryOperationType FROM {t} ORDER BY start",
-        ["start", "device", "bytes", "op"],
+        f"SELECT {_int_col(src, t, 'start')}, {_int_col(src, t, 'globalPid', '0')}, "
+        f"{_int_col(src, t, 'deviceId', '0')}, {_int_col(src, t, 'address')}, {_int_col(src, t, 'bytes', '0')}, "
+        f"{_int_col(src, t, 'memKind', '2')}, {_int_col(src, t, 'memoryOperationType')}, "
+        f"{_int_col(src, t, 'correlationId')} FROM {t} ORDER BY rowid",
+        ["start", "gpid", "device", "address", "bytes", "kind", "op", "correlation"],
     )
-    if len(cols["start"]) == 0:
-        return None
-    delta = np.where(cols["op"] == 0, cols["bytes"], -cols["bytes"])  # 0 allocation, 1 free
-    frame = pd.DataFrame({"device": cols["device"], "delta": delta})
-    in_use = frame.groupby("device")["delta"].cumsum()
-    return int(max(in_use.max(), 0))
+    keep = (cols["start"] != MISSING_TIME) & np.isin(cols["op"], (0, 1))
+    if warnings is not None and (cols["start"] == MISSING_TIME).any():
+        warnings.append(
+            f"{src.path}: {int((cols['start'] == MISSING_TIME).sum()):,} CUDA memory events without a time were dropped"
+        )
+    cols = {k: v[keep] for k, v in cols.items()}
+    pid = pid_of(cols["gpid"])
+    host = np.isin(cols["kind"], HOST_MEMORY_KINDS)
+    tid = np.full(pid.size, -1, dtype=np.int64)
+    call_start = cols["start"].copy()
+    rt = "CUPTI_ACTIVITY_KIND_RUNTIME"
+    if pid.size and src.has(rt) and "correlationId" in src.columns(t):
+        calls = src.int_columns(
+            f"SELECT coalesce(globalTid, 0), start, correlationId FROM {rt} "
+            f"WHERE start IS NOT NULL AND correlationId IN (SELECT correlationId FROM {t}) ORDER BY start, rowid",
+            ["tid", "start", "correlation"],
+        )
+        row = launch_rows(
+            pid_of(calls["tid"]), calls["correlation"], calls["start"], pid, cols["correlation"], cols["start"]
+        )
+        linked = row >= 0
+        tid[linked] = calls["tid"][row[linked]]
+        call_start[linked] = calls["start"][row[linked]]
+    return memory.memory_frame(
+        cols["start"],
+        np.where(cols["op"] == 0, cols["bytes"], -cols["bytes"]),
+        np.where(host, memory.CPU, memory.CUDA),
+        np.where(host, -1, cols["device"]),
+        pid,
+        global_tid=tid,
+        call_start=call_start,
+        address=cols["address"],
+    )
 
 
 def read_syncs(src: SqliteSource) -> pd.DataFrame:

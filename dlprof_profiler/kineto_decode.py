@@ -77,6 +77,8 @@ class EventArgs(msgspec.Struct, gc=False):
     name: Scalar = None  # process_name / thread_name metadata
     labels: Scalar = None  # process_labels metadata ("CPU", "GPU 0")
     total_allocated: Scalar = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: Scalar = msgspec.field(default=None, name="Total Reserved")
+    addr: Scalar = msgspec.field(default=None, name="Addr")
     alloc_bytes: Scalar = msgspec.field(default=None, name="Bytes")
     device_type: Scalar = msgspec.field(default=None, name="Device Type")
     device_id: Scalar = msgspec.field(default=None, name="Device Id")
@@ -198,6 +200,8 @@ INT_ARGS = {
     "shared_memory": (KERNEL,),
     "bytes": (MEMCPY, MEMSET),
     "total_allocated": (MEMORY,),
+    "total_reserved": (MEMORY,),
+    "addr": (MEMORY,),
     "alloc_bytes": (MEMORY,),
     "device_type": (MEMORY,),
     "device_id": (MEMORY,),

@@ -168,6 +168,10 @@ class InMemoryModel:
         long_codes = gpu["long_name"].cat.codes.to_numpy(np.int64)
         return short, lambda ids: long_cats[long_codes[np.asarray(ids, dtype=np.int64)]]
 
+    def memory_events(self) -> pd.DataFrame:
+        """The allocations and frees of the trace (memory.py)."""
+        return self.trace.memory
+
     def device_ids(self) -> list[int]:
         devices = self.trace.devices
         return devices["device_id"].to_numpy(np.int64).tolist() if len(devices) else []

@@ -14,7 +14,7 @@ import pandas as pd
 
 
 from dlprof_profiler import __version__, log
-from dlprof_profiler import compare, database, event_files, graph_events, ingest, outputs, reports
+from dlprof_profiler import compare, database, event_files, graph_events, ingest, nsys_report, outputs, reports
 from dlprof_profiler import correlate as corr_mod
 from dlprof_profiler.analysis import (
     Analysis,
@@ -109,13 +109,26 @@ def analyze_baseline(args: Namespace) -> Analysis:
 
 def analyze_database(args: Namespace) -> int:
     """`dlprof --database=FILE`: analyse an nsys export or Kineto trace, or re-aggregate a DLProf database;
-    several profiles (a comma list, a directory, a glob) are the ranks of a multi-rank analysis (ranks.py)."""
+    several profiles (a comma list, a directory, a glob) are the ranks of a multi-rank analysis (ranks.py).
+    Nsight Systems reports (.nsys-rep, .qdrep; the baseline too) are exported to SQLite into a staging folder
+    of the output folder first, and analysed as the export (nsys_report.py)."""
+    with nsys_report.exporting(Path(args.output_path)):
+        try:
+            return _analyze_database(args)
+        except DLProfError as exc:  # a message about an export names its report
+            raise DLProfError(nsys_report.shown_text(str(exc)), exc.exit_code) from None
+
+
+def _analyze_database(args: Namespace) -> int:
     from dlprof_profiler import rank_inputs, ranks
 
-    inputs = rank_inputs.resolve(args.database)
+    inputs = rank_inputs.resolve(args.database)  # (reports among several profiles are exported there)
+    if baseline_of(args) is not None:
+        nsys_report.sqlite_of(baseline_of(args))  # a report fails here, before the long work, if it cannot be exported
     if len(inputs) > 1:
+        args.nsys_reports = nsys_report.origins()  # the workers name the exports after their reports
         return ranks.analyze_ranks(inputs, args)
-    source = Path(inputs[0].path)
+    source = nsys_report.sqlite_of(Path(inputs[0].path))
     if ingest.trace_format(source) == ingest.SQLITE:
         check_sqlite_file(source)
         if database.is_dlprof_database(source):
@@ -305,7 +318,7 @@ def _profile_info(
 ) -> dict:
     info = {
         "profile_name": args.profile_name,
-        "source_file": str(Path(source).resolve()),
+        "source_file": str(nsys_report.shown(Path(source).resolve())),  # a report, not its staged export
         "source_kind": {"kineto": "kineto_json"}.get(trace.meta.get("source_format"), "nsys_sqlite"),
         "nsys_version": trace.meta.get("nsys_version"),
         "key_node_default": trace.meta.get("key_node_default"),
@@ -415,7 +428,7 @@ def _write_outputs(
                 "primary_domain": primary,
                 "nsys_version": trace.meta.get("nsys_version"),
                 "dlprof_version": __version__,
-                "source_file": str(source),
+                "source_file": str(nsys_report.shown(source)),
             }
             event_files.write_event_file(
                 staging.path(run_dir / event_files.event_file_name()),
@@ -490,7 +503,7 @@ def _write_diffs(
                 continue
             raise DLProfError(message)
         comparison = compare.compare(
-            compare.side_from_aggregation(result.aggregations[name], str(source)),
+            compare.side_from_aggregation(result.aggregations[name], str(nsys_report.shown(source))),
             compare.side_from_aggregation(base.aggregations[name], str(baseline_of(args))),
         )
         sides[name] = comparison.baseline

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dlprof_profiler import log
+from dlprof_profiler import log, nsys_report
 
 # A rank's NVTX domains are numbered from (its position in the run) * DOMAINS_PER_RANK, so the domain-scoped keys
 # of every rank's database are distinct and the parent merges them without renumbering (contract.ID_BITS).
@@ -75,6 +75,7 @@ def analyze_rank(task: RankTask) -> RankResult:
     """Analyse one rank's profile into its own database and reports (see the module docstring)."""
     log.set_verbosity(task.verbosity)
     started = time.perf_counter()
+    nsys_report.remember(getattr(task.args, "nsys_reports", None))  # exports of reports: named after them
     if task.reaggregate:
         return _reaggregate_rank(task, started)
     from dlprof_profiler.pipeline import out_of_core
@@ -308,7 +309,7 @@ def _result(task: RankTask, result, profile: dict, finals: list, graph, trace, s
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024.0 if sys.platform != "darwin" else 1024.0**2)
     return RankResult(
         rank=task.rank,
-        source=task.source,
+        source=str(nsys_report.shown(task.source)),
         database=str(task.database),
         finals=finals,
         profile=dict(profile),

@@ -29,7 +29,7 @@ HEAD_BYTES = 4 << 20  # Kineto writes distributedInfo before traceEvents
 RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
 _DIST_RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
 _GLOB_CHARS = re.compile(r"[*?\[]")
-_PROFILE_NAME = re.compile(r"\.(?:sqlite|db|json|json\.gz)$", re.IGNORECASE)
+_PROFILE_NAME = re.compile(r"\.(?:sqlite|db|json|json\.gz|nsys-rep|qdrep)$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class RankInput:
 
     path: Path
     rank: int
-    kind: str  # ingest.SQLITE or ingest.KINETO
+    kind: str  # ingest.SQLITE or ingest.KINETO (an Nsight Systems report is given as its SQLite export)
     recorded: bool  # the rank number comes from the profile itself
 
 
@@ -114,6 +114,7 @@ def _directory(folder: Path) -> list[RankInput]:
             kinds[path] = ingest.trace_format(path)
         except DLProfError:
             continue  # not a profile (a note, a damaged leftover): a folder is taken for what it holds
+    kinds = _exported(kinds, beside=True)
     from dlprof_profiler.database import is_dlprof_database
 
     profiles = [p for p, k in kinds.items() if not (k == ingest.SQLITE and is_dlprof_database(p))]
@@ -122,10 +123,8 @@ def _directory(folder: Path) -> list[RankInput]:
     if not [p for p in profiles if kinds[p] == ingest.SQLITE] and sum(r is not None for r in ranked.values()) < 2:
         if kineto:
             return [RankInput(folder, 0, ingest.KINETO, False)]  # one capture, read as before
-        reports = sorted(folder.glob("*.nsys-rep"))
-        hint = f"; export the nsys reports first: nsys export --type sqlite {reports[0]}" if reports else ""
         raise DLProfError(
-            f"{folder}: is a directory without profiles (nsys SQLite exports, Kineto traces *.json[.gz]){hint}"
+            f"{folder}: is a directory without profiles (nsys SQLite exports or reports, Kineto traces *.json[.gz])"
         )
     left_out = [p for p in kineto if ranked[p] is None and any(r is not None for r in ranked.values())]
     if left_out:
@@ -167,6 +166,9 @@ def assign_ranks(files: list[Path], kinds: dict | None = None) -> list[RankInput
                     f"{path}: a DLProf database cannot be one rank of a multi-rank analysis; give "
                     "the nsys exports or Kineto traces of the ranks (or this database alone)"
                 )
+    exported = _exported({p: kinds[p] for p in files})
+    files = list(exported)
+    kinds = exported
     recorded = {p: recorded_rank(p, kinds[p]) for p in files}
     owners: dict = {}
     for path, rank in recorded.items():
@@ -183,6 +185,20 @@ def assign_ranks(files: list[Path], kinds: dict | None = None) -> list[RankInput
         rank = recorded[path]
         out.append(RankInput(path, next(free) if rank is None else rank, kinds[path], rank is not None))
     return sorted(out, key=lambda r: r.rank)
+
+
+def _exported(kinds: dict, beside: bool = False) -> dict:
+    """{path: kind} with each Nsight Systems report replaced by its SQLite export (nsys_report), in order. With
+    `beside` (a folder's files), a report whose export nsys wrote beside it (`report.sqlite`) is left out."""
+    from dlprof_profiler import nsys_report
+
+    out = {}
+    for path, kind in kinds.items():
+        if kind != ingest.NSYS_REPORT:
+            out[path] = kind
+        elif not (beside and kinds.get(path.with_suffix(".sqlite")) == ingest.SQLITE):
+            out[nsys_report.sqlite_of(path)] = ingest.SQLITE
+    return out
 
 
 def recorded_rank(path: Path, kind: str) -> int | None:

@@ -18,7 +18,7 @@ import time
 from argparse import Namespace
 from pathlib import Path
 
-from dlprof_profiler import __version__, log
+from dlprof_profiler import __version__, log, nsys_report
 from dlprof_profiler import contract as K
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.outputs import Staging, prepare_output_dir, refuse_existing
@@ -202,7 +202,9 @@ def analyze_ranks(inputs: list[RankInput], args: Namespace) -> int:
     refuse_existing(planned_outputs(args, ranks), args.force)
     log.info(
         f"{len(inputs)} ranks: "
-        + ", ".join(f"rank {i.rank} {i.path}{'' if i.recorded else ' (rank by order)'}" for i in inputs)
+        + ", ".join(
+            f"rank {i.rank} {nsys_report.shown(i.path)}{'' if i.recorded else ' (rank by order)'}" for i in inputs
+        )
     )
     from dlprof_profiler.rank_merge import MergedDatabase
 

@@ -29,6 +29,7 @@ REPORT_FILES = {
     "op_type": "op_type",
     "group_node": "group_op",
     "expert_systems": "expert_systems",
+    "memory": "memory",
     "diff": "diff",
 }
 SIMPLE_MODE_REPORTS = ("summary", "kernel")
@@ -786,6 +787,74 @@ def expert_systems_report(findings: list[dict]) -> Report:
     return Report("expert_systems", [Table("Expert Systems Feedback", ["Problem", "Recommendation"], ["q", "q"], data)])
 
 
+# ---------------------------------------------------------------------------- the memory report
+
+MEMORY_DEVICE_COLUMNS = [
+    "Device",
+    "Peak Allocated (bytes)",
+    "Peak Reserved (bytes)",
+    "Allocated at End (bytes)",
+    "Allocations",
+    "Frees",
+]
+MEMORY_OP_COLUMNS = [
+    "Op ID",
+    "Op Name",
+    "Direction",
+    "Device",
+    "No. Calls",
+    "Allocations",
+    "Frees",
+    "Bytes Allocated",
+    "Bytes Freed",
+    "Peak Allocated (bytes)",
+]
+
+
+def memory_report(agg: Aggregation) -> Report:
+    """`dlprof_memory`: per device its peak allocated and reserved memory, what is allocated at the end and
+    the allocations and frees, then per op and device the allocations and frees during its calls and the
+    device's peak during them, in the aggregated iterations (memory.py; DESIGN.md "Memory"). Without memory
+    events, one row says so and how to record them."""
+    from dlprof_profiler.memory import NO_EVENTS_TEXT
+
+    tables = agg.memory
+    devices = tables.devices if tables is not None and tables.recorded else None
+    if devices is None:
+        device_data = {c: [None] for c in MEMORY_DEVICE_COLUMNS}
+        device_data["Device"] = [NO_EVENTS_TEXT]
+    else:
+        device_data = {
+            "Device": devices["device"],
+            "Peak Allocated (bytes)": devices["peak_allocated"],
+            "Peak Reserved (bytes)": devices["peak_reserved"],
+            "Allocated at End (bytes)": devices["allocated_at_end"],
+            "Allocations": devices["allocations"],
+            "Frees": devices["frees"],
+        }
+    device_table = Table("Devices", MEMORY_DEVICE_COLUMNS, ["q", "n", "n", "n", "n", "n"], device_data)
+    ops = tables.ops if tables is not None and tables.recorded else None
+    if ops is None or len(ops) == 0:
+        op_data = {c: [] for c in MEMORY_OP_COLUMNS}
+    else:
+        meta = agg.ops.set_index("op_index")[["op_id", "name", "direction", "calls"]]
+        rows = ops.join(meta, on="op_index")
+        op_data = {
+            "Op ID": rows["op_id"],
+            "Op Name": rows["name"],
+            "Direction": rows["direction"],
+            "Device": rows["device"],
+            "No. Calls": rows["calls"],
+            "Allocations": rows["allocations"],
+            "Frees": rows["frees"],
+            "Bytes Allocated": rows["bytes_allocated"],
+            "Bytes Freed": rows["bytes_freed"],
+            "Peak Allocated (bytes)": rows["peak_allocated"],
+        }
+    op_table = Table("Ops", MEMORY_OP_COLUMNS, ["q", "q", "t", "q", "i", "i", "i", "i", "i", "i"], op_data)
+    return Report("memory", [device_table, op_table])
+
+
 # ---------------------------------------------------------------------------- the diff report
 
 
@@ -887,5 +956,6 @@ def build_reports(names: list[str], agg: Aggregation, dm, trace, config: dict, f
         "op_type": lambda: op_type_report(agg),
         "group_node": lambda: group_op_report(agg),
         "expert_systems": lambda: expert_systems_report(findings),
+        "memory": lambda: memory_report(agg),
     }
     return [builders[n]() for n in names]

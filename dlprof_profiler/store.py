@@ -237,7 +237,8 @@ class TraceStore:
             trace.devices = nsys.read_devices(
                 src, pd.DataFrame({"device_id": np.array(sorted(gpu["devices"]), dtype=np.int64)})
             )
-            peak = nsys.read_peak_memory(src)
+            trace.memory = nsys.read_memory_events(src, trace.warnings)
+            peak = nsys.gpu_peak(trace.memory)
             if peak is not None:
                 trace.meta["gpu_peak_memory"] = peak
             trace.meta["capture_end"] = int(self.capture_end)
@@ -283,7 +284,7 @@ class TraceStore:
         for table in (self.api, self.gpu):
             self.publish(table)
         self.publish(self.gpu, "gpu_by_launch")
-        self.trace.warnings = self._warnings(self.trace)
+        self.trace.warnings = self.trace.warnings + self._warnings(self.trace)  # (the memory events' first)
         if self.on_staged is not None:
             self.on_staged(self.trace)
         return self.trace
@@ -705,6 +706,7 @@ class TraceStore:
             threads=trace.threads,
             syncs=trace.syncs,
             io_calls=trace.io_calls,
+            memory=trace.memory,
             domain_map=dict(trace.domain_map),
             warnings=list(trace.warnings),
             has_cuda_tables=trace.has_cuda_tables,

@@ -949,6 +949,10 @@ class StoreModel:
 
         return short, long_names
 
+    def memory_events(self) -> pd.DataFrame:
+        """The allocations and frees of the export (a small frame, read in memory as ingest_nsys reads it)."""
+        return self.a.store.trace.memory
+
     def device_ids(self) -> list[int]:
         return list(self._device_ids)
 
@@ -1037,7 +1041,11 @@ class DatabaseFeed:
             self._tasks.put(
                 lambda frame=frame: self.writer.add_raw(SimpleNamespace(**{frame: self.store.frame_chunks(frame)}))
             )
-        self._tasks.put(lambda: self.writer.add_raw(SimpleNamespace(syncs=trace.syncs, io_calls=trace.io_calls)))
+        self._tasks.put(
+            lambda: self.writer.add_raw(
+                SimpleNamespace(syncs=trace.syncs, io_calls=trace.io_calls, memory=trace.memory)
+            )
+        )
 
     def owners(self, segment: int, sinks: dict) -> None:
         """The owners of segment `segment`'s GPU activities in each domain ({domain name: StoreSink})."""

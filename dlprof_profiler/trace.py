@@ -44,6 +44,19 @@ GPU_COLUMNS = [
     "dst_kind",
     "graph_node_id",
 ]
+# allocations and frees of device (and host) memory: see memory.py for what each column holds
+MEMORY_COLUMNS = [
+    "start",
+    "call_start",
+    "global_tid",
+    "pid",
+    "device_type",
+    "device_id",
+    "address",
+    "bytes",
+    "allocated",
+    "reserved",
+]
 DEVICE_COLUMNS = [
     "device_id",
     "name",
@@ -89,6 +102,7 @@ class Trace:
         )
     )
     io_calls: pd.DataFrame = field(default_factory=lambda: empty_frame(["start", "end", "global_tid", "pid", "name"]))
+    memory: pd.DataFrame = field(default_factory=lambda: empty_frame(MEMORY_COLUMNS))  # memory.py
     domain_map: dict = field(default_factory=dict)  # (pid, NVTX domain handle) -> domain name
     warnings: list = field(default_factory=list)
     has_cuda_tables: bool = False

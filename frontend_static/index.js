@@ -21,11 +21,12 @@ import * as groupOps from "./view_group_ops.js";
 import * as compare from "./view_compare.js";
 import * as timeline from "./view_timeline.js";
 import * as ranksView from "./view_ranks.js";
+import * as memoryView from "./view_memory.js";
 
 const VIEW_MODULES = {
   dashboard, op_types: opTypes, ops_kernels: opsKernels, kernels_by_iteration: kernelsByIteration,
   kernels_by_op: kernelsByOp, iterations, tensor_core: tensorCore, gpus, group_ops: groupOps, compare, timeline,
-  ranks: ranksView,
+  ranks: ranksView, memory: memoryView,
 };
 
 const ui = {};

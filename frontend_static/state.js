@@ -10,6 +10,7 @@ export const VIEWS = [
   {id: "timeline", label: "Timeline"},
   {id: "tensor_core", label: "Tensor Cores"},
   {id: "gpus", label: "GPUs"},
+  {id: "memory", label: "Memory"},
   {id: "group_ops", label: "Group Ops"},
   {id: "compare", label: "Compare"},
   {id: "ranks", label: "Ranks"},

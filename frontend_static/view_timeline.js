@@ -12,6 +12,7 @@ import {card, h, placeholder, replace} from "./dom.js";
 import {fmtInt, fmtNs, fmtNsExact, fmtOffsetNs} from "./format.js";
 import {label, term, termAttrs} from "./metrics.js";
 import {scope, state, update} from "./state.js";
+import {memoryTrack} from "./timeline_memory.js";
 
 const ROW_H = 24;          // readable rows: at least this tall; taller when the view has room (up to MAX_ROW_H)
 const GAP_ROW_H = 20;
@@ -103,7 +104,9 @@ export function mount(el) {
       h("div", {class: "field inline"}, h("label", {for: "timeline-iteration"}, "Iteration"), prevBtn, iterInput, nextBtn, iterOf),
       h("div", {class: "segmented", role: "group", "aria-label": "Zoom"}, zoomOut, zoomIn, reset),
       windowInfo),
-    notice, wrap, legend);
+    notice, wrap);
+  const memory = memoryTrack({labelWidth: LABEL_W});   // each GPU's allocated memory, under the GPU rows
+  main.body.append(memory.el, legend);
   el.append(main.card);
 
   // ---- geometry ----
@@ -248,6 +251,7 @@ export function mount(el) {
       : `${fmtNs(span)} in view`;
     draw();
     scheduleFetch();
+    memory.show(view.t0, view.t1, plotWidth());
   }
 
   function zoomAt(x, factor) {
@@ -774,6 +778,7 @@ export function mount(el) {
 
   return () => {
     alive = false;
+    memory.stop();
     clearTimeout(fetchTimer);
     if (controller) controller.abort();
     resize.disconnect();

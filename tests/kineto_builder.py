@@ -204,6 +204,29 @@ class KinetoTrace:
     def memset(self, ts: int, dur: int, correlation: int, nbytes: int = 64, device: int = 0, stream: int = 7) -> None:
         self._gpu("gpu_memset", "Memset (Device)", device, stream, ts, dur, correlation, {"bytes": nbytes})
 
+    def memory(
+        self,
+        tid: int,
+        ts: int,
+        nbytes: int,
+        total_allocated: int | None = None,
+        total_reserved: int | None = None,
+        device_type: int = 1,
+        device_id: int = 0,
+        addr: int | None = None,
+    ) -> None:
+        """A `[memory]` instant event (profile_memory=True): 2.x traces write Total Allocated/Reserved and Addr,
+        2021 traces only Bytes and the device."""
+        args = {"Device Type": device_type, "Device Id": device_id, "Bytes": nbytes}
+        if addr is not None:
+            args["Addr"] = addr
+        if total_allocated is not None:
+            args["Total Allocated"] = total_allocated
+        if total_reserved is not None:
+            args["Total Reserved"] = total_reserved
+        cat = None if self.dialect == "2021" else "cpu_instant_event"
+        self._event("i", cat, "[memory]", self.pid, self.tid_value(tid), ts, args=args, extra={"s": "t"})
+
     # -------------------------------------------------------------- the rest
 
     def raw(self, text: str) -> None:

@@ -385,6 +385,30 @@ _TABLE_DEFS: List[Tuple[str, str, str]] = [
         eventSyncId INTEGER @2025.1
     """,
     ),
+    # Only with `nsys profile --cuda-memory-usage=true`; layout of nsys 2022.4's export (assumed for the others).
+    (
+        "CUDA_GPU_MEMORY_USAGE_EVENTS",
+        "",
+        """
+        start INTEGER NOT NULL
+        globalPid INTEGER NOT NULL
+        deviceId INTEGER NOT NULL
+        contextId INTEGER NOT NULL
+        address INTEGER NOT NULL
+        pc INTEGER NOT NULL
+        bytes INTEGER NOT NULL
+        memKind INTEGER NOT NULL
+        memoryOperationType INTEGER NOT NULL
+        name TEXT
+        correlationId INTEGER
+        localMemoryPoolAddress INTEGER
+        localMemoryPoolReleaseThreshold INTEGER
+        localMemoryPoolSize INTEGER
+        localMemoryPoolUtilizedSize INTEGER
+        importedMemoryPoolAddress INTEGER
+        importedMemoryPoolProcessId INTEGER
+    """,
+    ),
     # 2021.3 still has correlationId.  2024.6 (assumed) = 2022.4 layout;
     # argumentsId seen in 2025.5, 2026.2 (assumed) keeps it.
     (
@@ -939,6 +963,7 @@ _CONSTANTS: Dict[str, Dict[str, Any]] = {
     "CUPTI_ACTIVITY_KIND_MEMSET": {"greenContextId": 0},
     "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": {"eventSyncId": 0},
     "OSRT_API": {"returnValue": 0, "correlationId": 0, "nestingLevel": 0, "callchainId": 0, "argumentsId": 0},
+    "CUDA_GPU_MEMORY_USAGE_EVENTS": {"contextId": 1, "pc": 0},
 }
 
 # Fields the builder stores per row of each event table (row tuples use this order).
@@ -1028,6 +1053,16 @@ _FIELDS: Dict[str, Tuple[str, ...]] = {
         "eventId",
     ),
     "OSRT_API": ("start", "end", "eventClass", "globalTid", "nameId"),
+    "CUDA_GPU_MEMORY_USAGE_EVENTS": (
+        "start",
+        "globalPid",
+        "deviceId",
+        "address",
+        "bytes",
+        "memKind",
+        "memoryOperationType",
+        "correlationId",
+    ),
     "ThreadNames": ("nameId", "priority", "globalTid"),
     "PROCESSES": ("globalPid", "pid", "name"),
     "TARGET_INFO_SYSTEM_ENV": ("globalVid", "devStateName", "name", "nameEnum", "value"),
@@ -1654,6 +1689,33 @@ class NsysExport:
             )
         )
         self._seen(start, end)
+
+    def memory_usage(
+        self,
+        pid: int,
+        start: int,
+        nbytes: int,
+        free: bool = False,
+        device_id: int = 0,
+        address: int = 0x7F0000000000,
+        mem_kind: int = 2,
+        correlation_id: Optional[int] = None,
+    ) -> None:
+        """A CUDA memory allocation or free (CUDA_GPU_MEMORY_USAGE_EVENTS, `--cuda-memory-usage=true`): memKind 2
+        is device memory, 1 pinned host memory; `correlation_id` links it to its CUDA API call."""
+        self._tables["CUDA_GPU_MEMORY_USAGE_EVENTS"].add(
+            (
+                int(start),
+                self._gpid(pid),
+                int(device_id),
+                int(address),
+                int(nbytes),
+                int(mem_kind),
+                1 if free else 0,
+                _opt_int(correlation_id),
+            )
+        )
+        self._seen(start)
 
     def osrt(self, tid: int, start: int, end: int, name: str = "read", event_class: int = 27) -> None:
         """OS runtime call (OSRT_API); event_class 27 = a real call."""

@@ -198,3 +198,61 @@ def rank_profile(
     exp.runtime(main, end, end + 1000, name="cudaDeviceSynchronize_v3020")
     exp.set_session(start_time=0, **kw)
     return exp.write(path)
+
+
+MIB = 1 << 20
+
+
+def memory_profile(path: Path, iterations: int = 3) -> Path:
+    """CUDA memory events (`nsys profile --cuda-memory-usage=true`) in a PyTorch loop, for hand-computed
+    memory figures. Per iteration i (T = BASE + i * ITERATION_SPAN; key node Optimizer.step, which ends at
+    T+30000, so what comes after it belongs to the next iteration):
+
+    main thread (tid 100)
+      [T+1000,  T+3000)   aten::empty     cudaMalloc [T+1500,T+2500)    -> +4096 B on GPU 0 at T+2000
+      [T+5000,  T+9000)   aten::conv2d    cudaMalloc [T+6000,T+7000)    -> +1 MiB on GPU 0 at T+6500
+                                          cudaLaunchKernel [T+7500,T+8000) -> TC_CONV [T+8500,T+12000)
+      [T+10000, T+12000)  aten::to        cudaHostAlloc [T+10500,T+11500) -> +2048 B pinned host memory at
+                                          T+11000 (iteration 0 only)
+      [T+20000, T+30000)  Optimizer.step#SGD.step (scope)
+        [T+21000, T+29000)  aten::add_    cudaFree [T+22000,T+23000)    -> -1 MiB on GPU 0 at T+22500
+      cudaFree [T+35000,T+36000) outside every range (unassociated) -> -4096 B on GPU 0 at T+36500, after the
+                                          call returned: it is attributed by its call
+      +512 B on GPU 1 at T+40000 without a CUDA API call (no thread: no op)
+    """
+    exp = NsysExport(schema="2022.4")
+    for device in (0, 1):
+        exp.add_gpu(
+            device_id=device, name="NVIDIA A100-SXM4-40GB", total_memory=42505273344, sm_count=108, compute=(8, 0)
+        )
+    main = exp.add_thread(pid=PID, tid=PID, name="python", process_name="python")
+    op_id = 1
+    for i in range(iterations):
+        t = BASE + i * ITERATION_SPAN
+
+        def rng(a, b, label, seq=None):
+            nonlocal op_id
+            text = label + (f", seq = {seq}" if seq is not None else "") + f", op_id = {op_id}"
+            op_id += 1
+            exp.push_pop(main, t + a, t + b, text)
+
+        rng(1000, 3000, "aten::empty")
+        corr = exp.runtime(main, t + 1500, t + 2500, name="cudaMalloc_v3020")
+        exp.memory_usage(PID, t + 2000, 4096, correlation_id=corr, address=0x10000)
+        rng(5000, 9000, "aten::conv2d", 10 * i + 1)
+        corr = exp.runtime(main, t + 6000, t + 7000, name="cudaMalloc_v3020")
+        exp.memory_usage(PID, t + 6500, MIB, correlation_id=corr, address=0x20000)
+        exp.launch(main, t + 7500, t + 8000, t + 8500, t + 12000, kernel=TC_CONV)
+        if i == 0:
+            rng(10000, 12000, "aten::to", 10 * i + 2)
+            corr = exp.runtime(main, t + 10500, t + 11500, name="cudaHostAlloc_v3020")
+            exp.memory_usage(PID, t + 11000, 2048, mem_kind=1, correlation_id=corr, address=0x30000)
+        rng(20000, 30000, "Optimizer.step#SGD.step")
+        rng(21000, 29000, "aten::add_", 10 * i + 3)
+        corr = exp.runtime(main, t + 22000, t + 23000, name="cudaFree_v3020")
+        exp.memory_usage(PID, t + 22500, MIB, free=True, correlation_id=corr, address=0x20000)
+        corr = exp.runtime(main, t + 35000, t + 36000, name="cudaFree_v3020")
+        exp.memory_usage(PID, t + 36500, 4096, free=True, correlation_id=corr, address=0x10000)
+        exp.memory_usage(PID, t + 40000, 512, device_id=1, address=0x40000 + i)
+    exp.set_session(start_time=0)
+    return exp.write(path)

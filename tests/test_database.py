@@ -251,7 +251,7 @@ def test_everything_is_rank_zero(mixed):
 
 
 def test_schema_and_first_aggregation(db):
-    assert query(db, "SELECT current_version FROM db_version") == [(DB_SCHEMA_VERSION,)] == [("3.0.0",)]
+    assert query(db, "SELECT current_version FROM db_version") == [(DB_SCHEMA_VERSION,)] == [("3.1.0",)]
     assert query(db, "SELECT aggr_id, key_node, iter_start, iter_stop, total_iterations FROM aggregations") == [
         (1, "Optimizer.step#SGD.step", 0, 3, 4)
     ]
@@ -276,6 +276,8 @@ def test_viewer_indexes_only(db):
         "idx_op_nodes_gpu",
         "idx_kernel_summaries",
         "idx_group_ops",
+        "idx_memory_events",  # the Memory view's curve of a device in a time window
+        "idx_memory_ops",  # the Memory view's ops table of an aggregation
     }
     # the op index holds only instances with GPU work (the training profile's 36 ranges give 24 op instances,
     # 3 iterations x 7 of them with kernels or copies)
