@@ -144,7 +144,7 @@ TERMS: dict[str, Term] = {
         f"Calls in the aggregated iterations: of the op (for an op type or a group node: of its ops); {_CALL} "
         "counts once.",
     ),
-    "memory_device": Term("Device", "Where the memory is: a GPU (GPU N) or the host (CPU)."),
+    "memory_device": Term("Memory Device", "Where the memory is: a GPU (GPU N) or the host (CPU)."),
     "op_allocations": Term("Allocations", "Allocations made during the op's calls (in the aggregated iterations)."),
     "op_frees": Term("Frees", "Frees made during the op's calls (in the aggregated iterations)."),
     "op_bytes_allocated": Term("Bytes Allocated", "Bytes the op's calls allocated (in the aggregated iterations)."),

@@ -672,6 +672,10 @@ class _ArrowRows:
         frame = pd.DataFrame({k: [float(v) if isinstance(v, np.floating) else v] for k, v in row.items()})
         self.insert(table, frame, list(row))
 
+    def has_table(self, table: str) -> bool:
+        """A new file has every table of this version's schema."""
+        return True
+
 
 def _arrow_column(values: pd.Series) -> pa.Array:
     """A column as _rows binds it: missing -> NULL, booleans as integers."""

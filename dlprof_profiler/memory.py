@@ -314,15 +314,17 @@ class MemoryAccumulator:
     def _device_table(self) -> pd.DataFrame:
         its = self.iterations
         rows = []
+        window_start = its.time_range(self.lo, self.hi)[0]
         for device_type, device_id, dev in self.devices:
+            # the events of the aggregated iterations (steps leave out what runs between and around them)
             it = its.of(dev.times)
-            a = int(np.searchsorted(it, self.lo, side="left"))  # first event of the aggregated iterations
-            b = int(np.searchsorted(it, self.hi, side="right"))  # first event after them
+            chosen = np.flatnonzero((it >= self.lo) & (it <= self.hi))
+            a = int(np.searchsorted(dev.times, window_start, side="left"))  # first event from the window on
             before = int(dev.allocated[a - 1]) if a > 0 else dev.initial
-            inside = dev.allocated[a:b]
-            reserved = dev.reserved[max(a - 1, 0) : b] if a > 0 else dev.reserved[a:b]
+            inside = dev.allocated[chosen]
+            reserved = dev.reserved[np.concatenate([[a - 1], chosen]) if a > 0 else chosen]
             reserved = reserved[reserved >= 0]
-            nbytes = dev.nbytes[a:b]
+            nbytes = dev.nbytes[chosen]
             rows.append(
                 {
                     "device_type": device_type,
@@ -330,7 +332,7 @@ class MemoryAccumulator:
                     "device": device_label(device_type, device_id),
                     "peak_allocated": max(before, int(inside.max())) if inside.size else before,
                     "peak_reserved": float(reserved.max()) if reserved.size else np.nan,
-                    "allocated_at_end": int(dev.allocated[b - 1]) if b > 0 else dev.initial,
+                    "allocated_at_end": int(inside[-1]) if inside.size else before,
                     "allocations": int((nbytes > 0).sum()),
                     "frees": int((nbytes < 0).sum()),
                     "bytes_allocated": int(nbytes[nbytes > 0].sum()),
