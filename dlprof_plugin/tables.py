@@ -149,6 +149,42 @@ _FIRST_CALL_SHAPES = {
 }
 
 
+def _flops_columns(ctx, per_call_sql: str, tflops_sql: str, of: str) -> list[Col]:
+    """FLOPs per Call and Achieved TFLOP/s (the engine's flops.py, stored in op_nodes; NULL in files written
+    before they were)."""
+    stored = "flops_per_call" in ctx.db.columns("op_nodes")
+    return [
+        Col(
+            "flops_per_call",
+            "FLOPs per Call",
+            "int",
+            per_call_sql if stored else "NULL",
+            f"Floating-point operations of one call of {of}: from the input shapes of its first call (matmul, "
+            "linear, convolution and attention ops; the trace's own figure where it has one); a backward op "
+            "counts twice its forward op's",
+            sortable=stored,
+            filterable=stored,
+        ),
+        Col(
+            "achieved_tflops",
+            "Achieved TFLOP/s",
+            "float",
+            tflops_sql if stored else "NULL",
+            f"The FLOPs of the calls of {of} over their total GPU time",
+            sortable=stored,
+            filterable=stored,
+        ),
+    ]
+
+
+def _op_node_value(column: str) -> str:
+    """A kernel row's op figure: its op's op_nodes row of the same aggregation (a primary-key lookup)."""
+    return (
+        f"(SELECT n.{column} FROM op_nodes n WHERE n.aggr_id = k.aggr_id AND n.domain_id = k.domain_id "
+        "AND n.op_index = k.op_index)"
+    )
+
+
 def ops_table(ctx) -> TableQuery:
     pt = ctx.pytorch
     cols = [Col("op_index", "Op Index", "int", "n.op_index", "Row key", hidden=True)]
@@ -173,6 +209,7 @@ def ops_table(ctx) -> TableQuery:
             searchable=False,
         )
     )
+    cols += _flops_columns(ctx, "n.flops_per_call", "n.achieved_tflops", "the op")
     if pt:
         cols.append(Col("stack_trace", "Stack Trace", "multiline", "o.stack_trace", "Python frames, script first"))
     cols.append(
@@ -220,6 +257,9 @@ def kernels_table(ctx, op_index: int | None = None) -> TableQuery:
         Col("api_max", "Max API Time (ns)", "ns", "k.api_max", "Longest launching API call"),
         Col("long_name", "Long Kernel Name", "text", "k.long_name", "Demangled kernel signature", hidden=True),
     ]
+    cols += _flops_columns(
+        ctx, _op_node_value("flops_per_call"), _op_node_value("achieved_tflops"), "the op launching the kernel"
+    )
     where = _base("k")
     params = ctx.params()
     if op_index is not None:

@@ -584,17 +584,26 @@ class _Inserter:
     def __init__(self, con: sqlite3.Connection, rank: int):
         self.con, self.rank = con, rank
         self._has_rank: dict[str, bool] = {}
+        self._columns: dict[str, set] = {}
 
     def has_rank(self, table: str) -> bool:
         if table not in self._has_rank:
             self._has_rank[table] = any(r[1] == "rank" for r in self.con.execute(f'PRAGMA table_info("{table}")'))
         return self._has_rank[table]
 
+    def columns(self, table: str) -> set:
+        if table not in self._columns:
+            self._columns[table] = {r[1] for r in self.con.execute(f'PRAGMA table_info("{table}")')}
+        return self._columns[table]
+
     def insert(self, table: str, frame: pd.DataFrame, columns: list[str], names: list[str] | None = None) -> None:
         if len(frame) == 0:
             return
         names = list(names or columns)
         columns = list(columns)
+        if not set(names) <= self.columns(table):  # a file of an earlier schema gaining an aggregation
+            kept = [i for i, n in enumerate(names) if n in self.columns(table)]
+            names, columns = [names[i] for i in kept], [columns[i] for i in kept]
         if self.has_rank(table):
             frame = frame.assign(_rank=self.rank)
             columns.append("_rank")
@@ -740,6 +749,7 @@ def _write_rank_rows(
 
 
 _STAT_COLS = [f"{p}_{s}" for p in ("cpu", "gpu", "overhead", "idle") for s in ("total", "avg", "min", "max")]
+FLOPS_COLS = ["flops_per_call", "achieved_tflops"]  # flops.py; absent from files of earlier schemas
 
 
 def _write_aggregation(out: _Inserter, aggr_id: int, domain_id: int, ops_map, agg: Aggregation) -> None:
@@ -836,7 +846,8 @@ def _write_aggregation(out: _Inserter, aggr_id: int, domain_id: int, ops_map, ag
             "is_bad_data_type",
             "kernel_time",
         ]
-        + _STAT_COLS,
+        + _STAT_COLS
+        + FLOPS_COLS,
         [
             "aggr_id",
             "domain_id",
@@ -848,7 +859,8 @@ def _write_aggregation(out: _Inserter, aggr_id: int, domain_id: int, ops_map, ag
             "is_bad_data_type",
             "kernel_time",
         ]
-        + _STAT_COLS,
+        + _STAT_COLS
+        + FLOPS_COLS,
     )
     types = agg.op_types.assign(aggr_id=aggr_id, domain_id=domain_id)
     out.insert(

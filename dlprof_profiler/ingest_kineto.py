@@ -6,7 +6,7 @@ unchanged. Mapping (DESIGN.md, "Kineto input: what differs from nsys"):
 - `cpu_op` (2021: `Operator`): an NVTX-like range whose text follows PyTorch's `emit_nvtx` grammar,
   `aten::mm, seq = 12, op_id = 3` (seq from `Sequence number`, op_id from `External id`), so PyTorch's
   marker rules apply as for nsys input; `Input Dims`/`Input type`/`Call stack` become the pre-parsed
-  range columns `input_shapes`, `data_type`, `stack_trace`.
+  range columns `input_shapes`, `data_type`, `stack_trace`, `parameters` (`flops=N`: the `flops` argument).
 - `user_annotation` (`ProfilerStep#N`, `Optimizer.step#SGD.step`, `record_function` labels): scope ranges.
 - `python_function`: module frames `nn.Module: Linear_0` are scope ranges named `Linear_0`; the other
   Python frames only give the stack trace of the ops they enclose.
@@ -462,6 +462,14 @@ def _op_details(ev: _Events, rows: np.ndarray, op: np.ndarray, start, end, gtid,
             values[has] = parsed[inverse]
         out[column] = values
     out["stack_trace"] = _stack_traces(ev, rows, op, start, end, gtid, cpu)
+    # the profiler's own FLOPs figure of a call, as a parameter (flops.py reads it; it wins over the formulas)
+    flops = c.args["flops"][rows]
+    given = op & (flops >= 0)
+    parameters = np.full(n, None, dtype=object)
+    if given.any():
+        inverse, used = pd.factorize(flops[given])
+        parameters[given] = np.array([f"flops={int(v)}" for v in used], dtype=object)[inverse]
+    out["parameters"] = parameters
     return out
 
 

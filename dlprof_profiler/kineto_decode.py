@@ -81,6 +81,7 @@ class EventArgs(msgspec.Struct, gc=False):
     device_type: Scalar = msgspec.field(default=None, name="Device Type")
     device_id: Scalar = msgspec.field(default=None, name="Device Id")
     sync_kind: Scalar = msgspec.field(default=None, name="cuda_sync_kind")
+    flops: Scalar = None  # the profiler's own FLOPs of an op call (torch.profiler with_flops, where written)
 
 
 class Event(msgspec.Struct, gc=False):
@@ -201,6 +202,7 @@ INT_ARGS = {
     "alloc_bytes": (MEMORY,),
     "device_type": (MEMORY,),
     "device_id": (MEMORY,),
+    "flops": (OP,),
 }
 TEXT_ARGS = {"call_stack": (OP,), "kind": (MEMCPY,), "name": (METADATA,), "labels": (METADATA,), "sync_kind": (SYNC,)}
 RAW_ARGS = {"input_dims": (OP,), "input_type": (OP,), "grid": (KERNEL,), "block": (KERNEL,)}
