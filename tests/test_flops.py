@@ -517,6 +517,55 @@ def test_achieved_tflops_of_a_kineto_trace_and_its_own_flops_argument(tmp_path):
     assert rows["/ProfilerStep/aten::mm"][-2:] == [str(MM_TRACE_FLOPS), f"{MM_TRACE_FLOPS / 20_000 / 1e3:.3f}"]
 
 
+def test_convolutions_of_a_kineto_trace_take_their_output_shape_from_concrete_inputs(tmp_path):
+    """PyTorch 2.x records stride, padding and dilation of aten::conv2d as `Concrete Inputs`: the output shape
+    (32 - 3 + 2)/2 + 1 = 16 gives 2 x (8 x 16 x 16 x 16) x (3 x 3 x 3); a padding the rule cannot size ("same"
+    as text) or no Concrete Inputs (older traces) leaves the FLOPs unknown."""
+    k = KinetoTrace()
+    k.device(0)
+    k.metadata({1: "python"})
+    k.span(T0, 100_000)
+    dims = [[8, 3, 32, 32], [16, 3, 3, 3], [16], [], [], [], []]
+    for n, concrete in enumerate(
+        (["", "", "", "[2, 2]", "[1, 1]", "[1, 1]", "1"], ["", "", "", "[1, 1]", "same", "[1, 1]", "1"], None)
+    ):
+        k.annotation(1, T0 + n * 20_000, 10_000, f"block{n}")
+        extra = {"Concrete Inputs": concrete} if concrete is not None else None
+        k.cpu_op(1, T0 + n * 20_000 + 1000, 5000, "aten::conv2d", seq=n, dims=dims, extra_args=extra)
+        c = k.runtime(1, T0 + n * 20_000 + 2000, 1000)
+        k.kernel("implicit_convolve_sgemm", T0 + n * 20_000 + 4000, 5000, c)
+    ops = analyze(k.write(tmp_path / "c.json")).agg().ops.set_index("name")
+    assert ops.loc["/block0/aten::conv2d", "flops_per_call"] == 2 * (8 * 16 * 16 * 16) * (3 * 3 * 3)
+    assert pd.isna(ops.loc["/block1/aten::conv2d", "flops_per_call"])
+    assert pd.isna(ops.loc["/block2/aten::conv2d", "flops_per_call"])
+
+
+def test_real_cpu_trace_convolution_flops_from_its_concrete_inputs():
+    """PyTorch 2.13 on CPU (a small CNN): each aten::conv2d's FLOPs from the Input Dims and Concrete Inputs
+    written in the file (read here with a regular expression: the file is not valid JSON, see
+    tests/data/README.md), the output size by the convolution arithmetic."""
+    import re
+
+    from tests.data import KINETO_MALFORMED
+
+    path = KINETO_MALFORMED / "pytorch2.13_cpu_unescaped_name.pt.trace.json.gz"
+    text = gzip.open(path).read().decode("utf-8", "replace")
+    expected = set()
+    for m in re.finditer(r'"name": "aten::conv2d",.*?"args": \{(.*?)\n    \}', text, re.S):
+        args = json.loads("{" + m.group(1) + "}")
+        (x, w), (stride, padding, dilation) = (
+            args["Input Dims"][:2],
+            [json.loads(v) for v in args["Concrete Inputs"][3:6]],
+        )
+        out = [(x[2 + i] + 2 * padding[i] - dilation[i] * (w[2 + i] - 1) - 1) // stride[i] + 1 for i in range(2)]
+        expected.add(2 * (x[0] * w[0] * out[0] * out[1]) * (w[1] * w[2] * w[3]))
+    assert len(expected) == 2
+    ops = analyze(path).agg().ops
+    conv = ops[ops["op_type"] == "conv2d"]
+    assert set(conv.loc[conv["direction"] == "fprop", "flops_per_call"].astype(int)) == expected
+    assert set(conv.loc[conv["direction"] == "bprop", "flops_per_call"].astype(int)) == {2 * v for v in expected}
+
+
 def test_a_gpu_missing_from_the_table_leaves_mfu_empty(tmp_path):
     k = kineto_flops_trace(2)
     k.top["deviceProperties"][0]["name"] = "NVIDIA GeForce RTX 4090"
