@@ -149,31 +149,28 @@ _FIRST_CALL_SHAPES = {
 }
 
 
-def _flops_columns(ctx, per_call_sql: str, tflops_sql: str, of: str) -> list[Col]:
-    """FLOPs per Call and Achieved TFLOP/s (the engine's flops.py, stored in op_nodes; NULL in files written
-    before they were)."""
+# FLOPs per Call and Achieved TFLOP/s (the engine's flops.py, stored in op_nodes): definitions, one for both tables
+FLOPS_TOOLTIPS = {
+    "flops_per_call": "Floating-point operations of one call of the op (on a kernel row: of the op launching the "
+    "kernel), from the input shapes of its first call (matmul, linear, convolution and attention ops) or the "
+    "trace's own figure; a backward op counts twice its forward op's",
+    "achieved_tflops": "The FLOPs of the op's calls over their total GPU time (on a kernel row: of the op launching "
+    "the kernel)",
+}
+
+
+def _flops_columns(ctx, per_call_sql: str, tflops_sql: str) -> list[Col]:
+    """FLOPs per Call and Achieved TFLOP/s (NULL, neither sortable nor filterable, in files written before
+    op_nodes had them)."""
     stored = "flops_per_call" in ctx.db.columns("op_nodes")
     return [
         Col(
-            "flops_per_call",
-            "FLOPs per Call",
-            "int",
-            per_call_sql if stored else "NULL",
-            f"Floating-point operations of one call of {of}: from the input shapes of its first call (matmul, "
-            "linear, convolution and attention ops; the trace's own figure where it has one); a backward op "
-            "counts twice its forward op's",
-            sortable=stored,
-            filterable=stored,
-        ),
-        Col(
-            "achieved_tflops",
-            "Achieved TFLOP/s",
-            "float",
-            tflops_sql if stored else "NULL",
-            f"The FLOPs of the calls of {of} over their total GPU time",
-            sortable=stored,
-            filterable=stored,
-        ),
+            key, label, kind, sql if stored else "NULL", tooltip=FLOPS_TOOLTIPS[key], sortable=stored, filterable=stored
+        )
+        for key, label, kind, sql in (
+            ("flops_per_call", "FLOPs per Call", "int", per_call_sql),
+            ("achieved_tflops", "Achieved TFLOP/s", "float", tflops_sql),
+        )
     ]
 
 
@@ -209,7 +206,7 @@ def ops_table(ctx) -> TableQuery:
             searchable=False,
         )
     )
-    cols += _flops_columns(ctx, "n.flops_per_call", "n.achieved_tflops", "the op")
+    cols += _flops_columns(ctx, "n.flops_per_call", "n.achieved_tflops")
     if pt:
         cols.append(Col("stack_trace", "Stack Trace", "multiline", "o.stack_trace", "Python frames, script first"))
     cols.append(
@@ -257,9 +254,7 @@ def kernels_table(ctx, op_index: int | None = None) -> TableQuery:
         Col("api_max", "Max API Time (ns)", "ns", "k.api_max", "Longest launching API call"),
         Col("long_name", "Long Kernel Name", "text", "k.long_name", "Demangled kernel signature", hidden=True),
     ]
-    cols += _flops_columns(
-        ctx, _op_node_value("flops_per_call"), _op_node_value("achieved_tflops"), "the op launching the kernel"
-    )
+    cols += _flops_columns(ctx, _op_node_value("flops_per_call"), _op_node_value("achieved_tflops"))
     where = _base("k")
     params = ctx.params()
     if op_index is not None:

@@ -446,13 +446,13 @@ KERNELS = {"linear": 40_000, "mm": 20_000, "linear_bprop": 80_000}
 
 def kineto_flops_trace(steps: int = 3) -> KinetoTrace:
     """torch.profiler on an H100 SXM, per step (S = T0 + i * STEP, ns), kernels back to back from S+10000:
-      [S, S+300000)        ProfilerStep#i+1
+      [S, S+150000)        ProfilerStep#i+1 (ends with its last kernel)
       [S+1000, S+5000)     aten::linear (bf16, Input Dims LINEAR_DIMS), seq 10i+1 > aten::addmm seq 10i+2
                            -> BF16_GEMM 40 us
       [S+6000, S+8000)     aten::mm [[1024, 1024], [1024, 1024]] with `flops` MM_TRACE_FLOPS -> BF16_GEMM 20 us
       autograd thread:
       [S+20000, S+30000)   evaluate_function: AddmmBackward0 seq 10i+2 > AddmmBackward0 -> BF16_GEMM 80 us
-    The profiler span starts at T0; the last kernel of the last step ends at S+150000."""
+    The profiler span starts at T0; the last kernel of a step ends at S+150000, with the step."""
     k = KinetoTrace()
     k.device(0, name="NVIDIA H100 80GB HBM3", sms=132)
     k.metadata({1: "python", 2: "pt_autograd_0"})
@@ -460,7 +460,7 @@ def kineto_flops_trace(steps: int = 3) -> KinetoTrace:
     for i in range(steps):
         s = T0 + i * STEP
         gpu = s + 10_000
-        k.annotation(1, s, 300_000, f"ProfilerStep#{i + 1}")
+        k.annotation(1, s, 150_000, f"ProfilerStep#{i + 1}")
         types = ["c10::BFloat16"] * 3
         k.cpu_op(1, s + 1000, 4000, "aten::linear", seq=10 * i + 1, dims=LINEAR_DIMS, types=types)
         k.cpu_op(1, s + 1500, 3000, "aten::addmm", seq=10 * i + 2, dims=[[4096], [256, 1024], [1024, 4096]])
@@ -504,7 +504,7 @@ def test_achieved_tflops_of_a_kineto_trace_and_its_own_flops_argument(tmp_path):
     agg = a.agg()
     known = steps * (3 * LINEAR_FLOPS + MM_TRACE_FLOPS)
     gpu = steps * sum(KERNELS.values())
-    wall = (steps - 1) * STEP + 10_000 + sum(KERNELS.values())  # the span's start to the last kernel's end
+    wall = (steps - 1) * STEP + 150_000  # the first step's start (the span's) to the last step's end (its kernel's)
     assert agg.wall_time == wall
     out = {}
     for report in (summary_report(agg, a.trace.system, a.trace.meta, a.trace.devices, a.corr.config),):
