@@ -560,10 +560,18 @@ def test_real_cpu_trace_convolution_flops_from_its_concrete_inputs():
         out = [(x[2 + i] + 2 * padding[i] - dilation[i] * (w[2 + i] - 1) - 1) // stride[i] + 1 for i in range(2)]
         expected.add(2 * (x[0] * w[0] * out[0] * out[1]) * (w[1] * w[2] * w[3]))
     assert len(expected) == 2
-    ops = analyze(path).agg().ops
+    a = analyze(path)
+    ops = a.agg().ops
     conv = ops[ops["op_type"] == "conv2d"]
     assert set(conv.loc[conv["direction"] == "fprop", "flops_per_call"].astype(int)) == expected
     assert set(conv.loc[conv["direction"] == "bprop", "flops_per_call"].astype(int)) == {2 * v for v in expected}
+    # no GPU time: no achieved TFLOP/s, no MFU, per op or in the summary
+    assert ops["achieved_tflops"].isna().all()
+    s = a.agg().summary
+    assert F.summary_figures(ops, a.trace.devices, s["wall_time"], s["n_visible_gpus"], None) == {
+        "achieved_tflops": None,
+        "mfu_pct": None,
+    }
 
 
 def test_a_gpu_missing_from_the_table_leaves_mfu_empty(tmp_path):
