@@ -9,6 +9,7 @@ reopens the connections. Nothing here ever writes to the database.
 from __future__ import annotations
 
 import json
+import re
 import logging
 import os
 import queue
@@ -297,6 +298,14 @@ class Database:
             return out
 
         return self.cached(("model_config", rank), compute)
+
+    def columns(self, table: str) -> frozenset:
+        """The column names of a table (empty when the file has no such table): columns later schemas added."""
+        if not re.fullmatch(r"\w+", table):
+            return frozenset()
+        return self.cached(
+            ("columns", table), lambda: frozenset(r[1] for r in self.query(f'PRAGMA table_info("{table}")'))
+        )
 
     def index_on(self, table: str, leading: tuple[str, ...]) -> str | None:
         """Name of an index on `table` whose first columns are `leading` (None if there is none)."""

@@ -157,6 +157,28 @@ _FIRST_CALL_SHAPES = {
 }
 
 
+# FLOPs per Call and Achieved TFLOP/s (the engine's flops.py, stored in op_nodes): definitions, one for both tables
+def _flops_columns(ctx, per_call_sql: str, tflops_sql: str) -> list[Col]:
+    """FLOPs per Call and Achieved TFLOP/s (NULL, neither sortable nor filterable, in files written before
+    op_nodes had them)."""
+    stored = "flops_per_call" in ctx.db.columns("op_nodes")
+    return [
+        Col(key, label, kind, sql if stored else "NULL", sortable=stored, filterable=stored)
+        for key, label, kind, sql in (
+            ("flops_per_call", "FLOPs per Call", "int", per_call_sql),
+            ("achieved_tflops", "Achieved TFLOP/s", "float", tflops_sql),
+        )
+    ]
+
+
+def _op_node_value(column: str) -> str:
+    """A kernel row's op figure: its op's op_nodes row of the same aggregation (a primary-key lookup)."""
+    return (
+        f"(SELECT n.{column} FROM op_nodes n WHERE n.aggr_id = k.aggr_id AND n.domain_id = k.domain_id "
+        "AND n.op_index = k.op_index)"
+    )
+
+
 def ops_table(ctx) -> TableQuery:
     pt = ctx.pytorch
     cols = [Col("op_index", "Op Index", "int", "n.op_index", hidden=True)]
@@ -180,6 +202,7 @@ def ops_table(ctx) -> TableQuery:
             searchable=False,
         )
     )
+    cols += _flops_columns(ctx, "n.flops_per_call", "n.achieved_tflops")
     if pt:
         cols.append(Col("stack_trace", "Stack Trace", "multiline", "o.stack_trace"))
     cols.append(
@@ -226,6 +249,7 @@ def kernels_table(ctx, op_index: int | None = None) -> TableQuery:
         Col("api_max", "Max API Time (ns)", "ns", "k.api_max"),
         Col("long_name", "Long Kernel Name", "text", "k.long_name", hidden=True),
     ]
+    cols += _flops_columns(ctx, _op_node_value("flops_per_call"), _op_node_value("achieved_tflops"))
     where = _base("k")
     params = ctx.params()
     if op_index is not None:

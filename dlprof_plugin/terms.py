@@ -153,6 +153,16 @@ TERMS: dict[str, Term] = {
         "Peak Allocated (bytes)",
         "The device's highest allocated memory while one of the op's calls ran (every thread's allocations count).",
     ),
+    "flops_per_call": Term(
+        "FLOPs per Call",
+        "Floating-point operations of one call of the op (on a kernel row: of the op launching the kernel), from "
+        "the input shapes of its first call (matmul, linear, convolution and attention ops) or the trace's own "
+        "figure; a backward op counts twice its forward op's.",
+    ),
+    "achieved_tflops": Term(
+        "Achieved TFLOP/s",
+        "The FLOPs of the op's calls over their total GPU time (on a kernel row: of the op launching the kernel).",
+    ),
     "num_ops": Term("# Ops", "Distinct ops (of the op type, inside the group node, or of the summary row's class)."),
     "instances": Term("Instances", "How often it occurs in the whole profile (op calls, NVTX range occurrences)."),
     "kind": Term(

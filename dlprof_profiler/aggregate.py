@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from dlprof_profiler.correlate import BACKWARD_PASS, RANGE_OP, SCOPE_OP, UNASSOCIATED_API, Correlation, DomainModel
+from dlprof_profiler.flops import FIRST_CALL_COLUMNS, op_flops, with_op_flops
 from dlprof_profiler.intervals import StreamingUnion, covered_length, merge_intervals
 from dlprof_profiler.iterate import Iterations
 from dlprof_profiler.naming import group_prefix_codes
@@ -272,6 +273,7 @@ class Accumulator:
         agg.ops["is_bad_data_type"] = (
             agg.ops["tc_eligible"] & ~agg.ops["using_tc"] & ~known.fillna("").isin(HALF_PRECISION)
         )
+        agg.ops = op_flops_table(agg.ops, model)
         agg.tensor_core = tensor_core_table(agg.ops, self.tc_parts, self.tc_names, model.kernel_names()[0])
         agg.groups = self.groups.table(agg.ops, len(model.ops))
         breakdown = self.breakdown.result()
@@ -392,6 +394,17 @@ def steady_iterations(table: pd.DataFrame) -> dict:
 
 
 # ---------------------------------------------------------------------------- op statistics
+
+
+def op_flops_table(ops: pd.DataFrame, model) -> pd.DataFrame:
+    """The op table with the first call's input shapes, FLOPs per call and achieved TFLOP/s (flops.py): the
+    FLOPs of every op of the model (a bprop op takes its fprop op's), from its first call in the profile."""
+    all_ops = model.ops
+    first = model.first_calls(FIRST_CALL_COLUMNS, all_ops["op_index"].to_numpy(np.int64))
+    index = all_ops["op_index"].to_numpy(np.int64)
+    per_call = op_flops(all_ops, first).set_axis(index)
+    shapes = pd.Series(first["input_shapes"], index=index, dtype=object)
+    return with_op_flops(ops, per_call, shapes)
 
 
 def _op_partial(chosen: pd.DataFrame) -> pd.DataFrame:

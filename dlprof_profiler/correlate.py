@@ -155,7 +155,7 @@ def classify_trace(trace: Trace, mode: str | None) -> tuple[pd.DataFrame, str, s
     return info, mode, FAMILY_OF_MODE.get(mode), config
 
 
-RANGE_DETAIL_COLUMNS = ("data_type", "input_shapes", "stack_trace")
+RANGE_DETAIL_COLUMNS = ("data_type", "input_shapes", "stack_trace", "parameters", "output_shapes")
 
 
 def _adopt_range_details(info: pd.DataFrame, ranges: pd.DataFrame) -> None:

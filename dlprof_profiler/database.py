@@ -881,6 +881,7 @@ def _write_rank_rows(
 
 
 _STAT_COLS = [f"{p}_{s}" for p in ("cpu", "gpu", "overhead", "idle") for s in ("total", "avg", "min", "max")]
+FLOPS_COLS = ["flops_per_call", "achieved_tflops"]  # flops.py; absent from files of earlier schemas
 
 
 def _write_aggregation(out: _Inserter, aggr_id: int, domain_id: int, ops_map, agg: Aggregation) -> None:
@@ -981,7 +982,8 @@ def _write_aggregation(out: _Inserter, aggr_id: int, domain_id: int, ops_map, ag
             "is_bad_data_type",
             "kernel_time",
         ]
-        + _STAT_COLS,
+        + _STAT_COLS
+        + FLOPS_COLS,
         [
             "aggr_id",
             "domain_id",
@@ -993,7 +995,8 @@ def _write_aggregation(out: _Inserter, aggr_id: int, domain_id: int, ops_map, ag
             "is_bad_data_type",
             "kernel_time",
         ]
-        + _STAT_COLS,
+        + _STAT_COLS
+        + FLOPS_COLS,
     )
     types = agg.op_types.assign(aggr_id=aggr_id, domain_id=domain_id)
     out.insert(

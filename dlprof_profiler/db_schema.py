@@ -116,6 +116,7 @@ CREATE TABLE {K.OP_NODES} (aggr_id INTEGER, domain_id INTEGER, op_index INTEGER,
     gpu_total INTEGER, gpu_avg REAL, gpu_min INTEGER, gpu_max INTEGER,
     overhead_total INTEGER, overhead_avg REAL, overhead_min INTEGER, overhead_max INTEGER,
     idle_total INTEGER, idle_avg REAL, idle_min INTEGER, idle_max INTEGER,
+    flops_per_call INTEGER, achieved_tflops REAL,
     PRIMARY KEY (aggr_id, domain_id, op_index, rank));
 CREATE TABLE {K.OP_TYPE_METRICS} (aggr_id INTEGER, domain_id INTEGER, rank INTEGER NOT NULL DEFAULT 0,
     op_type TEXT, num_ops INTEGER,

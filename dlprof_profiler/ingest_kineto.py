@@ -6,7 +6,8 @@ unchanged. Mapping (DESIGN.md, "Kineto input: what differs from nsys"):
 - `cpu_op` (2021: `Operator`): an NVTX-like range whose text follows PyTorch's `emit_nvtx` grammar,
   `aten::mm, seq = 12, op_id = 3` (seq from `Sequence number`, op_id from `External id`), so PyTorch's
   marker rules apply as for nsys input; `Input Dims`/`Input type`/`Call stack` become the pre-parsed
-  range columns `input_shapes`, `data_type`, `stack_trace`.
+  range columns `input_shapes`, `data_type`, `stack_trace`, `parameters` (`flops=N`: the `flops` argument),
+  `output_shapes` (of convolutions, from `Concrete Inputs`).
 - `user_annotation` (`ProfilerStep#N`, `Optimizer.step#SGD.step`, `record_function` labels): scope ranges.
 - `python_function`: module frames `nn.Module: Linear_0` are scope ranges named `Linear_0`; the other
   Python frames only give the stack trace of the ops they enclose.
@@ -37,7 +38,7 @@ from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.kineto_repair import describe as describe_repairs
 from dlprof_profiler.memory import empty_memory_frame, gpu_peak, memory_frame, merge_frames
 from dlprof_profiler.ingest_nsys import COPY_KIND_LABELS, MEMSET_LABEL, copy_kind_label
-from dlprof_profiler.nvtx_markers import format_shapes
+from dlprof_profiler.nvtx_markers import format_shapes, output_shape_text
 from dlprof_profiler.structure import RangeForest, levels, nearest_flagged_ancestor, outermost_flagged
 from dlprof_profiler.trace import (
     PARTIAL_STEPS,
@@ -466,7 +467,59 @@ def _op_details(ev: _Events, rows: np.ndarray, op: np.ndarray, start, end, gtid,
             values[has] = parsed[inverse]
         out[column] = values
     out["stack_trace"] = _stack_traces(ev, rows, op, start, end, gtid, cpu)
+    out["output_shapes"] = _conv_output_shapes(ev, rows, op)
+    # the profiler's own FLOPs figure of a call, as a parameter (flops.py reads it; it wins over the formulas)
+    flops = c.args["flops"][rows]
+    given = op & (flops >= 0)
+    parameters = np.full(n, None, dtype=object)
+    if given.any():
+        inverse, used = pd.factorize(flops[given])
+        parameters[given] = np.array([f"flops={int(v)}" for v in used], dtype=object)[inverse]
+    out["parameters"] = parameters
     return out
+
+
+# convolutions whose output shape follows from Input Dims and Concrete Inputs (positions of stride, padding,
+# dilation in aten::conv{1,2,3}d(input, weight, bias, stride, padding, dilation, groups))
+_CONV_OPS = {name: name[len("aten::") :] for name in kd.RAW_ARG_OPS["concrete_inputs"]}
+_CONV_PARAMETERS = ((3, "stride"), (4, "padding"), (5, "dilation"))
+
+
+def _conv_output_shapes(ev: _Events, rows: np.ndarray, op: np.ndarray) -> np.ndarray:
+    """The output shape of convolution ops (DLProf's text, as the markers give it; flops.py needs it), from their
+    `Input Dims` and `Concrete Inputs` (recorded by PyTorch 2.x); None elsewhere. Once per distinct value."""
+    c = ev.c
+    out = np.full(rows.size, None, dtype=object)
+    conv_codes = [ev.code[name] for name in _CONV_OPS if name in ev.code]
+    if not conv_codes:
+        return out
+    names = c.name[rows]
+    dims, concrete = c.args["input_dims"][rows], c.args["concrete_inputs"][rows]
+    has = op & np.isin(names, conv_codes) & (dims >= 0) & (concrete >= 0)
+    if has.any():
+        keys = pd.MultiIndex.from_arrays([names[has], dims[has], concrete[has]])
+        inverse, used = pd.factorize(keys)
+        texts = np.empty(len(used), dtype=object)
+        texts[:] = [_conv_output(ev.strings[n], ev.raws[d], ev.raws[k]) for n, d, k in used]
+        out[has] = texts[inverse]
+    return out
+
+
+def _conv_output(name: str, dims_raw: str, concrete_raw: str) -> str | None:
+    try:
+        dims, concrete = json.loads(dims_raw), json.loads(concrete_raw)
+    except ValueError:
+        return None
+    if not isinstance(dims, list) or len(dims) < 2 or not isinstance(concrete, list):
+        return None
+    params = []
+    for position, key in _CONV_PARAMETERS:
+        if position < len(concrete) and isinstance(concrete[position], str) and concrete[position]:
+            try:
+                params.append((key, json.loads(concrete[position])))
+            except ValueError:
+                params.append((key, concrete[position]))  # padding="same"/"valid": no output shape
+    return output_shape_text(_CONV_OPS[name], [dims[0], dims[1]], params) or None
 
 
 def _data_type(raw: str) -> str | None:

@@ -63,6 +63,7 @@ class EventArgs(msgspec.Struct, gc=False):
     fwd_tid: Scalar = msgspec.field(default=None, name="Fwd thread id")
     input_dims: msgspec.Raw = msgspec.field(default=EMPTY, name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=EMPTY, name="Input type")
+    concrete_inputs: msgspec.Raw = msgspec.field(default=EMPTY, name="Concrete Inputs")
     call_stack: Scalar = msgspec.field(default=None, name="Call stack")
     correlation: Scalar = None
     device: Scalar = None
@@ -83,6 +84,7 @@ class EventArgs(msgspec.Struct, gc=False):
     device_type: Scalar = msgspec.field(default=None, name="Device Type")
     device_id: Scalar = msgspec.field(default=None, name="Device Id")
     sync_kind: Scalar = msgspec.field(default=None, name="cuda_sync_kind")
+    flops: Scalar = None  # the profiler's own FLOPs of an op call (torch.profiler with_flops, where written)
 
 
 class Event(msgspec.Struct, gc=False):
@@ -205,9 +207,19 @@ INT_ARGS = {
     "alloc_bytes": (MEMORY,),
     "device_type": (MEMORY,),
     "device_id": (MEMORY,),
+    "flops": (OP,),
 }
 TEXT_ARGS = {"call_stack": (OP,), "kind": (MEMCPY,), "name": (METADATA,), "labels": (METADATA,), "sync_kind": (SYNC,)}
-RAW_ARGS = {"input_dims": (OP,), "input_type": (OP,), "grid": (KERNEL,), "block": (KERNEL,)}
+RAW_ARGS = {
+    "input_dims": (OP,),
+    "input_type": (OP,),
+    "concrete_inputs": (OP,),
+    "grid": (KERNEL,),
+    "block": (KERNEL,),
+}
+# raw arguments kept only for the ops named here (the others' values are skipped, not hashed): Concrete Inputs
+# give the convolutions' stride, padding and dilation (their output shape, for their FLOPs)
+RAW_ARG_OPS = {"concrete_inputs": ("aten::conv1d", "aten::conv2d", "aten::conv3d")}
 
 
 @dataclass
@@ -960,6 +972,11 @@ class _ColumnBuilder:
                     rows = np.sort(np.concatenate([members.get(g, np.zeros(0, np.int64)) for g in groups]))
                     subsets[key] = (rows, _present(_take(args, rows)))
                 rows, sub = subsets[key]
+                if name in RAW_ARG_OPS:
+                    wanted = np.zeros(len(self.strings.values) + 1, dtype=bool)  # by name code; -1: the last
+                    wanted[[self.strings.index[n] for n in RAW_ARG_OPS[name] if n in self.strings.index]] = True
+                    keep = np.flatnonzero(wanted[part["name"][rows]])
+                    rows, sub = rows[keep], _take(sub, keep)
                 if rows.size == 0:
                     continue
                 values = list(map(attrgetter(name), sub))

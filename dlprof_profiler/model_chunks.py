@@ -86,6 +86,25 @@ def launch_times(trace: Trace, gpu_api: np.ndarray) -> np.ndarray:
     return launch
 
 
+def first_calls(instances: pd.DataFrame | None, columns, op_index) -> dict:
+    """Per op of `op_index`, the `columns` of its first call (earliest start, then lowest instance id) in the
+    whole profile; None where the op has no instance or the call has no value."""
+    op_index = np.asarray(op_index, dtype=np.int64)
+    out = {c: np.full(op_index.size, None, dtype=object) for c in columns}
+    if instances is None or len(instances) == 0 or op_index.size == 0:
+        return out
+    ops = instances["op_index"].to_numpy(np.int64)
+    order = np.lexsort((instances["instance_id"].to_numpy(np.int64), instances["start"].to_numpy(np.int64)))
+    first_of_op, first_pos = np.unique(ops[order], return_index=True)  # unique keeps the first occurrence
+    rows = order[first_pos]
+    where = np.searchsorted(first_of_op, op_index)
+    found = (where < first_of_op.size) & (first_of_op[np.minimum(where, first_of_op.size - 1)] == op_index)
+    for c in columns:
+        if c in instances:
+            out[c][found] = instances[c].to_numpy(dtype=object)[rows[where[found]]]
+    return out
+
+
 def _codes(names: pd.Series) -> np.ndarray:
     return (
         names.cat.codes.to_numpy(np.int64)
@@ -139,6 +158,10 @@ class InMemoryModel:
         self.inst = inst
 
     # -- facts about the whole model ----------------------------------------------------------------------
+    def first_calls(self, columns, op_index) -> dict:
+        """Per op of `op_index`, `columns` of its first call in the whole profile (see `first_calls`)."""
+        return first_calls(self.inst, columns, op_index)
+
     def window_end(self, iterations, iter_start: int, iter_stop: int) -> int | None:
         """Latest end of any op instance or GPU activity of the aggregated iterations."""
         ends = []

@@ -426,7 +426,7 @@ def _parse_dict_text(text: str, allowed: set[str]) -> dict:
             op_type=op,
             data_type=(dtypes[0] if dtypes else None),
             input_shapes=format_shapes(shapes, labels),
-            output_shapes=_output_shape_text(op, shapes, params),
+            output_shapes=output_shape_text(op, shapes, params),
             parameters=", ".join(f"{k}={v}" for k, v in params) if params else "",
             direction=direction if direction in ("fprop", "bprop") else None,
             dataloader=bool(_DATALOADER_LABEL.search(op)) or "DataLoader" in str(value.get("mod")),
@@ -487,8 +487,9 @@ def _dimension_labels(op: str, shapes: list) -> list | None:
     return None
 
 
-def _output_shape_text(op: str, shapes: list, params: list) -> str:
-    """Output shape of conv and linear ops from their inputs, as DLProf reported it; empty otherwise."""
+def output_shape_text(op: str, shapes: list, params: list) -> str:
+    """Output shape of conv and linear ops from their inputs and (name, value) parameters (stride, padding,
+    dilation), as DLProf reported it; empty otherwise."""
     match = _CONV.match(op)
     named = dict(params)
     if match and not op.startswith("conv_transpose") and len(shapes) >= 2:

@@ -23,7 +23,8 @@ import pyarrow.compute as pc
 # Column formats: q = always-quoted text, t = bare text (quoted only when CSV needs it), i = integer,
 # a = average (one decimal), p = percentage (one decimal), y = yes/no.
 TEXT_FORMATS = ("q", "t")
-FORMATS = ("q", "t", "i", "a", "p", "y", "n", "m")  # n, m: integer / average, blank (JSON null) when missing
+# n, m: integer / average, blank (JSON null) when missing; r: a rate with three decimals (TFLOP/s), likewise
+FORMATS = ("q", "t", "i", "a", "p", "y", "n", "m", "r")
 CHUNK_ROWS = 65_536  # rows formatted at a time: the memory of writing does not grow with the table
 CSV, JSON = "csv", "json"
 
@@ -234,7 +235,7 @@ class _Formatter:
         return _Coded(self.cache[key][1], yes.astype(np.int8), stable=True)
 
     def column(self, values, fmt: str):
-        if fmt in ("n", "m"):
+        if fmt in ("n", "m", "r"):
             return self.optional(values, fmt)
         if fmt in TEXT_FORMATS:
             return self.text(values, fmt)
@@ -248,7 +249,10 @@ class _Formatter:
         """Numbers that may be missing (NaN/None): blank in CSV, null in JSON."""
         s = _numeric_series(values)
         missing = pd.to_numeric(s, errors="coerce").isna().to_numpy()
-        cells = _cells_as_array(self.integers(values) if fmt == "n" else self.decimals(values))
+        if fmt == "r":
+            cells = _three_decimals(pd.to_numeric(s, errors="coerce").to_numpy(np.float64, na_value=0.0), self.target)
+        else:
+            cells = _cells_as_array(self.integers(values) if fmt == "n" else self.decimals(values))
         if not missing.any():
             return cells
         blank = pa.scalar("null" if self.target == JSON else "", pa.string())
@@ -286,6 +290,8 @@ def _integer_values(values) -> np.ndarray:
     if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
         return values.astype(np.int64, copy=False)
     s = _numeric_series(values)
+    if isinstance(s.dtype, pd.api.extensions.ExtensionDtype) and s.dtype.kind in "iu":  # Int64: <NA> -> 0
+        return s.fillna(0).to_numpy(np.int64)
     kind = s.dtype.kind if isinstance(s.dtype, np.dtype) else ""
     if kind in "iu":
         return s.to_numpy().astype(np.int64, copy=False)
@@ -334,6 +340,15 @@ def _one_decimal(v: np.ndarray, target: str) -> pa.Array:
     whole = pa.array(tenths // 10).cast(pa.string())
     sign = _SIGNS.take(pa.array(np.signbit(v).astype(np.int8)))
     return pc.binary_join_element_wise(sign, whole, _DIGITS.take(pa.array(tenths % 10)), "")
+
+
+def _three_decimals(v: np.ndarray, target: str) -> pa.Array:
+    """Text of rates: "{:.3f}" (CSV) or the JSON number of the value rounded to three decimals (few rows:
+    the op tables)."""
+    v = np.where(np.isfinite(v), v, 0.0)
+    if target == CSV:
+        return pa.array(np.char.mod("%.3f", v).tolist(), type=pa.string())
+    return pa.array([json.dumps(x) for x in np.round(v, 3).tolist()], type=pa.string())
 
 
 # ---------------------------------------------------------------------------- lines of one chunk

@@ -17,6 +17,8 @@ import pyarrow.compute as pc
 from dlprof_profiler import __version__, report_format
 from dlprof_profiler.aggregate import Aggregation
 from dlprof_profiler.atomic import atomic_path
+from dlprof_profiler.flops import summary_figures
+from dlprof_profiler.model_chunks import first_calls
 from dlprof_profiler.report_format import SectionWriters, Table
 from dlprof_profiler.trace import LAUNCH_SHAPE
 
@@ -164,6 +166,7 @@ def summary_report(
         bare=True,
     )
     pct = s["pct"]
+    rates = summary_figures(agg.ops, devices, s["wall_time"], s.get("n_visible_gpus", 0), _amp(config))
     summary = Table(
         "Summary Report",
         ["name", "value"],
@@ -180,6 +183,8 @@ def summary_report(
                 "IO Duration %",
                 "CPU Duration %",
                 "Other Duration %",
+                "Achieved TFLOP/s",
+                "Model FLOPs Utilization (%)",
             ],
             "value": [str(int(s["wall_time"]))]
             + [
@@ -195,6 +200,10 @@ def summary_report(
                     pct["cpu"],
                     pct["other"],
                 )
+            ]
+            + [
+                "" if rates["achieved_tflops"] is None else f"{rates['achieved_tflops']:.3f}",
+                "" if rates["mfu_pct"] is None else f"{round(rates['mfu_pct'], 1):.1f}",
             ],
         },
         bare=True,
@@ -282,6 +291,15 @@ def iteration_headline(s: dict) -> str:
     return f"{text}; {average}"
 
 
+def _amp(config: dict) -> bool | None:
+    """Whether the run used AMP, as its metadata says (None: unknown)."""
+    for key in ("amp_enabled", "autocast"):
+        value = (config or {}).get(key)
+        if value is not None:
+            return value.strip().lower() in ("1", "true", "yes", "on") if isinstance(value, str) else bool(value)
+    return None
+
+
 def _headerless(table: Table) -> Table:
     """Label/value sections have no header line: the title, then `label,value` rows."""
     table.header_prefix = None
@@ -289,24 +307,27 @@ def _headerless(table: Table) -> Table:
 
 
 def detailed_report(agg: Aggregation, instances: pd.DataFrame | None = None, first_calls=None) -> Report:
-    """DLProf 1.8's columns, then Input Shapes (the input shapes of each op's first call: from `instances`, or
-    `first_calls(column, op_index)` giving them)."""
+    """DLProf 1.8's columns, then Input Shapes (the input shapes of each op's first call: the aggregation's,
+    else from `instances`, or `first_calls(column, op_index)` giving them), FLOPs per Call and Achieved
+    TFLOP/s (flops.py; blank where unknown)."""
     ops = agg.ops.sort_values("op_id", kind="stable") if len(agg.ops) else agg.ops
     op_index = ops["op_index"] if len(ops) else []
-    shapes = (
-        first_calls("input_shapes", op_index)
-        if first_calls is not None
-        else first_call_values(instances, "input_shapes", op_index)
-    )
+    if "input_shapes" in ops:
+        shapes = ops["input_shapes"]
+    elif first_calls is not None:
+        shapes = first_calls("input_shapes", op_index)
+    else:
+        shapes = first_call_values(instances, "input_shapes", op_index)
     columns = (
         ["Op ID", "Op Name", "Direction", "Op Type", "No. Calls", "TC Eligible", "Using TC"]
         + _stat_columns("CPU Time")
         + _stat_columns("GPU Time")
         + _stat_columns("CPU Overhead")
         + _stat_columns("GPU Idle")
-        + ["Data Type", "Stack Trace", "Input Shapes"]
+        + ["Data Type", "Stack Trace", "Input Shapes", "FLOPs per Call", "Achieved TFLOP/s"]
     )
-    formats = ["q", "q", "t", "q", "i", "y", "y"] + ["i", "a", "i", "i"] * 4 + ["t", "q", "q"]
+    formats = ["q", "q", "t", "q", "i", "y", "y"] + ["i", "a", "i", "i"] * 4 + ["t", "q", "q", "n", "r"]
+    missing = pd.Series(np.nan, index=ops.index, dtype=np.float64)
     data = {
         "Op ID": ops["op_id"],
         "Op Name": ops["name"],
@@ -322,6 +343,8 @@ def detailed_report(agg: Aggregation, instances: pd.DataFrame | None = None, fir
         "Data Type": ops["data_type"],
         "Stack Trace": ops["stack_trace"],
         "Input Shapes": shapes,
+        "FLOPs per Call": ops["flops_per_call"] if "flops_per_call" in ops else missing,
+        "Achieved TFLOP/s": ops["achieved_tflops"] if "achieved_tflops" in ops else missing,
     }
     return Report("detail", [Table(aggregation_title(agg), columns, formats, data)])
 
@@ -329,19 +352,7 @@ def detailed_report(agg: Aggregation, instances: pd.DataFrame | None = None, fir
 def first_call_values(instances: pd.DataFrame | None, column: str, op_index) -> np.ndarray:
     """Per op of `op_index`, `column` of its first call (earliest start, then lowest instance id); None where
     the op has no instance or the call has no value."""
-    op_index = np.asarray(op_index, dtype=np.int64)
-    out = np.full(op_index.size, None, dtype=object)
-    if instances is None or len(instances) == 0 or column not in instances or op_index.size == 0:
-        return out
-    ops = instances["op_index"].to_numpy(np.int64)
-    order = np.lexsort((instances["instance_id"].to_numpy(np.int64), instances["start"].to_numpy(np.int64)))
-    ops_in_order = ops[order]
-    first_of_op, first_pos = np.unique(ops_in_order, return_index=True)  # unique keeps the first occurrence
-    values = instances[column].to_numpy(dtype=object)[order[first_pos]]
-    where = np.searchsorted(first_of_op, op_index)
-    found = (where < first_of_op.size) & (first_of_op[np.minimum(where, first_of_op.size - 1)] == op_index)
-    out[found] = values[where[found]]
-    return out
+    return first_calls(instances, [column], op_index)[column]
 
 
 def _op_columns(frame: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:

@@ -850,15 +850,24 @@ class StoreDomainModel:
     def first_call_values(self, column: str, op_index) -> np.ndarray:
         """Per op of `op_index`, `column` of its first call (earliest start, then lowest instance id; as
         reports.first_call_values computes it in memory)."""
+        return self.first_calls([column], op_index)[column]
+
+    def first_calls(self, columns, op_index) -> dict:
+        """Per op of `op_index`, the text `columns` of its first call (model_chunks.first_calls in memory), in
+        one pass over the instances."""
         op_index = np.asarray(op_index, dtype=np.int64)
         sink = self.sink
-        f = sink.a.store.frame(f"""SELECT DISTINCT ON (op_index) op_index, {column}_code AS code
+        codes = ", ".join(f"{c}_code AS c{i}" for i, c in enumerate(columns))
+        f = sink.a.store.frame(f"""SELECT DISTINCT ON (op_index) op_index, {codes}
                                    FROM inst_sorted_{sink.d} ORDER BY op_index, start, instance_id""")
-        values = pd.Series(
-            sink.a.pool.decode(f["code"].to_numpy(np.int64)), index=f["op_index"].to_numpy(np.int64), dtype=object
-        )
-        out = values.reindex(op_index).to_numpy(dtype=object).copy()
-        out[pd.isna(out)] = None
+        out = {}
+        for i, c in enumerate(columns):
+            values = pd.Series(
+                sink.a.pool.decode(f[f"c{i}"].to_numpy(np.int64)), index=f["op_index"].to_numpy(np.int64), dtype=object
+            )
+            column = values.reindex(op_index).to_numpy(dtype=object).copy()
+            column[pd.isna(column)] = None
+            out[c] = column
         return out
 
     def first_given_values(self, column: str) -> pd.Series:
@@ -919,6 +928,9 @@ class StoreModel:
         loader = store.frame("""SELECT start, "end", pid FROM range_info WHERE dataloader = 1 ORDER BY start""")
         self.loader = make_frame({c: loader[c].to_numpy(np.int64) for c in ("start", "end", "pid")})
         self.io = make_frame({c: io_calls[c].to_numpy(np.int64) for c in ("start", "end", "pid")})
+
+    def first_calls(self, columns, op_index) -> dict:
+        return self.dm.first_calls(columns, op_index)
 
     def window_end(self, iterations, iter_start: int, iter_stop: int) -> int | None:
         """Latest end of any op instance or GPU activity of key-node intervals iter_start..iter_stop."""

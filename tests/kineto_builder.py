@@ -84,6 +84,7 @@ class KinetoTrace:
         dims=None,
         types=None,
         stack: str | None = None,
+        extra_args: dict | None = None,
     ) -> int:
         ext = self.next_external
         self.next_external += 1
@@ -97,6 +98,7 @@ class KinetoTrace:
             args["Input type"] = types
         if stack is not None:
             args["Call stack"] = stack
+        args.update(extra_args or {})
         self._event("X", self.cat("cpu_op"), name, self.pid, self.tid_value(tid), ts, dur, args)
         return ext
 

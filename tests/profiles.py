@@ -148,6 +148,70 @@ def backward_calls_profile(path: Path, iterations: int = 3) -> Path:
     return exp.write(path)
 
 
+FLOPS_GPU = "NVIDIA A100-SXM4-80GB"  # peaks (gpu_peaks.py): fp16 Tensor Cores 312, fp32 19.5 TFLOP/s
+HGEMM = "ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_nn"  # Tensor Cores; its name shows float16
+FLOPS_SPAN = 600_000  # ns between iteration bases
+# (op, emit_nvtx sizes, FLOPs per call by hand, kernel, kernel ns) of the forward ops of flops_profile
+FLOPS_OPS = {
+    "aten::mm": ([[1024, 2048], [2048, 4096]], 2 * 1024 * 2048 * 4096, HGEMM, 100_000),
+    "aten::linear": ([[512, 4096], [1024, 4096], [1024]], 2 * 512 * 4096 * 1024, HGEMM, 50_000),
+    "aten::bmm": ([[8, 256, 512], [8, 512, 256]], 2 * 8 * 256 * 512 * 256, "volta_sgemm_128x64_nn", 100_000),
+    "aten::relu": ([[512, 1024]], None, RELU, 10_000),
+}
+FLOPS_BACKWARD = {"aten::linear": ("AddmmBackward0", 100_000), "aten::mm": ("MmBackward0", 200_000)}
+
+
+def flops_profile(path: Path, iterations: int = 3) -> Path:
+    """emit_nvtx ranges with sizes on an A100-SXM4-80GB, for FLOPs, achieved TFLOP/s and MFU by hand. Per
+    iteration (T = BASE + i * FLOPS_SPAN, ns), kernels back to back on one stream from T+10000:
+
+    main thread (tid 100), each range launching its kernel 1000 ns after it starts (FLOPS_OPS):
+      [T+0, T+5000)       aten::mm, seq = S,       sizes [[1024, 2048], [2048, 4096]] -> HGEMM 100 us
+      [T+5000, T+9000)    aten::linear, seq = S+1, sizes [[512, 4096], [1024, 4096], [1024]] -> HGEMM 50 us
+      [T+9000, T+12000)   aten::bmm (no seq),      sizes [[8, 256, 512], [8, 512, 256]] -> FP32 sgemm 100 us
+      [T+12000, T+14000)  aten::relu, seq = S+2,   sizes [[512, 1024]] -> elementwise 10 us
+    autograd thread (tid 101):
+      [T+20000, T+25000)  AddmmBackward0, seq = S+1 -> HGEMM 100 us   (bprop of aten::linear)
+      [T+25000, T+30000)  MmBackward0, seq = S      -> HGEMM 200 us   (bprop of aten::mm)
+    main thread, every iteration but the last:
+      [T+580000, T+590000) Optimizer.step#SGD.step with aten::add_ -> ADD [T+585000, T+586000)
+
+    The HGEMMs end at T+570000; the wall clock is (iterations - 1) * FLOPS_SPAN + 570000."""
+    exp = NsysExport(schema="2022.4")
+    exp.add_gpu(device_id=0, name=FLOPS_GPU, total_memory=85899345920, sm_count=108, compute=(8, 0))
+    main = exp.add_thread(pid=PID, tid=PID, name="python", process_name="python")
+    grad = exp.add_thread(pid=PID, tid=PID + 1, name="pt_autograd_0", process_name="python")
+    op_id = 1
+    for i in range(iterations):
+        t = BASE + i * FLOPS_SPAN
+        s = 10 * i + 1
+        gpu = t + 10_000
+        seqs = {"aten::mm": s, "aten::linear": s + 1, "aten::bmm": None, "aten::relu": s + 2}
+        calls = [
+            (main, a, b, op) for (a, b), op in zip(((0, 5000), (5000, 9000), (9000, 12000), (12000, 14000)), FLOPS_OPS)
+        ]
+        calls += [(grad, 20000, 25000, "aten::linear"), (grad, 25000, 30000, "aten::mm")]
+        for tid, a, b, op in calls:
+            if tid == main:
+                sizes, _, kernel, dur = FLOPS_OPS[op]
+                seq = seqs[op]
+                text = op + (f", seq = {seq}" if seq is not None else "") + f", op_id = {op_id}, sizes = {sizes}"
+            else:
+                node, dur = FLOPS_BACKWARD[op]
+                kernel, text = HGEMM, f"{node}, seq = {seqs[op]}, op_id = {op_id}"
+            op_id += 1
+            exp.push_pop(tid, t + a, t + b, text)
+            exp.launch(tid, t + a + 1000, t + a + 2000, gpu, gpu + dur, kernel=kernel)
+            gpu += dur
+        if i < iterations - 1:
+            exp.push_pop(main, t + 580000, t + 590000, "Optimizer.step#SGD.step")
+            exp.push_pop(main, t + 581000, t + 589000, f"aten::add_, seq = {s + 6}, op_id = {op_id}")
+            op_id += 1
+            exp.launch(main, t + 582000, t + 583000, t + 585000, t + 586000, kernel=ADD)
+    exp.set_session(start_time=0)
+    return exp.write(path)
+
+
 RANK_BASE = 1_000_000  # first iteration base of every rank
 RANK_ITERATION = 50_000  # iteration length of a rank at normal speed (ns)
 SLOW_ITERATION = 80_000  # ... and of the slow rank

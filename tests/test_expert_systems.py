@@ -499,13 +499,70 @@ def test_bad_tensor_shape(baseline, make):
     assert not only(
         run(make(markers="dlprof", dtype="float16", linear_shapes=((8, 256), (64, 256)))), "bad_tensor_shape_detector"
     )
-    # FP32 ops while AMP is on ran outside autocast: the data type is the cause
+    # FP32 ops while AMP is on ran outside autocast: the data type is the cause; beside Tensor Core ops that is
+    # missed_tensor_cores_detector's finding
+    fp32 = run(make(markers="dlprof", dtype="float32", linear_kernel=PLAIN_GEMM, config={"amp_enabled": True}))
+    assert not only(fp32, "bad_tensor_shape_detector")
+    assert (
+        "LINEAR_1 /linear fprop (float32; gemmSN_NN_kernel 8.0 ms"
+        in one(fp32, "missed_tensor_cores_detector")["problem"]
+    )
+    # without any Tensor Core op it stays bad_tensor_shape_detector's
     f = one(
-        run(make(markers="dlprof", dtype="float32", linear_kernel=PLAIN_GEMM, config={"amp_enabled": True})),
+        run(
+            make(
+                markers="dlprof",
+                dtype="float32",
+                conv_kernel=FP32_CONV,
+                linear_kernel=PLAIN_GEMM,
+                bwd_kernels=(FP32_WGRAD, FP32_GEMM),
+                config={"amp_enabled": True},
+            )
+        ),
         "bad_tensor_shape_detector",
     )
     assert "LINEAR_1 /linear (float32; 8.0 ms)" in f["problem"]
     assert f["recommendation"].startswith("Run them in FP16/BF16")
+
+
+def test_missed_tensor_cores(baseline, make):
+    """FP16 Tensor Core kernels for the convolution (fprop and bprop) and the linear bprop, one FP32 sgemm in the
+    linear fprop (an eligible op), AMP unknown. Kernel time: 4 iterations x (4 + 2 + 2 + 0.5 ms) + 3 optimizer
+    steps x 0.1 ms = 34.3 ms; the sgemm: 4 x 2 ms = 8 ms, 23.3% of it."""
+    assert not only(baseline[1], "missed_tensor_cores_detector")
+    findings = run(make(linear_kernel=FP32_GEMM))
+    f = one(findings, "missed_tensor_cores_detector")
+    assert f["problem"] == (
+        "1 Tensor Core eligible op ran in FP32 without Tensor Cores while 3 other ops used Tensor Cores "
+        "(float16): 8.0 ms, 23.3% of the GPU kernel time: LINEAR_1 /aten::linear fprop (float32; "
+        "volta_sgemm_128x64_nn 8.0 ms; 23.3%)"
+    )
+    assert f["severity"] == "warning" and f["action"] == {"type": "show_ops", "op_ids": ["LINEAR_1"]}
+    assert f["data"]["ops"][0]["kernels"] == [{"name": FP32_GEMM, "gpu_time": 8 * MS}]
+    assert f["recommendation"].startswith("Run them in the 16-bit type of the other ops")
+    assert "torch.set_float32_matmul_precision('high')" in f["recommendation"]
+    assert not only(findings, "amp_detector") and not only(findings, "bad_tensor_shape_detector")
+    # no op on Tensor Cores: amp_detector's case, not this one
+    no_tc = run(make(conv_kernel=FP32_CONV, linear_kernel=FP32_GEMM, bwd_kernels=(FP32_WGRAD, FP32_GEMM)))
+    assert not only(no_tc, "missed_tensor_cores_detector") and one(no_tc, "amp_detector")
+    # TF32 convolutions beside FP32 matmuls: only the TF32 advice
+    tf32 = "ampere_tf32_s1688gemm_tf32_128x128_ldg8_f2f_nn"
+    f = one(
+        run(make(conv_kernel=tf32, linear_kernel=FP32_GEMM, bwd_kernels=(tf32, tf32))), "missed_tensor_cores_detector"
+    )
+    assert "used Tensor Cores (float32)" in f["problem"]
+    assert f["recommendation"].startswith("Where they must stay in FP32, let them use TF32 Tensor Cores")
+
+
+def test_missed_tensor_cores_silent_on_a_cpu_only_run():
+    """A real CPU run (PyTorch 2.13 training a small CNN): FP32 convolutions and linear layers, no kernel."""
+    from tests.data import KINETO_MALFORMED
+
+    a = analyze(KINETO_MALFORMED / "pytorch2.13_cpu_unescaped_name.pt.trace.json.gz")
+    ops = a.agg().ops
+    assert set(ops.loc[ops["tc_eligible"], "op_type"]) == {"conv2d", "linear"}
+    findings = expert_systems.detect(a.trace, a.corr, a.domain(), a.agg(), a.iterations, strict=True)
+    assert not only(findings, "missed_tensor_cores_detector")
 
 
 # ---------------------------------------------------------------------------- framework settings

@@ -4,6 +4,7 @@ import csv
 import importlib.util
 import io
 import json
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -83,12 +84,12 @@ def test_detailed_report_layout_and_quoting(out):
         "Min GPU Time (ns),Max GPU Time (ns),Total CPU Overhead (ns),Avg. CPU Overhead (ns),"
         "Min CPU Overhead (ns),Max CPU Overhead (ns),Total GPU Idle (ns),Avg. GPU Idle (ns),"
         "Min GPU Idle (ns),Max GPU Idle (ns),Data Type,Stack Trace,"
-        "Input Shapes"
+        "Input Shapes,FLOPs per Call,Achieved TFLOP/s"
     )  # DLProf 1.8's columns, then ours
     assert (
         '"CONV2D_1","/aten::conv2d",fprop,"conv2d",3,yes,yes,30000,10000.0,10000,10000,30000,10000.0,10000,'
-        '10000,27000,9000.0,9000,9000,0,0.0,0,0,,"",""'
-    ) in lines  # emit_nvtx without sizes: no shapes
+        '10000,27000,9000.0,9000,9000,0,0.0,0,0,,"","",,'
+    ) in lines  # emit_nvtx without sizes: no shapes, no FLOPs
     assert any(
         line.startswith(
             '"CUDADEVICESYNCHRONIZE_1","unassociated_cudaDeviceSynchronize",,'
@@ -595,10 +596,18 @@ def old_reports(tmp_path_factory):
 MISSING_SENTINEL = -987654321  # what the old writer gets for a missing number of the new formats n and m
 
 
+RATE_MARKER = 900_000_000_000  # rates (format r) reach the old writer as integers -(RATE_MARKER + row)
+_RATE = re.compile(r"-9\d{11}")
+
+
 def old_write(old, report, out: Path, formats=("csv", "json")) -> dict:
     """The old writer on the same tables; streamed tables are gathered into whole columns first. The newer
     formats n and m (numbers blank when missing) are given to it as i and a with a sentinel for missing
-    values, which its output then shows as blank (CSV) or null (JSON), so the comparison stays exact."""
+    values, which its output then shows as blank (CSV) or null (JSON), so the comparison stays exact. A rate
+    (format r, three decimals) is given as a marker integer per cell, which is then replaced by the text the
+    rate must have: "%.3f" in CSV, the JSON number of the value rounded to three decimals, blank / null when
+    missing."""
+    rates: dict = {}
     tables = []
     for t in report.sections:
         data = t.data
@@ -612,6 +621,12 @@ def old_write(old, report, out: Path, formats=("csv", "json")) -> dict:
                 values = pd.to_numeric(pd.Series(decoded(data[column]) if len(data[column]) else []), errors="coerce")
                 data[column] = values.fillna(MISSING_SENTINEL).to_numpy()
                 fmt = "i" if fmt == "n" else "a"
+            elif fmt == "r":
+                values = pd.to_numeric(pd.Series(decoded(data[column]) if len(data[column]) else []), errors="coerce")
+                markers = -(RATE_MARKER + len(rates) + np.arange(len(values), dtype=np.int64))
+                for marker, v in zip(markers.tolist(), values.tolist()):
+                    rates[str(marker)] = None if v != v else v
+                data[column], fmt = markers, "i"
             fmts.append(fmt)
         tables.append(old.Table(t.title, t.columns, fmts, data, header_prefix=t.header_prefix, bare=t.bare))
     out.mkdir(parents=True, exist_ok=True)
@@ -622,6 +637,16 @@ def old_write(old, report, out: Path, formats=("csv", "json")) -> dict:
         blank = b"null" if p.suffix == ".json" else b""
         for sentinel in (f"{MISSING_SENTINEL}.0".encode(), str(MISSING_SENTINEL).encode()):
             text = text.replace(sentinel, blank)
+        if rates:
+            json_target = p.suffix == ".json"
+
+            def rate(match, json_target=json_target):
+                v = rates[match.group().decode()]
+                if v is None:
+                    return b"null" if json_target else b""
+                return (json.dumps(round(v, 3)) if json_target else "%.3f" % v).encode()
+
+            text = re.compile(_RATE.pattern.encode()).sub(rate, text)
         result[p.suffix[1:]] = text
     return result
 

@@ -47,9 +47,15 @@ def backward_calls(tmp_path_factory):
     return profiles.backward_calls_profile(tmp_path_factory.mktemp("calls") / "calls.sqlite")
 
 
+@pytest.fixture(scope="module")
+def flops(tmp_path_factory):
+    """Shapes, FP16 and FP32 GEMMs on a GPU of the peak table: FLOPs, achieved TFLOP/s and MFU."""
+    return profiles.flops_profile(tmp_path_factory.mktemp("flops") / "flops.sqlite")
+
+
 @pytest.fixture
-def named(training, damaged, backward_calls):
-    return {"training": training, "damaged": damaged, "backward_calls": backward_calls}
+def named(training, damaged, backward_calls, flops):
+    return {"training": training, "damaged": damaged, "backward_calls": backward_calls, "flops": flops}
 
 
 def _path(name, named):
@@ -92,7 +98,7 @@ def test_staged_frames_equal_the_in_memory_ingest(name, named, tmp_path):
     assert not (tmp_path / "store").exists()
 
 
-@pytest.mark.parametrize("name", ["training", "damaged", "backward_calls"] + FIXTURE_NAMES)
+@pytest.mark.parametrize("name", ["training", "damaged", "backward_calls", "flops"] + FIXTURE_NAMES)
 def test_out_of_core_analysis_equals_the_in_memory_one(name, named, tmp_path):
     # the small hand-made profiles are cut into many segments too (calls and ranges across segment bounds)
     splits = (10**9, 2000) + ((25,) if name in named else ())
@@ -301,7 +307,7 @@ def _database_content(path):
         con.close()
 
 
-@pytest.mark.parametrize("name", ["training", "damaged", "backward_calls"] + FIXTURE_NAMES)
+@pytest.mark.parametrize("name", ["training", "damaged", "backward_calls", "flops"] + FIXTURE_NAMES)
 def test_out_of_core_run_writes_what_the_in_memory_run_writes(name, named, tmp_path):
     """`dlprof --out_of_core=on` and `=off` on the same export: every report byte for byte, the database's
     content (through its views where it holds string ids) and the op model dump."""

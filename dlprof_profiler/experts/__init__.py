@@ -21,6 +21,7 @@ from dlprof_profiler.experts.framework import (
 )
 from dlprof_profiler.experts.gaps import gpu_gap_detector
 from dlprof_profiler.experts.iterations import bad_iteration_range_detector, no_iterations_detector
+from dlprof_profiler.experts.missed_tensor_cores import missed_tensor_cores_detector
 from dlprof_profiler.experts.tensor_cores import amp_detector, bad_tensor_shape_detector
 from dlprof_profiler.experts.transfers import pageable_memcpy_detector, sync_api_detector, sync_memcpy_detector
 from dlprof_profiler.experts.utilization import (
@@ -41,6 +42,7 @@ DETECTORS = {
     "dataloader_detector": dataloader_detector,
     "amp_detector": amp_detector,
     "bad_tensor_shape_detector": bad_tensor_shape_detector,
+    "missed_tensor_cores_detector": missed_tensor_cores_detector,
     "no_fusion_detector": no_fusion_detector,
     "cudnn_benchmark_detector": cudnn_benchmark_detector,
     "emit_nvtx_detector": emit_nvtx_detector,

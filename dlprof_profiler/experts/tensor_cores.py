@@ -146,8 +146,9 @@ def bad_tensor_shape_detector(ctx: Context) -> list[dict]:
     """Inputs: TC-eligible ops with kernels but no Tensor Core kernel, their data types, input shapes and
     kernel names, and amp_enabled. An op is flagged when it runs in FP16/BF16/INT8 (data type or kernel
     names) - its dimensions then keep it off Tensor Cores -, or in FP64/integer types, or in FP32 while AMP
-    is on (it runs outside autocast). Threshold: the flagged ops take >= MIN_SHARE_PCT (1%) of the kernel
-    time; warning from WARNING_SHARE_PCT (10%)."""
+    is on (it runs outside autocast); FP32 and FP64 ops are left to missed_tensor_cores_detector when other
+    ops use Tensor Cores. Threshold: the flagged ops take >= MIN_SHARE_PCT (1%) of the kernel time; warning
+    from WARNING_SHARE_PCT (10%)."""
     elig = _eligible(ctx)
     if elig.empty:
         return []
@@ -169,6 +170,8 @@ def bad_tensor_shape_detector(ctx: Context) -> list[dict]:
     if amp is True:
         cause[is_fp32] = "dtype"
         cause[unknown] = "dims or dtype"
+    if ctx.agg.ops["using_tc"].to_numpy(dtype=bool).any():  # reported by missed_tensor_cores_detector
+        cause[is_fp32 | (other & np.isin(types, ["float64", "double", "fp64"]))] = ""
     flagged = cand[cause != ""].assign(
         cause=cause[cause != ""],
         dtype=types[cause != ""],
