@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 
 from dlprof_profiler.errors import DLProfError
@@ -16,10 +17,34 @@ from dlprof_profiler.trace import Trace
 SQLITE, KINETO, NSYS_REPORT = "sqlite", "kineto", "nsys_report"
 
 
+_SPECIAL_FILES = (
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def check_regular_file(path) -> None:
+    """A profile is a regular file or a folder: a FIFO would block the run forever and a device never ends,
+    so anything else is refused at once, naming it (a missing file is left to the reader's message)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise DLProfError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return
+    kind = next((name for test, name in _SPECIAL_FILES if test(mode)), "a special file")
+    raise DLProfError(f"{path}: is {kind}, not a regular file; give a profile file (copy the data to a file first)")
+
+
 def trace_format(path: Path) -> str:
     """`sqlite`, `kineto` or `nsys_report`, from the first bytes of the file (a folder of Kineto traces, one per
     process, is `kineto` too); a one-line error for anything else."""
     path = Path(path)
+    check_regular_file(path)  # before anything opens it: a FIFO would block the run for ever
     if not path.exists():
         raise DLProfError(f"{path}: no such file")
     if path.is_dir():

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from dlprof_profiler import log
 from dlprof_profiler.errors import DLProfError
+from dlprof_profiler.ingest import check_regular_file
 
 REPORT_MAGIC = b"NVIDIA Tegra Profiler Report"  # the first bytes of every .nsys-rep and .qdrep
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
@@ -129,6 +130,7 @@ def sqlite_of(path: Path) -> Path:
     """The file to read for `path`: the SQLite export of an Nsight Systems report, the path itself otherwise.
     Outside an `exporting` block (a library call), reports are exported into a temporary folder."""
     path = Path(path)
+    check_regular_file(path)  # is_report opens it: a FIFO would block for ever
     if path.is_dir() or not is_report(path):
         return path
     exports = _current if _current is not None else _process_exports()

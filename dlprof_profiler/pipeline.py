@@ -77,12 +77,10 @@ def baseline_of(args: Namespace) -> Path | None:
 def prepare_baseline(args: Namespace) -> Analysis | None:
     """The --baseline profile, analysed before the run's long work, so a baseline that cannot be read (any
     format, damaged anywhere) fails the run at once with one line naming it; None without a baseline."""
-    from dlprof_profiler.rank_inputs import check_regular_file
-
     path = baseline_of(args)
     if path is None:
         return None
-    check_regular_file(path)
+    ingest.check_regular_file(path)
     if ingest.trace_format(path) == ingest.SQLITE:
         check_sqlite_file(path)
         if not database.is_dlprof_database(path):

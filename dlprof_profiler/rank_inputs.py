@@ -14,7 +14,6 @@ import gzip
 import os
 import re
 import sqlite3
-import stat
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,35 +46,12 @@ def natural_key(path: Path) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
 
 
-_SPECIAL_FILES = (
-    (stat.S_ISFIFO, "a named pipe (FIFO)"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-)
-
-
-def check_regular_file(path) -> None:
-    """A profile is a regular file or a folder: a FIFO would block the run forever and a device never ends,
-    so anything else is refused at once, naming it (a missing file is left to the reader's message)."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise DLProfError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-        return
-    kind = next((name for test, name in _SPECIAL_FILES if test(mode)), "a special file")
-    raise DLProfError(f"{path}: is {kind}, not a regular file; give a profile file (copy the data to a file first)")
-
-
 def resolve(spec: str) -> list[RankInput]:
     """The profiles of a `--database` value, with their ranks. One entry: a single-profile analysis
     (a file, or a folder of Kineto traces of one capture) as before; several: a multi-rank analysis."""
     spec = str(spec)
     if os.path.lexists(spec) and not Path(spec).is_dir():
-        check_regular_file(spec)
+        ingest.check_regular_file(spec)
         return [RankInput(Path(spec), 0, "", False)]
     if "," in spec and not os.path.lexists(spec):
         files = [Path(p.strip()) for p in spec.split(",") if p.strip()]
@@ -91,7 +67,7 @@ def resolve(spec: str) -> list[RankInput]:
     else:
         return [RankInput(Path(spec), 0, "", False)]  # missing: the single-file path names the problem
     if len(files) == 1:
-        check_regular_file(files[0])
+        ingest.check_regular_file(files[0])
         return [RankInput(files[0], 0, "", False)]
     return assign_ranks(files)
 
@@ -147,7 +123,7 @@ def assign_ranks(files: list[Path], kinds: dict | None = None) -> list[RankInput
     for path in files:
         if not path.exists():
             raise DLProfError(f"{path}: no such file")
-        check_regular_file(path)
+        ingest.check_regular_file(path)
         if path.is_dir():
             raise DLProfError(
                 f"{path}: is a directory; list the profile files of a multi-rank analysis (or give the directory alone)"

@@ -9,12 +9,14 @@ import {scope} from "./state.js";
 const DELAY_MS = 120;
 const CPU = 0;   // contract.DEVICE_TYPE_CPU: host memory is not a GPU row
 
-/** {el, show(t0, t1, plotWidth), stop()}: `show` redraws the track for a window (debounced). */
-export function memoryTrack({labelWidth}) {
+/** {el, show(t0, t1, plotWidth), stop()}: `show` redraws the track for a window (debounced); `onHeight()` is
+ * called when the track's height changed, so the timeline can give its rows the rest of the window. */
+export function memoryTrack({labelWidth, onHeight = () => {}}) {
   const el = h("div", {class: "timeline-memory", id: "timeline-memory"});
   let controller = null;
   let timer = null;
   let stopped = false;
+  let shownHeight = 0;
 
   async function fetchWindow(t0, t1, plotWidth) {
     if (controller) controller.abort();
@@ -31,6 +33,10 @@ export function memoryTrack({labelWidth}) {
           height: 56, labelWidth, compact: true, origin: doc.window[0]}).el));
       }
       el.dataset.window = `${doc.window ? doc.window.join(",") : ""}`;
+      if (el.offsetHeight !== shownHeight) {
+        shownHeight = el.offsetHeight;
+        onHeight();
+      }
       el.dataset.ready = "1";
     } catch (err) {
       if (err.name !== "AbortError" && !stopped) reportError(err);

@@ -104,9 +104,10 @@ export function mount(el) {
       h("div", {class: "field inline"}, h("label", {for: "timeline-iteration"}, "Iteration"), prevBtn, iterInput, nextBtn, iterOf),
       h("div", {class: "segmented", role: "group", "aria-label": "Zoom"}, zoomOut, zoomIn, reset),
       windowInfo),
-    notice, wrap);
-  const memory = memoryTrack({labelWidth: LABEL_W});   // each GPU's allocated memory, under the GPU rows
-  main.body.append(memory.el, legend);
+    legend, notice, wrap);   // the legend above the canvas: in sight whatever the window's height
+  // each GPU's allocated memory, under the GPU rows; the rows take what the track leaves of the window
+  const memory = memoryTrack({labelWidth: LABEL_W, onHeight: () => { relayout(); draw(); }});
+  main.body.append(memory.el);
   el.append(main.card);
 
   // ---- geometry ----
@@ -118,7 +119,7 @@ export function mount(el) {
   /** The height the canvas may take: the rest of the window below it, the legend kept in sight. */
   function availableHeight() {
     const top = wrap.getBoundingClientRect().top + window.scrollY;
-    const below = legend.offsetHeight + 56;   // the legend, the card's and the page's bottom padding
+    const below = memory.el.offsetHeight + 56;   // the memory track, the card's and the page's bottom padding
     return Math.max(MIN_CANVAS_H, window.innerHeight - top - below);
   }
 

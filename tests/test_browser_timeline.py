@@ -260,7 +260,7 @@ const view = document.querySelector('.view-timeline');
 return {width: document.documentElement.clientWidth, height: document.documentElement.clientHeight,
   scrollWidth: document.documentElement.scrollWidth, wrap: box(document.querySelector('.timeline-wrap')),
   canvas: box(document.getElementById('timeline-canvas')), legend: box(document.getElementById('timeline-legend')),
-  heights: view.timelineState().heights};
+  memory: box(document.getElementById('timeline-memory')), heights: view.timelineState().heights};
 """
 # a CSS colour as the canvas writes it (#rrggbb): the browser converts hsl() and rgb() alike
 CANVAS_COLOR = (
@@ -285,7 +285,8 @@ def open_iteration(b, iteration: int = 1):
 
 @pytest.mark.parametrize("size", [(1600, 1000), (1000, 700)], ids=["1600x1000", "1000x700"])
 def test_the_timeline_uses_the_window_with_readable_rows(env, size):
-    """The canvas takes the height below it down to the legend (which stays in sight), rows at least 20 px tall."""
+    """The canvas takes the height below it down to the memory track (the legend above it stays in sight), rows
+    at least 20 px tall."""
     with Browser(*size) as b:
         b.open_dlprof(env.tb.url)
         b.wait_css("#view .view", 30)
@@ -296,8 +297,8 @@ def test_the_timeline_uses_the_window_with_readable_rows(env, size):
         assert min(g["heights"]) >= 20, g["heights"]
         assert g["scrollWidth"] <= g["width"]
         assert 0 <= g["legend"]["top"] and g["legend"]["bottom"] <= g["height"], g  # the legend in sight
-        # the canvas reaches down to the legend: no empty view below it
-        assert g["wrap"]["height"] >= 240 and g["height"] - g["wrap"]["bottom"] <= g["legend"]["height"] + 70, g
+        # the canvas reaches down to the memory track: no empty view below them
+        assert g["wrap"]["height"] >= 240 and g["height"] - g["wrap"]["bottom"] <= g["memory"]["height"] + 70, g
         assert g["canvas"]["height"] >= g["wrap"]["height"] - 2  # it fills its box
         rows_height = sum(g["heights"]) + 26
         assert rows_height <= g["canvas"]["height"] and (

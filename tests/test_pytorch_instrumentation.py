@@ -1107,7 +1107,7 @@ def test_input_shapes_in_detailed_report_and_viewer(tmp_path):
     out = tmp_path / "out"
     run_dlprof(f"--database={export}", f"--output_path={out}", "--reports=detail", "--formats=csv,json")
     rows = list(csv.reader((out / "dlprof_detailed.csv").open()))
-    assert rows[1] == DLPROF_18_DETAIL_COLUMNS + ["Input Shapes"]
+    assert rows[1] == DLPROF_18_DETAIL_COLUMNS + ["Input Shapes", "FLOPs per Call", "Achieved TFLOP/s"]
     table = {(r[1], r[2]): dict(zip(rows[1], r)) for r in rows[2:]}
     linear = "<N:8, K:256>; <M:64, K:256>; <64>"  # the first call's (batch 8), not the second's (batch 4)
     expected = {
