@@ -71,10 +71,12 @@ def main() -> int:
         from benchmarks.bench_engine import generate
 
         generate(export, args.kernels)
-    from dlprof_profiler import correlate as C
-    from dlprof_profiler import database, iterate, log
-    from dlprof_profiler.aggregate import aggregate
-    from dlprof_profiler.ingest_nsys import read_nsys_export
+    from dlprof_profiler.engine import correlate as C
+    from dlprof_profiler import log
+    from dlprof_profiler.db import writer as database
+    from dlprof_profiler.engine import iterate
+    from dlprof_profiler.engine.aggregate import aggregate
+    from dlprof_profiler.ingest.nsys import read_nsys_export
 
     log.set_verbosity(log.MINIMAL)
     out = Path(tempfile.mkdtemp(prefix="dlprof-bench-db-"))

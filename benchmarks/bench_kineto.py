@@ -272,7 +272,7 @@ def measure(kind: str, path: str) -> dict:
         n = len(doc["traceEvents"])
     else:
         sys.path.insert(0, str(ROOT))
-        from dlprof_profiler.ingest_kineto import read_kineto_trace
+        from dlprof_profiler.ingest.kineto import read_kineto_trace
 
         wall, cpu = time.perf_counter(), time.process_time()
         trace = read_kineto_trace(Path(path))

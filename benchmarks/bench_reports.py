@@ -52,10 +52,12 @@ def timed(fn):
 
 def analyse(path: Path):
     """ingest -> correlate -> iterate -> aggregate -> detect, as the pipeline runs them."""
-    from dlprof_profiler import correlate as C
-    from dlprof_profiler import expert_systems, iterate, log
-    from dlprof_profiler.aggregate import aggregate
-    from dlprof_profiler.ingest_nsys import read_nsys_export
+    from dlprof_profiler.engine import correlate as C
+    from dlprof_profiler import log
+    from dlprof_profiler import experts as expert_systems
+    from dlprof_profiler.engine import iterate
+    from dlprof_profiler.engine.aggregate import aggregate
+    from dlprof_profiler.ingest.nsys import read_nsys_export
 
     log.set_verbosity(log.MINIMAL)
     trace = read_nsys_export(path)
@@ -73,7 +75,7 @@ def analyse(path: Path):
 def load_writer(ref: str, folder: Path):
     """reports.py as it was at `ref`, imported under another name."""
     source = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{ref}:dlprof_profiler/reports.py"],
+        ["git", "-C", str(ROOT), "show", f"{ref}:dlprof_profiler/outputs/reports.py"],
         check=True,
         capture_output=True,
         text=True,
@@ -106,7 +108,7 @@ def same_output(old: Path, new: Path) -> tuple[bool, str]:
 
 
 def stage(analysis, baseline: str, formats: list[str], repeat: int, work: Path) -> None:
-    from dlprof_profiler import reports as current
+    from dlprof_profiler.outputs import reports as current
 
     old = load_writer(baseline, work / "writer")
     runs = {"before": [], "after": []}
@@ -137,7 +139,7 @@ def stage(analysis, baseline: str, formats: list[str], repeat: int, work: Path) 
 
 
 def _iteration_report(analysis):
-    from dlprof_profiler import reports
+    from dlprof_profiler.outputs import reports
 
     trace, corr, aggs, _findings = analysis
     domain = next(iter(aggs))
@@ -146,7 +148,7 @@ def _iteration_report(analysis):
 
 def _formatted_cells(table, target: str):
     """Per chunk, the formatted cells of every column as Arrow strings (the common first step)."""
-    from dlprof_profiler import report_format as rf
+    from dlprof_profiler.outputs import report_format as rf
 
     formatter = rf._Formatter(target, table.bare)
     for chunk in table.iter_chunks():
@@ -154,7 +156,7 @@ def _formatted_cells(table, target: str):
 
 
 def backend_pyarrow(table, fh) -> None:
-    from dlprof_profiler import report_format as rf
+    from dlprof_profiler.outputs import report_format as rf
 
     writer = rf._ChunkWriter(fh, rf.CSV, table.bare)
     for chunk in table.iter_chunks():
@@ -162,7 +164,7 @@ def backend_pyarrow(table, fh) -> None:
 
 
 def backend_pyarrow_unmerged(table, fh) -> None:
-    from dlprof_profiler import report_format as rf
+    from dlprof_profiler.outputs import report_format as rf
 
     writer = rf._ChunkWriter(fh, rf.CSV, table.bare)
     writer._merge = lambda cells, n: cells
@@ -227,7 +229,7 @@ def _chain(first, rest):
 
 
 def backends(analysis, work: Path, repeat: int) -> None:
-    from dlprof_profiler import report_format as rf
+    from dlprof_profiler.outputs import report_format as rf
 
     candidates = {
         "pyarrow: distinct values once, merged columns, binary_join (chosen)": backend_pyarrow,
@@ -263,7 +265,8 @@ def stream_synthetic(rows: int, out: Path, formats: list[str]) -> None:
     """Write a synthetic iteration report of `rows` launches from chunks made on the fly."""
     import pyarrow as pa
 
-    from dlprof_profiler import report_format, reports
+    from dlprof_profiler.outputs import report_format
+    from dlprof_profiler.outputs import reports
 
     step = report_format.CHUNK_ROWS
     n_ops, n_kernels = 2000, 50

@@ -1,5 +1,5 @@
 """The Compare view's data: two aggregations (of two runs, or of one run) compared by the engine's own
-`dlprof_profiler.compare` over the figures their databases' derived tables hold, so the view and the diff
+`dlprof_profiler.engine.compare` over the figures their databases' derived tables hold, so the view and the diff
 report (`dlprof --baseline`) show the same rows.
 
 The comparison is computed once per (both files' states, aggregations, domains) and kept in an in-memory
@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from dlprof_plugin.tables import Col, TableQuery
-from dlprof_profiler import compare
+from dlprof_profiler.engine import compare
 from dlprof_profiler import contract as K
 
 

@@ -1,4 +1,4 @@
-"""Re-aggregation jobs: `python -m dlprof_profiler.reaggregate` in a background subprocess, one per database.
+"""Re-aggregation jobs: `python -m dlprof_profiler.run.reaggregate` in a background subprocess, one per database.
 
 The request that starts a job returns at once; a watcher thread waits for the process and records its
 outcome (the engine prints one JSON line). State lives in memory, per database real path:
@@ -85,7 +85,7 @@ def without_paths(message: str, database: str) -> str:
 
 
 def command(database: str, key_node, iter_start, iter_stop) -> list[str]:
-    cmd = [sys.executable, "-m", "dlprof_profiler.reaggregate", f"--database={database}"]
+    cmd = [sys.executable, "-m", "dlprof_profiler.run.reaggregate", f"--database={database}"]
     if key_node is not None:
         cmd.append(f"--key_node={key_node}")  # joined: a key node may start with '-'
     if iter_start is not None:

@@ -52,7 +52,7 @@ def resolve_database(root: str, run: str, relative) -> str | None:
 def half_published(database: str) -> bool:
     """A run whose outputs are being put in place, or were when dlprof was killed (until the next run into its
     folder completes them): its database and reports may not be one set yet, so the run is not shown."""
-    from dlprof_profiler.outputs import publication_pending
+    from dlprof_profiler.outputs.publish import publication_pending
 
     return publication_pending(os.path.dirname(database))
 

@@ -791,7 +791,7 @@ class Service:
             return None
 
         def compute():
-            from dlprof_profiler.graph_events import node_names
+            from dlprof_profiler.outputs.graph_events import node_names
 
             rows = s.db.query(
                 "SELECT op_index, op_name, direction, op_type, kind FROM read_only_ops WHERE domain_id = ? "

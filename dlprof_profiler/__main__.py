@@ -1,3 +1,3 @@
-from dlprof_profiler.cli import main
+from dlprof_profiler.cli.main import main
 
 raise SystemExit(main())

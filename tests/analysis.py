@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from dlprof_profiler import correlate as C
-from dlprof_profiler import iterate
-from dlprof_profiler.aggregate import Aggregation
-from dlprof_profiler.analysis import AnalysisConfig
-from dlprof_profiler.analysis import analyze as engine_analyze
-from dlprof_profiler.ingest import read_trace
-from dlprof_profiler.sanitize import sanitize_trace
-from dlprof_profiler.trace import Trace
+from dlprof_profiler.engine import correlate as C
+from dlprof_profiler.engine import iterate
+from dlprof_profiler.engine.aggregate import Aggregation
+from dlprof_profiler.engine.analysis import AnalysisConfig
+from dlprof_profiler.engine.analysis import analyze as engine_analyze
+from dlprof_profiler.ingest.formats import read_trace
+from dlprof_profiler.ingest.sanitize import sanitize_trace
+from dlprof_profiler.engine.trace import Trace
 
 
 @dataclass

@@ -155,7 +155,7 @@ def _values(frame: pd.DataFrame, columns: list[str]) -> list[tuple]:
 def write_v2_database(path: Path, trace, corr, primary: str, profile: dict) -> dict:
     """The raw tables of a 2.0 database for an analysed trace; returns {domain: domain_id} (op_index offsets
     are the domains' op counts before them, as 2.0 numbered them). Aggregations are appended by the caller."""
-    from dlprof_profiler.database import launch_times
+    from dlprof_profiler.db.writer import launch_times
 
     con = sqlite3.connect(path)
     con.executescript(SCHEMA_2_0)

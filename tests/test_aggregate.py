@@ -185,7 +185,7 @@ def _cut_points(analysis, n_random=12, seed=1):
 )
 def test_aggregation_does_not_depend_on_chunks(training, fixture):
     """Any split of the timeline into chunks gives the same tables as one chunk (unions carried across)."""
-    from dlprof_profiler.aggregate import aggregate
+    from dlprof_profiler.engine.aggregate import aggregate
     from tests.test_fixtures import FIXTURES
 
     a = training if fixture == "training" else analyze(FIXTURES / fixture)
@@ -258,7 +258,7 @@ def test_a_capture_without_nvtx_gets_a_wall_clock_and_a_full_breakdown():
     ],
 )
 def test_kernel_names_show_their_precision(name, dtype):
-    from dlprof_profiler.tensor_cores import kernel_precision
+    from dlprof_profiler.engine.tensor_cores import kernel_precision
 
     assert kernel_precision(name) == dtype
 

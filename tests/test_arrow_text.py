@@ -3,7 +3,7 @@
 import numpy as np
 import pyarrow as pa
 
-from dlprof_profiler import arrow_text as at
+from dlprof_profiler.ingest import arrow_text as at
 
 TEXTS = [
     "aten::mm, seq = 12, op_id = 3",

@@ -6,7 +6,7 @@ Three kinds of tests:
   (it exits 1, leaves only a .qdstrm, is too old, does not pass the exit status on);
 - real nsys (`-m nsys`): a CPU-only program emitting NVTX ranges through ctypes libnvToolsExt.so.1, profiled
   end to end. Tests of the capture alone use a stand-in analysis engine; the end-to-end test with the real
-  engine is skipped while `dlprof_profiler.pipeline` cannot be imported.
+  engine is skipped while `dlprof_profiler.run.single` cannot be imported.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from pathlib import Path
 import pytest
 
 import dlprof_profiler
-from dlprof_profiler import capture, cli
-from dlprof_profiler.capture import NsysInfo, build_nsys_command, profile_options
+from dlprof_profiler.capture import nsys as capture
+from dlprof_profiler.cli import main as cli
+from dlprof_profiler.capture.nsys import NsysInfo, build_nsys_command, profile_options
 from dlprof_profiler.errors import DLProfError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -242,7 +243,7 @@ def test_pytorch_mode_adds_autograd_nvtx_only_when_nsys_has_it(tmp_path):
 def test_command_environment_carries_the_startup_hook_unless_switched_off():
     """The command (through nsys) gets the hook folder first on PYTHONPATH and the request to annotate PyTorch
     (NVTX, on while a profiler is attached); --pytorch_init=false leaves the environment as it is."""
-    from dlprof_profiler import torch_startup
+    from dlprof_profiler.capture import torch_startup
 
     env = capture.command_environment(parse("python", "train.py"), {"PYTHONPATH": "/mine", "HOME": "/h"})
     assert env["PYTHONPATH"] == str(torch_startup.HOOK_DIR) + os.pathsep + "/mine" and env["HOME"] == "/h"
@@ -483,10 +484,10 @@ def test_launcher_gives_the_program_default_signal_dispositions(tmp_path):
 
 
 class FakePipeline(types.ModuleType):
-    """Stands in for dlprof_profiler.pipeline: records the call, writes its planned outputs."""
+    """Stands in for dlprof_profiler.run.single: records the call, writes its planned outputs."""
 
     def __init__(self):
-        super().__init__("dlprof_profiler.pipeline")
+        super().__init__("dlprof_profiler.run.single")
         self.calls = []
 
     def planned_outputs(self, args):
@@ -503,7 +504,7 @@ class FakePipeline(types.ModuleType):
 @pytest.fixture
 def fake_pipeline(monkeypatch):
     fake = FakePipeline()
-    monkeypatch.setitem(sys.modules, "dlprof_profiler.pipeline", fake)
+    monkeypatch.setitem(sys.modules, "dlprof_profiler.run.single", fake)
     monkeypatch.setattr(dlprof_profiler, "pipeline", fake, raising=False)
     return fake
 
@@ -512,7 +513,7 @@ def fake_pipeline(monkeypatch):
 RUNNER = textwrap.dedent("""
     import json, sys, types
     from pathlib import Path
-    fake = types.ModuleType("dlprof_profiler.pipeline")
+    fake = types.ModuleType("dlprof_profiler.run.single")
     def planned_outputs(args):
         return [Path(args.output_path) / "dlprof_dldb.sqlite"]
     def run_analysis(source, args, capture=None):
@@ -521,10 +522,10 @@ RUNNER = textwrap.dedent("""
         (out / "capture.json").write_text(json.dumps({"source": str(source), "capture": capture}))
         return 0
     fake.planned_outputs, fake.run_analysis = planned_outputs, run_analysis
-    sys.modules["dlprof_profiler.pipeline"] = fake
+    sys.modules["dlprof_profiler.run.single"] = fake
     import dlprof_profiler
-    dlprof_profiler.pipeline = fake
-    from dlprof_profiler.cli import main
+    dlprof_profiler.run.single = fake
+    from dlprof_profiler.cli.main import main
     sys.exit(main(sys.argv[1:]))
 """)
 
@@ -984,7 +985,7 @@ class TestRealNsys:
 
 def _engine_importable():
     try:
-        importlib.import_module("dlprof_profiler.pipeline")
+        importlib.import_module("dlprof_profiler.run.single")
         return True
     except ImportError:
         return False
@@ -993,7 +994,9 @@ def _engine_importable():
 @pytest.mark.nsys
 @pytest.mark.skipif(shutil.which("nsys") is None, reason="Nsight Systems (nsys) is not on PATH")
 @pytest.mark.skipif(not _nvtx_library_loads(), reason="libnvToolsExt.so.1 (Debian libnvtoolsext1) is missing")
-@pytest.mark.skipif(not _engine_importable(), reason="dlprof_profiler.pipeline (the analysis engine) is not there yet")
+@pytest.mark.skipif(
+    not _engine_importable(), reason="dlprof_profiler.run.single (the analysis engine) is not there yet"
+)
 def test_end_to_end_real_nsys_reports_and_database(tmp_path):
     """The README quick start: `dlprof --output_path=./event_files python <script>`."""
     out = tmp_path / "event_files"
@@ -1009,7 +1012,7 @@ def test_end_to_end_real_nsys_reports_and_database(tmp_path):
         "dlprof_expert_systems.csv",
     ):
         assert (out / name).is_file(), name
-    from dlprof_profiler import pipeline
+    from dlprof_profiler.run import single as pipeline
 
     args = cli.parse_args(["--output_path", str(out), sys.executable, "x.py"])
     for path in pipeline.planned_outputs(args):

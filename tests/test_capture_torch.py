@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dlprof_profiler import capture_torch, cli
+from dlprof_profiler.capture import torch_profiler as capture_torch
+from dlprof_profiler.cli import main as cli
 from dlprof_profiler.errors import DLProfError
 from tests.profiles import run_dlprof
 

@@ -219,7 +219,7 @@ def test_sigterm_and_sighup_unwind_the_run(signum):
     unwinds is ignored; the previous handlers come back after the run."""
     import signal
 
-    from dlprof_profiler.cli import ended_by_signals
+    from dlprof_profiler.cli.main import ended_by_signals
     from dlprof_profiler.errors import Interrupted
 
     number = getattr(signal, signum)

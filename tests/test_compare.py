@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dlprof_profiler import compare
+from dlprof_profiler.engine import compare
 from tests.nsys_builder import NsysExport
 from tests.profiles import run_dlprof
 from tests import data

@@ -395,7 +395,7 @@ def _owner_keys(dm, owners):
 
 
 def correlation_with_cuts(a, cuts):
-    from dlprof_profiler import correlate as C
+    from dlprof_profiler.engine import correlate as C
 
     classified = (a.corr.range_info, a.corr.mode, a.corr.family, dict(a.corr.config))
     links = (a.corr.gpu_api, a.corr.thread_device, a.corr.process_device)

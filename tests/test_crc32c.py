@@ -7,7 +7,7 @@ import pytest
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c as reference_crc
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as reference_masked
 
-from dlprof_profiler.crc32c import SMALL, crc32c, masked_crc32c
+from dlprof_profiler.outputs.crc32c import SMALL, crc32c, masked_crc32c
 
 
 def test_check_value_of_the_standard():

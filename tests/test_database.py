@@ -15,11 +15,12 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from dlprof_profiler import DB_SCHEMA_VERSION, contract, database
-from dlprof_profiler.correlate import INSTANCE_COLUMNS
-from dlprof_profiler.db_encode import join_call_fields, split_call_fields
+from dlprof_profiler import DB_SCHEMA_VERSION, contract
+from dlprof_profiler.db import writer as database
+from dlprof_profiler.engine.correlate import INSTANCE_COLUMNS
+from dlprof_profiler.db.encode import join_call_fields, split_call_fields
 from dlprof_profiler.errors import DLProfError
-from dlprof_profiler.pipeline import reaggregate_in_place
+from dlprof_profiler.run.single import reaggregate_in_place
 from tests import profiles
 from tests.analysis import analyze
 from tests.nsys_builder import NsysExport
@@ -432,9 +433,9 @@ def test_segments_write_the_same_database(tmp_path, mixed):
 def test_op_model_is_queued_before_aggregation(mixed, monkeypatch):
     """The pipeline hands the op model to the writer as soon as correlation is done (`on_correlated`), so the
     writer's thread writes it while the analysis aggregates."""
-    from dlprof_profiler import analysis as engine
-    from dlprof_profiler.ingest import read_trace
-    from dlprof_profiler.sanitize import sanitize_trace
+    from dlprof_profiler.engine import analysis as engine
+    from dlprof_profiler.ingest.formats import read_trace
+    from dlprof_profiler.ingest.sanitize import sanitize_trace
 
     events = []
     real_aggregate = engine.aggregate
@@ -553,7 +554,7 @@ def test_reaggregate_module_reports_json(db):
         [
             sys.executable,
             "-m",
-            "dlprof_profiler.reaggregate",
+            "dlprof_profiler.run.reaggregate",
             "--database",
             str(db),
             "--iter_start",
@@ -568,7 +569,7 @@ def test_reaggregate_module_reports_json(db):
     )
     assert proc.returncode == 0 and json.loads(proc.stdout) == {"status": "succeeded", "aggr_id": 2}
     proc = subprocess.run(
-        [sys.executable, "-m", "dlprof_profiler.reaggregate", "--database", str(db), "--iter_start", "5"],
+        [sys.executable, "-m", "dlprof_profiler.run.reaggregate", "--database", str(db), "--iter_start", "5"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -620,7 +621,9 @@ def test_event_file_is_readable_by_tensorboard(db):
 
 
 def test_contract_codes_are_the_engines():
-    from dlprof_profiler import correlate, event_files, trace
+    from dlprof_profiler.engine import correlate
+    from dlprof_profiler.outputs import event_files
+    from dlprof_profiler.engine import trace
     from dlprof_profiler.experts import base
 
     assert (trace.KIND_KERNEL, trace.KIND_MEMCPY, trace.KIND_MEMSET) == (0, 1, 2)

@@ -12,8 +12,9 @@ import pytest
 from werkzeug.test import EnvironBuilder
 from werkzeug.wrappers import Request
 
-from dlprof_profiler import contract, database
-from dlprof_profiler.pipeline import reaggregate_in_place
+from dlprof_profiler import contract
+from dlprof_profiler.db import writer as database
+from dlprof_profiler.run.single import reaggregate_in_place
 from tests import test_plugin_checks as checks
 from tests.analysis import analyze
 from tests.db_v2 import write_v2_database
@@ -51,7 +52,7 @@ def v2(tmp_path_factory):
     path.parent.mkdir()
     ids = write_v2_database(path, a.trace, a.corr, "default", _profile_info(export, a.corr))
     offsets = database.op_index_offsets(a.corr)
-    from dlprof_profiler import expert_systems
+    from dlprof_profiler import experts as expert_systems
 
     findings = {
         n: expert_systems.detect(a.trace, a.corr, a.corr.domains[n], agg, a.iterations) for n, agg in a.aggs.items()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dlprof_profiler import event_files
+from dlprof_profiler.outputs import event_files
 from tests.profiles import run_dlprof, training_profile
 
 

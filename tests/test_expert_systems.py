@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dlprof_profiler import expert_systems, log
+from dlprof_profiler import log
+from dlprof_profiler import experts as expert_systems
 from dlprof_profiler.experts import DETECTORS, render_command
 from tests.analysis import analyze
 from tests.nsys_builder import NsysExport

@@ -11,7 +11,7 @@ from dlprof_profiler.experts.ranks import (
     STRAGGLER_FACTOR,
     detect_ranks,
 )
-from dlprof_profiler.rank_report import rank_table
+from dlprof_profiler.outputs.rank_report import rank_table
 from tests.test_rank_report import result
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dlprof_profiler import database
+from dlprof_profiler.db import writer as database
 from tests.analysis import analyze
 from tests.profiles import run_dlprof
 from tests import data

@@ -1,4 +1,4 @@
-"""FLOPs per call, achieved TFLOP/s and Model FLOPs Utilization (dlprof_profiler/flops.py, gpu_peaks.py):
+"""FLOPs per call, achieved TFLOP/s and Model FLOPs Utilization (dlprof_profiler/engine/flops.py, gpu_peaks.py):
 hand-computed FLOPs of every op family forward and backward, the precedence of the trace's own `flops`
 argument, MFU and achieved TFLOP/s on generated nsys and Kineto profiles computed by hand, the same figures out
 of core, in the database and in the viewer's tables, and PyTorch's own FLOP counter on a real run."""
@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dlprof_profiler import flops as F
-from dlprof_profiler import gpu_peaks
-from dlprof_profiler.reports import detailed_report, summary_report, write_report
+from dlprof_profiler.engine import flops as F
+from dlprof_profiler.engine import gpu_peaks
+from dlprof_profiler.outputs.reports import detailed_report, summary_report, write_report
 from tests import profiles
 from tests.analysis import analyze
 from tests.data import KINETO

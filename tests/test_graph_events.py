@@ -15,7 +15,7 @@ from google.protobuf import text_format
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader, RawEventFileLoader
 from tensorboard.compat.proto import config_pb2, event_pb2, graph_pb2, types_pb2
 
-from dlprof_profiler import graph_events
+from dlprof_profiler.outputs import graph_events
 from tests import test_plugin_checks as checks
 from tests.nsys_builder import NsysExport
 from tests.profiles import make_logdir, run_dlprof, training_profile

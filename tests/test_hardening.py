@@ -32,8 +32,9 @@ import pytest
 
 from dlprof_plugin import jobs as jobs_mod
 from dlprof_plugin.security import REQUEST_HEADER
-from dlprof_profiler import cli, log
-from dlprof_profiler.outputs import LOCK_NAME, STAGING_PREFIX
+from dlprof_profiler import log
+from dlprof_profiler.cli import main as cli
+from dlprof_profiler.outputs.publish import LOCK_NAME, STAGING_PREFIX
 from tests import profiles
 from tests.damage import damaged_copy, sha256
 from tests.nsys_builder import NsysExport
@@ -465,7 +466,7 @@ def test_cli_dropped_rows_are_left_out_of_the_database_too(base, tmp_path):
 
 def test_cli_report_write_failure_is_one_line_without_output(base, tmp_path, monkeypatch):
     """A write that fails mid-run (disk full on a report) names the final file, never the staging path."""
-    from dlprof_profiler import reports
+    from dlprof_profiler.outputs import reports
 
     def full(report, out_dir, base_name, formats, suffix, path_of):
         target = path_of(out_dir / f"{base_name}_summary.csv")
@@ -937,7 +938,7 @@ def _killed_job(monkeypatch, db: Path, script: str) -> dict:
 
 
 KILL_AFTER_COMMIT = """import os, signal, sys
-from dlprof_profiler.pipeline import reaggregate_in_place
+from dlprof_profiler.run.single import reaggregate_in_place
 reaggregate_in_place(sys.argv[1], None, 1, 2)
 os.kill(os.getpid(), signal.SIGKILL)"""
 KILL_BEFORE_COMMIT = """import os, signal, sqlite3, sys
@@ -1544,7 +1545,7 @@ def test_cli_killed_at_any_step_of_the_publication_the_next_run_completes_it(bas
     expected_reports = _reports(reference)
     assert sorted(expected_reports) == ["dlprof_iteration.csv", "dlprof_summary.csv"]
     from dlprof_plugin.runs import RunInfo, StaticRuns, half_published
-    from dlprof_profiler.outputs import KILL_AT_PUBLISH_STEP, OutputFolder
+    from dlprof_profiler.outputs.publish import KILL_AT_PUBLISH_STEP, OutputFolder
 
     steps = 4 + 6
     for step in range(steps + 1):
@@ -1582,7 +1583,7 @@ def test_cli_a_killed_publication_is_hidden_by_the_viewer_until_the_next_run(bas
     run into the folder (here one that then fails on its input) completes it, and the viewer lists it again."""
     out = tmp_path / "out"
     assert run_cli(f"--database={base['export']}", f"--output_path={out}", "--reports=all")[0] == 0
-    from dlprof_profiler.outputs import KILL_AT_PUBLISH_STEP
+    from dlprof_profiler.outputs.publish import KILL_AT_PUBLISH_STEP
 
     proc = dlprof_process(
         f"--database={out / 'dlprof_dldb.sqlite'}",

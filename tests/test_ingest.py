@@ -3,7 +3,7 @@
 import pytest
 
 from dlprof_profiler.errors import DLProfError
-from dlprof_profiler.ingest_nsys import read_nsys_export
+from dlprof_profiler.ingest.nsys import read_nsys_export
 from tests.nsys_builder import SCHEMA_VERSIONS, NsysExport
 
 
@@ -108,7 +108,7 @@ def test_peak_gpu_memory_from_cuda_memory_usage_events(tmp_path):
     trace = read_nsys_export(path)
     assert trace.meta["gpu_peak_memory"] == 6 * gib  # 4 + 2 GiB before the first free on GPU 0
     from tests.analysis import analyze
-    from dlprof_profiler import expert_systems
+    from dlprof_profiler import experts as expert_systems
 
     a = analyze(path)
     assert a.corr.config["peak_memory"] == 6 * gib

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlprof_profiler import ingest
+from dlprof_profiler.ingest import formats as ingest
 from dlprof_profiler.errors import DLProfError
-from dlprof_profiler.ingest_kineto import read_kineto_trace, short_kernel_name
+from dlprof_profiler.ingest.kineto import read_kineto_trace, short_kernel_name
 from tests.analysis import analyze
 from tests.kineto_builder import KinetoTrace
 from tests import data
@@ -585,7 +585,7 @@ def test_truncated_and_damaged_gzip(tmp_path):
 def test_gzip_beyond_the_trusted_ratio_and_several_members(tmp_path):
     """A text compressed far more than JSON usually is (the buffer grows as it inflates), and a file of
     several gzip members (concatenated .gz files), read whole."""
-    from dlprof_profiler import kineto_decode
+    from dlprof_profiler.ingest import kineto_decode
 
     text = training_trace(steps=1).text().encode()
     spaced = text.replace(b"[", b"[" + b" " * 5_000_000, 1)
@@ -611,7 +611,7 @@ def test_detection_is_by_content_not_name(tmp_path):
 def test_event_split_survives_separators_inside_strings(tmp_path):
     """The decoder cuts the event array between events at '}, {'; the same text inside a name must not
     be taken for a cut."""
-    from dlprof_profiler import kineto_decode
+    from dlprof_profiler.ingest import kineto_decode
 
     k = KinetoTrace()
     for i in range(300):
@@ -624,7 +624,7 @@ def test_event_split_survives_separators_inside_strings(tmp_path):
 
 
 def _decode_counting_validations(path, monkeypatch):
-    from dlprof_profiler import kineto_decode
+    from dlprof_profiler.ingest import kineto_decode
 
     calls = []
     real = kineto_decode._validated_outline
@@ -673,7 +673,7 @@ def test_other_layouts_read_like_json_load(tmp_path, monkeypatch, text, one_pass
 def test_decimal_parser_is_exact():
     import msgspec
 
-    from dlprof_profiler.kineto_decode import decimal_ns
+    from dlprof_profiler.ingest.kineto_decode import decimal_ns
 
     texts = [
         "1712195495519695.8",
@@ -705,7 +705,7 @@ def test_plain_decimals_take_the_arrow_path_and_stay_exact(monkeypatch):
     column to the character parser; both give the Decimal result."""
     import msgspec
 
-    from dlprof_profiler import kineto_decode
+    from dlprof_profiler.ingest import kineto_decode
 
     plain = [
         "1712195495519695.800",
@@ -742,7 +742,7 @@ def test_plain_decimals_take_the_arrow_path_and_stay_exact(monkeypatch):
 def test_integer_columns_from_mixed_json_scalars():
     """pid/tid/args integers: plain ints (the fast path), ints mixed with the profiler's text ids, numeric
     text (2021 thread ids), floats (truncated), booleans, nulls, and integers past int64."""
-    from dlprof_profiler.kineto_decode import to_int
+    from dlprof_profiler.ingest.kineto_decode import to_int
 
     assert to_int([3, 4, 5]).tolist() == [3, 4, 5]
     mixed = [25738, "Spans", "12", None, 2.7, True, -4, 2**62 + 1]

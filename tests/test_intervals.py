@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from dlprof_profiler.intervals import covered_length, grouped_cummax, merge_intervals, union_length_by_group
-from dlprof_profiler.structure import RangeForest, ThreadTimeKeys, previous_greater_or_equal, tree_depths
+from dlprof_profiler.engine.intervals import covered_length, grouped_cummax, merge_intervals, union_length_by_group
+from dlprof_profiler.engine.structure import RangeForest, ThreadTimeKeys, previous_greater_or_equal, tree_depths
 
 
 def brute_union(intervals):

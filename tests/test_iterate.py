@@ -44,7 +44,7 @@ def test_key_node_not_found_means_one_iteration(tmp_path):
     assert not a.iterations.found and a.iterations.count == 1
     s = a.agg().summary
     assert (s["total_iterations"], s["aggregated_iterations"], s["iter_start"], s["iter_stop"]) == (1, 1, 0, 0)
-    from dlprof_profiler import expert_systems
+    from dlprof_profiler import experts as expert_systems
 
     findings = expert_systems.detect(a.trace, a.corr, a.domain(), a.agg(), a.iterations)
     texts = [f["problem"] for f in findings]

@@ -9,11 +9,11 @@ import json
 
 import pytest
 
-from dlprof_profiler import ingest
-from dlprof_profiler import kineto_decode as kd
+from dlprof_profiler.ingest import formats as ingest
+from dlprof_profiler.ingest import kineto_decode as kd
 from dlprof_profiler.errors import DLProfError
-from dlprof_profiler.ingest_kineto import read_kineto_trace
-from dlprof_profiler.kineto_repair import BACKSLASH, CONTROL, QUOTE, UTF8, repair_event
+from dlprof_profiler.ingest.kineto import read_kineto_trace
+from dlprof_profiler.ingest.kineto_repair import BACKSLASH, CONTROL, QUOTE, UTF8, repair_event
 from tests import data
 from tests.kineto_builder import KinetoTrace
 

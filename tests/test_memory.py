@@ -14,13 +14,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dlprof_profiler import capture, memory
-from dlprof_profiler.analysis import AnalysisConfig, analyze_store
-from dlprof_profiler.analysis import analyze as engine_analyze
-from dlprof_profiler.ingest import read_trace
-from dlprof_profiler.ingest_nsys import read_nsys_export
-from dlprof_profiler.sanitize import sanitize_trace
-from dlprof_profiler.store import TraceStore
+from dlprof_profiler.capture import nsys as capture
+from dlprof_profiler.engine import memory
+from dlprof_profiler.engine.analysis import AnalysisConfig, analyze_store
+from dlprof_profiler.engine.analysis import analyze as engine_analyze
+from dlprof_profiler.ingest.formats import read_trace
+from dlprof_profiler.ingest.nsys import read_nsys_export
+from dlprof_profiler.ingest.sanitize import sanitize_trace
+from dlprof_profiler.store.trace_store import TraceStore
 from tests import profiles
 from tests.analysis import analyze
 from tests.data import KINETO
@@ -512,7 +513,7 @@ def test_ranks_write_their_memory_reports_and_the_merged_database_keeps_every_ra
 
 
 def test_the_viewers_reaggregation_writes_the_memory_tables_of_its_range(nsys_memory, tmp_path):
-    from dlprof_profiler.pipeline import reaggregate_in_place
+    from dlprof_profiler.run.single import reaggregate_in_place
 
     out = tmp_path / "out"
     run_dlprof(f"--database={nsys_memory}", "--reports=summary", f"--output_path={out}")

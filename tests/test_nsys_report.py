@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dlprof_profiler import ingest, nsys_report
+from dlprof_profiler.ingest import formats as ingest
+from dlprof_profiler.ingest import nsys_report
 from tests.profiles import run_dlprof
 from tests.test_capture import _nvtx_library_loads
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlprof_profiler.structure import RangeForest, ThreadTimeKeys
+from dlprof_profiler.engine.structure import RangeForest, ThreadTimeKeys
 from tests.analysis import analyze
 from tests.nsys_builder import NsysExport
 from tests.test_fixtures import FIXTURES, NAMES

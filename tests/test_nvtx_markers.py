@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from dlprof_profiler import nvtx_markers as nm
+from dlprof_profiler.engine import markers as nm
 
 TEXTS = [
     "aten::mm, seq = 1, op_id = 2",

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from dlprof_profiler import outputs
+from dlprof_profiler.outputs import publish as outputs
 from dlprof_profiler.errors import DLProfError
-from dlprof_profiler.outputs import LOCK_NAME, OutputFolder, Staging, stale_staging, unstaged
+from dlprof_profiler.outputs.publish import LOCK_NAME, OutputFolder, Staging, stale_staging, unstaged
 
 
 def dead_pid() -> int:

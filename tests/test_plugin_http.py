@@ -29,7 +29,7 @@ def _tensorboard() -> list[str]:
 
 def _forged_run(root: Path, name: str, database: str) -> None:
     """A run directory whose dlprof event file names `database` (relative to the run directory)."""
-    from dlprof_profiler import event_files
+    from dlprof_profiler.outputs import event_files
 
     run_dir = root / name / "dlprof"
     run_dir.mkdir(parents=True)

@@ -1172,7 +1172,7 @@ def _nsys_profile(tmp_path: Path, script: Path, *args: str) -> tuple[Path, str]:
     ``--cpuctxsw=none``: on this container nsys 2022.4 often hangs after the target exits while it
     finishes CPU context-switch tracing (the agent spins, the report is never written); without that
     trace it finishes in seconds. NVTX and CUDA tracing are unaffected."""
-    from dlprof_profiler import torch_startup
+    from dlprof_profiler.capture import torch_startup
 
     nsys = shutil.which("nsys")
     if nsys is None:
@@ -1255,10 +1255,10 @@ def test_example_under_nsys(nsys_capture):
 def test_example_under_nsys_detail_report(nsys_capture, tmp_path):
     """Engine-level check: `dlprof --database` on the capture lists our ops in the detail report."""
     try:
-        import dlprof_profiler.pipeline  # noqa: F401
-        from dlprof_profiler.cli import main as dlprof_main
+        import dlprof_profiler.run.single  # noqa: F401
+        from dlprof_profiler.cli.main import main as dlprof_main
     except Exception as exc:  # the engine is written separately
-        pytest.skip("dlprof_profiler.pipeline does not import: %s" % exc)
+        pytest.skip("dlprof_profiler.run.single does not import: %s" % exc)
     import csv
 
     db = nsys_capture

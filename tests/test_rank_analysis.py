@@ -8,9 +8,9 @@ from argparse import Namespace
 from pathlib import Path
 
 from dlprof_profiler import contract as K
-from dlprof_profiler.cli import parse_args
-from dlprof_profiler.outputs import Staging
-from dlprof_profiler.rank_analysis import DOMAINS_PER_RANK, RankTask, analyze_rank
+from dlprof_profiler.cli.main import parse_args
+from dlprof_profiler.outputs.publish import Staging
+from dlprof_profiler.run.rank_worker import DOMAINS_PER_RANK, RankTask, analyze_rank
 from tests.profiles import RANK_STEPS, SLOW_ITERATION, rank_profile
 
 

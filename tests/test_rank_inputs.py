@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from dlprof_profiler import ingest
+from dlprof_profiler.ingest import formats as ingest
 from dlprof_profiler.errors import DLProfError
-from dlprof_profiler.rank_inputs import rank_from_environment, resolve
+from dlprof_profiler.run.inputs import rank_from_environment, resolve
 from tests.kineto_builder import KinetoTrace
 from tests.profiles import rank_profile
 from tests import data

@@ -8,9 +8,9 @@ import sqlite3
 import pandas as pd
 
 from dlprof_profiler import contract as K
-from dlprof_profiler import database
-from dlprof_profiler.rank_analysis import analyze_rank
-from dlprof_profiler.rank_merge import MergedDatabase
+from dlprof_profiler.db import writer as database
+from dlprof_profiler.run.rank_worker import analyze_rank
+from dlprof_profiler.db.merge import MergedDatabase
 from tests.profiles import rank_profile
 from tests.test_rank_analysis import task_for
 

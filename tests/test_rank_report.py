@@ -7,8 +7,8 @@ import csv
 
 import pandas as pd
 
-from dlprof_profiler.rank_analysis import RankResult
-from dlprof_profiler.rank_report import rank_table, shared_clock, slowest_counts, write_report
+from dlprof_profiler.run.rank_worker import RankResult
+from dlprof_profiler.outputs.rank_report import rank_table, shared_clock, slowest_counts, write_report
 
 
 def result(rank: int, starts: list[int], ends: list[int], aggregated=None, host="h", epoch=0, comm=0, overlap=0):

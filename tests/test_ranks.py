@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dlprof_profiler import contract as K
-from dlprof_profiler import database
+from dlprof_profiler.db import writer as database
 from tests.profiles import RANK_BASE, RANK_ITERATION, RANK_STEPS, SLOW_ITERATION, rank_profile, run_dlprof
 from tests import data
 
@@ -189,7 +189,7 @@ def test_merged_database_holds_every_rank(job):
         # the viewer's indexes, as a single-rank database has them
         import re
 
-        from dlprof_profiler.db_schema import DERIVED_TABLES, FINAL_INDEXES, RAW_INDEXES
+        from dlprof_profiler.db.schema import DERIVED_TABLES, FINAL_INDEXES, RAW_INDEXES
 
         wanted = set(re.findall(r"CREATE INDEX (\w+)", DERIVED_TABLES + RAW_INDEXES + FINAL_INDEXES))
         assert {
@@ -255,7 +255,7 @@ def test_viewer_reaggregation_in_place(job, tmp_path):
         [
             sys.executable,
             "-m",
-            "dlprof_profiler.reaggregate",
+            "dlprof_profiler.run.reaggregate",
             "--database",
             str(db),
             "--iter_start",
@@ -278,7 +278,7 @@ def test_viewer_reaggregation_in_place(job, tmp_path):
         con.close()
     before = db.read_bytes()
     proc = subprocess.run(
-        [sys.executable, "-m", "dlprof_profiler.reaggregate", "--database", str(db), "--key_node", "no_such_node"],
+        [sys.executable, "-m", "dlprof_profiler.run.reaggregate", "--database", str(db), "--key_node", "no_such_node"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -471,7 +471,7 @@ def test_a_dask_worker_that_cannot_see_the_output_folder(tmp_path):
     from types import SimpleNamespace
 
     from dlprof_profiler.errors import DLProfError
-    from dlprof_profiler.ranks import DaskRunner
+    from dlprof_profiler.run.ranks import DaskRunner
 
     staging = tmp_path / "out" / ".dlprof-staging-1@h.x"
     staging.mkdir(parents=True)

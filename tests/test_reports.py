@@ -16,9 +16,10 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from dlprof_profiler import expert_systems, report_format
-from dlprof_profiler import reports as current
-from dlprof_profiler.report_format import Table
+from dlprof_profiler import experts as expert_systems
+from dlprof_profiler.outputs import report_format
+from dlprof_profiler.outputs import reports as current
+from dlprof_profiler.outputs.report_format import Table
 from tests import profiles
 from tests.analysis import analyze
 from tests.nsys_builder import NsysExport
@@ -552,7 +553,7 @@ def test_iteration_report_matches_the_export_by_sql(tmp_path):
 def old_reports_source() -> str:
     try:
         done = subprocess.run(
-            ["git", "-C", str(ROOT), "show", f"{BRANCH_POINT}:dlprof_profiler/reports.py"],
+            ["git", "-C", str(ROOT), "show", f"{BRANCH_POINT}:dlprof_profiler/outputs/reports.py"],
             check=False,
             capture_output=True,
             text=True,
@@ -583,7 +584,7 @@ def old_writer(tmp_path_factory):
     head = source.split(
         "# ---------------------------------------------------------------------------- report builders"
     )[0]
-    head = "\n".join(line for line in head.splitlines() if not line.startswith("from dlprof_profiler.aggregate"))
+    head = "\n".join(line for line in head.splitlines() if not line.startswith("from dlprof_profiler.engine.aggregate"))
     return load_module(head, "old_report_writer", tmp_path_factory.mktemp("old_writer"))
 
 
@@ -744,7 +745,7 @@ def test_system_config_versions_as_dlprof_wrote_them(tmp_path):
     nsys with its build suffix when dlprof captured it; DLProf 1.8's SystemInfo table fills what is unknown."""
     import json as _json
 
-    from dlprof_profiler.reports import cudnn_version, driver_version
+    from dlprof_profiler.outputs.reports import cudnn_version, driver_version
 
     assert driver_version("5154304") == "515.43.04" and driver_version("5206105") == "520.61.05"
     assert driver_version("535.104.05") == "535.104.05" and driver_version(None) == "Unknown"
@@ -772,7 +773,7 @@ def test_system_config_versions_as_dlprof_wrote_them(tmp_path):
 def test_the_console_leads_with_the_steady_iteration_figures():
     """The line printed after a run: the median of the complete iterations, their range, the partial ones
     named (key-node intervals), then DLProf's average over all."""
-    from dlprof_profiler.reports import iteration_headline
+    from dlprof_profiler.outputs.reports import iteration_headline
 
     key_nodes = {
         "aggregated_iterations": 13,

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from dlprof_profiler.errors import DLProfError
-from dlprof_profiler.sanitize import drop_invalid_times, invalid_rows, sanitize_trace, shared_correlation_ids
-from dlprof_profiler.trace import MISSING_TIME, Trace
+from dlprof_profiler.ingest.sanitize import drop_invalid_times, invalid_rows, sanitize_trace, shared_correlation_ids
+from dlprof_profiler.engine.trace import MISSING_TIME, Trace
 from tests import profiles
 from tests.analysis import analyze
 from tests.damage import damaged_copy

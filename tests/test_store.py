@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dlprof_profiler.analysis import AnalysisConfig, analyze, analyze_store
-from dlprof_profiler.ingest_nsys import read_nsys_export
-from dlprof_profiler.sanitize import sanitize_trace
-from dlprof_profiler.store import TraceStore
+from dlprof_profiler.engine.analysis import AnalysisConfig, analyze, analyze_store
+from dlprof_profiler.ingest.nsys import read_nsys_export
+from dlprof_profiler.ingest.sanitize import sanitize_trace
+from dlprof_profiler.store.trace_store import TraceStore
 from tests import damage, profiles
 from tests.profiles import run_dlprof
 from tests.test_aggregate import _same_dict
@@ -167,7 +167,7 @@ def test_iteration_report_rows_are_ordered_alike_in_memory_and_by_duckdb(name, n
     in the same order either way (the in-memory order is compared with the in-memory engine's byte for byte
     by the report tests above)."""
 
-    from dlprof_profiler import store_model
+    from dlprof_profiler.store import model as store_model
 
     store = TraceStore(_path(name, named), tmp_path / "store")
     try:
@@ -193,7 +193,7 @@ def test_iteration_report_rows_are_ordered_alike_in_memory_and_by_duckdb(name, n
 
 def test_segments_are_cut_where_the_plan_says(training, tmp_path):
     """A small budget really splits the work (so the equality above is not trivially one segment)."""
-    from dlprof_profiler.store_model import StoreAnalysis
+    from dlprof_profiler.store.model import StoreAnalysis
 
     store = TraceStore(FIXTURES / "pytorch_2gpu_nccl_nsys2026.2_before.sqlite", tmp_path / "s")
     try:
@@ -217,8 +217,8 @@ def test_staging_does_not_depend_on_the_exports_row_order(tmp_path, monkeypatch)
     import shutil
     import sqlite3
 
-    from dlprof_profiler import store as store_module
-    from dlprof_profiler.correlate import link_gpu_to_api
+    from dlprof_profiler.store import trace_store as store_module
+    from dlprof_profiler.engine.correlate import link_gpu_to_api
 
     path = tmp_path / "shuffled.sqlite"
     shutil.copy(FIXTURES / "pytorch_2gpu_nccl_nsys2026.2_before.sqlite", path)

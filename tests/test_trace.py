@@ -4,7 +4,7 @@ appearance, whichever way it computes them (a table, one hashed key, or column b
 import numpy as np
 import pytest
 
-from dlprof_profiler.trace import combined_codes
+from dlprof_profiler.engine.trace import combined_codes
 
 
 def first_appearance(*columns) -> list[int]:

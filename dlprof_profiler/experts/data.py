@@ -12,8 +12,8 @@ import re
 import numpy as np
 import pandas as pd
 
-from dlprof_profiler.intervals import merge_intervals
-from dlprof_profiler.trace import KIND_MEMCPY, KIND_MEMSET
+from dlprof_profiler.engine.intervals import merge_intervals
+from dlprof_profiler.engine.trace import KIND_MEMCPY, KIND_MEMSET
 
 EVER = int(np.iinfo(np.int64).max)  # a time bound beyond any time
 _API_SUFFIX = re.compile(r"(?:_ptsz|_ptds)?(?:_v\d+)?$")
@@ -90,7 +90,7 @@ class MemoryData:
         gpu, api = self.trace.gpu, self.trace.api_calls
         if len(gpu) == 0:
             return pd.DataFrame({c: [] for c in MEMORY_COLUMNS})
-        from dlprof_profiler.model_chunks import launch_times
+        from dlprof_profiler.engine.model_chunks import launch_times
 
         launch = launch_times(self.trace, self.corr.gpu_api)
         kind = gpu["kind"].to_numpy()

@@ -10,9 +10,9 @@ import re
 
 import numpy as np
 
-from dlprof_profiler import nvtx_markers as nm
-from dlprof_profiler.aggregate import LAUNCH_BLOCKING_MIN_KERNEL_NS as LONG_KERNEL_NS
-from dlprof_profiler.correlate import BACKWARD_PASS
+from dlprof_profiler.engine import markers as nm
+from dlprof_profiler.engine.aggregate import LAUNCH_BLOCKING_MIN_KERNEL_NS as LONG_KERNEL_NS
+from dlprof_profiler.engine.correlate import BACKWARD_PASS
 from dlprof_profiler.experts.base import TUNING_GUIDE, Context, finding, fmt_bytes, fmt_pct, fmt_time
 
 # cudnn_benchmark_detector: convolution kernel share from which the finding is a warning (else info).

@@ -8,8 +8,8 @@ import shlex
 import numpy as np
 import pandas as pd
 
-from dlprof_profiler import nvtx_markers as nm
-from dlprof_profiler.correlate import UNASSOCIATED_API, UNASSOCIATED_GPU
+from dlprof_profiler.engine import markers as nm
+from dlprof_profiler.engine.correlate import UNASSOCIATED_API, UNASSOCIATED_GPU
 from dlprof_profiler.experts.base import DLPROF_GUIDE, Context, finding, fmt_time
 
 # bad_iteration_range_detector: an iteration is steady when its duration is within a factor STEADY_FACTOR of

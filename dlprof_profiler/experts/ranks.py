@@ -11,7 +11,7 @@ import pandas as pd
 
 from dlprof_profiler import log
 from dlprof_profiler.experts.base import DLPROF_GUIDE, finding, fmt_pct, fmt_time, short
-from dlprof_profiler.rank_report import matched_iterations
+from dlprof_profiler.outputs.rank_report import matched_iterations
 
 DDP_NOTES = "https://pytorch.org/docs/stable/notes/ddp.html"
 

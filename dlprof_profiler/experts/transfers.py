@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from dlprof_profiler.experts.base import TUNING_GUIDE, Context, counted, finding, fmt_bytes, fmt_pct, fmt_time
-from dlprof_profiler.trace import KIND_MEMCPY, KIND_MEMSET
+from dlprof_profiler.engine.trace import KIND_MEMCPY, KIND_MEMSET
 
 MEM_PAGEABLE = 0
 COPY_HTOD, COPY_DTOH, COPY_DTOD = 1, 2, 8

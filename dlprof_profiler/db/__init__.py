@@ -1,0 +1,1 @@
+"""The DLProf database: schema, writer, reader, merge of ranks."""

@@ -1,0 +1,438 @@
+"""The engine's façade: `analyze(trace, config) -> Analysis` runs correlate -> iterate -> aggregate -> detect
+in their order (with the key node retried against op names once ops exist); `reanalyze` does the same for
+an op model read back from a DLProf database. Writing the outputs is `pipeline.py`'s job."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from dlprof_profiler.engine import correlate as corr_mod
+from dlprof_profiler import log
+from dlprof_profiler.engine import iterate
+from dlprof_profiler.engine.aggregate import Aggregation, aggregate
+from dlprof_profiler.engine.correlate import Correlation
+from dlprof_profiler.errors import DLProfError
+from dlprof_profiler.engine.trace import Trace
+
+
+@dataclass(frozen=True)
+class AnalysisConfig:
+    """What the analysis is asked (the CLI's and the viewer's options)."""
+
+    mode: str | None = None  # framework mode; None: detected from the markers
+    key_node: str | None = None  # None: the framework default
+    iter_start: int | None = None
+    iter_stop: int | None = None
+    domain: str | None = None  # primary domain of the reports; None: default / busiest; 'all'
+    cuts: tuple | None = None  # time segments of the work (None: one); the results do not depend on them
+
+    @classmethod
+    def from_args(cls, args) -> "AnalysisConfig":
+        return cls(
+            mode=getattr(args, "mode", None),
+            key_node=getattr(args, "key_node", None) or None,
+            iter_start=getattr(args, "iter_start", None),
+            iter_stop=getattr(args, "iter_stop", None),
+            domain=getattr(args, "domain", None),
+        )
+
+
+@dataclass
+class Analysis:
+    """Everything the outputs are written from."""
+
+    trace: Trace
+    corr: Correlation
+    iterations: iterate.Iterations
+    aggregations: dict[str, Aggregation]
+    findings: dict[str, list]
+    primary: str
+    timings: dict = field(default_factory=dict)  # stage -> seconds
+
+    @property
+    def mode(self) -> str:
+        return self.corr.mode
+
+    @property
+    def family(self) -> str | None:
+        return self.corr.family
+
+
+class _Stages:
+    """Times the stages (for the benchmark) and shows them as progress."""
+
+    def __init__(self):
+        self.timings: dict = {}
+
+    def run(self, name: str, fn, quiet: bool = False):
+        started = time.perf_counter()
+        if quiet:
+            result = fn()
+        else:
+            with log.stage(name):
+                result = fn()
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - started
+        return result
+
+
+def analyze(
+    trace: Trace, config: AnalysisConfig = AnalysisConfig(), source_name: str | None = None, on_correlated=None
+) -> Analysis:
+    """Correlate, iterate, aggregate and detect on a trace (raises DLProfError with a one-line reason).
+    `on_correlated(corr)` is called as soon as the op model exists, before aggregation (the pipeline queues
+    the model for the database writer there, so its thread writes while the analysis goes on)."""
+    source_name = source_name or str(trace.source)
+    stages = _Stages()
+    classified = stages.run("Classifying NVTX ranges", lambda: corr_mod.classify_trace(trace, config.mode), quiet=True)
+    info, mode, family, _ = classified
+    links = stages.run("Linking GPU activities to their launches", lambda: corr_mod.launch_links(trace), quiet=True)
+    _gpu_api, thread_dev, process_dev = links
+    preferred = trace.meta.get("key_node_default")  # an input format's own iteration marker (ProfilerStep)
+    iterations = iterate.split_iterations(
+        trace.ranges,
+        info,
+        family,
+        config.key_node,
+        thread_dev,
+        process_dev,
+        trace.profile_end,
+        trace.profile_start,
+        preferred=preferred,
+        api_starts=trace.api_calls["start"].to_numpy(np.int64),
+    )
+    naming = iterate.naming_iterations(
+        iterations,
+        trace.ranges,
+        info,
+        family,
+        thread_dev,
+        process_dev,
+        trace.profile_end,
+        trace.profile_start,
+        preferred=preferred,
+    )
+    corr = stages.run(
+        "Correlating NVTX ranges, CUDA API calls and GPU activities",
+        lambda: corr_mod.correlate(trace, mode, naming.boundaries, classified, links, config.cuts),
+    )
+    if on_correlated is not None:
+        on_correlated(corr)
+    log.info(
+        f"  mode {corr.mode}; {sum(len(d.ops) for d in corr.domains.values()):,} ops, "
+        f"{sum(len(d.instances) for d in corr.domains.values()):,} op instances in {len(corr.domains)} "
+        "NVTX domain(s)"
+    )
+    if config.key_node and not iterations.found:
+        iterations = key_node_from_ops(corr, config.key_node, iterations)
+    primary = choose_domain(corr, config.domain, source_name)
+    return _aggregate_and_detect(trace, corr, iterations, primary, config, source_name, stages)
+
+
+def reanalyze(
+    trace: Trace,
+    corr: Correlation,
+    profile: dict,
+    config: AnalysisConfig,
+    source_name: str,
+    primary: str | None = None,
+    iterations: iterate.Iterations | None = None,
+) -> Analysis:
+    """A new aggregation of an op model read back from a DLProf database (names stay as first given)."""
+    stages = _Stages()
+    if iterations is None:
+        iterations = reaggregation_iterations(trace, corr, config.key_node, profile)
+    if primary is None:
+        primary = (
+            choose_domain(corr, config.domain, source_name)
+            if config.domain
+            else profile.get("primary_domain", "default")
+        )
+    return _aggregate_and_detect(trace, corr, iterations, primary, config, source_name, stages)
+
+
+def _aggregate_and_detect(trace, corr, iterations, primary, config, source_name, stages) -> Analysis:
+    iterations = iterate.with_partial_steps(iterations, trace.meta)
+    iter_start, iter_stop = _chosen_iterations(iterations, config, source_name)
+    aggregations = stages.run(
+        "Aggregating",
+        lambda: {
+            name: aggregate(trace, corr, dm, iterations, iter_start, iter_stop, cuts=config.cuts)
+            for name, dm in corr.domains.items()
+        },
+    )
+    from dlprof_profiler import experts as expert_systems
+
+    findings = stages.run(
+        "Running expert systems",
+        lambda: {
+            name: expert_systems.detect(trace, corr, corr.domains[name], agg, iterations)
+            for name, agg in aggregations.items()
+        },
+    )
+    return Analysis(
+        trace=trace,
+        corr=corr,
+        iterations=iterations,
+        aggregations=aggregations,
+        findings=findings,
+        primary=primary,
+        timings=stages.timings,
+    )
+
+
+def _chosen_iterations(iterations: iterate.Iterations, config: AnalysisConfig, source_name: str) -> tuple[int, int]:
+    """The iteration range to aggregate (checked), said to the user with how the profile was split."""
+    iter_start, iter_stop = iterate.select_range(iterations, config.iter_start, config.iter_stop, source_name)
+    if not iterations.found:
+        if iterations.key_node:
+            log.warning(
+                f"{source_name}: key node '{iterations.key_node}' not found: the whole profile is one "
+                "iteration (give --key_op=NAME with an op name, Op ID or NVTX range text)"
+            )
+        else:
+            log.warning(
+                f"{source_name}: no key node found: the whole profile is one iteration "
+                "(give --key_op=NAME to split it into iterations)"
+            )
+    else:
+        log.info(
+            f"  key node '{iterations.key_node}' ({iterations.source}): {iterations.count} iterations; "
+            f"aggregating {iter_start}..{iter_stop}"
+        )
+    return iter_start, iter_stop
+
+
+def choose_domain(corr: Correlation, requested: str | None, source_name: str) -> str:
+    """The primary domain: the requested one, else the default domain, else the one with the most ranges."""
+    names = list(corr.domains)
+    if requested and requested != "all":
+        if requested not in names:
+            raise DLProfError(
+                f"{source_name}: NVTX domain '{requested}' not found (domains: {', '.join(names)})", exit_code=2
+            )
+        return requested
+    if not names:
+        return "default"
+    counts = corr.range_counts
+    if counts.get("default", 0) > 0 or all(counts.get(n, 0) == 0 for n in names):
+        return "default" if "default" in names else names[0]
+    return max(names, key=lambda n: counts.get(n, 0))
+
+
+def key_node_from_ops(corr: Correlation, key: str, iterations: iterate.Iterations) -> iterate.Iterations:
+    """A key node given as an op name or Op ID (they exist only once ops are built)."""
+    frames = []
+    for dm in corr.domains.values():
+        if len(dm.instances):
+            frames.append(
+                dm.instances[["start", "end", "pid", "global_tid", "name", "op_index"]].merge(
+                    dm.ops[["op_index", "op_id", "direction"]], on="op_index"
+                )
+            )
+    ops = pd.concat(frames, ignore_index=True) if frames else None
+    empty = pd.DataFrame({c: pd.Series(dtype="int64") for c in ("start", "end", "pid", "global_tid")})
+    found = iterate.key_node_instances(empty, pd.DataFrame({"label": pd.Series(dtype=object)}), key, ops)
+    if len(found) == 0:
+        return iterations
+    return iterate.iterations_of(
+        key, "user", found, corr.thread_device, corr.process_device, iterations.profile_end, iterations.profile_start
+    )
+
+
+def reaggregation_iterations(trace: Trace, corr: Correlation, key_node: str | None, profile: dict):
+    """Iterations for a new aggregation of a loaded model: the given key node, else the original one."""
+    key = key_node or None
+    start = profile.get("profile_start")
+    iterations = iterate.split_iterations(
+        trace.ranges,
+        corr.range_info,
+        corr.family,
+        key,
+        corr.thread_device,
+        corr.process_device,
+        int(profile.get("profile_end") or trace.profile_end),
+        int(start) if start not in (None, "") else trace.profile_start,
+        preferred=profile.get("key_node_default") or None,
+        api_starts=trace.api_calls["start"].to_numpy(np.int64),
+    )
+    if key and not iterations.found:
+        iterations = key_node_from_ops(corr, key, iterations)
+    return iterations
+
+
+# ---------------------------------------------------------------------------- out of core
+
+EVENTS_PER_SEGMENT = 2_000_000
+
+
+def analyze_store(
+    store,
+    config: AnalysisConfig = AnalysisConfig(),
+    source_name: str | None = None,
+    events_per_segment: int = EVENTS_PER_SEGMENT,
+    detect: bool = True,
+    on_segment=None,
+    on_correlated=None,
+) -> Analysis:
+    """The same analysis over a TraceStore, segment by segment: memory is bounded by a segment, not the
+    profile (see store_model.py). `on_segment(k, {domain: StoreSink})` is called once time segment k is
+    correlated (the database writer can take its GPU activity owners then), `on_correlated(corr)` once the op
+    model is complete, before aggregation."""
+    from dlprof_profiler.engine.aggregate import aggregate_model
+    from dlprof_profiler.engine.correlate import DomainCorrelator, segment_rows
+    from dlprof_profiler.store.process_memory import release_unused_memory
+    from dlprof_profiler.store.model import LaunchSpill, StoreAnalysis, StoreModel, StoreSink
+
+    source_name = source_name or str(store.export)
+    stages = _Stages()
+    sa = StoreAnalysis(store)
+    # the domains do not depend on the classification (only --mode simple or no ranges give one "default")
+    domains = sa.domain_order(config.mode)
+    mode, family, run_config = stages.run("Classifying NVTX ranges", lambda: sa.classify(config.mode))
+    release_unused_memory()
+    trace = store.trace
+    if "gpu_peak_memory" in trace.meta and not any(
+        k in run_config for k in ("max_memory_reserved", "max_memory_allocated")
+    ):
+        run_config = {**run_config, "peak_memory": int(trace.meta["gpu_peak_memory"])}
+    thread_dev, process_dev = stages.run("Linking GPU activities to their launches", sa.link_launches)
+    labels = sa.range_labels()
+    iterations = _store_iterations(
+        sa, labels, family, config.key_node, thread_dev, process_dev, store.profile_end, store.profile_start
+    )
+    # top-level op names are numbered per iteration of the key node, else of the default one (iterate.naming_iterations)
+    naming = (
+        iterations
+        if iterations.found or iterations.source != "user"
+        else _store_iterations(
+            sa, labels, family, None, thread_dev, process_dev, store.profile_end, store.profile_start
+        )
+    )
+    cuts = config.cuts if config.cuts is not None else tuple(sa.plan_cuts(naming.boundaries, events_per_segment))
+    correlators = {
+        d: DomainCorrelator(
+            d,
+            family,
+            sa.domain_facts(d, mode),
+            naming.boundaries,
+            thread_dev,
+            process_dev,
+            0,
+            0,
+            sink=StoreSink(sa, i, naming.boundaries, cuts),
+        )
+        for i, d in enumerate(domains)
+    }
+
+    def correlate_all():
+        progress = log.Progress("time segments correlated", len(cuts) + 1)
+        for n, seg in enumerate(sa.segments(list(cuts)), 1):
+            for d, c in correlators.items():
+                c.add(seg, segment_rows(seg, d, mode))
+            del seg
+            if on_segment is not None:
+                on_segment(n - 1, {d: c.sink for d, c in correlators.items()})
+            release_unused_memory()  # a segment's frees, before the next one's allocations
+            progress.update(n)
+        return {d: c.sink.finish(c) for d, c in correlators.items()}
+
+    models = stages.run(f"Correlating in {len(cuts) + 1} time segment(s)", correlate_all)
+    corr = Correlation(
+        gpu_api=None,
+        uses_tc=None,
+        tc_rule=None,
+        range_info=None,
+        mode=mode,
+        family=family,
+        thread_device=thread_dev,
+        process_device=process_dev,
+        domains=models,
+        config=run_config,
+        range_labels=labels,
+    )
+    corr.store = sa
+    if on_correlated is not None:
+        on_correlated(corr)
+    if config.key_node and not iterations.found:
+        iterations = _store_key_node_from_ops(sa, corr, config.key_node, iterations)
+    iterations = iterate.with_partial_steps(iterations, trace.meta)
+    primary = choose_domain(corr, config.domain, source_name)
+    iter_start, iter_stop = _chosen_iterations(iterations, config, source_name)
+    device_ids = trace.devices["device_id"].to_numpy(np.int64).tolist() if len(trace.devices) else []
+    device_pids = sa.device_pids()
+
+    def aggregate_domain(dm):
+        spill = LaunchSpill(dm.sink)  # the iteration report's rows, read back when it is written
+        agg = aggregate_model(
+            StoreModel(sa, dm, mode, device_ids, device_pids, trace.io_calls),
+            iterations,
+            iter_start,
+            iter_stop,
+            cuts,
+            keep_launches=spill,
+        )
+        agg.launch_spill = spill
+        return agg
+
+    aggregations = stages.run("Aggregating", lambda: {d: aggregate_domain(dm) for d, dm in models.items()})
+    from dlprof_profiler import experts as expert_systems
+    from dlprof_profiler.experts.data import StoreData
+
+    findings = stages.run(
+        "Running expert systems",
+        lambda: {
+            d: expert_systems.detect(
+                trace, corr, models[d], agg, iterations, data=StoreData(sa, models[d], agg, iterations)
+            )
+            if detect
+            else []
+            for d, agg in aggregations.items()
+        },
+    )
+    return Analysis(
+        trace=trace,
+        corr=corr,
+        iterations=iterations,
+        aggregations=aggregations,
+        findings=findings,
+        primary=primary,
+        timings=stages.timings,
+    )
+
+
+def _store_iterations(
+    sa, labels: pd.DataFrame, family, key_node, thread_dev, process_dev, profile_end: int, profile_start: int
+):
+    """iterate.split_iterations over the store's range labels."""
+    key, source = iterate.chosen_key_node(key_node, lambda: iterate.default_key_node_of_labels(labels, family))
+    if not key:
+        return iterate.no_iterations(profile_end, profile_start)
+    found = sa.key_node_ranges(key, labels, stripped=False)
+    if len(found):
+        found = iterate.outermost(found)
+    else:
+        found = sa.key_node_ranges(key, labels, stripped=True)
+        found = iterate.outermost(found) if len(found) else found
+    return iterate.iterations_of(
+        key, source, found, thread_dev, process_dev, profile_end, profile_start, occupied=sa.occupied
+    )
+
+
+def _store_key_node_from_ops(sa, corr: Correlation, key: str, iterations: iterate.Iterations) -> iterate.Iterations:
+    frames = []
+    for dm in corr.domains.values():
+        ops = dm.ops
+        hit = ops[((ops["name"] == key) | (ops["op_id"] == key)) & (ops["direction"] != "bprop")]
+        if len(hit):
+            idx = ",".join(str(int(i)) for i in hit["op_index"])
+            frames.append(dm.instances_where(f"op_index IN ({idx})")[["start", "end", "pid", "global_tid"]])
+    if not frames:
+        return iterations
+    found = iterate.outermost(pd.concat(frames, ignore_index=True))
+    return iterate.iterations_of(
+        key, "user", found, corr.thread_device, corr.process_device, iterations.profile_end, iterations.profile_start
+    )

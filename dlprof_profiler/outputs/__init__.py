@@ -1,0 +1,1 @@
+"""Outputs: reports, TensorBoard event files and their publication together."""

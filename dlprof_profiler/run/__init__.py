@@ -1,0 +1,1 @@
+"""Runs: one profile, several ranks, a re-aggregation; which files `--database` names."""

@@ -1,0 +1,1192 @@
+"""Out-of-core analysis over a `TraceStore`: the classification of every range, the launch links, the
+segments the correlation walks, the op model it writes back into the store, and the chunks aggregation
+reads from it. Each step matches its in-memory counterpart (`correlate.py`, `model_chunks.py`) and is
+checked against it in the tests; names are integer codes into one string pool."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from dlprof_profiler import contract as K
+from dlprof_profiler.engine import correlate as corr_mod
+from dlprof_profiler.engine import markers as nm
+from dlprof_profiler.engine.aggregate import LAUNCH_COLUMNS
+from dlprof_profiler.engine.correlate import BACKWARD_PASS, INSTANCE_COLUMNS, UNASSOCIATED_GPU, DomainFacts, Segment
+from dlprof_profiler.engine.model_chunks import ACTIVITY_FIELDS, INSTANCE_FIELDS, TIME_MAX, ModelChunk, chunk_bounds
+from dlprof_profiler.store.parts import PartTable, int_schema, read_part
+from dlprof_profiler.store.process_memory import release_unused_memory
+from dlprof_profiler.store.trace_store import TraceStore
+from dlprof_profiler.engine.trace import KIND_KERNEL, LAUNCH_SHAPE, make_frame
+
+INFO_TEXT = [
+    "label",
+    "op_type",
+    "func_stack",
+    "stack_trace",
+    "data_type",
+    "input_shapes",
+    "output_shapes",
+    "parameters",
+    "direction",
+]
+INFO_INT = ["kind", "seq", "backward", "dataloader", "callid", "fwd_callid"]
+# range_info's narrow columns (a third less to insert for every range): flags and codes into the string pool
+INFO_TYPES = {"kind": ("TINYINT", np.int8), "backward": ("TINYINT", np.int8), "dataloader": ("TINYINT", np.int8)}
+CODE_TYPE = ("INTEGER", np.int32)
+# the texts of an instance the database keeps (db_encode.DETAIL_COLUMNS)
+DETAIL_TEXT = ["data_type", "input_shapes", "output_shapes", "parameters", "stack_trace"]
+INSTANCE_TEXT = [
+    "name",
+    "label",
+    "op_type",
+    "direction",
+    "data_type",
+    "input_shapes",
+    "output_shapes",
+    "parameters",
+    "stack_trace",
+]
+# the instances' integer columns (correlate.INSTANCE_COLUMNS without the domain and the texts) and call_id
+INSTANCE_INT = [c for c in INSTANCE_COLUMNS if c != "domain" and c not in INSTANCE_TEXT] + ["call_id"]
+CALL_METRICS = ("cpu_time", "cpu_overhead", "gpu_time", "gpu_idle", "n_kernels")  # correlate.CALL_METRICS
+# a domain's instances as correlation writes them (`iteration`: of their start), and as aggregation reads them
+# (narrow where the values are: a fifth less to write and read for every instance)
+_INSTANCE_FIELDS = [(c, pa.int8() if c == "kind" else pa.int64()) for c in INSTANCE_INT] + [
+    (f"{c}_code", pa.from_numpy_dtype(CODE_TYPE[1])) for c in INSTANCE_TEXT
+]
+INST_SCHEMA = pa.schema(_INSTANCE_FIELDS + [("iteration", pa.int32())])
+SORTED_SCHEMA = pa.schema(
+    _INSTANCE_FIELDS + [("is_call", pa.bool_())] + [(f"call_{m}", pa.int64()) for m in CALL_METRICS]
+)
+# what aggregation reads of each segment's GPU activities (those launched in it, read from the staged
+# gpu_by_launch in activity id order: every domain's owners of them were written in that order)
+ACTS_COLUMNS = [c for c in ACTIVITY_FIELDS if c not in ("owner", "owner_op", "owner_start")] + [
+    *LAUNCH_SHAPE,
+    "long_code",
+]
+# the ranges' own columns range_info holds (as the store's `ranges` table types them)
+RANGE_COLUMNS = [
+    ("range_id", pa.int64()),
+    ("domain_code", pa.int64()),
+    ("start", pa.int64()),
+    ("end", pa.int64()),
+    ("global_tid", pa.int64()),
+    ("pid", pa.int64()),
+    ("event_type", pa.int8()),
+    ("unclosed", pa.bool_()),
+]
+# every range with its classification: the ranges' own columns, INFO_INT and a string pool code per INFO_TEXT
+RANGE_INFO_SCHEMA = pa.schema(
+    RANGE_COLUMNS
+    + [(c, pa.from_numpy_dtype(INFO_TYPES.get(c, (None, np.int64))[1])) for c in INFO_INT]
+    + [(f"{c}_code", pa.from_numpy_dtype(CODE_TYPE[1])) for c in INFO_TEXT]
+)
+
+
+class StringPool:
+    """One table of distinct strings; every text column of the store holds codes into it (-1: None)."""
+
+    def __init__(self):
+        self.code: dict = {}
+        self.values: list = []
+
+    def encode(self, values) -> np.ndarray:
+        """Codes of an object array's values (factorized first: Python touches each distinct value once)."""
+        values = np.asarray(values, dtype=object)
+        local, uniques = pd.factorize(values, use_na_sentinel=True)
+        lut = np.empty(len(uniques), dtype=np.int64)
+        for i, u in enumerate(uniques):
+            c = self.code.get(u)
+            if c is None:
+                c = self.code[u] = len(self.values)
+                self.values.append(u)
+            lut[i] = c
+        return np.where(local >= 0, lut[np.maximum(local, 0)] if len(lut) else -1, -1)
+
+    def decode(self, codes) -> np.ndarray:
+        table = np.empty(len(self.values) + 1, dtype=object)
+        table[:-1] = self.values
+        table[-1] = None
+        codes = np.asarray(codes, dtype=np.int64)
+        return table[np.where(codes >= 0, codes, len(self.values))]
+
+    def array(self) -> np.ndarray:
+        out = np.empty(len(self.values), dtype=object)
+        out[:] = self.values
+        return out
+
+
+class StoreAnalysis:
+    """The per-range, per-activity and per-instance tables of one store's analysis."""
+
+    def __init__(self, store: TraceStore):
+        self.store = store
+        self.pool = StringPool()
+        self.config_entries: list[dict] = []
+        self.parts_folder = store.workdir / "parts"
+        self.bounds: list = []  # the time segments: (lo, hi) pairs, once `segments` has planned them
+
+    def publish(self, table: PartTable) -> None:
+        """Make a complete part table queryable by its name (TraceStore.publish)."""
+        self.store.publish(table)
+
+    def cursor(self):
+        return self.store.cursor()
+
+    # -- classification -------------------------------------------------------------------------------
+    def classify(self, mode: str | None) -> tuple[str, str | None, dict]:
+        """Classify every range (in batches) into `range_info`, which holds the ranges' own columns too (every
+        later query reads it alone, without joining the ranges); returns (mode, family, run config)."""
+        families = None
+        if mode in corr_mod.FAMILY_OF_MODE:
+            fam = corr_mod.FAMILY_OF_MODE[mode]
+            families = {fam} if fam else set()
+        if mode == "simple":
+            families = set()
+        self.range_info = PartTable(self.parts_folder, "range_info", RANGE_INFO_SCHEMA, keys=("start",))
+        domains = np.array(self.store.domains, dtype=object)
+        kinds_seen = np.zeros(8, dtype=np.int64)
+        for part in self.store.range_parts():
+            texts = pd.Series(part["text"], dtype="str")
+            dom = domains[part["domain_code"]] if len(domains) else np.zeros(0, object)
+            info = nm.classify_ranges(texts, dom, families)
+            self.config_entries += info.attrs.get("config", [])
+            frame = {c: part[c] for c, _ in RANGE_COLUMNS}
+            for c in INFO_INT:
+                frame[c] = info[c].to_numpy().astype(INFO_TYPES.get(c, (None, np.int64))[1])
+            for c in INFO_TEXT:
+                frame[f"{c}_code"] = self.pool.encode(info[c].to_numpy(dtype=object)).astype(CODE_TYPE[1])
+            kinds_seen += np.bincount(frame["kind"].astype(np.int64), minlength=8)[:8]
+            self.range_info.append(frame)
+        self.publish(self.range_info)
+        config = {}
+        for entry in self.config_entries:
+            config.update(entry)
+        if mode is None:
+            if kinds_seen[[nm.PT_OP, nm.DL_ARG, nm.DL_TRACE]].any():
+                mode = "pytorch"
+            elif kinds_seen[nm.TF_OP]:
+                mode = "tensorflow2"
+            elif kinds_seen[nm.TRT_LAYER]:
+                mode = "tensorrt"
+            else:
+                mode = "nvtx" if self.store.raw_ranges.rows else "simple"
+        return mode, corr_mod.FAMILY_OF_MODE.get(mode), config
+
+    def range_labels(self) -> pd.DataFrame:
+        """Ranges per (domain, label) (correlate.range_label_counts)."""
+        f = self.store.frame("""
+            SELECT domain_code, label_code, arg_min(kind, range_id) AS kind, count(*) AS num_ranges,
+                   bool_or(dataloader = 1) AS dataloader, sum("end" - start) AS total_time
+            FROM range_info GROUP BY ALL ORDER BY min(range_id)""")
+        domains = np.array(self.store.domains, dtype=object)
+        return pd.DataFrame(
+            {
+                "domain": domains[f["domain_code"].to_numpy(np.int64)] if len(f) else [],
+                "label": self.pool.decode(f["label_code"].to_numpy(np.int64)),
+                "kind": f["kind"].to_numpy(np.int64),
+                "num_ranges": f["num_ranges"].to_numpy(np.int64),
+                "dataloader": f["dataloader"].to_numpy(dtype=bool),
+                "total_time": f["total_time"].to_numpy(np.int64),
+            }
+        )
+
+    def domain_facts(self, domain: str, mode: str | None) -> DomainFacts:
+        if mode == "simple" or domain not in self.store.domains:
+            return DomainFacts(0, False, False, set(), set())
+        code = self.store.domains.index(domain)
+        markers = ",".join(str(k) for k in nm.OP_MARKERS)
+        back = self.pool.code.get("bprop", -2)
+        f = self.store.frame(f"""
+            SELECT count(*) AS n, bool_or(i.kind IN ({markers})) AS has_markers,
+                   bool_or(i.kind = {nm.DL_ARG}) AS dl_args
+            FROM range_info i WHERE i.domain_code = {code} AND i.kind <> {nm.CONFIG}""")
+        pids = self.store.frame(f"""
+            SELECT i.pid, bool_or(i.kind = {nm.DL_ARG}) AS arg,
+                   bool_or(i.kind IN ({nm.PT_OP}, {nm.DL_ARG}) AND (i.backward = 1 OR i.direction_code = {back}))
+                       AS bwd,
+                   bool_or(i.kind = {nm.DL_ARG} AND i.direction_code = {back}) AS linked
+            FROM range_info i WHERE i.domain_code = {code} AND i.kind <> {nm.CONFIG} GROUP BY i.pid""")
+        threads = self.store.frame(f"""
+            SELECT DISTINCT i.global_tid FROM range_info i
+            WHERE i.domain_code = {code} AND i.kind IN ({nm.PT_OP}, {nm.DL_ARG})""")
+        row = f.iloc[0]
+        return DomainFacts(
+            n_ranges=int(row["n"]),
+            has_markers=bool(row["has_markers"]),
+            dl_args=bool(row["dl_args"]),
+            unmarked_backward_pids=set(pids.loc[pids["arg"].astype(bool), "pid"].tolist())
+            - set(pids.loc[pids["bwd"].astype(bool), "pid"].tolist()),
+            marker_threads=set(threads["global_tid"].tolist()),
+            linked_pids=set(pids.loc[pids["linked"].astype(bool), "pid"].tolist()),
+        )
+
+    def domain_order(self, mode: str | None) -> list[str]:
+        return self.store.domain_order(mode)
+
+    # -- launches ---------------------------------------------------------------------------------------
+    def link_launches(self) -> tuple[dict, dict]:
+        """The device each thread and process launches most GPU time on (staging linked every GPU activity to
+        its launching call: the store's gpu_by_launch), and the kernel name pairs' Tensor Core use."""
+        self.store.wait_staged()
+        self.tc_pairs = self.store.kernel_pairs
+        return dict(self.store.thread_device), dict(self.store.process_device)
+
+    def device_pids(self) -> dict:
+        return {d: set(p) for d, p in self.store.device_pids.items()}
+
+    # -- iterations -------------------------------------------------------------------------------------
+    def key_node_ranges(self, key: str, labels: pd.DataFrame, stripped: bool) -> pd.DataFrame:
+        """Forward ranges whose text or label is `key` (or, `stripped`, whose label without its #N counter is):
+        iterate.key_node_instances over the store (backward nodes and bprop markers are not key nodes)."""
+        from dlprof_profiler.engine.iterate import NUMBER_SUFFIX
+
+        values = labels["label"].to_numpy(dtype=object)
+        if stripped:
+            want = NUMBER_SUFFIX.sub("", key)
+            hit = np.array([v is not None and NUMBER_SUFFIX.sub("", str(v)) == want for v in values], dtype=bool)
+            codes = [self.pool.code[v] for v in values[hit] if v in self.pool.code]
+            where = f"i.label_code IN ({','.join(map(str, codes))})" if codes else "false"
+            params = None
+        else:
+            code = self.pool.code.get(key, -2)
+            where = f"(i.label_code = {code} OR i.range_id IN (SELECT range_id FROM ranges WHERE text = $1))"
+            params = [key]
+        bprop = self.pool.code.get("bprop", -2)
+        backward = f"(coalesce(i.backward, 0) = 1 OR coalesce(i.direction_code, -1) = {bprop})"
+        return self.store.frame(
+            f"""SELECT i.start, i."end", i.pid, i.global_tid FROM range_info i
+            WHERE {where} AND NOT {backward} ORDER BY i.range_id""",
+            params,
+        )
+
+    def occupied(self, spans: np.ndarray) -> np.ndarray:
+        """Whether a range or API call starts inside each span after its start (iterate.occupied_by)."""
+        frame = pd.DataFrame({"k": np.arange(len(spans)), "lo": spans[:, 0], "hi": spans[:, 1]})
+        con = self.store.con
+        con.register("_spans", frame)
+        try:
+            hit = self.store.frame("""
+                SELECT DISTINCT s.k FROM _spans s JOIN (SELECT start FROM ranges UNION ALL SELECT start FROM api) e
+                ON e.start > s.lo AND e.start < s.hi""")
+        finally:
+            con.unregister("_spans")
+        flags = np.zeros(len(spans), dtype=bool)
+        flags[hit["k"].to_numpy(np.int64)] = True
+        return flags
+
+    # -- segments ---------------------------------------------------------------------------------------
+    def plan_cuts(self, boundaries: np.ndarray, events_per_segment: int) -> list[int]:
+        """Cut times giving segments of about `events_per_segment` events, at iteration boundaries where
+        iterations are smaller than that, else inside the iterations."""
+        total = sum(self.store.counts.values())
+        if total <= events_per_segment:
+            return []
+        bins = max(min(total // 1000, 1 << 20), 1024)
+        lo = int(
+            self.store.scalar(
+                "SELECT least((SELECT min(start) FROM ranges), (SELECT min(start) FROM api), "
+                "(SELECT min(launch) FROM gpu_by_launch))"
+            )
+            or 0
+        )
+        hi = self.store.profile_end + 1
+        width = max((hi - lo) // bins + 1, 1)
+        f = self.store.frame(f"""
+            SELECT b, sum(n) AS n FROM (
+                SELECT (start - {lo}) // {width} AS b, count(*) AS n FROM ranges GROUP BY b
+                UNION ALL SELECT (start - {lo}) // {width} AS b, count(*) AS n FROM api GROUP BY b
+                UNION ALL SELECT (launch - {lo}) // {width} AS b, count(*) AS n FROM gpu_by_launch GROUP BY b)
+            GROUP BY b ORDER BY b""")
+        edges = lo + f["b"].to_numpy(np.int64) * width  # bucket starts
+        cum = np.cumsum(f["n"].to_numpy(np.int64))
+        cuts, last = [], 0
+        for b in np.sort(np.asarray(boundaries, dtype=np.int64)):
+            pos = int(np.searchsorted(edges, b, side="right")) - 1
+            count = int(cum[pos]) if pos >= 0 else 0
+            while count - last > 2 * events_per_segment:  # an iteration too large for one segment
+                target = last + events_per_segment
+                i = int(np.searchsorted(cum, target))
+                cut = int(edges[min(i + 1, len(edges) - 1)])
+                if cut >= b or (cuts and cut <= cuts[-1]):
+                    break
+                cuts.append(cut)
+                last = int(cum[i])
+            if count - last >= events_per_segment:
+                cuts.append(int(b))
+                last = count
+        while cum[-1] - last > 2 * events_per_segment:
+            i = int(np.searchsorted(cum, last + events_per_segment))
+            cut = int(edges[min(i + 1, len(edges) - 1)])
+            if cuts and cut <= cuts[-1]:
+                break
+            cuts.append(cut)
+            last = int(cum[i])
+        return sorted(set(cuts))
+
+    def segment_activities(self, j: int, columns=None) -> dict:
+        """Columns of the GPU activities launched in time segment j, in activity id order (as staged)."""
+        lo, hi = self.bounds[j]
+        return self.store.gpu.read_range(lo, hi, columns, key="launch")
+
+    def segments(self, cuts: list[int]):
+        """Segment by segment, the frames correlation needs (see correlate.Segment). A segment's own ranges are
+        read from the parts of range_info whose starts meet it (the export's order, which nsys writes nearly in
+        start order, keeps that to a part or two); the ranges still open at its start (context) are those of
+        earlier segments ending after it, carried from segment to segment."""
+        store = self.store
+        carried = None  # range_info columns of the ranges open at the end of the previous segment
+        self.bounds = chunk_bounds(cuts)
+        for j, (lo, hi) in enumerate(self.bounds):
+            own = _by_range_id(self.range_info.read_range(lo, hi))
+            if carried is not None:
+                open_rows = np.flatnonzero(carried["end"] > lo)
+                context = {c: v[open_rows] for c, v in carried.items()}
+                rows = {c: np.concatenate([context[c], own[c]]) for c in own}
+                flags = np.concatenate([np.ones(open_rows.size, dtype=bool), np.zeros(own["start"].size, dtype=bool)])
+            else:
+                context, rows = None, own
+                flags = np.zeros(own["start"].size, dtype=bool)
+            ranges, info = self._range_frames(rows)
+            ranges["context"] = flags
+            # (context and own ranges each in range_id order, as correlation expects)
+            still = own["end"] > hi
+            later = {c: v[still] for c, v in own.items()}
+            if context is not None:
+                keep = context["end"] > hi
+                later = _by_range_id({c: np.concatenate([context[c][keep], later[c]]) for c in later})
+            carried = later
+            api = store.api_window(lo, hi)
+            gpu, gpu_api = self._gpu_launched(j, lo, hi, api)
+            yield Segment(lo, hi, ranges, info, api, gpu, gpu_api)
+
+    def _range_frames(self, f: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """range_info columns -> the ranges and their classification as correlation takes them."""
+        domains = np.array(self.store.domains, dtype=object)
+        ranges = make_frame(
+            {
+                "range_id": f["range_id"].astype(np.int64, copy=False),
+                "domain": domains[f["domain_code"]] if len(f["domain_code"]) else np.zeros(0, object),
+                "start": f["start"].astype(np.int64, copy=False),
+                "end": f["end"].astype(np.int64, copy=False),
+                "global_tid": f["global_tid"].astype(np.int64, copy=False),
+                "pid": f["pid"].astype(np.int64, copy=False),
+                "event_type": f["event_type"].astype(np.int8, copy=False),
+                "unclosed": f["unclosed"].astype(bool, copy=False),
+            }
+        )
+        info = {c: f[c].astype(np.int64, copy=False) for c in ("kind", "seq", "callid", "fwd_callid")}
+        info["kind"] = info["kind"].astype(np.int8)
+        info["backward"] = f["backward"].astype(bool)
+        info["dataloader"] = f["dataloader"].astype(bool)
+        for c in INFO_TEXT:
+            info[c] = self.pool.decode(f[f"{c}_code"])
+        return ranges, make_frame(info)
+
+    def _gpu_launched(self, j: int, lo: int, hi: int, api: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+        """The GPU activities launched in [lo, hi) (segment j) and each one's launching call in `api`."""
+        store = self.store
+        f = self.segment_activities(j)
+        api_id = f["api_id"]
+        first = int(api["api_id"].iloc[0]) if len(api) else 0
+        local = api_id - first
+        ok = (api_id >= 0) & (local >= 0) & (local < len(api))
+        return store.gpu_frame_of(f), np.where(ok, local, -1).astype(np.int64)
+
+
+class StoreSink:
+    """Where a DomainCorrelator writes one domain's op model: part files (parts.py), one per time segment."""
+
+    def __init__(self, analysis: StoreAnalysis, domain_index: int, bounds, cuts=()):
+        self.a = analysis
+        self.d = domain_index
+        # the iteration of an instance's start (the ops' numbering restarts in each one): kept as a column, an
+        # ASOF join of every call against the iteration bounds cost a sort of every call
+        self.bounds = np.sort(np.asarray(bounds, dtype=np.int64))
+        self.cuts = np.sort(np.asarray(list(cuts), dtype=np.int64))  # chunk j: [cuts[j - 1], cuts[j])
+        folder = analysis.parts_folder
+        self.inst = PartTable(folder, f"inst_{domain_index}", INST_SCHEMA, keys=("instance_id",))
+        self.api_owner = PartTable(folder, f"api_owner_{domain_index}", int_schema(["api_id", "instance_id"]))
+        self.gpu_owner = PartTable(folder, f"gpu_owner_{domain_index}", int_schema(["activity_id", "instance_id"]))
+        self.inst_sorted = PartTable(folder, f"inst_sorted_{domain_index}", SORTED_SCHEMA)
+        self.patch = pd.DataFrame({"instance_id": pd.array([], dtype="Int64")})  # completed and re-kinded ones
+        self.inst_op = self.inst_start = None  # per instance id, once finished: its op and its start
+
+    def chunk_of(self, times) -> np.ndarray:
+        """The time chunk (segment) of each time."""
+        return np.searchsorted(self.cuts, np.asarray(times, dtype=np.int64), side="right")
+
+    def add(self, seg, instances: pd.DataFrame, api_owner, gpu_owner) -> None:
+        """One segment's new instances and the owners of its API calls and GPU activities."""
+        k = int(self.chunk_of([seg.lo])[0])
+        frame = {c: instances[c].to_numpy(np.int8 if c == "kind" else np.int64) for c in INSTANCE_INT}
+        for c in INSTANCE_TEXT:
+            frame[f"{c}_code"] = self.a.pool.encode(instances[c].to_numpy(dtype=object)).astype(CODE_TYPE[1])
+        frame["iteration"] = self._iteration(frame["start"]).astype(np.int32)
+        self.inst.append(frame, tag=k)
+        self.api_owner.append(
+            {"api_id": seg.api["api_id"].to_numpy(np.int64), "instance_id": np.asarray(api_owner, np.int64)}, tag=k
+        )
+        self.gpu_owner.append(
+            {"activity_id": seg.gpu["activity_id"].to_numpy(np.int64), "instance_id": np.asarray(gpu_owner, np.int64)},
+            tag=k,
+        )
+
+    # -- completing the model ---------------------------------------------------------------------------
+    def finish(self, c) -> "StoreDomainModel":
+        """Complete the partial instances, build the op table, give every instance its op_index."""
+        for table in (self.inst, self.api_owner, self.gpu_owner):
+            self.a.publish(table)
+        if c.partial:
+            self._complete(c)
+        if c.kind_of:
+            self._update(
+                pd.DataFrame(
+                    {
+                        "instance_id": np.fromiter(c.kind_of, dtype=np.int64),
+                        "kind": np.fromiter(c.kind_of.values(), dtype=np.int64),
+                    }
+                ),
+                ["kind"],
+            )
+        self.a.store.con.register(f"_patch_{self.d}", self.patch)
+        ops, op_of_call = self._op_table(c.domain, c.family, c.next_id)
+        self._sort_instances(op_of_call, self._call_sums(), c.next_id)
+        self.a.publish(self.inst_sorted)
+        self.a.store.con.unregister(f"_patch_{self.d}")
+        return StoreDomainModel(
+            domain=c.domain,
+            family=c.family,
+            has_markers=c.facts.has_markers,
+            ops=ops,
+            n_ranges=c.facts.n_ranges,
+            sink=self,
+            n_instances=self.inst_sorted.rows,
+        )
+
+    def _patched(self) -> str:
+        """The instances with the completed columns (a query over the instance parts and the patch)."""
+        columns = [c for c in self.patch.columns if c != "instance_id"]
+        if not columns:
+            return self.inst.name
+        replaced = ", ".join(f'coalesce(p."{c}", i."{c}") AS "{c}"' for c in columns)
+        return (
+            f"(SELECT i.* REPLACE ({replaced}) FROM {self.inst.name} i LEFT JOIN _patch_{self.d} p USING (instance_id))"
+        )
+
+    def _call_sums(self) -> pd.DataFrame:
+        """Per call of several instances (the autograd nodes of one forward call: correlate.call_metrics), the
+        sums of its instances' metrics (nearly every call is one instance: only those are summed)."""
+        sums = ", ".join(f'sum(x."{m}") AS "{m}"' for m in CALL_METRICS)
+        inst = self._patched()
+        return self.a.store.frame(f"""
+            WITH grouped AS (SELECT DISTINCT call_id FROM {self.inst.name} WHERE call_id <> instance_id)
+            SELECT x.call_id, {sums} FROM {inst} x JOIN grouped USING (call_id) GROUP BY x.call_id
+            ORDER BY x.call_id""")
+
+    def _sort_instances(self, op_of_call: np.ndarray, multi: pd.DataFrame, n_ids: int) -> None:
+        """`inst_sorted`: every instance with its op (its call's), whether it is a call and the call's metrics
+        (0 on a call's other instances), written by the chunk its start falls in; per instance id its op and
+        start are kept for the GPU activities it owns."""
+        self.inst_op = np.full(max(n_ids, 1), -1, dtype=np.int32)
+        self.inst_start = np.zeros(max(n_ids, 1), dtype=np.int64)
+        patch = self.patch
+        patch_ids = patch["instance_id"].to_numpy(np.int64)
+        multi_ids = multi["call_id"].to_numpy(np.int64)
+        for part in self.inst.parts:
+            table = read_part(part.path)
+            # the part's columns as they are (views of the file); only patched columns are copied
+            cols = {name: table.column(name).to_numpy() for name in SORTED_SCHEMA.names if name in table.column_names}
+            ids = cols["instance_id"]
+            _apply_patch(cols, ids, patch, patch_ids)
+            call = cols["call_id"]
+            cols["op_index"] = op_of_call[call].astype(np.int64)
+            is_call = call == ids
+            pos = np.searchsorted(multi_ids, ids)
+            in_multi = pos < multi_ids.size
+            in_multi[in_multi] = multi_ids[pos[in_multi]] == ids[in_multi]
+            for m in CALL_METRICS:
+                own = cols[m]
+                if in_multi.any():
+                    own = own.copy()
+                    own[in_multi] = multi[m].to_numpy(np.int64)[pos[in_multi]]
+                cols[f"call_{m}"] = np.where(is_call, own, 0)
+            cols["is_call"] = is_call
+            self.inst_op[ids] = cols["op_index"]
+            self.inst_start[ids] = cols["start"]
+            chunk = self.chunk_of(cols["start"])
+            chunks = np.unique(chunk)
+            for j in chunks:
+                # nearly every instance starts in the segment that made it: one part, not a copy
+                part_cols = cols if chunks.size == 1 else {k: v[chunk == j] for k, v in cols.items()}
+                self.inst_sorted.append({c: part_cols[c] for c in SORTED_SCHEMA.names}, tag=int(j), source=part.tag)
+            del table, cols
+
+    def instance_values(self, ids, columns) -> dict:
+        """Columns of the given instances as correlation wrote them (not completed: their texts, say)."""
+        return self.inst.lookup(np.asarray(ids, dtype=np.int64), columns)
+
+    def instances_by_start(self, columns):
+        """Per time chunk, the columns of the instances starting in it, in (start, instance_id) order."""
+        for j in range(self.cuts.size + 1):
+            yield _sorted_columns(self.inst_sorted.read(tag=j, columns=list(columns)), "start", "instance_id")
+
+    def activities(self, j: int) -> dict:
+        """The GPU activities launched in segment j with their owners in this domain (model_chunks.ACTIVITY_FIELDS)
+        in (launch, activity_id) order."""
+        cols = self.a.segment_activities(j, ACTS_COLUMNS)
+        owner = self.gpu_owner.read(tag=j).column("instance_id").to_numpy()
+        cols["owner"] = owner
+        cols["owner_op"] = self.inst_op[owner].astype(np.int64)
+        cols["owner_start"] = self.inst_start[owner]
+        if owner.size > 1:
+            order = np.lexsort((cols["activity_id"], cols["launch"]))
+            cols = {c: v[order] for c, v in cols.items()}
+        return cols
+
+    def _iteration(self, start: np.ndarray) -> np.ndarray:
+        """Number of iteration bounds at or before each start (0: before the first)."""
+        return np.searchsorted(self.bounds, start, side="right").astype(np.int64)
+
+    def _update(self, frame: pd.DataFrame, columns: list[str]) -> None:
+        """Completed columns of some instances (applied to every later read of them)."""
+        new = frame[["instance_id"] + columns].astype("Int64")  # nullable: a row patches only its columns
+        merged = self.patch.astype({"instance_id": "Int64"}).merge(
+            new, on="instance_id", how="outer", suffixes=("", "_new")
+        )
+        for c in columns:
+            if f"{c}_new" in merged:
+                merged[c] = merged[f"{c}_new"].combine_first(merged[c])
+                del merged[f"{c}_new"]
+        self.patch = merged.sort_values("instance_id", ignore_index=True)
+
+    def _complete(self, c) -> None:
+        """Metrics of the instances that crossed segment bounds, over all their API calls and activities
+        (as correlate.instance_metrics computes them)."""
+        store, con = self.a.store, self.a.store.con
+        inst, api_owner, gpu_owner = self.inst.name, self.api_owner.name, self.gpu_owner.name
+        con.register("_partial", pd.DataFrame({"instance_id": np.array(sorted(c.partial), dtype=np.int64)}))
+        part = store.frame(
+            f'SELECT instance_id, kind, start, "end", pid, global_tid FROM {inst} '
+            "JOIN _partial USING (instance_id) ORDER BY instance_id"
+        )
+        span = store.frame(f"""SELECT o.instance_id, min(a.start) AS s, max(a."end") AS e FROM {api_owner} o
+                               JOIN _partial USING (instance_id) JOIN api a USING (api_id) GROUP BY 1""")
+        back = part["kind"].to_numpy() == BACKWARD_PASS
+        if back.any() and len(span):
+            s = span.set_index("instance_id")
+            ids = part.loc[back, "instance_id"]
+            part.loc[back, "start"] = s["s"].reindex(ids).fillna(part.loc[back, "start"]).to_numpy(np.int64)
+            part.loc[back, "end"] = s["e"].reindex(ids).fillna(part.loc[back, "end"]).to_numpy(np.int64)
+        con.register("_part", part)
+        inside = store.frame("""
+            WITH a AS (SELECT p.instance_id, greatest(x.start, p.start) AS s, least(x."end", p."end") AS e
+                       FROM _part p JOIN api x
+                         ON x.global_tid = p.global_tid AND x.start < p."end" AND x."end" > p.start
+                       WHERE p.global_tid >= 0),
+                 w AS (SELECT *, max(e) OVER (PARTITION BY instance_id ORDER BY s, e
+                                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach FROM a)
+            SELECT instance_id, sum(greatest(0, e - greatest(s, coalesce(reach, s)))) AS inside FROM w GROUP BY 1""")
+        gpu = store.frame(f"""
+            WITH g AS (SELECT o.instance_id, x.start AS s, x."end" AS e, x.kind, x.device_id
+                       FROM {gpu_owner} o JOIN _partial USING (instance_id) JOIN gpu x USING (activity_id)),
+                 w AS (SELECT *, max(e) OVER (PARTITION BY instance_id ORDER BY s, e
+                                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach FROM g)
+            SELECT instance_id, sum(greatest(0, e - greatest(s, coalesce(reach, s)))) AS busy, min(s) AS gs,
+                   max(e) AS ge, count(*) AS n, sum(CASE WHEN kind = {KIND_KERNEL} THEN 1 ELSE 0 END) AS k
+            FROM w GROUP BY 1""")
+        dev = store.frame(f"""
+            SELECT instance_id, device_id FROM (
+                SELECT instance_id, device_id,
+                       row_number() OVER (PARTITION BY instance_id ORDER BY d DESC, device_id) rn
+                FROM (SELECT o.instance_id, x.device_id, sum(x."end" - x.start + 1) AS d
+                      FROM {gpu_owner} o JOIN _partial USING (instance_id) JOIN gpu x USING (activity_id)
+                      GROUP BY ALL)) WHERE rn = 1""")
+        con.unregister("_part")
+        con.unregister("_partial")
+        ids = part["instance_id"].to_numpy(np.int64)
+        start, end = part["start"].to_numpy(np.int64), part["end"].to_numpy(np.int64)
+        cpu = np.where(part["kind"].to_numpy() == UNASSOCIATED_GPU, 0, end - start)
+        g = gpu.set_index("instance_id").reindex(ids)
+        n = g["n"].fillna(0).to_numpy(np.int64)
+        busy = g["busy"].fillna(0).to_numpy(np.int64)
+        gs = g["gs"].fillna(-1).to_numpy(np.int64)
+        ge = g["ge"].fillna(-1).to_numpy(np.int64)
+        device = dev.set_index("instance_id")["device_id"].reindex(ids).fillna(-1).to_numpy(np.int64)
+        missing = device < 0
+        if missing.any():
+            by_thread = pd.Series(part["global_tid"].to_numpy()[missing]).map(c.thread_device)
+            by_process = pd.Series(part["pid"].to_numpy()[missing]).map(c.process_device)
+            device[missing] = by_thread.fillna(by_process).fillna(-1).to_numpy(np.int64)
+        out = pd.DataFrame(
+            {
+                "instance_id": ids,
+                "start": start,
+                "end": end,
+                "cpu_time": cpu,
+                "cpu_overhead": cpu
+                - inside.set_index("instance_id")["inside"].reindex(ids).fillna(0).to_numpy(np.int64),
+                "gpu_time": busy,
+                "gpu_start": gs,
+                "gpu_end": ge,
+                "gpu_idle": np.where(n > 0, ge - gs - busy, 0),
+                "n_gpu": n,
+                "n_kernels": g["k"].fillna(0).to_numpy(np.int64),
+                "device_id": device,
+                "iteration": self._iteration(start),
+            }
+        )
+        self._update(out, [c for c in out.columns if c != "instance_id"])
+
+    def _op_table(self, domain: str, family: str | None, n_ids: int) -> tuple[pd.DataFrame, np.ndarray]:
+        """The op table (correlate.op_table) computed in the store: one row per (name, direction, nth); and per
+        instance id that is a call (the first instance of it), its op_index (-1 elsewhere)."""
+        store, pool = self.a.store, self.a.pool
+        heads = f"heads_{self.d}"
+        # ops are made of calls: the first instance of each call stands for it (correlate.op_table), numbered
+        # per iteration, thread, name and direction; only the columns the op table needs are kept
+        store.run(f"""
+            CREATE OR REPLACE TABLE {heads} AS
+            SELECT i.instance_id, i.name_code, i.direction_code, i.op_type_code, i.label_code, i.kind, i.start,
+                   i.data_type_code, i.stack_trace_code, i.device_id,
+                   row_number() OVER (PARTITION BY i.iteration, i.global_tid, i.name_code, i.direction_code
+                                      ORDER BY i.start, i.instance_id) AS nth
+            FROM {self._patched()} i WHERE i.call_id = i.instance_id""")
+        # one hash aggregation over the (few) ops instead of a sort of every call per column: the first call
+        # is the one of the earliest (start, instance_id); its device the one most calls ran on (lowest on ties)
+        first_of = "{'s': start, 'i': instance_id}"
+        g = store.frame(f"""
+            WITH dev AS (SELECT name_code, direction_code, nth, arg_min(device_id, {{'c': -c, 'd': device_id}}) AS dev
+                         FROM (SELECT name_code, direction_code, nth, device_id, count(*) AS c FROM {heads}
+                               WHERE device_id >= 0 GROUP BY ALL) GROUP BY ALL),
+                 agg AS (SELECT name_code, direction_code, nth, arg_min(op_type_code, {first_of}) AS op_type_code,
+                                arg_min(label_code, {first_of}) AS label_code, arg_min(kind, {first_of}) AS kind,
+                                min(start) AS first_start, count(*) AS n,
+                                arg_min(data_type_code, {first_of}) FILTER (WHERE data_type_code >= 0) AS data_type,
+                                arg_min(stack_trace_code, {first_of}) FILTER (WHERE stack_trace_code >= 0)
+                                    AS stack_trace
+                         FROM {heads} GROUP BY ALL)
+            SELECT agg.*, dev.dev AS device_id FROM agg LEFT JOIN dev USING (name_code, direction_code, nth)
+            ORDER BY name_code, direction_code, nth""")
+        op_of_call = np.full(max(n_ids, 1), -1, dtype=np.int32)
+        if len(g) == 0:
+            from dlprof_profiler.engine.correlate import op_table
+
+            store.run(f"DROP TABLE {heads}")
+            return op_table(pd.DataFrame(), domain, family), op_of_call
+        groups = make_frame(
+            {
+                "name": pool.decode(g["name_code"]),
+                "direction": pool.decode(g["direction_code"]),
+                "nth": g["nth"].to_numpy(np.int64),
+                "op_type": pool.decode(g["op_type_code"]),
+                "label": pool.decode(g["label_code"]),
+                "first_start": g["first_start"].to_numpy(np.int64),
+                "kind": g["kind"].to_numpy(np.int64),
+                "n_instances": g["n"].to_numpy(np.int64),
+                "data_type": pool.decode(g["data_type"].fillna(-1).to_numpy(np.int64)),
+                "stack_trace": pool.decode(g["stack_trace"].fillna(-1).to_numpy(np.int64)),
+                "device_id": g["device_id"].fillna(-1).to_numpy(np.int64),
+            }
+        )
+        groups["direction"] = groups["direction"].fillna("")
+        from dlprof_profiler.engine.correlate import finish_op_table
+
+        ops, op_index = finish_op_table(groups, domain, family)
+        store.con.register(
+            "_ops",
+            pd.DataFrame(
+                {
+                    "name_code": g["name_code"].to_numpy(np.int64),
+                    "direction_code": g["direction_code"].to_numpy(np.int64),
+                    "nth": g["nth"].to_numpy(np.int64),
+                    "op_index": op_index,
+                }
+            ),
+        )
+        result = store.con.sql(
+            f"SELECT h.instance_id, o.op_index FROM {heads} h JOIN _ops o USING (name_code, direction_code, nth)"
+        )
+        for batch in result.to_arrow_reader(1 << 20):
+            op_of_call[batch.column(0).to_numpy()] = batch.column(1).to_numpy()
+        store.con.unregister("_ops")
+        store.run(f"DROP TABLE {heads}")
+        return ops, op_of_call
+
+
+def _apply_patch(cols: dict, ids: np.ndarray, patch: pd.DataFrame, patch_ids: np.ndarray) -> None:
+    """Overwrite the patched columns of the patched instances among `ids` (in place)."""
+    if patch_ids.size == 0:
+        return
+    pos = np.searchsorted(patch_ids, ids)
+    hit = pos < patch_ids.size
+    hit[hit] = patch_ids[pos[hit]] == ids[hit]
+    if not hit.any():
+        return
+    rows, at = np.flatnonzero(hit), pos[hit]
+    for c in patch.columns:
+        if c == "instance_id" or c not in cols:
+            continue
+        values = patch[c]
+        given = ~values.isna().to_numpy()[at]
+        if given.any():
+            column = cols[c] = np.array(cols[c], dtype=np.int64)  # a writable copy
+            column[rows[given]] = values.to_numpy(dtype=np.int64, na_value=0)[at[given]]
+
+
+# what a kernel-launch row of the iteration report takes from its GPU activity and from its launching instance
+LAUNCH_ACTIVITY = [*LAUNCH_SHAPE, "long_code"]
+LAUNCH_INSTANCE = ["data_type", "input_shapes", "parameters", "output_shapes"]
+LAUNCH_SPILL_SCHEMA = pa.schema(
+    [(c, pa.bool_() if c == "uses_tc" else pa.int64()) for c in LAUNCH_COLUMNS]  # aggregate._launch_rows
+    + [("seq", pa.int64())]
+    + [(c, pa.int64()) for c in LAUNCH_ACTIVITY]
+    + [(c, pa.from_numpy_dtype(CODE_TYPE[1])) for c in LAUNCH_INSTANCE]
+)
+# an iteration whose launch rows outgrow this is ordered by DuckDB (which spills), not in memory
+REPORT_SORT_ROWS = 1 << 21
+
+
+class LaunchSpill:
+    """The kernel-launch rows of one aggregation of one domain, spilled chunk by chunk (the aggregation's
+    `keep_launches` sink) with everything the iteration report shows of them, and read back in its order."""
+
+    def __init__(self, sink: "StoreSink"):
+        self.sink = sink
+        self.parts = PartTable(sink.a.parts_folder, f"launches_{sink.d}", LAUNCH_SPILL_SCHEMA)
+        self.rows = 0
+
+    def __call__(self, launches: pd.DataFrame, launched: pd.DataFrame) -> None:
+        """The launch rows of a chunk (aggregate._launch_rows) and the GPU activities they come from, row by row."""
+        frame = {c: launches[c].to_numpy() for c in LAUNCH_COLUMNS}
+        frame["seq"] = self.rows + np.arange(len(launches), dtype=np.int64)  # launch order breaks ties
+        self.rows += len(launches)
+        for c in LAUNCH_ACTIVITY:
+            frame[c] = launched[c].to_numpy(np.int64)
+        codes = self.sink.instance_values(frame["instance"], [f"{c}_code" for c in LAUNCH_INSTANCE])
+        for c in LAUNCH_INSTANCE:
+            frame[c] = codes[f"{c}_code"]
+        self.parts.append(frame)
+
+    def report_chunks(self, ops: pd.DataFrame, rows_per_chunk: int):
+        """Chunks of kernel-launch rows (reports.LAUNCH_COLUMNS) in report order: iteration, the op's first
+        start, kernel name, GPU start, launch order (reports._report_order). The rows were spilled in launch
+        order, so an iteration's rows are in one part or in consecutive ones: each part is ordered in memory,
+        the rows of its last iteration held back until the next part has added its own."""
+        n_ops = int(ops["op_index"].max()) + 1 if len(ops) else 0
+        first_start = np.full(n_ops + 1, TIME_MAX, dtype=np.int64)  # ops without a first start sort last
+        first_start[ops["op_index"].to_numpy(np.int64)] = ops["first_start"].to_numpy(np.int64)
+        op_rank = np.unique(first_start, return_inverse=True)[1].reshape(-1)  # equal starts, equal ranks
+        held = None
+        for part in self.parts.parts:
+            table = read_part(part.path)
+            cols = {c: table.column(c).to_numpy() for c in table.column_names}
+            if held is not None:
+                cols = {c: np.concatenate([held[c], cols[c]]) for c in cols}
+            order = np.lexsort(
+                (cols["seq"], cols["gpu_start"], cols["name_code"], op_rank[cols["op_index"]], cols["iteration"])
+            )
+            cols = {c: v[order] for c, v in cols.items()}
+            last = cols["iteration"][-1]
+            done = int(np.searchsorted(cols["iteration"], last, side="left"))
+            yield from _report_batches({c: v[:done] for c, v in cols.items()}, rows_per_chunk)
+            held = {c: v[done:] for c, v in cols.items()}
+            if held["iteration"].size > REPORT_SORT_ROWS:  # one iteration of very many launches: not in memory
+                yield from self._sorted_by_duckdb(int(last), ops, rows_per_chunk)
+                return
+        if held is not None:
+            yield from _report_batches(held, rows_per_chunk)
+
+    def _sorted_by_duckdb(self, from_iteration: int, ops: pd.DataFrame, rows_per_chunk: int):
+        """The rows of the iterations from `from_iteration` on, ordered by DuckDB over the spilled parts."""
+        first = pd.DataFrame(
+            {"op_index": ops["op_index"].to_numpy(np.int64), "first_start": ops["first_start"].to_numpy(np.int64)}
+        )
+        reader = self.sink.a.cursor()
+        try:
+            self.parts.register(reader, "_launches")
+            reader.register("_op_first", first)
+            result = reader.sql(f"""
+                SELECT l.* FROM _launches l LEFT JOIN _op_first f ON f.op_index = l.op_index
+                WHERE l.iteration >= {int(from_iteration)}
+                ORDER BY l.iteration, coalesce(f.first_start, {TIME_MAX}), l.name_code, l.gpu_start, l.seq""")
+            for batch in result.to_arrow_reader(rows_per_chunk):
+                yield _report_columns({c: batch.column(c).to_numpy(zero_copy_only=False) for c in batch.schema.names})
+        finally:
+            reader.close()
+
+
+def _report_batches(cols: dict, rows_per_chunk: int):
+    n = cols["iteration"].size
+    for lo in range(0, n, rows_per_chunk):
+        yield _report_columns({c: v[lo : lo + rows_per_chunk] for c, v in cols.items()})
+
+
+def _report_columns(cols: dict) -> dict:
+    """Spilled launch rows -> reports.LAUNCH_COLUMNS."""
+    out = {c: cols[c] for c in ("iteration", "device_id", "gpu_start", "gpu_duration", "api_start", "api_duration")}
+    out["uses_tc"] = cols["uses_tc"].astype(bool)
+    for c in (*LAUNCH_SHAPE, "op_index"):
+        out[c] = cols[c]
+    out["kernel_name"] = cols["name_code"]  # codes into the sorted distinct names
+    out["long_kernel_name"] = cols["long_code"]
+    for c in LAUNCH_INSTANCE:
+        out[c] = cols[c]
+    return out
+
+
+class StoreDomainModel:
+    """One domain's op model living in the store (the in-memory DomainModel's ops and counts)."""
+
+    def __init__(self, domain, family, has_markers, ops, n_ranges, sink: StoreSink, n_instances: int):
+        self.domain, self.family, self.has_markers, self.ops = domain, family, has_markers, ops
+        self.n_ranges, self.sink, self.n_instances = n_ranges, sink, n_instances
+        self.instances = None  # in the store: see `instances_where`
+        self.api_instance = None
+        self.gpu_instance = None
+
+    def first_call_values(self, column: str, op_index) -> np.ndarray:
+        """Per op of `op_index`, `column` of its first call (earliest start, then lowest instance id; as
+        reports.first_call_values computes it in memory)."""
+        return self.first_calls([column], op_index)[column]
+
+    def first_calls(self, columns, op_index) -> dict:
+        """Per op of `op_index`, the text `columns` of its first call (model_chunks.first_calls in memory), in
+        one pass over the instances."""
+        op_index = np.asarray(op_index, dtype=np.int64)
+        sink = self.sink
+        codes = ", ".join(f"{c}_code AS c{i}" for i, c in enumerate(columns))
+        f = sink.a.store.frame(f"""SELECT DISTINCT ON (op_index) op_index, {codes}
+                                   FROM inst_sorted_{sink.d} ORDER BY op_index, start, instance_id""")
+        out = {}
+        for i, c in enumerate(columns):
+            values = pd.Series(
+                sink.a.pool.decode(f[f"c{i}"].to_numpy(np.int64)), index=f["op_index"].to_numpy(np.int64), dtype=object
+            )
+            column = values.reindex(op_index).to_numpy(dtype=object).copy()
+            column[pd.isna(column)] = None
+            out[c] = column
+        return out
+
+    def first_given_values(self, column: str) -> pd.Series:
+        """Per op_index, the first non-empty `column` value of its instances in start order (graph_events)."""
+        sink = self.sink
+        pool = sink.a.pool
+        empty = pool.code.get("", -2)
+        f = sink.a.store.frame(f"""SELECT DISTINCT ON (op_index) op_index, {column}_code AS code
+                                   FROM inst_sorted_{sink.d} WHERE {column}_code >= 0 AND {column}_code <> {empty}
+                                   ORDER BY op_index, start, instance_id""")
+        return pd.Series(
+            pool.decode(f["code"].to_numpy(np.int64)), index=f["op_index"].to_numpy(np.int64), dtype=object
+        )
+
+    def iteration_report(self, agg):
+        """The iteration report of one aggregation, streamed from its spilled launch rows."""
+        from dlprof_profiler.outputs import report_format
+        from dlprof_profiler.outputs import reports
+
+        store, spill = self.sink.a.store, agg.launch_spill
+        text = self.sink.a.pool.array()
+        dicts = reports.launch_dictionaries(
+            self.ops,
+            store.gpu_short,
+            store.gpu_long,
+            dict.fromkeys(("data_type", "input_shapes", "parameters", "output_shapes"), text),
+        )
+        return reports.iteration_report_from_chunks(
+            lambda: spill.report_chunks(self.ops, report_format.CHUNK_ROWS), dicts
+        )
+
+    def instances_where(self, where: str = "true", params=None) -> pd.DataFrame:
+        """Instances as the in-memory model holds them (text columns decoded)."""
+        sink = self.sink
+        f = sink.a.store.frame(f"SELECT * FROM inst_sorted_{sink.d} WHERE {where} ORDER BY start, instance_id", params)
+        for c in INSTANCE_TEXT:
+            f[c] = sink.a.pool.decode(f.pop(f"{c}_code").to_numpy(np.int64))
+        f["domain"] = self.domain
+        return f
+
+
+class StoreModel:
+    """Chunks of a domain's op model read from the store (model_chunks.InMemoryModel's interface)."""
+
+    def __init__(
+        self,
+        analysis: StoreAnalysis,
+        dm: StoreDomainModel,
+        mode: str,
+        device_ids: list[int],
+        device_pids: dict,
+        io_calls: pd.DataFrame,
+    ):
+        self.a, self.dm = analysis, dm
+        self.domain, self.family, self.mode = dm.domain, dm.family, mode
+        self.ops = dm.ops
+        self._device_ids, self._device_pids = device_ids, device_pids
+        store = analysis.store
+        loader = store.frame("""SELECT start, "end", pid FROM range_info WHERE dataloader = 1 ORDER BY start""")
+        self.loader = make_frame({c: loader[c].to_numpy(np.int64) for c in ("start", "end", "pid")})
+        self.io = make_frame({c: io_calls[c].to_numpy(np.int64) for c in ("start", "end", "pid")})
+
+    def first_calls(self, columns, op_index) -> dict:
+        return self.dm.first_calls(columns, op_index)
+
+    def window_end(self, iterations, iter_start: int, iter_stop: int) -> int | None:
+        """Latest end of any op instance or GPU activity of key-node intervals iter_start..iter_stop."""
+        lo, hi = iterations.time_range(iter_start, iter_stop)
+        d = self.dm.sink.d
+        value = self.a.store.scalar(
+            f"""SELECT greatest(
+            (SELECT max("end") FROM inst_sorted_{d} WHERE start >= $1 AND start < $2),
+            (SELECT max("end") FROM gpu_by_launch WHERE launch >= $1 AND launch < $2))""",
+            [lo, hi],
+        )
+        return None if value is None else int(value)
+
+    def op_names(self) -> np.ndarray:
+        names = np.full(len(self.ops), "", dtype=object)
+        names[self.ops["op_index"].to_numpy(np.int64)] = self.ops["name"].to_numpy(dtype=object)
+        return names
+
+    def kernel_names(self):
+        store = self.a.store
+        short = store.gpu_short
+
+        def long_names(ids):
+            ids = np.asarray(ids, dtype=np.int64)
+            if ids.size == 0:
+                return np.zeros(0, dtype=object)
+            return store.gpu_long[store.gpu.lookup(ids, ["long_code"], key="activity_id")["long_code"]]
+
+        return short, long_names
+
+    def memory_events(self) -> pd.DataFrame:
+        """The allocations and frees of the export (a small frame, read in memory as ingest_nsys reads it)."""
+        return self.a.store.trace.memory
+
+    def device_ids(self) -> list[int]:
+        return list(self._device_ids)
+
+    def device_pids(self) -> dict:
+        return self._device_pids
+
+    def empty_acts(self) -> pd.DataFrame:
+        return make_frame({c: np.zeros(0, dtype=bool if c == "uses_tc" else np.int64) for c in ACTIVITY_FIELDS})
+
+    def chunks(self, cuts=None):
+        sink, store = self.dm.sink, self.a.store
+        bounds = chunk_bounds(cuts)
+        if len(bounds) != sink.cuts.size + 1 or any(lo != int(c) for (lo, _), c in zip(bounds[1:], sink.cuts)):
+            raise ValueError("an out-of-core model is read in the time segments it was correlated in")
+        for j, ((lo, hi), inst) in enumerate(zip(bounds, sink.instances_by_start(INSTANCE_FIELDS))):
+            acts = sink.activities(j)
+            running = make_frame(
+                store.gpu.read_range(lo, hi, ["start", "end", "device_id", "kind", "uses_tc", "name_code"], key="start")
+            )
+
+            def within(frame):
+                t = frame["start"].to_numpy(np.int64)
+                return frame[(t >= lo) & (t < hi)]
+
+            yield ModelChunk(lo, hi, make_frame(inst), make_frame(acts), running, within(self.loader), within(self.io))
+            release_unused_memory()  # the chunk's frees, before the next one's allocations
+
+
+def _by_range_id(cols: dict) -> dict:
+    """Numpy columns with rows in range_id order (unchanged when they are)."""
+    ids = cols["range_id"]
+    if ids.size > 1 and not bool(np.all(ids[1:] > ids[:-1])):
+        order = np.argsort(ids, kind="stable")
+        return {c: v[order] for c, v in cols.items()}
+    return cols
+
+
+def _sorted_columns(table: pa.Table, *keys: str) -> dict:
+    """An Arrow table's columns as numpy arrays, rows in the order of `keys` (the first the major one)."""
+    cols = {c: table.column(c).to_numpy() for c in table.column_names}
+    if table.num_rows > 1:
+        order = np.lexsort(tuple(cols[k] for k in reversed(keys)))
+        if not bool(np.all(order[1:] > order[:-1])):
+            cols = {c: v[order] for c, v in cols.items()}
+    return cols
+
+
+# ---------------------------------------------------------------------------- the DLProf database
+
+WRITE_ROWS = 1 << 18  # rows read from the store and queued for the database writer at a time
+
+
+class DatabaseFeed:
+    """Feeds a new database's writer (database.DatabaseWriter) from the store as the analysis makes things, on a
+    thread of its own (the writer's queue is short: waiting for it must not hold up the analysis): the raw
+    facts once staged (`raw_ranges`, `raw_calls`), each time segment's GPU activity owners once correlated
+    (`owners`), the op model once complete (`model`), each table's indexes once its rows are in. The rows
+    themselves are read from the part files and encoded on the writer's thread. `set_final(primary, profile)`
+    and `finish()` -> ({domain name: domain_id}, op index maps); `cancel()` drops what is not queued yet (the
+    analysis failed)."""
+
+    def __init__(self, writer, store):
+        import queue
+        import threading
+
+        self.writer, self.store = writer, store
+        self.corr = self.primary = self.profile = None
+        self._tasks: queue.Queue = queue.Queue()
+        self._owned: dict = {}  # domain -> the segments whose owners are queued
+        self._error: BaseException | None = None
+        self._cancelled = False
+        self._thread = threading.Thread(target=self._run, name="dlprof-db-feed", daemon=True)
+        self._thread.start()
+
+    def raw_ranges(self) -> None:
+        from types import SimpleNamespace
+
+        self._tasks.put(lambda: self.writer.add_raw(SimpleNamespace(ranges=self.store.frame_chunks("ranges"))))
+
+    def raw_calls(self) -> None:
+        """The API calls, GPU activities, synchronizations and I/O calls (once staged)."""
+        from types import SimpleNamespace
+
+        trace = self.store.trace
+        for frame in ("api_calls", "gpu"):  # the order _raw_rows writes a whole trace in
+            self._tasks.put(
+                lambda frame=frame: self.writer.add_raw(SimpleNamespace(**{frame: self.store.frame_chunks(frame)}))
+            )
+        self._tasks.put(
+            lambda: self.writer.add_raw(
+                SimpleNamespace(syncs=trace.syncs, io_calls=trace.io_calls, memory=trace.memory)
+            )
+        )
+
+    def owners(self, segment: int, sinks: dict) -> None:
+        """The owners of segment `segment`'s GPU activities in each domain ({domain name: StoreSink})."""
+        for name, sink in sinks.items():
+            self._owned.setdefault(name, set()).add(segment)
+            self._tasks.put(
+                lambda name=name, sink=sink: self.writer.add_domain_model(name, None, _owners(sink, segment))
+            )
+
+    def model(self, corr) -> None:
+        """The op model is complete: every domain's ops and instances (and the owners not queued yet), then the
+        indexes."""
+        self.corr = corr
+        for name, dm in corr.domains.items():
+            sink = dm.sink
+            rest = [k for k in range(len(sink.a.bounds)) if k not in self._owned.get(name, set())]
+            for k in rest:
+                self._tasks.put(
+                    lambda name=name, sink=sink, k=k: self.writer.add_domain_model(name, None, _owners(sink, k))
+                )
+        self._tasks.put(lambda: self.writer.build_indexes(K.RAW_ACTIVITY_OWNERS))
+        strings = pd.CategoricalDtype(pd.Index(corr.store.pool.array(), dtype=object))
+        for name, dm in corr.domains.items():
+            self._tasks.put(lambda name=name, dm=dm: self._instances(name, dm, strings))
+        self._tasks.put(self.writer.build_indexes)
+
+    def _instances(self, name: str, dm, strings) -> None:
+        """A domain's ops (first: they get consecutive database op indexes), then its instances in id order (the
+        segments made them in that order)."""
+        self.writer.add_ops(name, dm.ops)
+        sink = dm.sink
+        self.writer.add_domain_model(name, _instance_frames(sink, strings), None)
+
+    def set_final(self, primary: str, profile: dict) -> None:
+        """What `finish` writes last: the primary domain and the profile's facts."""
+        self.primary, self.profile = primary, profile
+
+    def start(self) -> None:
+        """Nothing left to start: `model` queued the model (pipeline._write_outputs calls this)."""
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._tasks.put(None)
+
+    def join(self) -> None:
+        """Wait for the feeding thread (also after a failure elsewhere: the store must outlive it)."""
+        if self._thread.is_alive():
+            self._tasks.put(None)
+            self._thread.join()
+
+    def finish(self) -> tuple[dict, dict]:
+        self.join()
+        if self._error is not None:
+            raise self._error
+        corr, writer = self.corr, self.writer
+        domains = {
+            name: {"family": corr.family, "has_markers": dm.has_markers, "num_ranges": dm.n_ranges}
+            for name, dm in corr.domains.items()
+        }
+        ids = writer.finish(
+            self.profile, self.primary, domains, corr.config, corr.range_labels, kernel_tc_pairs(corr.store)
+        )
+        return ids, writer.op_index_maps()
+
+    def _run(self) -> None:
+        while True:
+            task = self._tasks.get()
+            if task is None:
+                return
+            if self._cancelled or self._error is not None:
+                continue
+            try:
+                task()
+            except BaseException as exc:  # noqa: BLE001 - re-raised by finish() on the analysis thread
+                self._error = exc
+
+
+def _owners(sink: "StoreSink", segment: int):
+    """A domain's owners of one segment's GPU activities in activity id order, as frames (read on the writer's
+    thread)."""
+    acts = sink.a.segment_activities(segment, ["activity_id", "api_id", "launch"])
+    owners = {
+        "activity_id": acts["activity_id"],
+        "instance_id": sink.gpu_owner.read(tag=segment).column("instance_id").to_numpy(),
+        "api_id": acts["api_id"],
+        "launch_time": acts["launch"],
+    }
+    for lo in range(0, owners["activity_id"].size, WRITE_ROWS):
+        yield pd.DataFrame({c: v[lo : lo + WRITE_ROWS] for c, v in owners.items()}, copy=False)
+
+
+def _instance_frames(sink: "StoreSink", strings: pd.CategoricalDtype):
+    """A domain's instances in id order, WRITE_ROWS at a time, as the writer takes them."""
+    for k in sink.inst_sorted.sources():
+        cols = _sorted_columns(sink.inst_sorted.read(source=k), "instance_id")
+        n = cols["instance_id"].size
+        for lo in range(0, n, WRITE_ROWS):
+            yield _instances_frame({c: v[lo : lo + WRITE_ROWS] for c, v in cols.items()}, strings)
+
+
+def _instances_frame(cols: dict, strings: pd.CategoricalDtype) -> pd.DataFrame:
+    """Instances as the database writer takes them: the detail texts as categoricals over the string pool
+    (the writer looks up only the strings the rows use; no text is built per row)."""
+    frame = {c: v for c, v in cols.items() if not c.endswith("_code")}
+    for c in DETAIL_TEXT:
+        codes = cols[f"{c}_code"]
+        if (codes < 0).all():
+            frame[c] = pd.Series(np.full(codes.size, None, dtype=object), dtype=object, copy=False)
+        else:
+            frame[c] = pd.Categorical.from_codes(codes, dtype=strings)
+    return pd.DataFrame(frame, copy=False)
+
+
+def kernel_tc_pairs(sa: StoreAnalysis) -> pd.DataFrame:
+    """Tensor Core use per distinct (name, long name) of the GPU activities (database.kernel_tc_pairs)."""
+    store = sa.store
+    kernels = sa.tc_pairs
+    others = store.other_pairs
+    pairs = pd.concat(
+        [kernels[["name_code", "long_code", "uses_tc", "tc_rule"]], others.assign(uses_tc=False, tc_rule="")],
+        ignore_index=True,
+    )
+    pairs = pairs.drop_duplicates(["name_code", "long_code"])
+    return pd.DataFrame(
+        {
+            "name": store.gpu_short[pairs["name_code"].to_numpy(np.int64)],
+            "long_name": store.gpu_long[pairs["long_code"].to_numpy(np.int64)],
+            "uses_tc": pairs["uses_tc"].to_numpy(dtype=bool).astype(np.int64),
+            "tc_rule": pd.Series(pairs["tc_rule"].to_numpy(dtype=object), dtype=object),
+        }
+    )
