@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-import dlprof_profiler
+import dlprof_profiler.run
 from dlprof_profiler.capture import nsys as capture
 from dlprof_profiler.cli import main as cli
 from dlprof_profiler.capture.nsys import NsysInfo, build_nsys_command, profile_options
@@ -505,7 +505,7 @@ class FakePipeline(types.ModuleType):
 def fake_pipeline(monkeypatch):
     fake = FakePipeline()
     monkeypatch.setitem(sys.modules, "dlprof_profiler.run.single", fake)
-    monkeypatch.setattr(dlprof_profiler, "pipeline", fake, raising=False)
+    monkeypatch.setattr(dlprof_profiler.run, "single", fake, raising=False)
     return fake
 
 
@@ -523,7 +523,7 @@ RUNNER = textwrap.dedent("""
         return 0
     fake.planned_outputs, fake.run_analysis = planned_outputs, run_analysis
     sys.modules["dlprof_profiler.run.single"] = fake
-    import dlprof_profiler
+    import dlprof_profiler.run
     dlprof_profiler.run.single = fake
     from dlprof_profiler.cli.main import main
     sys.exit(main(sys.argv[1:]))
