@@ -312,7 +312,7 @@ def test_command_environment_puts_the_hook_first():
     env = capture_torch.command_environment({"dir": "/x"}, {"PYTHONPATH": "/mine"})
     assert env["PYTHONPATH"] == str(capture_torch.HOOK_DIR) + os.pathsep + "/mine"
     assert json.loads(env["DLPROF_TORCH_CAPTURE"]) == {"dir": "/x"}
-    root = capture_torch.HOOK_DIR.parent.parent
+    root = capture_torch.HOOK_DIR.parents[2]
     assert json.loads(env["DLPROF_PYTORCH_INIT"]) == {"root": str(root), "backend": "record_function"}
     assert (root / "dlprof_profiler" / "pytorch" / "__init__.py").exists()
     assert (capture_torch.HOOK_DIR / "sitecustomize.py").exists()
