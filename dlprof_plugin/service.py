@@ -11,14 +11,16 @@ import sqlite3
 import threading
 from dataclasses import dataclass
 
-from dlprof_plugin import compare, export, memory, ranks, security, tables, terms, timeline
+from dlprof_plugin import compare, export, tables, terms
+from dlprof_plugin.routes import jobs as jobs_routes
+from dlprof_plugin.routes import memory, ranks
+from dlprof_plugin.routes import timeline as timeline_routes
 from dlprof_plugin.db import NotADatabase, Registry, is_decode_error, is_hot_journal_error
 from dlprof_plugin.guidance import dashboard_guidance
-from dlprof_plugin.jobs import JobConflict, JobManager
+from dlprof_plugin.jobs import JobManager
 from dlprof_plugin.runs import RunInfo
 from dlprof_plugin.replies import (
     JSON,
-    INT64_MAX,
     BadRequest,
     MethodNotAllowed,
     NotFound,
@@ -137,11 +139,9 @@ class Service:
             "iterations": self.iterations,
             "op": self.op,
             "expert_systems": self.expert_systems,
-            "reaggregate": self.reaggregate,
-            "reaggregate_status": self.reaggregate_status,
             "compare": self.compare,
-            "timeline": self.timeline,
-            "timeline_gap": self.timeline_gap,
+            **jobs_routes.routes(self),
+            **timeline_routes.routes(self),
             **ranks.routes(self),
             **memory.routes(self),
         }
@@ -664,56 +664,6 @@ class Service:
         s = self.scope(request, ctx, eid)
         return json_reply({"findings": self._findings(s)})
 
-    def reaggregate_status(self, request, ctx, eid) -> Reply:
-        info = self.run_info(request, ctx, eid)
-        return json_reply({"job": self.jobs.status(info.database)})
-
-    def reaggregate(self, request, ctx, eid) -> Reply:
-        raw = security.read_body(request)
-        if raw is None:
-            raise TooLarge(security.too_large())
-        try:
-            body = json.loads(raw.decode("utf-8")) if raw.strip() else None
-        except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: nested too deeply
-            raise BadRequest("the body must be a JSON object") from None
-        if not isinstance(body, dict):
-            raise BadRequest('the body must be a JSON object {"run", "key_node", "iter_start", "iter_stop"}')
-        unknown = set(body) - {"run", "key_node", "iter_start", "iter_stop", "aggr", "domain"}
-        if unknown:
-            raise BadRequest(f"unknown field(s): {', '.join(sorted(map(str, unknown)))[:200]}")
-        run = body.get("run")
-        if not isinstance(run, str) or not run:
-            raise BadRequest("'run' (a string) is required")
-        key_node = body.get("key_node")
-        if key_node is not None:
-            if not isinstance(key_node, str):
-                raise BadRequest("'key_node' must be a string or null")
-            key_node = key_node.strip()
-            if len(key_node) > 2000 or re.search(r"[\x00-\x1f\x7f]", key_node):
-                raise BadRequest("'key_node' must be one line of at most 2000 characters")
-            key_node = key_node or None
-        bounds = {}
-        for name in ("iter_start", "iter_stop"):
-            v = body.get(name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise BadRequest(f"'{name}' must be a non-negative integer or null")
-            if v is not None and v > INT64_MAX:
-                raise BadRequest(f"'{name}' must be at most {INT64_MAX}")
-            bounds[name] = v
-        if (
-            bounds["iter_start"] is not None
-            and bounds["iter_stop"] is not None
-            and bounds["iter_start"] > bounds["iter_stop"]
-        ):
-            raise BadRequest("'iter_start' must not be greater than 'iter_stop'")
-        info = self.run_info(request, ctx, eid, run=run)
-        self.registry.get(info.database).profile_info()  # a DLProf database (404 otherwise)
-        try:
-            job = self.jobs.start(info.database, key_node, bounds["iter_start"], bounds["iter_stop"])
-        except JobConflict as exc:
-            raise JobConflict(str(exc), {"job": self.jobs.status(info.database)}) from None
-        return json_reply({"job": job}, status=202)
-
     # ------------------------------------------------------------------ tables
     def _check_op(self, s: Scope, op_index: int) -> None:
         ok = s.db.query("SELECT 1 FROM read_only_ops WHERE op_index = ? AND domain_id = ?", (op_index, s.domain_id))
@@ -964,62 +914,6 @@ class Service:
 
         key = ("compare", s.aggr_id, s.domain_id, s.rank, b.db.path, b.db.state(), b.aggr_id, b.domain_id, b.rank)
         return s.db.cached(key, compute), self._side(b)
-
-    # ------------------------------------------------------------------ timeline
-    def _timeline_window(self, request, s: Scope) -> tuple[int, int, dict | None]:
-        """[t0, t1) of a timeline request: `t0` and `t1`, else the bounds of `iteration`."""
-        if not s.db.v3:
-            raise NotFound(
-                "the timeline needs a DLProf database of schema 3.0: analyse the export again with this dlprof"
-            )
-        iteration = int_arg(request, "iteration")
-        it = None
-        if iteration is not None:
-            rank = timeline.rank_of_domain(s.db, s.domain_id)
-            bounds = timeline.iteration_bounds(s.db, s.aggr_id, rank)
-            match = bounds[bounds[:, 0] == iteration] if len(bounds) else bounds
-            if not len(match):
-                raise NotFound(f"unknown iteration {iteration} in aggregation {s.aggr_id}")
-            it = {"iteration": iteration, "start": int(match[0, 1]), "end": int(match[0, 2])}
-        t0, t1 = int_arg(request, "t0", minimum=None), int_arg(request, "t1", minimum=None)
-        if (t0 is None) != (t1 is None):
-            raise BadRequest("give both t0 and t1 (or neither, with iteration)")
-        if t0 is None:
-            if it is None:
-                raise BadRequest("parameter 'iteration' (or 't0' and 't1') is required")
-            t0, t1 = it["start"], max(it["end"], it["start"] + 1)
-        if t1 <= t0:
-            raise BadRequest("'t1' must be greater than 't0'")
-        return t0, t1, it
-
-    def timeline(self, request, ctx, eid) -> Reply:
-        s = self.scope(request, ctx, eid)
-        t0, t1, it = self._timeline_window(request, s)
-        width = int_arg(request, "width", default=1000, minimum=1)
-        if width > timeline.MAX_WIDTH:
-            raise BadRequest(f"'width' must be at most {timeline.MAX_WIDTH} pixels")
-        rows, hide = arg(request, "rows"), arg(request, "hide")
-        groups = None if rows is None else {g for g in rows.split(",") if g}
-        hidden = {g for g in (hide or "").split(",") if g}
-        return json_reply(
-            self._timeline_call(timeline.window, s.db, s.aggr_id, s.domain_id, t0, t1, width, groups, it, hidden),
-            sanitize=False,
-        )
-
-    def timeline_gap(self, request, ctx, eid) -> Reply:
-        s = self.scope(request, ctx, eid)
-        t0, t1, _ = self._timeline_window(request, s)
-        return json_reply(self._timeline_call(timeline.gap_activity, s.db, s.aggr_id, s.domain_id, t0, t1))
-
-    @staticmethod
-    def _timeline_call(fn, *args):
-        """A timeline function's answer; its refusals as HTTP errors."""
-        try:
-            return fn(*args)
-        except timeline.TooManyEvents as exc:
-            raise TooLarge(str(exc), {"events": exc.events, "max_events": timeline.MAX_EVENTS}) from None
-        except timeline.TimelineError as exc:
-            raise BadRequest(str(exc)) from None
 
     # ------------------------------------------------------------------ static files
     def static(self, route: str, request) -> Reply:
