@@ -19,6 +19,7 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
 
+from dlprof_plugin.replies import NotFound
 from dlprof_profiler import contract as K
 
 BUSY_TIMEOUT_S = 10.0  # readers wait at most this long for a writer's commit
@@ -35,8 +36,8 @@ def is_hot_journal_error(exc: BaseException) -> bool:
     return getattr(exc, "sqlite_errorname", "") == "SQLITE_READONLY_ROLLBACK" or "readonly database" in str(exc)
 
 
-class NotADatabase(Exception):
-    """The file is missing, unreadable or not a DLProf database."""
+class NotADatabase(NotFound):
+    """The file is missing, unreadable or not a DLProf database (HTTP 404)."""
 
 
 def lenient_text(raw: bytes) -> str:

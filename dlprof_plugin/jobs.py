@@ -17,12 +17,14 @@ import sys
 import threading
 import time
 
+from dlprof_plugin.replies import Conflict
+
 JOB_TIMEOUT_S = 6 * 3600  # a job still running after this is killed and reported as failed
 MAX_MESSAGE = 2000
 
 
-class JobConflict(Exception):
-    pass
+class JobConflict(Conflict):
+    """A re-aggregation of this database is already running (HTTP 409)."""
 
 
 def _utc(t: float | None) -> str | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from tensorboard.plugins import base_plugin
 
 
@@ -23,8 +25,6 @@ class DLProfLoader(base_plugin.TBLoader):
         try:
             from dlprof_plugin.plugin import DLProfPlugin
         except ImportError as exc:  # a broken install should not take TensorBoard down
-            import logging
-
             logging.getLogger("dlprof_plugin").warning("DLPROF plugin disabled: %s", exc)
             return None
         return DLProfPlugin(context)

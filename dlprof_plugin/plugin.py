@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from importlib.resources import files
 
 from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
@@ -15,7 +17,8 @@ from werkzeug import wrappers
 
 from dlprof_plugin import security
 from dlprof_plugin.runs import PLUGIN_NAME, ProviderRuns
-from dlprof_plugin.service import Service, error_reply
+from dlprof_plugin.replies import error_reply
+from dlprof_plugin.service import Service
 
 log = logging.getLogger("dlprof_plugin")
 ROUTE_PREFIX = f"/data/plugin/{PLUGIN_NAME}/"
@@ -25,8 +28,6 @@ ACTIVE_REFRESH_S = 15.0
 def static_dir():
     """The frontend_static package directory (a Traversable), or None when it is not installed."""
     try:
-        from importlib.resources import files
-
         return files("frontend_static")
     except (ImportError, ModuleNotFoundError, TypeError):
         return None
@@ -80,7 +81,6 @@ class DLProfPlugin(base_plugin.TBPlugin):
 
     # ------------------------------------------------------------------ internals
     def _refresh_active(self):
-        import time
         from tensorboard import context as tb_context
 
         while True:

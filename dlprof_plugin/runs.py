@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from dlprof_profiler.contract import PLUGIN_NAME, PROFILE_TAG
+from dlprof_profiler.outputs.publish import publication_pending
 
 CACHE_SECONDS = 5.0  # how long a run listing is reused
 MISS_REFRESH_S = 1.0  # an unknown run triggers a refresh at most this often
@@ -52,8 +53,6 @@ def resolve_database(root: str, run: str, relative) -> str | None:
 def half_published(database: str) -> bool:
     """A run whose outputs are being put in place, or were when dlprof was killed (until the next run into its
     folder completes them): its database and reports may not be one set yet, so the run is not shown."""
-    from dlprof_profiler.outputs.publish import publication_pending
-
     return publication_pending(os.path.dirname(database))
 
 

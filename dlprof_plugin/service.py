@@ -5,25 +5,44 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 import sqlite3
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from dlprof_plugin import compare, export, memory, ranks, security, tables, terms, timeline
+from dlprof_plugin import compare, export, tables, terms
+from dlprof_plugin.routes import jobs as jobs_routes
+from dlprof_plugin.routes import memory, ranks
+from dlprof_plugin.routes import timeline as timeline_routes
 from dlprof_plugin.db import NotADatabase, Registry, is_decode_error, is_hot_journal_error
-from dlprof_plugin.jobs import JobConflict, JobManager
+from dlprof_plugin.guidance import dashboard_guidance
+from dlprof_plugin.jobs import JobManager
 from dlprof_plugin.runs import RunInfo
-from dlprof_plugin.tables import MAX_EXPORT_ROWS, MAX_PAGE, BadRequest, NotFound, Page, TooLarge
+from dlprof_plugin.replies import (
+    JSON,
+    BadRequest,
+    MethodNotAllowed,
+    NotFound,
+    PublicError,
+    Reply,
+    TooLarge,
+    arg,
+    check_method,
+    check_name,
+    clip,
+    error_reply,
+    finite,
+    int_arg,
+    json_field,
+    json_reply,
+)
+from dlprof_plugin.tables import MAX_EXPORT_ROWS, MAX_PAGE, Page
+from dlprof_profiler import __version__
 from dlprof_profiler import contract as K
 
 log = logging.getLogger("dlprof_plugin")
 
-JSON = "application/json"
-MAX_PARAM_LEN = 4096
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 EXPORT_FORMATS = ("csv", "xlsx", "json_all")
 STATIC_TYPES = {
     ".js": "text/javascript",
@@ -55,65 +74,19 @@ RANGE_LABEL = f"(CASE WHEN text LIKE '{{%' OR {_CUT} = {_NO_CUT} THEN text ELSE 
 RANGE_LABELS_SQL = (
     f"SELECT domain_id, {RANGE_LABEL} AS text, count(*) AS num FROM read_only_ranges GROUP BY 1, 2 HAVING count(*) >= 2"
 )
-GUIDANCE_LINKS = {
-    "amp": "https://developer.nvidia.com/automatic-mixed-precision",
-    "tc": "https://docs.nvidia.com/deeplearning/performance/mixed-precision-training/index.html",
-    "dali": "https://developer.nvidia.com/DALI",
-    "perf": "https://docs.nvidia.com/deeplearning/performance/index.html",
-}
 
 
 def viewer_versions() -> dict:
     """Versions of the software serving the viewer (the profile's own come from the database)."""
-    from dlprof_profiler import __version__ as plugin_version
-
     try:
         from tensorboard.version import VERSION as tensorboard_version
     except ImportError:
         tensorboard_version = None
-    return {"plugin_version": plugin_version, "tensorboard_version": tensorboard_version}
-
-
-@dataclass
-class Reply:
-    status: int
-    body: bytes | str
-    content_type: str = JSON
-    headers: list = field(default_factory=list)
+    return {"plugin_version": __version__, "tensorboard_version": tensorboard_version}
 
 
 _HOT_JOURNAL = object()  # marker: a read failed on a hot journal (see Database.recover)
 _NOT_UTF8 = object()  # marker: a text value was not UTF-8 (see Database.lenient)
-
-
-class HttpError(Exception):
-    def __init__(self, status: int, message: str, extra: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.extra = status, message, extra or {}
-
-
-def _sanitize(value):
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _sanitize(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_sanitize(v) for v in value]
-    return value
-
-
-def json_reply(doc, status: int = 200, headers=None, sanitize: bool = True) -> Reply:
-    body = json.dumps(_sanitize(doc) if sanitize else doc, separators=(",", ":"), allow_nan=False)
-    return Reply(status, body, JSON, list(headers or []))
-
-
-def error_reply(status: int, message: str, extra: dict | None = None) -> Reply:
-    return json_reply({"error": message, **(extra or {})}, status)
-
-
-def _clip(text, n: int = 80) -> str:
-    text = str(text)
-    return text if len(text) <= n else text[:n] + "..."
 
 
 def _slug(text: str) -> str:
@@ -122,15 +95,6 @@ def _slug(text: str) -> str:
 
 def _bool(v):
     return None if v is None else bool(v)
-
-
-def _json_field(text):
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except (TypeError, ValueError):
-        return text
 
 
 @dataclass
@@ -175,11 +139,9 @@ class Service:
             "iterations": self.iterations,
             "op": self.op,
             "expert_systems": self.expert_systems,
-            "reaggregate": self.reaggregate,
-            "reaggregate_status": self.reaggregate_status,
             "compare": self.compare,
-            "timeline": self.timeline,
-            "timeline_gap": self.timeline_gap,
+            **jobs_routes.routes(self),
+            **timeline_routes.routes(self),
             **ranks.routes(self),
             **memory.routes(self),
         }
@@ -230,27 +192,17 @@ class Service:
     def _handle(self, route: str, request, ctx, eid) -> Reply:
         try:
             if route.startswith("table/"):
-                self._method(request, ("GET", "HEAD"))
+                check_method(request, ("GET", "HEAD"))
                 return self.table(route[len("table/") :], request, ctx, eid)
             handler = self.routes.get(route)
             if handler is None:
                 if route == "table":
                     raise NotFound("table name missing: use table/<name>")
                 return self.static(route, request)
-            self._method(request, ("POST",) if route == "reaggregate" else ("GET", "HEAD"))
+            check_method(request, ("POST",) if route == "reaggregate" else ("GET", "HEAD"))
             return handler(request, ctx, eid)
-        except HttpError as exc:
-            return error_reply(exc.status, exc.message, exc.extra)
-        except BadRequest as exc:
-            return error_reply(400, str(exc))
-        except NotFound as exc:
-            return error_reply(404, str(exc))
-        except TooLarge as exc:
-            return error_reply(413, str(exc))
-        except JobConflict as exc:
-            return error_reply(409, str(exc))
-        except NotADatabase as exc:
-            return error_reply(404, str(exc))
+        except PublicError as exc:  # BadRequest, NotFound, TooLarge, JobConflict, NotADatabase ...
+            return exc.reply()
         except sqlite3.OperationalError as exc:
             if is_hot_journal_error(exc):
                 return _HOT_JOURNAL
@@ -267,76 +219,37 @@ class Service:
             return error_reply(500, f"database query failed: {exc}")
         except Exception as exc:  # noqa: BLE001 - reported as JSON, logged with its traceback
             log.exception("dlprof: %s failed", route)
-            return error_reply(500, f"internal error: {type(exc).__name__}: {_clip(exc, 200)}")
+            return error_reply(500, f"internal error: {type(exc).__name__}: {clip(exc, 200)}")
 
-    @staticmethod
-    def _method(request, allowed) -> None:
-        if request.method not in allowed:
-            raise HttpError(405, f"method {request.method} not allowed; use {' or '.join(allowed)}")
-
-    # ------------------------------------------------------------------ parameters
-    @staticmethod
-    def _arg(request, name: str, default=None):
-        value = request.args.get(name, default)
-        if value is not None and len(value) > MAX_PARAM_LEN:
-            raise BadRequest(f"parameter '{name}' is too long")
-        return value
-
-    @staticmethod
-    def _check_name(value: str, what: str) -> None:
-        """Names of runs and domains are never paths: refuse path tricks outright (400)."""
-        if (
-            "\x00" in value
-            or value.startswith(("/", "\\"))
-            or re.match(r"^[A-Za-z]:[\\/]", value)
-            or any(part == ".." for part in re.split(r"[\\/]", value))
-        ):
-            raise BadRequest(f"invalid {what} '{_clip(value)}'")
-
-    def _int(self, request, name: str, default=None, minimum: int | None = 0, required: bool = False):
-        text = self._arg(request, name)
-        if text is None or text == "":
-            if required:
-                raise BadRequest(f"parameter '{name}' is required")
-            return default
-        if not re.fullmatch(r"\s*[-+]?\d+\s*", text):
-            raise BadRequest(f"parameter '{name}' must be an integer, got '{_clip(text)}'")
-        value = int(text)
-        if not INT64_MIN <= value <= INT64_MAX:  # what SQLite stores (times are ns: 292 years)
-            raise BadRequest(f"parameter '{name}' must be between {INT64_MIN} and {INT64_MAX}, got '{_clip(text)}'")
-        if minimum is not None and value < minimum:
-            raise BadRequest(f"parameter '{name}' must be at least {minimum}")
-        return value
-
-    def _run(self, request, ctx, eid, run: str | None = None) -> RunInfo:
-        run = run if run is not None else self._arg(request, "run")
+    def run_info(self, request, ctx, eid, run: str | None = None) -> RunInfo:
+        run = run if run is not None else arg(request, "run")
         if run is None or run == "":
             raise BadRequest("parameter 'run' is required")
         if not isinstance(run, str):
             raise BadRequest("'run' must be a string")
-        self._check_name(run, "run")
+        check_name(run, "run")
         info = self.run_source.lookup(ctx, eid, run)
         if info is None:
-            raise NotFound(f"unknown run '{_clip(run)}'")
+            raise NotFound(f"unknown run '{clip(run)}'")
         return info
 
     def rank(self, request, db) -> int:
         """The `rank` parameter: a rank of the database (404 otherwise); default: contract.DEFAULT_RANK, or the
         lowest rank of a file without it."""
-        value = self._int(request, "rank", minimum=None)
+        value = int_arg(request, "rank", minimum=None)
         if value is None:
             return db.default_rank()
         if value not in [r["rank"] for r in db.ranks()]:
             raise NotFound(f"unknown rank {value}")
         return value
 
-    def _scope(self, request, ctx, eid, need_aggr: bool = True) -> Scope:
-        info = self._run(request, ctx, eid)
+    def scope(self, request, ctx, eid, need_aggr: bool = True) -> Scope:
+        info = self.run_info(request, ctx, eid)
         db = self.registry.get(info.database)
         profile = db.profile_info()
         rank = self.rank(request, db)
         domains = db.domains(rank)
-        name = self._arg(request, "domain")
+        name = arg(request, "domain")
         if name is None or name == "":
             primary = profile.get("primary_domain") or info.meta.get("primary_domain")
             dom = (
@@ -347,16 +260,16 @@ class Service:
             if dom is None:
                 raise NotFound("the database has no NVTX domain")
         else:
-            self._check_name(name, "domain")
+            check_name(name, "domain")
             dom = next((d for d in domains if d["name"] == name), None)
             if dom is None:
-                raise NotFound(f"unknown domain '{_clip(name)}'")
+                raise NotFound(f"unknown domain '{clip(name)}'")
         aggr_id = None
         if need_aggr:
             aggrs = db.aggregations()
             if not aggrs:
                 raise NotFound("the database has no aggregation")
-            aggr_id = self._int(request, "aggr", default=aggrs[-1]["aggr_id"], minimum=1)
+            aggr_id = int_arg(request, "aggr", default=aggrs[-1]["aggr_id"], minimum=1)
             if not any(a["aggr_id"] == aggr_id for a in aggrs):
                 raise NotFound(f"unknown aggregation {aggr_id}")
             ok = db.cached(
@@ -425,7 +338,7 @@ class Service:
         return row
 
     def aggregations(self, request, ctx, eid) -> Reply:
-        info = self._run(request, ctx, eid)
+        info = self.run_info(request, ctx, eid)
         db = self.registry.get(info.database)
         rows = [self._aggr_row(a) for a in db.aggregations()]
         kept = {}
@@ -442,7 +355,7 @@ class Service:
         )
 
     def domains(self, request, ctx, eid) -> Reply:
-        info = self._run(request, ctx, eid)
+        info = self.run_info(request, ctx, eid)
         db = self.registry.get(info.database)
         rows = [
             dict(d, has_markers=_bool(d["has_markers"]), is_primary=_bool(d["is_primary"]))
@@ -450,7 +363,7 @@ class Service:
         ]
         return json_reply({"domains": rows})
 
-    def _iterations(self, s: Scope) -> list[dict]:
+    def iteration_rows(self, s: Scope) -> list[dict]:
         def compute():
             known = {r[1] for r in s.db.query("PRAGMA table_info(iteration_summary)")}
             complete = "complete" if "complete" in known else "NULL AS complete"  # earlier files: unknown
@@ -469,7 +382,7 @@ class Service:
         return s.db.cached(("iterations", s.aggr_id, s.domain_id), compute)
 
     def iterations(self, request, ctx, eid) -> Reply:
-        s = self._scope(request, ctx, eid)
+        s = self.scope(request, ctx, eid)
         a = dict(next(x for x in s.db.aggregations() if x["aggr_id"] == s.aggr_id))
         # a multi-rank aggregation's range is each rank's own (a rank may have fewer iterations)
         own = s.db.one(
@@ -480,7 +393,7 @@ class Service:
             a.update(own)
         return json_reply(
             {
-                "iterations": self._iterations(s),
+                "iterations": self.iteration_rows(s),
                 "iter_start": a["iter_start"],
                 "iter_stop": a["iter_stop"],
                 "key_node": a["key_node"],
@@ -530,15 +443,16 @@ class Service:
     def _findings(self, s: Scope) -> list[dict]:
         rows = s.db.query_dicts(
             "SELECT id, exp_sys_id, severity, problem, recommendation, link, action, data "
-            f"FROM expert_systems_feedback e WHERE aggr_id = ? AND domain_id = ? ORDER BY {tables._SEVERITY}, id",
+            "FROM expert_systems_feedback e WHERE aggr_id = ? AND domain_id = ? "
+            f"ORDER BY {tables.SEVERITY_ORDER_SQL}, id",
             (s.aggr_id, s.domain_id),
         )
         for r in rows:
-            r["action"], r["data"] = _json_field(r["action"]), _json_field(r["data"])
+            r["action"], r["data"] = json_field(r["action"]), json_field(r["data"])
         return rows
 
     def dashboard(self, request, ctx, eid) -> Reply:
-        s = self._scope(request, ctx, eid)
+        s = self.scope(request, ctx, eid)
         return json_reply(
             s.db.cached(("dashboard", s.aggr_id, s.domain_id), lambda: self._dashboard(s)), sanitize=False
         )
@@ -574,7 +488,7 @@ class Service:
         )
         summary = {k: ms.get(k) for k in summary_keys}
         summary["key_found"] = _bool(summary["key_found"])
-        iterations = self._iterations(s)
+        iterations = self.iteration_rows(s)
         # the aggregated iterations that are partial (key-node intervals: the run up to the first key node and
         # after the last one); None where the database does not say (written by an earlier version)
         summary["partial_iterations"] = (
@@ -630,69 +544,12 @@ class Service:
             "top_ops": top,
             "system": self._system(db, s.rank),
             "findings": findings,
-            "guidance": self._guidance(summary, tensor_core, s),
+            "guidance": dashboard_guidance(summary, tensor_core),
         }
-        return _sanitize(doc)
-
-    @staticmethod
-    def _guidance(summary: dict, tc: dict, s: Scope) -> list[dict]:
-        out = []
-        pct = lambda k: summary.get(k) or 0.0  # noqa: E731
-        # no GPU ran anything: no GPU advice (docs/DESIGN.md "Clarifications", GPUs)
-        gpu_work = summary.get("n_visible_gpus") != 0
-        if not summary.get("key_found"):
-            out.append(
-                {
-                    "title": "Set a key node",
-                    "text": "No key node was found, so the whole profile is one "
-                    "iteration. Choose an op or NVTX range that runs once per training step in Reaggregate "
-                    "(or pass --key_node) to get per-iteration statistics.",
-                    "link": "",
-                }
-            )
-        if gpu_work and tc.get("eligible_not_using_ops"):
-            out.append(
-                {
-                    "title": "Use Tensor Cores",
-                    "text": f"{tc['eligible_not_using_ops']} op(s) could use "
-                    "Tensor Cores but do not. Enable automatic mixed precision (FP16/BF16) and keep tensor "
-                    "dimensions multiples of 8.",
-                    "link": GUIDANCE_LINKS["amp"],
-                }
-            )
-        if gpu_work and pct("gpu_utilization") < K.GPU_UTILIZATION_PCT:
-            out.append(
-                {
-                    "title": "Keep the GPU busy",
-                    "text": f"The GPU is busy {pct('gpu_utilization'):.1f} % of "
-                    "the time. Look at the CPU and idle gaps of the top ops; larger batches, fewer "
-                    "synchronizations and CUDA graphs reduce launch overhead.",
-                    "link": GUIDANCE_LINKS["perf"],
-                }
-            )
-        if gpu_work and pct("dataloader_duration_pct") > K.DATALOADER_PCT:
-            out.append(
-                {
-                    "title": "Speed up data loading",
-                    "text": f"Data loading takes "
-                    f"{pct('dataloader_duration_pct'):.1f} % of the time. Use more DataLoader workers, pinned "
-                    "memory or NVIDIA DALI.",
-                    "link": GUIDANCE_LINKS["dali"],
-                }
-            )
-        if not out:
-            out.append(
-                {
-                    "title": "Performance guide",
-                    "text": "The profile shows no obvious problem; the deep "
-                    "learning performance guide lists further optimizations.",
-                    "link": GUIDANCE_LINKS["perf"],
-                }
-            )
-        return out
+        return finite(doc)
 
     def system(self, request, ctx, eid) -> Reply:
-        info = self._run(request, ctx, eid)
+        info = self.run_info(request, ctx, eid)
         db = self.registry.get(info.database)
         rank = self.rank(request, db)
         where = self._of_rank(db, rank)
@@ -717,7 +574,7 @@ class Service:
         return json_reply(db.cached(("system_route", rank), compute))
 
     def gpus(self, request, ctx, eid) -> Reply:
-        s = self._scope(request, ctx, eid)
+        s = self.scope(request, ctx, eid)
         rows = s.db.query_dicts(
             "SELECT g.device_id, g.name, g.compute_major, g.compute_minor, g.sm_count, g.total_memory, "
             "u.gpu_utilization, u.tc_pct, u.non_tc_pct, u.memory_pct, u.dataloader_pct, u.io_pct, u.cpu_pct, "
@@ -732,8 +589,8 @@ class Service:
         return json_reply({"gpus": rows})
 
     def op(self, request, ctx, eid) -> Reply:
-        s = self._scope(request, ctx, eid)
-        op_index = self._int(request, "op_index", required=True)
+        s = self.scope(request, ctx, eid)
+        op_index = int_arg(request, "op_index", required=True)
         self._check_op(s, op_index)
         tq = tables.ops_table(Scope(s.info, s.db, s.aggr_id, s.domain_id, s.domain, "pytorch", s.rank))
         cols = tq.columns
@@ -751,7 +608,7 @@ class Service:
             ).fetchone()
         if row is not None:
             rows = [list(row)]
-            tables._clean(rows, cols)
+            tables.clean_rows(rows, cols)
             doc = dict(zip([c.key for c in cols], rows[0]))
         else:  # the op has no call in this aggregation
             doc = {c.key: None for c in cols}
@@ -804,58 +661,8 @@ class Service:
         return s.db.cached(("graph_nodes", s.domain_id), compute).get(op_index)
 
     def expert_systems(self, request, ctx, eid) -> Reply:
-        s = self._scope(request, ctx, eid)
+        s = self.scope(request, ctx, eid)
         return json_reply({"findings": self._findings(s)})
-
-    def reaggregate_status(self, request, ctx, eid) -> Reply:
-        info = self._run(request, ctx, eid)
-        return json_reply({"job": self.jobs.status(info.database)})
-
-    def reaggregate(self, request, ctx, eid) -> Reply:
-        raw = security.read_body(request)
-        if raw is None:
-            raise TooLarge(security.too_large())
-        try:
-            body = json.loads(raw.decode("utf-8")) if raw.strip() else None
-        except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: nested too deeply
-            raise BadRequest("the body must be a JSON object") from None
-        if not isinstance(body, dict):
-            raise BadRequest('the body must be a JSON object {"run", "key_node", "iter_start", "iter_stop"}')
-        unknown = set(body) - {"run", "key_node", "iter_start", "iter_stop", "aggr", "domain"}
-        if unknown:
-            raise BadRequest(f"unknown field(s): {', '.join(sorted(map(str, unknown)))[:200]}")
-        run = body.get("run")
-        if not isinstance(run, str) or not run:
-            raise BadRequest("'run' (a string) is required")
-        key_node = body.get("key_node")
-        if key_node is not None:
-            if not isinstance(key_node, str):
-                raise BadRequest("'key_node' must be a string or null")
-            key_node = key_node.strip()
-            if len(key_node) > 2000 or re.search(r"[\x00-\x1f\x7f]", key_node):
-                raise BadRequest("'key_node' must be one line of at most 2000 characters")
-            key_node = key_node or None
-        bounds = {}
-        for name in ("iter_start", "iter_stop"):
-            v = body.get(name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise BadRequest(f"'{name}' must be a non-negative integer or null")
-            if v is not None and v > INT64_MAX:
-                raise BadRequest(f"'{name}' must be at most {INT64_MAX}")
-            bounds[name] = v
-        if (
-            bounds["iter_start"] is not None
-            and bounds["iter_stop"] is not None
-            and bounds["iter_start"] > bounds["iter_stop"]
-        ):
-            raise BadRequest("'iter_start' must not be greater than 'iter_stop'")
-        info = self._run(request, ctx, eid, run=run)
-        self.registry.get(info.database).profile_info()  # a DLProf database (404 otherwise)
-        try:
-            job = self.jobs.start(info.database, key_node, bounds["iter_start"], bounds["iter_stop"])
-        except JobConflict as exc:
-            return error_reply(409, str(exc), {"job": self.jobs.status(info.database)})
-        return json_reply({"job": job}, status=202)
 
     # ------------------------------------------------------------------ tables
     def _check_op(self, s: Scope, op_index: int) -> None:
@@ -864,7 +671,7 @@ class Service:
             raise NotFound(f"unknown op_index {op_index} in domain '{s.domain}'")
 
     def _iteration(self, s: Scope, request) -> tuple[int, tuple[int, int]]:
-        iteration = self._int(request, "iteration", required=True)
+        iteration = int_arg(request, "iteration", required=True)
         rank = " AND rank = ?" if s.db.v3 else ""
         row = s.db.query(
             f"SELECT start_time, stop_time FROM iteration_list WHERE aggr_id = ? AND iter_value = ?{rank}",
@@ -875,13 +682,13 @@ class Service:
         return iteration, (int(row[0][0]), int(row[0][1]))
 
     def _kernels_table(self, s, request):
-        op_index = self._int(request, "op_index")
+        op_index = int_arg(request, "op_index")
         if op_index is not None:
             self._check_op(s, op_index)
         return tables.kernels_table(s, op_index)
 
     def _group_ops_table(self, s, request):
-        parent = self._arg(request, "parent")
+        parent = arg(request, "parent")
         return tables.group_ops_table(s, parent)
 
     def _iteration_kernels_table(self, s, request):
@@ -894,7 +701,7 @@ class Service:
 
     def _iteration_op_kernels_table(self, s, request):
         iteration, bounds = self._iteration(s, request)
-        op_index = self._int(request, "op_index", required=True)
+        op_index = int_arg(request, "op_index", required=True)
         self._check_op(s, op_index)
         return tables.iteration_op_kernels_table(s, iteration, bounds, op_index)
 
@@ -959,45 +766,45 @@ class Service:
         return job["values"] if job["done"].is_set() else None
 
     def _page(self, request, tq) -> tuple[Page, str]:
-        fmt = self._arg(request, "format", "json") or "json"
+        fmt = arg(request, "format", "json") or "json"
         if fmt not in ("json",) + EXPORT_FORMATS:
-            raise BadRequest(f"unknown format '{_clip(fmt)}'; use json, csv, xlsx or json_all")
+            raise BadRequest(f"unknown format '{clip(fmt)}'; use json, csv, xlsx or json_all")
         export_all = fmt in EXPORT_FORMATS
-        offset = self._int(request, "offset", default=0, minimum=0)
-        limit_given = self._arg(request, "limit") not in (None, "")
-        limit = self._int(request, "limit", default=25, minimum=-1)
+        offset = int_arg(request, "offset", default=0, minimum=0)
+        limit_given = arg(request, "limit") not in (None, "")
+        limit = int_arg(request, "limit", default=25, minimum=-1)
         if limit == -1 and not export_all:
             raise BadRequest("limit=-1 needs format=csv, xlsx or json_all")
         if limit > MAX_PAGE and not export_all:
             raise TooLarge(f"limit {limit} is larger than the maximum page of {MAX_PAGE} rows")
         if export_all and not limit_given:
             limit = -1
-        sort = self._arg(request, "sort")
-        order = self._arg(request, "order")
+        sort = arg(request, "sort")
+        order = arg(request, "order")
         if sort in (None, ""):
             sort, default_order = tq.default_sort
             order = order or default_order
         else:
             col = tq.col(sort)
             if col is None:
-                raise BadRequest(f"unknown sort key '{_clip(sort)}' for table {tq.name}")
+                raise BadRequest(f"unknown sort key '{clip(sort)}' for table {tq.name}")
             if not col.sortable:
                 raise BadRequest(f"column '{sort}' cannot be sorted")
             order = order or ("asc" if col.type in tables.TEXT_TYPES else "desc")
         if order not in ("asc", "desc"):
-            raise BadRequest(f"order must be asc or desc, got '{_clip(order)}'")
+            raise BadRequest(f"order must be asc or desc, got '{clip(order)}'")
         filters = {}
         for name in request.args:
             if name.startswith("col."):
-                filters[name[4:]] = self._arg(request, name)
-        q = self._arg(request, "q")
+                filters[name[4:]] = arg(request, name)
+        q = arg(request, "q")
         return Page(sort, order, offset, limit, q or None, filters), fmt
 
     def table(self, name: str, request, ctx, eid) -> Reply:
         builder = self.tables.get(name)
         if builder is None:
-            raise NotFound(f"unknown table '{_clip(name)}'")
-        s = self._scope(request, ctx, eid)
+            raise NotFound(f"unknown table '{clip(name)}'")
+        s = self.scope(request, ctx, eid)
         s.request_context = (ctx, eid)
         tq = builder(s, request)
         page, fmt = self._page(request, tq)
@@ -1032,7 +839,7 @@ class Service:
 
     # ------------------------------------------------------------------ compare
     def compare(self, request, ctx, eid) -> Reply:
-        s = self._scope(request, ctx, eid)
+        s = self.scope(request, ctx, eid)
         s.request_context = (ctx, eid)
         compared, baseline = self._compared(s, request)
         return json_reply(compare.summary_doc(compared, self._side(s), baseline))
@@ -1051,14 +858,14 @@ class Service:
         aggregation), `base_domain` (default: the compared domain's name when the baseline has it, else its
         primary domain), resolved and checked as run, aggr and domain are."""
         ctx, eid = s.request_context
-        run = self._arg(request, "base_run") or s.info.run
-        domain = self._arg(request, "base_domain")
+        run = arg(request, "base_run") or s.info.run
+        domain = arg(request, "base_domain")
         if not domain:
-            info = self._run(request, ctx, eid, run=run)
+            info = self.run_info(request, ctx, eid, run=run)
             db = self.registry.get(info.database)
             names = {d["name"] for d in (db.domains(s.rank) if run == s.info.run else db.domains())}
             domain = s.domain if s.domain in names else None
-        aggr = self._int(request, "base_aggr", minimum=1)
+        aggr = int_arg(request, "base_aggr", minimum=1)
         args = {
             "run": run,
             "aggr": None if aggr is None else str(aggr),
@@ -1070,7 +877,7 @@ class Service:
             (),
             {"args": {k: v for k, v in args.items() if v not in (None, "")}, "method": request.method},
         )()
-        return self._scope(view, ctx, eid)
+        return self.scope(view, ctx, eid)
 
     def _compared(self, s: Scope, request):
         """(compare.Compared, the baseline's description): computed once per state of both files. Without a
@@ -1108,66 +915,10 @@ class Service:
         key = ("compare", s.aggr_id, s.domain_id, s.rank, b.db.path, b.db.state(), b.aggr_id, b.domain_id, b.rank)
         return s.db.cached(key, compute), self._side(b)
 
-    # ------------------------------------------------------------------ timeline
-    def _timeline_window(self, request, s: Scope) -> tuple[int, int, dict | None]:
-        """[t0, t1) of a timeline request: `t0` and `t1`, else the bounds of `iteration`."""
-        if not s.db.v3:
-            raise NotFound(
-                "the timeline needs a DLProf database of schema 3.0: analyse the export again with this dlprof"
-            )
-        iteration = self._int(request, "iteration")
-        it = None
-        if iteration is not None:
-            rank = timeline.rank_of_domain(s.db, s.domain_id)
-            bounds = timeline.iteration_bounds(s.db, s.aggr_id, rank)
-            match = bounds[bounds[:, 0] == iteration] if len(bounds) else bounds
-            if not len(match):
-                raise NotFound(f"unknown iteration {iteration} in aggregation {s.aggr_id}")
-            it = {"iteration": iteration, "start": int(match[0, 1]), "end": int(match[0, 2])}
-        t0, t1 = self._int(request, "t0", minimum=None), self._int(request, "t1", minimum=None)
-        if (t0 is None) != (t1 is None):
-            raise BadRequest("give both t0 and t1 (or neither, with iteration)")
-        if t0 is None:
-            if it is None:
-                raise BadRequest("parameter 'iteration' (or 't0' and 't1') is required")
-            t0, t1 = it["start"], max(it["end"], it["start"] + 1)
-        if t1 <= t0:
-            raise BadRequest("'t1' must be greater than 't0'")
-        return t0, t1, it
-
-    def timeline(self, request, ctx, eid) -> Reply:
-        s = self._scope(request, ctx, eid)
-        t0, t1, it = self._timeline_window(request, s)
-        width = self._int(request, "width", default=1000, minimum=1)
-        if width > timeline.MAX_WIDTH:
-            raise BadRequest(f"'width' must be at most {timeline.MAX_WIDTH} pixels")
-        rows, hide = self._arg(request, "rows"), self._arg(request, "hide")
-        groups = None if rows is None else {g for g in rows.split(",") if g}
-        hidden = {g for g in (hide or "").split(",") if g}
-        return json_reply(
-            self._timeline_call(timeline.window, s.db, s.aggr_id, s.domain_id, t0, t1, width, groups, it, hidden),
-            sanitize=False,
-        )
-
-    def timeline_gap(self, request, ctx, eid) -> Reply:
-        s = self._scope(request, ctx, eid)
-        t0, t1, _ = self._timeline_window(request, s)
-        return json_reply(self._timeline_call(timeline.gap_activity, s.db, s.aggr_id, s.domain_id, t0, t1))
-
-    @staticmethod
-    def _timeline_call(fn, *args):
-        """A timeline function's answer; its refusals as HTTP errors."""
-        try:
-            return fn(*args)
-        except timeline.TooManyEvents as exc:
-            raise HttpError(413, str(exc), {"events": exc.events, "max_events": timeline.MAX_EVENTS}) from None
-        except timeline.TimelineError as exc:
-            raise BadRequest(str(exc)) from None
-
     # ------------------------------------------------------------------ static files
     def static(self, route: str, request) -> Reply:
         if request.method not in ("GET", "HEAD"):
-            raise HttpError(405, "method not allowed")
+            raise MethodNotAllowed("method not allowed")
         parts = route.split("/") if route else []
         ext = os.path.splitext(route)[1].lower()
         if (
@@ -1176,14 +927,14 @@ class Service:
             or ext not in STATIC_TYPES
             or not all(_STATIC_PART.match(p) for p in parts)
         ):
-            raise NotFound(f"unknown route '{_clip(route)}'")
+            raise NotFound(f"unknown route '{clip(route)}'")
         node = self.static_dir
         for p in parts:
             node = node.joinpath(p)
         try:
             if not node.is_file():
-                raise NotFound(f"unknown route '{_clip(route)}'")
+                raise NotFound(f"unknown route '{clip(route)}'")
             data = node.read_bytes()
         except OSError:
-            raise NotFound(f"unknown route '{_clip(route)}'") from None
+            raise NotFound(f"unknown route '{clip(route)}'") from None
         return Reply(200, data, STATIC_TYPES[ext])

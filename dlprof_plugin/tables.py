@@ -11,6 +11,7 @@ import re
 from decimal import Decimal
 from dataclasses import dataclass, field
 
+from dlprof_plugin.replies import BadRequest, NotFound, TooLarge
 from dlprof_plugin.terms import term
 from dlprof_profiler import contract as K
 
@@ -22,18 +23,6 @@ MAX_FILTER_LEN = 1000
 
 KIND_KERNEL = K.KIND_KERNEL  # gpu activity kind of a compute kernel
 UNASSOCIATED_GPU = K.UNASSOCIATED_GPU  # op instance kind of a GPU activity outside every op (no CPU time)
-
-
-class BadRequest(Exception):
-    """A malformed parameter (HTTP 400)."""
-
-
-class NotFound(Exception):
-    """An unknown run, aggregation, domain, table, iteration, op ... (HTTP 404)."""
-
-
-class TooLarge(Exception):
-    """A page or export larger than allowed (HTTP 413)."""
 
 
 @dataclass
@@ -115,7 +104,8 @@ def _op_stats(alias: str, term_prefix: str = "") -> list[Col]:
     )
 
 
-def _op_identity(alias: str, pytorch: bool, with_type: bool = True) -> list[Col]:
+def op_identity(alias: str, pytorch: bool, with_type: bool = True) -> list[Col]:
+    """The columns naming an op (id, name, direction for PyTorch, type)."""
     cols = [
         Col("op_id", "Op ID", "text", f"{alias}.op_id"),
         Col("op_name", "Op Name", "text", f"{alias}.op_name"),
@@ -134,7 +124,8 @@ def _op_identity(alias: str, pytorch: bool, with_type: bool = True) -> list[Col]
     return cols
 
 
-def _base(aggr_domain_alias: str) -> list[str]:
+def aggregation_filters(aggr_domain_alias: str) -> list[str]:
+    """The conditions selecting the scope's aggregation and domain."""
     return [f"{aggr_domain_alias}.aggr_id = :aggr", f"{aggr_domain_alias}.domain_id = :domain"]
 
 
@@ -182,7 +173,7 @@ def _op_node_value(column: str) -> str:
 def ops_table(ctx) -> TableQuery:
     pt = ctx.pytorch
     cols = [Col("op_index", "Op Index", "int", "n.op_index", hidden=True)]
-    cols += _op_identity("o", pt)
+    cols += op_identity("o", pt)
     cols += [
         Col("num_calls", "No. Calls", "int", "n.num_calls"),
         Col("tc_eligible", "TC Eligible", "bool", "n.tc_eligible"),
@@ -218,7 +209,7 @@ def ops_table(ctx) -> TableQuery:
         "ops",
         cols,
         "op_nodes n JOIN read_only_ops o ON o.op_index = n.op_index",
-        _base("n"),
+        aggregation_filters("n"),
         ctx.params(),
         ("gpu_total", "desc"),
         "n.rowid",
@@ -235,7 +226,7 @@ def kernels_table(ctx, op_index: int | None = None) -> TableQuery:
         Col("op_index", "Op Index", "int", "k.op_index", hidden=True),
         Col("kernel_name", "Kernel Name", "text", "k.kernel_name"),
     ]
-    cols += _op_identity("o", pt)
+    cols += op_identity("o", pt)
     cols += [
         Col("uses_tc", "Uses TC", "bool", "k.uses_tc"),
         Col("num_calls", "No. Calls", "int", "k.num_calls", term="launches"),
@@ -250,7 +241,7 @@ def kernels_table(ctx, op_index: int | None = None) -> TableQuery:
         Col("long_name", "Long Kernel Name", "text", "k.long_name", hidden=True),
     ]
     cols += _flops_columns(ctx, _op_node_value("flops_per_call"), _op_node_value("achieved_tflops"))
-    where = _base("k")
+    where = aggregation_filters("k")
     params = ctx.params()
     if op_index is not None:
         where.append("k.op_index = :op_index")
@@ -280,7 +271,7 @@ def op_types_table(ctx) -> TableQuery:
         "op_types",
         cols,
         "op_type_metrics t",
-        _base("t"),
+        aggregation_filters("t"),
         ctx.params(),
         ("gpu_total", "desc"),
         "t.rowid",
@@ -299,7 +290,7 @@ def _names(expr: str) -> str:
 
 def tensor_core_table(ctx) -> TableQuery:
     cols = [Col("op_index", "Op Index", "int", "t.op_index", hidden=True)]
-    cols += _op_identity("o", ctx.pytorch)
+    cols += op_identity("o", ctx.pytorch)
     cols += [
         Col("uses_tc", "Uses TC", "bool", "(t.tc_kernel_count > 0)", term="using_tc"),
         Col("total_gpu_time", "Total GPU Time (ns)", "ns", "t.total_gpu_time", term="op_kernel_time"),
@@ -321,7 +312,7 @@ def tensor_core_table(ctx) -> TableQuery:
         "tensor_core",
         cols,
         "tensor_core_summary t JOIN read_only_ops o ON o.op_index = t.op_index",
-        _base("t"),
+        aggregation_filters("t"),
         ctx.params(),
         ("total_gpu_time", "desc"),
         "t.rowid",
@@ -356,7 +347,7 @@ def group_ops_table(ctx, parent: str | None = None) -> TableQuery:
             filterable=False,
         )
     )
-    where = _base("g")
+    where = aggregation_filters("g")
     params = ctx.params()
     if parent is not None:
         if parent == "":
@@ -417,7 +408,7 @@ def iterations_table(ctx) -> TableQuery:
         "iterations",
         cols,
         "iteration_summary s",
-        _base("s"),
+        aggregation_filters("s"),
         ctx.params(),
         ("iteration", "asc"),
         "s.iter_value",
@@ -462,7 +453,7 @@ def _launch_columns(ctx, iteration_sql: str) -> list[Col]:
         Col("iteration", "Iteration", "int", iteration_sql, sortable=False, filterable=False),
         Col("op_index", "Op Index", "int", "i.op_index", hidden=True),
     ]
-    cols += _op_identity("o", ctx.pytorch)
+    cols += op_identity("o", ctx.pytorch)
     cols += [
         Col("kernel_name", "Kernel Name", "text", sql["kernel_name"]),
         Col("device_id", "Device ID", "int", "g.device_id"),
@@ -623,7 +614,7 @@ def iteration_ops_table(ctx, iteration: int, bounds: tuple[int, int]) -> TableQu
         Col("op_index", "Op Index", "int", "s.op_index", hidden=True),
         Col("iteration", "Iteration", "int", ":iteration", sortable=False, filterable=False, hidden=True),
     ]
-    cols += _op_identity("o", ctx.pytorch)
+    cols += op_identity("o", ctx.pytorch)
     cols += [
         Col("tc_eligible", "TC Eligible", "bool", "o.tc_eligible"),
         Col("calls", "Calls", "int", "s.calls", term="calls_in_iteration"),
@@ -660,7 +651,7 @@ def key_nodes_table(ctx, range_source: str) -> TableQuery:
     return TableQuery("key_nodes", cols, source, [], params, ("instances", "desc"), "k.kind, k.name")
 
 
-_SEVERITY = (
+SEVERITY_ORDER_SQL = (
     "CASE lower(e.severity) "
     + " ".join(f"WHEN '{k}' THEN {v}" for k, v in K.SEVERITY_ORDER.items())
     + f" ELSE {len(K.SEVERITIES)} END"
@@ -671,7 +662,7 @@ def expert_systems_table(ctx) -> TableQuery:
     cols = [
         Col("id", "ID", "int", "e.id", hidden=True),
         Col("exp_sys_id", "Detector", "text", "e.exp_sys_id"),
-        Col("severity", "Severity", "text", "e.severity", sort_sql=_SEVERITY),
+        Col("severity", "Severity", "text", "e.severity", sort_sql=SEVERITY_ORDER_SQL),
         Col("problem", "Problem", "text", "e.problem"),
         Col("recommendation", "Recommendation", "text", "e.recommendation"),
         Col("link", "Link", "text", "e.link", hidden=True),
@@ -680,7 +671,7 @@ def expert_systems_table(ctx) -> TableQuery:
         "expert_systems",
         cols,
         "expert_systems_feedback e",
-        _base("e"),
+        aggregation_filters("e"),
         ctx.params(),
         ("severity", "asc"),
         "e.id",
@@ -967,11 +958,11 @@ def run_query(db, tq: TableQuery, page: Page, max_rows: int | None = None) -> di
             rows = [list(r) for r in con.execute(sql, params).fetchall()]
     if tq.post:
         tq.post(db, rows, tq.columns)
-    _clean(rows, tq.columns)
+    clean_rows(rows, tq.columns)
     return {"total": total, "filtered": filtered, "rows": rows}
 
 
-def _clean(rows: list[list], columns: list[Col]) -> None:
+def clean_rows(rows: list[list], columns: list[Col]) -> None:
     bools = [i for i, c in enumerate(columns) if c.type == "bool"]
     floats = [i for i, c in enumerate(columns) if c.type in NUMERIC_TYPES]
     for r in rows:

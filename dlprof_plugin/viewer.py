@@ -18,6 +18,17 @@ import sys
 import time
 from pathlib import Path
 
+from werkzeug import wrappers
+
+from dlprof_plugin import security
+from dlprof_plugin.db import Database, NotADatabase
+from dlprof_plugin.http_server import Limits, ViewerServer
+from dlprof_plugin.plugin import ROUTE_PREFIX, static_dir
+from dlprof_plugin.replies import error_reply
+from dlprof_plugin.runs import RunInfo, StaticRuns
+from dlprof_plugin.security import policy_for_bind
+from dlprof_plugin.service import Service
+
 ENTRY_SCRIPT = 'import("./index.js").then((m) => void m.render());'
 PAGE = """<!DOCTYPE html>
 <html lang="en">
@@ -48,13 +59,6 @@ def build_app(databases: list[str], policy=None):
     """The viewer's WSGI app for these database files (validated: DLProf databases); `policy`: the
     security.HostPolicy of its binding (default: bound to loopback)."""
     from tensorboard.backend import http_util
-    from werkzeug import wrappers
-
-    from dlprof_plugin import security
-    from dlprof_plugin.db import Database
-    from dlprof_plugin.plugin import ROUTE_PREFIX, static_dir
-    from dlprof_plugin.runs import RunInfo, StaticRuns
-    from dlprof_plugin.service import Service, error_reply
 
     policy = policy or security.policy_for_bind("127.0.0.1")
 
@@ -136,8 +140,6 @@ def main(argv: list[str] | None = None) -> int:
         "Bound to a non-loopback --host without this option, every name is answered",
     )
     parser.add_argument("--quiet", action="store_true", help="do not log each request")
-    from dlprof_plugin.http_server import Limits, ViewerServer
-
     limits = Limits()
     parser.add_argument(
         "--connection_limit",
@@ -162,8 +164,6 @@ def main(argv: list[str] | None = None) -> int:
         help=f"seconds a connection may stay silent between requests (default {limits.idle_timeout})",
     )
     args = parser.parse_args(argv)
-    from dlprof_plugin.db import NotADatabase
-
     for d in args.database:
         if not os.path.isfile(d):
             print(f"dlprofviewer: {d}: no such file", file=sys.stderr)
@@ -172,8 +172,6 @@ def main(argv: list[str] | None = None) -> int:
         print("dlprofviewer: --connection_limit, --request_timeout, --idle_timeout must be positive", file=sys.stderr)
         return 2
     try:
-        from dlprof_plugin.security import policy_for_bind
-
         app = build_app(args.database, policy_for_bind(args.host, allowed=args.allowed_hosts))
     except NotADatabase as exc:
         print(f"dlprofviewer: {exc}", file=sys.stderr)

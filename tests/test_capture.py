@@ -5,14 +5,12 @@ Three kinds of tests:
 - stand-in nsys: a small script named `nsys` on PATH, for the cases the real nsys cannot show on demand
   (it exits 1, leaves only a .qdstrm, is too old, does not pass the exit status on);
 - real nsys (`-m nsys`): a CPU-only program emitting NVTX ranges through ctypes libnvToolsExt.so.1, profiled
-  end to end. Tests of the capture alone use a stand-in analysis engine; the end-to-end test with the real
-  engine is skipped while `dlprof_profiler.run.single` cannot be imported.
+  end to end. Tests of the capture alone use a stand-in analysis (the CLI's `analysis.run_analysis`).
 """
 
 from __future__ import annotations
 
 import ctypes
-import importlib
 import json
 import os
 import shutil
@@ -27,11 +25,13 @@ from pathlib import Path
 
 import pytest
 
-import dlprof_profiler.run
+from dlprof_profiler import nsys_tool
 from dlprof_profiler.capture import nsys as capture
 from dlprof_profiler.cli import main as cli
-from dlprof_profiler.capture.nsys import NsysInfo, build_nsys_command, profile_options
+from dlprof_profiler.capture.nsys import build_nsys_command
+from dlprof_profiler.nsys_tool import NsysInfo, profile_options
 from dlprof_profiler.errors import DLProfError
+from dlprof_profiler.run import outputs as run_outputs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -80,7 +80,7 @@ NSYS_2020 = NsysInfo(
 
 
 def parse(*argv):
-    return cli.parse_args(list(argv))
+    return cli.parse_options(list(argv))
 
 
 def nsys_cmd(*argv, info=NSYS_2022):
@@ -251,7 +251,7 @@ def test_command_environment_carries_the_startup_hook_unless_switched_off():
     assert "DLPROF_TORCH_CAPTURE" not in env
     off = parse("--pytorch_init=false", "python", "train.py")
     assert off.pytorch_init is False and parse("python", "x.py").pytorch_init is True
-    assert parse("--pytorch_init", "false", "python", "x.py").command == ["python", "x.py"]
+    assert parse("--pytorch_init", "false", "python", "x.py").command == ("python", "x.py")
     assert capture.command_environment(off, {"PYTHONPATH": "/mine"}) == {"PYTHONPATH": "/mine"}
     assert "--pytorch_init" in cli.build_parser().format_help()
 
@@ -345,12 +345,12 @@ def test_nsys_opts_space_form_with_a_single_option(tmp_path):
     ],
 )
 def test_parse_nsys_version(text, version):
-    assert capture.parse_nsys_version(text) == version
+    assert nsys_tool.parse_nsys_version(text) == version
 
 
 def test_version_tuple_and_report_suffix():
-    assert capture.version_tuple("2022.4.2.1") == (2022, 4, 2, 1)
-    assert capture.version_tuple("2021.3.1.54-ee9c30a") == (2021, 3, 1)
+    assert nsys_tool.version_tuple("2022.4.2.1") == (2022, 4, 2, 1)
+    assert nsys_tool.version_tuple("2021.3.1.54-ee9c30a") == (2021, 3, 1)
     assert NSYS_2022.report_suffix == ".nsys-rep"
     assert NsysInfo(path="nsys", version="2021.3.1.54").report_suffix == ".qdrep"
 
@@ -425,8 +425,8 @@ def test_find_qdstrm_importer_beside_nsys_through_symlinks(tmp_path):
     (root / "bin" / "nsys").symlink_to("../target-linux-x64/nsys")
     (tmp_path / "usrbin").mkdir()
     (tmp_path / "usrbin" / "nsys").symlink_to(root / "bin" / "nsys")
-    assert capture.find_qdstrm_importer(str(tmp_path / "usrbin" / "nsys")) == str(importer)
-    assert capture.find_qdstrm_importer(str(root / "target-linux-x64" / "nsys")) is not None
+    assert nsys_tool.find_qdstrm_importer(str(tmp_path / "usrbin" / "nsys")) == str(importer)
+    assert nsys_tool.find_qdstrm_importer(str(root / "target-linux-x64" / "nsys")) is not None
 
 
 def test_check_output_path(tmp_path):
@@ -483,20 +483,16 @@ def test_launcher_gives_the_program_default_signal_dispositions(tmp_path):
 # ------------------------------------------------------------------------------------------- stand-in engine
 
 
-class FakePipeline(types.ModuleType):
-    """Stands in for dlprof_profiler.run.single: records the call, writes its planned outputs."""
+class FakePipeline:
+    """Stands in for the analysis the CLI runs on a capture (dlprof_profiler.run.single.run_analysis): records
+    the call and writes the run's planned outputs."""
 
     def __init__(self):
-        super().__init__("dlprof_profiler.run.single")
         self.calls = []
 
-    def planned_outputs(self, args):
-        out = Path(args.output_path)
-        return [out / "dlprof_summary.csv", out / "dlprof_dldb.sqlite"]
-
-    def run_analysis(self, source, args, capture=None):
+    def run_analysis(self, source, options, capture=None):
         self.calls.append((Path(source), capture))
-        for path in self.planned_outputs(args):
+        for path in run_outputs.planned_outputs(options):
             path.write_text("fake")
         return 0
 
@@ -504,29 +500,22 @@ class FakePipeline(types.ModuleType):
 @pytest.fixture
 def fake_pipeline(monkeypatch):
     fake = FakePipeline()
-    monkeypatch.setitem(sys.modules, "dlprof_profiler.run.single", fake)
-    monkeypatch.setattr(dlprof_profiler.run, "single", fake, raising=False)
+    monkeypatch.setattr(cli.analysis, "run_analysis", lambda *a, **k: fake.run_analysis(*a, **k))
     return fake
 
 
 # A runner for subprocess runs of the CLI with the stand-in engine (it writes capture.json).
 RUNNER = textwrap.dedent("""
-    import json, sys, types
+    import json, sys
     from pathlib import Path
-    fake = types.ModuleType("dlprof_profiler.run.single")
-    def planned_outputs(args):
-        return [Path(args.output_path) / "dlprof_dldb.sqlite"]
-    def run_analysis(source, args, capture=None):
-        out = Path(args.output_path)
+    from dlprof_profiler.cli import main as cli
+    def run_analysis(source, options, capture=None):
+        out = Path(options.output_path)
         (out / "dlprof_dldb.sqlite").write_text("fake")
         (out / "capture.json").write_text(json.dumps({"source": str(source), "capture": capture}))
         return 0
-    fake.planned_outputs, fake.run_analysis = planned_outputs, run_analysis
-    sys.modules["dlprof_profiler.run.single"] = fake
-    import dlprof_profiler.run
-    dlprof_profiler.run.single = fake
-    from dlprof_profiler.cli.main import main
-    sys.exit(main(sys.argv[1:]))
+    cli.analysis.run_analysis = run_analysis
+    sys.exit(cli.main(sys.argv[1:]))
 """)
 
 
@@ -786,7 +775,7 @@ def test_analysis_failure_is_reported(tmp_path, monkeypatch, fake_pipeline, caps
     def broken(source, args, capture=None):
         raise DLProfError(f"{source}: not an Nsight Systems export")
 
-    monkeypatch.setattr(fake_pipeline, "run_analysis", broken)
+    monkeypatch.setattr(cli.analysis, "run_analysis", broken)
     assert cli.main(["-v", "quiet", "--output_path", str(tmp_path / "out"), *exits_with(3)]) == 1
     assert "not an Nsight Systems export" in capsys.readouterr().err
 
@@ -911,7 +900,7 @@ class TestRealNsys:
         assert recorded["source"] == str(quiet_run.out / "cap.sqlite")
         assert cap["exit_status"] == 3 and cap["interrupted"] is False
         assert cap["command"] == [sys.executable, str(quiet_run.tmp / "program.py"), *USER_ARGS]
-        assert cap["nsys_version"] == capture.nsys_version(shutil.which("nsys"))
+        assert cap["nsys_version"] == nsys_tool.nsys_version(shutil.which("nsys"))
         assert cap["report_path"] == str(quiet_run.out / "cap.nsys-rep")
         assert cap["nsys_command"][1:7] == ["profile", "-t", "cuda,nvtx", "-s", "none", "--cpuctxsw=none"]
 
@@ -948,7 +937,7 @@ class TestRealNsys:
         finds no importer beside its real path and writes only <base>.qdstrm; dlprof finds the importer
         through the /usr/lib/nsight-systems/bin/nsys link, imports and exports."""
         real = shutil.which("nsys")
-        importer = capture.find_qdstrm_importer(real)
+        importer = nsys_tool.find_qdstrm_importer(real)
         if importer is None:
             pytest.skip("this nsys install has no QdstrmImporter")
         target = Path(os.path.realpath(real)).parent
@@ -983,20 +972,9 @@ class TestRealNsys:
         assert cap["report_path"] == str(out / "nsys_profile.nsys-rep")
 
 
-def _engine_importable():
-    try:
-        importlib.import_module("dlprof_profiler.run.single")
-        return True
-    except ImportError:
-        return False
-
-
 @pytest.mark.nsys
 @pytest.mark.skipif(shutil.which("nsys") is None, reason="Nsight Systems (nsys) is not on PATH")
 @pytest.mark.skipif(not _nvtx_library_loads(), reason="libnvToolsExt.so.1 (Debian libnvtoolsext1) is missing")
-@pytest.mark.skipif(
-    not _engine_importable(), reason="dlprof_profiler.run.single (the analysis engine) is not there yet"
-)
 def test_end_to_end_real_nsys_reports_and_database(tmp_path):
     """The README quick start: `dlprof --output_path=./event_files python <script>`."""
     out = tmp_path / "event_files"
@@ -1012,8 +990,6 @@ def test_end_to_end_real_nsys_reports_and_database(tmp_path):
         "dlprof_expert_systems.csv",
     ):
         assert (out / name).is_file(), name
-    from dlprof_profiler.run import single as pipeline
-
-    args = cli.parse_args(["--output_path", str(out), sys.executable, "x.py"])
-    for path in pipeline.planned_outputs(args):
+    options = cli.parse_options(["--output_path", str(out), sys.executable, "x.py"])
+    for path in run_outputs.planned_outputs(options):
         assert Path(path).exists(), path

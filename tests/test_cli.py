@@ -231,3 +231,27 @@ def test_sigterm_and_sighup_unwind_the_run(signum):
             os.kill(os.getpid(), number)  # while unwinding: ignored
     assert (err.value.signum, err.value.name) == (number, signum)
     assert signal.getsignal(number) is before
+
+
+def test_the_command_line_becomes_one_frozen_run_options():
+    """Parsed once: defaults applied, lists as tuples, the diff added with a baseline; nothing can change it."""
+    import dataclasses
+    import pickle
+
+    from dlprof_profiler.cli.main import parse_options
+    from dlprof_profiler.options import DEFAULT_REPORTS, RunOptions
+
+    options = parse_options(["--database=x.sqlite", "--key_node", "step", "--iter_start=2", "--baseline=b.sqlite"])
+    assert isinstance(options, RunOptions)
+    assert options.reports == (*DEFAULT_REPORTS, "diff") and options.formats == ("csv",)
+    assert (options.key_node, options.iter_start, options.iter_stop) == ("step", 2, None)
+    assert options.profile_name == options.base_name == "dlprof" and options.command == ()
+    assert str(options.database_path) == "dlprof_dldb.sqlite" and str(options.baseline_path) == "b.sqlite"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.key_node = "other"
+    assert pickle.loads(pickle.dumps(options)) == options  # what the rank workers receive
+    profiled = parse_options(["--reports", "all", "--", "python", "train.py", "--reports=x"])
+    assert profiled.command == ("python", "train.py", "--reports=x") and "diff" not in profiled.reports
+    assert len(profiled.reports) == 9
+    viewer = RunOptions.reaggregation("aten::relu", 1, None)
+    assert viewer.require_key_node and viewer.reports == () and viewer.analysis_config().key_node == "aten::relu"

@@ -787,7 +787,7 @@ def test_no_gpu_no_tensor_core_eligibility_nor_dashboard_gpu_advice(tmp_path):
     (the summary's "Ops eligible for TC but not using" row is empty, all are "other ops"), and the dashboard's
     guidance gives no GPU advice (Tensor Cores, a busy GPU, data loading) though GPU utilization is 0 % and data
     loading 50 %."""
-    from dlprof_plugin.service import Service
+    from dlprof_plugin.guidance import dashboard_guidance
 
     exp = NsysExport(schema="2022.4")
     main = exp.add_thread(pid=100, tid=100, name="python", process_name="python")
@@ -808,13 +808,9 @@ def test_no_gpu_no_tensor_core_eligibility_nor_dashboard_gpu_advice(tmp_path):
         "dataloader_duration_pct": s["pct"]["dataloader"],
     }
     assert s["n_visible_gpus"] == 0 and s["pct"]["dataloader"] > 40
-    assert [g["title"] for g in Service._guidance(summary, {"eligible_not_using_ops": 2}, None)] == [
-        "Performance guide"
-    ]
+    assert [g["title"] for g in dashboard_guidance(summary, {"eligible_not_using_ops": 2})] == ["Performance guide"]
     # with a GPU that ran work the same figures are advice
-    titles = [
-        g["title"] for g in Service._guidance(dict(summary, n_visible_gpus=1), {"eligible_not_using_ops": 2}, None)
-    ]
+    titles = [g["title"] for g in dashboard_guidance(dict(summary, n_visible_gpus=1), {"eligible_not_using_ops": 2})]
     assert titles == ["Use Tensor Cores", "Keep the GPU busy", "Speed up data loading"]
 
 

@@ -504,9 +504,13 @@ def test_cli_two_runs_into_one_folder(base, tmp_path):
     out = tmp_path / "out"
     first = dlprof_process(f"--database={base['export']}", f"--output_path={out}", "--reports=all")
     wait_until(lambda: (out / LOCK_NAME).is_file() and (out / LOCK_NAME).read_text().strip(), 60, "the lock")
-    started = time.monotonic()
-    second = dlprof_process(f"--database={base['export']}", f"--output_path={out}", "--force")
-    _, stderr = second.communicate(timeout=60)
+    first.send_signal(signal.SIGSTOP)  # held while it runs, however fast this machine analyses the export
+    try:
+        started = time.monotonic()
+        second = dlprof_process(f"--database={base['export']}", f"--output_path={out}", "--force")
+        _, stderr = second.communicate(timeout=60)
+    finally:
+        first.send_signal(signal.SIGCONT)
     assert second.returncode == 1 and time.monotonic() - started < 30
     assert f"ERROR: {out}: another dlprof run (pid {first.pid}) is writing to this output folder" in error_line(stderr)
     _, stderr = first.communicate(timeout=300)

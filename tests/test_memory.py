@@ -8,7 +8,6 @@ import json
 import re
 import sqlite3
 import sys
-from argparse import Namespace
 
 import numpy as np
 import pandas as pd
@@ -21,6 +20,7 @@ from dlprof_profiler.engine.analysis import analyze as engine_analyze
 from dlprof_profiler.ingest.formats import read_trace
 from dlprof_profiler.ingest.nsys import read_nsys_export
 from dlprof_profiler.ingest.sanitize import sanitize_trace
+from dlprof_profiler.options import RunOptions
 from dlprof_profiler.store.trace_store import TraceStore
 from tests import profiles
 from tests.analysis import analyze
@@ -456,17 +456,14 @@ def test_a_profile_without_memory_events_says_so_in_one_row(tmp_path):
 
 def test_detailed_mode_records_cuda_memory_usage():
     info = capture.NsysInfo(path="nsys", version="2022.4.2.1", options=frozenset({"trace", "cuda-memory-usage"}))
-    args = Namespace(command=["python", "train.py"], detailed_mode=True, output_path=".", nsys_opts="")
+    args = RunOptions(command=("python", "train.py"), detailed_mode=True)
     assert "--cuda-memory-usage=true" in capture.build_nsys_command(args, info)
-    args.detailed_mode = False
-    assert "--cuda-memory-usage=true" not in capture.build_nsys_command(args, info)
-    args.detailed_mode, args.nsys_opts = True, "--cuda-memory-usage=false"  # the user's choice wins
+    assert "--cuda-memory-usage=true" not in capture.build_nsys_command(args.but(detailed_mode=False), info)
+    args = args.but(nsys_opts="--cuda-memory-usage=false")  # the user's choice wins
     command = capture.build_nsys_command(args, info)
     assert "--cuda-memory-usage=true" not in command and "--cuda-memory-usage=false" in command
     old = capture.NsysInfo(path="nsys", version="2020.3", options=frozenset({"trace"}))  # no such option
-    assert not any(
-        "cuda-memory-usage" in w for w in capture.build_nsys_command(Namespace(**{**vars(args), "nsys_opts": ""}), old)
-    )
+    assert not any("cuda-memory-usage" in w for w in capture.build_nsys_command(args.but(nsys_opts=""), old))
 
 
 def test_out_of_core_run_writes_the_same_memory_report_and_tables(nsys_memory, tmp_path):

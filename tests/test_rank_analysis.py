@@ -4,11 +4,10 @@ folder, only small frames come back (figures of tests/profiles.rank_profile, com
 from __future__ import annotations
 
 import sqlite3
-from argparse import Namespace
 from pathlib import Path
 
 from dlprof_profiler import contract as K
-from dlprof_profiler.cli.main import parse_args
+from dlprof_profiler.cli.main import parse_options
 from dlprof_profiler.outputs.publish import Staging
 from dlprof_profiler.run.rank_worker import DOMAINS_PER_RANK, RankTask, analyze_rank
 from tests.profiles import RANK_STEPS, SLOW_ITERATION, rank_profile
@@ -18,9 +17,9 @@ def task_for(tmp_path: Path, source: Path, rank: int, index: int) -> tuple[RankT
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     staging = Staging(out)
-    args: Namespace = parse_args([f"--database={source}", f"--output_path={out}", "--reports=summary,kernel"])
+    options = parse_options([f"--database={source}", f"--output_path={out}", "--reports=summary,kernel"])
     return RankTask(
-        rank=rank, index=index, source=str(source), args=args, output_dir=str(out), staging_root=str(staging.root)
+        rank=rank, index=index, source=str(source), options=options, output_dir=str(out), staging_root=str(staging.root)
     ), staging
 
 

@@ -10,12 +10,12 @@ torch.profiler, marks iterations at optimizer steps and writes one Kineto trace 
 2. runs the command with dlprof's own stdin/stdout/stderr; Ctrl-C reaches the program (same terminal
    process group), SIGTERM/SIGHUP sent to dlprof are passed on; the exit status is the program's;
 3. moves the trace(s) next to the other outputs (`<base_name>.pt.trace.json.gz`, or one file per process
-   as `<base_name>.<pid>.pt.trace.json.gz`) and runs the same analysis as `dlprof --database`.
+   as `<base_name>.<pid>.pt.trace.json.gz`) and returns them; the CLI then runs the same analysis as
+   `dlprof --database` on them.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import shlex
 import signal
@@ -26,15 +26,17 @@ from pathlib import Path
 
 from dlprof_profiler import log
 from dlprof_profiler.capture import torch_startup
-from dlprof_profiler.capture.nsys import (
-    _describe_status,
-    _signal_name,
+from dlprof_profiler.capture.command import (
+    Captured,
     check_existing,
     check_output_path,
+    describe_status,
     output_dir,
     resolve_command,
+    signal_name,
 )
 from dlprof_profiler.errors import DLProfError
+from dlprof_profiler.options import RunOptions
 
 HOOK_DIR = torch_startup.HOOK_DIR
 CAPTURE_ENV = torch_startup.CAPTURE_ENV
@@ -42,9 +44,9 @@ TRACE_SUFFIX = ".pt.trace.json.gz"
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP)
 
 
-def trace_path(args) -> Path:
+def trace_path(options: RunOptions) -> Path:
     """Where the trace of a single profiled process goes."""
-    return output_dir(args) / f"{args.base_name}{TRACE_SUFFIX}"
+    return output_dir(options) / f"{options.base_name}{TRACE_SUFFIX}"
 
 
 def parse_iterations(text: str | None) -> tuple[int, int] | None:
@@ -61,18 +63,18 @@ def parse_iterations(text: str | None) -> tuple[int, int] | None:
     return first, last
 
 
-def capture_config(args, folder: Path, started: float) -> dict:
+def capture_config(options: RunOptions, folder: Path, started: float) -> dict:
     """What the startup hook needs, as the JSON it reads from DLPROF_TORCH_CAPTURE. Python stacks are recorded
     only without dlprof's markers, which carry the op's stack themselves: torch.profiler's Python tracer
     would record every Python call the annotation makes (5x the events of the LM test script)."""
-    detailed = bool(getattr(args, "detailed_mode", False))
+    detailed = options.detailed_mode
     return {
         "dir": str(folder),
         "t0": started,
-        "delay": getattr(args, "delay", None) or None,
-        "duration": getattr(args, "duration", None) or None,
-        "iterations": parse_iterations(getattr(args, "capture_iterations", None)),
-        "with_stack": not getattr(args, "pytorch_init", True),
+        "delay": options.delay or None,
+        "duration": options.duration or None,
+        "iterations": parse_iterations(options.capture_iterations),
+        "with_stack": not options.pytorch_init,
         "profile_memory": detailed,
     }
 
@@ -84,8 +86,8 @@ def command_environment(config: dict, base: dict | None = None, pytorch_init: bo
     return torch_startup.environment(init=init, capture=config, base=base)
 
 
-def _check_options(args) -> None:
-    if getattr(args, "capture_iterations", None) and (getattr(args, "delay", None) or getattr(args, "duration", None)):
+def check_options(options: RunOptions) -> None:
+    if options.capture_iterations and (options.delay or options.duration):
         raise DLProfError(
             "--capture_iterations selects what to record by iterations; do not combine it with --delay or --duration",
             exit_code=2,
@@ -93,8 +95,8 @@ def _check_options(args) -> None:
     ignored = [
         name
         for name, on in (
-            ("--nsys_opts", getattr(args, "nsys_opts", "")),
-            ("--nsys_profile_range", getattr(args, "nsys_profile_range", False)),
+            ("--nsys_opts", options.nsys_opts),
+            ("--nsys_profile_range", options.nsys_profile_range),
         )
         if on
     ]
@@ -129,20 +131,20 @@ def run_command(command: list, env: dict) -> tuple[int, int | None]:
     return (128 - code if code < 0 else code), state["signal"]
 
 
-def traces_folder(args) -> Path:
+def traces_folder(options: RunOptions) -> Path:
     """Where the traces go when several processes were profiled (one file per process id)."""
-    return output_dir(args) / f"{args.base_name}_torch_traces"
+    return output_dir(options) / f"{options.base_name}_torch_traces"
 
 
-def collect_traces(folder: Path, args) -> list[Path]:
+def collect_traces(folder: Path, options: RunOptions) -> list[Path]:
     """Move the written traces next to the outputs: `<base>.pt.trace.json.gz` for one process, else a
     folder `<base>_torch_traces/` with `<pid>.pt.trace.json.gz` per process."""
     found = sorted(p for p in folder.glob(f"*{TRACE_SUFFIX}") if ".partial." not in p.name)
     if len(found) == 1:
-        targets = [trace_path(args)]
+        targets = [trace_path(options)]
     elif found:
-        target_folder = traces_folder(args)
-        check_existing([target_folder], bool(getattr(args, "force", False)))
+        target_folder = traces_folder(options)
+        check_existing([target_folder], options.force)
         target_folder.mkdir(exist_ok=True)
         for old in target_folder.glob(f"*{TRACE_SUFFIX}"):
             old.unlink()  # --force was given
@@ -154,48 +156,40 @@ def collect_traces(folder: Path, args) -> list[Path]:
     return targets
 
 
-def _pipeline():
-    return importlib.import_module("dlprof_profiler.run.single")
-
-
-def profile_and_analyze_torch(args, reason: str = "") -> int:
-    """Profile `args.command` with torch.profiler and analyse the trace; return the command's exit status."""
-    out = output_dir(args)
-    force = bool(getattr(args, "force", False))
+def capture(options: RunOptions, planned: list[Path], reason: str = "") -> Captured:
+    """Profile `options.command` with torch.profiler; `planned` are the analysis's outputs, refused (with the
+    trace's own) before the command runs unless --force. Returns the trace(s) to analyse."""
+    out = output_dir(options)
     check_output_path(out)
-    _check_options(args)
-    parse_iterations(getattr(args, "capture_iterations", None))
-    try:
-        pipeline = _pipeline()
-    except ImportError as exc:
-        raise DLProfError(f"the analysis engine cannot be loaded: {exc}") from None
-    check_existing([Path(p) for p in pipeline.planned_outputs(args)] + [trace_path(args)], force)
-    resolve_command(args.command)
+    check_options(options)
+    parse_iterations(options.capture_iterations)
+    check_existing([Path(p) for p in planned] + [trace_path(options)], options.force)
+    resolve_command(options.command)
     out.mkdir(parents=True, exist_ok=True)
-    log.info(f"Backend: torch.profiler (Kineto){reason}: {shlex.join(args.command)}")
+    log.info(f"Backend: torch.profiler (Kineto){reason}: {shlex.join(options.command)}")
     started = time.time()
     with tempfile.TemporaryDirectory(prefix=".dlprof-torch-", dir=out) as tmp:
-        config = capture_config(args, Path(tmp), started)
-        env = command_environment(config, pytorch_init=getattr(args, "pytorch_init", True))
-        status, forwarded = run_command(list(args.command), env)
-        log.info(f"the command ended ({_describe_status(status)})")
+        config = capture_config(options, Path(tmp), started)
+        env = command_environment(config, pytorch_init=options.pytorch_init)
+        status, forwarded = run_command(list(options.command), env)
+        log.info(f"the command ended ({describe_status(status)})")
         if forwarded:
-            log.warning(f"{_signal_name(forwarded)} was passed on to the command")
-        traces = collect_traces(Path(tmp), args)
+            log.warning(f"{signal_name(forwarded)} was passed on to the command")
+        traces = collect_traces(Path(tmp), options)
     if not traces:
         raise DLProfError(
             f"no trace was written: the command did not import torch, ended before collection "
             f"started (--delay, --capture_iterations), or its Python ignores PYTHONPATH (-E/-I); "
-            f"the command ended with {_describe_status(status)}",
+            f"the command ended with {describe_status(status)}",
             exit_code=status or 1,
         )
-    source = traces[0] if len(traces) == 1 else traces_folder(args)
+    source = traces[0] if len(traces) == 1 else traces_folder(options)
     if len(traces) > 1:
         log.info(f"{len(traces)} processes were profiled; their traces are analysed together")
     log.info(f"capture: {', '.join(str(t) for t in traces)}")
-    capture = {
+    info = {
         "backend": "torch",
-        "command": list(args.command),
+        "command": list(options.command),
         "trace_paths": [str(t) for t in traces],
         "exit_status": int(status),
         "interrupted": forwarded is not None,
@@ -203,7 +197,4 @@ def profile_and_analyze_torch(args, reason: str = "") -> int:
         "delay": config["delay"],
         "duration": config["duration"],
     }
-    code = pipeline.run_analysis(Path(source), args, capture=capture)
-    if code:
-        return code
-    return int(status)
+    return Captured(Path(source), info, int(status))

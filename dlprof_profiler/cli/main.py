@@ -11,28 +11,22 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dlprof_profiler import __version__, log
+from dlprof_profiler.capture import nsys as nsys_capture
+from dlprof_profiler.capture import torch_profiler as torch_capture
 from dlprof_profiler.errors import DLProfError, Interrupted
-
-REPORT_NAMES = (
-    "summary",
-    "detail",
-    "iteration",
-    "kernel",
-    "tensor",
-    "op_type",
-    "group_node",
-    "expert_systems",
-    "memory",
-    "diff",
-    "all",
+from dlprof_profiler.options import (
+    BACKENDS,
+    DEFAULT_REPORTS,
+    FORMAT_NAMES,
+    MODES,
+    OUT_OF_CORE_EVENTS,
+    REPORT_NAMES,
+    RunOptions,
 )
-FORMAT_NAMES = ("csv", "json")
-MODES = ("simple", "nvtx", "pytorch", "tensorflow1", "tensorflow2", "tensorrt")
-BACKENDS = ("nsys", "torch")
-DEFAULT_REPORTS = ("summary", "detail", "expert_systems")
-# From this many events (NVTX ranges + CUDA API calls + GPU activities) an nsys export is analysed out of core:
-# in memory a profile takes about 0.45 GB per 10^6 events, so larger ones would not stay under 4 GB
-OUT_OF_CORE_EVENTS = 8_000_000
+from dlprof_profiler.outputs.publish import OutputFolder, unstaged
+from dlprof_profiler.run import outputs as run_outputs
+from dlprof_profiler.run import single as analysis
+
 
 _TRUE = {"true", "yes", "1", "on"}
 _FALSE = {"false", "no", "0", "off"}
@@ -489,29 +483,69 @@ def ended_by_signals():
             signal.signal(signum, handler)
 
 
+def run_options(args: argparse.Namespace) -> RunOptions:
+    """The run's options from the parsed command line (the one place a Namespace becomes RunOptions)."""
+    return RunOptions(
+        database=args.database,
+        command=tuple(args.command),
+        output_path=args.output_path,
+        base_name=args.base_name,
+        profile_name=args.profile_name,
+        force=bool(args.force),
+        verbosity=args.verbosity,
+        mode=args.mode,
+        key_node=args.key_node or None,
+        iter_start=args.iter_start,
+        iter_stop=args.iter_stop,
+        domain=args.domain,
+        baseline=args.baseline,
+        out_of_core=args.out_of_core or "auto",
+        reports=tuple(args.reports),
+        formats=tuple(args.formats),
+        dump_model_data=bool(args.dump_model_data),
+        scheduler=args.scheduler,
+        workers=args.workers,
+        backend=args.backend,
+        capture_iterations=args.capture_iterations,
+        nsys_opts=args.nsys_opts or "",
+        nsys_base_name=args.nsys_base_name,
+        delay=args.delay,
+        duration=args.duration,
+        nsys_profile_range=bool(args.nsys_profile_range),
+        detailed_mode=bool(args.detailed_mode),
+        pytorch_init=bool(args.pytorch_init),
+    )
+
+
+def parse_options(argv: list[str]) -> RunOptions:
+    """`dlprof`'s command line as the run's options."""
+    return run_options(parse_args(argv))
+
+
+def profile_then_analyze(options: RunOptions) -> int:
+    """`dlprof [options] <command>`: capture with the chosen backend, then analyse what it captured; returns the
+    command's exit status (or the analysis's, when that failed)."""
+    backend, reason = choose_backend(options.backend)
+    planned = run_outputs.planned_outputs(options)  # refused before the command runs, unless --force
+    if backend == "torch":
+        captured = torch_capture.capture(options, planned, reason)
+    else:
+        if reason:
+            log.info(f"Backend: Nsight Systems{reason}")
+        captured = nsys_capture.capture(options, planned)
+    return analysis.run_analysis(captured.source, options, captured.info) or captured.status
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `dlprof` console script; returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
-    from dlprof_profiler.outputs.publish import OutputFolder, unstaged
-
     try:
-        args = parse_args(argv)
-        log.set_verbosity(args.verbosity)
-        with ended_by_signals(), OutputFolder(Path(args.output_path)):  # one run at a time; removed if left empty
-            if args.database:
-                from dlprof_profiler.run.single import analyze_database
-
-                return analyze_database(args)
-            backend, reason = choose_backend(args.backend)
-            if backend == "torch":
-                from dlprof_profiler.capture.torch_profiler import profile_and_analyze_torch
-
-                return profile_and_analyze_torch(args, reason)
-            from dlprof_profiler.capture.nsys import profile_and_analyze
-
-            if reason:
-                log.info(f"Backend: Nsight Systems{reason}")
-            return profile_and_analyze(args)
+        options = parse_options(argv)
+        log.set_verbosity(options.verbosity)
+        with ended_by_signals(), OutputFolder(Path(options.output_path)):  # one run at a time; removed if left empty
+            if options.database:
+                return analysis.analyze_database(options)
+            return profile_then_analyze(options)
     except DLProfError as exc:
         log.error(unstaged(str(exc)))
         return exc.exit_code

@@ -13,11 +13,14 @@ import pandas as pd
 import pyarrow as pa
 
 from dlprof_profiler import contract as K
-from dlprof_profiler.engine.correlate import Correlation, DomainModel, call_metrics
+from dlprof_profiler.engine.correlate import FAMILY_OF_MODE, Correlation, DomainModel, call_metrics, launch_links
+from dlprof_profiler.engine.markers import classify_ranges
 from dlprof_profiler.db.encode import join_call_fields
+from dlprof_profiler.db.schema import SCHEMA
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.ingest.sqlite_source import SqliteSource
 from dlprof_profiler.engine.memory import empty_memory_frame
+from dlprof_profiler.engine.structure import RangeForest, ThreadTimeKeys
 from dlprof_profiler.engine.trace import DEVICE_COLUMNS, GPU_COLUMNS, MEMORY_COLUMNS, Trace, make_frame
 
 DETAIL_COLUMNS = ["data_type", "input_shapes", "output_shapes", "parameters", "stack_trace"]
@@ -89,8 +92,6 @@ def api_owners(trace: Trace, gpu_api: np.ndarray, inst: pd.DataFrame, gpu_instan
     owner = np.full(len(api), -1, dtype=np.int64)
     if len(api) == 0 or len(inst) == 0:
         return owner
-    from dlprof_profiler.engine.structure import RangeForest, ThreadTimeKeys
-
     tids, start = api["global_tid"].to_numpy(np.int64), api["start"].to_numpy(np.int64)
     ids = inst["instance_id"].to_numpy(np.int64)
     timed = np.flatnonzero(
@@ -115,8 +116,6 @@ def api_owners(trace: Trace, gpu_api: np.ndarray, inst: pd.DataFrame, gpu_instan
 def _required_tables(major: str) -> set[str]:
     if major == "2":
         return _V2_REQUIRED
-    from dlprof_profiler.db.schema import SCHEMA
-
     return set(re.findall(r"CREATE (?:TABLE|VIEW) (\w+)", SCHEMA)) - set(K.SCHEMA_3_1_TABLES)
 
 
@@ -130,9 +129,6 @@ def _check_tables(src: SqliteSource, path: Path, major: str) -> None:
 
 
 def _model(reader):
-    from dlprof_profiler.engine.correlate import FAMILY_OF_MODE, launch_links
-    from dlprof_profiler.engine.markers import classify_ranges
-
     profile = reader.profile()
     trace = Trace(source=Path(profile.get("source_file") or reader.path))
     system = reader.system()

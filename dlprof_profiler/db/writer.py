@@ -37,6 +37,7 @@ import pyarrow as pa
 from dlprof_profiler import __version__
 from dlprof_profiler import contract as K
 from dlprof_profiler.db import encode as E
+from dlprof_profiler.db import load
 from dlprof_profiler.engine.compare import SIDE_FIGURES
 from dlprof_profiler import log
 from dlprof_profiler.engine.aggregate import CLASSES, Aggregation
@@ -1151,6 +1152,4 @@ def is_dlprof_database(path: Path) -> bool:
 def load_model(path: Path, rank: int = K.DEFAULT_RANK):
     """Rebuild (trace, correlation, profile info, domain ids, op_index offsets) of one rank from a DLProf
     database of schema 3.0 or 2.0 (see db_load)."""
-    from dlprof_profiler.db.load import load_model as load
-
-    return load(path, rank)
+    return load.load_model(path, rank)

@@ -7,37 +7,17 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from pathlib import Path
 
-from dlprof_profiler.errors import DLProfError
-from dlprof_profiler.ingest.sqlite_source import SQLITE_MAGIC
 from dlprof_profiler.engine.trace import Trace
+from dlprof_profiler.errors import DLProfError
+from dlprof_profiler.ingest import nsys_report
+from dlprof_profiler.ingest.files import check_regular_file
+from dlprof_profiler.ingest.kineto import is_kineto_trace, merge_traces, read_kineto_trace
+from dlprof_profiler.ingest.nsys import read_nsys_export
+from dlprof_profiler.ingest.sqlite_source import SQLITE_MAGIC
 
 SQLITE, KINETO, NSYS_REPORT = "sqlite", "kineto", "nsys_report"
-
-
-_SPECIAL_FILES = (
-    (stat.S_ISFIFO, "a named pipe (FIFO)"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-)
-
-
-def check_regular_file(path) -> None:
-    """A profile is a regular file or a folder: a FIFO would block the run forever and a device never ends,
-    so anything else is refused at once, naming it (a missing file is left to the reader's message)."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise DLProfError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-        return
-    kind = next((name for test, name in _SPECIAL_FILES if test(mode)), "a special file")
-    raise DLProfError(f"{path}: is {kind}, not a regular file; give a profile file (copy the data to a file first)")
 
 
 def trace_format(path: Path) -> str:
@@ -61,12 +41,8 @@ def trace_format(path: Path) -> str:
         raise DLProfError(f"{path}: empty file, not a profile")
     if head.startswith(SQLITE_MAGIC):
         return SQLITE
-    from dlprof_profiler.ingest.nsys_report import is_report
-
-    if is_report(path):
+    if nsys_report.is_report(path):
         return NSYS_REPORT
-    from dlprof_profiler.ingest.kineto import is_kineto_trace
-
     if is_kineto_trace(path):
         return KINETO
     raise DLProfError(
@@ -88,14 +64,9 @@ def read_trace(path: Path) -> Trace:
     """Read a capture of any supported format into trace frames."""
     path = Path(path)
     if trace_format(path) == KINETO:
-        from dlprof_profiler.ingest.kineto import merge_traces, read_kineto_trace
-
         if path.is_dir():
             return merge_traces([read_kineto_trace(p) for p in kineto_files(path)], path)
         return read_kineto_trace(path)
-    from dlprof_profiler.ingest import nsys_report
-    from dlprof_profiler.ingest.nsys import read_nsys_export
-
     export = nsys_report.sqlite_of(path)
     trace = read_nsys_export(export)
     if nsys_report.shown(export) != export:  # a report's export: named after the report

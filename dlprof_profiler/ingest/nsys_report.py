@@ -1,5 +1,5 @@
 """Nsight Systems reports as they come (`.nsys-rep`, `.qdrep`): recognised by their first bytes, exported to
-SQLite with the `nsys` on PATH (`nsys export --type sqlite`, as capture.export_sqlite runs it) into the run's
+SQLite with the `nsys` on PATH (`nsys export --type sqlite`, as nsys_tool.export_sqlite runs it) into the run's
 staging folder, never beside the input, and analysed as the export. The export keeps the report's name for
 the user: `shown(path)` gives the report a staged export stands for, in messages and in what the outputs
 record as the source file.
@@ -16,8 +16,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dlprof_profiler import log
+from dlprof_profiler import nsys_tool
 from dlprof_profiler.errors import DLProfError
-from dlprof_profiler.ingest.formats import check_regular_file
+from dlprof_profiler.ingest.files import check_regular_file
+from dlprof_profiler.outputs.publish import Staging, prepare_output_dir
 
 REPORT_MAGIC = b"NVIDIA Tegra Profiler Report"  # the first bytes of every .nsys-rep and .qdrep
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
@@ -94,8 +96,6 @@ class Exports:
         if key in self.done:
             return self.done[key]
         if self.staging is None:
-            from dlprof_profiler.outputs.publish import Staging, prepare_output_dir
-
             self.staging = Staging(prepare_output_dir(self.output_dir))
         folder = self.staging.root / "nsys_exports" / str(len(self.done))
         folder.mkdir(parents=True)
@@ -152,17 +152,15 @@ def _process_exports() -> Exports:
 def export_report(report: Path, target: Path) -> Path:
     """`nsys export --type sqlite` of one report; one line naming the report when nsys is missing, too old for
     the report, or fails."""
-    from dlprof_profiler.capture import nsys as capture
-
     path = shutil.which("nsys")
     if not path:
         raise DLProfError(
             f"{report}: an Nsight Systems report; exporting it to SQLite needs `nsys`, which is not on PATH: "
-            f"{capture.INSTALL_HINT} (or export it yourself: nsys export --type sqlite {report})"
+            f"{nsys_tool.INSTALL_HINT} (or export it yourself: nsys export --type sqlite {report})"
         )
-    version = capture.nsys_version(path)
+    version = nsys_tool.nsys_version(path)
     wrote = writer_version(report)
-    mine = capture.version_tuple(version)
+    mine = nsys_tool.version_tuple(version)
     if wrote is not None and mine[:2] < wrote[:2]:
         needed = ".".join(map(str, wrote[:3]))
         raise DLProfError(
@@ -172,7 +170,7 @@ def export_report(report: Path, target: Path) -> Path:
         )
     with log.stage(f"Exporting the Nsight Systems report {report} to SQLite (nsys {version})"):
         try:
-            capture.export_sqlite(report, target, capture.NsysInfo(path=path, version=version))
+            nsys_tool.export_sqlite(report, target, nsys_tool.NsysInfo(path=path, version=version))
         except DLProfError as exc:  # "exporting <report> to SQLite failed (...)"
             raise DLProfError(
                 f"{exc}; the report is damaged, or was written by a newer Nsight Systems than this nsys ({version}): "

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+from dlprof_profiler import log
 from dlprof_profiler.contract import UNASSOCIATED_API, UNASSOCIATED_GPU
 from tensorboard.compat.proto import (
     attr_value_pb2,
@@ -436,8 +437,6 @@ def op_graph(domain_model, aggregation) -> tuple[bytes, bytes] | None:
     """The GRAPHS content of one domain and aggregation (`correlate.DomainModel`, `aggregate.Aggregation`):
     serialized GraphDef and RunMetadata; None (said on the console) for more than MAX_NODES ops."""
     if len(domain_model.ops) > MAX_NODES:
-        from dlprof_profiler import log
-
         log.info(
             f"GRAPHS: no op graph for {len(domain_model.ops):,} ops (TensorBoard lays out at most about "
             f"{MAX_NODES:,} nodes); the DLPROF tab shows every op"

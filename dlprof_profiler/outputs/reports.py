@@ -19,9 +19,11 @@ from dlprof_profiler.outputs import report_format
 from dlprof_profiler.engine.aggregate import Aggregation
 from dlprof_profiler.outputs.atomic import atomic_path
 from dlprof_profiler.engine.flops import summary_figures
+from dlprof_profiler.engine.memory import NO_EVENTS_TEXT
 from dlprof_profiler.engine.model_chunks import first_calls
 from dlprof_profiler.outputs.report_format import SectionWriters, Table
 from dlprof_profiler.engine.trace import LAUNCH_SHAPE
+from dlprof_profiler.experts.base import fmt_time
 
 REPORT_FILES = {
     "summary": "summary",
@@ -269,8 +271,6 @@ def summary_report(
 def iteration_headline(s: dict) -> str:
     """The iteration figures a run leads with (the console; docs/DESIGN.md "Iterations"): the median of the
     complete aggregated iterations and their range, the partial ones named, then DLProf's average over all."""
-    from dlprof_profiler.experts.base import fmt_time
-
     n, last = int(s["aggregated_iterations"]), int(s["total_iterations"]) - 1
     average = f"average {fmt_time(s['avg_iteration_time'])} over {n} aggregated (wall clock {fmt_time(s['wall_time'])})"
     if not s.get("complete_iterations"):
@@ -828,8 +828,6 @@ def memory_report(agg: Aggregation) -> Report:
     the allocations and frees, then per op and device the allocations and frees during its calls and the
     device's peak during them, in the aggregated iterations (memory.py; DESIGN.md "Memory"). Without memory
     events, one row says so and how to record them."""
-    from dlprof_profiler.engine.memory import NO_EVENTS_TEXT
-
     tables = agg.memory
     devices = tables.devices if tables is not None and tables.recorded else None
     if devices is None:

@@ -18,7 +18,10 @@ switches itself off and the wrappers cost one attribute test. ``DLPROF_FORCE_NVT
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
+import sys
 import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -175,9 +178,6 @@ class LibNvtxBackend:
 
 def _nvtx_entry_points(library: Optional[str]) -> Tuple[str, Any, Any, bool]:
     """(where from, push, pop, whether push takes bytes) of the NVTX C API."""
-    import ctypes
-    import ctypes.util
-
     candidates = [library] if library else list(LibNvtxBackend.LIBRARIES)
     if not library:
         found = ctypes.util.find_library("nvToolsExt")
@@ -193,8 +193,6 @@ def _nvtx_entry_points(library: Optional[str]) -> Tuple[str, Any, Any, bool]:
         pop.argtypes, pop.restype = [], ctypes.c_int
         return candidate, push, pop, True
     if not library:
-        import sys
-
         torch_nvtx = getattr(getattr(sys.modules.get("torch"), "_C", None), "_nvtx", None)
         if torch_nvtx is not None and hasattr(torch_nvtx, "rangePushA"):
             return "torch._C._nvtx", torch_nvtx.rangePushA, torch_nvtx.rangePop, False

@@ -26,6 +26,7 @@ with their name:
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 import types
@@ -251,8 +252,6 @@ def positional_names(func: Any, op: str, method: bool) -> List[str]:
     Python functions: their signature. Builtins: the signature line their docstring starts with
     (``conv2d(input, weight, bias=None, stride=1, ...) -> Tensor``), used only when the docstring holds a
     single signature for ``op`` and it reads as valid Python (``arange(start=0, end, ...)`` does not)."""
-    import inspect
-
     target = getattr(func, "__wrapped__", func)
     if isinstance(target, types.FunctionType):
         try:

@@ -32,6 +32,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from .. import __version__ as dlprof_version
 from .markers import config_marker
 from .runtime import STATE
 
@@ -75,8 +76,6 @@ def _first_tensor(value: Any, depth: int = 0):
 
 class ModelConfig:
     def __init__(self) -> None:
-        from .. import __version__ as dlprof_version
-
         cudnn = torch.backends.cudnn
         benchmark = bool(getattr(cudnn, "benchmark", False))
         self._lock = threading.RLock()

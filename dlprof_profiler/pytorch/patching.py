@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import threading
 import types
 from typing import Any, Callable, List, Sequence, Tuple
 
@@ -452,8 +453,6 @@ def install_jit_guard(persistent: Patcher, patched: Patcher) -> None:
     """``torch.jit.script`` compiles Python source and cannot compile the wrappers: while it runs (nested
     calls included) the original torch callables are put back. Scripted code then runs without our
     markers (``emit_nvtx`` still annotates its ATen ops)."""
-    import threading
-
     jit = getattr(torch, "jit", None)
     orig = getattr(jit, "script", None)
     if orig is None:

@@ -20,7 +20,9 @@ from pathlib import Path
 
 from dlprof_profiler import contract as K
 from dlprof_profiler import log
+from dlprof_profiler.db.writer import is_dlprof_database
 from dlprof_profiler.ingest import formats as ingest
+from dlprof_profiler.ingest import nsys_report
 from dlprof_profiler.errors import DLProfError
 
 MAX_RANK = (1 << (63 - K.ID_BITS)) - 1  # rank << ID_BITS keys a rank's API calls and GPU activities
@@ -92,7 +94,6 @@ def _directory(folder: Path) -> list[RankInput]:
         except DLProfError:
             continue  # not a profile (a note, a damaged leftover): a folder is taken for what it holds
     kinds = _exported(kinds, beside=True)
-    from dlprof_profiler.db.writer import is_dlprof_database
 
     profiles = [p for p, k in kinds.items() if not (k == ingest.SQLITE and is_dlprof_database(p))]
     kineto = [p for p in profiles if kinds[p] == ingest.KINETO]
@@ -136,8 +137,6 @@ def assign_ranks(files: list[Path], kinds: dict | None = None) -> list[RankInput
         if path not in kinds:
             kinds[path] = ingest.trace_format(path)
         if kinds[path] == ingest.SQLITE:
-            from dlprof_profiler.db.writer import is_dlprof_database
-
             if is_dlprof_database(path):
                 raise DLProfError(
                     f"{path}: a DLProf database cannot be one rank of a multi-rank analysis; give "
@@ -167,8 +166,6 @@ def assign_ranks(files: list[Path], kinds: dict | None = None) -> list[RankInput
 def _exported(kinds: dict, beside: bool = False) -> dict:
     """{path: kind} with each Nsight Systems report replaced by its SQLite export (nsys_report), in order. With
     `beside` (a folder's files), a report whose export nsys wrote beside it (`report.sqlite`) is left out."""
-    from dlprof_profiler.ingest import nsys_report
-
     out = {}
     for path, kind in kinds.items():
         if kind != ingest.NSYS_REPORT:

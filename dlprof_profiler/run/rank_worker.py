@@ -9,7 +9,6 @@ from __future__ import annotations
 import resource
 import sys
 import time
-from argparse import Namespace
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +16,22 @@ import numpy as np
 import pandas as pd
 
 from dlprof_profiler import log
+from dlprof_profiler.db import writer as database
+from dlprof_profiler.engine import correlate as corr_mod
+from dlprof_profiler.engine.aggregate import COMMUNICATION_KERNEL
+from dlprof_profiler.engine.analysis import analyze, analyze_store
+from dlprof_profiler.errors import DLProfError
+from dlprof_profiler.ingest import formats as ingest
 from dlprof_profiler.ingest import nsys_report
+from dlprof_profiler.ingest.sanitize import sanitize_trace
+from dlprof_profiler.options import RunOptions
+from dlprof_profiler.outputs import graph_events
+from dlprof_profiler.outputs.publish import Staging
+from dlprof_profiler.run import engine_choice
+from dlprof_profiler.run import outputs as run_outputs
+from dlprof_profiler.run.reanalysis import reaggregated
+from dlprof_profiler.store.model import DatabaseFeed
+from dlprof_profiler.store.trace_store import TraceStore
 
 # A rank's NVTX domains are numbered from (its position in the run) * DOMAINS_PER_RANK, so the domain-scoped keys
 # of every rank's database are distinct and the parent merges them without renumbering (contract.ID_BITS).
@@ -32,7 +46,7 @@ class RankTask:
     rank: int
     index: int  # position among the run's ranks
     source: str
-    args: Namespace
+    options: RunOptions
     output_dir: str
     staging_root: str
     verbosity: int = log.INFO
@@ -76,32 +90,22 @@ def analyze_rank(task: RankTask) -> RankResult:
     """Analyse one rank's profile into its own database and reports (see the module docstring)."""
     log.set_verbosity(task.verbosity)
     started = time.perf_counter()
-    nsys_report.remember(getattr(task.args, "nsys_reports", None))  # exports of reports: named after them
+    nsys_report.remember(task.options.nsys_reports)  # exports of reports: named after them
     if task.reaggregate:
         return _reaggregate_rank(task, started)
-    from dlprof_profiler.run.single import out_of_core
-
-    if out_of_core(Path(task.source), task.args):
+    if engine_choice.out_of_core(Path(task.source), task.options):
         return _analyze_rank_out_of_core(task, started)
-    from dlprof_profiler.engine import correlate as corr_mod
-    from dlprof_profiler.db import writer as database
-    from dlprof_profiler.ingest import formats as ingest
-    from dlprof_profiler.engine.analysis import AnalysisConfig, analyze
-    from dlprof_profiler.outputs.publish import Staging
-    from dlprof_profiler.run.single import _profile_info
-    from dlprof_profiler.ingest.sanitize import sanitize_trace
-
-    args, source, rank = task.args, Path(task.source), task.rank
+    options, source, rank = task.options, Path(task.source), task.rank
     staging = Staging.attach(Path(task.output_dir), Path(task.staging_root))
     trace = sanitize_trace(ingest.read_trace(source))
     for text in trace.warnings:
         log.warning(f"rank {rank}: {text}")
     task.database.parent.mkdir(exist_ok=True)  # in the run's staging folder, which must exist
-    writer = _rank_writer(task, trace, corr_mod.domain_order(trace, args.mode))
+    writer = _rank_writer(task, trace, corr_mod.domain_order(trace, options.mode))
     try:
         writer.add_raw(trace)
-        result = analyze(trace, AnalysisConfig.from_args(args), str(source))
-        profile = _profile_info(args, source, trace, result.corr, None)
+        result = analyze(trace, options.analysis_config(), str(source))
+        profile = run_outputs.profile_info(options, source, trace, result.corr, None)
         domain_ids = database.finish_analysis(writer, trace, result.corr, result.primary, profile)
         offsets = writer.op_index_maps()
     except BaseException:
@@ -123,9 +127,6 @@ def analyze_rank(task: RankTask) -> RankResult:
 
 def _rank_writer(task: RankTask, trace, names: list):
     """The rank's database writer, its NVTX domains numbered from the rank's position x DOMAINS_PER_RANK."""
-    from dlprof_profiler.db import writer as database
-    from dlprof_profiler.errors import DLProfError
-
     if len(names) >= DOMAINS_PER_RANK:
         raise DLProfError(
             f"{task.source}: {len(names)} NVTX domains; a rank of a multi-rank analysis may have at most "
@@ -140,11 +141,9 @@ def _rank_writer(task: RankTask, trace, names: list):
 
 def _write_rank_reports(task: RankTask, trace, result, staging) -> None:
     """The rank's reports (and model dump), with the rank's suffix in their names."""
-    from dlprof_profiler.run.single import _dump_model, _write_reports
-
-    args, out = task.args, Path(task.output_dir)
-    _write_reports(
-        args,
+    options, out = task.options, Path(task.output_dir)
+    run_outputs.write_reports(
+        options,
         out,
         trace,
         result.corr,
@@ -154,14 +153,12 @@ def _write_rank_reports(task: RankTask, trace, result, staging) -> None:
         staging,
         rank_suffix=task.suffix,
     )
-    if args.dump_model_data:
-        _dump_model(staging.path(out / f"{args.base_name}_model_data{task.suffix}.json"), result.corr)
+    if options.dump_model_data:
+        run_outputs.dump_model(staging.path(out / f"{options.base_name}_model_data{task.suffix}.json"), result.corr)
 
 
 def _rank_graph(task: RankTask, result):
     """The GRAPHS op graph: the lowest rank's only."""
-    from dlprof_profiler.outputs import graph_events
-
     if task.index != 0:
         return None
     return graph_events.op_graph(result.corr.domains[result.primary], result.aggregations[result.primary])
@@ -170,14 +167,7 @@ def _rank_graph(task: RankTask, result):
 def _analyze_rank_out_of_core(task: RankTask, started: float) -> RankResult:
     """analyze_rank for a large nsys export: staged in a store in the run's staging folder (as
     pipeline.run_store_analysis does), so a worker's memory stays bounded whatever the rank's size."""
-    from dlprof_profiler.db import writer as database
-    from dlprof_profiler.engine.analysis import AnalysisConfig, analyze_store
-    from dlprof_profiler.outputs.publish import Staging
-    from dlprof_profiler.run.single import _profile_info
-    from dlprof_profiler.store.trace_store import TraceStore
-    from dlprof_profiler.store.model import DatabaseFeed
-
-    args, source, rank = task.args, Path(task.source), task.rank
+    options, source, rank = task.options, Path(task.source), task.rank
     staging = Staging.attach(Path(task.output_dir), Path(task.staging_root))
     task.database.parent.mkdir(exist_ok=True)  # in the run's staging folder, which must exist
     store = TraceStore(source, task.database.parent / f"store_rank_{rank}")
@@ -190,9 +180,11 @@ def _analyze_rank_out_of_core(task: RankTask, started: float) -> RankResult:
 
         store.on_staged = staged
         trace = store.load()
-        result = analyze_store(store, AnalysisConfig.from_args(args), str(source))
+        result = analyze_store(store, options.analysis_config(), str(source))
         writer = _rank_writer(task, trace, list(result.corr.domains))
-        profile = _profile_info(args, source, trace, result.corr, None, store.profile_start, store.profile_end)
+        profile = run_outputs.profile_info(
+            options, source, trace, result.corr, None, store.profile_start, store.profile_end
+        )
         feed = DatabaseFeed(writer, store)
         feed.set_final(result.primary, profile)
         feed.raw_ranges()
@@ -225,23 +217,15 @@ def _analyze_rank_out_of_core(task: RankTask, started: float) -> RankResult:
 def _reaggregate_rank(task: RankTask, started: float) -> RankResult:
     """A new aggregation of one rank of a multi-rank DLProf database: the engine's tables go back to the parent,
     which appends every rank's in one transaction; the rank's reports are written here."""
-    from dlprof_profiler.db import writer as database
-    from dlprof_profiler.engine.analysis import AnalysisConfig, reanalyze
-    from dlprof_profiler.outputs.publish import Staging
-    from dlprof_profiler.run.single import _write_reports
-
-    args, source, rank = task.args, Path(task.source), task.rank
-    trace, corr, profile, domain_ids, offsets = database.load_model(source, rank)
-    result = reanalyze(trace, corr, profile, AnalysisConfig.from_args(args), str(source))
-    if getattr(args, "require_key_node", False) and args.key_node and not result.iterations.found:
-        from dlprof_profiler.errors import DLProfError
-
-        raise DLProfError(f"{source}: key node '{args.key_node}' not found in rank {rank}", exit_code=2)
+    options, source, rank = task.options, Path(task.source), task.rank
+    again = reaggregated(source, options, rank)
+    result, profile = again.result, again.profile
+    trace, corr = result.trace, result.corr
     finals = []
     if task.output_dir:
         staging = Staging.attach(Path(task.output_dir), Path(task.staging_root))
-        _write_reports(
-            args,
+        run_outputs.write_reports(
+            options,
             Path(task.output_dir),
             trace,
             corr,
@@ -257,8 +241,8 @@ def _reaggregate_rank(task: RankTask, started: float) -> RankResult:
     out = _result(task, result, profile, finals, None, trace, started)
     out.aggregation = {
         "aggregations": result.aggregations,
-        "domain_ids": domain_ids,
-        "offsets": offsets,
+        "domain_ids": again.domain_ids,
+        "offsets": again.offsets,
         "iterations": result.iterations,
         "findings": result.findings,
     }
@@ -266,8 +250,6 @@ def _reaggregate_rank(task: RankTask, started: float) -> RankResult:
 
 
 def _result(task: RankTask, result, profile: dict, finals: list, graph, trace, started: float) -> RankResult:
-    from dlprof_profiler.engine.aggregate import COMMUNICATION_KERNEL
-
     agg = result.aggregations[result.primary]
     s = agg.summary
     it = agg.iterations[

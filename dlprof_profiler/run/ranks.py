@@ -11,21 +11,31 @@ re-aggregates every rank the same way and appends one aggregation holding them a
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sqlite3
 import sys
 import time
-from argparse import Namespace
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 from dlprof_profiler import __version__, log
-from dlprof_profiler.ingest import nsys_report
 from dlprof_profiler import contract as K
+from dlprof_profiler.db import writer as database
+from dlprof_profiler.db.merge import MergedDatabase, write_cross_rank
 from dlprof_profiler.errors import DLProfError
+from dlprof_profiler.experts.ranks import detect_ranks
+from dlprof_profiler.ingest import nsys_report
+from dlprof_profiler.options import RunOptions
+from dlprof_profiler.outputs import event_files
+from dlprof_profiler.outputs import rank_report
+from dlprof_profiler.outputs import reports
 from dlprof_profiler.outputs.publish import Staging, prepare_output_dir, refuse_existing
-from dlprof_profiler.run.single import replaced_outputs
-from dlprof_profiler.run.rank_worker import RankResult, RankTask, analyze_rank
+from dlprof_profiler.outputs.rank_report import rank_table
+from dlprof_profiler.outputs.report_format import Table
+from dlprof_profiler.run import outputs as run_outputs
 from dlprof_profiler.run.inputs import RankInput
+from dlprof_profiler.run.rank_worker import RankResult, RankTask, analyze_rank
 
 DASK_PACKAGE = "distributed"
 
@@ -42,13 +52,10 @@ class LocalRunner:
 
     def run(self, tasks: list[RankTask]):
         """Results in the order they complete (DLProfError of a rank re-raised here, the other ranks stopped)."""
-        import multiprocessing
-        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
         n = max(1, min(len(tasks), self.workers or os.cpu_count() or 1))
-        options = {"max_tasks_per_child": 1} if sys.version_info >= (3, 11) else {}
+        limits = {"max_tasks_per_child": 1} if sys.version_info >= (3, 11) else {}
         # spawn: a fresh interpreter per worker, no copy of this process's memory or threads
-        executor = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"), **options)
+        executor = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"), **limits)
         log.info(f"Analysing {len(tasks)} ranks on {n} local worker process(es)")
         try:
             pending = {executor.submit(analyze_rank, t) for t in tasks}
@@ -135,9 +142,9 @@ def _sees(path: str) -> bool:
     return os.path.isfile(path)
 
 
-def runner(args: Namespace):
-    address = getattr(args, "scheduler", None)
-    return DaskRunner(address) if address else LocalRunner(getattr(args, "workers", None))
+def runner(options: RunOptions):
+    address = options.scheduler
+    return DaskRunner(address) if address else LocalRunner(options.workers)
 
 
 def _results_in_order(run, tasks):
@@ -159,34 +166,27 @@ def _results_in_order(run, tasks):
 # ---------------------------------------------------------------------------- outputs
 
 
-def database_path(args: Namespace) -> Path:
-    return Path(args.output_path) / f"{args.base_name}_dldb.sqlite"
-
-
-def planned_outputs(args: Namespace, ranks: list[int]) -> list[Path]:
+def planned_outputs(options: RunOptions, ranks: list[int]) -> list[Path]:
     """Every file a multi-rank run writes (existing ones need --force)."""
-    from dlprof_profiler.outputs import rank_report
-    from dlprof_profiler.outputs import reports
-
-    out = Path(args.output_path)
-    files = [database_path(args)]
+    out = Path(options.output_path)
+    files = [options.database_path]
     for rank in ranks:
-        files += reports.report_paths(out, args.base_name, list(args.reports), args.formats, f"_rank{rank}")
-        if args.dump_model_data:
-            files.append(out / f"{args.base_name}_model_data_rank{rank}.json")
-    files += [out / f"{args.base_name}_{rank_report.REPORT_NAME}.{f}" for f in args.formats]
-    if "expert_systems" in args.reports:
-        files += reports.report_paths(out, args.base_name, ["expert_systems"], args.formats)
-    return files + replaced_outputs(args)  # the previous run's report set and event files
+        files += reports.report_paths(out, options.base_name, list(options.reports), options.formats, f"_rank{rank}")
+        if options.dump_model_data:
+            files.append(out / f"{options.base_name}_model_data_rank{rank}.json")
+    files += [out / f"{options.base_name}_{rank_report.REPORT_NAME}.{f}" for f in options.formats]
+    if "expert_systems" in options.reports:
+        files += reports.report_paths(out, options.base_name, ["expert_systems"], options.formats)
+    return files + run_outputs.replaced_outputs(options)  # the previous run's report set and event files
 
 
-def _tasks(inputs, args, out_dir: Path, staging: Staging, reaggregate: bool = False) -> list[RankTask]:
+def _tasks(inputs, options, out_dir: Path, staging: Staging, reaggregate: bool = False) -> list[RankTask]:
     return [
         RankTask(
             rank=i.rank,
             index=n,
             source=str(Path(i.path).resolve()),
-            args=args,
+            options=options,
             output_dir=str(out_dir.resolve()) if out_dir else "",
             staging_root=str(staging.root.resolve()) if staging else "",
             verbosity=min(log.verbosity(), log.MINIMAL),
@@ -196,28 +196,26 @@ def _tasks(inputs, args, out_dir: Path, staging: Staging, reaggregate: bool = Fa
     ]
 
 
-def analyze_ranks(inputs: list[RankInput], args: Namespace) -> int:
+def analyze_ranks(inputs: list[RankInput], options: RunOptions) -> int:
     """`dlprof --database=<several profiles>`: every output of a multi-rank run; returns the exit status."""
     started = time.perf_counter()
-    out_dir = prepare_output_dir(Path(args.output_path))
+    out_dir = prepare_output_dir(Path(options.output_path))
     ranks = [i.rank for i in inputs]
-    refuse_existing(planned_outputs(args, ranks), args.force)
+    refuse_existing(planned_outputs(options, ranks), options.force)
     log.info(
         f"{len(inputs)} ranks: "
         + ", ".join(
             f"rank {i.rank} {nsys_report.shown(i.path)}{'' if i.recorded else ' (rank by order)'}" for i in inputs
         )
     )
-    from dlprof_profiler.db.merge import MergedDatabase
-
     staging = Staging(out_dir)
     run = None
     try:
-        run = runner(args)
+        run = runner(options)
         if isinstance(run, DaskRunner):
             run.check_shared(staging.root)
-        tasks = _tasks(inputs, args, out_dir, staging)
-        merged = MergedDatabase(staging.path(database_path(args)))
+        tasks = _tasks(inputs, options, out_dir, staging)
+        merged = MergedDatabase(staging.path(options.database_path))
         results = []
         with log.stage("Analysing the ranks and merging their databases"):
             for result in _results_in_order(run, tasks):
@@ -227,38 +225,37 @@ def analyze_ranks(inputs: list[RankInput], args: Namespace) -> int:
                 results.append(result)
         table, findings = _cross_rank(results)
         merged.finish(
-            _run_profile(args, results, inputs),
+            _run_profile(options, results, inputs),
             _run_aggregation(results, time.perf_counter() - started),
             table,
             findings,
         )
-        written = _write_run_outputs(args, out_dir, staging, results, table, findings, aggr_id=1)
-        staging.commit(replacing=replaced_outputs(args))  # --force was given (checked before) if any exists
+        written = _write_run_outputs(options, out_dir, staging, results, table, findings, aggr_id=1)
+        staging.commit(
+            replacing=run_outputs.replaced_outputs(options)
+        )  # --force was given (checked before) if any exists
     except BaseException:
         staging.discard()
         raise
     finally:
         if isinstance(run, DaskRunner):
             run.close()
-    _print_run(args, results, table, findings, written, started)
+    _print_run(options, results, table, findings, written, started)
     return 0
 
 
 def _cross_rank(results: list[RankResult]):
-    from dlprof_profiler.experts.ranks import detect_ranks
-    from dlprof_profiler.outputs.rank_report import rank_table
-
     table = rank_table(results)
     return table, detect_ranks(results, table)
 
 
-def _run_profile(args, results: list[RankResult], inputs=None) -> dict:
+def _run_profile(options, results: list[RankResult], inputs=None) -> dict:
     """The run's profile_info: the first rank's, with the run's names and its ranks."""
     first = results[0].profile
     profile = dict(first)
     profile.update(
-        profile_name=args.profile_name,
-        base_name=args.base_name,
+        profile_name=options.profile_name,
+        base_name=options.base_name,
         ranks=[r.rank for r in results],
         rank_count=len(results),
         source_file=",".join(str(r.source) for r in results),
@@ -282,15 +279,10 @@ def _run_aggregation(results: list[RankResult], elapsed: float) -> dict:
     }
 
 
-def _write_run_outputs(args, out_dir: Path, staging: Staging, results, table, findings, aggr_id: int) -> list[Path]:
+def _write_run_outputs(options, out_dir: Path, staging: Staging, results, table, findings, aggr_id: int) -> list[Path]:
     """The run-level files: the cross-rank report, the expert systems of the whole run and the event file."""
-    from dlprof_profiler.outputs import event_files
-    from dlprof_profiler.outputs import rank_report
-    from dlprof_profiler.outputs import reports
-    from dlprof_profiler.outputs.report_format import Table
-
-    written = rank_report.write_report(table, out_dir, args.base_name, args.formats, staging.path)
-    if "expert_systems" in args.reports:
+    written = rank_report.write_report(table, out_dir, options.base_name, options.formats, staging.path)
+    if "expert_systems" in options.reports:
         rows = [("all", f) for f in findings] + [(str(r.rank), f) for r in results for f in r.findings]
         data = {
             "Rank": [r for r, _ in rows],
@@ -301,12 +293,12 @@ def _write_run_outputs(args, out_dir: Path, staging: Staging, results, table, fi
             "expert_systems",
             [Table("Expert Systems Feedback", ["Rank", "Problem", "Recommendation"], ["t", "q", "q"], data)],
         )
-        written += reports.write_report(report, out_dir, args.base_name, args.formats, "", staging.path)
-    run_dir = event_files.run_directory(out_dir, args.profile_name)
+        written += reports.write_report(report, out_dir, options.base_name, options.formats, "", staging.path)
+    run_dir = event_files.run_directory(out_dir, options.profile_name)
     first = results[0]
     meta = {
-        "database": os.path.relpath(database_path(args).resolve(), run_dir.resolve()),
-        "profile_name": args.profile_name,
+        "database": os.path.relpath(options.database_path.resolve(), run_dir.resolve()),
+        "profile_name": options.profile_name,
         "aggr_id": aggr_id,
         "mode": first.mode,
         "primary_domain": first.primary,
@@ -330,10 +322,8 @@ def _write_run_outputs(args, out_dir: Path, staging: Staging, results, table, fi
     return written
 
 
-def _print_run(args, results, table, findings, written, started) -> None:
-    from dlprof_profiler.run.single import _print_findings, _run_options
-
-    db = database_path(args)
+def _print_run(options, results, table, findings, written, started) -> None:
+    db = options.database_path
     log.info("Ranks (iteration times over the aggregated iterations):")
     for row in table.to_dict("records"):
         log.info(
@@ -346,7 +336,7 @@ def _print_run(args, results, table, findings, written, started) -> None:
     log.info(f"Database: {db}")
     if written:
         log.info(f"Cross-rank report: {written[0]}; per-rank reports *_rank<N>.* in {written[0].parent}")
-    _print_findings(findings, db, args.profile_name, _run_options(args))
+    run_outputs.print_findings(findings, db, options.profile_name, run_outputs.repeat_options(options))
     log.info(f"Done in {time.perf_counter() - started:.1f} s")
 
 
@@ -369,11 +359,11 @@ def database_ranks(path: Path) -> list[int]:
     return ranks or [K.DEFAULT_RANK]
 
 
-def _reaggregated(source: Path, args: Namespace, ranks: list[int], out_dir: Path | None, staging: Staging | None):
+def _reaggregated(source: Path, options: RunOptions, ranks: list[int], out_dir: Path | None, staging: Staging | None):
     """Every rank of a multi-rank database re-aggregated on the workers (reports written when out_dir is given)."""
     inputs = [RankInput(Path(source), r, "dlprof", True) for r in ranks]
-    tasks = _tasks(inputs, args, out_dir, staging, reaggregate=True)
-    run = runner(args)
+    tasks = _tasks(inputs, options, out_dir, staging, reaggregate=True)
+    run = runner(options)
     try:
         if isinstance(run, DaskRunner) and staging is not None:
             run.check_shared(staging.root)
@@ -384,9 +374,6 @@ def _reaggregated(source: Path, args: Namespace, ranks: list[int], out_dir: Path
 
 
 def _append(db: Path, results: list[RankResult], started: float) -> tuple[int, object, list]:
-    from dlprof_profiler.db import writer as database
-    from dlprof_profiler.db.merge import write_cross_rank
-
     table, findings = _cross_rank(results)
     ranks = [dict(rank=r.rank, **r.aggregation) for r in results]
     aggr_id = database.append_rank_aggregations(
@@ -395,58 +382,44 @@ def _append(db: Path, results: list[RankResult], started: float) -> tuple[int, o
     return aggr_id, table, findings
 
 
-def reaggregate_database(source: Path, args: Namespace, ranks: list[int]) -> int:
+def reaggregate_database(source: Path, options: RunOptions, ranks: list[int]) -> int:
     """`dlprof --database=<multi-rank database>`: a new aggregation of every rank, with every output of a
     multi-rank run; the input is copied, never modified, unless the run's own folder is updated (--force)."""
-    from dlprof_profiler.run.single import _copy_database
-
     started = time.perf_counter()
-    out_dir = prepare_output_dir(Path(args.output_path))
-    in_place = database_path(args).resolve() == Path(source).resolve()
-    if in_place and not args.force:
+    out_dir = prepare_output_dir(Path(options.output_path))
+    in_place = options.database_path.resolve() == Path(source).resolve()
+    if in_place and not options.force:
         raise DLProfError(
             f"{source}: the output database would replace the input: add --force=true to update "
             "this run in place (a new aggregation; its reports and event file are replaced), or "
             "choose another --output_path or --base_name",
             exit_code=2,
         )
-    refuse_existing(planned_outputs(args, ranks), args.force)
+    refuse_existing(planned_outputs(options, ranks), options.force)
     log.info(f"{source}: a multi-rank database (ranks {', '.join(map(str, ranks))}): re-aggregating every rank")
     staging = Staging(out_dir)
     try:
-        results = _reaggregated(Path(source), args, ranks, out_dir, staging)
+        results = _reaggregated(Path(source), options, ranks, out_dir, staging)
         for r in results:
             for final in r.finals:
                 staging.path(Path(final))
-        staged = staging.path(database_path(args))
-        _copy_database(Path(source), staged)
+        staged = staging.path(options.database_path)
+        run_outputs.copy_database(Path(source), staged)
         aggr_id, table, findings = _append(staged, results, started)
-        written = _write_run_outputs(args, out_dir, staging, results, table, findings, aggr_id)
-        staging.commit(replacing=replaced_outputs(args))  # --force was given (checked before) if any exists
+        written = _write_run_outputs(options, out_dir, staging, results, table, findings, aggr_id)
+        staging.commit(
+            replacing=run_outputs.replaced_outputs(options)
+        )  # --force was given (checked before) if any exists
     except BaseException:
         staging.discard()
         raise
-    _print_run(args, results, table, findings, written, started)
+    _print_run(options, results, table, findings, written, started)
     return 0
 
 
-def reaggregate_in_place(
-    db_path: Path, key_node: str | None, iter_start: int | None, iter_stop: int | None, ranks: list[int]
-) -> int:
+def reaggregate_in_place(db_path: Path, options: RunOptions, ranks: list[int]) -> int:
     """The viewer's Reaggregate of a multi-rank database: one new aggregation of every rank, appended in one
     transaction (the file is unchanged if any rank fails); returns its aggr_id."""
     started = time.perf_counter()
-    args = Namespace(
-        key_node=key_node,
-        iter_start=iter_start,
-        iter_stop=iter_stop,
-        mode=None,
-        domain=None,
-        reports=[],
-        formats=[],
-        base_name="dlprof",
-        dump_model_data=False,
-        require_key_node=True,
-    )
-    results = _reaggregated(Path(db_path), args, ranks, None, None)
+    results = _reaggregated(Path(db_path), options, ranks, None, None)
     return _append(Path(db_path), results, started)[0]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dlprof_profiler import log
 from dlprof_profiler.errors import DLProfError
+from dlprof_profiler.run.single import reaggregate_in_place
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,7 +22,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iter_stop", type=int)
     args = parser.parse_args(argv)
     log.set_verbosity(log.MINIMAL)
-    from dlprof_profiler.run.single import reaggregate_in_place
 
     try:
         aggr_id = reaggregate_in_place(args.database, args.key_node or None, args.iter_start, args.iter_stop)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlprof_plugin.tables import Col, NotFound, TableQuery, _base, _op_identity
+from dlprof_plugin.replies import BadRequest, NotFound, TooLarge, int_arg, json_reply
+from dlprof_plugin.tables import Col, TableQuery, aggregation_filters, op_identity
 from dlprof_profiler import contract as K
 
 POINTS_PER_PIXEL = 4
@@ -52,11 +53,9 @@ def _recorded(db, rank: int) -> bool:
 
 
 def memory_route(service, request, ctx, eid):
-    from dlprof_plugin.service import json_reply
-
-    s = service._scope(request, ctx, eid)
+    s = service.scope(request, ctx, eid)
     db = s.db
-    iterations = service._iterations(s)
+    iterations = service.iteration_rows(s)
     doc = {
         "recorded": False,
         "message": None,
@@ -78,16 +77,12 @@ def memory_route(service, request, ctx, eid):
         (s.aggr_id, s.domain_id),
     )
     extent = _extent(db, s.rank, iterations)
-    t0 = service._int(request, "t0", default=extent[0], minimum=None)
-    t1 = service._int(request, "t1", default=extent[1], minimum=None)
+    t0 = int_arg(request, "t0", default=extent[0], minimum=None)
+    t1 = int_arg(request, "t1", default=extent[1], minimum=None)
     if t1 <= t0:
-        from dlprof_plugin.tables import BadRequest
-
         raise BadRequest("t1 must be greater than t0")
-    width = service._int(request, "width", default=1000, minimum=1)
+    width = int_arg(request, "width", default=1000, minimum=1)
     if width > MAX_WIDTH:
-        from dlprof_plugin.tables import TooLarge
-
         raise TooLarge(f"width {width} is larger than {MAX_WIDTH} pixels")
     doc["extent"] = list(extent)
     doc["window"] = [t0, t1]
@@ -186,7 +181,7 @@ def memory_ops_table(s) -> TableQuery:
     if not has_memory_tables(s.db):
         raise NotFound(OLD_DATABASE)
     cols = [Col("op_index", "Op Index", "int", "m.op_index", hidden=True)]
-    cols += _op_identity("o", s.pytorch, with_type=False)
+    cols += op_identity("o", s.pytorch, with_type=False)
     cols += [
         Col("device", "Device", "text", K.device_label_sql("m.device_type", "m.device_id"), term="memory_device"),
         Col("num_calls", "No. Calls", "int", "n.num_calls"),
@@ -201,7 +196,7 @@ def memory_ops_table(s) -> TableQuery:
         cols,
         "memory_ops m JOIN read_only_ops o ON o.op_index = m.op_index LEFT JOIN op_nodes n ON n.aggr_id = m.aggr_id "
         "AND n.domain_id = m.domain_id AND n.op_index = m.op_index",
-        _base("m"),
+        aggregation_filters("m"),
         s.params(),
         ("bytes_allocated", "desc"),
         "m.rowid",

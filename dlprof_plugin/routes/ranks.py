@@ -4,6 +4,7 @@ every route."""
 
 from __future__ import annotations
 
+from dlprof_plugin.replies import json_field, json_reply
 from dlprof_profiler import contract as K
 
 
@@ -16,9 +17,7 @@ def routes(service) -> dict:
 
 
 def ranks_route(service, request, ctx, eid):
-    from dlprof_plugin.service import json_reply
-
-    info = service._run(request, ctx, eid)
+    info = service.run_info(request, ctx, eid)
     db = service.registry.get(info.database)
     return json_reply({"ranks": db.ranks(), "default": db.default_rank()})
 
@@ -33,9 +32,7 @@ def _tables(db) -> set:
 def rank_summary_route(service, request, ctx, eid):
     """`rank_summary?run=&aggr=`: {"ranks": [rank_summary rows], "iterations": {rank: [{iteration, duration,
     aggregated}]}, "findings": [...], "stragglers": [ranks]}; "ranks" is empty for a single-rank database."""
-    from dlprof_plugin.service import _json_field, json_reply
-
-    s = service._scope(request, ctx, eid)
+    s = service.scope(request, ctx, eid)
     db = s.db
 
     def compute():
@@ -65,7 +62,7 @@ def rank_summary_route(service, request, ctx, eid):
             (s.aggr_id, K.ALL_RANKS),
         )
         for f in findings:
-            f["action"], f["data"] = _json_field(f["action"]), _json_field(f["data"])
+            f["action"], f["data"] = json_field(f["action"]), json_field(f["data"])
         return {
             "ranks": rows,
             "iterations": iterations,
