@@ -117,7 +117,7 @@ def _required_tables(major: str) -> set[str]:
         return _V2_REQUIRED
     from dlprof_profiler.db.schema import SCHEMA
 
-    return set(re.findall(r"CREATE (?:TABLE|VIEW) (\w+)", SCHEMA)) - set(K.SCHEMA_3_1_TABLES)
+    return set(re.findall(r"CREATE (?:TABLE|VIEW) (\w+)", SCHEMA)) - set(K.SCHEMA_3_1_TABLES) - set(K.SCHEMA_3_2_TABLES)
 
 
 def _check_tables(src: SqliteSource, path: Path, major: str) -> None:

@@ -58,38 +58,48 @@ def idle_gaps(keys, start, end, launch, launched, carried: dict, win_s: int, win
     activity's launch call starts, kernel wait after it, other when the activity has no launch call.
     Returns (frame of per-key host_wait, kernel_wait, other_wait sums, updated carried)."""
     keys = np.asarray(keys, dtype=np.int64)
-    order = np.lexsort((start, keys))
+    order = _order_by(keys, np.asarray(start, np.int64))
     k, s, e = keys[order], np.asarray(start, np.int64)[order], np.asarray(end, np.int64)[order]
     lch, has = np.asarray(launch, np.int64)[order], np.asarray(launched, bool)[order]
     first = np.ones(k.size, dtype=bool)
     first[1:] = k[1:] != k[:-1]
-    reach = grouped_cummax(first, e)
+    heads = np.flatnonzero(first)
+    # the latest end before each activity: of the key's earlier activities in this chunk and earlier chunks
+    before = carried_of(k[heads], carried, win_s)
+    reach = np.maximum(grouped_cummax(first, e), np.repeat(before, np.diff(np.append(heads, k.size))))
     prev = np.empty(k.size, dtype=np.int64)
     prev[1:] = reach[:-1]
-    heads = np.flatnonzero(first)
-    prev[heads] = [carried.get(int(x), win_s) for x in k[heads]]  # one per key, not per activity
-    prev[~first] = np.maximum(prev[~first], carried_of(k[~first], carried, win_s))
+    prev[heads] = before
     gap_s = np.maximum(prev, win_s)
     gap_e = np.maximum(np.minimum(s, win_e), gap_s)
     cut = np.clip(lch, gap_s, gap_e)
-    host = np.where(has, cut - gap_s, 0)
-    kernel = np.where(has, gap_e - cut, 0)
-    other = np.where(has, 0, gap_e - gap_s)
-    frame = pd.DataFrame({"key": k, "host_wait": host, "kernel_wait": kernel, "other_wait": other})
-    sums = frame.groupby("key", sort=True).sum()
-    tails = pd.Series(reach, index=k).groupby(level=0).max()
+    parts = {
+        "host_wait": np.where(has, cut - gap_s, 0),
+        "kernel_wait": np.where(has, gap_e - cut, 0),
+        "other_wait": np.where(has, 0, gap_e - gap_s),
+    }
+    sums = pd.DataFrame(
+        {c: np.add.reduceat(v, heads) if heads.size else v[:0] for c, v in parts.items()},
+        index=pd.Index(k[heads], name="key"),
+    )
     updated = dict(carried)
-    for key, value in tails.items():
-        updated[int(key)] = max(int(value), updated.get(int(key), value))
+    if heads.size:
+        tails = reach[np.append(heads[1:], k.size) - 1]  # per key its latest end (the running maximum's last)
+        updated.update(zip(k[heads].tolist(), tails.tolist()))
     return sums, updated
 
 
+def _order_by(keys: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """Indices sorting by (key, start): a stable sort by key when the starts are in order already (a chunk's
+    activities are), else both."""
+    if start.size < 2 or bool(np.all(start[1:] >= start[:-1])):
+        return np.argsort(keys, kind="stable")
+    return np.lexsort((start, keys))
+
+
 def carried_of(keys: np.ndarray, carried: dict, default: int) -> np.ndarray:
-    """Per key, the latest end carried from earlier chunks (default where none)."""
-    if not carried or keys.size == 0:
-        return np.full(keys.size, default, dtype=np.int64)
-    known = pd.Series(carried, dtype=np.int64)
-    return pd.Series(keys).map(known).fillna(default).to_numpy(np.int64)
+    """Per (distinct) key, the latest end carried from earlier chunks (default where none)."""
+    return np.array([carried.get(int(k), default) for k in keys], dtype=np.int64)  # one per key, few keys
 
 
 def trailing_idle(carried: dict, keys, win_s: int, win_e: int) -> np.ndarray:
@@ -107,10 +117,16 @@ def stream_key(device, stream) -> np.ndarray:
 def group_percentiles(codes: np.ndarray, values: np.ndarray, quantiles) -> tuple[np.ndarray, list[np.ndarray]]:
     """Per distinct code (sorted), the given quantiles of its values, linearly interpolated as numpy's
     default percentile: (codes, [array per quantile])."""
-    order = np.lexsort((values, codes))
+    codes = np.asarray(codes, np.int64)
+    values = np.asarray(values, np.int64)
+    if codes.size == 0:
+        return codes, [np.zeros(0) for _ in quantiles]
+    low, span = int(values.min()), int(values.max()) - int(values.min()) + 1
+    if (int(codes.max()) + 1) * span < 1 << 62 and int(codes.min()) >= 0:
+        order = np.argsort(codes * span + (values - low))  # one sort of a combined key
+    else:
+        order = np.lexsort((values, codes))
     c, v = codes[order], values[order].astype(np.float64)
-    if c.size == 0:
-        return c, [np.zeros(0) for _ in quantiles]
     first = np.ones(c.size, dtype=bool)
     first[1:] = c[1:] != c[:-1]
     heads = np.flatnonzero(first)
