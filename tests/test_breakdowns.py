@@ -14,6 +14,7 @@ import pytest
 from dlprof_profiler.engine.breakdowns import group_percentiles, launch_delay_table
 from tests.analysis import analyze
 from tests.nsys_builder import NsysExport
+from tests.test_ranks import _union  # plain Python union length: an independent reference
 from tests.data import KINETO
 
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
@@ -132,22 +133,12 @@ def _us_ns(value) -> int:
     return int(Decimal(value) * 1000)
 
 
-def _union(intervals):
-    total, reach = 0, None
-    for s, e in sorted(intervals):
-        if reach is None or s > reach:
-            total += e - s
-            reach = e
-        elif e > reach:
-            total += e - reach
-            reach = e
-    return total
-
-
-def test_ddp_trace_communication_against_its_json():
-    """A DDP rank's trace (NCCL all-reduce on stream 40): communication time and its overlap by compute kernels,
-    the memory operations' busy time and the kernel launches, summed directly over the JSON in the steps."""
-    path = KINETO / "pytorch_ddp_2gpu_nccl.json.gz"
+@pytest.mark.parametrize("name", ["pytorch_ddp_2gpu_nccl.json.gz", "pytorch_8xa100_rank3.json.gz"])
+def test_ddp_trace_communication_against_its_json(name):
+    """DDP ranks' traces (NCCL all-reduce kernels on their own stream): communication time and its overlap by
+    compute kernels, the memory operations' busy time and the kernel launches, summed directly over the JSON in
+    the steps."""
+    path = KINETO / name
     doc = json.loads(gzip.open(path).read(), parse_float=Decimal)
     events = doc["traceEvents"]
     steps = [e for e in events if re.fullmatch(r"ProfilerStep#\d+", str(e.get("name"))) and e.get("ph") == "X"]
@@ -175,7 +166,8 @@ def test_ddp_trace_communication_against_its_json():
     assert agg.window_end - agg.window_start == hi - lo
     s = agg.summary
     assert (s["communication_time"], s["overlapped_communication_time"]) == (communication, overlapped)
-    gpu = agg.devices.set_index("device_id").loc[0]
+    (device,) = {e["args"]["device"] for e in events if e.get("cat") == "kernel"}
+    gpu = agg.devices.set_index("device_id").loc[device]
     assert gpu["memory_busy"] == _union(memory)
     assert gpu["computation_busy"] == _union(compute)
     assert gpu["gpu_idle_time"] == (hi - lo) - _union(comm + compute + memory)

@@ -957,15 +957,15 @@ def gpu_breakdown_report(agg: Aggregation) -> Report:
     iterations = Table(
         "Iterations",
         BREAKDOWN_ITERATION_COLUMNS,
-        ["i"] * len(BREAKDOWN_ITERATION_COLUMNS),
+        ["i", "i"] + ["a"] * 5,  # averages over the GPUs used: one decimal
         {
             "Iteration": it["iteration"],
             "Duration (ns)": it["duration"],
-            "Computation Busy (ns)": it["computation_busy"].round().astype(np.int64),
-            "Communication Busy (ns)": it["communication_busy"].round().astype(np.int64),
-            "Memory Busy (ns)": it["memory_busy"].round().astype(np.int64),
-            "GPU Idle (ns)": it["gpu_idle_time"].round().astype(np.int64),
-            "Overlapped Communication (ns)": it["overlapped_communication_busy"].round().astype(np.int64),
+            "Computation Busy (ns)": it["computation_busy"],
+            "Communication Busy (ns)": it["communication_busy"],
+            "Memory Busy (ns)": it["memory_busy"],
+            "GPU Idle (ns)": it["gpu_idle_time"],
+            "Overlapped Communication (ns)": it["overlapped_communication_busy"],
         },
     )
     st = gb["streams"]
