@@ -42,10 +42,10 @@ function summaryTable(rows, columns, id, title, tooltip) {
 }
 
 /** The GPU time breakdowns (DESIGN.md "GPU time breakdowns"): communication and its overlap, short kernels, and
- * per GPU the busy wall time of each class (they may overlap) and the idle time's split. Null (a database written
- * before them): no panel. */
+ * per GPU the busy wall time of each class (they may overlap) and the idle time's split. No panel for a database
+ * written before them or a profile without GPU work. */
 function gpuBreakdownPanel(bd) {
-  if (!bd) return null;
+  if (!bd || !(bd.gpus || []).length) return null;   // before schema 3.2, or no GPU ran anything
   const {card: c, body} = card("GPU Time Breakdown", {id: "panel-gpu-breakdown", wide: true,
     tooltip: "Per GPU: the wall time compute kernels, collective kernels and memory operations ran (each counted once where they overlap each other), the idle time and its split by what the GPU waited for."});
   const launches = Number(bd.launches) || 0;

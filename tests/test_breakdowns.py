@@ -227,3 +227,29 @@ def test_few_launches_give_no_short_kernel_finding(tmp_path):
     a = analyze(_launches(tmp_path / "l.sqlite", 50, 0))  # all short, but 50 launches only
     only = {"short_kernels_detector"}
     assert detect(a.trace, a.corr, a.domain(), a.agg(), a.iterations, strict=True, only=only) == []
+
+
+def test_a_cpu_only_trace_has_no_gpu_breakdown():
+    """No GPU ran anything: no GPU rows, no stream, no launch; no iteration's GPU is idle."""
+    agg = analyze(KINETO / "pytorch_cpu_only.pt.trace.json.gz").agg()
+    gb = agg.gpu_breakdowns
+    assert len(gb["streams"]) == 0 and len(gb["launches"]) == 0 and gb["launches_total"] == 0
+    assert not agg.devices["used"].any()
+    it = agg.iterations
+    assert len(it) and (it[["computation_busy", "communication_busy", "memory_busy", "gpu_idle_time"]] == 0).all().all()
+    assert (agg.summary["communication_time"], agg.summary["overlapped_communication_time"]) == (0, 0)
+
+
+def test_underutilized_gpu_finding_names_the_idle_split(tmp_path):
+    """The two-stream profile's GPU is busy 40 % of its window: the finding says what its idle 4,200 ns waited
+    for: 800 host wait (19.0 %), 1,700 kernel wait (40.5 %), 1,700 other (40.5 %)."""
+    from dlprof_profiler.experts import detect
+
+    a = analyze(_two_streams(tmp_path / "b.sqlite"))
+    (f,) = [
+        f
+        for f in detect(a.trace, a.corr, a.domain(), a.agg(), a.iterations, strict=True)
+        if f["id"] == "underutilized_gpu_detector"
+    ]
+    assert f["data"]["idle_split"] == {"host_wait": 800, "kernel_wait": 1700, "other_wait": 1700}
+    assert "19.0% waited for the host to launch work (host wait), 40.5% for launched work" in f["recommendation"]

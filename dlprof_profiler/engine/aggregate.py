@@ -317,7 +317,10 @@ class Accumulator:
         busy = breakdown["busy_mean"][1:]
         for c, name in enumerate(BUSY):
             frame[f"{name}_busy"] = busy[:, c]
-        frame["gpu_idle_time"] = np.maximum(frame["duration"].to_numpy(np.float64) - busy[:, 3], 0)
+        # no GPU ran anything: no GPU to be idle (as GPU utilization is 0 then, not the host's view)
+        frame["gpu_idle_time"] = (
+            np.maximum(frame["duration"].to_numpy(np.float64) - busy[:, 3], 0) if breakdown["n_devices"] else 0.0
+        )
         length = np.maximum(frame["duration"].to_numpy(), 1)
         frame["gpu_utilization"] = (
             100.0 * (mean[:, 0] + mean[:, 1] + mean[:, 2]) / length if breakdown["n_devices"] else 0.0

@@ -953,7 +953,8 @@ def gpu_breakdown_report(agg: Aggregation) -> Report:
             "Idle Other (ns)": idle["other_wait"].to_numpy(),
         },
     )
-    it = agg.iterations[agg.iterations["aggregated"]]
+    # per iteration, averaged over the GPUs used: none without one
+    it = agg.iterations[agg.iterations["aggregated"] & (len(dev) > 0)]
     iterations = Table(
         "Iterations",
         BREAKDOWN_ITERATION_COLUMNS,
