@@ -93,6 +93,14 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_.") or "dlprof"
 
 
+def _has_table(db, name: str) -> bool:
+    """Whether the database has a table (tables a later schema added)."""
+    return db.cached(
+        ("has_table", name),
+        lambda: bool(db.query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))),
+    )
+
+
 def _bool(v):
     return None if v is None else bool(v)
 
@@ -366,12 +374,26 @@ class Service:
     def iteration_rows(self, s: Scope) -> list[dict]:
         def compute():
             known = {r[1] for r in s.db.query("PRAGMA table_info(iteration_summary)")}
-            complete = "complete" if "complete" in known else "NULL AS complete"  # earlier files: unknown
+            complete = "i.complete" if "complete" in known else "NULL AS complete"  # earlier files: unknown
+            # the GPU time breakdowns (schema 3.2): NULL in a file written before them
+            split = (
+                "b.computation_busy, b.communication_busy, b.memory_busy, b.gpu_idle, b.overlapped_communication"
+                if _has_table(s.db, K.ITERATION_BREAKDOWN)
+                else "NULL AS computation_busy, NULL AS communication_busy, NULL AS memory_busy, NULL AS gpu_idle, "
+                "NULL AS overlapped_communication"
+            )
+            join = (
+                f"LEFT JOIN {K.ITERATION_BREAKDOWN} b ON b.aggr_id = i.aggr_id AND b.domain_id = i.domain_id "
+                "AND b.iter_value = i.iter_value AND b.rank = i.rank "
+                if _has_table(s.db, K.ITERATION_BREAKDOWN)
+                else ""
+            )
             rows = s.db.query_dicts(
-                'SELECT iter_value AS iteration, start_time AS start, stop_time AS "end", duration, aggregated, '
-                "kernels, tc_kernels, kernel_time_per_gpu, tc_kernel_time_per_gpu, tc_time, non_tc_time, "
-                f"memory_time, dataloader_time, io_time, cpu_time, other_time, gpu_utilization, {complete} "
-                "FROM iteration_summary WHERE aggr_id = ? AND domain_id = ? ORDER BY iter_value",
+                'SELECT i.iter_value AS iteration, i.start_time AS start, i.stop_time AS "end", i.duration, '
+                "i.aggregated, i.kernels, i.tc_kernels, i.kernel_time_per_gpu, i.tc_kernel_time_per_gpu, i.tc_time, "
+                "i.non_tc_time, i.memory_time, i.dataloader_time, i.io_time, i.cpu_time, i.other_time, "
+                f"i.gpu_utilization, {complete}, {split} FROM iteration_summary i {join}"
+                "WHERE i.aggr_id = ? AND i.domain_id = ? ORDER BY i.iter_value",
                 (s.aggr_id, s.domain_id),
             )
             for r in rows:
@@ -545,8 +567,36 @@ class Service:
             "system": self._system(db, s.rank),
             "findings": findings,
             "guidance": dashboard_guidance(summary, tensor_core),
+            "gpu_breakdown": self._gpu_breakdown(s),
         }
         return finite(doc)
+
+    @staticmethod
+    def _gpu_breakdown(s: Scope) -> dict | None:
+        """The GPU time breakdowns of the aggregation (DESIGN.md "GPU time breakdowns"): per GPU used, and the
+        summary's communication figures summed over them; None for a file written before them (schema 3.2)."""
+        if not _has_table(s.db, K.GPU_BREAKDOWN):
+            return None
+        gpus = s.db.query_dicts(
+            "SELECT device_id, computation_busy, communication_busy, memory_busy, gpu_busy, gpu_idle, "
+            f"overlapped_communication, host_wait, kernel_wait, other_wait FROM {K.GPU_BREAKDOWN} "
+            "WHERE aggr_id = ? AND domain_id = ? AND rank = ? ORDER BY device_id",
+            (s.aggr_id, s.domain_id, s.rank),
+        )
+        launches = s.db.one(
+            "SELECT coalesce(sum(launches), 0) AS launches, coalesce(sum(short_kernels), 0) AS short_kernels "
+            f"FROM {K.LAUNCH_DELAYS} WHERE aggr_id = ? AND domain_id = ? AND rank = ?",
+            (s.aggr_id, s.domain_id, s.rank),
+        )
+        comm = sum(int(g["communication_busy"] or 0) for g in gpus)
+        overlapped = sum(int(g["overlapped_communication"] or 0) for g in gpus)
+        return {
+            "gpus": gpus,
+            "communication_time": comm,
+            "overlapped_communication_pct": 100.0 * overlapped / comm if comm else 0.0,
+            "launches": launches["launches"],
+            "short_kernels": launches["short_kernels"],
+        }
 
     def system(self, request, ctx, eid) -> Reply:
         info = self.run_info(request, ctx, eid)

@@ -374,11 +374,51 @@ TERMS: dict[str, Term] = {
     # ---- ranks
     "rank": Term("Rank", "The profile (process group member) of a multi-rank run."),
     "source_file": Term("Source File", "The file the rank's profile was read from."),
-    "communication_time": Term("Communication Time", "Time of the rank's communication kernels (NCCL …), flattened."),
+    "communication_time": Term(
+        "Communication Time",
+        "Per GPU the busy wall time of collective kernels (NCCL, RCCL, c10d …) in the aggregation window (overlapping "
+        "ones count once), summed over the GPUs used.",
+    ),
     "overlapped_communication_pct": Term(
-        "Overlapped Communication", "Share of the communication time during which compute kernels ran too."
+        "Overlapped Communication",
+        "Share of the communication time during which a compute kernel (any other kernel; not a memcpy or memset) "
+        "ran on the same GPU.",
     ),
     "times_slowest": Term("Times Slowest", "Matched iterations in which the rank finished last."),
+    # ---- GPU time breakdowns (DESIGN.md "GPU time breakdowns"): busy wall time per class, which may overlap
+    "bd_computation": Term(
+        "Compute kernels running", "Wall time when a compute kernel (any kernel but a collective) runs on the GPU."
+    ),
+    "bd_communication": Term(
+        "Collective kernels running", "Wall time when a collective kernel (NCCL, RCCL, c10d …) runs on the GPU."
+    ),
+    "bd_memory": Term(
+        "Memcpy/memset running", "Wall time when a memcpy or memset runs on the GPU, whatever else runs beside it."
+    ),
+    "bd_idle": Term("GPU idle", "Wall time when nothing (no kernel, memcpy or memset) runs on the GPU."),
+    "bd_overlapped": Term(
+        "Communication overlapped", "Wall time when a collective kernel and a compute kernel run on the GPU together."
+    ),
+    "idle_host_wait": Term(
+        "Idle: host wait",
+        "GPU (or stream) idle time before the launch call of the next activity started: nothing was queued, the CPU "
+        "was late.",
+    ),
+    "idle_kernel_wait": Term(
+        "Idle: kernel wait",
+        "GPU (or stream) idle time after the launch call of the next activity started: work was queued but waited "
+        "(on other work, a synchronisation, the launch itself).",
+    ),
+    "idle_other": Term(
+        "Idle: other",
+        "GPU (or stream) idle time whose next activity has no launch call, or that no activity ends (to the end of "
+        "the aggregation window).",
+    ),
+    "kernel_launches": Term("Kernel Launches", "Kernels launched (by a CUDA API call) in the aggregated iterations."),
+    "launch_delay_mean": Term("Mean Launch Delay", "Kernel start − launch call start, averaged over the launches."),
+    "launch_delay_p50": Term("Median Launch Delay", "Kernel start − launch call start: the median of the launches."),
+    "launch_delay_p95": Term("P95 Launch Delay", "Kernel start − launch call start: the 95th percentile (linear)."),
+    "short_kernels": Term("Short Kernels", "Kernels that ran for less time than their launch call took on the CPU."),
     # ---- timeline
     "tl_op": Term("Op (CPU)", "An op instance on its CPU thread, coloured by op name; nested ones one row lower."),
     "tl_api": Term("CUDA API call", "A CUDA API call on its CPU thread."),

@@ -21,7 +21,8 @@ SCALAR_TAGS = {
 
 # ---------------------------------------------------------------------------- database versions
 
-DB_SCHEMA_VERSION = "3.1.0"  # written by this dlprof (db_version.current_version); 3.1 added the memory tables
+DB_SCHEMA_VERSION = "3.2.0"  # written by this dlprof (db_version.current_version); 3.1 added the memory tables,
+# 3.2 the GPU time breakdowns
 READABLE_SCHEMA_MAJORS = ("2", "3")  # schema majors the engine and the viewer open
 CREATED_BY_PREFIX = "dlprof"  # db_version.created_by starts with it in every DLProf database
 
@@ -113,6 +114,12 @@ MEMORY_DEVICES = "memory_devices"  # schema 3.1: the memory report's Devices sec
 MEMORY_OPS = "memory_ops"  # schema 3.1: the memory report's Ops section
 # tables schema 3.1 added: 3.0 files lack them and are read as profiles without memory events
 SCHEMA_3_1_TABLES = (RAW_MEMORY_EVENTS, MEMORY_DEVICES, MEMORY_OPS, "read_only_memory_events")
+GPU_BREAKDOWN = "gpu_breakdown"  # schema 3.2: per GPU busy split, idle split, overlapped communication
+ITERATION_BREAKDOWN = "iteration_breakdown"  # schema 3.2: per iteration busy split averaged over the GPUs used
+STREAM_IDLE = "stream_idle"  # schema 3.2: per GPU and stream busy time and idle split
+LAUNCH_DELAYS = "launch_delays"  # schema 3.2: per kernel name launch delays and short kernels
+# tables schema 3.2 added: older files lack them and are read without the GPU time breakdowns
+SCHEMA_3_2_TABLES = (GPU_BREAKDOWN, ITERATION_BREAKDOWN, STREAM_IDLE, LAUNCH_DELAYS)
 
 # raw_memory_events.device_type: c10::DeviceType (CPU for host memory, CUDA for a GPU's); the devices' names
 DEVICE_TYPE_CPU, DEVICE_TYPE_CUDA = 0, 1

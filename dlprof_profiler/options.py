@@ -21,6 +21,7 @@ REPORT_NAMES = (
     "group_node",
     "expert_systems",
     "memory",
+    "gpu_breakdown",
     "diff",
     "all",
 )

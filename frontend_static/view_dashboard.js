@@ -41,6 +41,31 @@ function summaryTable(rows, columns, id, title, tooltip) {
   return c;
 }
 
+/** The GPU time breakdowns (DESIGN.md "GPU time breakdowns"): communication and its overlap, short kernels, and
+ * per GPU the busy wall time of each class (they may overlap) and the idle time's split. No panel for a database
+ * written before them or a profile without GPU work. */
+function gpuBreakdownPanel(bd) {
+  if (!bd || !(bd.gpus || []).length) return null;   // before schema 3.2, or no GPU ran anything
+  const {card: c, body} = card("GPU Time Breakdown", {id: "panel-gpu-breakdown", wide: true,
+    tooltip: "Per GPU: the wall time compute kernels, collective kernels and memory operations ran (each counted once where they overlap each other), the idle time and its split by what the GPU waited for."});
+  const launches = Number(bd.launches) || 0;
+  body.appendChild(h("div", {class: "metrics"},
+    metric("communication_time", fmtNs(bd.communication_time), {exact: fmtNsExact(bd.communication_time)}),
+    metric("overlapped_communication_pct", fmtPct(bd.overlapped_communication_pct)),
+    metric("short_kernels", launches ? `${fmtInt(bd.short_kernels)} of ${fmtInt(launches)} launches` : "no launches")));
+  const cols = [
+    ["bd_computation", "computation_busy"], ["bd_communication", "communication_busy"], ["bd_memory", "memory_busy"],
+    ["bd_overlapped", "overlapped_communication"], ["bd_idle", "gpu_idle"], ["idle_host_wait", "host_wait"],
+    ["idle_kernel_wait", "kernel_wait"], ["idle_other", "other_wait"],
+  ];
+  body.appendChild(h("div", {class: "dt-scroll"}, h("table", {class: "dt gpu-breakdown"},
+    h("thead", {}, h("tr", {}, term("th", "device_id"), cols.map(([t]) => term("th", t, {class: "num"})))),
+    h("tbody", {}, (bd.gpus || []).map((g) => h("tr", {dataset: {device: g.device_id}},
+      h("td", {}, `GPU ${g.device_id}`),
+      cols.map(([, f]) => h("td", {class: "num", title: fmtNsExact(g[f]), dataset: {key: f, ns: g[f]}}, fmtNs(g[f])))))))));
+  return c;
+}
+
 function tensorCorePanel(tc) {
   const {card: c, body} = card("Tensor Core Kernel Efficiency", {tooltip: definition("tc_utilization"), id: "panel-tensor-core"});
   const util = Number(tc.tc_utilization) || 0;
@@ -225,6 +250,7 @@ export function mount(el) {
         [["kernel_time", "gpu_time", "ns"], ["api_time_total", "cpu_time", "ns"], ["kernel_count", "count"]],
         "panel-kernel-summary", "Kernel Summary", "Kernels and memory operations by class: the sums of their durations, of their launching API calls' durations, and their distinct names."),
       systemPanel(data.system || {}),
+      gpuBreakdownPanel(data.gpu_breakdown),
       iterationPanel(data),
       topOpsPanel(data),
       findingsPanel(data.findings || []),

@@ -30,6 +30,12 @@ function tooltipContent(it) {
     row("tc_kernels", fmtInt(it.tc_kernels)),
     row("tc_kernel_time_per_gpu", fmtNs(it.tc_kernel_time_per_gpu)),
     it.gpu_utilization !== undefined ? row("gpu_utilization", fmtPct(it.gpu_utilization)) : null,
+    // the GPU time breakdowns per iteration, averaged over the GPUs used (null in databases written before them)
+    // (none for a database written before them, nor without GPU work: all zero then)
+    it.aggregated && [it.computation_busy, it.communication_busy, it.memory_busy, it.gpu_idle].some((v) => Number(v) > 0) ? [
+      ["bd_computation", it.computation_busy], ["bd_communication", it.communication_busy], ["bd_memory", it.memory_busy],
+      ["bd_overlapped", it.overlapped_communication], ["bd_idle", it.gpu_idle],
+    ].map(([k, v]) => row(k, fmtNs(v))) : null,
     h("div", {class: "muted"}, "Double-click: its timeline"),
   ];
 }

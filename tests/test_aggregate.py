@@ -145,6 +145,8 @@ def _assert_same_aggregation(a, b):
             x = x.sort_values("activity_id").reset_index(drop=True)
             y = y.sort_values("activity_id").reset_index(drop=True)
         pd.testing.assert_frame_equal(x.reset_index(drop=True), y.reset_index(drop=True), check_dtype=False, obj=name)
+    for name in ("gpus", "streams", "launches"):
+        pd.testing.assert_frame_equal(a.gpu_breakdowns[name], b.gpu_breakdowns[name], check_dtype=False, obj=name)
 
 
 def _same_dict(a, b):

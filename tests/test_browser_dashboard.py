@@ -294,3 +294,43 @@ def test_dlprofviewer_serves_the_same_ui_standalone(env, tmp_path):
         proc.terminate()
         proc.wait(timeout=10)
         log.close()
+
+
+def test_gpu_breakdown_panel_matches_the_report(dash, tmp_path):
+    """The GPU Time Breakdown panel shows the gpu_breakdown report's GPU row and the summary report's
+    communication lines (the same export analysed again with those reports)."""
+    import csv
+
+    from tests.profiles import run_dlprof
+
+    export = dash.db.parent.parent.parent / "logdir_training.sqlite"
+    run_dlprof(f"--database={export}", f"--output_path={tmp_path}", "--reports=summary,gpu_breakdown", "-v", "quiet")
+    lines = (tmp_path / "dlprof_gpu_breakdown.csv").read_text().splitlines()
+    header = lines.index("GPUs") + 1
+    (row,) = [r for r in csv.DictReader(lines[header : lines.index("", header)])]
+    summary = dict(r[:2] for r in csv.reader((tmp_path / "dlprof_summary.csv").read_text().splitlines()) if len(r) >= 2)
+    b = dash.b
+    panel = b.css("#panel-gpu-breakdown")
+    cells = {
+        td.get_attribute("data-key"): td
+        for td in panel.find_elements("css selector", f"tr[data-device='{row['Device']}'] td[data-key]")
+    }
+    columns = {
+        "computation_busy": "Computation Busy (ns)",
+        "communication_busy": "Communication Busy (ns)",
+        "memory_busy": "Memory Busy (ns)",
+        "overlapped_communication": "Overlapped Communication (ns)",
+        "gpu_idle": "GPU Idle (ns)",
+        "host_wait": "Idle Host Wait (ns)",
+        "kernel_wait": "Idle Kernel Wait (ns)",
+        "other_wait": "Idle Other (ns)",
+    }
+    assert set(cells) == set(columns)
+    for key, label in columns.items():
+        assert cells[key].text == fmt_ns(int(row[label])), key
+        assert cells[key].get_attribute("title") == f"{int(row[label]):,} ns", key
+    # the training profile's GPU: busy 3 x 37,000 ns of the 290,000 ns window; no collective kernels
+    assert int(row["GPU Busy (ns)"]) == 111_000 and int(row["GPU Idle (ns)"]) == 290_000 - 111_000
+    assert int(row["Idle Host Wait (ns)"]) + int(row["Idle Kernel Wait (ns)"]) + int(row["Idle Other (ns)"]) == 179_000
+    assert metric_text(b, "communication_time") == fmt_ns(int(summary["Communication Time (ns)"]))
+    assert metric_text(b, "overlapped_communication_pct") == fmt_pct(float(summary["Overlapped Communication %"]))

@@ -759,6 +759,10 @@ def test_iterations_view_and_reaggregation(env, tmp_path):
     b.wait(lambda d: tip.get_attribute("data-iteration") == "1", what="hover tooltip")
     duration = query(db, "SELECT duration FROM iteration_summary WHERE iter_value = 1")[0][0]
     assert "Iteration 1" in tip.text and f"Duration\n{fmt_ns(duration)}" in tip.text and fmt_ns(duration) == "100 µs"
+    # the GPU time breakdowns of the iteration: busy 37 us of its 100 us (the training profile's docstring)
+    idle, compute = query(db, "SELECT gpu_idle, computation_busy FROM iteration_breakdown WHERE iter_value = 1")[0]
+    assert (idle, compute) == (63_000, 36_000)
+    assert f"GPU idle\n{fmt_ns(idle)}" in tip.text and f"Compute kernels running\n{fmt_ns(compute)}" in tip.text
     ActionChains(b.driver).move_by_offset(0, 400).perform()
     # Select Iter Start / Stop with boundary markers
     start, stop = b.css("#iter-start"), b.css("#iter-stop")

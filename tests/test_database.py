@@ -252,7 +252,7 @@ def test_everything_is_rank_zero(mixed):
 
 
 def test_schema_and_first_aggregation(db):
-    assert query(db, "SELECT current_version FROM db_version") == [(DB_SCHEMA_VERSION,)] == [("3.1.0",)]
+    assert query(db, "SELECT current_version FROM db_version") == [(DB_SCHEMA_VERSION,)] == [("3.2.0",)]
     assert query(db, "SELECT aggr_id, key_node, iter_start, iter_stop, total_iterations FROM aggregations") == [
         (1, "Optimizer.step#SGD.step", 0, 3, 4)
     ]

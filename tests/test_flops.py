@@ -350,11 +350,12 @@ def test_flops_achieved_tflops_and_mfu_of_a_generated_nsys_profile(flops_run):
     assert summary["Achieved TFLOP/s"] == f"{known / gpu_ns / 1e3:.3f}"
     assert summary["Model FLOPs Utilization (%)"] == f"{round(100 * ideal_ns / wall, 1):.1f}"
     assert float(summary["Model FLOPs Utilization (%)"]) == pytest.approx(39.7)
-    # the summary's lines end its "Summary Report" section
+    # the summary's lines follow DLProf's in its "Summary Report" section (then the communication lines)
     lines = (flops_run["out"] / "dlprof_summary.csv").read_text().splitlines()
     at = lines.index("Summary Report")
     assert lines[at + 11].startswith("Achieved TFLOP/s,") and lines[at + 12].startswith("Model FLOPs Utilization (%),")
-    assert lines[at + 13] == ""
+    assert lines[at + 13] == "Communication Time (ns),0" and lines[at + 14] == "Overlapped Communication %,0.0"
+    assert lines[at + 15] == ""
     # JSON: the same figures as numbers, null where unknown
     (section,) = json.loads((flops_run["out"] / "dlprof_detailed.json").read_text())["sections"]
     by_name = {(r[1], r[2]): dict(zip(section["columns"], r)) for r in section["rows"]}

@@ -129,6 +129,10 @@ def _assert_same_analysis(path, config: AnalysisConfig, splits, tmp_path) -> Non
                     check_dtype=False,
                     obj=f"{domain} {table} ({events_per_segment} events per segment)",
                 )
+            for name in ("gpus", "streams", "launches"):  # GPU time breakdowns
+                pd.testing.assert_frame_equal(
+                    agg.gpu_breakdowns[name], other.gpu_breakdowns[name], check_dtype=False, obj=name
+                )
             _same_dict(agg.summary, other.summary)
             assert [(f["id"], f["problem"]) for f in expected.findings[domain]] == [
                 (f["id"], f["problem"]) for f in result.findings[domain]

@@ -116,7 +116,7 @@ def api_owners(trace: Trace, gpu_api: np.ndarray, inst: pd.DataFrame, gpu_instan
 def _required_tables(major: str) -> set[str]:
     if major == "2":
         return _V2_REQUIRED
-    return set(re.findall(r"CREATE (?:TABLE|VIEW) (\w+)", SCHEMA)) - set(K.SCHEMA_3_1_TABLES)
+    return set(re.findall(r"CREATE (?:TABLE|VIEW) (\w+)", SCHEMA)) - set(K.SCHEMA_3_1_TABLES) - set(K.SCHEMA_3_2_TABLES)
 
 
 def _check_tables(src: SqliteSource, path: Path, major: str) -> None:

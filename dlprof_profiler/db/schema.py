@@ -152,6 +152,18 @@ CREATE TABLE {K.MEMORY_DEVICES} (aggr_id INTEGER, domain_id INTEGER, rank INTEGE
 CREATE TABLE {K.MEMORY_OPS} (aggr_id INTEGER, domain_id INTEGER, rank INTEGER NOT NULL DEFAULT 0, op_index INTEGER,
     device_type INTEGER, device_id INTEGER, allocations INTEGER, frees INTEGER, bytes_allocated INTEGER,
     bytes_freed INTEGER, peak_allocated INTEGER);
+CREATE TABLE {K.GPU_BREAKDOWN} (aggr_id INTEGER, domain_id INTEGER, rank INTEGER NOT NULL DEFAULT 0,
+    device_id INTEGER, computation_busy INTEGER, communication_busy INTEGER, memory_busy INTEGER, gpu_busy INTEGER,
+    gpu_idle INTEGER, overlapped_communication INTEGER, host_wait INTEGER, kernel_wait INTEGER, other_wait INTEGER,
+    PRIMARY KEY (aggr_id, domain_id, device_id, rank));
+CREATE TABLE {K.ITERATION_BREAKDOWN} (aggr_id INTEGER, domain_id INTEGER, rank INTEGER NOT NULL DEFAULT 0,
+    iter_value INTEGER, computation_busy REAL, communication_busy REAL, memory_busy REAL, gpu_busy REAL,
+    gpu_idle REAL, overlapped_communication REAL, PRIMARY KEY (aggr_id, domain_id, iter_value, rank));
+CREATE TABLE {K.STREAM_IDLE} (aggr_id INTEGER, domain_id INTEGER, rank INTEGER NOT NULL DEFAULT 0,
+    device_id INTEGER, stream_id INTEGER, busy INTEGER, idle INTEGER, host_wait INTEGER, kernel_wait INTEGER,
+    other_wait INTEGER);
+CREATE TABLE {K.LAUNCH_DELAYS} (aggr_id INTEGER, domain_id INTEGER, rank INTEGER NOT NULL DEFAULT 0,
+    kernel_name TEXT, launches INTEGER, mean REAL, p50 REAL, p95 REAL, short_kernels INTEGER);
 
 CREATE INDEX idx_op_nodes_gpu ON {K.OP_NODES}(aggr_id, domain_id, gpu_total);
 CREATE INDEX idx_kernel_summaries ON {K.KERNEL_SUMMARIES}(aggr_id, domain_id, op_index);

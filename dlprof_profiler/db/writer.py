@@ -1098,6 +1098,7 @@ def _write_aggregation(out: _Inserter, aggr_id: int, domain_id: int, ops_map, ag
             + _STAT_COLS,
         )
     _write_memory(out, aggr_id, domain_id, ops_map, agg)
+    _write_breakdowns(out, aggr_id, domain_id, agg)
 
 
 _MEMORY_DEVICE_COLS = ["device_type", "device_id", "peak_allocated", "peak_reserved", "allocated_at_end"] + [
@@ -1121,6 +1122,46 @@ def _write_memory(out: _Inserter, aggr_id: int, domain_id: int, ops_map, agg: Ag
     out.insert(K.MEMORY_DEVICES, tables.devices.assign(**keys), ["aggr_id", "domain_id"] + _MEMORY_DEVICE_COLS)
     ops = tables.ops.assign(**keys, op_index=_global_op_index(tables.ops["op_index"], ops_map))
     out.insert(K.MEMORY_OPS, ops, ["aggr_id", "domain_id"] + _MEMORY_OP_COLS)
+
+
+def _write_breakdowns(out: _Inserter, aggr_id: int, domain_id: int, agg: Aggregation) -> None:
+    """The GPU time breakdowns (schema 3.2; a file of an older schema has no place for them)."""
+    gb = agg.gpu_breakdowns
+    if gb is None or not out.has_table(K.GPU_BREAKDOWN):
+        return
+    keys = {"aggr_id": aggr_id, "domain_id": domain_id}
+    dev = agg.devices[agg.devices["used"]]
+    idle = gb["gpus"].set_index("device_id").reindex(dev["device_id"].to_numpy(), fill_value=0)
+    gpus = dev.assign(
+        **keys,
+        gpu_idle=dev["gpu_idle_time"],
+        overlapped_communication=dev["overlapped_communication_busy"],
+        **{c: idle[c].to_numpy() for c in ("host_wait", "kernel_wait", "other_wait")},
+    )
+    busy = ["computation_busy", "communication_busy", "memory_busy", "gpu_busy"]
+    out.insert(
+        K.GPU_BREAKDOWN,
+        gpus,
+        ["aggr_id", "domain_id", "device_id"]
+        + busy
+        + ["gpu_idle", "overlapped_communication", "host_wait", "kernel_wait", "other_wait"],
+    )
+    it = agg.iterations.assign(
+        **keys,
+        iter_value=agg.iterations["iteration"],
+        gpu_idle=agg.iterations["gpu_idle_time"],
+        overlapped_communication=agg.iterations["overlapped_communication_busy"],
+    )
+    out.insert(
+        K.ITERATION_BREAKDOWN,
+        it,
+        ["aggr_id", "domain_id", "iter_value"] + busy + ["gpu_idle", "overlapped_communication"],
+    )
+    stream_cols = ["device_id", "stream_id", "busy", "idle", "host_wait", "kernel_wait", "other_wait"]
+    out.insert(K.STREAM_IDLE, gb["streams"].assign(**keys), ["aggr_id", "domain_id"] + stream_cols)
+    launches = gb["launches"].assign(**keys, kernel_name=gb["launches"]["name"])
+    launch_cols = ["kernel_name", "launches", "mean", "p50", "p95", "short_kernels"]
+    out.insert(K.LAUNCH_DELAYS, launches, ["aggr_id", "domain_id"] + launch_cols)
 
 
 # ---------------------------------------------------------------------------- reading back

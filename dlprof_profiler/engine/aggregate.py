@@ -10,12 +10,18 @@ intervals still open at a chunk's end carried into the next. A single chunk give
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
+from dlprof_profiler.engine.breakdowns import (
+    BUSY,
+    COMMUNICATION_KERNEL,  # noqa: F401 (the rank analysis reads it here)
+    GpuBreakdowns,
+    busy_split,
+    communication_codes,
+)
 from dlprof_profiler.engine.correlate import (
     BACKWARD_PASS,
     RANGE_OP,
@@ -33,12 +39,6 @@ from dlprof_profiler.engine.trace import KIND_KERNEL, LAUNCH_SHAPE, Trace, make_
 
 CLASSES = ("tc", "non_tc", "memory", "dataloader", "io", "cpu", "other")
 HALF_PRECISION = ("float16", "half", "bfloat16", "float8_e4m3fn", "float8_e5m2")
-# Collective communication kernels (NCCL, RCCL, PyTorch c10d and the collectives' own names)
-COMMUNICATION_KERNEL = re.compile(
-    r"nccl|rccl|c10d|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|"
-    r"broadcast|sendrecv",
-    re.IGNORECASE,
-)
 COMPLETE_MODEL = "_CompleteModel_"
 CPU_KINDS = (RANGE_OP, SCOPE_OP, BACKWARD_PASS, UNASSOCIATED_API)
 METRICS = (("cpu_time", "cpu"), ("gpu_time", "gpu"), ("cpu_overhead", "overhead"), ("gpu_idle", "idle"))
@@ -74,6 +74,7 @@ class Aggregation:
     launch_spill: object = None  # out-of-core runs: where the kernel-launch rows went (store_model)
     facts: dict = field(default_factory=dict)  # per-launch evidence the expert systems need
     memory: object = None  # memory.MemoryTables: the memory report's tables
+    gpu_breakdowns: dict = None  # breakdowns.GpuBreakdowns.result: idle split, launch delays
 
     @property
     def wall_time(self) -> int:
@@ -167,6 +168,7 @@ class Accumulator:
         self.iter_tc_time = np.zeros(n, dtype=np.float64)
         self.groups = GroupUnions(model.op_names(), n)
         self.breakdown = Breakdown(model, iterations, agg.window_start, agg.window_end)
+        self.gpu_breakdowns = GpuBreakdowns(iterations, agg.iter_start, agg.iter_stop, agg.window_start, agg.window_end)
         self.facts = {"long_kernels": 0, "long_kernels_waited": 0}
 
     def add(self, chunk) -> None:
@@ -228,6 +230,7 @@ class Accumulator:
                 self.agg.launch_chunks.append(launches)
         self.groups.flush(chunk.hi)
         self.breakdown.add(chunk)
+        self.gpu_breakdowns.add(chunk.running)
 
     def _summary_kernels(self, acts, sel_act, kernel, uses_tc, dur) -> None:
         rows = {
@@ -285,6 +288,7 @@ class Accumulator:
         agg.groups = self.groups.table(agg.ops, len(model.ops))
         breakdown = self.breakdown.result()
         agg.devices = breakdown["devices"]
+        agg.gpu_breakdowns = self.gpu_breakdowns.result(self.breakdown.devices, model.kernel_names()[0])
         agg.iterations = self._iteration_table(breakdown)
         agg.summary = self._summary(breakdown)
         agg.facts = dict(self.facts)
@@ -310,6 +314,13 @@ class Accumulator:
         mean = breakdown["mean"][1:]  # row 0 is the aggregation window
         for c, name in enumerate(CLASSES):
             frame[f"{name}_time"] = mean[:, c]
+        busy = breakdown["busy_mean"][1:]
+        for c, name in enumerate(BUSY):
+            frame[f"{name}_busy"] = busy[:, c]
+        # no GPU ran anything: no GPU to be idle (as GPU utilization is 0 then, not the host's view)
+        frame["gpu_idle_time"] = (
+            np.maximum(frame["duration"].to_numpy(np.float64) - busy[:, 3], 0) if breakdown["n_devices"] else 0.0
+        )
         length = np.maximum(frame["duration"].to_numpy(), 1)
         frame["gpu_utilization"] = (
             100.0 * (mean[:, 0] + mean[:, 1] + mean[:, 2]) / length if breakdown["n_devices"] else 0.0
@@ -755,10 +766,9 @@ class Breakdown:
         self.times = {dev: np.zeros((self.win_s.size, len(CLASSES)), dtype=np.int64) for dev in self.targets}
         self.carry: dict = {}
         short, _ = model.kernel_names()
-        self.comm_codes = np.array([bool(COMMUNICATION_KERNEL.search(str(n))) for n in short] + [False], dtype=bool)
-        # per GPU, in the aggregation window: communication kernel time and the part of it overlapped by
-        # compute kernels on the same GPU (both flattened)
-        self.comm = {dev: [0, 0] for dev in self.targets}
+        self.comm_codes = communication_codes(short)
+        # per GPU and window: busy time of computation, communication, memory, any, overlapped communication
+        self.busy = {dev: np.zeros((self.win_s.size, len(BUSY)), dtype=np.int64) for dev in self.targets}
 
     def _carried(self, name: str, frame: dict, hi: int) -> dict:
         """The chunk's intervals plus those carried from earlier chunks; what reaches past `hi` is kept."""
@@ -802,14 +812,15 @@ class Breakdown:
                 s, e = gpu["start"], gpu["end"]
                 classes = (on & gpu["kernel"] & gpu["tc"], on & gpu["kernel"] & ~gpu["tc"], on & ~gpu["kernel"])
                 gpu_classes = [(s[m], e[m]) for m in classes]
-                self._communication(
-                    dev,
-                    s,
-                    e,
-                    on & gpu["kernel"] & gpu["comm"],
-                    on & gpu["kernel"] & ~gpu["comm"],
-                    max(lo, int(self.win_s[0])),
-                    min(hi, int(self.win_e[0])),
+                kernel = on & gpu["kernel"]
+                self.busy[dev] += busy_split(
+                    np.clip(s[on], lo, hi),
+                    np.clip(e[on], lo, hi),
+                    (kernel & ~gpu["comm"])[on],
+                    (kernel & gpu["comm"])[on],
+                    (on & ~gpu["kernel"])[on],
+                    win_s,
+                    win_e,
                 )
 
             def of_pids(frame):
@@ -827,20 +838,6 @@ class Breakdown:
                 covered_prev = covered
             times[:, -1] += np.maximum(win_e - win_s, 0) - covered_prev
 
-    def _communication(self, dev, s, e, comm, compute, lo: int, hi: int) -> None:
-        if hi <= lo or not comm.any():
-            return
-        window_s, window_e = np.array([lo]), np.array([hi])
-
-        def flat(mask):
-            return covered_length(
-                *merge_intervals(np.clip(s[mask], lo, hi), np.clip(e[mask], lo, hi)), window_s, window_e
-            )[0]
-
-        comm_time, compute_time, both = flat(comm), flat(compute), flat(comm | compute)
-        self.comm[dev][0] += int(comm_time)
-        self.comm[dev][1] += int(comm_time + compute_time - both)
-
     def result(self) -> dict:
         listed = self.devices if self.devices else [None]
         rows = [(dev if dev is not None else -1, self.times[dev][0]) for dev in listed]
@@ -856,11 +853,21 @@ class Breakdown:
         dev_frame["used"] = [r[0] in self.device_pids for r in rows]
         if not self.devices:
             dev_frame["gpu_utilization"] = 0.0
-        dev_frame["communication_time"] = [self.comm.get(r[0] if r[0] >= 0 else None, [0, 0])[0] for r in rows]
-        dev_frame["overlapped_communication_time"] = [
-            self.comm.get(r[0] if r[0] >= 0 else None, [0, 0])[1] for r in rows
-        ]
-        return {"mean": mean, "devices": dev_frame, "n_devices": len(self.used), "n_listed": len(self.devices)}
+        busy = [self.busy[dev if dev != -1 or self.devices else None][0] for dev, _ in rows]
+        for c, name in enumerate(BUSY):
+            dev_frame[f"{name}_busy"] = [int(b[c]) for b in busy]
+        dev_frame["gpu_idle_time"] = wl - dev_frame["gpu_busy"]
+        # the rank report's names for the same figures (DESIGN.md "GPU time breakdowns")
+        dev_frame["communication_time"] = dev_frame["communication_busy"]
+        dev_frame["overlapped_communication_time"] = dev_frame["overlapped_communication_busy"]
+        busy_mean = np.stack([self.busy[dev] for dev in averaged]).mean(axis=0)
+        return {
+            "mean": mean,
+            "busy_mean": busy_mean,
+            "devices": dev_frame,
+            "n_devices": len(self.used),
+            "n_listed": len(self.devices),
+        }
 
 
 def sums_by_key(keys: np.ndarray, *columns: np.ndarray) -> list[pd.Series]:

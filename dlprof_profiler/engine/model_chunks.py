@@ -58,13 +58,28 @@ ACTIVITY_FIELDS = [
 ]
 
 
+# what the time breakdowns read of the GPU activities starting in a chunk (aggregate.Breakdown, breakdowns.py)
+RUNNING_FIELDS = [
+    "start",
+    "end",
+    "device_id",
+    "kind",
+    "uses_tc",
+    "name_code",
+    "stream_id",
+    "launch",
+    "api_id",
+    "api_duration",
+]
+
+
 @dataclass
 class ModelChunk:
     lo: int
     hi: int
     inst: pd.DataFrame  # op instances starting in [lo, hi)
     acts: pd.DataFrame  # GPU activities launched in [lo, hi)
-    running: pd.DataFrame  # GPU activities starting in [lo, hi): start, end, device_id, kind, uses_tc
+    running: pd.DataFrame  # GPU activities starting in [lo, hi): RUNNING_FIELDS
     loader: pd.DataFrame  # data-loading ranges starting in [lo, hi): start, end, pid
     io: pd.DataFrame  # OS I/O calls starting in [lo, hi): start, end, pid
 
@@ -136,6 +151,7 @@ class InMemoryModel:
                 "start": gpu["start"].to_numpy(np.int64),
                 "end": gpu["end"].to_numpy(np.int64),
                 "device_id": gpu["device_id"].to_numpy(np.int64),
+                "stream_id": gpu["stream_id"].to_numpy(np.int64),
                 "pid": gpu["pid"].to_numpy(np.int64),
                 "launch": launch_times(trace, gpu_api) if n else np.zeros(0, np.int64),
                 "api_id": np.where(has, gpu_api, -1).astype(np.int64),
@@ -238,4 +254,4 @@ class InMemoryModel:
 
     @staticmethod
     def _running(acts: pd.DataFrame) -> pd.DataFrame:
-        return acts[["start", "end", "device_id", "kind", "uses_tc", "name_code"]]
+        return acts[RUNNING_FIELDS]

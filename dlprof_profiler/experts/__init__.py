@@ -20,6 +20,7 @@ from dlprof_profiler.experts.framework import (
     slow_api_detector,
 )
 from dlprof_profiler.experts.gaps import gpu_gap_detector
+from dlprof_profiler.experts.launches import short_kernels_detector
 from dlprof_profiler.experts.iterations import bad_iteration_range_detector, no_iterations_detector
 from dlprof_profiler.experts.missed_tensor_cores import missed_tensor_cores_detector
 from dlprof_profiler.experts.tensor_cores import amp_detector, bad_tensor_shape_detector
@@ -44,6 +45,7 @@ DETECTORS = {
     "bad_tensor_shape_detector": bad_tensor_shape_detector,
     "missed_tensor_cores_detector": missed_tensor_cores_detector,
     "no_fusion_detector": no_fusion_detector,
+    "short_kernels_detector": short_kernels_detector,
     "cudnn_benchmark_detector": cudnn_benchmark_detector,
     "emit_nvtx_detector": emit_nvtx_detector,
     "batch_size_detector": batch_size_detector,

@@ -73,6 +73,7 @@ def underutilized_gpu_detector(ctx: Context) -> list[dict]:
             )
     util = float(summary.get("gpu_utilization", 0.0))
     if util < GPU_UTILIZATION_PCT:
+        split = idle_split(ctx)
         pct = summary.get("pct", {})
         cls = max(CLASS_LABELS, key=lambda c: float(pct.get(c, 0.0)))
         share = float(pct.get(cls, 0.0))
@@ -81,7 +82,8 @@ def underutilized_gpu_detector(ctx: Context) -> list[dict]:
                 "underutilized_gpu_detector",
                 "warning",
                 f"The GPU is underutilized: Only {util:.1f}% of the profiled time is spent on GPU kernel operations",
-                f"{CLASS_LABELS[cls]} has the highest (non-GPU) usage at {share:.1f}%. {_CLASS_ADVICE[cls]}",
+                f"{CLASS_LABELS[cls]} has the highest (non-GPU) usage at {share:.1f}%. {_CLASS_ADVICE[cls]}"
+                + idle_split_text(split),
                 DLPROF_GUIDE,
                 {
                     "kind": "low_utilization",
@@ -90,10 +92,35 @@ def underutilized_gpu_detector(ctx: Context) -> list[dict]:
                     "top_class": cls,
                     "top_class_pct": share,
                     "class_pct": {k: float(v) for k, v in pct.items()},
+                    "idle_split": split,
                 },
             )
         )
     return out
+
+
+def idle_split(ctx: Context) -> dict:
+    """The GPUs' idle time split (engine/breakdowns.py), summed over the GPUs used: host_wait, kernel_wait,
+    other_wait in ns (empty without them)."""
+    gb = getattr(ctx.agg, "gpu_breakdowns", None)
+    if not gb or not len(gb["gpus"]):
+        return {}
+    used = ctx.agg.devices.loc[ctx.agg.devices["used"], "device_id"]
+    gpus = gb["gpus"][gb["gpus"]["device_id"].isin(used)]
+    return {c: int(gpus[c].sum()) for c in ("host_wait", "kernel_wait", "other_wait")}
+
+
+def idle_split_text(split: dict) -> str:
+    """What the idle GPUs waited for, as shares of their idle time ('' without it)."""
+    total = sum(split.values())
+    if not total:
+        return ""
+    share = {k: 100.0 * v / total for k, v in split.items()}
+    return (
+        f" Of the GPUs' idle time, {fmt_pct(share['host_wait'])} waited for the host to launch work (host wait), "
+        f"{fmt_pct(share['kernel_wait'])} for launched work to start (kernel wait), {fmt_pct(share['other_wait'])} "
+        "other: a high host wait means the CPU is the bottleneck (see the gpu_breakdown report)."
+    )
 
 
 def one_rank_of_several(ctx: Context) -> bool:

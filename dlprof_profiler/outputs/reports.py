@@ -35,6 +35,7 @@ REPORT_FILES = {
     "group_node": "group_op",
     "expert_systems": "expert_systems",
     "memory": "memory",
+    "gpu_breakdown": "gpu_breakdown",
     "diff": "diff",
 }
 SIMPLE_MODE_REPORTS = ("summary", "kernel")
@@ -188,6 +189,8 @@ def summary_report(
                 "Other Duration %",
                 "Achieved TFLOP/s",
                 "Model FLOPs Utilization (%)",
+                "Communication Time (ns)",
+                "Overlapped Communication %",
             ],
             "value": [str(int(s["wall_time"]))]
             + [
@@ -207,6 +210,8 @@ def summary_report(
             + [
                 "" if rates["achieved_tflops"] is None else f"{rates['achieved_tflops']:.3f}",
                 "" if rates["mfu_pct"] is None else f"{round(rates['mfu_pct'], 1):.1f}",
+                str(int(s["communication_time"])),
+                f"{round(overlapped_communication_pct(s), 1):.1f}",
             ],
         },
         bare=True,
@@ -865,6 +870,135 @@ def memory_report(agg: Aggregation) -> Report:
     return Report("memory", [device_table, op_table])
 
 
+# ---------------------------------------------------------------------------- the GPU time breakdown report
+
+BREAKDOWN_GPU_COLUMNS = [
+    "Device",
+    "Computation Busy (ns)",
+    "Communication Busy (ns)",
+    "Memory Busy (ns)",
+    "GPU Busy (ns)",
+    "GPU Idle (ns)",
+    "Overlapped Communication (ns)",
+    "Overlapped Communication %",
+    "Idle Host Wait (ns)",
+    "Idle Kernel Wait (ns)",
+    "Idle Other (ns)",
+]
+BREAKDOWN_ITERATION_COLUMNS = [
+    "Iteration",
+    "Duration (ns)",
+    "Computation Busy (ns)",
+    "Communication Busy (ns)",
+    "Memory Busy (ns)",
+    "GPU Idle (ns)",
+    "Overlapped Communication (ns)",
+]
+BREAKDOWN_STREAM_COLUMNS = [
+    "Device",
+    "Stream",
+    "Busy (ns)",
+    "Idle (ns)",
+    "Idle Host Wait (ns)",
+    "Idle Kernel Wait (ns)",
+    "Idle Other (ns)",
+]
+BREAKDOWN_LAUNCH_COLUMNS = [
+    "Kernel Name",
+    "Launches",
+    "Mean Launch Delay (ns)",
+    "P50 Launch Delay (ns)",
+    "P95 Launch Delay (ns)",
+    "Short Kernels",
+]
+
+
+def overlapped_communication_pct(summary: dict) -> float:
+    """The share of the communication time a compute kernel overlaps (0 without communication)."""
+    comm = int(summary.get("communication_time", 0))
+    return 100.0 * int(summary.get("overlapped_communication_time", 0)) / comm if comm else 0.0
+
+
+def gpu_breakdown_report(agg: Aggregation) -> Report:
+    """`dlprof_gpu_breakdown`: per GPU used the busy time of computation, communication and memory operations,
+    idle time and its split, the overlapped communication; per iteration the same averaged over the GPUs used;
+    per stream its idle split; per kernel name its launch delays (breakdowns.py, DESIGN.md "GPU time
+    breakdowns")."""
+    dev = agg.devices[agg.devices["used"]] if len(agg.devices) else agg.devices
+    gb = agg.gpu_breakdowns
+    idle = gb["gpus"].set_index("device_id").reindex(dev["device_id"].to_numpy(), fill_value=0)
+    comm = dev["communication_busy"].to_numpy(np.float64)
+    gpus = Table(
+        "GPUs",
+        BREAKDOWN_GPU_COLUMNS,
+        ["i"] * 7 + ["p"] + ["i"] * 3,
+        {
+            "Device": dev["device_id"],
+            "Computation Busy (ns)": dev["computation_busy"],
+            "Communication Busy (ns)": dev["communication_busy"],
+            "Memory Busy (ns)": dev["memory_busy"],
+            "GPU Busy (ns)": dev["gpu_busy"],
+            "GPU Idle (ns)": dev["gpu_idle_time"],
+            "Overlapped Communication (ns)": dev["overlapped_communication_busy"],
+            "Overlapped Communication %": np.divide(
+                100.0 * dev["overlapped_communication_busy"].to_numpy(np.float64),
+                comm,
+                out=np.zeros(comm.size),
+                where=comm > 0,
+            ),
+            "Idle Host Wait (ns)": idle["host_wait"].to_numpy(),
+            "Idle Kernel Wait (ns)": idle["kernel_wait"].to_numpy(),
+            "Idle Other (ns)": idle["other_wait"].to_numpy(),
+        },
+    )
+    # per iteration, averaged over the GPUs used: none without one
+    it = agg.iterations[agg.iterations["aggregated"] & (len(dev) > 0)]
+    iterations = Table(
+        "Iterations",
+        BREAKDOWN_ITERATION_COLUMNS,
+        ["i", "i"] + ["a"] * 5,  # averages over the GPUs used: one decimal
+        {
+            "Iteration": it["iteration"],
+            "Duration (ns)": it["duration"],
+            "Computation Busy (ns)": it["computation_busy"],
+            "Communication Busy (ns)": it["communication_busy"],
+            "Memory Busy (ns)": it["memory_busy"],
+            "GPU Idle (ns)": it["gpu_idle_time"],
+            "Overlapped Communication (ns)": it["overlapped_communication_busy"],
+        },
+    )
+    st = gb["streams"]
+    streams = Table(
+        "Streams",
+        BREAKDOWN_STREAM_COLUMNS,
+        ["i"] * len(BREAKDOWN_STREAM_COLUMNS),
+        {
+            "Device": st["device_id"],
+            "Stream": st["stream_id"],
+            "Busy (ns)": st["busy"],
+            "Idle (ns)": st["idle"],
+            "Idle Host Wait (ns)": st["host_wait"],
+            "Idle Kernel Wait (ns)": st["kernel_wait"],
+            "Idle Other (ns)": st["other_wait"],
+        },
+    )
+    ld = gb["launches"]
+    launches = Table(
+        "Launch Delay",
+        BREAKDOWN_LAUNCH_COLUMNS,
+        ["q", "i", "a", "a", "a", "i"],
+        {
+            "Kernel Name": ld["name"],
+            "Launches": ld["launches"],
+            "Mean Launch Delay (ns)": ld["mean"],
+            "P50 Launch Delay (ns)": ld["p50"],
+            "P95 Launch Delay (ns)": ld["p95"],
+            "Short Kernels": ld["short_kernels"],
+        },
+    )
+    return Report("gpu_breakdown", [gpus, iterations, streams, launches])
+
+
 # ---------------------------------------------------------------------------- the diff report
 
 
@@ -967,5 +1101,6 @@ def build_reports(names: list[str], agg: Aggregation, dm, trace, config: dict, f
         "group_node": lambda: group_op_report(agg),
         "expert_systems": lambda: expert_systems_report(findings),
         "memory": lambda: memory_report(agg),
+        "gpu_breakdown": lambda: gpu_breakdown_report(agg),
     }
     return [builders[n]() for n in names]

@@ -14,7 +14,14 @@ from dlprof_profiler.engine import correlate as corr_mod
 from dlprof_profiler.engine import markers as nm
 from dlprof_profiler.engine.aggregate import LAUNCH_COLUMNS
 from dlprof_profiler.engine.correlate import BACKWARD_PASS, INSTANCE_COLUMNS, UNASSOCIATED_GPU, DomainFacts, Segment
-from dlprof_profiler.engine.model_chunks import ACTIVITY_FIELDS, INSTANCE_FIELDS, TIME_MAX, ModelChunk, chunk_bounds
+from dlprof_profiler.engine.model_chunks import (
+    ACTIVITY_FIELDS,
+    INSTANCE_FIELDS,
+    RUNNING_FIELDS,
+    TIME_MAX,
+    ModelChunk,
+    chunk_bounds,
+)
 from dlprof_profiler.store.parts import PartTable, int_schema, read_part
 from dlprof_profiler.store.process_memory import release_unused_memory
 from dlprof_profiler.store.trace_store import TraceStore
@@ -982,9 +989,7 @@ class StoreModel:
             raise ValueError("an out-of-core model is read in the time segments it was correlated in")
         for j, ((lo, hi), inst) in enumerate(zip(bounds, sink.instances_by_start(INSTANCE_FIELDS))):
             acts = sink.activities(j)
-            running = make_frame(
-                store.gpu.read_range(lo, hi, ["start", "end", "device_id", "kind", "uses_tc", "name_code"], key="start")
-            )
+            running = make_frame(store.gpu.read_range(lo, hi, RUNNING_FIELDS, key="start"))
 
             def within(frame):
                 t = frame["start"].to_numpy(np.int64)

@@ -1,0 +1,253 @@
+"""GPU time breakdowns of one profile (DESIGN.md "GPU time breakdowns"): per GPU and window the busy time of
+computation, communication and memory operations, idle time and the communication overlapped by computation;
+idle time per GPU and per stream split into host wait, kernel wait and other; launch delay per kernel name.
+
+Every figure is a function of the GPU activities' columns (start, end, device, stream, launch call), fed
+time chunk by time chunk in start order (`aggregate.Accumulator`), so the in-memory and out-of-core
+analyses compute them by the same functions.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from dlprof_profiler.engine.intervals import covered_length, grouped_cummax, merge_intervals
+from dlprof_profiler.engine.trace import KIND_KERNEL, make_frame
+
+# Collective communication kernels (NCCL, RCCL, PyTorch c10d and the collectives' own names)
+COMMUNICATION_KERNEL = re.compile(
+    r"nccl|rccl|c10d|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|"
+    r"broadcast|sendrecv",
+    re.IGNORECASE,
+)
+# busy_split's columns, in order
+BUSY = ("computation", "communication", "memory", "gpu", "overlapped_communication")
+IDLE_PARTS = ("host_wait", "kernel_wait", "other_wait")
+# A stream or GPU key that stands for the whole GPU in idle_gaps (streams are keyed device << 32 | stream)
+STREAM_BITS = 32
+
+
+def communication_codes(short_names) -> np.ndarray:
+    """Per kernel name code, whether it is a collective; one more entry (False) for activities without one."""
+    return np.array([bool(COMMUNICATION_KERNEL.search(str(n))) for n in short_names] + [False], dtype=bool)
+
+
+def busy_split(start, end, compute, comm, memory, win_s, win_e) -> np.ndarray:
+    """Per window (rows), the busy wall time (the union of the intervals, overlaps counted once) of compute
+    kernels, communication kernels, memory operations and of any activity, and the part of the communication
+    time during which a compute kernel runs too: windows x BUSY, int64. The activities are one GPU's."""
+    start = np.asarray(start, dtype=np.int64)
+    end = np.asarray(end, dtype=np.int64)
+
+    def flat(mask):
+        return covered_length(*merge_intervals(start[mask], end[mask]), win_s, win_e)
+
+    computation, communication, memory_t = flat(compute), flat(comm), flat(memory)
+    both = flat(compute | comm)
+    busy = flat(np.ones(start.size, dtype=bool))
+    return np.stack([computation, communication, memory_t, busy, computation + communication - both], axis=1)
+
+
+def idle_gaps(keys, start, end, launch, launched, carried: dict, win_s: int, win_e: int):
+    """The idle gaps inside [win_s, win_e) that the activities close, per key (a GPU or a stream): each
+    activity's gap runs from the latest end of the key's earlier activities (`carried`: that end from earlier
+    chunks; the window's start for a key's first activity) to its own start. A gap is host wait until the
+    activity's launch call starts, kernel wait after it, other when the activity has no launch call.
+    Returns (frame of per-key host_wait, kernel_wait, other_wait sums, updated carried)."""
+    keys = np.asarray(keys, dtype=np.int64)
+    order = _order_by(keys, np.asarray(start, np.int64))
+    k, s, e = keys[order], np.asarray(start, np.int64)[order], np.asarray(end, np.int64)[order]
+    lch, has = np.asarray(launch, np.int64)[order], np.asarray(launched, bool)[order]
+    first = np.ones(k.size, dtype=bool)
+    first[1:] = k[1:] != k[:-1]
+    heads = np.flatnonzero(first)
+    # the latest end before each activity: of the key's earlier activities in this chunk and earlier chunks
+    before = carried_of(k[heads], carried, win_s)
+    reach = np.maximum(grouped_cummax(first, e), np.repeat(before, np.diff(np.append(heads, k.size))))
+    prev = np.empty(k.size, dtype=np.int64)
+    prev[1:] = reach[:-1]
+    prev[heads] = before
+    gap_s = np.maximum(prev, win_s)
+    gap_e = np.maximum(np.minimum(s, win_e), gap_s)
+    cut = np.clip(lch, gap_s, gap_e)
+    parts = {
+        "host_wait": np.where(has, cut - gap_s, 0),
+        "kernel_wait": np.where(has, gap_e - cut, 0),
+        "other_wait": np.where(has, 0, gap_e - gap_s),
+    }
+    sums = pd.DataFrame(
+        {c: np.add.reduceat(v, heads) if heads.size else v[:0] for c, v in parts.items()},
+        index=pd.Index(k[heads], name="key"),
+    )
+    updated = dict(carried)
+    if heads.size:
+        tails = reach[np.append(heads[1:], k.size) - 1]  # per key its latest end (the running maximum's last)
+        updated.update(zip(k[heads].tolist(), tails.tolist()))
+    return sums, updated
+
+
+def _order_by(keys: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """Indices sorting by (key, start): a stable sort by key when the starts are in order already (a chunk's
+    activities are), else both."""
+    if start.size < 2 or bool(np.all(start[1:] >= start[:-1])):
+        return np.argsort(keys, kind="stable")
+    return np.lexsort((start, keys))
+
+
+def carried_of(keys: np.ndarray, carried: dict, default: int) -> np.ndarray:
+    """Per (distinct) key, the latest end carried from earlier chunks (default where none)."""
+    return np.array([carried.get(int(k), default) for k in keys], dtype=np.int64)  # one per key, few keys
+
+
+def trailing_idle(carried: dict, keys, win_s: int, win_e: int) -> np.ndarray:
+    """Idle time from each key's last activity's end (the window's start for a key without one) to the window's
+    end: the gaps no activity closes (other)."""
+    last = np.array([carried.get(int(k), win_s) for k in keys], dtype=np.int64)
+    return np.maximum(win_e - np.maximum(last, win_s), 0)
+
+
+def stream_key(device, stream) -> np.ndarray:
+    """One int64 key per (device, stream)."""
+    return (np.asarray(device, np.int64) << STREAM_BITS) | (np.asarray(stream, np.int64) & ((1 << STREAM_BITS) - 1))
+
+
+def group_percentiles(codes: np.ndarray, values: np.ndarray, quantiles) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Per distinct code (sorted), the given quantiles of its values, linearly interpolated as numpy's
+    default percentile: (codes, [array per quantile])."""
+    codes = np.asarray(codes, np.int64)
+    values = np.asarray(values, np.int64)
+    if codes.size == 0:
+        return codes, [np.zeros(0) for _ in quantiles]
+    low, span = int(values.min()), int(values.max()) - int(values.min()) + 1
+    if (int(codes.max()) + 1) * span < 1 << 62 and int(codes.min()) >= 0:
+        order = np.argsort(codes * span + (values - low))  # one sort of a combined key
+    else:
+        order = np.lexsort((values, codes))
+    c, v = codes[order], values[order].astype(np.float64)
+    first = np.ones(c.size, dtype=bool)
+    first[1:] = c[1:] != c[:-1]
+    heads = np.flatnonzero(first)
+    counts = np.diff(np.append(heads, c.size))
+    out = []
+    for q in quantiles:
+        pos = (counts - 1) * q
+        lo = np.floor(pos).astype(np.int64)
+        hi = np.minimum(lo + 1, counts - 1)
+        a, b = v[heads + lo], v[heads + hi]
+        out.append(a + (b - a) * (pos - lo))
+    return c[heads], out
+
+
+def launch_delay_table(codes: np.ndarray, delay: np.ndarray, short: np.ndarray, names) -> pd.DataFrame:
+    """Per kernel name: launches, mean, p50 and p95 of the launch delay (launch call start to kernel start)
+    and the short kernels (shorter than their launch call), most launches first."""
+    codes = np.asarray(codes, np.int64)
+    delay = np.asarray(delay, np.int64)
+    uniq, (p50, p95) = group_percentiles(codes, delay, (0.5, 0.95))
+    if uniq.size == 0:
+        return make_frame(
+            {
+                "name": np.zeros(0, dtype=object),
+                **{c: np.zeros(0, np.int64) for c in ("launches", "short_kernels")},
+                **{c: np.zeros(0) for c in ("mean", "p50", "p95")},
+            }
+        )
+    idx = np.searchsorted(uniq, codes)
+    launches = np.bincount(idx, minlength=uniq.size)
+    total = np.bincount(idx, weights=delay.astype(np.float64), minlength=uniq.size)
+    frame = make_frame(
+        {
+            "name": np.asarray(names, dtype=object)[uniq],
+            "launches": launches.astype(np.int64),
+            "mean": total / launches,
+            "p50": p50,
+            "p95": p95,
+            "short_kernels": np.bincount(idx, weights=short.astype(np.float64), minlength=uniq.size).astype(np.int64),
+        }
+    )
+    return frame.sort_values(["launches", "name"], ascending=[False, True], kind="stable", ignore_index=True)
+
+
+class GpuBreakdowns:
+    """The idle split and the launch delays of one aggregation, accumulated from the activities of each time
+    chunk (they arrive in start order across chunks). The busy split is `busy_split`, called by
+    aggregate.Breakdown with the other per-GPU times."""
+
+    def __init__(self, iterations, iter_start: int, iter_stop: int, window_start: int, window_end: int):
+        self.iterations, self.iter_start, self.iter_stop = iterations, iter_start, iter_stop
+        self.win_s, self.win_e = int(window_start), int(window_end)
+        self.gpu_end: dict = {}
+        self.stream_end: dict = {}
+        self.gpu_idle: list[pd.DataFrame] = []
+        self.stream_idle: list[pd.DataFrame] = []
+        self.delays: list[tuple] = []
+
+    def add(self, running: pd.DataFrame) -> None:
+        """One chunk's GPU activities (start, end, device_id, stream_id, kind, name_code, launch, api_id,
+        api_duration)."""
+        if not len(running):
+            return
+        start = running["start"].to_numpy(np.int64)
+        end = running["end"].to_numpy(np.int64)
+        device = running["device_id"].to_numpy(np.int64)
+        launch = running["launch"].to_numpy(np.int64)
+        launched = running["api_id"].to_numpy(np.int64) >= 0
+        sums, self.gpu_end = idle_gaps(device, start, end, launch, launched, self.gpu_end, self.win_s, self.win_e)
+        self.gpu_idle.append(sums)
+        keys = stream_key(device, running["stream_id"].to_numpy(np.int64))
+        sums, self.stream_end = idle_gaps(keys, start, end, launch, launched, self.stream_end, self.win_s, self.win_e)
+        self.stream_idle.append(sums)
+        # launch delays of the kernels launched in the aggregated iterations (as the kernel table counts them)
+        it = self.iterations.of(launch)
+        kernel = (running["kind"].to_numpy() == KIND_KERNEL) & launched & (it >= self.iter_start)
+        kernel &= it <= self.iter_stop
+        if kernel.any():
+            api_dur = running["api_duration"].to_numpy(np.int64)[kernel]
+            self.delays.append(
+                (
+                    running["name_code"].to_numpy(np.int64)[kernel],
+                    (start - launch)[kernel],
+                    (end - start)[kernel] < api_dur,
+                )
+            )
+
+    def result(self, devices, short_names) -> dict:
+        """{"gpus": per GPU idle split, "streams": per (GPU, stream) busy, idle and its split, "launches": per
+        kernel name launch delays, "short_kernels", "launches_total"}."""
+        wl = max(self.win_e - self.win_s, 0)
+        gpu = _summed(self.gpu_idle).reindex(np.asarray(devices, dtype=np.int64), fill_value=0)
+        gpu["other_wait"] += trailing_idle(self.gpu_end, gpu.index, self.win_s, self.win_e)
+        gpus = make_frame({"device_id": gpu.index.to_numpy(np.int64), **{c: gpu[c].to_numpy() for c in IDLE_PARTS}})
+        st = _summed(self.stream_idle)
+        st["other_wait"] += trailing_idle(self.stream_end, st.index, self.win_s, self.win_e)
+        keys = st.index.to_numpy(np.int64)
+        idle = st[list(IDLE_PARTS)].sum(axis=1).to_numpy(np.int64)
+        streams = make_frame(
+            {
+                "device_id": keys >> STREAM_BITS,
+                "stream_id": keys & ((1 << STREAM_BITS) - 1),
+                "busy": wl - idle,
+                "idle": idle,
+                **{c: st[c].to_numpy(np.int64) for c in IDLE_PARTS},
+            }
+        )
+        if self.delays:
+            codes, delay, short = (np.concatenate(x) for x in zip(*self.delays))
+        else:
+            codes, delay, short = np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool)
+        return {
+            "gpus": gpus,
+            "streams": streams,
+            "launches": launch_delay_table(codes, delay, short, short_names),
+            "short_kernels": int(short.sum()),
+            "launches_total": int(codes.size),
+        }
+
+
+def _summed(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    if not parts:
+        return pd.DataFrame({c: np.zeros(0, np.int64) for c in IDLE_PARTS}, index=pd.Index([], dtype=np.int64))
+    return pd.concat(parts).groupby(level=0).sum().astype(np.int64)
