@@ -14,7 +14,7 @@ from dlprof_profiler.engine import correlate as corr_mod
 from dlprof_profiler import log
 from dlprof_profiler.engine import iterate
 from dlprof_profiler.engine.aggregate import Aggregation, aggregate
-from dlprof_profiler.engine.correlate import Correlation
+from dlprof_profiler.engine.correlate import Correlation, OpModel
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.engine.trace import Trace
 
@@ -46,7 +46,7 @@ class Analysis:
     """Everything the outputs are written from."""
 
     trace: Trace
-    corr: Correlation
+    corr: OpModel  # correlate.Correlation in memory, store.model.StoreCorrelation out of core
     iterations: iterate.Iterations
     aggregations: dict[str, Aggregation]
     findings: dict[str, list]
@@ -206,7 +206,7 @@ def _chosen_iterations(iterations: iterate.Iterations, config: AnalysisConfig, s
     return iter_start, iter_stop
 
 
-def choose_domain(corr: Correlation, requested: str | None, source_name: str) -> str:
+def choose_domain(corr: OpModel, requested: str | None, source_name: str) -> str:
     """The primary domain: the requested one, else the default domain, else the one with the most ranges."""
     names = list(corr.domains)
     if requested and requested != "all":
@@ -285,7 +285,7 @@ def analyze_store(
     from dlprof_profiler.engine.aggregate import aggregate_model
     from dlprof_profiler.engine.correlate import DomainCorrelator, segment_rows
     from dlprof_profiler.store.process_memory import release_unused_memory
-    from dlprof_profiler.store.model import LaunchSpill, StoreAnalysis, StoreModel, StoreSink
+    from dlprof_profiler.store.model import LaunchSpill, StoreAnalysis, StoreCorrelation, StoreModel, StoreSink
 
     source_name = source_name or str(store.export)
     stages = _Stages()
@@ -341,11 +341,7 @@ def analyze_store(
         return {d: c.sink.finish(c) for d, c in correlators.items()}
 
     models = stages.run(f"Correlating in {len(cuts) + 1} time segment(s)", correlate_all)
-    corr = Correlation(
-        gpu_api=None,
-        uses_tc=None,
-        tc_rule=None,
-        range_info=None,
+    corr = StoreCorrelation(
         mode=mode,
         family=family,
         thread_device=thread_dev,
@@ -353,8 +349,8 @@ def analyze_store(
         domains=models,
         config=run_config,
         range_labels=labels,
+        store=sa,
     )
-    corr.store = sa
     if on_correlated is not None:
         on_correlated(corr)
     if config.key_node and not iterations.found:
@@ -422,7 +418,7 @@ def _store_iterations(
     )
 
 
-def _store_key_node_from_ops(sa, corr: Correlation, key: str, iterations: iterate.Iterations) -> iterate.Iterations:
+def _store_key_node_from_ops(sa, corr: OpModel, key: str, iterations: iterate.Iterations) -> iterate.Iterations:
     frames = []
     for dm in corr.domains.values():
         ops = dm.ops

@@ -17,7 +17,7 @@ import pandas as pd
 from dlprof_profiler.engine import markers as nm
 from dlprof_profiler.contract import api_display_name
 from dlprof_profiler.engine.intervals import covered_length, union_length_by_group
-from dlprof_profiler.engine.model_chunks import TIME_MAX
+from dlprof_profiler.engine.model_chunks import TIME_MAX, first_calls, first_given_values
 from dlprof_profiler.engine.naming import NamingCarry, distinct_texts, first_rows, range_names
 from dlprof_profiler.engine.structure import RangeForest, ThreadTimeKeys, nearest_flagged_ancestor, outermost_flagged
 from dlprof_profiler.engine.tensor_cores import kernel_uses_tc, op_tc_eligible
@@ -71,7 +71,9 @@ OP_COLUMNS = [
 
 @dataclass
 class DomainModel:
-    """The op model of one NVTX domain: its op instances and ops, and who owns each API call / activity."""
+    """The op model of one NVTX domain held in memory: its op instances and ops, and who owns each API call /
+    activity. The outputs read instances through the methods below, which the out-of-core model
+    (store.model.StoreDomainModel) has too."""
 
     domain: str
     family: str | None
@@ -82,20 +84,30 @@ class DomainModel:
     gpu_instance: np.ndarray  # per GPU activity: instance id (= row in instances)
     n_ranges: int = 0
 
+    def first_call_values(self, column: str, op_index) -> np.ndarray:
+        """Per op of `op_index`, `column` of its first call (earliest start, then lowest instance id)."""
+        return first_calls(self.instances, [column], op_index)[column]
 
-@dataclass
-class Correlation:
-    """Everything correlate derives from a trace: shared links plus one DomainModel per domain."""
+    def first_given_values(self, column: str) -> pd.Series:
+        """Per op_index, the first non-empty `column` value of its instances in start order."""
+        return first_given_values(self.instances, column)
 
-    gpu_api: np.ndarray  # per GPU activity: row in trace.api_calls, -1 if none
-    uses_tc: np.ndarray  # per GPU activity: kernel uses Tensor Cores
-    tc_rule: np.ndarray  # per GPU activity: id of the deciding rule
-    range_info: pd.DataFrame  # per range: classification + parent/depth
+    def instance_chunks(self, columns, rows: int):
+        """The instances' `columns` in start order, `rows` at a time."""
+        for lo in range(0, len(self.instances), rows):
+            yield self.instances.iloc[lo : lo + rows][columns]
+
+
+@dataclass(kw_only=True)
+class OpModel:
+    """What every op model has, in memory or out of core: the mode, the devices of threads and processes, one
+    domain model per NVTX domain (DomainModel or store.model.StoreDomainModel: the same read methods)."""
+
     mode: str
     family: str | None
     thread_device: dict
     process_device: dict
-    domains: dict[str, DomainModel] = field(default_factory=dict)
+    domains: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
     range_labels: pd.DataFrame | None = None  # per (domain, label): kind and number of ranges
 
@@ -103,6 +115,17 @@ class Correlation:
     def range_counts(self) -> dict:
         """NVTX ranges per domain (op markers and scopes)."""
         return {name: int(dm.n_ranges) for name, dm in self.domains.items()}
+
+
+@dataclass(kw_only=True)
+class Correlation(OpModel):
+    """Everything correlate derives from a trace held in memory: per-activity links plus one DomainModel per
+    domain (the out-of-core counterpart is store.model.StoreCorrelation)."""
+
+    gpu_api: np.ndarray  # per GPU activity: row in trace.api_calls, -1 if none
+    uses_tc: np.ndarray  # per GPU activity: kernel uses Tensor Cores
+    tc_rule: np.ndarray  # per GPU activity: id of the deciding rule
+    range_info: pd.DataFrame  # per range: classification + parent/depth
 
 
 # ---------------------------------------------------------------------------- entry points

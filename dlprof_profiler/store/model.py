@@ -5,6 +5,8 @@ checked against it in the tests; names are integer codes into one string pool.""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -843,13 +845,10 @@ class StoreDomainModel:
     def __init__(self, domain, family, has_markers, ops, n_ranges, sink: StoreSink, n_instances: int):
         self.domain, self.family, self.has_markers, self.ops = domain, family, has_markers, ops
         self.n_ranges, self.sink, self.n_instances = n_ranges, sink, n_instances
-        self.instances = None  # in the store: see `instances_where`
-        self.api_instance = None
-        self.gpu_instance = None
 
     def first_call_values(self, column: str, op_index) -> np.ndarray:
         """Per op of `op_index`, `column` of its first call (earliest start, then lowest instance id; as
-        reports.first_call_values computes it in memory)."""
+        DomainModel.first_call_values in memory)."""
         return self.first_calls([column], op_index)[column]
 
     def first_calls(self, columns, op_index) -> dict:
@@ -869,6 +868,12 @@ class StoreDomainModel:
             column[pd.isna(column)] = None
             out[c] = column
         return out
+
+    def instance_chunks(self, columns, rows: int):
+        """The instances' `columns` in start order, `rows` at a time (DomainModel.instance_chunks)."""
+        for cols in self.sink.instances_by_start(columns):
+            for lo in range(0, cols["start"].size, rows):
+                yield pd.DataFrame({c: cols[c][lo : lo + rows] for c in columns}, copy=False)
 
     def first_given_values(self, column: str) -> pd.Series:
         """Per op_index, the first non-empty `column` value of its instances in start order (graph_events)."""
@@ -907,6 +912,14 @@ class StoreDomainModel:
             f[c] = sink.a.pool.decode(f.pop(f"{c}_code").to_numpy(np.int64))
         f["domain"] = self.domain
         return f
+
+
+@dataclass(kw_only=True)
+class StoreCorrelation(corr_mod.OpModel):
+    """The op model of a staged trace (correlate.Correlation's out-of-core counterpart): its domains are
+    StoreDomainModels; the per-activity links and the range classification live in the store (`store`)."""
+
+    store: StoreAnalysis
 
 
 class StoreModel:
