@@ -92,6 +92,11 @@ class DomainModel:
         """Per op_index, the first non-empty `column` value of its instances in start order."""
         return first_given_values(self.instances, column)
 
+    def instances_of_ops(self, op_index, columns) -> pd.DataFrame:
+        """The `columns` of the instances of some ops, in start order."""
+        inst = self.instances
+        return inst.loc[np.isin(inst["op_index"].to_numpy(np.int64), op_index), columns].reset_index(drop=True)
+
     def instance_chunks(self, columns, rows: int):
         """The instances' `columns` in start order, `rows` at a time."""
         for lo in range(0, len(self.instances), rows):
@@ -922,21 +927,15 @@ class DomainCorrelator:
         """Metrics of the instances that crossed segment bounds, over all their API calls and activities."""
         ids = np.array(sorted(self.partial), dtype=np.int64)
         rows = ids  # instance ids are dense row numbers
-        part = instances.iloc[rows].copy()
-        backward = part["kind"].to_numpy() == BACKWARD_PASS
-        if backward.any():
-            api = trace.api_calls
-            owned = pd.DataFrame(
-                {"i": self.api_instance, "s": api["start"].to_numpy(np.int64), "e": api["end"].to_numpy(np.int64)}
-            )
-            span = owned[owned["i"].isin(set(ids[backward].tolist()))].groupby("i").agg(s=("s", "min"), e=("e", "max"))
-            b_ids = ids[backward]
-            part.loc[backward, "start"] = span["s"].reindex(b_ids).to_numpy(np.int64)
-            part.loc[backward, "end"] = span["e"].reindex(b_ids).to_numpy(np.int64)
+        api = trace.api_calls
+        owned = pd.DataFrame(
+            {"i": self.api_instance, "s": api["start"].to_numpy(np.int64), "e": api["end"].to_numpy(np.int64)}
+        )
+        span = owned[owned["i"].isin(set(ids.tolist()))].groupby("i").agg(s=("s", "min"), e=("e", "max"))
+        part = backward_pass_spans(instances.iloc[rows], span)
         g_rows = np.flatnonzero(np.isin(self.gpu_instance, ids))
         gpu = trace.gpu.iloc[g_rows].reset_index(drop=True)
-        part = part.reset_index(drop=True)
-        instance_metrics(part, trace.api_calls, gpu, self.gpu_instance[g_rows], self.thread_device, self.process_device)
+        instance_metrics(part, api, gpu, self.gpu_instance[g_rows], self.thread_device, self.process_device)
         for column in (
             "start",
             "end",
@@ -1121,6 +1120,20 @@ def _unassociated_instances(kind, events, rows, names, api_id, activity_id, glob
     )
 
 
+def backward_pass_spans(part: pd.DataFrame, api_span: pd.DataFrame) -> pd.DataFrame:
+    """The instances of `part` (completed after the segments: they crossed a segment bound) with a backward
+    pass spanning the API calls it owns (`api_span`: per instance id, s and e: first start and last end of its
+    calls); the other instances as they are. A copy, in `part`'s order, ready for instance_metrics."""
+    part = part.reset_index(drop=True).copy()
+    backward = part["kind"].to_numpy() == BACKWARD_PASS
+    if backward.any() and len(api_span):
+        ids = part.loc[backward, "instance_id"].to_numpy(np.int64)
+        for column, key in (("start", "s"), ("end", "e")):
+            own = part.loc[backward, column].to_numpy(np.int64)
+            part.loc[backward, column] = api_span[key].reindex(ids).fillna(pd.Series(own, index=ids)).to_numpy(np.int64)
+    return part
+
+
 def instance_metrics(
     inst: pd.DataFrame,
     api: pd.DataFrame,
@@ -1258,44 +1271,93 @@ def op_table(inst: pd.DataFrame, domain: str, family: str | None, bounds=None) -
     # call are one call)
     calls = np.flatnonzero(inst["is_call"].to_numpy(dtype=bool))
     head = inst.iloc[calls]
+    ids = head["instance_id"].to_numpy(np.int64)
     names = head["name"].to_numpy(dtype=object)
     directions = head["direction"].fillna("").to_numpy(dtype=object)
-    start = head["start"].to_numpy(np.int64)
-    ids = head["instance_id"].to_numpy(np.int64)
-    iteration = np.searchsorted(
-        np.zeros(0, np.int64) if bounds is None else np.asarray(bounds, np.int64), start, side="right"
+    g = op_groups(
+        ids,
+        head["start"].to_numpy(np.int64),
+        head["global_tid"].to_numpy(np.int64),
+        names,
+        directions,
+        head["device_id"].to_numpy(np.int64),
+        bounds,
     )
-    name_codes = combined_codes(names, directions)
-    nth = rank_within(combined_codes(iteration, head["global_tid"].to_numpy(np.int64), name_codes), [ids, start]) + 1
-    codes = combined_codes(name_codes, nth)
-    by_time = np.lexsort((ids, start))
-    first = by_time[first_rows(codes[by_time])]  # per code: its first call in time
-    n = first.size
-    dev = pd.DataFrame({"code": codes, "device_id": head["device_id"].to_numpy()})
-    dev = dev[dev["device_id"] >= 0].groupby(["code", "device_id"]).size().reset_index(name="c")
-    dev = dev.sort_values(["code", "c", "device_id"], ascending=[True, False, True]).drop_duplicates("code")
+    first = g.first
     groups = make_frame(
         {
             "name": names[first],
             "direction": directions[first],
-            "nth": nth[first],
+            "nth": g.nth,
             "op_type": head["op_type"].to_numpy(dtype=object)[first],
             "label": head["label"].to_numpy(dtype=object)[first],
-            "first_start": start[first],
+            "first_start": g.first_start,
             "kind": head["kind"].to_numpy()[first],
-            "n_instances": np.bincount(codes, minlength=n),
-            "data_type": _first_given(head["data_type"].to_numpy(dtype=object), codes, by_time, n),
-            "stack_trace": _first_given(head["stack_trace"].to_numpy(dtype=object), codes, by_time, n),
-            "device_id": pd.Series(dev["device_id"].to_numpy(), index=dev["code"].to_numpy())
-            .reindex(np.arange(n))
-            .fillna(-1)
-            .to_numpy(np.int64),
+            "n_instances": g.n_instances,
+            "data_type": g.first_given(head["data_type"].to_numpy(dtype=object), pd.notna),
+            "stack_trace": g.first_given(head["stack_trace"].to_numpy(dtype=object), pd.notna),
+            "device_id": g.device_id,
         }
     )
+    codes = g.code
     ops, op_index_of_group = finish_op_table(groups, domain, family)
     op_of_call = pd.Series(op_index_of_group[codes], index=ids)
     inst["op_index"] = op_of_call.reindex(inst["call_id"].to_numpy(np.int64)).to_numpy(np.int64)
     return ops
+
+
+@dataclass
+class OpGroups:
+    """The calls of a domain grouped into ops (op_groups); group rows are in no particular order."""
+
+    code: np.ndarray  # per call: its group
+    first: np.ndarray  # per group: its first call (earliest start, then lowest instance id)
+    nth: np.ndarray  # per group: the n of "the n-th call of the name on its thread in an iteration"
+    first_start: np.ndarray  # per group: the start of its first call
+    n_instances: np.ndarray  # per group: its calls
+    device_id: np.ndarray  # per group: the device most of its calls ran on (the lowest on ties; -1: none)
+    by_time: np.ndarray  # the calls in (start, instance id) order
+
+    def first_given(self, values: np.ndarray, given) -> np.ndarray:
+        """Per group, the first value in time for which `given(values)` holds; None where there is none."""
+        out = np.full(self.first.size, None, dtype=object)
+        ordered = self.by_time[given(values[self.by_time])]
+        if ordered.size:
+            first = first_rows(self.code[ordered])
+            has = first >= 0
+            out[np.flatnonzero(has)] = values[ordered[first[has]]]
+        return out
+
+
+def op_groups(ids, start, global_tid, names, directions, device_id, bounds) -> OpGroups:
+    """Ops, as in DLProf 1.8, over one row per call (ids, start, thread, name, direction, device; names and
+    directions as values or codes): the n-th call of a (name, direction) within an iteration on its thread
+    is the same op in every iteration (`bounds`: the iteration boundaries the names were given with).
+    Both engines group their calls with it (in memory, and the store over its calls)."""
+    iteration = np.searchsorted(
+        np.zeros(0, np.int64) if bounds is None else np.asarray(bounds, np.int64), start, side="right"
+    )
+    name_codes = combined_codes(names, directions)
+    nth = rank_within(combined_codes(iteration, global_tid, name_codes), [ids, start]) + 1
+    codes = combined_codes(name_codes, nth)
+    by_time = np.lexsort((ids, start))
+    first = by_time[first_rows(codes[by_time])]  # per code: its first call in time
+    n = first.size
+    dev = pd.DataFrame({"code": codes, "device_id": device_id})
+    dev = dev[dev["device_id"] >= 0].groupby(["code", "device_id"]).size().reset_index(name="c")
+    dev = dev.sort_values(["code", "c", "device_id"], ascending=[True, False, True]).drop_duplicates("code")
+    return OpGroups(
+        code=codes,
+        first=first,
+        nth=nth[first],
+        first_start=np.asarray(start, np.int64)[first],
+        n_instances=np.bincount(codes, minlength=n),
+        device_id=pd.Series(dev["device_id"].to_numpy(), index=dev["code"].to_numpy())
+        .reindex(np.arange(n))
+        .fillna(-1)
+        .to_numpy(np.int64),
+        by_time=by_time,
+    )
 
 
 CALL_METRICS = ("cpu_time", "cpu_overhead", "gpu_time", "gpu_idle", "n_kernels")
@@ -1372,17 +1434,6 @@ def _sort_rank(values: np.ndarray) -> np.ndarray:
     if len(text) == 0:
         return np.zeros(0, dtype=np.int64)
     return pc.rank(text, sort_keys="ascending", tiebreaker="dense").to_numpy().astype(np.int64) - 1
-
-
-def _first_given(values: np.ndarray, groups: np.ndarray, by_time: np.ndarray, n_groups: int) -> np.ndarray:
-    """Per group, the first value in time that is not missing; None where there is none."""
-    out = np.full(n_groups, None, dtype=object)
-    ordered = by_time[pd.notna(values[by_time])]
-    if ordered.size:
-        first = first_rows(groups[ordered])
-        has = first >= 0
-        out[np.flatnonzero(has)] = values[ordered[first[has]]]
-    return out
 
 
 _NON_ID = re.compile(r"[^A-Z0-9_]+")
