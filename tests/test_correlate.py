@@ -539,3 +539,20 @@ def test_op_groups_number_calls_per_iteration_thread_and_name():
         data_type = np.array([None, None, "f16", "f32", "f16", "f32", None, None], dtype=object)
         given = g.first_given(data_type, lambda v: v != None)  # noqa: E711 - elementwise
         assert (given[mm1], given[mm2], given[add1]) == ("f32", "f32", "f16")
+
+
+def test_a_backward_pass_crossing_a_cut_spans_the_calls_it_owns():
+    """The completion both engines run for an instance crossing a segment cut: a backward pass takes the
+    first start and last end of the API calls it owns; other instances, and one owning none, keep theirs."""
+    import pandas as pd
+
+    from dlprof_profiler.engine.correlate import BACKWARD_PASS, RANGE_OP, backward_pass_spans
+
+    part = pd.DataFrame(
+        {"instance_id": [4, 7, 9], "kind": [RANGE_OP, BACKWARD_PASS, BACKWARD_PASS], "start": [10, 50, 80]}
+        | {"end": [20, 60, 90], "pid": [1, 1, 1], "global_tid": [2, 2, 2]}
+    )
+    span = pd.DataFrame({"s": [5, 45], "e": [25, 75]}, index=[4, 7])
+    out = backward_pass_spans(part, span)
+    assert out["start"].tolist() == [10, 45, 80] and out["end"].tolist() == [20, 75, 90]
+    assert part["start"].tolist() == [10, 50, 80]  # a copy: the caller's frame is left alone

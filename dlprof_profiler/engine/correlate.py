@@ -93,7 +93,7 @@ class DomainModel:
         return first_given_values(self.instances, column)
 
     def instances_of_ops(self, op_index, columns) -> pd.DataFrame:
-        """The `columns` of the instances of some ops, in start order."""
+        """The `columns` of the instances of some ops (in instance id order)."""
         inst = self.instances
         return inst.loc[np.isin(inst["op_index"].to_numpy(np.int64), op_index), columns].reset_index(drop=True)
 

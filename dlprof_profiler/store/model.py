@@ -825,7 +825,7 @@ class StoreDomainModel:
         )
 
     def instances_of_ops(self, op_index, columns) -> pd.DataFrame:
-        """The `columns` of the instances of some ops, in start order (DomainModel.instances_of_ops)."""
+        """The `columns` of the instances of some ops, in start order (as DomainModel.instances_of_ops)."""
         idx = ",".join(str(int(i)) for i in op_index)
         return self.instances_where(f"op_index IN ({idx})")[list(columns)]
 
