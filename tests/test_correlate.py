@@ -507,38 +507,56 @@ def test_api_names_as_users_write_them():
     assert api_display_name(None) is None
 
 
-def test_op_groups_number_calls_per_iteration_thread_and_name():
-    """The op grouping both engines run (in memory over object names, out of core over string-pool codes):
-    the n-th call of a (name, direction) on a thread within an iteration is the same op in every iteration;
-    an op's first call is the earliest (then lowest id), its device the one most calls ran on (lowest on
-    ties), its data type the first one given in time."""
+def test_op_grouper_numbers_calls_per_iteration_thread_and_name():
+    """The op grouping both engines run (in memory: one batch of object names; out of core: batches of
+    string-pool codes in start order): the n-th call of a (name, direction) on a thread within an iteration
+    is the same op in every iteration; an op's first call is the earliest (then lowest id), its device the
+    one most calls ran on (lowest on ties), its data type the first one given in time; batches give what one
+    batch gives."""
     import numpy as np
 
-    from dlprof_profiler.engine.correlate import op_groups
+    from dlprof_profiler.engine.correlate import OpGrouper
 
     # iteration bounds at 100: calls 0-3 in iteration 0, 4-7 in iteration 1; thread 1 and thread 2
-    ids = np.array([0, 1, 2, 3, 4, 5, 6, 7])
-    start = np.array([10, 20, 30, 15, 110, 120, 130, 115])
-    tid = np.array([1, 1, 1, 2, 1, 1, 1, 2])
+    ids = np.array([0, 3, 1, 2, 4, 7, 5, 6])
+    start = np.array([10, 15, 20, 30, 110, 115, 120, 130])
+    tid = np.array([1, 2, 1, 1, 1, 2, 1, 1])
+    device = np.array([0, 0, 1, 0, 1, 0, 1, -1])
+    data_type = np.array([None, "f32", None, "f16", "f16", None, "f32", None], dtype=object)
+    values = {"op_type": np.array(["t"] * 8, dtype=object), "label": ids * 10, "kind": np.zeros(8, np.int64)}
+    values |= {"data_type": data_type, "stack_trace": np.full(8, None, dtype=object)}
     for names in (
-        np.array(["mm", "mm", "add", "mm", "mm", "mm", "add", "mm"], dtype=object),
-        np.array([7, 7, 3, 7, 7, 7, 3, 7]),  # the same calls with names as codes
+        np.array(["mm", "mm", "mm", "add", "mm", "mm", "mm", "add"], dtype=object),
+        np.array([7, 7, 7, 3, 7, 7, 7, 3]),  # the same calls with names as codes
     ):
         directions = np.array(["fprop"] * 8, dtype=object)
-        device = np.array([0, 1, 0, 0, 1, 1, -1, 0])
-        g = op_groups(ids, start, tid, names, directions, device, np.array([100]))
-        # ops: mm#1 (calls 0, 3, 4, 7: first on each thread), mm#2 (1, 5), add#1 (2, 6)
-        groups = {tuple(sorted(ids[g.code == c].tolist())): c for c in np.unique(g.code)}
-        assert set(groups) == {(0, 3, 4, 7), (1, 5), (2, 6)}
-        mm1, mm2, add1 = groups[(0, 3, 4, 7)], groups[(1, 5)], groups[(2, 6)]
-        assert (g.nth[mm1], g.nth[mm2], g.nth[add1]) == (1, 2, 1)
-        assert (g.first[mm1], g.first[mm2], g.first[add1]) == (0, 1, 2)
-        assert (g.first_start[mm1], g.n_instances[mm1], g.n_instances[mm2]) == (10, 4, 2)
-        # mm#1 ran on device 0 three times (calls 0, 3, 7), on 1 once (4); mm#2 twice on 1; add#1 once on 0
-        assert (g.device_id[mm1], g.device_id[mm2], g.device_id[add1]) == (0, 1, 0)
-        data_type = np.array([None, None, "f16", "f32", "f16", "f32", None, None], dtype=object)
-        given = g.first_given(data_type, lambda v: v != None)  # noqa: E711 - elementwise
-        assert (given[mm1], given[mm2], given[add1]) == ("f32", "f32", "f16")
+        for batches in ([slice(0, 8)], [slice(0, 3), slice(3, 5), slice(5, 8)]):
+            grouper = OpGrouper(np.array([100]))
+            gid = np.concatenate(
+                [
+                    grouper.add(
+                        ids[b],
+                        start[b],
+                        tid[b],
+                        names[b],
+                        directions[b],
+                        device[b],
+                        {c: v[b] for c, v in values.items()},
+                    )
+                    for b in batches
+                ]
+            )
+            table = grouper.table()
+            # ops: mm#1 (calls 0, 3, 4, 7: the first on each thread), mm#2 (1, 5), add#1 (2, 6)
+            groups = {tuple(sorted(ids[gid == g].tolist())): g for g in np.unique(gid)}
+            assert set(groups) == {(0, 3, 4, 7), (1, 5), (2, 6)}
+            rows = table.iloc[[groups[(0, 3, 4, 7)], groups[(1, 5)], groups[(2, 6)]]]
+            assert rows["nth"].tolist() == [1, 2, 1]
+            assert rows["label"].tolist() == [0, 10, 20]  # from the first call
+            assert rows["first_start"].tolist() == [10, 20, 30] and rows["n_instances"].tolist() == [4, 2, 2]
+            # mm#1 ran on device 0 three times (calls 0, 3, 7), on 1 once; mm#2 twice on 1; add#1 once on 0
+            assert rows["device_id"].tolist() == [0, 1, 0]
+            assert rows["data_type"].tolist() == ["f32", "f32", "f16"]
 
 
 def test_a_backward_pass_crossing_a_cut_spans_the_calls_it_owns():

@@ -1274,90 +1274,128 @@ def op_table(inst: pd.DataFrame, domain: str, family: str | None, bounds=None) -
     ids = head["instance_id"].to_numpy(np.int64)
     names = head["name"].to_numpy(dtype=object)
     directions = head["direction"].fillna("").to_numpy(dtype=object)
-    g = op_groups(
+    grouper = OpGrouper(bounds)
+    codes = grouper.add(
         ids,
         head["start"].to_numpy(np.int64),
         head["global_tid"].to_numpy(np.int64),
         names,
         directions,
         head["device_id"].to_numpy(np.int64),
-        bounds,
+        {c: head[c].to_numpy() if c == "kind" else head[c].to_numpy(dtype=object) for c in OP_FIRST + OP_GIVEN},
     )
-    first = g.first
-    groups = make_frame(
-        {
-            "name": names[first],
-            "direction": directions[first],
-            "nth": g.nth,
-            "op_type": head["op_type"].to_numpy(dtype=object)[first],
-            "label": head["label"].to_numpy(dtype=object)[first],
-            "first_start": g.first_start,
-            "kind": head["kind"].to_numpy()[first],
-            "n_instances": g.n_instances,
-            "data_type": g.first_given(head["data_type"].to_numpy(dtype=object), pd.notna),
-            "stack_trace": g.first_given(head["stack_trace"].to_numpy(dtype=object), pd.notna),
-            "device_id": g.device_id,
-        }
-    )
-    codes = g.code
+    groups = grouper.table()
     ops, op_index_of_group = finish_op_table(groups, domain, family)
     op_of_call = pd.Series(op_index_of_group[codes], index=ids)
     inst["op_index"] = op_of_call.reindex(inst["call_id"].to_numpy(np.int64)).to_numpy(np.int64)
     return ops
 
 
-@dataclass
-class OpGroups:
-    """The calls of a domain grouped into ops (op_groups); group rows are in no particular order."""
-
-    code: np.ndarray  # per call: its group
-    first: np.ndarray  # per group: its first call (earliest start, then lowest instance id)
-    nth: np.ndarray  # per group: the n of "the n-th call of the name on its thread in an iteration"
-    first_start: np.ndarray  # per group: the start of its first call
-    n_instances: np.ndarray  # per group: its calls
-    device_id: np.ndarray  # per group: the device most of its calls ran on (the lowest on ties; -1: none)
-    by_time: np.ndarray  # the calls in (start, instance id) order
-
-    def first_given(self, values: np.ndarray, given) -> np.ndarray:
-        """Per group, the first value in time for which `given(values)` holds; None where there is none."""
-        out = np.full(self.first.size, None, dtype=object)
-        ordered = self.by_time[given(values[self.by_time])]
-        if ordered.size:
-            first = first_rows(self.code[ordered])
-            has = first >= 0
-            out[np.flatnonzero(has)] = values[ordered[first[has]]]
-        return out
+OP_FIRST = ("op_type", "label", "kind")  # an op's, from its first call
+OP_GIVEN = ("data_type", "stack_trace")  # an op's, the first value in time that is not missing
+OP_GROUP_COLUMNS = ["name", "direction", "nth", "op_type", "label", "first_start", "kind", "n_instances"] + [
+    "data_type",
+    "stack_trace",
+    "device_id",
+]
 
 
-def op_groups(ids, start, global_tid, names, directions, device_id, bounds) -> OpGroups:
-    """Ops, as in DLProf 1.8, over one row per call (ids, start, thread, name, direction, device; names and
-    directions as values or codes): the n-th call of a (name, direction) within an iteration on its thread
-    is the same op in every iteration (`bounds`: the iteration boundaries the names were given with).
-    Both engines group their calls with it (in memory, and the store over its calls)."""
-    iteration = np.searchsorted(
-        np.zeros(0, np.int64) if bounds is None else np.asarray(bounds, np.int64), start, side="right"
-    )
-    name_codes = combined_codes(names, directions)
-    nth = rank_within(combined_codes(iteration, global_tid, name_codes), [ids, start]) + 1
-    codes = combined_codes(name_codes, nth)
-    by_time = np.lexsort((ids, start))
-    first = by_time[first_rows(codes[by_time])]  # per code: its first call in time
-    n = first.size
-    dev = pd.DataFrame({"code": codes, "device_id": device_id})
-    dev = dev[dev["device_id"] >= 0].groupby(["code", "device_id"]).size().reset_index(name="c")
-    dev = dev.sort_values(["code", "c", "device_id"], ascending=[True, False, True]).drop_duplicates("code")
-    return OpGroups(
-        code=codes,
-        first=first,
-        nth=nth[first],
-        first_start=np.asarray(start, np.int64)[first],
-        n_instances=np.bincount(codes, minlength=n),
-        device_id=pd.Series(dev["device_id"].to_numpy(), index=dev["code"].to_numpy())
-        .reindex(np.arange(n))
-        .fillna(-1)
-        .to_numpy(np.int64),
-        by_time=by_time,
-    )
+class OpGrouper:
+    """Ops, as in DLProf 1.8: the n-th call of a (name, direction) within an iteration on its thread is the same
+    op in every iteration (`bounds`: the iteration boundaries the names were given with). Calls come in
+    batches in (start, instance id) order (in memory: one batch; out of core: the store's calls streamed, so
+    memory holds one batch and the ops, not every call); names and directions as values or as codes. An op's
+    first call is the earliest (then lowest id) and gives it OP_FIRST; OP_GIVEN take the first value in time
+    that is not missing (None, or a negative code); its device is the one most calls ran on (lowest on ties)."""
+
+    def __init__(self, bounds):
+        self.bounds = np.zeros(0, np.int64) if bounds is None else np.asarray(bounds, np.int64)
+        self.carry = None  # calls so far per (iteration, thread, name, direction) of the last iteration seen
+        self.keys = None  # (name, direction, nth) -> gid of every op so far
+        self.ops = None  # one row per op, in gid order
+        self.devices: list[pd.DataFrame] = []
+
+    def add(self, ids, start, tid, names, directions, device_id, values: dict) -> np.ndarray:
+        """One batch of calls (`values`: OP_FIRST and OP_GIVEN per call); returns each call's op (gid)."""
+        ids, start, tid = np.asarray(ids, np.int64), np.asarray(start, np.int64), np.asarray(tid, np.int64)
+        if ids.size == 0:
+            return np.zeros(0, np.int64)
+        it = np.searchsorted(self.bounds, start, side="right")
+        key = combined_codes(it, tid, names, directions)
+        heads = first_rows(key)
+        seen = pd.DataFrame({"it": it[heads], "tid": tid[heads], "name": names[heads], "direction": directions[heads]})
+        before = np.zeros(heads.size, np.int64)
+        if self.carry is not None:
+            before = seen.merge(self.carry, on=["it", "tid", "name", "direction"], how="left")["calls"]
+            before = before.fillna(0).to_numpy(np.int64)
+        nth = rank_within(key, [ids, start]) + 1 + before[key]
+        # later batches start no earlier: only the counters of this batch's last iteration can go on
+        seen["calls"] = before + np.bincount(key, minlength=heads.size)
+        self.carry = seen[seen["it"] == it.max()].reset_index(drop=True)
+        code = combined_codes(names, directions, nth)
+        by_time = np.lexsort((ids, start))
+        first = by_time[first_rows(code[by_time])]
+        batch = pd.DataFrame({"name": names[first], "direction": directions[first], "nth": nth[first]})
+        gid = np.full(first.size, -1, np.int64)
+        if self.keys is not None:
+            gid = batch.merge(self.keys, on=["name", "direction", "nth"], how="left")["gid"].fillna(-1)
+            gid = gid.to_numpy(np.int64, copy=True)
+        new = gid < 0
+        n_before = 0 if self.ops is None else len(self.ops)
+        gid[new] = n_before + np.arange(int(new.sum()))
+        opened = batch[new].reset_index(drop=True)
+        opened["gid"] = gid[new]
+        self.keys = (
+            opened[["name", "direction", "nth", "gid"]]
+            if self.keys is None
+            else pd.concat([self.keys, opened[["name", "direction", "nth", "gid"]]], ignore_index=True)
+        )
+        for c in OP_FIRST:
+            opened[c] = np.asarray(values[c])[first][new]
+        opened["first_start"] = start[first][new]
+        opened["n_instances"] = np.zeros(int(new.sum()), np.int64)
+        for c in OP_GIVEN:
+            opened[c] = np.full(int(new.sum()), None, dtype=object)
+        self.ops = opened if self.ops is None else pd.concat([self.ops, opened], ignore_index=True)
+        n = self.ops["n_instances"].to_numpy(np.int64).copy()
+        np.add.at(n, gid, np.bincount(code, minlength=first.size))
+        self.ops["n_instances"] = n
+        for c in OP_GIVEN:
+            self._give(c, np.asarray(values[c]), code, by_time, gid)
+        device_id = np.asarray(device_id, np.int64)
+        keep = device_id >= 0
+        self.devices.append(
+            pd.DataFrame({"gid": gid[code[keep]], "device_id": device_id[keep]})
+            .groupby(["gid", "device_id"])
+            .size()
+            .reset_index(name="c")
+        )
+        return gid[code]
+
+    def _give(self, column: str, values: np.ndarray, code: np.ndarray, by_time: np.ndarray, gid: np.ndarray) -> None:
+        """The first value in time that is not missing, for the ops without one yet."""
+        given = pd.notna(values[by_time])
+        if values.dtype.kind in "iu":
+            given &= values[by_time] >= 0
+        ordered = by_time[given]
+        if ordered.size == 0:
+            return
+        first = first_rows(code[ordered])
+        has = np.flatnonzero(first >= 0)
+        column_values = self.ops[column].to_numpy(dtype=object).copy()
+        at = gid[has]
+        empty = pd.isna(column_values[at])
+        column_values[at[empty]] = values[ordered[first[has]]][empty]
+        self.ops[column] = column_values
+
+    def table(self) -> pd.DataFrame:
+        """One row per op, in gid order (OP_GROUP_COLUMNS)."""
+        dev = pd.concat(self.devices, ignore_index=True).groupby(["gid", "device_id"])["c"].sum().reset_index()
+        dev = dev.sort_values(["gid", "c", "device_id"], ascending=[True, False, True]).drop_duplicates("gid")
+        device = pd.Series(dev["device_id"].to_numpy(), index=dev["gid"].to_numpy())
+        table = self.ops.copy()
+        table["device_id"] = device.reindex(np.arange(len(table))).fillna(-1).to_numpy(np.int64)
+        return table[OP_GROUP_COLUMNS]
 
 
 CALL_METRICS = ("cpu_time", "cpu_overhead", "gpu_time", "gpu_idle", "n_kernels")

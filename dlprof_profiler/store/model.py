@@ -62,6 +62,7 @@ INST_SCHEMA = pa.schema(_INSTANCE_FIELDS)
 SORTED_SCHEMA = pa.schema(
     _INSTANCE_FIELDS + [("is_call", pa.bool_())] + [(f"call_{m}", pa.int64()) for m in CALL_METRICS]
 )
+OP_TABLE_BATCH_ROWS = 1 << 21  # calls grouped into ops at a time (correlate.OpGrouper)
 # what aggregation reads of each segment's GPU activities (those launched in it, read from the staged
 # gpu_by_launch in activity id order: every domain's owners of them were written in that order)
 ACTS_COLUMNS = [c for c in ACTIVITY_FIELDS if c not in ("owner", "owner_op", "owner_start")] + [
@@ -592,49 +593,39 @@ class StoreSink:
         self._update(out, [c for c in out.columns if c != "instance_id"])
 
     def _op_table(self, domain: str, family: str | None, n_ids: int) -> tuple[pd.DataFrame, np.ndarray]:
-        """The op table (correlate.op_groups over the calls read from the store, text as pool codes): one row
-        per (name, direction, nth); and per instance id that is a call (the first instance of it), its
-        op_index (-1 elsewhere)."""
+        """The op table (correlate.OpGrouper over the calls streamed from the store in (start, instance id)
+        order, text as pool codes): one row per (name, direction, nth); and per instance id that is a call
+        (the first instance of it), its op_index (-1 elsewhere)."""
         store, pool = self.a.store, self.a.pool
         op_of_call = np.full(max(n_ids, 1), -1, dtype=np.int32)
-        heads = store.con.sql(f"""
-            SELECT instance_id, start, global_tid, name_code, direction_code, device_id, op_type_code, label_code,
-                   kind, data_type_code, stack_trace_code
-            FROM {self._patched()} WHERE call_id = instance_id""").to_arrow_table()
-        if heads.num_rows == 0:
+        texts = {c: f"{c}_code" for c in ("op_type", "label", "data_type", "stack_trace")}
+        calls = store.con.sql(f"""
+            SELECT instance_id, start, global_tid, name_code, direction_code, device_id, kind,
+                   {", ".join(texts.values())}
+            FROM {self._patched()} WHERE call_id = instance_id ORDER BY start, instance_id""")
+        grouper = corr_mod.OpGrouper(self.bounds)
+        empty = pool.code.get("")  # a missing direction is the empty one (correlate.op_table: fillna(""))
+        for batch in calls.to_arrow_reader(OP_TABLE_BATCH_ROWS):
+            h = {name: batch.column(name).to_numpy() for name in batch.schema.names}
+            direction = (
+                h["direction_code"] if empty is None else np.where(h["direction_code"] < 0, empty, h["direction_code"])
+            )
+            values = {c: h[code] for c, code in texts.items()} | {"kind": h["kind"]}
+            gid = grouper.add(
+                h["instance_id"], h["start"], h["global_tid"], h["name_code"], direction, h["device_id"], values
+            )
+            op_of_call[h["instance_id"]] = gid  # the op's gid until the op table numbers the ops
+            del batch, h
+        if grouper.ops is None:
             return corr_mod.op_table(pd.DataFrame(), domain, family), op_of_call
-        h = {name: heads.column(name).to_numpy() for name in heads.column_names}
-        del heads
-        # a missing direction is the empty one (correlate.op_table: direction.fillna(""))
-        direction, empty = h["direction_code"], pool.code.get("")
-        if empty is not None:
-            direction = np.where(direction < 0, empty, direction)
-        g = corr_mod.op_groups(
-            h["instance_id"], h["start"], h["global_tid"], h["name_code"], direction, h["device_id"], self.bounds
-        )
-        first = g.first
-
-        def first_given(column):
-            codes = g.first_given(h[column], lambda codes: codes >= 0)
-            return pool.decode(pd.Series(codes, dtype=object).fillna(-1).to_numpy(np.int64))
-
-        groups = make_frame(
-            {
-                "name": pool.decode(h["name_code"][first]),
-                "direction": pd.Series(pool.decode(direction[first]), dtype=object).fillna("").to_numpy(dtype=object),
-                "nth": g.nth,
-                "op_type": pool.decode(h["op_type_code"][first]),
-                "label": pool.decode(h["label_code"][first]),
-                "first_start": g.first_start,
-                "kind": h["kind"][first].astype(np.int64),
-                "n_instances": g.n_instances,
-                "data_type": first_given("data_type_code"),
-                "stack_trace": first_given("stack_trace_code"),
-                "device_id": g.device_id,
-            }
-        )
+        groups = grouper.table()
+        for c in ("name", "direction", *texts):  # OP_GIVEN columns: None where no call gave one
+            groups[c] = pool.decode(pd.Series(groups[c], dtype=object).fillna(-1).to_numpy(np.int64))
+        groups["direction"] = groups["direction"].fillna("")
+        groups["kind"] = groups["kind"].to_numpy(np.int64)
         ops, op_index = corr_mod.finish_op_table(groups, domain, family)
-        op_of_call[h["instance_id"]] = op_index[g.code]
+        calls_of = op_of_call >= 0
+        op_of_call[calls_of] = op_index[op_of_call[calls_of]]
         return ops, op_of_call
 
 
