@@ -1323,15 +1323,16 @@ class OpGrouper:
         it = np.searchsorted(self.bounds, start, side="right")
         key = combined_codes(it, tid, names, directions)
         heads = first_rows(key)
-        seen = pd.DataFrame({"it": it[heads], "tid": tid[heads], "name": names[heads], "direction": directions[heads]})
+        columns = {"it": it[heads], "tid": tid[heads], "name": names[heads], "direction": directions[heads]}
         before = np.zeros(heads.size, np.int64)
         if self.carry is not None:
-            before = seen.merge(self.carry, on=["it", "tid", "name", "direction"], how="left")["calls"]
-            before = before.fillna(0).to_numpy(np.int64)
+            found = pd.DataFrame(columns).merge(self.carry, on=["it", "tid", "name", "direction"], how="left")
+            before = found["calls"].fillna(0).to_numpy(np.int64)
         nth = rank_within(key, [ids, start]) + 1 + before[key]
         # later batches start no earlier: only the counters of this batch's last iteration can go on
-        seen["calls"] = before + np.bincount(key, minlength=heads.size)
-        self.carry = seen[seen["it"] == it.max()].reset_index(drop=True)
+        last = columns["it"] == it.max()
+        calls = before + np.bincount(key, minlength=heads.size)
+        self.carry = pd.DataFrame({c: v[last] for c, v in columns.items()} | {"calls": calls[last]})
         code = combined_codes(names, directions, nth)
         by_time = np.lexsort((ids, start))
         first = by_time[first_rows(code[by_time])]
