@@ -505,3 +505,72 @@ def test_api_names_as_users_write_them():
     for name in ("cudaEventQuery", "my_kernel_v", "_v3020", "conv_v2x", "kernel_v١٢"):
         assert api_display_name(name) == name
     assert api_display_name(None) is None
+
+
+def test_op_grouper_numbers_calls_per_iteration_thread_and_name():
+    """The op grouping both engines run (in memory: one batch of object names; out of core: batches of
+    string-pool codes in start order): the n-th call of a (name, direction) on a thread within an iteration
+    is the same op in every iteration; an op's first call is the earliest (then lowest id), its device the
+    one most calls ran on (lowest on ties), its data type the first one given in time; batches give what one
+    batch gives."""
+    import numpy as np
+
+    from dlprof_profiler.engine.correlate import OpGrouper
+
+    # iteration bounds at 100: calls 0-3 in iteration 0, 4-7 in iteration 1; thread 1 and thread 2
+    ids = np.array([0, 3, 1, 2, 4, 7, 5, 6])
+    start = np.array([10, 15, 20, 30, 110, 115, 120, 130])
+    tid = np.array([1, 2, 1, 1, 1, 2, 1, 1])
+    device = np.array([0, 0, 1, 0, 1, 0, 1, -1])
+    data_type = np.array([None, "f32", None, "f16", "f16", None, "f32", None], dtype=object)
+    values = {"op_type": np.array(["t"] * 8, dtype=object), "label": ids * 10, "kind": np.zeros(8, np.int64)}
+    values |= {"data_type": data_type, "stack_trace": np.full(8, None, dtype=object)}
+    for names in (
+        np.array(["mm", "mm", "mm", "add", "mm", "mm", "mm", "add"], dtype=object),
+        np.array([7, 7, 7, 3, 7, 7, 7, 3]),  # the same calls with names as codes
+    ):
+        directions = np.array(["fprop"] * 8, dtype=object)
+        for batches in ([slice(0, 8)], [slice(0, 3), slice(3, 5), slice(5, 8)]):
+            grouper = OpGrouper(np.array([100]))
+            gid = np.concatenate(
+                [
+                    grouper.add(
+                        ids[b],
+                        start[b],
+                        tid[b],
+                        names[b],
+                        directions[b],
+                        device[b],
+                        {c: v[b] for c, v in values.items()},
+                    )
+                    for b in batches
+                ]
+            )
+            table = grouper.table()
+            # ops: mm#1 (calls 0, 3, 4, 7: the first on each thread), mm#2 (1, 5), add#1 (2, 6)
+            groups = {tuple(sorted(ids[gid == g].tolist())): g for g in np.unique(gid)}
+            assert set(groups) == {(0, 3, 4, 7), (1, 5), (2, 6)}
+            rows = table.iloc[[groups[(0, 3, 4, 7)], groups[(1, 5)], groups[(2, 6)]]]
+            assert rows["nth"].tolist() == [1, 2, 1]
+            assert rows["label"].tolist() == [0, 10, 20]  # from the first call
+            assert rows["first_start"].tolist() == [10, 20, 30] and rows["n_instances"].tolist() == [4, 2, 2]
+            # mm#1 ran on device 0 three times (calls 0, 3, 7), on 1 once; mm#2 twice on 1; add#1 once on 0
+            assert rows["device_id"].tolist() == [0, 1, 0]
+            assert rows["data_type"].tolist() == ["f32", "f32", "f16"]
+
+
+def test_a_backward_pass_crossing_a_cut_spans_the_calls_it_owns():
+    """The completion both engines run for an instance crossing a segment cut: a backward pass takes the
+    first start and last end of the API calls it owns; other instances, and one owning none, keep theirs."""
+    import pandas as pd
+
+    from dlprof_profiler.engine.correlate import BACKWARD_PASS, RANGE_OP, backward_pass_spans
+
+    part = pd.DataFrame(
+        {"instance_id": [4, 7, 9], "kind": [RANGE_OP, BACKWARD_PASS, BACKWARD_PASS], "start": [10, 50, 80]}
+        | {"end": [20, 60, 90], "pid": [1, 1, 1], "global_tid": [2, 2, 2]}
+    )
+    span = pd.DataFrame({"s": [5, 45], "e": [25, 75]}, index=[4, 7])
+    out = backward_pass_spans(part, span)
+    assert out["start"].tolist() == [10, 45, 80] and out["end"].tolist() == [20, 75, 90]
+    assert part["start"].tolist() == [10, 50, 80]  # a copy: the caller's frame is left alone

@@ -174,3 +174,15 @@ def test_a_capture_without_events_spans_its_own_window(tmp_path):
     exp.push_pop(exp.add_thread(pid=1, tid=1, name="python"), 2000, 3000, "work")
     trace = read_nsys_export(exp.write(tmp_path / "one.sqlite"))
     assert (trace.profile_start, trace.profile_end) == (2000, 3000)
+
+
+def test_capture_end_is_the_session_stop_unless_an_event_ends_later():
+    """One rule for both engines (in memory and staged): the session's stop time, or the latest event end
+    (CUDA call, GPU activity, NVTX end or time) when one ends after it; kinds without events count as none."""
+    from dlprof_profiler.ingest.nsys import capture_end
+
+    assert capture_end([900, None, 950], {"session_stop": 1000}) == 1000
+    assert capture_end([900, 1200, 950], {"session_stop": 1000}) == 1200
+    assert capture_end([900, None, 1300], {}) == 1300
+    assert capture_end([None, None, None], {"session_stop": 700}) == 700
+    assert capture_end([None, None, None], {}) == 0

@@ -333,3 +333,20 @@ def test_steps_in_which_nothing_runs_are_no_iterations(tmp_path):
     it = analyze(k.write(tmp_path / "empty.json")).iterations
     assert (it.found, it.by_step, it.count, it.boundaries.tolist()) == (False, False, 1, [])
     assert (it.starts.tolist(), it.ends.tolist()) == ([0], [3000])  # time 0: the first event, at 1000
+
+
+def test_key_ops_are_forward_ops_named_or_numbered_as_the_key():
+    """Both engines find a key node among ops with it: op name or Op ID, never a bprop op."""
+    import pandas as pd
+
+    from dlprof_profiler.engine.iterate import key_ops
+
+    ops = pd.DataFrame(
+        {
+            "name": ["linear", "linear", "relu", "step"],
+            "op_id": ["LINEAR_1", "LINEAR_2", "RELU_1", "linear"],
+            "direction": ["fprop", "bprop", "fprop", ""],
+        }
+    )
+    assert key_ops(ops, "linear").tolist() == [True, False, False, True]
+    assert key_ops(ops, "RELU_1").tolist() == [False, False, True, False]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -14,7 +15,7 @@ from dlprof_profiler.engine import correlate as corr_mod
 from dlprof_profiler import log
 from dlprof_profiler.engine import iterate
 from dlprof_profiler.engine.aggregate import Aggregation, aggregate
-from dlprof_profiler.engine.correlate import Correlation
+from dlprof_profiler.engine.correlate import Correlation, OpModel
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.engine.trace import Trace
 
@@ -46,7 +47,7 @@ class Analysis:
     """Everything the outputs are written from."""
 
     trace: Trace
-    corr: Correlation
+    corr: OpModel  # correlate.Correlation in memory, store.model.StoreCorrelation out of core
     iterations: iterate.Iterations
     aggregations: dict[str, Aggregation]
     findings: dict[str, list]
@@ -154,24 +155,33 @@ def reanalyze(
     return _aggregate_and_detect(trace, corr, iterations, primary, config, source_name, stages)
 
 
-def _aggregate_and_detect(trace, corr, iterations, primary, config, source_name, stages) -> Analysis:
+def _aggregate_and_detect(
+    trace, corr, iterations, primary, config, source_name, stages, aggregate_domain=None, data_of=None, detect=True
+) -> Analysis:
+    """The stages after correlation, for either engine: the partial steps, the iteration range, one
+    aggregation per domain (`aggregate_domain(dm, iterations, iter_start, iter_stop)`; default: in memory),
+    the expert systems (reading through `data_of(dm, agg, iterations)`; default: in memory)."""
+    if aggregate_domain is None:
+
+        def aggregate_domain(dm, iterations, iter_start, iter_stop):
+            return aggregate(trace, corr, dm, iterations, iter_start, iter_stop, cuts=config.cuts)
+
     iterations = iterate.with_partial_steps(iterations, trace.meta)
     iter_start, iter_stop = _chosen_iterations(iterations, config, source_name)
     aggregations = stages.run(
         "Aggregating",
-        lambda: {
-            name: aggregate(trace, corr, dm, iterations, iter_start, iter_stop, cuts=config.cuts)
-            for name, dm in corr.domains.items()
-        },
+        lambda: {name: aggregate_domain(dm, iterations, iter_start, iter_stop) for name, dm in corr.domains.items()},
     )
     from dlprof_profiler import experts as expert_systems
 
+    def findings_of(name, agg):
+        dm = corr.domains[name]
+        data = None if data_of is None else data_of(dm, agg, iterations)
+        return expert_systems.detect(trace, corr, dm, agg, iterations, data=data)
+
     findings = stages.run(
         "Running expert systems",
-        lambda: {
-            name: expert_systems.detect(trace, corr, corr.domains[name], agg, iterations)
-            for name, agg in aggregations.items()
-        },
+        lambda: {name: findings_of(name, agg) if detect else [] for name, agg in aggregations.items()},
     )
     return Analysis(
         trace=trace,
@@ -206,7 +216,7 @@ def _chosen_iterations(iterations: iterate.Iterations, config: AnalysisConfig, s
     return iter_start, iter_stop
 
 
-def choose_domain(corr: Correlation, requested: str | None, source_name: str) -> str:
+def choose_domain(corr: OpModel, requested: str | None, source_name: str) -> str:
     """The primary domain: the requested one, else the default domain, else the one with the most ranges."""
     names = list(corr.domains)
     if requested and requested != "all":
@@ -223,19 +233,14 @@ def choose_domain(corr: Correlation, requested: str | None, source_name: str) ->
     return max(names, key=lambda n: counts.get(n, 0))
 
 
-def key_node_from_ops(corr: Correlation, key: str, iterations: iterate.Iterations) -> iterate.Iterations:
-    """A key node given as an op name or Op ID (they exist only once ops are built)."""
+def key_node_from_ops(corr: OpModel, key: str, iterations: iterate.Iterations) -> iterate.Iterations:
+    """A key node given as an op name or Op ID (they exist only once ops are built), in either engine."""
     frames = []
     for dm in corr.domains.values():
-        if len(dm.instances):
-            frames.append(
-                dm.instances[["start", "end", "pid", "global_tid", "name", "op_index"]].merge(
-                    dm.ops[["op_index", "op_id", "direction"]], on="op_index"
-                )
-            )
-    ops = pd.concat(frames, ignore_index=True) if frames else None
-    empty = pd.DataFrame({c: pd.Series(dtype="int64") for c in ("start", "end", "pid", "global_tid")})
-    found = iterate.key_node_instances(empty, pd.DataFrame({"label": pd.Series(dtype=object)}), key, ops)
+        hit = dm.ops.loc[iterate.key_ops(dm.ops, key), "op_index"].to_numpy(np.int64)
+        if hit.size:
+            frames.append(dm.instances_of_ops(hit, ["start", "end", "pid", "global_tid"]))
+    found = iterate.outermost(pd.concat(frames, ignore_index=True)) if frames else []
     if len(found) == 0:
         return iterations
     return iterate.iterations_of(
@@ -285,7 +290,7 @@ def analyze_store(
     from dlprof_profiler.engine.aggregate import aggregate_model
     from dlprof_profiler.engine.correlate import DomainCorrelator, segment_rows
     from dlprof_profiler.store.process_memory import release_unused_memory
-    from dlprof_profiler.store.model import LaunchSpill, StoreAnalysis, StoreModel, StoreSink
+    from dlprof_profiler.store.model import LaunchSpill, StoreAnalysis, StoreCorrelation, StoreModel, StoreSink
 
     source_name = source_name or str(store.export)
     stages = _Stages()
@@ -341,11 +346,7 @@ def analyze_store(
         return {d: c.sink.finish(c) for d, c in correlators.items()}
 
     models = stages.run(f"Correlating in {len(cuts) + 1} time segment(s)", correlate_all)
-    corr = Correlation(
-        gpu_api=None,
-        uses_tc=None,
-        tc_rule=None,
-        range_info=None,
+    corr = StoreCorrelation(
         mode=mode,
         family=family,
         thread_device=thread_dev,
@@ -353,19 +354,17 @@ def analyze_store(
         domains=models,
         config=run_config,
         range_labels=labels,
+        store=sa,
     )
-    corr.store = sa
     if on_correlated is not None:
         on_correlated(corr)
     if config.key_node and not iterations.found:
-        iterations = _store_key_node_from_ops(sa, corr, config.key_node, iterations)
-    iterations = iterate.with_partial_steps(iterations, trace.meta)
+        iterations = key_node_from_ops(corr, config.key_node, iterations)
     primary = choose_domain(corr, config.domain, source_name)
-    iter_start, iter_stop = _chosen_iterations(iterations, config, source_name)
     device_ids = trace.devices["device_id"].to_numpy(np.int64).tolist() if len(trace.devices) else []
     device_pids = sa.device_pids()
 
-    def aggregate_domain(dm):
+    def aggregate_domain(dm, iterations, iter_start, iter_stop):
         spill = LaunchSpill(dm.sink)  # the iteration report's rows, read back when it is written
         agg = aggregate_model(
             StoreModel(sa, dm, mode, device_ids, device_pids, trace.io_calls),
@@ -378,29 +377,10 @@ def analyze_store(
         agg.launch_spill = spill
         return agg
 
-    aggregations = stages.run("Aggregating", lambda: {d: aggregate_domain(dm) for d, dm in models.items()})
-    from dlprof_profiler import experts as expert_systems
     from dlprof_profiler.experts.data import StoreData
 
-    findings = stages.run(
-        "Running expert systems",
-        lambda: {
-            d: expert_systems.detect(
-                trace, corr, models[d], agg, iterations, data=StoreData(sa, models[d], agg, iterations)
-            )
-            if detect
-            else []
-            for d, agg in aggregations.items()
-        },
-    )
-    return Analysis(
-        trace=trace,
-        corr=corr,
-        iterations=iterations,
-        aggregations=aggregations,
-        findings=findings,
-        primary=primary,
-        timings=stages.timings,
+    return _aggregate_and_detect(
+        trace, corr, iterations, primary, config, source_name, stages, aggregate_domain, partial(StoreData, sa), detect
     )
 
 
@@ -419,20 +399,4 @@ def _store_iterations(
         found = iterate.outermost(found) if len(found) else found
     return iterate.iterations_of(
         key, source, found, thread_dev, process_dev, profile_end, profile_start, occupied=sa.occupied
-    )
-
-
-def _store_key_node_from_ops(sa, corr: Correlation, key: str, iterations: iterate.Iterations) -> iterate.Iterations:
-    frames = []
-    for dm in corr.domains.values():
-        ops = dm.ops
-        hit = ops[((ops["name"] == key) | (ops["op_id"] == key)) & (ops["direction"] != "bprop")]
-        if len(hit):
-            idx = ",".join(str(int(i)) for i in hit["op_index"])
-            frames.append(dm.instances_where(f"op_index IN ({idx})")[["start", "end", "pid", "global_tid"]])
-    if not frames:
-        return iterations
-    found = iterate.outermost(pd.concat(frames, ignore_index=True))
-    return iterate.iterations_of(
-        key, "user", found, corr.thread_device, corr.process_device, iterations.profile_end, iterations.profile_start
     )

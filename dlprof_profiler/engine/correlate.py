@@ -17,7 +17,7 @@ import pandas as pd
 from dlprof_profiler.engine import markers as nm
 from dlprof_profiler.contract import api_display_name
 from dlprof_profiler.engine.intervals import covered_length, union_length_by_group
-from dlprof_profiler.engine.model_chunks import TIME_MAX
+from dlprof_profiler.engine.model_chunks import TIME_MAX, first_calls, first_given_values
 from dlprof_profiler.engine.naming import NamingCarry, distinct_texts, first_rows, range_names
 from dlprof_profiler.engine.structure import RangeForest, ThreadTimeKeys, nearest_flagged_ancestor, outermost_flagged
 from dlprof_profiler.engine.tensor_cores import kernel_uses_tc, op_tc_eligible
@@ -71,7 +71,9 @@ OP_COLUMNS = [
 
 @dataclass
 class DomainModel:
-    """The op model of one NVTX domain: its op instances and ops, and who owns each API call / activity."""
+    """The op model of one NVTX domain held in memory: its op instances and ops, and who owns each API call /
+    activity. The outputs read instances through the methods below, which the out-of-core model
+    (store.model.StoreDomainModel) has too."""
 
     domain: str
     family: str | None
@@ -82,20 +84,35 @@ class DomainModel:
     gpu_instance: np.ndarray  # per GPU activity: instance id (= row in instances)
     n_ranges: int = 0
 
+    def first_call_values(self, column: str, op_index) -> np.ndarray:
+        """Per op of `op_index`, `column` of its first call (earliest start, then lowest instance id)."""
+        return first_calls(self.instances, [column], op_index)[column]
 
-@dataclass
-class Correlation:
-    """Everything correlate derives from a trace: shared links plus one DomainModel per domain."""
+    def first_given_values(self, column: str) -> pd.Series:
+        """Per op_index, the first non-empty `column` value of its instances in start order."""
+        return first_given_values(self.instances, column)
 
-    gpu_api: np.ndarray  # per GPU activity: row in trace.api_calls, -1 if none
-    uses_tc: np.ndarray  # per GPU activity: kernel uses Tensor Cores
-    tc_rule: np.ndarray  # per GPU activity: id of the deciding rule
-    range_info: pd.DataFrame  # per range: classification + parent/depth
+    def instances_of_ops(self, op_index, columns) -> pd.DataFrame:
+        """The `columns` of the instances of some ops (in instance id order)."""
+        inst = self.instances
+        return inst.loc[np.isin(inst["op_index"].to_numpy(np.int64), op_index), columns].reset_index(drop=True)
+
+    def instance_chunks(self, columns, rows: int):
+        """The instances' `columns` in start order, `rows` at a time."""
+        for lo in range(0, len(self.instances), rows):
+            yield self.instances.iloc[lo : lo + rows][columns]
+
+
+@dataclass(kw_only=True)
+class OpModel:
+    """What every op model has, in memory or out of core: the mode, the devices of threads and processes, one
+    domain model per NVTX domain (DomainModel or store.model.StoreDomainModel: the same read methods)."""
+
     mode: str
     family: str | None
     thread_device: dict
     process_device: dict
-    domains: dict[str, DomainModel] = field(default_factory=dict)
+    domains: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
     range_labels: pd.DataFrame | None = None  # per (domain, label): kind and number of ranges
 
@@ -103,6 +120,17 @@ class Correlation:
     def range_counts(self) -> dict:
         """NVTX ranges per domain (op markers and scopes)."""
         return {name: int(dm.n_ranges) for name, dm in self.domains.items()}
+
+
+@dataclass(kw_only=True)
+class Correlation(OpModel):
+    """Everything correlate derives from a trace held in memory: per-activity links plus one DomainModel per
+    domain (the out-of-core counterpart is store.model.StoreCorrelation)."""
+
+    gpu_api: np.ndarray  # per GPU activity: row in trace.api_calls, -1 if none
+    uses_tc: np.ndarray  # per GPU activity: kernel uses Tensor Cores
+    tc_rule: np.ndarray  # per GPU activity: id of the deciding rule
+    range_info: pd.DataFrame  # per range: classification + parent/depth
 
 
 # ---------------------------------------------------------------------------- entry points
@@ -899,21 +927,15 @@ class DomainCorrelator:
         """Metrics of the instances that crossed segment bounds, over all their API calls and activities."""
         ids = np.array(sorted(self.partial), dtype=np.int64)
         rows = ids  # instance ids are dense row numbers
-        part = instances.iloc[rows].copy()
-        backward = part["kind"].to_numpy() == BACKWARD_PASS
-        if backward.any():
-            api = trace.api_calls
-            owned = pd.DataFrame(
-                {"i": self.api_instance, "s": api["start"].to_numpy(np.int64), "e": api["end"].to_numpy(np.int64)}
-            )
-            span = owned[owned["i"].isin(set(ids[backward].tolist()))].groupby("i").agg(s=("s", "min"), e=("e", "max"))
-            b_ids = ids[backward]
-            part.loc[backward, "start"] = span["s"].reindex(b_ids).to_numpy(np.int64)
-            part.loc[backward, "end"] = span["e"].reindex(b_ids).to_numpy(np.int64)
+        api = trace.api_calls
+        owned = pd.DataFrame(
+            {"i": self.api_instance, "s": api["start"].to_numpy(np.int64), "e": api["end"].to_numpy(np.int64)}
+        )
+        span = owned[owned["i"].isin(set(ids.tolist()))].groupby("i").agg(s=("s", "min"), e=("e", "max"))
+        part = backward_pass_spans(instances.iloc[rows], span)
         g_rows = np.flatnonzero(np.isin(self.gpu_instance, ids))
         gpu = trace.gpu.iloc[g_rows].reset_index(drop=True)
-        part = part.reset_index(drop=True)
-        instance_metrics(part, trace.api_calls, gpu, self.gpu_instance[g_rows], self.thread_device, self.process_device)
+        instance_metrics(part, api, gpu, self.gpu_instance[g_rows], self.thread_device, self.process_device)
         for column in (
             "start",
             "end",
@@ -1098,6 +1120,20 @@ def _unassociated_instances(kind, events, rows, names, api_id, activity_id, glob
     )
 
 
+def backward_pass_spans(part: pd.DataFrame, api_span: pd.DataFrame) -> pd.DataFrame:
+    """The instances of `part` (completed after the segments: they crossed a segment bound) with a backward
+    pass spanning the API calls it owns (`api_span`: per instance id, s and e: first start and last end of its
+    calls); the other instances as they are. A copy, in `part`'s order, ready for instance_metrics."""
+    part = part.reset_index(drop=True).copy()
+    backward = part["kind"].to_numpy() == BACKWARD_PASS
+    if backward.any() and len(api_span):
+        ids = part.loc[backward, "instance_id"].to_numpy(np.int64)
+        for column, key in (("start", "s"), ("end", "e")):
+            own = part.loc[backward, column].to_numpy(np.int64)
+            part.loc[backward, column] = api_span[key].reindex(ids).fillna(pd.Series(own, index=ids)).to_numpy(np.int64)
+    return part
+
+
 def instance_metrics(
     inst: pd.DataFrame,
     api: pd.DataFrame,
@@ -1235,44 +1271,132 @@ def op_table(inst: pd.DataFrame, domain: str, family: str | None, bounds=None) -
     # call are one call)
     calls = np.flatnonzero(inst["is_call"].to_numpy(dtype=bool))
     head = inst.iloc[calls]
+    ids = head["instance_id"].to_numpy(np.int64)
     names = head["name"].to_numpy(dtype=object)
     directions = head["direction"].fillna("").to_numpy(dtype=object)
-    start = head["start"].to_numpy(np.int64)
-    ids = head["instance_id"].to_numpy(np.int64)
-    iteration = np.searchsorted(
-        np.zeros(0, np.int64) if bounds is None else np.asarray(bounds, np.int64), start, side="right"
+    grouper = OpGrouper(bounds)
+    codes = grouper.add(
+        ids,
+        head["start"].to_numpy(np.int64),
+        head["global_tid"].to_numpy(np.int64),
+        names,
+        directions,
+        head["device_id"].to_numpy(np.int64),
+        {c: head[c].to_numpy() if c == "kind" else head[c].to_numpy(dtype=object) for c in OP_FIRST + OP_GIVEN},
     )
-    name_codes = combined_codes(names, directions)
-    nth = rank_within(combined_codes(iteration, head["global_tid"].to_numpy(np.int64), name_codes), [ids, start]) + 1
-    codes = combined_codes(name_codes, nth)
-    by_time = np.lexsort((ids, start))
-    first = by_time[first_rows(codes[by_time])]  # per code: its first call in time
-    n = first.size
-    dev = pd.DataFrame({"code": codes, "device_id": head["device_id"].to_numpy()})
-    dev = dev[dev["device_id"] >= 0].groupby(["code", "device_id"]).size().reset_index(name="c")
-    dev = dev.sort_values(["code", "c", "device_id"], ascending=[True, False, True]).drop_duplicates("code")
-    groups = make_frame(
-        {
-            "name": names[first],
-            "direction": directions[first],
-            "nth": nth[first],
-            "op_type": head["op_type"].to_numpy(dtype=object)[first],
-            "label": head["label"].to_numpy(dtype=object)[first],
-            "first_start": start[first],
-            "kind": head["kind"].to_numpy()[first],
-            "n_instances": np.bincount(codes, minlength=n),
-            "data_type": _first_given(head["data_type"].to_numpy(dtype=object), codes, by_time, n),
-            "stack_trace": _first_given(head["stack_trace"].to_numpy(dtype=object), codes, by_time, n),
-            "device_id": pd.Series(dev["device_id"].to_numpy(), index=dev["code"].to_numpy())
-            .reindex(np.arange(n))
-            .fillna(-1)
-            .to_numpy(np.int64),
-        }
-    )
+    groups = grouper.table()
     ops, op_index_of_group = finish_op_table(groups, domain, family)
     op_of_call = pd.Series(op_index_of_group[codes], index=ids)
     inst["op_index"] = op_of_call.reindex(inst["call_id"].to_numpy(np.int64)).to_numpy(np.int64)
     return ops
+
+
+OP_FIRST = ("op_type", "label", "kind")  # an op's, from its first call
+OP_GIVEN = ("data_type", "stack_trace")  # an op's, the first value in time that is not missing
+OP_GROUP_COLUMNS = ["name", "direction", "nth", "op_type", "label", "first_start", "kind", "n_instances"] + [
+    "data_type",
+    "stack_trace",
+    "device_id",
+]
+
+
+class OpGrouper:
+    """Ops, as in DLProf 1.8: the n-th call of a (name, direction) within an iteration on its thread is the same
+    op in every iteration (`bounds`: the iteration boundaries the names were given with). Calls come in
+    batches in (start, instance id) order (in memory: one batch; out of core: the store's calls streamed, so
+    memory holds one batch and the ops, not every call); names and directions as values or as codes. An op's
+    first call is the earliest (then lowest id) and gives it OP_FIRST; OP_GIVEN take the first value in time
+    that is not missing (None, or a negative code); its device is the one most calls ran on (lowest on ties)."""
+
+    def __init__(self, bounds):
+        self.bounds = np.zeros(0, np.int64) if bounds is None else np.asarray(bounds, np.int64)
+        self.carry = None  # calls so far per (iteration, thread, name, direction) of the last iteration seen
+        self.keys = None  # (name, direction, nth) -> gid of every op so far
+        self.ops = None  # one row per op, in gid order
+        self.devices: list[pd.DataFrame] = []
+
+    def add(self, ids, start, tid, names, directions, device_id, values: dict) -> np.ndarray:
+        """One batch of calls (`values`: OP_FIRST and OP_GIVEN per call); returns each call's op (gid)."""
+        ids, start, tid = np.asarray(ids, np.int64), np.asarray(start, np.int64), np.asarray(tid, np.int64)
+        if ids.size == 0:
+            return np.zeros(0, np.int64)
+        it = np.searchsorted(self.bounds, start, side="right")
+        key = combined_codes(it, tid, names, directions)
+        heads = first_rows(key)
+        columns = {"it": it[heads], "tid": tid[heads], "name": names[heads], "direction": directions[heads]}
+        before = np.zeros(heads.size, np.int64)
+        if self.carry is not None:
+            found = pd.DataFrame(columns).merge(self.carry, on=["it", "tid", "name", "direction"], how="left")
+            before = found["calls"].fillna(0).to_numpy(np.int64)
+        nth = rank_within(key, [ids, start]) + 1 + before[key]
+        # later batches start no earlier: only the counters of this batch's last iteration can go on
+        last = columns["it"] == it.max()
+        calls = before + np.bincount(key, minlength=heads.size)
+        self.carry = pd.DataFrame({c: v[last] for c, v in columns.items()} | {"calls": calls[last]})
+        code = combined_codes(names, directions, nth)
+        by_time = np.lexsort((ids, start))
+        first = by_time[first_rows(code[by_time])]
+        batch = pd.DataFrame({"name": names[first], "direction": directions[first], "nth": nth[first]})
+        gid = np.full(first.size, -1, np.int64)
+        if self.keys is not None:
+            gid = batch.merge(self.keys, on=["name", "direction", "nth"], how="left")["gid"].fillna(-1)
+            gid = gid.to_numpy(np.int64, copy=True)
+        new = gid < 0
+        n_before = 0 if self.ops is None else len(self.ops)
+        gid[new] = n_before + np.arange(int(new.sum()))
+        opened = batch[new].reset_index(drop=True)
+        opened["gid"] = gid[new]
+        self.keys = (
+            opened[["name", "direction", "nth", "gid"]]
+            if self.keys is None
+            else pd.concat([self.keys, opened[["name", "direction", "nth", "gid"]]], ignore_index=True)
+        )
+        for c in OP_FIRST:
+            opened[c] = np.asarray(values[c])[first][new]
+        opened["first_start"] = start[first][new]
+        opened["n_instances"] = np.zeros(int(new.sum()), np.int64)
+        for c in OP_GIVEN:
+            opened[c] = np.full(int(new.sum()), None, dtype=object)
+        self.ops = opened if self.ops is None else pd.concat([self.ops, opened], ignore_index=True)
+        n = self.ops["n_instances"].to_numpy(np.int64).copy()
+        np.add.at(n, gid, np.bincount(code, minlength=first.size))
+        self.ops["n_instances"] = n
+        for c in OP_GIVEN:
+            self._give(c, np.asarray(values[c]), code, by_time, gid)
+        device_id = np.asarray(device_id, np.int64)
+        keep = device_id >= 0
+        self.devices.append(
+            pd.DataFrame({"gid": gid[code[keep]], "device_id": device_id[keep]})
+            .groupby(["gid", "device_id"])
+            .size()
+            .reset_index(name="c")
+        )
+        return gid[code]
+
+    def _give(self, column: str, values: np.ndarray, code: np.ndarray, by_time: np.ndarray, gid: np.ndarray) -> None:
+        """The first value in time that is not missing, for the ops without one yet."""
+        given = pd.notna(values[by_time])
+        if values.dtype.kind in "iu":
+            given &= values[by_time] >= 0
+        ordered = by_time[given]
+        if ordered.size == 0:
+            return
+        first = first_rows(code[ordered])
+        has = np.flatnonzero(first >= 0)
+        column_values = self.ops[column].to_numpy(dtype=object).copy()
+        at = gid[has]
+        empty = pd.isna(column_values[at])
+        column_values[at[empty]] = values[ordered[first[has]]][empty]
+        self.ops[column] = column_values
+
+    def table(self) -> pd.DataFrame:
+        """One row per op, in gid order (OP_GROUP_COLUMNS)."""
+        dev = pd.concat(self.devices, ignore_index=True).groupby(["gid", "device_id"])["c"].sum().reset_index()
+        dev = dev.sort_values(["gid", "c", "device_id"], ascending=[True, False, True]).drop_duplicates("gid")
+        device = pd.Series(dev["device_id"].to_numpy(), index=dev["gid"].to_numpy())
+        table = self.ops.copy()
+        table["device_id"] = device.reindex(np.arange(len(table))).fillna(-1).to_numpy(np.int64)
+        return table[OP_GROUP_COLUMNS]
 
 
 CALL_METRICS = ("cpu_time", "cpu_overhead", "gpu_time", "gpu_idle", "n_kernels")
@@ -1349,17 +1473,6 @@ def _sort_rank(values: np.ndarray) -> np.ndarray:
     if len(text) == 0:
         return np.zeros(0, dtype=np.int64)
     return pc.rank(text, sort_keys="ascending", tiebreaker="dense").to_numpy().astype(np.int64) - 1
-
-
-def _first_given(values: np.ndarray, groups: np.ndarray, by_time: np.ndarray, n_groups: int) -> np.ndarray:
-    """Per group, the first value in time that is not missing; None where there is none."""
-    out = np.full(n_groups, None, dtype=object)
-    ordered = by_time[pd.notna(values[by_time])]
-    if ordered.size:
-        first = first_rows(groups[ordered])
-        has = first >= 0
-        out[np.flatnonzero(has)] = values[ordered[first[has]]]
-    return out
 
 
 _NON_ID = re.compile(r"[^A-Z0-9_]+")

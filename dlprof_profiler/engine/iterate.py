@@ -176,11 +176,7 @@ def key_node_instances(
         if hit.any():
             return outermost(ranges.loc[hit, cols])
     if op_instances is not None and len(op_instances):
-        hit = (op_instances["name"].to_numpy(dtype=object) == key) | (
-            op_instances["op_id"].to_numpy(dtype=object) == key
-        )
-        if "direction" in op_instances:
-            hit &= op_instances["direction"].to_numpy(dtype=object) != "bprop"
+        hit = key_ops(op_instances, key)
         if hit.any():
             return outermost(op_instances.loc[hit, cols])
     if len(ranges):
@@ -192,6 +188,14 @@ def key_node_instances(
         if hit.any():
             return outermost(ranges.loc[hit, cols])
     return pd.DataFrame({c: pd.Series(dtype="int64") for c in cols})
+
+
+def key_ops(ops: pd.DataFrame, key: str) -> np.ndarray:
+    """Which ops (or op instances) are the key node: forward ones whose op name or Op ID is `key`."""
+    hit = (ops["name"].to_numpy(dtype=object) == key) | (ops["op_id"].to_numpy(dtype=object) == key)
+    if "direction" in ops:
+        hit &= ops["direction"].to_numpy(dtype=object) != "bprop"
+    return hit
 
 
 def backward_ranges(info: pd.DataFrame) -> np.ndarray:

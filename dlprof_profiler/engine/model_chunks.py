@@ -120,6 +120,16 @@ def first_calls(instances: pd.DataFrame | None, columns, op_index) -> dict:
     return out
 
 
+def first_given_values(instances: pd.DataFrame, column: str) -> pd.Series:
+    """Per op_index, the first non-empty `column` value of its instances in start order (the instances are
+    in start order)."""
+    if len(instances) == 0 or column not in instances.columns:
+        return pd.Series([], dtype=object)
+    given = instances.loc[instances[column].notna() & (instances[column].astype(object) != ""), ["op_index", column]]
+    first = given.drop_duplicates("op_index")
+    return pd.Series(first[column].to_numpy(dtype=object), index=first["op_index"].to_numpy(), dtype=object)
+
+
 def _codes(names: pd.Series) -> np.ndarray:
     return (
         names.cat.codes.to_numpy(np.int64)

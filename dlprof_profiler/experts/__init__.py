@@ -72,7 +72,7 @@ def detect(trace, corr, dm, agg, iterations, strict: bool = False, only=None, da
             if strict:
                 raise
             log.warning(f"expert system {exp_sys_id} failed on domain '{dm.domain}': {type(exc).__name__}: {exc}")
-    where = f" (domain '{dm.domain}')" if len(getattr(corr, "domains", {}) or {}) > 1 else ""
+    where = f" (domain '{dm.domain}')" if len(corr.domains) > 1 else ""
     for exp_sys_id, fact in ctx.silent:
         log.detail(f"Expert systems{where}: {exp_sys_id} stayed silent: unknown {fact}")
     return findings

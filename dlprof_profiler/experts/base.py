@@ -132,7 +132,7 @@ class Context:
 
         self.trace, self.corr, self.dm, self.agg, self.iterations = trace, corr, dm, agg, iterations
         self.data = data if data is not None else MemoryData(trace, corr, dm, agg, iterations)
-        self.config = dict(getattr(corr, "config", None) or {})
+        self.config = dict(corr.config)
         self.silent: list[tuple[str, str]] = []  # (detector id, unknown fact) for --verbosity=detailed
 
     # -- facts -----------------------------------------------------------------------------------------
@@ -163,7 +163,7 @@ class Context:
     @property
     def range_labels(self) -> pd.DataFrame:
         """Ranges per (domain, label): kind, count, data loading, total duration."""
-        labels = getattr(self.corr, "range_labels", None)
+        labels = self.corr.range_labels
         if labels is None:
             return pd.DataFrame(
                 {"domain": [], "label": [], "kind": [], "num_ranges": [], "dataloader": [], "total_time": []}

@@ -1,7 +1,7 @@
-"""What the detectors read beyond the aggregation tables, with one implementation for a model held in
-memory (`MemoryData`) and one for a model in the out-of-core store (`StoreData`, bounded memory): the
-memory operations and named API calls of the aggregated iterations, GPU gaps, the CPU activity inside a
-time window, GPU idle time after given moments, and the first input shapes of some ops.
+"""What the detectors read beyond the aggregation tables: the memory operations and named API calls of the
+aggregated iterations, GPU gaps, the CPU activity inside a time window, GPU idle time after given moments,
+and the first input shapes of some ops. The rules are written once (`DetectorData`); `MemoryData` and
+`StoreData` (bounded memory) only select the rows of a model held in memory or in the out-of-core store.
 
 Every method returns small frames (selected rows only): detectors never see a whole trace."""
 
@@ -64,13 +64,79 @@ MEMORY_COLUMNS = [
 API_COLUMNS = ["api_id", "start", "end", "global_tid", "pid", "name", "owner_op"]
 
 
-class MemoryData:
+class DetectorData:
+    """The detectors' reads: the rules written once here, over what a source gives (`_gpu_by_device`, the
+    memory operations, API calls and CPU activity it selects). MemoryData reads a model held in memory,
+    StoreData one in the out-of-core store."""
+
+    def __init__(self, dm, agg, iterations):
+        self.dm, self.agg, self.iterations = dm, agg, iterations
+        self.window = _AggregatedTimes(iterations, agg)
+        self._busy = None
+
+    def _gpu_by_device(self, before: int = EVER, keep=None) -> dict:
+        """Per device, (start, end, pid) of the GPU activities starting before `before` that `keep` (a function
+        of a dict of device_id, start, end and pid arrays) selects."""
+        raise NotImplementedError
+
+    def _busy_segments(self) -> dict:
+        if self._busy is None:
+            everything = self._gpu_by_device()
+            self._busy = {d: merge_intervals(s, e) for d, (s, e, _) in everything.items()}
+        return self._busy
+
+    def gpu_gaps(self, ws: int, we: int, min_length: int) -> pd.DataFrame:
+        """Per device, idle intervals of at least `min_length` between its GPU activities inside [ws, we),
+        with the processes whose activities ran on it in the window."""
+        rows = []
+        for d, (s, e, pid) in self._gpu_by_device(we, lambda c: c["end"] > ws).items():
+            seg_s, seg_e = merge_intervals(np.clip(s, ws, we), np.clip(e, ws, we))
+            if seg_s.size < 2:
+                continue
+            gap_s, gap_e = seg_e[:-1], seg_s[1:]
+            long_ = (gap_e - gap_s) >= min_length
+            pids = tuple(np.unique(pid).tolist())
+            rows += [(d, int(a), int(b), pids) for a, b in zip(gap_s[long_], gap_e[long_])]
+        return pd.DataFrame(rows, columns=["device_id", "start", "end", "pids"])
+
+    def idle_after(self, times: np.ndarray, devices: np.ndarray) -> int:
+        """GPU idle time from each time until the next busy interval on its device (0 when busy then; nothing
+        after the device's last activity), each idle interval counted once."""
+        total = 0
+        busy_segments = self._busy_segments()
+        for d in np.unique(devices).tolist():
+            seg = busy_segments.get(int(d))
+            if seg is None or seg[0].size == 0:
+                continue
+            s, e = seg
+            t = times[devices == d]
+            i = np.searchsorted(s, t, side="right") - 1  # last segment starting at or before t
+            busy = (i >= 0) & (e[np.maximum(i, 0)] > t)
+            nxt = i + 1
+            idle = ~busy & (nxt < s.size)
+            if not idle.any():
+                continue
+            # several calls returning in the same idle interval count it once, from the earliest of them
+            gap = np.zeros(s.size, dtype=np.int64)
+            np.maximum.at(gap, nxt[idle], s[nxt[idle]] - t[idle])
+            total += int(gap.sum())
+        return total
+
+    def first_shapes(self, op_indices: np.ndarray) -> dict:
+        """The input shapes text of the first instance (with shapes) of some ops."""
+        if len(op_indices) == 0:
+            return {}
+        first = self.dm.first_given_values("input_shapes")
+        first = first[first.index.isin(np.asarray(op_indices, dtype=np.int64))]
+        return {int(o): str(v) for o, v in first.items()}
+
+
+class MemoryData(DetectorData):
     """The detectors' reads over a model held in memory (trace frames, correlation, domain model)."""
 
     def __init__(self, trace, corr, dm, agg, iterations):
-        self.trace, self.corr, self.dm, self.agg, self.iterations = trace, corr, dm, agg, iterations
-        self.window = _AggregatedTimes(iterations, agg)
-        self._busy = None
+        super().__init__(dm, agg, iterations)
+        self.trace, self.corr = trace, corr
 
     def _api_base(self) -> np.ndarray:
         api = self.trace.api_calls
@@ -132,37 +198,15 @@ class MemoryData:
         out["owner_op"] = self._owner_op(self.dm.api_instance[rows])
         return out
 
-    def _busy_segments(self) -> dict:
-        if self._busy is None:
-            gpu = self.trace.gpu
-            self._busy = {}
-            if len(gpu):
-                dev = gpu["device_id"].to_numpy(np.int64)
-                s, e = gpu["start"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64)
-                for d in np.unique(dev).tolist():
-                    m = dev == d
-                    self._busy[int(d)] = merge_intervals(s[m], e[m])
-        return self._busy
-
-    def gpu_gaps(self, ws: int, we: int, min_length: int) -> pd.DataFrame:
-        """Per device, idle intervals of at least `min_length` between its GPU activities inside [ws, we),
-        with the processes whose activities ran on it in the window."""
+    def _gpu_by_device(self, before: int = EVER, keep=None) -> dict:
         gpu = self.trace.gpu
-        rows = []
-        if len(gpu):
-            dev = gpu["device_id"].to_numpy(np.int64)
-            s, e = gpu["start"].to_numpy(np.int64), gpu["end"].to_numpy(np.int64)
-            in_window = (e > ws) & (s < we)
-            for d in np.unique(dev[in_window]).tolist():
-                m = in_window & (dev == d)
-                seg_s, seg_e = merge_intervals(np.clip(s[m], ws, we), np.clip(e[m], ws, we))
-                if seg_s.size < 2:
-                    continue
-                gap_s, gap_e = seg_e[:-1], seg_s[1:]
-                long_ = (gap_e - gap_s) >= min_length
-                pids = tuple(np.unique(gpu["pid"].to_numpy(np.int64)[m]).tolist())
-                rows += [(int(d), int(a), int(b), pids) for a, b in zip(gap_s[long_], gap_e[long_])]
-        return pd.DataFrame(rows, columns=["device_id", "start", "end", "pids"])
+        c = {k: gpu[k].to_numpy(np.int64) for k in ("device_id", "start", "end", "pid")}
+        m = c["start"] < before
+        if keep is not None:
+            m &= keep(c)
+        dev = c["device_id"][m]
+        s, e, pid = c["start"][m], c["end"][m], c["pid"][m]
+        return {int(d): (s[dev == d], e[dev == d], pid[dev == d]) for d in np.unique(dev).tolist()}
 
     def cpu_activity(self, pids, t0: int, t1: int) -> dict:
         """Ranges (label, start, end, thread, data loading), API calls (base name) and I/O calls of some
@@ -227,40 +271,6 @@ class MemoryData:
             out["io"] = pd.DataFrame({"name": [], "start": [], "end": []})
         return out
 
-    def idle_after(self, times: np.ndarray, devices: np.ndarray) -> int:
-        """GPU idle time from each time until the next busy interval on its device (0 when busy then; nothing
-        after the device's last activity), each idle interval counted once."""
-        total = 0
-        busy_segments = self._busy_segments()
-        for d in np.unique(devices).tolist():
-            seg = busy_segments.get(int(d))
-            if seg is None or seg[0].size == 0:
-                continue
-            s, e = seg
-            t = times[devices == d]
-            i = np.searchsorted(s, t, side="right") - 1  # last segment starting at or before t
-            busy = (i >= 0) & (e[np.maximum(i, 0)] > t)
-            nxt = i + 1
-            idle = ~busy & (nxt < s.size)
-            if not idle.any():
-                continue
-            # several calls returning in the same idle interval count it once, from the earliest of them
-            gap = np.zeros(s.size, dtype=np.int64)
-            np.maximum.at(gap, nxt[idle], s[nxt[idle]] - t[idle])
-            total += int(gap.sum())
-        return total
-
-    def first_shapes(self, op_indices: np.ndarray) -> dict:
-        """The input shapes text of the first instance (with shapes) of some ops."""
-        inst = self.dm.instances
-        if len(inst) == 0 or "input_shapes" not in inst.columns:
-            return {}
-        hit = np.isin(inst["op_index"].to_numpy(np.int64), op_indices)
-        sub = inst.loc[hit, ["op_index", "start", "input_shapes"]]
-        sub = sub[sub["input_shapes"].notna() & (sub["input_shapes"].astype(str) != "")]
-        sub = sub.sort_values("start", kind="stable").drop_duplicates("op_index")
-        return dict(zip(sub["op_index"].astype(int), sub["input_shapes"].astype(str)))
-
     def has_ranges_or_gpu(self) -> bool:
         return len(self.trace.ranges) > 0 or len(self.trace.gpu) > 0
 
@@ -268,19 +278,17 @@ class MemoryData:
         return len(self.trace.gpu) > 0
 
 
-class StoreData:
+class StoreData(DetectorData):
     """The detectors' reads over a model in the out-of-core store: the staged tables' part files scanned a
     part at a time (only selected rows are kept), SQL for the small reads."""
 
     def __init__(self, sa, dm, agg, iterations):
-        self.sa, self.store, self.dm, self.agg, self.iterations = sa, sa.store, dm, agg, iterations
-        self.window = _AggregatedTimes(iterations, agg)
-        self.d = dm.sink.d
+        super().__init__(dm, agg, iterations)
+        self.sa, self.store = sa, sa.store
         base = _base_names(self.store.api_names)
         self._api_base = pd.DataFrame({"name_code": np.arange(len(base), dtype=np.int64), "base": base})
         self._base = np.append(base, "")  # (code -1: no name)
         self._memory = None
-        self._busy = None
 
     def _with_api_names(self, query: str, params) -> pd.DataFrame:
         con = self.store.con
@@ -357,19 +365,6 @@ class StoreData:
             for d in np.unique(g["device_id"]).tolist()
         }
 
-    def gpu_gaps(self, ws: int, we: int, min_length: int) -> pd.DataFrame:
-        """MemoryData.gpu_gaps over the staged GPU activities."""
-        rows = []
-        for d, (s, e, pid) in self._gpu_by_device(we, lambda c: c["end"] > ws).items():
-            seg_s, seg_e = merge_intervals(np.clip(s, ws, we), np.clip(e, ws, we))
-            if seg_s.size < 2:
-                continue
-            gap_s, gap_e = seg_e[:-1], seg_s[1:]
-            long_ = (gap_e - gap_s) >= min_length
-            pids = tuple(np.unique(pid).tolist())
-            rows += [(d, int(a), int(b), pids) for a, b in zip(gap_s[long_], gap_e[long_])]
-        return pd.DataFrame(rows, columns=["device_id", "start", "end", "pids"])
-
     def cpu_activity(self, pids, t0: int, t1: int) -> dict:
         pid_list = ",".join(str(int(p)) for p in pids) or "-1"
         ranges = self.store.frame(
@@ -409,24 +404,6 @@ class StoreData:
                 }
             ),
         }
-
-    def _busy_segments(self) -> dict:
-        if self._busy is None:
-            everything = self._gpu_by_device()
-            self._busy = {d: merge_intervals(s, e) for d, (s, e, _) in everything.items()}
-        return self._busy
-
-    idle_after = MemoryData.idle_after
-
-    def first_shapes(self, op_indices: np.ndarray) -> dict:
-        if len(op_indices) == 0:
-            return {}
-        idx = ",".join(str(int(i)) for i in op_indices)
-        f = self.store.frame(f"""
-            SELECT DISTINCT ON (op_index) op_index, input_shapes_code FROM inst_sorted_{self.d}
-            WHERE op_index IN ({idx}) AND input_shapes_code >= 0 ORDER BY op_index, start, instance_id""")
-        values = self.sa.pool.decode(f["input_shapes_code"].to_numpy(np.int64))
-        return {int(o): str(v) for o, v in zip(f["op_index"], values) if v is not None and str(v) != ""}
 
     def has_ranges_or_gpu(self) -> bool:
         return self.store.counts["ranges"] > 0 or self.store.counts["gpu"] > 0

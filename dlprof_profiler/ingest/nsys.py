@@ -181,14 +181,14 @@ def read_nsys_export(path: Path) -> Trace:
             trace.io_calls = read_io_calls(src, strings)
             trace.gpu = gpu_read.result()
             columns = range_columns(range_ints.result(), range_texts.result(), strings)
-        capture_end = _capture_end(trace, columns.get("latest"))
-        trace.ranges, trace.domain_map = ranges_frame(columns, capture_end)
+        end = capture_end([_frame_end(trace.api_calls), _frame_end(trace.gpu), columns.get("latest")], trace.meta)
+        trace.ranges, trace.domain_map = ranges_frame(columns, end)
         trace.devices = read_devices(src, trace.gpu)
         trace.memory = read_memory_events(src, trace.warnings)
         peak = gpu_peak(trace.memory)
         if peak is not None:
             trace.meta["gpu_peak_memory"] = peak
-        trace.meta["capture_end"] = int(capture_end)
+        trace.meta["capture_end"] = end
         trace.warnings += capture_warnings(
             path, trace.has_nvtx, trace.has_cuda_tables, len(trace.ranges), len(trace.api_calls), len(trace.gpu)
         )
@@ -659,18 +659,26 @@ def read_io_calls(src: SqliteSource, strings: StringTable) -> pd.DataFrame:
     return frame.drop(columns="name_id")
 
 
-def _capture_end(trace: Trace, latest_nvtx) -> int:
-    """The capture's end: the session's stop time, unless some event (`latest_nvtx`: the latest end or time of
-    any NVTX event) ends later."""
-    ends = [0]
-    for frame in (trace.api_calls, trace.gpu):
-        if len(frame):
-            ends.append(int(frame["end"].max()))
-    if latest_nvtx is not None:
-        ends.append(int(latest_nvtx))
-    stop = trace.meta.get("session_stop")
-    latest = max(ends)
-    return int(stop) if isinstance(stop, int) and stop >= latest else latest
+def capture_end(latest_ends, meta: dict) -> int:
+    """The capture's end: the session's stop time, unless some event ends later. `latest_ends`: the latest end
+    of each kind of event (CUDA API calls, GPU activities, any NVTX event's end or time), None for a kind
+    without events; both engines' readers call it (in memory and staged)."""
+    last = max([0] + [int(v) for v in latest_ends if v is not None])
+    stop = meta.get("session_stop")
+    return int(stop) if isinstance(stop, int) and stop >= last else last
+
+
+def latest_nvtx(src: SqliteSource):
+    """The latest end or time of any NVTX event (None without NVTX_EVENTS): the capture end takes it into
+    account."""
+    if not src.has("NVTX_EVENTS"):
+        return None
+    value = src.query_scalar("SELECT max(coalesce(end, start)) FROM NVTX_EVENTS")
+    return None if value is None else int(value)
+
+
+def _frame_end(frame: pd.DataFrame):
+    return int(frame["end"].max()) if len(frame) else None
 
 
 RANGE_FRAME_COLUMNS = ["range_id", "domain", "text", "start", "end", "global_tid", "pid", "event_type", "unclosed"]
@@ -704,8 +712,7 @@ def read_range_texts(src: SqliteSource) -> tuple | None:
     its own, so it can run beside read_range_ints (None without NVTX_EVENTS)."""
     if not src.has("NVTX_EVENTS"):
         return None
-    latest = src.query_scalar("SELECT max(coalesce(end, start)) FROM NVTX_EVENTS")
-    return src.arrow_text_column(f"SELECT {src.col('NVTX_EVENTS', 'text')} {_range_rows(src)}"), latest
+    return src.arrow_text_column(f"SELECT {src.col('NVTX_EVENTS', 'text')} {_range_rows(src)}"), latest_nvtx(src)
 
 
 def range_columns(cols: dict | None, texts: tuple | None, strings: StringTable) -> dict:

@@ -149,12 +149,10 @@ def parse_shapes(text) -> list[list[int]] | None:
 # ---------------------------------------------------------------------------- the op table
 
 
-def op_table(
-    ops: pd.DataFrame, stats: pd.DataFrame | None = None, instances: pd.DataFrame | None = None, first_given=None
-) -> pd.DataFrame:
+def op_table(ops: pd.DataFrame, stats: pd.DataFrame | None = None, first_given=None) -> pd.DataFrame:
     """Every op of a domain (`DomainModel.ops`) with its aggregation totals (`Aggregation.ops`: calls, gpu_total,
-    cpu_total; 0 for ops without calls) and the first shapes its instances recorded (`DomainModel.instances`,
-    or `first_given(column)`: the first non-empty value per op_index, for a model kept out of core)."""
+    cpu_total; 0 for ops without calls) and the first shapes its instances recorded (`first_given(column)`:
+    the first non-empty value per op_index, the domain model's `first_given_values`)."""
     table = ops[["op_index", "op_id", "name", "direction", "op_type", "data_type", "device_id"]].copy()
     table["kind"] = ops["kind"].to_numpy() if "kind" in ops.columns else -1
     for col in ("calls", "gpu_total", "cpu_total"):
@@ -167,14 +165,6 @@ def op_table(
         column = pd.Series([None] * len(table), index=table.index, dtype=object)
         if first_given is not None:
             column = table["op_index"].map(first_given(col)).astype(object)
-        elif instances is not None and len(instances) and col in instances.columns:
-            given = instances.loc[instances[col].notna() & (instances[col].astype(object) != ""), ["op_index", col]]
-            first = given.drop_duplicates("op_index")  # instances are in start order
-            column = (
-                table["op_index"]
-                .map(pd.Series(first[col].to_numpy(dtype=object), index=first["op_index"].to_numpy()))
-                .astype(object)
-            )
         table[col] = column.where(column.notna(), None)
     return table
 
@@ -442,11 +432,6 @@ def op_graph(domain_model, aggregation) -> tuple[bytes, bytes] | None:
             f"{MAX_NODES:,} nodes); the DLPROF tab shows every op"
         )
         return None
-    table = op_table(
-        domain_model.ops,
-        aggregation.ops,
-        domain_model.instances,
-        getattr(domain_model, "first_given_values", None) if domain_model.instances is None else None,
-    )
+    table = op_table(domain_model.ops, aggregation.ops, domain_model.first_given_values)
     nodes = node_table(table)
     return graph_def(nodes), run_metadata(nodes)

@@ -17,10 +17,10 @@ import pyarrow.compute as pc
 from dlprof_profiler import __version__
 from dlprof_profiler.outputs import report_format
 from dlprof_profiler.engine.aggregate import Aggregation
+from dlprof_profiler.engine.correlate import DomainModel
 from dlprof_profiler.outputs.atomic import atomic_path
 from dlprof_profiler.engine.flops import summary_figures
 from dlprof_profiler.engine.memory import NO_EVENTS_TEXT
-from dlprof_profiler.engine.model_chunks import first_calls
 from dlprof_profiler.outputs.report_format import SectionWriters, Table
 from dlprof_profiler.engine.trace import LAUNCH_SHAPE
 from dlprof_profiler.experts.base import fmt_time
@@ -312,10 +312,10 @@ def _headerless(table: Table) -> Table:
     return table
 
 
-def detailed_report(agg: Aggregation, instances: pd.DataFrame | None = None, first_calls=None) -> Report:
+def detailed_report(agg: Aggregation, first_calls=None) -> Report:
     """DLProf 1.8's columns, then Input Shapes (the input shapes of each op's first call: the aggregation's,
-    else from `instances`, or `first_calls(column, op_index)` giving them), FLOPs per Call and Achieved
-    TFLOP/s (flops.py; blank where unknown)."""
+    else `first_calls(column, op_index)`: the domain model's `first_call_values`), FLOPs per Call and
+    Achieved TFLOP/s (flops.py; blank where unknown)."""
     ops = agg.ops.sort_values("op_id", kind="stable") if len(agg.ops) else agg.ops
     op_index = ops["op_index"] if len(ops) else []
     if "input_shapes" in ops:
@@ -323,7 +323,7 @@ def detailed_report(agg: Aggregation, instances: pd.DataFrame | None = None, fir
     elif first_calls is not None:
         shapes = first_calls("input_shapes", op_index)
     else:
-        shapes = first_call_values(instances, "input_shapes", op_index)
+        shapes = np.full(len(op_index), None, dtype=object)
     columns = (
         ["Op ID", "Op Name", "Direction", "Op Type", "No. Calls", "TC Eligible", "Using TC"]
         + _stat_columns("CPU Time")
@@ -353,12 +353,6 @@ def detailed_report(agg: Aggregation, instances: pd.DataFrame | None = None, fir
         "Achieved TFLOP/s": ops["achieved_tflops"] if "achieved_tflops" in ops else missing,
     }
     return Report("detail", [Table(aggregation_title(agg), columns, formats, data)])
-
-
-def first_call_values(instances: pd.DataFrame | None, column: str, op_index) -> np.ndarray:
-    """Per op of `op_index`, `column` of its first call (earliest start, then lowest instance id); None where
-    the op has no instance or the call has no value."""
-    return first_calls(instances, [column], op_index)[column]
 
 
 def _op_columns(frame: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
@@ -1083,17 +1077,14 @@ def diff_report(comparison) -> Report:
 
 def build_reports(names: list[str], agg: Aggregation, dm, trace, config: dict, findings: list[dict]) -> list[Report]:
     """The requested reports of one aggregation of one domain."""
-    # a model kept out of core (store_model.StoreDomainModel) serves first calls and launch rows itself
-    out_of_core = dm.instances is None and hasattr(dm, "iteration_report")
     builders = {
         "summary": lambda: summary_report(agg, trace.system, trace.meta, trace.devices, config),
-        "detail": lambda: (
-            detailed_report(agg, first_calls=dm.first_call_values)
-            if out_of_core
-            else detailed_report(agg, dm.instances)
-        ),
+        "detail": lambda: detailed_report(agg, first_calls=dm.first_call_values),
+        # a model kept out of core (store.model.StoreDomainModel) streams its spilled launch rows itself
         "iteration": lambda: (
-            dm.iteration_report(agg) if out_of_core else iteration_report(agg, dm.instances, dm.ops, trace.gpu)
+            iteration_report(agg, dm.instances, dm.ops, trace.gpu)
+            if isinstance(dm, DomainModel)
+            else dm.iteration_report(agg)
         ),
         "kernel": lambda: kernel_report(agg, dm.ops),
         "tensor": lambda: tensor_core_report(agg),

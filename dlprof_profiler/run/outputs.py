@@ -11,7 +11,6 @@ import sqlite3
 import time
 from pathlib import Path
 
-import pandas as pd
 
 from dlprof_profiler import __version__, log
 from dlprof_profiler.experts import render_command
@@ -173,13 +172,7 @@ def dump_model(path: Path, corr) -> None:
 
 def instance_chunks(corr, dm, rows: int = 1 << 18):
     """A domain model's instances in start order, `rows` at a time (from the store when kept out of core)."""
-    if dm.instances is not None:
-        for lo in range(0, len(dm.instances), rows):
-            yield dm.instances.iloc[lo : lo + rows]
-        return
-    for cols in dm.sink.instances_by_start(MODEL_INSTANCE_COLUMNS):
-        for lo in range(0, cols["start"].size, rows):
-            yield pd.DataFrame({c: v[lo : lo + rows] for c, v in cols.items()}, copy=False)
+    return dm.instance_chunks(MODEL_INSTANCE_COLUMNS, rows)
 
 
 def repeat_options(options: RunOptions) -> list[str]:

@@ -5,6 +5,8 @@ checked against it in the tests; names are integer codes into one string pool.""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -13,7 +15,7 @@ from dlprof_profiler import contract as K
 from dlprof_profiler.engine import correlate as corr_mod
 from dlprof_profiler.engine import markers as nm
 from dlprof_profiler.engine.aggregate import LAUNCH_COLUMNS
-from dlprof_profiler.engine.correlate import BACKWARD_PASS, INSTANCE_COLUMNS, UNASSOCIATED_GPU, DomainFacts, Segment
+from dlprof_profiler.engine.correlate import INSTANCE_COLUMNS, DomainFacts, Segment
 from dlprof_profiler.engine.model_chunks import (
     ACTIVITY_FIELDS,
     INSTANCE_FIELDS,
@@ -25,7 +27,7 @@ from dlprof_profiler.engine.model_chunks import (
 from dlprof_profiler.store.parts import PartTable, int_schema, read_part
 from dlprof_profiler.store.process_memory import release_unused_memory
 from dlprof_profiler.store.trace_store import TraceStore
-from dlprof_profiler.engine.trace import KIND_KERNEL, LAUNCH_SHAPE, make_frame
+from dlprof_profiler.engine.trace import LAUNCH_SHAPE, make_frame
 
 INFO_TEXT = [
     "label",
@@ -58,15 +60,16 @@ INSTANCE_TEXT = [
 # the instances' integer columns (correlate.INSTANCE_COLUMNS without the domain and the texts) and call_id
 INSTANCE_INT = [c for c in INSTANCE_COLUMNS if c != "domain" and c not in INSTANCE_TEXT] + ["call_id"]
 CALL_METRICS = ("cpu_time", "cpu_overhead", "gpu_time", "gpu_idle", "n_kernels")  # correlate.CALL_METRICS
-# a domain's instances as correlation writes them (`iteration`: of their start), and as aggregation reads them
+# a domain's instances as correlation writes them, and as aggregation reads them
 # (narrow where the values are: a fifth less to write and read for every instance)
 _INSTANCE_FIELDS = [(c, pa.int8() if c == "kind" else pa.int64()) for c in INSTANCE_INT] + [
     (f"{c}_code", pa.from_numpy_dtype(CODE_TYPE[1])) for c in INSTANCE_TEXT
 ]
-INST_SCHEMA = pa.schema(_INSTANCE_FIELDS + [("iteration", pa.int32())])
+INST_SCHEMA = pa.schema(_INSTANCE_FIELDS)
 SORTED_SCHEMA = pa.schema(
     _INSTANCE_FIELDS + [("is_call", pa.bool_())] + [(f"call_{m}", pa.int64()) for m in CALL_METRICS]
 )
+OP_TABLE_BATCH_ROWS = 1 << 21  # calls grouped into ops at a time (correlate.OpGrouper)
 # what aggregation reads of each segment's GPU activities (those launched in it, read from the staged
 # gpu_by_launch in activity id order: every domain's owners of them were written in that order)
 ACTS_COLUMNS = [c for c in ACTIVITY_FIELDS if c not in ("owner", "owner_op", "owner_start")] + [
@@ -409,8 +412,7 @@ class StoreSink:
     def __init__(self, analysis: StoreAnalysis, domain_index: int, bounds, cuts=()):
         self.a = analysis
         self.d = domain_index
-        # the iteration of an instance's start (the ops' numbering restarts in each one): kept as a column, an
-        # ASOF join of every call against the iteration bounds cost a sort of every call
+        # the ops' numbering restarts in each iteration (correlate.op_groups)
         self.bounds = np.sort(np.asarray(bounds, dtype=np.int64))
         self.cuts = np.sort(np.asarray(list(cuts), dtype=np.int64))  # chunk j: [cuts[j - 1], cuts[j])
         folder = analysis.parts_folder
@@ -431,7 +433,6 @@ class StoreSink:
         frame = {c: instances[c].to_numpy(np.int8 if c == "kind" else np.int64) for c in INSTANCE_INT}
         for c in INSTANCE_TEXT:
             frame[f"{c}_code"] = self.a.pool.encode(instances[c].to_numpy(dtype=object)).astype(CODE_TYPE[1])
-        frame["iteration"] = self._iteration(frame["start"]).astype(np.int32)
         self.inst.append(frame, tag=k)
         self.api_owner.append(
             {"api_id": seg.api["api_id"].to_numpy(np.int64), "instance_id": np.asarray(api_owner, np.int64)}, tag=k
@@ -553,10 +554,6 @@ class StoreSink:
             cols = {c: v[order] for c, v in cols.items()}
         return cols
 
-    def _iteration(self, start: np.ndarray) -> np.ndarray:
-        """Number of iteration bounds at or before each start (0: before the first)."""
-        return np.searchsorted(self.bounds, start, side="right").astype(np.int64)
-
     def _update(self, frame: pd.DataFrame, columns: list[str]) -> None:
         """Completed columns of some instances (applied to every later read of them)."""
         new = frame[["instance_id"] + columns].astype("Int64")  # nullable: a row patches only its columns
@@ -570,8 +567,8 @@ class StoreSink:
         self.patch = merged.sort_values("instance_id", ignore_index=True)
 
     def _complete(self, c) -> None:
-        """Metrics of the instances that crossed segment bounds, over all their API calls and activities
-        (as correlate.instance_metrics computes them)."""
+        """Metrics of the instances that crossed segment bounds, over all their API calls and activities: the
+        rows they need read from the store, then correlate.instance_metrics as in memory."""
         store, con = self.a.store, self.a.store.con
         inst, api_owner, gpu_owner = self.inst.name, self.api_owner.name, self.gpu_owner.name
         con.register("_partial", pd.DataFrame({"instance_id": np.array(sorted(c.partial), dtype=np.int64)}))
@@ -579,147 +576,63 @@ class StoreSink:
             f'SELECT instance_id, kind, start, "end", pid, global_tid FROM {inst} '
             "JOIN _partial USING (instance_id) ORDER BY instance_id"
         )
-        span = store.frame(f"""SELECT o.instance_id, min(a.start) AS s, max(a."end") AS e FROM {api_owner} o
+        span = store.frame(f"""SELECT o.instance_id AS i, min(a.start) AS s, max(a."end") AS e FROM {api_owner} o
                                JOIN _partial USING (instance_id) JOIN api a USING (api_id) GROUP BY 1""")
-        back = part["kind"].to_numpy() == BACKWARD_PASS
-        if back.any() and len(span):
-            s = span.set_index("instance_id")
-            ids = part.loc[back, "instance_id"]
-            part.loc[back, "start"] = s["s"].reindex(ids).fillna(part.loc[back, "start"]).to_numpy(np.int64)
-            part.loc[back, "end"] = s["e"].reindex(ids).fillna(part.loc[back, "end"]).to_numpy(np.int64)
+        part = corr_mod.backward_pass_spans(part, span.set_index("i"))
         con.register("_part", part)
-        inside = store.frame("""
-            WITH a AS (SELECT p.instance_id, greatest(x.start, p.start) AS s, least(x."end", p."end") AS e
-                       FROM _part p JOIN api x
-                         ON x.global_tid = p.global_tid AND x.start < p."end" AND x."end" > p.start
-                       WHERE p.global_tid >= 0),
-                 w AS (SELECT *, max(e) OVER (PARTITION BY instance_id ORDER BY s, e
-                                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach FROM a)
-            SELECT instance_id, sum(greatest(0, e - greatest(s, coalesce(reach, s)))) AS inside FROM w GROUP BY 1""")
+        # the API calls on their threads inside their spans (each once), and the activities they own
+        api = store.frame("""
+            SELECT DISTINCT x.api_id, x.global_tid, x.start, x."end" FROM _part p JOIN api x
+              ON x.global_tid = p.global_tid AND x.start < p."end" AND x."end" > p.start
+            WHERE p.global_tid >= 0""")
         gpu = store.frame(f"""
-            WITH g AS (SELECT o.instance_id, x.start AS s, x."end" AS e, x.kind, x.device_id
-                       FROM {gpu_owner} o JOIN _partial USING (instance_id) JOIN gpu x USING (activity_id)),
-                 w AS (SELECT *, max(e) OVER (PARTITION BY instance_id ORDER BY s, e
-                                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach FROM g)
-            SELECT instance_id, sum(greatest(0, e - greatest(s, coalesce(reach, s)))) AS busy, min(s) AS gs,
-                   max(e) AS ge, count(*) AS n, sum(CASE WHEN kind = {KIND_KERNEL} THEN 1 ELSE 0 END) AS k
-            FROM w GROUP BY 1""")
-        dev = store.frame(f"""
-            SELECT instance_id, device_id FROM (
-                SELECT instance_id, device_id,
-                       row_number() OVER (PARTITION BY instance_id ORDER BY d DESC, device_id) rn
-                FROM (SELECT o.instance_id, x.device_id, sum(x."end" - x.start + 1) AS d
-                      FROM {gpu_owner} o JOIN _partial USING (instance_id) JOIN gpu x USING (activity_id)
-                      GROUP BY ALL)) WHERE rn = 1""")
+            SELECT o.instance_id, x.start, x."end", x.kind, x.device_id
+            FROM {gpu_owner} o JOIN _partial USING (instance_id) JOIN gpu x USING (activity_id)""")
         con.unregister("_part")
         con.unregister("_partial")
-        ids = part["instance_id"].to_numpy(np.int64)
-        start, end = part["start"].to_numpy(np.int64), part["end"].to_numpy(np.int64)
-        cpu = np.where(part["kind"].to_numpy() == UNASSOCIATED_GPU, 0, end - start)
-        g = gpu.set_index("instance_id").reindex(ids)
-        n = g["n"].fillna(0).to_numpy(np.int64)
-        busy = g["busy"].fillna(0).to_numpy(np.int64)
-        gs = g["gs"].fillna(-1).to_numpy(np.int64)
-        ge = g["ge"].fillna(-1).to_numpy(np.int64)
-        device = dev.set_index("instance_id")["device_id"].reindex(ids).fillna(-1).to_numpy(np.int64)
-        missing = device < 0
-        if missing.any():
-            by_thread = pd.Series(part["global_tid"].to_numpy()[missing]).map(c.thread_device)
-            by_process = pd.Series(part["pid"].to_numpy()[missing]).map(c.process_device)
-            device[missing] = by_thread.fillna(by_process).fillna(-1).to_numpy(np.int64)
-        out = pd.DataFrame(
-            {
-                "instance_id": ids,
-                "start": start,
-                "end": end,
-                "cpu_time": cpu,
-                "cpu_overhead": cpu
-                - inside.set_index("instance_id")["inside"].reindex(ids).fillna(0).to_numpy(np.int64),
-                "gpu_time": busy,
-                "gpu_start": gs,
-                "gpu_end": ge,
-                "gpu_idle": np.where(n > 0, ge - gs - busy, 0),
-                "n_gpu": n,
-                "n_kernels": g["k"].fillna(0).to_numpy(np.int64),
-                "device_id": device,
-                "iteration": self._iteration(start),
-            }
+        corr_mod.instance_metrics(
+            part, api, gpu, gpu["instance_id"].to_numpy(np.int64), c.thread_device, c.process_device
         )
+        out = part[
+            ["instance_id", "start", "end", "cpu_time", "cpu_overhead", "gpu_time", "gpu_start", "gpu_end"]
+            + ["gpu_idle", "n_gpu", "n_kernels", "device_id"]
+        ]
         self._update(out, [c for c in out.columns if c != "instance_id"])
 
     def _op_table(self, domain: str, family: str | None, n_ids: int) -> tuple[pd.DataFrame, np.ndarray]:
-        """The op table (correlate.op_table) computed in the store: one row per (name, direction, nth); and per
-        instance id that is a call (the first instance of it), its op_index (-1 elsewhere)."""
+        """The op table (correlate.OpGrouper over the calls streamed from the store in (start, instance id)
+        order, text as pool codes): one row per (name, direction, nth); and per instance id that is a call
+        (the first instance of it), its op_index (-1 elsewhere)."""
         store, pool = self.a.store, self.a.pool
-        heads = f"heads_{self.d}"
-        # ops are made of calls: the first instance of each call stands for it (correlate.op_table), numbered
-        # per iteration, thread, name and direction; only the columns the op table needs are kept
-        store.run(f"""
-            CREATE OR REPLACE TABLE {heads} AS
-            SELECT i.instance_id, i.name_code, i.direction_code, i.op_type_code, i.label_code, i.kind, i.start,
-                   i.data_type_code, i.stack_trace_code, i.device_id,
-                   row_number() OVER (PARTITION BY i.iteration, i.global_tid, i.name_code, i.direction_code
-                                      ORDER BY i.start, i.instance_id) AS nth
-            FROM {self._patched()} i WHERE i.call_id = i.instance_id""")
-        # one hash aggregation over the (few) ops instead of a sort of every call per column: the first call
-        # is the one of the earliest (start, instance_id); its device the one most calls ran on (lowest on ties)
-        first_of = "{'s': start, 'i': instance_id}"
-        g = store.frame(f"""
-            WITH dev AS (SELECT name_code, direction_code, nth, arg_min(device_id, {{'c': -c, 'd': device_id}}) AS dev
-                         FROM (SELECT name_code, direction_code, nth, device_id, count(*) AS c FROM {heads}
-                               WHERE device_id >= 0 GROUP BY ALL) GROUP BY ALL),
-                 agg AS (SELECT name_code, direction_code, nth, arg_min(op_type_code, {first_of}) AS op_type_code,
-                                arg_min(label_code, {first_of}) AS label_code, arg_min(kind, {first_of}) AS kind,
-                                min(start) AS first_start, count(*) AS n,
-                                arg_min(data_type_code, {first_of}) FILTER (WHERE data_type_code >= 0) AS data_type,
-                                arg_min(stack_trace_code, {first_of}) FILTER (WHERE stack_trace_code >= 0)
-                                    AS stack_trace
-                         FROM {heads} GROUP BY ALL)
-            SELECT agg.*, dev.dev AS device_id FROM agg LEFT JOIN dev USING (name_code, direction_code, nth)
-            ORDER BY name_code, direction_code, nth""")
         op_of_call = np.full(max(n_ids, 1), -1, dtype=np.int32)
-        if len(g) == 0:
-            from dlprof_profiler.engine.correlate import op_table
-
-            store.run(f"DROP TABLE {heads}")
-            return op_table(pd.DataFrame(), domain, family), op_of_call
-        groups = make_frame(
-            {
-                "name": pool.decode(g["name_code"]),
-                "direction": pool.decode(g["direction_code"]),
-                "nth": g["nth"].to_numpy(np.int64),
-                "op_type": pool.decode(g["op_type_code"]),
-                "label": pool.decode(g["label_code"]),
-                "first_start": g["first_start"].to_numpy(np.int64),
-                "kind": g["kind"].to_numpy(np.int64),
-                "n_instances": g["n"].to_numpy(np.int64),
-                "data_type": pool.decode(g["data_type"].fillna(-1).to_numpy(np.int64)),
-                "stack_trace": pool.decode(g["stack_trace"].fillna(-1).to_numpy(np.int64)),
-                "device_id": g["device_id"].fillna(-1).to_numpy(np.int64),
-            }
-        )
+        texts = {c: f"{c}_code" for c in ("op_type", "label", "data_type", "stack_trace")}
+        calls = store.con.sql(f"""
+            SELECT instance_id, start, global_tid, name_code, direction_code, device_id, kind,
+                   {", ".join(texts.values())}
+            FROM {self._patched()} WHERE call_id = instance_id ORDER BY start, instance_id""")
+        grouper = corr_mod.OpGrouper(self.bounds)
+        empty = pool.code.get("")  # a missing direction is the empty one (correlate.op_table: fillna(""))
+        for batch in calls.to_arrow_reader(OP_TABLE_BATCH_ROWS):
+            h = {name: batch.column(name).to_numpy() for name in batch.schema.names}
+            direction = (
+                h["direction_code"] if empty is None else np.where(h["direction_code"] < 0, empty, h["direction_code"])
+            )
+            values = {c: h[code] for c, code in texts.items()} | {"kind": h["kind"]}
+            gid = grouper.add(
+                h["instance_id"], h["start"], h["global_tid"], h["name_code"], direction, h["device_id"], values
+            )
+            op_of_call[h["instance_id"]] = gid  # the op's gid until the op table numbers the ops
+            del batch, h
+        if grouper.ops is None:
+            return corr_mod.op_table(pd.DataFrame(), domain, family), op_of_call
+        groups = grouper.table()
+        for c in ("name", "direction", *texts):  # OP_GIVEN columns: None where no call gave one
+            groups[c] = pool.decode(pd.Series(groups[c], dtype=object).fillna(-1).to_numpy(np.int64))
         groups["direction"] = groups["direction"].fillna("")
-        from dlprof_profiler.engine.correlate import finish_op_table
-
-        ops, op_index = finish_op_table(groups, domain, family)
-        store.con.register(
-            "_ops",
-            pd.DataFrame(
-                {
-                    "name_code": g["name_code"].to_numpy(np.int64),
-                    "direction_code": g["direction_code"].to_numpy(np.int64),
-                    "nth": g["nth"].to_numpy(np.int64),
-                    "op_index": op_index,
-                }
-            ),
-        )
-        result = store.con.sql(
-            f"SELECT h.instance_id, o.op_index FROM {heads} h JOIN _ops o USING (name_code, direction_code, nth)"
-        )
-        for batch in result.to_arrow_reader(1 << 20):
-            op_of_call[batch.column(0).to_numpy()] = batch.column(1).to_numpy()
-        store.con.unregister("_ops")
-        store.run(f"DROP TABLE {heads}")
+        groups["kind"] = groups["kind"].to_numpy(np.int64)
+        ops, op_index = corr_mod.finish_op_table(groups, domain, family)
+        calls_of = op_of_call >= 0
+        op_of_call[calls_of] = op_index[op_of_call[calls_of]]
         return ops, op_of_call
 
 
@@ -850,13 +763,10 @@ class StoreDomainModel:
     def __init__(self, domain, family, has_markers, ops, n_ranges, sink: StoreSink, n_instances: int):
         self.domain, self.family, self.has_markers, self.ops = domain, family, has_markers, ops
         self.n_ranges, self.sink, self.n_instances = n_ranges, sink, n_instances
-        self.instances = None  # in the store: see `instances_where`
-        self.api_instance = None
-        self.gpu_instance = None
 
     def first_call_values(self, column: str, op_index) -> np.ndarray:
         """Per op of `op_index`, `column` of its first call (earliest start, then lowest instance id; as
-        reports.first_call_values computes it in memory)."""
+        DomainModel.first_call_values in memory)."""
         return self.first_calls([column], op_index)[column]
 
     def first_calls(self, columns, op_index) -> dict:
@@ -876,6 +786,12 @@ class StoreDomainModel:
             column[pd.isna(column)] = None
             out[c] = column
         return out
+
+    def instance_chunks(self, columns, rows: int):
+        """The instances' `columns` in start order, `rows` at a time (DomainModel.instance_chunks)."""
+        for cols in self.sink.instances_by_start(columns):
+            for lo in range(0, cols["start"].size, rows):
+                yield pd.DataFrame({c: cols[c][lo : lo + rows] for c in columns}, copy=False)
 
     def first_given_values(self, column: str) -> pd.Series:
         """Per op_index, the first non-empty `column` value of its instances in start order (graph_events)."""
@@ -906,6 +822,11 @@ class StoreDomainModel:
             lambda: spill.report_chunks(self.ops, report_format.CHUNK_ROWS), dicts
         )
 
+    def instances_of_ops(self, op_index, columns) -> pd.DataFrame:
+        """The `columns` of the instances of some ops, in start order (as DomainModel.instances_of_ops)."""
+        idx = ",".join(str(int(i)) for i in op_index)
+        return self.instances_where(f"op_index IN ({idx})")[list(columns)]
+
     def instances_where(self, where: str = "true", params=None) -> pd.DataFrame:
         """Instances as the in-memory model holds them (text columns decoded)."""
         sink = self.sink
@@ -914,6 +835,14 @@ class StoreDomainModel:
             f[c] = sink.a.pool.decode(f.pop(f"{c}_code").to_numpy(np.int64))
         f["domain"] = self.domain
         return f
+
+
+@dataclass(kw_only=True)
+class StoreCorrelation(corr_mod.OpModel):
+    """The op model of a staged trace (correlate.Correlation's out-of-core counterpart): its domains are
+    StoreDomainModels; the per-activity links and the range classification live in the store (`store`)."""
+
+    store: StoreAnalysis
 
 
 class StoreModel:

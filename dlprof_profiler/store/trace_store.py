@@ -223,7 +223,7 @@ class TraceStore:
             with log.stage("Reading the NVTX ranges, CUDA API calls and GPU activities"):
                 with ThreadPoolExecutor(max_workers=4, thread_name_prefix="dlprof-stage") as pool:
                     ranges = pool.submit(nsys._with_own_source, self.export, self._read_ranges)
-                    latest = pool.submit(nsys._with_own_source, self.export, _latest_nvtx)
+                    latest = pool.submit(nsys._with_own_source, self.export, nsys.latest_nvtx)
                     gpu = pool.submit(nsys._with_own_source, self.export, self._read_gpu)
                     api = self._read_api(src)
                     gpu, ranges, latest = gpu.result(), ranges.result(), latest.result()
@@ -231,7 +231,7 @@ class TraceStore:
             trace.io_calls, self.drops["io_calls"] = drop_invalid_times(
                 nsys.read_io_calls(src, strings), "I/O calls", "io_calls"
             )
-            self.capture_end = _capture_end([api["raw_end"], gpu["raw_end"], latest], trace.meta)
+            self.capture_end = nsys.capture_end([api["raw_end"], gpu["raw_end"], latest], trace.meta)
             release_unused_memory()  # what the reading threads' batches left with the allocators
             trace.domain_map = self._domain_codes(ranges)
             trace.devices = nsys.read_devices(
@@ -821,22 +821,6 @@ def _gpu_query(src: SqliteSource, table: str, kind: int) -> str:
         default = "0" if (f == "copy_kind" and kind == KIND_MEMCPY) else "-1"
         exprs.append(nsys._int_col(src, table, source, default) if source else "-1")
     return f"SELECT {', '.join(exprs)} FROM {table}"
-
-
-def _latest_nvtx(src: SqliteSource):
-    """The latest end or time of any NVTX event (the capture end takes it into account)."""
-    if not src.has("NVTX_EVENTS"):
-        return None
-    value = src.query_scalar("SELECT max(coalesce(end, start)) FROM NVTX_EVENTS")
-    return None if value is None else int(value)
-
-
-def _capture_end(latest: list, meta: dict) -> int:
-    """The session's stop time, unless some event ends later (ingest_nsys._capture_end)."""
-    ends = [0] + [int(v) for v in latest if v is not None]
-    stop = meta.get("session_stop")
-    last = max(ends)
-    return int(stop) if isinstance(stop, int) and stop >= last else last
 
 
 def _track_end(out: dict, end: np.ndarray) -> None:
