@@ -79,7 +79,6 @@ PENDING_IMPORTS = {
     ("dlprof_profiler.experts.data", "dlprof_profiler.engine.model_chunks"),
     ("dlprof_profiler.ingest.kineto", "pandas.api.types"),
     ("dlprof_profiler.ingest.nsys", "dlprof_profiler.engine.correlate"),
-    ("dlprof_profiler.store.model", "dlprof_profiler.engine.correlate"),
     ("dlprof_profiler.store.model", "dlprof_profiler.engine.iterate"),
     ("dlprof_profiler.store.model", "dlprof_profiler.outputs.report_format"),
     ("dlprof_profiler.store.model", "dlprof_profiler.outputs.reports"),
