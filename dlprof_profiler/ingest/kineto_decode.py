@@ -24,6 +24,7 @@ import mmap
 import os
 import re
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter, itemgetter
@@ -36,6 +37,7 @@ import pandas as pd
 import pyarrow as pa
 
 from dlprof_profiler.errors import DLProfError
+from dlprof_profiler.store.process_memory import release_unused_memory
 from dlprof_profiler.ingest.kineto_repair import KIND_NAMES, UTF8, repair_event
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -222,6 +224,37 @@ RAW_ARGS = {
 RAW_ARG_OPS = {"concrete_inputs": ("aten::conv1d", "aten::conv2d", "aten::conv3d")}
 
 
+class SparseArgs(Mapping):
+    """The argument columns (`Columns.args`), held as the rows that have a value and their values: most events
+    lack most arguments, so a column per argument over every event would cost ~150 bytes an event (1.5 GB
+    at 10^7 events). Each lookup returns the whole column (-1 where absent), built then and not kept."""
+
+    def __init__(self, count: int):
+        self.count = count
+        self.columns: dict = {}  # name -> (rows, values, dtype)
+
+    def add(self, name: str, pieces: list, dtype) -> None:
+        """An argument's (rows, values) pieces, rows ascending across pieces."""
+        row_type = np.int32 if self.count < 2**31 else np.int64
+        rows = np.concatenate([r for r, _ in pieces]).astype(row_type) if pieces else np.zeros(0, row_type)
+        values = np.concatenate([v for _, v in pieces]).astype(dtype) if pieces else np.zeros(0, dtype)
+        self.columns[name] = (rows, values, dtype)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        rows, values, dtype = self.columns[name]
+        if rows.size == 0:  # absent from the whole trace: one read-only -1 broadcast, no memory
+            return np.broadcast_to(np.array(-1, dtype=dtype), (self.count,))
+        column = np.full(self.count, -1, dtype=dtype)
+        column[rows] = values
+        return column
+
+    def __iter__(self):
+        return iter(self.columns)
+
+    def __len__(self) -> int:
+        return len(self.columns)
+
+
 @dataclass
 class Columns:
     """Every event of the trace as columns; strings as codes into `strings`, raw JSON into `raws`."""
@@ -240,7 +273,7 @@ class Columns:
     dur: np.ndarray  # int64 ns, exact
     dur_ok: np.ndarray  # bool: dur was a number
     flow_id: np.ndarray  # int64 (flow events only)
-    args: dict = field(default_factory=dict)  # INT_ARGS -> int64, TEXT_ARGS / RAW_ARGS -> int32 codes
+    args: Mapping = field(default_factory=dict)  # INT_ARGS -> int64, TEXT_ARGS / RAW_ARGS -> int32 codes (SparseArgs)
     strings: list = field(default_factory=list)
     raws: list = field(default_factory=list)
     repairs: dict = field(default_factory=dict)  # events whose JSON text was repaired, by kind (kineto_repair)
@@ -455,7 +488,7 @@ def decode(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Decoded:
     path = Path(path)
     data = read_bytes(path)
     try:
-        return _decode(data, path, chunk_bytes)
+        return _decode(data, path, chunk_bytes, _PageRelease.of(data, path))
     except RecursionError:
         deep = _nesting_deeper_than(data, NESTING_REPORTED)
         where = f" (more than {NESTING_REPORTED} levels at byte {deep:,})" if deep is not None else ""
@@ -472,21 +505,55 @@ def decode(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Decoded:
         del data
 
 
-def _decode(data, path: Path, chunk_bytes: int) -> Decoded:
+def _decode(data, path: Path, chunk_bytes: int, release=None) -> Decoded:
     if not _NOT_SPACE.search(data):
         raise DLProfError(f"{path}: empty file, not a Kineto trace")
     outline = _outline(data)
     if outline is not None:
         first, end, meta = outline
         try:
-            return Decoded(path, meta, _columns(data, first, end, chunk_bytes, path, retries=FAST_PATH_RETRIES))
+            columns = _columns(data, first, end, chunk_bytes, path, retries=FAST_PATH_RETRIES, release=release)
+            return Decoded(path, meta, columns)
         except DLProfError:
             pass
     try:
         first, end, meta = _validated_outline(data, path)
     except _NotJSON as exc:
         first, end, meta = _repaired_outline(data, path, exc)
-    return Decoded(path, meta, _columns(data, first, end, chunk_bytes, path))
+    return Decoded(path, meta, _columns(data, first, end, chunk_bytes, path, release=release))
+
+
+class _PageRelease:
+    """Gives the pages of a mapped trace file back to the kernel once the chunks on them are decoded: a
+    mapped page counts in the process's memory for as long as it stays mapped, so without this a trace
+    decoded from its mapping costs its whole size on top of the columns (3.3 GB at 10^7 events). Only a
+    mapping of the file itself: a dropped page is read again from the file if anything looks back (the
+    validating pass after a failed fast one, an error's byte offset), and reads what it held, since every
+    in-place edit (`_decode_region`'s brackets) is undone; an anonymous mapping (gunzipped text) would
+    read zeros, so it is kept."""
+
+    def __init__(self, data: mmap.mmap):
+        self.data = data
+        self.done = 0  # bytes from the start of the mapping already released
+
+    @classmethod
+    def of(cls, data, path: Path) -> "_PageRelease | None":
+        if not isinstance(data, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
+            return None
+        try:
+            with open(path, "rb") as fh:
+                if fh.read(2) == GZIP_MAGIC:
+                    return None
+        except OSError:
+            return None
+        return cls(data)
+
+    def before(self, offset: int) -> None:
+        """Release the whole pages before `offset` (the byte before it may still be edited in place)."""
+        upto = (max(offset - 1, 0) // mmap.PAGESIZE) * mmap.PAGESIZE
+        if upto > self.done:
+            self.data.madvise(mmap.MADV_DONTNEED, self.done, upto - self.done)
+            self.done = upto
 
 
 class _NotJSON(DLProfError):
@@ -638,14 +705,18 @@ def _offset_in(part: memoryview, whole) -> int | None:
     return offset
 
 
-def _columns(data, first: int, end: int, chunk_bytes: int, path: Path, retries: int | None = None) -> Columns:
-    """The columns of the events in data[first:end + 1]."""
+def _columns(
+    data, first: int, end: int, chunk_bytes: int, path: Path, retries: int | None = None, release=None
+) -> Columns:
+    """The columns of the events in data[first:end + 1] (`release`: a _PageRelease of the mapping)."""
     builder = _ColumnBuilder(path)
     chunks = _chunks(data, first, end, chunk_bytes, path, builder, retries)
     try:
         for events in chunks:
             builder.add(events)
             del events
+            if release is not None:
+                release.before(builder.resume)
     finally:
         chunks.close()
     return builder.finish()
@@ -684,7 +755,7 @@ def _chunks(data, first: int, end: int, chunk_bytes: int, path: Path, builder, r
             except _Malformed as bad:
                 events, resume = _repaired_events(data, view, start, (stop, resume), end, bad, path, builder)
             break
-        start = resume
+        start = builder.resume = resume
         yield events
 
 
@@ -935,6 +1006,7 @@ class _ColumnBuilder:
         # columns most events lack (args, flow ids): (rows, values) pieces, scattered once at the end
         self.sparse: dict = {name: [] for name in ["flow_id"] + list(INT_ARGS) + list(TEXT_ARGS) + list(RAW_ARGS)}
         self.count = 0
+        self.resume = 0  # where the chunk after the last one added starts (see _chunks)
         self.repairs: dict = {}  # events repaired, by kind (kineto_repair.QUOTE ...)
         self.repaired_events = 0
 
@@ -1035,20 +1107,32 @@ class _ColumnBuilder:
         return out, ~text
 
     def finish(self) -> Columns:
+        # each column's pieces are let go once it is whole, and handed back to the system (the heap keeps
+        # them otherwise: the columns were then held twice, 1 GB more at 10^7 events), so the columns are held
+        # about once
         def cat(name, dtype):
-            arrays = [p[name] for p in self.parts]
-            return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype=dtype)
+            arrays = [p.pop(name) for p in self.parts]
+            column = np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype=dtype)
+            del arrays
+            release_unused_memory()
+            return column
 
         def scatter(name, dtype):
-            if not self.sparse[name]:  # absent from the whole trace: one read-only -1 broadcast, no memory
+            pieces, self.sparse[name] = self.sparse[name], []
+            if not pieces:  # absent from the whole trace: one read-only -1 broadcast, no memory
                 return np.broadcast_to(np.array(-1, dtype=dtype), (self.count,))
             column = np.full(self.count, -1, dtype=dtype)
-            for rows, values in self.sparse[name]:
+            for rows, values in pieces:
                 column[rows] = values
             return column
 
-        args = {name: scatter(name, np.int64) for name in INT_ARGS}
-        args.update({name: scatter(name, np.int32) for name in list(TEXT_ARGS) + list(RAW_ARGS)})
+        args = SparseArgs(self.count)
+        for names, dtype in ((INT_ARGS, np.int64), (list(TEXT_ARGS) + list(RAW_ARGS), np.int32)):
+            for name in names:
+                pieces, self.sparse[name] = self.sparse[name], []
+                args.add(name, pieces, dtype)
+                del pieces
+                release_unused_memory()
         ts = cat("ts", np.int64)
         return Columns(
             n=ts.size,
