@@ -233,17 +233,20 @@ def test_the_baseline_is_kept_in_the_url(env):
 
 def test_a_late_answer_for_the_previous_baseline_does_not_replace_the_chosen_one(env):
     """The view opens on the URL's baseline and the user picks another before its answers arrive: the slow
-    answers (held back here by wrapping fetch) must not bring the first baseline back."""
+    answers (held back here by wrapping fetch until the chosen baseline is shown) must not bring the first
+    baseline back."""
     b = env.b
     open_compare(b, "after/dlprof", "training/dlprof")
     b.click("button.nav-item[data-view=dashboard]")
     b.js(
-        "const real = window.fetch; let held = 0;"
+        "const real = window.fetch; let held = 0; const releases = [];"
+        "window.__release = () => { window.__released = true; releases.forEach((ok) => ok()); };"
         "window.fetch = (url, opts) => {"
         "  const u = String(url);"
-        "  if ((u.includes('/aggregations') || u.includes('/compare')) && u.includes('training') && held < 4) {"
+        "  if ((u.includes('/aggregations') || u.includes('/compare')) && u.includes('training')"
+        "      && held < 4 && !window.__released) {"
         "    held += 1;"
-        "    return new Promise((ok) => setTimeout(ok, 2500)).then(() => real(url, opts))"
+        "    return new Promise((ok) => releases.push(ok)).then(() => real(url, opts))"
         "      .then((r) => { window.__answered = (window.__answered || 0) + 1; return r; });"
         "  }"
         "  return real(url, opts);"
@@ -264,6 +267,8 @@ def test_a_late_answer_for_the_previous_baseline_does_not_replace_the_chosen_one
             30,
             "the chosen baseline's comparison",
         )
+        assert b.js("return window.__held()") > 0  # the first baseline's answers are still outstanding
+        b.js("window.__release();")
         # the held answers for training/dlprof arrive (and are dropped): wait until each was answered
         b.wait(lambda d: b.js("return (window.__answered || 0) === window.__held()"), 30, "the held answers")
         assert "baseline: before/dlprof" in b.css("#compare-after").text

@@ -17,7 +17,8 @@ from tests.browser import Browser, TensorBoard, free_port, query, requires_brows
 from tests.damage import sha256
 from tests.test_browser_views import goto, select_row, select_run, set_value, wait_table
 from tests.test_hardening import HTML_KERNEL, HTML_OP, ROOT, hostile_names_profile, request, run_cli
-from tests.test_plugin_checks import stop, wait_until
+from tests.test_plugin_checks import stop
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.browser, requires_browser]
 

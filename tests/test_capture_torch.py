@@ -34,11 +34,12 @@ TRAIN = textwrap.dedent("""
     if os.environ.get("TRAIN_BEFORE_DELAY"):   # start iterating this long before dlprof's delay ends
         capture = json.loads(os.environ["DLPROF_TORCH_CAPTURE"])
         open(os.environ["TRAIN_LOG"] + ".t0", "w").write(str(capture["t0"]))
+        # the program's own clock: dlprof's delay has no event a program could wait for
         while time.time() < capture["t0"] + capture["delay"] - float(os.environ["TRAIN_BEFORE_DELAY"]):
             time.sleep(0.05)
     log = open(os.environ["TRAIN_LOG"], "w")
     for i in range(steps):
-        time.sleep(pause)
+        time.sleep(pause)  # the step's host work: the times the tests compare the capture with
         log.write(json.dumps({"step": i, "start": time.time()}) + "\\n"); log.flush()
         loss = model(torch.randn(8, 16)).sum()
         opt.zero_grad()

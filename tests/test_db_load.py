@@ -20,6 +20,7 @@ from tests.analysis import analyze
 from tests.db_v2 import write_v2_database
 from tests.profiles import run_dlprof, training_profile
 from tests.test_plugin_viewer import _viewer
+from tests.waiting import wait_until
 from tests import data
 
 RUN = "dlprof_dldb"
@@ -165,7 +166,7 @@ def v2_viewer(v2):
         )
         api = checks.Api(f"http://127.0.0.1:{port}")
         try:
-            checks.wait_until(lambda: api.raw(api.url("runs"), timeout=5)[0] == 200, 30, "dlprofviewer to start", proc)
+            wait_until(lambda: api.raw(api.url("runs"), timeout=5)[0] == 200, 30, "dlprofviewer to start", proc)
             yield api
         finally:
             checks.stop(proc)

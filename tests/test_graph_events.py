@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from dlprof_profiler.outputs import graph_events
 from tests import test_plugin_checks as checks
 from tests.nsys_builder import NsysExport
 from tests.profiles import make_logdir, run_dlprof, training_profile
+from tests.waiting import wait_until
 
 CALLS = 3  # training_profile's iterations: every op runs once per iteration
 # node name: (op type, Op ID, direction, GPU ns per call, CPU ns per call), from training_profile's docstring
@@ -305,19 +305,14 @@ def test_tensorboard_shows_graphs_beside_dlprof(training, load_fast, tmp_path):
     try:
         import json
 
-        deadline = time.time() + 90
-        listing = {}
-        while time.time() < deadline:
-            try:
-                listing = json.loads(_get(f"{base}/plugins_listing"))
-                if listing.get("graphs", {}).get("enabled") and listing.get("dlprof", {}).get("enabled"):
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None:
-                raise AssertionError((tmp_path / "tb.log").read_text())
-            time.sleep(0.5)
-        assert listing["graphs"]["enabled"] and listing["dlprof"]["enabled"], listing
+        def both_active():
+            listing = json.loads(_get(f"{base}/plugins_listing"))
+            return listing.get("graphs", {}).get("enabled") and listing.get("dlprof", {}).get("enabled")
+
+        try:
+            wait_until(both_active, 90, "GRAPHS and DLPROF to be active", proc)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {(tmp_path / 'tb.log').read_text()}") from None
         info = json.loads(_get(f"{base}/plugin/graphs/info"))
         run = info["training/dlprof"]
         assert run["run_graph"] is True and run["tags"]["dlprof/op_time"]["profile"] is True

@@ -38,7 +38,8 @@ from dlprof_profiler.outputs.publish import LOCK_NAME, STAGING_PREFIX
 from tests import profiles
 from tests.damage import damaged_copy, sha256
 from tests.nsys_builder import NsysExport
-from tests.test_plugin_checks import free_port, stop, wait_until
+from tests.test_plugin_checks import free_port, stop
+from tests.waiting import wait_until
 
 T0 = profiles.BASE  # training_profile: iteration i starts at T0 + i * 100_000
 BUSY_PER_ITERATION = 37_000  # its GPU busy time per iteration (no overlaps), 3 iterations
@@ -521,10 +522,8 @@ def test_cli_kill_9_while_writing_then_the_next_run_cleans_up(base, tmp_path):
     before = sha256(export)
     out = tmp_path / "out"
     proc = dlprof_process(f"--database={export}", f"--output_path={out}", "--reports=all")
-    deadline = time.monotonic() + 120
-    while not list(out.glob(f"{STAGING_PREFIX}*/dlprof_dldb.sqlite")):  # the raw copy starts after ingest
-        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it was killed"
-        time.sleep(0.01)
+    # the raw copy starts after ingest
+    wait_until(lambda: list(out.glob(f"{STAGING_PREFIX}*/dlprof_dldb.sqlite")), 120, "the staged database", proc, 0.01)
     proc.kill()
     proc.wait(timeout=30)
     left = sorted(p.name for p in out.iterdir())
@@ -1350,10 +1349,8 @@ def test_cli_sigterm_and_sigint_release_the_lock_and_remove_the_staging(signum, 
     export = profiles.training_profile(tmp_path / "long.sqlite", iterations=300)
     out = tmp_path / "out"
     proc = dlprof_process(f"--database={export}", f"--output_path={out}", "--reports=all")
-    deadline = time.monotonic() + 120
-    while not list(out.glob(f"{STAGING_PREFIX}*/dlprof_dldb.sqlite")):  # mid-run: its staging is being written
-        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before the signal"
-        time.sleep(0.01)
+    # mid-run: its staging is being written
+    wait_until(lambda: list(out.glob(f"{STAGING_PREFIX}*/dlprof_dldb.sqlite")), 120, "the staged database", proc, 0.01)
     proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signum, stderr
@@ -1871,7 +1868,7 @@ class Dripper:
         with contextlib.suppress(OSError):
             while not self.halt.is_set() and self.drip:
                 self.sock.send(self.drip)
-                self.halt.wait(0.2)
+                self.halt.wait(0.2)  # the drip rate is the attack under test, not a wait for a condition
 
     def closed_by_server(self) -> bool:
         return _peek(self.sock) == b""

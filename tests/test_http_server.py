@@ -8,7 +8,7 @@ import threading
 from types import SimpleNamespace
 
 from dlprof_plugin.http_server import LaneDispatcher
-from tests.test_plugin_checks import wait_until
+from tests.waiting import wait_until
 
 
 class FakeChannel:

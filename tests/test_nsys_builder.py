@@ -431,7 +431,7 @@ def nsys_2022_exports(tmp_path_factory):
         pytest.skip(f"needs Nsight Systems 2022.4, found {nsys_version()!r}")
     work = tmp_path_factory.mktemp("nsys2022")
     script = work / "script.py"
-    script.write_text("import time\ntime.sleep(0.2)\n")
+    script.write_text("import time\ntime.sleep(0.2)\n")  # the program profiled: 0.2 s of nothing, no wait
     session = f"nsysbuilder-{uuid.uuid4().hex[:12]}"
     profile = subprocess.run(
         [

@@ -13,7 +13,6 @@ import socket
 import sqlite3
 import subprocess
 import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -25,6 +24,7 @@ import pytest
 
 from dlprof_plugin.security import REQUEST_HEADER
 from tests.profiles import run_dlprof
+from tests.waiting import wait_until
 
 # ---------------------------------------------------------------------------- the training profile, by hand
 WALL_TIME = 290_000  # first recorded event (1_000_000) to the last cudaDeviceSynchronize end (1_290_000)
@@ -85,22 +85,6 @@ class Api:
         doc = self.get(f"table/{name}", **params)
         keys = [c["key"] for c in doc["columns"]]
         return doc, [dict(zip(keys, r)) for r in doc["rows"]]
-
-
-def wait_until(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"{what}: the server exited with {proc.returncode}")
-        try:
-            value = predicate()
-            if value:
-                return value
-        except (OSError, ValueError, KeyError, AssertionError) as exc:
-            last = exc
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what} (last error: {last})")
 
 
 def stop(proc: subprocess.Popen) -> None:

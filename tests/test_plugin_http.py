@@ -16,6 +16,7 @@ import pytest
 
 from tests import test_plugin_checks as checks
 from tests.profiles import make_logdir, training_profile
+from tests.waiting import wait_until
 
 RUNS = ("training", "other", "reagg")
 
@@ -93,7 +94,7 @@ def tb(request, logdir, tmp_path_factory):
         return runs >= {f"{r}/dlprof" for r in RUNS}
 
     try:
-        checks.wait_until(ready, 60, "TensorBoard to list the dlprof runs", proc)
+        wait_until(ready, 60, "TensorBoard to list the dlprof runs", proc)
         yield {"api": api, "mode": request.param, "log": log_path, "logdir": logdir}
     finally:
         checks.stop(proc)

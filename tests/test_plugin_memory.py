@@ -11,6 +11,7 @@ from dlprof_profiler import contract as K
 from tests import test_plugin_checks as checks
 from tests.browser import TensorBoard
 from tests.profiles import BASE, ITERATION_SPAN, MIB, memory_profile, run_dlprof, training_profile
+from tests.waiting import wait_until
 
 RUN = "memory/dlprof"
 
@@ -39,7 +40,7 @@ def api(logdir):
     with TensorBoard(logdir) as tb:
         client = checks.Api(tb.url)
         runs = {"memory/dlprof", "plain/dlprof", "old/dlprof"}
-        checks.wait_until(lambda: {r["run"] for r in client.get("runs")["runs"]} >= runs, 60, "the runs", tb.proc)
+        wait_until(lambda: {r["run"] for r in client.get("runs")["runs"]} >= runs, 60, "the runs", tb.proc)
         yield client
 
 

@@ -13,6 +13,7 @@ from tests import test_plugin_checks as checks
 from tests.profiles import RANK_ITERATION, RANK_STEPS, SLOW_ITERATION, make_logdir, rank_profile, run_dlprof
 from tests.profiles import training_profile
 from tests.test_plugin_http import _tensorboard
+from tests.waiting import wait_until
 
 SLOW = 2
 RUN = "job/dlprof"
@@ -41,7 +42,7 @@ def tb(tmp_path_factory):
         return {RUN, "single/dlprof"} <= {r["run"] for r in api.get("runs")["runs"]}
 
     try:
-        checks.wait_until(ready, 60, "TensorBoard to list the runs", proc)
+        wait_until(ready, 60, "TensorBoard to list the runs", proc)
         yield {"api": api, "db": logdir / "job" / "dlprof_dldb.sqlite", "files": files}
     finally:
         checks.stop(proc)

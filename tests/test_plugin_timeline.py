@@ -16,6 +16,7 @@ import pytest
 from dlprof_profiler import contract as K
 from tests import test_plugin_checks as checks
 from tests.profiles import make_logdir, training_profile
+from tests.waiting import wait_until
 
 KERNELS = 20_000  # benchmarks/bench_engine.generate: 20 iterations of 1000 kernels on 2 GPUs
 
@@ -50,7 +51,7 @@ def tb(tmp_path_factory):
         return {r["run"] for r in api.get("runs")["runs"]} >= {"training/dlprof", "bench/dlprof"}
 
     try:
-        checks.wait_until(ready, 60, "TensorBoard to list the dlprof runs", proc)
+        wait_until(ready, 60, "TensorBoard to list the dlprof runs", proc)
         yield {"api": api, "db": lambda run: logdir / run / "dlprof_dldb.sqlite"}
     finally:
         checks.stop(proc)
