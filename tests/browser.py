@@ -264,14 +264,16 @@ class Browser:
         return ARTIFACTS / name
 
     def fresh(self, width: int = 1440, height: int = 1000) -> "Browser":
-        """The shared browser as a new one for the next test module: this window size, no page, and no state
-        left in the TensorBoard origin's storage (theme, URL state) by the module before."""
+        """The shared browser as a new one for the next test module: this window size, no page, no downloads,
+        and no state left in the TensorBoard origin's storage (theme, URL state) by the module before."""
         d = self.driver
         d.switch_to.default_content()
         if d.current_url.startswith("http"):
             self.js("window.localStorage.clear(); window.sessionStorage.clear();")
         d.delete_all_cookies()
         d.get("about:blank")
+        for path in self.download_dir.iterdir():  # downloads start from an empty folder, as in a new browser
+            path.unlink()
         self.width, self.height = width, height
         d.set_window_size(width, height)
         return self

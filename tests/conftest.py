@@ -54,3 +54,15 @@ def training_run(tmp_path_factory, training_export) -> Path:
     out = tmp_path_factory.mktemp("training_run") / "training"
     profiles.run_dlprof(f"--database={training_export}", f"--output_path={out}", "--reports=summary", "-v", "quiet")
     return out
+
+
+# What makes a test slow whatever its module: a real browser, TensorBoard, nsys or torch capture. Other slow
+# tests carry `pytest.mark.slow` themselves.
+SLOW_MARKERS = ("browser", "nsys", "torch")
+SLOW_FIXTURES = ("tensorboard", "browser")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(item.get_closest_marker(m) for m in SLOW_MARKERS) or set(SLOW_FIXTURES) & set(item.fixturenames):
+            item.add_marker(pytest.mark.slow)
