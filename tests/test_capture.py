@@ -734,6 +734,7 @@ def test_nsys_too_old(tmp_path, monkeypatch, fake_pipeline, capsys):
     assert "install" in err and not out.exists() and standin.profile_calls() == []
 
 
+@pytest.mark.slow
 def test_existing_outputs_need_force(tmp_path, monkeypatch, fake_pipeline, capsys):
     standin = StandIn(tmp_path, monkeypatch)
     out = tmp_path / "out"
@@ -991,6 +992,7 @@ def _engine_importable():
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.nsys
 @pytest.mark.skipif(shutil.which("nsys") is None, reason="Nsight Systems (nsys) is not on PATH")
 @pytest.mark.skipif(not _nvtx_library_loads(), reason="libnvToolsExt.so.1 (Debian libnvtoolsext1) is missing")

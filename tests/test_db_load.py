@@ -71,6 +71,7 @@ def rows(db, sql, params=()):
         con.close()
 
 
+@pytest.mark.slow
 def test_a_2_0_database_reloads_as_3_0_does(v2):
     old = database.load_model(v2["v2"])
     new = database.load_model(v2["v3"])
@@ -104,6 +105,7 @@ def test_a_2_0_database_reloads_as_3_0_does(v2):
     assert old[1].domains["default"].ops["op_id"].tolist() == new[1].domains["default"].ops["op_id"].tolist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["v2", "v3"])
 def test_reloaded_api_calls_keep_their_op_instances(v2, which):
     """The database keeps no API-call owner column: every call's op instance is rebuilt (launches from the
@@ -128,6 +130,7 @@ def test_reloaded_api_calls_keep_their_op_instances(v2, which):
     assert kinds.tolist() == [contract.UNASSOCIATED_API] * 3
 
 
+@pytest.mark.slow
 def test_a_2_0_database_is_reaggregated_in_its_own_layout(v2, tmp_path):
     path = tmp_path / "old.sqlite"
     path.write_bytes(v2["v2"].read_bytes())
@@ -172,6 +175,7 @@ def v2_viewer(v2):
             checks.stop(proc)
 
 
+@pytest.mark.slow
 def test_the_viewer_serves_a_2_0_database(v2, v2_viewer):
     checks.check_metadata_routes(v2_viewer, RUN, v2["v2"])
     checks.check_dashboard(v2_viewer, RUN, v2["v2"])
@@ -223,6 +227,7 @@ FIXTURE_DIR = data.DATA
 REPORTS = ("summary", "detailed", "kernel", "iteration", "op_type", "group_op")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "fixture",
     [

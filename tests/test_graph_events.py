@@ -86,6 +86,7 @@ def training(tmp_path_factory):
     }
 
 
+@pytest.mark.slow
 def test_nodes_are_the_ops_with_their_scopes_types_and_attributes(training):
     graph, _, raw = read_graph(training["run"])
     assert raw["graph_def"].step == 0 and raw["tagged_run_metadata"].tagged_run_metadata.tag == "dlprof/op_time"
@@ -131,6 +132,7 @@ def test_run_metadata_gives_each_node_its_compute_time(training):
     ]
 
 
+@pytest.mark.slow
 def test_reaggregated_database_writes_the_aggregations_totals(training, tmp_path):
     """`dlprof --database=dlprof_dldb.sqlite --iter_start 1 --iter_stop 2`: two of the three iterations (the first
     starts at the session start and ends at the first optimizer step, so iterations 1 and 2 hold one call each of
@@ -237,6 +239,7 @@ def test_shapes_parse_as_dlprof_writes_them():
     assert graph_events.parse_shapes("<a, b>") is None
 
 
+@pytest.mark.slow
 def test_data_type_and_shapes_of_dlprof_markers(tmp_path):
     """A conv2d recorded with DLProf's dict markers (fp16 input 8x3x32x32, weight 16x3x3x3, padding 1): the node
     carries the data type, the input shapes and the output shape the conv gives (32 + 2*1 - (3-1) - 1 + 1 = 32)."""
@@ -277,11 +280,12 @@ def _get(url: str) -> bytes:
         return resp.read()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("load_fast", ["auto", "false"])
 def test_tensorboard_shows_graphs_beside_dlprof(training, load_fast, tmp_path):
     """GRAPHS and DLPROF are both active for a fresh run; the graph and run metadata routes answer with what
     the event file holds (both data-server modes)."""
-    port = checks.free_port()
+    port = checks.free_port()  # a TensorBoard of its own: the data-server mode (--load_fast) is what varies
     exe = Path(sys.executable).parent / "tensorboard"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "tensorboard.main"]
     log = open(tmp_path / "tb.log", "w")

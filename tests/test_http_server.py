@@ -4,6 +4,8 @@ benchmarks/bench_viewer_load.py."""
 
 from __future__ import annotations
 
+import pytest
+
 import threading
 from types import SimpleNamespace
 
@@ -36,6 +38,7 @@ class FakeChannel:
         self.cancelled = True
 
 
+@pytest.mark.slow
 def test_light_requests_pass_queued_heavy_ones_and_heavy_ones_are_bounded():
     log, running, lock = [], {"now": 0, "max": 0}, threading.Lock()
     dispatcher = LaneDispatcher(heavy=2, light=1, is_light=lambda path: path == "/runs")

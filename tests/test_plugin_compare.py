@@ -13,6 +13,11 @@ from tests.test_compare import HAND_KERNELS, HAND_OPS, hand_after, hand_before, 
 from tests.test_db_load import v2  # noqa: F401 - the 2.0 database fixture
 
 
+pytestmark = (
+    pytest.mark.slow
+)  # a TensorBoard process of its own and several CLI runs; test_plugin_routes.py has the fast checks
+
+
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
     root = tmp_path_factory.mktemp("plugin_compare")

@@ -18,6 +18,11 @@ from tests import test_plugin_checks as checks
 from tests.profiles import make_logdir, training_profile
 from tests.waiting import wait_until
 
+pytestmark = (
+    pytest.mark.slow
+)  # TensorBoard processes of its own in both data-server modes; test_plugin_routes.py has the fast checks
+
+
 RUNS = ("training", "other", "reagg")
 
 

@@ -15,6 +15,9 @@ from tests import test_plugin_checks as checks
 from tests.profiles import make_logdir, training_profile
 from tests.waiting import wait_until
 
+pytestmark = pytest.mark.slow  # a dlprofviewer process running re-aggregation jobs
+
+
 RUN = "dlprof_dldb"
 
 

@@ -15,6 +15,9 @@ from tests.profiles import training_profile
 from tests.test_plugin_http import _tensorboard
 from tests.waiting import wait_until
 
+pytestmark = pytest.mark.slow  # a TensorBoard process of its own and multi-rank CLI runs
+
+
 SLOW = 2
 RUN = "job/dlprof"
 

@@ -16,6 +16,9 @@ from tests import test_plugin_checks as checks
 from tests.profiles import make_logdir, training_profile
 from tests.waiting import wait_until
 
+pytestmark = pytest.mark.slow  # dlprofviewer processes; test_plugin_routes.py runs the same checks in-process
+
+
 RUN = "dlprof_dldb"
 
 
