@@ -56,9 +56,9 @@ def training_run(tmp_path_factory, training_export) -> Path:
     return out
 
 
-# What makes a test slow whatever its module: a real browser, TensorBoard, nsys or torch capture. Other slow
-# tests carry `pytest.mark.slow` themselves.
-SLOW_MARKERS = ("browser", "nsys", "torch")
+# What makes a test slow whatever its module: a real browser, TensorBoard or nsys capture. Other slow tests
+# (torch captures among them: in-process torch tests are fast) carry `pytest.mark.slow` themselves.
+SLOW_MARKERS = ("browser", "nsys")
 SLOW_FIXTURES = ("tensorboard", "browser")
 
 

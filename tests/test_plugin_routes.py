@@ -78,3 +78,37 @@ def test_bad_requests(viewer):
 
 def test_static_files(viewer):
     checks.check_static(viewer["api"])
+
+
+def test_timeline_of_an_iteration(viewer):
+    """The hand-computed iteration 1 of the training profile (tests/test_plugin_timeline.py's expectations)."""
+    from tests import test_plugin_timeline as tl
+
+    doc = viewer["api"].get("timeline", run=RUN, iteration=1, width=2000)
+    assert doc["window"] == list(checks.ITER1)
+    got = tl.events(doc)
+    by_row = {
+        rid: [(e["start"], e["end"], e["name"]) for e in got if e["row"]["id"] == rid] for rid in ("t0.0", "t1.0")
+    }
+    assert by_row == {"t0.0": tl.MAIN_OPS, "t1.0": tl.GRAD_OPS}
+    gpu = [(e["start"], e["end"], e["name"], e["kind"]) for e in got if e["row"]["id"] == "g0.7"]
+    assert gpu == [g[:4] for g in tl.GPU]
+
+
+def test_ranks_of_a_single_profile(viewer, training_export):
+    doc = viewer["api"].get("ranks", run=RUN)
+    assert doc["default"] == 0
+    assert [(r["rank"], r["source_file"], r["source_kind"]) for r in doc["ranks"]] == [
+        (0, str(training_export), "nsys_sqlite")
+    ]
+
+
+def test_memory_of_a_profile_without_memory_events(viewer):
+    """No memory events recorded: the route says how to record them, and still lists the iterations."""
+    doc = viewer["api"].get("memory", run=RUN, aggr=1)
+    assert doc["recorded"] is False and "--cuda-memory-usage=true" in doc["message"]
+    assert doc["devices"] == [] and doc["series"] == []
+    assert [(i["iteration"], i["start"], i["end"]) for i in doc["iterations"][:2]] == [
+        (0, 1_000_000, checks.ITER1[0]),
+        (1, *checks.ITER1),
+    ]
