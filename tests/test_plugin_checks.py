@@ -108,6 +108,21 @@ def db_rows(db: Path, sql: str, params=()) -> list[tuple]:
 # ---------------------------------------------------------------------------- checks
 
 
+def route_checks(run: str) -> dict:
+    """The checks every server of the routes passes on the training profile as run `run`, by name:
+    check(api, database)."""
+    return {
+        "runs": lambda api, db: check_runs(api, {run: db}),
+        "metadata_routes": lambda api, db: check_metadata_routes(api, run, db),
+        "dashboard": lambda api, db: check_dashboard(api, run, db),
+        "tables": lambda api, db: check_tables(api, run, db),
+        "exports": lambda api, db: check_exports(api, run),
+        "terms": lambda api, db: check_terms(api, run),
+        "bad_requests": lambda api, db: check_bad_requests(api, run),
+        "static_files": lambda api, db: check_static(api),
+    }
+
+
 def check_runs(api: Api, expected: dict[str, Path]) -> None:
     runs = {r["run"]: r for r in api.get("runs")["runs"]}
     assert set(runs) == set(expected)

@@ -48,36 +48,9 @@ def viewer(tmp_path_factory, training_run):
     return {"api": InProcessApi(build_app([str(db)])), "db": db}
 
 
-def test_runs(viewer):
-    checks.check_runs(viewer["api"], {RUN: viewer["db"]})
-
-
-def test_metadata_routes(viewer):
-    checks.check_metadata_routes(viewer["api"], RUN, viewer["db"])
-
-
-def test_dashboard(viewer):
-    checks.check_dashboard(viewer["api"], RUN, viewer["db"])
-
-
-def test_tables(viewer):
-    checks.check_tables(viewer["api"], RUN, viewer["db"])
-
-
-def test_exports(viewer):
-    checks.check_exports(viewer["api"], RUN)
-
-
-def test_terms(viewer):
-    checks.check_terms(viewer["api"], RUN)
-
-
-def test_bad_requests(viewer):
-    checks.check_bad_requests(viewer["api"], RUN)
-
-
-def test_static_files(viewer):
-    checks.check_static(viewer["api"])
+@pytest.mark.parametrize("check", list(checks.route_checks(RUN)))
+def test_routes(viewer, check):
+    checks.route_checks(RUN)[check](viewer["api"], viewer["db"])
 
 
 def test_timeline_of_an_iteration(viewer):
