@@ -99,8 +99,11 @@ def test_staged_frames_equal_the_in_memory_ingest(name, named, tmp_path):
     assert not (tmp_path / "store").exists()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["training", "damaged", "backward_calls", "flops"] + FIXTURE_NAMES)
+@pytest.mark.parametrize(
+    "name",  # the training profile keeps the out-of-core path in the everyday command
+    ["training"]
+    + [pytest.param(n, marks=pytest.mark.slow) for n in ["damaged", "backward_calls", "flops"] + FIXTURE_NAMES],
+)
 def test_out_of_core_analysis_equals_the_in_memory_one(name, named, tmp_path):
     # the small hand-made profiles are cut into many segments too (calls and ranges across segment bounds)
     splits = (10**9, 2000) + ((25,) if name in named else ())
