@@ -993,6 +993,7 @@ def test_job_killed_before_its_commit_is_reported_failed_and_rolled_back(base, t
 
 @pytest.fixture(scope="module")
 def tensorboard(base, tmp_path_factory):
+    """This module's own TensorBoard in place of the session's: started with --path_prefix."""
     logdir = tmp_path_factory.mktemp("tb_logdir")
     shutil.copytree(base["root"] / "db", logdir / "training")
     port = free_port()

@@ -6,7 +6,6 @@ shorter than a pixel (bounded answers, counts and busy times kept), and bad requ
 from __future__ import annotations
 
 import random
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,11 +18,6 @@ pytestmark = pytest.mark.slow  # TensorBoard, a 20,000-kernel profile
 
 
 KERNELS = 20_000  # benchmarks/bench_engine.generate: 20 iterations of 1000 kernels on 2 GPUs
-
-
-def _tensorboard() -> list[str]:
-    exe = Path(sys.executable).parent / "tensorboard"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "tensorboard.main"]
 
 
 @pytest.fixture(scope="module")
