@@ -17,11 +17,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+import urllib.parse
 import urllib.request
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import pytest
+
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -123,15 +126,16 @@ def http_json(url: str, timeout: float = 10.0):
 
 class TensorBoard:
     """`tensorboard --logdir <logdir> --port <free> --host 127.0.0.1` in a subprocess, ready when the DLPROF
-    plugin reports itself active."""
+    plugin reports itself active (loaded, for an `empty` logdir that runs are published into later)."""
 
-    def __init__(self, logdir: Path, timeout: float = 90.0, path_prefix: str = "", extra_args=()):
+    def __init__(self, logdir: Path, timeout: float = 90.0, path_prefix: str = "", extra_args=(), empty=False):
         self.logdir = Path(logdir)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}{path_prefix}"  # TensorBoard's root, with --path_prefix
         self.path_prefix = path_prefix
         self.extra_args = list(extra_args) + ([f"--path_prefix={path_prefix}"] if path_prefix else [])
         self.timeout = timeout
+        self.empty = empty  # no runs yet: ready when the plugin is loaded (it is active once a run is there)
         self.proc = None
         self.log = None
 
@@ -165,7 +169,7 @@ class TensorBoard:
             except OSError as exc:
                 state["last"] = exc
                 return False
-            return bool(state["last"] and state["last"].get("enabled"))
+            return bool(state["last"] and (self.empty or state["last"].get("enabled")))
 
         try:
             wait_until(active, self.timeout, "TensorBoard's DLPROF plugin to become active", self.proc)
@@ -176,6 +180,19 @@ class TensorBoard:
 
     def api(self, route: str):
         return http_json(f"{self.url}/data/plugin/dlprof/{route}")
+
+    def publish(self, name: str, logdir: Path, timeout: float = 60.0) -> Path:
+        """Move a logdir's runs under <this logdir>/<name>/ (its run `x/dlprof` is then `<name>/x/dlprof`) and
+        return that folder once the plugin lists every one of them: how test modules share one TensorBoard."""
+        target = self.logdir / name
+        shutil.move(str(logdir), str(target))
+        runs = {f"{name}/{p.parent.relative_to(target).as_posix()}" for p in target.rglob("events.out.tfevents.*")}
+
+        def listed():
+            return runs <= {r["run"] for r in self.api("runs")["runs"]}
+
+        wait_until(listed, timeout, f"TensorBoard to list the runs {sorted(runs)}", self.proc)
+        return target
 
     def __exit__(self, *exc):
         if self.proc and self.proc.poll() is None:
@@ -246,14 +263,30 @@ class Browser:
         ARTIFACTS.mkdir(exist_ok=True)
         return ARTIFACTS / name
 
+    def fresh(self, width: int = 1440, height: int = 1000) -> "Browser":
+        """The shared browser as a new one for the next test module: this window size, no page, no downloads,
+        and no state left in the TensorBoard origin's storage (theme, URL state) by the module before."""
+        d = self.driver
+        d.switch_to.default_content()
+        if d.current_url.startswith("http"):
+            self.js("window.localStorage.clear(); window.sessionStorage.clear();")
+        d.delete_all_cookies()
+        d.get("about:blank")
+        for path in self.download_dir.iterdir():  # downloads start from an empty folder, as in a new browser
+            path.unlink()
+        self.width, self.height = width, height
+        d.set_window_size(width, height)
+        return self
+
     # -- navigation
-    def open_dlprof(self, tb_url: str, timeout: float = 30.0):
-        """TensorBoard's DLPROF tab; switches into the plugin's iframe and waits for the UI."""
+    def open_dlprof(self, tb_url: str, timeout: float = 30.0, run: str | None = None):
+        """TensorBoard's DLPROF tab (showing `run`, else the first run); switches into the plugin's iframe and
+        waits for the UI."""
         from selenium.webdriver.common.by import By
 
         d = self.driver
         d.switch_to.default_content()
-        d.get(f"{tb_url}/#dlprof")
+        d.get(f"{tb_url}/#dlprof" + (f"&p.dlprof.run={urllib.parse.quote(run, safe='')}" if run else ""))
         frame = self.wait(
             lambda drv: drv.find_element(By.CSS_SELECTOR, "iframe[src*='plugin_entry.html?name=dlprof']"),
             timeout,
@@ -401,26 +434,6 @@ class Browser:
             frame = d.find_element("css selector", "iframe[src*='plugin_entry.html?name=dlprof']")
             d.switch_to.frame(frame)
         return path
-
-
-def wait_until(predicate, timeout: float, what: str, proc=None):
-    """predicate()'s first true value, polled by Selenium's WebDriverWait (no browser needed); an AssertionError
-    naming `what` after `timeout` seconds, or as soon as `proc` (a server being waited for) exits."""
-    from selenium.common.exceptions import TimeoutException
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    def check(_):
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"{what}: the process exited with {proc.returncode}")
-        try:
-            return predicate()
-        except OSError:
-            return False
-
-    try:
-        return WebDriverWait(object(), timeout, poll_frequency=0.1).until(check)
-    except TimeoutException:
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}") from None
 
 
 def wait_for_server(url: str, proc, timeout: float = 30.0, what: str = "the server") -> None:

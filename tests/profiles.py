@@ -6,6 +6,7 @@ is documented next to the code so tests can derive every expected number by hand
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -99,14 +100,18 @@ def run_dlprof(*args: str, cwd: Path | None = None, check: bool = True) -> subpr
 
 
 def make_logdir(root: Path, runs: dict[str, Path] | None = None) -> Path:
-    """A TensorBoard logdir with one dlprof run per {run name: nsys export}; default: the training profile
-    as run `training` (3 iterations, key node the optimizer step)."""
+    """A TensorBoard logdir with one dlprof run per {run name: nsys export, or a run folder analysed already
+    (conftest's `training_run`), copied}; default: the training profile as run `training` (3 iterations, key
+    node the optimizer step)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     if runs is None:
         runs = {"training": training_profile(root.parent / f"{root.name}_training.sqlite")}
-    for name, export in runs.items():
-        run_dlprof(f"--database={export}", f"--output_path={root / name}", "--reports=summary", "-v", "quiet")
+    for name, source in runs.items():
+        if Path(source).is_dir():
+            shutil.copytree(source, root / name)
+        else:
+            run_dlprof(f"--database={source}", f"--output_path={root / name}", "--reports=summary", "-v", "quiet")
     return root
 
 

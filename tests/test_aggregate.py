@@ -176,6 +176,7 @@ def _cut_points(analysis, n_random=12, seed=1):
     return sorted(set(random_cuts + analysis.iterations.boundaries.tolist() + [lo, hi]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "fixture",
     [

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import csv
 import io
+import shutil
 from types import SimpleNamespace
 
 import pytest
 
-from tests.browser import Browser, TensorBoard, fmt_int, fmt_ns, requires_browser
-from tests.profiles import run_dlprof, training_profile
+from tests.browser import fmt_int, fmt_ns, requires_browser
+from tests.profiles import run_dlprof
 from tests.test_browser_usability import reopen
 from tests.test_browser_views import rows, select_run, table_in
 from tests.test_compare import AFTER, BEFORE, needs_fixtures, read_sections
@@ -31,7 +32,7 @@ SUMMARY_KEYS = {
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, tensorboard, browser, training_run):
     root = tmp_path_factory.mktemp("compare")
     logdir = root / "logdir"
     run_dlprof(f"--database={BEFORE}", f"--output_path={logdir / 'before'}", "--reports=summary", "-v", "quiet")
@@ -43,8 +44,7 @@ def env(tmp_path_factory):
         "-v",
         "quiet",
     )
-    training = training_profile(root / "training.sqlite")
-    run_dlprof(f"--database={training}", f"--output_path={logdir / 'training'}", "--reports=summary", "-v", "quiet")
+    shutil.copytree(training_run, logdir / "training")
     # a second aggregation of the same run: iterations 1..2 (the loops 1 and 2 of the training profile)
     run_dlprof(
         f"--database={logdir / 'training' / 'dlprof_dldb.sqlite'}",
@@ -57,10 +57,11 @@ def env(tmp_path_factory):
         "quiet",
     )
     report = read_sections(logdir / "after" / "dlprof_diff.csv")
-    with TensorBoard(logdir) as tb, Browser(1600, 1000) as b:
-        b.open_dlprof(tb.url)
-        b.wait_css("#view .view", 30)
-        yield SimpleNamespace(tb=tb, b=b, logdir=logdir, report=report)
+    logdir = tensorboard.publish("compare", logdir)
+    b = browser.fresh(1600, 1000)
+    b.open_dlprof(tensorboard.url, run="compare/after/dlprof")
+    b.wait_css("#view .view", 30)
+    return SimpleNamespace(tb=tensorboard, b=b, logdir=logdir, report=report)
 
 
 def open_compare(b, run: str, base_run: str, base_aggr: str | None = None):
@@ -114,7 +115,7 @@ def exported_csv(b, dt) -> list[list[str]]:
 
 def test_compare_view_shows_the_diff_reports_numbers(env):
     b, report = env.b, env.report
-    ops_dt, kernels_dt = open_compare(b, "after/dlprof", "before/dlprof")
+    ops_dt, kernels_dt = open_compare(b, "compare/after/dlprof", "compare/before/dlprof")
     # the headline figures: the report's Diff Summary, as the viewer formats them
     check_summary(summary_cells(b), report)
     # the first page of ops: the report's first rows, in its order (largest change first)
@@ -156,50 +157,50 @@ def test_compare_opens_on_the_runs_own_baseline(env):
     """Issue 24, item 1: a run analysed with --baseline opens Compare on that baseline (kept in its database), the
     diff's headline figures heading the view, the rows of dlprof_diff.csv below; a run without one opens on its
     previous aggregation, or asks, never on an unrelated run."""
-    with Browser(1600, 1000) as b:  # a fresh page: no baseline in the URL
-        b.open_dlprof(env.tb.url)
-        b.wait_css("#view .view", 30)
-        select_run(b, "after/dlprof")
-        goto_compare(b)
-        b.wait(lambda d: b.js("return document.querySelector('.view-compare').dataset.ready") == "1", 30, "compare")
-        assert b.js("return document.getElementById('compare-base-run').value") == ""  # the kept baseline
-        assert b.css(".view-compare").get_attribute("data-baseline") == "stored"
-        assert (
-            "Its baseline (dlprof --baseline): pytorch_2gpu_nccl_nsys2026.2_before.sqlite"
-            in b.css("#compare-base-run option[value='']").text
-        )
-        assert str(BEFORE) in b.css("#compare-after").text and not b.css("#compare-base-aggr").is_displayed()
-        assert "p.dlprof.base_run" not in b.js("return window.parent.location.hash;")
-        check_summary(summary_cells(b), env.report)
-        # the headline figures head the view: the first card, above the rows
-        cards = b.js("return [...document.querySelectorAll('.view-compare > .card')].map((c) => c.id);")
-        assert cards == ["compare-summary", "compare-ops", "compare-kernels"]
-        ops = table_in(b, "#compare-ops")
-        first = rows(ops)
-        assert [(r["op_name"], r["direction"], r["presence"]) for r in first] == [
-            (r[0], r[1], r[3]) for r in env.report["Op Diff"][1 : len(first) + 1]
-        ]
-        header, *exported = exported_csv(b, ops)
-        assert header == env.report["Op Diff"][0] and len(exported) == len(env.report["Op Diff"]) - 1
-        b.screenshot("compare_kept_baseline.png")
-        # a run with two aggregations and no kept baseline: its previous aggregation
-        select_run(b, "training/dlprof")
-        goto_compare(b)
-        b.wait(lambda d: b.js("return document.querySelector('.view-compare').dataset.ready") == "1", 30, "compare")
-        assert b.js("return document.getElementById('compare-base-run').value") == "training/dlprof"
-        assert b.js("return document.getElementById('compare-base-aggr').value") == "1"
-        # one aggregation, no kept baseline: nothing is compared until a baseline is chosen
-        select_run(b, "before/dlprof")
-        goto_compare(b)
-        b.wait_text("#compare-summary", "Choose the run", 30)
-        assert b.js("return document.getElementById('compare-base-run').value") == "__none__"
+    b = env.b.fresh(1600, 1000)  # a fresh page: no baseline in the URL
+    b.open_dlprof(env.tb.url, run="compare/after/dlprof")
+    b.wait_css("#view .view", 30)
+    select_run(b, "compare/after/dlprof")
+    goto_compare(b)
+    b.wait(lambda d: b.js("return document.querySelector('.view-compare').dataset.ready") == "1", 30, "compare")
+    assert b.js("return document.getElementById('compare-base-run').value") == ""  # the kept baseline
+    assert b.css(".view-compare").get_attribute("data-baseline") == "stored"
+    assert (
+        "Its baseline (dlprof --baseline): pytorch_2gpu_nccl_nsys2026.2_before.sqlite"
+        in b.css("#compare-base-run option[value='']").text
+    )
+    assert str(BEFORE) in b.css("#compare-after").text and not b.css("#compare-base-aggr").is_displayed()
+    assert "p.dlprof.base_run" not in b.js("return window.parent.location.hash;")
+    check_summary(summary_cells(b), env.report)
+    # the headline figures head the view: the first card, above the rows
+    cards = b.js("return [...document.querySelectorAll('.view-compare > .card')].map((c) => c.id);")
+    assert cards == ["compare-summary", "compare-ops", "compare-kernels"]
+    ops = table_in(b, "#compare-ops")
+    first = rows(ops)
+    assert [(r["op_name"], r["direction"], r["presence"]) for r in first] == [
+        (r[0], r[1], r[3]) for r in env.report["Op Diff"][1 : len(first) + 1]
+    ]
+    header, *exported = exported_csv(b, ops)
+    assert header == env.report["Op Diff"][0] and len(exported) == len(env.report["Op Diff"]) - 1
+    b.screenshot("compare_kept_baseline.png")
+    # a run with two aggregations and no kept baseline: its previous aggregation
+    select_run(b, "compare/training/dlprof")
+    goto_compare(b)
+    b.wait(lambda d: b.js("return document.querySelector('.view-compare').dataset.ready") == "1", 30, "compare")
+    assert b.js("return document.getElementById('compare-base-run').value") == "compare/training/dlprof"
+    assert b.js("return document.getElementById('compare-base-aggr').value") == "1"
+    # one aggregation, no kept baseline: nothing is compared until a baseline is chosen
+    select_run(b, "compare/before/dlprof")
+    goto_compare(b)
+    b.wait_text("#compare-summary", "Choose the run", 30)
+    assert b.js("return document.getElementById('compare-base-run').value") == "__none__"
 
 
 def test_two_aggregations_of_one_run(env):
     """The training profile aggregated over its 4 iterations (baseline, #1) and over iterations 1..2 (#2): each
     op of the loop runs 3 times in #1 and 2 times in #2, so its GPU time is 2/3 of the baseline's."""
     b = env.b
-    ops_dt, kernels_dt = open_compare(b, "training/dlprof", "training/dlprof", "1")
+    ops_dt, kernels_dt = open_compare(b, "compare/training/dlprof", "compare/training/dlprof", "1")
     assert b.css("#compare-summary tbody tr[data-key=aggregated_iterations]").text.split()[-3:] == ["4", "2", "−2"]
     header, *exported = exported_csv(b, ops_dt)
     col = {name: i for i, name in enumerate(header)}
@@ -216,8 +217,8 @@ def test_two_aggregations_of_one_run(env):
 
 def test_the_baseline_is_kept_in_the_url(env):
     b = env.b
-    open_compare(b, "after/dlprof", "before/dlprof")
-    assert "p.dlprof.base_run=before%2Fdlprof" in b.js("return window.parent.location.hash;")
+    open_compare(b, "compare/after/dlprof", "compare/before/dlprof")
+    assert "p.dlprof.base_run=compare%2Fbefore%2Fdlprof" in b.js("return window.parent.location.hash;")
     reopen(b)
     b.wait(
         lambda d: b.js(
@@ -227,23 +228,26 @@ def test_the_baseline_is_kept_in_the_url(env):
         30,
         "compare after reload",
     )
-    assert b.js("return document.getElementById('compare-base-run').value") == "before/dlprof"
-    assert b.css("#run-select").get_attribute("value") == "after/dlprof"
+    assert b.js("return document.getElementById('compare-base-run').value") == "compare/before/dlprof"
+    assert b.css("#run-select").get_attribute("value") == "compare/after/dlprof"
 
 
 def test_a_late_answer_for_the_previous_baseline_does_not_replace_the_chosen_one(env):
     """The view opens on the URL's baseline and the user picks another before its answers arrive: the slow
-    answers (held back here by wrapping fetch) must not bring the first baseline back."""
+    answers (held back here by wrapping fetch until the chosen baseline is shown) must not bring the first
+    baseline back."""
     b = env.b
-    open_compare(b, "after/dlprof", "training/dlprof")
+    open_compare(b, "compare/after/dlprof", "compare/training/dlprof")
     b.click("button.nav-item[data-view=dashboard]")
     b.js(
-        "const real = window.fetch; let held = 0;"
+        "const real = window.fetch; let held = 0; const releases = [];"
+        "window.__release = () => { window.__released = true; releases.forEach((ok) => ok()); };"
         "window.fetch = (url, opts) => {"
         "  const u = String(url);"
-        "  if ((u.includes('/aggregations') || u.includes('/compare')) && u.includes('training') && held < 4) {"
+        "  if ((u.includes('/aggregations') || u.includes('/compare')) && u.includes('training')"
+        "      && held < 4 && !window.__released) {"
         "    held += 1;"
-        "    return new Promise((ok) => setTimeout(ok, 2500)).then(() => real(url, opts))"
+        "    return new Promise((ok) => releases.push(ok)).then(() => real(url, opts))"
         "      .then((r) => { window.__answered = (window.__answered || 0) + 1; return r; });"
         "  }"
         "  return real(url, opts);"
@@ -255,19 +259,21 @@ def test_a_late_answer_for_the_previous_baseline_does_not_replace_the_chosen_one
         goto_compare(b)
         from selenium.webdriver.support.ui import Select
 
-        Select(b.css("#compare-base-run")).select_by_value("before/dlprof")
+        Select(b.css("#compare-base-run")).select_by_value("compare/before/dlprof")
         b.wait(
             lambda d: b.js(
                 "return document.querySelector('.view-compare').dataset.ready === '1' && "
-                "document.getElementById('compare-after').textContent.includes('baseline: before/dlprof')"
+                "document.getElementById('compare-after').textContent.includes('baseline: compare/before/dlprof')"
             ),
             30,
             "the chosen baseline's comparison",
         )
+        assert b.js("return window.__held()") > 0  # the first baseline's answers are still outstanding
+        b.js("window.__release();")
         # the held answers for training/dlprof arrive (and are dropped): wait until each was answered
         b.wait(lambda d: b.js("return (window.__answered || 0) === window.__held()"), 30, "the held answers")
-        assert "baseline: before/dlprof" in b.css("#compare-after").text
-        assert b.js("return document.getElementById('compare-base-run').value") == "before/dlprof"
-        assert "p.dlprof.base_run=before%2Fdlprof" in b.js("return window.parent.location.hash;")
+        assert "baseline: compare/before/dlprof" in b.css("#compare-after").text
+        assert b.js("return document.getElementById('compare-base-run').value") == "compare/before/dlprof"
+        assert "p.dlprof.base_run=compare%2Fbefore%2Fdlprof" in b.js("return window.parent.location.hash;")
     finally:
         b.js("window.__restoreFetch && window.__restoreFetch();")

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.browser import Browser, TensorBoard, requires_browser
+from tests.browser import requires_browser
 from tests.profiles import run_dlprof
 from tests.test_browser_views import goto, select_run
 
@@ -82,7 +82,7 @@ def classes_from_trace(trace: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, tensorboard, browser):
     logdir = tmp_path_factory.mktemp("cpu_capture") / "logdir"
     run_dlprof(
         "--backend=torch",
@@ -96,17 +96,18 @@ def env(tmp_path_factory):
         "--iterations",
         "6",
     )
-    with TensorBoard(logdir) as tb, Browser(1600, 1000) as b:
-        b.open_dlprof(tb.url)
-        b.wait_css("#view .view", 30)
-        yield SimpleNamespace(b=b, trace=logdir / "cpu" / "dlprof.pt.trace.json.gz")
+    logdir = tensorboard.publish("cpu_only", logdir)
+    b = browser.fresh(1600, 1000)
+    b.open_dlprof(tensorboard.url, run="cpu_only/cpu/dlprof")
+    b.wait_css("#view .view", 30)
+    return SimpleNamespace(b=b, trace=logdir / "cpu" / "dlprof.pt.trace.json.gz")
 
 
 def test_a_cpu_only_capture_shows_its_time_classes(env):
     b = env.b
     expected = classes_from_trace(env.trace)
     assert len(expected) >= 4
-    select_run(b, "cpu/dlprof")
+    select_run(b, "cpu_only/cpu/dlprof")
     goto(b, "iterations")
     for k, want in enumerate(expected[1:], start=1):  # iteration k is step k (step 0 holds the start-up)
         bar = b.css(f"#iterations-chart g.bar[data-iteration='{k}']")

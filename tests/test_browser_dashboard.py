@@ -18,8 +18,6 @@ import pytest
 from dlprof_plugin.terms import TERMS
 from tests.browser import (
     ARTIFACTS,
-    Browser,
-    TensorBoard,
     fmt_int,
     fmt_ns,
     fmt_pct,
@@ -32,7 +30,7 @@ from tests.profiles import make_logdir
 
 pytestmark = [pytest.mark.browser, requires_browser]
 
-RUN = "training/dlprof"
+RUN = "dashboard/training/dlprof"
 PANELS = [
     "panel-gpu-utilization",
     "panel-performance",
@@ -49,14 +47,13 @@ SCREENSHOT_LIMIT = 1_000_000  # bytes: a full-page PNG; the committed copy in do
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dashboard")
-    logdir = make_logdir(root / "logdir")
-    db = logdir / "training" / "dlprof_dldb.sqlite"
-    with TensorBoard(logdir) as tb, Browser() as b:
-        b.open_dlprof(tb.url)
-        b.wait_css("#panel-top-ops tbody tr", 30)
-        yield SimpleNamespace(tb=tb, b=b, db=db)
+def env(tmp_path_factory, tensorboard, browser, training_run):
+    logdir = make_logdir(tmp_path_factory.mktemp("dashboard") / "logdir", {"training": training_run})
+    db = tensorboard.publish("dashboard", logdir) / "training" / "dlprof_dldb.sqlite"
+    b = browser.fresh()
+    b.open_dlprof(tensorboard.url, run=RUN)
+    b.wait_css("#panel-top-ops tbody tr", 30)
+    return SimpleNamespace(tb=tensorboard, b=b, db=db)
 
 
 @pytest.fixture
@@ -280,17 +277,20 @@ def test_dlprofviewer_serves_the_same_ui_standalone(env, tmp_path):
             wait_for_server(url + "data/plugin/dlprof/runs", proc, what="dlprofviewer to start")
         except AssertionError as exc:
             raise AssertionError(f"{exc}: {(tmp_path / 'viewer.log').read_text()}") from None
-        with Browser() as b:
-            b.driver.get(url)
-            b.wait_css("[data-metric=wall_time] .metric-value", 30)
-            assert b.css("[data-metric=wall_time] .metric-value").text == fmt_ns(newest_summary(env.db)["wall_time"])
-            assert b.css("#panel-top-ops tbody tr td[data-key=op_id]").text == "CONV2D_1"
-            b.click("button.nav-item[data-view=ops_kernels]")
-            dt = b.wait_css("#ops .datatable[data-state=ready]")
-            assert "of 8 entries" in dt.find_element("css selector", ".dt-info").text
-            errors = [m for m in b.console() if "SEVERE" in m and "favicon.ico" not in m]
-            assert not errors, errors
+        b = env.b
+        b.console()  # read: only this page's messages are checked
+        b.driver.switch_to.default_content()
+        b.driver.get(url)
+        b.wait_css("[data-metric=wall_time] .metric-value", 30)
+        assert b.css("[data-metric=wall_time] .metric-value").text == fmt_ns(newest_summary(env.db)["wall_time"])
+        assert b.css("#panel-top-ops tbody tr td[data-key=op_id]").text == "CONV2D_1"
+        b.click("button.nav-item[data-view=ops_kernels]")
+        dt = b.wait_css("#ops .datatable[data-state=ready]")
+        assert "of 8 entries" in dt.find_element("css selector", ".dt-info").text
+        errors = [m for m in b.console() if "SEVERE" in m and "favicon.ico" not in m]
+        assert not errors, errors
     finally:
+        env.b.open_dlprof(env.tb.url, run=RUN)  # back in TensorBoard for the module's other tests
         proc.terminate()
         proc.wait(timeout=10)
         log.close()

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from dlprof_plugin.terms import TERMS
-from tests.browser import Browser, TensorBoard, requires_browser
-from tests.profiles import make_logdir, run_dlprof, training_profile
+from tests.browser import Browser, requires_browser
+from tests.profiles import make_logdir, run_dlprof
 from tests.test_browser_views import VIEWS as VIEW_READY
 from tests.test_compare import hand_after, hand_before
 
@@ -42,18 +42,19 @@ READY = {
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, tensorboard, browser, training_run):
     root = tmp_path_factory.mktemp("layout")
-    logdir = make_logdir(root / "logdir", {"training": training_profile(root / "training.sqlite"), "example": EXAMPLE})
+    logdir = make_logdir(root / "logdir", {"training": training_run, "example": EXAMPLE})
     before, after = hand_before(root / "before.sqlite"), hand_after(root / "after.sqlite")
     run_dlprof(f"--database={after}", f"--baseline={before}", f"--output_path={logdir / 'after'}", "-v", "quiet")
-    with TensorBoard(logdir) as tb:
-        yield SimpleNamespace(tb=tb)
+    tensorboard.publish("layout", logdir)
+    return SimpleNamespace(tb=tensorboard, b=browser)
 
 
-def open_page(tb, size) -> Browser:
-    b = Browser(*size).__enter__()
-    b.open_dlprof(tb.url)
+def open_page(env, size) -> Browser:
+    """The shared browser at `size`, on a fresh page of the module's first run."""
+    b = env.b.fresh(*size)
+    b.open_dlprof(env.tb.url, run="layout/after/dlprof")
     b.wait_css("#view .view", 30)
     return b
 
@@ -93,10 +94,10 @@ def goto(b, view: str):
 
 def each_view(b):
     """Every view of the training run (Compare: of the run with a kept baseline), reached as a user does."""
-    select_run(b, "training/dlprof")
+    select_run(b, "layout/training/dlprof")
     for view in VIEWS:
         if view == "compare":
-            select_run(b, "after/dlprof")
+            select_run(b, "layout/after/dlprof")
         goto(b, view)
         yield view
 
@@ -133,7 +134,7 @@ def test_every_label_shown_has_its_one_definition(env):
     """Walk every view (and the details drawer, the Iterations and Timeline tooltips): each label is a term of
     dlprof_plugin/terms.py with that term's label and its definition as tooltip, so a label never names two
     figures (the terms' labels are unique: test_plugin_http's check_terms)."""
-    b = open_page(env.tb, (1600, 1000))
+    b = open_page(env, (1600, 1000))
     seen: dict = {}
 
     def collect(step: str):
@@ -182,7 +183,7 @@ def test_every_label_shown_has_its_one_definition(env):
                     b.wait(lambda d: b.all(".timeline-tip .tip-row"), what="the tooltip rows")
                     collect(f"timeline tooltip ({text})")
     finally:
-        b.__exit__(None, None, None)
+        b.fresh()  # the page left, for the next test
     # the labels the views showed: every one with exactly one definition, and the ones issue 24 named apart
     assert all(len(d) == 1 for d in seen.values())
     assert {"Tensor Core kernels running", "TC Kernel Time per GPU", "All kernels", "Compute Kernel Time"} <= set(seen)
@@ -226,7 +227,7 @@ def check_boxes(b, view: str, size) -> dict:
 
 @pytest.mark.parametrize("size", SIZES, ids=["1600x1000", "1000x700"])
 def test_every_view_fits_the_window(env, size):
-    b = open_page(env.tb, size)
+    b = open_page(env, size)
     try:
         for view in each_view(b):
             check_boxes(b, view, size)
@@ -239,16 +240,16 @@ def test_every_view_fits_the_window(env, size):
             b.click("button.nav-item[data-view=dashboard]")
             b.wait(lambda d: not b.js(BOXES)["navShown"], what="the navigation closed")
     finally:
-        b.__exit__(None, None, None)
+        b.fresh()  # the page left, for the next test
 
 
 @pytest.mark.parametrize("size", SIZES, ids=["1600x1000", "1000x700"])
 def test_the_details_drawer_is_beside_the_table(env, size):
     """The drawer opens beside the table (not over it), the table is not scrolled sideways (its Op ID whole), and
     the op's statistics keep their four columns, Maximum included, inside the drawer."""
-    b = open_page(env.tb, size)
+    b = open_page(env, size)
     try:
-        select_run(b, "example/dlprof")
+        select_run(b, "layout/example/dlprof")
         goto(b, "ops_kernels")
         b.click("#ops tbody tr[data-key]:nth-child(2) td[data-key=op_name]")
         b.wait_css("#op-details table.stats", 15)
@@ -273,16 +274,16 @@ def test_the_details_drawer_is_beside_the_table(env, size):
         assert drawer["left"] <= m["left"] and m["right"] <= drawer["right"] - 8, (m, drawer)
         b.screenshot(f"details_drawer_{size[0]}x{size[1]}.png", full_page=False)
     finally:
-        b.__exit__(None, None, None)
+        b.fresh()  # the page left, for the next test
 
 
 @pytest.mark.parametrize("size", SIZES, ids=["1600x1000", "1000x700"])
 def test_rows_one_line_and_legend_values_unbroken(env, size):
     """Tensor Cores rows one line tall (long kernel names are cut in their cells, whole in their tooltips); the GPU
     Utilization legend keeps each value and its % on one line."""
-    b = open_page(env.tb, size)
+    b = open_page(env, size)
     try:
-        for run in ("training/dlprof", "example/dlprof"):
+        for run in ("layout/training/dlprof", "layout/example/dlprof"):
             select_run(b, run)
             goto(b, "tensor_core")
             heights = b.js(
@@ -299,4 +300,4 @@ def test_rows_one_line_and_legend_values_unbroken(env, size):
             assert len(values) == 7 and all(text.endswith(" %") and lines == 1 for text, lines in values), values
             check_boxes(b, "dashboard", size)
     finally:
-        b.__exit__(None, None, None)
+        b.fresh()  # the page left, for the next test

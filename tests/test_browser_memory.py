@@ -8,24 +8,22 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.browser import Browser, TensorBoard, fmt_int, query, requires_browser
-from tests.profiles import BASE, ITERATION_SPAN, MIB, make_logdir, memory_profile, training_profile
+from tests.browser import fmt_int, query, requires_browser
+from tests.profiles import BASE, ITERATION_SPAN, MIB, make_logdir, memory_profile
 from tests.test_browser_views import rows, select_run, table_in
 
 pytestmark = [pytest.mark.browser, requires_browser]
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, tensorboard, browser, training_run):
     root = tmp_path_factory.mktemp("memory_view")
-    logdir = make_logdir(
-        root / "logdir",
-        {"memory": memory_profile(root / "memory.sqlite"), "plain": training_profile(root / "plain.sqlite")},
-    )
-    with TensorBoard(logdir) as tb, Browser(1500, 1000) as b:
-        b.open_dlprof(tb.url)
-        b.wait_css("#view .view", 30)
-        yield SimpleNamespace(tb=tb, b=b, db=logdir / "memory" / "dlprof_dldb.sqlite")
+    logdir = make_logdir(root / "logdir", {"memory": memory_profile(root / "memory.sqlite"), "plain": training_run})
+    logdir = tensorboard.publish("memory_view", logdir)
+    b = browser.fresh(1500, 1000)
+    b.open_dlprof(tensorboard.url, run="memory_view/memory/dlprof")
+    b.wait_css("#view .view", 30)
+    return SimpleNamespace(tb=tensorboard, b=b, db=logdir / "memory" / "dlprof_dldb.sqlite")
 
 
 def dataset(b, css=".view-memory") -> dict:
@@ -65,7 +63,7 @@ def mouse(b, device: str, kind: str, x: float, y: float):
 
 def test_devices_curves_and_ops(env):
     b = env.b
-    view = open_memory(b, "memory/dlprof")
+    view = open_memory(b, "memory_view/memory/dlprof")
     assert view["recorded"] == "1"
     assert b.css(".view-title").text == "Memory"
     table = b.css("#memory-devices table")
@@ -110,7 +108,7 @@ def test_devices_curves_and_ops(env):
 
 def test_drag_zooms_and_the_button_shows_the_whole_profile(env):
     b = env.b
-    whole = open_memory(b, "memory/dlprof")["window"]
+    whole = open_memory(b, "memory_view/memory/dlprof")["window"]
     t = BASE + ITERATION_SPAN
     box, x0 = chart_x(b, "GPU 0", t)
     _, x1 = chart_x(b, "GPU 0", t + 30_000)
@@ -132,7 +130,7 @@ def test_drag_zooms_and_the_button_shows_the_whole_profile(env):
 
 def test_without_memory_events_the_view_says_how_to_record_them(env):
     b = env.b
-    view = open_memory(b, "plain/dlprof")
+    view = open_memory(b, "memory_view/plain/dlprof")
     assert view["recorded"] == "0"
     text = b.css("#memory-none").text
     assert "No memory events in this profile" in text and "dlprof --detailed_mode" in text
@@ -142,7 +140,7 @@ def test_without_memory_events_the_view_says_how_to_record_them(env):
 
 def test_the_timeline_draws_each_gpus_memory_under_its_rows(env):
     b = env.b
-    select_run(b, "memory/dlprof")
+    select_run(b, "memory_view/memory/dlprof")
     b.click("button.nav-item[data-view=timeline]")
     track = b.wait(
         lambda d: dataset(b, "#timeline-memory").get("ready") == "1" and dataset(b, "#timeline-memory"), 30, "track"

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.browser import Browser, TensorBoard, fmt_int, fmt_ns, fmt_pct, query, requires_browser
+from tests.browser import fmt_int, fmt_ns, fmt_pct, query, requires_browser
 from tests.nsys_builder import NsysExport
-from tests.profiles import RANK_STEPS, make_logdir, rank_profile, run_dlprof, training_profile
+from tests.profiles import RANK_STEPS, make_logdir, rank_profile, run_dlprof
 
 pytestmark = [pytest.mark.browser, requires_browser]
 SLOW = 2
@@ -33,18 +33,19 @@ def tail_profile(path: Path, pid: int = 1001, steps: int = 2) -> Path:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, tensorboard, browser, training_run):
     root = tmp_path_factory.mktemp("browser_ranks")
-    runs = {"single": training_profile(root / "training.sqlite"), "tail": tail_profile(root / "tail.sqlite")}
+    runs = {"single": training_run, "tail": tail_profile(root / "tail.sqlite")}
     logdir = make_logdir(root / "logdir", runs=runs)
     files = [rank_profile(root / f"r{r}.sqlite", r, slow=(r == SLOW)) for r in range(4)]
     run_dlprof(f"--database={','.join(map(str, files))}", f"--output_path={logdir / 'job'}", "-v", "quiet")
     short = [rank_profile(root / "s0.sqlite", 0), tail_profile(root / "s1.sqlite", pid=1001, steps=RANK_STEPS)]
     run_dlprof(f"--database={','.join(map(str, short))}", f"--output_path={logdir / 'short'}", "-v", "quiet")
-    with TensorBoard(logdir) as tb, Browser() as b:
-        b.open_dlprof(tb.url)
-        b.wait_css("#view .view", 30)
-        yield SimpleNamespace(tb=tb, b=b, db=logdir / "job" / "dlprof_dldb.sqlite")
+    logdir = tensorboard.publish("ranks", logdir)
+    b = browser.fresh()
+    b.open_dlprof(tensorboard.url, run="ranks/job/dlprof")
+    b.wait_css("#view .view", 30)
+    return SimpleNamespace(tb=tensorboard, b=b, db=logdir / "job" / "dlprof_dldb.sqlite")
 
 
 def select(b, css: str, value: str):
@@ -67,7 +68,7 @@ def goto(b, view: str):
 
 def test_ranks_view_shows_the_cross_rank_table_and_the_straggler(env):
     b, db = env.b, env.db
-    open_run(b, "job/dlprof")
+    open_run(b, "ranks/job/dlprof")
     assert b.css("#rank-select").is_displayed()
     assert [o.get_attribute("value") for o in b.all("#rank-select option")] == ["0", "1", "2", "3"]
     goto(b, "ranks")
@@ -104,7 +105,7 @@ def test_ranks_view_shows_the_cross_rank_table_and_the_straggler(env):
 
 def test_rank_selector_applies_to_every_view(env):
     b, db = env.b, env.db
-    open_run(b, "job/dlprof")
+    open_run(b, "ranks/job/dlprof")
     goto(b, "dashboard")
     for rank in ("2", "0"):
         select(b, "#rank-select", rank)
@@ -137,7 +138,7 @@ def test_rank_selector_applies_to_every_view(env):
 
 def test_single_rank_runs_hide_the_selector(env):
     b = env.b
-    open_run(b, "single/dlprof")
+    open_run(b, "ranks/single/dlprof")
     assert not b.css("#rank-select").is_displayed()
     goto(b, "ranks")
     b.wait_text("#view", "This run has one rank")
@@ -162,7 +163,7 @@ def test_an_iteration_without_time_is_absent_not_zero(env):
     }
     empty = {key for key, d in durations.items() if d == 0}
     assert empty == {(1, RANK_STEPS)}  # rank 1's tail
-    open_run(b, "short/dlprof")
+    open_run(b, "ranks/short/dlprof")
     goto(b, "ranks")
     b.wait(lambda d: len(b.all("#rank-iterations g.rank-series")) == 2, what="the two ranks' lines")
     points = b.js(
@@ -184,7 +185,7 @@ def test_an_iteration_without_time_is_absent_not_zero(env):
     tail = env.db.parent.parent / "tail" / "dlprof_dldb.sqlite"
     tail_durations = dict(query(tail, "SELECT iter_value, duration FROM iteration_summary WHERE aggr_id = 1"))
     assert tail_durations == {0: 50_000, 1: 50_000, 2: 0}
-    open_run(b, "tail/dlprof")
+    open_run(b, "ranks/tail/dlprof")
     goto(b, "iterations")
     b.wait(lambda d: b.all("#iterations-chart g.bar"), what="the iteration bars")
     assert [g.get_attribute("data-iteration") for g in b.all("#iterations-chart g.bar")] == ["0", "1"]

@@ -17,7 +17,8 @@ from tests.browser import Browser, TensorBoard, free_port, query, requires_brows
 from tests.damage import sha256
 from tests.test_browser_views import goto, select_row, select_run, set_value, wait_table
 from tests.test_hardening import HTML_KERNEL, HTML_OP, ROOT, hostile_names_profile, request, run_cli
-from tests.test_plugin_checks import stop, wait_until
+from tests.test_plugin_checks import stop
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.browser, requires_browser]
 
@@ -109,7 +110,8 @@ def sites(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    # attacker.test resolves to this machine: a DNS-rebound name, as the browser would see it
+    """A Chromium of this module's own (in place of the session's): attacker.test resolves to this machine, a
+    DNS-rebound name as the browser would see it, which only a launch flag can arrange."""
     with Browser(extra_flags=["--host-resolver-rules=MAP attacker.test 127.0.0.1"]) as b:
         yield b
 
@@ -206,12 +208,13 @@ def test_html_in_names_is_shown_as_text(sites, browser):
     assert b.js("return [window.__xss, document.querySelectorAll('#view img, #view script').length]") == [None, 0]
 
 
-def test_the_frontends_reaggregate_still_works_in_tensorboard_with_a_path_prefix(sites, tmp_path):
+def test_the_frontends_reaggregate_still_works_in_tensorboard_with_a_path_prefix(sites, tmp_path, browser):
     logdir = tmp_path / "logdir"
     assert (
         run_cli(f"--database={sites['training']}", f"--output_path={logdir / 'training'}", "--reports=summary")[0] == 0
     )
     db = logdir / "training" / "dlprof_dldb.sqlite"
-    with TensorBoard(logdir, path_prefix="/pfx") as tb, Browser() as b:
+    with TensorBoard(logdir, path_prefix="/pfx") as tb:  # its own: TensorBoard started with --path_prefix
+        b = browser.fresh()
         b.open_dlprof(tb.url)
         reaggregate_in_the_ui(b, db, "training/dlprof")

@@ -5,32 +5,44 @@ boxes, quick draws). Screenshots and the measured times go to test-artifacts/.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from types import SimpleNamespace
 
 import pytest
 
-from tests.browser import ARTIFACTS, Browser, TensorBoard, fmt_offset_ns, query, requires_browser
-from tests.profiles import make_logdir, training_profile
+from tests.browser import ARTIFACTS, fmt_offset_ns, query, requires_browser
+from tests.profiles import make_logdir
 from tests.test_browser_views import big_profile, goto, select_run
 from tests.test_plugin_timeline import GPU, T1
 
 pytestmark = [pytest.mark.browser, requires_browser]
 
+TRAINING = "timeline/training/dlprof"
 BIG = 100_000  # ops, each launching one kernel: 3 x 10^5 events in one iteration
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, tensorboard, browser, training_run):
     root = tmp_path_factory.mktemp("timeline")
-    logdir = make_logdir(
-        root / "logdir",
-        {"training": training_profile(root / "training.sqlite"), "big": big_profile(root / "big.sqlite", BIG)},
-    )
-    with TensorBoard(logdir) as tb, Browser(1600, 1000) as b:
-        b.open_dlprof(tb.url)
-        b.wait_css("#view .view", 30)
-        yield SimpleNamespace(tb=tb, b=b, db=lambda run: logdir / run / "dlprof_dldb.sqlite")
+    logdir = make_logdir(root / "logdir", {"training": training_run, "big": big_profile(root / "big.sqlite", BIG)})
+    logdir = tensorboard.publish("timeline", logdir)
+    b = browser.fresh(1600, 1000)
+    b.open_dlprof(tensorboard.url, run=TRAINING)
+    b.wait_css("#view .view", 30)
+    return SimpleNamespace(tb=tensorboard, b=b, db=lambda run: logdir / run / "dlprof_dldb.sqlite")
+
+
+@contextlib.contextmanager
+def window(env, size):
+    """The module's browser at `size` (a fresh page on the training run), at its own size again afterwards."""
+    b = env.b.fresh(*size)
+    try:
+        b.open_dlprof(env.tb.url, run=TRAINING)
+        yield b
+    finally:
+        env.b.fresh(1600, 1000).open_dlprof(env.tb.url, run=TRAINING)
+        env.b.wait_css("#view .view", 30)
 
 
 def dataset(b) -> dict:
@@ -101,7 +113,7 @@ def tip(b) -> str:
 
 def test_opens_from_the_iterations_view_on_the_iteration(env):
     b = env.b
-    select_run(b, "training/dlprof")
+    select_run(b, "timeline/training/dlprof")
     goto(b, "iterations")
     b.js(
         "arguments[0].dispatchEvent(new MouseEvent('dblclick', {bubbles: true}));",
@@ -124,7 +136,7 @@ def test_opens_from_the_iterations_view_on_the_iteration(env):
 
 def test_kernel_hover_draws_its_launch_arrow_and_gap_hover_tells_the_cpu(env):
     b = env.b
-    select_run(b, "training/dlprof")
+    select_run(b, "timeline/training/dlprof")
     b.click("button.nav-item[data-view=timeline]")
     choose_iteration(b, 1)
     wait_window(b, (1_080_000, 1_180_000))
@@ -150,7 +162,7 @@ def test_kernel_hover_draws_its_launch_arrow_and_gap_hover_tells_the_cpu(env):
 
 def test_zoom_pan_and_details(env):
     b = env.b
-    select_run(b, "training/dlprof")
+    select_run(b, "timeline/training/dlprof")
     b.click("button.nav-item[data-view=timeline]")
     choose_iteration(b, 1)
     ds = wait_window(b, (1_080_000, 1_180_000))
@@ -207,7 +219,7 @@ def test_three_hundred_thousand_events_stay_fluid(env):
         for t in ("raw_op_instances", "raw_api_calls", "raw_gpu_activities")
     )
     assert n_events == 3 * BIG
-    select_run(b, "big/dlprof")
+    select_run(b, "timeline/big/dlprof")
     b.click("button.nav-item[data-view=timeline]")
     ds = wait_window(b, timeout=60)
     assert int(ds["events"]) == 3 * BIG
@@ -276,7 +288,7 @@ return '#' + [d[0], d[1], d[2]].map((v) => v.toString(16).padStart(2, '0')).join
 
 
 def open_iteration(b, iteration: int = 1):
-    select_run(b, "training/dlprof")
+    select_run(b, "timeline/training/dlprof")
     b.click("button.nav-item[data-view=timeline]")
     wait_window(b)  # its iterations are known: one can be chosen
     choose_iteration(b, iteration)
@@ -287,8 +299,7 @@ def open_iteration(b, iteration: int = 1):
 def test_the_timeline_uses_the_window_with_readable_rows(env, size):
     """The canvas takes the height below it down to the memory track (the legend above it stays in sight), rows
     at least 20 px tall."""
-    with Browser(*size) as b:
-        b.open_dlprof(env.tb.url)
+    with window(env, size) as b:
         b.wait_css("#view .view", 30)
         if b.css("#nav-toggle").is_displayed():  # a narrow window: the navigation is collapsed
             b.click("#nav-toggle")
@@ -309,8 +320,7 @@ def test_the_timeline_uses_the_window_with_readable_rows(env, size):
 
 @pytest.mark.parametrize("size", [(1600, 1000), (1000, 700)], ids=["1600x1000", "1000x700"])
 def test_tooltips_stay_in_the_window_and_name_the_launching_op_and_iteration(env, size):
-    with Browser(*size) as b:
-        b.open_dlprof(env.tb.url)
+    with window(env, size) as b:
         b.wait_css("#view .view", 30)
         if b.css("#nav-toggle").is_displayed():
             b.click("#nav-toggle")

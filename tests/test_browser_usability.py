@@ -27,7 +27,7 @@ from tests.browser import (
     wait_for_server,
 )
 from tests.nsys_builder import NsysExport
-from tests.profiles import make_logdir, training_profile
+from tests.profiles import make_logdir
 from tests.test_browser_views import (
     aggr_id,
     goto,
@@ -86,17 +86,19 @@ def flood_profile(path: Path, calls: int = 120) -> Path:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, tensorboard, browser, training_run):
     root = tmp_path_factory.mktemp("usability")
-    training = training_profile(root / "training.sqlite")
     example = Path(__file__).resolve().parents[1] / "examples" / "sample_pytorch_training.sqlite"
-    runs = {"training": training, "reagg": training, "cpu": cpu_profile(root / "cpu.sqlite")}
+    runs = {"training": training_run, "reagg": training_run, "cpu": cpu_profile(root / "cpu.sqlite")}
     runs.update(example=example, flood=flood_profile(root / "flood.sqlite"))
     logdir = make_logdir(root / "logdir", runs=runs)
-    with TensorBoard(logdir) as tb, Browser(WIDTH, HEIGHT) as b:
-        b.open_dlprof(tb.url)
-        b.wait_css("#view .view", 30)
-        yield SimpleNamespace(tb=tb, b=b, root=root, logdir=logdir, db=lambda run: logdir / run / "dlprof_dldb.sqlite")
+    logdir = tensorboard.publish("usability", logdir)
+    b = browser.fresh(WIDTH, HEIGHT)
+    b.open_dlprof(tensorboard.url, run="usability/cpu/dlprof")
+    b.wait_css("#view .view", 30)
+    return SimpleNamespace(
+        tb=tensorboard, b=b, root=root, logdir=logdir, db=lambda run: logdir / run / "dlprof_dldb.sqlite"
+    )
 
 
 def rect(b, el) -> dict:
@@ -237,7 +239,7 @@ def test_graphs_tab_is_active_and_shows_the_node_the_details_name(env):
     b, tb = env.b, env.tb
     listing = http_json(f"{tb.url}/data/plugins_listing")
     assert listing["graphs"]["enabled"] and listing["dlprof"]["enabled"]
-    select_run(b, "training/dlprof")
+    select_run(b, "usability/training/dlprof")
     goto(b, "ops_kernels")
     select_row(b, table_in(b, "#ops"), "op_id", "CONV2D_2")
     node = b.wait_text("#op-details [data-field=graph_node] code", "conv2d/aten::conv2d (bprop)")
@@ -245,7 +247,7 @@ def test_graphs_tab_is_active_and_shows_the_node_the_details_name(env):
     b.screenshot("graph_node_in_details.png", full_page=False)
     d = b.driver
     try:
-        controls = open_graphs(b, tb, "training/dlprof")
+        controls = open_graphs(b, tb, "usability/training/dlprof")
         scopes = {"to", "conv2d", "relu", "linear", "Optimizer.step#SGD.step", "unassociated"}
         visible_graph(b, "the training run's graph, drawn", scopes)
         d.save_screenshot(str(ARTIFACTS / "graphs_tab_default_tag.png"))
@@ -278,11 +280,11 @@ def test_graphs_of_a_flat_profile_and_of_many_unassociated_calls(env):
     b, tb = env.b, env.tb
     d = b.driver
     try:
-        open_graphs(b, tb, "example/dlprof")
+        open_graphs(b, tb, "usability/example/dlprof")
         types = {"to", "conv2d", "batch_norm", "relu", "adaptive_avg_pool2d", "linear", "cross_entropy_loss"}
         visible_graph(b, "the example run's graph", types | {"Optimizer.step#SGD.step", "unassociated"})
         d.save_screenshot(str(ARTIFACTS / "graphs_example_by_op_type.png"))
-        open_graphs(b, tb, "flood/dlprof")
+        open_graphs(b, tb, "usability/flood/dlprof")
         flood = {"relu", "unassociated"}  # (the optimizer step launches nothing: a scope, no op)
         visible_graph(b, "the graph of the run with many unassociated calls", flood)
         choose_graph_tag(b, "dlprof/op_time")
@@ -293,7 +295,7 @@ def test_graphs_of_a_flat_profile_and_of_many_unassociated_calls(env):
     from google.protobuf import text_format
     from tensorboard.compat.proto import graph_pb2
 
-    with urllib.request.urlopen(f"{tb.url}/data/plugin/graphs/graph?run=flood/dlprof", timeout=30) as resp:
+    with urllib.request.urlopen(f"{tb.url}/data/plugin/graphs/graph?run=usability/flood/dlprof", timeout=30) as resp:
         graph = text_format.Parse(resp.read().decode("utf-8"), graph_pb2.GraphDef())
     names = [n.name for n in graph.node]
     assert [n for n in names if "cudaEventQuery" in n] == ["unassociated/cudaEventQuery"]
@@ -306,7 +308,7 @@ def test_graphs_of_a_flat_profile_and_of_many_unassociated_calls(env):
 
 def test_cpu_only_iterations_show_their_time_classes(env):
     b, db = env.b, env.db("cpu")
-    select_run(b, "cpu/dlprof")
+    select_run(b, "usability/cpu/dlprof")
     expected = {
         it: dict(zip(("dataloader", "cpu", "other"), v))
         for it, *v in query(
@@ -341,7 +343,7 @@ def test_cpu_only_iterations_show_their_time_classes(env):
 
 def test_details_drawer_opens_in_sight_and_nothing_in_it_is_wider(env):
     b = env.b
-    select_run(b, "training/dlprof")
+    select_run(b, "usability/training/dlprof")
     goto(b, "dashboard")
     b.js("window.scrollTo(0, document.documentElement.scrollHeight);")
     b.click("#panel-top-ops tbody tr:first-child td[data-key=op_id]")
@@ -394,7 +396,7 @@ def test_details_drawer_opens_in_sight_and_nothing_in_it_is_wider(env):
 
 def test_a_bad_column_filter_is_shown_at_the_filter_and_the_rows_stay(env):
     b = env.b
-    select_run(b, "training/dlprof")
+    select_run(b, "usability/training/dlprof")
     goto(b, "ops_kernels")
     dt = table_in(b, "#ops")
     box = dt.find_element("css selector", ".dt-col-search[data-key=gpu_total]")
@@ -428,7 +430,7 @@ def test_filters_take_the_units_the_cells_show(env):
     in the column's display unit (the unit of its largest value: µs in the training profile's ops, whose GPU
     times are 30, 24, 24, 18, 6, 6, 3 and 0 µs); placeholder and tooltip say so."""
     b, db = env.b, env.db("training")
-    select_run(b, "training/dlprof")
+    select_run(b, "usability/training/dlprof")
     goto(b, "ops_kernels")
     dt = table_in(b, "#ops")
     box = dt.find_element("css selector", ".dt-col-search[data-key=gpu_total]")
@@ -467,7 +469,7 @@ def test_filters_take_the_units_the_cells_show(env):
 
 def test_the_ops_tables_sort_column_is_in_sight_at_1600_px(env):
     b = env.b
-    select_run(b, "training/dlprof")
+    select_run(b, "usability/training/dlprof")
     goto(b, "ops_kernels")
     dt = table_in(b, "#ops")
     th = dt.find_element("css selector", "thead th[data-key=gpu_total]")
@@ -497,7 +499,7 @@ def test_kernel_starts_are_shown_from_the_iteration_start_to_the_nanosecond(env)
     assert out[:6] == ["+0 ns", "+1 ns", "+999 ns", "+1.000 µs", "+12.345 µs", "+999.999 µs"]
     assert out[6:9] == ["+1.000000 ms", "+1.234567 ms", "+2.000000001 s"]
     assert out == [fmt_offset_ns(v) for v in values]
-    select_run(b, "training/dlprof")
+    select_run(b, "usability/training/dlprof")
     goto(b, "kernels_by_iteration")
     its = table_in(b, "#iterations-table")
     kernels = b.css("#iteration-kernels .datatable")
@@ -537,7 +539,7 @@ def test_top_ten_has_tc_eligible_and_system_config_the_versions(env):
     from dlprof_profiler import __version__
 
     b, db = env.b, env.db("training")
-    select_run(b, "training/dlprof")
+    select_run(b, "usability/training/dlprof")
     goto(b, "dashboard")
     eligible = dict(
         query(
@@ -586,7 +588,7 @@ def background_luminance(b) -> float:
 
 def test_dark_mode_follows_tensorboard(env):
     b = env.b
-    select_run(b, "training/dlprof")
+    select_run(b, "usability/training/dlprof")
     goto(b, "dashboard")
     theme = lambda: b.js("return document.documentElement.dataset.theme")  # noqa: E731
     assert theme() == "light" and background_luminance(b) > 200
@@ -611,16 +613,18 @@ def test_dark_mode_follows_tensorboard(env):
 
 def test_view_and_selection_survive_a_reload(env):
     b, db = env.b, env.db("training")
-    select_run(b, "training/dlprof")
+    select_run(b, "usability/training/dlprof")
     goto(b, "ops_kernels")
     select_row(b, table_in(b, "#ops"), "op_id", "LINEAR_2")
     b.wait_text("#op-details [data-field=op_id]", "LINEAR_2")
     op_index = query(db, "SELECT op_index FROM read_only_ops WHERE op_id = 'LINEAR_2'")[0][0]
     b.wait(lambda d: f"p.dlprof.op={op_index}" in parent_hash(b), what="the op in TensorBoard's URL")
-    assert "p.dlprof.view=ops_kernels" in parent_hash(b) and "p.dlprof.run=training%2Fdlprof" in parent_hash(b)
+    assert "p.dlprof.view=ops_kernels" in parent_hash(
+        b
+    ) and "p.dlprof.run=usability%2Ftraining%2Fdlprof" in parent_hash(b)
     reopen(b)
     assert b.js("return document.getElementById('view').dataset.view") == "ops_kernels"
-    assert b.js("return document.getElementById('run-select').value") == "training/dlprof"
+    assert b.js("return document.getElementById('run-select').value") == "usability/training/dlprof"
     b.wait_text("#op-details [data-field=op_id]", "LINEAR_2")
     b.wait_text("#op-kernels .card-title", "Kernels of LINEAR_2")
     kernels = wait_table(b, b.css("#op-kernels .datatable"))
@@ -673,7 +677,7 @@ def ready(b, aggr: str):
 
 def test_reaggregate_form(env):
     b, db = env.b, env.db("reagg")
-    select_run(b, "reagg/dlprof")
+    select_run(b, "usability/reagg/dlprof")
     goto(b, "iterations")
     start, stop, go = b.css("#iter-start"), b.css("#iter-stop"), b.css("#reaggregate")
     # the range is checked against the iterations of the split (4 here) before anything is sent
@@ -757,7 +761,7 @@ def test_dlprofviewer_favicon_theme_and_url_state(env, tmp_path):
             raise AssertionError(f"{exc}: {(tmp_path / 'viewer.log').read_text()}") from None
         with urllib.request.urlopen(url + "favicon.ico", timeout=5) as resp:
             assert resp.status == 200 and resp.headers["Content-Type"].startswith("image/svg+xml")
-        with Browser(WIDTH, HEIGHT) as b:
+        with Browser(WIDTH, HEIGHT) as b:  # its own: the colour scheme it emulates would outlive the test
             d = b.driver
             d.execute_cdp_cmd(
                 "Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": "dark"}]}
@@ -799,6 +803,7 @@ def test_a_profile_name_is_not_shown_twice(env, tmp_path):
     logdir = tmp_path / "logdir"
     export = Path(__file__).resolve().parents[1] / "examples" / "sample_pytorch_training.sqlite"
     run_dlprof(f"--database={export}", f"--output_path={logdir / 'example'}", "--profile_name=example", "-v", "quiet")
+    # a TensorBoard of its own: the runs are named by where its logdir is, and it must show exactly this one
     for root, value in ((logdir, "example"), (logdir / "example", ".")):
         with TensorBoard(root) as tb, Browser(WIDTH, HEIGHT) as b:
             b.open_dlprof(tb.url)

@@ -19,8 +19,6 @@ import pytest
 
 from tests.browser import (
     ARTIFACTS,
-    Browser,
-    TensorBoard,
     fmt_int,
     fmt_ns,
     fmt_offset_ns,
@@ -29,7 +27,7 @@ from tests.browser import (
     requires_browser,
 )
 from tests.nsys_builder import NsysExport
-from tests.profiles import make_logdir, run_dlprof, training_profile
+from tests.profiles import make_logdir, run_dlprof
 
 pytestmark = [pytest.mark.browser, requires_browser]
 
@@ -101,15 +99,15 @@ def big_profile(path: Path, n: int = BIG_OPS) -> Path:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, tensorboard, browser, training_export, training_run):
     root = tmp_path_factory.mktemp("views")
-    training = training_profile(root / "training.sqlite")
+    training = training_export
     logdir = make_logdir(
         root / "logdir",
         runs={
-            "training": training,
-            "reagg": training,
-            "proposal": training,
+            "training": training_run,
+            "reagg": training_run,
+            "proposal": training_run,
             "stack": stack_profile(root / "stack.sqlite"),
             "big": big_profile(root / "big.sqlite"),
         },
@@ -117,12 +115,18 @@ def env(tmp_path_factory):
     run_dlprof(
         f"--database={training}", f"--output_path={logdir / 'plain'}", "--reports=summary", "-v", "quiet", "--mode=nvtx"
     )
-    with TensorBoard(logdir) as tb, Browser() as b:
-        b.open_dlprof(tb.url)
-        b.wait_css("#view .view", 30)
-        yield SimpleNamespace(
-            tb=tb, b=b, root=root, logdir=logdir, training=training, db=lambda run: logdir / run / "dlprof_dldb.sqlite"
-        )
+    logdir = tensorboard.publish("views", logdir)
+    b = browser.fresh()
+    b.open_dlprof(tensorboard.url, run="views/big/dlprof")
+    b.wait_css("#view .view", 30)
+    return SimpleNamespace(
+        tb=tensorboard,
+        b=b,
+        root=root,
+        logdir=logdir,
+        training=training,
+        db=lambda run: logdir / run / "dlprof_dldb.sqlite",
+    )
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -241,7 +245,7 @@ def aggr_id(db: Path, newest: bool = True) -> int:
 
 def test_every_view_renders(env):
     b = env.b
-    select_run(b, "training/dlprof")
+    select_run(b, "views/training/dlprof")
     for view in VIEWS:
         goto(b, view)
         assert b.css(".view-title").text == b.css(f"button.nav-item[data-view={view}]").text
@@ -250,7 +254,7 @@ def test_every_view_renders(env):
 
 def test_op_type_summary_shows_every_statistic_per_op_type(env):
     b, db = env.b, env.db("training")
-    select_run(b, "training/dlprof")
+    select_run(b, "views/training/dlprof")
     goto(b, "op_types")
     dt = table_in(b, "#op-types")
     expected = query(
@@ -278,7 +282,7 @@ def test_op_type_summary_shows_every_statistic_per_op_type(env):
 
 def test_ops_and_kernels_selecting_an_op_fills_its_kernels(env):
     b, db = env.b, env.db("training")
-    select_run(b, "training/dlprof")
+    select_run(b, "views/training/dlprof")
     goto(b, "ops_kernels")
     ops = table_in(b, "#ops")
     kernels = b.css("#op-kernels .datatable")
@@ -315,7 +319,7 @@ def iteration_bounds(db: Path, iteration: int) -> tuple[int, int]:
 
 def test_kernels_by_iteration(env):
     b, db = env.b, env.db("training")
-    select_run(b, "training/dlprof")
+    select_run(b, "views/training/dlprof")
     goto(b, "kernels_by_iteration")
     its = table_in(b, "#iterations-table")
     expected = query(
@@ -364,7 +368,7 @@ def test_kernels_by_iteration(env):
 
 def test_kernels_by_op(env):
     b, db = env.b, env.db("training")
-    select_run(b, "training/dlprof")
+    select_run(b, "views/training/dlprof")
     goto(b, "kernels_by_op")
     its = table_in(b, "#kbo-iterations")
     ops = b.css("#kbo-ops .datatable")
@@ -404,7 +408,7 @@ def test_kernels_by_op(env):
 
 def test_gpus_view(env):
     b, db = env.b, env.db("training")
-    select_run(b, "training/dlprof")
+    select_run(b, "views/training/dlprof")
     goto(b, "gpus")
     name, major, minor, sms, memory = query(
         db, "SELECT name, compute_major, compute_minor, sm_count, total_memory FROM read_only_gpu_infos"
@@ -419,7 +423,7 @@ def test_gpus_view(env):
 
 def test_group_ops_hierarchy_expands(env):
     b, db = env.b, env.db("training")
-    select_run(b, "training/dlprof")
+    select_run(b, "views/training/dlprof")
     goto(b, "group_ops")
     top = [tr.get_attribute("data-name") for tr in b.all("#group-tree tr.tree-row")]
     assert top == sorted(
@@ -445,7 +449,7 @@ def test_group_ops_hierarchy_expands(env):
 
 def test_search_filter_and_sort_on_the_server(env):
     b, db = env.b, env.db("training")
-    select_run(b, "training/dlprof")
+    select_run(b, "views/training/dlprof")
     goto(b, "ops_kernels")
     dt = table_in(b, "#ops")
     aggr = aggr_id(db)
@@ -519,7 +523,7 @@ def test_search_filter_and_sort_on_the_server(env):
 
 def test_exports_of_the_filtered_rows(env):
     b = env.b
-    select_run(b, "training/dlprof")
+    select_run(b, "views/training/dlprof")
     goto(b, "ops_kernels")
     dt = table_in(b, "#ops")
     search(b, dt, "conv")
@@ -619,7 +623,7 @@ return out;
 
 def test_a_table_of_100000_ops_stays_responsive(env):
     b, db = env.b, env.db("big")
-    select_run(b, "big/dlprof")
+    select_run(b, "views/big/dlprof")
     goto(b, "ops_kernels")
     dt = wait_table(b, b.wait_css("#ops .datatable"), timeout=30)
     assert query(db, "SELECT count(*) FROM op_nodes")[0][0] == BIG_OPS
@@ -662,11 +666,11 @@ def test_a_table_of_100000_ops_stays_responsive(env):
 
 def test_direction_and_stack_trace_only_for_pytorch_runs(env):
     b = env.b
-    select_run(b, "training/dlprof")
+    select_run(b, "views/training/dlprof")
     goto(b, "ops_kernels")
     labels = headers(table_in(b, "#ops"))
     assert "Direction" in labels and "Stack Trace" in labels
-    select_run(b, "plain/dlprof")
+    select_run(b, "views/plain/dlprof")
     goto(b, "ops_kernels")
     dt = table_in(b, "#ops")
     labels = headers(dt)
@@ -695,7 +699,7 @@ def test_direction_and_stack_trace_only_for_pytorch_runs(env):
 
 def test_long_cells_collapse_behind_see_more(env):
     b, db = env.b, env.db("stack")
-    select_run(b, "stack/dlprof")
+    select_run(b, "views/stack/dlprof")
     goto(b, "ops_kernels")
     dt = table_in(b, "#ops")
     full = query(db, "SELECT stack_trace FROM read_only_ops WHERE op_id = 'CONV2D_1'")[0][0]
@@ -749,7 +753,7 @@ def test_iterations_view_and_reaggregation(env, tmp_path):
     from selenium.webdriver.support.ui import Select
 
     b, db = env.b, env.db("reagg")
-    select_run(b, "reagg/dlprof")
+    select_run(b, "views/reagg/dlprof")
     goto(b, "iterations")
     bars = b.all("#iterations-chart g.bar")
     assert [g.get_attribute("data-iteration") for g in bars] == ["0", "1", "2", "3"]
@@ -850,7 +854,7 @@ def test_expert_system_proposal_applies_with_one_click(env):
     Dashboard shows the proposal with its command, and the Iterations view applies it with one click (after the
     confirmation)."""
     b, db = env.b, env.db("proposal")
-    select_run(b, "proposal/dlprof")
+    select_run(b, "views/proposal/dlprof")
     goto(b, "dashboard")
     finding = b.wait_css("#panel-recommendations li[data-exp-sys=bad_iteration_range_detector]", 20)
     assert "Apply: aggregate iterations 0–2" in finding.text

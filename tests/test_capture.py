@@ -32,6 +32,7 @@ from dlprof_profiler.capture.nsys import build_nsys_command
 from dlprof_profiler.nsys_tool import NsysInfo, profile_options
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.run import outputs as run_outputs
+from tests.waiting import OutputLines, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -556,8 +557,9 @@ STAND_IN = textwrap.dedent('''\
             import signal, time
             for s in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(s, signal.SIG_IGN)
+            Path(B["log"] + ".hanging").touch()  # signals ignored from here on
             print("profiling", flush=True)
-            time.sleep(120)
+            time.sleep(120)  # the hang under test: an nsys that never ends, however often it is interrupted
         rc = subprocess.call(args[i:])
         for suffix in B.get("writes", [".nsys-rep", ".sqlite"]):
             Path(out + suffix).write_bytes(b"capture")
@@ -721,6 +723,7 @@ def test_nsys_too_old(tmp_path, monkeypatch, fake_pipeline, capsys):
     assert "install" in err and not out.exists() and standin.profile_calls() == []
 
 
+@pytest.mark.slow
 def test_existing_outputs_need_force(tmp_path, monkeypatch, fake_pipeline, capsys):
     standin = StandIn(tmp_path, monkeypatch)
     out = tmp_path / "out"
@@ -783,15 +786,16 @@ def test_analysis_failure_is_reported(tmp_path, monkeypatch, fake_pipeline, caps
 def test_third_interrupt_abandons_a_stuck_capture(tmp_path, monkeypatch):
     standin = StandIn(tmp_path, monkeypatch, hang=True)
     proc = _run_cli(tmp_path, ["-v", "minimal", f"--output_path={tmp_path / 'out'}", *exits_with(0)], {})
-    deadline = time.time() + 30
-    while not standin.profile_calls():
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()
-        time.sleep(0.1)
-    time.sleep(0.5)
-    for _ in range(3):
+    stderr_lines, _ = OutputLines(proc.stderr), OutputLines(proc.stdout)  # both pipes drained
+    # the stand-in ignores signals from here on, and dlprof has set its handlers before starting it
+    wait_until(lambda: Path(str(standin.log) + ".hanging").exists(), 30, "the stand-in nsys to hang", proc)
+    # each interrupt once dlprof has answered the one before (two signals sent at once may arrive as one)
+    for answer in ("interrupt twice more to abandon it", "interrupt once more to abandon it", None):
         proc.send_signal(signal.SIGINT)
-        time.sleep(0.4)
-    stdout, stderr = proc.communicate(timeout=30)
+        if answer:
+            stderr_lines.wait_for(answer, 30, proc)
+    proc.wait(timeout=30)
+    stderr = stderr_lines.close()
     assert proc.returncode == 130
     assert "writing the report" in stderr and "abandoned" in stderr.splitlines()[-1]
 
@@ -832,7 +836,7 @@ PROGRAM = textwrap.dedent("""
         nvtx.nvtxRangePop()
     if os.environ.get("DLPROF_TEST_SLEEP"):
         open(os.path.join(out, "started"), "w").close()
-        try:
+        try:  # a long training step, until interrupted or ended by --duration: what the tests send it
             time.sleep(float(os.environ["DLPROF_TEST_SLEEP"]))
         except KeyboardInterrupt:
             print("program interrupted", flush=True)
@@ -907,10 +911,7 @@ class TestRealNsys:
     def test_ctrl_c_lets_nsys_write_the_report_then_analyses_it(self, tmp_path):
         out = tmp_path / "out"
         proc = _run_cli(tmp_path, [f"--output_path={out}", sys.executable, "PROGRAM"], {"DLPROF_TEST_SLEEP": "60"})
-        deadline = time.time() + 60
-        while not (tmp_path / "started").exists():
-            assert proc.poll() is None and time.time() < deadline, proc.communicate()
-            time.sleep(0.1)
+        wait_until(lambda: (tmp_path / "started").exists(), 60, "the program to start", proc)
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=120)
         assert proc.returncode == 130, stderr
@@ -972,6 +973,7 @@ class TestRealNsys:
         assert cap["report_path"] == str(out / "nsys_profile.nsys-rep")
 
 
+@pytest.mark.slow
 @pytest.mark.nsys
 @pytest.mark.skipif(shutil.which("nsys") is None, reason="Nsight Systems (nsys) is not on PATH")
 @pytest.mark.skipif(not _nvtx_library_loads(), reason="libnvToolsExt.so.1 (Debian libnvtoolsext1) is missing")

@@ -27,6 +27,9 @@ import pytest
 
 pytest.importorskip("torch")
 
+pytestmark = pytest.mark.slow  # real Nsight Systems and torch.profiler captures of a training script
+
+
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "tests" / "unmodified_train.py"
 STEPS = 2

@@ -38,6 +38,7 @@ def test_version_and_help():
         assert word in helptext
 
 
+@pytest.mark.slow
 def test_input_is_never_modified(tmp_path, export):
     before = (sha(export), os.stat(export).st_mtime_ns)
     run_dlprof(f"--database={export}", "--reports=all", f"--output_path={tmp_path / 'o'}")
@@ -45,6 +46,7 @@ def test_input_is_never_modified(tmp_path, export):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o", "t.sqlite"]  # no journal left beside it
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "content,message",
     [
@@ -64,6 +66,7 @@ def test_unreadable_inputs(tmp_path, content, message):
     assert_nothing_written(tmp_path / "o")
 
 
+@pytest.mark.slow
 def test_truncated_file(tmp_path, export):
     data = export.read_bytes()
     path = tmp_path / "cut.sqlite"
@@ -75,6 +78,7 @@ def test_truncated_file(tmp_path, export):
     assert_nothing_written(tmp_path / "o")
 
 
+@pytest.mark.slow
 def test_sqlite_that_is_not_an_export(tmp_path):
     path = tmp_path / "other.sqlite"
     con = sqlite3.connect(path)
@@ -86,6 +90,7 @@ def test_sqlite_that_is_not_an_export(tmp_path):
     assert "not an Nsight Systems export or DLProf database" in error_line(proc)
 
 
+@pytest.mark.slow
 def test_exports_without_cuda_or_nvtx_warn_and_still_report(tmp_path):
     exp = NsysExport()
     t = exp.add_thread(pid=1, tid=1, name="python", process_name="python")
@@ -103,6 +108,7 @@ def test_exports_without_cuda_or_nvtx_warn_and_still_report(tmp_path):
     assert "unassociated_cudaLaunchKernel" in (tmp_path / "b" / "dlprof_kernel.csv").read_text()
 
 
+@pytest.mark.slow
 def test_key_node_not_found_warns_and_gives_one_iteration(tmp_path, export):
     proc = run_dlprof(
         f"--database={export}", "--key_node=nope", "--reports=summary,expert_systems", f"--output_path={tmp_path / 'o'}"
@@ -113,6 +119,7 @@ def test_key_node_not_found_warns_and_gives_one_iteration(tmp_path, export):
     assert "key op nope not found" in (tmp_path / "o" / "dlprof_expert_systems.csv").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args,message",
     [
@@ -137,6 +144,7 @@ def test_output_path_that_cannot_be_written(tmp_path, export):
     assert str(blocker / "sub") in error_line(proc)
 
 
+@pytest.mark.slow
 def test_existing_outputs_need_force(tmp_path, export):
     out = tmp_path / "o"
     run_dlprof(f"--database={export}", "--reports=summary", f"--output_path={out}")
@@ -151,6 +159,7 @@ def test_existing_outputs_need_force(tmp_path, export):
     assert not list(out.glob(".dlprof-staging-*"))
 
 
+@pytest.mark.slow
 def test_a_failure_after_reading_leaves_no_partial_output(tmp_path, export):
     out = tmp_path / "o"
     proc = run_dlprof(
@@ -165,6 +174,7 @@ def test_a_failure_after_reading_leaves_no_partial_output(tmp_path, export):
     assert not out.exists()  # the folder it created, empty after the failure, is removed too
 
 
+@pytest.mark.slow
 def test_dump_model_data(tmp_path, export):
     import json
 
@@ -174,6 +184,7 @@ def test_dump_model_data(tmp_path, export):
     assert "/aten::conv2d" in names and len(doc["default"]["instances"]["data"]) == 24
 
 
+@pytest.mark.slow
 def test_dlprof_18_database_is_refused_with_the_file_to_give_instead(tmp_path):
     """DLProf 1.8's own database (its table names: reference dlprof_outputs.md §6) holds no NVTX ranges or
     API calls to rebuild the op model from: one line saying so and naming the export to give instead."""

@@ -112,6 +112,7 @@ def hand(tmp_path_factory):
     return root, before, after
 
 
+@pytest.mark.slow
 def test_the_baseline_is_kept_in_the_runs_database(hand):
     """--baseline writes the baseline's side of the diff into the run's database, by hand: its three ops (mm
     10 us, relu 3 us, relu[2] 2 us; one call each), its two kernel rows per op (gemm_a, relu_k twice) and its
@@ -249,6 +250,7 @@ def summary_value(path: Path, section: str, label: str, column: int = 1) -> str:
     return next(r for r in read_sections(path)[section] if r[0] == label)[column]
 
 
+@pytest.mark.slow
 @needs_fixtures
 def test_op_deltas_add_up_to_the_change_of_total_gpu_time(real):
     sections = read_sections(real / "after" / "dlprof_diff.csv")
@@ -269,6 +271,7 @@ def test_op_deltas_add_up_to_the_change_of_total_gpu_time(real):
     assert {r[3] for r in ops} == {"both", "after only", "baseline only"}
 
 
+@pytest.mark.slow
 @needs_fixtures
 def test_kernel_rows_equal_sql_sums_over_the_exports(real):
     """The one iteration of each export covers every kernel: per kernel name, launches and GPU time are the
@@ -287,6 +290,7 @@ def test_kernel_rows_equal_sql_sums_over_the_exports(real):
     assert total["Kernel GPU Time (ns)"] == [str(before_all), str(after_all), str(after_all - before_all)]
 
 
+@pytest.mark.slow
 @needs_fixtures
 def test_a_dlprof_database_as_baseline_gives_the_same_diff(real, tmp_path):
     out = tmp_path / "o"
@@ -307,6 +311,7 @@ def test_a_dlprof_database_as_baseline_gives_the_same_diff(real, tmp_path):
 # ---------------------------------------------------------------------------- command line
 
 
+@pytest.mark.slow
 def test_diff_rules_of_the_command_line(hand, tmp_path):
     root, before, after = hand
     proc = run_dlprof(f"--database={after}", "--reports=summary,diff", f"--output_path={tmp_path / 'a'}", check=False)
@@ -330,6 +335,7 @@ def test_diff_rules_of_the_command_line(hand, tmp_path):
     assert proc.returncode != 0 and "dlprof_diff.csv" in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("content,message", [(None, "no such file"), (b"not a profile at all" * 8, "not an SQLite")])
 def test_a_bad_baseline_is_one_line_naming_it_and_nothing_is_written(hand, tmp_path, content, message):
     _, _, after = hand
@@ -343,6 +349,7 @@ def test_a_bad_baseline_is_one_line_naming_it_and_nothing_is_written(hand, tmp_p
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_the_baseline_gets_the_runs_iteration_range(tmp_path):
     """--iter_start/--iter_stop apply to both; a range the baseline does not have names the baseline."""
     from tests.profiles import training_profile

@@ -305,6 +305,7 @@ def test_text_and_registered_strings_read_alike(tmp_path, registered):
     assert a.op_names() == {"/aten::mm"} and a.op("/aten::mm")["gpu_total"] == 10
 
 
+@pytest.mark.slow
 def test_domains_are_kept_apart(tmp_path):
     exp, t = new_export("2026.2")
     exp.add_domain(t, domain_id=1, name="NCCL")
@@ -402,6 +403,7 @@ def correlation_with_cuts(a, cuts):
     return C.correlate(a.trace, a.corr.mode, a.iterations.boundaries, classified, links, cuts=cuts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "profile",
     [

@@ -15,6 +15,7 @@ def test_check_value_of_the_standard():
     assert crc32c(b"") == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [1, 3, 4, 5, 100, SMALL - 1, SMALL, SMALL + 1, 20_000, 99_999, 1 << 20, 3_000_007])
 def test_equals_tensorboards_crc(size):
     data = os.urandom(size)

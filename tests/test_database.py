@@ -137,6 +137,7 @@ def mixed(tmp_path_factory):
     return export, base / "o" / "dlprof_dldb.sqlite"
 
 
+@pytest.mark.slow
 def test_every_raw_fact_round_trips(mixed):
     export, path = mixed
     fresh = analyze(export)
@@ -251,6 +252,7 @@ def test_everything_is_rank_zero(mixed):
     assert query(path, "SELECT min(activity_id), max(activity_id), count(*) FROM raw_gpu_activities") == [(0, 4, 5)]
 
 
+@pytest.mark.slow
 def test_schema_and_first_aggregation(db):
     assert query(db, "SELECT current_version FROM db_version") == [(DB_SCHEMA_VERSION,)] == [("3.2.0",)]
     assert query(db, "SELECT aggr_id, key_node, iter_start, iter_stop, total_iterations FROM aggregations") == [
@@ -267,6 +269,7 @@ def test_schema_and_first_aggregation(db):
     assert query(db, "SELECT count(DISTINCT text_id), count(op_id) FROM raw_ranges") == [(12, 36)]
 
 
+@pytest.mark.slow
 def test_viewer_indexes_only(db):
     indexes = {r[0] for r in query(db, "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")}
     assert indexes == {
@@ -513,6 +516,7 @@ def test_writer_errors_reach_the_caller(tmp_path, mixed):
     assert query(tmp_path / "y.sqlite", "SELECT count(*) FROM db_version") == [(0,)]
 
 
+@pytest.mark.slow
 def test_reaggregation_appends_and_keeps_the_earlier_ones(db, tmp_path):
     aggr = reaggregate_in_place(db, iter_start=1, iter_stop=2)
     assert aggr == 2
@@ -540,6 +544,7 @@ def test_reaggregation_appends_and_keeps_the_earlier_ones(db, tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_failed_reaggregation_leaves_the_file_as_it_was(db):
     before = hashlib.sha256(db.read_bytes()).hexdigest()
     with pytest.raises(DLProfError):
@@ -549,6 +554,7 @@ def test_failed_reaggregation_leaves_the_file_as_it_was(db):
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
 
 
+@pytest.mark.slow
 def test_reaggregate_module_reports_json(db):
     proc = subprocess.run(
         [
@@ -579,6 +585,7 @@ def test_reaggregate_module_reports_json(db):
     assert proc.returncode != 0 and result["status"] == "failed" and "outside the profile" in result["message"]
 
 
+@pytest.mark.slow
 def test_cli_reaggregation_copies_the_input_database(db, tmp_path):
     before = hashlib.sha256(db.read_bytes()).hexdigest()
     run_dlprof(f"--database={db}", "--key_node=aten::relu", "--reports=summary", f"--output_path={tmp_path / 'r'}")
@@ -599,6 +606,7 @@ def test_cli_reaggregation_copies_the_input_database(db, tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_event_file_is_readable_by_tensorboard(db):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -20,6 +20,7 @@ from tests.analysis import analyze
 from tests.db_v2 import write_v2_database
 from tests.profiles import run_dlprof, training_profile
 from tests.test_plugin_viewer import _viewer
+from tests.waiting import wait_until
 from tests import data
 
 RUN = "dlprof_dldb"
@@ -70,6 +71,7 @@ def rows(db, sql, params=()):
         con.close()
 
 
+@pytest.mark.slow
 def test_a_2_0_database_reloads_as_3_0_does(v2):
     old = database.load_model(v2["v2"])
     new = database.load_model(v2["v3"])
@@ -103,6 +105,7 @@ def test_a_2_0_database_reloads_as_3_0_does(v2):
     assert old[1].domains["default"].ops["op_id"].tolist() == new[1].domains["default"].ops["op_id"].tolist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["v2", "v3"])
 def test_reloaded_api_calls_keep_their_op_instances(v2, which):
     """The database keeps no API-call owner column: every call's op instance is rebuilt (launches from the
@@ -127,6 +130,7 @@ def test_reloaded_api_calls_keep_their_op_instances(v2, which):
     assert kinds.tolist() == [contract.UNASSOCIATED_API] * 3
 
 
+@pytest.mark.slow
 def test_a_2_0_database_is_reaggregated_in_its_own_layout(v2, tmp_path):
     path = tmp_path / "old.sqlite"
     path.write_bytes(v2["v2"].read_bytes())
@@ -165,12 +169,13 @@ def v2_viewer(v2):
         )
         api = checks.Api(f"http://127.0.0.1:{port}")
         try:
-            checks.wait_until(lambda: api.raw(api.url("runs"), timeout=5)[0] == 200, 30, "dlprofviewer to start", proc)
+            wait_until(lambda: api.raw(api.url("runs"), timeout=5)[0] == 200, 30, "dlprofviewer to start", proc)
             yield api
         finally:
             checks.stop(proc)
 
 
+@pytest.mark.slow
 def test_the_viewer_serves_a_2_0_database(v2, v2_viewer):
     checks.check_metadata_routes(v2_viewer, RUN, v2["v2"])
     checks.check_dashboard(v2_viewer, RUN, v2["v2"])
@@ -222,6 +227,7 @@ FIXTURE_DIR = data.DATA
 REPORTS = ("summary", "detailed", "kernel", "iteration", "op_type", "group_op")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "fixture",
     [

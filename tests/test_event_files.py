@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from dlprof_profiler.outputs import event_files
 from tests.profiles import run_dlprof, training_profile
 
 
+@pytest.mark.slow
 def test_the_run_directory_does_not_repeat_the_profile_name(tmp_path):
     """`--output_path=runs/example --profile_name=example` is the run `example` below `runs`, not
     `example/example`; another profile name gets its own folder inside the output folder."""

@@ -231,6 +231,7 @@ def test_baseline_is_silent(baseline):
     ]
 
 
+@pytest.mark.slow
 def test_every_finding_follows_the_contract(make):
     path = make(
         start=6 * MS,
@@ -322,6 +323,7 @@ def test_unknown_facts_are_named_at_detailed_verbosity(make, capsys, verbosity):
 # ---------------------------------------------------------------------------- iterations
 
 
+@pytest.mark.slow
 def test_no_iterations(baseline, make):
     assert not only(baseline[1], "no_iterations_detector")
     path = make()
@@ -348,6 +350,7 @@ def test_no_iterations(baseline, make):
     )
 
 
+@pytest.mark.slow
 def test_bad_iteration_range(baseline, make):
     assert not only(baseline[1], "bad_iteration_range_detector")
     path = make(start=5 * MS, n_iter=5)  # iteration 0 holds 5 ms of start-up: 15 ms instead of 10 ms
@@ -430,6 +433,7 @@ def test_imbalanced_gpus(make):
     assert f["data"]["min_device"] == 1 and f["data"]["max_device"] == 0
 
 
+@pytest.mark.slow
 def test_dataloader(baseline, make):
     assert [f["severity"] for f in only(baseline[1], "dataloader_detector")] == ["info"]
     f = one(run(make(stall=3 * MS, config={"num_workers": 0, "pin_memory": False})), "dataloader_detector")
@@ -466,6 +470,7 @@ def test_no_fusion(baseline, make):
 FP32 = {"conv_kernel": FP32_CONV, "linear_kernel": FP32_GEMM, "bwd_kernels": (FP32_WGRAD, FP32_GEMM)}
 
 
+@pytest.mark.slow
 def test_amp(baseline, make):
     assert not only(baseline[1], "amp_detector")
     f = one(run(make(config={"amp_enabled": False}, **FP32)), "amp_detector")
@@ -486,6 +491,7 @@ def test_amp(baseline, make):
     assert not only(run(make(markers="dlprof", dtype="float16", **FP32)), "amp_detector")
 
 
+@pytest.mark.slow
 def test_bad_tensor_shape(baseline, make):
     assert not only(baseline[1], "bad_tensor_shape_detector")
     path = make(markers="dlprof", dtype="float16", linear_kernel=PLAIN_GEMM, linear_shapes=((8, 250), (64, 250)))
@@ -526,6 +532,7 @@ def test_bad_tensor_shape(baseline, make):
     assert f["recommendation"].startswith("Run them in FP16/BF16")
 
 
+@pytest.mark.slow
 def test_missed_tensor_cores(baseline, make):
     """FP16 Tensor Core kernels for the convolution (fprop and bprop) and the linear bprop, one FP32 sgemm in the
     linear fprop (an eligible op), AMP unknown. Kernel time: 4 iterations x (4 + 2 + 2 + 0.5 ms) + 3 optimizer
@@ -570,6 +577,7 @@ def test_missed_tensor_cores_silent_on_a_cpu_only_run():
 # ---------------------------------------------------------------------------- framework settings
 
 
+@pytest.mark.slow
 def test_cudnn_benchmark(baseline, make):
     assert not only(baseline[1], "cudnn_benchmark_detector")
     f = one(run(make(config={"cudnn_benchmark": False})), "cudnn_benchmark_detector")
@@ -675,6 +683,7 @@ def test_sync_api(baseline, make):
     assert "tensor.item()" in f["recommendation"]
 
 
+@pytest.mark.slow
 def test_gpu_gaps(baseline, make):
     assert not only(baseline[1], "gpu_gap_detector")
     path = make(
@@ -710,6 +719,7 @@ def test_docs_cover_every_detector():
         assert f"`{exp_sys_id}`" in doc, exp_sys_id
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("names", [(), ("--base_name=exp1", "--profile_name=trial")])
 def test_printed_command_updates_the_run(make, tmp_path, names):
     """The `apply with:` command, run as printed from the folder it was printed in, updates that run: the

@@ -46,6 +46,7 @@ def fixture_copies(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_fixture_totals_match_direct_sql(fixture_copies, name):
     path = fixture_copies / name
@@ -101,6 +102,7 @@ def merged_busy(gpu) -> int:
     return total
 
 
+@pytest.mark.slow
 def test_pytorch_fixture_multi_gpu_and_domains(fixture_copies):
     a = analyze(fixture_copies / "pytorch_2gpu_nccl_nsys2026.2_before.sqlite")
     assert a.corr.mode == "pytorch" and set(a.corr.domains) == {"default", "domain1"}
@@ -118,6 +120,7 @@ def test_bad_utf8_export_is_read(fixture_copies):
     assert a.corr.mode == "simple" and len(a.trace.gpu) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_cli_writes_every_report_and_the_database_reloads_identically(fixture_copies, tmp_path, name):
     path = fixture_copies / name

@@ -321,6 +321,7 @@ def _summary(out: Path) -> dict:
     return dict(line.split(",", 1) for line in (out / "dlprof_summary.csv").read_text().splitlines() if "," in line)
 
 
+@pytest.mark.slow
 def test_flops_achieved_tflops_and_mfu_of_a_generated_nsys_profile(flops_run):
     """flops_profile: 3 iterations on an A100-SXM4-80GB; FP16 Tensor Core GEMMs (mm, linear and their backward
     ops), an FP32 sgemm (bmm), an elementwise relu."""
@@ -408,6 +409,7 @@ def _table(service, route: str, **args) -> dict:
     return doc
 
 
+@pytest.mark.slow
 def test_a_database_written_before_the_figures_stays_readable_and_gains_aggregations(flops_run, tmp_path):
     from dlprof_plugin.runs import RunInfo, StaticRuns
     from dlprof_plugin.service import Service
@@ -591,6 +593,7 @@ def test_a_gpu_missing_from_the_table_leaves_mfu_empty(tmp_path):
 # ---------------------------------------------------------------------------- real traces
 
 
+@pytest.mark.slow
 def test_real_trace_matmul_flops_equal_the_shapes_in_its_json():
     """HTA's 8xA100 trace: every fprop linear, addmm, mm and bmm op's FLOPs per call, from the `Input Dims` of
     the trace's events of that name read here with json (the first call's shapes are among them)."""
@@ -622,6 +625,7 @@ def test_real_trace_matmul_flops_equal_the_shapes_in_its_json():
     assert checked >= 100  # the trace's 101 fprop linear ops, its bmm ops
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_forward_flops_of_a_real_pytorch_run_equal_pytorchs_flop_counter(tmp_path):
     """A CPU PyTorch model trained STEPS steps under `dlprof --backend=torch`: the FLOPs of its fprop ops (one

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from dlprof_profiler.outputs import graph_events
 from tests import test_plugin_checks as checks
 from tests.nsys_builder import NsysExport
 from tests.profiles import make_logdir, run_dlprof, training_profile
+from tests.waiting import wait_until
 
 CALLS = 3  # training_profile's iterations: every op runs once per iteration
 # node name: (op type, Op ID, direction, GPU ns per call, CPU ns per call), from training_profile's docstring
@@ -86,6 +86,7 @@ def training(tmp_path_factory):
     }
 
 
+@pytest.mark.slow
 def test_nodes_are_the_ops_with_their_scopes_types_and_attributes(training):
     graph, _, raw = read_graph(training["run"])
     assert raw["graph_def"].step == 0 and raw["tagged_run_metadata"].tagged_run_metadata.tag == "dlprof/op_time"
@@ -131,6 +132,7 @@ def test_run_metadata_gives_each_node_its_compute_time(training):
     ]
 
 
+@pytest.mark.slow
 def test_reaggregated_database_writes_the_aggregations_totals(training, tmp_path):
     """`dlprof --database=dlprof_dldb.sqlite --iter_start 1 --iter_stop 2`: two of the three iterations (the first
     starts at the session start and ends at the first optimizer step, so iterations 1 and 2 hold one call each of
@@ -237,6 +239,7 @@ def test_shapes_parse_as_dlprof_writes_them():
     assert graph_events.parse_shapes("<a, b>") is None
 
 
+@pytest.mark.slow
 def test_data_type_and_shapes_of_dlprof_markers(tmp_path):
     """A conv2d recorded with DLProf's dict markers (fp16 input 8x3x32x32, weight 16x3x3x3, padding 1): the node
     carries the data type, the input shapes and the output shape the conv gives (32 + 2*1 - (3-1) - 1 + 1 = 32)."""
@@ -277,11 +280,12 @@ def _get(url: str) -> bytes:
         return resp.read()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("load_fast", ["auto", "false"])
 def test_tensorboard_shows_graphs_beside_dlprof(training, load_fast, tmp_path):
     """GRAPHS and DLPROF are both active for a fresh run; the graph and run metadata routes answer with what
     the event file holds (both data-server modes)."""
-    port = checks.free_port()
+    port = checks.free_port()  # a TensorBoard of its own: the data-server mode (--load_fast) is what varies
     exe = Path(sys.executable).parent / "tensorboard"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "tensorboard.main"]
     log = open(tmp_path / "tb.log", "w")
@@ -305,19 +309,14 @@ def test_tensorboard_shows_graphs_beside_dlprof(training, load_fast, tmp_path):
     try:
         import json
 
-        deadline = time.time() + 90
-        listing = {}
-        while time.time() < deadline:
-            try:
-                listing = json.loads(_get(f"{base}/plugins_listing"))
-                if listing.get("graphs", {}).get("enabled") and listing.get("dlprof", {}).get("enabled"):
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None:
-                raise AssertionError((tmp_path / "tb.log").read_text())
-            time.sleep(0.5)
-        assert listing["graphs"]["enabled"] and listing["dlprof"]["enabled"], listing
+        def both_active():
+            listing = json.loads(_get(f"{base}/plugins_listing"))
+            return listing.get("graphs", {}).get("enabled") and listing.get("dlprof", {}).get("enabled")
+
+        try:
+            wait_until(both_active, 90, "GRAPHS and DLPROF to be active", proc)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {(tmp_path / 'tb.log').read_text()}") from None
         info = json.loads(_get(f"{base}/plugin/graphs/info"))
         run = info["training/dlprof"]
         assert run["run_graph"] is True and run["tags"]["dlprof/op_time"]["profile"] is True

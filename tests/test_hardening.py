@@ -38,7 +38,8 @@ from dlprof_profiler.outputs.publish import LOCK_NAME, STAGING_PREFIX
 from tests import profiles
 from tests.damage import damaged_copy, sha256
 from tests.nsys_builder import NsysExport
-from tests.test_plugin_checks import free_port, stop, wait_until
+from tests.test_plugin_checks import free_port, stop
+from tests.waiting import wait_until
 
 T0 = profiles.BASE  # training_profile: iteration i starts at T0 + i * 100_000
 BUSY_PER_ITERATION = 37_000  # its GPU busy time per iteration (no overlaps), 3 iterations
@@ -404,6 +405,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_cli(case, base, tmp_path):
     work = tmp_path
@@ -436,6 +438,7 @@ def test_cli(case, base, tmp_path):
     assert not list(work.glob(f"{source.name}-journal" if source else "*-journal"))
 
 
+@pytest.mark.slow
 def test_cli_dropped_rows_are_left_out_of_the_database_too(base, tmp_path):
     """The raw tables copied into the database hold the rows the analysis used (ids match), so re-aggregating
     the database gives the same figures."""
@@ -464,6 +467,7 @@ def test_cli_dropped_rows_are_left_out_of_the_database_too(base, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_cli_report_write_failure_is_one_line_without_output(base, tmp_path, monkeypatch):
     """A write that fails mid-run (disk full on a report) names the final file, never the staging path."""
     from dlprof_profiler.outputs import reports
@@ -483,6 +487,7 @@ def test_cli_report_write_failure_is_one_line_without_output(base, tmp_path, mon
 # ---------------------------------------------------------------------------- processes: kill, disk full, concurrency
 
 
+@pytest.mark.slow
 def test_cli_disk_full_file_size_limit(base, tmp_path):
     """RLIMIT_FSIZE (the run may not grow a file past 100 kB) stands in for a full disk."""
 
@@ -499,6 +504,7 @@ def test_cli_disk_full_file_size_limit(base, tmp_path):
     assert not out.exists() and sha256(base["export"]) == before
 
 
+@pytest.mark.slow
 def test_cli_two_runs_into_one_folder(base, tmp_path):
     """The second run fails at once naming the folder and the first run's pid; the first completes."""
     out = tmp_path / "out"
@@ -518,6 +524,7 @@ def test_cli_two_runs_into_one_folder(base, tmp_path):
     assert (out / "dlprof_iteration.csv").is_file() and not (out / LOCK_NAME).exists()
 
 
+@pytest.mark.slow
 def test_cli_kill_9_while_writing_then_the_next_run_cleans_up(base, tmp_path):
     """kill -9 while the database is being written: no output appears (only the killed run's staging folder
     and lock file); the next run removes them and succeeds."""
@@ -525,10 +532,8 @@ def test_cli_kill_9_while_writing_then_the_next_run_cleans_up(base, tmp_path):
     before = sha256(export)
     out = tmp_path / "out"
     proc = dlprof_process(f"--database={export}", f"--output_path={out}", "--reports=all")
-    deadline = time.monotonic() + 120
-    while not list(out.glob(f"{STAGING_PREFIX}*/dlprof_dldb.sqlite")):  # the raw copy starts after ingest
-        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it was killed"
-        time.sleep(0.01)
+    # the raw copy starts after ingest
+    wait_until(lambda: list(out.glob(f"{STAGING_PREFIX}*/dlprof_dldb.sqlite")), 120, "the staged database", proc, 0.01)
     proc.kill()
     proc.wait(timeout=30)
     left = sorted(p.name for p in out.iterdir())
@@ -724,6 +729,7 @@ CSRF_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CSRF_CASES, ids=[c[0] for c in CSRF_CASES])
 def test_viewer_request(case, viewer):
     _, method, route, headers, body, status = case
@@ -771,6 +777,7 @@ TRAVERSAL = [  # raw request paths: the API prefix, the viewer's bare routes, an
 ]
 
 
+@pytest.mark.slow
 def test_viewer_path_traversal_in_routes_and_parameters(viewer):
     """27 forms (26 paths above and a POST naming a path as its run): 400 or 404, never a file's content."""
     port = viewer["port"]
@@ -832,6 +839,7 @@ SQL_ROUTES = {
 }
 
 
+@pytest.mark.slow
 def test_viewer_sql_injection_in_every_route_parameter(viewer):
     """Every payload in every parameter of every route: answered (200, 400, 404), never 500; text searches
     match the payload literally (no op name contains it); the database is unchanged."""
@@ -884,6 +892,7 @@ def test_viewer_invalid_utf8_names_are_decoded_with_replacement(viewer):
         assert "k_\ufffd_kernel" in json.dumps(json.loads(body), ensure_ascii=False), route
 
 
+@pytest.mark.slow
 def test_viewer_accepted_reaggregation_with_concurrent_requests(viewer):
     """The frontend's request (same origin, JSON, X-DLProf-Request) is accepted; 1000 reads from 16 threads
     while it runs are all answered (200, or 503 + Retry-After while the commit holds the database)."""
@@ -953,6 +962,7 @@ con.execute("DELETE FROM op_nodes")
 os.kill(os.getpid(), signal.SIGKILL)"""
 
 
+@pytest.mark.slow
 def test_job_killed_just_after_its_commit_is_reported_succeeded(base, tmp_path, monkeypatch):
     db = tmp_path / "dlprof_dldb.sqlite"
     shutil.copy(base["db"], db)
@@ -987,6 +997,7 @@ def test_job_killed_before_its_commit_is_reported_failed_and_rolled_back(base, t
 
 @pytest.fixture(scope="module")
 def tensorboard(base, tmp_path_factory):
+    """This module's own TensorBoard in place of the session's: started with --path_prefix."""
     logdir = tmp_path_factory.mktemp("tb_logdir")
     shutil.copytree(base["root"] / "db", logdir / "training")
     port = free_port()
@@ -1045,6 +1056,7 @@ TB_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", TB_CASES, ids=[c[0] for c in TB_CASES])
 def test_tensorboard_request(case, tensorboard):
     _, method, route, headers, status = case
@@ -1060,6 +1072,7 @@ def test_tensorboard_request(case, tensorboard):
     assert sha256(db) == before
 
 
+@pytest.mark.slow
 def test_tensorboard_accepts_the_frontends_reaggregation(tensorboard):
     port = tensorboard["port"]
     body = json.dumps({"run": "training/dlprof", "key_node": None, "iter_start": 1, "iter_stop": 2}).encode()
@@ -1166,6 +1179,7 @@ def refused(tmp_path: Path, source: Path, *says: str, measured: bool = False) ->
     return peak
 
 
+@pytest.mark.slow
 def test_kineto_gzip_bomb_of_whitespace_is_refused_in_bounded_memory(tmp_path):
     """3 GB of whitespace in 3 MB (deflate's largest ratio): refused after about 100 MB of text."""
     bomb = gzip_bomb(tmp_path / "bomb.json.gz", b" ", 3 * GB)
@@ -1174,6 +1188,7 @@ def test_kineto_gzip_bomb_of_whitespace_is_refused_in_bounded_memory(tmp_path):
     assert peak < 1.0, f"{peak:.2f} GB"
 
 
+@pytest.mark.slow
 def test_kineto_gzip_whitespace_run_behind_real_text_is_refused_in_bounded_memory(tmp_path):
     """8 MB of text that does not compress keep the ratio low; the 3 GB run of whitespace after it is refused."""
     lead = b'{"ph": "X", "name": "' + os.urandom(4 << 20).hex().encode() + b'"}, '
@@ -1294,6 +1309,7 @@ def test_cli_one_op_called_many_times_without_key_node_is_an_op_per_call(tmp_pat
     assert advice.endswith("aten::add alone is 6 ops, 6 ops in all")
 
 
+@pytest.mark.slow
 def test_cli_one_op_without_key_node_the_finding_names_the_loop_that_splits_it(tmp_path):
     """12 calls in 3 `step` ranges, no key node: 12 ops of one call (/step/aten::add ... /step[3]/aten::add[4]);
     the finding proposes --key_op=step, which makes them 4 ops of 3 calls each."""
@@ -1324,6 +1340,7 @@ SPECIAL_INPUTS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", SPECIAL_INPUTS, ids=[c[0] for c in SPECIAL_INPUTS])
 def test_cli_fifo_and_other_special_files_are_refused_at_once(case, base, tmp_path):
     """Opening a FIFO blocks until a writer comes (the run hung forever) and a device never ends: refused
@@ -1347,6 +1364,7 @@ def test_cli_fifo_and_other_special_files_are_refused_at_once(case, base, tmp_pa
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_cli_sigterm_and_sigint_release_the_lock_and_remove_the_staging(signum, tmp_path):
     """A run ended by SIGTERM (as a job scheduler or `timeout` ends it) or Ctrl-C unwinds: one line, exit status
@@ -1354,10 +1372,8 @@ def test_cli_sigterm_and_sigint_release_the_lock_and_remove_the_staging(signum, 
     export = profiles.training_profile(tmp_path / "long.sqlite", iterations=300)
     out = tmp_path / "out"
     proc = dlprof_process(f"--database={export}", f"--output_path={out}", "--reports=all")
-    deadline = time.monotonic() + 120
-    while not list(out.glob(f"{STAGING_PREFIX}*/dlprof_dldb.sqlite")):  # mid-run: its staging is being written
-        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before the signal"
-        time.sleep(0.01)
+    # mid-run: its staging is being written
+    wait_until(lambda: list(out.glob(f"{STAGING_PREFIX}*/dlprof_dldb.sqlite")), 120, "the staged database", proc, 0.01)
     proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signum, stderr
@@ -1376,6 +1392,7 @@ def _size_limited_run(out: Path, export: Path, limit: int) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_cli_file_size_limit_while_staging_out_of_core_names_the_folder(tmp_path):
     """Arrow's "Error writing bytes to file ... [errno 27]" names no file: the one line names the output folder
     the export is staged in, what ran out and what to do."""
@@ -1401,6 +1418,7 @@ def _can_mount_tmpfs() -> bool:
     return probe.returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _can_mount_tmpfs(), reason="no user namespaces here to mount a small tmpfs in")
 def test_cli_disk_full_while_staging_out_of_core_names_the_folder(tmp_path):
     """A real full disk: a 256 KiB tmpfs, mounted in a user namespace of the run's own (no root needed)."""
@@ -1497,6 +1515,7 @@ def test_cli_paths_with_control_characters_are_escaped_on_one_line(case, tmp_pat
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_cli_a_run_on_a_path_with_a_newline_prints_every_message_on_one_line(base, tmp_path):
     folder = tmp_path / ("in" + FORGED)
     folder.mkdir()
@@ -1528,6 +1547,7 @@ def _event_files(folder: Path) -> list[Path]:
 UPDATE = ["--force=true", "--iter_start=1", "--iter_stop=2", "--reports=summary,iteration", "--formats=csv"]
 
 
+@pytest.mark.slow
 def test_cli_killed_at_any_step_of_the_publication_the_next_run_completes_it(base, tmp_path):
     """A run updating a run's folder (re-aggregation in place, fewer reports) is killed with SIGKILL before each
     step of putting its outputs in place (its 4 renames, then the 6 removals of the previous reports and event
@@ -1582,6 +1602,7 @@ def test_cli_killed_at_any_step_of_the_publication_the_next_run_completes_it(bas
         assert ranges == [(0, 3), (1, 2)], step
 
 
+@pytest.mark.slow
 def test_cli_a_killed_publication_is_hidden_by_the_viewer_until_the_next_run(base, tmp_path):
     """Killed midway (2 of its 4 renames done): dlprofviewer lists no run for the folder's database; the next
     run into the folder (here one that then fails on its input) completes it, and the viewer lists it again."""
@@ -1621,6 +1642,7 @@ def test_cli_a_killed_publication_is_hidden_by_the_viewer_until_the_next_run(bas
         stop(viewer_proc)
 
 
+@pytest.mark.slow
 def test_cli_reaggregation_leaves_exactly_the_reports_it_writes(base, tmp_path):
     """Issue 21.7: the run's report set is what its last run wrote. Re-aggregating with fewer reports and
     formats removes the previous JSON and CSV reports with its publication; other runs' files stay."""
@@ -1656,6 +1678,7 @@ def test_cli_reports_of_a_previous_run_are_not_removed_without_force(base, tmp_p
     assert tree(out) == before
 
 
+@pytest.mark.slow
 def test_cli_out_of_core_into_a_folder_whose_name_holds_quotes(base, tmp_path):
     """The staging folder is named to DuckDB in SQL text: a quote in the output path broke it (a 25-line
     traceback); quoted, the run succeeds."""
@@ -1801,6 +1824,7 @@ class StreamingUpload:
 UPLOAD_HEADERS = {"Content-Type": "application/json", REQUEST_HEADER: "1"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length-1tb", "chunked-endless"])
 def test_viewer_refuses_a_huge_body_without_reading_it(slow_viewer, chunked):
     """dlprofviewer answers 413 (JSON) at once and closes the connection: the client cannot push more than the
@@ -1822,6 +1846,7 @@ def test_viewer_refuses_a_huge_body_without_reading_it(slow_viewer, chunked):
     assert request(port, "GET", API + "runs")[0] == 200
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length-1tb", "chunked-endless"])
 def test_tensorboard_refuses_a_huge_body_without_reading_it(tensorboard, chunked):
     """The plugin answers 413 (JSON) before reading the body: the answer comes while the client still streams;
@@ -1848,6 +1873,7 @@ def test_tensorboard_refuses_a_huge_body_without_reading_it(tensorboard, chunked
     assert request(port, "GET", "/pfx" + API + "runs")[0] == 200
 
 
+@pytest.mark.slow
 def test_viewer_refuses_a_huge_body_announced_with_expect_100_continue(slow_viewer):
     """A client that waits for `100 Continue` before sending its body (curl does for large ones) gets the 413
     instead, and sends nothing."""
@@ -1875,7 +1901,7 @@ class Dripper:
         with contextlib.suppress(OSError):
             while not self.halt.is_set() and self.drip:
                 self.sock.send(self.drip)
-                self.halt.wait(0.2)
+                self.halt.wait(0.2)  # the drip rate is the attack under test, not a wait for a condition
 
     def closed_by_server(self) -> bool:
         return _peek(self.sock) == b""
@@ -1886,6 +1912,7 @@ class Dripper:
         self.sock.close()
 
 
+@pytest.mark.slow
 def test_viewer_drops_slow_and_idle_connections_while_answering_others(slow_viewer):
     """--request_timeout=1: requests whose headers (or body) trickle in are closed after 1 s; --idle_timeout=2: a
     connection that sends nothing is closed after 2 s; meanwhile normal requests are answered."""
@@ -1910,6 +1937,7 @@ def test_viewer_drops_slow_and_idle_connections_while_answering_others(slow_view
             d.close()
 
 
+@pytest.mark.slow
 def test_viewer_holds_its_connection_limit(limited_viewer):
     """--connection_limit=4: with 4 connections open, more wait in the kernel's accept queue, unanswered, while
     the held ones are served; each connection closed lets one waiting connection in."""

@@ -4,11 +4,13 @@ benchmarks/bench_viewer_load.py."""
 
 from __future__ import annotations
 
+import pytest
+
 import threading
 from types import SimpleNamespace
 
 from dlprof_plugin.http_server import LaneDispatcher
-from tests.test_plugin_checks import wait_until
+from tests.waiting import wait_until
 
 
 class FakeChannel:
@@ -36,6 +38,7 @@ class FakeChannel:
         self.cancelled = True
 
 
+@pytest.mark.slow
 def test_light_requests_pass_queued_heavy_ones_and_heavy_ones_are_bounded():
     log, running, lock = [], {"now": 0, "max": 0}, threading.Lock()
     dispatcher = LaneDispatcher(heavy=2, light=1, is_light=lambda path: path == "/runs")

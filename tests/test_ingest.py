@@ -124,6 +124,7 @@ def _summary(out) -> dict:
         return {row[0]: row[1] for row in csv.reader(fh) if len(row) >= 2}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "driver, cuda, shown",
     [
@@ -153,6 +154,7 @@ def test_driver_facts_only_where_a_driver_was_recorded(tmp_path, driver, cuda, s
     assert (facts["GPU Driver Version"], facts["CUDA Version"]) == shown
 
 
+@pytest.mark.slow
 def test_a_capture_without_events_spans_its_own_window(tmp_path):
     """No NVTX range, CUDA call or GPU activity: the profile is the capture's window (ANALYSIS_DETAILS
     1000..5000), one iteration of 4000 ns (no key node), and one warning line that says what to do."""

@@ -120,6 +120,7 @@ def test_every_fixture_is_listed():
     assert len(NAMES) >= 6, NAMES
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_fixture_frames_match_direct_sums(fixture_copies, name):
     path = fixture_copies / name
@@ -170,6 +171,7 @@ def test_fixture_frames_match_direct_sums(fixture_copies, name):
     assert (a.domain().gpu_instance >= 0).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_fixture_iterations_are_its_profiler_steps(fixture_copies, name):
     """Iteration count, durations, wall clock, average and median against the ProfilerStep events' ts/dur."""
@@ -192,6 +194,7 @@ def test_fixture_iterations_are_its_profiler_steps(fixture_copies, name):
     assert (s["complete_start"], s["complete_stop"], s["partial_iterations"]) == (0, len(spans) - 1, [])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_fixture_times_are_exact_nanoseconds(fixture_copies, name):
     """Kernel start times, relative to the first kernel, equal the JSON decimals to the nanosecond."""
@@ -209,6 +212,7 @@ def test_fixture_times_are_exact_nanoseconds(fixture_copies, name):
         assert trace.meta["session_start_ns"] + int(ours[0]) == base + starts[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in NAMES if "amd" in n or "ddp" in n or "ns_resolution" in n])
 def test_backward_ops_link_to_the_forward_ops_of_their_fwdbwd_flows(fixture_copies, name):
     """torch.profiler draws a fwdbwd arrow from each forward op to the backward node autograd ran for it:
@@ -260,6 +264,7 @@ def test_cpu_only_trace_reads_and_warns(fixture_copies):
     assert any("CPU-only" in w for w in trace.warnings)
 
 
+@pytest.mark.slow
 def test_2021_dialect_reads_categories_string_tids_and_call_stacks(fixture_copies):
     trace = read_kineto_trace(fixture_copies / "resnet50_v100_2021format.pt.trace.json.gz")
     assert len(trace.threads) == 2 and sorted(trace.threads["tid"].tolist()) == [25738, 25772]
@@ -411,6 +416,7 @@ def test_training_trace_details_and_exact_times(tmp_path):
     assert not ranges["text"].str.contains("_call_impl").any()
 
 
+@pytest.mark.slow
 def test_2021_dialect_hand_written(tmp_path):
     """2021 traces record record_function labels (ProfilerStep#N, Optimizer.step#...) as Operator events
     like ops; they are scopes, and ProfilerStep#N splits the iterations as in newer traces."""
@@ -831,6 +837,7 @@ def test_short_kernel_names(name, short):
     assert short_kernel_name(name) == short
 
 
+@pytest.mark.slow
 def test_real_kernel_names_of_the_table_are_in_the_fixtures(fixture_copies):
     names = set()
     for path in fixture_copies.glob("*.json*"):
@@ -862,6 +869,7 @@ def test_short_kernel_names_agree_with_nsys():
 # ---------------------------------------------------------------------------- the command line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_cli_writes_every_report_and_the_database(fixture_copies, tmp_path, name):
     """`dlprof --database=TRACE` writes all reports and the database; the database's GPU activities
@@ -919,6 +927,7 @@ def test_cli_writes_every_report_and_the_database(fixture_copies, tmp_path, name
     assert (again / "dlprof_summary.csv").exists()
 
 
+@pytest.mark.slow
 def test_other_devices_map_like_cuda(tmp_path):
     """MTIA (and other privateuse devices) write their runtime calls and device activities under their own
     categories; they map to API calls and kernels like CUDA's."""
@@ -979,6 +988,7 @@ def _bad_inputs(tmp_path: Path) -> dict:
     return {case: (tmp_path / name, content, message) for case, (name, content, message) in files.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case",
     [
@@ -1006,6 +1016,7 @@ def test_cli_bad_input_one_line_no_output(tmp_path, case):
     assert peak_gb < 1.0
 
 
+@pytest.mark.slow
 def test_cli_bad_events_warn_and_the_rest_is_counted(tmp_path):
     """Events without ts or dur, with a negative duration or of an unknown category: warnings that count
     them, exit status 0, and every figure from the other events only."""
@@ -1033,6 +1044,7 @@ def test_cli_bad_events_warn_and_the_rest_is_counted(tmp_path):
     assert int(summary["All kernels"][0]) == kernels == 8000 + 2000 + 2000 + 5000 + 2000 + 150
 
 
+@pytest.mark.slow
 def test_cli_reads_the_real_trace_with_an_unescaped_name(tmp_path):
     """PyTorch 2.13 wrote one event name with unescaped quotes (issue 21.2): the run succeeds, says it once, and
     the ranges in the database are those of the JSON repaired independently (its name lines re-escaped)."""

@@ -118,6 +118,7 @@ def test_a_process_per_gpu_keeps_its_own_steps(tmp_path, late, extra):
     assert a.iterations.count == len(expected) + 1
 
 
+@pytest.mark.slow
 def test_key_node_matches_labels_texts_names_and_op_ids(tmp_path):
     exp = NsysExport()
     exp.add_gpu(device_id=0)
@@ -184,6 +185,7 @@ def profiler_steps_profile(path):
     return exp.write(path)
 
 
+@pytest.mark.slow
 def test_profiler_steps_are_the_iterations(tmp_path):
     """N steps give N iterations, each the step's own span: nothing before the first, between two or after the
     last is in an iteration; those ops stay in the model (and the database) but no aggregation counts them."""
@@ -210,6 +212,7 @@ def test_profiler_steps_are_the_iterations(tmp_path):
     assert {"aten::zeros", "aten::zero_", "aten::mm"} <= labels  # outside ones kept as instances
 
 
+@pytest.mark.slow
 def test_key_node_profiler_step_on_an_nsys_capture_and_an_iteration_range(tmp_path):
     """The step rule follows the key node, given or default; --iter_start/--iter_stop pick steps."""
     path = profiler_steps_profile(tmp_path / "p.sqlite")

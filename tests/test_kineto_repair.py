@@ -168,6 +168,7 @@ def independently_repaired(text: str) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.slow
 def test_valid_fixtures_need_no_repair():
     for path in sorted(data.KINETO.glob("*.json*")):
         assert kd.decode(path).columns.repaired_events == 0, path.name

@@ -123,6 +123,7 @@ def test_nsys_memory_report_hand_computed(nsys_memory):
     assert _figures(ops["unassociated_cudaFree", "", "GPU 0"], *OP_FIGURES) == (0, 3, 0, 3 * 4096, 4096)
 
 
+@pytest.mark.slow
 def test_nsys_memory_report_of_an_iteration_range(nsys_memory):
     agg = analyze(nsys_memory, iter_start=1, iter_stop=2).agg()
     devices = _devices(agg)
@@ -145,6 +146,7 @@ def test_nsys_memory_events_take_their_call_thread(nsys_memory):
     assert (free["call_start"] == free["start"] - 1500).all()  # the cudaFree began before it returned
 
 
+@pytest.mark.slow
 def test_out_of_core_memory_tables_equal_the_in_memory_ones(nsys_memory, tmp_path):
     expected = engine_analyze(sanitize_trace(read_nsys_export(nsys_memory)), AnalysisConfig(iter_start=1, iter_stop=3))
     for events_per_segment in (10**9, 20, 7):
@@ -289,6 +291,7 @@ def _innermost_ops(events: list, ops: list) -> list:
     return out
 
 
+@pytest.mark.slow
 def test_resnet50_memory_report_against_its_json():
     from decimal import Decimal
 
@@ -373,6 +376,7 @@ def _read_csv_sections(path) -> dict:
     return {k: list(csv.reader(v)) for k, v in sections.items()}
 
 
+@pytest.mark.slow
 def test_memory_report_files_and_database_round_trip(nsys_memory, tmp_path):
     out = tmp_path / "out"
     run_dlprof(f"--database={nsys_memory}", "--reports=all", "--formats=csv,json", f"--output_path={out}")
@@ -423,6 +427,7 @@ def test_memory_report_files_and_database_round_trip(nsys_memory, tmp_path):
     assert (again / "dlprof_memory.csv").read_bytes() == (out / "dlprof_memory.csv").read_bytes()
 
 
+@pytest.mark.slow
 def test_a_schema_3_0_database_without_memory_tables_is_still_read(nsys_memory, tmp_path):
     out = tmp_path / "out"
     run_dlprof(f"--database={nsys_memory}", "--reports=summary", f"--output_path={out}")
@@ -442,6 +447,7 @@ def test_a_schema_3_0_database_without_memory_tables_is_still_read(nsys_memory, 
     assert sections["Ops"] == [sections["Ops"][0]]
 
 
+@pytest.mark.slow
 def test_a_profile_without_memory_events_says_so_in_one_row(tmp_path):
     export = profiles.training_profile(tmp_path / "training.sqlite")
     out = tmp_path / "out"
@@ -466,6 +472,7 @@ def test_detailed_mode_records_cuda_memory_usage():
     assert not any("cuda-memory-usage" in w for w in capture.build_nsys_command(args.but(nsys_opts=""), old))
 
 
+@pytest.mark.slow
 def test_out_of_core_run_writes_the_same_memory_report_and_tables(nsys_memory, tmp_path):
     outputs = {}
     for choice in ("off", "on"):
@@ -484,6 +491,7 @@ def test_out_of_core_run_writes_the_same_memory_report_and_tables(nsys_memory, t
     assert len(outputs["on"][1]["raw_memory_events"]) == 16 and len(outputs["on"][1]["memory_ops"]) == 5
 
 
+@pytest.mark.slow
 def test_ranks_write_their_memory_reports_and_the_merged_database_keeps_every_ranks(nsys_memory, tmp_path):
     second = tmp_path / "r1.sqlite"
     second.write_bytes(nsys_memory.read_bytes())
@@ -509,6 +517,7 @@ def test_ranks_write_their_memory_reports_and_the_merged_database_keeps_every_ra
         con.close()
 
 
+@pytest.mark.slow
 def test_the_viewers_reaggregation_writes_the_memory_tables_of_its_range(nsys_memory, tmp_path):
     from dlprof_profiler.run.single import reaggregate_in_place
 
@@ -529,6 +538,7 @@ def test_the_viewers_reaggregation_writes_the_memory_tables_of_its_range(nsys_me
     assert rows == [(0, -1, 2048, 2048, 0, 0), (1, 0, 4096 + MIB, 4096, 4, 4), (1, 1, 1024, 1024, 2, 0)]
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_a_real_torch_profiler_capture_with_detailed_mode(tmp_path):
     pytest.importorskip("torch")

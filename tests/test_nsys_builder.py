@@ -379,6 +379,7 @@ def test_dlprof_modified(tmp_path):
     assert ("dlprof_version", "1.8.0") in con.execute("SELECT name, value FROM SystemInfo").fetchall()
 
 
+@pytest.mark.slow
 def test_bulk_forms_are_fast(tmp_path):
     n, m = 1_000_000, 100_000  # 10^6 kernels; fewer API calls and ranges to keep the test short
     exp = NsysExport(schema="2024.6")
@@ -431,7 +432,7 @@ def nsys_2022_exports(tmp_path_factory):
         pytest.skip(f"needs Nsight Systems 2022.4, found {nsys_version()!r}")
     work = tmp_path_factory.mktemp("nsys2022")
     script = work / "script.py"
-    script.write_text("import time\ntime.sleep(0.2)\n")
+    script.write_text("import time\ntime.sleep(0.2)\n")  # the program profiled: 0.2 s of nothing, no wait
     session = f"nsysbuilder-{uuid.uuid4().hex[:12]}"
     profile = subprocess.run(
         [
@@ -482,6 +483,7 @@ def nsys_2022_exports(tmp_path_factory):
     return work / "rep.sqlite", work / "full.sqlite"
 
 
+@pytest.mark.slow
 @pytest.mark.nsys
 def test_schema_matches_nsys_2022_4_export(tmp_path, nsys_2022_exports):
     lazy_export, full_export = nsys_2022_exports

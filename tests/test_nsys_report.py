@@ -75,6 +75,7 @@ def _listing(folder: Path) -> list:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
+@pytest.mark.slow
 @needs_nsys
 @pytest.mark.parametrize("name", ["capture.nsys-rep", "capture.qdrep", "capture.bin"])
 def test_a_report_is_analysed_as_its_export(report, tmp_path, name):
@@ -103,6 +104,7 @@ def test_a_report_is_analysed_as_its_export(report, tmp_path, name):
     assert source == str(given.resolve()) and ranges == 6  # the report, not its staged export
 
 
+@pytest.mark.slow
 @needs_nsys
 def test_reports_as_ranks_and_as_the_baseline(report, tmp_path):
     path, _ = report
@@ -118,6 +120,7 @@ def test_reports_as_ranks_and_as_the_baseline(report, tmp_path):
     assert not [p for p in out.iterdir() if p.name.startswith(".dlprof-staging")]
 
 
+@pytest.mark.slow
 @needs_nsys
 def test_a_folder_takes_a_report_unless_its_export_is_beside_it(report, tmp_path):
     path, reference = report
@@ -137,6 +140,7 @@ def _fake_report(path: Path, version: str = "1") -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_without_nsys_one_line_says_what_to_install(tmp_path):
     report = _fake_report(tmp_path / "run.nsys-rep")
     env = dict(os.environ, PATH=str(tmp_path / "no-such-folder"), PYTHONPATH=str(REPO))
@@ -155,6 +159,7 @@ def test_without_nsys_one_line_says_what_to_install(tmp_path):
     assert not (tmp_path / "out").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["run.nsys-rep"]
 
 
+@pytest.mark.slow
 @needs_nsys
 def test_a_report_newer_than_the_nsys_on_path_is_named_with_the_version_to_install(tmp_path):
     report = _fake_report(tmp_path / "new.nsys-rep", "2099@1@0@5-abc")
@@ -167,6 +172,7 @@ def test_a_report_newer_than_the_nsys_on_path_is_named_with_the_version_to_insta
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 @needs_nsys
 def test_a_report_nsys_cannot_export_is_one_line(tmp_path):
     report = _fake_report(tmp_path / "damaged.qdrep")

@@ -91,6 +91,7 @@ def our_kernel_totals(a) -> dict:
     return dict(totals)
 
 
+@pytest.mark.slow
 def test_gpukernsum_matches_on_generated_and_real_exports(generated, tmp_path):
     paths = list(generated)
     for name in NAMES:
@@ -135,6 +136,7 @@ def test_cudaapisum_and_gpumemtimesum(generated, tmp_path):
     assert a.agg().summary["kernels"]["memory"]["gpu_time"] == sum(v[0] for v in theirs_mem.values())
 
 
+@pytest.mark.slow
 def test_nvtxsum_range_durations(generated):
     for path in generated:
         a = analyze(path)
@@ -146,6 +148,7 @@ def test_nvtxsum_range_durations(generated):
         assert dict(ours) == theirs
 
 
+@pytest.mark.slow
 def test_nvtxkernsum_attribution_at_every_level(generated):
     for path in generated:
         a = analyze(path)

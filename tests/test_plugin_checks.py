@@ -13,7 +13,6 @@ import socket
 import sqlite3
 import subprocess
 import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -25,6 +24,7 @@ import pytest
 
 from dlprof_plugin.security import REQUEST_HEADER
 from tests.profiles import run_dlprof
+from tests.waiting import wait_until
 
 # ---------------------------------------------------------------------------- the training profile, by hand
 WALL_TIME = 290_000  # first recorded event (1_000_000) to the last cudaDeviceSynchronize end (1_290_000)
@@ -87,22 +87,6 @@ class Api:
         return doc, [dict(zip(keys, r)) for r in doc["rows"]]
 
 
-def wait_until(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"{what}: the server exited with {proc.returncode}")
-        try:
-            value = predicate()
-            if value:
-                return value
-        except (OSError, ValueError, KeyError, AssertionError) as exc:
-            last = exc
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what} (last error: {last})")
-
-
 def stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.terminate()
@@ -122,6 +106,21 @@ def db_rows(db: Path, sql: str, params=()) -> list[tuple]:
 
 
 # ---------------------------------------------------------------------------- checks
+
+
+def route_checks(run: str) -> dict:
+    """The checks every server of the routes passes on the training profile as run `run`, by name:
+    check(api, database)."""
+    return {
+        "runs": lambda api, db: check_runs(api, {run: db}),
+        "metadata_routes": lambda api, db: check_metadata_routes(api, run, db),
+        "dashboard": lambda api, db: check_dashboard(api, run, db),
+        "tables": lambda api, db: check_tables(api, run, db),
+        "exports": lambda api, db: check_exports(api, run),
+        "terms": lambda api, db: check_terms(api, run),
+        "bad_requests": lambda api, db: check_bad_requests(api, run),
+        "static_files": lambda api, db: check_static(api),
+    }
 
 
 def check_runs(api: Api, expected: dict[str, Path]) -> None:

@@ -13,6 +13,9 @@ from tests.test_compare import HAND_KERNELS, HAND_OPS, hand_after, hand_before, 
 from tests.test_db_load import v2  # noqa: F401 - the 2.0 database fixture
 
 
+pytestmark = pytest.mark.slow  # TensorBoard and several CLI runs; test_plugin_routes.py has the fast checks
+
+
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
     root = tmp_path_factory.mktemp("plugin_compare")
@@ -144,11 +147,9 @@ def test_a_2_0_database_compares_with_its_3_0_twin(v2):
 
 
 @pytest.fixture(scope="module")
-def kept(tmp_path_factory):
-    """A real TensorBoard over a logdir whose run `after` was analysed with `--baseline` (its diff report beside
-    it) and the baseline's own run `before`."""
-    from tests.browser import TensorBoard
-
+def kept(tmp_path_factory, tensorboard):
+    """The session's TensorBoard with a run `after` analysed with `--baseline` (its diff report beside it) and
+    the baseline's own run `before` (as plugin_compare/after/dlprof and plugin_compare/before/dlprof)."""
     root = tmp_path_factory.mktemp("kept_baseline")
     before, after = hand_before(root / "before.sqlite"), hand_after(root / "after.sqlite")
     logdir = root / "logdir"
@@ -161,8 +162,9 @@ def kept(tmp_path_factory):
         "-v",
         "quiet",
     )
-    with TensorBoard(logdir) as tb:
-        yield {"tb": tb, "before": before, "report": read_sections(logdir / "after" / "dlprof_diff.csv")}
+    report = read_sections(logdir / "after" / "dlprof_diff.csv")
+    tensorboard.publish("plugin_compare", logdir)
+    return {"tb": tensorboard, "before": before, "report": report}
 
 
 def _figure(kind: str, value) -> str:
@@ -183,17 +185,17 @@ def test_the_compare_route_given_only_the_run_answers_its_diff_report(kept):
     from tests.browser import http_json
 
     tb, report = kept["tb"], kept["report"]
-    doc = tb.api("compare?run=after/dlprof")
+    doc = tb.api("compare?run=plugin_compare/after/dlprof")
     assert doc["baseline"]["stored"] is True and doc["baseline"]["run"] is None
     assert doc["baseline"]["source"] == str(kept["before"]) and doc["baseline"]["compared_aggr"] == 1
-    assert doc["after"]["stored"] is False and doc["after"]["run"] == "after/dlprof"
+    assert doc["after"]["stored"] is False and doc["after"]["run"] == "plugin_compare/after/dlprof"
     summary = {r["label"]: r for r in doc["summary"]}
     assert [r["label"] for r in doc["summary"]] == [row[0] for row in report["Diff Summary"][1:]]
     for label, base, after, delta in report["Diff Summary"][1:]:
         r = summary[label]
         assert [_figure(r["kind"], r[k]) for k in ("baseline", "after", "delta")] == [base, after, delta], label
     for table, section in (("compare_ops", "Op Diff"), ("compare_kernels", "Kernel Diff")):
-        url = f"{tb.url}/data/plugin/dlprof/table/{table}?run=after/dlprof&format=csv"
+        url = f"{tb.url}/data/plugin/dlprof/table/{table}?run=plugin_compare/after/dlprof&format=csv"
         with urllib.request.urlopen(url, timeout=30) as resp:
             header, *rows = list(csv.reader(io.StringIO(resp.read().decode("utf-8"))))
         theirs_header, *theirs = report[section]
@@ -203,17 +205,20 @@ def test_the_compare_route_given_only_the_run_answers_its_diff_report(kept):
             assert mine[:pct] == ref[:pct], (table, mine, ref)
             assert (f"{float(mine[pct]):.1f}" if mine[pct] else "") == ref[pct], (table, mine, ref)
     # the aggregation says which baseline it was compared with
-    (aggr,) = http_json(f"{tb.url}/data/plugin/dlprof/aggregations?run=after/dlprof")["aggregations"]
+    (aggr,) = http_json(f"{tb.url}/data/plugin/dlprof/aggregations?run=plugin_compare/after/dlprof")["aggregations"]
     assert aggr["baseline"] == str(kept["before"])
     # the baseline's own run gives the same comparison (the same options), not marked as the kept one
-    run = tb.api("compare?run=after/dlprof&base_run=before/dlprof")
-    assert run["baseline"]["stored"] is False and run["baseline"]["run"] == "before/dlprof"
+    run = tb.api("compare?run=plugin_compare/after/dlprof&base_run=plugin_compare/before/dlprof")
+    assert run["baseline"]["stored"] is False and run["baseline"]["run"] == "plugin_compare/before/dlprof"
     assert [(r["baseline"], r["after"]) for r in run["summary"]] == [
         (r["baseline"], r["after"]) for r in doc["summary"]
     ]
     # a run without a kept baseline is compared with itself
-    own = tb.api("compare?run=before/dlprof")
+    own = tb.api("compare?run=plugin_compare/before/dlprof")
     assert own["baseline"]["stored"] is False and all(r["delta"] == 0 for r in own["summary"])
     assert (
-        http_json(f"{tb.url}/data/plugin/dlprof/aggregations?run=before/dlprof")["aggregations"][0]["baseline"] is None
+        http_json(f"{tb.url}/data/plugin/dlprof/aggregations?run=plugin_compare/before/dlprof")["aggregations"][0][
+            "baseline"
+        ]
+        is None
     )

@@ -16,6 +16,12 @@ import pytest
 
 from tests import test_plugin_checks as checks
 from tests.profiles import make_logdir, training_profile
+from tests.waiting import wait_until
+
+pytestmark = (
+    pytest.mark.slow
+)  # TensorBoard processes of its own in both data-server modes; test_plugin_routes.py has the fast checks
+
 
 RUNS = ("training", "other", "reagg")
 
@@ -93,7 +99,7 @@ def tb(request, logdir, tmp_path_factory):
         return runs >= {f"{r}/dlprof" for r in RUNS}
 
     try:
-        checks.wait_until(ready, 60, "TensorBoard to list the dlprof runs", proc)
+        wait_until(ready, 60, "TensorBoard to list the dlprof runs", proc)
         yield {"api": api, "mode": request.param, "log": log_path, "logdir": logdir}
     finally:
         checks.stop(proc)

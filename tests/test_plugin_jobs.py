@@ -13,6 +13,10 @@ import pytest
 from dlprof_plugin.jobs import without_paths
 from tests import test_plugin_checks as checks
 from tests.profiles import make_logdir, training_profile
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow  # a dlprofviewer process running re-aggregation jobs
+
 
 RUN = "dlprof_dldb"
 
@@ -55,7 +59,7 @@ def viewer(tmp_path_factory):
     )
     api = checks.Api(f"http://127.0.0.1:{port}")
     try:
-        checks.wait_until(lambda: api.raw(api.url("runs"), timeout=5)[0] == 200, 30, "dlprofviewer to start", proc)
+        wait_until(lambda: api.raw(api.url("runs"), timeout=5)[0] == 200, 30, "dlprofviewer to start", proc)
         yield {"api": api, "db": db}
     finally:
         checks.stop(proc)
@@ -65,7 +69,7 @@ def viewer(tmp_path_factory):
 def test_a_range_outside_the_profile_fails_without_the_server_path(viewer):
     api, db = viewer["api"], viewer["db"]
     api.post("reaggregate", {"run": RUN, "key_node": None, "iter_start": 40, "iter_stop": 50}, expect=202)
-    job = checks.wait_until(
+    job = wait_until(
         lambda: (j := api.get("reaggregate_status", run=RUN)["job"])["status"] != "running" and j, 120, "the job to end"
     )
     assert job["status"] == "failed"

@@ -3,26 +3,29 @@ hand-computed memory profile, a profile without memory events and a schema 3.0 d
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 
 import pytest
 
 from dlprof_profiler import contract as K
 from tests import test_plugin_checks as checks
-from tests.browser import TensorBoard
-from tests.profiles import BASE, ITERATION_SPAN, MIB, memory_profile, run_dlprof, training_profile
+from tests.profiles import BASE, ITERATION_SPAN, MIB, memory_profile, run_dlprof
 
-RUN = "memory/dlprof"
+pytestmark = pytest.mark.slow  # TensorBoard; test_plugin_routes.py has the fast checks
+
+
+RUN = "plugin_memory/memory/dlprof"
 
 
 @pytest.fixture(scope="module")
-def logdir(tmp_path_factory):
+def built(tmp_path_factory, training_run):
     base = tmp_path_factory.mktemp("plugin_memory")
     root = base / "logdir"
-    exports = {"memory": memory_profile(base / "memory.sqlite"), "plain": training_profile(base / "plain.sqlite")}
-    exports["old"] = exports["memory"]
-    for name, export in exports.items():
-        run_dlprof(f"--database={export}", f"--output_path={root / name}", "--reports=summary", "-v", "quiet")
+    memory = memory_profile(base / "memory.sqlite")
+    for name in ("memory", "old"):
+        run_dlprof(f"--database={memory}", f"--output_path={root / name}", "--reports=summary", "-v", "quiet")
+    shutil.copytree(training_run, root / "plain")
     # a database of schema 3.0, written before the memory tables
     con = sqlite3.connect(root / "old" / "dlprof_dldb.sqlite")
     con.execute("DROP VIEW read_only_memory_events")
@@ -35,12 +38,14 @@ def logdir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def api(logdir):
-    with TensorBoard(logdir) as tb:
-        client = checks.Api(tb.url)
-        runs = {"memory/dlprof", "plain/dlprof", "old/dlprof"}
-        checks.wait_until(lambda: {r["run"] for r in client.get("runs")["runs"]} >= runs, 60, "the runs", tb.proc)
-        yield client
+def logdir(built, tensorboard):
+    """The runs in the session's TensorBoard (as plugin_memory/<run>/dlprof): their folder there."""
+    return tensorboard.publish("plugin_memory", built)
+
+
+@pytest.fixture(scope="module")
+def api(logdir, tensorboard):
+    return checks.Api(tensorboard.url)
 
 
 def _db(logdir, run="memory"):
@@ -115,16 +120,16 @@ def test_device_names_in_sql_are_the_engines():
 
 
 def test_without_memory_events_the_route_says_how_to_record_them(api):
-    doc = api.get("memory", run="plain/dlprof")
+    doc = api.get("memory", run="plugin_memory/plain/dlprof")
     assert doc["recorded"] is False and doc["series"] == [] and doc["devices"] == []
     assert "--detailed_mode" in doc["message"] and "profile_memory=True" in doc["message"]
     assert len(doc["iterations"]) == 4
 
 
 def test_a_schema_3_0_database_says_it_predates_memory(api):
-    doc = api.get("memory", run="old/dlprof")
+    doc = api.get("memory", run="plugin_memory/old/dlprof")
     assert doc["recorded"] is False and "schema older than 3.1" in doc["message"]
-    assert "schema older than 3.1" in api.get("table/memory_ops", expect=404, run="old/dlprof")["error"]
+    assert "schema older than 3.1" in api.get("table/memory_ops", expect=404, run="plugin_memory/old/dlprof")["error"]
 
 
 def test_bad_windows_are_refused(api):

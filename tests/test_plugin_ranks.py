@@ -4,48 +4,27 @@ database (sqlite3) and the profile's hand-computed figures."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 
 import pytest
 
 from tests import test_plugin_checks as checks
 from tests.profiles import RANK_ITERATION, RANK_STEPS, SLOW_ITERATION, make_logdir, rank_profile, run_dlprof
-from tests.profiles import training_profile
-from tests.test_plugin_http import _tensorboard
+
+pytestmark = pytest.mark.slow  # TensorBoard and multi-rank CLI runs
+
 
 SLOW = 2
-RUN = "job/dlprof"
+RUN = "plugin_ranks/job/dlprof"
 
 
 @pytest.fixture(scope="module")
-def tb(tmp_path_factory):
+def tb(tmp_path_factory, tensorboard, training_run):
     base = tmp_path_factory.mktemp("plugin_ranks")
-    logdir = make_logdir(base / "logdir", {"single": training_profile(base / "training.sqlite")})
+    logdir = make_logdir(base / "logdir", {"single": training_run})
     files = [rank_profile(base / f"r{r}.sqlite", r, slow=(r == SLOW)) for r in range(4)]
     run_dlprof(f"--database={','.join(map(str, files))}", f"--output_path={logdir / 'job'}", "-v", "quiet")
-    port = checks.free_port()
-    log = open(base / "tensorboard.log", "w")
-    proc = subprocess.Popen(
-        _tensorboard() + [f"--logdir={logdir}", f"--port={port}", "--host=127.0.0.1", "--reload_interval=1"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-    )
-    api = checks.Api(f"http://127.0.0.1:{port}")
-
-    def ready():
-        status, _, body = api.raw(f"{api.base}/data/plugins_listing", timeout=5)
-        if status != 200 or not json.loads(body).get("dlprof", {}).get("enabled"):
-            return False
-        return {RUN, "single/dlprof"} <= {r["run"] for r in api.get("runs")["runs"]}
-
-    try:
-        checks.wait_until(ready, 60, "TensorBoard to list the runs", proc)
-        yield {"api": api, "db": logdir / "job" / "dlprof_dldb.sqlite", "files": files}
-    finally:
-        checks.stop(proc)
-        log.close()
+    logdir = tensorboard.publish("plugin_ranks", logdir)
+    return {"api": checks.Api(tensorboard.url), "db": logdir / "job" / "dlprof_dldb.sqlite", "files": files}
 
 
 def test_ranks_route(tb):
@@ -54,7 +33,7 @@ def test_ranks_route(tb):
     assert [(r["rank"], r["source_file"], r["host_name"]) for r in doc["ranks"]] == [
         (r, str(tb["files"][r].resolve()), "node0") for r in range(4)
     ]
-    single = tb["api"].get("ranks", run="single/dlprof")
+    single = tb["api"].get("ranks", run="plugin_ranks/single/dlprof")
     assert [r["rank"] for r in single["ranks"]] == [0] and single["default"] == 0
     assert single["ranks"][0]["source_file"].endswith("training.sqlite")
 
@@ -74,7 +53,7 @@ def test_rank_summary_route(tb):
         assert [it["duration"] for it in doc["iterations"][str(rank)]] == [length] * RANK_STEPS + [1000]
     assert [f["exp_sys_id"] for f in doc["findings"]] == ["straggler_rank_detector", "load_imbalance_detector"]
     assert doc["findings"][0]["data"]["rank"] == SLOW
-    assert tb["api"].get("rank_summary", run="single/dlprof") == {
+    assert tb["api"].get("rank_summary", run="plugin_ranks/single/dlprof") == {
         "ranks": [],
         "iterations": {},
         "findings": [],
@@ -110,5 +89,5 @@ def test_bad_rank_parameters(tb):
     api = tb["api"]
     assert api.get("dashboard", expect=404, run=RUN, rank=7)["error"] == "unknown rank 7"
     assert "must be an integer" in api.get("dashboard", expect=400, run=RUN, rank="two")["error"]
-    assert api.get("dashboard", expect=404, run="single/dlprof", rank=1)["error"] == "unknown rank 1"
-    assert api.get("dashboard", run="single/dlprof", rank=0)["summary"]["iter_total"] == 4
+    assert api.get("dashboard", expect=404, run="plugin_ranks/single/dlprof", rank=1)["error"] == "unknown rank 1"
+    assert api.get("dashboard", run="plugin_ranks/single/dlprof", rank=0)["summary"]["iter_total"] == 4

@@ -5,56 +5,31 @@ shorter than a pixel (bounded answers, counts and busy times kept), and bad requ
 
 from __future__ import annotations
 
-import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from dlprof_profiler import contract as K
 from tests import test_plugin_checks as checks
-from tests.profiles import make_logdir, training_profile
+from tests.profiles import make_logdir
+
+pytestmark = pytest.mark.slow  # TensorBoard, a 20,000-kernel profile
+
 
 KERNELS = 20_000  # benchmarks/bench_engine.generate: 20 iterations of 1000 kernels on 2 GPUs
 
 
-def _tensorboard() -> list[str]:
-    exe = Path(sys.executable).parent / "tensorboard"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "tensorboard.main"]
-
-
 @pytest.fixture(scope="module")
-def tb(tmp_path_factory):
+def tb(tmp_path_factory, tensorboard, training_run):
     from benchmarks.bench_engine import generate
 
     base = tmp_path_factory.mktemp("plugin_timeline")
-    export = training_profile(base / "training.sqlite")
     bench = generate(base / "bench.sqlite", KERNELS)
-    logdir = make_logdir(base / "logdir", {"training": export, "bench": bench})
-    port = checks.free_port()
-    log = open(base / "tensorboard.log", "w")
-    proc = subprocess.Popen(
-        _tensorboard() + [f"--logdir={logdir}", f"--port={port}", "--host=127.0.0.1", "--reload_interval=1"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
+    logdir = tensorboard.publish(
+        "plugin_timeline", make_logdir(base / "logdir", {"training": training_run, "bench": bench})
     )
-    api = checks.Api(f"http://127.0.0.1:{port}")
-
-    def ready():
-        status, _, body = api.raw(f"{api.base}/data/plugins_listing", timeout=5)
-        if status != 200 or not json.loads(body).get("dlprof", {}).get("enabled"):
-            return False
-        return {r["run"] for r in api.get("runs")["runs"]} >= {"training/dlprof", "bench/dlprof"}
-
-    try:
-        checks.wait_until(ready, 60, "TensorBoard to list the dlprof runs", proc)
-        yield {"api": api, "db": lambda run: logdir / run / "dlprof_dldb.sqlite"}
-    finally:
-        checks.stop(proc)
-        log.close()
+    return {"api": checks.Api(tensorboard.url), "db": lambda run: logdir / run / "dlprof_dldb.sqlite"}
 
 
 def events(doc: dict) -> list[dict]:
@@ -124,7 +99,7 @@ GAPS = [
 
 
 def test_an_iteration_of_the_training_profile(tb):
-    doc = tb["api"].get("timeline", run="training/dlprof", iteration=1, width=2000)
+    doc = tb["api"].get("timeline", run="plugin_timeline/training/dlprof", iteration=1, width=2000)
     assert doc["window"] == [1_080_000, 1_180_000] and doc["iteration"] == {
         "iteration": 1,
         "start": 1_080_000,
@@ -146,7 +121,7 @@ def test_an_iteration_of_the_training_profile(tb):
     gpu = [e for e in got if e["row"]["id"] == "g0.7"]
     assert [(e["start"], e["end"], e["name"], e["kind"]) for e in gpu] == [g[:4] for g in GPU]
     # every op box names its op (the details pane opens it)
-    ops = {o["op_index"]: o["op_name"] for o in tb["api"].table("ops", run="training/dlprof")[1]}
+    ops = {o["op_index"]: o["op_name"] for o in tb["api"].table("ops", run="plugin_timeline/training/dlprof")[1]}
     assert all(ops[e["op"]] == e["name"] for e in got if e["kind"] == 10)
     # launch arrows: each GPU activity's launching call
     launches = doc["launches"]
@@ -174,12 +149,15 @@ LAUNCHING_OPS = [
 
 
 def test_launches_name_their_op_and_api_names_are_as_users_write_them(tb):
-    doc = tb["api"].get("timeline", run="training/dlprof", iteration=1, width=2000)
+    doc = tb["api"].get("timeline", run="plugin_timeline/training/dlprof", iteration=1, width=2000)
     gpu = [e for e in events(doc) if e["row"]["id"] == "g0.7"]
     launches = doc["launches"]
     at = {k: i for i, k in enumerate(launches["key"])}
     assert [doc["names"][launches["op_name"][at[e["key"]]]] for e in gpu] == LAUNCHING_OPS
-    ops = {o["op_index"]: (o["op_name"], o["direction"]) for o in tb["api"].table("ops", run="training/dlprof")[1]}
+    ops = {
+        o["op_index"]: (o["op_name"], o["direction"])
+        for o in tb["api"].table("ops", run="plugin_timeline/training/dlprof")[1]
+    }
     directions = [ops[launches["op"][at[e["key"]]]][1] for e in gpu]
     assert directions == ["fprop", "fprop", "fprop", "fprop", "bprop", "bprop", "fprop"]
     # API calls carry no nsys version (the database keeps the recorded cudaLaunchKernel_v7000)
@@ -193,8 +171,8 @@ def test_hidden_rows_are_named_not_the_shown_ones(tb):
     """`hide`: the groups whose events not to send (a user hides a few; asking for the shown ones would put every
     row of a 10^4-thread profile in the URL)."""
     api = tb["api"]
-    whole = events(api.get("timeline", run="training/dlprof", iteration=1, width=2000))
-    doc = api.get("timeline", run="training/dlprof", iteration=1, width=2000, hide="t1,g0.7")
+    whole = events(api.get("timeline", run="plugin_timeline/training/dlprof", iteration=1, width=2000))
+    doc = api.get("timeline", run="plugin_timeline/training/dlprof", iteration=1, width=2000, hide="t1,g0.7")
     got = events(doc)
     assert [r["id"] for r in doc["rows"]] == ["t0.0", "t0.api", "t1.0", "t1.api", "g0.7"]  # listed all the same
     assert {e["row"]["group"] for e in got} == {"t0"}
@@ -202,12 +180,12 @@ def test_hidden_rows_are_named_not_the_shown_ones(tb):
         (e["start"], e["name"]) for e in whole if e["row"]["group"] == "t0"
     ]
     long = ",".join(f"t{k}" for k in range(2000))  # over the 4096 characters a parameter may have
-    doc = api.get("timeline", expect=400, run="training/dlprof", iteration=1, hide=long)
+    doc = api.get("timeline", expect=400, run="plugin_timeline/training/dlprof", iteration=1, hide=long)
     assert "too long" in doc["error"]
 
 
 def test_what_the_cpu_did_in_a_gap(tb):
-    doc = tb["api"].get("timeline_gap", run="training/dlprof", t0=T1 + 27000, t1=T1 + 37000)
+    doc = tb["api"].get("timeline_gap", run="plugin_timeline/training/dlprof", t0=T1 + 27000, t1=T1 + 37000)
     assert doc["interval"] == [T1 + 27000, T1 + 37000]
     (main,) = doc["threads"]
     assert main["label"] == "python (pid 100, tid 100)"
@@ -216,7 +194,7 @@ def test_what_the_cpu_did_in_a_gap(tb):
     assert main["api_calls"] == [{"name": "cudaLaunchKernel", "calls": 1, "overlap": 1000}]
     # the first gap of the iteration: the sync of the loop before, then the dataloader's time (no op), then
     # aten::to and its copy call
-    doc = tb["api"].get("timeline_gap", run="training/dlprof", t0=1_080_000, t1=T1 + 14000)
+    doc = tb["api"].get("timeline_gap", run="plugin_timeline/training/dlprof", t0=1_080_000, t1=T1 + 14000)
     (main,) = doc["threads"]
     assert [(o["name"], o["overlap"]) for o in main["ops"]] == [
         (SYNC, 5000),
@@ -270,7 +248,7 @@ def _busy(db: Path, t0: int, t1: int) -> int:
 
 def test_windows_send_exactly_the_events_in_view(tb):
     api, db = tb["api"], tb["db"]("bench")
-    its = api.get("iterations", run="bench/dlprof")["iterations"]
+    its = api.get("iterations", run="plugin_timeline/bench/dlprof")["iterations"]
     assert len(its) == KERNELS // 1000 + 1
     lo, hi = its[1]["start"], its[-2]["end"]
     rng = random.Random(7)
@@ -281,7 +259,7 @@ def test_windows_send_exactly_the_events_in_view(tb):
         windows.append((a, a + span))
     for t0, t1 in windows:
         # wide enough that nothing is under a pixel: every event comes as itself
-        doc = api.get("timeline", run="bench/dlprof", t0=t0, t1=t1, width=20_000)
+        doc = api.get("timeline", run="plugin_timeline/bench/dlprof", t0=t0, t1=t1, width=20_000)
         got = events(doc)
         expected = _sql_keys(db, t0, t1)
         if (t1 - t0) / 20_000 <= 400:  # the shortest events last 500 ns
@@ -295,10 +273,10 @@ def test_windows_send_exactly_the_events_in_view(tb):
 
 def test_events_under_a_pixel_are_merged_into_bounded_boxes(tb):
     api, db = tb["api"], tb["db"]("bench")
-    its = api.get("iterations", run="bench/dlprof")["iterations"]
+    its = api.get("iterations", run="plugin_timeline/bench/dlprof")["iterations"]
     t0, t1 = its[1]["start"], its[-2]["end"]  # 19 iterations of 4,000 events
     for width in (200, 1000):
-        doc = api.get("timeline", run="bench/dlprof", t0=t0, t1=t1, width=width)
+        doc = api.get("timeline", run="plugin_timeline/bench/dlprof", t0=t0, t1=t1, width=width)
         got = events(doc)
         n_events = sum(len(k) for k in _sql_keys(db, t0, t1).values())
         assert doc["counts"]["events"] == n_events == 76_000
@@ -316,8 +294,8 @@ def test_events_under_a_pixel_are_merged_into_bounded_boxes(tb):
 
 def test_rows_select_the_groups_sent(tb):
     api = tb["api"]
-    full = api.get("timeline", run="training/dlprof", iteration=1, width=2000)
-    part = api.get("timeline", run="training/dlprof", iteration=1, width=2000, rows="t1,g0.7")
+    full = api.get("timeline", run="plugin_timeline/training/dlprof", iteration=1, width=2000)
+    part = api.get("timeline", run="plugin_timeline/training/dlprof", iteration=1, width=2000, rows="t1,g0.7")
     assert [r["id"] for r in part["rows"]] == [r["id"] for r in full["rows"]]  # rows are still listed
     sent = {part["rows"][r]["group"] for r in part["events"]["row"]}
     assert sent == {"t1", "g0.7"}
@@ -337,10 +315,10 @@ def test_rows_select_the_groups_sent(tb):
     ],
 )
 def test_bad_requests(tb, params, status, text):
-    doc = tb["api"].get("timeline", expect=status, run="training/dlprof", **params)
+    doc = tb["api"].get("timeline", expect=status, run="plugin_timeline/training/dlprof", **params)
     assert text in doc["error"]
     doc = tb["api"].get(
-        "timeline_gap", expect=status if "width" not in params else 200, run="training/dlprof", **params
+        "timeline_gap", expect=status if "width" not in params else 200, run="plugin_timeline/training/dlprof", **params
     )
     if "width" not in params:
         assert text in doc["error"]

@@ -14,6 +14,10 @@ import pytest
 
 from tests import test_plugin_checks as checks
 from tests.profiles import make_logdir, training_profile
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow  # dlprofviewer processes; test_plugin_routes.py runs the same checks in-process
+
 
 RUN = "dlprof_dldb"
 
@@ -35,7 +39,7 @@ def running_viewer(db: Path, *options: str, log=subprocess.DEVNULL):
     )
     api = checks.Api(f"http://127.0.0.1:{port}")
     try:
-        checks.wait_until(lambda: api.raw(api.url("runs"), timeout=5)[0] == 200, 30, "dlprofviewer to start", proc)
+        wait_until(lambda: api.raw(api.url("runs"), timeout=5)[0] == 200, 30, "dlprofviewer to start", proc)
         yield api
     finally:
         checks.stop(proc)
@@ -71,32 +75,9 @@ def test_routes_at_both_prefixes(viewer):
     assert status == 200 and headers["Content-Type"].startswith("text/javascript")
 
 
-def test_runs(viewer):
-    checks.check_runs(viewer["api"], {RUN: viewer["db"]})
-
-
-def test_metadata_routes(viewer):
-    checks.check_metadata_routes(viewer["api"], RUN, viewer["db"])
-
-
-def test_dashboard(viewer):
-    checks.check_dashboard(viewer["api"], RUN, viewer["db"])
-
-
-def test_tables(viewer):
-    checks.check_tables(viewer["api"], RUN, viewer["db"])
-
-
-def test_exports(viewer):
-    checks.check_exports(viewer["api"], RUN)
-
-
-def test_bad_requests(viewer):
-    checks.check_bad_requests(viewer["api"], RUN)
-
-
-def test_static_files(viewer):
-    checks.check_static(viewer["api"])
+@pytest.mark.parametrize("check", list(checks.route_checks(RUN)))
+def test_routes(viewer, check):
+    checks.route_checks(RUN)[check](viewer["api"], viewer["db"])
 
 
 def test_concurrent_requests(viewer):
@@ -131,14 +112,14 @@ def test_recovers_from_an_interrupted_write(viewer):
             sys.executable,
             "-c",
             (
-                "import sqlite3, sys, time\n"
+                "import signal, sqlite3\n"
                 f"con = sqlite3.connect({str(db)!r})\n"
                 "con.execute('PRAGMA cache_size = 1')\n"
                 "con.execute('BEGIN IMMEDIATE')\n"
                 "con.execute('UPDATE model_summary SET wall_time = wall_time + 1')\n"
                 "con.execute('UPDATE raw_gpu_activities SET start = start + 1')\n"
                 "print('written', flush=True)\n"
-                "time.sleep(60)\n"
+                "signal.pause()\n"  # the transaction stays open until the test kills the writer
             ),
         ],
         stdout=subprocess.PIPE,
@@ -217,7 +198,7 @@ def test_each_request_is_logged_unless_quiet(viewer, tmp_path):
     log_path = tmp_path / "viewer.log"
     with open(log_path, "w") as log, running_viewer(viewer["db"], log=log) as api:
         assert api.raw(api.url("table/ops", run="nope"))[0] == 404
-        checks.wait_until(
+        wait_until(
             lambda: '"GET /data/plugin/dlprof/table/ops?run=nope HTTP/1.1" 404 -' in log_path.read_text(),
             30,
             "the request to be logged",

@@ -233,6 +233,7 @@ def test_distinguish_instances_option():
     assert run(distinguish_instances=True) == ["block/linear", "block(2)/linear"] * 2
 
 
+@pytest.mark.slow
 def test_transformer_encoder_layers_have_attribute_paths(rec):
     """A 2-layer TransformerEncoder: every layer's ops get their own name, as torch.profiler's module
     hierarchy names them; helper methods (_sa_block, _ff_block) add nothing; classes go to 'modules'."""
@@ -320,6 +321,7 @@ class _Unhashable(nn.Module):
         return self.inner(x)
 
 
+@pytest.mark.slow
 def test_unhashable_modules_are_named(rec):
     m = _Unhashable()
     x = torch.randn(1, 2)
@@ -473,6 +475,7 @@ def _check_direction(rec):
     return fwd, bwd
 
 
+@pytest.mark.slow
 def test_direction_without_emit_nvtx(rec):
     model = Net()
     x, y = torch.randn(2, 3, 4, 4), torch.tensor([1, 2])
@@ -486,6 +489,7 @@ def test_direction_without_emit_nvtx(rec):
     assert all(b["range"].end >= b["range"].start for b in bwd)
 
 
+@pytest.mark.slow
 def test_direction_with_emit_nvtx_or_autograd_profiler(rec):
     """With emit_nvtx (CUDA builds) or, on CPU-only builds where emit_nvtx cannot run, the autograd
     profiler (same RecordFunction machinery), markers and links are unchanged."""
@@ -580,6 +584,7 @@ def test_in_place_op_on_a_view_owns_copyslices_and_the_regenerated_view(rec):
         assert all(b["range"].parent is b["trace_range"] for b in nodes)
 
 
+@pytest.mark.slow
 def test_accumulate_grad_follows_its_producer_in_every_iteration(rec):
     """A parameter's AccumulateGrad node outlives the iteration: in each backward pass it joins the backward
     call of the node that produced the gradient in that pass."""
@@ -631,6 +636,7 @@ def _odd_step(model, x):
     model(x).sum().backward()
 
 
+@pytest.mark.slow
 def test_record_function_backend_puts_the_markers_in_the_torch_profiler_trace(tmp_path):
     """The same markers as NVTX ranges, as torch.profiler ranges: the exported trace is valid JSON (a quote
     in a marker would break it) and holds them as events named by the marker texts."""
@@ -726,6 +732,7 @@ def test_linalg_functions_are_wrapped(rec):
 # ---------------------------------------------------------------------------------------------- scopes, config
 
 
+@pytest.mark.slow
 def test_dataloader_and_optimizer_scopes(rec):
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -847,6 +854,7 @@ def test_uninstall_restores_torch():
     assert not dp.is_installed() and not dp.is_active()
 
 
+@pytest.mark.slow
 def test_init_twice_is_harmless(rec):
     original = torch.conv2d.__dlprof_original__
     dp.init()
@@ -1075,6 +1083,7 @@ def marker_profile(path: Path) -> Path:
     return exp.write(path)
 
 
+@pytest.mark.slow
 def test_engine_reads_old_and_new_markers(tmp_path):
     """Old funcStacks keep their DLProf names; attribute paths become names as they are; the backward
     nodes of one call carry what the engine needs to count one bprop call: (pid, callid) = (100, 20)."""
@@ -1093,6 +1102,7 @@ def test_engine_reads_old_and_new_markers(tmp_path):
     assert ranges["pid"].to_numpy()[bprop].tolist() == [100, 100]
 
 
+@pytest.mark.slow
 def test_input_shapes_in_detailed_report_and_viewer(tmp_path):
     """Input Shapes: the shapes of each op's first call, the last column of the detailed report (DLProf 1.8's
     columns unchanged before it) and a column of the viewer's ops table."""
@@ -1218,6 +1228,7 @@ def nsys_capture(tmp_path_factory) -> Path:
     return _nsys_profile(tmp_path_factory.mktemp("nsys"), EXAMPLE, "--iterations", "3")[0]
 
 
+@pytest.mark.slow
 @pytest.mark.nsys
 def test_example_under_nsys(nsys_capture):
     """The unmodified example, annotated by the startup hook alone."""
@@ -1251,6 +1262,7 @@ def test_example_under_nsys(nsys_capture):
     assert cfgs[-1]["batch_size"] == 8 and cfgs[-1]["torch_version"] == torch.__version__
 
 
+@pytest.mark.slow
 @pytest.mark.nsys
 def test_example_under_nsys_detail_report(nsys_capture, tmp_path):
     """Engine-level check: `dlprof --database` on the capture lists our ops in the detail report."""
@@ -1319,6 +1331,7 @@ def _export_texts(db: Path) -> list:
     return [((tid >> 24) & 0xFFFFFF, text) for tid, text in rows if text]
 
 
+@pytest.mark.slow
 @pytest.mark.nsys
 def test_models_under_nsys_markers(models_capture):
     cap = models_capture

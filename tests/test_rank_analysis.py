@@ -3,6 +3,8 @@ folder, only small frames come back (figures of tests/profiles.rank_profile, com
 
 from __future__ import annotations
 
+import pytest
+
 import sqlite3
 from pathlib import Path
 
@@ -23,6 +25,7 @@ def task_for(tmp_path: Path, source: Path, rank: int, index: int) -> tuple[RankT
     ), staging
 
 
+@pytest.mark.slow
 def test_a_rank_in_a_worker(tmp_path):
     source = rank_profile(tmp_path / "r5.sqlite", 5, slow=True)
     task, staging = task_for(tmp_path, source, rank=5, index=2)

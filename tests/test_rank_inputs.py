@@ -57,6 +57,7 @@ def test_glob_sorts_names_naturally(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_directory_of_exports_is_ranks_and_skips_dlprof_databases(tmp_path):
     for i in range(2):
         rank_profile(tmp_path / f"r{i}.sqlite", i, env_rank=True)
@@ -86,6 +87,7 @@ def test_kineto_folder_with_ranks_leaves_the_launcher_out(tmp_path, capsys):
     assert "3.pt.trace.json" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["missing", "twice", "clash", "directory", "dlprof_db", "no_match", "not_profile"])
 def test_bad_lists_are_one_line_errors_naming_the_file(tmp_path, case):
     a = rank_profile(tmp_path / "a.sqlite", 0)

@@ -3,6 +3,8 @@ string ids and op indexes shifted, every rank readable as before."""
 
 from __future__ import annotations
 
+import pytest
+
 import sqlite3
 
 import pandas as pd
@@ -15,6 +17,7 @@ from tests.profiles import rank_profile
 from tests.test_rank_analysis import task_for
 
 
+@pytest.mark.slow
 def test_merge_shifts_names_and_op_indexes(tmp_path):
     results = []
     for index, rank in enumerate((0, 3)):

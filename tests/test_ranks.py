@@ -19,6 +19,9 @@ from dlprof_profiler.db import writer as database
 from tests.profiles import RANK_BASE, RANK_ITERATION, RANK_STEPS, SLOW_ITERATION, rank_profile, run_dlprof
 from tests import data
 
+pytestmark = pytest.mark.slow  # multi-rank CLI runs, worker processes and a Dask cluster
+
+
 FIXTURES = data.DATA
 SLOW = 2
 

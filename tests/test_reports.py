@@ -41,6 +41,7 @@ def read(path):
     return path.read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_every_report_file_in_both_formats(out):
     for name in ALL_FILES:
         assert (out / f"dlprof_{name}.csv").is_file(), name
@@ -155,6 +156,7 @@ def test_group_op_report_ends_with_the_complete_model(out):
     assert rows[-1][0] == "_CompleteModel_" and rows[2][0] == "/"
 
 
+@pytest.mark.slow
 def test_reports_as_space_separated_words(tmp_path):
     export = profiles.training_profile(tmp_path / "t.sqlite")
     run_dlprof(
@@ -175,6 +177,7 @@ def test_reports_as_space_separated_words(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_simple_mode_writes_totals_and_kernels_only(tmp_path):
     export = profiles.training_profile(tmp_path / "t.sqlite")
     proc = run_dlprof(f"--database={export}", "--mode=simple", "--reports=all", f"--output_path={tmp_path / 'o'}")
@@ -184,6 +187,7 @@ def test_simple_mode_writes_totals_and_kernels_only(tmp_path):
     assert {r[2] for r in kernels} == {"unassociated_cudaLaunchKernel"}
 
 
+@pytest.mark.slow
 def test_base_name_and_other_domains(tmp_path):
     from tests.nsys_builder import NsysExport
 
@@ -524,6 +528,7 @@ def test_iteration_report_from_launch_chunks_by_hand(tmp_path, monkeypatch):
         current.launch_report_columns({k: v for k, v in launch_chunk(0, 1).items() if k != "uses_tc"}, dicts)
 
 
+@pytest.mark.slow
 def test_iteration_report_matches_the_export_by_sql(tmp_path):
     """Every launch row of the sample profile against a direct join of the export's kernel and runtime
     tables (an independent computation), and the rows in report order."""
@@ -740,6 +745,7 @@ def current_names() -> list[str]:
     return ["summary", "detail", "iteration", "kernel", "tensor", "op_type", "group_node", "expert_systems"]
 
 
+@pytest.mark.slow
 def test_system_config_versions_as_dlprof_wrote_them(tmp_path):
     """Driver 515.43.04 stored as the integer 5154304; PyTorch and cuDNN versions from the run metadata;
     nsys with its build suffix when dlprof captured it; DLProf 1.8's SystemInfo table fills what is unknown."""

@@ -76,6 +76,7 @@ def _assert_same_frames(expected, staged, frames) -> None:
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["training", "damaged"] + FIXTURE_NAMES)
 def test_staged_frames_equal_the_in_memory_ingest(name, named, tmp_path):
     path = _path(name, named)
@@ -98,7 +99,11 @@ def test_staged_frames_equal_the_in_memory_ingest(name, named, tmp_path):
     assert not (tmp_path / "store").exists()
 
 
-@pytest.mark.parametrize("name", ["training", "damaged", "backward_calls", "flops"] + FIXTURE_NAMES)
+@pytest.mark.parametrize(
+    "name",  # the training profile keeps the out-of-core path in the everyday command
+    ["training"]
+    + [pytest.param(n, marks=pytest.mark.slow) for n in ["damaged", "backward_calls", "flops"] + FIXTURE_NAMES],
+)
 def test_out_of_core_analysis_equals_the_in_memory_one(name, named, tmp_path):
     # the small hand-made profiles are cut into many segments too (calls and ranges across segment bounds)
     splits = (10**9, 2000) + ((25,) if name in named else ())
@@ -139,6 +144,7 @@ def _assert_same_analysis(path, config: AnalysisConfig, splits, tmp_path) -> Non
             ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case",
     ["profiler_steps", "profiler_steps_range", "forward_label", "forward_op_name", "tail_loading"],
@@ -164,6 +170,7 @@ def test_out_of_core_iterations_equal_the_in_memory_ones(case, tmp_path):
     _assert_same_analysis(path, config, (10**9, 25, 7), tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["training", "nvfuser_h200_nsys2025.1.sqlite"])
 def test_iteration_report_rows_are_ordered_alike_in_memory_and_by_duckdb(name, named, tmp_path, monkeypatch):
     """The iteration report's launch rows are ordered part by part in memory; an iteration of more rows than
@@ -195,6 +202,7 @@ def test_iteration_report_rows_are_ordered_alike_in_memory_and_by_duckdb(name, n
         assert values.tolist() == by_duckdb[column].tolist(), column
 
 
+@pytest.mark.slow
 def test_segments_are_cut_where_the_plan_says(training, tmp_path):
     """A small budget really splits the work (so the equality above is not trivially one segment)."""
     from dlprof_profiler.store.model import StoreAnalysis
@@ -214,6 +222,7 @@ def test_segments_are_cut_where_the_plan_says(training, tmp_path):
         store.close()
 
 
+@pytest.mark.slow
 def test_staging_does_not_depend_on_the_exports_row_order(tmp_path, monkeypatch):
     """An export whose API calls and kernels are stored out of time order (a shuffled copy), staged in parts of
     a few hundred rows: the same frames as the in-memory ingest of that file, and every GPU activity linked to
@@ -311,6 +320,7 @@ def _database_content(path):
         con.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["training", "damaged", "backward_calls", "flops"] + FIXTURE_NAMES)
 def test_out_of_core_run_writes_what_the_in_memory_run_writes(name, named, tmp_path):
     """`dlprof --out_of_core=on` and `=off` on the same export: every report byte for byte, the database's

@@ -1,0 +1,68 @@
+"""Session-wide fixtures: what several test modules would otherwise each start or compute again.
+
+- `tensorboard`: one TensorBoard process over a session logdir; a module moves its runs in with
+  `tensorboard.publish(name, logdir)` (its run `x/dlprof` is then `<name>/x/dlprof`). A module that changes
+  TensorBoard's flags, or whose tests need to see exactly its own runs, keeps a private one and says why.
+- `browser`: one headless Chromium; `browser.fresh(width, height)` gives a module a clean window.
+- `training_export`, `training_run`: tests/profiles.py's training profile, and that profile analysed once
+  (`--reports=summary`) into a run folder, which `profiles.make_logdir` copies where a module names it
+  instead of an export.
+
+Markers: `slow` (browser, TensorBoard, real captures, big traces, the CLI run many times) is left out of the
+everyday command `pytest -m "not slow"`; `tests/test_imports.py` keeps every module of the product imported
+there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests import profiles
+from tests.browser import Browser, TensorBoard, browser_missing_reason
+
+
+@pytest.fixture(scope="session")
+def tensorboard(tmp_path_factory):
+    """One TensorBoard for the session (reload every second, so a published run appears quickly)."""
+    logdir = tmp_path_factory.mktemp("session_tensorboard") / "logdir"
+    logdir.mkdir()
+    with TensorBoard(logdir, extra_args=["--reload_interval", "1"], empty=True) as tb:
+        yield tb
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium for the session; modules start from `browser.fresh(...)`."""
+    reason = browser_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    with Browser() as b:
+        yield b
+
+
+@pytest.fixture(scope="session")
+def training_export(tmp_path_factory) -> Path:
+    """tests/profiles.py's training profile (3 iterations) as an nsys export, written once."""
+    return profiles.training_profile(tmp_path_factory.mktemp("training_export") / "training.sqlite")
+
+
+@pytest.fixture(scope="session")
+def training_run(tmp_path_factory, training_export) -> Path:
+    """The training profile analysed once (`--reports=summary`): a run folder to copy, never to change."""
+    out = tmp_path_factory.mktemp("training_run") / "training"
+    profiles.run_dlprof(f"--database={training_export}", f"--output_path={out}", "--reports=summary", "-v", "quiet")
+    return out
+
+
+# What makes a test slow whatever its module: a real browser, TensorBoard or nsys capture. Other slow tests
+# (torch captures among them: in-process torch tests are fast) carry `pytest.mark.slow` themselves.
+SLOW_MARKERS = ("browser", "nsys")
+SLOW_FIXTURES = ("tensorboard", "browser")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(item.get_closest_marker(m) for m in SLOW_MARKERS) or set(SLOW_FIXTURES) & set(item.fixturenames):
+            item.add_marker(pytest.mark.slow)
