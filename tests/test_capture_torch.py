@@ -311,16 +311,16 @@ def test_capture_iterations_option():
     for bad in ("9:5", "a:b", "-1:3", "1:2:3"):
         with pytest.raises(DLProfError):
             capture_torch.parse_iterations(bad)
-    args = cli.parse_args(["--backend=torch", "--capture_iterations", "2:4", "--delay", "3", "python", "x.py"])
+    options = cli.parse_options(["--backend=torch", "--capture_iterations", "2:4", "--delay", "3", "python", "x.py"])
     with pytest.raises(DLProfError, match="do not combine"):
-        capture_torch._check_options(args)
+        capture_torch.check_options(options)
 
 
 def test_command_environment_puts_the_hook_first():
     env = capture_torch.command_environment({"dir": "/x"}, {"PYTHONPATH": "/mine"})
     assert env["PYTHONPATH"] == str(capture_torch.HOOK_DIR) + os.pathsep + "/mine"
     assert json.loads(env["DLPROF_TORCH_CAPTURE"]) == {"dir": "/x"}
-    root = capture_torch.HOOK_DIR.parents[2]  # dlprof_profiler/capture/torch_startup: the checkout above
+    root = capture_torch.HOOK_DIR.parent.parent.parent  # the checkout: capture/torch_startup/ is the hook
     assert json.loads(env["DLPROF_PYTORCH_INIT"]) == {"root": str(root), "backend": "record_function"}
     assert (root / "dlprof_profiler" / "pytorch" / "__init__.py").exists()
     assert (capture_torch.HOOK_DIR / "sitecustomize.py").exists()
