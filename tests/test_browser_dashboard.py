@@ -296,15 +296,16 @@ def test_dlprofviewer_serves_the_same_ui_standalone(env, tmp_path):
         log.close()
 
 
-def test_gpu_breakdown_panel_matches_the_report(dash, tmp_path):
+def test_gpu_breakdown_panel_matches_the_report(dash, tmp_path, training_export):
     """The GPU Time Breakdown panel shows the gpu_breakdown report's GPU row and the summary report's
     communication lines (the same export analysed again with those reports)."""
     import csv
 
     from tests.profiles import run_dlprof
 
-    export = dash.db.parent.parent.parent / "logdir_training.sqlite"
-    run_dlprof(f"--database={export}", f"--output_path={tmp_path}", "--reports=summary,gpu_breakdown", "-v", "quiet")
+    run_dlprof(
+        f"--database={training_export}", f"--output_path={tmp_path}", "--reports=summary,gpu_breakdown", "-v", "quiet"
+    )
     lines = (tmp_path / "dlprof_gpu_breakdown.csv").read_text().splitlines()
     header = lines.index("GPUs") + 1
     (row,) = [r for r in csv.DictReader(lines[header : lines.index("", header)])]

@@ -12,17 +12,18 @@ import re
 import numpy as np
 import pandas as pd
 
+from dlprof_profiler import contract as K
 from dlprof_profiler.engine.intervals import merge_intervals
 from dlprof_profiler.engine.trace import KIND_MEMCPY, KIND_MEMSET
 
 EVER = int(np.iinfo(np.int64).max)  # a time bound beyond any time
-_API_SUFFIX = re.compile(r"(?:_ptsz|_ptds)?(?:_v\d+)?$")
+_PER_THREAD_STREAM = re.compile(r"_(?:ptsz|ptds)$")
 
 
 def api_base_name(name) -> str:
-    """CUDA API name without its version and per-thread-stream suffixes: `cudaMemcpyAsync_ptsz_v7000`
-    -> `cudaMemcpyAsync`, `cuMemcpyHtoD_v2` -> `cuMemcpyHtoD`."""
-    return _API_SUFFIX.sub("", str(name)) if name is not None else ""
+    """CUDA API name as users write it (`contract.api_display_name`) without the per-thread-stream suffix too:
+    `cudaMemcpyAsync_ptsz_v7000` -> `cudaMemcpyAsync`, `cuMemcpyHtoD_v2` -> `cuMemcpyHtoD`."""
+    return _PER_THREAD_STREAM.sub("", K.api_display_name(str(name))) if name is not None else ""
 
 
 def _base_names(categories: np.ndarray) -> np.ndarray:
