@@ -9,6 +9,7 @@ from __future__ import annotations
 import resource
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,21 +18,15 @@ import pandas as pd
 
 from dlprof_profiler import log
 from dlprof_profiler.db import writer as database
-from dlprof_profiler.engine import correlate as corr_mod
 from dlprof_profiler.engine.aggregate import COMMUNICATION_KERNEL
-from dlprof_profiler.engine.analysis import analyze, analyze_store
 from dlprof_profiler.errors import DLProfError
-from dlprof_profiler.ingest import formats as ingest
 from dlprof_profiler.ingest import nsys_report
-from dlprof_profiler.ingest.sanitize import sanitize_trace
 from dlprof_profiler.options import RunOptions
 from dlprof_profiler.outputs import graph_events
 from dlprof_profiler.outputs.publish import Staging
-from dlprof_profiler.run import engine_choice
+from dlprof_profiler.run import analyse
 from dlprof_profiler.run import outputs as run_outputs
 from dlprof_profiler.run.reanalysis import reaggregated
-from dlprof_profiler.store.model import DatabaseFeed
-from dlprof_profiler.store.trace_store import TraceStore
 
 # A rank's NVTX domains are numbered from (its position in the run) * DOMAINS_PER_RANK, so the domain-scoped keys
 # of every rank's database are distinct and the parent merges them without renumbering (contract.ID_BITS).
@@ -93,36 +88,59 @@ def analyze_rank(task: RankTask) -> RankResult:
     nsys_report.remember(task.options.nsys_reports)  # exports of reports: named after them
     if task.reaggregate:
         return _reaggregate_rank(task, started)
-    if engine_choice.out_of_core(Path(task.source), task.options):
-        return _analyze_rank_out_of_core(task, started)
     options, source, rank = task.options, Path(task.source), task.rank
     staging = Staging.attach(Path(task.output_dir), Path(task.staging_root))
-    trace = sanitize_trace(ingest.read_trace(source))
-    for text in trace.warnings:
-        log.warning(f"rank {rank}: {text}")
-    task.database.parent.mkdir(exist_ok=True)  # in the run's staging folder, which must exist
-    writer = _rank_writer(task, trace, corr_mod.domain_order(trace, options.mode))
-    try:
-        writer.add_raw(trace)
-        result = analyze(trace, options.analysis_config(), str(source))
-        profile = run_outputs.profile_info(options, source, trace, result.corr, None)
-        domain_ids = database.finish_analysis(writer, trace, result.corr, result.primary, profile)
-        offsets = writer.op_index_maps()
-    except BaseException:
-        writer.wait()
-        raise
-    database.append_aggregation(
-        task.database,
-        result.aggregations,
-        domain_ids,
-        offsets,
-        result.iterations,
-        result.findings,
-        time.perf_counter() - started,
-        rank=rank,
-    )
-    _write_rank_reports(task, trace, result, staging)
-    return _result(task, result, profile, [str(m[1]) for m in staging.moves], _rank_graph(task, result), trace, started)
+    sink = RankDatabase(task)
+    with analyse.analysed(source, options, sink) as run:
+        trace, result, profile = run.trace, run.result, run.profile
+        run.database.start()  # the database is written while the reports are
+        _write_rank_reports(task, trace, result, staging)
+        domain_ids, offsets = run.database.finish()
+        database.append_aggregation(
+            task.database,
+            result.aggregations,
+            domain_ids,
+            offsets,
+            result.iterations,
+            result.findings,
+            time.perf_counter() - started,
+            rank=rank,
+        )
+        graph = _rank_graph(task, result)
+        return _result(task, result, profile, [str(m[1]) for m in staging.moves], graph, trace, started)
+
+
+class RankDatabase(analyse.Sink):
+    """A rank's own database in the run's staging folder (its NVTX domains numbered from the rank's position x
+    DOMAINS_PER_RANK); the worker reads quietly, its warnings naming the rank. Out of core, the store is staged
+    beside the rank databases, and the activity owners are written once the op model is complete."""
+
+    writes_database = True
+    owners_by_segment = False
+
+    def __init__(self, task: RankTask):
+        self.task = task
+
+    def reading(self, source: Path, out_of_core: bool):
+        return nullcontext()
+
+    def warn(self, text: str) -> None:
+        log.warning(f"rank {self.task.rank}: {text}")
+
+    def open(self, trace, domain_names: list):
+        self.task.database.parent.mkdir(exist_ok=True)  # in the run's staging folder, which must exist
+        return _rank_writer(self.task, trace, domain_names)
+
+    def discard(self, writer) -> None:
+        if writer is not None:
+            writer.wait()
+
+    def store_folder(self) -> Path:
+        self.task.database.parent.mkdir(exist_ok=True)
+        return self.task.database.parent / f"store_rank_{self.task.rank}"
+
+    def output_folder(self) -> Path:
+        return Path(self.task.output_dir)
 
 
 def _rank_writer(task: RankTask, trace, names: list):
@@ -162,56 +180,6 @@ def _rank_graph(task: RankTask, result):
     if task.index != 0:
         return None
     return graph_events.op_graph(result.corr.domains[result.primary], result.aggregations[result.primary])
-
-
-def _analyze_rank_out_of_core(task: RankTask, started: float) -> RankResult:
-    """analyze_rank for a large nsys export: staged in a store in the run's staging folder (as
-    pipeline.run_store_analysis does), so a worker's memory stays bounded whatever the rank's size."""
-    options, source, rank = task.options, Path(task.source), task.rank
-    staging = Staging.attach(Path(task.output_dir), Path(task.staging_root))
-    task.database.parent.mkdir(exist_ok=True)  # in the run's staging folder, which must exist
-    store = TraceStore(source, task.database.parent / f"store_rank_{rank}")
-    writer = feed = None
-    try:
-
-        def staged(trace):
-            for text in trace.warnings:
-                log.warning(f"rank {rank}: {text}")
-
-        store.on_staged = staged
-        trace = store.load()
-        result = analyze_store(store, options.analysis_config(), str(source))
-        writer = _rank_writer(task, trace, list(result.corr.domains))
-        profile = run_outputs.profile_info(
-            options, source, trace, result.corr, None, store.profile_start, store.profile_end
-        )
-        feed = DatabaseFeed(writer, store)
-        feed.set_final(result.primary, profile)
-        feed.raw_ranges()
-        feed.raw_calls()
-        feed.model(result.corr)  # the database is written while the reports are
-        _write_rank_reports(task, trace, result, staging)
-        domain_ids, offsets = feed.finish()
-        database.append_aggregation(
-            task.database,
-            result.aggregations,
-            domain_ids,
-            offsets,
-            result.iterations,
-            result.findings,
-            time.perf_counter() - started,
-            rank=rank,
-        )
-        graph = _rank_graph(task, result)
-        return _result(task, result, profile, [str(m[1]) for m in staging.moves], graph, trace, started)
-    except BaseException:
-        if writer is not None:
-            writer.wait()
-        raise
-    finally:
-        if feed is not None:
-            feed.join()
-        store.close()
 
 
 def _reaggregate_rank(task: RankTask, started: float) -> RankResult:

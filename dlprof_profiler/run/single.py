@@ -1,6 +1,8 @@
 """The analysis run: ingest -> correlate -> iterate -> aggregate -> detect -> write, for an nsys SQLite
 export, a Kineto trace or a DLProf database (`dlprof --database`), and for what a capture returned (the CLI hands
-it over); several profiles go to `ranks`. Everything it is asked comes in one `RunOptions`."""
+it over); several profiles go to `ranks`. The analysis itself is `analyse.analysed` (as for a rank and the baseline);
+this module writes its database into the run's folder (`RunDatabase`), its reports, diffs and event file. Everything
+it is asked comes in one `RunOptions`."""
 
 from __future__ import annotations
 
@@ -12,30 +14,23 @@ from pathlib import Path
 from dlprof_profiler import __version__, log
 from dlprof_profiler.db import writer as database
 from dlprof_profiler.engine import compare
-from dlprof_profiler.engine import correlate as corr_mod
 from dlprof_profiler.engine.analysis import (
     Analysis,
-    analyze,
-    analyze_store,
 )
-from dlprof_profiler.errors import DLProfError, no_room_reason
+from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.ingest import formats as ingest
 from dlprof_profiler.ingest import nsys_report
-from dlprof_profiler.ingest.sanitize import sanitize_trace
 from dlprof_profiler.ingest.sqlite_source import check_sqlite_file
 from dlprof_profiler.options import RunOptions
 from dlprof_profiler.outputs import event_files
 from dlprof_profiler.outputs import graph_events
 from dlprof_profiler.outputs import reports
 from dlprof_profiler.outputs.publish import Staging, prepare_output_dir, refuse_existing
-from dlprof_profiler.run import engine_choice
+from dlprof_profiler.run import analyse
 from dlprof_profiler.run import inputs as rank_inputs
 from dlprof_profiler.run import outputs
 from dlprof_profiler.run import ranks
 from dlprof_profiler.run.reanalysis import reaggregated
-from dlprof_profiler.store.model import DatabaseFeed
-from dlprof_profiler.store.process_memory import avoid_huge_pages, reuse_freed_memory
-from dlprof_profiler.store.trace_store import TraceStore
 
 
 def prepare_baseline(options: RunOptions) -> Analysis | None:
@@ -56,15 +51,11 @@ def analyze_baseline(options: RunOptions) -> Analysis:
     """The --baseline profile analysed with the run's options (mode, key node, iteration range, domain): an
     nsys export or Kineto trace from scratch, a DLProf database re-aggregated."""
     path = options.baseline_path
-    config = options.analysis_config()
     log.info(f"Analysing the baseline {path}")
     if ingest.trace_format(path) == ingest.SQLITE and database.is_dlprof_database(path):
         return reaggregated(path, options).result
-    with log.stage(f"Reading {path}"):
-        trace = sanitize_trace(ingest.read_trace(path))
-    for text in trace.warnings:
-        log.warning(text)
-    return analyze(trace, config, str(path))
+    with analyse.analysed(path, options, analyse.Sink()) as run:
+        return run.result
 
 
 def analyze_database(options: RunOptions) -> int:
@@ -126,137 +117,49 @@ def refuse_dlprof18_database(path: Path) -> None:
 
 def run_analysis(source: Path, options: RunOptions, capture: dict | None = None) -> int:
     """Analyse an nsys SQLite export or Kineto trace and write every output; returns the exit status (0)."""
-    if engine_choice.out_of_core(source, options):
-        return run_store_analysis(source, options, capture)
-    avoid_huge_pages()  # its large short-lived arrays fault in faster as ordinary pages (process_memory.py)
-    reuse_freed_memory()  # and fault in once, not again after every free (process_memory.py)
     started = time.perf_counter()
     out_dir = prepare_output_dir(Path(options.output_path))
     refuse_existing(outputs.planned_outputs(options), options.force)
     baseline = prepare_baseline(options)
-    with log.stage(f"Reading {source}"):
-        trace = sanitize_trace(ingest.read_trace(source))  # the one place rows of impossible times are dropped
-    kineto = trace.meta.get("source_format") == "kineto"
-    log.info(
-        f"  {len(trace.ranges):,} {'op and annotation' if kineto else 'NVTX'} ranges, "
-        f"{len(trace.api_calls):,} CUDA API calls, {len(trace.gpu):,} GPU activities, {len(trace.devices)} "
-        f"GPUs; {'Kineto trace (torch.profiler)' if kineto else 'nsys ' + str(trace.meta.get('nsys_version'))}"
-    )
-    for text in trace.warnings:
-        log.warning(text)
-    _stamp_capture(trace, capture)
     staging = Staging(out_dir)
-    writer = None
-    try:
-        header = database.Header.from_trace(trace, database.domain_ids_for(corr_mod.domain_order(trace, options.mode)))
-        writer = database.DatabaseWriter(staging.path(options.database_path), header, deferred_indexes=True)
-        writer.add_raw(trace)  # written on the writer's thread while the analysis goes on
-        result = analyze(
-            trace,
-            options.analysis_config(),
-            str(source),
-            on_correlated=lambda corr: database.write_correlation(writer, trace, corr),
-        )
-        profile = outputs.profile_info(options, source, trace, result.corr, capture)
-        new_database = _InMemoryDatabase(writer, result, profile)
+    sink = RunDatabase(options, staging)
+    with analyse.analysed(source, options, sink, capture) as run:
         return _write_outputs(
-            options, out_dir, source, result, profile, staging, new_database, writer, started, baseline
+            options, out_dir, source, run.result, run.profile, staging, run.database, sink.writer, started, baseline
         )
-    except BaseException:
-        staging.discard_after(writer)
-        raise
 
 
-def _stamp_capture(trace, capture: dict | None) -> None:
-    """Record the nsys that captured the trace, with its build suffix (the export's metadata lacks it)."""
-    if capture and capture.get("nsys_build"):
-        trace.meta["nsys_build"] = capture["nsys_build"]
+class RunDatabase(analyse.Sink):
+    """A single run's database: written into the run's staging folder, its indexes built once at the end; the
+    run says what it reads."""
 
+    writes_database = True
+    announce = True
 
-def run_store_analysis(source: Path, options: RunOptions, capture: dict | None = None) -> int:
-    """The same analysis and outputs, out of core: the export is staged in a DuckDB store inside the run's
-    staging folder (removed at the end) and analysed, written and reported a segment or chunk at a time."""
-    started = time.perf_counter()
-    out_dir = prepare_output_dir(Path(options.output_path))
-    refuse_existing(outputs.planned_outputs(options), options.force)
-    baseline = prepare_baseline(options)
-    staging = Staging(out_dir)
-    store = writer = feed = None
-    try:
-        store = TraceStore(source, staging.root / "out_of_core")
+    def __init__(self, options: RunOptions, staging: Staging):
+        self.options, self.staging, self.writer = options, staging, None
 
-        def start_database(trace):
-            # the raw facts are written from the store while the rest is staged and analysed (as the in-memory
-            # path writes them while it analyses)
-            nonlocal writer, feed
-            _stamp_capture(trace, capture)
-            header = database.Header.from_trace(trace, database.domain_ids_for(store.domain_order(options.mode)))
-            # every row comes at once from the store: the indexes are cheaper built once, sorted, after them
-            writer = database.DatabaseWriter(staging.path(options.database_path), header, deferred_indexes=True)
-            feed = DatabaseFeed(writer, store)
-            feed.raw_ranges()
+    def reading(self, source: Path, out_of_core: bool):
+        if out_of_core:
+            return log.stage(f"Reading {source} out of core (staged on disk in {self.staging.output_dir})")
+        return log.stage(f"Reading {source}")
 
-        def staged(trace):
-            log.info(
-                f"  {store.counts['ranges']:,} NVTX ranges, {store.counts['api']:,} CUDA API calls, "
-                f"{store.counts['gpu']:,} GPU activities, {len(trace.devices)} GPUs; "
-                f"nsys {trace.meta.get('nsys_version')}"
-            )
-            for text in trace.warnings:
-                log.warning(text)
-
-        store.on_staged = staged
-        with log.stage(f"Reading {source} out of core (staged on disk in {out_dir})"):
-            trace = store.load(on_read=start_database)
-        feed.raw_calls()  # (written once staged: the ranges are classified meanwhile)
-        # each segment's GPU activity owners are written once it is correlated, the op model once complete
-        # (while the analysis aggregates: the writer is the last to finish)
-        result = analyze_store(
-            store, options.analysis_config(), str(source), on_segment=feed.owners, on_correlated=feed.model
+    def open(self, trace, domain_names: list):
+        header = database.Header.from_trace(trace, database.domain_ids_for(domain_names))
+        # every row comes at once: the indexes are cheaper built once, sorted, after them
+        self.writer = database.DatabaseWriter(
+            self.staging.path(self.options.database_path), header, deferred_indexes=True
         )
-        profile = outputs.profile_info(
-            options, source, trace, result.corr, capture, store.profile_start, store.profile_end
-        )
-        feed.set_final(result.primary, profile)
-        return _write_outputs(options, out_dir, source, result, profile, staging, feed, writer, started, baseline)
-    except BaseException as exc:
-        if feed is not None:
-            feed.cancel()
-        staging.discard_after(writer)
-        no_room = None if isinstance(exc, DLProfError) else no_room_reason(exc)
-        if no_room:  # Arrow and DuckDB name no file: the folder is what the user can act on
-            raise DLProfError(
-                f"{out_dir}: {no_room[0]} while the export was staged out of core in this folder; {no_room[1]}, "
-                "or analyse in memory (--out_of_core=off)"
-            ) from None
-        raise
-    finally:
-        if feed is not None:
-            feed.cancel()  # (no-op once the model was fed)
-            feed.join()  # the feeding thread reads the store: it stops once the writer is closed
-        if store is not None:
-            store.close()
+        return self.writer
 
+    def discard(self, writer) -> None:
+        self.staging.discard_after(writer)
 
-class _InMemoryDatabase:
-    """A new database written from the in-memory model (its raw facts were queued when the trace was read)."""
+    def store_folder(self) -> Path:
+        return self.staging.root / "out_of_core"
 
-    def __init__(self, writer, result: Analysis, profile: dict):
-        self.writer, self.result, self.profile = writer, result, profile
-
-    def start(self) -> None:
-        database.write_correlation(self.writer, self.result.trace, self.result.corr)  # queued, not waited for
-
-    def add_aggregation(self, elapsed: float) -> int:
-        """Queued after the op model, ingested on the writer's thread; returns its aggr_id."""
-        r = self.result
-        return self.writer.add_aggregation(r.aggregations, r.iterations, r.findings, elapsed)
-
-    def finish(self) -> tuple[dict, dict]:
-        r = self.result
-        return database.finish_analysis(
-            self.writer, r.trace, r.corr, r.primary, self.profile
-        ), self.writer.op_index_maps()
+    def output_folder(self) -> Path:
+        return self.staging.output_dir
 
 
 class _CopiedDatabase:
