@@ -1,6 +1,6 @@
 """The engine's façade: `analyze(trace, config) -> Analysis` runs correlate -> iterate -> aggregate -> detect
 in their order (with the key node retried against op names once ops exist); `reanalyze` does the same for
-an op model read back from a DLProf database. Writing the outputs is `pipeline.py`'s job."""
+an op model read back from a DLProf database. Writing the outputs is `run/`'s job (`run/analyse.py`)."""
 
 from __future__ import annotations
 

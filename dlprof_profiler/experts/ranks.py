@@ -1,6 +1,6 @@
 """Cross-rank detectors of a multi-rank run: a straggler rank, load imbalance, exposed (non-overlapped)
 communication, ranks with different iteration counts. They read the ranks' small result frames
-(rank_analysis.RankResult) and the cross-rank table (rank_report.rank_table), never the raw data; their findings
+(run.rank_worker.RankResult) and the cross-rank table (rank_report.rank_table), never the raw data; their findings
 are stored with rank contract.ALL_RANKS and listed first in the run's dlprof_expert_systems.csv (Rank `all`).
 See docs/expert_systems.md."""
 

@@ -1031,7 +1031,7 @@ class DatabaseFeed:
         self.primary, self.profile = primary, profile
 
     def start(self) -> None:
-        """Nothing left to start: `model` queued the model (pipeline._write_outputs calls this)."""
+        """Nothing left to start: `model` queued the model (the run's output writing calls this)."""
 
     def cancel(self) -> None:
         self._cancelled = True
