@@ -84,7 +84,7 @@ def analyze(
     trace: Trace, config: AnalysisConfig = AnalysisConfig(), source_name: str | None = None, on_correlated=None
 ) -> Analysis:
     """Correlate, iterate, aggregate and detect on a trace (raises DLProfError with a one-line reason).
-    `on_correlated(corr)` is called as soon as the op model exists, before aggregation (the pipeline queues
+    `on_correlated(corr)` is called as soon as the op model exists, before aggregation (run/analyse.py queues
     the model for the database writer there, so its thread writes while the analysis goes on)."""
     source_name = source_name or str(trace.source)
     stages = _Stages()

@@ -1,6 +1,6 @@
 """Ingest, format-neutral: choose the adapter by the file's content (never by its name) and read it into
-trace frames. Nsight Systems SQLite exports go to `ingest_nsys`, Kineto / Chrome-trace JSON (gzipped or
-not) to `ingest_kineto`; Nsight Systems reports (.nsys-rep, .qdrep) are exported to SQLite first
+trace frames. Nsight Systems SQLite exports go to `nsys.py`, Kineto / Chrome-trace JSON (gzipped or
+not) to `kineto.py`; Nsight Systems reports (.nsys-rep, .qdrep) are exported to SQLite first
 (`nsys_report`); DLProf databases are SQLite too and are told apart by `db.writer.is_dlprof_database`."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Ingest: a torch.profiler (Kineto) Chrome-trace JSON file (`*.pt.trace.json[.gz]`) into trace frames.
 
-The frames are those `ingest_nsys` produces from an Nsight Systems export, so every later stage runs
+The frames are those `ingest.nsys` produces from an Nsight Systems export, so every later stage runs
 unchanged. Mapping (DESIGN.md, "Kineto input: what differs from nsys"):
 
 - `cpu_op` (2021: `Operator`): an NVTX-like range whose text follows PyTorch's `emit_nvtx` grammar,

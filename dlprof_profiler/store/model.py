@@ -899,7 +899,7 @@ class StoreModel:
         return short, long_names
 
     def memory_events(self) -> pd.DataFrame:
-        """The allocations and frees of the export (a small frame, read in memory as ingest_nsys reads it)."""
+        """The allocations and frees of the export (a small frame, read in memory as ingest.nsys reads it)."""
         return self.a.store.trace.memory
 
     def device_ids(self) -> list[int]:

@@ -2,7 +2,7 @@
 by segment, so a profile of 10^7 kernels is analysed in bounded memory.
 
 Staging streams the export's NVTX ranges, CUDA API calls and GPU activities (ADBC record batches, each table
-on a thread and a connection of its own) into part files, then derives what ingest_nsys.read_nsys_export
+on a thread and a connection of its own) into part files, then derives what ingest.nsys.read_nsys_export
 derives in memory: API calls in (start, rowid) order and GPU activities in (start, kind, rowid) order, their
 position in that order their id; names as integer codes into sorted dictionaries; every GPU activity linked to
 its launching call (correlate.launch_rows, over columns held in memory), with its launch time; ranges with
@@ -105,7 +105,7 @@ RANGES_SCHEMA = pa.schema(
     [(c, pa.int64()) for c in ("range_id", "start", "end", "global_tid", "pid", "domain_id")]
     + [("event_type", pa.int8()), ("text", pa.string())]
 )  # `end` as exported: -1 for a range never closed (see ranges_of)
-# GPU activity kinds in the order activity ids break ties of start time (ingest_nsys.read_gpu_activities)
+# GPU activity kinds in the order activity ids break ties of start time (ingest.nsys.read_gpu_activities)
 GPU_TABLES = (
     ("CUPTI_ACTIVITY_KIND_KERNEL", KIND_KERNEL),
     ("CUPTI_ACTIVITY_KIND_MEMCPY", KIND_MEMCPY),
@@ -488,7 +488,7 @@ class TraceStore:
             self.device_pids.setdefault(int(device), set()).add(int(pid))
 
     def _gpu_names(self, keys: set, strings) -> "_GpuNameCodes":
-        """Names per distinct (kind, short id, long id, copy kind), as ingest_nsys gives them: a kernel's short
+        """Names per distinct (kind, short id, long id, copy kind), as ingest.nsys gives them: a kernel's short
         and long names stand in for each other when one is unknown; memcpys are named by copy kind, memsets
         `[CUDA memset]`; codes index the sorted distinct names. Sets the kernel name pairs' Tensor Core use."""
         keys = np.array(sorted(keys), dtype=np.int64).reshape(-1, 4)
@@ -530,7 +530,7 @@ class TraceStore:
             return out
         types = ",".join(map(str, nsys.NVTX_RANGE_TYPES + (nsys.NVTX_DOMAIN_CREATE,)))
         inline = 'e."text"' if "text" in src.columns(t) else "NULL"
-        # registered strings (textId) take precedence over inline text (ingest_nsys.range_columns)
+        # registered strings (textId) take precedence over inline text (ingest.nsys.range_columns)
         if src.has("StringIds") and "textId" in src.columns(t):
             text, joined = f"coalesce(s.value, {inline}, '')", "LEFT JOIN StringIds s ON s.id = e.textId"
         else:
@@ -597,7 +597,7 @@ class TraceStore:
         return mapping
 
     def range_parts(self):
-        """Per staged part, the ranges' columns in range_id order as ingest_nsys gives them (a domain code for
+        """Per staged part, the ranges' columns in range_id order as ingest.nsys gives them (a domain code for
         the domain, never closed ranges ending at the capture end) and their texts (an Arrow array)."""
         for part in self.raw_ranges.parts:
             yield self.ranges_of(self.raw_ranges.read_part(part))
@@ -638,7 +638,7 @@ class TraceStore:
         after = sum(self.counts[table[f]] for f in CORE_FRAMES)
         return out + drop_warnings(path, drops, before, after, self._shared)
 
-    # -- frames, as ingest_nsys builds them -------------------------------------------------------------
+    # -- frames, as ingest.nsys builds them -------------------------------------------------------------
     def api_frame_of(self, cols: dict) -> pd.DataFrame:
         """API call columns (the `api` table's) -> trace.api_calls' layout."""
         frame = {c: cols[c] for c in API_STORED if c != "name_code"}
@@ -787,7 +787,7 @@ def _first_rows(codes: np.ndarray) -> np.ndarray:
 
 def _gpu_query(src: SqliteSource, table: str, kind: int) -> str:
     """The export's columns of one GPU activity table in RAW_GPU's layout (absent columns read as -1, as
-    ingest_nsys reads them; a missing time as MISSING_TIME: damage, dropped and counted)."""
+    ingest.nsys reads them; a missing time as MISSING_TIME: damage, dropped and counted)."""
     common = {
         "start": "start",
         "end": "end",
