@@ -887,40 +887,24 @@ FLOPS_COLS = ["flops_per_call", "achieved_tflops"]  # flops.py; absent from file
 
 def _write_aggregation(out: _Inserter, aggr_id: int, domain_id: int, ops_map, agg: Aggregation) -> None:
     it = agg.iterations.assign(aggr_id=aggr_id, domain_id=domain_id)
-    out.insert(
-        K.ITERATION_SUMMARY,
-        it,
-        [
-            "aggr_id",
-            "domain_id",
-            "iteration",
-            "start",
-            "end",
-            "duration",
-            "aggregated",
-            "kernels",
-            "tc_kernels",
-            "kernel_time_per_gpu",
-            "tc_kernel_time_per_gpu",
-        ]
-        + [f"{c}_time" for c in CLASSES]
-        + ["gpu_utilization", "complete"],
-        [
-            "aggr_id",
-            "domain_id",
-            "iter_value",
-            "start_time",
-            "stop_time",
-            "duration",
-            "aggregated",
-            "kernels",
-            "tc_kernels",
-            "kernel_time_per_gpu",
-            "tc_kernel_time_per_gpu",
-        ]
-        + [f"{c}_time" for c in CLASSES]
-        + ["gpu_utilization", "complete"],
-    )
+    columns = [
+        "aggr_id",
+        "domain_id",
+        "iteration",
+        "start",
+        "end",
+        "duration",
+        "aggregated",
+        "kernels",
+        "tc_kernels",
+        "kernel_time_per_gpu",
+        "tc_kernel_time_per_gpu",
+        *[f"{c}_time" for c in CLASSES],
+        "gpu_utilization",
+        "complete",
+    ]
+    renamed = {"iteration": "iter_value", "start": "start_time", "end": "stop_time"}  # DLProf 1.8's names
+    out.insert(K.ITERATION_SUMMARY, it, columns, [renamed.get(c, c) for c in columns])
     s = agg.summary
     row = {
         "aggr_id": aggr_id,

@@ -242,35 +242,43 @@ def summary_report(
         },
         bare=True,
     )
-    o = s["ops"]
-    ops = Table(
+    ops = _class_table(
         "All Ops",
-        ["", "GPU Time (ns)", "CPU Time (ns)", "# Ops"],
-        ["t", "i", "i", "i"],
-        {
-            "": ["All ops", "Ops using TC", "Ops eligible for TC but not using", "All other ops"],
-            "GPU Time (ns)": [o[k]["gpu_time"] for k in ("all", "using_tc", "eligible_not_using", "other")],
-            "CPU Time (ns)": [o[k]["cpu_time"] for k in ("all", "using_tc", "eligible_not_using", "other")],
-            "# Ops": [o[k]["count"] for k in ("all", "using_tc", "eligible_not_using", "other")],
-        },
-        bare=True,
+        "# Ops",
+        s["ops"],
+        [
+            ("All ops", "all"),
+            ("Ops using TC", "using_tc"),
+            ("Ops eligible for TC but not using", "eligible_not_using"),
+            ("All other ops", "other"),
+        ],
     )
-    k = s["kernels"]
-    kernels = Table(
+    kernels = _class_table(
         "All Kernels",
-        ["", "GPU Time (ns)", "CPU Time (ns)", "# Kernels"],
-        ["t", "i", "i", "i"],
-        {
-            "": ["All kernels", "Kernels using TC", "Memory", "All other kernels"],
-            "GPU Time (ns)": [k[x]["gpu_time"] for x in ("all", "tc", "memory", "other")],
-            "CPU Time (ns)": [k[x]["cpu_time"] for x in ("all", "tc", "memory", "other")],
-            "# Kernels": [k[x]["count"] for x in ("all", "tc", "memory", "other")],
-        },
-        bare=True,
+        "# Kernels",
+        s["kernels"],
+        [("All kernels", "all"), ("Kernels using TC", "tc"), ("Memory", "memory"), ("All other kernels", "other")],
     )
     for t in (system, summary, iterations):
         t.columns = ["name", "value"]
     return Report("summary", [_headerless(system), _headerless(summary), _headerless(iterations), ops, kernels])
+
+
+def _class_table(title: str, count_label: str, figures: dict, rows: list) -> Table:
+    """The summary's ops or kernels by class: GPU time, CPU time and count per (label, key of `figures`)."""
+    keys = [key for _, key in rows]
+    return Table(
+        title,
+        ["", "GPU Time (ns)", "CPU Time (ns)", count_label],
+        ["t", "i", "i", "i"],
+        {
+            "": [label for label, _ in rows],
+            "GPU Time (ns)": [figures[k]["gpu_time"] for k in keys],
+            "CPU Time (ns)": [figures[k]["cpu_time"] for k in keys],
+            count_label: [figures[k]["count"] for k in keys],
+        },
+        bare=True,
+    )
 
 
 def iteration_headline(s: dict) -> str:
