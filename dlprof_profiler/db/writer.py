@@ -602,6 +602,11 @@ def _rows(frame: pd.DataFrame, columns: list[str]):
     return zip(*cols)
 
 
+def _table_names(columns: list[str], renamed: dict | None) -> list[str]:
+    """The table's column names of a frame's columns: the same, except those `renamed` (DLProf 1.8's names)."""
+    return [renamed.get(c, c) for c in columns] if renamed else list(columns)
+
+
 class _Inserter:
     """Inserts aggregation frames into the derived tables, with the rank where the schema has one; columns
     the file's table lacks (a database written by an earlier version) are left out."""
@@ -624,10 +629,10 @@ class _Inserter:
     def has_rank(self, table: str) -> bool:
         return "rank" in self.columns(table)
 
-    def insert(self, table: str, frame: pd.DataFrame, columns: list[str], names: list[str] | None = None) -> None:
+    def insert(self, table: str, frame: pd.DataFrame, columns: list[str], renamed: dict | None = None) -> None:
         if len(frame) == 0:
             return
-        names = list(names or columns)
+        names = _table_names(columns, renamed)
         known = self.columns(table)
         pairs = [(c, n) for c, n in zip(columns, names) if n in known]
         columns, names = [c for c, _ in pairs], [n for _, n in pairs]
@@ -660,10 +665,10 @@ class _ArrowRows:
         self.rank = rank
         self.tables: list[tuple[str, pa.Table]] = []
 
-    def insert(self, table: str, frame: pd.DataFrame, columns: list[str], names: list[str] | None = None) -> None:
+    def insert(self, table: str, frame: pd.DataFrame, columns: list[str], renamed: dict | None = None) -> None:
         if len(frame) == 0:
             return
-        names = list(names or columns)
+        names = _table_names(columns, renamed)
         data = {n: _arrow_column(frame[c]) for c, n in zip(columns, names)}
         if table != K.AGGREGATIONS:
             data["rank"] = pa.array(np.full(len(frame), self.rank, dtype=np.int64))
@@ -903,8 +908,7 @@ def _write_aggregation(out: _Inserter, aggr_id: int, domain_id: int, ops_map, ag
         "gpu_utilization",
         "complete",
     ]
-    renamed = {"iteration": "iter_value", "start": "start_time", "end": "stop_time"}  # DLProf 1.8's names
-    out.insert(K.ITERATION_SUMMARY, it, columns, [renamed.get(c, c) for c in columns])
+    out.insert(K.ITERATION_SUMMARY, it, columns, {"iteration": "iter_value", "start": "start_time", "end": "stop_time"})
     s = agg.summary
     row = {
         "aggr_id": aggr_id,
@@ -969,26 +973,14 @@ def _write_aggregation(out: _Inserter, aggr_id: int, domain_id: int, ops_map, ag
         ]
         + _STAT_COLS
         + FLOPS_COLS,
-        [
-            "aggr_id",
-            "domain_id",
-            "op_index",
-            "num_calls",
-            "kernel_calls",
-            "tc_eligible",
-            "using_tc",
-            "is_bad_data_type",
-            "kernel_time",
-        ]
-        + _STAT_COLS
-        + FLOPS_COLS,
+        {"calls": "num_calls"},
     )
     types = agg.op_types.assign(aggr_id=aggr_id, domain_id=domain_id)
     out.insert(
         K.OP_TYPE_METRICS,
         types,
         ["aggr_id", "domain_id", "op_type", "n_ops", "calls"] + _STAT_COLS,
-        ["aggr_id", "domain_id", "op_type", "num_ops", "num_calls"] + _STAT_COLS,
+        {"n_ops": "num_ops", "calls": "num_calls"},
     )
     if len(agg.kernels):
         k = agg.kernels.assign(
@@ -1015,24 +1007,7 @@ def _write_aggregation(out: _Inserter, aggr_id: int, domain_id: int, ops_map, ag
                 "api_min",
                 "api_max",
             ],
-            [
-                "aggr_id",
-                "domain_id",
-                "kernel_name",
-                "long_name",
-                "op_index",
-                "uses_tc",
-                "num_calls",
-                "first_start",
-                "gpu_total",
-                "gpu_avg",
-                "gpu_min",
-                "gpu_max",
-                "api_total",
-                "api_avg",
-                "api_min",
-                "api_max",
-            ],
+            {"name": "kernel_name", "count": "num_calls"},
         )
     tc = agg.tensor_core.assign(
         aggr_id=aggr_id, domain_id=domain_id, op_index=_global_op_index(agg.tensor_core["op_index"], ops_map)
@@ -1057,20 +1032,7 @@ def _write_aggregation(out: _Inserter, aggr_id: int, domain_id: int, ops_map, ag
                 "non_tc_kernel_count",
                 "non_tc_names",
             ],
-            [
-                "aggr_id",
-                "domain_id",
-                "op_index",
-                "total_gpu_time",
-                "tc_gpu_time",
-                "non_tc_gpu_time",
-                "tc_utilization",
-                "total_kernel_count",
-                "tc_kernel_count",
-                "tc_kernel_names",
-                "non_tc_kernel_count",
-                "non_tc_kernel_names",
-            ],
+            {"tc_names": "tc_kernel_names", "non_tc_names": "non_tc_kernel_names"},
         )
     if len(agg.groups):
         g = agg.groups.assign(aggr_id=aggr_id, domain_id=domain_id)
@@ -1078,8 +1040,12 @@ def _write_aggregation(out: _Inserter, aggr_id: int, domain_id: int, ops_map, ag
             K.GROUP_OPS,
             g,
             ["aggr_id", "domain_id", "name", "level", "calls", "n_ops", "n_tc_eligible", "n_using_tc"] + _STAT_COLS,
-            ["aggr_id", "domain_id", "name", "level", "num_calls", "num_ops", "num_tc_eligible", "num_using_tc"]
-            + _STAT_COLS,
+            {
+                "calls": "num_calls",
+                "n_ops": "num_ops",
+                "n_tc_eligible": "num_tc_eligible",
+                "n_using_tc": "num_using_tc",
+            },
         )
     _write_memory(out, aggr_id, domain_id, ops_map, agg)
     _write_breakdowns(out, aggr_id, domain_id, agg)

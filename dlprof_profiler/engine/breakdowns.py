@@ -28,6 +28,7 @@ BUSY = ("computation", "communication", "memory", "gpu", "overlapped_communicati
 IDLE_PARTS = ("host_wait", "kernel_wait", "other_wait")
 # A stream or GPU key that stands for the whole GPU in idle_gaps (streams are keyed device << 32 | stream)
 STREAM_BITS = 32
+STREAM_MASK = (1 << STREAM_BITS) - 1
 
 
 def communication_codes(short_names) -> np.ndarray:
@@ -105,13 +106,12 @@ def carried_of(keys: np.ndarray, carried: dict, default: int) -> np.ndarray:
 def trailing_idle(carried: dict, keys, win_s: int, win_e: int) -> np.ndarray:
     """Idle time from each key's last activity's end (the window's start for a key without one) to the window's
     end: the gaps no activity closes (other)."""
-    last = np.array([carried.get(int(k), win_s) for k in keys], dtype=np.int64)
-    return np.maximum(win_e - np.maximum(last, win_s), 0)
+    return np.maximum(win_e - np.maximum(carried_of(keys, carried, win_s), win_s), 0)
 
 
 def stream_key(device, stream) -> np.ndarray:
     """One int64 key per (device, stream)."""
-    return (np.asarray(device, np.int64) << STREAM_BITS) | (np.asarray(stream, np.int64) & ((1 << STREAM_BITS) - 1))
+    return (np.asarray(device, np.int64) << STREAM_BITS) | (np.asarray(stream, np.int64) & STREAM_MASK)
 
 
 def group_percentiles(codes: np.ndarray, values: np.ndarray, quantiles) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -228,7 +228,7 @@ class GpuBreakdowns:
         streams = make_frame(
             {
                 "device_id": keys >> STREAM_BITS,
-                "stream_id": keys & ((1 << STREAM_BITS) - 1),
+                "stream_id": keys & STREAM_MASK,
                 "busy": wl - idle,
                 "idle": idle,
                 **{c: st[c].to_numpy(np.int64) for c in IDLE_PARTS},

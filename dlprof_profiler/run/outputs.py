@@ -13,6 +13,7 @@ from pathlib import Path
 
 
 from dlprof_profiler import __version__, log
+from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.experts import render_command
 from dlprof_profiler.ingest import nsys_report
 from dlprof_profiler.options import DEFAULT_REPORTS, RunOptions
@@ -54,6 +55,20 @@ def replaced_outputs(options: RunOptions) -> list[Path]:
     return publish.report_set(out, options.base_name, REPORT_SET_STEMS) + event_files.existing_event_files(
         event_files.run_directory(out, options.profile_name)
     )
+
+
+def updates_in_place(source: Path, options: RunOptions) -> bool:
+    """Whether a re-aggregation's output database is its input (the run's own folder: updated in place, which
+    takes --force; refused without it)."""
+    in_place = options.database_path.resolve() == Path(source).resolve()
+    if in_place and not options.force:
+        raise DLProfError(
+            f"{source}: the output database would replace the input: add --force=true to update "
+            "this run in place (a new aggregation; its reports and event file are replaced), or "
+            "choose another --output_path or --base_name",
+            exit_code=2,
+        )
+    return in_place
 
 
 def profile_info(

@@ -387,14 +387,7 @@ def reaggregate_database(source: Path, options: RunOptions, ranks: list[int]) ->
     multi-rank run; the input is copied, never modified, unless the run's own folder is updated (--force)."""
     started = time.perf_counter()
     out_dir = prepare_output_dir(Path(options.output_path))
-    in_place = options.database_path.resolve() == Path(source).resolve()
-    if in_place and not options.force:
-        raise DLProfError(
-            f"{source}: the output database would replace the input: add --force=true to update "
-            "this run in place (a new aggregation; its reports and event file are replaced), or "
-            "choose another --output_path or --base_name",
-            exit_code=2,
-        )
+    run_outputs.updates_in_place(source, options)  # the input as output is refused without --force
     refuse_existing(planned_outputs(options, ranks), options.force)
     log.info(f"{source}: a multi-rank database (ranks {', '.join(map(str, ranks))}): re-aggregating every rank")
     staging = Staging(out_dir)

@@ -305,14 +305,7 @@ def reaggregate_database(source: Path, options: RunOptions) -> int:
     aggregation appended."""
     started = time.perf_counter()
     out_dir = prepare_output_dir(Path(options.output_path))
-    in_place = options.database_path.resolve() == source.resolve()
-    if in_place and not options.force:
-        raise DLProfError(
-            f"{source}: the output database would replace the input: add --force=true to update "
-            "this run in place (a new aggregation; its reports and event file are replaced), or "
-            "choose another --output_path or --base_name",
-            exit_code=2,
-        )
+    in_place = outputs.updates_in_place(source, options)
     refuse_existing(outputs.planned_outputs(options), options.force)
     baseline = prepare_baseline(options)
     if in_place:
