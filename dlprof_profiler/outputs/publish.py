@@ -112,7 +112,7 @@ class Staging:
             "moves": [str(staged.relative_to(self.root)) for staged, _ in moves],
             "removals": [os.path.relpath(p, self.output_dir) for p in removals],
         }
-        with _signals_held():  # a Ctrl-C or SIGTERM now ends the run once its outputs are in place
+        with signals_held():  # a Ctrl-C or SIGTERM now ends the run once its outputs are in place
             _write_journal(self.output_dir, journal)
             self.published = True
             _publish(self.output_dir, journal)
@@ -137,7 +137,7 @@ class Staging:
 _HELD_SIGNALS = {getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)}
 
 
-class _signals_held:
+class signals_held:
     """Interrupting signals wait (blocked for this thread) until the block ends."""
 
     def __enter__(self):

@@ -18,6 +18,7 @@ from dlprof_profiler.errors import DLProfError, no_room_reason
 from dlprof_profiler.ingest import formats as ingest
 from dlprof_profiler.ingest.sanitize import sanitize_trace
 from dlprof_profiler.options import RunOptions
+from dlprof_profiler.outputs.publish import signals_held
 from dlprof_profiler.run import engine_choice
 from dlprof_profiler.run import outputs
 from dlprof_profiler.store.model import DatabaseFeed
@@ -32,6 +33,7 @@ class Sink:
     writes_database = False
     announce = False  # log the counts of what was read
     owners_by_segment = True  # out of core: write each segment's activity owners once it is correlated
+    writer = None  # the database writer `open` started (kept here, see `discard`)
 
     def reading(self, source: Path, out_of_core: bool):
         """The progress stage around reading the source."""
@@ -44,8 +46,10 @@ class Sink:
         """The database writer for `trace`, its NVTX domains in the order `domain_names`."""
         return None
 
-    def discard(self, writer) -> None:
-        """The analysis or its outputs failed: stop the writer (if any) and drop what was staged."""
+    def discard(self) -> None:
+        """The analysis or its outputs failed: stop the writer this sink opened (if any) and drop what was
+        staged. The sink keeps its writer itself: an interrupt can come after the writer started and before
+        `open` returned it, and its thread must stop before the staged files go."""
 
     def store_folder(self) -> Path:
         """An empty folder to stage an out-of-core store in."""
@@ -122,7 +126,8 @@ def _in_memory(source: Path, options: RunOptions, sink: Sink, capture: dict | No
         for text in trace.warnings:
             sink.warn(text)
         _stamp_capture(trace, capture)
-        writer = sink.open(trace, corr_mod.domain_order(trace, options.mode))
+        with signals_held():  # an interrupt waits until the sink holds the writer it must stop (`discard`)
+            writer = sink.open(trace, corr_mod.domain_order(trace, options.mode))
         on_correlated = None
         if writer is not None:
             writer.add_raw(trace)  # written on the writer's thread while the analysis goes on
@@ -131,7 +136,7 @@ def _in_memory(source: Path, options: RunOptions, sink: Sink, capture: dict | No
         profile = outputs.profile_info(options, source, trace, result.corr, capture)
         yield Analysed(trace, result, profile, None if writer is None else InMemoryDatabase(writer, result, profile))
     except BaseException:
-        sink.discard(writer)
+        sink.discard()
         raise
 
 
@@ -148,7 +153,8 @@ def _out_of_core(source: Path, options: RunOptions, sink: Sink, capture: dict | 
             # path writes them while it analyses)
             nonlocal writer, feed
             _stamp_capture(trace, capture)
-            writer = sink.open(trace, store.domain_order(options.mode))
+            with signals_held():  # (as in memory)
+                writer = sink.open(trace, store.domain_order(options.mode))
             feed = DatabaseFeed(writer, store)
             feed.raw_ranges()
 
@@ -178,7 +184,7 @@ def _out_of_core(source: Path, options: RunOptions, sink: Sink, capture: dict | 
     except BaseException as exc:
         if feed is not None:
             feed.cancel()
-        sink.discard(writer)
+        sink.discard()
         no_room = None if isinstance(exc, DLProfError) else no_room_reason(exc)
         if no_room:  # Arrow and DuckDB name no file: the folder is what the user can act on
             raise DLProfError(

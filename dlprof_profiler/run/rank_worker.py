@@ -119,7 +119,7 @@ class RankDatabase(analyse.Sink):
     owners_by_segment = False
 
     def __init__(self, task: RankTask):
-        self.task = task
+        self.task, self.writer = task, None
 
     def reading(self, source: Path, out_of_core: bool):
         return nullcontext()
@@ -129,11 +129,12 @@ class RankDatabase(analyse.Sink):
 
     def open(self, trace, domain_names: list):
         self.task.database.parent.mkdir(exist_ok=True)  # in the run's staging folder, which must exist
-        return _rank_writer(self.task, trace, domain_names)
+        self.writer = _rank_writer(self.task, trace, domain_names)
+        return self.writer
 
-    def discard(self, writer) -> None:
-        if writer is not None:
-            writer.wait()
+    def discard(self) -> None:
+        if self.writer is not None:
+            self.writer.wait()
 
     def store_folder(self) -> Path:
         self.task.database.parent.mkdir(exist_ok=True)

@@ -152,8 +152,8 @@ class RunDatabase(analyse.Sink):
         )
         return self.writer
 
-    def discard(self, writer) -> None:
-        self.staging.discard_after(writer)
+    def discard(self) -> None:
+        self.staging.discard_after(self.writer)
 
     def store_folder(self) -> Path:
         return self.staging.root / "out_of_core"
