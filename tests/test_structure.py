@@ -6,9 +6,6 @@
 - imports at the top of modules: an import inside a function only for an optional or heavy dependency
   (HEAVY) or a lazy import whose reason is stated in LAZY (LAZY_MODULES).
 
-The faults left in the modules that another change rewrites are listed one by one (PENDING_*), so that any new
-one fails, and an entry that is no longer needed fails too.
-
 Each check is first run on a small package written here with the fault in it, so a check that cannot fail
 fails its own test.
 """
@@ -57,42 +54,6 @@ LAZY_MODULES: dict[str, str] = {
     "dlprof_profiler.capture.torch_startup.sitecustomize": "Python's startup hook in the profiled program: it "
     "imports what it needs when it first needs it, so that programs that never import torch pay nothing, and "
     "loads dlprof_profiler.pytorch by its path once torch is imported",
-}
-
-# Left as found in the modules that the merge of the in-memory and out-of-core engines rewrites (issue 22,
-# item 1: engine/, store/, experts/, and the ingest adapters that become record-batch producers). Each is
-# named, so a new one fails; remove an entry with the import it stands for.
-PENDING_ENGINE_MERGE = "rewritten by the merge of the in-memory and out-of-core engines (issue 22, item 1)"
-PENDING_IMPORTS = {
-    ("dlprof_profiler.engine.aggregate", "dlprof_profiler.engine.memory"),
-    ("dlprof_profiler.engine.aggregate", "dlprof_profiler.engine.model_chunks"),
-    ("dlprof_profiler.engine.aggregate", "dlprof_profiler.log"),
-    ("dlprof_profiler.engine.analysis", "dlprof_profiler.engine.aggregate"),
-    ("dlprof_profiler.engine.analysis", "dlprof_profiler.engine.correlate"),
-    ("dlprof_profiler.engine.analysis", "dlprof_profiler.experts"),
-    ("dlprof_profiler.engine.analysis", "dlprof_profiler.experts.data"),
-    ("dlprof_profiler.engine.analysis", "dlprof_profiler.store.model"),
-    ("dlprof_profiler.engine.analysis", "dlprof_profiler.store.process_memory"),
-    ("dlprof_profiler.engine.correlate", "dlprof_profiler.engine.intervals"),
-    ("dlprof_profiler.engine.correlate", "dlprof_profiler.engine.model_chunks"),
-    ("dlprof_profiler.experts.base", "dlprof_profiler.experts.data"),
-    ("dlprof_profiler.experts.data", "dlprof_profiler.engine.model_chunks"),
-    ("dlprof_profiler.ingest.kineto", "pandas.api.types"),
-    ("dlprof_profiler.ingest.nsys", "dlprof_profiler.engine.correlate"),
-    ("dlprof_profiler.store.model", "dlprof_profiler.engine.iterate"),
-    ("dlprof_profiler.store.model", "dlprof_profiler.outputs.report_format"),
-    ("dlprof_profiler.store.model", "dlprof_profiler.outputs.reports"),
-    ("dlprof_profiler.store.model", "queue"),
-    ("dlprof_profiler.store.model", "threading"),
-    ("dlprof_profiler.store.model", "types"),
-}
-PENDING_PRIVATE = {
-    ("dlprof_profiler.experts.missed_tensor_cores", "dlprof_profiler.experts.tensor_cores", "_eligible"),
-    ("dlprof_profiler.experts.missed_tensor_cores", "dlprof_profiler.experts.tensor_cores", "_half_kernel_ops"),
-    ("dlprof_profiler.experts.missed_tensor_cores", "dlprof_profiler.experts.tensor_cores", "_known_types"),
-    ("dlprof_profiler.store.trace_store", "dlprof_profiler.ingest.nsys", "_with_own_source"),
-    ("dlprof_profiler.store.trace_store", "dlprof_profiler.ingest.nsys", "_order_by"),
-    ("dlprof_profiler.store.trace_store", "dlprof_profiler.ingest.nsys", "_int_col"),
 }
 
 
@@ -357,14 +318,13 @@ def test_no_import_cycle(project):
 
 def test_no_private_name_across_modules(project):
     modules, _, every = project
-    found = [u for u in private_uses(modules, every) if (u.module, u.owner, u.name) not in PENDING_PRIVATE]
+    found = private_uses(modules, every)
     assert not found, "private names used across modules:\n" + "\n".join(map(str, found))
 
 
 def test_imports_at_the_top(project):
     modules, _, every = project
-    lazy = {**LAZY, **{key: PENDING_ENGINE_MERGE for key in PENDING_IMPORTS}}
-    found = function_imports(modules, every, lazy=lazy)
+    found = function_imports(modules, every)
     assert not found, (
         f"{len(found)} imports inside functions (move them to the top, or state the reason in LAZY):\n"
         + ("\n".join(found))
@@ -372,10 +332,8 @@ def test_imports_at_the_top(project):
 
 
 def test_the_stated_reasons_are_still_needed(project):
-    """An entry of LAZY or of the pending lists whose import was moved or removed is stale: remove it."""
+    """An entry of LAZY whose import was moved or removed is stale: remove it."""
     modules, _, every = project
     inside = {(i.module, i.target) for i in every if i.in_function}
-    assert not (set(LAZY) | PENDING_IMPORTS) - inside
+    assert not set(LAZY) - inside
     assert not [m for m in LAZY_MODULES if m not in modules]
-    private = {(u.module, u.owner, u.name) for u in private_uses(modules, every)}
-    assert not PENDING_PRIVATE - private

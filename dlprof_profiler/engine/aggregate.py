@@ -36,6 +36,9 @@ from dlprof_profiler.engine.iterate import Iterations
 from dlprof_profiler.engine.naming import group_prefix_codes
 from dlprof_profiler.engine.tensor_cores import precision_by_op
 from dlprof_profiler.engine.trace import KIND_KERNEL, LAUNCH_SHAPE, Trace, make_frame, obj
+from dlprof_profiler.engine.memory import MemoryAccumulator
+from dlprof_profiler.engine.model_chunks import InMemoryModel
+from dlprof_profiler.log import Progress
 
 CLASSES = ("tc", "non_tc", "memory", "dataloader", "io", "cpu", "other")
 HALF_PRECISION = ("float16", "half", "bfloat16", "float8_e4m3fn", "float8_e5m2")
@@ -93,8 +96,6 @@ def aggregate(
 ) -> Aggregation:
     """Compute every table of one aggregation of one domain of an in-memory model. `cuts` split the
     timeline into chunks (default: one chunk); the tables do not depend on them."""
-    from dlprof_profiler.engine.model_chunks import InMemoryModel
-
     model = InMemoryModel(trace, corr, dm)
     return aggregate_model(model, iterations, iter_start, iter_stop, cuts, keep_launches)
 
@@ -120,9 +121,6 @@ def aggregate_model(
         window_end=window_end,
     )
     acc = Accumulator(model, iterations, agg, keep_launches)
-    from dlprof_profiler.log import Progress
-    from dlprof_profiler.engine.memory import MemoryAccumulator
-
     memory = MemoryAccumulator(model.memory_events(), iterations, iter_start, iter_stop, len(model.ops))
     progress = Progress(f"time chunks aggregated (domain {model.domain})", len(cuts or ()) + 1)
     for n, chunk in enumerate(model.chunks(cuts), 1):

@@ -14,10 +14,14 @@ import pandas as pd
 from dlprof_profiler.engine import correlate as corr_mod
 from dlprof_profiler import log
 from dlprof_profiler.engine import iterate
-from dlprof_profiler.engine.aggregate import Aggregation, aggregate
-from dlprof_profiler.engine.correlate import Correlation, OpModel
+from dlprof_profiler.engine.aggregate import Aggregation, aggregate, aggregate_model
+from dlprof_profiler.engine.correlate import Correlation, DomainCorrelator, OpModel, segment_rows
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.engine.trace import Trace
+from dlprof_profiler import experts as expert_systems
+from dlprof_profiler.experts.data import StoreData
+from dlprof_profiler.store.model import LaunchSpill, StoreAnalysis, StoreCorrelation, StoreModel, StoreSink
+from dlprof_profiler.store.process_memory import release_unused_memory
 
 
 @dataclass(frozen=True)
@@ -172,7 +176,6 @@ def _aggregate_and_detect(
         "Aggregating",
         lambda: {name: aggregate_domain(dm, iterations, iter_start, iter_stop) for name, dm in corr.domains.items()},
     )
-    from dlprof_profiler import experts as expert_systems
 
     def findings_of(name, agg):
         dm = corr.domains[name]
@@ -287,11 +290,6 @@ def analyze_store(
     profile (see store_model.py). `on_segment(k, {domain: StoreSink})` is called once time segment k is
     correlated (the database writer can take its GPU activity owners then), `on_correlated(corr)` once the op
     model is complete, before aggregation."""
-    from dlprof_profiler.engine.aggregate import aggregate_model
-    from dlprof_profiler.engine.correlate import DomainCorrelator, segment_rows
-    from dlprof_profiler.store.process_memory import release_unused_memory
-    from dlprof_profiler.store.model import LaunchSpill, StoreAnalysis, StoreCorrelation, StoreModel, StoreSink
-
     source_name = source_name or str(store.export)
     stages = _Stages()
     sa = StoreAnalysis(store)
@@ -376,8 +374,6 @@ def analyze_store(
         )
         agg.launch_spill = spill
         return agg
-
-    from dlprof_profiler.experts.data import StoreData
 
     return _aggregate_and_detect(
         trace, corr, iterations, primary, config, source_name, stages, aggregate_domain, partial(StoreData, sa), detect

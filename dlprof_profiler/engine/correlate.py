@@ -22,6 +22,8 @@ from dlprof_profiler.engine.naming import NamingCarry, distinct_texts, first_row
 from dlprof_profiler.engine.structure import RangeForest, ThreadTimeKeys, nearest_flagged_ancestor, outermost_flagged
 from dlprof_profiler.engine.tensor_cores import kernel_uses_tc, op_tc_eligible
 from dlprof_profiler.engine.trace import KIND_KERNEL, Trace, combined_codes, make_frame, obj, rank_within
+from dlprof_profiler.engine.intervals import merge_intervals
+from dlprof_profiler.engine.model_chunks import chunk_bounds, launch_times
 
 # Instance kinds
 RANGE_OP, SCOPE_OP, UNASSOCIATED_API, UNASSOCIATED_GPU, BACKWARD_PASS = range(5)
@@ -358,8 +360,6 @@ class Segment:
 
 def trace_segments(trace: Trace, info: pd.DataFrame, gpu_api: np.ndarray, cuts=None):
     """Segments of an in-memory trace split at `cuts` (one segment when none)."""
-    from dlprof_profiler.engine.model_chunks import chunk_bounds, launch_times
-
     bounds = chunk_bounds(cuts)
     ranges, api, gpu = trace.ranges, trace.api_calls, trace.gpu
     if len(bounds) == 1:
@@ -1236,8 +1236,6 @@ def _api_time_inside(api: pd.DataFrame, inst: pd.DataFrame) -> np.ndarray:
     tid = api["global_tid"].to_numpy(np.int64)
     a_start = keys.key(tid, api["start"].to_numpy())
     a_end = keys.key(tid, api["end"].to_numpy())
-    from dlprof_profiler.engine.intervals import merge_intervals
-
     seg_s, seg_e = merge_intervals(a_start, a_end)  # keys never cross threads, so one merge does all threads
     i_tid = inst["global_tid"].to_numpy(np.int64)
     valid = i_tid >= 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from functools import cached_property
 
+from dlprof_profiler.experts.data import MemoryData
 from dlprof_profiler.experts.data import api_base_name  # noqa: F401 - re-exported for the detectors
 
 import numpy as np
@@ -128,8 +129,6 @@ class Context:
     Reads beyond the aggregation tables go through `data` (experts/data.py): in memory or from the store."""
 
     def __init__(self, trace, corr, dm, agg, iterations, data=None):
-        from dlprof_profiler.experts.data import MemoryData
-
         self.trace, self.corr, self.dm, self.agg, self.iterations = trace, corr, dm, agg, iterations
         self.data = data if data is not None else MemoryData(trace, corr, dm, agg, iterations)
         self.config = dict(corr.config)

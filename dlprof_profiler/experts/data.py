@@ -15,6 +15,7 @@ import pandas as pd
 from dlprof_profiler import contract as K
 from dlprof_profiler.engine.intervals import merge_intervals
 from dlprof_profiler.engine.trace import KIND_MEMCPY, KIND_MEMSET
+from dlprof_profiler.engine.model_chunks import launch_times
 
 EVER = int(np.iinfo(np.int64).max)  # a time bound beyond any time
 _PER_THREAD_STREAM = re.compile(r"_(?:ptsz|ptds)$")
@@ -157,8 +158,6 @@ class MemoryData(DetectorData):
         gpu, api = self.trace.gpu, self.trace.api_calls
         if len(gpu) == 0:
             return pd.DataFrame({c: [] for c in MEMORY_COLUMNS})
-        from dlprof_profiler.engine.model_chunks import launch_times
-
         launch = launch_times(self.trace, self.corr.gpu_api)
         kind = gpu["kind"].to_numpy()
         rows = np.flatnonzero(((kind == KIND_MEMCPY) | (kind == KIND_MEMSET)) & self.window.of(launch))

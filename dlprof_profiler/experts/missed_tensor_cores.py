@@ -11,9 +11,9 @@ from dlprof_profiler.experts.base import Context, finding, fmt_pct, fmt_time, sh
 from dlprof_profiler.experts.tensor_cores import (
     FP32_TYPES,
     HALF_TYPES,
-    _eligible,
-    _half_kernel_ops,
-    _known_types,
+    eligible_ops,
+    half_kernel_ops,
+    known_types,
     normalized_types,
 )
 
@@ -38,12 +38,12 @@ def missed_tensor_cores_detector(ctx: Context) -> list[dict]:
     tc_ops = ops[ops["using_tc"].to_numpy(dtype=bool) & (ops["kernel_time"].to_numpy() > 0)]
     if tc_ops.empty:
         return []
-    elig = _eligible(ctx)
+    elig = eligible_ops(ctx)
     cand = elig[~elig["using_tc"].to_numpy(dtype=bool)]
     if cand.empty:
         return []
-    types = normalized_types(_known_types(cand))
-    wide = np.isin(types, list(WIDE_TYPES)) & ~cand["op_index"].isin(_half_kernel_ops(ctx)).to_numpy()
+    types = normalized_types(known_types(cand))
+    wide = np.isin(types, list(WIDE_TYPES)) & ~cand["op_index"].isin(half_kernel_ops(ctx)).to_numpy()
     flagged = cand[wide].assign(dtype=types[wide])
     if flagged.empty:
         return []

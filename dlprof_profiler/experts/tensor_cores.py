@@ -41,7 +41,7 @@ def normalized_types(values) -> np.ndarray:
     return np.array(out, dtype=object)
 
 
-def _half_kernel_ops(ctx: Context) -> set:
+def half_kernel_ops(ctx: Context) -> set:
     """Op indices with a kernel whose name shows 16-bit math."""
     k = ctx.kernels
     if len(k) == 0:
@@ -50,7 +50,7 @@ def _half_kernel_ops(ctx: Context) -> set:
     return set(np.unique(k["op_index"].to_numpy(np.int64)[hit]).tolist())
 
 
-def _known_types(ops: pd.DataFrame) -> np.ndarray:
+def known_types(ops: pd.DataFrame) -> np.ndarray:
     """Each op's data type: from its markers, else the one its kernels' names show (sgemm: float32)."""
     given = ops["data_type"].to_numpy(dtype=object)
     if "kernel_data_type" not in ops:
@@ -59,7 +59,7 @@ def _known_types(ops: pd.DataFrame) -> np.ndarray:
     return np.where(pd.isna(given), shown, given)
 
 
-def _eligible(ctx: Context) -> pd.DataFrame:
+def eligible_ops(ctx: Context) -> pd.DataFrame:
     ops = ctx.agg.ops
     if ops is None or len(ops) == 0:
         return pd.DataFrame()
@@ -71,11 +71,11 @@ def amp_detector(ctx: Context) -> list[dict]:
     run metadata amp_enabled / autocast. Fires when no eligible op shows FP16/BF16 (data type or kernel
     name) and AMP is known to be off, or, with AMP unknown, the eligible ops' known data types are all wider
     (backward ops often carry none)."""
-    elig = _eligible(ctx)
+    elig = eligible_ops(ctx)
     if elig.empty:
         return []
-    types = normalized_types(_known_types(elig))
-    half_ops = _half_kernel_ops(ctx)
+    types = normalized_types(known_types(elig))
+    half_ops = half_kernel_ops(ctx)
     if np.isin(types, list(HALF_TYPES)).any() or half_ops & set(elig["op_index"].tolist()):
         return []
     amp = ctx.cfg_bool("amp_enabled", "autocast")
@@ -149,14 +149,14 @@ def bad_tensor_shape_detector(ctx: Context) -> list[dict]:
     is on (it runs outside autocast); FP32 and FP64 ops are left to missed_tensor_cores_detector when other
     ops use Tensor Cores. Threshold: the flagged ops take >= MIN_SHARE_PCT (1%) of the kernel time; warning
     from WARNING_SHARE_PCT (10%)."""
-    elig = _eligible(ctx)
+    elig = eligible_ops(ctx)
     if elig.empty:
         return []
     cand = elig[~elig["using_tc"].to_numpy(dtype=bool)]
     if cand.empty:
         return []
-    types = normalized_types(_known_types(cand))
-    half_ops = _half_kernel_ops(ctx)
+    types = normalized_types(known_types(cand))
+    half_ops = half_kernel_ops(ctx)
     amp = ctx.cfg_bool("amp_enabled", "autocast")
     is_half = np.isin(types, list(HALF_TYPES)) | cand["op_index"].isin(half_ops).to_numpy()
     is_int8 = np.isin(types, list(INT8_TYPES)) & ~is_half

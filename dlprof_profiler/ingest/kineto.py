@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+from pandas.api.types import union_categoricals
 
 from dlprof_profiler.ingest import kineto_decode as kd
 from dlprof_profiler.engine import markers as nm
@@ -1114,8 +1115,6 @@ def merge_traces(traces: list[Trace], source: Path) -> Trace:
 
 def _renumber(frames: list[pd.DataFrame], categorical: list[str], id_column: str, order: list[str]) -> pd.DataFrame:
     """Concatenated frames with united categoricals, in `order`, ids = positions."""
-    from pandas.api.types import union_categoricals
-
     columns = list(frames[0].columns)
     united = {c: union_categoricals([pd.Categorical(f[c]) for f in frames], ignore_order=True) for c in categorical}
     frame = pd.concat([f.drop(columns=categorical) for f in frames], ignore_index=True)

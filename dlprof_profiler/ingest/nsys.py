@@ -33,6 +33,7 @@ from dlprof_profiler.engine.trace import (
     pid_of,
     tid_of,
 )
+from dlprof_profiler.engine.correlate import launch_rows
 
 NVTX_RANGE_TYPES = (59, 60, 70, 71)
 NVTX_DOMAIN_CREATE = 75
@@ -173,9 +174,9 @@ def read_nsys_export(path: Path) -> Trace:
         # The three large tables are read at once, each on its own connection: ADBC reads them in C without
         # the GIL, so the reads share the cores (the rest of the work has to wait for all of them anyway).
         with ThreadPoolExecutor(max_workers=3, thread_name_prefix="dlprof-read") as pool:
-            range_ints = pool.submit(_with_own_source, path, read_range_ints)
-            range_texts = pool.submit(_with_own_source, path, read_range_texts)
-            gpu_read = pool.submit(_with_own_source, path, read_gpu_activities, strings)
+            range_ints = pool.submit(with_own_source, path, read_range_ints)
+            range_texts = pool.submit(with_own_source, path, read_range_texts)
+            gpu_read = pool.submit(with_own_source, path, read_gpu_activities, strings)
             trace.api_calls = read_api_calls(src, strings)
             trace.syncs = read_syncs(src)
             trace.io_calls = read_io_calls(src, strings)
@@ -365,7 +366,7 @@ def read_api_calls(src: SqliteSource, strings: StringTable) -> pd.DataFrame:
             f"FROM {table}",
             ["rowid"] + names,
         )
-        order = _order_by(cols.pop("rowid"), cols["start"])
+        order = order_by_start(cols.pop("rowid"), cols["start"])
         if order is not None:
             cols = {name: values[order] for name, values in cols.items()}
     else:
@@ -387,7 +388,7 @@ def read_api_calls(src: SqliteSource, strings: StringTable) -> pd.DataFrame:
     )
 
 
-def _order_by(rowid: np.ndarray, start: np.ndarray) -> np.ndarray | None:
+def order_by_start(rowid: np.ndarray, start: np.ndarray) -> np.ndarray | None:
     """The permutation that sorts rows by (start, rowid); None when they already are in that order."""
     if start.size < 2:
         return None
@@ -397,7 +398,7 @@ def _order_by(rowid: np.ndarray, start: np.ndarray) -> np.ndarray | None:
     return np.lexsort((rowid, start))
 
 
-def _with_own_source(path: Path, read, *args):
+def with_own_source(path: Path, read, *args):
     """read(src, *args) on a connection of its own (to run on another thread)."""
     src = SqliteSource(path, immutable=True)
     try:
@@ -406,7 +407,7 @@ def _with_own_source(path: Path, read, *args):
         src.close()
 
 
-def _int_col(src: SqliteSource, table: str, name: str, default: str = "-1") -> str:
+def int_col(src: SqliteSource, table: str, name: str, default: str = "-1") -> str:
     if name in ("start", "end"):
         default = str(MISSING_TIME)  # a NULL time is damage, dropped by sanitize.py
     if name in src.columns(table):
@@ -478,8 +479,8 @@ def read_gpu_activities(src: SqliteSource, strings: StringTable) -> pd.DataFrame
     label_code = {text: i for i, text in enumerate(labels)}
     if src.has(kt):
         cols = src.int_columns(
-            f"SELECT rowid, {', '.join(_int_col(src, kt, c) for c in KERNEL_SOURCE_COLUMNS)}, "
-            f"{_int_col(src, kt, 'shortName')}, {_int_col(src, kt, 'demangledName')} FROM {kt}",
+            f"SELECT rowid, {', '.join(int_col(src, kt, c) for c in KERNEL_SOURCE_COLUMNS)}, "
+            f"{int_col(src, kt, 'shortName')}, {int_col(src, kt, 'demangledName')} FROM {kt}",
             ["rowid"] + KERNEL_SOURCE_COLUMNS + ["shortName", "demangledName"],
         )
         short = strings.codes_for(cols.pop("shortName"))
@@ -493,8 +494,8 @@ def read_gpu_activities(src: SqliteSource, strings: StringTable) -> pd.DataFrame
         )
     if src.has(mt):
         cols = src.int_columns(
-            f"SELECT rowid, {', '.join(_int_col(src, mt, c) for c in MEMORY_SOURCE_COLUMNS)}, "
-            f"{_int_col(src, mt, 'copyKind', '0')}, {_int_col(src, mt, 'srcKind')}, {_int_col(src, mt, 'dstKind')} "
+            f"SELECT rowid, {', '.join(int_col(src, mt, c) for c in MEMORY_SOURCE_COLUMNS)}, "
+            f"{int_col(src, mt, 'copyKind', '0')}, {int_col(src, mt, 'srcKind')}, {int_col(src, mt, 'dstKind')} "
             f"FROM {mt}",
             ["rowid"] + MEMORY_SOURCE_COLUMNS + ["copyKind", "srcKind", "dstKind"],
         )
@@ -503,8 +504,8 @@ def read_gpu_activities(src: SqliteSource, strings: StringTable) -> pd.DataFrame
         parts.append(_gpu_part(cols, KIND_MEMCPY, codes, codes))
     if src.has(st):
         cols = src.int_columns(
-            f"SELECT rowid, {', '.join(_int_col(src, st, c) for c in MEMORY_SOURCE_COLUMNS)}, "
-            f"{_int_col(src, st, 'memKind')} FROM {st}",
+            f"SELECT rowid, {', '.join(int_col(src, st, c) for c in MEMORY_SOURCE_COLUMNS)}, "
+            f"{int_col(src, st, 'memKind')} FROM {st}",
             ["rowid"] + MEMORY_SOURCE_COLUMNS + ["memKind"],
         )
         codes = np.full(len(cols["rowid"]), -1 - label_code[MEMSET_LABEL], dtype=np.int64)
@@ -571,16 +572,14 @@ def read_memory_events(src: SqliteSource, warnings: list | None = None) -> pd.Da
     frame (memory.py): `memoryOperationType` 0 allocates `bytes`, 1 frees them; pageable and pinned host memory
     is the CPU's, the rest its `deviceId`'s. An event has no thread of its own: it takes the thread of its CUDA
     API call (same process and correlation id, the launch rule of GPU activities), whose start is its call time."""
-    from dlprof_profiler.engine.correlate import launch_rows
-
     t = MEMORY_USAGE
     if not src.has(t) or not {"bytes", "memoryOperationType", "start"} <= set(src.columns(t)):
         return memory.empty_memory_frame()
     cols = src.int_columns(
-        f"SELECT {_int_col(src, t, 'start')}, {_int_col(src, t, 'globalPid', '0')}, "
-        f"{_int_col(src, t, 'deviceId', '0')}, {_int_col(src, t, 'address')}, {_int_col(src, t, 'bytes', '0')}, "
-        f"{_int_col(src, t, 'memKind', '2')}, {_int_col(src, t, 'memoryOperationType')}, "
-        f"{_int_col(src, t, 'correlationId')} FROM {t} ORDER BY rowid",
+        f"SELECT {int_col(src, t, 'start')}, {int_col(src, t, 'globalPid', '0')}, "
+        f"{int_col(src, t, 'deviceId', '0')}, {int_col(src, t, 'address')}, {int_col(src, t, 'bytes', '0')}, "
+        f"{int_col(src, t, 'memKind', '2')}, {int_col(src, t, 'memoryOperationType')}, "
+        f"{int_col(src, t, 'correlationId')} FROM {t} ORDER BY rowid",
         ["start", "gpid", "device", "address", "bytes", "kind", "op", "correlation"],
     )
     keep = (cols["start"] != MISSING_TIME) & np.isin(cols["op"], (0, 1))
@@ -624,9 +623,9 @@ def read_syncs(src: SqliteSource) -> pd.DataFrame:
     if not src.has(t):
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in columns})
     frame = src.frame(
-        f"SELECT start, end, {_int_col(src, t, 'deviceId')}, {_int_col(src, t, 'streamId')}, "
-        f"{_int_col(src, t, 'globalPid', '0')}, {_int_col(src, t, 'correlationId')}, "
-        f"{_int_col(src, t, 'syncType', '0')} FROM {t}",
+        f"SELECT start, end, {int_col(src, t, 'deviceId')}, {int_col(src, t, 'streamId')}, "
+        f"{int_col(src, t, 'globalPid', '0')}, {int_col(src, t, 'correlationId')}, "
+        f"{int_col(src, t, 'syncType', '0')} FROM {t}",
         columns,
     )
     frame["pid"] = pid_of(frame["pid"])
@@ -702,7 +701,7 @@ def read_range_ints(src: SqliteSource) -> dict | None:
         return None
     return src.int_columns(
         f"SELECT rowid, eventType, coalesce(start, {MISSING_TIME}), coalesce(end, -1), coalesce(globalTid, 0), "
-        f"{_int_col(src, t, 'domainId', '0')}, {_int_col(src, t, 'textId')} {_range_rows(src)}",
+        f"{int_col(src, t, 'domainId', '0')}, {int_col(src, t, 'textId')} {_range_rows(src)}",
         ["range_id", "event_type", "start", "end", "global_tid", "domain_id", "text_id"],
     )
 

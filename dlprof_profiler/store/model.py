@@ -5,7 +5,10 @@ checked against it in the tests; names are integer codes into one string pool.""
 
 from __future__ import annotations
 
+import queue
+import threading
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -16,6 +19,7 @@ from dlprof_profiler.engine import correlate as corr_mod
 from dlprof_profiler.engine import markers as nm
 from dlprof_profiler.engine.aggregate import LAUNCH_COLUMNS
 from dlprof_profiler.engine.correlate import INSTANCE_COLUMNS, DomainFacts, Segment
+from dlprof_profiler.engine.iterate import NUMBER_SUFFIX
 from dlprof_profiler.engine.model_chunks import (
     ACTIVITY_FIELDS,
     INSTANCE_FIELDS,
@@ -28,6 +32,7 @@ from dlprof_profiler.store.parts import PartTable, int_schema, read_part
 from dlprof_profiler.store.process_memory import release_unused_memory
 from dlprof_profiler.store.trace_store import TraceStore
 from dlprof_profiler.engine.trace import LAUNCH_SHAPE, make_frame
+from dlprof_profiler.outputs import report_format, reports
 
 INFO_TEXT = [
     "label",
@@ -251,8 +256,6 @@ class StoreAnalysis:
     def key_node_ranges(self, key: str, labels: pd.DataFrame, stripped: bool) -> pd.DataFrame:
         """Forward ranges whose text or label is `key` (or, `stripped`, whose label without its #N counter is):
         iterate.key_node_instances over the store (backward nodes and bprop markers are not key nodes)."""
-        from dlprof_profiler.engine.iterate import NUMBER_SUFFIX
-
         values = labels["label"].to_numpy(dtype=object)
         if stripped:
             want = NUMBER_SUFFIX.sub("", key)
@@ -807,9 +810,6 @@ class StoreDomainModel:
 
     def iteration_report(self, agg):
         """The iteration report of one aggregation, streamed from its spilled launch rows."""
-        from dlprof_profiler.outputs import report_format
-        from dlprof_profiler.outputs import reports
-
         store, spill = self.sink.a.store, agg.launch_spill
         text = self.sink.a.pool.array()
         dicts = reports.launch_dictionaries(
@@ -962,9 +962,6 @@ class DatabaseFeed:
     analysis failed)."""
 
     def __init__(self, writer, store):
-        import queue
-        import threading
-
         self.writer, self.store = writer, store
         self.corr = self.primary = self.profile = None
         self._tasks: queue.Queue = queue.Queue()
@@ -975,14 +972,10 @@ class DatabaseFeed:
         self._thread.start()
 
     def raw_ranges(self) -> None:
-        from types import SimpleNamespace
-
         self._tasks.put(lambda: self.writer.add_raw(SimpleNamespace(ranges=self.store.frame_chunks("ranges"))))
 
     def raw_calls(self) -> None:
         """The API calls, GPU activities, synchronizations and I/O calls (once staged)."""
-        from types import SimpleNamespace
-
         trace = self.store.trace
         for frame in ("api_calls", "gpu"):  # the order _raw_rows writes a whole trace in
             self._tasks.put(

@@ -222,9 +222,9 @@ class TraceStore:
             trace.has_cuda_tables = any(src.has(t) for t in ("CUPTI_ACTIVITY_KIND_RUNTIME", *dict(GPU_TABLES)))
             with log.stage("Reading the NVTX ranges, CUDA API calls and GPU activities"):
                 with ThreadPoolExecutor(max_workers=4, thread_name_prefix="dlprof-stage") as pool:
-                    ranges = pool.submit(nsys._with_own_source, self.export, self._read_ranges)
-                    latest = pool.submit(nsys._with_own_source, self.export, nsys.latest_nvtx)
-                    gpu = pool.submit(nsys._with_own_source, self.export, self._read_gpu)
+                    ranges = pool.submit(nsys.with_own_source, self.export, self._read_ranges)
+                    latest = pool.submit(nsys.with_own_source, self.export, nsys.latest_nvtx)
+                    gpu = pool.submit(nsys.with_own_source, self.export, self._read_gpu)
                     api = self._read_api(src)
                     gpu, ranges, latest = gpu.result(), ranges.result(), latest.result()
             trace.syncs, self.drops["syncs"] = drop_invalid_times(nsys.read_syncs(src), "GPU synchronizations", "syncs")
@@ -250,7 +250,7 @@ class TraceStore:
             on_read(trace)
         self._read = (ranges, api, gpu)
         staging = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlprof-stage-calls")
-        self._staging = staging.submit(nsys._with_own_source, self.export, self._stage_calls, api, gpu)
+        self._staging = staging.submit(nsys.with_own_source, self.export, self._stage_calls, api, gpu)
         staging.shutdown(wait=False)
         return trace
 
@@ -358,7 +358,7 @@ class TraceStore:
         known = np.array([t is not None for t in texts], dtype=bool)
         self.api_names = np.array(sorted(set(texts[known].tolist())), dtype=object)
         code_of_id = np.where(known, np.searchsorted(self.api_names, np.where(known, texts, "")), -1).astype(np.int64)
-        order = nsys._order_by(api["rowid"], api["start"])
+        order = nsys.order_by_start(api["rowid"], api["start"])
         n = api["start"].size
         del api["rowid"], api["start"]
         links = {c: np.empty(n, dtype=np.int64) for c in ("pid", "correlation_id", "start", "end", "tid", "name")}
@@ -819,7 +819,7 @@ def _gpu_query(src: SqliteSource, table: str, kind: int) -> str:
     for f in RAW_GPU[1:]:
         source = columns.get(f)
         default = "0" if (f == "copy_kind" and kind == KIND_MEMCPY) else "-1"
-        exprs.append(nsys._int_col(src, table, source, default) if source else "-1")
+        exprs.append(nsys.int_col(src, table, source, default) if source else "-1")
     return f"SELECT {', '.join(exprs)} FROM {table}"
 
 
