@@ -88,7 +88,8 @@ def main() -> int:
         classified = C.classify_trace(trace, None)
         info, mode, family, _ = classified
         links = C.launch_links(trace)
-        iterations = iterate.split_iterations(trace.ranges, info, family, None, links[1], links[2], trace.profile_end)
+        inputs = iterate.trace_inputs(trace.ranges, info, family, links[1], links[2], trace.profile_end)
+        iterations = iterate.split_iterations(None, inputs)
         return mode, iterations, C.correlate(trace, mode, iterations.boundaries, classified, links)
 
     # the writer alone

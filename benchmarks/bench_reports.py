@@ -65,7 +65,8 @@ def analyse(path: Path):
     info, mode, family, _ = classified
     links = C.launch_links(trace)
     _gpu_api, thread_dev, process_dev = links
-    iterations = iterate.split_iterations(trace.ranges, info, family, None, thread_dev, process_dev, trace.profile_end)
+    inputs = iterate.trace_inputs(trace.ranges, info, family, thread_dev, process_dev, trace.profile_end)
+    iterations = iterate.split_iterations(None, inputs)
     corr = C.correlate(trace, mode, iterations.boundaries, classified, links)
     aggs = {n: aggregate(trace, corr, dm, iterations, 0, iterations.count - 1) for n, dm in corr.domains.items()}
     findings = {n: expert_systems.detect(trace, corr, corr.domains[n], a, iterations) for n, a in aggs.items()}

@@ -1,8 +1,11 @@
 """Iteration splitting (DESIGN.md "Iterations") on hand-built profiles."""
 
+from functools import partial
+
 import numpy as np
 import pytest
 
+from dlprof_profiler.engine.trace import PARTIAL_STEPS
 from dlprof_profiler.errors import DLProfError
 from tests.analysis import analyze
 from tests.nsys_builder import NsysExport
@@ -353,3 +356,123 @@ def test_key_ops_are_forward_ops_named_or_numbered_as_the_key():
     )
     assert key_ops(ops, "linear").tolist() == [True, False, False, True]
     assert key_ops(ops, "RELU_1").tolist() == [False, False, True, False]
+
+
+# ---------------------------------------------------------------------------- the rule itself, on plain frames
+# Both engines call iterate.split_iterations: the in-memory one through trace_inputs, the out-of-core one through
+# store.model.StoreAnalysis.iteration_inputs (tests/test_store.py checks those inputs alike).
+
+
+def _ranges(rows):
+    """A range frame and its classification from (start, end, text, label, backward, direction) rows on thread
+    7 of process 1."""
+    import pandas as pd
+
+    ranges = pd.DataFrame(
+        {
+            "start": np.array([r[0] for r in rows], dtype=np.int64),
+            "end": np.array([r[1] for r in rows], dtype=np.int64),
+            "pid": np.ones(len(rows), dtype=np.int64),
+            "global_tid": np.full(len(rows), 7, dtype=np.int64),
+            "text": [r[2] for r in rows],
+        }
+    )
+    info = pd.DataFrame(
+        {"label": [r[3] for r in rows], "backward": [r[4] for r in rows], "direction": [r[5] for r in rows]}
+    )
+    return ranges, info
+
+
+def _inputs(rows, window=(500, 4000), api_starts=(), preferred=None):
+    from dlprof_profiler.engine import iterate
+
+    ranges, info = _ranges(rows)
+    info["kind"] = 0
+    return iterate.trace_inputs(
+        ranges, info, None, {7: 0}, {1: 0}, window[1], window[0], preferred, np.asarray(api_starts, dtype=np.int64)
+    )
+
+
+def test_three_key_nodes_in_the_window_give_four_intervals():
+    """Key node instances ending at 1000, 2000 and 3000 in the window [500, 4000): [500, 1000), [1000, 2000),
+    [2000, 3000), [3000, 4000); the first and the last are partial."""
+    from dlprof_profiler.engine import iterate
+
+    rows = [(s - 100, s, "train_step", "train_step", False, None) for s in (1000, 2000, 3000)]
+    it = iterate.split_iterations("train_step", _inputs(rows))
+    assert (it.key_node, it.source, it.found, it.by_step, it.count) == ("train_step", "user", True, False, 4)
+    assert it.boundaries.tolist() == [1000, 2000, 3000]
+    assert it.starts.tolist() == [500, 1000, 2000, 3000] and it.ends.tolist() == [1000, 2000, 3000, 4000]
+    assert it.complete.tolist() == [False, True, True, False]
+    assert it.of([500, 999, 1000, 2999, 3000, 3999]).tolist() == [0, 0, 1, 2, 3, 3]
+    # a key node ending before the window opens or after it closes widens the outer intervals
+    wide = iterate.split_iterations("train_step", _inputs(rows, window=(1500, 2500)))
+    assert wide.starts.tolist() == [1000, 1000, 2000, 3000] and wide.ends.tolist() == [1000, 2000, 3000, 3000]
+
+
+def test_no_key_node_is_one_iteration_and_the_default_is_asked_only_without_one():
+    from dlprof_profiler.engine import iterate
+
+    rows = [(100, 1000, "step", "step", False, None)]
+    none = iterate.split_iterations(None, _inputs(rows))
+    assert (none.key_node, none.source, none.found, none.count) == ("", "none", False, 1)
+    assert (none.starts.tolist(), none.ends.tolist()) == ([500], [4000])
+    default = iterate.split_iterations(None, _inputs(rows, preferred="step"))
+    assert (default.source, default.boundaries.tolist()) == ("default", [1000])
+    missing = iterate.split_iterations("other", _inputs(rows, preferred="step"))
+    assert (missing.key_node, missing.source, missing.found, missing.count) == ("other", "user", False, 1)
+
+
+def test_key_node_ranges_are_forward_outermost_text_or_label_else_without_counter():
+    """Text or label equal to the key, forward only, nested once; the `#N`-stripped label only when no range
+    matches exactly."""
+    from dlprof_profiler.engine import iterate
+
+    rows = [
+        (0, 1000, "linear, seq = 1", "linear", False, "fprop"),  # by label
+        (100, 900, "linear, seq = 2", "linear", False, "fprop"),  # nested in the first
+        (1000, 1500, "linear", None, False, None),  # by text
+        (1600, 1700, "LinearBackward0", "linear", True, "bprop"),  # backward node: not a key node
+        (1800, 1900, "bwd", "linear", False, "bprop"),  # bprop marker: not a key node
+        (2000, 2500, "step#1", "step#1", False, None),
+        (2500, 3000, "step#2", "step#2", False, None),
+    ]
+    it = iterate.split_iterations("linear", _inputs(rows))
+    assert it.boundaries.tolist() == [1000, 1500]
+    by_counter = iterate.split_iterations("step#9", _inputs(rows))  # no exact match: step#1, step#2
+    assert by_counter.boundaries.tolist() == [2500, 3000]
+    exact = iterate.split_iterations("step#2", _inputs(rows))  # an exact match wins over the stripped ones
+    assert exact.boundaries.tolist() == [3000]
+    backward_only = iterate.split_iterations("LinearBackward0", _inputs(rows))
+    assert not backward_only.found and backward_only.count == 1
+
+
+def test_profiler_steps_are_their_spans_and_empty_steps_are_dropped():
+    """ProfilerStep#1..3 [1000, 2000), [2100, 3000), [3100, 4100) with something starting in each, #4
+    [4400, 4450) with nothing: three step iterations; what lies between steps is in none."""
+    from dlprof_profiler.engine import iterate
+
+    steps = [(1000, 2000), (2100, 3000), (3100, 4100), (4400, 4450)]
+    rows = [(s, e, f"ProfilerStep#{i + 1}", f"ProfilerStep#{i + 1}", False, None) for i, (s, e) in enumerate(steps)]
+    steps_of = partial(_inputs, rows, window=(100, 4450), preferred="ProfilerStep")  # a torch.profiler trace's
+    it = iterate.split_iterations(None, steps_of(api_starts=[3150, 1500, 2200]))
+    assert (it.key_node, it.source, it.by_step, it.count) == ("ProfilerStep", "default", True, 3)
+    assert it.starts.tolist() == [1000, 2100, 3100] and it.ends.tolist() == [2000, 3000, 4100]
+    assert it.boundaries.tolist() == [2000, 3000, 4100, 4450]  # op names are numbered between all ends
+    assert it.of([999, 1000, 2050, 2100, 4100]).tolist() == [-1, 0, -1, 1, -1]
+    assert it.complete.tolist() == [True, True, True]
+    marked = iterate.with_partial_steps(it, {PARTIAL_STEPS: "1000,3100"})
+    assert marked.complete.tolist() == [False, True, False]
+    # no API call in any step: no step holds anything, as if no key node were found
+    empty = iterate.split_iterations(None, steps_of())
+    assert (empty.found, empty.by_step, empty.count) == (False, False, 1)
+
+
+def test_occupied_counts_starts_strictly_inside_each_span_over_any_batches():
+    from dlprof_profiler.engine import iterate
+
+    spans = np.array([[10, 20], [20, 30], [40, 50]], dtype=np.int64)
+    batches = [np.array([25, 10, 50]), np.array([], dtype=np.int64), np.array([45, 11])]
+    assert iterate.occupied_by(lambda: batches)(spans).tolist() == [True, True, True]
+    # a span's own start and its end are not inside it
+    assert iterate.occupied_by(lambda: [np.array([10, 20, 30, 40, 50])])(spans).tolist() == [False, False, False]

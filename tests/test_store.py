@@ -144,30 +144,84 @@ def _assert_same_analysis(path, config: AnalysisConfig, splits, tmp_path) -> Non
             ]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "case",
-    ["profiler_steps", "profiler_steps_range", "forward_label", "forward_op_name", "tail_loading"],
-)
-def test_out_of_core_iterations_equal_the_in_memory_ones(case, tmp_path):
-    """The iteration rules on both engines, any split: ProfilerStep iterations (steps' own spans, what lies
-    outside them left out, an empty last step dropped), key nodes matching forward calls only (by label and by
-    op name), a window holding the last interval's data loading."""
+def _iteration_case(case, tmp_path):
+    """(profile, key nodes to look for) of the iteration rule's cases: ProfilerStep iterations (an empty last
+    step), key nodes matching forward calls only (by label, by text), a window holding the last interval's
+    data loading."""
     from tests import test_iterate
 
-    if case.startswith("profiler_steps"):
-        path = test_iterate.profiler_steps_profile(tmp_path / "steps.sqlite")
-        config = AnalysisConfig(iter_start=1, iter_stop=2) if case.endswith("range") else AnalysisConfig()
-    elif case == "forward_label":
-        path, config = profiles.backward_calls_profile(tmp_path / "calls.sqlite"), AnalysisConfig(key_node="linear")
-    elif case == "forward_op_name":
-        path, config = profiles.training_profile(tmp_path / "t.sqlite"), AnalysisConfig(key_node="/aten::conv2d")
-    else:
-        path, config = (
-            test_iterate.tail_loading_profile(tmp_path / "tail.sqlite"),
-            AnalysisConfig(key_node="train_step"),
+    if case == "profiler_steps":
+        return test_iterate.profiler_steps_profile(tmp_path / "steps.sqlite"), ["ProfilerStep", "ProfilerStep#2"]
+    if case == "forward_label":
+        return profiles.backward_calls_profile(tmp_path / "calls.sqlite"), ["linear", "no_such_node"]
+    return test_iterate.tail_loading_profile(tmp_path / "tail.sqlite"), ["train_step"]
+
+
+def _matches(frame: pd.DataFrame) -> list:
+    """A `ranges_where` answer as sorted plain rows (missing direction: None)."""
+    rows = zip(*(frame[c].tolist() for c in ("start", "end", "pid", "global_tid")), frame["backward"].astype(bool))
+    directions = [d if isinstance(d, str) else None for d in frame["direction"].tolist()]
+    return sorted((*r, d) for r, d in zip(rows, directions))
+
+
+@pytest.mark.parametrize("case", ["profiler_steps", "forward_label", "tail_loading"])
+def test_the_store_gives_the_iteration_rule_the_inputs_the_trace_gives(case, tmp_path):
+    """The iteration rule is one function (iterate.split_iterations, its cases in test_iterate.py); out of core,
+    the store only reads its inputs: the default key node, the ranges a key node's label test or text matches
+    (backward ones too, which the rule drops), the starts of every range and API call, the profile window."""
+    from dlprof_profiler.engine import iterate
+    from dlprof_profiler.engine.correlate import classify_trace, launch_links
+    from dlprof_profiler.store.model import StoreAnalysis
+
+    path, keys = _iteration_case(case, tmp_path)
+    trace = sanitize_trace(read_nsys_export(path))
+    info, _, family, _ = classify_trace(trace, None)
+    _, thread_dev, process_dev = launch_links(trace)
+    memory = iterate.trace_inputs(
+        trace.ranges,
+        info,
+        family,
+        thread_dev,
+        process_dev,
+        trace.profile_end,
+        trace.profile_start,
+        api_starts=trace.api_calls["start"].to_numpy(np.int64),
+    )
+    store = TraceStore(path, tmp_path / "store")
+    try:
+        store.load()
+        sa = StoreAnalysis(store)
+        _, store_family, _ = sa.classify(None)
+        store_threads, store_processes = sa.link_launches()
+        stored = sa.iteration_inputs(sa.range_labels(), store_family, store_threads, store_processes)
+        assert stored.default_key() == memory.default_key()
+        assert (stored.profile_start, stored.profile_end) == (memory.profile_start, memory.profile_end)
+        assert (stored.thread_device, stored.process_device) == (memory.thread_device, memory.process_device)
+        for key in keys:
+            want = iterate.NUMBER_SUFFIX.sub("", key)
+            for label_test, text in ((lambda labels: labels == key, key), (lambda labels: labels == want, None)):
+                expected = _matches(memory.ranges_where(label_test, text))
+                assert _matches(stored.ranges_where(label_test, text)) == expected, key
+        assert sorted(np.concatenate(list(stored.event_starts())).tolist()) == sorted(
+            np.concatenate(list(memory.event_starts())).tolist()
         )
-    _assert_same_analysis(path, config, (10**9, 25, 7), tmp_path)
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["profiler_steps_range", "forward_op_name"])
+def test_out_of_core_iteration_ranges_and_key_ops_equal_the_in_memory_ones(case, tmp_path):
+    """What the store adds to the iteration rule's inputs, in a whole analysis, any split: an iteration range
+    of steps (the aggregation window), a key node given as an op name (the store's op instances)."""
+    from tests import test_iterate
+
+    if case == "profiler_steps_range":
+        path = test_iterate.profiler_steps_profile(tmp_path / "steps.sqlite")
+        config = AnalysisConfig(iter_start=1, iter_stop=2)
+    else:
+        path, config = profiles.training_profile(tmp_path / "t.sqlite"), AnalysisConfig(key_node="/aten::conv2d")
+    _assert_same_analysis(path, config, (10**9, 7), tmp_path)
 
 
 @pytest.mark.slow

@@ -96,30 +96,19 @@ def analyze(
     info, mode, family, _ = classified
     links = stages.run("Linking GPU activities to their launches", lambda: corr_mod.launch_links(trace), quiet=True)
     _gpu_api, thread_dev, process_dev = links
-    preferred = trace.meta.get("key_node_default")  # an input format's own iteration marker (ProfilerStep)
-    iterations = iterate.split_iterations(
+    inputs = iterate.trace_inputs(
         trace.ranges,
         info,
         family,
-        config.key_node,
         thread_dev,
         process_dev,
         trace.profile_end,
         trace.profile_start,
-        preferred=preferred,
+        preferred=trace.meta.get("key_node_default"),  # an input format's own iteration marker (ProfilerStep)
         api_starts=trace.api_calls["start"].to_numpy(np.int64),
     )
-    naming = iterate.naming_iterations(
-        iterations,
-        trace.ranges,
-        info,
-        family,
-        thread_dev,
-        process_dev,
-        trace.profile_end,
-        trace.profile_start,
-        preferred=preferred,
-    )
+    iterations = iterate.split_iterations(config.key_node, inputs)
+    naming = iterate.naming_iterations(iterations, inputs)
     corr = stages.run(
         "Correlating NVTX ranges, CUDA API calls and GPU activities",
         lambda: corr_mod.correlate(trace, mode, naming.boundaries, classified, links, config.cuts),
@@ -255,11 +244,10 @@ def reaggregation_iterations(trace: Trace, corr: Correlation, key_node: str | No
     """Iterations for a new aggregation of a loaded model: the given key node, else the original one."""
     key = key_node or None
     start = profile.get("profile_start")
-    iterations = iterate.split_iterations(
+    inputs = iterate.trace_inputs(
         trace.ranges,
         corr.range_info,
         corr.family,
-        key,
         corr.thread_device,
         corr.process_device,
         int(profile.get("profile_end") or trace.profile_end),
@@ -267,6 +255,7 @@ def reaggregation_iterations(trace: Trace, corr: Correlation, key_node: str | No
         preferred=profile.get("key_node_default") or None,
         api_starts=trace.api_calls["start"].to_numpy(np.int64),
     )
+    iterations = iterate.split_iterations(key, inputs)
     if key and not iterations.found:
         iterations = key_node_from_ops(corr, key, iterations)
     return iterations
@@ -304,17 +293,9 @@ def analyze_store(
         run_config = {**run_config, "peak_memory": int(trace.meta["gpu_peak_memory"])}
     thread_dev, process_dev = stages.run("Linking GPU activities to their launches", sa.link_launches)
     labels = sa.range_labels()
-    iterations = _store_iterations(
-        sa, labels, family, config.key_node, thread_dev, process_dev, store.profile_end, store.profile_start
-    )
-    # top-level op names are numbered per iteration of the key node, else of the default one (iterate.naming_iterations)
-    naming = (
-        iterations
-        if iterations.found or iterations.source != "user"
-        else _store_iterations(
-            sa, labels, family, None, thread_dev, process_dev, store.profile_end, store.profile_start
-        )
-    )
+    inputs = sa.iteration_inputs(labels, family, thread_dev, process_dev, trace.meta.get("key_node_default"))
+    iterations = iterate.split_iterations(config.key_node, inputs)
+    naming = iterate.naming_iterations(iterations, inputs)
     cuts = config.cuts if config.cuts is not None else tuple(sa.plan_cuts(naming.boundaries, events_per_segment))
     correlators = {
         d: DomainCorrelator(
@@ -377,22 +358,4 @@ def analyze_store(
 
     return _aggregate_and_detect(
         trace, corr, iterations, primary, config, source_name, stages, aggregate_domain, partial(StoreData, sa), detect
-    )
-
-
-def _store_iterations(
-    sa, labels: pd.DataFrame, family, key_node, thread_dev, process_dev, profile_end: int, profile_start: int
-):
-    """iterate.split_iterations over the store's range labels."""
-    key, source = iterate.chosen_key_node(key_node, lambda: iterate.default_key_node_of_labels(labels, family))
-    if not key:
-        return iterate.no_iterations(profile_end, profile_start)
-    found = sa.key_node_ranges(key, labels, stripped=False)
-    if len(found):
-        found = iterate.outermost(found)
-    else:
-        found = sa.key_node_ranges(key, labels, stripped=True)
-        found = iterate.outermost(found) if len(found) else found
-    return iterate.iterations_of(
-        key, source, found, thread_dev, process_dev, profile_end, profile_start, occupied=sa.occupied
     )

@@ -157,37 +157,51 @@ def iterations_of(
     )
 
 
-def key_node_instances(
-    ranges: pd.DataFrame, info: pd.DataFrame, key: str, op_instances: pd.DataFrame | None = None
-) -> pd.DataFrame:
-    """Forward ranges (any domain, scopes included) whose text or label is the key node; else forward op
-    instances whose op name or Op ID is; else forward ranges whose label without its `#N` counter is. Backward
-    ranges (autograd nodes, bprop markers) and bprop instances carry the forward op's name or label but are
-    not key node instances: the key node is the forward call."""
-    cols = ["start", "end", "pid", "global_tid"]
+# the columns `ranges_where` gives: the range's span and thread, and what tells a backward range
+KEY_NODE_COLUMNS = ["start", "end", "pid", "global_tid"]
+RANGE_MATCH_COLUMNS = KEY_NODE_COLUMNS + ["backward", "direction"]
 
-    def forward(hit: np.ndarray) -> np.ndarray:
+
+def key_node_ranges(key: str, ranges_where) -> pd.DataFrame:
+    """The key node's instances: forward ranges (any domain, scopes included) whose text or label is the key
+    node, else forward ranges whose label without its `#N` counter is; nested ones dropped. Backward ranges
+    (autograd nodes, bprop markers) carry the forward op's name or label but are not key node instances: the key
+    node is the forward call. `ranges_where(label_test, text)`: the ranges (RANGE_MATCH_COLUMNS, in range
+    order) whose label passes `label_test` (an object array of labels -> bools) or whose text is `text`."""
+    found = forward_outermost(ranges_where(lambda labels: labels == key, key))
+    if len(found):
+        return found
+    want = NUMBER_SUFFIX.sub("", key)
+    return forward_outermost(ranges_where(lambda labels: without_counter(labels) == want, None))
+
+
+def without_counter(labels: np.ndarray) -> np.ndarray:
+    """Labels without their `#N` counter (per distinct label: millions of ranges share a few thousand)."""
+    return nm.per_unique(labels, lambda t: NUMBER_SUFFIX.sub("", t) if isinstance(t, str) else t)
+
+
+def forward_outermost(matches: pd.DataFrame) -> pd.DataFrame:
+    """The forward ranges of `matches`, nested ones dropped (KEY_NODE_COLUMNS)."""
+    forward = matches.loc[~backward_ranges(matches), KEY_NODE_COLUMNS]
+    return outermost(forward) if len(forward) else forward.reset_index(drop=True)
+
+
+def trace_ranges_where(ranges: pd.DataFrame, info: pd.DataFrame):
+    """`ranges_where` (key_node_ranges) over an in-memory trace's ranges and their classification."""
+
+    def ranges_where(label_test, text: str | None) -> pd.DataFrame:
+        if len(ranges) == 0:
+            return pd.DataFrame({c: pd.Series(dtype="int64") for c in RANGE_MATCH_COLUMNS})
+        hit = np.asarray(label_test(info["label"].to_numpy(dtype=object)), dtype=bool)
+        if text is not None:
+            hit = hit | (ranges["text"] == text).to_numpy(dtype=bool)
         rows = np.flatnonzero(hit)  # looked at where the key matched only (ranges may be millions)
-        hit[rows[backward_ranges(info.iloc[rows])]] = False
-        return hit
+        frame = ranges.iloc[rows][KEY_NODE_COLUMNS].reset_index(drop=True)
+        for column, absent in (("backward", False), ("direction", None)):
+            frame[column] = info[column].to_numpy()[rows] if column in info else absent
+        return frame
 
-    if len(ranges):
-        hit = forward((ranges["text"] == key).to_numpy(dtype=bool) | (info["label"].to_numpy(dtype=object) == key))
-        if hit.any():
-            return outermost(ranges.loc[hit, cols])
-    if op_instances is not None and len(op_instances):
-        hit = key_ops(op_instances, key)
-        if hit.any():
-            return outermost(op_instances.loc[hit, cols])
-    if len(ranges):
-        # per distinct label: the labels of millions of ranges share a few thousand string objects
-        stripped = nm.per_unique(
-            info["label"].to_numpy(dtype=object), lambda t: NUMBER_SUFFIX.sub("", t) if isinstance(t, str) else t
-        )
-        hit = forward(np.asarray(stripped == NUMBER_SUFFIX.sub("", key), dtype=bool))
-        if hit.any():
-            return outermost(ranges.loc[hit, cols])
-    return pd.DataFrame({c: pd.Series(dtype="int64") for c in cols})
+    return ranges_where
 
 
 def key_ops(ops: pd.DataFrame, key: str) -> np.ndarray:
@@ -262,13 +276,13 @@ def default_key_node_of_labels(labels: pd.DataFrame, family: str | None) -> str 
     return None
 
 
-def occupied_by(*starts: np.ndarray):
-    """`occupied(spans)` over events starting at `starts`: whether one starts inside each span after its
-    start (the step's own range starts there)."""
+def occupied_by(event_starts):
+    """`occupied(spans)` over the events whose starts `event_starts()` yields (arrays, in any number and order):
+    whether one starts inside each span after its start (the step's own range starts there)."""
 
     def occupied(spans: np.ndarray) -> np.ndarray:
         count = np.zeros(len(spans), dtype=np.int64)
-        for times in starts:
+        for times in event_starts():
             times = np.asarray(times, dtype=np.int64)
             if times.size > 1 and (times[1:] < times[:-1]).any():
                 times = np.sort(times)
@@ -355,32 +369,63 @@ def step_spans(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.n
     return np.stack([first, last], axis=1).astype(np.int64)
 
 
-def split_iterations(
+@dataclass(frozen=True)
+class IterationInputs:
+    """What the iteration rule reads of a profile, from either engine (`trace_inputs` in memory,
+    store.model.StoreAnalysis.iteration_inputs out of core)."""
+
+    default_key: object  # () -> the key node to use when the user gives none (None: no iterations)
+    ranges_where: object  # (label_test, text) -> matching ranges (key_node_ranges)
+    event_starts: object  # () -> arrays of the starts of every range and API call (occupied_by)
+    thread_device: dict
+    process_device: dict
+    profile_end: int
+    profile_start: int
+
+
+def trace_inputs(
     ranges: pd.DataFrame,
     info: pd.DataFrame,
     family: str | None,
-    key_node: str | None,
     thread_device: dict,
     process_device: dict,
     profile_end: int,
     profile_start: int = 0,
-    op_instances: pd.DataFrame | None = None,
     preferred: str | None = None,
     api_starts: np.ndarray | None = None,
-) -> Iterations:
-    """Iteration intervals for a user key node, else the default the input format prefers (`preferred`:
-    ProfilerStep for torch.profiler traces, whose steps the user marked), else the framework default,
-    else one iteration. `api_starts`: the API calls' starts (a step in which no range or API call
-    starts is no iteration)."""
-    key, source = chosen_key_node(key_node, lambda: preferred or default_key_node(ranges, info, family))
-    if not key:
-        return no_iterations(profile_end, profile_start)
-    found = key_node_instances(ranges, info, key, op_instances)
+) -> IterationInputs:
+    """The iteration rule's inputs from an in-memory trace. The default key node is the one the input format
+    prefers (`preferred`: ProfilerStep for torch.profiler traces, whose steps the user marked), else the
+    framework's; `api_starts`: the API calls' starts (a step in which no range or API call starts is no
+    iteration)."""
     none = np.zeros(0, dtype=np.int64)
-    occupied = occupied_by(
-        ranges["start"].to_numpy(np.int64) if len(ranges) else none, none if api_starts is None else api_starts
+    starts = (ranges["start"].to_numpy(np.int64) if len(ranges) else none, none if api_starts is None else api_starts)
+    return IterationInputs(
+        default_key=lambda: preferred or default_key_node(ranges, info, family),
+        ranges_where=trace_ranges_where(ranges, info),
+        event_starts=lambda: starts,
+        thread_device=thread_device,
+        process_device=process_device,
+        profile_end=profile_end,
+        profile_start=profile_start,
     )
-    return iterations_of(key, source, found, thread_device, process_device, profile_end, profile_start, occupied)
+
+
+def split_iterations(key_node: str | None, inputs: IterationInputs) -> Iterations:
+    """Iteration intervals for a user key node, else the profile's default one, else one iteration."""
+    key, source = chosen_key_node(key_node, inputs.default_key)
+    if not key:
+        return no_iterations(inputs.profile_end, inputs.profile_start)
+    return iterations_of(
+        key,
+        source,
+        key_node_ranges(key, inputs.ranges_where),
+        inputs.thread_device,
+        inputs.process_device,
+        inputs.profile_end,
+        inputs.profile_start,
+        occupied_by(inputs.event_starts),
+    )
 
 
 def chosen_key_node(key_node: str | None, default) -> tuple[str | None, str]:
@@ -391,24 +436,12 @@ def chosen_key_node(key_node: str | None, default) -> tuple[str | None, str]:
     return key, ("default" if key else "none")
 
 
-def naming_iterations(
-    iterations: Iterations,
-    ranges: pd.DataFrame,
-    info: pd.DataFrame,
-    family: str | None,
-    thread_device: dict,
-    process_device: dict,
-    profile_end: int,
-    profile_start: int = 0,
-    preferred: str | None = None,
-) -> Iterations:
+def naming_iterations(iterations: Iterations, inputs: IterationInputs) -> Iterations:
     """The iterations top-level op names are numbered by: the key node's, else the default key node's (a
     key node given as an op name or Op ID exists only once ops are named)."""
     if iterations.found or iterations.source != "user":
         return iterations
-    return split_iterations(
-        ranges, info, family, None, thread_device, process_device, profile_end, profile_start, preferred=preferred
-    )
+    return split_iterations(None, inputs)
 
 
 def select_range(

@@ -275,10 +275,10 @@ def _int_fields(arr: pa.Array, marker_at: dict, mask: np.ndarray) -> tuple[np.nd
 
 
 def per_unique(values: np.ndarray, fn, dtype=object) -> np.ndarray:
-    """fn applied once per distinct value, spread back over all values."""
+    """fn applied once per distinct value, spread back over all values (a missing one gets fn(None))."""
     codes, uniques = pd.factorize(np.asarray(values, dtype=object))
-    results = np.array([fn(u) for u in uniques], dtype=dtype) if len(uniques) else np.zeros(0, dtype=dtype)
-    return results[codes] if len(codes) else np.zeros(0, dtype=dtype)
+    results = [fn(u) for u in uniques] + ([fn(None)] if (codes < 0).any() else [])
+    return np.array(results, dtype=dtype)[codes] if len(codes) else np.zeros(0, dtype=dtype)  # -1: the last
 
 
 # ---------------------------------------------------------------- PyTorch emit_nvtx texts

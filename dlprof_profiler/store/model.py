@@ -8,6 +8,7 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass
+from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,7 +20,7 @@ from dlprof_profiler.engine import correlate as corr_mod
 from dlprof_profiler.engine import markers as nm
 from dlprof_profiler.engine.aggregate import LAUNCH_COLUMNS
 from dlprof_profiler.engine.correlate import INSTANCE_COLUMNS, DomainFacts, Segment
-from dlprof_profiler.engine.iterate import NUMBER_SUFFIX
+from dlprof_profiler.engine import iterate
 from dlprof_profiler.engine.model_chunks import (
     ACTIVITY_FIELDS,
     INSTANCE_FIELDS,
@@ -253,42 +254,44 @@ class StoreAnalysis:
         return {d: set(p) for d, p in self.store.device_pids.items()}
 
     # -- iterations -------------------------------------------------------------------------------------
-    def key_node_ranges(self, key: str, labels: pd.DataFrame, stripped: bool) -> pd.DataFrame:
-        """Forward ranges whose text or label is `key` (or, `stripped`, whose label without its #N counter is):
-        iterate.key_node_instances over the store (backward nodes and bprop markers are not key nodes)."""
-        values = labels["label"].to_numpy(dtype=object)
-        if stripped:
-            want = NUMBER_SUFFIX.sub("", key)
-            hit = np.array([v is not None and NUMBER_SUFFIX.sub("", str(v)) == want for v in values], dtype=bool)
-            codes = [self.pool.code[v] for v in values[hit] if v in self.pool.code]
-            where = f"i.label_code IN ({','.join(map(str, codes))})" if codes else "false"
-            params = None
-        else:
-            code = self.pool.code.get(key, -2)
-            where = f"(i.label_code = {code} OR i.range_id IN (SELECT range_id FROM ranges WHERE text = $1))"
-            params = [key]
-        bprop = self.pool.code.get("bprop", -2)
-        backward = f"(coalesce(i.backward, 0) = 1 OR coalesce(i.direction_code, -1) = {bprop})"
-        return self.store.frame(
-            f"""SELECT i.start, i."end", i.pid, i.global_tid FROM range_info i
-            WHERE {where} AND NOT {backward} ORDER BY i.range_id""",
-            params,
+    def iteration_inputs(
+        self, labels: pd.DataFrame, family: str | None, thread_device: dict, process_device: dict, preferred=None
+    ) -> iterate.IterationInputs:
+        """The iteration rule's inputs (iterate.trace_inputs) read from the store: the default key node from the
+        range labels, the ranges a key node matches, the starts of the ranges and API calls."""
+        return iterate.IterationInputs(
+            default_key=lambda: preferred or iterate.default_key_node_of_labels(labels, family),
+            ranges_where=partial(self.ranges_where, labels["label"].to_numpy(dtype=object)),
+            event_starts=self.event_starts,
+            thread_device=thread_device,
+            process_device=process_device,
+            profile_end=self.store.profile_end,
+            profile_start=self.store.profile_start,
         )
 
-    def occupied(self, spans: np.ndarray) -> np.ndarray:
-        """Whether a range or API call starts inside each span after its start (iterate.occupied_by)."""
-        frame = pd.DataFrame({"k": np.arange(len(spans)), "lo": spans[:, 0], "hi": spans[:, 1]})
-        con = self.store.con
-        con.register("_spans", frame)
-        try:
-            hit = self.store.frame("""
-                SELECT DISTINCT s.k FROM _spans s JOIN (SELECT start FROM ranges UNION ALL SELECT start FROM api) e
-                ON e.start > s.lo AND e.start < s.hi""")
-        finally:
-            con.unregister("_spans")
-        flags = np.zeros(len(spans), dtype=bool)
-        flags[hit["k"].to_numpy(np.int64)] = True
-        return flags
+    def ranges_where(self, labels: np.ndarray, label_test, text: str | None) -> pd.DataFrame:
+        """The ranges whose label passes `label_test` (asked of the distinct `labels`) or whose text is `text`,
+        in range order (iterate.key_node_ranges)."""
+        hit = labels[np.asarray(label_test(labels), dtype=bool)] if len(labels) else labels
+        codes = sorted({self.pool.code[v] for v in hit if v in self.pool.code})
+        where = [f"i.label_code IN ({','.join(map(str, codes))})"] if codes else []
+        if text is not None:
+            where.append("i.range_id IN (SELECT range_id FROM ranges WHERE text = $1)")
+        if not where:
+            where = ["false"]
+        f = self.store.frame(
+            f"""SELECT i.start, i."end", i.pid, i.global_tid, i.backward, i.direction_code FROM range_info i
+            WHERE {" OR ".join(where)} ORDER BY i.range_id""",
+            [text] if text is not None else None,
+        )
+        f["direction"] = self.pool.decode(f.pop("direction_code").to_numpy(np.int64))
+        return f
+
+    def event_starts(self):
+        """The starts of every range and API call, a batch at a time (iterate.occupied_by)."""
+        for table in ("ranges", "api"):
+            for batch in self.store.con.sql(f"SELECT start FROM {table}").to_arrow_reader(1 << 20):
+                yield batch.column(0).to_numpy(zero_copy_only=False)
 
     # -- segments ---------------------------------------------------------------------------------------
     def plan_cuts(self, boundaries: np.ndarray, events_per_segment: int) -> list[int]:
