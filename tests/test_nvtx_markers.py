@@ -92,3 +92,52 @@ def test_classification_of_per_call_fields():
     assert by_text["Optimizer.step#SGD.step, op_id = 0"].kind == nm.SCOPE
     # equal shared parts get equal codes, whatever their per-call fields
     assert by_text["aten::mm, seq = 1, op_id = 2"].text_code == by_text["aten::mm, op_id = 2"].text_code
+
+
+# ---------------------------------------------------------------------------- the classification's outcome
+# correlate.classify_trace classifies a trace's ranges in one batch, store.model.StoreAnalysis.classify the
+# store's parts batch by batch: both through RangeClassifier.
+
+CLASSIFIED = [
+    ("{'model_config': {'batch_size': 8}}", "default"),
+    ("aten::mm, seq = 1, op_id = 2", "default"),
+    ("{'model_config': {'batch_size': 16, 'lr': 0.1}}", "default"),
+    ("Conv2D: model/conv1/Conv2D", "default"),
+    ("dataloader", "default"),
+]
+
+
+def _classified(mode, batches):
+    classifier = nm.RangeClassifier(mode)
+    infos = [
+        classifier.classify(pa.array([t for t, _ in b], pa.string()), np.array([d for _, d in b])) for b in batches
+    ]
+    return infos, classifier.outcome()
+
+
+@pytest.mark.parametrize("split", [1, 2, 5])
+def test_the_classification_does_not_depend_on_the_batches(split):
+    whole, outcome = _classified(None, [CLASSIFIED])
+    parts, split_outcome = _classified(None, [CLASSIFIED[i : i + split] for i in range(0, len(CLASSIFIED), split)])
+    assert split_outcome == outcome
+    for column in ("kind", "label", "op_type", "dataloader"):
+        assert np.concatenate([p[column].to_numpy() for p in parts]).tolist() == whole[0][column].tolist()
+    # PyTorch markers come first; the later config marker's entries win
+    assert outcome == ("pytorch", "pytorch", {"batch_size": 16, "lr": 0.1})
+
+
+def test_the_mode_follows_the_markers_present():
+    tf = [("Conv2D: model/conv1/Conv2D", "default")]
+    assert _classified(None, [tf])[1] == ("tensorflow2", "tensorflow", {})
+    assert _classified(None, [[("step", "default")]])[1] == ("nvtx", None, {})
+    # a mode given reads only its markers: TensorFlow texts are scopes under pytorch
+    infos, outcome = _classified("pytorch", [tf])
+    assert outcome == ("pytorch", "pytorch", {}) and infos[0]["kind"].tolist() == [nm.SCOPE]
+
+
+def test_without_ranges_or_in_simple_mode_there_is_no_op_analysis():
+    assert _classified(None, [[]])[1] == ("simple", None, {})
+    assert _classified("pytorch", [[], []])[1] == ("pytorch", None, {})
+    infos, outcome = _classified("simple", [CLASSIFIED])
+    assert outcome == ("simple", None, {})  # config markers too are read only with op analysis
+    assert nm.PT_OP not in infos[0]["kind"].tolist() and infos[0]["dataloader"].tolist()[-1]

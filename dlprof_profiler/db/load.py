@@ -13,8 +13,8 @@ import pandas as pd
 import pyarrow as pa
 
 from dlprof_profiler import contract as K
-from dlprof_profiler.engine.correlate import FAMILY_OF_MODE, Correlation, DomainModel, call_metrics, launch_links
-from dlprof_profiler.engine.markers import classify_ranges
+from dlprof_profiler.engine.correlate import Correlation, DomainModel, call_metrics, launch_links
+from dlprof_profiler.engine.markers import FAMILY_OF_MODE, classify_ranges
 from dlprof_profiler.db.encode import join_call_fields
 from dlprof_profiler.db.schema import SCHEMA
 from dlprof_profiler.errors import DLProfError

@@ -146,43 +146,14 @@ def take(values: np.ndarray, idx: np.ndarray, default) -> np.ndarray:
     return np.where(idx >= 0, values[np.maximum(idx, 0)], default)
 
 
-FAMILY_OF_MODE = {
-    "pytorch": "pytorch",
-    "tensorflow1": "tensorflow",
-    "tensorflow2": "tensorflow",
-    "tensorrt": "tensorrt",
-    "nvtx": None,
-    "simple": None,
-}
-
-
 def classify_trace(trace: Trace, mode: str | None) -> tuple[pd.DataFrame, str, str | None, dict]:
     """Classify every range; return (range_info, mode, family, run config from config markers)."""
     ranges = trace.ranges
-    if mode == "simple" or len(ranges) == 0:
-        # no op analysis, but the ranges still say where data loading happens (summary breakdown)
-        info = nm.classify_ranges(ranges["text"], ranges["domain"], set())
-        return info, (mode or "simple"), None, {}
-    families = None
-    if mode in FAMILY_OF_MODE:
-        fam = FAMILY_OF_MODE[mode]
-        families = {fam} if fam else set()
-    info = nm.classify_ranges(ranges["text"], ranges["domain"], families)
-    _adopt_range_details(info, ranges)
-    config = {}
-    for entry in info.attrs.get("config", []):
-        config.update(entry)
-    kinds = info["kind"].to_numpy()
-    if mode is None:
-        if np.isin(kinds, (nm.PT_OP, nm.DL_ARG, nm.DL_TRACE)).any():
-            mode = "pytorch"
-        elif (kinds == nm.TF_OP).any():
-            mode = "tensorflow2"
-        elif (kinds == nm.TRT_LAYER).any():
-            mode = "tensorrt"
-        else:
-            mode = "nvtx"
-    return info, mode, FAMILY_OF_MODE.get(mode), config
+    classifier = nm.RangeClassifier(mode)
+    info = classifier.classify(ranges["text"], ranges["domain"])
+    if mode != "simple" and len(ranges):  # no op analysis otherwise: the ranges only say where data loads
+        _adopt_range_details(info, ranges)
+    return (info, *classifier.outcome())
 
 
 RANGE_DETAIL_COLUMNS = ("data_type", "input_shapes", "stack_trace", "parameters", "output_shapes")

@@ -24,6 +24,15 @@ OP_MARKERS = (PT_OP, DL_ARG, TF_OP, TRT_LAYER)
 WRAPPERS = (DL_TRACE, DL_MODULE)  # annotate the op marker inside them; neither ops nor scopes
 
 FAMILY_PYTORCH, FAMILY_TENSORFLOW, FAMILY_TENSORRT = "pytorch", "tensorflow", "tensorrt"
+# the marker family each --mode reads (None: markers of no framework)
+FAMILY_OF_MODE = {
+    "pytorch": FAMILY_PYTORCH,
+    "tensorflow1": FAMILY_TENSORFLOW,
+    "tensorflow2": FAMILY_TENSORFLOW,
+    "tensorrt": FAMILY_TENSORRT,
+    "nvtx": None,
+    "simple": None,
+}
 
 MAX_DICT_TEXT = 200_000  # longer dict-like texts are not parsed (guard against pathological markers)
 
@@ -146,6 +155,47 @@ def classify_ranges(texts, domains, families: set[str] | None = None) -> pd.Data
     out = _frame(cols)
     out.attrs["config"] = config
     return out
+
+
+class RangeClassifier:
+    """The classification of a profile's ranges under a --mode (None: detected), in one batch or in many (the
+    out-of-core store's parts): `classify` each batch, then `outcome` gives the profile's mode, marker family
+    and the run configuration its config markers carry."""
+
+    def __init__(self, mode: str | None):
+        self.mode = mode
+        family = FAMILY_OF_MODE.get(mode, "any")
+        self.families = None if family == "any" else ({family} if family else set())
+        self.count = 0
+        self.kinds = np.zeros(TRT_LAYER + 1, dtype=bool)
+        self.config: dict = {}
+
+    def classify(self, texts, domains) -> pd.DataFrame:
+        """classify_ranges of a batch of ranges (their texts and domains)."""
+        info = classify_ranges(texts, domains, set() if self.mode == "simple" else self.families)
+        self.count += len(info)
+        self.kinds[np.unique(info["kind"].to_numpy(np.int64))] = True
+        for entry in info.attrs.get("config", []):
+            self.config.update(entry)
+        return info
+
+    def outcome(self) -> tuple[str, str | None, dict]:
+        """(mode, family, run config). Without ranges or in simple mode there is no op analysis: mode simple
+        (or the one given), no family, no configuration. Otherwise the mode given, else the first family whose
+        op markers are present (PyTorch, TensorFlow, TensorRT), else plain NVTX."""
+        if self.mode == "simple" or self.count == 0:
+            return self.mode or "simple", None, {}
+        mode = self.mode
+        if mode is None:
+            if self.kinds[[PT_OP, DL_ARG, DL_TRACE]].any():
+                mode = "pytorch"
+            elif self.kinds[TF_OP]:
+                mode = "tensorflow2"
+            elif self.kinds[TRT_LAYER]:
+                mode = "tensorrt"
+            else:
+                mode = "nvtx"
+        return mode, FAMILY_OF_MODE.get(mode), dict(self.config)
 
 
 SPARSE_COLUMNS = ("func_stack", "stack_trace", "data_type", "input_shapes", "output_shapes", "parameters", "direction")

@@ -140,7 +140,6 @@ class StoreAnalysis:
     def __init__(self, store: TraceStore):
         self.store = store
         self.pool = StringPool()
-        self.config_entries: list[dict] = []
         self.parts_folder = store.workdir / "parts"
         self.bounds: list = []  # the time segments: (lo, hi) pairs, once `segments` has planned them
 
@@ -155,41 +154,21 @@ class StoreAnalysis:
     def classify(self, mode: str | None) -> tuple[str, str | None, dict]:
         """Classify every range (in batches) into `range_info`, which holds the ranges' own columns too (every
         later query reads it alone, without joining the ranges); returns (mode, family, run config)."""
-        families = None
-        if mode in corr_mod.FAMILY_OF_MODE:
-            fam = corr_mod.FAMILY_OF_MODE[mode]
-            families = {fam} if fam else set()
-        if mode == "simple":
-            families = set()
+        classifier = nm.RangeClassifier(mode)
         self.range_info = PartTable(self.parts_folder, "range_info", RANGE_INFO_SCHEMA, keys=("start",))
         domains = np.array(self.store.domains, dtype=object)
-        kinds_seen = np.zeros(8, dtype=np.int64)
         for part in self.store.range_parts():
             texts = pd.Series(part["text"], dtype="str")
             dom = domains[part["domain_code"]] if len(domains) else np.zeros(0, object)
-            info = nm.classify_ranges(texts, dom, families)
-            self.config_entries += info.attrs.get("config", [])
+            info = classifier.classify(texts, dom)
             frame = {c: part[c] for c, _ in RANGE_COLUMNS}
             for c in INFO_INT:
                 frame[c] = info[c].to_numpy().astype(INFO_TYPES.get(c, (None, np.int64))[1])
             for c in INFO_TEXT:
                 frame[f"{c}_code"] = self.pool.encode(info[c].to_numpy(dtype=object)).astype(CODE_TYPE[1])
-            kinds_seen += np.bincount(frame["kind"].astype(np.int64), minlength=8)[:8]
             self.range_info.append(frame)
         self.publish(self.range_info)
-        config = {}
-        for entry in self.config_entries:
-            config.update(entry)
-        if mode is None:
-            if kinds_seen[[nm.PT_OP, nm.DL_ARG, nm.DL_TRACE]].any():
-                mode = "pytorch"
-            elif kinds_seen[nm.TF_OP]:
-                mode = "tensorflow2"
-            elif kinds_seen[nm.TRT_LAYER]:
-                mode = "tensorrt"
-            else:
-                mode = "nvtx" if self.store.raw_ranges.rows else "simple"
-        return mode, corr_mod.FAMILY_OF_MODE.get(mode), config
+        return classifier.outcome()
 
     def range_labels(self) -> pd.DataFrame:
         """Ranges per (domain, label) (correlate.range_label_counts)."""
