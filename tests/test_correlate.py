@@ -576,3 +576,13 @@ def test_a_backward_pass_crossing_a_cut_spans_the_calls_it_owns():
     out = backward_pass_spans(part, span)
     assert out["start"].tolist() == [10, 45, 80] and out["end"].tolist() == [20, 75, 90]
     assert part["start"].tolist() == [10, 50, 80]  # a copy: the caller's frame is left alone
+
+
+def test_the_run_configuration_takes_the_memory_peak_where_the_markers_give_none():
+    from dlprof_profiler.engine.correlate import run_config
+
+    gib = 1 << 30
+    assert run_config({"batch_size": 8}, {"gpu_peak_memory": 6 * gib}) == {"batch_size": 8, "peak_memory": 6 * gib}
+    assert run_config({"max_memory_allocated": gib}, {"gpu_peak_memory": 6 * gib}) == {"max_memory_allocated": gib}
+    assert run_config({"max_memory_reserved": gib}, {"gpu_peak_memory": 6 * gib}) == {"max_memory_reserved": gib}
+    assert run_config({"batch_size": 8}, {}) == {"batch_size": 8}

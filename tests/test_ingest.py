@@ -115,6 +115,16 @@ def test_peak_gpu_memory_from_cuda_memory_usage_events(tmp_path):
     findings = expert_systems.detect(a.trace, a.corr, a.domain(), a.agg(), a.iterations)
     batch = [f for f in findings if f["id"] == "batch_size_detector"]
     assert batch and batch[0]["problem"].startswith("GPU Memory is underutilized: Only 15.0% of GPU Memory is used")
+    # out of core: the same run configuration (correlate.run_config)
+    from dlprof_profiler.engine.analysis import analyze_store
+    from dlprof_profiler.store.trace_store import TraceStore
+
+    store = TraceStore(path, tmp_path / "store")
+    try:
+        store.load()
+        assert analyze_store(store).corr.config["peak_memory"] == 6 * gib
+    finally:
+        store.close()
 
 
 def _summary(out) -> dict:

@@ -177,16 +177,7 @@ def test_the_store_gives_the_iteration_rule_the_inputs_the_trace_gives(case, tmp
     trace = sanitize_trace(read_nsys_export(path))
     info, _, family, _ = classify_trace(trace, None)
     _, thread_dev, process_dev = launch_links(trace)
-    memory = iterate.trace_inputs(
-        trace.ranges,
-        info,
-        family,
-        thread_dev,
-        process_dev,
-        trace.profile_end,
-        trace.profile_start,
-        api_starts=trace.api_calls["start"].to_numpy(np.int64),
-    )
+    memory = iterate.whole_trace_inputs(trace, info, family, thread_dev, process_dev)
     store = TraceStore(path, tmp_path / "store")
     try:
         store.load()

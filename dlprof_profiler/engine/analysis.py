@@ -96,34 +96,19 @@ def analyze(
     info, mode, family, _ = classified
     links = stages.run("Linking GPU activities to their launches", lambda: corr_mod.launch_links(trace), quiet=True)
     _gpu_api, thread_dev, process_dev = links
-    inputs = iterate.trace_inputs(
-        trace.ranges,
-        info,
-        family,
-        thread_dev,
-        process_dev,
-        trace.profile_end,
-        trace.profile_start,
-        preferred=trace.meta.get("key_node_default"),  # an input format's own iteration marker (ProfilerStep)
-        api_starts=trace.api_calls["start"].to_numpy(np.int64),
-    )
+    inputs = iterate.whole_trace_inputs(trace, info, family, thread_dev, process_dev)
     iterations = iterate.split_iterations(config.key_node, inputs)
     naming = iterate.naming_iterations(iterations, inputs)
     corr = stages.run(
         "Correlating NVTX ranges, CUDA API calls and GPU activities",
         lambda: corr_mod.correlate(trace, mode, naming.boundaries, classified, links, config.cuts),
     )
-    if on_correlated is not None:
-        on_correlated(corr)
     log.info(
         f"  mode {corr.mode}; {sum(len(d.ops) for d in corr.domains.values()):,} ops, "
         f"{sum(len(d.instances) for d in corr.domains.values()):,} op instances in {len(corr.domains)} "
         "NVTX domain(s)"
     )
-    if config.key_node and not iterations.found:
-        iterations = key_node_from_ops(corr, config.key_node, iterations)
-    primary = choose_domain(corr, config.domain, source_name)
-    return _aggregate_and_detect(trace, corr, iterations, primary, config, source_name, stages)
+    return _after_correlation(trace, corr, iterations, config, source_name, stages, on_correlated)
 
 
 def reanalyze(
@@ -146,6 +131,18 @@ def reanalyze(
             else profile.get("primary_domain", "default")
         )
     return _aggregate_and_detect(trace, corr, iterations, primary, config, source_name, stages)
+
+
+def _after_correlation(trace, corr, iterations, config, source_name, stages, on_correlated, **engine) -> Analysis:
+    """The stages after correlation, for either engine: the op model handed on (`on_correlated(corr)`), a key
+    node given as an op name or Op ID looked for among the ops, the primary domain, then aggregation and the
+    expert systems (`engine`: _aggregate_and_detect's reading of the model out of core)."""
+    if on_correlated is not None:
+        on_correlated(corr)
+    if config.key_node and not iterations.found:
+        iterations = key_node_from_ops(corr, config.key_node, iterations)
+    primary = choose_domain(corr, config.domain, source_name)
+    return _aggregate_and_detect(trace, corr, iterations, primary, config, source_name, stages, **engine)
 
 
 def _aggregate_and_detect(
@@ -276,7 +273,7 @@ def analyze_store(
     on_correlated=None,
 ) -> Analysis:
     """The same analysis over a TraceStore, segment by segment: memory is bounded by a segment, not the
-    profile (see store_model.py). `on_segment(k, {domain: StoreSink})` is called once time segment k is
+    profile (see store/model.py). `on_segment(k, {domain: StoreSink})` is called once time segment k is
     correlated (the database writer can take its GPU activity owners then), `on_correlated(corr)` once the op
     model is complete, before aggregation."""
     source_name = source_name or str(store.export)
@@ -287,10 +284,6 @@ def analyze_store(
     mode, family, run_config = stages.run("Classifying NVTX ranges", lambda: sa.classify(config.mode))
     release_unused_memory()
     trace = store.trace
-    if "gpu_peak_memory" in trace.meta and not any(
-        k in run_config for k in ("max_memory_reserved", "max_memory_allocated")
-    ):
-        run_config = {**run_config, "peak_memory": int(trace.meta["gpu_peak_memory"])}
     thread_dev, process_dev = stages.run("Linking GPU activities to their launches", sa.link_launches)
     labels = sa.range_labels()
     inputs = sa.iteration_inputs(labels, family, thread_dev, process_dev, trace.meta.get("key_node_default"))
@@ -331,15 +324,10 @@ def analyze_store(
         thread_device=thread_dev,
         process_device=process_dev,
         domains=models,
-        config=run_config,
+        config=corr_mod.run_config(run_config, trace.meta),
         range_labels=labels,
         store=sa,
     )
-    if on_correlated is not None:
-        on_correlated(corr)
-    if config.key_node and not iterations.found:
-        iterations = key_node_from_ops(corr, config.key_node, iterations)
-    primary = choose_domain(corr, config.domain, source_name)
     device_ids = trace.devices["device_id"].to_numpy(np.int64).tolist() if len(trace.devices) else []
     device_pids = sa.device_pids()
 
@@ -356,6 +344,15 @@ def analyze_store(
         agg.launch_spill = spill
         return agg
 
-    return _aggregate_and_detect(
-        trace, corr, iterations, primary, config, source_name, stages, aggregate_domain, partial(StoreData, sa), detect
+    return _after_correlation(
+        trace,
+        corr,
+        iterations,
+        config,
+        source_name,
+        stages,
+        on_correlated,
+        aggregate_domain=aggregate_domain,
+        data_of=partial(StoreData, sa),
+        detect=detect,
     )

@@ -156,6 +156,14 @@ def classify_trace(trace: Trace, mode: str | None) -> tuple[pd.DataFrame, str, s
     return (info, *classifier.outcome())
 
 
+def run_config(marked: dict, meta: dict) -> dict:
+    """The run configuration: what the config markers say (`marked`), with the GPU memory peak the trace's
+    memory events give (`meta`) where the markers give none."""
+    if "gpu_peak_memory" in meta and not any(k in marked for k in ("max_memory_reserved", "max_memory_allocated")):
+        return {**marked, "peak_memory": int(meta["gpu_peak_memory"])}  # nsys memory-usage events, Kineto's
+    return marked
+
+
 RANGE_DETAIL_COLUMNS = ("data_type", "input_shapes", "stack_trace", "parameters", "output_shapes")
 
 
@@ -376,10 +384,7 @@ def correlate(
     launch_links(trace) when the caller already has them; `cuts` split the work into time segments (the
     model does not depend on them)."""
     info, mode, family, config = classified or classify_trace(trace, mode)
-    if "gpu_peak_memory" in trace.meta and not any(
-        k in config for k in ("max_memory_reserved", "max_memory_allocated")
-    ):
-        config = {**config, "peak_memory": int(trace.meta["gpu_peak_memory"])}  # nsys memory-usage events
+    config = run_config(config, trace.meta)
     gpu_api, thread_dev, process_dev = links or launch_links(trace)
     uses_tc, tc_rule = _kernel_tc_flags(trace)
     bounds = np.zeros(0, dtype=np.int64) if naming_bounds is None else np.asarray(naming_bounds, np.int64)

@@ -13,7 +13,7 @@ import pandas as pd
 from dlprof_profiler.engine import markers as nm
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.engine.naming import first_rows
-from dlprof_profiler.engine.trace import PARTIAL_STEPS, combined_codes
+from dlprof_profiler.engine.trace import PARTIAL_STEPS, Trace, combined_codes
 
 NUMBER_SUFFIX = re.compile(r"#\d+$")
 _TF_GLOBAL_STEP = re.compile(r"(?:^|/)global_step(?:/|$)")
@@ -408,6 +408,21 @@ def trace_inputs(
         process_device=process_device,
         profile_end=profile_end,
         profile_start=profile_start,
+    )
+
+
+def whole_trace_inputs(trace: Trace, info: pd.DataFrame, family: str | None, thread_device: dict, process_device: dict):
+    """trace_inputs of a whole trace: its ranges, window and API calls, and the key node its format prefers."""
+    return trace_inputs(
+        trace.ranges,
+        info,
+        family,
+        thread_device,
+        process_device,
+        trace.profile_end,
+        trace.profile_start,
+        preferred=trace.meta.get("key_node_default"),  # an input format's own iteration marker (ProfilerStep)
+        api_starts=trace.api_calls["start"].to_numpy(np.int64),
     )
 
 

@@ -1,7 +1,9 @@
 """Out-of-core analysis over a `TraceStore`: the classification of every range, the launch links, the
 segments the correlation walks, the op model it writes back into the store, and the chunks aggregation
-reads from it. Each step matches its in-memory counterpart (`correlate.py`, `model_chunks.py`) and is
-checked against it in the tests; names are integer codes into one string pool."""
+reads from it. Where the engine has one function for a rule, this module only reads that function's inputs
+from the store (the ranges' classification: markers.RangeClassifier; the iterations: iterate.IterationInputs);
+the other steps match their in-memory counterparts (`correlate.py`, `model_chunks.py`) and are checked against
+them in the tests. Names are integer codes into one string pool."""
 
 from __future__ import annotations
 
