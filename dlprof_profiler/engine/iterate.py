@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -374,9 +375,9 @@ class IterationInputs:
     """What the iteration rule reads of a profile, from either engine (`trace_inputs` in memory,
     store.model.StoreAnalysis.iteration_inputs out of core)."""
 
-    default_key: object  # () -> the key node to use when the user gives none (None: no iterations)
-    ranges_where: object  # (label_test, text) -> matching ranges (key_node_ranges)
-    event_starts: object  # () -> arrays of the starts of every range and API call (occupied_by)
+    default_key: Callable[[], str | None]  # the key node to use when the user gives none (None: no iterations)
+    ranges_where: Callable[[Callable, str | None], pd.DataFrame]  # the ranges a key node matches (key_node_ranges)
+    event_starts: Callable[[], Iterable[np.ndarray]]  # the starts of every range and API call (occupied_by)
     thread_device: dict
     process_device: dict
     profile_end: int
