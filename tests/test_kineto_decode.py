@@ -107,3 +107,18 @@ def test_arguments_are_whole_columns_with_minus_one_where_absent(tmp_path):
     assert args["correlation"].tolist() == [-1, -1, -1] and not args["correlation"].flags.writeable
     assert set(args) == set(kd.INT_ARGS) | set(kd.TEXT_ARGS) | set(kd.RAW_ARGS)
     assert args["call_stack"].dtype == np.int32 and args["seq"].dtype == np.int64
+
+
+def test_argument_values_at_rows_without_the_whole_column():
+    """SparseArgs.at: the values at event positions in any order, -1 where the event lacks the argument,
+    in the argument's own dtype; an argument absent from the whole trace gives -1 everywhere."""
+    args = kd.SparseArgs(10)
+    args.add("seq", [(np.array([1, 4]), np.array([10, 40])), (np.array([7]), np.array([70]))], np.int64)
+    args.add("call_stack", [(np.array([9]), np.array([3]))], np.int32)
+    args.add("flops", [], np.int64)
+    at = args.at("seq", np.array([7, 0, 4, 9, 1, 8]))
+    assert at.tolist() == [70, -1, 40, -1, 10, -1] and at.dtype == np.int64
+    stacks = args.at("call_stack", np.array([9, 8, 0]))
+    assert stacks.tolist() == [3, -1, -1] and stacks.dtype == np.int32
+    assert args.at("flops", np.array([0, 5])).tolist() == [-1, -1]
+    assert args.at("seq", np.zeros(0, dtype=np.int64)).tolist() == []

@@ -37,6 +37,7 @@ from dlprof_profiler.ingest import kineto_decode as kd
 from dlprof_profiler.engine import markers as nm
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.ingest.kineto_repair import describe as describe_repairs
+from dlprof_profiler.store.process_memory import release_unused_memory
 from dlprof_profiler.engine.memory import empty_memory_frame, gpu_peak, memory_frame, merge_frames
 from dlprof_profiler.ingest.nsys import COPY_KIND_LABELS, MEMSET_LABEL, copy_kind_label
 from dlprof_profiler.engine.markers import format_shapes, output_shape_text
@@ -75,9 +76,9 @@ def is_kineto_trace(path: Path) -> bool:
 
 def read_kineto_trace(path: Path) -> Trace:
     """Read a Kineto trace into a Trace (raises DLProfError with a one-line reason naming the file)."""
-    path = Path(path)
-    decoded = kd.decode(path)
-    return build_trace(decoded)
+    trace = build_trace(kd.decode(Path(path)))
+    release_unused_memory()  # what building freed (the decoded columns, its temporaries) goes back here
+    return trace
 
 
 # ---------------------------------------------------------------------------- the whole trace
@@ -133,14 +134,22 @@ def build_trace(decoded: kd.Decoded) -> Trace:
         warnings.append(f"{path}: {n_cpu_less} CPU events without a numeric process or thread id were skipped")
     gtid, pid_col = _thread_ids(c.pid, c.tid, cpu & np.isin(c.group, CPU_GROUPS), warnings, path)
     correlation = _correlations(ev, usable, start)
+    c.let_go("ts", "dur", "flow_id", "ph", "cat")  # times are `start`/`end` now; phases, categories: `group`
+    del complete, timed, far
 
+    # the transients of each frame are handed back before the next is built: at 10^7 events the allocators
+    # otherwise keep ~0.8 GB that the next steps' large arrays (mapped apart) cannot reuse
     seq = _backward_seqs(ev, cpu & (c.group == kd.OP), start, end, gtid, pid_col)
+    release_unused_memory()
     trace.ranges, has_steps = _ranges(ev, cpu, start, end, gtid, pid_col, seq)
+    del seq
+    release_unused_memory()
     trace.api_calls = _api_calls(ev, cpu & (c.group == kd.API), start, end, gtid, pid_col, correlation)
     main_pid = _main_pid(trace)
     trace.gpu = _gpu_activities(
         ev, usable & np.isin(c.group, kd.GPU_GROUPS), start, end, correlation, trace.api_calls, main_pid, warnings
     )
+    release_unused_memory()
     trace.syncs = _syncs(ev, usable & (c.group == kd.SYNC), start, end, correlation, main_pid)
     trace.devices = _devices(ev.meta.get("deviceProperties"), trace.gpu)
     cpu_events = cpu & np.isin(c.group, CPU_GROUPS)
@@ -259,7 +268,7 @@ def _thread_ids(pid: np.ndarray, tid: np.ndarray, cpu: np.ndarray, warnings: lis
     truncated to 32 bits (negative) or larger than 24 bits: those get free numbers at the top of the
     24-bit range (real Linux thread ids stay below 2**22); the thread table keeps the original ids."""
     gtid = np.full(pid.size, -1, dtype=np.int64)
-    pids = pid.copy()
+    pids = pid  # copied only where ids are renumbered (the caller never writes to it)
     if not cpu.any():
         return gtid, pids
     p, t = pid[cpu], tid[cpu]
@@ -270,6 +279,7 @@ def _thread_ids(pid: np.ndarray, tid: np.ndarray, cpu: np.ndarray, warnings: lis
         p = p.copy()
         p[bad_pid] = limit - 1 - codes
         warnings.append(f"{path}: process ids outside 0..2**24 were renumbered from {limit - 1} down")
+        pids = pid.copy()
         pids[cpu] = p
     bad_tid = (t < 0) | (t >= limit)
     if bad_tid.any():
@@ -310,7 +320,7 @@ def _correlations(ev: _Events, usable: np.ndarray, start: np.ndarray) -> np.ndar
                 "pn": c.pid_numeric[rows],
                 "tid": c.tid[rows],
                 "tn": c.tid_numeric[rows],
-                "ts": c.ts[rows],
+                "ts": start[rows],  # (ts - origin: equal where ts is)
             }
         )
 
@@ -409,6 +419,7 @@ def _ranges(ev: _Events, cpu: np.ndarray, start, end, gtid, pid, seq) -> pd.Data
     rows = rows[order]
     n = rows.size
     text, labels = _range_texts(ev, rows, op[rows], module[rows], seq[rows])
+    release_unused_memory()  # the Arrow pool keeps the texts' intermediates (0.25 GB at 10^7 events) otherwise
     step_label = np.array([bool(PROFILER_STEP.match(s)) for s in labels], dtype=bool)  # per distinct label
     scope_codes = c.name[rows[~op[rows]]]
     has_steps = bool(step_label[np.where(scope_codes >= 0, scope_codes, len(labels) - 1)].any())
@@ -445,7 +456,7 @@ def _range_texts(
     dictionary = pa.array(labels, type=pa.string())
     name_codes = c.name[rows]
     label = dictionary.take(pa.array(np.where(name_codes >= 0, name_codes, len(names))))
-    ext = c.args["external_id"][rows]
+    ext = c.args.at("external_id", rows)
     seq_part = pc.binary_join_element_wise(", seq = ", pa.array(seq, mask=~(op & (seq >= 0))).cast(pa.string()), "")
     op_id = np.where(ext >= 0, ext, rows)
     id_part = pc.binary_join_element_wise(", op_id = ", pa.array(op_id, mask=~op).cast(pa.string()), "")
@@ -458,7 +469,7 @@ def _op_details(ev: _Events, rows: np.ndarray, op: np.ndarray, start, end, gtid,
     out = {}
     n = rows.size
     for column, arg, parse in (("data_type", "input_type", _data_type), ("input_shapes", "input_dims", _shapes)):
-        codes = c.args[arg][rows]
+        codes = c.args.at(arg, rows)
         values = np.full(n, None, dtype=object)
         has = op & (codes >= 0)
         if has.any():
@@ -470,7 +481,7 @@ def _op_details(ev: _Events, rows: np.ndarray, op: np.ndarray, start, end, gtid,
     out["stack_trace"] = _stack_traces(ev, rows, op, start, end, gtid, cpu)
     out["output_shapes"] = _conv_output_shapes(ev, rows, op)
     # the profiler's own FLOPs figure of a call, as a parameter (flops.py reads it; it wins over the formulas)
-    flops = c.args["flops"][rows]
+    flops = c.args.at("flops", rows)
     given = op & (flops >= 0)
     parameters = np.full(n, None, dtype=object)
     if given.any():
@@ -495,7 +506,7 @@ def _conv_output_shapes(ev: _Events, rows: np.ndarray, op: np.ndarray) -> np.nda
     if not conv_codes:
         return out
     names = c.name[rows]
-    dims, concrete = c.args["input_dims"][rows], c.args["concrete_inputs"][rows]
+    dims, concrete = c.args.at("input_dims", rows), c.args.at("concrete_inputs", rows)
     has = op & np.isin(names, conv_codes) & (dims >= 0) & (concrete >= 0)
     if has.any():
         keys = pd.MultiIndex.from_arrays([names[has], dims[has], concrete[has]])
@@ -596,7 +607,7 @@ def _stack_traces(ev: _Events, rows: np.ndarray, op: np.ndarray, start, end, gti
     old traces, else from the `python_function` events around it)."""
     c = ev.c
     out = np.full(rows.size, None, dtype=object)
-    stacks = c.args["call_stack"][rows]
+    stacks = c.args.at("call_stack", rows)
     has = op & (stacks >= 0)
     if has.any():
         inverse, used = pd.factorize(stacks[has])
@@ -743,8 +754,8 @@ def _gpu_activities(
     a = c.args
     row_device = np.where(c.pid_numeric[rows] & (c.pid[rows] >= 0), c.pid[rows], -1)
     row_stream = np.where(c.tid_numeric[rows] & (c.tid[rows] >= 0), c.tid[rows], -1)
-    device = np.where(a["device"][rows] >= 0, a["device"][rows], row_device)
-    stream = np.where(a["stream"][rows] >= 0, a["stream"][rows], row_stream)
+    device = np.where(a.at("device", rows) >= 0, a.at("device", rows), row_device)
+    stream = np.where(a.at("stream", rows) >= 0, a.at("stream", rows), row_stream)
     corr = correlation[rows]
     # GPU rows carry the device as pid: the process is the one whose API call has the correlation id
     pid = np.full(n, main_pid, dtype=np.int64)
@@ -761,9 +772,9 @@ def _gpu_activities(
             "are reported as unassociated"
         )
     name_codes = c.name[rows]
-    long_names, short_names = _gpu_names(ev, name_codes, kind, a["kind"][rows])
-    grid = _triples(ev, a["grid"][rows])
-    block = _triples(ev, a["block"][rows])
+    long_names, short_names = _gpu_names(ev, name_codes, kind, a.at("kind", rows))
+    grid = _triples(ev, a.at("grid", rows))
+    block = _triples(ev, a.at("block", rows))
     frame = {
         "activity_id": np.arange(n, dtype=np.int64),
         "kind": kind,
@@ -773,7 +784,7 @@ def _gpu_activities(
         "end": end[rows],
         "device_id": device,
         "stream_id": stream,
-        "context_id": a["context"][rows],
+        "context_id": a.at("context", rows),
         "pid": pid,
         "correlation_id": corr,
         "grid_x": grid[0],
@@ -782,11 +793,11 @@ def _gpu_activities(
         "block_x": block[0],
         "block_y": block[1],
         "block_z": block[2],
-        "registers": a["registers"][rows],
-        "static_smem": a["shared_memory"][rows],
+        "registers": a.at("registers", rows),
+        "static_smem": a.at("shared_memory", rows),
         "dynamic_smem": np.full(n, -1, dtype=np.int64),
-        "bytes": a["bytes"][rows],
-        "copy_kind": _copy_kinds(ev, name_codes, kind, a["kind"][rows]),
+        "bytes": a.at("bytes", rows),
+        "copy_kind": _copy_kinds(ev, name_codes, kind, a.at("kind", rows)),
         "src_kind": np.full(n, -1, dtype=np.int64),
         "dst_kind": np.full(n, -1, dtype=np.int64),
         "graph_node_id": np.full(n, -1, dtype=np.int64),
@@ -868,15 +879,15 @@ def _triples(ev: _Events, codes: np.ndarray) -> list[np.ndarray]:
 def _syncs(ev: _Events, rows_mask, start, end, correlation, main_pid: int) -> pd.DataFrame:
     c = ev.c
     rows = np.flatnonzero(rows_mask)
-    kinds = ev.text(c.args["sync_kind"][rows])
+    kinds = ev.text(c.args.at("sync_kind", rows))
     sync_type = np.array([SYNC_TYPES.get(str(k).lower(), 0) for k in pd.unique(kinds)], dtype=np.int64)
     sync_type = sync_type[pd.factorize(kinds)[0]] if rows.size else np.zeros(0, dtype=np.int64)
     return pd.DataFrame(
         {
             "start": start[rows],
             "end": end[rows],
-            "device_id": c.args["device"][rows],
-            "stream_id": c.args["stream"][rows],
+            "device_id": c.args.at("device", rows),
+            "stream_id": c.args.at("stream", rows),
             "pid": np.full(rows.size, main_pid, dtype=np.int64),
             "correlation_id": correlation[rows],
             "sync_type": sync_type,
@@ -930,7 +941,7 @@ def _processes_threads(ev: _Events, trace: Trace, cpu: np.ndarray, gtid: np.ndar
     c = ev.c
     meta = np.flatnonzero((c.group == kd.METADATA) & c.pid_numeric)
     names = ev.text(c.name[meta])
-    values = ev.text(c.args["name"][meta])
+    values = ev.text(c.args.at("name", meta))
     rows = np.flatnonzero(cpu)
     rows = rows[~pd.Series(gtid[rows]).duplicated().to_numpy()]  # the first event of each thread
     threads = pd.DataFrame({"global_tid": gtid[rows], "pid": pid[rows], "tid": c.tid[rows], "kpid": c.pid[rows]})
@@ -1044,14 +1055,14 @@ def _memory_events(ev: _Events, start, cpu_events, gtid, pid_col, trace: Trace, 
     args = c.args
     return memory_frame(
         t,
-        args["alloc_bytes"][rows],
-        args["device_type"][rows],
-        args["device_id"][rows],
+        args.at("alloc_bytes", rows),
+        args.at("device_type", rows),
+        args.at("device_id", rows),
         pid,
         global_tid=thread,
-        address=args["addr"][rows],
-        total_allocated=args["total_allocated"][rows],
-        total_reserved=args["total_reserved"][rows],
+        address=args.at("addr", rows),
+        total_allocated=args.at("total_allocated", rows),
+        total_reserved=args.at("total_reserved", rows),
     )
 
 
