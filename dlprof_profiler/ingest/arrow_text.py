@@ -102,24 +102,29 @@ def ints_at(texts: pa.Array, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     offsets, data = string_buffers(texts)
     if data.size == 0:
         return value, digits
-    stop = offsets[1:][rows]  # end of each text in `data`
-    at = offsets[:-1][rows] + np.asarray(pos, dtype=np.int64)[rows]
-    last = data.size - 1
-    negative = (at < stop) & (data[np.minimum(at, last)] == ord("-"))
-    at = at + negative
+    where = offsets[:-1][rows] + np.asarray(pos, dtype=np.int64)[rows]
+    room = offsets[1:][rows] - where  # bytes of each text from `pos` on
+    negative = (room > 0) & (data.take(where, mode="clip") == ord("-"))
+    where += negative
+    room -= negative
     number = np.zeros(rows.size, dtype=np.int64)
     count = np.zeros(rows.size, dtype=np.int64)
     going = np.ones(rows.size, dtype=bool)
-    # one digit position of every row at a time (whole-array steps are cheaper than shrinking the row set)
+    digit = np.empty(rows.size, dtype=np.uint8)
+    # one digit position of every row at a time (whole-array steps are cheaper than shrinking the row set),
+    # in place: no array allocated per step
     for k in range(MAX_DIGITS + 1):
-        where = at + k
-        digit = data[np.minimum(where, last)] - np.uint8(ord("0"))  # wraps around below '0'
-        going &= (digit < 10) & (where < stop)
+        data.take(where, mode="clip", out=digit)
+        np.subtract(digit, np.uint8(ord("0")), out=digit)  # wraps around below '0'
+        going &= digit < 10
+        going &= room > k
         if not going.any():
             break
         with np.errstate(over="ignore"):
-            np.add(number * 10, digit, out=number, where=going)
+            np.multiply(number, 10, out=number, where=going)
+            np.add(number, digit, out=number, where=going)
         count += going
+        where += 1
     value[rows] = np.where(negative, -number, number)
     digits[rows] = count
     return value, digits
