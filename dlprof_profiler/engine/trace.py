@@ -147,6 +147,14 @@ def make_frame(columns: dict) -> pd.DataFrame:
     )
 
 
+def same_objects(n: int, value) -> np.ndarray:
+    """An object array of `n` references to the one `value` (np.full of a str makes a str object per row: 64
+    bytes a row instead of 8)."""
+    out = np.empty(n, dtype=object)
+    out.fill(value)
+    return out
+
+
 def obj(values, index=None) -> pd.Series:
     """An object-dtype Series (to assign string arrays to frame columns without a str conversion)."""
     return pd.Series(np.asarray(values, dtype=object), index=index, dtype=object, copy=False)

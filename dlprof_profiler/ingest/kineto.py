@@ -54,6 +54,7 @@ from dlprof_profiler.engine.trace import (
     RANGE_COLUMNS,
     Trace,
     combined_codes,
+    same_objects,
 )
 
 NVTX_PUSH_POP = 59  # the nsys eventType of push/pop ranges: Kineto ranges nest per thread
@@ -426,7 +427,7 @@ def _ranges(ev: _Events, cpu: np.ndarray, start, end, gtid, pid, seq) -> pd.Data
     frame = pd.DataFrame(
         {
             "range_id": np.arange(1, n + 1, dtype=np.int64),
-            "domain": pd.Series(np.full(n, DEFAULT_DOMAIN, object), dtype=object),
+            "domain": pd.Series(same_objects(n, DEFAULT_DOMAIN), dtype=object, copy=False),
             "text": pd.Series(text, dtype="str"),
             "start": start[rows],
             "end": end[rows],
