@@ -586,3 +586,29 @@ def test_the_run_configuration_takes_the_memory_peak_where_the_markers_give_none
     assert run_config({"max_memory_allocated": gib}, {"gpu_peak_memory": 6 * gib}) == {"max_memory_allocated": gib}
     assert run_config({"max_memory_reserved": gib}, {"gpu_peak_memory": 6 * gib}) == {"max_memory_reserved": gib}
     assert run_config({"batch_size": 8}, {}) == {"batch_size": 8}
+
+
+def test_a_handed_over_trace_drops_what_correlation_alone_reads():
+    """`analyze(..., handed_over=True)` (the CLI's run: the trace is the analysis's own) drops the ranges'
+    details and the classification's columns once correlated, and every table and finding is as without."""
+    import pandas as pd
+
+    from dlprof_profiler.engine import correlate as C
+    from dlprof_profiler.engine.analysis import RANGE_INFO_AFTER_CORRELATION, analyze
+    from dlprof_profiler.ingest.formats import read_trace
+    from dlprof_profiler.ingest.sanitize import sanitize_trace
+    from tests.data import KINETO
+    from tests.test_aggregate import _assert_same_aggregation
+
+    path = KINETO / "resnet50_v100_2021format.pt.trace.json.gz"
+    kept = analyze(sanitize_trace(read_trace(path)))
+    dropped = analyze(sanitize_trace(read_trace(path)), handed_over=True)
+    assert "input_shapes" in kept.trace.ranges and kept.trace.ranges["input_shapes"].notna().any()
+    assert not set(C.RANGE_DETAIL_COLUMNS) & set(dropped.trace.ranges.columns)
+    assert list(dropped.corr.range_info.columns) == RANGE_INFO_AFTER_CORRELATION
+    assert len(dropped.corr.range_info) == len(kept.corr.range_info)
+    for name, dm in kept.corr.domains.items():
+        pd.testing.assert_frame_equal(dm.instances, dropped.corr.domains[name].instances)
+        pd.testing.assert_frame_equal(dm.ops, dropped.corr.domains[name].ops)
+        _assert_same_aggregation(kept.aggregations[name], dropped.aggregations[name])
+    assert kept.findings == dropped.findings

@@ -85,11 +85,17 @@ class _Stages:
 
 
 def analyze(
-    trace: Trace, config: AnalysisConfig = AnalysisConfig(), source_name: str | None = None, on_correlated=None
+    trace: Trace,
+    config: AnalysisConfig = AnalysisConfig(),
+    source_name: str | None = None,
+    on_correlated=None,
+    handed_over: bool = False,
 ) -> Analysis:
     """Correlate, iterate, aggregate and detect on a trace (raises DLProfError with a one-line reason).
     `on_correlated(corr)` is called as soon as the op model exists, before aggregation (run/analyse.py queues
-    the model for the database writer there, so its thread writes while the analysis goes on)."""
+    the model for the database writer there, so its thread writes while the analysis goes on). A trace
+    `handed_over` is the analysis's own: what only classification and correlation read is dropped from it
+    once they are done (`release_correlated`)."""
     source_name = source_name or str(trace.source)
     stages = _Stages()
     classified = stages.run("Classifying NVTX ranges", lambda: corr_mod.classify_trace(trace, config.mode), quiet=True)
@@ -101,14 +107,30 @@ def analyze(
     naming = iterate.naming_iterations(iterations, inputs)
     corr = stages.run(
         "Correlating NVTX ranges, CUDA API calls and GPU activities",
-        lambda: corr_mod.correlate(trace, mode, naming.boundaries, classified, links, config.cuts),
+        partial(corr_mod.correlate, trace, mode, naming.boundaries, classified, links, config.cuts),
     )
     log.info(
         f"  mode {corr.mode}; {sum(len(d.ops) for d in corr.domains.values()):,} ops, "
         f"{sum(len(d.instances) for d in corr.domains.values()):,} op instances in {len(corr.domains)} "
         "NVTX domain(s)"
     )
+    del classified, info, inputs, naming  # (they hold the whole classification)
+    if handed_over:
+        release_correlated(trace, corr)
     return _after_correlation(trace, corr, iterations, config, source_name, stages, on_correlated)
+
+
+# what the stages after correlation read of the classification: data loading (model_chunks), labels (experts)
+RANGE_INFO_AFTER_CORRELATION = ["label", "dataloader"]
+
+
+def release_correlated(trace: Trace, corr: Correlation) -> None:
+    """Drop what only classification and correlation read: the ranges' details (input types, shapes, stacks,
+    now the op instances'), and the classification's columns but RANGE_INFO_AFTER_CORRELATION (at 10^7
+    Kineto events, 0.3 GB the aggregation then has to spare)."""
+    trace.ranges = trace.ranges.drop(columns=[c for c in corr_mod.RANGE_DETAIL_COLUMNS if c in trace.ranges])
+    corr.range_info = corr.range_info[[c for c in RANGE_INFO_AFTER_CORRELATION if c in corr.range_info]]
+    release_unused_memory()
 
 
 def reanalyze(

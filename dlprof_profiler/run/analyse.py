@@ -132,7 +132,7 @@ def _in_memory(source: Path, options: RunOptions, sink: Sink, capture: dict | No
         if writer is not None:
             writer.add_raw(trace)  # written on the writer's thread while the analysis goes on
             on_correlated = lambda corr: database.write_correlation(writer, trace, corr)  # noqa: E731
-        result = analyze(trace, options.analysis_config(), str(source), on_correlated=on_correlated)
+        result = analyze(trace, options.analysis_config(), str(source), on_correlated=on_correlated, handed_over=True)
         profile = outputs.profile_info(options, source, trace, result.corr, capture)
         yield Analysed(trace, result, profile, None if writer is None else InMemoryDatabase(writer, result, profile))
     except BaseException:
