@@ -325,3 +325,30 @@ def test_communication_time_and_its_overlap_with_compute(tmp_path):
     exp.launch(t, 400, 500, 2800, 4000, kernel="relu")
     s = analyze(exp.write(tmp_path / "c.sqlite")).agg().summary
     assert (s["communication_time"], s["overlapped_communication_time"]) == (2000, 700)
+
+
+def test_a_large_in_memory_model_is_aggregated_in_planned_chunks(training, monkeypatch):
+    """A model of more than EVENTS_PER_CHUNK op instances and GPU activities is aggregated in time chunks
+    (its working memory is a chunk's), and its tables are those of one chunk."""
+    from dlprof_profiler.engine import aggregate as agg_mod
+    from dlprof_profiler.engine.model_chunks import InMemoryModel
+
+    a = training
+    name, dm = next(iter(a.corr.domains.items()))
+    whole = a.aggs[name]
+    events = len(dm.instances) + len(a.trace.gpu)
+    model = InMemoryModel(a.trace, a.corr, dm)
+    assert model.planned_cuts(a.iterations.boundaries, events) == []
+    cuts = model.planned_cuts(a.iterations.boundaries, max(events // 4, 1))
+    assert len(cuts) >= 2
+    original, planned = agg_mod.aggregate_model, []
+
+    def recording(model, iterations, iter_start, iter_stop, cuts=None, keep_launches=True):
+        planned.append(cuts)
+        return original(model, iterations, iter_start, iter_stop, cuts, keep_launches)
+
+    monkeypatch.setattr(agg_mod, "EVENTS_PER_CHUNK", max(events // 4, 1))
+    monkeypatch.setattr(agg_mod, "aggregate_model", recording)
+    split = agg_mod.aggregate(a.trace, a.corr, dm, a.iterations, whole.iter_start, whole.iter_stop)
+    assert planned == [cuts]
+    _assert_same_aggregation(whole, split)

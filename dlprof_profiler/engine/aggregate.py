@@ -45,6 +45,9 @@ HALF_PRECISION = ("float16", "half", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 COMPLETE_MODEL = "_CompleteModel_"
 CPU_KINDS = (RANGE_OP, SCOPE_OP, BACKWARD_PASS, UNASSOCIATED_API)
 METRICS = (("cpu_time", "cpu"), ("gpu_time", "gpu"), ("cpu_overhead", "overhead"), ("gpu_idle", "idle"))
+# Op instances and GPU activities per time chunk of an in-memory aggregation: its working memory is a chunk's
+# (at 10^7 Kineto events, 3·10^6 of them, the whole run's peak was 0.25 GB higher in one chunk)
+EVENTS_PER_CHUNK = 1_000_000
 # Kernels at least this long that end before their launch call returns are CUDA_LAUNCH_BLOCKING evidence.
 LAUNCH_BLOCKING_MIN_KERNEL_NS = 20_000
 
@@ -95,8 +98,10 @@ def aggregate(
     keep_launches: bool = True,
 ) -> Aggregation:
     """Compute every table of one aggregation of one domain of an in-memory model. `cuts` split the
-    timeline into chunks (default: one chunk); the tables do not depend on them."""
+    timeline into chunks (default: chunks of EVENTS_PER_CHUNK); the tables do not depend on them."""
     model = InMemoryModel(trace, corr, dm)
+    if cuts is None:
+        cuts = model.planned_cuts(iterations.boundaries, EVENTS_PER_CHUNK)
     return aggregate_model(model, iterations, iter_start, iter_stop, cuts, keep_launches)
 
 

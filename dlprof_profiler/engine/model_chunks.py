@@ -91,6 +91,42 @@ def chunk_bounds(cuts) -> list[tuple[int, int]]:
     return list(zip(edges[:-1], edges[1:]))
 
 
+def bucket_width(lo: int, hi: int, events: int) -> int:
+    """The width of the time buckets events in [lo, hi) are counted in to plan cuts (`cuts_at`): about one
+    bucket per thousand events, at least 1024 and at most 2^20 buckets."""
+    bins = max(min(events // 1000, 1 << 20), 1024)
+    return max((hi - lo) // bins + 1, 1)
+
+
+def cuts_at(edges: np.ndarray, cum: np.ndarray, boundaries, events_per_segment: int) -> list[int]:
+    """Cut times giving segments of about `events_per_segment` events, at iteration `boundaries` where
+    iterations are smaller than that, else inside the iterations; `edges`: the starts of the time buckets
+    holding events, in order, `cum`: the events up to the end of each."""
+    cuts, last = [], 0
+    for b in np.sort(np.asarray(boundaries, dtype=np.int64)):
+        pos = int(np.searchsorted(edges, b, side="right")) - 1
+        count = int(cum[pos]) if pos >= 0 else 0
+        while count - last > 2 * events_per_segment:  # an iteration too large for one segment
+            target = last + events_per_segment
+            i = int(np.searchsorted(cum, target))
+            cut = int(edges[min(i + 1, len(edges) - 1)])
+            if cut >= b or (cuts and cut <= cuts[-1]):
+                break
+            cuts.append(cut)
+            last = int(cum[i])
+        if count - last >= events_per_segment:
+            cuts.append(int(b))
+            last = count
+    while cum[-1] - last > 2 * events_per_segment:
+        i = int(np.searchsorted(cum, last + events_per_segment))
+        cut = int(edges[min(i + 1, len(edges) - 1)])
+        if cuts and cut <= cuts[-1]:
+            break
+        cuts.append(cut)
+        last = int(cum[i])
+    return sorted(set(cuts))
+
+
 def launch_times(trace: Trace, gpu_api: np.ndarray) -> np.ndarray:
     """When each GPU activity was launched: its API call's start, else its own start."""
     gpu, api = trace.gpu, trace.api_calls
@@ -238,6 +274,20 @@ class InMemoryModel:
         return self.acts.iloc[:0]
 
     # -- chunks -------------------------------------------------------------------------------------------
+    def planned_cuts(self, boundaries, events_per_chunk: int) -> list[int]:
+        """Cut times giving chunks of about `events_per_chunk` op instances and GPU activities (`cuts_at`);
+        none when the model is no larger than one chunk."""
+        times = [t for t in (self.inst["start"].to_numpy(np.int64), self.acts["launch"].to_numpy(np.int64)) if t.size]
+        total = sum(t.size for t in times)
+        if total <= events_per_chunk:
+            return []
+        lo, hi = min(int(t.min()) for t in times), max(int(t.max()) for t in times) + 1
+        width = bucket_width(lo, hi, total)
+        buckets = (hi - 1 - lo) // width + 1
+        counts = sum(np.bincount((t - lo) // width, minlength=buckets) for t in times)
+        held = np.flatnonzero(counts)
+        return cuts_at(lo + held * width, np.cumsum(counts[held]), boundaries, events_per_chunk)
+
     def chunks(self, cuts=None):
         bounds = chunk_bounds(cuts)
         if len(bounds) == 1:

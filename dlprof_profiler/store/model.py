@@ -29,7 +29,9 @@ from dlprof_profiler.engine.model_chunks import (
     RUNNING_FIELDS,
     TIME_MAX,
     ModelChunk,
+    bucket_width,
     chunk_bounds,
+    cuts_at,
 )
 from dlprof_profiler.store.parts import PartTable, int_schema, read_part
 from dlprof_profiler.store.process_memory import release_unused_memory
@@ -281,7 +283,6 @@ class StoreAnalysis:
         total = sum(self.store.counts.values())
         if total <= events_per_segment:
             return []
-        bins = max(min(total // 1000, 1 << 20), 1024)
         lo = int(
             self.store.scalar(
                 "SELECT least((SELECT min(start) FROM ranges), (SELECT min(start) FROM api), "
@@ -290,7 +291,7 @@ class StoreAnalysis:
             or 0
         )
         hi = self.store.profile_end + 1
-        width = max((hi - lo) // bins + 1, 1)
+        width = bucket_width(lo, hi, total)
         f = self.store.frame(f"""
             SELECT b, sum(n) AS n FROM (
                 SELECT (start - {lo}) // {width} AS b, count(*) AS n FROM ranges GROUP BY b
@@ -298,30 +299,7 @@ class StoreAnalysis:
                 UNION ALL SELECT (launch - {lo}) // {width} AS b, count(*) AS n FROM gpu_by_launch GROUP BY b)
             GROUP BY b ORDER BY b""")
         edges = lo + f["b"].to_numpy(np.int64) * width  # bucket starts
-        cum = np.cumsum(f["n"].to_numpy(np.int64))
-        cuts, last = [], 0
-        for b in np.sort(np.asarray(boundaries, dtype=np.int64)):
-            pos = int(np.searchsorted(edges, b, side="right")) - 1
-            count = int(cum[pos]) if pos >= 0 else 0
-            while count - last > 2 * events_per_segment:  # an iteration too large for one segment
-                target = last + events_per_segment
-                i = int(np.searchsorted(cum, target))
-                cut = int(edges[min(i + 1, len(edges) - 1)])
-                if cut >= b or (cuts and cut <= cuts[-1]):
-                    break
-                cuts.append(cut)
-                last = int(cum[i])
-            if count - last >= events_per_segment:
-                cuts.append(int(b))
-                last = count
-        while cum[-1] - last > 2 * events_per_segment:
-            i = int(np.searchsorted(cum, last + events_per_segment))
-            cut = int(edges[min(i + 1, len(edges) - 1)])
-            if cuts and cut <= cuts[-1]:
-                break
-            cuts.append(cut)
-            last = int(cum[i])
-        return sorted(set(cuts))
+        return cuts_at(edges, np.cumsum(f["n"].to_numpy(np.int64)), boundaries, events_per_segment)
 
     def segment_activities(self, j: int, columns=None) -> dict:
         """Columns of the GPU activities launched in time segment j, in activity id order (as staged)."""
