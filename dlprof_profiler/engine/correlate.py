@@ -24,6 +24,7 @@ from dlprof_profiler.engine.tensor_cores import kernel_uses_tc, op_tc_eligible
 from dlprof_profiler.engine.trace import KIND_KERNEL, Trace, combined_codes, make_frame, obj, rank_within
 from dlprof_profiler.engine.intervals import merge_intervals
 from dlprof_profiler.engine.model_chunks import chunk_bounds, launch_times
+from dlprof_profiler.store.process_memory import release_unused_memory
 
 # Instance kinds
 RANGE_OP, SCOPE_OP, UNASSOCIATED_API, UNASSOCIATED_GPU, BACKWARD_PASS = range(5)
@@ -463,6 +464,11 @@ def domain_facts(ranges: pd.DataFrame, info: pd.DataFrame, domain: str, mode: st
     )
 
 
+# A segment of at least this many ranges hands what its steps freed back to the system on the way: its arrays of
+# tens of MB, of many sizes and lifetimes, leave the heap's free blocks resident and fragmented otherwise
+RELEASE_RANGES = 1_000_000
+
+
 class DomainCorrelator:
     """Op instances of one domain, built one time segment at a time.
 
@@ -583,6 +589,8 @@ class DomainCorrelator:
         frames = [_range_instances(ranges, info, kinds, new_mask, scope_op, names, parent, depth, self.family)]
         frames[0]["instance_id"] = row_instance[new_rows]
         del names, parent, depth, new_mask  # (per range: 10^7 events have 4·10^6 ranges)
+        if n >= RELEASE_RANGES:
+            release_unused_memory()
 
         api_instance = take(row_instance, owner, -1)
         del owner, innermost, root_of
@@ -608,10 +616,14 @@ class DomainCorrelator:
 
         instances = pd.concat([f for f in frames if len(f)] or [frames[0]], ignore_index=True)
         del frames, frame  # the concatenation copied them
+        if n >= RELEASE_RANGES:
+            release_unused_memory()
         instances["domain"] = self.domain
         instances["call_id"] = instances["instance_id"].to_numpy(np.int64)
         instance_metrics(instances, api, seg.gpu, gpu_instance, self.thread_device, self.process_device)
         self._link_backward(instances, info, kinds, ranges, op_root, row_instance, hi)
+        if n >= RELEASE_RANGES:
+            release_unused_memory()
         self._remember_open(instances, hi)
         if self.sink is not None:
             self.sink.add(seg, instances, api_instance, gpu_instance)
@@ -1254,7 +1266,8 @@ def op_table(inst: pd.DataFrame, domain: str, family: str | None, bounds=None) -
     # call are one call)
     calls = np.flatnonzero(inst["is_call"].to_numpy(dtype=bool))
     read = ["instance_id", "start", "global_tid", "name", "direction", "device_id", *OP_FIRST, *OP_GIVEN]
-    head = inst[read].iloc[calls]  # (the columns read, not a copy of every instance column)
+    # the columns read, not every instance column; copied only when some instances are not calls
+    head = inst[read] if calls.size == len(inst) else inst[read].iloc[calls]
     ids = head["instance_id"].to_numpy(np.int64)
     names = head["name"].to_numpy(dtype=object)
     directions = head["direction"].fillna("").to_numpy(dtype=object)

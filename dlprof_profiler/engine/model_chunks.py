@@ -297,6 +297,8 @@ class InMemoryModel:
         inst_start = self.inst["start"].to_numpy(np.int64)
         launch = self.acts["launch"].to_numpy(np.int64)
         start = self.acts["start"].to_numpy(np.int64)
+        inst = self.inst[INSTANCE_FIELDS]  # a chunk copies what its readers take (as the store's chunks hold)
+        running = self._running(self.acts)
         for lo, hi in bounds:
 
             def within(t):
@@ -305,9 +307,9 @@ class InMemoryModel:
             yield ModelChunk(
                 lo,
                 hi,
-                self.inst[within(inst_start)],
+                inst[within(inst_start)],
                 self.acts[within(launch)],
-                self._running(self.acts[within(start)]),
+                running[within(start)],
                 self.loader[within(self.loader["start"].to_numpy(np.int64))],
                 self.io[within(self.io["start"].to_numpy(np.int64))],
             )
