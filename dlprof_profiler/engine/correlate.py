@@ -621,6 +621,8 @@ class DomainCorrelator:
         instances["domain"] = self.domain
         instances["call_id"] = instances["instance_id"].to_numpy(np.int64)
         instance_metrics(instances, api, seg.gpu, gpu_instance, self.thread_device, self.process_device)
+        if n >= RELEASE_RANGES:
+            release_unused_memory()
         self._link_backward(instances, info, kinds, ranges, op_root, row_instance, hi)
         if n >= RELEASE_RANGES:
             release_unused_memory()
