@@ -66,3 +66,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(item.get_closest_marker(m) for m in SLOW_MARKERS) or set(SLOW_FIXTURES) & set(item.fixturenames):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Captured output with lone surrogates (undecodable file names a test logs on purpose) written as
+    `\\udcff`: pytest-xdist sends each report from its worker as UTF-8, and such a report would crash the
+    worker (pytest-dev/pytest-xdist#843)."""
+    report = yield
+    report.sections = [(name, text.encode("utf-8", "backslashreplace").decode()) for name, text in report.sections]
+    return report
