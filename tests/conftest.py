@@ -75,10 +75,26 @@ SLOW_MARKERS = ("browser", "nsys")
 SLOW_FIXTURES = ("tensorboard", "browser")
 
 
+# The modules that take longest (seconds of a serial run on two cores), handed out first to pytest-xdist's
+# workers (`--dist loadfile --no-loadscope-reorder`, pyproject.toml), so that none of them starts last and
+# keeps the others waiting.
+LONGEST_MODULES = (
+    "test_ranks.py",  # 135-180 s
+    "test_store.py",  # 85-105 s
+    "test_ingest_kineto.py",  # 90-140 s
+    "test_hardening.py",  # 85-90 s
+    "test_browser_usability.py",  # 60-75 s
+    "test_capture_torch.py",  # 60-65 s
+)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(item.get_closest_marker(m) for m in SLOW_MARKERS) or set(SLOW_FIXTURES) & set(item.fixturenames):
             item.add_marker(pytest.mark.slow)
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the order modules are handed out in
+        first = {name: rank for rank, name in enumerate(LONGEST_MODULES)}
+        items.sort(key=lambda item: first.get(item.path.name, len(first)))  # stable: the rest keep their order
 
 
 @pytest.hookimpl(wrapper=True)
