@@ -242,7 +242,10 @@ class Browser:
             },
         )
         opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-        service = Service(executable_path=CHROMEDRIVER, log_output=str(self._artifact("chromedriver.log")))
+        # one log per pytest-xdist worker (each has its own browser)
+        worker = os.environ.get("PYTEST_XDIST_WORKER")
+        log_name = f"chromedriver_{worker}.log" if worker else "chromedriver.log"
+        service = Service(executable_path=CHROMEDRIVER, log_output=str(self._artifact(log_name)))
         self.driver = webdriver.Chrome(service=service, options=opts)
         self.driver.set_script_timeout(30)
         self.driver.execute_cdp_cmd(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import concurrent.futures
 import contextlib
+import functools
 import json
 import os
 import re
@@ -120,6 +122,21 @@ def trace_value(record: dict) -> dict:
 # ---------------------------------------------------------------------------------------------- names
 
 
+def outermost_user_frame_is_the_test(test):
+    """Run `test` on a thread of its own, beneath which lie only the standard library's frames, so the test
+    function is the outermost user frame whatever runs the suite: pytest-xdist's workers run tests beneath
+    execnet's bootstrap code, compiled from a string (`<string>`), which counts as user code as `python -c`
+    does, so funcStack would start there."""
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(test, *args, **kwargs).result()
+
+    return run
+
+
+@outermost_user_frame_is_the_test
 def test_forward_names_hierarchy_and_numbering(rec):
     torch.manual_seed(0)
     model = Net()
@@ -155,6 +172,7 @@ def test_forward_names_hierarchy_and_numbering(rec):
         assert r["trace_range"].parent is None
 
 
+@outermost_user_frame_is_the_test
 def test_same_call_site_keeps_name_two_call_sites_get_numbers(rec):
     model = Net()
     x = torch.randn(2, 3, 4, 4)
@@ -234,6 +252,7 @@ def test_distinguish_instances_option():
 
 
 @pytest.mark.slow
+@outermost_user_frame_is_the_test
 def test_transformer_encoder_layers_have_attribute_paths(rec):
     """A 2-layer TransformerEncoder: every layer's ops get their own name, as torch.profiler's module
     hierarchy names them; helper methods (_sa_block, _ff_block) add nothing; classes go to 'modules'."""
@@ -285,6 +304,7 @@ class _Trainer:
         return self.net(x)
 
 
+@outermost_user_frame_is_the_test
 def test_root_module_names(rec):
     """A module called from outside any module is named by the variable or attribute holding it, else by
     its class; methods of modules that are not being called (construction) keep Class::method frames."""
@@ -330,6 +350,7 @@ def test_unhashable_modules_are_named(rec):
     assert [tail(r["funcStack"], 3) for r in ops(rec, "fprop")] == ["m/inner/linear"]
 
 
+@outermost_user_frame_is_the_test
 def test_stack_trace_user_frames_script_first(rec):
     model = Net()
     x = torch.randn(2, 3, 4, 4)

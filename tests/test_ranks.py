@@ -8,6 +8,7 @@ import csv
 import gzip
 import json
 import sqlite3
+import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -422,16 +423,22 @@ def test_dask_local_cluster(tmp_path):
         con.close()
 
 
-def test_scheduler_errors(tmp_path):
+def test_scheduler_errors(tmp_path, monkeypatch):
+    """Nothing listens at the address: Dask retries until its connect timeout (its own setting, which dlprof
+    keeps: 2 s here instead of the default 30 s), then one line names the address."""
+    monkeypatch.setenv("DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT", "2s")
     files = [rank_profile(tmp_path / f"r{r}.sqlite", r) for r in range(2)]
+    started = time.monotonic()
     proc = run_dlprof(
         f"--database={files[0]},{files[1]}",
         f"--output_path={tmp_path / 'o'}",
         "--scheduler=tcp://127.0.0.1:9",
         check=False,
     )
+    assert time.monotonic() - started < 30  # the setting was taken (the default alone waits 30 s)
     errors = [line for line in proc.stderr.splitlines() if "ERROR" in line]
     assert proc.returncode == 2 and len(errors) == 1 and "cannot connect to the Dask scheduler" in errors[0]
+    assert "--scheduler=tcp://127.0.0.1:9" in errors[0] and "after 2 s" in errors[0]
     assert not (tmp_path / "o").exists()
     assert np.all([f.exists() for f in files])
 

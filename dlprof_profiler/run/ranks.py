@@ -93,7 +93,8 @@ class DaskRunner:
                 exit_code=2,
             ) from None
         try:
-            self.client = Client(address, timeout="20s")
+            # waits as long as Dask's own setting says (distributed.comm.timeouts.connect, 30 s by default)
+            self.client = Client(address)
         except Exception as exc:  # noqa: BLE001 - OSError, TimeoutError, ValueError for a bad address
             raise DLProfError(
                 f"--scheduler={address}: cannot connect to the Dask scheduler "
