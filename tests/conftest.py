@@ -16,8 +16,6 @@ there.
 from __future__ import annotations
 
 import compileall
-import fcntl
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -97,25 +95,6 @@ def pytest_collection_modifyitems(config, items):
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: the order modules are handed out in
         first = {name: rank for rank, name in enumerate(LONGEST_MODULES)}
         items.sort(key=lambda item: first.get(item.path.name, len(first)))  # stable: the rest keep their order
-
-
-# Nsight Systems 2022.4 cannot start two sessions at once: the second `nsys profile` may fail in sem_open
-# ("No such file or directory") while the first one is starting or ending. The tests that run nsys (marker
-# `nsys`) take turns across pytest-xdist workers, and across suites run side by side, holding this lock from
-# their setup (which builds a module's nsys captures) to their teardown.
-NSYS_LOCK = Path(tempfile.gettempdir()) / "dlprof-tests-nsys.lock"
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    if item.get_closest_marker("nsys") is None:
-        return (yield)
-    with open(NSYS_LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            return (yield)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.hookimpl(wrapper=True)
