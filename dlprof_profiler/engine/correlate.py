@@ -588,9 +588,9 @@ class DomainCorrelator:
         new_mask = new_mask_of(new_rows, n)
         frames = [_range_instances(ranges, info, kinds, new_mask, scope_op, names, parent, depth, self.family)]
         frames[0]["instance_id"] = row_instance[new_rows]
+        release_if_large = release_unused_memory if n >= RELEASE_RANGES else lambda: None
         del names, parent, depth, new_mask  # (per range: 10^7 events have 4·10^6 ranges)
-        if n >= RELEASE_RANGES:
-            release_unused_memory()
+        release_if_large()
 
         api_instance = take(row_instance, owner, -1)
         del owner, innermost, root_of
@@ -616,16 +616,13 @@ class DomainCorrelator:
 
         instances = pd.concat([f for f in frames if len(f)] or [frames[0]], ignore_index=True)
         del frames, frame  # the concatenation copied them
-        if n >= RELEASE_RANGES:
-            release_unused_memory()
+        release_if_large()
         instances["domain"] = self.domain
         instances["call_id"] = instances["instance_id"].to_numpy(np.int64)
         instance_metrics(instances, api, seg.gpu, gpu_instance, self.thread_device, self.process_device)
-        if n >= RELEASE_RANGES:
-            release_unused_memory()
+        release_if_large()
         self._link_backward(instances, info, kinds, ranges, op_root, row_instance, hi)
-        if n >= RELEASE_RANGES:
-            release_unused_memory()
+        release_if_large()
         self._remember_open(instances, hi)
         if self.sink is not None:
             self.sink.add(seg, instances, api_instance, gpu_instance)
