@@ -122,3 +122,122 @@ def test_argument_values_at_rows_without_the_whole_column():
     assert stacks.tolist() == [3, -1, -1] and stacks.dtype == np.int32
     assert args.at("flops", np.array([0, 5])).tolist() == [-1, -1]
     assert args.at("seq", np.zeros(0, dtype=np.int64)).tolist() == []
+
+
+# ---------------------------------------------------------------------------- decoding in parts side by side
+
+
+def _plain(tmp_path, fixture):
+    text = gzip.decompress(fixture.read_bytes())
+    plain = tmp_path / fixture.name.removesuffix(".gz")
+    plain.write_bytes(text)
+    return plain, text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: p.name)
+def test_trace_decoded_in_parts_by_helper_processes_equals_one_pass(tmp_path, fixture):
+    """Three parts, two of them decoded by helper processes at the same time, merged into the frames the
+    one-pass read gives; the malformed trace's rewritten events send the parts from there to one pass."""
+    plain, text = _plain(tmp_path, fixture)
+    whole = read_kineto_trace(fixture)
+    decoded = kd.decode(plain, chunk_bytes=max(len(text) // 40, 1 << 12), parts=3)
+    valid = fixture.parent == data.KINETO
+    assert decoded.columns.parts_decoded == 3 if valid else decoded.columns.parts_decoded < 3
+    staged = build_trace(decoded)
+    for name in FRAMES:
+        pd.testing.assert_frame_equal(getattr(staged, name), getattr(whole, name), check_exact=True, obj=name)
+    assert staged.meta == whole.meta
+    assert staged.warnings == [w.replace(str(fixture), str(plain)) for w in whole.warnings]
+
+
+def _events_text(events: list) -> bytes:
+    return json.dumps({"traceEvents": events, "schemaVersion": 1}, indent=1).encode()
+
+
+def _names_and_times(columns) -> tuple[list, list]:
+    return [columns.strings[c] if c >= 0 else None for c in columns.name], columns.ts.tolist()
+
+
+def test_parts_merge_each_helpers_own_strings_and_sparse_rows(tmp_path):
+    """Each part meets names, texts and raw arguments in its own order: merged, every event has the name,
+    call stack, input dims and external id json.loads reads, whatever part decoded it."""
+    events = []
+    for i in range(600):
+        args = {"External id": i} if i % 3 else {"Input Dims": [[i % 7, 2]], "Call stack": f"f{i % 11}.py"}
+        events.append({"ph": "X", "cat": "cpu_op", "name": f"op{(i * 37) % 50}", "ts": i, "dur": 1, "args": args})
+    path = tmp_path / "t.json"
+    path.write_bytes(_events_text(events))
+    for parts in (3,):
+        columns = kd.decode(path, chunk_bytes=1 << 12, parts=parts).columns
+        assert columns.parts_decoded == parts
+        assert _names_and_times(columns) == ([e["name"] for e in events], [e["ts"] * 1000 for e in events])
+        stacks = columns.args["call_stack"]
+        dims = columns.args["input_dims"]
+        assert [columns.strings[s] if s >= 0 else None for s in stacks] == [e["args"].get("Call stack") for e in events]
+        assert [json.loads(columns.raws[d]) if d >= 0 else None for d in dims] == [
+            e["args"].get("Input Dims") for e in events
+        ]
+        assert columns.args["external_id"].tolist() == [e["args"].get("External id", -1) for e in events]
+
+
+def test_a_cut_inside_a_string_is_not_taken(tmp_path):
+    """Names from some event on hold the `}, {` parts are cut at (json.dumps writes "name" last, so a cut
+    there finds the one inside the name first): the part that ends at such a cut ends inside a string,
+    does not decode, and it and the rest are read in one pass by this process."""
+    path = tmp_path / "t.json"
+    # parts=2: the cut halfway lies between events; parts=4: the last cut lies in a name, so the third
+    # part (a helper's) fails and is read here; names with `}, {` from the first event: the first part's
+    # own end lies in a name
+    for parts, taken, braced in ((2, 2, 270), (4, 2, 270), (3, 1, 0)):
+        events = [
+            {"ph": "X", "ts": i, "dur": 1, "name": f'n{i}}}, {{"x": {i}' if i >= braced else f"n{i}"}
+            for i in range(400)
+        ]
+        path.write_bytes(_events_text(events))
+        columns = kd.decode(path, chunk_bytes=1 << 12, parts=parts).columns
+        assert columns.parts_decoded == taken, parts
+        assert _names_and_times(columns) == ([e["name"] for e in events], [e["ts"] * 1000 for e in events])
+
+
+def test_a_helper_that_fails_leaves_its_part_to_this_process(tmp_path, monkeypatch):
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i % 9}", "ts": i, "dur": 2} for i in range(300)]
+    path = tmp_path / "t.json"
+    path.write_bytes(_events_text(events))
+    monkeypatch.setattr(kd, "PART_PROGRAM", "dlprof_profiler.no_such_module")
+    columns = kd.decode(path, chunk_bytes=1 << 12, parts=3).columns
+    assert columns.parts_decoded == 1
+    assert _names_and_times(columns) == ([e["name"] for e in events], [e["ts"] * 1000 for e in events])
+
+
+def test_an_error_in_a_helpers_part_names_the_event_as_one_pass_does(tmp_path):
+    events = [{"ph": "X", "name": "a", "ts": i, "dur": 1} for i in range(300)]
+    events[250]["args"] = {"External id": [1, 2]}  # an array where a scalar is read
+    path = tmp_path / "t.json"
+    path.write_bytes(_events_text(events))
+    with pytest.raises(kd.DLProfError) as one_pass:
+        kd.decode(path, chunk_bytes=1 << 12, parts=1)
+    with pytest.raises(kd.DLProfError) as in_parts:
+        kd.decode(path, chunk_bytes=1 << 12, parts=3)
+    assert "traceEvents[250]" in str(one_pass.value)
+    assert str(in_parts.value) == str(one_pass.value)
+
+
+def test_a_helper_refuses_a_file_that_changed(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_bytes(_events_text([{"ph": "X", "name": "a", "ts": 1, "dur": 1}]))
+    stat = path.stat()
+    messages = list(kd.decode_part(path, 0, 10, 1 << 12, None, (stat.st_size + 1, stat.st_mtime_ns)))
+    assert messages == [("error", f"{path} changed while it was read")]
+
+
+def test_a_large_plain_trace_is_cut_into_one_part_per_cpu(monkeypatch):
+    text = bytearray(b'{"traceEvents": [' + b", ".join([b'{"ph": "X"}'] * 1000) + b"]}")
+    first, end = text.index(b"["), len(text) - 2
+    monkeypatch.setattr(kd, "PART_BYTES", (end - first) // 3)
+    monkeypatch.setattr(kd.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert len(kd._part_cuts(text, first, end, None)) == 1  # two CPUs: this process and one helper
+    monkeypatch.setattr(kd.os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert len(kd._part_cuts(text, first, end, None)) == 2  # three shares of PART_BYTES
+    monkeypatch.setattr(kd, "PART_BYTES", end - first + 1)
+    assert kd._part_cuts(text, first, end, None) == []  # smaller than one share: one pass

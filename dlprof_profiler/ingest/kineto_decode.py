@@ -22,7 +22,11 @@ import codecs
 import json
 import mmap
 import os
+import pickle
 import re
+import subprocess
+import sys
+import threading
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -48,6 +52,10 @@ WHITESPACE_RUN_LIMIT = 64 << 20  # no trace holds this much whitespace in one ru
 GUNZIP_PIECE = 16 << 20  # inflated at once: below glibc's largest mmap threshold, so the heap reuses it
 GUNZIP_INPUT = 1 << 20  # compressed bytes handed to the inflater at once
 CHUNK_BYTES = 8 << 20  # JSON text decoded at once
+PART_BYTES = 64 << 20  # the least events text a helper process is started for (it costs ~0.5 s to start)
+MAX_PARTS = 8
+PART_PROGRAM = "dlprof_profiler.ingest.kineto_part"  # run as a program, so this module does not import it
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding dlprof_profiler/
 HEAD_BYTES = 4 << 20  # how much of a file `looks_like_trace` reads
 RAW_SEPARATOR = b"\x1f"  # cannot occur in JSON text outside strings, and never unescaped inside them
 _NOT_SPACE = re.compile(rb"\S")
@@ -291,6 +299,7 @@ class Columns:
     raws: list = field(default_factory=list)
     repairs: dict = field(default_factory=dict)  # events whose JSON text was repaired, by kind (kineto_repair)
     repaired_events: int = 0
+    parts_decoded: int = 1  # processes that decoded the events side by side
 
     def let_go(self, *names: str) -> None:
         """Drop columns no longer read (the frames are built from the others), so their memory goes back
@@ -494,7 +503,7 @@ NESTING_REPORTED = 512  # the depth an error names (the decoders give up near Py
 _NEXT_EVENT = re.compile(rb"\s*(?:,\s*\{|\])")
 
 
-def decode(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Decoded:
+def decode(path: Path, chunk_bytes: int = CHUNK_BYTES, parts: int | None = None) -> Decoded:
     """Decode a Kineto trace file; raises DLProfError with a one-line reason naming the file.
 
     The usual layout is read in one pass over the events: the traceEvents array is found by its key and
@@ -503,11 +512,15 @@ def decode(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Decoded:
     malformed are repaired on that pass (`kineto_repair`) and counted. Anything unusual (or wrong) sends
     the file through the validating path: one pass that checks the whole document first, then the events;
     a document that is not JSON is then checked event by event (`_repaired_outline`), so a repairable one
-    is read and any other error names the first place that cannot be read."""
+    is read and any other error names the first place that cannot be read.
+
+    A large plain (not gzipped) file's events are cut into `parts` (default: one per CPU this process may
+    use, each of at least PART_BYTES) decoded side by side, the first here and each other one by a helper
+    process (`decode_part`); see `_columns_in_parts`."""
     path = Path(path)
     data = read_bytes(path)
     try:
-        return _decode(data, path, chunk_bytes, _PageRelease.of(data, path))
+        return _decode(data, path, chunk_bytes, _PageRelease.of(data, path), parts)
     except RecursionError:
         deep = _nesting_deeper_than(data, NESTING_REPORTED)
         where = f" (more than {NESTING_REPORTED} levels at byte {deep:,})" if deep is not None else ""
@@ -524,14 +537,14 @@ def decode(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Decoded:
         del data
 
 
-def _decode(data, path: Path, chunk_bytes: int, release=None) -> Decoded:
+def _decode(data, path: Path, chunk_bytes: int, release=None, parts: int | None = None) -> Decoded:
     if not _NOT_SPACE.search(data):
         raise DLProfError(f"{path}: empty file, not a Kineto trace")
     outline = _outline(data)
     if outline is not None:
         first, end, meta = outline
         try:
-            columns = _columns(data, first, end, chunk_bytes, path, retries=FAST_PATH_RETRIES, release=release)
+            columns = _columns(data, first, end, chunk_bytes, path, FAST_PATH_RETRIES, release, parts)
             return Decoded(path, meta, columns)
         except DLProfError:
             pass
@@ -539,7 +552,7 @@ def _decode(data, path: Path, chunk_bytes: int, release=None) -> Decoded:
         first, end, meta = _validated_outline(data, path)
     except _NotJSON as exc:
         first, end, meta = _repaired_outline(data, path, exc)
-    return Decoded(path, meta, _columns(data, first, end, chunk_bytes, path, release=release))
+    return Decoded(path, meta, _columns(data, first, end, chunk_bytes, path, release=release, parts=parts))
 
 
 class _PageRelease:
@@ -725,10 +738,28 @@ def _offset_in(part: memoryview, whole) -> int | None:
 
 
 def _columns(
-    data, first: int, end: int, chunk_bytes: int, path: Path, retries: int | None = None, release=None
+    data,
+    first: int,
+    end: int,
+    chunk_bytes: int,
+    path: Path,
+    retries: int | None = None,
+    release=None,
+    parts: int | None = None,
 ) -> Columns:
-    """The columns of the events in data[first:end + 1] (`release`: a _PageRelease of the mapping)."""
+    """The columns of the events in data[first:end + 1] (`release`: a _PageRelease of the mapping, which
+    only a plain file has: only then can helper processes map the same text and decode parts of it)."""
+    cuts = _part_cuts(data, first, end, parts) if release is not None else []
+    if cuts:
+        columns = _columns_in_parts(data, first, end, cuts, chunk_bytes, path, retries, release)
+        if columns is not None:
+            return columns
     builder = _ColumnBuilder(path)
+    _decode_into(builder, data, first, end, chunk_bytes, path, retries, release)
+    return builder.finish()
+
+
+def _decode_into(builder, data, first: int, end: int, chunk_bytes: int, path: Path, retries=None, release=None):
     chunks = _chunks(data, first, end, chunk_bytes, path, builder, retries)
     try:
         for events in chunks:
@@ -738,7 +769,140 @@ def _columns(
                 release.before(builder.resume)
     finally:
         chunks.close()
-    return builder.finish()
+
+
+def _part_cuts(data, first: int, end: int, parts: int | None) -> list:
+    """Where the events array is cut into parts: a `}, {` match after each equal share of its text."""
+    if parts is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        parts = min(cpus, MAX_PARTS, (end - first) // PART_BYTES)
+    cuts = []
+    for k in range(1, max(parts, 1)):
+        share = first + (end - first) * k // parts
+        match = _BETWEEN_EVENTS.search(data, max(share, cuts[-1].end() if cuts else 0), end)
+        if match is None:
+            break
+        cuts.append(match)
+    return cuts
+
+
+def _columns_in_parts(data, first, end, cuts, chunk_bytes, path, retries, release) -> Columns | None:
+    """The columns with the events cut into parts at `cuts` (`}, {` matches), the first part decoded here
+    and every other by a helper process at the same time; None when the first part must be decoded again
+    in one pass with the rest.
+
+    A part is taken only when every part before it ended cleanly (no error, no event whose text had to be
+    rewritten): a cut inside a JSON string would leave the text before it ending inside that string, which
+    does not decode, so a clean end proves the cut lies between two events, and the next part then holds
+    exactly the events the one-pass decoder would have read there. From the first part not taken, this
+    process decodes the rest itself (where the error, if any, names the right event)."""
+    spans = [(m.end() - 2, (cuts[i + 1].start() + 1) if i + 1 < len(cuts) else end) for i, m in enumerate(cuts)]
+    helpers: list = []
+    builder = _ColumnBuilder(path)
+    try:
+        try:
+            for start, stop in spans:
+                helpers.append(_PartProcess(path, start, stop, chunk_bytes, retries))
+        except OSError:  # no process can be started here: one pass
+            return None
+        try:
+            _decode_into(builder, data, first, cuts[0].start() + 1, chunk_bytes, path, retries, release)
+        except DLProfError:
+            return None
+        if builder.rewritten:
+            return None
+        for helper, (start, _) in zip(helpers, spans):
+            outcome = helper.outcome()
+            if outcome is None:  # failed, or rewrote events: from here on in this process
+                _decode_into(builder, data, start, end, chunk_bytes, path, retries, release)
+                break
+            messages, (kinds, events) = outcome
+            foreign = NO_CODES
+            while messages:
+                foreign = builder.merge(messages.pop(0), foreign)
+            builder.repaired_kinds(kinds, events)
+            builder.parts_decoded += 1
+        return builder.finish()
+    finally:
+        for helper in helpers:
+            helper.stop()
+
+
+class _PartProcess:
+    """A helper process decoding one part of the events (`decode_part`), its messages read as they come
+    (a thread, so that the process never waits on a full pipe)."""
+
+    def __init__(self, path: Path, start: int, stop: int, chunk_bytes: int, retries: int | None):
+        stat = os.stat(path)
+        self.messages: list = []
+        self.ended = None
+        # the helper imports this package from where this process did, whatever its own path would say
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")])))
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", PART_PROGRAM, str(path), str(start), str(stop), str(chunk_bytes)]
+            + [str(-1 if retries is None else retries), str(stat.st_size), str(stat.st_mtime_ns)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                kind, payload = pickle.load(self.process.stdout)
+                if kind != "part":
+                    self.ended = (kind, payload)
+                    return
+                self.messages.append(payload)
+        except Exception as exc:  # the process ended without saying so (killed, crashed)
+            self.ended = ("failed", str(exc))
+
+    def outcome(self):
+        """(its messages, its repairs) once it has decoded its part cleanly, else None."""
+        self.reader.join()
+        self.process.wait()
+        kind, payload = self.ended
+        if kind != "done" or self.process.returncode != 0 or payload["rewritten"]:
+            return None
+        messages, self.messages = self.messages, []
+        return messages, payload["repairs"]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self.reader.join()
+        self.process.stdout.close()
+
+
+def decode_part(path: Path, start: int, stop: int, chunk_bytes: int, retries: int | None, identity: tuple):
+    """The messages of a helper process decoding data[start + 1:stop] of a trace file (events from the
+    `{` after `start` to the `}` before `stop`; `retries` as `_chunks` takes them): ("part", what each
+    chunk added), then ("done", its repairs), or ("error", why). `identity` (size, mtime_ns) is the file
+    the parent read."""
+    stat = os.stat(path)
+    if (stat.st_size, stat.st_mtime_ns) != identity:
+        yield "error", f"{path} changed while it was read"
+        return
+    data = read_bytes(path)
+    release = _PageRelease.of(data, path)
+    if release is not None:
+        release.done = (start // mmap.PAGESIZE) * mmap.PAGESIZE
+    builder = _ColumnBuilder(path)
+    chunks = _chunks(data, start, stop, chunk_bytes, path, builder, retries)
+    try:
+        for events in chunks:
+            builder.add(events)
+            del events
+            if release is not None:
+                release.before(builder.resume)
+            yield "part", builder.take_new()
+    finally:
+        chunks.close()
+    yield "done", {"rewritten": builder.rewritten, "repairs": (builder.repairs, builder.repaired_events)}
 
 
 def _chunks(data, first: int, end: int, chunk_bytes: int, path: Path, builder, retries: int | None = None):
@@ -842,6 +1006,7 @@ def _repaired_events(data, view, start: int, cut: tuple, end: int, bad: _Malform
         except msgspec.ValidationError as exc:
             raise _content_error(path, exc, builder.count + len(events)) from None
         builder.repaired(repaired.kinds)
+        builder.rewritten += 1
         after = _NEXT_EVENT.match(data, repaired.end)
         pos = after.end() - 1  # the next event's "{", or the array's "]"
         if pos >= end:
@@ -990,6 +1155,18 @@ class _TextTable:
         local = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)
         return mapping[local]
 
+    def global_codes(self, values: list) -> np.ndarray:
+        """This table's codes for distinct values of another table, appending those it lacks in order."""
+        out = np.empty(len(values), dtype=np.int64)
+        for i, value in enumerate(values):
+            code = self.index.get(value)
+            if code is None:
+                code = len(self.values)
+                self.index[value] = code
+                self.values.append(value)
+            out[i] = code
+        return out
+
     def raw_codes(self, raws: list, decode) -> tuple[np.ndarray, np.ndarray | None]:
         """Global codes (int32) for raw JSON values (msgspec Raw; empty when absent -> -1): the bytes are
         hashed in Arrow, and `decode` turns each distinct one of the chunk into the value kept (None -> -1)
@@ -1016,6 +1193,9 @@ class _TextTable:
         return mapping[local], (np.isin(local, repaired) if repaired else None)
 
 
+NO_CODES = (np.zeros(0, np.int64), np.zeros(0, np.int64))  # a builder not merged from yet: its codes -> none
+
+
 class _ColumnBuilder:
     def __init__(self, path: Path):
         self.path = path
@@ -1028,6 +1208,9 @@ class _ColumnBuilder:
         self.resume = 0  # where the chunk after the last one added starts (see _chunks)
         self.repairs: dict = {}  # events repaired, by kind (kineto_repair.QUOTE ...)
         self.repaired_events = 0
+        self.rewritten = 0  # events whose JSON text was rewritten to be read (kineto_repair.repair_event)
+        self.parts_decoded = 1  # processes that decoded the events (see _columns_in_parts)
+        self.sent = (0, 0, 0)  # strings, raw texts and events already in a message (take_new)
 
     def repaired(self, kinds: int, events: int = 1) -> None:
         """Count events whose JSON text was repaired (kinds: kineto_repair's bits)."""
@@ -1085,6 +1268,57 @@ class _ColumnBuilder:
             self.repaired(UTF8, int(not_utf8.sum()))
         self.parts.append(part)
         self.count += n
+
+    def take_new(self) -> dict:
+        """What the chunks added since the last call, for the process that merges it (`merge`): the
+        columns (codes into this builder's tables), the sparse pieces (rows from the message's first
+        event), the strings and raw texts new to the tables, and the count of events."""
+        strings, raws, events = self.sent
+        message = {
+            "parts": self.parts,
+            "sparse": {
+                name: [(rows - events, v) for rows, v in pieces] for name, pieces in self.sparse.items() if pieces
+            },
+            "strings": self.strings.values[strings:],
+            "raws": self.raws.values[raws:],
+            "count": self.count - events,
+        }
+        self.parts = []
+        self.sparse = {name: [] for name in self.sparse}
+        self.sent = (len(self.strings.values), len(self.raws.values), self.count)
+        return message
+
+    def merge(self, message: dict, foreign: tuple = NO_CODES) -> tuple:
+        """Append another builder's `take_new()`: its codes are translated into this builder's tables
+        (new strings and raw texts appended in the order the other met them) and its rows shifted.
+        `foreign`: what the last merge from the same builder returned (its codes -> these)."""
+        strings = np.concatenate([foreign[0], self.strings.global_codes(message["strings"])])
+        raws = np.concatenate([foreign[1], self.raws.global_codes(message["raws"])])
+
+        def text(codes, table):  # local codes (-1: none) -> this builder's codes
+            return np.where(codes < 0, codes, table[np.maximum(codes, 0)] if table.size else codes)
+
+        for part in message["parts"]:
+            for name in ("ph", "cat", "name"):
+                part[name] = text(part[name], strings).astype(part[name].dtype)
+            for name in ("pid", "tid"):
+                named = ~part[name + "_numeric"]
+                if named.any():
+                    part[name][named] = strings[part[name][named]]
+            self.parts.append(part)
+        for name, pieces in message["sparse"].items():
+            table = strings if name in TEXT_ARGS else raws if name in RAW_ARGS else None
+            for rows, values in pieces:
+                values = values if table is None else text(values, table).astype(values.dtype)
+                self.sparse[name].append((rows + self.count, values))
+        self.count += message["count"]
+        return strings, raws
+
+    def repaired_kinds(self, kinds: dict, events: int) -> None:
+        """Add another builder's repair counts (its `repairs` and `repaired_events`)."""
+        for kind, count in kinds.items():
+            self.repairs[kind] = self.repairs.get(kind, 0) + count
+        self.repaired_events += events
 
     def _name(self, raw: bytes) -> tuple:
         """An event's name from its JSON text (a text, a number or boolean as text, None for null), and
@@ -1173,6 +1407,7 @@ class _ColumnBuilder:
             raws=self.raws.values,
             repairs=self.repairs,
             repaired_events=self.repaired_events,
+            parts_decoded=self.parts_decoded,
         )
 
 
