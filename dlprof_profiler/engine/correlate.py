@@ -416,12 +416,22 @@ def correlate(
         )
         for domain in domain_order(trace, mode)
     }
-    for segment in trace_segments(trace, info, gpu_api, cuts):
-        for domain, c in correlators.items():
-            c.add(segment, segment_rows(segment, domain, mode))
+    feed_segments(correlators, trace_segments(trace, info, gpu_api, cuts), mode)
     for domain, c in correlators.items():
         corr.domains[domain] = c.finish(trace, gpu_api)
     return corr
+
+
+def feed_segments(correlators: dict, segments, mode: str | None, after_segment=None) -> None:
+    """Add each time segment, in order, to the correlator of every domain (`correlators`: domain -> its
+    DomainCorrelator) with the segment's rows of that domain; `after_segment(n)` runs after the n-th (from 1),
+    once this loop holds the segment no longer."""
+    for n, segment in enumerate(segments, 1):
+        for domain, c in correlators.items():
+            c.add(segment, segment_rows(segment, domain, mode))
+        del segment
+        if after_segment is not None:
+            after_segment(n)
 
 
 def segment_rows(segment: Segment, domain: str, mode: str | None) -> np.ndarray:
