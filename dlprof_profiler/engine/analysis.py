@@ -21,7 +21,7 @@ from dlprof_profiler.engine.trace import Trace
 from dlprof_profiler import experts as expert_systems
 from dlprof_profiler.experts.data import StoreData
 from dlprof_profiler.store.model import LaunchSpill, StoreAnalysis, StoreCorrelation, StoreModel, StoreSink
-from dlprof_profiler.store.process_memory import release_unused_memory
+from dlprof_profiler.process_memory import release_unused_memory
 
 
 @dataclass(frozen=True)

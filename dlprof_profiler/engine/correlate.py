@@ -24,7 +24,7 @@ from dlprof_profiler.engine.tensor_cores import kernel_uses_tc, op_tc_eligible
 from dlprof_profiler.engine.trace import KIND_KERNEL, Trace, combined_codes, make_frame, obj, rank_within
 from dlprof_profiler.engine.intervals import merge_intervals
 from dlprof_profiler.engine.model_chunks import chunk_bounds, launch_times
-from dlprof_profiler.store.process_memory import release_unused_memory
+from dlprof_profiler.process_memory import release_unused_memory
 
 # Instance kinds
 RANGE_OP, SCOPE_OP, UNASSOCIATED_API, UNASSOCIATED_GPU, BACKWARD_PASS = range(5)
