@@ -10,7 +10,7 @@ import pytest
 # turns it back on first.
 PROBE = """
 import ctypes, ctypes.util, json
-from dlprof_profiler.store.process_memory import PR_SET_THP_DISABLE, avoid_huge_pages
+from dlprof_profiler.process_memory import PR_SET_THP_DISABLE, avoid_huge_pages
 ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").prctl(PR_SET_THP_DISABLE, 0, 0, 0, 0)
 def thp():
     return [line.split()[1] for line in open('/proc/self/status') if line.startswith('THP_enabled')]
@@ -34,7 +34,7 @@ def test_huge_pages_off_for_the_process_after_the_call():
 # its pages: next to no faults.
 REUSE_PROBE = """
 import ctypes, ctypes.util, json, resource, sys
-from dlprof_profiler.store.process_memory import reuse_freed_memory
+from dlprof_profiler.process_memory import reuse_freed_memory
 libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]

@@ -15,13 +15,13 @@ from dlprof_profiler.engine import correlate as corr_mod
 from dlprof_profiler import log
 from dlprof_profiler.engine import iterate
 from dlprof_profiler.engine.aggregate import Aggregation, aggregate, aggregate_model
-from dlprof_profiler.engine.correlate import Correlation, DomainCorrelator, OpModel, segment_rows
+from dlprof_profiler.engine.correlate import Correlation, DomainCorrelator, OpModel, feed_segments
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.engine.trace import Trace
 from dlprof_profiler import experts as expert_systems
 from dlprof_profiler.experts.data import StoreData
 from dlprof_profiler.store.model import LaunchSpill, StoreAnalysis, StoreCorrelation, StoreModel, StoreSink
-from dlprof_profiler.store.process_memory import release_unused_memory
+from dlprof_profiler.process_memory import release_unused_memory
 
 
 @dataclass(frozen=True)
@@ -329,14 +329,14 @@ def analyze_store(
 
     def correlate_all():
         progress = log.Progress("time segments correlated", len(cuts) + 1)
-        for n, seg in enumerate(sa.segments(list(cuts)), 1):
-            for d, c in correlators.items():
-                c.add(seg, segment_rows(seg, d, mode))
-            del seg
+
+        def after_segment(n):
             if on_segment is not None:
                 on_segment(n - 1, {d: c.sink for d, c in correlators.items()})
             release_unused_memory()  # a segment's frees, before the next one's allocations
             progress.update(n)
+
+        feed_segments(correlators, sa.segments(list(cuts)), mode, after_segment)
         return {d: c.sink.finish(c) for d, c in correlators.items()}
 
     models = stages.run(f"Correlating in {len(cuts) + 1} time segment(s)", correlate_all)

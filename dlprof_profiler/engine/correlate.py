@@ -24,7 +24,7 @@ from dlprof_profiler.engine.tensor_cores import kernel_uses_tc, op_tc_eligible
 from dlprof_profiler.engine.trace import KIND_KERNEL, Trace, combined_codes, make_frame, obj, rank_within
 from dlprof_profiler.engine.intervals import merge_intervals
 from dlprof_profiler.engine.model_chunks import chunk_bounds, launch_times
-from dlprof_profiler.store.process_memory import release_unused_memory
+from dlprof_profiler.process_memory import release_unused_memory
 
 # Instance kinds
 RANGE_OP, SCOPE_OP, UNASSOCIATED_API, UNASSOCIATED_GPU, BACKWARD_PASS = range(5)
@@ -416,12 +416,22 @@ def correlate(
         )
         for domain in domain_order(trace, mode)
     }
-    for segment in trace_segments(trace, info, gpu_api, cuts):
-        for domain, c in correlators.items():
-            c.add(segment, segment_rows(segment, domain, mode))
+    feed_segments(correlators, trace_segments(trace, info, gpu_api, cuts), mode)
     for domain, c in correlators.items():
         corr.domains[domain] = c.finish(trace, gpu_api)
     return corr
+
+
+def feed_segments(correlators: dict, segments, mode: str | None, after_segment=None) -> None:
+    """Add each time segment, in order, to the correlator of every domain (`correlators`: domain -> its
+    DomainCorrelator) with the segment's rows of that domain; `after_segment(n)` runs after the n-th (from 1),
+    once this loop holds the segment no longer."""
+    for n, segment in enumerate(segments, 1):
+        for domain, c in correlators.items():
+            c.add(segment, segment_rows(segment, domain, mode))
+        del segment
+        if after_segment is not None:
+            after_segment(n)
 
 
 def segment_rows(segment: Segment, domain: str, mode: str | None) -> np.ndarray:

@@ -106,25 +106,26 @@ def cuts_at(edges: np.ndarray, cum: np.ndarray, boundaries, events_per_segment: 
     for b in np.sort(np.asarray(boundaries, dtype=np.int64)):
         pos = int(np.searchsorted(edges, b, side="right")) - 1
         count = int(cum[pos]) if pos >= 0 else 0
-        while count - last > 2 * events_per_segment:  # an iteration too large for one segment
-            target = last + events_per_segment
-            i = int(np.searchsorted(cum, target))
-            cut = int(edges[min(i + 1, len(edges) - 1)])
-            if cut >= b or (cuts and cut <= cuts[-1]):
-                break
-            cuts.append(cut)
-            last = int(cum[i])
+        last = cut_inside(edges, cum, cuts, last, count, events_per_segment, before=int(b))  # an iteration
         if count - last >= events_per_segment:
             cuts.append(int(b))
             last = count
-    while cum[-1] - last > 2 * events_per_segment:
+    cut_inside(edges, cum, cuts, last, int(cum[-1]), events_per_segment)  # after the last boundary
+    return sorted(set(cuts))
+
+
+def cut_inside(edges, cum, cuts: list[int], last: int, count: int, events_per_segment: int, before=None) -> int:
+    """Append to `cuts` bucket starts that split a stretch too large for one segment (more than twice
+    `events_per_segment` events from `last` to `count`) into segments of about `events_per_segment`, each
+    after the last cut and before `before` (if given); the events up to the last cut appended, else `last`."""
+    while count - last > 2 * events_per_segment:
         i = int(np.searchsorted(cum, last + events_per_segment))
         cut = int(edges[min(i + 1, len(edges) - 1)])
-        if cuts and cut <= cuts[-1]:
+        if (before is not None and cut >= before) or (cuts and cut <= cuts[-1]):
             break
         cuts.append(cut)
         last = int(cum[i])
-    return sorted(set(cuts))
+    return last
 
 
 def launch_times(trace: Trace, gpu_api: np.ndarray) -> np.ndarray:

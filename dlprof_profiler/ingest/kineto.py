@@ -37,7 +37,7 @@ from dlprof_profiler.ingest import kineto_decode as kd
 from dlprof_profiler.engine import markers as nm
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.ingest.kineto_repair import describe as describe_repairs
-from dlprof_profiler.store.process_memory import release_unused_memory
+from dlprof_profiler.process_memory import release_unused_memory
 from dlprof_profiler.engine.memory import empty_memory_frame, gpu_peak, memory_frame, merge_frames
 from dlprof_profiler.ingest.nsys import COPY_KIND_LABELS, MEMSET_LABEL, copy_kind_label
 from dlprof_profiler.engine.markers import format_shapes, output_shape_text

@@ -41,7 +41,7 @@ import pandas as pd
 import pyarrow as pa
 
 from dlprof_profiler.errors import DLProfError
-from dlprof_profiler.store.process_memory import release_unused_memory
+from dlprof_profiler.process_memory import release_unused_memory
 from dlprof_profiler.ingest.kineto_repair import KIND_NAMES, UTF8, repair_event
 
 GZIP_MAGIC = b"\x1f\x8b"

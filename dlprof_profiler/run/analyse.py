@@ -22,7 +22,7 @@ from dlprof_profiler.outputs.publish import signals_held
 from dlprof_profiler.run import engine_choice
 from dlprof_profiler.run import outputs
 from dlprof_profiler.store.model import DatabaseFeed
-from dlprof_profiler.store.process_memory import avoid_huge_pages, reuse_freed_memory
+from dlprof_profiler.process_memory import avoid_huge_pages, reuse_freed_memory
 from dlprof_profiler.store.trace_store import TraceStore
 
 

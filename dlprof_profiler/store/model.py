@@ -34,7 +34,7 @@ from dlprof_profiler.engine.model_chunks import (
     cuts_at,
 )
 from dlprof_profiler.store.parts import PartTable, int_schema, read_part
-from dlprof_profiler.store.process_memory import release_unused_memory
+from dlprof_profiler.process_memory import release_unused_memory
 from dlprof_profiler.store.trace_store import TraceStore
 from dlprof_profiler.engine.trace import LAUNCH_SHAPE, make_frame
 from dlprof_profiler.outputs import report_format, reports

@@ -28,7 +28,7 @@ from dlprof_profiler import log
 from dlprof_profiler.engine.correlate import launch_rows
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.store.parts import PartTable, int_schema
-from dlprof_profiler.store.process_memory import release_unused_memory
+from dlprof_profiler.process_memory import release_unused_memory
 from dlprof_profiler.ingest.sanitize import (
     CORE_FRAMES,
     TIMED_FRAMES,
