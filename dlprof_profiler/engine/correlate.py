@@ -1297,6 +1297,14 @@ def op_table(inst: pd.DataFrame, domain: str, family: str | None, bounds=None) -
     return ops
 
 
+def _dense_codes(values: np.ndarray) -> np.ndarray:
+    """Values as their pd.factorize codes (numbered in order of first appearance, so combined_codes numbers
+    tuples of them as it numbers tuples of the values); values with a missing one are returned as they are
+    (combined_codes gives missing values its own numbering)."""
+    codes = pd.factorize(values)[0]
+    return values if codes.size and codes.min() < 0 else codes.astype(np.int64, copy=False)
+
+
 OP_FIRST = ("op_type", "label", "kind")  # an op's, from its first call
 OP_GIVEN = ("data_type", "stack_trace")  # an op's, the first value in time that is not missing
 OP_GROUP_COLUMNS = ["name", "direction", "nth", "op_type", "label", "first_start", "kind", "n_instances"] + [
@@ -1327,7 +1335,8 @@ class OpGrouper:
         if ids.size == 0:
             return np.zeros(0, np.int64)
         it = np.searchsorted(self.bounds, start, side="right")
-        key = combined_codes(it, tid, names, directions)
+        name_key, direction_key = _dense_codes(names), _dense_codes(directions)  # hashed once for both keys
+        key = combined_codes(it, tid, name_key, direction_key)
         heads = first_rows(key)
         columns = {"it": it[heads], "tid": tid[heads], "name": names[heads], "direction": directions[heads]}
         before = np.zeros(heads.size, np.int64)
@@ -1339,7 +1348,7 @@ class OpGrouper:
         last = columns["it"] == it.max()
         calls = before + np.bincount(key, minlength=heads.size)
         self.carry = pd.DataFrame({c: v[last] for c, v in columns.items()} | {"calls": calls[last]})
-        code = combined_codes(names, directions, nth)
+        code = combined_codes(name_key, direction_key, nth)
         by_time = np.lexsort((ids, start))
         first = by_time[first_rows(code[by_time])]
         batch = pd.DataFrame({"name": names[first], "direction": directions[first], "nth": nth[first]})
