@@ -760,6 +760,13 @@ def _columns(
 
 
 def _decode_into(builder, data, first: int, end: int, chunk_bytes: int, path: Path, retries=None, release=None):
+    for _ in _added_chunks(builder, data, first, end, chunk_bytes, path, retries, release):
+        pass
+
+
+def _added_chunks(builder, data, first: int, end: int, chunk_bytes: int, path: Path, retries=None, release=None):
+    """Add the events of data[first:end + 1] to `builder` chunk by chunk, yielding after each (the pages
+    before it released, when `release` is given)."""
     chunks = _chunks(data, first, end, chunk_bytes, path, builder, retries)
     try:
         for events in chunks:
@@ -767,6 +774,7 @@ def _decode_into(builder, data, first: int, end: int, chunk_bytes: int, path: Pa
             del events
             if release is not None:
                 release.before(builder.resume)
+            yield
     finally:
         chunks.close()
 
@@ -892,16 +900,8 @@ def decode_part(path: Path, start: int, stop: int, chunk_bytes: int, retries: in
     if release is not None:
         release.done = (start // mmap.PAGESIZE) * mmap.PAGESIZE
     builder = _ColumnBuilder(path)
-    chunks = _chunks(data, start, stop, chunk_bytes, path, builder, retries)
-    try:
-        for events in chunks:
-            builder.add(events)
-            del events
-            if release is not None:
-                release.before(builder.resume)
-            yield "part", builder.take_new()
-    finally:
-        chunks.close()
+    for _ in _added_chunks(builder, data, start, stop, chunk_bytes, path, retries, release):
+        yield "part", builder.take_new()
     yield "done", {"rewritten": builder.rewritten, "repairs": (builder.repairs, builder.repaired_events)}
 
 
