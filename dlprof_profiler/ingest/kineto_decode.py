@@ -1145,13 +1145,7 @@ class _TextTable:
         uniques = encoded.dictionary.to_pylist()
         mapping = np.empty(len(uniques) + 1, dtype=np.int32)
         mapping[-1] = -1
-        for i, value in enumerate(uniques):
-            code = self.index.get(value)
-            if code is None:
-                code = len(self.values)
-                self.index[value] = code
-                self.values.append(value)
-            mapping[i] = code
+        mapping[:-1] = self.global_codes(uniques)
         local = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)
         return mapping[local]
 
