@@ -1289,21 +1289,20 @@ class _ColumnBuilder:
         strings = np.concatenate([foreign[0], self.strings.global_codes(message["strings"])])
         raws = np.concatenate([foreign[1], self.raws.global_codes(message["raws"])])
 
-        def text(codes, table):  # local codes (-1: none) -> this builder's codes
-            return np.where(codes < 0, codes, table[np.maximum(codes, 0)] if table.size else codes)
-
+        # indexed by the other's codes, which are >= -1: the appended -1 keeps "none" as it is
+        lookups = {"strings": np.append(strings, -1), "raws": np.append(raws, -1)}
         for part in message["parts"]:
             for name in ("ph", "cat", "name"):
-                part[name] = text(part[name], strings).astype(part[name].dtype)
+                part[name] = lookups["strings"][part[name]].astype(part[name].dtype)
             for name in ("pid", "tid"):
                 named = ~part[name + "_numeric"]
                 if named.any():
                     part[name][named] = strings[part[name][named]]
             self.parts.append(part)
         for name, pieces in message["sparse"].items():
-            table = strings if name in TEXT_ARGS else raws if name in RAW_ARGS else None
+            table = lookups["strings"] if name in TEXT_ARGS else lookups["raws"] if name in RAW_ARGS else None
             for rows, values in pieces:
-                values = values if table is None else text(values, table).astype(values.dtype)
+                values = values if table is None else table[values].astype(values.dtype)
                 self.sparse[name].append((rows + self.count, values))
         self.count += message["count"]
         return strings, raws
