@@ -9,6 +9,7 @@ import pytest
 from dlprof_profiler.engine.analysis import AnalysisConfig, analyze, analyze_store
 from dlprof_profiler.ingest.nsys import read_nsys_export
 from dlprof_profiler.ingest.sanitize import sanitize_trace
+from dlprof_profiler.store.model import StringPool
 from dlprof_profiler.store.trace_store import TraceStore
 from tests import damage, profiles
 from tests.profiles import run_dlprof
@@ -400,3 +401,21 @@ def test_out_of_core_run_writes_what_the_in_memory_run_writes(name, named, tmp_p
     for table in off:
         assert on[table] == off[table], table
     assert not any(p.name.startswith(".dlprof") for p in out["on"].iterdir())  # the store went with the staging
+
+
+def test_the_string_pool_codes_values_as_a_factorization_of_them_would():
+    """Rows are grouped by object before their values are looked up: equal values held by distinct objects get
+    one code, missing ones (None, NaN) -1, and a value gets its code in order of first appearance over calls."""
+    pool = StringPool()
+    copy = "".join(["b", "x"])
+    first = np.array(["bx", None, "a", copy, float("nan"), "a"], dtype=object)
+    assert first[0] is not first[3]
+    assert pool.encode(first).tolist() == [0, -1, 1, 0, -1, 1]
+    assert pool.encode(np.full(4, None, dtype=object)).tolist() == [-1] * 4
+    assert pool.encode(np.array(["c", "a", "c"], dtype=object)).tolist() == [2, 1, 2]
+    assert pool.encode(np.zeros(0, dtype=object)).tolist() == []
+    assert pool.values == ["bx", "a", "c"]
+    assert pool.decode(np.array([2, -1, 0, -5])).tolist() == ["c", None, "bx", None]
+    for i in range(100):  # the decoding lookup grows with the pool
+        assert pool.decode(pool.encode(np.array([f"v{i}", "a"], dtype=object))).tolist() == [f"v{i}", "a"]
+    assert pool.decode(np.full(3, -1)).tolist() == [None] * 3

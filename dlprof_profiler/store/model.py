@@ -7,6 +7,7 @@ them in the tests. Names are integer codes into one string pool."""
 
 from __future__ import annotations
 
+import ctypes
 import queue
 import threading
 from dataclasses import dataclass
@@ -111,31 +112,62 @@ class StringPool:
     def __init__(self):
         self.code: dict = {}
         self.values: list = []
+        # decode's lookup: the values, then None (code -1) in every slot past them; grown, never rebuilt
+        self.table = np.full(1, None, dtype=object)
+        self.filled = 0  # the values already in it
 
     def encode(self, values) -> np.ndarray:
-        """Codes of an object array's values (factorized first: Python touches each distinct value once)."""
-        values = np.asarray(values, dtype=object)
-        local, uniques = pd.factorize(values, use_na_sentinel=True)
-        lut = np.empty(len(uniques), dtype=np.int64)
+        """Codes of an object array's values. Rows are grouped by object first (object_groups: integers, no
+        hashing of a string per row), then each distinct object is factorized by value: Python touches each
+        distinct value once."""
+        values = np.ascontiguousarray(values, dtype=object)
+        groups, first = object_groups(values)
+        local, uniques = pd.factorize(values[first], use_na_sentinel=True)
+        lut = np.empty(len(uniques) + 1, dtype=np.int64)
+        lut[-1] = -1  # (factorize's -1: a missing value)
         for i, u in enumerate(uniques):
             c = self.code.get(u)
             if c is None:
                 c = self.code[u] = len(self.values)
                 self.values.append(u)
             lut[i] = c
-        return np.where(local >= 0, lut[np.maximum(local, 0)] if len(lut) else -1, -1)
+        return lut[local][groups]
 
     def decode(self, codes) -> np.ndarray:
-        table = np.empty(len(self.values) + 1, dtype=object)
-        table[:-1] = self.values
-        table[-1] = None
+        """The values of codes (None for a negative one)."""
+        n = len(self.values)
+        if n >= len(self.table):  # no room for the None after the values: double it
+            grown = np.full(2 * n + 1, None, dtype=object)
+            grown[: self.filled] = self.table[: self.filled]
+            self.table = grown
+        if self.filled < n:
+            self.table[self.filled : n] = self.values[self.filled :]
+            self.filled = n
         codes = np.asarray(codes, dtype=np.int64)
-        return table[np.where(codes >= 0, codes, len(self.values))]
+        if len(codes) == 0 or codes.max() < 0:  # (most of the marker-only columns)
+            return np.full(len(codes), None, dtype=object)
+        if codes.min() < -1:
+            codes = np.maximum(codes, -1)
+        return self.table[codes]  # -1: the last slot, which stays None
 
     def array(self) -> np.ndarray:
         out = np.empty(len(self.values), dtype=object)
         out[:] = self.values
         return out
+
+
+def object_groups(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(group of each row, first row of each group) of a contiguous object array, grouped by object identity:
+    the pointers the array holds, read as integers (rows holding one object hold one value; text columns share
+    few objects, as the classifier spreads its per-distinct-text values over the rows)."""
+    if len(values) == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    pointers = np.ctypeslib.as_array((ctypes.c_ssize_t * len(values)).from_address(values.ctypes.data))
+    if pointers.min() == pointers.max():  # one object (an all-None column): no factorization
+        return np.zeros(len(values), dtype=np.int64), np.zeros(1, dtype=np.int64)
+    groups = pd.factorize(pointers)[0]
+    # factorize numbers groups in order of appearance: a group's first row is where the running maximum grows
+    return groups, np.flatnonzero(np.diff(np.maximum.accumulate(groups), prepend=-1))
 
 
 class StoreAnalysis:
