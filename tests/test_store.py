@@ -414,6 +414,7 @@ def test_the_string_pool_codes_values_as_a_factorization_of_them_would():
     assert pool.encode(np.full(4, None, dtype=object)).tolist() == [-1] * 4
     assert pool.encode(np.array(["c", "a", "c"], dtype=object)).tolist() == [2, 1, 2]
     assert pool.encode(np.zeros(0, dtype=object)).tolist() == []
+    assert pool.encode(first[::-2]).tolist() == [1, 0, -1]  # (a strided view)
     assert pool.values == ["bx", "a", "c"]
     assert pool.decode(np.array([2, -1, 0, -5])).tolist() == ["c", None, "bx", None]
     for i in range(100):  # the decoding lookup grows with the pool

@@ -120,7 +120,7 @@ class StringPool:
         """Codes of an object array's values. Rows are grouped by object first (object_groups: integers, no
         hashing of a string per row), then each distinct object is factorized by value: Python touches each
         distinct value once."""
-        values = np.ascontiguousarray(values, dtype=object)
+        values = np.asarray(values, dtype=object)
         groups, first = object_groups(values)
         local, uniques = pd.factorize(values[first], use_na_sentinel=True)
         lut = np.empty(len(uniques) + 1, dtype=np.int64)
@@ -156,10 +156,11 @@ class StringPool:
         return out
 
 
-def object_groups(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(group of each row, first row of each group) of a contiguous object array, grouped by object identity:
-    the pointers the array holds, read as integers (rows holding one object hold one value; text columns share
-    few objects, as the classifier spreads its per-distinct-text values over the rows)."""
+def object_groups(values) -> tuple[np.ndarray, np.ndarray]:
+    """(group of each row, first row of each group) of an object array, grouped by object identity: the
+    pointers the array holds, read as integers (rows holding one object hold one value; text columns share few
+    objects, as the classifier spreads its per-distinct-text values over the rows)."""
+    values = np.ascontiguousarray(values, dtype=object)  # (held while its pointers are read)
     if len(values) == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     pointers = np.ctypeslib.as_array((ctypes.c_ssize_t * len(values)).from_address(values.ctypes.data))
