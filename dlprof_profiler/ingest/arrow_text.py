@@ -51,10 +51,15 @@ def prefixes(texts: pa.Array, length: np.ndarray) -> pa.Array:
 
 
 def anywhere(texts: pa.Array, needle: bytes) -> bool:
-    """Whether any text may contain `needle` (one search over the array's bytes: no per-text work; bytes
-    outside the array's slice may give a false True, never a false False)."""
-    buffer = texts.buffers()[2] if len(texts) else None
-    return buffer is not None and re.search(re.escape(needle), memoryview(buffer)) is not None
+    """Whether any text may contain `needle` (one search over the array's own bytes, not over the rest of a
+    buffer it is a slice of: no per-text work; a needle across two texts may give a false True, never a
+    false False)."""
+    if len(texts) == 0:
+        return False
+    data = string_buffers(texts)[1]
+    if len(needle) == 1:
+        return bool((data == needle[0]).any())  # one comparison per byte: faster than a regex scan
+    return re.search(re.escape(needle), memoryview(data)) is not None
 
 
 def find(texts: pa.Array, needle: str) -> np.ndarray:
