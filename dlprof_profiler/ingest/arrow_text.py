@@ -13,14 +13,23 @@ import pyarrow.compute as pc
 MAX_DIGITS = 18  # integers of at most 18 digits always fit in int64
 
 
-def string_buffers(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets from the first value, bytes) of a string array without nulls."""
+def _offsets(texts: pa.Array) -> np.ndarray:
+    """The array's own offsets into its data buffer, as stored (a view: no copy)."""
     width = np.int64 if pa.types.is_large_string(texts.type) else np.int32
-    offsets = np.frombuffer(texts.buffers()[1], dtype=width)[texts.offset : texts.offset + len(texts) + 1]
-    offsets = offsets.astype(np.int64)
+    return np.frombuffer(texts.buffers()[1], dtype=width)[texts.offset : texts.offset + len(texts) + 1]
+
+
+def _own_bytes(texts: pa.Array, offsets: np.ndarray) -> np.ndarray:
+    """The bytes of the array's values (a view), not the rest of a buffer it is a slice of."""
     buffer = texts.buffers()[2]
     data = np.frombuffer(buffer, dtype=np.uint8) if buffer is not None else np.zeros(0, dtype=np.uint8)
-    return offsets - offsets[0], data[offsets[0] : offsets[-1]]
+    return data[offsets[0] : offsets[-1]]
+
+
+def string_buffers(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets from the first value, bytes) of a string array without nulls."""
+    offsets = _offsets(texts)
+    return np.subtract(offsets, offsets[0], dtype=np.int64), _own_bytes(texts, offsets)
 
 
 def pieces(data: np.ndarray, start: np.ndarray, stop: np.ndarray) -> pa.Array:
@@ -55,7 +64,7 @@ def anywhere(texts: pa.Array, needle: bytes) -> bool:
     false False)."""
     if len(texts) == 0:
         return False
-    data = string_buffers(texts)[1]
+    data = _own_bytes(texts, _offsets(texts))  # its offsets need no copy here
     if len(needle) == 1:
         return bool((data == needle[0]).any())  # one comparison per byte: faster than a regex scan
     return re.search(re.escape(needle), memoryview(data)) is not None
