@@ -35,6 +35,9 @@ def test_anywhere_and_find_without_the_needle():
     assert at.anywhere(texts, b"op_id") and not at.anywhere(texts, b"sizes")
     assert at.find(texts, ", sizes = ").tolist() == [-1, -1]
     assert not at.anywhere(pa.array([], pa.string()), b"x")
+    sliced = pa.array(["a, sizes = 1", "b\n", "c", "d, sizes = 2"]).slice(2, 1)  # only the slice's bytes count
+    assert not at.anywhere(sliced, b"sizes") and not at.anywhere(sliced, b"\n")
+    assert at.anywhere(sliced, b"c") and at.find(sliced, ", sizes = ").tolist() == [-1]
 
 
 def test_ints_at_reads_what_python_int_reads():
@@ -54,3 +57,10 @@ def test_ints_at_reads_what_python_int_reads():
         ] == (run >= 1)
         if 1 <= run <= at.MAX_DIGITS:
             assert v == int(rest[: sign + run]), text
+
+
+def test_pieces_take_the_spans_only():
+    data = np.frombuffer("aé, seq = 1|xy|".encode(), dtype=np.uint8)
+    start, stop = np.array([0, 0, 3, 13, 16]), np.array([0, 3, 3, 15, 16])  # empty spans, a gap, a multibyte char
+    assert at.pieces(data, start, stop).to_pylist() == ["", "aé", "", "xy", ""]
+    assert at.pieces(data, np.zeros(0, np.int64), np.zeros(0, np.int64)).to_pylist() == []

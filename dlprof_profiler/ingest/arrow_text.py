@@ -13,33 +13,38 @@ import pyarrow.compute as pc
 MAX_DIGITS = 18  # integers of at most 18 digits always fit in int64
 
 
-def string_buffers(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets from the first value, bytes) of a string array without nulls."""
+def _offsets(texts: pa.Array) -> np.ndarray:
+    """The array's own offsets into its data buffer, as stored (a view: no copy)."""
     width = np.int64 if pa.types.is_large_string(texts.type) else np.int32
-    offsets = np.frombuffer(texts.buffers()[1], dtype=width)[texts.offset : texts.offset + len(texts) + 1]
-    offsets = offsets.astype(np.int64)
+    return np.frombuffer(texts.buffers()[1], dtype=width)[texts.offset : texts.offset + len(texts) + 1]
+
+
+def _own_bytes(texts: pa.Array, offsets: np.ndarray) -> np.ndarray:
+    """The bytes of the array's values (a view), not the rest of a buffer it is a slice of."""
     buffer = texts.buffers()[2]
     data = np.frombuffer(buffer, dtype=np.uint8) if buffer is not None else np.zeros(0, dtype=np.uint8)
-    return offsets - offsets[0], data[offsets[0] : offsets[-1]]
+    return data[offsets[0] : offsets[-1]]
+
+
+def string_buffers(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets from the first value, bytes) of a string array without nulls."""
+    offsets = _offsets(texts)
+    return np.subtract(offsets, offsets[0], dtype=np.int64), _own_bytes(texts, offsets)
 
 
 def pieces(data: np.ndarray, start: np.ndarray, stop: np.ndarray) -> pa.Array:
-    """data[start_i:stop_i] of every row as strings (spans in increasing order, not overlapping): one mask
-    over the bytes, no Python per row."""
+    """data[start_i:stop_i] of every row as strings (spans in increasing order, not overlapping), no Python
+    per row: the bytes viewed without a copy as an array whose values alternate between the gap before a
+    span and the span, then Arrow's take of the spans (one copy of the kept bytes, 4x faster than a byte
+    mask over all of data)."""
     n = start.size
-    length = stop - start
-    counts = np.empty(2 * n + 1, dtype=np.int64)
-    counts[0:-1:2] = start - np.concatenate([[0], stop[:-1]])  # bytes skipped before each span
-    counts[1::2] = length
-    counts[-1] = data.size - (stop[-1] if n else 0)
-    take = np.zeros(2 * n + 1, dtype=bool)
-    take[1::2] = True
-    keep = np.repeat(take, counts)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(length, out=offsets[1:])
-    return pa.Array.from_buffers(
-        pa.large_string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(data[keep]))]
-    )
+    bounds = np.empty(2 * n + 2, dtype=np.int64)
+    bounds[0], bounds[-1] = 0, data.size
+    bounds[1:-1:2] = start
+    bounds[2:-1:2] = stop
+    # binary, not string: a gap may cut through a UTF-8 character; the spans are the caller's concern
+    spans = pa.Array.from_buffers(pa.large_binary(), 2 * n + 1, [None, pa.py_buffer(bounds), pa.py_buffer(data)])
+    return spans.take(pa.array(np.arange(1, 2 * n, 2, dtype=np.int64))).view(pa.large_string())
 
 
 def prefixes(texts: pa.Array, length: np.ndarray) -> pa.Array:
@@ -54,10 +59,15 @@ def prefixes(texts: pa.Array, length: np.ndarray) -> pa.Array:
 
 
 def anywhere(texts: pa.Array, needle: bytes) -> bool:
-    """Whether any text may contain `needle` (one search over the array's bytes: no per-text work; bytes
-    outside the array's slice may give a false True, never a false False)."""
-    buffer = texts.buffers()[2] if len(texts) else None
-    return buffer is not None and re.search(re.escape(needle), memoryview(buffer)) is not None
+    """Whether any text may contain `needle` (one search over the array's own bytes, not over the rest of a
+    buffer it is a slice of: no per-text work; a needle across two texts may give a false True, never a
+    false False)."""
+    if len(texts) == 0:
+        return False
+    data = _own_bytes(texts, _offsets(texts))  # its offsets need no copy here
+    if len(needle) == 1:
+        return bool((data == needle[0]).any())  # one comparison per byte: faster than a regex scan
+    return re.search(re.escape(needle), memoryview(data)) is not None
 
 
 def find(texts: pa.Array, needle: str) -> np.ndarray:
