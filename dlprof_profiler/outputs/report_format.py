@@ -245,18 +245,22 @@ class _Formatter:
             return self.decimals(values)
         return self.flags(values)
 
-    def optional(self, values, fmt: str) -> pa.Array:
+    def optional(self, values, fmt: str):
         """Numbers that may be missing (NaN/None): blank in CSV, null in JSON."""
         s = _numeric_series(values)
-        missing = pd.to_numeric(s, errors="coerce").isna().to_numpy()
+        numeric = pd.to_numeric(s, errors="coerce")
+        missing = numeric.isna().to_numpy()
         if fmt == "r":
-            cells = _three_decimals(pd.to_numeric(s, errors="coerce").to_numpy(np.float64, na_value=0.0), self.target)
+            cells = _three_decimals(numeric.to_numpy(np.float64, na_value=0.0), self.target)
         else:
-            cells = _cells_as_array(self.integers(values) if fmt == "n" else self.decimals(values))
+            cells = self.integers(s) if fmt == "n" else self.decimals(s)
         if not missing.any():
             return cells
-        blank = pa.scalar("null" if self.target == JSON else "", pa.string())
-        return pc.if_else(pa.array(missing), blank, cells)
+        blank = "null" if self.target == JSON else ""
+        if isinstance(cells, _Coded):  # the blank cell appended to the distinct ones, so the column stays coded
+            dictionary = pa.concat_arrays([cells.dictionary, pa.array([blank], type=pa.string())])
+            return _Coded(dictionary, np.where(missing, len(cells.dictionary), cells.codes))
+        return pc.if_else(pa.array(missing), pa.scalar(blank, pa.string()), cells)
 
 
 def _buffers_key(arr: pa.Array) -> tuple:
@@ -418,9 +422,14 @@ class _ChunkWriter:
         return out
 
     def _pair(self, a: _Coded, b: _Coded, n: int) -> _Coded | None:
+        stable = a.stable and b.stable
         if a.group is not None and a.group == b.group and len(a.dictionary) == len(b.dictionary):
-            stable = a.stable and b.stable
             return _Coded(self._joined((a.dictionary, b.dictionary), self.sep, stable), a.codes, a.group, stable)
+        # a column of one cell (a constant grid size, an empty text): the other's codes as they are
+        if len(b.dictionary) == 1:
+            return _Coded(self._joined((a.dictionary, b.dictionary[0]), self.sep, stable), a.codes, a.group, stable)
+        if len(a.dictionary) == 1:
+            return _Coded(self._joined((a.dictionary[0], b.dictionary), self.sep, stable), b.codes, b.group, stable)
         width = len(b.dictionary)
         combinations = len(a.dictionary) * width
         if combinations >= 2**62:
