@@ -657,7 +657,7 @@ class LaunchSpill:
 
     def report_chunks(self, ops: pd.DataFrame, rows_per_chunk: int):
         """Chunks of kernel-launch rows (reports.LAUNCH_COLUMNS) in report order: iteration, the op's first
-        start, kernel name, GPU start, launch order (reports._report_order). The rows were spilled in launch
+        start, kernel name, GPU start, launch order (reports.launch_order). The rows were spilled in launch
         order, so an iteration's rows are in one part or in consecutive ones: each part is ordered in memory,
         the rows of its last iteration held back until the next part has added its own."""
         n_ops = int(ops["op_index"].max()) + 1 if len(ops) else 0
@@ -670,8 +670,10 @@ class LaunchSpill:
             cols = {c: table.column(c).to_numpy() for c in table.column_names}
             if held is not None:
                 cols = {c: np.concatenate([held[c], cols[c]]) for c in cols}
-            order = np.lexsort(
-                (cols["seq"], cols["gpu_start"], cols["name_code"], op_rank[cols["op_index"]], cols["iteration"])
+            # the held rows come first in their order, then this part's in launch order: a stable sort
+            # leaves rows of equal keys in launch order (seq) without sorting by it
+            order = reports.launch_order(
+                cols["iteration"], op_rank[cols["op_index"]], cols["name_code"], cols["gpu_start"]
             )
             cols = {c: v[order] for c, v in cols.items()}
             last = cols["iteration"][-1]
