@@ -666,7 +666,7 @@ class LaunchSpill:
         op_rank = np.unique(first_start, return_inverse=True)[1].reshape(-1)  # equal starts, equal ranks
         held = None
         for part in self.parts.parts:
-            table = read_part(part.path)
+            table = self.parts.read_part(part, REPORT_SPILL_COLUMNS)  # what the report shows: not the ids
             cols = {c: table.column(c).to_numpy() for c in table.column_names}
             if held is not None:
                 cols = {c: np.concatenate([held[c], cols[c]]) for c in cols}
@@ -709,6 +709,15 @@ def _report_batches(cols: dict, rows_per_chunk: int):
     n = cols["iteration"].size
     for lo in range(0, n, rows_per_chunk):
         yield _report_columns({c: v[lo : lo + rows_per_chunk] for c, v in cols.items()})
+
+
+# the spilled columns _report_columns reads
+REPORT_SPILL_COLUMNS = [
+    *("iteration", "device_id", "gpu_start", "gpu_duration", "api_start", "api_duration", "uses_tc"),
+    *LAUNCH_SHAPE,
+    *("op_index", "name_code", "long_code"),
+    *LAUNCH_INSTANCE,
+]
 
 
 def _report_columns(cols: dict) -> dict:
