@@ -234,29 +234,48 @@ class _Formatter:
             self.cache[key] = (None, pa.array(['"no"', '"yes"'] if self.target == JSON else ["no", "yes"]))
         return _Coded(self.cache[key][1], yes.astype(np.int8), stable=True)
 
-    def column(self, values, fmt: str):
-        if fmt in ("n", "m", "r"):
-            return self.optional(values, fmt)
+    def column(self, values, fmt: str, shared: dict | None = None, position: int = 0):
+        """The cells of one column of a chunk. `shared`: one dict per chunk for every target, keeping by
+        column position what is the same in CSV and JSON (integers and where numbers are missing), so the
+        second target does not format them again."""
         if fmt in TEXT_FORMATS:
             return self.text(values, fmt)
         if fmt == "i":
-            return self.integers(values)
+            return _shared(shared, position, lambda: self.integers(values))
+        if fmt == "n":
+            return self._blanked(*_shared(shared, position, lambda: self._numbers(values, fmt)))
+        if fmt in ("m", "r"):
+            return self._blanked(*self._numbers(values, fmt))
         if fmt in ("a", "p"):
             return self.decimals(values)
         return self.flags(values)
 
-    def optional(self, values, fmt: str) -> pa.Array:
-        """Numbers that may be missing (NaN/None): blank in CSV, null in JSON."""
+    def _numbers(self, values, fmt: str) -> tuple:
+        """(cells, where missing) of numbers that may be missing (NaN/None: blank in CSV, null in JSON)."""
         s = _numeric_series(values)
-        missing = pd.to_numeric(s, errors="coerce").isna().to_numpy()
+        numeric = pd.to_numeric(s, errors="coerce")
+        missing = numeric.isna().to_numpy()
         if fmt == "r":
-            cells = _three_decimals(pd.to_numeric(s, errors="coerce").to_numpy(np.float64, na_value=0.0), self.target)
-        else:
-            cells = _cells_as_array(self.integers(values) if fmt == "n" else self.decimals(values))
+            return _three_decimals(numeric.to_numpy(np.float64, na_value=0.0), self.target), missing
+        return (self.integers(s) if fmt == "n" else self.decimals(s)), missing
+
+    def _blanked(self, cells, missing: np.ndarray):
         if not missing.any():
             return cells
-        blank = pa.scalar("null" if self.target == JSON else "", pa.string())
-        return pc.if_else(pa.array(missing), blank, cells)
+        blank = "null" if self.target == JSON else ""
+        if isinstance(cells, _Coded):  # the blank cell appended to the distinct ones, so the column stays coded
+            dictionary = pa.concat_arrays([cells.dictionary, pa.array([blank], type=pa.string())])
+            return _Coded(dictionary, np.where(missing, len(cells.dictionary), cells.codes))
+        return pc.if_else(pa.array(missing), pa.scalar(blank, pa.string()), cells)
+
+
+def _shared(shared: dict | None, key, make: Callable):
+    """`make()`, remembered in `shared` under `key` (made anew without `shared`)."""
+    if shared is None:
+        return make()
+    if key not in shared:
+        shared[key] = make()
+    return shared[key]
 
 
 def _buffers_key(arr: pa.Array) -> tuple:
@@ -372,11 +391,13 @@ class _ChunkWriter:
         self.rows = 0
         self.joined: dict = {}
 
-    def write(self, columns: list, formats: list[str]) -> None:
+    def write(self, columns: list, formats: list[str], shared: dict | None = None) -> None:
+        """One chunk's rows; `shared`: the chunk's cells common to every target (_Formatter.column)."""
         n = len(columns[0]) if columns else 0
         if n == 0:
             return
-        cells = self._merge([self.formatter.column(v, f) for v, f in zip(columns, formats)], n)
+        cells = [self.formatter.column(v, f, shared, i) for i, (v, f) in enumerate(zip(columns, formats))]
+        cells = self._merge(cells, n)
         cells[0] = self._affix(cells[0], self.prefix, "")
         cells[-1] = self._affix(cells[-1], "", self.suffix)
         arrays = [_cells_as_array(c) for c in cells]
@@ -418,9 +439,14 @@ class _ChunkWriter:
         return out
 
     def _pair(self, a: _Coded, b: _Coded, n: int) -> _Coded | None:
+        stable = a.stable and b.stable
         if a.group is not None and a.group == b.group and len(a.dictionary) == len(b.dictionary):
-            stable = a.stable and b.stable
             return _Coded(self._joined((a.dictionary, b.dictionary), self.sep, stable), a.codes, a.group, stable)
+        # a column of one cell (a constant grid size, an empty text): the other's codes as they are
+        if len(b.dictionary) == 1:
+            return _Coded(self._joined((a.dictionary, b.dictionary[0]), self.sep, stable), a.codes, a.group, stable)
+        if len(a.dictionary) == 1:
+            return _Coded(self._joined((a.dictionary[0], b.dictionary), self.sep, stable), b.codes, b.group, stable)
         width = len(b.dictionary)
         combinations = len(a.dictionary) * width
         if combinations >= 2**62:
@@ -526,8 +552,9 @@ class SectionWriters:
             writers[JSON] = _ChunkWriter(fh, JSON, table.bare)
         for chunk in table.iter_chunks():
             columns = [chunk[c] for c in table.columns]
+            shared: dict = {}  # what every format's writer takes alike from this chunk
             for writer in writers.values():
-                writer.write(columns, table.formats)
+                writer.write(columns, table.formats, shared)
         if JSON in self.files:
             self.files[JSON].write(b"]}")
 

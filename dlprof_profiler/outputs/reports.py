@@ -646,12 +646,22 @@ def _report_order(columns: dict, ops: pd.DataFrame, n_ops: int, names: np.ndarra
     op_rank = np.unique(first_start, return_inverse=True)[1].reshape(-1)  # equal starts, equal ranks
     name_rank = np.empty(len(names), dtype=np.int64)
     name_rank[np.argsort(names, kind="stable")] = np.arange(len(names))
-    iteration = columns["iteration"].astype(np.int64)
-    keys = [iteration - iteration.min(), op_rank[columns["op_index"]], name_rank[columns["kernel_name"]]]
+    return launch_order(
+        columns["iteration"], op_rank[columns["op_index"]], name_rank[columns["kernel_name"]], columns["gpu_start"]
+    )
+
+
+def launch_order(iteration, op_rank, name_rank, gpu_start) -> np.ndarray:
+    """The stable order of launch rows by iteration, op rank, kernel name rank, then GPU start (ties keep the
+    given order): the first three as one mixed-radix key where it fits, a two-key sort instead of four."""
+    if len(gpu_start) == 0:
+        return np.zeros(0, dtype=np.int64)
+    keys = [np.asarray(k).astype(np.int64, copy=False) for k in (iteration, op_rank, name_rank)]
+    keys = [k - k.min() for k in keys]
     sizes = [int(k.max()) + 1 for k in keys]
-    if sizes[0] * sizes[1] * sizes[2] < 2**62:  # one mixed-radix key: a two-key sort instead of four
-        return np.lexsort((columns["gpu_start"], (keys[0] * sizes[1] + keys[1]) * sizes[2] + keys[2]))
-    return np.lexsort((columns["gpu_start"], keys[2], keys[1], keys[0]))
+    if sizes[0] * sizes[1] * sizes[2] < 2**62:
+        return np.lexsort((gpu_start, (keys[0] * sizes[1] + keys[1]) * sizes[2] + keys[2]))
+    return np.lexsort((gpu_start, keys[2], keys[1], keys[0]))
 
 
 def iteration_report(agg: Aggregation, instances: pd.DataFrame, ops: pd.DataFrame, gpu: pd.DataFrame) -> Report:

@@ -690,7 +690,7 @@ class LaunchSpill:
 
     def report_chunks(self, ops: pd.DataFrame, rows_per_chunk: int):
         """Chunks of kernel-launch rows (reports.LAUNCH_COLUMNS) in report order: iteration, the op's first
-        start, kernel name, GPU start, launch order (reports._report_order). The rows were spilled in launch
+        start, kernel name, GPU start, launch order (reports.launch_order). The rows were spilled in launch
         order, so an iteration's rows are in one part or in consecutive ones: each part is ordered in memory,
         the rows of its last iteration held back until the next part has added its own."""
         n_ops = int(ops["op_index"].max()) + 1 if len(ops) else 0
@@ -699,12 +699,14 @@ class LaunchSpill:
         op_rank = np.unique(first_start, return_inverse=True)[1].reshape(-1)  # equal starts, equal ranks
         held = None
         for part in self.parts.parts:
-            table = read_part(part.path)
+            table = self.parts.read_part(part, REPORT_SPILL_COLUMNS)  # what the report shows: not the ids
             cols = {c: table.column(c).to_numpy() for c in table.column_names}
             if held is not None:
                 cols = {c: np.concatenate([held[c], cols[c]]) for c in cols}
-            order = np.lexsort(
-                (cols["seq"], cols["gpu_start"], cols["name_code"], op_rank[cols["op_index"]], cols["iteration"])
+            # the held rows come first in their order, then this part's in launch order: a stable sort
+            # leaves rows of equal keys in launch order (seq) without sorting by it
+            order = reports.launch_order(
+                cols["iteration"], op_rank[cols["op_index"]], cols["name_code"], cols["gpu_start"]
             )
             cols = {c: v[order] for c, v in cols.items()}
             last = cols["iteration"][-1]
@@ -740,6 +742,15 @@ def _report_batches(cols: dict, rows_per_chunk: int):
     n = cols["iteration"].size
     for lo in range(0, n, rows_per_chunk):
         yield _report_columns({c: v[lo : lo + rows_per_chunk] for c, v in cols.items()})
+
+
+# the spilled columns _report_columns reads
+REPORT_SPILL_COLUMNS = [
+    *("iteration", "device_id", "gpu_start", "gpu_duration", "api_start", "api_duration", "uses_tc"),
+    *LAUNCH_SHAPE,
+    *("op_index", "name_code", "long_code"),
+    *LAUNCH_INSTANCE,
+]
 
 
 def _report_columns(cols: dict) -> dict:
