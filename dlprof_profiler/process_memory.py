@@ -16,7 +16,15 @@ The in-memory analysis does the opposite with glibc's malloc: it keeps what it f
 reuse instead of handing each block back and faulting fresh pages in for the next (`reuse_freed_memory`). At
 10^6 kernels that halved the page faults (1.3 -> 0.7 million) and the system time (5.0 -> 3.3 s) for 0.2 GB
 more at the peak; at 1.5·10^6 kernels, the largest profile analysed in memory by default, 3.51 GB against
-3.46 GB, 24.4 s against 26.3 s."""
+3.46 GB, 24.4 s against 26.3 s.
+
+The stages of an analysis ask for freed memory to be handed back (`release_unused_memory`) where a large
+profile needs it to stay within its memory bound: a Kineto trace is analysed in memory at any size. An nsys
+export analysed in memory is bounded by the engine choice instead, and trimming glibc's heap there only
+made the next stage fault the same pages in again: at 10^6 kernels (3·10^6 ranges, above correlation's
+threshold) 0.3 million of its 1.0 million page faults, about 1 s of CPU, for 50-100 MB less at the peak. Such
+an analysis runs inside `freed_memory_kept()`, where the trim is skipped (Arrow's pool is still emptied: it
+cost nothing measurable)."""
 
 from __future__ import annotations
 
@@ -24,10 +32,14 @@ import ctypes
 import ctypes.util
 import functools
 import sys
+from contextlib import contextmanager
 
 PR_SET_THP_DISABLE = 41  # linux/prctl.h, Linux 3.15+
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # malloc.h
 REUSED_BLOCK = 32 << 20  # glibc's largest mmap threshold on 64-bit: larger blocks are always mapped apart
+
+# inside freed_memory_kept(): glibc's heap is not trimmed (a process-wide setting, as the allocators' are)
+_heap_kept = False
 
 
 @functools.cache
@@ -53,7 +65,7 @@ def release_unused_memory() -> None:
     import pyarrow as pa
 
     pa.default_memory_pool().release_unused()
-    if sys.platform.startswith("linux"):
+    if sys.platform.startswith("linux") and not _heap_kept:
         try:
             _libc().malloc_trim(0)
         except (OSError, AttributeError):  # not glibc: nothing to trim
@@ -71,3 +83,19 @@ def reuse_freed_memory() -> bool:
         return bool(libc.mallopt(M_MMAP_THRESHOLD, REUSED_BLOCK)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 0x7FFFFFFF))
     except (OSError, AttributeError):
         return False
+
+
+def heap_kept() -> bool:
+    """Whether `release_unused_memory` leaves glibc's heap untrimmed now (inside `freed_memory_kept`)."""
+    return _heap_kept
+
+
+@contextmanager
+def freed_memory_kept(keep: bool = True):
+    """Inside: `release_unused_memory` leaves glibc's heap untrimmed when `keep` (see the module docstring)."""
+    global _heap_kept
+    before, _heap_kept = _heap_kept, bool(keep) or _heap_kept
+    try:
+        yield
+    finally:
+        _heap_kept = before

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from dlprof_profiler import contract as K
+from dlprof_profiler import process_memory
 from dlprof_profiler.cli.main import parse_options
 from dlprof_profiler.outputs.publish import Staging
 from dlprof_profiler.run import analyse
@@ -77,3 +78,25 @@ def test_a_failure_while_writing_outputs_discards_the_staged_database(tmp_path):
             assert staging.path(options.database_path).exists()
             raise RuntimeError("disk gone")
     assert not staging.root.exists() and list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "source, extra, kept",
+    [
+        (DATA / "pytorch_2gpu_nccl_nsys2026.2_before.sqlite", (), True),  # bounded by the engine choice
+        (DATA / "pytorch_2gpu_nccl_nsys2026.2_before.sqlite", ("--out_of_core=off",), False),  # forced: any size
+        (DATA.parent / "kineto" / "pytorch_cpu_only.pt.trace.json.gz", (), False),  # a Kineto trace: any size
+    ],
+)
+def test_only_a_profile_bounded_in_size_keeps_its_freed_memory(tmp_path, source, extra, kept):
+    out = tmp_path / "out"
+    out.mkdir()
+    options = options_for(source, out, *extra)
+    staging = Staging(out)
+    with analyse.analysed(source, options, RunDatabase(options, staging)) as run:
+        during = process_memory.heap_kept()
+        run.database.start()
+        run.database.finish()
+    staging.discard()
+    assert during is kept
+    assert process_memory.heap_kept() is False  # and only during the analysis

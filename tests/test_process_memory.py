@@ -64,3 +64,37 @@ def test_freed_blocks_are_reused_after_the_call():
     assert done is True
     assert reuse_faults[0] > pages // 2  # the first block is new memory either way
     assert reuse_faults[1] < pages // 20  # the second reuses the first's pages
+
+
+# 64 MB in 1 MB blocks (below the mmap threshold: in the heap), touched and freed, then a stage asks for freed
+# memory back. The heap's pages go back to the system unless the analysis keeps what it frees.
+KEEP_PROBE = """
+import ctypes, ctypes.util, json, os, sys
+import pyarrow  # (imported by release_unused_memory: before the measurement)
+from dlprof_profiler.process_memory import freed_memory_kept, release_unused_memory, reuse_freed_memory
+libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+def resident():
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+reuse_freed_memory()
+blocks = [libc.malloc(1 << 20) for _ in range(64)]
+for b in blocks:
+    ctypes.memset(b, 1, 1 << 20)
+for b in blocks:
+    libc.free(b)
+held = resident()
+with freed_memory_kept(sys.argv[1] == "keep"):
+    release_unused_memory()
+print(json.dumps(held - resident()))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_a_bounded_analysis_keeps_its_freed_memory_when_a_stage_asks_for_it_back():
+    def handed_back(mode):
+        done = subprocess.run([sys.executable, "-c", KEEP_PROBE, mode], capture_output=True, text=True, check=True)
+        return json.loads(done.stdout)
+
+    assert handed_back("release") > 48 << 20  # the trim hands the freed heap back
+    assert handed_back("keep") < 8 << 20  # kept for the next stage's allocations

@@ -22,7 +22,7 @@ from dlprof_profiler.outputs.publish import signals_held
 from dlprof_profiler.run import engine_choice
 from dlprof_profiler.run import outputs
 from dlprof_profiler.store.model import DatabaseFeed
-from dlprof_profiler.process_memory import avoid_huge_pages, reuse_freed_memory
+from dlprof_profiler.process_memory import avoid_huge_pages, freed_memory_kept, reuse_freed_memory
 from dlprof_profiler.store.trace_store import TraceStore
 
 
@@ -132,9 +132,14 @@ def _in_memory(source: Path, options: RunOptions, sink: Sink, capture: dict | No
         if writer is not None:
             writer.add_raw(trace)  # written on the writer's thread while the analysis goes on
             on_correlated = lambda corr: database.write_correlation(writer, trace, corr)  # noqa: E731
-        result = analyze(trace, options.analysis_config(), str(source), on_correlated=on_correlated, handed_over=True)
-        profile = outputs.profile_info(options, source, trace, result.corr, capture)
-        yield Analysed(trace, result, profile, None if writer is None else InMemoryDatabase(writer, result, profile))
+        # a profile the engine choice bounds in size keeps what it frees for reuse (process_memory.py)
+        with freed_memory_kept(sink.writes_database and engine_choice.size_bounded(source, options)):
+            result = analyze(
+                trace, options.analysis_config(), str(source), on_correlated=on_correlated, handed_over=True
+            )
+            profile = outputs.profile_info(options, source, trace, result.corr, capture)
+            feed = None if writer is None else InMemoryDatabase(writer, result, profile)
+            yield Analysed(trace, result, profile, feed)
     except BaseException:
         sink.discard()
         raise

@@ -21,6 +21,12 @@ def out_of_core(source: Path, options: RunOptions) -> bool:
     return choice == "on" or export_events(source) >= OUT_OF_CORE_EVENTS
 
 
+def size_bounded(source: Path, options: RunOptions) -> bool:
+    """Whether a source analysed in memory is one the automatic choice bounds in size: an nsys export of fewer
+    than OUT_OF_CORE_EVENTS events (a Kineto trace, an nsys report or an export forced in memory is not)."""
+    return (options.out_of_core or "auto") == "auto" and ingest.trace_format(source) == ingest.SQLITE
+
+
 def export_events(source: Path) -> int:
     """About how many NVTX ranges, CUDA API calls and GPU activities an nsys export holds (the largest rowid
     of each table: no table scan)."""
