@@ -138,8 +138,8 @@ def _in_memory(source: Path, options: RunOptions, sink: Sink, capture: dict | No
                 trace, options.analysis_config(), str(source), on_correlated=on_correlated, handed_over=True
             )
             profile = outputs.profile_info(options, source, trace, result.corr, capture)
-            feed = None if writer is None else InMemoryDatabase(writer, result, profile)
-            yield Analysed(trace, result, profile, feed)
+            new_database = None if writer is None else InMemoryDatabase(writer, result, profile)
+            yield Analysed(trace, result, profile, new_database)
     except BaseException:
         sink.discard()
         raise
