@@ -22,7 +22,7 @@ The stages of an analysis ask for freed memory to be handed back (`release_unuse
 profile needs it to stay within its memory bound: a Kineto trace is analysed in memory at any size. An nsys
 export analysed in memory is bounded by the engine choice instead, and trimming glibc's heap there only
 made the next stage fault the same pages in again: at 10^6 kernels (3·10^6 ranges, above correlation's
-threshold) 0.3 million of its 1.0 million page faults, about 1 s of CPU, for 50-100 MB less at the peak. Such
+threshold) 0.3 million of its 1.0 million page faults, 0.5-1 s of CPU, for about 0.1 GB less at the peak. Such
 an analysis runs inside `freed_memory_kept()`, where the trim is skipped (Arrow's pool is still emptied: it
 cost nothing measurable)."""
 
