@@ -1421,13 +1421,13 @@ def _can_mount_tmpfs() -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not _can_mount_tmpfs(), reason="no user namespaces here to mount a small tmpfs in")
 def test_cli_disk_full_while_staging_out_of_core_names_the_folder(tmp_path):
-    """A real full disk: a 256 KiB tmpfs, mounted in a user namespace of the run's own (no root needed)."""
+    """A real full disk: a 64 KiB tmpfs, mounted in a user namespace of the run's own (no root needed)."""
     export = profiles.training_profile(tmp_path / "long.sqlite", iterations=300)
     disk = tmp_path / "disk"
     disk.mkdir()
     out = disk / "out"
     script = (
-        f"mount -t tmpfs -o size=256k tmpfs {disk} && "
+        f"mount -t tmpfs -o size=64k tmpfs {disk} && "
         f"{sys.executable} -m dlprof_profiler --database={export} --output_path={out} --out_of_core=on; "
         f'echo "status $?"; ls -A {disk}'
     )
