@@ -34,7 +34,7 @@ from dlprof_profiler.engine.model_chunks import (
     chunk_bounds,
     cuts_at,
 )
-from dlprof_profiler.store.parts import COMPRESSED, PartTable, int_schema, read_part
+from dlprof_profiler.store.parts import PartTable, int_schema, read_part
 from dlprof_profiler.process_memory import release_unused_memory
 from dlprof_profiler.store.trace_store import TraceStore
 from dlprof_profiler.engine.trace import LAUNCH_SHAPE, make_frame
@@ -192,9 +192,7 @@ class StoreAnalysis:
         """Classify every range (in batches) into `range_info`, which holds the ranges' own columns too (every
         later query reads it alone, without joining the ranges); returns (mode, family, run config)."""
         classifier = nm.RangeClassifier(mode)
-        self.range_info = PartTable(
-            self.parts_folder, "range_info", RANGE_INFO_SCHEMA, keys=("start",), compression=COMPRESSED
-        )
+        self.range_info = PartTable(self.parts_folder, "range_info", RANGE_INFO_SCHEMA, keys=("start",))
         domains = np.array(self.store.domains, dtype=object)
         for part in self.store.range_parts():
             texts = pd.Series(part["text"], dtype="str")
@@ -416,13 +414,10 @@ class StoreSink:
         self.bounds = np.sort(np.asarray(bounds, dtype=np.int64))
         self.cuts = np.sort(np.asarray(list(cuts), dtype=np.int64))  # chunk j: [cuts[j - 1], cuts[j])
         folder = analysis.parts_folder
-        self.inst = PartTable(
-            folder, f"inst_{domain_index}", INST_SCHEMA, keys=("instance_id",), compression=COMPRESSED
-        )
-        owners = ["api_id", "instance_id"], ["activity_id", "instance_id"]
-        self.api_owner = PartTable(folder, f"api_owner_{domain_index}", int_schema(owners[0]), compression=COMPRESSED)
-        self.gpu_owner = PartTable(folder, f"gpu_owner_{domain_index}", int_schema(owners[1]), compression=COMPRESSED)
-        self.inst_sorted = PartTable(folder, f"inst_sorted_{domain_index}", SORTED_SCHEMA, compression=COMPRESSED)
+        self.inst = PartTable(folder, f"inst_{domain_index}", INST_SCHEMA, keys=("instance_id",))
+        self.api_owner = PartTable(folder, f"api_owner_{domain_index}", int_schema(["api_id", "instance_id"]))
+        self.gpu_owner = PartTable(folder, f"gpu_owner_{domain_index}", int_schema(["activity_id", "instance_id"]))
+        self.inst_sorted = PartTable(folder, f"inst_sorted_{domain_index}", SORTED_SCHEMA)
         self.patch = pd.DataFrame({"instance_id": pd.array([], dtype="Int64")})  # completed and re-kinded ones
         self.inst_op = self.inst_start = None  # per instance id, once finished: its op and its start
 
@@ -678,7 +673,7 @@ class LaunchSpill:
 
     def __init__(self, sink: "StoreSink"):
         self.sink = sink
-        self.parts = PartTable(sink.a.parts_folder, f"launches_{sink.d}", LAUNCH_SPILL_SCHEMA, compression=COMPRESSED)
+        self.parts = PartTable(sink.a.parts_folder, f"launches_{sink.d}", LAUNCH_SPILL_SCHEMA)
         self.rows = 0
 
     def __call__(self, launches: pd.DataFrame, launched: pd.DataFrame) -> None:

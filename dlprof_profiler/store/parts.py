@@ -21,12 +21,13 @@ import pyarrow.ipc as ipc
 
 _SERIAL = itertools.count()
 
-# Parts compressed as they are written, for the tables read about once or twice: their columns are mostly
+# How parts are compressed as they are written, unless a table says otherwise. Most tables are read about once
+# or twice, and their columns are mostly
 # flags, small codes and repeated ids, which lz4 shrinks 4-7x for about the CPU of copying them uncompressed.
 # The run's peak use of its output folder (staged parts, database, reports): 2.4 -> 1.1 GB at 10^6 kernels,
 # 24 -> 12 GB at 10^7, in the same time and CPU within the machine's noise. Tables read again for
-# every time segment (the GPU activities, the API calls) stay uncompressed: memory-mapped, they are read
-# without a copy.
+# every time segment (the GPU activities, the API calls) are created uncompressed (compression=None):
+# memory-mapped, they are read without a copy.
 COMPRESSED = "lz4"
 
 
@@ -42,9 +43,10 @@ class Part:
 class PartTable:
     """One table as Arrow IPC files in a folder (see the module docstring)."""
 
-    def __init__(self, folder: Path, name: str, schema: pa.Schema, keys=(), compression: str | None = None):
+    def __init__(self, folder: Path, name: str, schema: pa.Schema, keys=(), compression: str | None = COMPRESSED):
         """`keys`: integer columns whose range each part records (`read_range`, `lookup`), the first the default.
-        `compression`: COMPRESSED for a table read about once (see COMPRESSED)."""
+        `compression`: None for a table read again and again, which memory-mapped parts serve without a copy
+        (see COMPRESSED)."""
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.name = name

@@ -27,7 +27,7 @@ from dlprof_profiler.ingest import nsys
 from dlprof_profiler import log
 from dlprof_profiler.engine.correlate import launch_rows
 from dlprof_profiler.errors import DLProfError
-from dlprof_profiler.store.parts import COMPRESSED, PartTable, int_schema
+from dlprof_profiler.store.parts import PartTable, int_schema
 from dlprof_profiler.process_memory import release_unused_memory
 from dlprof_profiler.ingest.sanitize import (
     CORE_FRAMES,
@@ -135,11 +135,10 @@ class TraceStore:
         ):
             self.con.execute(setting).fetchall()
         folder = self.workdir / "staged"
-        self.raw_ranges = PartTable(
-            folder, "ranges_raw", RANGES_SCHEMA, keys=("start", "range_id"), compression=COMPRESSED
-        )
-        self.api = PartTable(folder, "api", int_schema(API_STORED), keys=("start", "api_id"))
-        self.gpu = PartTable(folder, "gpu", GPU_SCHEMA, keys=("start", "launch", "activity_id"))
+        self.raw_ranges = PartTable(folder, "ranges_raw", RANGES_SCHEMA, keys=("start", "range_id"))
+        # read again for every time segment: uncompressed (parts.COMPRESSED)
+        self.api = PartTable(folder, "api", int_schema(API_STORED), keys=("start", "api_id"), compression=None)
+        self.gpu = PartTable(folder, "gpu", GPU_SCHEMA, keys=("start", "launch", "activity_id"), compression=None)
         self.views: dict[str, PartTable] = {}
         self.trace: Trace | None = None
         self.counts: dict = {}
@@ -337,8 +336,7 @@ class TraceStore:
     def _read_api(self, src: SqliteSource) -> dict:
         """Raw parts of the API calls with possible times, and the columns their order and links need."""
         t = "CUPTI_ACTIVITY_KIND_RUNTIME"
-        staged = self.workdir / "staged"
-        raw = PartTable(staged, "api_raw", int_schema(RAW_API), keys=("start",), compression=COMPRESSED)
+        raw = PartTable(self.workdir / "staged", "api_raw", int_schema(RAW_API), keys=("start",))
         out = {"raw": raw, "raw_end": None, "first": None, "last": None, "names": set()}
         keep = _Columns({"rowid": np.int64, "start": np.int64}, _rows_at_most(src, [t]))
         if src.has(t):
@@ -397,7 +395,7 @@ class TraceStore:
     def _read_gpu(self, src: SqliteSource) -> dict:
         """Raw parts of the kernels, memcpys and memsets with possible times (kernels first, then memcpys, then
         memsets, each in rowid order), the columns their order and links need, and their distinct name keys."""
-        raw = PartTable(self.workdir / "staged", "gpu_raw", int_schema(RAW_GPU + ["kind"]), compression=COMPRESSED)
+        raw = PartTable(self.workdir / "staged", "gpu_raw", int_schema(RAW_GPU + ["kind"]))
         out = {"raw": raw, "raw_end": None, "first": None, "last": None, "devices": set(), "keys": set()}
         keep = _Columns(
             {"rowid": np.int64, "kind": np.int8, "start": np.int64, "pid": np.int64, "correlation_id": np.int64},
