@@ -72,7 +72,8 @@ _CUT = (
 )
 RANGE_LABEL = f"(CASE WHEN text LIKE '{{%' OR {_CUT} = {_NO_CUT} THEN text ELSE substr(text, 1, {_CUT} - 1) END)"
 RANGE_LABELS_SQL = (
-    f"SELECT domain_id, {RANGE_LABEL} AS text, count(*) AS num FROM read_only_ranges GROUP BY 1, 2 HAVING count(*) >= 2"
+    f"SELECT domain_id, {RANGE_LABEL} AS text, count(*) AS num FROM {K.READ_ONLY_RANGES} GROUP BY 1, 2 "
+    "HAVING count(*) >= 2"
 )
 
 
@@ -774,13 +775,13 @@ class Service:
             "table_names",
             lambda: {r[0] for r in db.query("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")},
         )
-        if "read_only_range_labels" in tables_in_db:  # if the engine ever stores them precounted
+        if K.READ_ONLY_RANGE_LABELS in tables_in_db:  # precounted by the engine; older files count here
             return (
                 "SELECT domain_id, label AS text, num_ranges AS num FROM read_only_range_labels WHERE num_ranges >= 2",
                 {},
                 False,
             )
-        n = db.cached("range_count", lambda: db.query("SELECT max(rowid) FROM read_only_ranges")[0][0] or 0)
+        n = db.cached("range_count", lambda: db.query(f"SELECT max(rowid) FROM {K.READ_ONLY_RANGES}")[0][0] or 0)
         values = self._range_label_values(db, wait=n <= INLINE_RANGES)
         # the counted rows are bound as one JSON parameter and unpacked by SQLite
         return (

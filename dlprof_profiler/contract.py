@@ -21,8 +21,8 @@ SCALAR_TAGS = {
 
 # ---------------------------------------------------------------------------- database versions
 
-DB_SCHEMA_VERSION = "3.2.0"  # written by this dlprof (db_version.current_version); 3.1 added the memory tables,
-# 3.2 the GPU time breakdowns
+DB_SCHEMA_VERSION = "3.3.0"  # written by this dlprof (db_version.current_version); 3.1 added the memory tables,
+# 3.2 the GPU time breakdowns, 3.3 stores the NVTX ranges as blocks (raw_range_blocks, not raw_ranges rows)
 READABLE_SCHEMA_MAJORS = ("2", "3")  # schema majors the engine and the viewer open
 CREATED_BY_PREFIX = "dlprof"  # db_version.created_by starts with it in every DLProf database
 
@@ -68,7 +68,8 @@ RAW_GPU_INFOS = "raw_gpu_infos"
 RAW_PROCESSES = "raw_processes"
 RAW_THREADS = "raw_threads"
 RAW_DOMAINS = "raw_domains"
-RAW_RANGES = "raw_ranges"
+RAW_RANGES = "raw_ranges"  # schema 3.0-3.2: a row per NVTX range (still read from those files)
+RAW_RANGE_BLOCKS = "raw_range_blocks"  # schema 3.3: the NVTX ranges as compressed Arrow blocks (db/range_blocks.py)
 RAW_API_CALLS = "raw_api_calls"
 RAW_GPU_ACTIVITIES = "raw_gpu_activities"
 RAW_KERNEL_TC = "raw_kernel_tc"
@@ -89,7 +90,7 @@ READ_ONLY_DOMAINS = "read_only_domains"
 READ_ONLY_GPU_INFOS = "read_only_gpu_infos"
 READ_ONLY_SYSTEM_CONFIG = "read_only_system_config"
 READ_ONLY_MODEL_CONFIG = "read_only_model_config"
-READ_ONLY_RANGES = "read_only_ranges"
+READ_ONLY_RANGES = "read_only_ranges"  # 2.0 tables and 3.0-3.2 views only (3.3 stores blocks)
 READ_ONLY_RANGE_LABELS = "read_only_range_labels"
 READ_ONLY_GPU_ACTIVITIES = "read_only_gpu_activities"
 READ_ONLY_CUDA_CALLS = "read_only_cuda_calls"
@@ -120,6 +121,7 @@ STREAM_IDLE = "stream_idle"  # schema 3.2: per GPU and stream busy time and idle
 LAUNCH_DELAYS = "launch_delays"  # schema 3.2: per kernel name launch delays and short kernels
 # tables schema 3.2 added: older files lack them and are read without the GPU time breakdowns
 SCHEMA_3_2_TABLES = (GPU_BREAKDOWN, ITERATION_BREAKDOWN, STREAM_IDLE, LAUNCH_DELAYS)
+SCHEMA_3_3_TABLES = (RAW_RANGE_BLOCKS,)  # files of 3.0-3.2 hold RAW_RANGES (and its view READ_ONLY_RANGES) instead
 
 # raw_memory_events.device_type: c10::DeviceType (CPU for host memory, CUDA for a GPU's); the devices' names
 DEVICE_TYPE_CPU, DEVICE_TYPE_CUDA = 0, 1

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from dlprof_profiler import log
 from tests import profiles
 from tests.browser import Browser, TensorBoard, browser_missing_reason
 
@@ -34,6 +35,14 @@ def pytest_configure(config):
     if not hasattr(config, "workerinput"):  # the workers start after this
         for package in ("dlprof_profiler", "dlprof_plugin", "tests"):
             compileall.compile_dir(ROOT / package, quiet=1)
+
+
+@pytest.fixture(autouse=True)
+def default_verbosity():
+    """Each test starts at the default console verbosity: a test that runs the CLI in this process with `-v
+    quiet` would otherwise hide the warnings a later test of the same worker expects on stderr."""
+    yield
+    log.set_verbosity(log.INFO)
 
 
 @pytest.fixture(scope="session")

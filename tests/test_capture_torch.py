@@ -19,6 +19,7 @@ from dlprof_profiler.capture import torch_profiler as capture_torch
 from dlprof_profiler.cli import main as cli
 from dlprof_profiler.errors import DLProfError
 from tests.profiles import run_dlprof
+from tests.stored_ranges import with_raw_ranges
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -101,6 +102,8 @@ def run_dlprof_env(args, env, check):
 
 def sql(db: Path, query: str):
     con = sqlite3.connect(db)
+    if "read_only_ranges" in query:
+        with_raw_ranges(con)
     try:
         return con.execute(query).fetchall()
     finally:

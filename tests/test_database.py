@@ -19,12 +19,14 @@ from dlprof_profiler import DB_SCHEMA_VERSION, contract
 from dlprof_profiler.db import writer as database
 from dlprof_profiler.engine.correlate import INSTANCE_COLUMNS
 from dlprof_profiler.db.encode import join_call_fields, split_call_fields
+from dlprof_profiler.db.load import load_model
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.run.single import reaggregate_in_place
 from tests import profiles
 from tests.analysis import analyze
 from tests.nsys_builder import NsysExport
 from tests.profiles import run_dlprof
+from tests.stored_ranges import with_raw_ranges
 
 PID, OTHER_PID = 100, 200
 SHORT, LONG = "gemm_kernel", "void gemm_kernel<float, 128>(float const*, float*)"
@@ -56,6 +58,8 @@ def db(tmp_path):
 
 def query(db, sql, params=()):
     con = sqlite3.connect(db)
+    if "raw_ranges" in sql:
+        with_raw_ranges(con)
     try:
         return con.execute(sql, params).fetchall()
     finally:
@@ -209,10 +213,9 @@ def test_names_are_stored_once_in_the_string_table(mixed):
         ("async range", None, None),
         ("never closed", None, None),
     ]
-    # the 2.0 layout's view gives the texts back
-    assert query(path, "SELECT text FROM read_only_ranges ORDER BY start")[0] == (
-        "aten::conv2d, seq = 12, op_id = 345",
-    )
+    # read back, the texts are whole again
+    texts = load_model(path)[0].ranges.sort_values("start", kind="stable")["text"].tolist()
+    assert texts[:2] == ["aten::conv2d, seq = 12, op_id = 345", "aten::convolution, op_id = 346"]
     threads = query(
         path,
         "SELECT t.global_tid, t.pid, t.tid, s.value FROM raw_threads t LEFT JOIN strings s "
@@ -226,7 +229,7 @@ def test_everything_is_rank_zero(mixed):
     tables = [r[0] for r in query(path, "SELECT name FROM sqlite_master WHERE type = 'table'")]
     with_rank = [t for t in tables if any(c[1] == "rank" for c in query(path, f'PRAGMA table_info("{t}")'))]
     assert set(with_rank) >= {
-        contract.RAW_RANGES,
+        contract.RAW_RANGE_BLOCKS,
         contract.RAW_API_CALLS,
         contract.RAW_GPU_ACTIVITIES,
         contract.RAW_OP_INSTANCES,
@@ -254,12 +257,13 @@ def test_everything_is_rank_zero(mixed):
 
 @pytest.mark.slow
 def test_schema_and_first_aggregation(db):
-    assert query(db, "SELECT current_version FROM db_version") == [(DB_SCHEMA_VERSION,)] == [("3.2.0",)]
+    assert query(db, "SELECT current_version FROM db_version") == [(DB_SCHEMA_VERSION,)] == [("3.3.0",)]
     assert query(db, "SELECT aggr_id, key_node, iter_start, iter_stop, total_iterations FROM aggregations") == [
         (1, "Optimizer.step#SGD.step", 0, 3, 4)
     ]
     assert query(db, "SELECT wall_time, iter_total FROM model_summary WHERE aggr_id = 1") == [(290_000, 4)]
-    assert query(db, "SELECT count(*) FROM read_only_ranges") == [(36,)]
+    stored = query(db, "SELECT sum(rows) FROM raw_range_blocks")
+    assert query(db, "SELECT count(*) FROM raw_ranges") == stored == [(36,)]
     assert query(db, "SELECT count(*) FROM read_only_gpu_activities") == [(21,)]
     top = query(
         db, "SELECT op_name, direction, gpu_total FROM view_op_nodes WHERE aggr_id = 1 ORDER BY gpu_total DESC LIMIT 1"

@@ -75,7 +75,7 @@ def rows(db, sql, params=()):
 def test_a_2_0_database_reloads_as_3_0_does(v2):
     old = database.load_model(v2["v2"])
     new = database.load_model(v2["v3"])
-    assert database.schema_version(v2["v2"]) == "2.0.0" and database.schema_version(v2["v3"]) == "3.2.0"
+    assert database.schema_version(v2["v2"]) == "2.0.0" and database.schema_version(v2["v3"]) == "3.3.0"
     for name in ("api_calls", "gpu", "devices"):
         a, b = getattr(old[0], name), getattr(new[0], name)
         assert list(a.columns) == list(b.columns)

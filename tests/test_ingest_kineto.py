@@ -23,6 +23,7 @@ from dlprof_profiler.ingest.kineto import read_kineto_trace, short_kernel_name
 from tests.analysis import analyze
 from tests.kineto_builder import KinetoTrace
 from tests import data
+from tests.stored_ranges import with_raw_ranges
 
 FIXTURES = data.KINETO
 NAMES = sorted(p.name for p in FIXTURES.glob("*.json*"))
@@ -1067,7 +1068,7 @@ def test_cli_reads_the_real_trace_with_an_unescaped_name(tmp_path):
             or (e["cat"] == "python_function" and e["name"].startswith("nn.Module: "))
         )
     ]
-    con = sqlite3.connect(out / "dlprof_dldb.sqlite")
+    con = with_raw_ranges(sqlite3.connect(out / "dlprof_dldb.sqlite"))
     try:
         count, total = con.execute("SELECT count(*), sum(duration) FROM raw_ranges").fetchone()
     finally:

@@ -16,6 +16,7 @@ from dlprof_profiler.ingest import formats as ingest
 from dlprof_profiler.ingest import nsys_report
 from tests.profiles import run_dlprof
 from tests.test_capture import _nvtx_library_loads
+from tests.stored_ranges import with_raw_ranges
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -95,7 +96,7 @@ def test_a_report_is_analysed_as_its_export(report, tmp_path, name):
     detail = (out / "dlprof_detailed.csv").read_text()
     assert detail == (expected / "dlprof_detailed.csv").read_text() and "/train_step/forward" in detail
     assert "Total Iterations,4" in (out / "dlprof_summary.csv").read_text()  # three steps: 4 iterations
-    con = sqlite3.connect(out / "dlprof_dldb.sqlite")
+    con = with_raw_ranges(sqlite3.connect(out / "dlprof_dldb.sqlite"))
     try:
         source = con.execute("SELECT value FROM profile_info WHERE name = 'source_file'").fetchone()[0]
         ranges = con.execute("SELECT count(*) FROM raw_ranges").fetchone()[0]

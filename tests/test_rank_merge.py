@@ -30,6 +30,7 @@ def test_merge_shifts_names_and_op_indexes(tmp_path):
     strings0 = first.execute("SELECT count(*), max(id) FROM strings").fetchone()
     ops0 = first.execute("SELECT count(*) FROM raw_ops").fetchone()[0]
     first.close()
+    own_ranges = {r.rank: database.load_model(r.database, r.rank)[0].ranges for r in results}
     merged = MergedDatabase(tmp_path / "run.sqlite")
     for r in results:
         merged.add(r.database, r.rank)
@@ -76,8 +77,11 @@ def test_merge_shifts_names_and_op_indexes(tmp_path):
     finally:
         con.close()
     for r in results:
-        _, corr, profile, _, _ = database.load_model(tmp_path / "run.sqlite", r.rank)
+        trace, corr, profile, _, _ = database.load_model(tmp_path / "run.sqlite", r.rank)
         assert profile["source_file"] == str(r.source)
+        # the ranges' texts, read through their blocks' shifted string base, are the rank's own
+        assert len(trace.ranges) > 0
+        pd.testing.assert_frame_equal(trace.ranges, own_ranges[r.rank])
         assert corr.domains["default"].ops["name"].tolist() == [
             "/aten::conv2d",
             "/c10d::allreduce_",

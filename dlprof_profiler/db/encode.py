@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dlprof_profiler import contract as K
+from dlprof_profiler.db import range_blocks
 from dlprof_profiler.ingest import arrow_text
 from dlprof_profiler.engine.trace import GPU_COLUMNS, combined_codes, pid_of, tid_of
 
@@ -284,13 +285,13 @@ def join_call_fields(shared: pa.Array, seq: pa.Array, op_id: pa.Array) -> pa.Arr
 # ---------------------------------------------------------------------------- frames -> rows
 
 
-def range_rows(ranges: pd.DataFrame, rank: int, reg: Registry) -> pa.Table:
+def range_rows(ranges: pd.DataFrame, reg: Registry) -> pa.Table:
+    """The ranges' columns as stored (db/range_blocks.BLOCK_SCHEMA): the text as a shared part and its call fields."""
     texts = pc.fill_null(arrow_strings(ranges["text"]), "")
     shared, seq, op_id = split_call_fields(texts)
     start = ints(ranges["start"])
     return pa.table(
         {
-            "rank": np.full(start.size, rank, dtype=np.int64),
             "range_id": ints(ranges["range_id"]),
             "domain_id": reg.domain_column(ranges["domain"]),
             "thread_id": reg.thread_column(ranges["global_tid"], ranges["pid"]),
@@ -303,6 +304,11 @@ def range_rows(ranges: pd.DataFrame, rank: int, reg: Registry) -> pa.Table:
             "unclosed": ints(ranges["unclosed"]),
         }
     )
+
+
+def range_block(ranges: pd.DataFrame, rank: int, reg: Registry) -> pa.Table:
+    """The `raw_range_blocks` row holding `ranges` (db/range_blocks.py says why blocks)."""
+    return range_blocks.block_row(range_rows(ranges, reg), rank)
 
 
 def api_rows(api: pd.DataFrame, rank: int, reg: Registry) -> pa.Table:

@@ -11,10 +11,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dlprof_profiler import contract as K
 from dlprof_profiler.engine.correlate import Correlation, DomainModel, call_metrics, launch_links
 from dlprof_profiler.engine.markers import FAMILY_OF_MODE, classify_ranges
+from dlprof_profiler.db import range_blocks
 from dlprof_profiler.db.encode import join_call_fields
 from dlprof_profiler.db.schema import SCHEMA
 from dlprof_profiler.errors import DLProfError
@@ -116,12 +118,16 @@ def api_owners(trace: Trace, gpu_api: np.ndarray, inst: pd.DataFrame, gpu_instan
 def _required_tables(major: str) -> set[str]:
     if major == "2":
         return _V2_REQUIRED
-    return set(re.findall(r"CREATE (?:TABLE|VIEW) (\w+)", SCHEMA)) - set(K.SCHEMA_3_1_TABLES) - set(K.SCHEMA_3_2_TABLES)
+    later = {*K.SCHEMA_3_1_TABLES, *K.SCHEMA_3_2_TABLES, *K.SCHEMA_3_3_TABLES}
+    return set(re.findall(r"CREATE (?:TABLE|VIEW) (\w+)", SCHEMA)) - later
 
 
 def _check_tables(src: SqliteSource, path: Path, major: str) -> None:
     """A database that lost a table (a hand edit, a partial copy) is named as damaged, not read half."""
-    missing = sorted(_required_tables(major) - src.tables)
+    missing = _required_tables(major) - src.tables
+    if major == "3" and not {K.RAW_RANGE_BLOCKS, K.RAW_RANGES} & src.tables:
+        missing.add(K.RAW_RANGE_BLOCKS)  # the ranges, in either of their two forms
+    missing = sorted(missing)
     if missing:
         raise DLProfError(
             f"{path}: damaged DLProf database: table{'s' if len(missing) > 1 else ''} {', '.join(missing)} missing"
@@ -347,6 +353,38 @@ class _V3:
 
     # event tables -----------------------------------------------------------
     def ranges(self) -> pd.DataFrame:
+        cols, seq, op_id = self._stored_ranges()
+        n = cols["range_id"].size
+        shared = self.arrow_strings.take(pa.array(cols["text_id"])) if n else pa.array([], pa.string())
+        texts = join_call_fields(shared, seq, op_id) if n else shared
+        names = self._domain_names
+        ids = np.array(sorted(names), dtype=np.int64)
+        labels = np.array([names[i] for i in ids.tolist()], dtype=object)
+        pos = np.searchsorted(ids, cols["domain_id"]) if ids.size else np.zeros(n, dtype=np.int64)
+        return pd.DataFrame(
+            {
+                "range_id": cols["range_id"],
+                "domain": pd.Series(labels[pos] if n else np.zeros(0, object), dtype=object),
+                "text": pd.Series(texts, dtype="str"),
+                "start": cols["start"],
+                "end": cols["start"] + cols["duration"],
+                "global_tid": self.thread_field(cols["thread_id"], "global_tid"),
+                "pid": self.thread_field(cols["thread_id"], "pid"),
+                "event_type": cols["event_type"].astype(np.int8),
+                "unclosed": cols["unclosed"].astype(bool),
+            }
+        )
+
+    def _stored_ranges(self) -> tuple[dict, pa.Array, pa.Array]:
+        """(integer columns, seq, op_id) of the rank's ranges: blocks since schema 3.3, rows before."""
+        if K.RAW_RANGE_BLOCKS in self.src.tables:
+            stored = range_blocks.read_ranges(self.src, self.rank)
+            cols = {
+                name: pc.fill_null(stored[name], -1).to_numpy()
+                for name in range_blocks.BLOCK_SCHEMA.names
+                if name not in ("seq", "op_id")
+            }
+            return cols, stored["seq"].combine_chunks(), stored["op_id"].combine_chunks()
         cols = self._ints(
             "SELECT range_id, domain_id, thread_id, coalesce(event_type, -1), start, duration, text_id, "
             f"coalesce(seq, 0), seq IS NULL, coalesce(op_id, 0), op_id IS NULL, unclosed FROM {K.RAW_RANGES} "
@@ -367,28 +405,9 @@ class _V3:
             ],
             (self.rank,),
         )
-        n = cols["range_id"].size
-        shared = self.arrow_strings.take(pa.array(cols["text_id"])) if n else pa.array([], pa.string())
         seq = pa.array(cols["seq"], mask=cols["no_seq"].astype(bool))
         op_id = pa.array(cols["op_id"], mask=cols["no_op_id"].astype(bool))
-        texts = join_call_fields(shared, seq, op_id) if n else shared
-        names = self._domain_names
-        ids = np.array(sorted(names), dtype=np.int64)
-        labels = np.array([names[i] for i in ids.tolist()], dtype=object)
-        pos = np.searchsorted(ids, cols["domain_id"]) if ids.size else np.zeros(n, dtype=np.int64)
-        return pd.DataFrame(
-            {
-                "range_id": cols["range_id"],
-                "domain": pd.Series(labels[pos] if n else np.zeros(0, object), dtype=object),
-                "text": pd.Series(texts, dtype="str"),
-                "start": cols["start"],
-                "end": cols["start"] + cols["duration"],
-                "global_tid": self.thread_field(cols["thread_id"], "global_tid"),
-                "pid": self.thread_field(cols["thread_id"], "pid"),
-                "event_type": cols["event_type"].astype(np.int8),
-                "unclosed": cols["unclosed"].astype(bool),
-            }
-        )
+        return cols, seq, op_id
 
     def api_calls(self) -> pd.DataFrame:
         cols = self._ints(

@@ -12,7 +12,8 @@ from dlprof_profiler import contract as K
 # Raw tables. The large ones are keyed by database-wide integers (contract.ID_BITS): API calls and GPU
 # activities by (rank << 40) | id, op instances and activity owners by (domain_id << 40) | id, a domain_id
 # numbering one NVTX domain of one rank (so every key includes the rank). Tables the viewer never looks up
-# by key (ranges, syncs, I/O calls, range labels) are plain rowid tables filled in append order.
+# by key (syncs, I/O calls, range labels) are plain rowid tables filled in append order; the NVTX ranges, read
+# only all at once by a re-analysis, are compressed Arrow blocks (db/range_blocks.py).
 RAW_TABLES = f"""
 CREATE TABLE db_version (current_version TEXT NOT NULL, original_version TEXT NOT NULL, created_by TEXT);
 CREATE TABLE profile_info (name TEXT PRIMARY KEY, value TEXT);
@@ -32,9 +33,8 @@ CREATE TABLE {K.RAW_THREADS} (rank INTEGER NOT NULL, thread_id INTEGER NOT NULL,
 CREATE TABLE {K.RAW_DOMAINS} (domain_id INTEGER PRIMARY KEY, rank INTEGER NOT NULL, name TEXT NOT NULL,
     family TEXT, has_markers INTEGER, num_ranges INTEGER, is_primary INTEGER, has_model INTEGER NOT NULL,
     UNIQUE (rank, name));
-CREATE TABLE {K.RAW_RANGES} (rank INTEGER NOT NULL, range_id INTEGER NOT NULL, domain_id INTEGER NOT NULL,
-    thread_id INTEGER NOT NULL, event_type INTEGER, start INTEGER NOT NULL, duration INTEGER NOT NULL,
-    text_id INTEGER NOT NULL, seq INTEGER, op_id INTEGER, unclosed INTEGER NOT NULL);
+CREATE TABLE {K.RAW_RANGE_BLOCKS} (rank INTEGER NOT NULL, rows INTEGER NOT NULL, text_id_base INTEGER NOT NULL,
+    data BLOB NOT NULL);
 CREATE TABLE {K.RAW_API_CALLS} (api_id INTEGER PRIMARY KEY, rank INTEGER NOT NULL, name_id INTEGER,
     thread_id INTEGER NOT NULL, start INTEGER NOT NULL, duration INTEGER NOT NULL, correlation_id INTEGER,
     event_class INTEGER, return_value INTEGER);
@@ -202,11 +202,6 @@ CREATE VIEW read_only_threads AS SELECT t.rank, t.global_tid, t.pid, t.tid, {_na
     FROM {K.RAW_THREADS} t;
 CREATE VIEW {K.READ_ONLY_DOMAINS} AS SELECT domain_id, rank, name, family, has_markers, num_ranges, is_primary
     FROM {K.RAW_DOMAINS} WHERE has_model;
-CREATE VIEW {K.READ_ONLY_RANGES} AS SELECT r.rank, r.range_id, r.domain_id,
-    {_name("r.text_id")} || CASE WHEN r.seq IS NULL THEN '' ELSE ', seq = ' || r.seq END
-        || CASE WHEN r.op_id IS NULL THEN '' ELSE ', op_id = ' || r.op_id END AS text,
-    r.start, r.start + r.duration AS "end", {_thread("r", "global_tid")} AS global_tid, {_thread("r", "pid")} AS pid,
-    r.event_type, r.unclosed FROM {K.RAW_RANGES} r;
 CREATE VIEW {K.READ_ONLY_CUDA_CALLS} AS SELECT c.rank, {_local("c.api_id")} AS api_id, {_name("c.name_id")} AS name,
     c.start,
     c.start + c.duration AS "end", {_thread("c", "global_tid")} AS global_tid, {_thread("c", "pid")} AS pid,

@@ -315,7 +315,7 @@ class DatabaseWriter:
     def _raw_rows(self, frames):
         reg, rank = self.registry, self.rank
         for attr, table, encode in (
-            ("ranges", K.RAW_RANGES, E.range_rows),
+            ("ranges", K.RAW_RANGE_BLOCKS, E.range_block),
             ("api_calls", K.RAW_API_CALLS, E.api_rows),
             ("gpu", K.RAW_GPU_ACTIVITIES, E.gpu_rows),
             ("syncs", K.RAW_SYNCS, E.sync_rows),
