@@ -612,3 +612,45 @@ def test_a_handed_over_trace_drops_what_correlation_alone_reads():
         pd.testing.assert_frame_equal(dm.ops, dropped.corr.domains[name].ops)
         _assert_same_aggregation(kept.aggregations[name], dropped.aggregations[name])
     assert kept.findings == dropped.findings
+
+
+def test_the_owners_are_handed_on_before_the_op_tables_are_built(tmp_path, monkeypatch):
+    """`correlate(..., on_owned=...)` (the database writer takes the activity owners then) gets every domain's
+    final owner of each GPU activity, once, before any op table exists, also when correlated in segments."""
+    import numpy as np
+
+    from dlprof_profiler.engine import correlate as C
+
+    exp, t = new_export()
+    exp.add_domain(t, domain_id=1, name="NCCL")
+    exp.push_pop(t, 0, 1000, "c10d::allreduce_, op_id = 1")
+    exp.push_pop(t, 100, 900, "ncclAllReduce", domain_id=1)
+    exp.launch(t, 200, 210, 300, 700, kernel="ncclDevKernel_AllReduce_Sum_f32_RING_LL")
+    exp.launch(t, 2010, 2020, 2030, 2040, kernel="k")  # outside every range: its launching call is an op
+    a = analyze(exp.write(tmp_path / "p.sqlite"))
+    events = []
+    op_table = C.op_table
+    monkeypatch.setattr(C, "op_table", lambda *args: events.append("op table") or op_table(*args))
+    for cuts in (None, [150, 1500]):
+        events.clear()
+        handed = []
+        classified = (a.corr.range_info, a.corr.mode, a.corr.family, dict(a.corr.config))
+        links = (a.corr.gpu_api, a.corr.thread_device, a.corr.process_device)
+        corr = C.correlate(
+            a.trace,
+            a.corr.mode,
+            a.iterations.boundaries,
+            classified,
+            links,
+            cuts=cuts,
+            on_owned=lambda gpu_api, owners: (
+                events.append("owned") or handed.append((gpu_api.copy(), {d: g.copy() for d, g in owners.items()}))
+            ),
+        )
+        assert events == ["owned", "op table", "op table"]
+        [(gpu_api, owners)] = handed
+        assert np.array_equal(gpu_api, corr.gpu_api) and set(owners) == {"default", "NCCL"}
+        for name, dm in corr.domains.items():
+            assert np.array_equal(owners[name], dm.gpu_instance) and (owners[name] >= 0).all()
+            # the kernel launched outside the ranges belongs to its call's unassociated instance in both domains
+            assert dm.instances.loc[owners[name][1], "kind"] == C.UNASSOCIATED_API

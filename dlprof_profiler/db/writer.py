@@ -103,7 +103,8 @@ class DatabaseWriter:
         self.header = header
         self.rank = int(header.rank)
         self.registry = E.Registry(header.domain_ids)
-        self.written_models: set[str] = set()
+        self.written_models: set[str] = set()  # domains whose instances are queued
+        self.owners_written: set[str] = set()  # domains whose activity owners are queued (write_owners)
         # the writer thread's work: rows inserted, wall seconds busy, CPU seconds encoding / inserting (indexes
         # whose keys arrive in order are kept up to date meanwhile) / building the final indexes
         self.stats = {"rows": 0, "seconds_busy": 0.0, "encode_cpu": 0.0, "insert_cpu": 0.0, "index_cpu": 0.0}
@@ -141,7 +142,8 @@ class DatabaseWriter:
         """Op instances of one NVTX domain (correlate.INSTANCE_COLUMNS; op_index = the domain's op index) and
         the owner of each GPU activity: a frame (or an iterable of frames, consumed on the writer's thread) with
         columns activity_id, instance_id, api_id (-1: no launching call), launch_time."""
-        self.written_models.add(domain)
+        if instances is not None:
+            self.written_models.add(domain)
         self._submit(self._model_rows, domain, instances, owners)
 
     def add_ops(self, domain: str, ops: pd.DataFrame) -> None:
@@ -523,14 +525,26 @@ def _owner_chunks(trace: Trace, gpu_api: np.ndarray, gpu_instance: np.ndarray):
         )
 
 
+def write_owners(writer: DatabaseWriter, trace: Trace, gpu_api: np.ndarray, gpu_instances: dict) -> None:
+    """Queue the GPU activity owners of a whole-trace correlation ({domain: gpu_instance}) as soon as they are
+    known, and their indexes: the writer's thread, idle while the op tables are built, takes them then instead
+    of after the instances (at 10^6 kernels, 10^6 rows and two indexes off the end of the run)."""
+    for name, gpu_instance in gpu_instances.items():
+        writer.add_domain_model(name, None, _owner_chunks(trace, gpu_api, gpu_instance))
+        writer.owners_written.add(name)
+    writer.build_indexes(K.RAW_ACTIVITY_OWNERS)
+
+
 def write_correlation(writer: DatabaseWriter, trace: Trace, corr) -> None:
-    """Queue every domain's op model of a whole-trace correlation (instances, activity owners, ops)."""
+    """Queue every domain's op model of a whole-trace correlation (instances, activity owners unless
+    `write_owners` queued them, ops)."""
     queued = False
     for name, dm in corr.domains.items():
         if name in writer.written_models:
             continue
         writer.add_ops(name, dm.ops)  # first: the domain's ops get consecutive database op indexes
-        writer.add_domain_model(name, dm.instances, _owner_chunks(trace, corr.gpu_api, dm.gpu_instance))
+        owners = None if name in writer.owners_written else _owner_chunks(trace, corr.gpu_api, dm.gpu_instance)
+        writer.add_domain_model(name, dm.instances, owners)
         queued = True
     if queued:
         writer.build_indexes()  # every instance and owner is queued: index them while the analysis goes on

@@ -90,10 +90,12 @@ def analyze(
     source_name: str | None = None,
     on_correlated=None,
     handed_over: bool = False,
+    on_owned=None,
 ) -> Analysis:
     """Correlate, iterate, aggregate and detect on a trace (raises DLProfError with a one-line reason).
     `on_correlated(corr)` is called as soon as the op model exists, before aggregation (run/analyse.py queues
-    the model for the database writer there, so its thread writes while the analysis goes on). A trace
+    the model for the database writer there, so its thread writes while the analysis goes on), and
+    `on_owned(gpu_api, {domain: gpu_instance})` earlier, once the GPU activities' owners are known. A trace
     `handed_over` is the analysis's own: what only classification and correlation read is dropped from it
     once they are done (`release_correlated`)."""
     source_name = source_name or str(trace.source)
@@ -107,7 +109,7 @@ def analyze(
     naming = iterate.naming_iterations(iterations, inputs)
     corr = stages.run(
         "Correlating NVTX ranges, CUDA API calls and GPU activities",
-        partial(corr_mod.correlate, trace, mode, naming.boundaries, classified, links, config.cuts),
+        partial(corr_mod.correlate, trace, mode, naming.boundaries, classified, links, config.cuts, on_owned),
     )
     log.info(
         f"  mode {corr.mode}; {sum(len(d.ops) for d in corr.domains.values()):,} ops, "

@@ -381,11 +381,13 @@ def correlate(
     classified: tuple | None = None,
     links: tuple | None = None,
     cuts=None,
+    on_owned=None,
 ) -> Correlation:
     """Build the op model of every domain. `naming_bounds` are iteration boundaries used only to number
     top-level ops per iteration (so the k-th call of an op in each iteration is the same op); `links` are
     launch_links(trace) when the caller already has them; `cuts` split the work into time segments (the
-    model does not depend on them)."""
+    model does not depend on them). `on_owned(gpu_api, {domain: gpu_instance})` is called once every GPU
+    activity's owner is known, before the instances are completed and the op tables built."""
     info, mode, family, config = classified or classify_trace(trace, mode)
     config = run_config(config, trace.meta)
     gpu_api, thread_dev, process_dev = links or launch_links(trace)
@@ -417,6 +419,8 @@ def correlate(
         for domain in domain_order(trace, mode)
     }
     feed_segments(correlators, trace_segments(trace, info, gpu_api, cuts), mode)
+    if on_owned is not None:
+        on_owned(gpu_api, {domain: c.gpu_instance for domain, c in correlators.items()})
     for domain, c in correlators.items():
         corr.domains[domain] = c.finish(trace, gpu_api)
     return corr

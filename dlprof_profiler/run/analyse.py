@@ -128,14 +128,20 @@ def _in_memory(source: Path, options: RunOptions, sink: Sink, capture: dict | No
         _stamp_capture(trace, capture)
         with signals_held():  # an interrupt waits until the sink holds the writer it must stop (`discard`)
             writer = sink.open(trace, corr_mod.domain_order(trace, options.mode))
-        on_correlated = None
+        on_correlated = on_owned = None
         if writer is not None:
             writer.add_raw(trace)  # written on the writer's thread while the analysis goes on
+            on_owned = lambda gpu_api, owners: database.write_owners(writer, trace, gpu_api, owners)  # noqa: E731
             on_correlated = lambda corr: database.write_correlation(writer, trace, corr)  # noqa: E731
         # a profile the engine choice bounds in size keeps what it frees for reuse (process_memory.py)
         with freed_memory_kept(sink.writes_database and engine_choice.size_bounded(source, options)):
             result = analyze(
-                trace, options.analysis_config(), str(source), on_correlated=on_correlated, handed_over=True
+                trace,
+                options.analysis_config(),
+                str(source),
+                on_correlated=on_correlated,
+                handed_over=True,
+                on_owned=on_owned,
             )
             profile = outputs.profile_info(options, source, trace, result.corr, capture)
             new_database = None if writer is None else InMemoryDatabase(writer, result, profile)
