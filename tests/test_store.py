@@ -2,6 +2,8 @@
 the staged frames equal read_nsys_export's, and every aggregation table and finding is the same however
 the profile is split into segments."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -9,8 +11,9 @@ import pytest
 from dlprof_profiler.engine.analysis import AnalysisConfig, analyze, analyze_store
 from dlprof_profiler.ingest.nsys import read_nsys_export
 from dlprof_profiler.ingest.sanitize import sanitize_trace
-from dlprof_profiler.store.model import StringPool
+from dlprof_profiler.store.model import DatabaseFeed, StringPool
 from dlprof_profiler.store.trace_store import TraceStore
+from dlprof_profiler import contract as K
 from tests import damage, profiles
 from tests.profiles import run_dlprof
 from tests.test_aggregate import _same_dict
@@ -420,3 +423,54 @@ def test_the_string_pool_codes_values_as_a_factorization_of_them_would():
     for i in range(100):  # the decoding lookup grows with the pool
         assert pool.decode(pool.encode(np.array([f"v{i}", "a"], dtype=object))).tolist() == [f"v{i}", "a"]
     assert pool.decode(np.full(3, -1)).tolist() == [None] * 3
+
+
+class _RecordingWriter:
+    """What DatabaseFeed asks of the database writer, in order (the rows' generators are never read)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def add_domain_model(self, name, instances, owners):
+        self.calls.append(("owners" if instances is None else "instances", name))
+
+    def add_ops(self, name, ops):
+        self.calls.append(("ops", name))
+
+    def build_indexes(self, table=None):
+        self.calls.append(("index", table))
+
+
+def _fed_model(feed, sinks):
+    pool = SimpleNamespace(array=lambda: [])
+    feed.model(
+        SimpleNamespace(
+            domains={d: SimpleNamespace(sink=s, ops=None) for d, s in sinks.items()}, store=SimpleNamespace(pool=pool)
+        )
+    )
+
+
+def test_the_owners_are_indexed_as_soon_as_the_last_segment_is_fed():
+    """Out of core, the activity owners' indexes are queued once every segment's owners are, not when the op
+    model is complete (the writer's thread builds them while the op tables are made), and only once."""
+    sinks = {d: SimpleNamespace(a=SimpleNamespace(bounds=[(0, 10), (10, 20)])) for d in ("default", "NCCL")}
+    writer = _RecordingWriter()
+    feed = DatabaseFeed(writer, store=None)
+    feed.owners(0, sinks)
+    feed.owners(1, sinks)
+    feed.join()  # what the feed did before any op model
+    assert writer.calls == [("owners", "default"), ("owners", "NCCL")] * 2 + [("index", K.RAW_ACTIVITY_OWNERS)]
+    # a segment left for the model (as when owners are not fed by segment): indexed after it, once
+    writer = _RecordingWriter()
+    feed = DatabaseFeed(writer, store=None)
+    feed.owners(0, sinks)
+    _fed_model(feed, sinks)
+    feed.join()
+    assert writer.calls == [("owners", "default"), ("owners", "NCCL"), ("owners", "default"), ("owners", "NCCL")] + [
+        ("index", K.RAW_ACTIVITY_OWNERS),
+        ("ops", "default"),
+        ("instances", "default"),
+        ("ops", "NCCL"),
+        ("instances", "NCCL"),
+        ("index", None),
+    ]

@@ -972,6 +972,7 @@ class DatabaseFeed:
         self.corr = self.primary = self.profile = None
         self._tasks: queue.Queue = queue.Queue()
         self._owned: dict = {}  # domain -> the segments whose owners are queued
+        self._owners_indexed = False  # their indexes are queued
         self._error: BaseException | None = None
         self._cancelled = False
         self._thread = threading.Thread(target=self._run, name="dlprof-db-feed", daemon=True)
@@ -1000,6 +1001,14 @@ class DatabaseFeed:
             self._tasks.put(
                 lambda name=name, sink=sink: self.writer.add_domain_model(name, None, _owners(sink, segment))
             )
+        if all(len(self._owned[name]) == len(sink.a.bounds) for name, sink in sinks.items()):
+            self._index_owners()  # the last segment: index the owners while the op tables are built
+
+    def _index_owners(self) -> None:
+        """Every owner is queued: their indexes next (once)."""
+        if not self._owners_indexed:
+            self._owners_indexed = True
+            self._tasks.put(lambda: self.writer.build_indexes(K.RAW_ACTIVITY_OWNERS))
 
     def model(self, corr) -> None:
         """The op model is complete: every domain's ops and instances (and the owners not queued yet), then the
@@ -1012,7 +1021,7 @@ class DatabaseFeed:
                 self._tasks.put(
                     lambda name=name, sink=sink, k=k: self.writer.add_domain_model(name, None, _owners(sink, k))
                 )
-        self._tasks.put(lambda: self.writer.build_indexes(K.RAW_ACTIVITY_OWNERS))
+        self._index_owners()
         strings = pd.CategoricalDtype(pd.Index(corr.store.pool.array(), dtype=object))
         for name, dm in corr.domains.items():
             self._tasks.put(lambda name=name, dm=dm: self._instances(name, dm, strings))
