@@ -3,8 +3,8 @@
 Why blocks and not rows: the ranges are the database's largest table (three per kernel in a typical export) and
 nothing queries them row by row: the viewer reads the precounted `raw_range_labels`, and only a re-analysis of
 the database (`--database=DB`, the viewer's re-aggregation) reads them, all at once. Inserted as SQLite rows
-they cost about 1 µs each on the writer's thread, which sets the pace of the whole run (docs/DESIGN.md, "The
-database writer"); a block of 2^18 rows costs a few milliseconds and takes a third of the space.
+they cost about 1 µs each on the writer's thread, which sets the pace of the whole run; a block of 2^18 rows
+costs a few milliseconds and less than half the space (measured in docs/DESIGN.md, "Blocks, not rows").
 
 A block row holds `rank`, `rows` (so `SELECT sum(rows)` counts ranges without opening a block), `text_id_base`
 and `data`, an Arrow IPC stream of BLOCK_SCHEMA. A range's string id is `text_id_base + text_id`:
