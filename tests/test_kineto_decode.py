@@ -9,6 +9,7 @@ import gzip
 import json
 import mmap
 
+import msgspec
 import numpy as np
 import pandas as pd
 import pytest
@@ -241,3 +242,18 @@ def test_a_large_plain_trace_is_cut_into_one_part_per_cpu(monkeypatch):
     assert len(kd._part_cuts(text, first, end, None)) == 2  # three shares of PART_BYTES
     monkeypatch.setattr(kd, "PART_BYTES", end - first + 1)
     assert kd._part_cuts(text, first, end, None) == []  # smaller than one share: one pass
+
+
+@pytest.mark.parametrize(
+    "text", [b'"aten::\xff\xfemm"', b'[{"name": "a\xffb", "ph": "X"}]', b'{"traceEvents": [], "x": "\xc3"}']
+)
+def test_text_that_is_not_utf8_is_refused_as_such(text):
+    """msgspec 0.23 refuses it with a DecodeError that names no byte, earlier versions with a
+    UnicodeDecodeError: the readers get the latter from either (else they take it for a cut chunk)."""
+    with pytest.raises(UnicodeDecodeError):
+        kd._ANY.decode(text)
+
+
+def test_malformed_json_stays_a_decode_error_naming_its_byte():
+    with pytest.raises(msgspec.DecodeError, match=r"\(byte \d+\)"):
+        kd._SYNTAX.decode(b'[{"name": "a"} x')

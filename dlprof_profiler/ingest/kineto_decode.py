@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter, itemgetter
 from pathlib import Path
-from typing import Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import msgspec
 import numpy as np
@@ -488,10 +488,30 @@ def looks_like_trace(path: Path) -> bool:
     return text.startswith(b"{") and b'"traceEvents"' in text
 
 
-_TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_SYNTAX = msgspec.json.Decoder(msgspec.Raw)  # checks JSON text, builds nothing
-_EVENTS = msgspec.json.Decoder(list[Event])
-_FAST_EVENTS = msgspec.json.Decoder(list[FastEvent])
+class _Decoder:
+    """A msgspec JSON decoder whose refusal of text that is not UTF-8 is a UnicodeDecodeError, as
+    msgspec raised it before 0.23: from 0.23 it is a DecodeError that does not say where, which the
+    readers below would take for a cut chunk or malformed JSON. Where the bad byte is, they find."""
+
+    def __init__(self, type=Any):
+        self._decoder = msgspec.json.Decoder(type)
+
+    def decode(self, text):
+        try:
+            return self._decoder.decode(text)
+        except msgspec.ValidationError:
+            raise
+        except msgspec.DecodeError as exc:
+            if str(exc).startswith("Invalid UTF-8"):
+                raise UnicodeDecodeError("utf-8", b"", 0, 0, str(exc)) from None
+            raise
+
+
+_TOP = _Decoder(dict[str, msgspec.Raw])
+_SYNTAX = _Decoder(msgspec.Raw)  # checks JSON text, builds nothing
+_EVENTS = _Decoder(list[Event])
+_FAST_EVENTS = _Decoder(list[FastEvent])
+_ANY = _Decoder()
 _BETWEEN_EVENTS = re.compile(rb"\}\s*,\s*\{")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _ONE_VALUE = json.JSONDecoder()
@@ -692,9 +712,9 @@ def _outline(data) -> tuple[int, int, dict] | None:
 def _meta_value(raw):
     """A top-level value other than the events (text that is not UTF-8 decoded with replacement)."""
     try:
-        return msgspec.json.decode(raw)
+        return _ANY.decode(raw)
     except UnicodeDecodeError:
-        return msgspec.json.decode(bytes(raw).decode("utf-8", "replace").encode("utf-8"))
+        return _ANY.decode(bytes(raw).decode("utf-8", "replace").encode("utf-8"))
 
 
 def _array_end(data, first: int) -> int | None:
@@ -1317,9 +1337,9 @@ class _ColumnBuilder:
         """An event's name from its JSON text (a text, a number or boolean as text, None for null), and
         whether it was not UTF-8 (then decoded with replacement)."""
         try:
-            value, bad = msgspec.json.decode(raw), False
+            value, bad = _ANY.decode(raw), False
         except UnicodeDecodeError:
-            value, bad = msgspec.json.decode(raw.decode("utf-8", "replace").encode("utf-8")), True
+            value, bad = _ANY.decode(raw.decode("utf-8", "replace").encode("utf-8")), True
         if isinstance(value, (list, dict)):
             raise DLProfError(
                 f"{self.path}: unexpected event content (an event name is "
