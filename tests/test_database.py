@@ -3,7 +3,6 @@ the writer's segment API, re-aggregation in place keeping the earlier aggregatio
 
 import hashlib
 import json
-import re
 import sqlite3
 import subprocess
 import sys
@@ -12,13 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pytest
 
 from dlprof_profiler import DB_SCHEMA_VERSION, contract
 from dlprof_profiler.db import writer as database
 from dlprof_profiler.engine.correlate import INSTANCE_COLUMNS
-from dlprof_profiler.db.encode import join_call_fields, split_call_fields
 from dlprof_profiler.db.load import load_model
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.run.single import reaggregate_in_place
@@ -26,7 +23,7 @@ from tests import profiles
 from tests.analysis import analyze
 from tests.nsys_builder import NsysExport
 from tests.profiles import run_dlprof
-from tests.stored_ranges import with_raw_ranges
+from tests.stored_ranges import as_schema_3_2, with_raw_ranges
 
 PID, OTHER_PID = 100, 200
 SHORT, LONG = "gemm_kernel", "void gemm_kernel<float, 128>(float const*, float*)"
@@ -200,18 +197,15 @@ def test_names_are_stored_once_in_the_string_table(mixed):
         "cudaLaunchKernel_v7000",
         "cudaStreamSynchronize_v3020",
     ]
-    # PyTorch per-call fields are integers; texts not written exactly as Python writes them are kept whole
-    ranges = query(
-        path, "SELECT s.value, r.seq, r.op_id FROM raw_ranges r JOIN strings s ON s.id = r.text_id ORDER BY r.start"
-    )
-    assert ranges == [
-        ("aten::conv2d", 12, 345),
-        ("aten::convolution", None, 346),
-        ("aten::relu, seq = 007, op_id = 1", None, None),
-        ("aten::mm, seq = 3, op_id = 4, sizes = [[2, 3], [3, 4]]", None, None),
-        ("ProfilerStep#1", None, 7),
-        ("async range", None, None),
-        ("never closed", None, None),
+    # the texts as recorded, PyTorch's per-call fields and all
+    assert [t for (t,) in query(path, "SELECT text FROM raw_ranges ORDER BY start")] == [
+        "aten::conv2d, seq = 12, op_id = 345",
+        "aten::convolution, op_id = 346",
+        "aten::relu, seq = 007, op_id = 1",
+        "aten::mm, seq = 3, op_id = 4, sizes = [[2, 3], [3, 4]]",
+        "ProfilerStep#1, op_id = 7",
+        "async range",
+        "never closed",
     ]
     # read back, the texts are whole again
     texts = load_model(path)[0].ranges.sort_values("start", kind="stable")["text"].tolist()
@@ -269,8 +263,8 @@ def test_schema_and_first_aggregation(db):
         db, "SELECT op_name, direction, gpu_total FROM view_op_nodes WHERE aggr_id = 1 ORDER BY gpu_total DESC LIMIT 1"
     )
     assert top == [("/aten::conv2d", "fprop", 30_000)]
-    # 36 emit_nvtx texts, each with its own op_id: 12 distinct shared texts stored
-    assert query(db, "SELECT count(DISTINCT text_id), count(op_id) FROM raw_ranges") == [(12, 36)]
+    # 36 emit_nvtx texts, each with its own op_id
+    assert query(db, "SELECT count(DISTINCT text), sum(text LIKE '%, op_id = %') FROM raw_ranges") == [(36, 36)]
 
 
 @pytest.mark.slow
@@ -292,82 +286,18 @@ def test_viewer_indexes_only(db):
     assert query(db, "SELECT count(*) FROM raw_op_instances INDEXED BY idx_instances_op WHERE n_gpu > 0") == [(21,)]
 
 
-@pytest.mark.parametrize(
-    "text",
-    [
-        "",
-        "aten::mm",
-        "aten::mm, seq = 0",
-        "aten::mm, op_id = 0",
-        "aten::mm, seq = -3, op_id = 9",
-        "aten::mm, seq = 1, op_id = 2, sizes = [[1]]",
-        "a, op_id = 05",
-        "a, seq = -0",
-        "a, op_id = 5, seq = 3",
-        "é\n, op_id = 123456789012345678",
-        "a, op_id = 1234567890123456789",
-        "a, op_id = ",
-        "a, seq = 5x, op_id = 2",
-        "x, seq = 7, op_id = 8, op_id = 9",
-        "{'funcStack': 'a', 'callid': 3}",
-    ],
-)
-def test_call_fields_split_and_join_exactly(text):
-    shared, seq, op_id = split_call_fields(pa.array([text, "pad, op_id = 1"]))
-    assert join_call_fields(shared, seq, op_id).to_pylist()[0] == text
-    if seq[0].is_valid or op_id[0].is_valid:
-        assert ", seq = " not in shared[0].as_py() and ", op_id = " not in shared[0].as_py()
-
-
-def test_call_fields_split_what_python_writes():
-    shared, seq, op_id = split_call_fields(pa.array(["aten::mm, seq = -3, op_id = 9", "a, op_id = 05", "b, seq = 4"]))
-    assert shared.to_pylist() == ["aten::mm", "a, op_id = 05", "b"]
-    assert seq.to_pylist() == [-3, None, 4] and op_id.to_pylist() == [9, None, None]
-
-
-def _python_split(text: str):
-    """split_call_fields' rule in plain Python: the first `, seq = ` and `, op_id = ` (in that order) end the
-    text with integers written as Python writes them (at most 18 digits), else the text stays whole."""
-    s, o = text.find(", seq = "), text.find(", op_id = ")
-    if s >= 0 and o >= 0 and o < s:
-        return text, None, None
-    if s < 0 and o < 0:
-        return text, None, None
-
-    def canonical(piece):
-        return re.fullmatch(r"-?[0-9]{1,18}", piece) is not None and str(int(piece)) == piece
-
-    seq = text[s + len(", seq = ") : o if o >= 0 else len(text)] if s >= 0 else None
-    op = text[o + len(", op_id = ") :] if o >= 0 else None
-    if (seq is not None and not canonical(seq)) or (op is not None and not canonical(op)):
-        return text, None, None
-    return text[: s if s >= 0 else o], None if seq is None else int(seq), None if op is None else int(op)
-
-
-def test_call_fields_split_as_python_reads_integers():
-    texts = [
-        "a, seq = 0",
-        "a, seq = -0",
-        "a, seq = +5",
-        "a, seq = 007",
-        "a, seq = -05",
-        "a, seq = 10, op_id = 0",
-        "é, seq = -123456789012345678, op_id = 999999999999999999",
-        "a, op_id = 1234567890123456789",
-        "a, seq = 1 , op_id = 2",
-        "a, seq = 1, op_id = 2x",
-        "a, seq = ٣",
-        "a, seq = -",
-        "a, op_id = -7",
-        "a, seq = 12, op_id = 3, op_id = 4",
-        "a, seq = 3, seq = 4",
-        "a, op_id = 2, seq = 1",
-        ", seq = 1",
-        "x",
-    ]
-    shared, seq, op_id = split_call_fields(pa.array(texts))
-    got = list(zip(shared.to_pylist(), seq.to_pylist(), op_id.to_pylist()))
-    assert got == [_python_split(t) for t in texts]
+@pytest.mark.slow
+def test_a_3_2_database_gives_its_texts_whole_again(mixed, tmp_path):
+    """Schema 3.0-3.2 stored a text's PyTorch call fields as integers apart from its shared part: reading such
+    a file joins them back exactly, for the texts whose fields were not written as Python writes integers too."""
+    _export, path = mixed
+    old = tmp_path / "old.sqlite"
+    old.write_bytes(path.read_bytes())
+    con = sqlite3.connect(old)
+    as_schema_3_2(con)
+    assert con.execute("SELECT count(seq), count(op_id) FROM raw_ranges").fetchone() == (1, 3)  # the canonical ones
+    con.close()
+    assert database.load_model(old)[0].ranges["text"].tolist() == database.load_model(path)[0].ranges["text"].tolist()
 
 
 def _segments(frame: pd.DataFrame, bounds) -> list[pd.DataFrame]:

@@ -1,5 +1,5 @@
-"""NVTX ranges stored as Arrow blocks (db/range_blocks.py): what is written is read back, string ids shifted by
-the block's base, NULL call fields kept; a schema 3.2 file (ranges as rows) reads as its 3.3 twin."""
+"""NVTX ranges stored as Arrow blocks (db/range_blocks.py): what is written is read back, each rank's own in
+order; a schema 3.2 file (ranges as rows) reads as its 3.3 twin."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.ingest.sqlite_source import SqliteSource
 from tests import profiles
 from tests.profiles import run_dlprof
-from tests.stored_ranges import COLUMNS, stored_ranges
+from tests.stored_ranges import COLUMNS, as_schema_3_2
 
 
 def block(first: int, n: int) -> pa.Table:
@@ -30,25 +30,20 @@ def block(first: int, n: int) -> pa.Table:
             "event_type": [59] * n,
             "start": [1000 * i for i in ids],
             "duration": [10 + i for i in ids],
-            "text_id": [i % 4 for i in ids],
-            "seq": [None if i % 2 else i for i in ids],
-            "op_id": [i * 5 if i % 3 == 0 else None for i in ids],
             "unclosed": [int(i == first) for i in ids],
+            "text": [f"aten::mm, seq = {i}, op_id = {5 * i}" if i % 2 else f"é{i}\n" for i in ids],
         }
     )
 
 
-def test_blocks_read_back_in_order_with_their_string_base(tmp_path):
+def test_blocks_read_back_in_order_by_rank(tmp_path):
     path = tmp_path / "db.sqlite"
     con = sqlite3.connect(path)
     con.executescript(SCHEMA)
     rows = [range_blocks.block_row(block(0, 5), rank=2), range_blocks.block_row(block(5, 4), rank=2)]
     rows.append(range_blocks.block_row(block(100, 3), rank=1))  # another rank's block, between none of them
     for row in rows:
-        con.execute(
-            f"INSERT INTO {K.RAW_RANGE_BLOCKS} VALUES (?, ?, ?, ?)", [row[c][0].as_py() for c in row.column_names]
-        )
-    con.execute(f"UPDATE {K.RAW_RANGE_BLOCKS} SET text_id_base = 40 WHERE rowid = 2")  # as a merge shifts it
+        con.execute(f"INSERT INTO {K.RAW_RANGE_BLOCKS} VALUES (?, ?, ?)", [row[c][0].as_py() for c in row.column_names])
     con.commit()
     assert con.execute(f"SELECT rank, rows FROM {K.RAW_RANGE_BLOCKS} ORDER BY rowid").fetchall() == [
         (2, 5),
@@ -62,10 +57,7 @@ def test_blocks_read_back_in_order_with_their_string_base(tmp_path):
         assert range_blocks.read_ranges(src, 5).num_rows == 0
     finally:
         src.close()
-    expected = pa.concat_tables([block(0, 5), block(5, 4)]).to_pylist()
-    for row in expected[5:]:
-        row["text_id"] += 40
-    assert got.to_pylist() == expected
+    assert got.to_pylist() == pa.concat_tables([block(0, 5), block(5, 4)]).to_pylist()
     assert got.schema == range_blocks.BLOCK_SCHEMA and got.column_names == COLUMNS
 
 
@@ -77,19 +69,12 @@ def test_a_3_2_database_with_range_rows_reads_as_its_3_3_twin(tmp_path):
     old = tmp_path / "old.sqlite"
     old.write_bytes(new.read_bytes())
     con = sqlite3.connect(old)
-    ranges = stored_ranges(con)  # decoded with pyarrow alone
-    con.execute(
-        "CREATE TABLE raw_ranges (rank INTEGER NOT NULL, range_id INTEGER NOT NULL, domain_id INTEGER NOT NULL, "
-        "thread_id INTEGER NOT NULL, event_type INTEGER, start INTEGER NOT NULL, duration INTEGER NOT NULL, "
-        "text_id INTEGER NOT NULL, seq INTEGER, op_id INTEGER, unclosed INTEGER NOT NULL)"
-    )
-    con.executemany(f"INSERT INTO raw_ranges VALUES ({', '.join('?' * 11)})", ranges)
-    con.execute(f"DROP TABLE {K.RAW_RANGE_BLOCKS}")
-    con.execute("UPDATE db_version SET current_version = '3.2.0', original_version = '3.2.0'")
-    con.commit()
+    n = as_schema_3_2(con)  # the call fields cut off as 3.2 stored them, in plain Python
+    # 36 emit_nvtx texts, each with its own op_id: 12 distinct shared texts
+    assert con.execute("SELECT count(op_id), count(DISTINCT text_id) FROM raw_ranges").fetchone() == (36, 12)
     con.close()
     a, b = load_model(old)[0].ranges, load_model(new)[0].ranges
-    assert len(a) == len(ranges) == 36
+    assert len(a) == n == 36
     pd.testing.assert_frame_equal(a, b)
     assert b["text"].str.contains(", op_id = ").sum() == 36  # the texts are whole again
 

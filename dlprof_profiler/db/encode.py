@@ -16,12 +16,7 @@ import pyarrow.compute as pc
 
 from dlprof_profiler import contract as K
 from dlprof_profiler.db import range_blocks
-from dlprof_profiler.ingest import arrow_text
 from dlprof_profiler.engine.trace import GPU_COLUMNS, combined_codes, pid_of, tid_of
-
-# PyTorch's per-call fields, stored as integers when written as Python writes integers (so they round-trip)
-_SEQ, _OP_ID = ", seq = ", ", op_id = "
-
 
 # ---------------------------------------------------------------------------- column helpers
 
@@ -231,64 +226,11 @@ class Registry:
         return np.where(local >= 0, mapping[np.maximum(local, 0)], -1) if local.size else local
 
 
-# ---------------------------------------------------------------------------- range texts
-
-
-def _canonical_ints(
-    texts: pa.Array, at: np.ndarray, stop: np.ndarray, wanted: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """(value, ok) of the text between byte `at` and byte `stop` of each text: ok where wanted and that piece
-    is an integer as Python writes it (ASCII digits, no leading zero, no '+' and no '-0', at most 18 digits)."""
-    value, digits = arrow_text.ints_at(texts, np.where(wanted, at, -1))
-    fits = (digits >= 1) & (digits <= arrow_text.MAX_DIGITS)
-    magnitude = np.abs(value)
-    smallest = 10 ** np.clip(digits - 1, 0, arrow_text.MAX_DIGITS - 1)  # no leading zero: d digits >= 10^(d-1)
-    ok = wanted & fits & (stop - at == digits + (value < 0)) & ((digits == 1) | (magnitude >= smallest))
-    return value, ok
-
-
-def split_call_fields(texts: pa.Array) -> tuple[pa.Array, pa.Array, pa.Array]:
-    """(shared text, seq, op_id) per range (texts without nulls): text == shared + [', seq = S'] +
-    [', op_id = O'] exactly; texts not ending in exactly that form come back whole with NULL fields."""
-    n = len(texts)
-    if n == 0:
-        return texts, pa.nulls(0, pa.int64()), pa.nulls(0, pa.int64())
-    pos_s, pos_o = arrow_text.find(texts, _SEQ), arrow_text.find(texts, _OP_ID)
-    has_s, has_o = pos_s >= 0, pos_o >= 0
-    swapped = has_s & has_o & (pos_o < pos_s)
-    has_s &= ~swapped
-    has_o &= ~swapped
-    if not (has_s | has_o).any():
-        return texts, pa.nulls(n, pa.int64()), pa.nulls(n, pa.int64())
-    length = np.diff(arrow_text.string_buffers(texts)[0])
-    seq, seq_ok = _canonical_ints(texts, pos_s + len(_SEQ), np.where(has_o, pos_o, length), has_s)
-    op_id, op_ok = _canonical_ints(texts, pos_o + len(_OP_ID), length, has_o)
-    split = (has_s | has_o) & (seq_ok | ~has_s) & (op_ok | ~has_o)
-    cut = np.where(split, np.where(has_s, pos_s, pos_o), length)
-    return (
-        arrow_text.prefixes(texts, cut),
-        pa.array(seq, mask=~(split & has_s)),
-        pa.array(op_id, mask=~(split & has_o)),
-    )
-
-
-def join_call_fields(shared: pa.Array, seq: pa.Array, op_id: pa.Array) -> pa.Array:
-    """The inverse of split_call_fields."""
-
-    def field(values, name):
-        text = pc.binary_join_element_wise(pa.scalar(f", {name} = "), pc.cast(values, pa.string()), "")
-        return pc.fill_null(text, "")
-
-    return pc.binary_join_element_wise(pc.cast(shared, pa.string()), field(seq, "seq"), field(op_id, "op_id"), "")
-
-
 # ---------------------------------------------------------------------------- frames -> rows
 
 
 def range_rows(ranges: pd.DataFrame, reg: Registry) -> pa.Table:
-    """The ranges' columns as stored (db/range_blocks.BLOCK_SCHEMA): the text as a shared part and its call fields."""
-    texts = pc.fill_null(arrow_strings(ranges["text"]), "")
-    shared, seq, op_id = split_call_fields(texts)
+    """The ranges' columns as stored (db/range_blocks.BLOCK_SCHEMA)."""
     start = ints(ranges["start"])
     return pa.table(
         {
@@ -298,10 +240,8 @@ def range_rows(ranges: pd.DataFrame, reg: Registry) -> pa.Table:
             "event_type": ints(ranges["event_type"]),
             "start": start,
             "duration": ints(ranges["end"]) - start,
-            "text_id": reg.strings.column(shared),
-            "seq": seq,
-            "op_id": op_id,
             "unclosed": ints(ranges["unclosed"]),
+            "text": pc.fill_null(arrow_strings(ranges["text"]), ""),
         }
     )
 

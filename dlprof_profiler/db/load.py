@@ -17,7 +17,6 @@ from dlprof_profiler import contract as K
 from dlprof_profiler.engine.correlate import Correlation, DomainModel, call_metrics, launch_links
 from dlprof_profiler.engine.markers import FAMILY_OF_MODE, classify_ranges
 from dlprof_profiler.db import range_blocks
-from dlprof_profiler.db.encode import join_call_fields
 from dlprof_profiler.db.schema import SCHEMA
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.ingest.sqlite_source import SqliteSource
@@ -353,10 +352,8 @@ class _V3:
 
     # event tables -----------------------------------------------------------
     def ranges(self) -> pd.DataFrame:
-        cols, seq, op_id = self._stored_ranges()
+        cols, texts = self._stored_ranges()
         n = cols["range_id"].size
-        shared = self.arrow_strings.take(pa.array(cols["text_id"])) if n else pa.array([], pa.string())
-        texts = join_call_fields(shared, seq, op_id) if n else shared
         names = self._domain_names
         ids = np.array(sorted(names), dtype=np.int64)
         labels = np.array([names[i] for i in ids.tolist()], dtype=object)
@@ -375,16 +372,13 @@ class _V3:
             }
         )
 
-    def _stored_ranges(self) -> tuple[dict, pa.Array, pa.Array]:
-        """(integer columns, seq, op_id) of the rank's ranges: blocks since schema 3.3, rows before."""
+    def _stored_ranges(self) -> tuple[dict, pa.Array]:
+        """(integer columns, texts) of the rank's ranges: blocks since schema 3.3, rows before (a text's PyTorch
+        call fields stored apart from its shared part, a string id)."""
         if K.RAW_RANGE_BLOCKS in self.src.tables:
             stored = range_blocks.read_ranges(self.src, self.rank)
-            cols = {
-                name: pc.fill_null(stored[name], -1).to_numpy()
-                for name in range_blocks.BLOCK_SCHEMA.names
-                if name not in ("seq", "op_id")
-            }
-            return cols, stored["seq"].combine_chunks(), stored["op_id"].combine_chunks()
+            cols = {name: stored[name].to_numpy() for name in range_blocks.BLOCK_SCHEMA.names if name != "text"}
+            return cols, stored["text"].combine_chunks()
         cols = self._ints(
             "SELECT range_id, domain_id, thread_id, coalesce(event_type, -1), start, duration, text_id, "
             f"coalesce(seq, 0), seq IS NULL, coalesce(op_id, 0), op_id IS NULL, unclosed FROM {K.RAW_RANGES} "
@@ -405,9 +399,12 @@ class _V3:
             ],
             (self.rank,),
         )
+        if cols["range_id"].size == 0:
+            return cols, pa.array([], pa.string())
+        shared = self.arrow_strings.take(pa.array(cols["text_id"]))
         seq = pa.array(cols["seq"], mask=cols["no_seq"].astype(bool))
         op_id = pa.array(cols["op_id"], mask=cols["no_op_id"].astype(bool))
-        return cols, seq, op_id
+        return cols, _whole_texts(shared, seq, op_id)
 
     def api_calls(self) -> pd.DataFrame:
         cols = self._ints(
@@ -851,3 +848,14 @@ class _V2:
             ["i"],
             (did,),
         )["i"]
+
+
+def _whole_texts(shared: pa.Array, seq: pa.Array, op_id: pa.Array) -> pa.Array:
+    """Range texts as recorded from schema 3.0-3.2's rows: the shared part, then `, seq = S` and `, op_id = O`
+    where stored (those files kept PyTorch's per-call fields as integers)."""
+
+    def field(values, name):
+        text = pc.binary_join_element_wise(pa.scalar(f", {name} = "), pc.cast(values, pa.string()), "")
+        return pc.fill_null(text, "")
+
+    return pc.binary_join_element_wise(pc.cast(shared, pa.string()), field(seq, "seq"), field(op_id, "op_id"), "")

@@ -24,8 +24,6 @@ from dlprof_profiler.errors import DLProfError
 STRING_ID_COLUMNS = {
     "name_id",
     "long_name_id",
-    "text_id",
-    "text_id_base",  # raw_range_blocks: the string ids inside a block are offset by it (db/range_blocks.py)
     "op_type_id",
     "label_id",
     "data_type_id",

@@ -6,16 +6,16 @@ the database (`--database=DB`, the viewer's re-aggregation) reads them, all at o
 they cost about 1 µs each on the writer's thread, which sets the pace of the whole run; a block of 2^18 rows
 costs a few milliseconds and less than half the space (measured in docs/DESIGN.md, "Blocks, not rows").
 
-A block row holds `rank`, `rows` (so `SELECT sum(rows)` counts ranges without opening a block), `text_id_base`
-and `data`, an Arrow IPC stream of BLOCK_SCHEMA. A range's string id is `text_id_base + text_id`:
-the base is 0 when written and a string id column like any other, so merging rank databases (db/merge.py)
-shifts it with the strings table and never has to open the blocks.
+A block row holds `rank`, `rows` (so `SELECT sum(rows)` counts ranges without opening a block) and `data`, an
+Arrow IPC stream of BLOCK_SCHEMA. The texts are in the block as they were recorded, not string ids: PyTorch's
+texts differ in every range (`, seq = N, op_id = M`), so interning them means cutting those fields off first,
+which cost more than compressing the texts whole. A block names no string, so merging rank databases
+(db/merge.py) copies it as it is.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from dlprof_profiler import contract as K
@@ -28,10 +28,8 @@ BLOCK_SCHEMA = pa.schema(
         ("event_type", pa.int64()),
         ("start", pa.int64()),
         ("duration", pa.int64()),
-        ("text_id", pa.int64()),
-        ("seq", pa.int64()),  # NULL: the range's text has no `seq = ` field
-        ("op_id", pa.int64()),  # NULL: no `op_id = ` field
         ("unclosed", pa.int64()),
+        ("text", pa.string()),
     ]
 )
 # zstd: the fastest of Arrow's codecs here that also makes the blocks small (3·10^6 ranges: 0.1 s, 48 MB, where
@@ -50,21 +48,15 @@ def block_row(ranges: pa.Table, rank: int) -> pa.Table:
         {
             "rank": pa.array([rank], pa.int64()),
             "rows": pa.array([block.num_rows], pa.int64()),
-            "text_id_base": pa.array([0], pa.int64()),
             "data": pa.array([sink.getvalue().to_pybytes()], pa.binary()),
         }
     )
 
 
 def read_ranges(src, rank: int) -> pa.Table:
-    """Every range of `rank` in the order written (BLOCK_SCHEMA; text_id already shifted by its block's base).
-    `src` is an ingest.sqlite_source.SqliteSource on the database."""
+    """Every range of `rank` in the order written (BLOCK_SCHEMA). `src` is an ingest.sqlite_source.SqliteSource
+    on the database."""
     parts = []
-    for base, data in src.fetchall(
-        f"SELECT text_id_base, data FROM {K.RAW_RANGE_BLOCKS} WHERE rank = ? ORDER BY rowid", (rank,)
-    ):
-        block = ipc.open_stream(pa.py_buffer(data)).read_all()
-        if base:
-            block = block.set_column(BLOCK_SCHEMA.get_field_index("text_id"), "text_id", pc.add(block["text_id"], base))
-        parts.append(block)
+    for (data,) in src.fetchall(f"SELECT data FROM {K.RAW_RANGE_BLOCKS} WHERE rank = ? ORDER BY rowid", (rank,)):
+        parts.append(ipc.open_stream(pa.py_buffer(data)).read_all())
     return pa.concat_tables(parts) if parts else BLOCK_SCHEMA.empty_table()
