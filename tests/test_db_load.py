@@ -8,12 +8,14 @@ import sqlite3
 import subprocess
 
 import numpy as np
+import pandas as pd
 import pytest
 from werkzeug.test import EnvironBuilder
 from werkzeug.wrappers import Request
 
 from dlprof_profiler import contract
 from dlprof_profiler.db import writer as database
+from dlprof_profiler.engine import markers as nm
 from dlprof_profiler.run.single import reaggregate_in_place
 from tests import test_plugin_checks as checks
 from tests.analysis import analyze
@@ -103,6 +105,17 @@ def test_a_2_0_database_reloads_as_3_0_does(v2):
     ):
         assert old[1].domains["default"].instances[c].tolist() == new[1].domains["default"].instances[c].tolist(), c
     assert old[1].domains["default"].ops["op_id"].tolist() == new[1].domains["default"].ops["op_id"].tolist()
+
+
+@pytest.mark.slow
+def test_a_reload_counts_the_ranges_per_label_as_the_export_s_analysis(v2):
+    """The expert systems read the ranges per label (whether a PyTorch profile has op markers at all): a
+    re-analysis of the database must see the 36 emit_nvtx ranges the export's analysis saw, not none."""
+    fresh = analyze(v2["export"]).corr.range_labels
+    loaded = database.load_model(v2["v3"])[1].range_labels
+    assert loaded is not None and int(loaded["num_ranges"].sum()) == 36
+    assert (loaded["kind"] == nm.PT_OP).sum() == (fresh["kind"] == nm.PT_OP).sum() > 0
+    pd.testing.assert_frame_equal(loaded, fresh, check_dtype=False)
 
 
 @pytest.mark.slow

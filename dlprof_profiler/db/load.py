@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dlprof_profiler import contract as K
-from dlprof_profiler.engine.correlate import Correlation, DomainModel, call_metrics, launch_links
+from dlprof_profiler.engine.correlate import Correlation, DomainModel, call_metrics, launch_links, range_label_counts
 from dlprof_profiler.engine.markers import FAMILY_OF_MODE, classify_ranges
 from dlprof_profiler.db import range_blocks
 from dlprof_profiler.db.schema import SCHEMA
@@ -165,6 +165,7 @@ def _model(reader):
         thread_device=thread_dev,
         process_device=process_dev,
         config=reader.config(),
+        range_labels=range_label_counts(trace.ranges, range_info),
     )
     offsets, domain_ids = {}, {}
     for did, name, fam, has_markers, num_ranges in domains:
