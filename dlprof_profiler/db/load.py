@@ -146,36 +146,39 @@ def _model(reader):
     domains = reader.domains()  # (domain_id, name, family, has_markers, num_ranges) of the op-model domains
     mode = profile.get("mode") or "nvtx"
     family = FAMILY_OF_MODE.get(mode)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlprof-load") as pool:
-        # the ranges and their classification on a connection of their own, while this thread reads the rest
-        # (SQLite and Arrow work without the GIL: at 10^6 kernels 7.6 s -> 5.5 s)
+    offsets, domain_ids, ops = {}, {}, {}
+    for did, name, _fam, _has_markers, _num_ranges in domains:
+        domain_ids[name] = int(did)
+        ops[name], offsets[name] = reader.ops(int(did), name)
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="dlprof-load") as pool:
+        # the ranges with their classification and the op instances each on a connection of their own, while
+        # this thread reads the rest (SQLite and Arrow work without the GIL)
         classified = pool.submit(_classified_ranges, reader, family)
-        try:
-            trace.api_calls = reader.api_calls()
-            trace.gpu = reader.gpu()
-            uses_tc, tc_rule = reader.kernel_tc(trace.gpu)
-            trace.syncs = reader.syncs()
-            trace.io_calls = reader.io_calls()
-            trace.memory = reader.memory()
-            gpu_api, thread_dev, process_dev = launch_links(trace)
-            offsets, domain_ids, models = {}, {}, {}
-            for did, name, fam, has_markers, num_ranges in domains:
-                domain_ids[name] = int(did)
-                ops, offsets[name] = reader.ops(int(did), name)
-                inst = reader.instances(int(did), name, ops, offsets[name])
-                owners = reader.owners(int(did))
-                models[name] = DomainModel(
-                    domain=name,
-                    family=fam or None,
-                    has_markers=bool(has_markers),
-                    instances=inst,
-                    ops=ops,
-                    api_instance=api_owners(trace, gpu_api, inst, owners),
-                    gpu_instance=owners,
-                    n_ranges=int(num_ranges or 0),
-                )
-        finally:
-            trace.ranges, range_info = classified.result()
+        instances = {
+            name: pool.submit(_instances, reader, domain_ids[name], name, ops[name], offsets[name]) for name in ops
+        }
+        trace.api_calls = reader.api_calls()
+        trace.gpu = reader.gpu()
+        uses_tc, tc_rule = reader.kernel_tc(trace.gpu)
+        trace.syncs = reader.syncs()
+        trace.io_calls = reader.io_calls()
+        trace.memory = reader.memory()
+        gpu_api, thread_dev, process_dev = launch_links(trace)
+        models = {}
+        for did, name, fam, has_markers, num_ranges in domains:
+            inst = instances[name].result()
+            owners = reader.owners(int(did))
+            models[name] = DomainModel(
+                domain=name,
+                family=fam or None,
+                has_markers=bool(has_markers),
+                instances=inst,
+                ops=ops[name],
+                api_instance=api_owners(trace, gpu_api, inst, owners),
+                gpu_instance=owners,
+                n_ranges=int(num_ranges or 0),
+            )
+        trace.ranges, range_info = classified.result()
     trace.has_cuda_tables = len(trace.api_calls) > 0 or len(trace.gpu) > 0
     trace.has_nvtx = len(trace.ranges) > 0
     corr = Correlation(
@@ -202,6 +205,15 @@ def _classified_ranges(reader, family: str | None) -> tuple[pd.DataFrame, pd.Dat
     finally:
         own.src.close()
     return ranges, classify_ranges(ranges["text"], ranges["domain"], {family} if family else set())
+
+
+def _instances(reader, did: int, name: str, ops: pd.DataFrame, op_map) -> pd.DataFrame:
+    """A domain's op instances read through a connection of the reader's own."""
+    own = reader.alone()
+    try:
+        return own.instances(did, name, ops, op_map)
+    finally:
+        own.src.close()
 
 
 def _finish_instances(inst: pd.DataFrame, ops: pd.DataFrame, name: str, details: pd.DataFrame) -> pd.DataFrame:
