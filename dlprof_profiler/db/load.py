@@ -153,9 +153,10 @@ def _model(reader):
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="dlprof-load") as pool:
         # the ranges with their classification and the op instances each on a connection of their own, while
         # this thread reads the rest (SQLite and Arrow work without the GIL)
-        classified = pool.submit(_classified_ranges, reader, family)
+        classified = pool.submit(_classified_ranges, reader.alone(), family)
         instances = {
-            name: pool.submit(_instances, reader, domain_ids[name], name, ops[name], offsets[name]) for name in ops
+            name: pool.submit(_instances, reader.alone(), domain_ids[name], name, ops[name], offsets[name])
+            for name in ops
         }
         trace.api_calls = reader.api_calls()
         trace.gpu = reader.gpu()
@@ -197,9 +198,8 @@ def _model(reader):
     return trace, corr, profile, domain_ids, offsets
 
 
-def _classified_ranges(reader, family: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(the ranges, their classification) read through a connection of the reader's own."""
-    own = reader.alone()
+def _classified_ranges(own, family: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the ranges, their classification) read by a reader of its own (`alone`), whose connection it closes."""
     try:
         ranges = own.ranges()
     finally:
@@ -207,9 +207,8 @@ def _classified_ranges(reader, family: str | None) -> tuple[pd.DataFrame, pd.Dat
     return ranges, classify_ranges(ranges["text"], ranges["domain"], {family} if family else set())
 
 
-def _instances(reader, did: int, name: str, ops: pd.DataFrame, op_map) -> pd.DataFrame:
-    """A domain's op instances read through a connection of the reader's own."""
-    own = reader.alone()
+def _instances(own, did: int, name: str, ops: pd.DataFrame, op_map) -> pd.DataFrame:
+    """A domain's op instances read by a reader of its own (`alone`), whose connection it closes."""
     try:
         return own.instances(did, name, ops, op_map)
     finally:
