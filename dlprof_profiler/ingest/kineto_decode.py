@@ -499,9 +499,7 @@ class _Decoder:
     def decode(self, text):
         try:
             return self._decoder.decode(text)
-        except msgspec.ValidationError:
-            raise
-        except msgspec.DecodeError as exc:
+        except msgspec.DecodeError as exc:  # (a ValidationError too, whose message never starts so)
             if str(exc).startswith("Invalid UTF-8"):
                 raise UnicodeDecodeError("utf-8", b"", 0, 0, str(exc)) from None
             raise
