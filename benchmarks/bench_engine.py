@@ -242,7 +242,32 @@ def main() -> int:
     for smaller in sorted(peaks):
         if smaller < largest and largest >= 3 * smaller:
             print(f"peak memory at {largest:,} kernels / at {smaller:,}: {peaks[largest] / peaks[smaller]:.2f}x")
+    if args.reports == "all" and not args.one_op:
+        for line in target_lines(rows):
+            print(line)
     return 0
+
+
+def target_lines(rows: list) -> list[str]:
+    """The issue's targets for `--reports all` on the generated export: at 10^6 and 10^7 kernels at most 4.5x
+    gpukernsum, at 10^7 at most 2.5 GB and at most 11x the time at 10^6; the database at most 1.2x the export."""
+    by_size = {n: (result, ref, input_mb) for n, result, ref, input_mb, _ in rows}
+    checks = []
+    for n in (1_000_000, 10_000_000):
+        if n in by_size and by_size[n][1]:
+            result, ref, _ = by_size[n]
+            checks.append((f"{n:,} kernels at most 4.5x gpukernsum", result["wall"] / ref[0] <= 4.5))
+    if 10_000_000 in by_size:
+        big = by_size[10_000_000][0]
+        checks.append(("10,000,000 kernels at most 2.5 GB", big["rss"] <= 2.5 * 1024))
+        if 1_000_000 in by_size:
+            ratio = big["wall"] / by_size[1_000_000][0]["wall"]
+            checks.append((f"time(10^7) at most 11x time(10^6) ({ratio:.1f}x)", ratio <= 11))
+    checks += [
+        (f"{n:,} kernels: database at most 1.2x the export", r["db_mb"] / mb <= 1.2)
+        for n, (r, _, mb) in by_size.items()
+    ]
+    return [f"target: {what} {'met' if ok else 'MISSED'}" for what, ok in checks]
 
 
 if __name__ == "__main__":
