@@ -1,7 +1,10 @@
 """Correlation on hand-built profiles: every expected value below is derived by hand from the layout."""
 
+import numpy as np
+import pandas as pd
 import pytest
 
+from dlprof_profiler.engine.correlate import call_metrics
 from tests.analysis import analyze
 from tests.nsys_builder import NsysExport
 
@@ -654,3 +657,26 @@ def test_the_owners_are_handed_on_before_the_op_tables_are_built(tmp_path, monke
             assert np.array_equal(owners[name], dm.gpu_instance) and (owners[name] >= 0).all()
             # the kernel launched outside the ranges belongs to its call's unassociated instance in both domains
             assert dm.instances.loc[owners[name][1], "kind"] == C.UNASSOCIATED_API
+
+
+def test_call_metrics_sum_a_calls_instances_into_the_instance_that_opens_it():
+    # instances 10 and 12 open calls; 11 and 13 are autograd nodes of call 10; 14 belongs to no loaded call
+    inst = pd.DataFrame(
+        {
+            "instance_id": [10, 11, 12, 13, 14],
+            "call_id": [10, 10, 12, 10, 99],
+            "cpu_time": [5, 7, 11, 13, 17],
+            "cpu_overhead": [1, 2, 3, 4, 5],
+            "gpu_time": [0, 100, 30, 1000, 7],
+            "gpu_idle": [2, 0, 0, 3, 0],
+            "n_kernels": [0, 1, 2, 4, 8],
+        }
+    )
+    call_metrics(inst)
+    assert inst["is_call"].tolist() == [True, False, True, False, False]
+    assert inst["call_cpu_time"].tolist() == [5 + 7 + 13, 0, 11, 0, 0]
+    assert inst["call_cpu_overhead"].tolist() == [1 + 2 + 4, 0, 3, 0, 0]
+    assert inst["call_gpu_time"].tolist() == [1100, 0, 30, 0, 0]
+    assert inst["call_gpu_idle"].tolist() == [5, 0, 0, 0, 0]
+    assert inst["call_n_kernels"].tolist() == [5, 0, 2, 0, 0]
+    assert inst["call_n_kernels"].dtype == np.int64

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dlprof_profiler import contract as K
+from dlprof_profiler.engine.analysis import RANGE_INFO_FOR_REANALYSIS
 from dlprof_profiler.engine.correlate import Correlation, DomainModel, call_metrics, launch_links, range_label_counts
 from dlprof_profiler.engine.markers import FAMILY_OF_MODE, classify_ranges
 from dlprof_profiler.db import range_blocks
@@ -204,7 +205,10 @@ def _classified_ranges(own, family: str | None) -> tuple[pd.DataFrame, pd.DataFr
         ranges = own.ranges()
     finally:
         own.src.close()
-    return ranges, classify_ranges(ranges["text"], ranges["domain"], {family} if family else set())
+    info = classify_ranges(ranges["text"], ranges["domain"], {family} if family else set())
+    # the op model is stored: only the stages after correlation and the iterations read the classification
+    # (at 10^7 Kineto events its other columns are 0.2 GB)
+    return ranges, info[[c for c in RANGE_INFO_FOR_REANALYSIS if c in info]]
 
 
 def _instances(own, did: int, name: str, ops: pd.DataFrame, op_map) -> pd.DataFrame:
@@ -215,9 +219,10 @@ def _instances(own, did: int, name: str, ops: pd.DataFrame, op_map) -> pd.DataFr
         own.src.close()
 
 
-def _finish_instances(inst: pd.DataFrame, ops: pd.DataFrame, name: str, details: pd.DataFrame) -> pd.DataFrame:
+def _finish_instances(inst: pd.DataFrame, ops: pd.DataFrame, name: str, details: dict) -> pd.DataFrame:
     """The engine's instance columns from the stored ones (source ids split by kind, CPU time, GPU idle,
-    details, op names)."""
+    details, op names). `details`: instance_id and DETAIL_COLUMNS as numpy arrays, the texts objects shared
+    per distinct value (in a DataFrame they would become pandas strings, and then a string object a row)."""
     kind = inst["kind"].to_numpy()
     inst["range_id"] = np.where(np.isin(kind, K.INSTANCE_KINDS_FROM_RANGES), inst["source_id"], -1)
     inst["api_id"] = np.where(kind == K.UNASSOCIATED_API, inst["source_id"], -1)
@@ -229,9 +234,8 @@ def _finish_instances(inst: pd.DataFrame, ops: pd.DataFrame, name: str, details:
     call_metrics(inst)
     for c in DETAIL_COLUMNS:
         column = np.full(len(inst), None, dtype=object)
-        if len(details):
-            column[details["instance_id"].to_numpy(np.int64)] = details[c].to_numpy(dtype=object)
-        inst[c] = pd.Series(column, dtype=object)
+        column[details["instance_id"]] = details[c]
+        inst[c] = pd.Series(column, dtype=object, copy=False)
     inst["domain"] = name
     # each op's value object shared by its instances (a text per row would cost a string object each); an
     # op_index without an op gets NaN, as a lookup by index would
@@ -485,7 +489,8 @@ class _V3(_Reader):
             ["activity_id", "kind", "name_id", "long_name_id", "start", "duration", "process_id"] + plain,
             self.keys,
         )
-        self._gpu_name_ids = (cols["name_id"], cols["long_name_id"])
+        name_ids = _unpinned(cols, ["name_id", "long_name_id"])
+        self._gpu_name_ids = (name_ids["name_id"], name_ids["long_name_id"])
         frame = {
             "activity_id": cols["activity_id"] - self.keys[0],
             "kind": cols["kind"].astype(np.int8),
@@ -660,6 +665,8 @@ class _V3(_Reader):
         else:  # database op_index -> the op model's index
             order = np.argsort(op_map)
             local = order[np.searchsorted(op_map[order], cols["op_index"])]
+        cols.update(_unpinned(cols, ["kind", "source_id", "start", "device_id", "cpu_overhead", "gpu_time"]))
+        cols.update(_unpinned(cols, ["n_gpu", "n_kernels"]))  # (the other columns are derived, or not kept)
         has_gpu = cols["n_gpu"] > 0
         gpu_start = np.where(has_gpu, cols["start"] + cols["gpu_offset"], -1)
         thread = cols["thread_id"]
@@ -690,10 +697,8 @@ class _V3(_Reader):
             ["instance_id"] + DETAIL_COLUMNS,
             _key_range(did),
         )
-        detail_frame = pd.DataFrame(
-            {"instance_id": details["instance_id"] - base, **{c: self.names(details[c]) for c in DETAIL_COLUMNS}}
-        )
-        return _finish_instances(inst, ops, name, detail_frame)
+        detail_texts = {c: self.names(details[c]) for c in DETAIL_COLUMNS}
+        return _finish_instances(inst, ops, name, {"instance_id": details["instance_id"] - base, **detail_texts})
 
     def owners(self, did: int) -> np.ndarray:
         """Per GPU activity of the rank: the row of its owner among the domain's instances."""
@@ -703,6 +708,13 @@ class _V3(_Reader):
             _key_range(did),
         )["i"]
         return keys - K.db_id(did, 0)
+
+
+def _unpinned(cols: dict, names: list[str]) -> dict:
+    """Copies of the columns of a read (`_int_columns`) that outlive it. ADBC hands a query's columns over as
+    one Arrow batch, so a view of any of them holds the memory of all: at 10^7 Kineto events, two name-id columns
+    kept the GPU activities' whole read (0.24 GB), the op instances' the 8 columns they only derive from."""
+    return {c: np.array(cols[c], copy=True) for c in names}
 
 
 def _int_columns(src: SqliteSource, sql: str, names: list[str], params=()) -> dict:
@@ -889,7 +901,10 @@ class _V2(_Reader):
             ["instance_id"] + DETAIL_COLUMNS,
             (did,),
         )
-        return _finish_instances(inst, ops, name, details)
+        detail_texts = {c: details[c].to_numpy(dtype=object) for c in DETAIL_COLUMNS}
+        return _finish_instances(
+            inst, ops, name, {"instance_id": details["instance_id"].to_numpy(np.int64), **detail_texts}
+        )
 
     def owners(self, did: int) -> np.ndarray:
         return _int_columns(

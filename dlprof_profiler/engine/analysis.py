@@ -124,6 +124,8 @@ def analyze(
 
 # what the stages after correlation read of the classification: data loading (model_chunks), labels (experts)
 RANGE_INFO_AFTER_CORRELATION = ["label", "dataloader"]
+# and what a re-analysis of a stored op model reads, which splits its iterations after loading it
+RANGE_INFO_FOR_REANALYSIS = list(dict.fromkeys(RANGE_INFO_AFTER_CORRELATION + iterate.RANGE_INFO_READ))
 
 
 def release_correlated(trace: Trace, corr: Correlation) -> None:

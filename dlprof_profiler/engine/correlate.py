@@ -1432,9 +1432,15 @@ def call_metrics(inst: pd.DataFrame) -> None:
         for m in CALL_METRICS:
             inst[f"call_{m}"] = inst[m].to_numpy()
         return
-    sums = inst.groupby("call_id")[list(CALL_METRICS)].sum()
+    # summed into the row of the instance that opens each call, in numpy: a groupby over the frame copied its
+    # columns into one block first (0.3 GB at 1.9*10^6 instances, the peak of reading a database back)
+    at = pd.Index(ids).get_indexer(call)
+    counted = at >= 0
+    at = at[counted]
     for m in CALL_METRICS:
-        inst[f"call_{m}"] = np.where(primary, sums[m].reindex(ids).fillna(0).to_numpy(np.int64), 0)
+        sums = np.zeros(ids.size, dtype=np.int64)
+        np.add.at(sums, at, inst[m].to_numpy(np.int64)[counted])
+        inst[f"call_{m}"] = np.where(primary, sums, 0)
 
 
 def finish_op_table(groups: pd.DataFrame, domain: str, family: str | None) -> tuple[pd.DataFrame, np.ndarray]:

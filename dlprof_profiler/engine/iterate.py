@@ -187,6 +187,10 @@ def forward_outermost(matches: pd.DataFrame) -> pd.DataFrame:
     return outermost(forward) if len(forward) else forward.reset_index(drop=True)
 
 
+# what the iteration rule reads of the classification (trace_ranges_where, default_key_node)
+RANGE_INFO_READ = ["label", "kind", "text_code", "backward", "direction"]
+
+
 def trace_ranges_where(ranges: pd.DataFrame, info: pd.DataFrame):
     """`ranges_where` (key_node_ranges) over an in-memory trace's ranges and their classification."""
 
