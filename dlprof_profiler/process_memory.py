@@ -33,6 +33,7 @@ import ctypes.util
 import functools
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 
 PR_SET_THP_DISABLE = 41  # linux/prctl.h, Linux 3.15+
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # malloc.h
@@ -99,3 +100,26 @@ def freed_memory_kept(keep: bool = True):
         yield
     finally:
         _heap_kept = before
+
+
+def available_memory() -> int | None:
+    """The memory this process can still have, in bytes: the machine's available memory, and the cgroup's
+    limit less its usage; None where neither is known."""
+    found = []
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit, usage in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        try:
+            found.append(int(Path(limit).read_text()) - int(Path(usage).read_text()))
+            break
+        except (OSError, ValueError):  # no such cgroup file, or "max"
+            continue
+    return min(found) if found else None

@@ -88,6 +88,46 @@ def load_model(path: Path, rank: int = K.DEFAULT_RANK):
         src.close()
 
 
+# what load_model and the aggregation after it hold at their peak (max RSS), measured on databases of the
+# generated profile of bench_engine.py (10^6 and 3*10^6 kernels: 1941 and 4730 MiB) and of a 10^7-event Kineto
+# trace (2421 MiB; this predicts 2415): a base and a cost per row read whole
+READ_BASE_BYTES = 550 << 20
+READ_BYTES_PER_ROW = 209
+
+
+def rows_read_whole(path: Path, rank: int = K.DEFAULT_RANK) -> int | None:
+    """How many ranges, API calls, GPU activities and op instances load_model reads of a rank (None for a
+    schema 2.0 file): from the ids' key ranges and the blocks' row counts, without a scan of the tables."""
+    src = SqliteSource(path, immutable=False)
+    try:
+        if K.schema_major(src.query_scalar("SELECT current_version FROM db_version")) != "3":
+            return None
+
+        def ids(table: str, key: str, scope: int) -> int:
+            lo, hi = _key_range(scope)
+            last = src.query_scalar(f"SELECT max({key}) FROM {table} WHERE {key} BETWEEN {lo} AND {hi}")
+            return 0 if last is None else int(last) - lo + 1  # (ids are 0, 1, 2, ... within their scope)
+
+        if K.RAW_RANGE_BLOCKS in src.tables:
+            ranges = src.query_scalar(f"SELECT sum(rows) FROM {K.RAW_RANGE_BLOCKS} WHERE rank = {int(rank)}")
+        else:
+            ranges = src.query_scalar(f"SELECT count(*) FROM {K.RAW_RANGES} WHERE rank = {int(rank)}")
+        domains = [int(r[0]) for r in src.fetchall(f"SELECT domain_id FROM {K.RAW_DOMAINS} WHERE rank = ?", (rank,))]
+        return (
+            int(ranges or 0)
+            + ids(K.RAW_API_CALLS, "api_id", rank)
+            + ids(K.RAW_GPU_ACTIVITIES, "activity_id", rank)
+            + sum(ids(K.RAW_OP_INSTANCES, "instance_id", d) for d in domains)
+        )
+    finally:
+        src.close()
+
+
+def memory_to_read(rows: int) -> int:
+    """About the peak memory, in bytes, of re-analysing a rank of `rows` rows read whole (rows_read_whole)."""
+    return READ_BASE_BYTES + READ_BYTES_PER_ROW * rows
+
+
 def api_owners(trace: Trace, gpu_api: np.ndarray, inst: pd.DataFrame, gpu_instance: np.ndarray) -> np.ndarray:
     """Op instance of every API call (the correlator's api_instance), which the database does not store: the
     call that launched GPU work belongs to its activities' instance, an unassociated call to its own instance,

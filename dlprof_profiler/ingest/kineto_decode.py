@@ -41,7 +41,7 @@ import pandas as pd
 import pyarrow as pa
 
 from dlprof_profiler.errors import DLProfError
-from dlprof_profiler.process_memory import release_unused_memory
+from dlprof_profiler.process_memory import available_memory, release_unused_memory
 from dlprof_profiler.ingest.kineto_repair import KIND_NAMES, UTF8, repair_event
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -423,7 +423,8 @@ class _TextLimits:
     def __init__(self, path: Path):
         self.path = path
         self.spaces = 0  # whitespace-only bytes at the end of the text so far (counted by whole pieces)
-        self.memory = _available_memory()
+        room = available_memory()
+        self.memory = None if room is None else room * 3 // 4  # (the decoding needs the rest)
 
     def check(self, piece: bytes, filled: int, consumed: int) -> None:
         total = filled + len(piece)
@@ -445,29 +446,6 @@ class _TextLimits:
                 f"{self.path}: the trace's text is larger than the memory available ({self.memory / 2**30:.1f} GB); "
                 "gunzip it and give the .json file, which is read memory-mapped"
             )
-
-
-def _available_memory() -> int | None:
-    """Three quarters of the memory this process can still have (the machine's available memory, and the
-    cgroup's limit less its usage), or None where that is not known."""
-    found = []
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    found.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError, IndexError):
-        pass
-    for limit, usage in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
-    ):
-        try:
-            found.append(int(Path(limit).read_text()) - int(Path(usage).read_text()))
-            break
-        except (OSError, ValueError):  # no such cgroup file, or "max"
-            continue
-    return min(found) * 3 // 4 if found else None
 
 
 def looks_like_trace(path: Path) -> bool:

@@ -9,9 +9,11 @@ from pathlib import Path
 from dlprof_profiler import contract as K
 from dlprof_profiler import log
 from dlprof_profiler.db import writer as database
+from dlprof_profiler.db.load import memory_to_read, rows_read_whole
 from dlprof_profiler.engine.analysis import Analysis, reaggregation_iterations, reanalyze
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.options import RunOptions
+from dlprof_profiler.process_memory import available_memory
 
 
 @dataclass
@@ -28,13 +30,31 @@ def reaggregated(source: Path, options: RunOptions, rank: int | None = None) -> 
     """A new aggregation of the op model of a DLProf database (of one rank of a multi-rank one): key node,
     iteration range and domain from `options`; with `options.require_key_node` (the viewer's Reaggregate) a key
     node that is not found fails it, before anything is aggregated."""
+    rank_read = K.DEFAULT_RANK if rank is None else rank
+    check_memory(source, rank_read)
     with log.stage(f"Reading DLProf database {source}"):
-        trace, corr, profile, domain_ids, offsets = database.load_model(
-            source, K.DEFAULT_RANK if rank is None else rank
-        )
+        trace, corr, profile, domain_ids, offsets = database.load_model(source, rank_read)
     iterations = reaggregation_iterations(trace, corr, options.key_node, profile)
     if options.require_key_node and options.key_node and not iterations.found:
         where = "" if rank is None else f" in rank {rank}"
         raise DLProfError(f"{source}: key node '{options.key_node}' not found{where}", exit_code=2)
     result = reanalyze(trace, corr, profile, options.analysis_config(), str(source), iterations=iterations)
     return Reaggregated(result, profile, domain_ids, offsets)
+
+
+def check_memory(source: Path, rank: int) -> None:
+    """Refuse, before reading anything, a re-analysis the memory left cannot hold: a database's op model is
+    read whole (at 10^7 kernels about 15 GB), which would otherwise end in the kernel's out-of-memory kill,
+    or in swapping, rather than in a message."""
+    rows = rows_read_whole(source, rank)
+    room = available_memory()
+    if rows is None or room is None:
+        return
+    need = memory_to_read(rows)
+    if need > room:
+        raise DLProfError(
+            f"{source}: re-analysing this database needs about {need / 2**30:.1f} GB of memory ({rows:,} ranges, "
+            f"API calls, GPU activities and op instances are read whole), {room / 2**30:.1f} GB are available; "
+            "analyse the profile it was made from instead (an Nsight Systems export is staged on disk, in about "
+            "2.5 GB), or free memory"
+        )
