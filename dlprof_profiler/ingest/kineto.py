@@ -1016,8 +1016,7 @@ def _partial_step_starts(ev: _Events, numbers, ranges: pd.DataFrame) -> list[int
     if not isinstance(numbers, list) or not all(isinstance(n, int) for n in numbers) or not len(ranges):
         return []
     wanted = {f"ProfilerStep#{n}" for n in numbers}
-    text = ranges["text"].to_numpy(dtype=object)
-    rows = np.flatnonzero(np.isin(text, list(wanted)))
+    rows = np.flatnonzero(ranges["text"].isin(list(wanted)).to_numpy(dtype=bool))  # (no string object per range)
     return sorted(set(ranges["start"].to_numpy(np.int64)[rows].tolist()))
 
 
