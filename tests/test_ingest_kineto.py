@@ -17,7 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dlprof_profiler.cli.main import main
 from dlprof_profiler.ingest import formats as ingest
+from dlprof_profiler.ingest import kineto
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.ingest.kineto import read_kineto_trace, short_kernel_name
 from tests.analysis import analyze
@@ -1120,3 +1122,26 @@ def test_backward_of_in_place_ops_on_views_and_accumulate_grad_link_to_forward_o
     assert relu_back["calls"] == 1 and relu_back["cpu_total"] == 2000 + 400
     linear_back = a.op("/aten::linear", "bprop")  # AddmmBackward0 + its AccumulateGrad + AsStridedBackward0
     assert linear_back["calls"] == 1 and linear_back["cpu_total"] == 1000 + 300 + 500
+
+
+def test_a_trace_the_memory_cannot_analyse_is_refused_before_it_is_decoded(tmp_path, monkeypatch):
+    plain = tmp_path / "trace.json"
+    plain.write_bytes(gzip.decompress((data.KINETO / "pytorch_amd_mi250.json.gz").read_bytes()))
+    need = kineto.ANALYSIS_BASE_BYTES + int(kineto.ANALYSIS_BYTES_PER_TEXT_BYTE * plain.stat().st_size)
+    assert kineto.memory_to_analyse(plain.stat().st_size) == need
+    monkeypatch.setattr(kineto, "available_memory", lambda: need - 1)
+    decoded = []
+    monkeypatch.setattr(kineto.kd, "decode", lambda path: decoded.append(path))
+    with pytest.raises(DLProfError) as refused:
+        read_kineto_trace(plain)
+    assert str(refused.value).startswith(f"{plain}: analysing this trace needs about {need / 2**30:.1f} GB of memory")
+    assert "\n" not in str(refused.value) and decoded == []
+    out = tmp_path / "out"
+    assert main([f"--database={plain}", f"--output_path={out}", "-v", "quiet"]) != 0
+    assert not out.exists() or not any(out.iterdir())
+    # a gzipped trace is left to the decoder's own limit on the inflated text; with room, the plain one is read
+    monkeypatch.undo()
+    monkeypatch.setattr(kineto, "available_memory", lambda: need - 1)
+    assert len(read_kineto_trace(data.KINETO / "pytorch_amd_mi250.json.gz").gpu) > 0
+    monkeypatch.setattr(kineto, "available_memory", lambda: need)
+    assert len(read_kineto_trace(plain).gpu) > 0

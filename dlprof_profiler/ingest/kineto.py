@@ -24,6 +24,7 @@ Times are integer ns (parsed exactly from the JSON decimals), relative to the st
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from dlprof_profiler.ingest import kineto_decode as kd
 from dlprof_profiler.engine import markers as nm
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.ingest.kineto_repair import describe as describe_repairs
-from dlprof_profiler.process_memory import release_unused_memory
+from dlprof_profiler.process_memory import available_memory, release_unused_memory
 from dlprof_profiler.engine.memory import empty_memory_frame, gpu_peak, memory_frame, merge_frames
 from dlprof_profiler.ingest.nsys import COPY_KIND_LABELS, MEMSET_LABEL, copy_kind_label
 from dlprof_profiler.engine.markers import format_shapes, output_shape_text
@@ -67,6 +68,8 @@ CPU_GROUPS = (kd.OP, kd.ANNOTATION, kd.PYTHON, kd.API)
 TIMED_GROUPS = CPU_GROUPS + kd.GPU_GROUPS + (kd.SYNC,)
 CORRELATION_FLOWS = ("ac2g", "async", "async_cpu_to_gpu")
 FAR_OFF_NS = 86_400 * 10**9  # no profile lasts a day: an event this far from the others has a damaged time
+ANALYSIS_BASE_BYTES = 250 << 20  # memory_to_analyse
+ANALYSIS_BYTES_PER_TEXT_BYTE = 0.75
 FAR_OFF_SPREADS = 1000  # ... nor this many times the median distance of the events to their median time
 
 
@@ -77,9 +80,39 @@ def is_kineto_trace(path: Path) -> bool:
 
 def read_kineto_trace(path: Path) -> Trace:
     """Read a Kineto trace into a Trace (raises DLProfError with a one-line reason naming the file)."""
+    check_memory(Path(path))
     trace = build_trace(kd.decode(Path(path)))
     release_unused_memory()  # what building freed (the decoded columns, its temporaries) goes back here
     return trace
+
+
+def memory_to_analyse(text_bytes: int) -> int:
+    """About the peak memory, in bytes, of analysing a trace of `text_bytes` of JSON (a torch.profiler trace is
+    analysed in memory). Measured with `dlprof --database` (all stages) on bench_kineto.py's traces: 0.43 GB at
+    10^6 events (328 MB), 2.28 GB at 10^7 (3.3 GB), 2.25 GB for copies of a real trace at 10^7 (2.9 GB); this
+    gives 0.48, 2.55 and 2.27 GB."""
+    return ANALYSIS_BASE_BYTES + int(ANALYSIS_BYTES_PER_TEXT_BYTE * text_bytes)
+
+
+def check_memory(path: Path) -> None:
+    """Refuse, before decoding, a plain JSON trace the memory left cannot analyse (it would end in the kernel's
+    out-of-memory kill, or in swapping, rather than in a message). A gzipped trace's text size is known once
+    inflated: kineto_decode refuses a text larger than the memory there."""
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(2) == kd.GZIP_MAGIC:
+                return
+            size = os.fstat(fh.fileno()).st_size
+    except OSError:
+        return  # (the decoder names what is wrong with the file)
+    room = available_memory()
+    need = memory_to_analyse(size)
+    if room is not None and need > room:
+        raise DLProfError(
+            f"{path}: analysing this trace needs about {need / 2**30:.1f} GB of memory ({size / 2**30:.1f} GB of "
+            f"JSON; a torch.profiler trace is analysed in memory), {room / 2**30:.1f} GB are available; free "
+            "memory, or record fewer steps (torch.profiler.schedule's active=)"
+        )
 
 
 # ---------------------------------------------------------------------------- the whole trace
