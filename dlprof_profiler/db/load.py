@@ -752,8 +752,9 @@ class _V3(_Reader):
 
 def _unpinned(cols: dict, names: list[str]) -> dict:
     """Copies of the columns of a read (`_int_columns`) that outlive it. ADBC hands a query's columns over as
-    one Arrow batch, so a view of any of them holds the memory of all: at 10^7 Kineto events, two name-id columns
-    kept the GPU activities' whole read (0.24 GB), the op instances' the 8 columns they only derive from."""
+    one Arrow batch, so a view of any of them holds the memory of all: at 10^7 Kineto events two name-id columns
+    held the GPU activities' whole read (0.24 GB), and the op instances' read held the 8 columns only derived
+    from (durations, threads, GPU offsets, ...)."""
     return {c: np.array(cols[c], copy=True) for c in names}
 
 

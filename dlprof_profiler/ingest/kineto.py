@@ -68,9 +68,9 @@ CPU_GROUPS = (kd.OP, kd.ANNOTATION, kd.PYTHON, kd.API)
 TIMED_GROUPS = CPU_GROUPS + kd.GPU_GROUPS + (kd.SYNC,)
 CORRELATION_FLOWS = ("ac2g", "async", "async_cpu_to_gpu")
 FAR_OFF_NS = 86_400 * 10**9  # no profile lasts a day: an event this far from the others has a damaged time
+FAR_OFF_SPREADS = 1000  # ... nor this many times the median distance of the events to their median time
 ANALYSIS_BASE_BYTES = 250 << 20  # memory_to_analyse
 ANALYSIS_BYTES_PER_TEXT_BYTE = 0.75
-FAR_OFF_SPREADS = 1000  # ... nor this many times the median distance of the events to their median time
 
 
 def is_kineto_trace(path: Path) -> bool:
