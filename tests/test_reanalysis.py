@@ -10,7 +10,13 @@ import sqlite3
 import pytest
 
 from dlprof_profiler.cli.main import main
-from dlprof_profiler.db.load import READ_BASE_BYTES, READ_BYTES_PER_ROW, memory_to_read, rows_read_whole
+from dlprof_profiler.db.load import (
+    READ_BASE_BYTES,
+    READ_BYTES_PER_ROW,
+    made_from,
+    memory_to_read,
+    rows_read_whole,
+)
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.run import reanalysis
 from dlprof_profiler.run.single import reaggregate_in_place
@@ -86,6 +92,9 @@ def test_a_re_analysis_the_memory_cannot_hold_is_refused_before_anything_is_read
     message = str(refused.value)
     assert message.startswith(f"{db}: re-analysing this database needs about {need / 2**30:.1f} GB of memory")
     assert f"({rows:,} ranges" in message and "\n" not in message
+    export = data.NSYS / "nvfuser_8xh100_nsys2024.6.sqlite"
+    assert made_from(db) == (str(export), "nsys_sqlite")
+    assert f"analyse the export it was made from instead (dlprof --database={export}: staged on disk" in message
     assert db.read_bytes() == before  # no aggregation appended
     out = tmp_path / "out"
     assert main([f"--database={db}", f"--output_path={out}", "-v", "quiet"]) != 0

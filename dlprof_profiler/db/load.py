@@ -123,6 +123,18 @@ def rows_read_whole(path: Path, rank: int = K.DEFAULT_RANK) -> int | None:
         src.close()
 
 
+def made_from(path: Path, rank: int = K.DEFAULT_RANK) -> tuple[str, str] | None:
+    """(source file, source kind) of a rank as its database records them (None when it records none)."""
+    src = SqliteSource(path, immutable=False)
+    try:
+        if K.RANKS not in src.tables:
+            return None
+        rows = src.fetchall(f"SELECT source_file, source_kind FROM {K.RANKS} WHERE rank = ?", (rank,))
+    finally:
+        src.close()
+    return (str(rows[0][0]), str(rows[0][1] or "")) if rows and rows[0][0] else None
+
+
 def memory_to_read(rows: int) -> int:
     """About the peak memory, in bytes, of re-analysing a rank of `rows` rows read whole (rows_read_whole)."""
     return READ_BASE_BYTES + READ_BYTES_PER_ROW * rows

@@ -9,7 +9,7 @@ from pathlib import Path
 from dlprof_profiler import contract as K
 from dlprof_profiler import log
 from dlprof_profiler.db import writer as database
-from dlprof_profiler.db.load import memory_to_read, rows_read_whole
+from dlprof_profiler.db.load import made_from, memory_to_read, rows_read_whole
 from dlprof_profiler.engine.analysis import Analysis, reaggregation_iterations, reanalyze
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.options import RunOptions
@@ -52,9 +52,14 @@ def check_memory(source: Path, rank: int) -> None:
         return
     need = memory_to_read(rows)
     if need > room:
+        origin = made_from(source, rank)
+        if origin and origin[1].startswith("nsys") and Path(origin[0]).is_file():
+            instead = f"analyse the export it was made from instead (dlprof --database={origin[0]}: staged on disk"
+            instead += ", in about 2.5 GB)"
+        else:
+            instead = "analyse the profile it was made from instead (an Nsight Systems export is staged on disk)"
         raise DLProfError(
             f"{source}: re-analysing this database needs about {need / 2**30:.1f} GB of memory ({rows:,} ranges, "
             f"API calls, GPU activities and op instances are read whole), {room / 2**30:.1f} GB are available; "
-            "analyse the profile it was made from instead (an Nsight Systems export is staged on disk, in about "
-            "2.5 GB), or free memory"
+            f"{instead}, or free memory"
         )
