@@ -94,7 +94,7 @@ def test_a_re_analysis_the_memory_cannot_hold_is_refused_before_anything_is_read
     assert f"({rows:,} ranges" in message and "\n" not in message
     export = data.NSYS / "nvfuser_8xh100_nsys2024.6.sqlite"
     assert made_from(db) == (str(export), "nsys_sqlite")
-    assert f"analyse the export it was made from instead (dlprof --database={export}: staged on disk" in message
+    assert f"analyse the export it was made from instead (dlprof --database={export} --out_of_core=on:" in message
     assert db.read_bytes() == before  # no aggregation appended
     out = tmp_path / "out"
     assert main([f"--database={db}", f"--output_path={out}", "-v", "quiet"]) != 0

@@ -54,8 +54,8 @@ def check_memory(source: Path, rank: int) -> None:
     if need > room:
         origin = made_from(source, rank)
         if origin and origin[1].startswith("nsys") and Path(origin[0]).is_file():
-            instead = f"analyse the export it was made from instead (dlprof --database={origin[0]}: staged on disk"
-            instead += ", in about 2.5 GB)"
+            instead = f"analyse the export it was made from instead (dlprof --database={origin[0]} --out_of_core=on"
+            instead += ": staged on disk, in about 2.5 GB)"
         else:
             instead = "analyse the profile it was made from instead (an Nsight Systems export is staged on disk)"
         raise DLProfError(
