@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -74,7 +76,8 @@ IDLE = {
 
 def without_paths(message: str, database: str) -> str:
     """The engine's message as a browser may see it: the database's absolute path (and its directory) become
-    its file name, so the server's file layout is not disclosed."""
+    its file name, as does the path of a file a suggested command names (`--database=`), so the server's file
+    layout is not disclosed."""
     name = os.path.basename(database)
     for path in sorted({database, os.path.realpath(database), os.path.abspath(database)}, key=len, reverse=True):
         message = message.replace(path, name)
@@ -83,7 +86,13 @@ def without_paths(message: str, database: str) -> str:
     ):
         if len(folder) > 1:
             message = message.replace(folder + os.sep, "").replace(folder, ".")
-    return message
+    # a command the engine suggests may name another file by its path (the export a database was made from)
+    return re.sub(r"--database=('[^']*'|[^\s:]+)", _file_name_only, message)
+
+
+def _file_name_only(match: re.Match) -> str:
+    path = shlex.split(match.group(1))[0]
+    return "--database=" + shlex.quote(os.path.basename(path))
 
 
 def command(database: str, key_node, iter_start, iter_stop) -> list[str]:

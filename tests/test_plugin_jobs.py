@@ -40,6 +40,17 @@ def test_messages_lose_the_database_directory(tmp_path):
     Path(db).write_bytes(b"")
     assert without_paths(f"{os.path.realpath(linked)}: locked", linked) == "dlprof_dldb.sqlite: locked"
     assert without_paths("key node 'x' not found", db) == "key node 'x' not found"
+    # the export a too large database was made from, suggested instead
+    assert without_paths(
+        f"{db}: re-analysing this database needs about 15.2 GB of memory (...), 3.0 GB are available; analyse the "
+        "export it was made from instead (dlprof --database='/data/my runs/x y.sqlite' --out_of_core=on: staged on "
+        "disk) or (dlprof --database=/data/x.sqlite: ...)",
+        db,
+    ) == (
+        "dlprof_dldb.sqlite: re-analysing this database needs about 15.2 GB of memory (...), 3.0 GB are available; "
+        "analyse the export it was made from instead (dlprof --database='x y.sqlite' --out_of_core=on: staged on "
+        "disk) or (dlprof --database=x.sqlite: ...)"
+    )
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ a rank of a multi-rank database, a baseline database and the viewer's Reaggregat
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,7 +55,8 @@ def check_memory(source: Path, rank: int) -> None:
     if need > room:
         origin = made_from(source, rank)
         if origin and origin[1].startswith("nsys") and Path(origin[0]).is_file():
-            instead = f"analyse the export it was made from instead (dlprof --database={origin[0]} --out_of_core=on"
+            export = shlex.quote(origin[0])
+            instead = f"analyse the export it was made from instead (dlprof --database={export} --out_of_core=on"
             instead += ": staged on disk, in about 2.5 GB)"
         else:
             instead = "analyse the profile it was made from instead (an Nsight Systems export is staged on disk)"
