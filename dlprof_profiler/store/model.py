@@ -87,6 +87,9 @@ ACTS_COLUMNS = [c for c in ACTIVITY_FIELDS if c not in ("owner", "owner_op", "ow
     *LAUNCH_SHAPE,
     "long_code",
 ]
+# what correlation reads of a segment's GPU activities (8 of the staged table's 31 columns: reading them all
+# for each segment was 8 s of the main thread at 10^7 kernels)
+SEGMENT_GPU_COLUMNS = ["activity_id", "kind", "name_code", "start", "end", "pid", "device_id", "api_id"]
 # the ranges' own columns range_info holds (as the store's `ranges` table types them)
 RANGE_COLUMNS = [
     ("range_id", pa.int64()),
@@ -396,7 +399,7 @@ class StoreAnalysis:
     def _gpu_launched(self, j: int, lo: int, hi: int, api: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
         """The GPU activities launched in [lo, hi) (segment j) and each one's launching call in `api`."""
         store = self.store
-        f = self.segment_activities(j)
+        f = self.segment_activities(j, SEGMENT_GPU_COLUMNS)
         api_id = f["api_id"]
         first = int(api["api_id"].iloc[0]) if len(api) else 0
         local = api_id - first

@@ -652,16 +652,16 @@ class TraceStore:
         return make_frame({c: frame[c] for c in API_COLUMNS})
 
     def gpu_frame_of(self, cols: dict) -> pd.DataFrame:
-        """GPU activity columns (the `gpu` table's) -> trace.gpu's layout."""
-        frame = {c: cols[c] for c in GPU_STORED if c not in ("name_code", "long_code")}
-        frame["kind"] = np.asarray(cols["kind"]).astype(np.int8)
-        frame["name"] = pd.Categorical.from_codes(
-            np.asarray(cols["name_code"], dtype=np.int64), categories=pd.Index(self.gpu_short, dtype=object)
-        )
-        frame["long_name"] = pd.Categorical.from_codes(
-            np.asarray(cols["long_code"], dtype=np.int64), categories=pd.Index(self.gpu_long, dtype=object)
-        )
-        return make_frame({c: frame[c] for c in GPU_COLUMNS})
+        """GPU activity columns (the `gpu` table's) -> trace.gpu's layout (the columns of it `cols` holds)."""
+        frame = {c: cols[c] for c in GPU_STORED if c in cols and c not in ("name_code", "long_code")}
+        if "kind" in cols:
+            frame["kind"] = np.asarray(cols["kind"]).astype(np.int8)
+        for column, codes, names in (("name", "name_code", self.gpu_short), ("long_name", "long_code", self.gpu_long)):
+            if codes in cols:
+                frame[column] = pd.Categorical.from_codes(
+                    np.asarray(cols[codes], dtype=np.int64), categories=pd.Index(names, dtype=object)
+                )
+        return make_frame({c: frame[c] for c in GPU_COLUMNS if c in frame})
 
     def ranges_frame_of(self, cols: dict) -> pd.DataFrame:
         """range_parts' columns -> trace.ranges' layout."""
