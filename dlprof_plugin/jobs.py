@@ -87,11 +87,14 @@ def without_paths(message: str, database: str) -> str:
         if len(folder) > 1:
             message = message.replace(folder + os.sep, "").replace(folder, ".")
     # a command the engine suggests may name another file by its path (the export a database was made from)
-    return re.sub(r"--database=('[^']*'|[^\s:]+)", _file_name_only, message)
+    return re.sub(r"--database=('[^']*'|[^\s:)]+)", _file_name_only, message)
 
 
 def _file_name_only(match: re.Match) -> str:
-    path = shlex.split(match.group(1))[0]
+    try:
+        path = shlex.split(match.group(1))[0]
+    except ValueError:  # a quote the shell would not close: the text as it is
+        path = match.group(1)
     return "--database=" + shlex.quote(os.path.basename(path))
 
 

@@ -51,6 +51,7 @@ def test_messages_lose_the_database_directory(tmp_path):
         "analyse the export it was made from instead (dlprof --database='x y.sqlite' --out_of_core=on: staged on "
         "disk) or (dlprof --database=x.sqlite: ...)"
     )
+    assert without_paths("(dlprof --database=/data/it's.sqlite)", db) == "(dlprof --database='it'\"'\"'s.sqlite')"
 
 
 @pytest.fixture(scope="module")
