@@ -97,9 +97,13 @@ READ_BYTES_PER_ROW = 209
 
 def rows_read_whole(path: Path, rank: int = K.DEFAULT_RANK) -> int | None:
     """How many ranges, API calls, GPU activities and op instances load_model reads of a rank (None for a
-    schema 2.0 file): from the ids' key ranges and the blocks' row counts, without a scan of the tables."""
+    schema 2.0 file, or one missing a table): from the ids' key ranges and the blocks' row counts, without a
+    scan of the tables."""
     src = SqliteSource(path, immutable=False)
     try:
+        counted = {"db_version", K.RAW_API_CALLS, K.RAW_GPU_ACTIVITIES, K.RAW_OP_INSTANCES, K.RAW_DOMAINS}
+        if not counted <= src.tables or not {K.RAW_RANGE_BLOCKS, K.RAW_RANGES} & src.tables:
+            return None  # (load_model names the damage)
         if K.schema_major(src.query_scalar("SELECT current_version FROM db_version")) != "3":
             return None
 
