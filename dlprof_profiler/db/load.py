@@ -13,12 +13,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from dlprof_profiler import contract as K
 from dlprof_profiler.engine.analysis import RANGE_INFO_FOR_REANALYSIS
 from dlprof_profiler.engine.correlate import Correlation, DomainModel, call_metrics, launch_links, range_label_counts
-from dlprof_profiler.engine.markers import FAMILY_OF_MODE, classify_ranges
+from dlprof_profiler.engine.markers import FAMILY_OF_MODE, classify_ranges, with_call_fields
 from dlprof_profiler.db import range_blocks
 from dlprof_profiler.db.schema import SCHEMA
 from dlprof_profiler.errors import DLProfError
@@ -101,11 +100,11 @@ def rows_read_whole(path: Path, rank: int = K.DEFAULT_RANK) -> int | None:
     scan of the tables."""
     src = SqliteSource(path, immutable=False)
     try:
-        counted = {"db_version", K.RAW_API_CALLS, K.RAW_GPU_ACTIVITIES, K.RAW_OP_INSTANCES, K.RAW_DOMAINS}
-        if not counted <= src.tables or not {K.RAW_RANGE_BLOCKS, K.RAW_RANGES} & src.tables:
-            return None  # (load_model names the damage)
-        if K.schema_major(src.query_scalar("SELECT current_version FROM db_version")) != "3":
+        if "db_version" not in src.tables:
             return None
+        major = K.schema_major(src.query_scalar("SELECT current_version FROM db_version"))
+        if major != "3" or _missing_tables(src, major):
+            return None  # (load_model names what it cannot read)
 
         def ids(table: str, key: str, scope: int) -> int:
             lo, hi = _key_range(scope)
@@ -180,12 +179,16 @@ def _required_tables(major: str) -> set[str]:
     return set(re.findall(r"CREATE (?:TABLE|VIEW) (\w+)", SCHEMA)) - later
 
 
-def _check_tables(src: SqliteSource, path: Path, major: str) -> None:
-    """A database that lost a table (a hand edit, a partial copy) is named as damaged, not read half."""
+def _missing_tables(src: SqliteSource, major: str) -> list[str]:
     missing = _required_tables(major) - src.tables
     if major == "3" and not {K.RAW_RANGE_BLOCKS, K.RAW_RANGES} & src.tables:
         missing.add(K.RAW_RANGE_BLOCKS)  # the ranges, in either of their two forms
-    missing = sorted(missing)
+    return sorted(missing)
+
+
+def _check_tables(src: SqliteSource, path: Path, major: str) -> None:
+    """A database that lost a table (a hand edit, a partial copy) is named as damaged, not read half."""
+    missing = _missing_tables(src, major)
     if missing:
         raise DLProfError(
             f"{path}: damaged DLProf database: table{'s' if len(missing) > 1 else ''} {', '.join(missing)} missing"
@@ -514,7 +517,7 @@ class _V3(_Reader):
         shared = self.arrow_strings.take(pa.array(cols["text_id"]))
         seq = pa.array(cols["seq"], mask=cols["no_seq"].astype(bool))
         op_id = pa.array(cols["op_id"], mask=cols["no_op_id"].astype(bool))
-        return cols, _whole_texts(shared, seq, op_id)
+        return cols, with_call_fields(shared, seq, op_id)  # (3.0-3.2 kept the call fields apart)
 
     def api_calls(self) -> pd.DataFrame:
         cols = self._ints(
@@ -721,8 +724,7 @@ class _V3(_Reader):
         else:  # database op_index -> the op model's index
             order = np.argsort(op_map)
             local = order[np.searchsorted(op_map[order], cols["op_index"])]
-        cols.update(_unpinned(cols, ["kind", "source_id", "start", "device_id", "cpu_overhead", "gpu_time"]))
-        cols.update(_unpinned(cols, ["n_gpu", "n_kernels"]))  # (the other columns are derived, or not kept)
+        cols.update(_unpinned(cols, _INSTANCE_COLUMNS_KEPT))  # (the others are derived from, or not kept)
         has_gpu = cols["n_gpu"] > 0
         gpu_start = np.where(has_gpu, cols["start"] + cols["gpu_offset"], -1)
         thread = cols["thread_id"]
@@ -764,6 +766,9 @@ class _V3(_Reader):
             _key_range(did),
         )["i"]
         return keys - K.db_id(did, 0)
+
+
+_INSTANCE_COLUMNS_KEPT = ["kind", "source_id", "start", "device_id", "cpu_overhead", "gpu_time", "n_gpu", "n_kernels"]
 
 
 def _unpinned(cols: dict, names: list[str]) -> dict:
@@ -970,14 +975,3 @@ class _V2(_Reader):
             ["i"],
             (did,),
         )["i"]
-
-
-def _whole_texts(shared: pa.Array, seq: pa.Array, op_id: pa.Array) -> pa.Array:
-    """Range texts as recorded from schema 3.0-3.2's rows: the shared part, then `, seq = S` and `, op_id = O`
-    where stored (those files kept PyTorch's per-call fields as integers)."""
-
-    def field(values, name):
-        text = pc.binary_join_element_wise(pa.scalar(f", {name} = "), pc.cast(values, pa.string()), "")
-        return pc.fill_null(text, "")
-
-    return pc.binary_join_element_wise(pc.cast(shared, pa.string()), field(seq, "seq"), field(op_id, "op_id"), "")

@@ -284,6 +284,15 @@ def _lazy_per_unique(fn, u_text: np.ndarray):
 _PT_MARKERS = (", seq = ", ", op_id = ", ", sizes = ", ", input_op_ids = ")
 
 
+def with_call_fields(labels: pa.Array, seq: pa.Array, op_id: pa.Array) -> pa.Array:
+    """emit_nvtx's text of a call: its label, then `, seq = S` and `, op_id = O` where given (null: absent)."""
+
+    def field(values, name):
+        return pc.fill_null(pc.binary_join_element_wise(f", {name} = ", pc.cast(values, pa.string()), ""), "")
+
+    return pc.binary_join_element_wise(pc.cast(labels, pa.string()), field(seq, "seq"), field(op_id, "op_id"), "")
+
+
 def _strip_call_fields(arr: pa.Array) -> tuple[pa.Array, dict]:
     """The texts without PyTorch's per-call fields, exactly as `pc.replace_substring_regex(arr, _PT_FIELDS,
     "")`, and the byte position of each marker's first occurrence per text (-1: none). A text with a line

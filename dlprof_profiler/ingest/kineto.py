@@ -491,10 +491,9 @@ def _range_texts(
     name_codes = c.name[rows]
     label = dictionary.take(pa.array(np.where(name_codes >= 0, name_codes, len(names))))
     ext = c.args.at("external_id", rows)
-    seq_part = pc.binary_join_element_wise(", seq = ", pa.array(seq, mask=~(op & (seq >= 0))).cast(pa.string()), "")
     op_id = np.where(ext >= 0, ext, rows)
-    id_part = pc.binary_join_element_wise(", op_id = ", pa.array(op_id, mask=~op).cast(pa.string()), "")
-    return pc.binary_join_element_wise(label, seq_part, id_part, "", null_handling="skip"), labels
+    texts = nm.with_call_fields(label, pa.array(seq, mask=~(op & (seq >= 0))), pa.array(op_id, mask=~op))
+    return texts, labels
 
 
 def _op_details(ev: _Events, rows: np.ndarray, op: np.ndarray, start, end, gtid, cpu) -> dict:
