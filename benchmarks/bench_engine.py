@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -122,21 +123,42 @@ def generate_apart(path: Path, n_kernels: int, **options) -> Path:
     return path
 
 
-def run_measured(cmd: list[str], env=None) -> tuple[float, float, str, int, float]:
+def run_measured(cmd: list[str], env=None, main_thread: dict | None = None) -> tuple[float, float, str, int, float]:
     """(wall seconds, peak RSS MB, combined output, exit status, CPU seconds: user + system) of a child
-    process."""
+    process; `main_thread["cpu"]` receives the CPU seconds of its main thread where /proc tells them."""
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    sampler = None
+    if main_thread is not None:
+        sampler = threading.Thread(target=_sample_main_thread, args=(proc.pid, main_thread), daemon=True)
+        sampler.start()
     out_chunks = []
     while True:
         line = proc.stdout.readline()
         if not line:
             break
         out_chunks.append(line)
+    if sampler is not None:
+        main_thread["stop"] = True
+        sampler.join()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     cpu = usage.ru_utime + usage.ru_stime
     return time.perf_counter() - started, usage.ru_maxrss / 1024.0, "".join(out_chunks), proc.returncode, cpu
+
+
+def _sample_main_thread(pid: int, into: dict) -> None:
+    """Keep the CPU seconds (user + system) of process `pid`'s main thread in `into["cpu"]`, every 0.2 s until
+    `into["stop"]` (the last sample before it exits: the main thread's work is the rest's critical path)."""
+    stat = Path(f"/proc/{pid}/task/{pid}/stat")
+    ticks = os.sysconf("SC_CLK_TCK")
+    while not into.get("stop"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return
+        into["cpu"] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime: fields 14 and 15 of stat
+        time.sleep(0.2)
 
 
 def nsys_stats(path: Path) -> tuple[float, float] | None:
@@ -172,7 +194,8 @@ def dlprof(path: Path, out: Path, reports: str) -> dict:
     ]
     # the child runs this tree's code, whatever the venv's editable install points at
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    wall, rss, text, code, cpu = run_measured(cmd, env=env)
+    main_thread: dict = {}
+    wall, rss, text, code, cpu = run_measured(cmd, env=env, main_thread=main_thread)
     if code != 0:
         raise SystemExit(f"dlprof failed ({code}):\n{text[-3000:]}")
     db = out / "dlprof_dldb.sqlite"
@@ -180,6 +203,7 @@ def dlprof(path: Path, out: Path, reports: str) -> dict:
         "wall": wall,
         "cpu": cpu,
         "rss": rss,
+        "main_cpu": main_thread.get("cpu"),
         "db_mb": db.stat().st_size / 1e6,
         "stages": [(m.group(1), float(m.group(2))) for m in STAGE.finditer(text)],
     }
@@ -215,7 +239,7 @@ def main() -> int:
         rows.append((n, result, ref, input_mb, load))
         print(
             f"\n{n:,} kernels (load average {load:.1f}): dlprof --reports={args.reports} {result['wall']:.1f} s "
-            f"(CPU {result['cpu']:.1f} s), "
+            f"(CPU {result['cpu']:.1f} s{main_thread_share(result)}), "
             f"peak RSS {result['rss']:.0f} MB; database {result['db_mb']:.0f} MB for a {input_mb:.0f} MB export "
             f"({result['db_mb'] / input_mb:.2f}x)"
         )
@@ -246,6 +270,12 @@ def main() -> int:
         for line in target_lines(rows):
             print(line)
     return 0
+
+
+def main_thread_share(result: dict) -> str:
+    """', main thread X s': how much of the CPU is the main thread's serial work (the critical path: when it
+    is near the wall time, only less work on that thread shortens the run, not fewer other threads)."""
+    return "" if result.get("main_cpu") is None else f", main thread {result['main_cpu']:.1f} s"
 
 
 def target_lines(rows: list) -> list[str]:

@@ -1,0 +1,73 @@
+"""benchmarks/bench_engine.py: the child's measurements (its main thread's CPU apart from the process's) and the
+issue's targets as printed, on hand-made figures."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_engine", ROOT / "benchmarks" / "bench_engine.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="the main thread's CPU is read from /proc")
+def test_main_thread_cpu_is_apart_from_the_other_threads(bench):
+    # the main thread spins for 0.6 s of its own CPU, a second thread for 1.2 s: the process's CPU holds both
+    child = textwrap.dedent(
+        """
+        import threading, time
+
+        def spin(seconds):
+            end = time.thread_time() + seconds
+            while time.thread_time() < end:
+                pass
+
+        other = threading.Thread(target=spin, args=(1.2,))
+        other.start()
+        spin(0.6)
+        other.join()
+        """
+    )
+    main_thread: dict = {}
+    wall, _, _, code, cpu = bench.run_measured([sys.executable, "-c", child], main_thread=main_thread)
+    assert code == 0
+    assert cpu >= 1.8
+    # sampled every 0.2 s until the output closes: the last sample is at most 0.2 s of the thread's work short
+    assert 0.4 <= main_thread["cpu"] <= 0.6 + 0.3
+    assert main_thread["cpu"] < cpu - 1.0
+
+
+def test_target_lines_on_hand_made_figures(bench):
+    def result(wall, rss, db_mb):
+        return {"wall": wall, "rss": rss, "db_mb": db_mb}
+
+    rows = [
+        # (kernels, dlprof, (gpukernsum wall, rss), export MB, load)
+        (1_000_000, result(9.0, 2000, 300), (2.0, 150), 350, 1.0),  # 4.5x: met, at the bound
+        (10_000_000, result(121.0, 2600, 3600), (25.0, 150), 3000, 1.0),  # 4.84x; 2.54 GB; 13.4x; 1.2x
+    ]
+    lines = bench.target_lines(rows)
+    assert lines == [
+        "target: 1,000,000 kernels at most 4.5x gpukernsum met",
+        "target: 10,000,000 kernels at most 4.5x gpukernsum MISSED",
+        "target: 10,000,000 kernels at most 2.5 GB MISSED",
+        "target: time(10^7) at most 11x time(10^6) (13.4x) MISSED",
+        "target: 1,000,000 kernels: database at most 1.2x the export met",
+        "target: 10,000,000 kernels: database at most 1.2x the export met",
+    ]
+
+
+def test_main_thread_share_says_nothing_without_a_sample(bench):
+    assert bench.main_thread_share({"main_cpu": None}) == ""
+    assert bench.main_thread_share({"main_cpu": 9.63}) == ", main thread 9.6 s"
