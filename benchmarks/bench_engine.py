@@ -128,9 +128,9 @@ def run_measured(cmd: list[str], env=None, main_thread: dict | None = None) -> t
     process; `main_thread["cpu"]` receives the CPU seconds of its main thread where /proc tells them."""
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    sampler = None
+    sampler, stop = None, threading.Event()
     if main_thread is not None:
-        sampler = threading.Thread(target=_sample_main_thread, args=(proc.pid, main_thread), daemon=True)
+        sampler = threading.Thread(target=_sample_main_thread, args=(proc.pid, main_thread, stop), daemon=True)
         sampler.start()
     out_chunks = []
     while True:
@@ -139,7 +139,7 @@ def run_measured(cmd: list[str], env=None, main_thread: dict | None = None) -> t
             break
         out_chunks.append(line)
     if sampler is not None:
-        main_thread["stop"] = True
+        stop.set()
         sampler.join()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -147,18 +147,19 @@ def run_measured(cmd: list[str], env=None, main_thread: dict | None = None) -> t
     return time.perf_counter() - started, usage.ru_maxrss / 1024.0, "".join(out_chunks), proc.returncode, cpu
 
 
-def _sample_main_thread(pid: int, into: dict) -> None:
+def _sample_main_thread(pid: int, into: dict, stop: threading.Event) -> None:
     """Keep the CPU seconds (user + system) of process `pid`'s main thread in `into["cpu"]`, every 0.2 s until
-    `into["stop"]` (the last sample before it exits: the main thread's work is the rest's critical path)."""
+    `stop` is set (the last sample before it exits: the main thread's work is the rest's critical path)."""
     stat = Path(f"/proc/{pid}/task/{pid}/stat")
     ticks = os.sysconf("SC_CLK_TCK")
-    while not into.get("stop"):
+    while True:
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             return
         into["cpu"] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime: fields 14 and 15 of stat
-        time.sleep(0.2)
+        if stop.wait(0.2):
+            return
 
 
 def nsys_stats(path: Path) -> tuple[float, float] | None:
