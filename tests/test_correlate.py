@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dlprof_profiler.engine.correlate import call_metrics
+from dlprof_profiler.engine.correlate import call_metrics, launch_rows
 from tests.analysis import analyze
 from tests.nsys_builder import NsysExport
 
@@ -353,6 +353,34 @@ def test_a_reused_correlation_id_links_each_activity_to_the_nearest_call_before_
     kernels = a.aggs["default"].kernels
     api_of = dict(zip(kernels["name"].astype(str), kernels["api_total"]))
     assert (api_of["k_after_first"], api_of["k_after_second"]) == (100, 500)
+
+
+def _launching_call(api_pid, api_corr, api_start, pid, corr, start) -> int:
+    """The rule, one activity at a time: its (process, correlation id)'s only call; among several, the latest
+    starting at or before it (equal starts: the later row), else the earliest (equal starts: the earlier row)."""
+    if corr < 0:
+        return -1
+    calls = [i for i in range(len(api_pid)) if api_pid[i] == pid and api_corr[i] == corr]
+    if len(calls) <= 1:
+        return calls[0] if calls else -1
+    before = [i for i in calls if api_start[i] <= start]
+    if before:
+        return max(before, key=lambda i: (api_start[i], i))
+    return min(calls, key=lambda i: (api_start[i], i))
+
+
+@pytest.mark.parametrize("pid_base", [0, 1 << 30, -5])  # packed keys; process ids past the packed range
+def test_launch_rows_follow_the_rule_activity_by_activity(pid_base):
+    rng = np.random.default_rng(pid_base & 0xFFFF)
+    for _ in range(300):
+        n_api, n_gpu = (int(x) for x in rng.integers(0, 40, 2))
+        api = [rng.integers(0, 3, n_api) + pid_base, rng.integers(-2, 12, n_api), rng.integers(0, 60, n_api)]
+        gpu = [rng.integers(0, 3, n_gpu) + pid_base, rng.integers(-2, 12, n_gpu), rng.integers(0, 60, n_gpu)]
+        api, gpu = ([np.asarray(c, dtype=np.int64) for c in cols] for cols in (api, gpu))
+        given = [c.copy() for c in api + gpu]
+        expected = [_launching_call(*api, *activity) for activity in zip(*gpu)]
+        assert launch_rows(*api, *gpu).tolist() == expected
+        assert all((a == b).all() for a, b in zip(api + gpu, given))  # the inputs are left as they were
 
 
 def test_equal_call_starts_resolve_to_the_later_row(tmp_path):

@@ -256,19 +256,21 @@ def launch_rows(api_pid, api_corr, api_start, gpu_pid, gpu_corr, gpu_start) -> n
     else:  # ids beyond the packed range: dense codes of the pairs
         codes = combined_codes(np.concatenate([api_pid, gpu_pid]), np.concatenate([api_corr, gpu_corr]))
         api_key, gpu_key = codes[: len(api_pid)], codes[len(api_pid) :]
-    api_key = np.where(api_corr >= 0, api_key, -1)  # no correlation id: never linked
+    api_key[api_corr < 0] = -1  # no correlation id: never linked (a new array in both cases above)
     order = np.argsort(api_key, kind="stable")
     sorted_keys = api_key[order]
-    first = np.ones(sorted_keys.size, dtype=bool)
-    first[1:] = sorted_keys[1:] != sorted_keys[:-1]
-    group_start = np.flatnonzero(first)
-    group_calls = np.diff(np.append(group_start, sorted_keys.size))
-    group = pd.Index(sorted_keys[group_start]).get_indexer(gpu_key)  # hashed: no binary search per activity
-    calls = np.where(group >= 0, group_calls[np.maximum(group, 0)], 0)
-    linkable = gpu_corr >= 0
-    single = linkable & (calls == 1)  # the usual case: one call per key
-    out[single] = order[group_start[group[single]]]
-    shared = np.flatnonzero(linkable & (calls > 1))
+    # each activity's key looked up by binary search in the sorted keys: a hash table of 10^7 keys held
+    # 0.4 GB more, at the peak of staging an export out of core
+    first_call = np.searchsorted(sorted_keys, gpu_key)
+    np.minimum(first_call, sorted_keys.size - 1, out=first_call)
+    found = (sorted_keys[first_call] == gpu_key) & (gpu_corr >= 0)
+    repeated = np.zeros(sorted_keys.size, dtype=bool)  # the next call in key order has the same key
+    np.equal(sorted_keys[1:], sorted_keys[:-1], out=repeated[:-1])
+    del sorted_keys
+    several = repeated[first_call]
+    single = found & ~several  # the usual case: one call per key
+    out[single] = order[first_call[single]]
+    shared = np.flatnonzero(found & several)
     if shared.size:
         in_shared = np.isin(api_key, np.unique(gpu_key[shared])) & (api_corr >= 0)
         rows = np.flatnonzero(in_shared)
