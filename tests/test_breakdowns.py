@@ -11,7 +11,7 @@ from decimal import Decimal
 import numpy as np
 import pytest
 
-from dlprof_profiler.engine.breakdowns import group_percentiles, launch_delay_table
+from dlprof_profiler.engine.breakdowns import LaunchDelays
 from tests.analysis import analyze
 from tests.nsys_builder import NsysExport
 from tests.test_ranks import _union  # plain Python union length: an independent reference
@@ -117,16 +117,36 @@ def test_per_iteration_split_sums_to_the_iteration(tmp_path):
     assert sorted(a0["overlapped_communication_busy"].tolist()) == [500, 1000]
 
 
-def test_group_percentiles_match_numpy():
+@pytest.mark.parametrize("chunks", [1, 3, 7])
+def test_launch_delays_match_numpy_however_chunked(chunks):
+    """Per kernel name: launches, mean, p50 and p95 as numpy computes them over all its delays, and the short
+    kernels, whatever chunks the launches arrive in (each name's delays spread over several)."""
     rng = np.random.default_rng(3)
-    codes = rng.integers(0, 5, 400)
-    values = rng.integers(0, 10_000, 400)
-    uniq, (p50, p95) = group_percentiles(codes, values, (0.5, 0.95))
-    for k, c in enumerate(uniq):
-        assert p50[k] == pytest.approx(np.percentile(values[codes == c], 50))
-        assert p95[k] == pytest.approx(np.percentile(values[codes == c], 95))
-    table = launch_delay_table(codes, values, values < 100, np.array(list("abcde"), dtype=object))
-    assert table["launches"].sum() == 400 and table["short_kernels"].sum() == int((values < 100).sum())
+    codes = rng.integers(0, 5, 400) * 7  # codes with gaps, one name (21) with no launch
+    codes[codes == 21] = 14
+    values = rng.integers(-50, 10_000, 400)  # a kernel may start before its launch call is timed to
+    short = values < 100
+    names = np.array([f"k{i}" for i in range(30)], dtype=object)
+    delays = LaunchDelays()
+    for part in np.array_split(np.arange(400), chunks):
+        delays.add(codes[part], values[part], short[part])
+    table = delays.table(names).set_index("name")
+    assert sorted(table.index) == ["k0", "k14", "k28", "k7"]
+    for code in (0, 7, 14, 28):
+        row, mine = table.loc[f"k{code}"], values[codes == code]
+        assert row["launches"] == mine.size
+        assert row["mean"] == pytest.approx(mine.mean())
+        assert row["p50"] == pytest.approx(np.percentile(mine, 50))
+        assert row["p95"] == pytest.approx(np.percentile(mine, 95))
+        assert row["short_kernels"] == int((mine < 100).sum())
+    assert list(table["launches"]) == sorted(table["launches"], reverse=True)
+    assert delays.totals() == (400, int(short.sum()))
+
+
+def test_no_launch_delays_give_an_empty_table():
+    delays = LaunchDelays()
+    delays.add(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool))
+    assert len(delays.table(np.array(["a"], dtype=object))) == 0 and delays.totals() == (0, 0)
 
 
 def _us_ns(value) -> int:

@@ -114,61 +114,88 @@ def stream_key(device, stream) -> np.ndarray:
     return (np.asarray(device, np.int64) << STREAM_BITS) | (np.asarray(stream, np.int64) & STREAM_MASK)
 
 
-def group_percentiles(codes: np.ndarray, values: np.ndarray, quantiles) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Per distinct code (sorted), the given quantiles of its values, linearly interpolated as numpy's
-    default percentile: (codes, [array per quantile])."""
-    codes = np.asarray(codes, np.int64)
-    values = np.asarray(values, np.int64)
-    if codes.size == 0:
-        return codes, [np.zeros(0) for _ in quantiles]
-    low, span = int(values.min()), int(values.max()) - int(values.min()) + 1
-    if (int(codes.max()) + 1) * span < 1 << 62 and int(codes.min()) >= 0:
-        order = np.argsort(codes * span + (values - low))  # one sort of a combined key
-    else:
-        order = np.lexsort((values, codes))
-    c, v = codes[order], values[order].astype(np.float64)
-    first = np.ones(c.size, dtype=bool)
-    first[1:] = c[1:] != c[:-1]
-    heads = np.flatnonzero(first)
-    counts = np.diff(np.append(heads, c.size))
-    out = []
-    for q in quantiles:
-        pos = (counts - 1) * q
-        lo = np.floor(pos).astype(np.int64)
-        hi = np.minimum(lo + 1, counts - 1)
-        a, b = v[heads + lo], v[heads + hi]
-        out.append(a + (b - a) * (pos - lo))
-    return c[heads], out
+class LaunchDelays:
+    """Per kernel name, the delays of its launches (launch call start to kernel start), added a time chunk at
+    a time. Exact percentiles need every delay: they are kept, 8 bytes per launch, each chunk's sorted by
+    (name, delay) as it arrives, so the table sorts one name's delays at a time, never every launch at once
+    (at 10^7 kernels that sort and its copies, of the names too, were the run's peak: about 0.7 GB)."""
 
+    QUANTILES = (0.5, 0.95)  # the table's p50 and p95
 
-def launch_delay_table(codes: np.ndarray, delay: np.ndarray, short: np.ndarray, names) -> pd.DataFrame:
-    """Per kernel name: launches, mean, p50 and p95 of the launch delay (launch call start to kernel start)
-    and the short kernels (shorter than their launch call), most launches first."""
-    codes = np.asarray(codes, np.int64)
-    delay = np.asarray(delay, np.int64)
-    uniq, (p50, p95) = group_percentiles(codes, delay, (0.5, 0.95))
-    if uniq.size == 0:
-        return make_frame(
+    def __init__(self):
+        # per chunk: its distinct names (sorted), where each one's delays start, and its delays by (name, delay)
+        self._chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._sums: list[tuple[np.ndarray, ...]] = []  # per chunk: names, launches, total delay, short kernels
+
+    def add(self, codes, delay, short) -> None:
+        """One chunk's kernel launches: name codes, delays (ns) and whether each kernel was shorter than its
+        launch call."""
+        codes = np.asarray(codes, np.int64)
+        if codes.size == 0:
+            return
+        delay = np.asarray(delay, np.int64)
+        order = np.lexsort((delay, codes))
+        c, d = codes[order], delay[order]
+        first = np.ones(c.size, dtype=bool)
+        first[1:] = c[1:] != c[:-1]
+        heads = np.flatnonzero(first)
+        names = c[heads]
+        launches = np.diff(np.append(heads, c.size))
+        short_sorted = np.asarray(short, dtype=np.int64)[order]
+        self._chunks.append((names, heads, d))
+        self._sums.append((names, launches, np.add.reduceat(d, heads), np.add.reduceat(short_sorted, heads)))
+
+    def totals(self) -> tuple[int, int]:
+        """(launches, short kernels) over every name."""
+        return (
+            int(sum(int(s[1].sum()) for s in self._sums)),
+            int(sum(int(s[3].sum()) for s in self._sums)),
+        )
+
+    def _sorted_delays(self, code: int) -> np.ndarray:
+        parts = []
+        for names, heads, d in self._chunks:
+            k = int(np.searchsorted(names, code))
+            if k < names.size and names[k] == code:
+                parts.append(d[heads[k] : heads[k + 1] if k + 1 < heads.size else d.size])
+        return parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts))
+
+    def table(self, short_names) -> pd.DataFrame:
+        """Per kernel name: launches, mean, p50 and p95 of the launch delay (numpy's default, linearly
+        interpolated percentile) and the short kernels, most launches first."""
+        if not self._sums:
+            return make_frame(
+                {
+                    "name": np.zeros(0, dtype=object),
+                    **{c: np.zeros(0, np.int64) for c in ("launches", "short_kernels")},
+                    **{c: np.zeros(0) for c in ("mean", "p50", "p95")},
+                }
+            )
+        names, launches, total, short = (np.concatenate(x) for x in zip(*self._sums))
+        uniq, idx = np.unique(names, return_inverse=True)
+        sums = {}
+        for key, values in (("launches", launches), ("total", total), ("short", short)):
+            sums[key] = np.zeros(uniq.size, dtype=np.int64)
+            np.add.at(sums[key], idx, values)  # exact integer sums (one entry per name and chunk)
+        quantiles = np.zeros((len(self.QUANTILES), uniq.size))
+        for k, code in enumerate(uniq.tolist()):  # one per kernel name
+            v = self._sorted_delays(code).astype(np.float64)
+            for j, q in enumerate(self.QUANTILES):
+                pos = (v.size - 1) * q
+                lo = int(np.floor(pos))
+                hi = min(lo + 1, v.size - 1)
+                quantiles[j, k] = v[lo] + (v[hi] - v[lo]) * (pos - lo)
+        frame = make_frame(
             {
-                "name": np.zeros(0, dtype=object),
-                **{c: np.zeros(0, np.int64) for c in ("launches", "short_kernels")},
-                **{c: np.zeros(0) for c in ("mean", "p50", "p95")},
+                "name": np.asarray(short_names, dtype=object)[uniq],
+                "launches": sums["launches"],
+                "mean": sums["total"] / sums["launches"],
+                "p50": quantiles[0],
+                "p95": quantiles[1],
+                "short_kernels": sums["short"],
             }
         )
-    idx = np.searchsorted(uniq, codes)
-    launches = np.bincount(idx, minlength=uniq.size)
-    total = np.bincount(idx, weights=delay.astype(np.float64), minlength=uniq.size)
-    frame = make_frame(
-        {
-            "name": np.asarray(names, dtype=object)[uniq],
-            "launches": launches.astype(np.int64),
-            "mean": total / launches,
-            "p50": p50,
-            "p95": p95,
-            "short_kernels": np.bincount(idx, weights=short.astype(np.float64), minlength=uniq.size).astype(np.int64),
-        }
-    )
-    return frame.sort_values(["launches", "name"], ascending=[False, True], kind="stable", ignore_index=True)
+        return frame.sort_values(["launches", "name"], ascending=[False, True], kind="stable", ignore_index=True)
 
 
 class GpuBreakdowns:
@@ -183,7 +210,7 @@ class GpuBreakdowns:
         self.stream_end: dict = {}
         self.gpu_idle: list[pd.DataFrame] = []
         self.stream_idle: list[pd.DataFrame] = []
-        self.delays: list[tuple] = []
+        self.delays = LaunchDelays()
 
     def add(self, running: pd.DataFrame) -> None:
         """One chunk's GPU activities (start, end, device_id, stream_id, kind, name_code, launch, api_id,
@@ -206,12 +233,10 @@ class GpuBreakdowns:
         kernel &= it <= self.iter_stop
         if kernel.any():
             api_dur = running["api_duration"].to_numpy(np.int64)[kernel]
-            self.delays.append(
-                (
-                    running["name_code"].to_numpy(np.int64)[kernel],
-                    (start - launch)[kernel],
-                    (end - start)[kernel] < api_dur,
-                )
+            self.delays.add(
+                running["name_code"].to_numpy(np.int64)[kernel],
+                (start - launch)[kernel],
+                (end - start)[kernel] < api_dur,
             )
 
     def result(self, devices, short_names) -> dict:
@@ -234,16 +259,13 @@ class GpuBreakdowns:
                 **{c: st[c].to_numpy(np.int64) for c in IDLE_PARTS},
             }
         )
-        if self.delays:
-            codes, delay, short = (np.concatenate(x) for x in zip(*self.delays))
-        else:
-            codes, delay, short = np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool)
+        launches_total, short_kernels = self.delays.totals()
         return {
             "gpus": gpus,
             "streams": streams,
-            "launches": launch_delay_table(codes, delay, short, short_names),
-            "short_kernels": int(short.sum()),
-            "launches_total": int(codes.size),
+            "launches": self.delays.table(short_names),
+            "short_kernels": short_kernels,
+            "launches_total": launches_total,
         }
 
 
