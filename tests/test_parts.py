@@ -5,9 +5,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from dlprof_profiler.store import parts
 from dlprof_profiler.store.parts import COMPRESSED, PartTable
 
 SCHEMA = pa.schema([("start", pa.int64()), ("flag", pa.int8()), ("code", pa.int32())])
+real_read_batches = parts.read_batches
 
 
 def filled(folder, compression):
@@ -49,3 +51,28 @@ def test_compressed_parts_take_a_fraction_of_the_bytes(tmp_path):
 
     # 13 bytes a row uncompressed: the flags and codes all but vanish, the increasing starts shrink too
     assert size(filled(tmp_path / "c", COMPRESSED)) < size(filled(tmp_path / "p", None)) / 2
+
+
+@pytest.mark.parametrize("compression", [None, COMPRESSED])
+def test_small_batches_read_just_the_batches_a_range_meets(tmp_path, compression, monkeypatch):
+    """Ranges as nsys writes them (as they end): starts mostly increasing, a few long ones starting far back.
+    Whatever [lo, hi), read_range gives the rows with lo <= start < hi in writing order, as a plain filter does,
+    and a narrow range decodes only some of a part's batches."""
+    rng = np.random.default_rng(11)
+    n = 10_000
+    start = np.cumsum(rng.integers(1, 20, n))
+    start[rng.choice(n, 12, replace=False)] = rng.integers(0, 1000, 12)  # long ranges that started early
+    flag = (start % 3 == 0).astype(np.int8)
+    code = rng.integers(-1, 5, n).astype(np.int32)
+    table = PartTable(tmp_path, "r", SCHEMA, keys=("start",), compression=compression, batch_rows=1000)
+    table.append({"start": start[:6000], "flag": flag[:6000], "code": code[:6000]})
+    table.append({"start": start[6000:], "flag": flag[6000:], "code": code[6000:]})
+    assert [p.batch_bounds["start"][0].size for p in table.parts] == [6, 4]
+    read = []
+    monkeypatch.setattr(parts, "read_batches", lambda *a: read.append(list(a[1])) or real_read_batches(*a))
+    for lo, hi in [(0, 500), (40_000, 41_000), (int(start[5990]), int(start[6010])), (0, 10**9), (10**9, 10**9 + 1)]:
+        got = table.read_range(lo, hi)
+        keep = (start >= lo) & (start < hi)
+        assert np.array_equal(got["start"], start[keep]) and np.array_equal(got["code"], code[keep])
+        assert np.array_equal(got["flag"], flag[keep])
+    assert read and all(len(batches) < 6 for batches in read)

@@ -34,7 +34,7 @@ from dlprof_profiler.engine.model_chunks import (
     chunk_bounds,
     cuts_at,
 )
-from dlprof_profiler.store.parts import PartTable, int_schema, read_part
+from dlprof_profiler.store.parts import SMALL_BATCH_ROWS, PartTable, int_schema, read_part
 from dlprof_profiler.process_memory import release_unused_memory
 from dlprof_profiler.store.trace_store import TraceStore
 from dlprof_profiler.engine.trace import LAUNCH_SHAPE, make_frame
@@ -195,7 +195,9 @@ class StoreAnalysis:
         """Classify every range (in batches) into `range_info`, which holds the ranges' own columns too (every
         later query reads it alone, without joining the ranges); returns (mode, family, run config)."""
         classifier = nm.RangeClassifier(mode)
-        self.range_info = PartTable(self.parts_folder, "range_info", RANGE_INFO_SCHEMA, keys=("start",))
+        self.range_info = PartTable(
+            self.parts_folder, "range_info", RANGE_INFO_SCHEMA, keys=("start",), batch_rows=SMALL_BATCH_ROWS
+        )
         domains = np.array(self.store.domains, dtype=object)
         for part in self.store.range_parts():
             texts = pd.Series(part["text"], dtype="str")
