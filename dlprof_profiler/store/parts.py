@@ -32,8 +32,8 @@ COMPRESSED = "lz4"
 PART_BATCH_ROWS = 1 << 20  # rows per record batch of a part: a part of up to that many reads back as one array
 # A table read by key range a segment at a time whose parts' key ranges overlap (range_info: nsys writes ranges
 # as they end, so a part holds the long ones that started long before) keeps each batch's key range: read_range
-# then decodes only the batches its range meets, not the whole parts (about half of what it decoded at 3·10^6
-# kernels)
+# then decodes only the batches its range meets, not the whole parts (at 3·10^6 kernels 11.4M rows decoded for
+# the 9.0M read, against 17.8M)
 SMALL_BATCH_ROWS = 1 << 16
 
 
