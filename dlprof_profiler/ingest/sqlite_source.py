@@ -44,6 +44,14 @@ def check_sqlite_file(path: Path) -> None:
         raise DLProfError(f"{path}: truncated SQLite file (size {size} is not a multiple of the page size)")
 
 
+def raise_if_interrupted(exc: BaseException) -> None:
+    """Raise KeyboardInterrupt if `exc` is how ADBC reports a Ctrl-C: during a call on the main thread it takes
+    SIGINT itself, asks the driver to cancel, and raises the driver's error for that (SQLite's cannot cancel)
+    from KeyboardInterrupt once the call returns; taken for unreadable data, the run went on."""
+    if isinstance(exc.__cause__, KeyboardInterrupt):
+        raise KeyboardInterrupt from None
+
+
 def _lenient_text(raw: bytes) -> str:
     return raw.decode("utf-8", errors="replace")
 
@@ -164,7 +172,8 @@ class SqliteSource:
         except ImportError:
             self._adbc = False
             return None
-        except Exception:  # fall back to the sqlite3 module, which decodes leniently
+        except Exception as exc:  # fall back to the sqlite3 module, which decodes leniently
+            raise_if_interrupted(exc)
             return None
 
     def record_batches(self, sql: str, schema: pa.Schema, rows_per_batch: int = 1 << 20):
@@ -196,8 +205,8 @@ class SqliteSource:
                     done += batch.num_rows
                 cursor.close()
                 return
-            except Exception:  # noqa: BLE001 - undecodable text or mixed types: read it leniently below
-                pass
+            except Exception as exc:  # noqa: BLE001 - undecodable text or mixed types: read it leniently below
+                raise_if_interrupted(exc)
             finally:
                 con.close()
         for lenient in (False, True):
