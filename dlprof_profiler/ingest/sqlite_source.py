@@ -44,12 +44,23 @@ def check_sqlite_file(path: Path) -> None:
         raise DLProfError(f"{path}: truncated SQLite file (size {size} is not a multiple of the page size)")
 
 
-def raise_if_interrupted(exc: BaseException) -> None:
-    """Raise KeyboardInterrupt if `exc` is how ADBC reports a Ctrl-C: during a call on the main thread it takes
-    SIGINT itself, asks the driver to cancel, and raises the driver's error for that (SQLite's cannot cancel)
-    from KeyboardInterrupt once the call returns; taken for unreadable data, the run went on."""
-    if isinstance(exc.__cause__, KeyboardInterrupt):
-        raise KeyboardInterrupt from None
+def _adbc_sqlite():
+    """ADBC's SQLite DB-API module, its calls left to Python's own SIGINT handling. On the main thread ADBC
+    swaps in a SIGINT handler of its own for each call, whose thread asks the driver to cancel: SQLite's
+    driver cannot (ADBC then raises that error from KeyboardInterrupt, which passed for undecodable text), and a
+    Ctrl-C arriving as a short call ends was lost (the call clears the cancel before that thread runs it), so
+    the run went on. ADBC calls straight through on Windows and off the main thread; here too, so a Ctrl-C
+    raises KeyboardInterrupt once the current call returns."""
+    import adbc_driver_manager.dbapi as manager
+    import adbc_driver_sqlite.dbapi as adbc
+
+    if hasattr(manager, "_blocking_call"):
+        manager._blocking_call = _call_through
+    return adbc
+
+
+def _call_through(func, args, kwargs, cancel):
+    return func(*args, **kwargs)
 
 
 def _lenient_text(raw: bytes) -> str:
@@ -153,8 +164,7 @@ class SqliteSource:
             return None
         try:
             if self._adbc is None:
-                import adbc_driver_sqlite.dbapi as adbc
-
+                adbc = _adbc_sqlite()
                 flags = "mode=ro&immutable=1" if self.immutable else "mode=ro"
                 self._adbc = adbc.connect(f"{self.path.resolve().as_uri()}?{flags}")
             cursor = self._adbc.cursor()
@@ -172,16 +182,14 @@ class SqliteSource:
         except ImportError:
             self._adbc = False
             return None
-        except Exception as exc:  # fall back to the sqlite3 module, which decodes leniently
-            raise_if_interrupted(exc)
+        except Exception:  # fall back to the sqlite3 module, which decodes leniently
             return None
 
     def record_batches(self, sql: str, schema: pa.Schema, rows_per_batch: int = 1 << 20):
         """The query's rows as Arrow record batches of `schema`, streamed (bounded memory): through ADBC's
         SQLite driver, else (text that is not UTF-8) through the sqlite3 module with lenient decoding."""
         try:
-            import adbc_driver_sqlite.dbapi as adbc
-
+            adbc = _adbc_sqlite()
             flags = "mode=ro&immutable=1" if self.immutable else "mode=ro"
             con = adbc.connect(f"{self.path.resolve().as_uri()}?{flags}")
         except ImportError:
@@ -205,8 +213,8 @@ class SqliteSource:
                     done += batch.num_rows
                 cursor.close()
                 return
-            except Exception as exc:  # noqa: BLE001 - undecodable text or mixed types: read it leniently below
-                raise_if_interrupted(exc)
+            except Exception:  # noqa: BLE001 - undecodable text or mixed types: read it leniently below
+                pass
             finally:
                 con.close()
         for lenient in (False, True):
