@@ -22,6 +22,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
@@ -1364,6 +1365,13 @@ def test_cli_fifo_and_other_special_files_are_refused_at_once(case, base, tmp_pa
     assert not out.exists()
 
 
+def _interruptible_as_in_a_terminal():
+    """In the child before exec: SIGINT handled as in a terminal's foreground job. A suite run as a background
+    job (`./.ci/run &`) starts its processes with SIGINT ignored, and dlprof keeps a signal it starts ignored
+    (as under nohup), so Ctrl-C would not reach it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_cli_sigterm_and_sigint_release_the_lock_and_remove_the_staging(signum, tmp_path):
@@ -1371,7 +1379,9 @@ def test_cli_sigterm_and_sigint_release_the_lock_and_remove_the_staging(signum, 
     128 + signal, no lock file, no staging folder, not even the output folder it created."""
     export = profiles.training_profile(tmp_path / "long.sqlite", iterations=300)
     out = tmp_path / "out"
-    proc = dlprof_process(f"--database={export}", f"--output_path={out}", "--reports=all")
+    proc = dlprof_process(
+        f"--database={export}", f"--output_path={out}", "--reports=all", preexec_fn=_interruptible_as_in_a_terminal
+    )
     # mid-run: its staging is being written
     wait_until(lambda: list(out.glob(f"{STAGING_PREFIX}*/dlprof_dldb.sqlite")), 120, "the staged database", proc, 0.01)
     proc.send_signal(signum)
@@ -1991,3 +2001,43 @@ def _peek(sock: socket.socket) -> bytes | None:
 def _answered(socks: list[socket.socket]) -> int:
     """How many of these connections have an answer waiting to be read."""
     return sum(bool(_peek(sock)) for sock in socks)
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_a_signal_during_signals_held_acts_when_the_block_ends(signame):
+    """Another thread that does not block the signal receives it while the main thread holds signals: Python
+    still runs the handler on the main thread at once, which ended the run inside the block (the database
+    writer being created). The interrupt must come after the block, once."""
+    script = textwrap.dedent(f"""
+        import os, signal, threading, time
+        from dlprof_profiler.cli.main import ended_by_signals
+        from dlprof_profiler.outputs.publish import signals_held
+
+        go = threading.Event()
+        helper = threading.Thread(target=lambda: (go.wait(), os.kill(os.getpid(), signal.{signame})), daemon=True)
+        helper.start()  # before the block: it does not block the signal, so the kernel may hand it the signal
+        steps = []
+        try:
+            with ended_by_signals():
+                with signals_held():
+                    go.set()
+                    helper.join()
+                    for _ in range(50):  # bytecode runs: a pending Python handler would run now
+                        time.sleep(0.01)
+                    steps.append("block finished")
+                steps.append("after the block")
+        except KeyboardInterrupt as exc:
+            steps.append(type(exc).__name__)
+        print(steps)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        preexec_fn=_interruptible_as_in_a_terminal,
+    )
+    expected = "KeyboardInterrupt" if signame == "SIGINT" else "Interrupted"
+    assert done.stdout.strip() == str(["block finished", expected]), done.stderr[-2000:]

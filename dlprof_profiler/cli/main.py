@@ -23,7 +23,7 @@ from dlprof_profiler.options import (
     REPORT_NAMES,
     RunOptions,
 )
-from dlprof_profiler.outputs.publish import OutputFolder, unstaged
+from dlprof_profiler.outputs.publish import OutputFolder, defer_while_held, unstaged
 from dlprof_profiler.run import outputs as run_outputs
 from dlprof_profiler.run import single as analysis
 
@@ -463,7 +463,7 @@ def ended_by_signals():
     state = {"ending": False}
 
     def on_signal(signum, _frame):
-        if state["ending"]:
+        if state["ending"] or defer_while_held(lambda: on_signal(signum, None)):
             return
         state["ending"] = True
         if signum == signal.SIGINT:

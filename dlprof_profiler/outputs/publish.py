@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -137,16 +138,40 @@ class Staging:
 _HELD_SIGNALS = {getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)}
 
 
+_holding = {"depth": 0, "deferred": None}  # blocks of signals_held entered on the main thread, and what waits
+
+
 class signals_held:
-    """Interrupting signals wait (blocked for this thread) until the block ends."""
+    """Interrupting signals wait until the block ends. They are blocked for this thread, and a Python handler
+    that runs meanwhile defers its action (`defer_while_held`): a signal another thread receives still runs its
+    Python handler on the main thread at once (an interrupt while the database writer was being created ended
+    the run with the writer's thread writing into the staging folder as it was removed, leaving it behind)."""
 
     def __enter__(self):
         self.previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS) if _HELD_SIGNALS else None
+        self.main = threading.current_thread() is threading.main_thread()
+        if self.main:
+            _holding["depth"] += 1
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         if self.previous is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, self.previous)
+        if self.main:
+            _holding["depth"] -= 1
+            deferred, _holding["deferred"] = (_holding["deferred"], None) if _holding["depth"] == 0 else (None, None)
+            if deferred is not None and exc_type is None:  # (an error already ending the run goes on alone)
+                deferred()
+
+
+def defer_while_held(action) -> bool:
+    """Called by a signal handler on the main thread: inside signals_held, keep `action` (the first one) for the
+    block's end and return True; otherwise False (act now)."""
+    if _holding["depth"] == 0:
+        return False
+    if _holding["deferred"] is None:
+        _holding["deferred"] = action
+    return True
 
 
 def _write_journal(output_dir: Path, journal: dict) -> None:
