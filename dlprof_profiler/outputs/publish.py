@@ -159,9 +159,10 @@ class signals_held:
             signal.pthread_sigmask(signal.SIG_SETMASK, self.previous)
         if self.main:
             _holding["depth"] -= 1
-            deferred, _holding["deferred"] = (_holding["deferred"], None) if _holding["depth"] == 0 else (None, None)
-            if deferred is not None and exc_type is None:  # (an error already ending the run goes on alone)
-                deferred()
+            if _holding["depth"] == 0 and _holding["deferred"] is not None:  # (nested: the outer block's end)
+                deferred, _holding["deferred"] = _holding["deferred"], None
+                if exc_type is None:  # (an error already ending the run goes on alone)
+                    deferred()
 
 
 def defer_while_held(action) -> bool:
