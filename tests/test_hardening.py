@@ -2007,7 +2007,7 @@ def _answered(socks: list[socket.socket]) -> int:
 def test_a_signal_during_signals_held_acts_when_the_block_ends(signame):
     """Another thread that does not block the signal receives it while the main thread holds signals: Python
     still runs the handler on the main thread at once, which ended the run inside the block (the database
-    writer being created). The interrupt must come after the block, once."""
+    writer being created). The interrupt must come after the (outermost) block, once."""
     script = textwrap.dedent(f"""
         import os, signal, threading, time
         from dlprof_profiler.cli.main import ended_by_signals
@@ -2020,12 +2020,14 @@ def test_a_signal_during_signals_held_acts_when_the_block_ends(signame):
         try:
             with ended_by_signals():
                 with signals_held():
-                    go.set()
-                    helper.join()
-                    for _ in range(50):  # bytecode runs: a pending Python handler would run now
-                        time.sleep(0.01)
-                    steps.append("block finished")
-                steps.append("after the block")
+                    with signals_held():  # nested: the outer block's end acts
+                        go.set()
+                        helper.join()
+                        for _ in range(50):  # bytecode runs: a pending Python handler would run now
+                            time.sleep(0.01)
+                        steps.append("inner block finished")
+                    steps.append("outer block finished")
+                steps.append("after the blocks")
         except KeyboardInterrupt as exc:
             steps.append(type(exc).__name__)
         print(steps)
@@ -2040,4 +2042,4 @@ def test_a_signal_during_signals_held_acts_when_the_block_ends(signame):
         preexec_fn=_interruptible_as_in_a_terminal,
     )
     expected = "KeyboardInterrupt" if signame == "SIGINT" else "Interrupted"
-    assert done.stdout.strip() == str(["block finished", expected]), done.stderr[-2000:]
+    assert done.stdout.strip() == str(["inner block finished", "outer block finished", expected]), done.stderr[-2000:]
