@@ -9,7 +9,7 @@ from dlprof_profiler.store import parts
 from dlprof_profiler.store.parts import COMPRESSED, PartTable
 
 SCHEMA = pa.schema([("start", pa.int64()), ("flag", pa.int8()), ("code", pa.int32())])
-real_read_batches = parts.read_batches
+real_read_part = parts.read_part
 
 
 def filled(folder, compression):
@@ -69,7 +69,13 @@ def test_small_batches_read_just_the_batches_a_range_meets(tmp_path, compression
     table.append({"start": start[6000:], "flag": flag[6000:], "code": code[6000:]})
     assert [p.batch_bounds["start"][0].size for p in table.parts] == [6, 4]
     read = []
-    monkeypatch.setattr(parts, "read_batches", lambda *a: read.append(list(a[1])) or real_read_batches(*a))
+
+    def read_part(path, columns=None, schema=None, batches=None):
+        if batches is not None:
+            read.append(list(batches))
+        return real_read_part(path, columns, schema, batches)
+
+    monkeypatch.setattr(parts, "read_part", read_part)
     for lo, hi in [(0, 500), (40_000, 41_000), (int(start[5990]), int(start[6010])), (0, 10**9), (10**9, 10**9 + 1)]:
         got = table.read_range(lo, hi)
         keep = (start >= lo) & (start < hi)

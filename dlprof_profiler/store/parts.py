@@ -152,7 +152,7 @@ class PartTable:
         meets = np.flatnonzero((highs >= lo) & (lows < hi))
         if meets.size == lows.size:
             return self.read_part(part, columns)
-        return read_batches(part.path, meets, columns, self.schema)
+        return read_part(part.path, columns, self.schema, batches=meets)
 
     def lookup(self, keys: np.ndarray, columns, key: str | None = None) -> dict:
         """Numpy columns of the rows with the given values of a unique key that increases within each part,
@@ -197,23 +197,19 @@ class PartTable:
         self.parts = []
 
 
-def read_part(path: Path, columns=None, schema: pa.Schema | None = None) -> pa.Table:
-    """One part (the named columns only), memory-mapped: its buffers are views of the file unless compressed."""
+def read_part(path: Path, columns=None, schema: pa.Schema | None = None, batches=None) -> pa.Table:
+    """One part (the named columns only; of `batches`, its record batches of those numbers, if given),
+    memory-mapped: its buffers are views of the file unless compressed."""
     options = None
     if columns is not None and schema is not None:
         options = ipc.IpcReadOptions(included_fields=[schema.get_field_index(c) for c in columns])
     with pa.memory_map(str(path)) as source:
-        table = ipc.open_file(source, options=options).read_all()
-    return table.select(list(columns)) if columns is not None else table
-
-
-def read_batches(path: Path, batches, columns, schema: pa.Schema) -> pa.Table:
-    """Some record batches of one part (the named columns only), memory-mapped."""
-    options = ipc.IpcReadOptions(included_fields=[schema.get_field_index(c) for c in columns])
-    with pa.memory_map(str(path)) as source:
         reader = ipc.open_file(source, options=options)
-        table = pa.Table.from_batches([reader.get_batch(int(i)) for i in batches], reader.schema)
-    return table.select(list(columns))
+        if batches is None:
+            table = reader.read_all()
+        else:
+            table = pa.Table.from_batches([reader.get_batch(int(i)) for i in batches], reader.schema)
+    return table.select(list(columns)) if columns is not None else table
 
 
 def _numpy(column) -> np.ndarray:
