@@ -1751,9 +1751,11 @@ def _listener_pid(port: int) -> int:
 def _connections(pid: int, port: int) -> tuple[int, int]:
     """(connections the server process holds on `port`, connections waiting in the port's accept queue)."""
     table, mine = _tcp_table(), _socket_inodes(pid)
-    held = sum(1 for p, state, _, inode in table if p == port and state == "01" and inode in mine)
-    queued = sum(rx for p, state, rx, _ in table if p == port and state == "0A")
-    return held, queued
+    # /proc/net/tcp is read a page at a time, not as a snapshot: while other sockets open and close, a row can
+    # be listed twice, so sockets are counted by inode
+    held = {inode for p, state, _, inode in table if p == port and state == "01" and inode in mine}
+    queued = {inode: rx for p, state, rx, inode in table if p == port and state == "0A"}
+    return len(held), sum(queued.values())
 
 
 def _start_viewer(db: Path, log_path: Path, *options: str) -> tuple[subprocess.Popen, int, object]:
