@@ -3,6 +3,7 @@
 
     python benchmarks/bench_engine.py --kernels 100000 1000000 [10000000] [--reports all] [--runs 1]
     python benchmarks/bench_engine.py --kernels 1000000 --one_op    # every call of one name, no key node
+    python benchmarks/bench_engine.py --kernels 1000000 --names 200  # 200 op and 200 kernel names
 
 Exports of 8·10^6 events or more (here from 1.6·10^6 kernels) are analysed out of core by default (`--out_of_core`).
 For each size it prints: wall seconds and peak RSS of `dlprof --database=FILE --reports=...` (a child
@@ -13,8 +14,10 @@ too: the machine is shared, so compare ratios measured in one run.
 The generated profile looks like a PyTorch emit_nvtx capture: per kernel an `aten::` op range holding a
 nested ATen range and one cudaLaunchKernel, plus one op without GPU work (3 NVTX ranges and 1 API call per
 kernel); iterations end with an `Optimizer.step#SGD.step` range every 1000 kernels; 2 GPUs, the launches
-alternating between them. Exports are cached in --cache (default: the system temp folder). The package's
-bytecode is compiled first (into its __pycache__ folders), as pip does when it installs dlprof.
+alternating between them. `--names N` draws the ops from N distinct names, each launching a kernel of its own
+with a long templated name (as ATen's and cuDNN's are). Exports are cached in --cache (default: the system temp
+folder). The package's bytecode is compiled first (into its __pycache__ folders), as pip does when it
+installs dlprof.
 """
 
 from __future__ import annotations
@@ -52,13 +55,22 @@ KERNEL_NAMES = [
 
 
 def generate(
-    path: Path, n_kernels: int, seed: int = 0, chunk: int = 1_000_000, slowdown: float = 1.0, one_op: bool = False
+    path: Path,
+    n_kernels: int,
+    seed: int = 0,
+    chunk: int = 1_000_000,
+    slowdown: float = 1.0,
+    one_op: bool = False,
+    names: int = 0,
 ) -> Path:
     """Write a synthetic export with n_kernels kernels (vectorized; written a million kernels at a time);
     `slowdown` stretches the time between kernel slots (a slower rank of a multi-rank job). `one_op`: the
     pathological case, every op range `aten::add` and no key node (no optimizer step): each thread's calls of
-    one name in its one iteration are as many ops as calls."""
+    one name in its one iteration are as many ops as calls. `names`: that many distinct op names, op i
+    launching kernel i of as many kernel names (see the module docstring), instead of OP_NAMES and
+    KERNEL_NAMES drawn independently."""
     rng = np.random.default_rng(seed)
+    op_names, kernel_names = many_names(names) if names else (OP_NAMES, KERNEL_NAMES)
     exp = NsysExport(schema="2022.4")
     exp.add_gpu(device_id=0)
     exp.add_gpu(device_id=1)
@@ -75,8 +87,8 @@ def generate(
         # of 5 us after every KERNELS_PER_ITERATION slots (on both threads).
         iteration = slot // KERNELS_PER_ITERATION
         t = 1_000_000 + np.round((slot * 10_000 + iteration * 20_000) * slowdown).astype(np.int64)
-        op = rng.integers(0, len(OP_NAMES), n)
-        ops = np.array(OP_NAMES, dtype=object)[np.full(n, 3) if one_op else op]
+        op = rng.integers(0, len(op_names), n)
+        ops = np.array(op_names, dtype=object)[np.full(n, 3) if one_op else op]
         outer = (
             ops + ", seq = " + slot.astype(str).astype(object) + ", op_id = " + (3 * slot).astype(str).astype(object)
         )
@@ -94,7 +106,7 @@ def generate(
         exp.push_pop_many(threads, starts, ends, texts)
         corr = slot + 1
         exp.runtime_many(tid, t + 2000, t + 6000, np.full(n, "cudaLaunchKernel_v7000", dtype=object), corr)
-        kernel = rng.integers(0, len(KERNEL_NAMES), n)
+        kernel = op if names else rng.integers(0, len(kernel_names), n)
         gpu_start = t + 5000 + rng.integers(0, 3000, n)
         gpu_end = gpu_start + 2000 + rng.integers(0, 6000, n)
         exp.kernels_many(
@@ -102,11 +114,23 @@ def generate(
             corr,
             gpu_start,
             gpu_end,
-            np.array(KERNEL_NAMES, dtype=object)[kernel],
+            np.array(kernel_names, dtype=object)[kernel],
             dev,
             np.full(n, 7, dtype=np.int64),
         )
     return exp.write(path)
+
+
+def many_names(n: int) -> tuple[list[str], list[str]]:
+    """n distinct op names and n distinct kernel names of varied lengths (kernels as C++ templates, up to ~190
+    characters, as cuDNN's and ATen's are)."""
+    ops = [f"aten::op_{i:04d}{'_x' * (i % 20)}" for i in range(n)]
+    kernels = [
+        f"void at::native::kernel_{i:04d}<float, (int){i % 8}, at::native::functor_{i}<c10::Half>>"
+        f"(int, {'T' * (i % 60)}, at::native::OffsetCalculator<{i % 5}, unsigned int, false>)"
+        for i in range(n)
+    ]
+    return ops, kernels
 
 
 def generate_apart(path: Path, n_kernels: int, **options) -> Path:
@@ -217,6 +241,9 @@ def main() -> int:
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "dlprof-bench")
     parser.add_argument("--no-stages", action="store_true", help="do not list dlprof's stage times")
     parser.add_argument(
+        "--names", type=int, default=0, help="N distinct op names and N kernel names instead of the default 7 each"
+    )
+    parser.add_argument(
         "--one_op",
         action="store_true",
         help="the pathological case: every op range of one name and no key node, so every call is an op",
@@ -228,10 +255,11 @@ def main() -> int:
     compileall.compile_dir(ROOT / "dlprof_profiler", quiet=1)
     rows = []
     for n in args.kernels:
-        path = args.cache / f"bench2gpu_{'one_op_' if args.one_op else ''}{n}.sqlite"
+        variant = ("one_op_" if args.one_op else "") + (f"names{args.names}_" if args.names else "")
+        path = args.cache / f"bench2gpu_{variant}{n}.sqlite"
         if not path.exists():
             started = time.perf_counter()
-            generate_apart(path, n, one_op=args.one_op)
+            generate_apart(path, n, one_op=args.one_op, names=args.names)
             print(f"generated {path} ({path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - started:.1f} s")
         load = os.getloadavg()[0]
         ref = nsys_stats(path)
@@ -268,7 +296,7 @@ def main() -> int:
         if smaller < largest and largest >= 3 * smaller:
             print(f"peak memory at {largest:,} kernels / at {smaller:,}: {peaks[largest] / peaks[smaller]:.2f}x")
     if args.reports == "all" and not args.one_op:
-        for line in target_lines(rows):
+        for line in target_lines(rows, speed=not args.names):
             print(line)
     return 0
 
@@ -279,16 +307,17 @@ def main_thread_share(result: dict) -> str:
     return "" if result.get("main_cpu") is None else f", main thread {result['main_cpu']:.1f} s"
 
 
-def target_lines(rows: list) -> list[str]:
+def target_lines(rows: list, speed: bool = True) -> list[str]:
     """The issue's targets for `--reports all` on the generated export: at 10^6 and 10^7 kernels at most 4.5x
-    gpukernsum, at 10^7 at most 2.5 GB and at most 11x the time at 10^6; the database at most 1.2x the export."""
+    gpukernsum, at 10^7 at most 2.5 GB and at most 11x the time at 10^6 (`speed`: those are set for the default
+    export); the database at most 1.2x the export (on every export)."""
     by_size = {n: (result, ref, input_mb) for n, result, ref, input_mb, _ in rows}
     checks = []
-    for n in (1_000_000, 10_000_000):
+    for n in (1_000_000, 10_000_000) if speed else ():
         if n in by_size and by_size[n][1]:
             result, ref, _ = by_size[n]
             checks.append((f"{n:,} kernels at most 4.5x gpukernsum", result["wall"] / ref[0] <= 4.5))
-    if 10_000_000 in by_size:
+    if 10_000_000 in by_size and speed:
         big = by_size[10_000_000][0]
         checks.append(("10,000,000 kernels at most 2.5 GB", big["rss"] <= 2.5 * 1024))
         if 1_000_000 in by_size:
