@@ -1,9 +1,10 @@
-"""benchmarks/bench_engine.py: the child's measurements (its main thread's CPU apart from the process's) and the
-issue's targets as printed, on hand-made figures."""
+"""benchmarks/bench_engine.py: the child's measurements (its main thread's CPU apart from the process's), the
+issue's targets as printed, on hand-made figures, and the --names export's pairing of ops and kernels."""
 
 from __future__ import annotations
 
 import importlib.util
+import sqlite3
 import sys
 import textwrap
 from pathlib import Path
@@ -71,3 +72,31 @@ def test_target_lines_on_hand_made_figures(bench):
 def test_main_thread_share_says_nothing_without_a_sample(bench):
     assert bench.main_thread_share({"main_cpu": None}) == ""
     assert bench.main_thread_share({"main_cpu": 9.63}) == ", main thread 9.6 s"
+
+
+def test_target_lines_of_a_variant_export_give_the_database_size_only(bench):
+    rows = [(1_000_000, {"wall": 99.0, "rss": 9000, "db_mb": 500}, (2.0, 150), 400, 1.0)]  # 49.5x; 1.25x
+    assert bench.target_lines(rows, speed=False) == [
+        "target: 1,000,000 kernels: database at most 1.2x the export MISSED"
+    ]
+
+
+def test_many_names_export_launches_each_ops_own_kernel(bench, tmp_path):
+    path = bench.generate(tmp_path / "names.sqlite", 3000, names=50)
+    con = sqlite3.connect(path)
+    try:
+        # the outer op range of each kernel slot carries `, seq = `; its kernel is launched by correlation id
+        pairs = con.execute(
+            "SELECT substr(e.text, 1, instr(e.text, ', seq = ') - 1), s.value FROM NVTX_EVENTS e "
+            "JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.start > e.start AND r.end < e.end AND r.globalTid = e.globalTid "
+            "JOIN CUPTI_ACTIVITY_KIND_KERNEL k ON k.correlationId = r.correlationId "
+            "JOIN StringIds s ON s.id = k.shortName WHERE e.text LIKE '%, seq = %'"
+        ).fetchall()
+    finally:
+        con.close()
+    assert len(pairs) == 3000
+    ops, kernels = bench.many_names(50)
+    assert len(set(ops)) == 50 and len(set(kernels)) == 50
+    kernel_of = dict(zip(ops, kernels))
+    assert {op for op, _ in pairs} <= set(ops) and len({op for op, _ in pairs}) > 40
+    assert all(kernel == kernel_of[op] for op, kernel in pairs)
