@@ -100,3 +100,17 @@ def test_many_names_export_launches_each_ops_own_kernel(bench, tmp_path):
     kernel_of = dict(zip(ops, kernels))
     assert {op for op, _ in pairs} <= set(ops) and len({op for op, _ in pairs}) > 40
     assert all(kernel == kernel_of[op] for op, kernel in pairs)
+
+
+def test_median_run_takes_the_middle_ratio_and_the_highest_memory(bench):
+    def run(wall, rss, ref_wall, load):
+        return {"wall": wall, "rss": rss}, (ref_wall, 150), load
+
+    runs = [run(10.0, 2000, 2.0, 0.5), run(12.0, 2300, 2.0, 1.5), run(11.0, 2100, 2.5, 0.9)]  # 5.0x, 6.0x, 4.4x
+    result, ref, load = bench.median_run(runs)
+    assert (result["wall"], ref[0], load) == (10.0, 2.0, 0.5)  # the 5.0x run, not medians taken apart
+    assert result["rss"] == 2300
+    even = bench.median_run(runs[:2])  # 5.0x and 6.0x: the lower middle
+    assert even[0]["wall"] == 10.0 and even[0]["rss"] == 2300
+    without_nsys = bench.median_run([({"wall": w, "rss": 1}, None, 0.0) for w in (3.0, 1.0, 2.0)])
+    assert without_nsys[0]["wall"] == 2.0 and without_nsys[1] is None
