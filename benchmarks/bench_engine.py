@@ -90,7 +90,7 @@ def generate(
         iteration = slot // KERNELS_PER_ITERATION
         t = 1_000_000 + np.round((slot * 10_000 + iteration * 20_000) * slowdown).astype(np.int64)
         op = rng.integers(0, len(op_names), n)
-        ops = np.array(op_names, dtype=object)[np.full(n, 3) if one_op else op]
+        ops = np.full(n, "aten::add", dtype=object) if one_op else np.array(op_names, dtype=object)[op]
         outer = (
             ops + ", seq = " + slot.astype(str).astype(object) + ", op_id = " + (3 * slot).astype(str).astype(object)
         )
