@@ -4,6 +4,7 @@ import pytest
 
 from dlprof_profiler.errors import DLProfError
 from dlprof_profiler.ingest.nsys import read_nsys_export
+from dlprof_profiler.ingest.sanitize import sanitize_trace
 from tests.nsys_builder import SCHEMA_VERSIONS, NsysExport
 
 
@@ -62,6 +63,39 @@ def test_invalid_utf8_is_replaced_not_fatal(tmp_path):
     exp.system_env("Weird", b"caf\xe9 \xff")
     trace = read_nsys_export(exp.write(tmp_path / "bad.sqlite"))
     assert trace.system["Weird"] == "caf\ufffd \ufffd"
+
+
+@pytest.mark.parametrize("text", ["plain", "not UTF-8"])
+def test_other_nvtx_events_are_left_out_but_a_late_mark_ends_the_capture(tmp_path, text):
+    """Marks and category names between the ranges are not ranges; the latest NVTX time of any event (here a mark
+    after every range, call and kernel, in a capture without a session stop) is the capture end, where the
+    unclosed range ends; the same in memory and staged (ingest.nsys.read_nvtx_rows, store/trace_store)."""
+    from dlprof_profiler.store.trace_store import TraceStore
+
+    exp = NsysExport(schema="2021.3")  # no ANALYSIS_DETAILS: no session stop
+    t = exp.add_thread(pid=7, tid=7, name="python", process_name="python")
+    exp.add_category(t, 1, "cat", time=5)
+    exp.push_pop(t, 10, 500, "outer")
+    exp.mark(t, 20, b"mark \xff" if text == "not UTF-8" else "mark")
+    exp.add_domain(t, domain_id=5, name="MyDomain", time=25)
+    exp.push_pop(t, 30, 400, "inner", domain_id=5)
+    exp.mark(t, 2000, "late mark")
+    exp.push_pop(t, 600, None, b"open \xfe" if text == "not UTF-8" else "open")
+    exp.launch(t, 40, 50, 60, 90, kernel="k1")
+    path = exp.write(tmp_path / "marks.sqlite")
+    opened = "open \ufffd" if text == "not UTF-8" else "open"
+    store = TraceStore(path, tmp_path / "store")
+    try:
+        store.load()
+        for trace in (sanitize_trace(read_nsys_export(path)), store.whole_trace()):
+            ranges = trace.ranges
+            assert ranges["text"].tolist() == ["outer", "inner", opened]
+            assert ranges["domain"].tolist() == ["default", "MyDomain", "default"]
+            assert ranges["start"].tolist() == [10, 30, 600] and ranges["end"].tolist() == [500, 400, 2000]
+            assert ranges["unclosed"].tolist() == [0, 0, 1]
+            assert trace.meta["capture_end"] == 2000
+    finally:
+        store.close()
 
 
 def test_kernel_device_not_listed_is_added(tmp_path):
