@@ -41,9 +41,10 @@ def side_from_database(db, aggr_id: int, domain_id: int, label: str, rank: int =
             ).fetchall(),
             columns=compare.OP_INPUT,
         )
+        name, _ = K.kernel_summary_names(db.columns(K.KERNEL_SUMMARIES), "k")
         kernels = pd.DataFrame(
             con.execute(
-                "SELECT k.kernel_name, k.uses_tc, k.num_calls, k.gpu_total FROM kernel_summaries k "
+                f"SELECT {name}, k.uses_tc, k.num_calls, k.gpu_total FROM {K.KERNEL_SUMMARIES} k "
                 "WHERE k.aggr_id = :aggr AND k.domain_id = :domain" + _rank_filter(db, "k"),
                 params,
             ).fetchall(),

@@ -222,9 +222,10 @@ def ops_table(ctx) -> TableQuery:
 
 def kernels_table(ctx, op_index: int | None = None) -> TableQuery:
     pt = ctx.pytorch
+    name, long_name = K.kernel_summary_names(ctx.db.columns(K.KERNEL_SUMMARIES), "k")
     cols = [
         Col("op_index", "Op Index", "int", "k.op_index", hidden=True),
-        Col("kernel_name", "Kernel Name", "text", "k.kernel_name"),
+        Col("kernel_name", "Kernel Name", "text", name),
     ]
     cols += op_identity("o", pt)
     cols += [
@@ -238,7 +239,7 @@ def kernels_table(ctx, op_index: int | None = None) -> TableQuery:
         Col("api_avg", "Avg API Time (ns)", "ns", "k.api_avg"),
         Col("api_min", "Min API Time (ns)", "ns", "k.api_min"),
         Col("api_max", "Max API Time (ns)", "ns", "k.api_max"),
-        Col("long_name", "Long Kernel Name", "text", "k.long_name", hidden=True),
+        Col("long_name", "Long Kernel Name", "text", long_name, hidden=True),
     ]
     cols += _flops_columns(ctx, _op_node_value("flops_per_call"), _op_node_value("achieved_tflops"))
     where = aggregation_filters("k")

@@ -21,8 +21,9 @@ SCALAR_TAGS = {
 
 # ---------------------------------------------------------------------------- database versions
 
-DB_SCHEMA_VERSION = "3.3.0"  # written by this dlprof (db_version.current_version); 3.1 added the memory tables,
-# 3.2 the GPU time breakdowns, 3.3 stores the NVTX ranges as blocks (raw_range_blocks, not raw_ranges rows)
+DB_SCHEMA_VERSION = "3.4.0"  # written by this dlprof (db_version.current_version); 3.1 added the memory tables,
+# 3.2 the GPU time breakdowns, 3.3 stores the NVTX ranges as blocks (raw_range_blocks, not raw_ranges rows), 3.4
+# names kernel_summaries' kernels by string id (name_id, long_name_id: kernel_summary_names)
 READABLE_SCHEMA_MAJORS = ("2", "3")  # schema majors the engine and the viewer open
 CREATED_BY_PREFIX = "dlprof"  # db_version.created_by starts with it in every DLProf database
 
@@ -108,6 +109,8 @@ DEVICE_UTILIZATION = "device_utilization"
 OP_NODES = "op_nodes"
 OP_TYPE_METRICS = "op_type_metrics"
 KERNEL_SUMMARIES = "kernel_summaries"
+# schema 3.4: kernel_summaries names its kernels by string id; before, as text (kernel_name, long_name)
+KERNEL_NAME_IDS = ("name_id", "long_name_id")
 TENSOR_CORE_SUMMARY = "tensor_core_summary"
 GROUP_OPS = "group_ops"
 EXPERT_SYSTEMS_FEEDBACK = "expert_systems_feedback"
@@ -194,3 +197,12 @@ DEFAULT_RANK = 0
 # the wall clock time, and data loading while every GPU class is idle above this share.
 GPU_UTILIZATION_PCT = 50.0
 DATALOADER_PCT = 10.0
+
+
+def kernel_summary_names(columns, alias: str = "k") -> tuple[str, str]:
+    """SQL of (kernel name, long kernel name) of a kernel_summaries row under `alias`, given the table's
+    `columns`: string ids since schema 3.4 (a kernel name repeated for each op launching it made the table a
+    quarter of a database), text before."""
+    if KERNEL_NAME_IDS[0] in columns:
+        return tuple(f"(SELECT value FROM {STRINGS} WHERE id = {alias}.{c})" for c in KERNEL_NAME_IDS)
+    return f"{alias}.kernel_name", f"{alias}.long_name"

@@ -22,9 +22,9 @@ DATA = Path(__file__).parent / "data" / "nsys"
 class RecordingDatabase(RunDatabase):
     """A single run's sink that remembers the domain order it was asked to open the database with."""
 
-    def open(self, trace, domain_names: list):
+    def open(self, trace, domain_names: list, events: int | None = None):
         self.domain_names = list(domain_names)
-        return super().open(trace, domain_names)
+        return super().open(trace, domain_names, events)
 
 
 def options_for(source: Path, out: Path, *extra: str):

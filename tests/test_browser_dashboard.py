@@ -186,7 +186,7 @@ def test_selecting_a_top_op_fills_the_details_pane(dash):
     stats = details.find_element("css selector", "table.stats").text
     assert f"CPU Time {fmt_ns(cpu_total)}" in stats and fmt_ns(gpu_avg) in stats
     kernels = query(
-        dash.db, "SELECT kernel_name FROM kernel_summaries WHERE op_index = ? ORDER BY gpu_total DESC", (op_index,)
+        dash.db, "SELECT kernel_name FROM view_kernel_summaries WHERE op_index = ? ORDER BY gpu_total DESC", (op_index,)
     )
     table = b.wait_css("#op-details .datatable[data-state=ready]")
     rows = table.find_elements("css selector", "tbody tr[data-key]")

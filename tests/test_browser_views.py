@@ -293,7 +293,7 @@ def test_ops_and_kernels_selecting_an_op_fills_its_kernels(env):
     op_index = query(db, "SELECT op_index FROM read_only_ops WHERE op_id = 'LINEAR_2'")[0][0]
     expected = query(
         db,
-        "SELECT kernel_name, num_calls, gpu_total, api_total FROM kernel_summaries "
+        "SELECT kernel_name, num_calls, gpu_total, api_total FROM view_kernel_summaries "
         "WHERE aggr_id = ? AND op_index = ? ORDER BY gpu_total DESC",
         (aggr_id(db), op_index),
     )

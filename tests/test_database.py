@@ -251,7 +251,7 @@ def test_everything_is_rank_zero(mixed):
 
 @pytest.mark.slow
 def test_schema_and_first_aggregation(db):
-    assert query(db, "SELECT current_version FROM db_version") == [(DB_SCHEMA_VERSION,)] == [("3.3.0",)]
+    assert query(db, "SELECT current_version FROM db_version") == [(DB_SCHEMA_VERSION,)] == [("3.4.0",)]
     assert query(db, "SELECT aggr_id, key_node, iter_start, iter_stop, total_iterations FROM aggregations") == [
         (1, "Optimizer.step#SGD.step", 0, 3, 4)
     ]
@@ -476,6 +476,59 @@ def test_reaggregation_appends_and_keeps_the_earlier_ones(db, tmp_path):
     assert query(db, "SELECT key_node, total_iterations FROM aggregations WHERE aggr_id = ?", (aggr3,)) == [
         ("aten::relu", 4)
     ]
+
+
+def test_kernel_summaries_name_their_kernels_by_string_id(db, tmp_path):
+    """Schema 3.4: kernel_summaries holds ids into `strings` (each text there once), in the run's aggregation and
+    in one appended later; the names and launch counts are the export's."""
+    columns = {r[1] for r in query(db, "PRAGMA table_info(kernel_summaries)")}
+    assert {"name_id", "long_name_id"} <= columns and not {"kernel_name", "long_name"} & columns
+    export = tmp_path / "t.sqlite"
+    launches = dict(
+        query(
+            export,
+            "SELECT s.value, count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName "
+            "GROUP BY 1",
+        )
+    )
+    aggr = reaggregate_in_place(db, iter_start=1, iter_stop=2)
+    named = (
+        "SELECT s.value, l.value, sum(k.num_calls) FROM kernel_summaries k JOIN strings s ON s.id = k.name_id "
+        "JOIN strings l ON l.id = k.long_name_id WHERE k.aggr_id = ? GROUP BY 1, 2"
+    )
+    first = {name: (long, calls) for name, long, calls in query(db, named, (1,))}
+    assert first == {name: (name, calls) for name, calls in launches.items()}  # no demangled names in the export
+    later = {name: (long, calls) for name, long, calls in query(db, named, (aggr,))}
+    assert set(later) == set(launches) and all(0 < calls < launches[name] for name, (_, calls) in later.items())
+    values = [v for (v,) in query(db, "SELECT value FROM strings")]
+    assert len(values) == len(set(values))
+    # the compatibility view gives them as text, as schema 2.0 did
+    assert sorted(
+        query(db, "SELECT kernel_name, sum(num_calls) FROM view_kernel_summaries WHERE aggr_id = 1 GROUP BY 1")
+    ) == sorted(launches.items())
+
+
+def test_a_small_profile_gets_small_pages(db, tmp_path):
+    """Every table and index takes a page at least: a small profile's database has 4 KiB pages (a fifth of an
+    empty one's size), a large one (or one staged out of core, not counted) SQLite pages of 16 KiB."""
+    assert database.page_size_for(0) == database.page_size_for(999_999) == 4096
+    assert database.page_size_for(1_000_000) == database.page_size_for(None) == 16384
+    assert query(db, "PRAGMA page_size") == [(4096,)]
+    out = tmp_path / "staged"
+    run_dlprof(f"--database={tmp_path / 't.sqlite'}", "--reports=summary", "--out_of_core=on", f"--output_path={out}")
+    assert query(out / "dlprof_dldb.sqlite", "PRAGMA page_size") == [(16384,)]
+    same = "SELECT wall_time, gpu_utilization FROM model_summary"
+    assert query(out / "dlprof_dldb.sqlite", same) == query(db, same)
+
+
+def test_appended_rows_find_or_add_their_strings():
+    """A re-aggregation's texts get the ids `strings` already has, new ones the next free ids; None stays NULL."""
+    con = sqlite3.connect(":memory:")
+    con.execute("CREATE TABLE strings (id INTEGER PRIMARY KEY, value TEXT NOT NULL)")
+    con.executemany("INSERT INTO strings VALUES (?, ?)", [(0, "a"), (1, "b"), (5, "b")])
+    ids = database._Inserter(con, 0).string_ids(pd.Series(["b", None, "c", "a", "c", "d"], index=[9, 8, 7, 6, 5, 4]))
+    assert ids.tolist() == [1, pd.NA, 6, 0, 6, 7] and ids.index.tolist() == [9, 8, 7, 6, 5, 4]
+    assert con.execute("SELECT id, value FROM strings WHERE id > 5 ORDER BY id").fetchall() == [(6, "c"), (7, "d")]
 
 
 @pytest.mark.slow

@@ -77,7 +77,7 @@ def rows(db, sql, params=()):
 def test_a_2_0_database_reloads_as_3_0_does(v2):
     old = database.load_model(v2["v2"])
     new = database.load_model(v2["v3"])
-    assert database.schema_version(v2["v2"]) == "2.0.0" and database.schema_version(v2["v3"]) == "3.3.0"
+    assert database.schema_version(v2["v2"]) == "2.0.0" and database.schema_version(v2["v3"]) == "3.4.0"
     for name in ("api_calls", "gpu", "devices"):
         a, b = getattr(old[0], name), getattr(new[0], name)
         assert list(a.columns) == list(b.columns)
@@ -202,6 +202,45 @@ def _get(service, route: str, **args) -> dict:
     return json.loads(reply.body)
 
 
+def test_kernels_of_a_3_3_database_are_read_by_name(v2, tmp_path):
+    """Before schema 3.4 kernel_summaries held its kernel names as text: the viewer reads such a file as it
+    reads a 3.4 one (names by string id), in the kernels table and in a comparison."""
+    from dlprof_plugin.compare import side_from_database
+    from dlprof_plugin.db import Database
+    from dlprof_plugin.runs import RunInfo, StaticRuns
+    from dlprof_plugin.service import Service
+
+    old = tmp_path / "v3_3.sqlite"
+    old.write_bytes(v2["v3"].read_bytes())
+    con = sqlite3.connect(old)
+    con.executescript(
+        """
+        DROP VIEW view_kernel_summaries;
+        ALTER TABLE kernel_summaries ADD COLUMN kernel_name TEXT;
+        ALTER TABLE kernel_summaries ADD COLUMN long_name TEXT;
+        UPDATE kernel_summaries SET kernel_name = (SELECT value FROM strings WHERE id = name_id),
+            long_name = (SELECT value FROM strings WHERE id = long_name_id);
+        ALTER TABLE kernel_summaries DROP COLUMN name_id;
+        ALTER TABLE kernel_summaries DROP COLUMN long_name_id;
+        UPDATE db_version SET current_version = '3.3.0', original_version = '3.3.0';
+        """
+    )
+    con.close()
+    tables = {}
+    for name, path in (("new", v2["v3"]), ("old", old)):
+        service = Service(StaticRuns({"r": RunInfo(run="r", database=str(path), shown_database=path.name)}))
+        doc = _get(service, "table/kernels", run="r", limit=100, sort="kernel_name", order="asc")
+        keys = [c["key"] for c in doc["columns"]]
+        tables[name] = [dict(zip(keys, r)) for r in doc["rows"]]
+        side = side_from_database(Database(path), 1, 0, name)
+        tables[name + " compare"] = sorted(map(tuple, side.kernels.itertuples(index=False)))
+    names = sorted(r["kernel_name"] for r in tables["new"])
+    assert names == [r["kernel_name"] for r in tables["new"]]  # sorted by name in SQL too
+    assert len(names) > 3 and "multi_tensor_apply_kernel" in names
+    assert tables["old"] == tables["new"] and tables["old compare"] == tables["new compare"]
+    assert {k[0] for k in tables["new compare"]} == set(names)
+
+
 @pytest.mark.parametrize("schema", ["v2", "v3"])
 def test_names_that_are_not_utf8_are_shown_with_replacement_characters(v2, tmp_path, schema):
     """2.0 copied kernel names from the export byte for byte; a 3.0 file with such bytes (written by some
@@ -218,7 +257,8 @@ def test_names_that_are_not_utf8_are_shown_with_replacement_characters(v2, tmp_p
         con.execute(f"UPDATE read_only_kernel_tc SET name = {bad}, long_name = {bad} WHERE name = ?", (ADD,))
     else:
         con.execute(f"UPDATE strings SET value = {bad} WHERE value = ?", (ADD,))
-    con.execute(f"UPDATE kernel_summaries SET kernel_name = {bad}, long_name = {bad} WHERE kernel_name = ?", (ADD,))
+    if schema == "v2":  # 3.4 names kernel_summaries' kernels by string id: the update of strings above renamed them
+        con.execute(f"UPDATE kernel_summaries SET kernel_name = {bad}, long_name = {bad} WHERE kernel_name = ?", (ADD,))
     con.commit()
     con.close()
     service = Service(StaticRuns({"r": RunInfo(run="r", database=str(path), shown_database=path.name)}))

@@ -412,7 +412,7 @@ def test_memory_report_files_and_database_round_trip(nsys_memory, tmp_path):
     assert doc["sections"][0]["rows"][1] == ["GPU 0", 4096 + MIB, None, 0, 6, 6]
     con = sqlite3.connect(out / "dlprof_dldb.sqlite")
     try:
-        assert con.execute("SELECT current_version FROM db_version").fetchone() == ("3.3.0",)
+        assert con.execute("SELECT current_version FROM db_version").fetchone() == ("3.4.0",)
         assert con.execute("SELECT count(*), sum(bytes) FROM raw_memory_events").fetchone() == (16, 2048 + 3 * 512)
         assert con.execute(
             "SELECT peak_allocated, allocated_at_end, allocations, frees FROM memory_devices WHERE device_type = 1 "

@@ -63,6 +63,17 @@ def test_merge_shifts_names_and_op_indexes(tmp_path):
         ).fetchall()
         assert names == [("ncclDevKernel_AllReduce_Sum_f32_RING_LL",), ("volta_sgemm_32x32_sliced1x4_tn",)]
         assert con.execute("SELECT min(name_id) FROM raw_gpu_activities WHERE rank = 3").fetchone()[0] > strings0[1]
+        # so do the kernel names of the derived tables (schema 3.4: string ids too), and their long names
+        kernels = (
+            "SELECT DISTINCT s.value, l.value FROM kernel_summaries k JOIN strings s ON s.id = k.name_id "
+            "JOIN strings l ON l.id = k.long_name_id WHERE k.rank = ? ORDER BY 1"
+        )
+        assert con.execute(kernels, (3,)).fetchall() == [(n, n) for (n,) in names]
+        launched = (
+            "SELECT DISTINCT s.value, s.value FROM raw_gpu_activities g JOIN strings s ON s.id = g.name_id "
+            "WHERE g.rank = ? AND g.kind = 0 ORDER BY 1"
+        )
+        assert con.execute(kernels, (0,)).fetchall() == con.execute(launched, (0,)).fetchall() != []
         # op indexes: rank 0's 0..n-1, rank 3's next; the derived tables point at the same ops
         assert con.execute("SELECT min(op_index) FROM raw_ops WHERE rank = 3").fetchone()[0] == ops0
         assert (

@@ -125,7 +125,7 @@ CREATE TABLE {K.OP_TYPE_METRICS} (aggr_id INTEGER, domain_id INTEGER, rank INTEG
     overhead_total INTEGER, overhead_avg REAL, overhead_min INTEGER, overhead_max INTEGER,
     idle_total INTEGER, idle_avg REAL, idle_min INTEGER, idle_max INTEGER);
 CREATE TABLE {K.KERNEL_SUMMARIES} (aggr_id INTEGER, domain_id INTEGER, rank INTEGER NOT NULL DEFAULT 0,
-    kernel_name TEXT, long_name TEXT,
+    name_id INTEGER, long_name_id INTEGER,
     op_index INTEGER, uses_tc INTEGER, num_calls INTEGER, first_start INTEGER,
     gpu_total INTEGER, gpu_avg REAL, gpu_min INTEGER, gpu_max INTEGER,
     api_total INTEGER, api_avg REAL, api_min INTEGER, api_max INTEGER);
@@ -191,6 +191,7 @@ def _local(key: str) -> str:
 
 # Names are looked up by correlated subqueries: a view stays one table (SQLite flattens it into the query)
 # and a name costs a lookup only where a query reads it.
+_KERNEL_NAMES = K.kernel_summary_names(K.KERNEL_NAME_IDS)
 COMPAT_VIEWS = f"""
 CREATE VIEW {K.READ_ONLY_SYSTEM_CONFIG} AS SELECT rank, name, value FROM {K.RAW_SYSTEM_CONFIG};
 CREATE VIEW {K.READ_ONLY_MODEL_CONFIG} AS SELECT rank, name, value FROM {K.RAW_MODEL_CONFIG};
@@ -256,7 +257,8 @@ CREATE VIEW view_op_nodes AS
            n.idle_min, n.idle_max, o.first_start
     FROM {K.OP_NODES} n JOIN {K.READ_ONLY_OPS} o ON o.op_index = n.op_index;
 CREATE VIEW view_kernel_summaries AS
-    SELECT k.*, o.op_id, o.op_name, o.direction, o.op_type
+    SELECT k.*, {_KERNEL_NAMES[0]} AS kernel_name, {_KERNEL_NAMES[1]} AS long_name, o.op_id, o.op_name, o.direction,
+           o.op_type
     FROM {K.KERNEL_SUMMARIES} k JOIN {K.READ_ONLY_OPS} o ON o.op_index = k.op_index;
 CREATE VIEW view_tensor_core_summary AS
     SELECT t.*, o.op_id, o.op_name, o.direction, o.op_type

@@ -20,6 +20,7 @@ database is 2% smaller. Databases of schema 2.0 are still read (db_load.py) and 
 from __future__ import annotations
 
 import contextlib
+import functools
 import getpass
 import json
 import queue
@@ -52,6 +53,16 @@ CHUNK_ROWS = 1 << 18  # rows encoded and inserted at a time: bounds the writer's
 INSERT_CACHE_KIB = 16 << 10  # page cache, KiB: appended rows and index entries touch the last pages only
 SORT_CACHE_KIB = 64 << 10  # page cache, and so sorter memory, while the final indexes are built, KiB
 PAGE_SIZE = 16384  # bulk appends a quarter faster than SQLite's 4 KiB default, the same file size
+# ...but every table and index takes at least a page: a database of a small profile (below SMALL_PROFILE_EVENTS
+# ranges, calls and activities) has 4 KiB pages, which made the real exports' databases 0.4-2.2x the export
+# instead of 1.2-4.4x (docs/DESIGN.md, "Database size"), in the same time (10^5 kernels: 1.8 s either way)
+SMALL_PAGE_SIZE = 4096
+SMALL_PROFILE_EVENTS = 1_000_000
+
+
+def page_size_for(events: int | None) -> int:
+    """The page size of a new database of a profile of `events` events (None: not counted, a large one)."""
+    return SMALL_PAGE_SIZE if events is not None and events < SMALL_PROFILE_EVENTS else PAGE_SIZE
 
 
 # ---------------------------------------------------------------------------- writing
@@ -93,11 +104,12 @@ class DatabaseWriter:
         raw_indexes: bool = True,
         final_indexes: bool = True,
         deferred_indexes: bool = False,
+        page_size: int = PAGE_SIZE,
     ):
         """`raw_indexes` / `final_indexes`: build the viewer's raw-table indexes (a rank's database merged into
         another, which builds its own, needs neither). `deferred_indexes`: build every secondary index after the
         rows (build_indexes or finish), sorted once, instead of keeping the in-order ones up to date row by row
-        (cheaper when all rows come at once)."""
+        (cheaper when all rows come at once). `page_size`: see page_size_for."""
         self.path = Path(path)
         self.final_indexes = final_indexes
         self.header = header
@@ -118,7 +130,7 @@ class DatabaseWriter:
         try:
             con = sqlite3.connect(self.path)
             try:
-                con.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+                con.execute(f"PRAGMA page_size = {int(page_size)}")
                 # as on the writer's own connection: the file is staged (discarded if the run fails), and a
                 # sync per CREATE statement took ~1 s on a busy disk
                 con.execute("PRAGMA journal_mode = OFF")
@@ -335,7 +347,7 @@ class DatabaseWriter:
 
     def _aggregation_rows(self, aggregations, iterations, findings, elapsed):
         first = next(iter(aggregations.values()))
-        rows = _ArrowRows(self.rank)
+        rows = _ArrowRows(self.rank, self.registry.strings)
         rows.row(K.AGGREGATIONS, {"aggr_id": FIRST_AGGREGATION, **_aggregation_row(first, elapsed)})
         domain_ids = {name: self.registry.domains[name] for name in aggregations}
         offsets = {name: self.registry.op_maps[name].copy() for name in aggregations}
@@ -659,6 +671,31 @@ class _Inserter:
         for lo in range(0, len(frame), INSERT_ROWS):  # Python values of a slice at a time: 10^6 ops take GBs
             self.con.executemany(sql, _rows(frame.iloc[lo : lo + INSERT_ROWS], columns))
 
+    def string_ids(self, values: pd.Series) -> pd.Series:
+        """The `strings` ids of texts (nullable; None: NULL), new texts added to the table."""
+        texts = [None if pd.isna(v) else str(v) for v in values.astype(object)]
+        distinct = sorted({t for t in texts if t is not None})
+        ids: dict = {}
+        if distinct:
+            # no index on value: one scan of the table for all the texts, through a temporary table
+            self.con.execute("CREATE TEMP TABLE IF NOT EXISTS _dlprof_texts (value TEXT PRIMARY KEY)")
+            self.con.execute("DELETE FROM _dlprof_texts")
+            self.con.executemany("INSERT INTO _dlprof_texts VALUES (?)", [(t,) for t in distinct])
+            ids = dict(
+                self.con.execute(
+                    f"SELECT s.value, min(s.id) FROM {K.STRINGS} s JOIN _dlprof_texts t ON t.value = s.value "
+                    "GROUP BY s.value"
+                ).fetchall()
+            )
+            self.con.execute("DELETE FROM _dlprof_texts")
+            missing = [t for t in distinct if t not in ids]
+            if missing:
+                first = self.con.execute(f"SELECT coalesce(max(id) + 1, 0) FROM {K.STRINGS}").fetchone()[0]
+                ids.update({t: first + i for i, t in enumerate(missing)})
+                rows = [(ids[t], t) for t in missing]
+                self.con.executemany(f"INSERT INTO {K.STRINGS} (id, value) VALUES (?, ?)", rows)
+        return pd.Series([None if t is None else ids[t] for t in texts], dtype="Int64", index=values.index)
+
     def row(self, table: str, row: dict) -> int:
         known = self.columns(table)
         row = {k: v for k, v in row.items() if k in known}
@@ -675,9 +712,18 @@ class _ArrowRows:
     """The rows _write_rank_rows produces, as Arrow tables for the database writer's thread (a new schema 3.0
     file: every derived table but `aggregations` has a rank column), instead of inserted."""
 
-    def __init__(self, rank: int):
-        self.rank = rank
+    def __init__(self, rank: int, strings: E.StringIds):
+        self.rank, self.strings = rank, strings
         self.tables: list[tuple[str, pa.Table]] = []
+
+    def columns(self, table: str) -> frozenset:
+        """The columns of this version's table (a new file's)."""
+        return _schema_columns(table)
+
+    def string_ids(self, values: pd.Series) -> pd.Series:
+        """The `strings` ids of texts (nullable; None: NULL), registered with the writer's strings."""
+        ids = self.strings.column(values)
+        return pd.Series(ids, index=values.index).astype("Int64").mask(ids < 0)
 
     def insert(self, table: str, frame: pd.DataFrame, columns: list[str], renamed: dict | None = None) -> None:
         if len(frame) == 0:
@@ -695,6 +741,16 @@ class _ArrowRows:
     def has_table(self, table: str) -> bool:
         """A new file has every table of this version's schema."""
         return True
+
+
+@functools.cache
+def _schema_columns(table: str) -> frozenset:
+    con = sqlite3.connect(":memory:")
+    try:
+        con.executescript(SCHEMA)
+        return frozenset(r[1] for r in con.execute(f'PRAGMA table_info("{table}")'))
+    finally:
+        con.close()
 
 
 def _arrow_column(values: pd.Series) -> pa.Array:
@@ -1000,14 +1056,17 @@ def _write_aggregation(out: _Inserter, aggr_id: int, domain_id: int, ops_map, ag
         k = agg.kernels.assign(
             aggr_id=aggr_id, domain_id=domain_id, op_index=_global_op_index(agg.kernels["op_index"], ops_map)
         )
+        names = ["name", "long_name"]  # text before schema 3.4, string ids since (contract.KERNEL_NAME_IDS)
+        if K.KERNEL_NAME_IDS[0] in out.columns(K.KERNEL_SUMMARIES):
+            k = k.assign(**{c: out.string_ids(k[name]) for c, name in zip(K.KERNEL_NAME_IDS, names)})
+            names = list(K.KERNEL_NAME_IDS)
         out.insert(
             K.KERNEL_SUMMARIES,
             k,
             [
                 "aggr_id",
                 "domain_id",
-                "name",
-                "long_name",
+                *names,
                 "op_index",
                 "uses_tc",
                 "count",

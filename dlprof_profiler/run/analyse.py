@@ -42,8 +42,9 @@ class Sink:
     def warn(self, text: str) -> None:
         log.warning(text)
 
-    def open(self, trace, domain_names: list):
-        """The database writer for `trace`, its NVTX domains in the order `domain_names`."""
+    def open(self, trace, domain_names: list, events: int | None = None):
+        """The database writer for `trace`, its NVTX domains in the order `domain_names`; `events`: how many
+        ranges, calls and activities the trace holds (None: not counted, staged out of core)."""
         return None
 
     def discard(self) -> None:
@@ -127,7 +128,8 @@ def _in_memory(source: Path, options: RunOptions, sink: Sink, capture: dict | No
             sink.warn(text)
         _stamp_capture(trace, capture)
         with signals_held():  # an interrupt waits until the sink holds the writer it must stop (`discard`)
-            writer = sink.open(trace, corr_mod.domain_order(trace, options.mode))
+            events = len(trace.ranges) + len(trace.api_calls) + len(trace.gpu)
+            writer = sink.open(trace, corr_mod.domain_order(trace, options.mode), events)
         on_correlated = on_owned = None
         if writer is not None:
             writer.add_raw(trace)  # written on the writer's thread while the analysis goes on

@@ -127,7 +127,7 @@ class RankDatabase(analyse.Sink):
     def warn(self, text: str) -> None:
         log.warning(f"rank {self.task.rank}: {text}")
 
-    def open(self, trace, domain_names: list):
+    def open(self, trace, domain_names: list, events: int | None = None):
         self.task.database.parent.mkdir(exist_ok=True)  # in the run's staging folder, which must exist
         self.writer = _rank_writer(self.task, trace, domain_names)
         return self.writer

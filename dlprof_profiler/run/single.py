@@ -144,11 +144,14 @@ class RunDatabase(analyse.Sink):
             return log.stage(f"Reading {source} out of core (staged on disk in {self.staging.output_dir})")
         return log.stage(f"Reading {source}")
 
-    def open(self, trace, domain_names: list):
+    def open(self, trace, domain_names: list, events: int | None = None):
         header = database.Header.from_trace(trace, database.domain_ids_for(domain_names))
         # every row comes at once: the indexes are cheaper built once, sorted, after them
         self.writer = database.DatabaseWriter(
-            self.staging.path(self.options.database_path), header, deferred_indexes=True
+            self.staging.path(self.options.database_path),
+            header,
+            deferred_indexes=True,
+            page_size=database.page_size_for(events),
         )
         return self.writer
 
