@@ -222,6 +222,8 @@ def test_kernels_of_a_3_3_database_are_read_by_name(v2, tmp_path):
             long_name = (SELECT value FROM strings WHERE id = long_name_id);
         ALTER TABLE kernel_summaries DROP COLUMN name_id;
         ALTER TABLE kernel_summaries DROP COLUMN long_name_id;
+        CREATE VIEW view_kernel_summaries AS SELECT k.*, o.op_id, o.op_name, o.direction, o.op_type
+            FROM kernel_summaries k JOIN read_only_ops o ON o.op_index = k.op_index;
         UPDATE db_version SET current_version = '3.3.0', original_version = '3.3.0';
         """
     )
@@ -239,6 +241,12 @@ def test_kernels_of_a_3_3_database_are_read_by_name(v2, tmp_path):
     assert len(names) > 3 and "multi_tensor_apply_kernel" in names
     assert tables["old"] == tables["new"] and tables["old compare"] == tables["new compare"]
     assert {k[0] for k in tables["new compare"]} == set(names)
+    # re-aggregated, a 3.3 file gets its new kernel rows in its own layout
+    aggr = reaggregate_in_place(old)
+    con = sqlite3.connect(old)
+    by_aggregation = "SELECT kernel_name, long_name, num_calls FROM kernel_summaries WHERE aggr_id = ? ORDER BY rowid"
+    assert con.execute(by_aggregation, (aggr,)).fetchall() == con.execute(by_aggregation, (1,)).fetchall() != []
+    con.close()
 
 
 @pytest.mark.parametrize("schema", ["v2", "v3"])
