@@ -54,8 +54,9 @@ INSERT_CACHE_KIB = 16 << 10  # page cache, KiB: appended rows and index entries 
 SORT_CACHE_KIB = 64 << 10  # page cache, and so sorter memory, while the final indexes are built, KiB
 PAGE_SIZE = 16384  # bulk appends a quarter faster than SQLite's 4 KiB default, the same file size
 # ...but every table and index takes at least a page: a database of a small profile (below SMALL_PROFILE_EVENTS
-# ranges, calls and activities) has 4 KiB pages, which made the real exports' databases 0.4-2.2x the export
-# instead of 1.2-4.4x (docs/DESIGN.md, "Database size"), in the same time (10^5 kernels: 1.8 s either way)
+# ranges, calls and activities) has 4 KiB pages, which made those of the real exports in tests/data/nsys 0.4-1.6x
+# the export instead of 1.2-3.9x (one holding long op names aside: docs/DESIGN.md, "Database size"), in the same
+# time (10^5 kernels: 1.8 s either way)
 SMALL_PAGE_SIZE = 4096
 SMALL_PROFILE_EVENTS = 1_000_000
 
