@@ -141,7 +141,7 @@ _FIRST_CALL_SHAPES = {
         "AND i.op_index = n.op_index ORDER BY i.start, i.instance_id LIMIT 1)"
     ),
     "3": (
-        f"(SELECT (SELECT value FROM {K.STRINGS} WHERE id = d.input_shapes_id) FROM {K.RAW_OP_INSTANCES} i "
+        f"(SELECT {K.string_text('d.input_shapes_id')} FROM {K.RAW_OP_INSTANCES} i "
         f"LEFT JOIN {K.RAW_OP_INSTANCE_DETAILS} d ON d.instance_id = i.instance_id WHERE i.domain_id = n.domain_id "
         "AND i.start = o.first_start AND i.op_index = n.op_index ORDER BY i.instance_id LIMIT 1)"
     ),
@@ -419,9 +419,7 @@ def iterations_table(ctx) -> TableQuery:
     )
 
 
-def _name(id_sql: str) -> str:
-    """Schema 3.0: the text of a string id."""
-    return f"(SELECT value FROM {K.STRINGS} WHERE id = {id_sql})"
+_name = K.string_text  # schema 3.0: the text of a string id
 
 
 # Launch columns whose SQL differs between the schemas (2.0: read_only_* tables; 3.0: raw tables, names by id)

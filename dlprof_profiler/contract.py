@@ -199,10 +199,15 @@ GPU_UTILIZATION_PCT = 50.0
 DATALOADER_PCT = 10.0
 
 
+def string_text(id_sql: str) -> str:
+    """SQL of the text of a string id (an id into STRINGS; NULL stays NULL)."""
+    return f"(SELECT value FROM {STRINGS} WHERE id = {id_sql})"
+
+
 def kernel_summary_names(columns, alias: str = "k") -> tuple[str, str]:
     """SQL of (kernel name, long kernel name) of a kernel_summaries row under `alias`, given the table's
     `columns`: string ids since schema 3.4 (a kernel name repeated for each op launching it made the table a
     quarter of a database), text before."""
     if KERNEL_NAME_IDS[0] in columns:
-        return tuple(f"(SELECT value FROM {STRINGS} WHERE id = {alias}.{c})" for c in KERNEL_NAME_IDS)
+        return tuple(string_text(f"{alias}.{c}") for c in KERNEL_NAME_IDS)
     return f"{alias}.kernel_name", f"{alias}.long_name"

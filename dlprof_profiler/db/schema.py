@@ -171,9 +171,7 @@ CREATE INDEX idx_memory_ops ON {K.MEMORY_OPS}(aggr_id, domain_id);
 """
 
 
-def _name(column: str) -> str:
-    """A string id column read as its text (NULL stays NULL)."""
-    return f"(SELECT value FROM {K.STRINGS} WHERE id = {column})"
+_name = K.string_text  # a string id column read as its text
 
 
 def _thread(alias: str, field: str) -> str:

@@ -674,14 +674,15 @@ class _Inserter:
 
     def string_ids(self, values: pd.Series) -> pd.Series:
         """The `strings` ids of texts (nullable; None: NULL), new texts added to the table."""
-        texts = [None if pd.isna(v) else str(v) for v in values.astype(object)]
-        distinct = sorted({t for t in texts if t is not None})
+        codes, uniques = E.string_codes(values)
+        used = np.flatnonzero(np.bincount(codes + 1, minlength=len(uniques) + 1)[1:])
+        texts = [str(uniques[i]) for i in used]
         ids: dict = {}
-        if distinct:
+        if texts:
             # no index on value: one scan of the table for all the texts, through a temporary table
             self.con.execute("CREATE TEMP TABLE IF NOT EXISTS _dlprof_texts (value TEXT PRIMARY KEY)")
             self.con.execute("DELETE FROM _dlprof_texts")
-            self.con.executemany("INSERT INTO _dlprof_texts VALUES (?)", [(t,) for t in distinct])
+            self.con.executemany("INSERT INTO _dlprof_texts VALUES (?)", [(t,) for t in texts])
             ids = dict(
                 self.con.execute(
                     f"SELECT s.value, min(s.id) FROM {K.STRINGS} s JOIN _dlprof_texts t ON t.value = s.value "
@@ -689,13 +690,15 @@ class _Inserter:
                 ).fetchall()
             )
             self.con.execute("DELETE FROM _dlprof_texts")
-            missing = [t for t in distinct if t not in ids]
+            missing = [t for t in texts if t not in ids]
             if missing:
                 first = self.con.execute(f"SELECT coalesce(max(id) + 1, 0) FROM {K.STRINGS}").fetchone()[0]
                 ids.update({t: first + i for i, t in enumerate(missing)})
                 rows = [(ids[t], t) for t in missing]
                 self.con.executemany(f"INSERT INTO {K.STRINGS} (id, value) VALUES (?, ?)", rows)
-        return pd.Series([None if t is None else ids[t] for t in texts], dtype="Int64", index=values.index)
+        lut = np.full(len(uniques) + 1, -1, dtype=np.int64)  # code -1 (missing) -> the last entry -> -1
+        lut[used] = [ids[t] for t in texts]
+        return _nullable_ids(lut[codes], values.index)
 
     def row(self, table: str, row: dict) -> int:
         known = self.columns(table)
@@ -723,8 +726,7 @@ class _ArrowRows:
 
     def string_ids(self, values: pd.Series) -> pd.Series:
         """The `strings` ids of texts (nullable; None: NULL), registered with the writer's strings."""
-        ids = self.strings.column(values)
-        return pd.Series(ids, index=values.index).astype("Int64").mask(ids < 0)
+        return _nullable_ids(self.strings.column(values), values.index)
 
     def insert(self, table: str, frame: pd.DataFrame, columns: list[str], renamed: dict | None = None) -> None:
         if len(frame) == 0:
@@ -742,6 +744,11 @@ class _ArrowRows:
     def has_table(self, table: str) -> bool:
         """A new file has every table of this version's schema."""
         return True
+
+
+def _nullable_ids(ids: np.ndarray, index) -> pd.Series:
+    """String ids as a nullable column (-1: NULL)."""
+    return pd.Series(ids, index=index).astype("Int64").mask(ids < 0)
 
 
 @functools.cache
