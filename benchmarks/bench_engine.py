@@ -285,6 +285,7 @@ def main() -> int:
                     f"  nsys stats -r gpukernsum: {ref[0]:.1f} s, peak RSS {ref[1]:.0f} MB -> ratio "
                     f"{result['wall'] / ref[0]:.1f}x"
                 )
+            print(cpu_bound(result, ref, len(os.sched_getaffinity(0))))
             if not args.no_stages:
                 for name, seconds in result["stages"]:
                     print(f"    {name:<70}{seconds:>8.2f} s")
@@ -321,6 +322,15 @@ def median_run(runs: list) -> tuple[dict, tuple | None, float]:
     ranked = sorted(runs, key=lambda r: r[0]["wall"] / r[1][0] if r[1] else r[0]["wall"])
     result, ref, load = ranked[(len(ranked) - 1) // 2]
     return {**result, "rss": max(r[0]["rss"] for r in runs)}, ref, load
+
+
+def cpu_bound(result: dict, ref: tuple | None, cores: int) -> str:
+    """The shortest wall time any scheduling of this run's work could reach on `cores` cores (its CPU seconds
+    spread over all of them) and that time's ratio to gpukernsum: a ratio target below it needs less work,
+    not more overlap."""
+    floor = result["cpu"] / cores
+    ratio = f" ({floor / ref[0]:.1f}x gpukernsum)" if ref else ""
+    return f"  its CPU on {cores} core(s): at least {floor:.1f} s wall{ratio}"
 
 
 def main_thread_share(result: dict) -> str:

@@ -100,3 +100,42 @@ def test_only_a_profile_bounded_in_size_keeps_its_freed_memory(tmp_path, source,
     staging.discard()
     assert during is kept
     assert process_memory.heap_kept() is False  # and only during the analysis
+
+
+def test_out_of_core_the_analysis_after_staging_keeps_its_freed_memory(tmp_path, monkeypatch):
+    # staging's frees are handed back before the analysis; the analysis keeps its own (segment after segment),
+    # and the heap is trimmed again once it returns
+    source = DATA / "pytorch_2gpu_nccl_nsys2026.2_before.sqlite"
+    out = tmp_path / "out"
+    out.mkdir()
+    options = options_for(source, out, "--out_of_core=on")
+    seen = []
+    trims = []
+    monkeypatch.setattr(process_memory, "_libc", lambda: type("Libc", (), {"malloc_trim": trims.append})())
+    real_analyze_store = analyse.analyze_store
+
+    def spy(*args, **kwargs):
+        seen.append((process_memory.heap_kept(), len(trims)))
+        result = real_analyze_store(*args, **kwargs)
+        seen.append((process_memory.heap_kept(), len(trims)))
+        return result
+
+    monkeypatch.setattr(analyse, "analyze_store", spy)
+    real_load = analyse.TraceStore.load
+
+    def load(self, *args, **kwargs):
+        trace = real_load(self, *args, **kwargs)
+        trims.append("staged")
+        return trace
+
+    monkeypatch.setattr(analyse.TraceStore, "load", load)
+    staging = Staging(out)
+    with analyse.analysed(source, options, RunDatabase(options, staging)) as run:
+        after = process_memory.heap_kept()
+        run.database.start()
+        run.database.finish()
+    staging.discard()
+    (kept_at_start, trims_before), (kept_at_end, trims_after) = seen
+    assert kept_at_start and kept_at_end and after is False
+    assert 0 in trims[trims.index("staged") : trims_before]  # a trim once staged, before the analysis
+    assert trims_after == trims_before  # none while the analysis ran

@@ -114,3 +114,11 @@ def test_median_run_takes_the_middle_ratio_and_the_highest_memory(bench):
     assert even[0]["wall"] == 10.0 and even[0]["rss"] == 2300
     without_nsys = bench.median_run([({"wall": w, "rss": 1}, None, 0.0) for w in (3.0, 1.0, 2.0)])
     assert without_nsys[0]["wall"] == 2.0 and without_nsys[1] is None
+
+
+def test_cpu_bound_spreads_the_runs_cpu_over_the_cores(bench):
+    # 19.8 s of CPU on 2 cores: no scheduling ends before 9.9 s, 4.7x a 2.1 s gpukernsum run
+    assert (
+        bench.cpu_bound({"cpu": 19.8}, (2.1, 150), 2) == "  its CPU on 2 core(s): at least 9.9 s wall (4.7x gpukernsum)"
+    )
+    assert bench.cpu_bound({"cpu": 19.8}, None, 4) == "  its CPU on 4 core(s): at least 5.0 s wall"

@@ -22,7 +22,12 @@ from dlprof_profiler.outputs.publish import signals_held
 from dlprof_profiler.run import engine_choice
 from dlprof_profiler.run import outputs
 from dlprof_profiler.store.model import DatabaseFeed
-from dlprof_profiler.process_memory import avoid_huge_pages, freed_memory_kept, reuse_freed_memory
+from dlprof_profiler.process_memory import (
+    avoid_huge_pages,
+    freed_memory_kept,
+    release_unused_memory,
+    reuse_freed_memory,
+)
 from dlprof_profiler.store.trace_store import TraceStore
 
 
@@ -188,7 +193,12 @@ def _out_of_core(source: Path, options: RunOptions, sink: Sink, capture: dict | 
         # the op model is written once complete (while the analysis aggregates: the writer is the last to finish),
         # and each segment's GPU activity owners once it is correlated where the sink wants them so
         hooks = {"on_segment": feed.owners} if sink.owners_by_segment else {}
-        result = analyze_store(store, options.analysis_config(), str(source), on_correlated=feed.model, **hooks)
+        # staging's frees go back (its reading threads' arenas); the analysis's, one segment or chunk of about
+        # the same shape after another, stay for the next one's allocations (process_memory.py)
+        release_unused_memory()
+        reuse_freed_memory()
+        with freed_memory_kept():
+            result = analyze_store(store, options.analysis_config(), str(source), on_correlated=feed.model, **hooks)
         profile = outputs.profile_info(
             options, source, trace, result.corr, capture, store.profile_start, store.profile_end
         )
