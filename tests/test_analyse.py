@@ -80,6 +80,17 @@ def test_a_failure_while_writing_outputs_discards_the_staged_database(tmp_path):
     assert not staging.root.exists() and list(out.iterdir()) == []
 
 
+def heap_kept_while_writing(source: Path, options, out: Path) -> bool:
+    """Whether glibc's heap is kept while the analysed profile's database is written (the outputs' time)."""
+    staging = Staging(out)
+    with analyse.analysed(source, options, RunDatabase(options, staging)) as run:
+        kept = process_memory.heap_kept()
+        run.database.start()
+        run.database.finish()
+    staging.discard()
+    return kept
+
+
 @pytest.mark.parametrize(
     "source, extra, kept",
     [
@@ -91,14 +102,7 @@ def test_a_failure_while_writing_outputs_discards_the_staged_database(tmp_path):
 def test_only_a_profile_bounded_in_size_keeps_its_freed_memory(tmp_path, source, extra, kept):
     out = tmp_path / "out"
     out.mkdir()
-    options = options_for(source, out, *extra)
-    staging = Staging(out)
-    with analyse.analysed(source, options, RunDatabase(options, staging)) as run:
-        during = process_memory.heap_kept()
-        run.database.start()
-        run.database.finish()
-    staging.discard()
-    assert during is kept
+    assert heap_kept_while_writing(source, options_for(source, out, *extra), out) is kept
     assert process_memory.heap_kept() is False  # and only during the analysis
 
 
@@ -129,12 +133,7 @@ def test_out_of_core_the_analysis_after_staging_keeps_its_freed_memory(tmp_path,
         return trace
 
     monkeypatch.setattr(analyse.TraceStore, "load", load)
-    staging = Staging(out)
-    with analyse.analysed(source, options, RunDatabase(options, staging)) as run:
-        after = process_memory.heap_kept()
-        run.database.start()
-        run.database.finish()
-    staging.discard()
+    after = heap_kept_while_writing(source, options, out)
     (kept_at_start, trims_before), (kept_at_end, trims_after) = seen
     assert kept_at_start and kept_at_end and after is False
     assert 0 in trims[trims.index("staged") : trims_before]  # a trim once staged, before the analysis
