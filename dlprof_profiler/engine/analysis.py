@@ -286,8 +286,8 @@ def reaggregation_iterations(trace: Trace, corr: Correlation, key_node: str | No
 
 # ---------------------------------------------------------------------------- out of core
 
-# about 10^6 events a segment: at 3·10^6 and 10^7 kernels as fast as 2·10^6 and 0.2-0.4 GB lower at the peak
-# (the segments' work is held with what it freed: run/analyse.py)
+# about 10^6 events a segment: with glibc's heap kept through the analysis (run/analyse.py), at 10^7 kernels as
+# fast as 2·10^6 and 0.2-0.4 GB lower at the peak
 EVENTS_PER_SEGMENT = 1_000_000
 
 
