@@ -10,11 +10,12 @@ s without; user time +0.3 s; wall 0.5-1.2 s shorter). The process keeps using or
 An out-of-core analysis works a part of the profile at a time, but the allocators keep what it frees for
 reuse: Arrow's (mimalloc) and glibc's malloc (one arena per thread). After staging 3·10^6 kernels on four
 threads, 0.8 GB of the process's 1.0 GB was such free memory. Handing it back between stages keeps the peak
-the size of the largest stage's work. Within the analysis after staging (classification, then correlation one
-time segment after another, then aggregation one chunk after another: work of about the same shape each time)
-glibc's heap is kept instead, as in memory below: trimmed after every segment, the main thread faulted the same
-pages in again (at 10^7 kernels 2.7 million page faults and 20-24 s of system time on it; kept, 0.9-1.0
-million and 12-13 s). With segments of 10^6 events instead of 2·10^6, the peak stays near 2 GB.
+the size of the largest stage's work. Once the export is read, through the analysis (classification, while a
+thread still stages the API calls and GPU activities, then correlation one time segment after another, then
+aggregation one chunk after another: work of about the same shape each time) glibc's heap is kept instead, as
+in memory below: trimmed after every segment, the main thread faulted the same pages in again (at 10^7
+kernels 2.7 million page faults and 20-24 s of system time on it; kept, 0.9-1.0 million and 12-13 s). With
+segments of 10^6 events instead of 2·10^6, the peak stays near 2 GB.
 
 The in-memory analysis does the opposite with glibc's malloc: it keeps what it frees (up to 32 MB a block) for
 reuse instead of handing each block back and faulting fresh pages in for the next (`reuse_freed_memory`). At

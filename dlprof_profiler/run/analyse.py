@@ -193,8 +193,9 @@ def _out_of_core(source: Path, options: RunOptions, sink: Sink, capture: dict | 
         # the op model is written once complete (while the analysis aggregates: the writer is the last to finish),
         # and each segment's GPU activity owners once it is correlated where the sink wants them so
         hooks = {"on_segment": feed.owners} if sink.owners_by_segment else {}
-        # staging's frees go back (its reading threads' arenas); the analysis's, one segment or chunk of about
-        # the same shape after another, stay for the next one's allocations (process_memory.py)
+        # what reading the export freed goes back (its threads' arenas); from here on glibc's heap is kept: the
+        # classification (while a thread still stages the API calls and GPU activities: its last release keeps
+        # the heap too), then one segment or chunk of about the same shape after another (process_memory.py)
         release_unused_memory()
         reuse_freed_memory()
         with freed_memory_kept():
